@@ -1,0 +1,40 @@
+"""treeguard: contracts for JAX parameter trees.
+
+Every mismatch between two pytrees (a renamed layer, a broadcast gradient, a
+promoted dtype, a changed checkpoint) becomes one typed error that lists every
+difference by key path.
+"""
+
+from ._src.diff import check as check
+from ._src.diff import mismatches as mismatches
+from ._src.diff import unflatten as unflatten
+from ._src.errors import FormatError as FormatError
+from ._src.errors import IntegrityError as IntegrityError
+from ._src.errors import InvalidTreeError as InvalidTreeError
+from ._src.errors import TreeguardError as TreeguardError
+from ._src.errors import TreeMismatchError as TreeMismatchError
+from ._src.errors import VerificationError as VerificationError
+from ._src.mismatch import Mismatch as Mismatch
+from ._src.spec import LeafSpec as LeafSpec
+from ._src.spec import TreeSpec as TreeSpec
+from ._src.spec import spec_of as spec_of
+from ._src.update import tree_map as tree_map
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "FormatError",
+    "IntegrityError",
+    "InvalidTreeError",
+    "LeafSpec",
+    "Mismatch",
+    "TreeMismatchError",
+    "TreeSpec",
+    "TreeguardError",
+    "VerificationError",
+    "check",
+    "mismatches",
+    "spec_of",
+    "tree_map",
+    "unflatten",
+]

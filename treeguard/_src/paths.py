@@ -1,0 +1,179 @@
+"""Key paths: the one place that turns a position in a pytree into text.
+
+A path is a tuple of entries. Each entry is a pair ``(kind, key)``:
+
+* ``("key", k)``: a mapping key, written ``['k']`` (JAX's ``DictKey``);
+* ``("index", i)``: a sequence position, written ``[i]`` (``SequenceKey``);
+* ``("attr", name)``: an attribute, written ``.name`` (``GetAttrKey``);
+* ``("flat", i)``: a child of a custom node registered without keys, written
+  ``[i]`` (``FlattenedIndexKey``).
+
+The text form is JAX's ``keystr`` form, so a path printed by treeguard can be
+pasted next to one printed by JAX. ``parse`` reads it back exactly, so the
+text form can serve as a name (a checkpoint's tensor names are key paths).
+"""
+
+from __future__ import annotations
+
+import ast
+from typing import Any, Literal, TypeAlias
+
+import jax
+
+EntryKind: TypeAlias = Literal["key", "index", "attr", "flat"]
+Entry: TypeAlias = tuple[EntryKind, Any]
+Path: TypeAlias = tuple[Entry, ...]
+
+_tu = jax.tree_util
+
+
+def entry_of(key: Any) -> Entry:
+    """Converts one of JAX's key objects into a treeguard path entry.
+
+    Args:
+      key: a ``DictKey``, ``SequenceKey``, ``GetAttrKey`` or
+        ``FlattenedIndexKey``.
+
+    Returns:
+      The ``(kind, key)`` pair.
+
+    Raises:
+      TypeError: for a key type JAX does not define.
+
+    Example:
+      >>> import jax
+      >>> entry_of(jax.tree_util.DictKey("w"))
+      ('key', 'w')
+    """
+    if isinstance(key, _tu.DictKey):
+        return ("key", key.key)
+    if isinstance(key, _tu.SequenceKey):
+        return ("index", key.idx)
+    if isinstance(key, _tu.GetAttrKey):
+        return ("attr", key.name)
+    if isinstance(key, _tu.FlattenedIndexKey):
+        return ("flat", key.key)
+    raise TypeError(f"unknown key path entry {key!r} of type {type(key).__name__}")
+
+
+def entry_str(entry: Entry) -> str:
+    """Formats one entry as JAX's ``keystr`` does.
+
+    Example:
+      >>> entry_str(("attr", "w")), entry_str(("key", "b")), entry_str(("index", 0))
+      ('.w', "['b']", '[0]')
+    """
+    kind, key = entry
+    if kind == "key":
+        return f"[{key!r}]"
+    if kind == "attr":
+        return f".{key}"
+    return f"[{key}]"
+
+
+def keystr(path: Path) -> str:
+    """Formats a whole path, the root being the empty string.
+
+    Args:
+      path: a tuple of entries.
+
+    Returns:
+      The text form, identical to ``jax.tree_util.keystr`` of the same path.
+
+    Example:
+      >>> keystr((("key", "dense2"), ("key", "w")))
+      "['dense2']['w']"
+    """
+    return "".join(entry_str(e) for e in path)
+
+
+def parse(text: str) -> Path:
+    """Reads a path back from its text form: the inverse of ``keystr``.
+
+    Mapping keys are read as Python literals, so keys that hold dots,
+    slashes, quotes or brackets survive the round trip. A bracketed integer
+    is read as a sequence index.
+
+    Args:
+      text: a path such as ``"['dense1']['w']"`` or ``".layers[0].kernel"``.
+
+    Returns:
+      The tuple of entries.
+
+    Raises:
+      ValueError: if the text is not a path.
+
+    Example:
+      >>> parse("['a.b']['w']")
+      (('key', 'a.b'), ('key', 'w'))
+      >>> parse(".layers[0]")
+      (('attr', 'layers'), ('index', 0))
+    """
+    entries: list[Entry] = []
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if c == ".":
+            j = i + 1
+            while j < n and (text[j].isalnum() or text[j] == "_"):
+                j += 1
+            name = text[i + 1 : j]
+            if not name.isidentifier():
+                raise ValueError(f"bad attribute at offset {i} in path {text!r}")
+            entries.append(("attr", name))
+            i = j
+        elif c == "[":
+            j = _closing_bracket(text, i)
+            inner = text[i + 1 : j]
+            try:
+                key = ast.literal_eval(inner)
+            except (ValueError, SyntaxError) as e:
+                raise ValueError(f"bad key {inner!r} at offset {i} in path {text!r}") from e
+            if inner.lstrip("-").isdigit():
+                entries.append(("index", int(inner)))
+            else:
+                entries.append(("key", key))
+            i = j + 1
+        else:
+            raise ValueError(f"unexpected {c!r} at offset {i} in path {text!r}")
+    return tuple(entries)
+
+
+def _closing_bracket(text: str, start: int) -> int:
+    """Finds the ``]`` that closes the ``[`` at ``start``, skipping quoted text."""
+    quote: str | None = None
+    i = start + 1
+    while i < len(text):
+        c = text[i]
+        if quote:
+            if c == "\\":
+                i += 2
+                continue
+            if c == quote:
+                quote = None
+        elif c in "'\"":
+            quote = c
+        elif c == "]":
+            return i
+        i += 1
+    raise ValueError(f"unclosed '[' at offset {start} in path {text!r}")
+
+
+def jax_path(path: Path) -> tuple[Any, ...]:
+    """Converts entries back into JAX's key objects.
+
+    Example:
+      >>> jax_path((("key", "w"),))
+      (DictKey(key='w'),)
+    """
+    out: list[Any] = []
+    for kind, key in path:
+        if kind == "key":
+            out.append(_tu.DictKey(key))
+        elif kind == "index":
+            out.append(_tu.SequenceKey(key))
+        elif kind == "attr":
+            out.append(_tu.GetAttrKey(key))
+        else:
+            out.append(_tu.FlattenedIndexKey(key))
+    return tuple(out)

@@ -1,0 +1,672 @@
+"""TreeSpec and LeafSpec: the contract of a pytree, and its JSON form."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from operator import attrgetter
+from typing import Any, TypeAlias
+
+import jax
+import numpy as np
+
+from .errors import FormatError, InvalidTreeError
+from .paths import Entry, Path, keystr
+from .walk import LEAF, Node, flatten, invalid_leaves, structure_of
+
+Dim: TypeAlias = int | str
+Shape: TypeAlias = tuple[Dim, ...]
+#: One leaf's contract in columnar form: shape, dtype, weak_type, sharding.
+Record: TypeAlias = tuple[Shape, np.dtype[Any], bool | None, str | None]
+
+FORMAT = "treeguard.spec/1"
+FORMAT_VERSION = 1
+_FORMAT_RE = re.compile(r"^treeguard\.spec/(\d+)$")
+_aval = attrgetter("aval")
+
+
+def dtype_of(x: Any) -> np.dtype[Any]:
+    """Reads a dtype from a name, a numpy dtype or a scalar type; ml_dtypes
+    names such as ``"bfloat16"`` included.
+
+    Raises:
+      FormatError: for a name that is no dtype.
+
+    Example:
+      >>> dtype_of("bfloat16").name
+      'bfloat16'
+    """
+    if isinstance(x, np.dtype):
+        return x
+    try:
+        return np.dtype(jax.numpy.dtype(x))
+    except (TypeError, ValueError) as e:
+        raise FormatError(f"unknown dtype {x!r}") from e
+
+
+def short_dtype(dtype: np.dtype[Any]) -> str:
+    """The short name used in summaries: ``f32``, ``bf16``, ``i8``, ``bool``.
+
+    Example:
+      >>> short_dtype(np.dtype("float32")), short_dtype(dtype_of("bfloat16"))
+      ('f32', 'bf16')
+    """
+    name = dtype.name
+    if name == "bool":
+        return "bool"
+    if name == "bfloat16":
+        return "bf16"
+    for prefix, short in (("float", "f"), ("uint", "u"), ("int", "i"), ("complex", "c")):
+        if name.startswith(prefix) and name[len(prefix) :].isdigit():
+            return short + name[len(prefix) :]
+    return name
+
+
+def summarize(shape: Shape, dtype: np.dtype[Any]) -> str:
+    """An array as ``f32[3,1]``, never its values.
+
+    Example:
+      >>> summarize(("B", 2), np.dtype("int8"))
+      'i8[B,2]'
+    """
+    return f"{short_dtype(dtype)}[{','.join(str(d) for d in shape)}]"
+
+
+def describe_sharding(x: Any) -> str | None:
+    """A stable text form of an array's sharding, or None for no array.
+
+    A named sharding is written with its mesh axes and partition spec; a
+    single-device one as ``single``. Device ids are left out, so a spec
+    carries over to another host with the same mesh.
+    """
+    sharding = getattr(x, "sharding", None)
+    if sharding is None or isinstance(x, jax.core.Tracer):
+        return None
+    if isinstance(sharding, jax.sharding.NamedSharding):
+        mesh = ",".join(f"{n}={s}" for n, s in sharding.mesh.shape.items())
+        return f"named(mesh[{mesh}], spec{tuple(sharding.spec)})"
+    if isinstance(sharding, jax.sharding.SingleDeviceSharding):
+        return "single"
+    return f"{type(sharding).__name__}({len(sharding.device_set)} devices)"
+
+
+@dataclasses.dataclass(frozen=True)
+class LeafSpec:
+    """The contract of one leaf: shape, dtype, weak type and sharding.
+
+    A LeafSpec can stand as a leaf of a hand-written template that
+    ``spec_of`` reads, so a contract can be written without arrays.
+
+    Attributes:
+      shape: a tuple of ints and symbols; ``("B", 2)`` has a symbolic batch axis.
+      dtype: the dtype; a name such as ``"bfloat16"`` is accepted.
+      weak_type: JAX's weak-type flag, or None to accept either.
+      sharding: a ``describe_sharding`` text, or None to accept any.
+      path: the key path in ``keystr`` form; filled in by ``TreeSpec.leaves``.
+
+    Example:
+      >>> LeafSpec(("B", 2), "float32").summary()
+      'f32[B,2]'
+    """
+
+    shape: Shape
+    dtype: Any
+    weak_type: bool | None = None
+    sharding: str | None = None
+    path: str = ""
+
+    def __post_init__(self) -> None:
+        shape = tuple(self.shape)
+        for d in shape:
+            if isinstance(d, bool) or not isinstance(d, (int, str)) or (
+                isinstance(d, int) and d < 0
+            ):
+                raise ValueError(
+                    f"{self.path or 'leaf'}: dimension {d!r} is neither a size nor a symbol"
+                )
+        object.__setattr__(self, "shape", shape)
+        object.__setattr__(self, "dtype", dtype_of(self.dtype))
+
+    def summary(self) -> str:
+        """``f32[3,1]``."""
+        return summarize(self.shape, self.dtype)
+
+    @property
+    def size(self) -> int | None:
+        """The element count, or None when a dimension is symbolic."""
+        if any(isinstance(d, str) for d in self.shape):
+            return None
+        return math.prod(int(d) for d in self.shape)
+
+    def record(self) -> Record:
+        return (self.shape, self.dtype, self.weak_type, self.sharding)
+
+
+def _scalar_record(x: Any) -> Record:
+    if isinstance(x, bool):
+        return ((), np.dtype(bool), False, None)
+    if isinstance(x, int):
+        return ((), np.dtype(jax.dtypes.canonicalize_dtype(np.int64)), True, None)
+    if isinstance(x, float):
+        return ((), np.dtype(jax.dtypes.canonicalize_dtype(np.float64)), True, None)
+    return ((), np.dtype(jax.dtypes.canonicalize_dtype(np.complex128)), True, None)
+
+
+def record_of(x: Any, with_sharding: bool = False) -> Record:
+    """The contract record of one leaf value.
+
+    Raises:
+      TypeError: if ``x`` is not an array-like leaf.
+    """
+    if isinstance(x, LeafSpec):
+        return x.record()
+    sharding = describe_sharding(x) if with_sharding else None
+    aval = getattr(x, "aval", None)
+    if aval is not None and hasattr(aval, "shape"):
+        return (tuple(aval.shape), np.dtype(aval.dtype), bool(aval.weak_type), sharding)
+    if isinstance(x, jax.ShapeDtypeStruct):
+        return (tuple(x.shape), np.dtype(x.dtype), bool(x.weak_type), sharding)
+    if isinstance(x, (np.ndarray, np.generic)):
+        return (tuple(x.shape), x.dtype, False, None)
+    if isinstance(x, (bool, int, float, complex)):
+        return _scalar_record(x)
+    raise TypeError(f"leaf of type {type(x).__name__} is not an array")
+
+
+class TreeSpec:
+    """The contract of a pytree: its structure and every leaf's shape and dtype.
+
+    Take one from a live tree with ``spec_of``, read one from JSON with
+    ``TreeSpec.from_json`` or ``TreeSpec.load``. Two specs are equal when
+    their JSON forms are; equal specs give byte-identical JSON.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> s = spec_of({"w": jnp.ones((2, 3)), "b": jnp.zeros(3)})
+      >>> s
+      TreeSpec({'b': f32[3], 'w': f32[2,3]})
+      >>> TreeSpec.from_json(s.to_json()) == s
+      True
+    """
+
+    __slots__ = ("_root", "_records", "_avals", "_treedef", "_paths", "_leaves", "_validated", "_canon")
+
+    def __init__(
+        self,
+        root: Node,
+        records: Sequence[Record] | None,
+        *,
+        avals: Sequence[Any] | None = None,
+        treedef: Any = None,
+    ) -> None:
+        self._root = root
+        self._records: list[Record] | None = list(records) if records is not None else None
+        self._avals = avals
+        self._treedef = treedef
+        self._paths: list[Path] | None = None
+        self._leaves: tuple[LeafSpec, ...] | None = None
+        self._validated: dict[Any, set[Any]] = {}
+        self._canon: str | None = None
+        n = len(avals) if avals is not None else len(self._records or ())
+        if n != root.num_leaves:
+            raise FormatError(f"spec has {n} leaf records for {root.num_leaves} leaves")
+
+    # -- reading -----------------------------------------------------------
+
+    @property
+    def structure(self) -> Node:
+        """The root ``Node`` of the structure."""
+        return self._root
+
+    @property
+    def records(self) -> list[Record]:
+        """One ``(shape, dtype, weak_type, sharding)`` per leaf, in flatten order."""
+        if self._records is None:
+            assert self._avals is not None
+            self._records = [
+                (tuple(a.shape), np.dtype(a.dtype), bool(a.weak_type), None) for a in self._avals
+            ]
+        return self._records
+
+    @property
+    def paths(self) -> list[Path]:
+        """Every leaf's path as entries, in flatten order."""
+        if self._paths is None:
+            self._paths = self._root.leaf_paths()
+        return self._paths
+
+    @property
+    def leaves(self) -> tuple[LeafSpec, ...]:
+        """Every leaf's ``LeafSpec``, with its path, in flatten order."""
+        if self._leaves is None:
+            self._leaves = tuple(
+                LeafSpec(s, d, w, sh, keystr(p))
+                for (s, d, w, sh), p in zip(self.records, self.paths)
+            )
+        return self._leaves
+
+    @property
+    def num_leaves(self) -> int:
+        return self._root.num_leaves
+
+    @property
+    def num_params(self) -> int | None:
+        """Total element count, or None when some dimension is symbolic."""
+        total = 0
+        for shape, *_ in self.records:
+            if any(isinstance(d, str) for d in shape):
+                return None
+            total += math.prod(int(d) for d in shape)
+        return total
+
+    @property
+    def nbytes(self) -> int | None:
+        """Total bytes of all leaves, or None when some dimension is symbolic."""
+        total = 0
+        for shape, dtype, *_ in self.records:
+            if any(isinstance(d, str) for d in shape):
+                return None
+            total += math.prod(int(d) for d in shape) * dtype.itemsize
+        return total
+
+    @property
+    def symbols(self) -> frozenset[str]:
+        """The symbolic dimensions the spec uses."""
+        return frozenset(d for s, *_ in self.records for d in s if isinstance(d, str))
+
+    def __getitem__(self, path: str) -> LeafSpec:
+        """The leaf at a ``keystr`` path.
+
+        Raises:
+          KeyError: with the closest paths when there is no such leaf.
+        """
+        for leaf in self.leaves:
+            if leaf.path == path:
+                return leaf
+        import difflib
+
+        close = difflib.get_close_matches(path, [leaf.path for leaf in self.leaves], n=3)
+        raise KeyError(f"no leaf at {path}" + (f"; did you mean {', '.join(close)}?" if close else ""))
+
+    @property
+    def treedef(self) -> Any:
+        """A JAX treedef of this structure.
+
+        A spec read from JSON rebuilds its treedef from plain containers;
+        custom nodes and namedtuples cannot be rebuilt without their classes.
+
+        Raises:
+          InvalidTreeError: for a JSON spec holding a custom node or namedtuple.
+        """
+        if self._treedef is None:
+            self._treedef = jax.tree.structure(_skeleton(self._root, ()))
+        return self._treedef
+
+    def abstract(self, dims: Mapping[str, int] | None = None) -> Any:
+        """The tree of ``jax.ShapeDtypeStruct`` this spec describes.
+
+        Args:
+          dims: a size for each symbolic dimension.
+
+        Raises:
+          ValueError: naming a symbol with no size.
+
+        Example:
+          >>> s = spec_of({"x": LeafSpec(("B", 2), "float32")})
+          >>> s.abstract({"B": 4})["x"].shape
+          (4, 2)
+        """
+        dims = dict(dims or {})
+        missing = self.symbols - dims.keys()
+        if missing:
+            raise ValueError(f"no size given for symbolic dimension(s) {sorted(missing)}")
+        structs = [
+            jax.ShapeDtypeStruct(
+                tuple(dims[d] if isinstance(d, str) else d for d in s), d_, weak_type=bool(w)
+            )
+            for s, d_, w, _ in self.records
+        ]
+        return jax.tree.unflatten(self.treedef, structs)
+
+    # -- identity ----------------------------------------------------------
+
+    def _canonical(self) -> str:
+        if self._canon is None:
+            self._canon = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        return self._canon
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, TreeSpec):
+            return NotImplemented
+        return self is other or self._canonical() == other._canonical()
+
+    def __hash__(self) -> int:
+        return hash(self._canonical())
+
+    def __repr__(self) -> str:
+        parts = []
+        for leaf in self.leaves[:6]:
+            parts.append(f"{leaf.path or '<root>'}: {leaf.summary()}")
+        more = f", ... {self.num_leaves - 6} more" if self.num_leaves > 6 else ""
+        if self._root.kind == "dict" and all(len(p) == 1 for p in self.paths[:6]):
+            inner = ", ".join(
+                f"{p[0][1]!r}: {leaf.summary()}" for p, leaf in zip(self.paths, self.leaves[:6])
+            )
+            return f"TreeSpec({{{inner}{more}}})"
+        return f"TreeSpec({', '.join(parts)}{more})"
+
+    # -- JSON --------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON-ready form (see the README for the schema).
+
+        Raises:
+          InvalidTreeError: naming a dict key that JSON cannot hold.
+        """
+        counter = iter(self.records)
+        return {
+            "format": FORMAT,
+            "num_leaves": self.num_leaves,
+            "tree": _node_to_dict(self._root, counter, ()),
+        }
+
+    def to_json(self, *, indent: int | None = 1) -> str:
+        """The spec as JSON text; equal specs give byte-identical text."""
+        return json.dumps(self.to_dict(), sort_keys=True, indent=indent, ensure_ascii=False) + "\n"
+
+    @classmethod
+    def from_dict(cls, data: Any) -> TreeSpec:
+        """Reads the form ``to_dict`` writes.
+
+        Raises:
+          FormatError: for anything that is not a treeguard spec of a known
+            version, naming where in the document it went wrong.
+        """
+        if not isinstance(data, dict):
+            raise FormatError(f"a spec is a JSON object, not {type(data).__name__}")
+        fmt = data.get("format")
+        m = _FORMAT_RE.match(fmt) if isinstance(fmt, str) else None
+        if m is None:
+            raise FormatError(f"not a treeguard spec: format is {fmt!r}, expected {FORMAT!r}")
+        if int(m.group(1)) > FORMAT_VERSION:
+            raise FormatError(
+                f"spec format {fmt!r} is newer than this treeguard reads ({FORMAT!r}); "
+                "upgrade treeguard"
+            )
+        if "tree" not in data:
+            raise FormatError("spec has no 'tree'")
+        records: list[Record] = []
+        root = _node_from_dict(data["tree"], records, "tree")
+        declared = data.get("num_leaves")
+        if declared is not None and declared != len(records):
+            raise FormatError(f"spec declares {declared} leaves but holds {len(records)}")
+        return cls(root, records)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> TreeSpec:
+        """Reads a spec from JSON text.
+
+        Raises:
+          FormatError: for malformed JSON, non-UTF-8 bytes or a bad document.
+        """
+        try:
+            data = json.loads(text)
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+            raise FormatError(f"spec is not valid JSON: {e}") from e
+        return cls.from_dict(data)
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Writes the JSON to ``path``, atomically (a temp file, then rename)."""
+        target = os.fspath(path)
+        tmp = f"{target}.tmp-{os.getpid()}"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(self.to_json())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> TreeSpec:
+        """Reads a spec saved with ``save``.
+
+        Raises:
+          FormatError: if the file is not a treeguard spec.
+          OSError: if it cannot be read.
+        """
+        with open(path, "rb") as f:
+            data = f.read(64 * 1024 * 1024 + 1)
+        if len(data) > 64 * 1024 * 1024:
+            raise FormatError(f"{os.fspath(path)}: larger than 64 MiB, not a spec")
+        return cls.from_json(data)
+
+    # -- the validated-signature cache used by ``check`` --------------------
+
+    def _accepts(self, leaves: list[Any], treedef: Any) -> bool:
+        seen = self._validated.get(treedef)
+        if seen is None:
+            return False
+        return signature(leaves) in seen
+
+    def _remember(self, leaves: list[Any], treedef: Any) -> None:
+        if len(self._validated) >= 8:
+            self._validated.pop(next(iter(self._validated)))
+        seen = self._validated.setdefault(treedef, set())
+        if len(seen) >= 16:
+            seen.pop()
+        seen.add(signature(leaves))
+
+
+def signature(leaves: Sequence[Any]) -> Any:
+    """A hashable signature of the leaves' shapes, dtypes and weak types.
+
+    JAX interns abstract values, so for arrays this is a tuple of ``aval``s
+    built and compared at C speed; other leaves fall back to plain tuples.
+    """
+    try:
+        return tuple(map(_aval, leaves))
+    except AttributeError:
+        return tuple(_plain_sig(x) for x in leaves)
+
+
+def _plain_sig(x: Any) -> Any:
+    aval = getattr(x, "aval", None)
+    if aval is not None:
+        return aval
+    try:
+        return record_of(x)
+    except TypeError:
+        return (type(x),)
+
+
+def spec_of(
+    tree: Any,
+    *,
+    dims: Mapping[str, int] | None = None,
+    sharding: bool = False,
+) -> TreeSpec:
+    """Captures the contract of a live tree.
+
+    Args:
+      tree: a pytree whose leaves are arrays, numpy values, Python numbers,
+        ``jax.ShapeDtypeStruct`` or ``LeafSpec`` (for hand-written specs).
+      dims: symbolic axes, as ``{symbol: axis}``; every leaf's size on that
+        axis is recorded as the symbol. ``{"B": 0}`` makes axis 0 the batch.
+      sharding: also record each array's sharding.
+
+    Returns:
+      The ``TreeSpec``.
+
+    Raises:
+      InvalidTreeError: if the tree contains itself or holds leaves that are
+        not arrays, naming each path and type.
+      ValueError: if a leaf has no axis for a symbol in ``dims``.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> s = spec_of({"x": jnp.zeros((8, 2))}, dims={"B": 0})
+      >>> s.leaves[0].shape
+      ('B', 2)
+    """
+    leaves, treedef = flatten(tree)
+    root = structure_of(tree, treedef)
+    if not dims and not sharding:
+        try:
+            avals = list(map(_aval, leaves))
+        except AttributeError:
+            avals = None
+        if avals is not None and all(hasattr(a, "shape") for a in avals):
+            return TreeSpec(root, None, avals=avals, treedef=treedef)
+    bad = invalid_leaves(leaves, root.leaf_paths, (LeafSpec,))
+    if bad:
+        raise InvalidTreeError(
+            bad, hint="keep only arrays in a parameter tree; hold config in static fields"
+        )
+    records = [record_of(x, sharding) for x in leaves]
+    if dims:
+        records = _apply_dims(records, dims, root)
+    return TreeSpec(root, records, treedef=treedef)
+
+
+def _apply_dims(records: list[Record], dims: Mapping[str, int], root: Node) -> list[Record]:
+    out: list[Record] = []
+    paths = root.leaf_paths()
+    for (shape, dtype, weak, sh), path in zip(records, paths):
+        new = list(shape)
+        for sym, axis in dims.items():
+            if not isinstance(sym, str) or not sym:
+                raise ValueError(f"dims keys are symbol names, got {sym!r}")
+            if not -len(shape) <= axis < len(shape):
+                raise ValueError(
+                    f"{keystr(path) or '<root>'}: shape {tuple(shape)} has no axis {axis} "
+                    f"for symbol {sym!r}"
+                )
+            new[axis] = sym
+        out.append((tuple(new), dtype, weak, sh))
+    return out
+
+
+# -- JSON nodes --------------------------------------------------------------
+
+_JSON_KEY_TYPES = (str, int, float, bool, type(None))
+
+
+def _entry_to_json(entry: Entry, path: Path) -> list[Any]:
+    kind, key = entry
+    if not isinstance(key, _JSON_KEY_TYPES) or (isinstance(key, float) and not math.isfinite(key)):
+        raise InvalidTreeError(
+            [(keystr(path), f"key {key!r} of type {type(key).__name__} has no JSON form")],
+            hint="use str or int keys in trees you save",
+        )
+    return [kind, key]
+
+
+def _node_to_dict(node: Node, records: Iterable[Record], path: Path) -> dict[str, Any]:
+    if node.kind == "leaf":
+        shape, dtype, weak, sharding = next(iter(records))
+        out: dict[str, Any] = {
+            "kind": "leaf",
+            "shape": list(shape),
+            "dtype": dtype.name,
+            "weak_type": weak,
+        }
+        if sharding is not None:
+            out["sharding"] = sharding
+        return out
+    out = {"kind": node.kind}
+    if node.kind in ("namedtuple", "custom"):
+        out["type"] = node.type_name
+    if node.kind == "custom":
+        out["aux"] = node.aux
+        if node.aux_repr is not None:
+            out["aux_repr"] = node.aux_repr
+    it = iter(records)
+    out["children"] = [
+        [_entry_to_json(e, path), _node_to_dict(c, it, (*path, e))]
+        for e, c in zip(node.entries, node.children)
+    ]
+    return out
+
+
+_KINDS = ("leaf", "none", "dict", "list", "tuple", "namedtuple", "custom")
+_ENTRY_KINDS = ("key", "index", "attr", "flat")
+
+
+def _node_from_dict(d: Any, records: list[Record], where: str) -> Node:
+    if not isinstance(d, dict):
+        raise FormatError(f"{where}: a node is a JSON object, not {type(d).__name__}")
+    kind = d.get("kind")
+    if kind not in _KINDS:
+        raise FormatError(f"{where}: unknown node kind {kind!r}")
+    if kind == "leaf":
+        shape = d.get("shape")
+        if not isinstance(shape, list) or not all(
+            (isinstance(x, int) and not isinstance(x, bool) and x >= 0)
+            or (isinstance(x, str) and x)
+            for x in shape
+        ):
+            raise FormatError(f"{where}: bad shape {shape!r}")
+        dtype = dtype_of(d.get("dtype"))
+        weak = d.get("weak_type")
+        if weak is not None and not isinstance(weak, bool):
+            raise FormatError(f"{where}: weak_type must be true, false or null")
+        sharding = d.get("sharding")
+        if sharding is not None and not isinstance(sharding, str):
+            raise FormatError(f"{where}: sharding must be a string")
+        records.append((tuple(shape), dtype, weak, sharding))
+        return LEAF
+    children_raw = d.get("children", [])
+    if not isinstance(children_raw, list):
+        raise FormatError(f"{where}: children must be a list")
+    entries: list[Entry] = []
+    children: list[Node] = []
+    for i, item in enumerate(children_raw):
+        if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], list)):
+            raise FormatError(f"{where}.children[{i}]: expected [entry, node]")
+        entry = item[0]
+        if len(entry) != 2 or entry[0] not in _ENTRY_KINDS:
+            raise FormatError(f"{where}.children[{i}]: bad key entry {entry!r}")
+        if entry[0] in ("index", "flat") and not isinstance(entry[1], int):
+            raise FormatError(f"{where}.children[{i}]: index must be an integer")
+        if entry[0] == "attr" and not isinstance(entry[1], str):
+            raise FormatError(f"{where}.children[{i}]: attribute must be a string")
+        e: Entry = (entry[0], entry[1])
+        entries.append(e)
+        children.append(_node_from_dict(item[1], records, f"{where}{keystr((e,))}"))
+    type_name = d.get("type", "")
+    if kind in ("namedtuple", "custom") and not isinstance(type_name, str):
+        raise FormatError(f"{where}: type must be a string")
+    builtin = {"dict": "builtins.dict", "list": "builtins.list", "tuple": "builtins.tuple",
+               "none": "builtins.NoneType"}
+    aux_repr = d.get("aux_repr")
+    return Node(
+        kind=kind,
+        type_name=builtin.get(kind, type_name),
+        aux=d.get("aux"),
+        aux_repr=aux_repr if isinstance(aux_repr, str) else None,
+        entries=tuple(entries),
+        children=tuple(children),
+        num_leaves=sum(c.num_leaves for c in children),
+    )
+
+
+def _skeleton(node: Node, path: Path) -> Any:
+    """Plain containers of the node's shape, with ``0`` as every leaf."""
+    if node.kind == "leaf":
+        return 0
+    if node.kind == "none":
+        return None
+    kids = [_skeleton(c, (*path, e)) for e, c in zip(node.entries, node.children)]
+    if node.kind == "dict":
+        return {e[1]: k for e, k in zip(node.entries, kids)}
+    if node.kind == "list":
+        return kids
+    if node.kind == "tuple":
+        return tuple(kids)
+    raise InvalidTreeError(
+        [(keystr(path), f"{node.kind} node {node.type_name} cannot be rebuilt from JSON")],
+        hint="use spec_of on a live tree, or pass a `like` tree that has the class",
+    )
