@@ -167,7 +167,8 @@ class _Differ:
 
     def shape(self, a: tuple[Any, ...], e: tuple[Any, ...], path: Path) -> None:
         if len(a) != len(e) or any(
-            (isinstance(ed, int) and ed != ad) or (isinstance(ed, str) and isinstance(ad, str) and ed != ad)
+            (isinstance(ed, int) and ed != ad)
+            or (isinstance(ed, str) and isinstance(ad, str) and ed != ad)
             or (isinstance(ed, int) and isinstance(ad, str))
             for ad, ed in zip(a, e)
         ):

@@ -136,7 +136,9 @@ def hint_for(
     if "dtype" in kinds:
         return "cast on purpose before comparing, or fix the dtype where the tree is built"
     if "shape" in kinds:
-        return "an array of another shape would be broadcast or mis-assigned; fix it where it is built"
+        return (
+            "an array of another shape would be broadcast or mis-assigned; fix it where it is built"
+        )
     if "dim" in kinds:
         return "every leaf must agree on the size of each symbolic dimension"
     if kinds & {"missing", "unexpected"}:

@@ -43,7 +43,8 @@ def dtype_of(x: Any) -> np.dtype[Any]:
     if isinstance(x, np.dtype):
         return x
     try:
-        return np.dtype(jax.numpy.dtype(x))
+        dtype: np.dtype[Any] = np.dtype(jax.numpy.dtype(x))
+        return dtype
     except (TypeError, ValueError) as e:
         raise FormatError(f"unknown dtype {x!r}") from e
 
@@ -122,8 +123,10 @@ class LeafSpec:
     def __post_init__(self) -> None:
         shape = tuple(self.shape)
         for d in shape:
-            if isinstance(d, bool) or not isinstance(d, (int, str)) or (
-                isinstance(d, int) and d < 0
+            if (
+                isinstance(d, bool)
+                or not isinstance(d, (int, str))
+                or (isinstance(d, int) and d < 0)
             ):
                 raise ValueError(
                     f"{self.path or 'leaf'}: dimension {d!r} is neither a size nor a symbol"
@@ -193,7 +196,16 @@ class TreeSpec:
       True
     """
 
-    __slots__ = ("_root", "_records", "_avals", "_treedef", "_paths", "_leaves", "_validated", "_canon")
+    __slots__ = (
+        "_avals",
+        "_canon",
+        "_leaves",
+        "_paths",
+        "_records",
+        "_root",
+        "_treedef",
+        "_validated",
+    )
 
     def __init__(
         self,
@@ -209,7 +221,7 @@ class TreeSpec:
         self._treedef = treedef
         self._paths: list[Path] | None = None
         self._leaves: tuple[LeafSpec, ...] | None = None
-        self._validated: dict[Any, set[Any]] = {}
+        self._validated: dict[Any, list[Any]] = {}
         self._canon: str | None = None
         n = len(avals) if avals is not None else len(self._records or ())
         if n != root.num_leaves:
@@ -290,7 +302,9 @@ class TreeSpec:
         import difflib
 
         close = difflib.get_close_matches(path, [leaf.path for leaf in self.leaves], n=3)
-        raise KeyError(f"no leaf at {path}" + (f"; did you mean {', '.join(close)}?" if close else ""))
+        raise KeyError(
+            f"no leaf at {path}" + (f"; did you mean {', '.join(close)}?" if close else "")
+        )
 
     @property
     def treedef(self) -> Any:
@@ -325,7 +339,7 @@ class TreeSpec:
         if missing:
             raise ValueError(f"no size given for symbolic dimension(s) {sorted(missing)}")
         structs = [
-            jax.ShapeDtypeStruct(
+            jax.ShapeDtypeStruct(  # type: ignore[no-untyped-call]
                 tuple(dims[d] if isinstance(d, str) else d for d in s), d_, weak_type=bool(w)
             )
             for s, d_, w, _ in self.records
@@ -449,15 +463,18 @@ class TreeSpec:
         seen = self._validated.get(treedef)
         if seen is None:
             return False
-        return signature(leaves) in seen
+        sig = signature(leaves)
+        # Tuple equality short-cuts on identical (interned) avals, so this is
+        # far cheaper than hashing the signature into a set.
+        return any(sig == s for s in seen)
 
     def _remember(self, leaves: list[Any], treedef: Any) -> None:
         if len(self._validated) >= 8:
             self._validated.pop(next(iter(self._validated)))
-        seen = self._validated.setdefault(treedef, set())
+        seen = self._validated.setdefault(treedef, [])
         if len(seen) >= 16:
-            seen.pop()
-        seen.add(signature(leaves))
+            seen.pop(0)
+        seen.append(signature(leaves))
 
 
 def signature(leaves: Sequence[Any]) -> Any:
@@ -639,12 +656,16 @@ def _node_from_dict(d: Any, records: list[Record], where: str) -> Node:
     type_name = d.get("type", "")
     if kind in ("namedtuple", "custom") and not isinstance(type_name, str):
         raise FormatError(f"{where}: type must be a string")
-    builtin = {"dict": "builtins.dict", "list": "builtins.list", "tuple": "builtins.tuple",
-               "none": "builtins.NoneType"}
+    builtin = {
+        "dict": "builtins.dict",
+        "list": "builtins.list",
+        "tuple": "builtins.tuple",
+        "none": "builtins.NoneType",
+    }
     aux_repr = d.get("aux_repr")
     return Node(
         kind=kind,
-        type_name=builtin.get(kind, type_name),
+        type_name=builtin.get(kind, str(type_name or "")),
         aux=d.get("aux"),
         aux_repr=aux_repr if isinstance(aux_repr, str) else None,
         entries=tuple(entries),

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from collections.abc import Callable, Sequence
 from typing import Any, Literal, TypeAlias
 
@@ -336,8 +337,12 @@ def _kind_of(t: type) -> NodeKind:
     return "custom"
 
 
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
 def _stable_repr(x: Any, limit: int = 200) -> str:
-    text = repr(x)
+    """``repr`` without memory addresses, so it reads the same in every process."""
+    text = _ADDRESS.sub("", repr(x))
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 

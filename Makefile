@@ -1,0 +1,39 @@
+# The README's two commands: `make demo` and `make test`. Both build .venv
+# from python3 on first use, so a fresh machine needs nothing installed by hand.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.treeguard-installed
+SRC    := treeguard tests benchmarks
+
+.PHONY: demo test lint typecheck unit bench reliability clean
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	@touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python -m treeguard.examples.tour
+
+test: lint typecheck unit
+
+lint: $(STAMP)
+	$(BIN)/ruff check $(SRC)
+	$(BIN)/ruff format --check $(SRC)
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+unit: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/tree.py
+
+reliability: $(STAMP)
+	TREEGUARD_RELIABILITY=1 $(BIN)/python -m pytest -q -k reliability
+
+clean:
+	rm -rf $(VENV) .venv-* build dist *.egg-info

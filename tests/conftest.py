@@ -1,0 +1,42 @@
+"""Shared fixtures: the tree corpus, and the eager/jit/vmap variants."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jax
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from corpus import CORPUS
+
+
+@pytest.fixture(params=[factory for _, factory in CORPUS], ids=[name for name, _ in CORPUS])
+def corpus_tree(request: pytest.FixtureRequest) -> Any:
+    """Each tree of the corpus in turn."""
+    return request.param()
+
+
+def _vmapped(f: Callable[..., Any]) -> Callable[..., Any]:
+    """Runs ``f`` under vmap over a leading axis of size 1 added to every array argument."""
+
+    def run(*args: Any) -> Any:
+        batched = jax.tree.map(lambda x: x[None], args)
+        out = jax.vmap(f)(*batched)
+        return jax.tree.map(lambda x: x[0], out)
+
+    return run
+
+
+@pytest.fixture(params=["eager", "jit", "vmap"])
+def variant(request: pytest.FixtureRequest) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Wraps a function to run eagerly, under jit, or under vmap (chex.variants plus vmap)."""
+    if request.param == "eager":
+        return lambda f: f
+    if request.param == "jit":
+        return jax.jit
+    return _vmapped

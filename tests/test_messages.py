@@ -1,0 +1,109 @@
+"""Pinned error text: a message is part of the interface."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax.numpy as jnp
+import pytest
+from corpus import seed_params
+
+import treeguard as tg
+
+
+def _message(fn: Any, *args: Any, **kwargs: Any) -> str:
+    with pytest.raises(tg.TreeguardError) as info:
+        fn(*args, **kwargs)
+    return str(info.value)
+
+
+def test_check_message_for_a_renamed_layer() -> None:
+    params = seed_params()
+    renamed = {"dense1": params["dense1"], "dense_2": params["dense2"]}
+    assert _message(tg.check, renamed, tg.spec_of(params)) == (
+        "2 mismatches between the tree and the spec:\n"
+        "  ['dense2']: missing: dict of 2 leaves (f32[1], f32[3,1]) in the spec, absent in the tree\n"
+        "  ['dense_2']: unexpected: dict of 2 leaves (f32[1], f32[3,1]) in the tree, absent in the spec\n"
+        "hint: `['dense_2']` in the tree: did you mean `['dense2']`?"
+    )
+
+
+def test_check_message_for_shape_and_dtype() -> None:
+    params = seed_params()
+    grads = {
+        "dense1": {"w": jnp.ones((2, 3)), "b": jnp.zeros((2, 3))},
+        "dense2": {"w": jnp.ones((3, 1), jnp.bfloat16), "b": jnp.zeros(1)},
+    }
+    assert _message(
+        tg.check, grads, params, expected_from="the params", actual_from="the grads"
+    ) == (
+        "2 mismatches between the grads and the params:\n"
+        "  ['dense1']['b']: shape (3,) in the params, (2, 3) in the grads\n"
+        "  ['dense2']['w']: dtype float32 in the params, bfloat16 in the grads\n"
+        "hint: cast on purpose before comparing, or fix the dtype where the tree is built"
+    )
+
+
+def test_long_lists_are_capped() -> None:
+    expected = {f"layer{i:02d}": jnp.ones(2) for i in range(30)}
+    actual = {f"layer{i:02d}": jnp.ones(3) for i in range(30)}
+    text = _message(tg.check, actual, expected)
+    assert text.splitlines()[0] == "30 mismatches between the tree and the spec:"
+    assert "  ... and 10 more" in text.splitlines()
+    assert "  ['layer19']: shape (2,) in the spec, (3,) in the tree" in text.splitlines()
+    assert "layer20" not in text
+
+
+def test_values_are_never_dumped() -> None:
+    big = {"w": jnp.arange(10_000.0)}
+    text = _message(tg.check, {"w": jnp.arange(9_999.0)}, big)
+    assert text == (
+        "1 mismatch between the tree and the spec:\n"
+        "  ['w']: shape (10000,) in the spec, (9999,) in the tree\n"
+        "hint: an array of another shape would be broadcast or mis-assigned; fix it where it is built"
+    )
+
+
+def test_dim_message() -> None:
+    spec = tg.spec_of(
+        {"x": tg.LeafSpec(("B", 2), "float32"), "y": tg.LeafSpec(("B", 1), "float32")}
+    )
+    assert _message(tg.check, {"x": jnp.zeros((4, 2)), "y": jnp.zeros((5, 1))}, spec) == (
+        "1 mismatch between the tree and the spec:\n"
+        "  ['y']: dim B=4 (bound at ['x']) in the spec, B=5 in the tree\n"
+        "hint: every leaf must agree on the size of each symbolic dimension"
+    )
+
+
+def test_tree_map_message() -> None:
+    params = {"w": jnp.ones((2, 3)), "b": jnp.zeros(3)}
+    assert _message(tg.tree_map, lambda p, g: p - g, params, {"w": jnp.ones((2, 3))}) == (
+        "1 mismatch between tree 1 and tree 0:\n"
+        "  ['b']: missing: f32[3] in tree 0, absent in tree 1\n"
+        "hint: the trees hold different keys; pass the tree that tree 0 describes"
+    )
+
+
+def test_cycle_message() -> None:
+    a: list[Any] = [jnp.ones(1)]
+    a.append(a)
+    assert _message(tg.spec_of, a) == (
+        "1 invalid leaf or node in the tree:\n"
+        "  [1]: this list contains itself (a cycle back to <root>)\n"
+        "hint: a pytree must be a tree; copy the shared container or break the cycle"
+    )
+
+
+def test_non_array_leaf_message() -> None:
+    assert _message(tg.spec_of, {"w": jnp.ones(1), "act": "relu"}) == (
+        "1 invalid leaf or node in the tree:\n"
+        "  ['act']: leaf of type str is not an array\n"
+        "hint: keep only arrays in a parameter tree; hold config in static fields"
+    )
+
+
+def test_format_error_message() -> None:
+    assert _message(tg.TreeSpec.from_json, '{"format": "treeguard.spec/9", "tree": {}}') == (
+        "spec format 'treeguard.spec/9' is newer than this treeguard reads "
+        "('treeguard.spec/1'); upgrade treeguard"
+    )

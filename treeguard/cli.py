@@ -1,0 +1,192 @@
+"""The ``treeguard`` command line.
+
+Exit codes, for every command: 0 when the inputs match (or the check passes),
+1 when they differ (or it fails), 2 for usage errors and unreadable input.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NoReturn
+
+import click
+from rich.console import Console
+from rich.tree import Tree
+
+from ._src.diff import mismatches
+from ._src.errors import FormatError, TreeguardError
+from ._src.mismatch import format_mismatches
+from ._src.paths import entry_str
+from ._src.spec import Record, TreeSpec, summarize
+from ._src.walk import Node
+
+EXIT_OK, EXIT_DIFFER, EXIT_USAGE = 0, 1, 2
+
+#: Readers tried in turn for a file named on the command line. The
+#: checkpoint module adds its own so ``spec`` and ``diff`` read checkpoints.
+SPEC_READERS: list[Callable[[Path], TreeSpec | None]] = []
+
+
+def _out() -> Console:
+    # Piped output is not wrapped at 80 columns: long key paths stay on one line.
+    width = None if sys.stdout.isatty() else 240
+    return Console(highlight=False, soft_wrap=True, width=width)
+
+
+def _fail(message: str) -> NoReturn:
+    Console(stderr=True, highlight=False, soft_wrap=True).print(f"[red]error:[/red] {message}")
+    sys.exit(EXIT_USAGE)
+
+
+def read_spec(path: Path) -> TreeSpec:
+    """Reads a spec from a spec JSON file or any format a reader understands.
+
+    Exits with code 2 and a message for a file that cannot be read.
+    """
+    try:
+        for reader in SPEC_READERS:
+            spec = reader(path)
+            if spec is not None:
+                return spec
+        return TreeSpec.load(path)
+    except (FormatError, OSError, TreeguardError) as e:
+        _fail(f"{path}: {e}")
+
+
+def _human_bytes(n: int | None) -> str:
+    if n is None:
+        return "? B"
+    units = ["B", "KiB", "MiB", "GiB", "TiB"]
+    i = 0
+    value = float(n)
+    while value >= 1024 and i < len(units) - 1:
+        value /= 1024
+        i += 1
+    return f"{int(value)} {units[i]}" if i == 0 else f"{value:.1f} {units[i]}"
+
+
+def _size(record: Record) -> int | None:
+    shape = record[0]
+    if any(isinstance(d, str) for d in shape):
+        return None
+    return math.prod(int(d) for d in shape)
+
+
+def _render(node: Node, records: list[Record], start: int, branch: Tree) -> None:
+    off = start
+    for entry, child in zip(node.entries, node.children):
+        label = entry_str(entry)
+        if child.kind == "leaf":
+            rec = records[off]
+            n = _size(rec)
+            count = f"{n:,}" if n is not None else "symbolic"
+            nbytes = n * rec[1].itemsize if n is not None else None
+            branch.add(
+                f"[bold]{label}[/bold] [cyan]{summarize(rec[0], rec[1])}[/cyan]"
+                f"  {count} params  {_human_bytes(nbytes)}"
+            )
+        else:
+            sub = records[off : off + child.num_leaves]
+            params = _sum_params(sub)
+            kind = (
+                child.type_name.rsplit(".", 1)[-1]
+                if child.kind in ("custom", "namedtuple")
+                else child.kind
+            )
+            sub_branch = branch.add(
+                f"[bold]{label}[/bold] [magenta]{kind}[/magenta]  {child.num_leaves} leaves"
+                + (f"  {params:,} params" if params is not None else "")
+            )
+            _render(child, records, off, sub_branch)
+        off += child.num_leaves
+
+
+def _sum_params(records: list[Record]) -> int | None:
+    sizes = [_size(r) for r in records]
+    return None if any(s is None for s in sizes) else sum(s for s in sizes if s is not None)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="treeguard")
+def main() -> None:
+    """treeguard: contracts for JAX parameter trees."""
+
+
+@main.command("spec")
+@click.argument("file", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print the spec as JSON.")
+def spec_command(file: Path, as_json: bool) -> None:
+    """Print the contract in FILE as a tree with shapes, dtypes, sizes and counts."""
+    spec = read_spec(file)
+    if as_json:
+        click.echo(spec.to_json(), nl=False)
+        return
+    params = spec.num_params
+    head = (
+        f"[bold]{file}[/bold]  {spec.num_leaves} leaves  "
+        + (f"{params:,} params  " if params is not None else "symbolic dims  ")
+        + _human_bytes(spec.nbytes)
+    )
+    root = spec.structure
+    tree = Tree(head)
+    if root.kind == "leaf":
+        rec = spec.records[0]
+        tree.add(f"[cyan]{summarize(rec[0], rec[1])}[/cyan]")
+    else:
+        _render(root, spec.records, 0, tree)
+    _out().print(tree)
+
+
+@main.command("diff")
+@click.argument("expected", type=click.Path(path_type=Path))
+@click.argument("actual", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print the mismatches as JSON.")
+def diff_command(expected: Path, actual: Path, as_json: bool) -> None:
+    """Compare two contracts and print every mismatch (EXPECTED first)."""
+    e, a = read_spec(expected), read_spec(actual)
+    found = mismatches(a, e)
+    if as_json:
+        payload: dict[str, Any] = {
+            "expected": str(expected),
+            "actual": str(actual),
+            "match": not found,
+            "mismatches": [
+                {
+                    "path": m.path,
+                    "kind": m.kind,
+                    "expected": _jsonable(m.expected),
+                    "actual": _jsonable(m.actual),
+                }
+                for m in found
+            ],
+        }
+        click.echo(json.dumps(payload, indent=1))
+    elif found:
+        _out().print(
+            format_mismatches(found, expected_from=str(expected), actual_from=str(actual)),
+            markup=False,
+        )
+    else:
+        _out().print(f"[green]match[/green]: {actual} has the contract of {expected}")
+    sys.exit(EXIT_DIFFER if found else EXIT_OK)
+
+
+def _jsonable(x: object) -> object:
+    if isinstance(x, tuple):
+        return list(x)
+    return x
+
+
+def _register_optional_commands() -> None:
+    """Commands whose modules live beside this one; each adds itself here."""
+
+
+_register_optional_commands()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()
