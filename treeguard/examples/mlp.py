@@ -67,4 +67,5 @@ def loss(params: Params, batch: dict[str, jax.Array]) -> jax.Array:
 
 def update(params: Params, grads: Any) -> Params:
     """One SGD step, leaf by leaf, as the seed writes it."""
-    return jax.tree.map(lambda p, g: p - LEARNING_RATE * g, params, grads)
+    new: Params = jax.tree.map(lambda p, g: p - LEARNING_RATE * g, params, grads)
+    return new
