@@ -70,18 +70,22 @@ def tree_map(
     for i, other in enumerate(rest, start=1):
         leaves, td = flatten(other)
         flat.append(leaves)
-        if td != treedef:
-            bad.append(i)
-        elif shapes and any(_shape(a) != _shape(b) for a, b in zip(leaves0, leaves)):
-            bad.append(i)
-        elif dtypes and any(_dtype(a) != _dtype(b) for a, b in zip(leaves0, leaves)):
+        if td != treedef or not _leaves_agree(leaves0, leaves, shapes=shapes, dtypes=dtypes):
             bad.append(i)
     if bad:
         _raise_for(tree, rest, bad, shapes=shapes, dtypes=dtypes)
     return treedef.unflatten([f(*xs) for xs in zip(*flat)])
 
 
-def _raise_for(tree: Any, rest: tuple[Any, ...], bad: list[int], *, shapes: bool, dtypes: bool) -> None:
+def _leaves_agree(a: list[Any], b: list[Any], *, shapes: bool, dtypes: bool) -> bool:
+    if shapes and any(_shape(x) != _shape(y) for x, y in zip(a, b)):
+        return False
+    return not (dtypes and any(_dtype(x) != _dtype(y) for x, y in zip(a, b)))
+
+
+def _raise_for(
+    tree: Any, rest: tuple[Any, ...], bad: list[int], *, shapes: bool, dtypes: bool
+) -> None:
     keep = set(_STRUCTURAL)
     if shapes:
         keep |= {"shape", "dim"}
