@@ -194,3 +194,18 @@ def test_unflatten_refuses_non_array_leaf() -> None:
     spec = tg.spec_of({"w": jnp.ones(1)})
     with pytest.raises(tg.TreeMismatchError, match=r"node type leaf f32\[1\] in the spec, str"):
         tg.unflatten(spec, ["oops"])
+
+
+def test_check_and_tree_map_agree_under_eager_jit_and_vmap(variant: Any) -> None:
+    spec = tg.spec_of({"w": jnp.ones((2, 3)), "b": jnp.zeros(3)})
+
+    def step(params: Any, grads: Any) -> Any:
+        tg.check(params, spec)
+        return tg.tree_map(lambda p, g: p - 0.01 * g, params, grads)
+
+    params = {"w": jnp.ones((2, 3)), "b": jnp.zeros(3)}
+    out = variant(step)(params, jax.tree.map(jnp.ones_like, params))
+    np.testing.assert_allclose(out["w"], np.full((2, 3), 0.99), rtol=1e-6)
+    bad = {"w": jnp.ones((2, 3)), "b": jnp.zeros(2)}
+    with pytest.raises(tg.TreeMismatchError, match=r"\['b'\]: shape"):
+        variant(step)(bad, jax.tree.map(jnp.ones_like, bad))
