@@ -14,9 +14,11 @@ containers first, cheaply, and names the path of the cycle instead.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import re
 from collections.abc import Callable, Sequence
+from itertools import compress
 from typing import Any, Literal, TypeAlias
 
 import jax
@@ -29,6 +31,11 @@ NodeKind: TypeAlias = Literal["leaf", "none", "dict", "list", "tuple", "namedtup
 
 _tu = jax.tree_util
 _CONTAINERS = frozenset((dict, list, tuple))
+_is_container = _CONTAINERS.__contains__
+#: A tree of builtin containers deeper than this is checked slowly for a cycle.
+_MAX_LEVELS = 256
+#: Shared subtrees are visited once per reference; past this many, check slowly.
+_MAX_VISITS = 5_000_000
 _CACHE_SIZE = 512
 
 
@@ -97,7 +104,10 @@ def assert_acyclic(tree: Any) -> None:
 
     Only builtin containers are walked: they are the ones JAX flattens in C++
     where a cycle cannot be caught. A cycle through a custom node is caught by
-    ``structure_of``.
+    ``structure_of``. The walk goes level by level with ``gc.get_referents``,
+    so each level costs a few C calls, not a Python call per container; a
+    tree that is still going after ``_MAX_LEVELS`` levels is walked again
+    slowly, keeping paths, to name the cycle.
 
     Raises:
       InvalidTreeError: naming the path at which the tree contains itself.
@@ -113,33 +123,23 @@ def assert_acyclic(tree: Any) -> None:
     """
     if type(tree) not in _CONTAINERS:
         return
+    level = [tree]
+    seen = 0
+    for _ in range(_MAX_LEVELS):
+        refs = gc.get_referents(*level)
+        level = list(compress(refs, map(_is_container, map(type, refs))))
+        if not level:
+            return
+        seen += len(level)
+        if seen > _MAX_VISITS:
+            break
     try:
-        _check_cycles(tree, set())
-    except _Cycle:
         _report_cycle(tree)
     except RecursionError:
         raise InvalidTreeError(
             [("", "the tree nests deeper than Python's recursion limit")],
             hint="flatten the nesting, or raise sys.setrecursionlimit on purpose",
         ) from None
-
-
-class _Cycle(Exception):
-    pass
-
-
-def _check_cycles(x: Any, on_path: set[int]) -> None:
-    i = id(x)
-    if i in on_path:
-        raise _Cycle
-    values = x.values() if type(x) is dict else x
-    if _CONTAINERS.isdisjoint(map(type, values)):
-        return
-    on_path.add(i)
-    for c in values:
-        if type(c) in _CONTAINERS:
-            _check_cycles(c, on_path)
-    on_path.discard(i)
 
 
 def _report_cycle(tree: Any) -> None:
