@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.treeguard-installed
 SRC    := treeguard tests benchmarks
 
-.PHONY: demo test lint typecheck unit bench reliability clean
+.PHONY: demo test lint typecheck unit bench bench-checkpoint reliability clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -31,6 +31,9 @@ unit: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/tree.py
+
+bench-checkpoint: $(STAMP)
+	$(BIN)/python benchmarks/checkpoint.py
 
 reliability: $(STAMP)
 	TREEGUARD_RELIABILITY=1 $(BIN)/python -m pytest -q -k reliability

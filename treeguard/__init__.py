@@ -5,9 +5,15 @@ promoted dtype, a changed checkpoint) becomes one typed error that lists every
 difference by key path.
 """
 
+from ._src.checkpoint import Header as Header
+from ._src.checkpoint import load as load
+from ._src.checkpoint import read_header as read_header
+from ._src.checkpoint import save as save
+from ._src.checkpoint import verify_file as verify_file
 from ._src.diff import check as check
 from ._src.diff import mismatches as mismatches
 from ._src.diff import unflatten as unflatten
+from ._src.env import environment as environment
 from ._src.errors import FormatError as FormatError
 from ._src.errors import IntegrityError as IntegrityError
 from ._src.errors import InvalidTreeError as InvalidTreeError
@@ -18,23 +24,35 @@ from ._src.mismatch import Mismatch as Mismatch
 from ._src.spec import LeafSpec as LeafSpec
 from ._src.spec import TreeSpec as TreeSpec
 from ._src.spec import spec_of as spec_of
+from ._src.store import ArtifactStore as ArtifactStore
+from ._src.store import StoreError as StoreError
+from ._src.store import UnknownVersionError as UnknownVersionError
 from ._src.update import tree_map as tree_map
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "ArtifactStore",
     "FormatError",
+    "Header",
     "IntegrityError",
     "InvalidTreeError",
     "LeafSpec",
     "Mismatch",
+    "StoreError",
     "TreeMismatchError",
     "TreeSpec",
     "TreeguardError",
+    "UnknownVersionError",
     "VerificationError",
     "check",
+    "environment",
+    "load",
     "mismatches",
+    "read_header",
+    "save",
     "spec_of",
     "tree_map",
     "unflatten",
+    "verify_file",
 ]

@@ -182,7 +182,13 @@ def _jsonable(x: object) -> object:
 
 
 def _register_optional_commands() -> None:
-    """Commands whose modules live beside this one; each adds itself here."""
+    """Commands whose modules live beside this one."""
+    from ._src.checkpoint import spec_reader
+    from .cli_ckpt import ckpt, store
+
+    SPEC_READERS.append(spec_reader)  # `spec` and `diff` read checkpoints too
+    main.add_command(ckpt)
+    main.add_command(store)
 
 
 _register_optional_commands()

@@ -1,0 +1,373 @@
+"""Checkpoint save/load: treeguard against the raw floor and the usual tools.
+
+One run writes a float32 tree (1 GiB in 64 leaves by default) with each tool
+and reads it back, in a fresh subprocess per tool and direction so that each
+peak-memory figure is that operation's own. Times are the median of
+``--repeats`` runs; ratios are against the physical floor measured in the same
+run (the same bytes written with ``write`` plus fsync, read back with
+``readinto``). Reads hit the page cache unless ``--cold`` drops each file's
+pages first (``posix_fadvise(DONTNEED)``, this file only).
+
+    .venv/bin/python benchmarks/checkpoint.py            # 1 GiB, 64 leaves
+    .venv/bin/python benchmarks/checkpoint.py --mib 64   # a quick run
+
+orbax is timed when ``orbax.checkpoint`` imports (it is not a dependency:
+``pip install orbax-checkpoint``, or put it on ``PYTHONPATH``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+TOOLS = ("raw", "treeguard", "safetensors", "npz", "orbax", "msgpack")
+_HERE = os.path.abspath(__file__)
+
+
+def _tree(total_mib: int, leaves: int) -> dict[str, np.ndarray]:
+    n = total_mib * 1024 * 1024 // 4 // leaves
+    side = int(np.sqrt(n))
+    shape = (side, n // side)
+    return {
+        f"layer_{i:02d}": np.arange(shape[0] * shape[1], dtype=np.float32).reshape(shape) + i
+        for i in range(leaves)
+    }
+
+
+def _rss_kib() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
+
+
+def _peak_kib() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+def _fsync_path(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _drop_cache(path: str) -> None:
+    paths = [path]
+    if os.path.isdir(path):
+        paths = [os.path.join(d, f) for d, _, fs in os.walk(path) for f in fs]
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+# -- each tool's save and load ----------------------------------------------
+
+
+def _raw_save(path: str, tree: dict[str, np.ndarray]) -> None:
+    with open(path, "wb", buffering=0) as f:
+        for arr in tree.values():
+            f.write(memoryview(arr).cast("B"))
+        os.fsync(f.fileno())
+
+
+def _raw_load(path: str, like: dict[str, np.ndarray]) -> Any:
+    out = {}
+    with open(path, "rb", buffering=0) as f:
+        for k, ref in like.items():
+            arr = np.empty(ref.shape, ref.dtype)
+            f.readinto(memoryview(arr).cast("B"))
+            out[k] = arr
+    return out
+
+
+def _tg_save(path: str, tree: dict[str, np.ndarray]) -> None:
+    from treeguard._src.checkpoint import save
+
+    save(path, tree)
+
+
+def _tg_load(path: str, like: dict[str, np.ndarray]) -> Any:
+    from treeguard._src.checkpoint import load
+
+    return load(path, like=like)
+
+
+def _st_save(path: str, tree: dict[str, np.ndarray]) -> None:
+    from safetensors.numpy import save_file
+
+    save_file(tree, path)
+
+
+def _st_load(path: str, like: dict[str, np.ndarray]) -> Any:
+    from safetensors.numpy import load_file
+
+    return load_file(path)
+
+
+def _npz_save(path: str, tree: dict[str, np.ndarray]) -> None:
+    np.savez(path, **tree)  # type: ignore[arg-type]
+
+
+def _npz_load(path: str, like: dict[str, np.ndarray]) -> Any:
+    with np.load(path, allow_pickle=False) as z:
+        return {k: z[k] for k in z.files}
+
+
+def _orbax_save(path: str, tree: dict[str, np.ndarray]) -> None:
+    import orbax.checkpoint as ocp
+
+    ckptr = ocp.StandardCheckpointer()
+    ckptr.save(path, tree)
+    ckptr.wait_until_finished()
+    ckptr.close()
+
+
+def _orbax_load(path: str, like: dict[str, np.ndarray]) -> Any:
+    import orbax.checkpoint as ocp
+
+    ckptr = ocp.StandardCheckpointer()
+    out = ckptr.restore(path, like)
+    ckptr.close()
+    return out
+
+
+def _msgpack_save(path: str, tree: dict[str, np.ndarray]) -> None:
+    from flax import serialization
+
+    data = serialization.msgpack_serialize(tree)
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _msgpack_load(path: str, like: dict[str, np.ndarray]) -> Any:
+    from flax import serialization
+
+    with open(path, "rb") as f:
+        return serialization.msgpack_restore(f.read())
+
+
+_OPS: dict[str, tuple[Callable[..., None], Callable[..., Any], str]] = {
+    "raw": (_raw_save, _raw_load, "write + fsync / readinto (the floor)"),
+    "treeguard": (_tg_save, _tg_load, "treeguard save / load(like=tree), hashed + fsync"),
+    "safetensors": (_st_save, _st_load, "safetensors.numpy save_file / load_file"),
+    "npz": (_npz_save, _npz_load, "np.savez / np.load"),
+    "orbax": (_orbax_save, _orbax_load, "orbax StandardCheckpointer"),
+    "msgpack": (_msgpack_save, _msgpack_load, "flax msgpack_serialize + fsync / restore"),
+}
+
+
+def _filename(tool: str) -> str:
+    return {"npz": "ckpt.npz", "orbax": "ckpt.orbax", "msgpack": "ckpt.msgpack"}.get(
+        tool, f"ckpt.{tool}.safetensors"
+    )
+
+
+def worker(tool: str, op: str, path: str, mib: int, leaves: int, repeats: int, cold: bool) -> None:
+    """Runs one tool's save or load in this process and prints a JSON line."""
+    import jax
+
+    jax.devices()  # start the backend before measuring
+    save_fn, load_fn, _ = _OPS[tool]
+    tree = _tree(mib, leaves)
+    times: list[float] = []
+    if op == "save":
+        base = _rss_kib()
+        for _ in range(repeats):
+            # Every tool starts from no file and a clean page cache: deleting the
+            # last run's file and writing back dirty pages are not timed.
+            if os.path.isdir(path):
+                shutil.rmtree(path)
+            elif os.path.exists(path):
+                os.unlink(path)
+            os.sync()
+            t0 = time.perf_counter()
+            save_fn(path, tree)
+            times.append(time.perf_counter() - t0)
+        extra = _peak_kib() - base
+    else:
+        like = {k: np.empty(0, v.dtype) for k, v in tree.items()}
+        if tool in ("raw", "treeguard", "orbax"):
+            like = {k: np.zeros_like(v) for k, v in tree.items()}
+        ref = tree
+        del tree
+        base = _rss_kib()
+        peaks = []
+        for _ in range(repeats):
+            if cold:
+                _drop_cache(path)
+            t0 = time.perf_counter()
+            out = load_fn(path, like)
+            times.append(time.perf_counter() - t0)
+            peaks.append(_peak_kib())
+            for k in ref:
+                assert np.array_equal(np.asarray(out[k]), ref[k]), (tool, k)
+            del out
+        extra = max(peaks) - base - mib * 1024  # the result itself is not extra
+    print(json.dumps({"tool": tool, "op": op, "times": times, "extra_kib": extra}))
+
+
+def _run_worker(tool: str, op: str, path: str, args: argparse.Namespace) -> dict[str, Any]:
+    cmd = [
+        sys.executable,
+        _HERE,
+        "--worker",
+        tool,
+        op,
+        path,
+        "--mib",
+        str(args.mib),
+        "--leaves",
+        str(args.leaves),
+        "--repeats",
+        str(args.repeats),
+    ] + (["--cold"] if args.cold else [])
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(
+            [os.path.dirname(os.path.dirname(_HERE)), os.environ.get("PYTHONPATH", "")]
+        ),
+    }
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+    if res.returncode != 0:
+        raise RuntimeError(f"{tool} {op} failed:\n{res.stderr[-3000:]}")
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def _orbax_available() -> bool:
+    res = subprocess.run(
+        [sys.executable, "-c", "import orbax.checkpoint"], capture_output=True, check=False
+    )
+    return res.returncode == 0
+
+
+def _inspect_times(path: str) -> dict[str, float]:
+    """Header-only reads of the treeguard file: ``read_header`` and the CLI."""
+    from click.testing import CliRunner
+
+    from treeguard._src.checkpoint import read_header, verify_file
+    from treeguard.cli_ckpt import ckpt
+
+    read_header(path)
+    t_header = []
+    for _ in range(30):
+        t0 = time.perf_counter()
+        read_header(path)
+        t_header.append(time.perf_counter() - t0)
+    runner = CliRunner()
+    t_cli = []
+    for _ in range(10):
+        t0 = time.perf_counter()
+        res = runner.invoke(ckpt, ["inspect", path])
+        t_cli.append(time.perf_counter() - t0)
+        assert res.exit_code == 0, res.output
+    t0 = time.perf_counter()
+    verify_file(path)
+    t_verify = time.perf_counter() - t0
+    return {
+        "read_header": statistics.median(t_header),
+        "ckpt inspect (in process)": statistics.median(t_cli),
+        "ckpt verify (all hashes)": t_verify,
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--mib", type=int, default=1024, help="total size of the tree in MiB")
+    p.add_argument("--leaves", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--dir", default=None, help="where to write (a temp dir by default)")
+    p.add_argument("--cold", action="store_true", help="drop each file's cached pages before reads")
+    p.add_argument("--tools", default=",".join(TOOLS))
+    p.add_argument("--worker", nargs=3, metavar=("TOOL", "OP", "PATH"), help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.worker:
+        tool, op, path = args.worker
+        worker(tool, op, path, args.mib, args.leaves, args.repeats, args.cold)
+        return
+    tools = [t for t in args.tools.split(",") if t]
+    if "orbax" in tools and not _orbax_available():
+        print("orbax.checkpoint does not import: skipping orbax")
+        tools.remove("orbax")
+    root = tempfile.mkdtemp(prefix="tg-bench-", dir=args.dir)
+    results: dict[str, dict[str, dict[str, Any]]] = {
+        t: {op: {"times": [], "extra_kib": 0} for op in ("save", "load")} for t in tools
+    }
+    inspect: dict[str, float] = {}
+    one = argparse.Namespace(**{**vars(args), "repeats": 1})
+    try:
+        # Rounds interleave the tools, so a burst of load from elsewhere on the
+        # machine lands on all of them alike rather than on one.
+        for _ in range(args.repeats):
+            for tool in tools:
+                path = os.path.join(root, _filename(tool))
+                for op in ("save", "load"):
+                    r = _run_worker(tool, op, path, one)
+                    results[tool][op]["times"] += r["times"]
+                    results[tool][op]["extra_kib"] = max(
+                        results[tool][op]["extra_kib"], r["extra_kib"]
+                    )
+                if tool == "treeguard" and not inspect:
+                    inspect = _inspect_times(path)
+                if os.path.isdir(path):
+                    shutil.rmtree(path)
+                elif os.path.exists(path):
+                    os.unlink(path)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    _report(results, inspect, args)
+
+
+def _report(
+    results: dict[str, dict[str, dict[str, Any]]],
+    inspect: dict[str, float],
+    args: argparse.Namespace,
+) -> None:
+    import jax
+
+    floor = {op: statistics.median(results["raw"][op]["times"]) for op in ("save", "load")}
+    gib = args.mib / 1024
+    print(
+        f"\n{args.mib} MiB float32 in {args.leaves} leaves, median of {args.repeats}, "
+        f"{'cold' if args.cold else 'page-cache'} reads, {os.cpu_count()} CPUs, "
+        f"jax {jax.__version__}"
+    )
+    print(
+        f"{'tool':<56} {'save s':>7} {'x floor':>7} {'load s':>7} {'x floor':>7} "
+        f"{'save +MiB':>9} {'load +MiB':>9}"
+    )
+    for tool, r in results.items():
+        s = statistics.median(r["save"]["times"])
+        ld = statistics.median(r["load"]["times"])
+        print(
+            f"{_OPS[tool][2]:<56} {s:7.2f} {s / floor['save']:7.2f} {ld:7.2f} "
+            f"{ld / floor['load']:7.2f} {r['save']['extra_kib'] / 1024:9.0f} "
+            f"{r['load']['extra_kib'] / 1024:9.0f}"
+        )
+    print(
+        f"(throughput of the floor: save {gib / floor['save']:.2f} GiB/s, "
+        f"load {gib / floor['load']:.2f} GiB/s)"
+    )
+    for k, v in inspect.items():
+        print(f"{k:<30} {v * 1000:8.1f} ms")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,269 @@
+"""The artifact store: put, verify, promote, rollback, gc, history, refusals."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from corpus import seed_params
+
+from treeguard._src.checkpoint import read_header
+from treeguard._src.errors import IntegrityError
+from treeguard._src.spec import spec_of
+from treeguard._src.store import (
+    MODEL_FILE,
+    POINTER_FILE,
+    ArtifactStore,
+    StoreError,
+    UnknownVersionError,
+)
+
+
+def _params(scale: float = 1.0) -> dict[str, Any]:
+    return {
+        "dense1": {"w": np.full((2, 3), scale, np.float32), "b": np.zeros(3, np.float32)},
+        "dense2": {"w": np.full((3, 1), scale, np.float32), "b": np.zeros(1, np.float32)},
+    }
+
+
+def _finite(tree: Any) -> bool:
+    return all(bool(np.isfinite(np.asarray(x)).all()) for x in _leaves(tree))
+
+
+def _leaves(tree: Any) -> list[Any]:
+    import jax
+
+    return jax.tree.leaves(tree)
+
+
+def _verified(store: ArtifactStore, tree: Any, **kw: Any) -> str:
+    v = store.put(tree, **kw)
+    assert store.verify(v, checks=[_finite]).status == "verified"
+    return v
+
+
+def test_full_lifecycle(tmp_path: Path) -> None:
+    store = ArtifactStore(tmp_path / "s")
+    assert store.current() is None and store.versions() == []
+    v1 = store.put(_params(1.0), metadata={"step": 100})
+    assert v1 == "v000001" and store.info(v1).status == "candidate"
+    with pytest.raises(StoreError, match="candidate, not verified"):
+        store.promote(v1)
+    info = store.verify(v1, checks=[_finite, ("positive", lambda t: t["dense1"]["w"].min() > 0)])
+    assert info.status == "verified" and info.reason is None
+    assert [c.name for c in info.checks] == ["integrity", "contract", "_finite", "positive"]
+    store.promote(v1)
+    assert store.current() == v1
+    out = store.load_current(_params(0.0))
+    assert out["dense1"]["w"][0, 0] == 1.0
+    v2 = _verified(store, _params(2.0))
+    store.promote(v2)
+    assert store.current() == v2 and store.previous() == v1
+    assert [e.action for e in store.history()] == [
+        "put",
+        "verify",
+        "promote",
+        "put",
+        "verify",
+        "promote",
+    ]
+    assert store.info(v1).metadata == {"step": 100}
+
+
+def test_status_files_are_readable_json(tmp_path: Path) -> None:
+    store = ArtifactStore(tmp_path)
+    v = _verified(store, _params())
+    store.promote(v)
+    status = json.loads((tmp_path / "versions" / v / "status.json").read_text())
+    assert status["status"] == "verified" and status["version"] == v
+    assert status["verified_env"]["numpy"] == np.__version__
+    pointer = json.loads((tmp_path / POINTER_FILE).read_text())
+    assert pointer["current"] == v and pointer["previous"] == []
+    assert (tmp_path / "versions" / v / "status.json").read_text().startswith("{\n  ")
+
+
+def test_a_candidate_of_another_structure_is_rejected(tmp_path: Path) -> None:
+    store = ArtifactStore(tmp_path)
+    store.promote(_verified(store, _params()))
+    bad = store.put({**_params(), "dense3": {"w": np.ones(2, np.float32)}})
+    info = store.verify(bad)
+    assert info.status == "rejected"
+    assert "['dense3']: unexpected" in (info.reason or "")
+    assert "version v000001 (current)" in (info.reason or "")
+    with pytest.raises(StoreError, match="rejected, not verified"):
+        store.promote(bad)
+
+
+def test_failing_and_raising_checks_reject_with_the_reason(tmp_path: Path) -> None:
+    store = ArtifactStore(tmp_path)
+    nan = _params()
+    nan["dense2"]["w"][0, 0] = np.nan
+    v = store.put(nan)
+    assert store.verify(v, checks=[_finite]).reason == "check _finite returned False"
+
+    def loss_is_small(tree: Any) -> None:
+        raise AssertionError("loss 7.3 > 1.0")
+
+    info = store.verify(v, checks=[loss_is_small])
+    assert info.status == "rejected"
+    assert info.reason == "check loss_is_small raised AssertionError: loss 7.3 > 1.0"
+
+
+def test_verify_against_like_and_spec(tmp_path: Path) -> None:
+    store = ArtifactStore(tmp_path)
+    v = store.put(seed_params())
+    assert store.verify(v, like=spec_of(seed_params())).status == "verified"
+    info = store.verify(v, like={"dense1": {"w": jnp.ones((2, 3))}})
+    assert info.status == "rejected" and "`like`" in (info.contract or "")
+
+
+def test_rollback_after_a_rejected_candidate(tmp_path: Path) -> None:
+    store = ArtifactStore(tmp_path)
+    v1 = _verified(store, _params(1.0))
+    store.promote(v1)
+    v2 = _verified(store, _params(2.0))
+    store.promote(v2)
+    bad = _params(3.0)
+    bad["dense1"]["b"][:] = np.inf
+    v3 = store.put(bad)
+    assert store.verify(v3, checks=[_finite]).status == "rejected"
+    with pytest.raises(StoreError):
+        store.promote(v3)
+    assert store.current() == v2
+    assert store.rollback() == v1
+    assert store.current() == v1
+    assert store.load_current(_params(0.0))["dense1"]["w"][0, 0] == 1.0
+    with pytest.raises(StoreError, match="no previous verified version"):
+        store.rollback()
+    actions = [(e.action, e.version) for e in store.history()]
+    assert ("rollback", v1) in actions
+
+
+def test_rollback_skips_versions_no_longer_verified(tmp_path: Path) -> None:
+    store = ArtifactStore(tmp_path)
+    v1 = _verified(store, _params(1.0))
+    store.promote(v1)
+    v2 = _verified(store, _params(2.0))
+    store.promote(v2)
+    v3 = _verified(store, _params(3.0))
+    store.promote(v3)
+    # v2 turns out bad after the fact.
+    assert store.verify(v2, checks=[lambda t: False]).status == "rejected"
+    assert store.previous() == v1
+    assert store.rollback() == v1
+
+
+def test_gc_keeps_current_previous_and_newest(tmp_path: Path) -> None:
+    store = ArtifactStore(tmp_path)
+    v1 = _verified(store, _params(1.0))
+    store.promote(v1)
+    v2 = _verified(store, _params(2.0))
+    store.promote(v2)
+    rejected = [store.put(_params(9.0)) for _ in range(3)]
+    for v in rejected:
+        store.verify(v, checks=[lambda t: False])
+    newest = store.put(_params(4.0))
+    removed = store.gc(keep=1)
+    assert sorted(removed) == sorted(rejected)
+    assert [v.version for v in store.versions()] == [v1, v2, newest]
+    assert store.gc(keep=0) == [newest]
+    assert [v.version for v in store.versions()] == [v1, v2]  # current and previous stay
+    assert store.load_current(_params())["dense2"]["w"][0, 0] == 2.0
+    assert store.history()[-1].action == "gc"
+    with pytest.raises(ValueError, match="keep"):
+        store.gc(keep=-1)
+
+
+def test_gc_removes_dead_writers_and_reserved_dirs(tmp_path: Path) -> None:
+    store = ArtifactStore(tmp_path)
+    v = store.put(_params())
+    status_path = tmp_path / "versions" / v / "status.json"
+    status = json.loads(status_path.read_text())
+    status.update(status="writing", pid=2**22 + 12345)  # no such process
+    status_path.write_text(json.dumps(status))
+    (tmp_path / "versions" / "v000007").mkdir()  # reserved, never written
+    assert sorted(store.gc(keep=5)) == [v, "v000007"]
+    assert not any(p.name.startswith(".trash") for p in (tmp_path / "versions").iterdir())
+
+
+@pytest.mark.parametrize(
+    "name", ["../outside", "..", ".", "a/b", "/etc", "", "x" * 200, ".hidden", "v1/../../x"]
+)
+def test_version_names_cannot_escape_the_root(tmp_path: Path, name: str) -> None:
+    store = ArtifactStore(tmp_path / "s")
+    with pytest.raises(UnknownVersionError, match="not a version name"):
+        store.put(_params(), version=name)
+    for op in (store.promote, store.info, lambda n: store.verify(n)):
+        with pytest.raises(UnknownVersionError):
+            op(name)
+    assert sorted(os.listdir(tmp_path)) == ["s"]
+
+
+def test_named_versions_and_duplicates(tmp_path: Path) -> None:
+    store = ArtifactStore(tmp_path)
+    assert store.put(_params(), version="release-1.0") == "release-1.0"
+    with pytest.raises(StoreError, match="already exists"):
+        store.put(_params(), version="release-1.0")
+    with pytest.raises(UnknownVersionError, match="no version nope"):
+        store.promote("nope")
+
+
+def test_symlinked_version_is_refused(tmp_path: Path) -> None:
+    store = ArtifactStore(tmp_path / "s")
+    v = store.put(_params())
+    os.symlink(tmp_path / "s" / "versions" / v, tmp_path / "s" / "versions" / "evil")
+    with pytest.raises(UnknownVersionError, match="symbolic link"):
+        store.info("evil")
+    assert [i.version for i in store.versions()] == [v]
+
+
+def test_promote_refuses_a_file_changed_after_verify(tmp_path: Path) -> None:
+    store = ArtifactStore(tmp_path)
+    v = _verified(store, _params())
+    other = store.put(_params(5.0))
+    os.replace(store.info(other).path, store.info(v).path)
+    with pytest.raises(StoreError, match="changed since it was verified"):
+        store.promote(v)
+
+
+def test_load_current_detects_corruption_and_can_fall_back(tmp_path: Path) -> None:
+    store = ArtifactStore(tmp_path)
+    v1 = _verified(store, _params(1.0))
+    store.promote(v1)
+    v2 = _verified(store, _params(2.0))
+    store.promote(v2)
+    path = Path(store.info(v2).path)
+    h = read_header(path)
+    with open(path, "r+b") as f:
+        f.seek(h.data_start + 3)
+        f.write(b"\xff")
+    with pytest.raises(IntegrityError):
+        store.load_current(_params())
+    out = store.load_current(_params(), fallback=True)
+    assert out["dense1"]["w"][0, 0] == 1.0
+    assert store.history()[-1].action == "fallback"
+    assert store.verify(v2).status == "rejected"
+
+
+def test_load_current_before_any_promotion(tmp_path: Path) -> None:
+    with pytest.raises(StoreError, match="no current version"):
+        ArtifactStore(tmp_path).load_current()
+
+
+def test_corrupt_pointer_is_reported(tmp_path: Path) -> None:
+    store = ArtifactStore(tmp_path)
+    (tmp_path / POINTER_FILE).write_text("{not json")
+    with pytest.raises(StoreError, match="not valid JSON"):
+        store.current()
+
+
+def test_model_file_is_a_checkpoint(tmp_path: Path) -> None:
+    store = ArtifactStore(tmp_path)
+    v = store.put(_params(), metadata={"run": "a"})
+    h = read_header(tmp_path / "versions" / v / MODEL_FILE)
+    assert h.metadata == {"run": "a"} and h.spec == spec_of(_params())

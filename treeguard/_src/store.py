@@ -1,0 +1,711 @@
+"""The artifact store: the lifecycle of a model's weights on one host.
+
+A store is a directory::
+
+    ROOT/
+      CURRENT.json              the pointer: current version and the stack of
+                                previously current ones (replaced atomically)
+      log.jsonl                 one JSON event per line: put, verify, promote, ...
+      versions/
+        v000001/
+          model.safetensors     a checkpoint written by ``checkpoint.save``
+          status.json           status (writing, candidate, verified,
+                                rejected), the reason, the checks, the env
+
+A version moves candidate -> verified or rejected by ``verify``; only a
+verified version can be promoted to current. ``rollback`` returns to the
+previous verified version and ``gc`` never removes the current one or that
+previous one. Every change to the pointer and every status file is written to
+a temp file, fsynced and renamed, under an exclusive lock, so a crash or two
+processes at once leave a consistent store.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime
+import json
+import os
+import re
+import secrets
+import shutil
+import sys
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+from .checkpoint import load, read_header, remove_stale_temps, save
+from .env import environment
+from .errors import FormatError, IntegrityError, TreeguardError, TreeMismatchError
+from .spec import TreeSpec
+
+STORE_FORMAT = "treeguard.store/1"
+MODEL_FILE = "model.safetensors"
+STATUS_FILE = "status.json"
+POINTER_FILE = "CURRENT.json"
+LOG_FILE = "log.jsonl"
+_VERSIONS = "versions"
+_LOCK = ".lock"
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_AUTO_RE = re.compile(r"^v(\d{6,})$")
+STATUSES = ("writing", "candidate", "verified", "rejected")
+
+#: A check run by ``verify``: a callable taking the loaded tree, or a
+#: ``(name, callable)`` pair. It passes by returning None or True and fails by
+#: returning False or raising.
+Check = Callable[[Any], object] | tuple[str, Callable[[Any], object]]
+
+
+class StoreError(TreeguardError, ValueError):
+    """The store refused an operation: promoting an unverified version,
+    rolling back with no previous verified version, a corrupt pointer."""
+
+
+class UnknownVersionError(StoreError, LookupError):
+    """No such version in the store, or a name that cannot be a version
+    (one that would escape the store's root)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckResult:
+    """The outcome of one check run by ``verify``.
+
+    Attributes:
+      name: the check's name.
+      ok: whether it passed.
+      detail: why it failed, or a short note.
+    """
+
+    name: str
+    ok: bool
+    detail: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class VersionInfo:
+    """A version's record, read from its ``status.json``.
+
+    Attributes:
+      version: the name.
+      status: ``writing``, ``candidate``, ``verified`` or ``rejected``.
+      reason: why it was rejected (or a note), else None.
+      created: when it was put, ISO 8601 in UTC.
+      updated: when its status last changed.
+      metadata: the caller's metadata given to ``put``.
+      checks: the checks the last ``verify`` ran.
+      contract: what the last ``verify`` compared the structure with.
+      num_leaves: the leaf count.
+      num_params: the element count.
+      nbytes: the bytes of array data.
+      digest: the checkpoint's header digest when it was verified.
+      path: the checkpoint file.
+    """
+
+    version: str
+    status: str
+    reason: str | None
+    created: str
+    updated: str
+    metadata: dict[str, Any]
+    checks: tuple[CheckResult, ...]
+    contract: str | None
+    num_leaves: int | None
+    num_params: int | None
+    nbytes: int | None
+    digest: str | None
+    path: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Event:
+    """One line of the store's log.
+
+    Attributes:
+      time: ISO 8601 in UTC.
+      action: ``put``, ``verify``, ``promote``, ``rollback``, ``gc`` or
+        ``fallback``.
+      version: the version acted on (the new current for promote and
+        rollback), or None.
+      detail: the rest: status, reason, previous current, removed versions.
+    """
+
+    time: str
+    action: str
+    version: str | None
+    detail: dict[str, Any]
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds")
+
+
+def _write_json(path: str, data: Any) -> None:
+    """Atomically replaces ``path`` with JSON a person can read."""
+    dirname = os.path.dirname(path)
+    tmp = os.path.join(
+        dirname, f".{os.path.basename(path)}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    )
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=2, sort_keys=True, ensure_ascii=False)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fd = os.open(dirname, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _read_json(path: str, what: str) -> Any:
+    if os.path.islink(path):
+        raise StoreError(f"{path}: {what} is a symbolic link; the store never follows links")
+    with open(path, "rb") as f:
+        raw = f.read(16 * 1024 * 1024 + 1)
+    if len(raw) > 16 * 1024 * 1024:
+        raise StoreError(f"{path}: {what} is larger than 16 MiB")
+    try:
+        return json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise StoreError(f"{path}: {what} is not valid JSON: {e}") from None
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class ArtifactStore:
+    """Versions of a model's weights, with verify, promote, rollback and gc.
+
+    Args:
+      root: the store's directory; created if absent.
+
+    Example:
+      >>> import tempfile, numpy as np
+      >>> store = ArtifactStore(tempfile.mkdtemp())
+      >>> params = {"w": np.ones((2, 3), np.float32)}
+      >>> v1 = store.put(params, metadata={"step": 100})
+      >>> store.verify(v1, checks=[lambda tree: bool(np.isfinite(tree["w"]).all())]).status
+      'verified'
+      >>> store.promote(v1)
+      >>> store.current() == v1, store.load_current(params)["w"].shape
+      (True, (2, 3))
+      >>> v2 = store.put({"w": np.ones((3, 2), np.float32)})
+      >>> print(store.verify(v2).reason)
+      contract: 1 mismatch between the checkpoint and version v000001 (current):
+        ['w']: shape (2, 3) in version v000001 (current), (3, 2) in the checkpoint
+      hint: ...
+      >>> store.promote(v2)
+      Traceback (most recent call last):
+      ...
+      treeguard._src.store.StoreError: version v000002 is rejected, not verified: ...
+    """
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = os.path.abspath(os.fspath(root))
+        if os.path.islink(self.root):
+            raise StoreError(f"{self.root}: the store root is a symbolic link; pass its target")
+        os.makedirs(os.path.join(self.root, _VERSIONS), exist_ok=True)
+
+    def __repr__(self) -> str:
+        return f"ArtifactStore({self.root!r})"
+
+    # -- paths and locking -----------------------------------------------
+
+    def _version_dir(self, version: str) -> str:
+        if not isinstance(version, str) or not _NAME_RE.match(version) or ".." in version:
+            raise UnknownVersionError(
+                f"{version!r} is not a version name: names are 1-128 letters, digits, '.', "
+                "'_' or '-', starting with a letter or digit, so none escapes the store root"
+            )
+        base = os.path.join(self.root, _VERSIONS)
+        path = os.path.join(base, version)
+        if os.path.dirname(os.path.abspath(path)) != base:  # pragma: no cover - regex forbids it
+            raise UnknownVersionError(f"{version!r} escapes the store root")
+        return path
+
+    def _existing_dir(self, version: str) -> str:
+        path = self._version_dir(version)
+        if os.path.islink(path):
+            raise UnknownVersionError(f"version {version} is a symbolic link; refused")
+        if not os.path.isfile(os.path.join(path, STATUS_FILE)):
+            known = ", ".join(v.version for v in self.versions()[-5:]) or "none"
+            raise UnknownVersionError(
+                f"no version {version} in the store {self.root} (latest: {known})"
+            )
+        return path
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        fd = os.open(os.path.join(self.root, _LOCK), os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            if sys.platform != "win32":
+                import fcntl
+
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # closing releases the lock
+
+    def _log(self, action: str, version: str | None, **detail: Any) -> None:
+        line = json.dumps(
+            {"time": _now(), "action": action, "version": version, "detail": detail},
+            sort_keys=True,
+            ensure_ascii=False,
+        )
+        fd = os.open(
+            os.path.join(self.root, LOG_FILE), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666
+        )
+        try:
+            os.write(fd, (line + "\n").encode("utf-8"))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    # -- status files ----------------------------------------------------
+
+    def _status(self, version: str) -> dict[str, Any]:
+        data = _read_json(os.path.join(self._existing_dir(version), STATUS_FILE), "status.json")
+        if not isinstance(data, dict) or data.get("status") not in STATUSES:
+            raise StoreError(f"version {version}: status.json is not a store status record")
+        return data
+
+    def _write_status(self, version: str, data: dict[str, Any]) -> None:
+        data = {**data, "format": STORE_FORMAT, "version": version, "updated": _now()}
+        _write_json(os.path.join(self._version_dir(version), STATUS_FILE), data)
+
+    def info(self, version: str, /) -> VersionInfo:
+        """The record of one version.
+
+        Raises:
+          UnknownVersionError: for a version that does not exist or a bad name.
+        """
+        d = self._status(version)
+        return VersionInfo(
+            version=version,
+            status=d["status"],
+            reason=d.get("reason"),
+            created=d.get("created", ""),
+            updated=d.get("updated", ""),
+            metadata=d.get("metadata") or {},
+            checks=tuple(CheckResult(**c) for c in d.get("checks") or ()),
+            contract=d.get("contract"),
+            num_leaves=d.get("num_leaves"),
+            num_params=d.get("num_params"),
+            nbytes=d.get("nbytes"),
+            digest=d.get("digest"),
+            path=os.path.join(self._version_dir(version), MODEL_FILE),
+        )
+
+    def versions(self) -> list[VersionInfo]:
+        """Every version with a status record, oldest first."""
+        base = os.path.join(self.root, _VERSIONS)
+        out: list[VersionInfo] = []
+        for name in os.listdir(base):
+            if not _NAME_RE.match(name) or ".." in name:
+                continue
+            path = os.path.join(base, name)
+            if os.path.islink(path) or not os.path.isfile(os.path.join(path, STATUS_FILE)):
+                continue
+            try:
+                out.append(self.info(name))
+            except StoreError:
+                continue
+        return sorted(out, key=lambda v: (v.created, v.version))
+
+    # -- the pointer -----------------------------------------------------
+
+    def _pointer(self) -> dict[str, Any]:
+        path = os.path.join(self.root, POINTER_FILE)
+        if not os.path.exists(path) and not os.path.islink(path):
+            return {"current": None, "previous": []}
+        data = _read_json(path, POINTER_FILE)
+        if (
+            not isinstance(data, dict)
+            or not isinstance(data.get("previous", []), list)
+            or not isinstance(data.get("current"), (str, type(None)))
+        ):
+            raise StoreError(f"{path}: not a store pointer")
+        return data
+
+    def _set_pointer(self, current: str | None, previous: Sequence[str]) -> None:
+        _write_json(
+            os.path.join(self.root, POINTER_FILE),
+            {
+                "format": STORE_FORMAT,
+                "current": current,
+                "previous": list(previous),
+                "updated": _now(),
+            },
+        )
+
+    def current(self) -> str | None:
+        """The current version's name, or None before the first promotion."""
+        cur = self._pointer().get("current")
+        return cur if isinstance(cur, str) else None
+
+    def previous(self) -> str | None:
+        """The version ``rollback`` would return to: the most recent formerly
+        current version that is still verified; None if there is none."""
+        return self._previous_verified(self._pointer())[0]
+
+    def _previous_verified(self, pointer: Mapping[str, Any]) -> tuple[str | None, list[str]]:
+        stack = [v for v in pointer.get("previous", []) if isinstance(v, str)]
+        for i, v in enumerate(stack):
+            try:
+                if self._status(v)["status"] == "verified":
+                    return v, stack[i + 1 :]
+            except StoreError:
+                continue
+        return None, []
+
+    # -- the lifecycle ---------------------------------------------------
+
+    def put(
+        self,
+        tree: Any,
+        /,
+        *,
+        metadata: Mapping[str, Any] | None = None,
+        version: str | None = None,
+    ) -> str:
+        """Saves a tree as a new candidate version.
+
+        Args:
+          tree: the parameters.
+          metadata: JSON-serialisable data kept with the version.
+          version: a name for it; by default the next ``v000001``, ``v000002``...
+
+        Returns:
+          The version's name.
+
+        Raises:
+          StoreError: if the named version exists.
+          UnknownVersionError: for a name that is not allowed.
+          InvalidTreeError: for a tree that cannot be saved.
+        """
+        with self._locked():
+            if version is None:
+                version = self._next_name()
+            path = self._version_dir(version)
+            try:
+                os.mkdir(path)
+            except FileExistsError:
+                raise StoreError(f"version {version} already exists in {self.root}") from None
+            self._write_status(
+                version,
+                {
+                    "status": "writing",
+                    "pid": os.getpid(),
+                    "created": _now(),
+                    "metadata": dict(metadata or {}),
+                    "reason": None,
+                },
+            )
+        try:
+            save(os.path.join(path, MODEL_FILE), tree, metadata=metadata)
+        except BaseException:
+            shutil.rmtree(path, ignore_errors=True)
+            raise
+        header = read_header(os.path.join(path, MODEL_FILE))
+        with self._locked():
+            status = self._status(version)
+            status.update(
+                status="candidate",
+                pid=None,
+                num_leaves=header.spec.num_leaves,
+                num_params=header.spec.num_params,
+                nbytes=header.spec.nbytes,
+            )
+            self._write_status(version, status)
+            self._log("put", version, status="candidate")
+        return version
+
+    def _next_name(self) -> str:
+        base = os.path.join(self.root, _VERSIONS)
+        numbers = [int(m.group(1)) for n in os.listdir(base) if (m := _AUTO_RE.match(n))]
+        return f"v{max(numbers, default=0) + 1:06d}"
+
+    def verify(
+        self,
+        version: str,
+        /,
+        *,
+        like: Any = None,
+        checks: Sequence[Check] = (),
+    ) -> VersionInfo:
+        """Checks a version and records it as verified or rejected.
+
+        The checkpoint is loaded with every hash checked, and its structure
+        compared with the contract: ``like`` when given, else the current
+        version's spec (so a candidate of another structure is rejected),
+        else (the first version) only its own stored spec. Then each check
+        runs on the loaded tree. The first failure rejects the version with
+        its reason; a version is verified only if everything passes.
+
+        Args:
+          version: the version to check.
+          like: the tree or ``TreeSpec`` it must match; its structure is
+            also the one the checks receive.
+          checks: callables taking the tree, or ``(name, callable)`` pairs.
+            A check passes by returning None or True, fails by returning
+            False or raising.
+
+        Returns:
+          The updated ``VersionInfo``; ``status`` is ``verified`` or
+          ``rejected`` (see ``reason``).
+
+        Raises:
+          UnknownVersionError: for an unknown version.
+        """
+        self._existing_dir(version)
+        path = os.path.join(self._version_dir(version), MODEL_FILE)
+        contract_name: str
+        if like is not None:
+            contract, contract_name = like, "`like`"
+        else:
+            cur = self.current()
+            if cur is not None and cur != version:
+                contract = read_header(os.path.join(self._version_dir(cur), MODEL_FILE)).spec
+                contract_name = f"version {cur} (current)"
+            else:
+                contract, contract_name = None, "its own stored spec"
+        results: list[CheckResult] = []
+        reason: str | None = None
+        digest: str | None = None
+        try:
+            digest = read_header(path).digest
+            tree = load(path, like=contract)
+            results.append(CheckResult("integrity", True, "header and every tensor hash match"))
+            results.append(CheckResult("contract", True, f"matches {contract_name}"))
+        except TreeMismatchError as e:
+            text = str(e).replace("`like`", contract_name)
+            text = text.split(": ", 1)[1] if text.startswith(path) else text
+            reason = f"contract: {text}"
+            results.append(CheckResult("integrity", True, "header valid"))
+            results.append(CheckResult("contract", False, text))
+        except (IntegrityError, FormatError, OSError) as e:
+            reason = f"integrity: {e}"
+            results.append(CheckResult("integrity", False, str(e)))
+        if reason is None:
+            for i, check in enumerate(checks):
+                name, fn = check if isinstance(check, tuple) else (_check_name(check, i), check)
+                try:
+                    ok = fn(tree)
+                except Exception as e:  # noqa: BLE001 - a check's failure is data here
+                    results.append(CheckResult(name, False, f"{type(e).__name__}: {e}"))
+                    reason = f"check {name} raised {type(e).__name__}: {e}"
+                    break
+                if ok is False:
+                    results.append(CheckResult(name, False, "returned False"))
+                    reason = f"check {name} returned False"
+                    break
+                results.append(CheckResult(name, True))
+        with self._locked():
+            status = self._status(version)
+            status.update(
+                status="rejected" if reason else "verified",
+                reason=reason,
+                checks=[dataclasses.asdict(r) for r in results],
+                contract=contract_name,
+                digest=digest if reason is None else status.get("digest"),
+                verified_env=environment(),
+            )
+            self._write_status(version, status)
+            self._log("verify", version, status=status["status"], reason=reason)
+        return self.info(version)
+
+    def promote(self, version: str, /) -> None:
+        """Makes a verified version current; the old current becomes the one
+        ``rollback`` returns to.
+
+        Raises:
+          StoreError: if the version is not verified, or its file changed
+            since it was verified.
+          UnknownVersionError: for an unknown version.
+        """
+        with self._locked():
+            status = self._status(version)
+            if status["status"] != "verified":
+                why = f": {status['reason']}" if status.get("reason") else ""
+                raise StoreError(
+                    f"version {version} is {status['status']}, not verified{why}\n"
+                    f"hint: run store.verify({version!r}) first; "
+                    "only a verified version is promoted"
+                )
+            path = os.path.join(self._version_dir(version), MODEL_FILE)
+            try:
+                digest = read_header(path).digest
+            except (FormatError, IntegrityError, OSError) as e:
+                raise StoreError(f"version {version}: its checkpoint no longer reads: {e}") from e
+            if digest != status.get("digest"):
+                raise StoreError(
+                    f"version {version}: its checkpoint changed since it was verified "
+                    f"(header digest {digest[:12]}… now, {str(status.get('digest'))[:12]}… then)\n"
+                    "hint: verify it again"
+                )
+            pointer = self._pointer()
+            old = pointer.get("current")
+            if old == version:
+                return
+            stack = [v for v in pointer.get("previous", []) if v != version]
+            if isinstance(old, str):
+                stack.insert(0, old)
+            self._set_pointer(version, stack)
+            self._log("promote", version, previous=old)
+
+    def rollback(self) -> str:
+        """Makes the previous verified version current again.
+
+        Returns:
+          The version now current.
+
+        Raises:
+          StoreError: if there is no previous verified version.
+        """
+        with self._locked():
+            pointer = self._pointer()
+            target, rest = self._previous_verified(pointer)
+            if target is None:
+                raise StoreError(
+                    f"{self.root}: no previous verified version to roll back to "
+                    f"(current: {pointer.get('current')})"
+                )
+            self._set_pointer(target, rest)
+            self._log("rollback", target, previous=pointer.get("current"))
+            return target
+
+    def load_version(self, version: str, /, like: Any = None) -> Any:
+        """Loads one version, verified (see ``checkpoint.load``)."""
+        self._existing_dir(version)
+        return load(os.path.join(self._version_dir(version), MODEL_FILE), like=like)
+
+    def load_current(self, like: Any = None, /, *, fallback: bool = False) -> Any:
+        """Loads the current version, with every hash checked.
+
+        Args:
+          like: the tree or ``TreeSpec`` whose structure the result takes.
+          fallback: if the current file fails its integrity check, load the
+            previous verified version instead (the fall back is logged).
+
+        Returns:
+          The tree.
+
+        Raises:
+          StoreError: if nothing was promoted yet.
+          IntegrityError, FormatError: if the current file is damaged (and,
+            with ``fallback``, every previous verified one too).
+          TreeMismatchError: if it does not match ``like``.
+        """
+        pointer = self._pointer()
+        cur = pointer.get("current")
+        if not isinstance(cur, str):
+            raise StoreError(f"{self.root}: no current version; promote a verified one first")
+        try:
+            return self.load_version(cur, like)
+        except (IntegrityError, FormatError, OSError) as first:
+            if not fallback:
+                raise
+            for v in pointer.get("previous", []):
+                try:
+                    if self._status(v)["status"] != "verified":
+                        continue
+                    tree = self.load_version(v, like)
+                except (IntegrityError, FormatError, OSError, StoreError):
+                    continue
+                with self._locked():
+                    self._log("fallback", v, current=cur, reason=str(first).splitlines()[0])
+                return tree
+            raise
+
+    def history(self) -> list[Event]:
+        """Every logged event, oldest first."""
+        path = os.path.join(self.root, LOG_FILE)
+        if not os.path.exists(path):
+            return []
+        out: list[Event] = []
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                try:
+                    d = json.loads(line)
+                    out.append(
+                        Event(d["time"], d["action"], d.get("version"), d.get("detail") or {})
+                    )
+                except (json.JSONDecodeError, KeyError, TypeError):
+                    continue  # a line torn by a crash
+        return out
+
+    def gc(self, *, keep: int = 3) -> list[str]:
+        """Removes old versions, keeping the ``keep`` newest, the current one,
+        the previous verified one and any still being written.
+
+        Args:
+          keep: how many of the newest versions to keep whatever their status.
+
+        Returns:
+          The versions removed.
+
+        Raises:
+          ValueError: for a negative ``keep``.
+        """
+        if keep < 0:
+            raise ValueError(f"keep must be 0 or more, got {keep}")
+        base = os.path.join(self.root, _VERSIONS)
+        removed: list[str] = []
+        with self._locked():
+            pointer = self._pointer()
+            protect = {pointer.get("current"), self._previous_verified(pointer)[0]}
+            versions = self.versions()
+            finished = [v for v in versions if v.status != "writing"]
+            protect.update(v.version for v in finished[len(finished) - keep :] if keep)
+            for v in versions:
+                if v.status == "writing":
+                    pid = self._status(v.version).get("pid")
+                    if isinstance(pid, int) and _pid_alive(pid):
+                        continue  # a put in progress
+                elif v.version in protect:
+                    continue
+                self._trash(v.version)
+                removed.append(v.version)
+            for name in os.listdir(base):
+                path = os.path.join(base, name)
+                if name.startswith(".trash-"):
+                    shutil.rmtree(path, ignore_errors=True)
+                elif (
+                    _NAME_RE.match(name)
+                    and not os.path.islink(path)
+                    and os.path.isdir(path)
+                    and not os.path.exists(os.path.join(path, STATUS_FILE))
+                ):
+                    self._trash(name)  # reserved by a put that died before its status
+                    removed.append(name)
+                elif os.path.isdir(path) and not os.path.islink(path):
+                    remove_stale_temps(path)
+            remove_stale_temps(self.root)
+            if removed:
+                self._log("gc", None, removed=removed, keep=keep)
+        return removed
+
+    def _trash(self, version: str) -> None:
+        """Renames a version out of sight (atomic), then deletes it."""
+        base = os.path.join(self.root, _VERSIONS)
+        trash = os.path.join(base, f".trash-{version}-{secrets.token_hex(4)}")
+        os.replace(os.path.join(base, version), trash)
+        shutil.rmtree(trash, ignore_errors=True)
+
+
+def _check_name(fn: Callable[[Any], object], index: int) -> str:
+    name = getattr(fn, "__name__", "")
+    return f"check[{index}]" if not name or name == "<lambda>" else name
+
+
+def spec_of_version(store: ArtifactStore, version: str) -> TreeSpec:
+    """The stored spec of one version, from its header only."""
+    return read_header(store.info(version).path).spec

@@ -1,0 +1,348 @@
+"""The ``treeguard ckpt`` and ``treeguard store`` command groups.
+
+Exit codes, as for every treeguard command: 0 when the check passes, 1 when
+it fails (a corrupt tensor, a contract mismatch, a refused promotion), 2 for
+usage errors and unreadable input.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, NoReturn
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+from ._src.checkpoint import Header, read_header, spec_from_file, verify_file
+from ._src.errors import FormatError, IntegrityError, TreeguardError, TreeMismatchError
+from ._src.spec import TreeSpec
+from ._src.store import ArtifactStore, StoreError, UnknownVersionError
+
+EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+#: Files smaller than this verify too fast for a progress bar to help.
+_PROGRESS_MIN_BYTES = 64 * 1024 * 1024
+
+
+def _out() -> Console:
+    return Console(highlight=False, soft_wrap=True)
+
+
+def _err() -> Console:
+    return Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def _exit(code: int, message: str | None = None) -> NoReturn:
+    if message:
+        label = "[red]error:[/red]" if code == EXIT_USAGE else "[red]failed:[/red]"
+        _err().print(label, end=" ")
+        _err().print(message, markup=False)
+    sys.exit(code)
+
+
+def _human(n: int | None) -> str:
+    if n is None:
+        return "?"
+    value, units = float(n), ["B", "KiB", "MiB", "GiB", "TiB"]
+    i = 0
+    while value >= 1024 and i < len(units) - 1:
+        value /= 1024
+        i += 1
+    return f"{int(value)} B" if i == 0 else f"{value:.1f} {units[i]}"
+
+
+@contextmanager
+def _progress(label: str, total: int) -> Iterator[Callable[[int, int], None] | None]:
+    """A progress bar on stderr for long work; nothing for short work or a pipe."""
+    console = _err()
+    if total < _PROGRESS_MIN_BYTES or not console.is_terminal:
+        yield None
+        return
+    with Progress(
+        TextColumn(label),
+        BarColumn(),
+        DownloadColumn(),
+        TimeRemainingColumn(),
+        console=console,
+        transient=True,
+    ) as bar:
+        task = bar.add_task(label, total=total)
+
+        def update(done: int, _total: int) -> None:
+            bar.update(task, completed=done)
+
+        yield update
+
+
+def _read_header_or_exit(file: Path) -> Header:
+    try:
+        return read_header(file)
+    except IntegrityError as e:
+        _exit(EXIT_FAIL, str(e))
+    except (FormatError, OSError) as e:
+        _exit(EXIT_USAGE, f"{file}: {e}" if isinstance(e, OSError) else str(e))
+
+
+def _header_json(h: Header) -> dict[str, Any]:
+    return {
+        "file": h.path,
+        "format": h.format,
+        "num_leaves": h.spec.num_leaves,
+        "num_params": h.spec.num_params,
+        "nbytes": h.spec.nbytes,
+        "file_bytes": h.file_bytes,
+        "hash": h.hash_name,
+        "tensors": [
+            {
+                "path": t.name,
+                "dtype": t.dtype.name,
+                "shape": list(t.shape),
+                "params": t.size,
+                "nbytes": t.nbytes,
+                "stored_as": t.stored_dtype,
+                "data_offsets": [t.begin, t.end],
+                h.hash_name: t.digest,
+            }
+            for t in h.tensors
+        ],
+        "env": h.env,
+        "metadata": h.metadata,
+        "spec": json.loads(h.spec.to_json()),
+    }
+
+
+@click.group("ckpt", context_settings={"help_option_names": ["-h", "--help"]})
+def ckpt() -> None:
+    """Inspect and verify checkpoint files."""
+
+
+@ckpt.command("inspect")
+@click.argument("file", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print the header as JSON.")
+def inspect_command(file: Path, as_json: bool) -> None:
+    """Print FILE's tree, shapes, dtypes, sizes, environment and metadata.
+
+    Reads the header only, never the array data.
+    """
+    h = _read_header_or_exit(file)
+    if as_json:
+        click.echo(json.dumps(_header_json(h), indent=1, ensure_ascii=False))
+        return
+    out = _out()
+    params = h.spec.num_params
+    out.print(
+        f"[bold]{file}[/bold]  {h.format}  {h.spec.num_leaves} tensors  "
+        f"{params:,} params  {_human(h.spec.nbytes)} of data  {_human(h.file_bytes)} file"
+    )
+    table = Table(box=None, pad_edge=False, show_edge=False)
+    for col, justify in (
+        ("path", "left"),
+        ("array", "left"),
+        ("params", "right"),
+        ("bytes", "right"),
+        (h.hash_name, "left"),
+    ):
+        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    for t in h.tensors:
+        table.add_row(
+            t.name or "<root>", t.summary(), f"{t.size:,}", _human(t.nbytes), t.digest[:16]
+        )
+    out.print(table)
+    env = Table(title="environment", box=None, show_header=False, title_justify="left")
+    env.add_column("key", style="bold")
+    env.add_column("value")
+    for k, v in h.env.items():
+        env.add_row(str(k), str(v))
+    out.print(env)
+    if h.metadata:
+        out.print("[bold]metadata[/bold]")
+        out.print(
+            json.dumps(h.metadata, indent=1, sort_keys=True, ensure_ascii=False), markup=False
+        )
+    else:
+        out.print("[bold]metadata[/bold] none")
+
+
+def _read_like(like: Path | None) -> TreeSpec | None:
+    if like is None:
+        return None
+    try:
+        return spec_from_file(like)
+    except (FormatError, OSError, TreeguardError) as e:
+        _exit(EXIT_USAGE, f"{like}: {e}")
+
+
+@ckpt.command("verify")
+@click.argument("file", type=click.Path(path_type=Path))
+@click.option(
+    "--like",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="A spec JSON or checkpoint whose contract FILE must match.",
+)
+def verify_command(file: Path, like: Path | None) -> None:
+    """Check FILE's header, every tensor's hash and (with --like) its contract."""
+    spec = _read_like(like)
+    h = _read_header_or_exit(file)
+    try:
+        with _progress("verifying", h.data_bytes) as progress:
+            verify_file(file, like=spec, progress=progress)
+    except (TreeMismatchError, IntegrityError) as e:
+        _exit(EXIT_FAIL, str(e).replace("`like`", str(like)))
+    except (FormatError, OSError) as e:
+        _exit(EXIT_USAGE, str(e))
+    what = f", matches {like}" if like is not None else ""
+    _out().print(
+        f"[green]ok[/green]: {file}: {h.spec.num_leaves} tensors, {_human(h.spec.nbytes)}, "
+        f"every {h.hash_name} matches{what}"
+    )
+
+
+@click.group("store", context_settings={"help_option_names": ["-h", "--help"]})
+def store() -> None:
+    """Manage an artifact store: list, verify, promote, roll back, collect garbage."""
+
+
+def _open_store(root: Path) -> ArtifactStore:
+    if not root.is_dir():
+        _exit(EXIT_USAGE, f"{root}: no such store directory")
+    try:
+        return ArtifactStore(root)
+    except (StoreError, OSError) as e:
+        _exit(EXIT_USAGE, str(e))
+
+
+@contextmanager
+def _store_errors() -> Iterator[None]:
+    try:
+        yield
+    except UnknownVersionError as e:
+        _exit(EXIT_USAGE, str(e))
+    except StoreError as e:
+        _exit(EXIT_FAIL, str(e))
+    except OSError as e:
+        _exit(EXIT_USAGE, str(e))
+
+
+_STATUS_STYLE = {"verified": "green", "rejected": "red", "candidate": "yellow", "writing": "dim"}
+
+
+@store.command("ls")
+@click.argument("root", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print the versions as JSON.")
+def ls_command(root: Path, as_json: bool) -> None:
+    """List ROOT's versions with their status; the current one is marked."""
+    s = _open_store(root)
+    with _store_errors():
+        current, previous = s.current(), s.previous()
+        versions = s.versions()
+    if as_json:
+        click.echo(
+            json.dumps(
+                {
+                    "root": s.root,
+                    "current": current,
+                    "previous": previous,
+                    "versions": [
+                        {
+                            "version": v.version,
+                            "status": v.status,
+                            "reason": v.reason,
+                            "created": v.created,
+                            "num_params": v.num_params,
+                            "nbytes": v.nbytes,
+                            "metadata": v.metadata,
+                        }
+                        for v in versions
+                    ],
+                },
+                indent=1,
+            )
+        )
+        return
+    table = Table(box=None, pad_edge=False)
+    for col in ("", "version", "status", "created", "params", "size", "reason"):
+        table.add_column(col)
+    for v in versions:
+        mark = "*" if v.version == current else ("<" if v.version == previous else "")
+        style = _STATUS_STYLE.get(v.status, "")
+        reason = (v.reason or "").splitlines()[0][:80] if v.reason else ""
+        table.add_row(
+            mark,
+            v.version,
+            f"[{style}]{v.status}[/{style}]" if style else v.status,
+            v.created,
+            f"{v.num_params:,}" if v.num_params is not None else "",
+            _human(v.nbytes) if v.nbytes is not None else "",
+            reason,
+        )
+    out = _out()
+    out.print(
+        f"[bold]{s.root}[/bold]  current: {current or 'none'}  previous: {previous or 'none'}"
+    )
+    out.print(table)
+
+
+@store.command("verify")
+@click.argument("root", type=click.Path(path_type=Path))
+@click.argument("version")
+@click.option(
+    "--like", type=click.Path(path_type=Path), default=None, help="The contract to match."
+)
+def store_verify_command(root: Path, version: str, like: Path | None) -> None:
+    """Verify VERSION (hashes and contract) and record verified or rejected."""
+    s = _open_store(root)
+    spec = _read_like(like)
+    with _store_errors():
+        info = s.verify(version, like=spec)
+    if info.status == "verified":
+        _out().print(f"[green]verified[/green]: {version}")
+        return
+    _exit(EXIT_FAIL, f"{version} rejected: {info.reason}")
+
+
+@store.command("promote")
+@click.argument("root", type=click.Path(path_type=Path))
+@click.argument("version")
+def promote_command(root: Path, version: str) -> None:
+    """Make the verified VERSION current."""
+    s = _open_store(root)
+    with _store_errors():
+        s.promote(version)
+    _out().print(f"[green]current[/green]: {version}")
+
+
+@store.command("rollback")
+@click.argument("root", type=click.Path(path_type=Path))
+def rollback_command(root: Path) -> None:
+    """Return to the previous verified version."""
+    s = _open_store(root)
+    with _store_errors():
+        before = s.current()
+        now = s.rollback()
+    _out().print(f"[green]rolled back[/green]: {before} -> {now}")
+
+
+@store.command("gc")
+@click.argument("root", type=click.Path(path_type=Path))
+@click.option(
+    "--keep",
+    type=click.IntRange(min=0),
+    default=3,
+    show_default=True,
+    help="How many of the newest versions to keep.",
+)
+def gc_command(root: Path, keep: int) -> None:
+    """Remove old versions; never the current or the previous verified one."""
+    s = _open_store(root)
+    with _store_errors():
+        removed = s.gc(keep=keep)
+    _out().print(f"removed {len(removed)}: {', '.join(removed) or 'nothing'}")
+
+
+COMMANDS = (ckpt, store)
