@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/python -m treeguard.examples.tour
+	$(BIN)/treeguard verify treeguard.examples.mlp:model
 
 test: lint typecheck unit
 

@@ -185,10 +185,12 @@ def _register_optional_commands() -> None:
     """Commands whose modules live beside this one."""
     from ._src.checkpoint import spec_reader
     from .cli_ckpt import ckpt, store
+    from .cli_verify import verify as verify_command
 
     SPEC_READERS.append(spec_reader)  # `spec` and `diff` read checkpoints too
     main.add_command(ckpt)
     main.add_command(store)
+    main.add_command(verify_command)
 
 
 _register_optional_commands()

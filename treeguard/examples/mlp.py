@@ -3,14 +3,23 @@
 Params are a plain dict ``{"dense1": {"w", "b"}, "dense2": {"w", "b"}}``. The
 key flow is explicit: ``init`` splits its key once per layer and uses each
 subkey once.
+
+``model`` describes it for ``treeguard verify treeguard.examples.mlp:model``:
+its batch contract, explicit tolerances, the shipped regression set and
+params contract under ``data/``, and disjoint train/val/test splits.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+
+from treeguard import LeafSpec, spec_of
+from treeguard.verify import Model
 
 Params = dict[str, dict[str, jax.Array]]
 
@@ -69,3 +78,44 @@ def update(params: Params, grads: Any) -> Params:
     """One SGD step, leaf by leaf, as the seed writes it."""
     new: Params = jax.tree.map(lambda p, g: p - LEARNING_RATE * g, params, grads)
     return new
+
+
+# -- the model as ``treeguard verify`` sees it ----------------------------------
+
+#: The shipped regression set and params contract.
+DATA = Path(__file__).parent / "data"
+
+BATCH_SPEC = spec_of({"x": LeafSpec(("B", IN), "float32"), "y": LeafSpec(("B", OUT), "float32")})
+OUTPUT_SPEC = spec_of(LeafSpec(("B", OUT), "float32"))
+
+
+def splits() -> dict[str, dict[str, np.ndarray]]:
+    """Disjoint train/val/test data for the splits check: ``y = sin(x0) * x1``.
+
+    Example:
+      >>> {k: v["x"].shape for k, v in splits().items()}
+      {'train': (64, 2), 'val': (16, 2), 'test': (16, 2)}
+    """
+    rng = np.random.Generator(np.random.PCG64(1234))
+    x = rng.uniform(-1.0, 1.0, (96, IN)).astype(np.float32)
+    y = (np.sin(x[:, :1]) * x[:, 1:]).astype(np.float32)
+    cuts = {"train": slice(0, 64), "val": slice(64, 80), "test": slice(80, 96)}
+    return {k: {"x": x[s], "y": y[s]} for k, s in cuts.items()}
+
+
+model = Model(
+    init=init,
+    apply=apply,
+    loss=loss,
+    update=update,
+    batch_spec=BATCH_SPEC,
+    output_spec=OUTPUT_SPEC,
+    params_spec=DATA / "mlp.params.spec.json",
+    references=DATA / "mlp.regression.safetensors",
+    rtol=1e-5,
+    atol=1e-6,
+    splits=splits,
+    seed=0,
+    batch_size=8,
+    name="treeguard.examples.mlp:model",
+)

@@ -1,0 +1,331 @@
+"""The pieces of the protocol: the model contract, the cases, the key
+tracking, the comparison, and the checks that the broken variants do not
+reach (environment, configuration errors, skipped checks)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+
+from treeguard import LeafSpec, spec_of
+from treeguard._src.env import environment
+from treeguard._src.keys import trace_keys
+from treeguard._src.verify import refs
+from treeguard._src.verify.cases import generate
+from treeguard._src.verify.checks import (
+    NAMES,
+    Context,
+    check_environment,
+    check_negative,
+    example_hashes,
+)
+from treeguard._src.verify.compare import compare_trees, leaf_error
+from treeguard._src.verify.model import ConfigError, InvalidInput, Model, Tolerance
+from treeguard._src.verify.run import record_references, run
+from treeguard.examples import mlp
+
+BASE = mlp.model
+
+
+def test_check_names_are_stable() -> None:
+    assert NAMES == (
+        "contract",
+        "keys",
+        "finite",
+        "negative",
+        "transforms",
+        "environment",
+        "regression",
+        "training",
+        "splits",
+    )
+
+
+# -- Model ----------------------------------------------------------------------
+
+
+def test_model_refuses_a_batch_spec_without_batch_axis() -> None:
+    with pytest.raises(
+        ConfigError, match=r"has no batch axis 'B'; hint: write the batch dimension"
+    ):
+        dataclasses.replace(BASE, batch_spec=spec_of({"x": LeafSpec((8, 2), "float32")}))
+
+
+def test_model_refuses_negative_tolerance() -> None:
+    with pytest.raises(
+        ConfigError, match=r"tolerance rtol is -1.0; hint: pass a finite number >= 0"
+    ):
+        dataclasses.replace(BASE, rtol=-1.0)
+
+
+def test_model_refuses_non_functions() -> None:
+    with pytest.raises(ConfigError, match=r"Model.apply is 3, not a function"):
+        dataclasses.replace(BASE, apply=3)
+
+
+def test_per_dtype_tolerance() -> None:
+    m = dataclasses.replace(BASE, tolerances={"bf16": Tolerance(1e-2, 1e-3)})
+    assert m.tolerance_for(jnp.bfloat16) == Tolerance(1e-2, 1e-3)
+    assert m.tolerance_for(jnp.float32) == Tolerance(1e-5, 1e-6)
+    assert m.tolerance_table() == {
+        "default": {"rtol": 1e-5, "atol": 1e-6},
+        "bfloat16": {"rtol": 1e-2, "atol": 1e-3},
+    }
+
+
+# -- cases ----------------------------------------------------------------------
+
+
+def test_cases_are_deterministic_and_cover_the_protocol() -> None:
+    a, b = generate(BASE), generate(BASE)
+    assert [c.name for c in a] == ["standard", "single", "zeros", "boundary", "invalid_shape"]
+    for x, y in zip(a, b):
+        jax.tree.map(np.testing.assert_array_equal, x.batch, y.batch)
+    by = {c.name: c for c in a}
+    assert by["single"].batch["x"].shape == (1, 2)
+    assert not by["zeros"].batch["x"].any()
+    assert set(np.unique(by["boundary"].batch["x"])) == {-1.0, 1.0}
+    assert by["invalid_shape"].batch["x"].shape == (8, 3)
+    assert by["invalid_shape"].raises == (ValueError,)
+    assert by["invalid_shape"].note == "['x'] is f32[8,3] where the contract says f32[B,2]"
+
+
+def test_cases_follow_the_seed() -> None:
+    other = generate(dataclasses.replace(BASE, seed=1))[0].batch["x"]
+    assert not np.array_equal(other, generate(BASE)[0].batch["x"])
+
+
+def test_cases_for_int_and_bf16_leaves() -> None:
+    spec = spec_of({"ids": LeafSpec(("B", 3), "int32"), "h": LeafSpec(("B",), "bfloat16")})
+    m = dataclasses.replace(BASE, batch_spec=spec, output_spec=None, bounds=(0.0, 9.0))
+    by = {c.name: c for c in generate(m)}
+    assert by["standard"].batch["ids"].dtype == np.int32
+    assert by["standard"].batch["h"].dtype == ml_dtypes.bfloat16
+    assert set(np.unique(by["boundary"].batch["ids"])) == {0, 9}
+    assert by["invalid_shape"].batch["ids"].shape == (8, 4)
+
+
+# -- keys -----------------------------------------------------------------------
+
+
+def test_trace_keys_sees_no_reuse_in_the_example() -> None:
+    for key in (jax.random.key(0), jax.random.PRNGKey(0)):
+        trace = trace_keys(mlp.init, key, names=["k"])
+        assert trace.reuses == () and trace.consumed == 3
+        jax.tree.map(np.testing.assert_array_equal, trace.outputs, mlp.init(key))
+
+
+def test_trace_keys_catches_a_legacy_key_jax_misses() -> None:
+    def draw_twice(key: jax.Array) -> jax.Array:
+        return jax.random.normal(key, (2,)) + jax.random.uniform(key, (2,))
+
+    with jax.debug_key_reuse(True):
+        draw_twice(jax.random.PRNGKey(0))  # JAX's checker does not follow legacy keys
+    (reuse,) = trace_keys(draw_twice, jax.random.PRNGKey(0), names=["the init key"]).reuses
+    assert reuse.legacy and reuse.origin == "the init key"
+    assert reuse.first.startswith("a random draw at test_checks.py:")
+    assert reuse.again.endswith("draw_twice)")
+
+
+def test_trace_keys_names_the_origin_of_a_key_made_inside() -> None:
+    def seeded(_: jax.Array) -> jax.Array:
+        k = jax.random.key(42)
+        a, _b = jax.random.split(k)
+        return jax.random.normal(a, ()) + jax.random.normal(a, ())
+
+    (reuse,) = trace_keys(seeded, jnp.zeros(())).reuses
+    assert reuse.origin.startswith("split[0] of created from a seed at test_checks.py:")
+
+
+def test_fold_in_with_distinct_data_is_not_reuse() -> None:
+    def folded(key: jax.Array) -> jax.Array:
+        return sum(jax.random.normal(jax.random.fold_in(key, i), ()) for i in range(3))
+
+    assert trace_keys(folded, jax.random.key(0)).reuses == ()
+
+    def folded_twice(key: jax.Array) -> jax.Array:
+        return jax.random.normal(jax.random.fold_in(key, 1), ()) + jax.random.normal(
+            jax.random.fold_in(key, 1), ()
+        )
+
+    (reuse,) = trace_keys(folded_twice, jax.random.key(0), names=["key"]).reuses
+    assert reuse.origin.startswith("fold_in of key")
+
+
+def test_trace_keys_follows_cond_branches() -> None:
+    def branchy(key: jax.Array, flag: jax.Array) -> jax.Array:
+        def twice(k: jax.Array) -> jax.Array:
+            return jax.random.normal(k, ()) + jax.random.normal(k, ())
+
+        return jax.lax.cond(flag, twice, lambda k: jax.random.normal(k, ()), key)
+
+    assert len(trace_keys(branchy, jax.random.key(0), jnp.bool_(True)).reuses) == 1
+    assert trace_keys(branchy, jax.random.key(0), jnp.bool_(False)).reuses == ()
+
+
+# -- compare --------------------------------------------------------------------
+
+
+def test_leaf_error_numbers() -> None:
+    err = leaf_error(np.float32([1.0, 2.0, 4.0]), np.float32([1.0, 2.0, 5.0]), Tolerance(0.1, 0.0))
+    assert (err.bad, err.size, err.max_abs) == (1, 3, 1.0)
+    assert err.max_rel == pytest.approx(0.2) and err.ratio == pytest.approx(2.0)
+
+
+def test_leaf_error_nan_equals_nan_but_not_a_number() -> None:
+    tol = Tolerance(0.0, 0.0)
+    assert leaf_error(np.float32([np.nan]), np.float32([np.nan]), tol).ok
+    assert not leaf_error(np.float32([np.nan]), np.float32([1.0]), tol).ok
+    assert not leaf_error(np.float32([np.inf]), np.float32([-np.inf]), tol).ok
+
+
+def test_compare_trees_in_bf16() -> None:
+    a = {"w": jnp.ones(4, jnp.bfloat16)}
+    e = {"w": jnp.ones(4, jnp.bfloat16).at[0].set(1.5)}
+    found, errs = compare_trees(a, e, tolerance=lambda d: Tolerance(0.0, 0.1))
+    assert found == [] and errs[0].describe().startswith("['w'] bf16[4]: 1 of 4 elements beyond")
+
+
+def test_compare_trees_reports_structure() -> None:
+    found, errs = compare_trees(
+        {"w": np.ones(2)}, {"w": np.ones(3)}, tolerance=lambda d: Tolerance(0, 0)
+    )
+    assert [m.kind for m in found] == ["shape"] and errs == []
+
+
+# -- checks the variants do not reach ---------------------------------------------
+
+
+def _ctx(model: Model, references: Any = None) -> Context:
+    return Context(model=model, cases=generate(model), references=references)
+
+
+def test_environment_fails_when_x64_differs(tmp_path: Path) -> None:
+    loaded = refs.load(record_references(BASE, tmp_path / "r.safetensors"))
+    assert check_environment(_ctx(BASE, loaded)).status == "pass"
+    changed = dataclasses.replace(loaded, environment={**loaded.environment, "x64": True})
+    result = check_environment(_ctx(BASE, changed))
+    assert result.status == "fail"
+    assert result.evidence[0].startswith(
+        "x64: True in the references, False in this run; the references were computed with other dtypes"
+    )
+
+
+def test_environment_does_not_block_a_rerecord(tmp_path: Path) -> None:
+    loaded = refs.load(record_references(BASE, tmp_path / "r.safetensors"))
+    changed = dataclasses.replace(loaded, environment={**loaded.environment, "x64": True})
+    ctx = Context(model=BASE, cases=generate(BASE), references=changed, record=True)
+    result = check_environment(ctx)
+    assert result.status == "pass"
+    assert "x64: True in the old references, False in this run; re-recording" in result.evidence[-1]
+
+
+def test_environment_tolerates_a_version_change(tmp_path: Path) -> None:
+    loaded = refs.load(record_references(BASE, tmp_path / "r.safetensors"))
+    changed = dataclasses.replace(loaded, environment={**loaded.environment, "jax": "0.0.1"})
+    result = check_environment(_ctx(BASE, changed))
+    assert result.status == "pass"
+    assert any(e.startswith("jax differs: '0.0.1' in the references") for e in result.evidence)
+    assert f"jax: {environment()['jax']}" in result.evidence
+
+
+def test_negative_names_the_wrong_exception() -> None:
+    m = dataclasses.replace(
+        BASE,
+        invalid_inputs=[InvalidInput("rank3", {"x": np.ones((2, 2, 2), np.float32)}, KeyError)],
+    )
+    result = check_negative(_ctx(m))
+    assert result.status == "fail"
+    assert result.evidence[0].startswith(
+        "invalid case 'rank3' (declared by the model): raised ValueError (batch['x'] must have "
+        "shape (B, 2), got (2, 2, 2)) instead of KeyError"
+    )
+
+
+def test_checks_without_data_are_skipped() -> None:
+    m = dataclasses.replace(BASE, splits=None, update=None, references=None)
+    report = run(m, bench=False)
+    assert {c.name: c.status for c in report.checks if c.status == "skip"} == {
+        "regression": "skip",
+        "training": "skip",
+        "splits": "skip",
+    }
+    assert report.exit_code == 0
+
+
+def test_a_crashing_apply_fails_with_the_exception_as_evidence() -> None:
+    def broken(params: Any, batch: Any) -> Any:
+        raise RuntimeError("boom")
+
+    report = run(dataclasses.replace(BASE, apply=broken), bench=False)
+    assert report["contract"].evidence == ["RuntimeError: boom"]
+
+
+def test_missing_references_is_a_configuration_error(tmp_path: Path) -> None:
+    m = dataclasses.replace(BASE, references=tmp_path / "none.safetensors")
+    with pytest.raises(
+        ConfigError, match=r"no references at .*none.safetensors; hint: record them"
+    ):
+        run(m, bench=False)
+
+
+def test_record_writes_references_and_then_they_are_used(tmp_path: Path) -> None:
+    path = tmp_path / "r.safetensors"
+    spec = tmp_path / "p.spec.json"
+    m = dataclasses.replace(BASE, references=path, params_spec=spec)
+    report = run(m, record=True, bench=False)
+    assert report.passed and report.recorded == str(path) and spec.exists()
+    assert report["regression"].evidence[0] == f"recorded 5 cases to {path}"
+    again = run(m, bench=False)
+    assert again.passed and again["regression"].summary.startswith("28 leaves on 4 cases")
+
+
+def test_record_is_refused_when_a_check_fails(tmp_path: Path) -> None:
+    path = tmp_path / "r.safetensors"
+    m = dataclasses.replace(
+        BASE, references=path, update=lambda p, g: jax.tree.map(lambda a, b: a + b, p, g)
+    )
+    report = run(m, record=True, bench=False)
+    assert not path.exists()
+    assert report.failed == ["regression", "training"]
+    assert (
+        report["regression"].evidence[0]
+        == f"not recorded to {path}: training failed; fix them first"
+    )
+
+
+def test_rerecord_lists_what_changed(tmp_path: Path) -> None:
+    path = record_references(BASE, tmp_path / "r.safetensors")
+
+    def init(key: jax.Array) -> Any:
+        p = mlp.init(key)
+        p["dense1"]["b"] = p["dense1"]["b"] + 0.5
+        return p
+
+    report = run(dataclasses.replace(BASE, init=init, references=path), record=True, bench=False)
+    assert report.passed
+    assert report["regression"].evidence[1].startswith("changed: params: ['dense1']['b'] f32[3]")
+
+
+def test_splits_hash_content_not_identity() -> None:
+    x = np.arange(8.0).reshape(4, 2)
+    assert example_hashes({"x": x})[1] == example_hashes({"x": x[1:2].copy()})[0]
+    assert example_hashes({"x": x})[1] != example_hashes({"x": x.astype(np.float32)})[1]
+    with pytest.raises(ValueError, match="leaves disagree on the number of examples"):
+        example_hashes({"x": x, "y": np.ones(3)})
+
+
+def test_public_namespace() -> None:
+    import treeguard.verify as v
+
+    assert v.__all__ == sorted(v.__all__)
+    public = {n for n in dir(v) if not n.startswith("_")}
+    assert public == set(v.__all__)
+    assert v.Model is Model and v.run is run and v.CHECKS == NAMES

@@ -1,0 +1,179 @@
+"""``treeguard verify MODULE:ATTR``: real subprocesses, real report files, exit codes 0/1/2."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from treeguard.cli_verify import verify
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _cli(*args: str, cwd: Path, extra_path: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ)
+    paths = [str(ROOT)] + ([str(extra_path)] if extra_path else [])
+    env["PYTHONPATH"] = os.pathsep.join([*paths, env.get("PYTHONPATH", "")])
+    return subprocess.run(
+        [sys.executable, "-m", "treeguard.cli_verify", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
+def test_demo_passes_and_writes_reports(tmp_path: Path) -> None:
+    proc = _cli("treeguard.examples.mlp:model", "--report-dir", "out", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for name in (
+        "contract",
+        "keys",
+        "finite",
+        "negative",
+        "transforms",
+        "environment",
+        "regression",
+        "training",
+        "splits",
+    ):
+        assert f"│ {name}" in proc.stdout
+    assert "all checks passed" in proc.stdout
+    assert f"report: {tmp_path / 'out' / 'report.html'}" in proc.stdout
+    for f in ("report.json", "report.md", "report.html"):
+        assert (tmp_path / "out" / f).stat().st_size > 0
+
+
+BROKEN = """
+import dataclasses
+import jax
+from treeguard.examples import mlp
+
+def _up(params, grads):
+    return jax.tree.map(lambda p, g: p + 0.01 * g, params, grads)
+
+model = dataclasses.replace(mlp.model, update=_up)
+not_a_model = 3
+
+def make():
+    return mlp.model
+"""
+
+
+@pytest.fixture
+def broken_module(tmp_path: Path) -> Path:
+    pkg = tmp_path / "mods"
+    pkg.mkdir()
+    (pkg / "broken_mlp.py").write_text(textwrap.dedent(BROKEN))
+    return pkg
+
+
+def _invoke(*args: str, path: Path) -> tuple[int, str, str]:
+    """Runs the command in this process (warm JAX caches), ``path`` importable."""
+    runner = CliRunner()
+    sys.path.insert(0, str(path))
+    try:
+        result = runner.invoke(verify, list(args))
+    finally:
+        sys.path.remove(str(path))
+        for name in [m for m in sys.modules if m.startswith(("broken_mlp", "fresh_mlp"))]:
+            del sys.modules[name]
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_a_failing_check_exits_1(broken_module: Path) -> None:
+    code, out, _ = _invoke(
+        "broken_mlp:model",
+        "--json",
+        "--no-bench",
+        "--report-dir",
+        str(broken_module / "r"),
+        path=broken_module,
+    )
+    assert code == 1
+    data = json.loads(out)
+    assert data["format"] == "treeguard.verify-report/1" and data["exit_code"] == 1
+    assert [c["name"] for c in data["checks"] if c["status"] == "fail"] == ["training"]
+    assert data["model"] == "broken_mlp:model"
+    assert json.loads((broken_module / "r" / "report.json").read_text())["exit_code"] == 1
+
+
+@pytest.mark.parametrize(
+    ("target", "message"),
+    [
+        ("no_colon", "'no_colon' is not MODULE:ATTR"),
+        ("no_such_module_xyz:model", "cannot import module 'no_such_module_xyz'"),
+        (
+            "broken_mlp:nope",
+            "module 'broken_mlp' has no attribute 'nope'; the models in broken_mlp are ['model']",
+        ),
+        ("broken_mlp:not_a_model", "broken_mlp:not_a_model is a int, not a treeguard.verify.Model"),
+    ],
+)
+def test_usage_errors_exit_2(target: str, message: str, broken_module: Path) -> None:
+    code, _, err = _invoke(
+        target, "--no-bench", "--report-dir", str(broken_module / "r"), path=broken_module
+    )
+    assert code == 2
+    assert message in " ".join(err.split())
+
+
+def test_a_factory_function_is_accepted(broken_module: Path) -> None:
+    code, out, _ = _invoke(
+        "broken_mlp:make",
+        "--no-bench",
+        "--report-dir",
+        str(broken_module / "r"),
+        path=broken_module,
+    )
+    assert code == 0, out
+
+
+RECORDABLE = """
+import dataclasses
+from pathlib import Path
+from treeguard.examples import mlp
+
+HERE = Path(__file__).parent
+model = dataclasses.replace(
+    mlp.model, references=HERE / "refs.safetensors", params_spec=HERE / "params.spec.json"
+)
+"""
+
+
+@pytest.fixture
+def fresh_module(tmp_path: Path) -> Path:
+    mods = tmp_path / "mods"
+    mods.mkdir()
+    (mods / "fresh_mlp.py").write_text(textwrap.dedent(RECORDABLE))
+    return mods
+
+
+def test_missing_references_exit_2_then_record_then_pass_then_corrupt(fresh_module: Path) -> None:
+    report = ["--no-bench", "--report-dir", str(fresh_module / "r")]
+    code, _, err = _invoke("fresh_mlp:model", *report, path=fresh_module)
+    assert code == 2
+    assert "no references at" in err and "--record" in err
+    code, out, _ = _invoke("fresh_mlp:model", *report, "--record", path=fresh_module)
+    assert code == 0, out
+    assert "recorded references:" in out
+    assert (fresh_module / "refs.safetensors").exists()
+    assert (fresh_module / "params.spec.json").exists()
+    code, out, _ = _invoke("fresh_mlp:model", *report, path=fresh_module)
+    assert code == 0, out
+    # A flipped byte in the references is a configuration error, not a failed check.
+    data = bytearray((fresh_module / "refs.safetensors").read_bytes())
+    data[-3] ^= 0xFF
+    (fresh_module / "refs.safetensors").write_bytes(bytes(data))
+    code, _, err = _invoke("fresh_mlp:model", *report, path=fresh_module)
+    assert code == 2
+    assert err.startswith("error: ") and "refs.safetensors" in err

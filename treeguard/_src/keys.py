@@ -1,0 +1,302 @@
+"""PRNG key streams: which key was consumed where, and which was consumed twice.
+
+JAX's own key-reuse checker (``jax.debug_key_reuse``) follows typed keys
+through a program. It cannot follow a legacy ``jax.random.PRNGKey``: such a
+key is a plain ``uint32[2]`` array, and every ``jax.random`` call wraps it
+into a fresh typed key, so the same legacy key used twice looks like two new
+keys. ``trace_keys`` closes that gap by identifying a key by its *content*
+(implementation and key data) rather than by its variable. It traces the
+function to a jaxpr, evaluates the jaxpr equation by equation on the real
+inputs, and records every key that a random draw or a split consumes. A key
+whose content is consumed twice is reused, whether it was typed or legacy,
+passed in, split off or folded in; each key's origin (where it was split
+off, from what) is kept for the report.
+
+``fold_in`` does not consume its key (as in JAX's checker): folding in two
+different messages gives two keys; folding in the same message twice gives
+two equal keys, and their second use is reported.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.extend.core as jex
+import numpy as np
+
+from .paths import entry_of, keystr
+from .walk import flatten
+
+#: Primitives whose sub-jaxprs are followed; anything else is evaluated whole.
+_CALL_PARAMS = {
+    "jit": "jaxpr",
+    "pjit": "jaxpr",
+    "closed_call": "call_jaxpr",
+    "core_call": "call_jaxpr",
+    "remat": "jaxpr",
+    "checkpoint": "jaxpr",
+    "custom_jvp_call": "call_jaxpr",
+    "custom_vjp_call": "call_jaxpr",
+    "custom_vjp_call_jaxpr": "fun_jaxpr",
+}
+_LOOPS = frozenset(("while", "scan", "shard_map", "xla_pmap", "pmap"))
+
+
+@dataclasses.dataclass(frozen=True)
+class KeyReuse:
+    """One key consumed a second time.
+
+    Attributes:
+      origin: where the key came from, e.g. ``"split[1] of the key passed
+        to init (split at mlp.py:29 (init))"``.
+      first: the first consumption: the operation and its source line.
+      again: the second consumption.
+      legacy: True when the key reached the draws as a raw ``uint32`` array
+        (``jax.random.PRNGKey``), which JAX's checker does not follow.
+    """
+
+    origin: str
+    first: str
+    again: str
+    legacy: bool
+
+    def describe(self) -> str:
+        """One line: the key, where it came from, and both uses.
+
+        Example:
+          >>> print(KeyReuse("the key passed to init", "random_bits at a.py:3 (f)",
+          ...                "random_bits at a.py:4 (f)", True).describe())
+          legacy uint32 key the key passed to init consumed twice:
+          first by random_bits at a.py:3 (f), again by random_bits at a.py:4 (f)
+        """
+        kind = "legacy uint32 key" if self.legacy else "key"
+        return f"{kind} {self.origin} consumed twice: first by {self.first}, again by {self.again}"
+
+
+@dataclasses.dataclass(frozen=True)
+class KeyTrace:
+    """What ``trace_keys`` saw.
+
+    Attributes:
+      outputs: the function's outputs, computed on the way.
+      consumed: how many key consumptions (draws and splits) were seen.
+      reuses: every key consumed more than once, in the order found.
+      unfollowed: higher-order operations (loops, maps) whose bodies draw or
+        split keys but were evaluated whole, so their key use is left to
+        JAX's checker.
+    """
+
+    outputs: Any
+    consumed: int
+    reuses: tuple[KeyReuse, ...]
+    unfollowed: tuple[str, ...]
+
+
+def _site_of(eqn: Any, fallback: str) -> str:
+    try:
+        from jax._src import source_info_util
+
+        text = str(source_info_util.summarize(eqn.source_info))
+    except Exception:  # noqa: BLE001 - private API; the fallback still names the caller
+        return fallback
+    if not text or text.startswith("<"):
+        return fallback
+    return _short(text)
+
+
+def _short(site: str) -> str:
+    """``/long/path/mlp.py:29:13 (init)`` as ``mlp.py:29 (init)``."""
+    head, _, func = site.partition(" ")
+    parts = head.rsplit("/", 1)[-1].split(":")
+    where = ":".join(parts[:2]) if len(parts) >= 2 else parts[0]
+    return f"{where} {func}".strip()
+
+
+def _is_key(x: Any) -> bool:
+    return hasattr(x, "dtype") and jax.numpy.issubdtype(x.dtype, jax.dtypes.prng_key)
+
+
+class _Tracker:
+    def __init__(self) -> None:
+        self.origin: dict[tuple[str, bytes], str] = {}
+        self.first_use: dict[tuple[str, bytes], str] = {}
+        self.legacy: set[tuple[str, bytes]] = set()
+        self.reported: set[tuple[str, bytes]] = set()
+        self.reuses: list[KeyReuse] = []
+        self.unfollowed: list[str] = []
+        self.consumed = 0
+
+    # -- key identities ---------------------------------------------------
+
+    @staticmethod
+    def idents(keys: Any) -> list[tuple[str, bytes]]:
+        impl = str(jax.random.key_impl(keys))
+        data = np.asarray(jax.random.key_data(keys))
+        flat = data.reshape(-1, data.shape[-1]) if data.ndim else data.reshape(1, -1)
+        return [(impl, row.tobytes()) for row in flat]
+
+    def name(self, ident: tuple[str, bytes], text: str) -> None:
+        self.origin.setdefault(ident, text)
+
+    def describe(self, ident: tuple[str, bytes]) -> str:
+        return self.origin.get(ident, f"of unknown origin (data {ident[1].hex()[:16]})")
+
+    def consume(self, keys: Any, what: str) -> None:
+        for ident in self.idents(keys):
+            self.consumed += 1
+            first = self.first_use.get(ident)
+            if first is None:
+                self.first_use[ident] = what
+            elif ident not in self.reported:
+                self.reported.add(ident)
+                self.reuses.append(
+                    KeyReuse(self.describe(ident), first, what, ident in self.legacy)
+                )
+
+    # -- evaluation -------------------------------------------------------
+
+    def run(self, jaxpr: Any, consts: Sequence[Any], args: Sequence[Any], site: str) -> list[Any]:
+        env: dict[Any, Any] = {}
+
+        def read(v: Any) -> Any:
+            return v.val if isinstance(v, jex.Literal) else env[v]
+
+        for v, x in zip(jaxpr.constvars, consts):
+            env[v] = x
+        for v, x in zip(jaxpr.invars, args):
+            env[v] = x
+        for eqn in jaxpr.eqns:
+            here = _site_of(eqn, site)
+            invals = [read(v) for v in eqn.invars]
+            outs = self.eqn(eqn, invals, here)
+            for v, x in zip(eqn.outvars, outs):
+                if not isinstance(v, jex.DropVar):
+                    env[v] = x
+        return [read(v) for v in jaxpr.outvars]
+
+    def eqn(self, eqn: Any, invals: list[Any], site: str) -> list[Any]:
+        name = eqn.primitive.name
+        sub = _CALL_PARAMS.get(name)
+        if sub is not None and sub in eqn.params:
+            closed = eqn.params[sub]
+            inner = getattr(closed, "jaxpr", closed)
+            consts = getattr(closed, "consts", ())
+            n_in = len(inner.invars)
+            return self.run(inner, consts, invals[len(invals) - n_in :], site)
+        if name == "cond" and "branches" in eqn.params:
+            index = int(np.asarray(invals[0]))
+            branches = eqn.params["branches"]
+            branch = branches[max(0, min(index, len(branches) - 1))]
+            return self.run(branch.jaxpr, branch.consts, invals[1:], site)
+        outs = self.bind(eqn, invals)
+        if name == "random_bits":
+            self.consume(invals[0], f"a random draw at {site}")
+        elif name == "random_split":
+            self.consume(invals[0], f"a split at {site}")
+            parents = self.idents(invals[0])
+            children = self.idents(outs[0])
+            per = len(children) // max(1, len(parents))
+            for p, parent in enumerate(parents):
+                for i in range(per):
+                    child = children[p * per + i]
+                    self.name(child, f"split[{i}] of {self.describe(parent)} (split at {site})")
+                    if parent in self.legacy:
+                        self.legacy.add(child)
+        elif name == "random_fold_in":
+            for parent, child in zip(self.idents(invals[0]), self.idents(outs[0])):
+                self.name(child, f"fold_in of {self.describe(parent)} (at {site})")
+        elif name == "random_seed":
+            for ident in self.idents(outs[0]):
+                self.name(ident, f"created from a seed at {site}")
+        elif name == "random_wrap":
+            for ident in self.idents(outs[0]):
+                self.legacy.add(ident)
+                self.name(ident, f"from raw key data wrapped at {site}")
+        elif name in _LOOPS and _draws_keys(eqn):
+            self.unfollowed.append(f"{name} at {site}")
+        return outs
+
+    @staticmethod
+    def bind(eqn: Any, invals: list[Any]) -> list[Any]:
+        params = eqn.primitive.get_bind_params(eqn.params)
+        subfuns: tuple[Any, ...] = ()
+        if isinstance(params, tuple):  # older JAX: (subfuns, params)
+            subfuns, params = params
+        with eqn.ctx.manager:
+            out = eqn.primitive.bind(*subfuns, *invals, **params)
+        return list(out) if eqn.primitive.multiple_results else [out]
+
+
+def _draws_keys(eqn: Any) -> bool:
+    text = str(eqn)
+    return "random_bits" in text or "random_split" in text
+
+
+def trace_keys(fn: Callable[..., Any], /, *args: Any, names: Sequence[str] = ()) -> KeyTrace:
+    """Runs ``fn(*args)`` while tracking every PRNG key it consumes.
+
+    The keys passed in (typed keys, or legacy ``uint32[2]`` keys from
+    ``jax.random.PRNGKey``) are named after the arguments, and every key
+    split or folded from them is named after its parent, so a reuse reports
+    where the key came from.
+
+    Args:
+      fn: a function JAX can trace (``jax.make_jaxpr``); it is evaluated on
+        the real arguments, equation by equation.
+      *args: its arguments.
+      names: how the report names each argument (``"the key passed to
+        init"``); by default ``"argument 0"``, ...
+
+    Returns:
+      A ``KeyTrace`` with the outputs and every reuse found.
+
+    Raises:
+      Exception: whatever ``fn`` raises while being traced or evaluated.
+
+    Example:
+      >>> def init(key):
+      ...     a = jax.random.normal(key, (2,))
+      ...     b = jax.random.normal(key, (2,))  # the same legacy key again
+      ...     return a, b
+      >>> trace = trace_keys(init, jax.random.PRNGKey(0), names=["the init key"])
+      >>> print(trace.reuses[0].describe())  # doctest: +ELLIPSIS
+      legacy uint32 key the init key consumed twice: first by a random draw at ...,
+      again by a random draw at ...
+    """
+    tracker = _Tracker()
+    for i, arg in enumerate(args):
+        label = names[i] if i < len(names) else f"argument {i}"
+        leaves_with_paths = jax.tree_util.tree_flatten_with_path(arg)[0]
+        flatten(arg)  # refuses a cyclic tree with its path
+        for path, leaf in leaves_with_paths:
+            where = label + keystr(tuple(entry_of(p) for p in path))
+            if _is_key(leaf):
+                for j, ident in enumerate(tracker.idents(leaf)):
+                    tracker.name(ident, where if np.ndim(leaf) == 0 else f"{where}[{j}]")
+            elif _is_legacy_data(leaf):
+                typed = jax.random.wrap_key_data(jax.numpy.asarray(leaf))
+                for ident in tracker.idents(typed):
+                    tracker.name(ident, where)
+                    tracker.legacy.add(ident)
+    closed, shapes = jax.make_jaxpr(fn, return_shape=True)(*args)
+    flat_args = jax.tree.leaves(args)
+    outs = tracker.run(closed.jaxpr, closed.consts, flat_args, getattr(fn, "__name__", "fn"))
+    out_tree = jax.tree.structure(shapes)
+    return KeyTrace(
+        outputs=jax.tree.unflatten(out_tree, outs),
+        consumed=tracker.consumed,
+        reuses=tuple(tracker.reuses),
+        unfollowed=tuple(tracker.unfollowed),
+    )
+
+
+def _is_legacy_data(x: Any) -> bool:
+    return (
+        hasattr(x, "dtype")
+        and np.dtype(x.dtype) == np.uint32
+        and getattr(x, "ndim", 0) >= 1
+        and x.shape[-1] == 2
+    )

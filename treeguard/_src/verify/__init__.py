@@ -1,0 +1,1 @@
+"""The acceptance protocol behind ``treeguard verify`` (layer 3)."""

@@ -1,0 +1,701 @@
+"""The nine named checks of ``treeguard verify``.
+
+Each check takes the shared ``Context`` and returns a ``CheckResult``: a
+stable name, a status (``pass``, ``fail`` or ``skip``), a one-line summary,
+evidence lines that name the cause, and structured rows for the reports.
+A check that raises unexpectedly fails with the exception as its evidence.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, Literal
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..diff import mismatches
+from ..env import environment, environment_diff
+from ..keys import trace_keys
+from ..mismatch import Mismatch
+from ..spec import TreeSpec, spec_of, summarize
+from .cases import Case
+from .compare import compare_trees
+from .model import BATCH, Model
+from .refs import References
+
+Status = Literal["pass", "fail", "skip"]
+
+#: The checks, in the order they run; the names are part of the interface.
+NAMES: tuple[str, ...] = (
+    "contract",
+    "keys",
+    "finite",
+    "negative",
+    "transforms",
+    "environment",
+    "regression",
+    "training",
+    "splits",
+)
+
+#: Environment keys whose change invalidates stored references: they change
+#: the dtypes or the arithmetic the references were computed with.
+INVALIDATING = ("x64", "matmul_precision")
+
+_LISTED = 12
+
+
+@dataclasses.dataclass
+class CheckResult:
+    """The outcome of one check.
+
+    Attributes:
+      name: the check's stable name (one of ``NAMES``).
+      status: ``pass``, ``fail`` or ``skip``.
+      summary: one line.
+      evidence: the lines that show why: on failure they name the cause
+        (the path, the case, the key's origin).
+      rows: structured data for the reports (per-leaf tables).
+      seconds: how long the check took.
+    """
+
+    name: str
+    status: Status
+    summary: str
+    evidence: list[str] = dataclasses.field(default_factory=list)
+    rows: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def passed(self) -> bool:
+        return self.status != "fail"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "status": self.status,
+            "summary": self.summary,
+            "evidence": list(self.evidence),
+            "rows": list(self.rows),
+            "seconds": round(self.seconds, 6),
+        }
+
+
+@dataclasses.dataclass
+class Context:
+    """What the checks share: the model, its params and cases, the references.
+
+    Attributes:
+      model: the model under test.
+      cases: the cases in use (the stored ones when references exist).
+      references: the references read back, or None.
+      record: whether this run records new references.
+    """
+
+    model: Model
+    cases: list[Case]
+    references: References | None
+    record: bool = False
+    _params: Any = None
+
+    @property
+    def positive(self) -> list[Case]:
+        return [c for c in self.cases if not c.negative]
+
+    @property
+    def negative(self) -> list[Case]:
+        return [c for c in self.cases if c.negative]
+
+    def params(self) -> Any:
+        """``init``'s params for the model's seed (computed once)."""
+        if self._params is None:
+            self._params = self.model.init(self.model.key())
+        return self._params
+
+    def batch(self, case: Case) -> Any:
+        return jax.tree.map(jnp.asarray, case.batch)
+
+    def standard(self) -> Case:
+        for c in self.positive:
+            if c.name == "standard":
+                return c
+        return self.positive[0]
+
+
+def _batch_size(batch: Any, spec: TreeSpec) -> int | None:
+    leaves = jax.tree.leaves(batch)
+    for leaf, ls in zip(leaves, spec.leaves):
+        if BATCH in ls.shape and len(leaf.shape) == len(ls.shape):
+            return int(leaf.shape[ls.shape.index(BATCH)])
+    return None
+
+
+def _lines(found: list[Mismatch], where: str, expected_from: str, actual_from: str) -> list[str]:
+    out = [f"{where}: {m.describe(expected_from, actual_from)}" for m in found[:_LISTED]]
+    if len(found) > _LISTED:
+        out.append(f"{where}: ... and {len(found) - _LISTED} more")
+    return out
+
+
+def _result(
+    name: str,
+    bad: list[str],
+    ok_summary: str,
+    fail_summary: str,
+    *,
+    evidence: list[str] | None = None,
+    rows: list[dict[str, Any]] | None = None,
+) -> CheckResult:
+    """A fail listing ``bad`` (then the other evidence) if there is any, else a pass."""
+    info = list(evidence or [])
+    if bad:
+        return CheckResult(name, "fail", fail_summary, [*bad, *info], list(rows or []))
+    return CheckResult(name, "pass", ok_summary, info, list(rows or []))
+
+
+def _short(x: Any) -> str:
+    leaves = jax.tree.leaves(x)
+    if len(leaves) == 1 and leaves[0] is x:
+        a = np.asarray(x)
+        return summarize(a.shape, a.dtype)
+    return f"a tree of {len(leaves)} leaves"
+
+
+# -- 1. contract ----------------------------------------------------------------
+
+
+def check_contract(ctx: Context) -> CheckResult:
+    """Params, outputs, loss and grads match their contracts on every positive case."""
+    model = ctx.model
+    params = ctx.params()
+    bad: list[str] = []
+    info: list[str] = []
+    pspec = spec_of(params)
+    stored = model.stored_params_spec()
+    if stored is not None:
+        found = mismatches(params, stored)
+        bad += _lines(found, "params", "the stored params spec", "init's params")
+        if not found:
+            info.append(
+                f"params match the stored spec ({pspec.num_leaves} leaves, {pspec.num_params} "
+                "values)"
+            )
+    else:
+        info.append(
+            f"params: {pspec.num_leaves} leaves, {pspec.num_params} values (no stored spec)"
+        )
+    grad_fn = jax.grad(model.loss)
+    out_specs: dict[str, TreeSpec] = {}
+    for case in ctx.positive:
+        batch = ctx.batch(case)
+        where = f"case {case.name!r}"
+        bad += _lines(
+            mismatches(batch, model.batch_spec), f"{where} batch", "the batch spec", "the case"
+        )
+        n = _batch_size(batch, model.batch_spec)
+        outputs = model.apply(params, batch)
+        if model.output_spec is not None:
+            found = mismatches(outputs, model.output_spec)
+            bad += _lines(found, f"{where} outputs", "the output spec", "apply's outputs")
+            if not found and n is not None:
+                for leaf, ls in zip(jax.tree.leaves(outputs), model.output_spec.leaves):
+                    if BATCH in ls.shape and leaf.shape[ls.shape.index(BATCH)] != n:
+                        bad.append(
+                            f"{where} outputs: {ls.path or '<root>'} has batch size "
+                            f"{leaf.shape[ls.shape.index(BATCH)]} for a batch of {n}"
+                        )
+        else:
+            for path, leaf in jax.tree_util.tree_flatten_with_path(outputs)[0]:
+                if n is not None and (np.ndim(leaf) == 0 or np.shape(leaf)[0] != n):
+                    bad.append(
+                        f"{where} outputs: {jax.tree_util.keystr(path) or '<root>'} is "
+                        f"{_short(leaf)}, without the batch axis of size {n} in front"
+                    )
+        with contextlib.suppress(ValueError):  # outputs without a batch axis: reported above
+            out_specs[case.name] = spec_of(outputs, dims={BATCH: 0})
+        value = model.loss(params, batch)
+        if np.shape(value) != () or not jnp.issubdtype(jnp.result_type(value), jnp.floating):
+            bad.append(f"{where} loss: {_short(value)} where a float scalar was expected")
+        grads = grad_fn(params, batch)
+        bad += _lines(mismatches(grads, pspec), f"{where} grads", "the params", "the grads")
+    distinct = {s.to_json() for s in out_specs.values()}
+    if model.output_spec is None and len(distinct) > 1:
+        names = ", ".join(f"{k}: {v!r}" for k, v in out_specs.items())
+        bad.append(f"outputs differ in structure between cases: {names}")
+    if out_specs:
+        info.append(f"outputs {next(iter(out_specs.values()))!r} on {len(ctx.positive)} cases")
+    info.append("grads match the params' spec")
+    return _result(
+        "contract",
+        bad,
+        "params, outputs, loss and grads match their contracts",
+        f"{len(bad)} contract violation(s)",
+        evidence=info,
+    )
+
+
+# -- 2. keys --------------------------------------------------------------------
+
+
+def _step(model: Model) -> Callable[[Any, Any], Any]:
+    def step(params: Any, batch: Any) -> Any:
+        grads = jax.grad(model.loss)(params, batch)
+        return model.update(params, grads) if model.update is not None else grads
+
+    return step
+
+
+def check_keys(ctx: Context) -> CheckResult:
+    """Each PRNG key is consumed once in ``init`` and in one training step."""
+    model = ctx.model
+    bad: list[str] = []
+    info: list[str] = []
+    params = ctx.params()
+    batch = ctx.batch(ctx.standard())
+    step = _step(model)
+    with jax.debug_key_reuse(True):
+        for what, fn, args in (
+            ("init", model.init, (model.key(),)),
+            ("training step", step, (params, batch)),
+        ):
+            try:
+                jax.block_until_ready(fn(*args))  # type: ignore[no-untyped-call]
+            except jax.errors.KeyReuseError as e:
+                first = str(e).splitlines()[0]
+                bad.append(f"{what}: JAX's key-reuse checker: {first}")
+    for what, fn, args, names in (
+        ("init", model.init, (model.key(),), ("the key passed to init",)),
+        ("training step", step, (params, batch), ("params", "the batch")),
+    ):
+        trace = trace_keys(fn, *args, names=names)
+        for r in trace.reuses:
+            bad.append(f"{what}: {r.describe()}")
+        for u in trace.unfollowed:
+            info.append(f"{what}: key use inside {u} left to JAX's checker")
+        info.append(f"{what}: {trace.consumed} key use(s), each key once")
+    return _result(
+        "keys",
+        bad,
+        "every PRNG key is used once (JAX's checker and treeguard's key streams)",
+        f"{len(bad)} key reuse(s)",
+        evidence=info,
+    )
+
+
+# -- 3. finite ------------------------------------------------------------------
+
+
+def _non_finite(tree: Any) -> list[str]:
+    out = []
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        a = np.asarray(leaf)
+        if a.dtype.kind not in "fcV" and a.dtype.name != "bfloat16":
+            continue
+        a = a.astype(np.float32) if a.dtype.kind == "V" else a
+        n = int(np.count_nonzero(~np.isfinite(a)))
+        if n:
+            kinds = []
+            if np.isnan(a).any():
+                kinds.append("nan")
+            if np.isinf(a).any():
+                kinds.append("inf")
+            out.append(
+                f"{jax.tree_util.keystr(path) or '<root>'} "
+                f"{summarize(a.shape, np.asarray(leaf).dtype)}: "
+                f"{n} of {a.size} non-finite ({'/'.join(kinds)})"
+            )
+    return out
+
+
+def check_finite(ctx: Context) -> CheckResult:
+    """The loss and every grad leaf are finite on every positive case."""
+    model = ctx.model
+    params = ctx.params()
+    vg = jax.value_and_grad(model.loss)
+    bad: list[str] = []
+    for case in ctx.positive:
+        value, grads = vg(params, ctx.batch(case))
+        if _non_finite(value):
+            bad.append(f"case {case.name!r} loss is non-finite: {float(value)}")
+        for line in _non_finite(grads):
+            bad.append(f"case {case.name!r} grads {line}")
+    return _result(
+        "finite",
+        bad,
+        f"loss and grads finite on {len(ctx.positive)} cases",
+        f"non-finite loss or grads on {len({b.split(chr(39))[1] for b in bad})} case(s)",
+    )
+
+
+# -- 4. negative ----------------------------------------------------------------
+
+
+def _names(types: tuple[type[BaseException], ...]) -> str:
+    return " or ".join(t.__name__ for t in types)
+
+
+def check_negative(ctx: Context) -> CheckResult:
+    """Each invalid input makes ``apply`` raise the expected exception."""
+    params = ctx.params()
+    bad: list[str] = []
+    info: list[str] = []
+    for case in ctx.negative:
+        where = f"invalid case {case.name!r} ({case.note or case.summary()})"
+        try:
+            out = ctx.model.apply(params, case.batch)
+            jax.block_until_ready(out)  # type: ignore[no-untyped-call]
+        except case.raises as e:
+            info.append(f"{where}: raised {type(e).__name__} as expected")
+        except Exception as e:  # noqa: BLE001 - the wrong exception is the finding
+            bad.append(
+                f"{where}: raised {type(e).__name__} ({_first_line(e)}) instead of "
+                f"{_names(case.raises)}"
+            )
+        else:
+            bad.append(f"{where}: returned {_short(out)} instead of raising {_names(case.raises)}")
+    if not ctx.negative:
+        return CheckResult("negative", "skip", "no invalid inputs")
+    return _result(
+        "negative",
+        bad,
+        f"{len(ctx.negative)} invalid input(s) refused",
+        f"{len(bad)} invalid input(s) not refused as expected",
+        evidence=info,
+    )
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    line = text[0] if text else ""
+    return line if len(line) <= 160 else line[:157] + "..."
+
+
+# -- 5. transforms --------------------------------------------------------------
+
+
+def _vmapped(f: Callable[..., Any]) -> Callable[..., Any]:
+    """``f`` under vmap over a leading axis of size 1 added to every argument."""
+
+    def run(*args: Any) -> Any:
+        out = jax.vmap(f)(*jax.tree.map(lambda x: x[None], args))
+        return jax.tree.map(lambda x: x[0], out)
+
+    return run
+
+
+def per_example_apply(model: Model, params: Any, batch: Any) -> Any:
+    """``apply`` on each example alone, under vmap, stacked back along the batch axis."""
+
+    def one(example: Any) -> Any:
+        return model.apply(params, jax.tree.map(lambda x: x[None], example))
+
+    out = jax.vmap(one)(batch)
+    return jax.tree.map(lambda x: x[:, 0], out)
+
+
+def check_transforms(ctx: Context) -> CheckResult:
+    """Eager, ``jit`` and ``vmap`` agree on outputs, loss and grads within tolerance."""
+    model = ctx.model
+    params = ctx.params()
+    tol = model.tolerance_for
+    grad = jax.grad(model.loss)
+    variants: dict[str, tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any]]] = {
+        "jit": (jax.jit(model.apply), jax.jit(model.loss), jax.jit(grad)),
+        "vmap": (
+            lambda p, b: per_example_apply(model, p, b),
+            _vmapped(model.loss),
+            _vmapped(grad),
+        ),
+    }
+    bad: list[str] = []
+    rows: list[dict[str, Any]] = []
+    worst: tuple[float, str] | None = None
+    for case in ctx.positive:
+        batch = ctx.batch(case)
+        eager = (model.apply(params, batch), model.loss(params, batch), grad(params, batch))
+        for vname, fns in variants.items():
+            for kind, fn, ref in zip(("outputs", "loss", "grads"), fns, eager):
+                got = fn(params, batch)
+                found, errs = compare_trees(got, ref, tolerance=tol)
+                label = f"case {case.name!r} {kind}, {vname} vs eager"
+                bad += _lines(found, label, "eager", vname)
+                for err in errs:
+                    rows.append(
+                        {"case": case.name, "kind": kind, "variant": vname, **err.to_dict()}
+                    )
+                    if not err.ok:
+                        bad.append(f"{label}: {err.describe()}")
+                    if worst is None or err.ratio > worst[0]:
+                        worst = (err.ratio, f"{label}: {err.describe()}")
+    info = [f"worst leaf: {worst[1]}"] if worst else []
+    if bad:
+        bad, info = info + bad, []
+    return _result(
+        "transforms",
+        bad,
+        f"eager, jit and vmap agree on {len(ctx.positive)} cases",
+        "eager, jit and vmap disagree beyond tolerance",
+        evidence=info,
+        rows=rows,
+    )
+
+
+# -- 6. environment -------------------------------------------------------------
+
+
+def check_environment(ctx: Context) -> CheckResult:
+    """Records the environment; fails if it differs from the references' in a way
+    that invalidates them."""
+    env = environment()
+    info = [f"{k}: {v}" for k, v in env.items()]
+    tol = ctx.model.tolerance_table()
+    info.append(
+        "tolerances: "
+        + "; ".join(f"{k} rtol {v['rtol']:g} atol {v['atol']:g}" for k, v in tol.items())
+    )
+    rows: list[dict[str, Any]] = [{"key": k, "value": v, "recorded": None} for k, v in env.items()]
+    refs = ctx.references
+    if refs is None:
+        info.append("no references to compare with")
+        return CheckResult("environment", "pass", "environment recorded", info, rows)
+    recorded = refs.environment
+    if not recorded:
+        return CheckResult(
+            "environment",
+            "fail",
+            "the references record no environment",
+            [f"{refs.path}: no environment fingerprint; hint: re-record with --record"],
+            rows,
+        )
+    for row in rows:
+        row["recorded"] = recorded.get(str(row["key"]))
+    bad: list[str] = []
+    for key, then, now in environment_diff(recorded, env):
+        if key in INVALIDATING and ctx.record:
+            info.append(
+                f"{key}: {then!r} in the old references, {now!r} in this run; re-recording "
+                "in this environment"
+            )
+        elif key in INVALIDATING:
+            bad.append(
+                f"{key}: {then!r} in the references, {now!r} in this run; the references were "
+                f"computed with other {'dtypes' if key == 'x64' else 'arithmetic'}; hint: run with "
+                f"{key} as recorded, or re-record with --record"
+            )
+        else:
+            info.append(
+                f"{key} differs: {then!r} in the references, {now!r} now (tolerated: compared at "
+                "the declared tolerance)"
+            )
+    return _result(
+        "environment",
+        bad,
+        "environment recorded; compatible with the references",
+        "the environment invalidates the references",
+        evidence=info,
+        rows=rows,
+    )
+
+
+# -- 7. regression --------------------------------------------------------------
+
+
+def regression_errors(ctx: Context, refs: References) -> tuple[list[str], list[dict[str, Any]]]:
+    """Compares params and every stored case's outputs, loss and grads with the references."""
+    model = ctx.model
+    params = ctx.params()
+    tol = model.tolerance_for
+    vg = jax.value_and_grad(model.loss)
+    bad: list[str] = []
+    rows: list[dict[str, Any]] = []
+
+    def compare(label: str, case: str, kind: str, got: Any, want: Any) -> None:
+        found, errs = compare_trees(got, want, tolerance=tol)
+        bad.extend(_lines(found, label, "the references", "this run"))
+        for err in errs:
+            rows.append({"case": case, "kind": kind, **err.to_dict()})
+            if not err.ok:
+                bad.append(f"{label}: {err.describe()}")
+
+    compare("params", "-", "params", params, refs.params)
+    for case in refs.cases:
+        exp = refs.expected.get(case.name)
+        if exp is None:
+            continue
+        batch = ctx.batch(case)
+        outputs = model.apply(params, batch)
+        value, grads = vg(params, batch)
+        compare(f"case {case.name!r} outputs", case.name, "outputs", outputs, exp.outputs)
+        compare(f"case {case.name!r} loss", case.name, "loss", value, exp.loss)
+        compare(f"case {case.name!r} grads", case.name, "grads", grads, exp.grads)
+    return bad, rows
+
+
+def check_regression(ctx: Context) -> CheckResult:
+    """Every stored case's outputs, loss and grads match the references."""
+    refs = ctx.references
+    if refs is None:
+        if ctx.record:
+            return CheckResult("regression", "pass", "no references yet; recording new ones")
+        return CheckResult("regression", "skip", "the model declares no references")
+    bad, rows = regression_errors(ctx, refs)
+    n = len(rows)
+    if ctx.record and bad:
+        return CheckResult(
+            "regression",
+            "pass",
+            f"re-recording: {len(bad)} difference(s) from the old references (listed)",
+            [f"changed: {b}" for b in bad],
+            rows,
+        )
+    return _result(
+        "regression",
+        bad,
+        f"{n} leaves on {len(refs.expected)} cases and the params match {refs.path.name}",
+        f"{len(bad)} difference(s) from the references {refs.path.name}",
+        rows=rows,
+    )
+
+
+# -- 8. training ----------------------------------------------------------------
+
+
+def check_training(ctx: Context) -> CheckResult:
+    """A few ``update`` steps reduce the loss on the standard batch and keep the params' spec."""
+    model = ctx.model
+    if model.update is None:
+        return CheckResult("training", "skip", "the model has no update")
+    params = ctx.params()
+    spec = spec_of(params)
+    batch = ctx.batch(ctx.standard())
+    vg = jax.jit(jax.value_and_grad(model.loss))
+    losses: list[float] = []
+    bad: list[str] = []
+    for step in range(model.training_steps + 1):
+        value, grads = vg(params, batch)
+        losses.append(float(value))
+        if step == model.training_steps:
+            break
+        params = model.update(params, grads)
+        found = mismatches(params, spec)
+        if found:
+            bad += _lines(found, f"step {step + 1} params", "init's params", "the updated params")
+            break
+    trail = " -> ".join(f"{v:.6g}" for v in losses)
+    rows = [{"step": i, "loss": v} for i, v in enumerate(losses)]
+    if not bad and not (np.isfinite(losses[-1]) and losses[-1] < losses[0]):
+        bad.append(
+            f"loss went {trail} over {len(losses) - 1} update step(s) on case "
+            f"{ctx.standard().name!r}: it did not decrease; hint: check the sign and "
+            "the step size of update"
+        )
+    return _result(
+        "training",
+        bad,
+        f"loss {losses[0]:.6g} -> {losses[-1]:.6g} over {len(losses) - 1} steps; params keep "
+        "their spec",
+        "training does not work",
+        evidence=[] if bad else [f"loss: {trail}"],
+        rows=rows,
+    )
+
+
+# -- 9. splits ------------------------------------------------------------------
+
+
+def example_hashes(data: Any) -> list[str]:
+    """The sha256 of each example (index along axis 0 of every leaf), by content.
+
+    Raises:
+      ValueError: if the leaves disagree on the number of examples.
+
+    Example:
+      >>> h = example_hashes({"x": np.arange(6.0).reshape(3, 2)})
+      >>> len(h), h[0] == example_hashes({"x": np.arange(2.0)[None]})[0]
+      (3, True)
+    """
+    items = jax.tree_util.tree_flatten_with_path(data)[0]
+    arrays = [(jax.tree_util.keystr(p), np.asarray(x)) for p, x in items]
+    sizes = {a.shape[0] if a.ndim else None for _, a in arrays}
+    if len(sizes) != 1 or None in sizes:
+        raise ValueError(f"leaves disagree on the number of examples: {sorted(map(str, sizes))}")
+    n = sizes.pop() or 0
+    out = []
+    for i in range(int(n)):
+        h = hashlib.sha256()
+        for path, a in arrays:
+            row = np.ascontiguousarray(a[i])
+            h.update(f"{path}|{row.dtype.name}|{row.shape}|".encode())
+            h.update(row.tobytes())
+        out.append(h.hexdigest())
+    return out
+
+
+def check_splits(ctx: Context) -> CheckResult:
+    """No example appears in two of the model's data splits (by content hash)."""
+    data = ctx.model.split_data()
+    if data is None:
+        return CheckResult("splits", "skip", "the model provides no data splits")
+    seen: dict[str, tuple[str, int]] = {}
+    bad: list[str] = []
+    counts: dict[str, int] = {}
+    overlaps = 0
+    for split, tree in data.items():
+        hashes = example_hashes(tree)
+        counts[split] = len(hashes)
+        for i, h in enumerate(hashes):
+            prior = seen.get(h)
+            if prior is not None and prior[0] != split:
+                overlaps += 1
+                if overlaps <= _LISTED:
+                    bad.append(
+                        f"example {i} of {split!r} is example {prior[1]} of {prior[0]!r} "
+                        f"(sha256 {h[:12]}...)"
+                    )
+            elif prior is None:
+                seen[h] = (split, i)
+    if overlaps > _LISTED:
+        bad.append(f"... and {overlaps - _LISTED} more shared examples")
+    sizes = ", ".join(f"{k} {v}" for k, v in counts.items())
+    return _result(
+        "splits",
+        bad,
+        f"no example in two splits ({sizes})",
+        f"{overlaps} example(s) appear in two splits ({sizes})",
+        rows=[{"split": k, "examples": v} for k, v in counts.items()],
+    )
+
+
+CHECKS: Mapping[str, Callable[[Context], CheckResult]] = {
+    "contract": check_contract,
+    "keys": check_keys,
+    "finite": check_finite,
+    "negative": check_negative,
+    "transforms": check_transforms,
+    "environment": check_environment,
+    "regression": check_regression,
+    "training": check_training,
+    "splits": check_splits,
+}
+
+
+def run_check(name: str, ctx: Context) -> CheckResult:
+    """Runs one check; an unexpected exception fails it, with the exception as evidence."""
+    start = time.perf_counter()
+    try:
+        result = CHECKS[name](ctx)
+    except Exception as e:  # noqa: BLE001 - any crash is this check's finding
+        result = CheckResult(
+            name,
+            "fail",
+            f"the check raised {type(e).__name__}",
+            [f"{type(e).__name__}: {_first_line(e)}"],
+        )
+    result.seconds = time.perf_counter() - start
+    return result

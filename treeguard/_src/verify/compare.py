@@ -1,0 +1,183 @@
+"""Numeric comparison of two trees leaf by leaf, at explicit per-dtype tolerances."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ..diff import mismatches
+from ..mismatch import Mismatch
+from ..paths import entry_of, keystr
+from ..spec import summarize
+from ..walk import flatten
+from .model import Tolerance
+
+
+@dataclasses.dataclass(frozen=True)
+class LeafError:
+    """How far one leaf is from its reference.
+
+    Attributes:
+      path: the key path.
+      summary: the reference leaf as ``f32[8,1]``.
+      max_abs: the largest ``|actual - expected|`` (0 when equal; inf for a
+        non-finite value where the reference has another).
+      max_rel: the largest ``|actual - expected| / |expected|`` over non-zero
+        references.
+      ratio: the largest ``|actual - expected| / (atol + rtol * |expected|)``;
+        the leaf is within tolerance when it is at most 1.
+      tolerance: the tolerance used.
+      bad: how many elements are beyond tolerance.
+      size: how many elements the leaf has.
+    """
+
+    path: str
+    summary: str
+    max_abs: float
+    max_rel: float
+    ratio: float
+    tolerance: Tolerance
+    bad: int
+    size: int
+
+    @property
+    def ok(self) -> bool:
+        return self.bad == 0
+
+    def describe(self) -> str:
+        """One line for a report.
+
+        Example:
+          >>> print(LeafError("['w']", "f32[2]", 0.5, 0.25, 5e4, Tolerance(1e-5, 1e-5), 2, 2)
+          ...       .describe())
+          ['w'] f32[2]: 2 of 2 elements beyond tolerance, max abs err 0.5, max rel err 0.25
+          (rtol 1e-05, atol 1e-05)
+        """
+        where = self.path or "<root>"
+        head = (
+            f"{self.bad} of {self.size} elements beyond tolerance"
+            if self.bad
+            else "within tolerance"
+        )
+        return (
+            f"{where} {self.summary}: {head}, max abs err {self.max_abs:.3g}, "
+            f"max rel err {self.max_rel:.3g} ({self.tolerance.describe()})"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "summary": self.summary,
+            "max_abs": _json_float(self.max_abs),
+            "max_rel": _json_float(self.max_rel),
+            "ratio": _json_float(self.ratio),
+            "rtol": self.tolerance.rtol,
+            "atol": self.tolerance.atol,
+            "bad": self.bad,
+            "size": self.size,
+            "ok": self.ok,
+        }
+
+
+def _json_float(x: float) -> float | str:
+    return x if np.isfinite(x) else ("inf" if x > 0 else "nan")
+
+
+def as_float64(x: Any) -> np.ndarray[Any, Any]:
+    """A leaf as a float64 numpy array (bf16 and ints included)."""
+    a = np.asarray(x)
+    if a.dtype.kind not in "biuf":  # bfloat16 and the other ml_dtypes
+        a = a.astype(np.float32)
+    return np.asarray(a, dtype=np.float64)
+
+
+def leaf_error(actual: Any, expected: Any, tol: Tolerance, *, path: str = "") -> LeafError:
+    """Compares one leaf with its reference, elementwise, as ``allclose`` does.
+
+    NaN equals NaN and an infinity equals the same infinity: whether a value
+    should be finite is the ``finite`` check's question, not this one's.
+
+    Example:
+      >>> leaf_error(np.float32([1.0, 2.0]), np.float32([1.0, 2.1]), Tolerance(0.0, 0.01)).bad
+      1
+    """
+    e_raw = np.asarray(expected)
+    a, e = as_float64(actual), as_float64(expected)
+    summary = summarize(tuple(e_raw.shape), e_raw.dtype)
+    if a.shape != e.shape:
+        return LeafError(
+            path, summary, float("inf"), float("inf"), float("inf"), tol, e.size, e.size
+        )
+    same_special = (np.isnan(a) & np.isnan(e)) | (np.isinf(a) & (a == e))
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        diff = np.where(same_special, 0.0, np.abs(a - e))
+        diff = np.where(np.isnan(diff), np.inf, diff)
+        allowed = tol.atol + tol.rtol * np.abs(np.where(np.isfinite(e), e, 0.0))
+        ratio = np.where(diff == 0, 0.0, np.where(allowed > 0, diff / allowed, np.inf))
+        rel = np.where((e != 0) & np.isfinite(e), diff / np.abs(np.where(e == 0, 1.0, e)), 0.0)
+    bad = int(np.count_nonzero(diff > allowed))
+    return LeafError(
+        path,
+        summary,
+        float(diff.max()) if diff.size else 0.0,
+        float(rel.max()) if rel.size else 0.0,
+        float(ratio.max()) if ratio.size else 0.0,
+        tol,
+        bad,
+        int(e.size),
+    )
+
+
+def compare_trees(
+    actual: Any,
+    expected: Any,
+    /,
+    *,
+    tolerance: Callable[[Any], Tolerance],
+) -> tuple[list[Mismatch], list[LeafError]]:
+    """Compares two trees: their structures first, then every leaf's values.
+
+    Args:
+      actual: the tree under test.
+      expected: the reference tree.
+      tolerance: the tolerance for a leaf of a given dtype (the reference's).
+
+    Returns:
+      The structural mismatches (empty when the structures agree), and one
+      ``LeafError`` per reference leaf, matched by key path, for the leaves
+      present in both with the same shape.
+
+    Example:
+      >>> found, errs = compare_trees({"w": np.ones(2)}, {"w": np.zeros(2)},
+      ...                             tolerance=lambda d: Tolerance(0.0, 0.5))
+      >>> found
+      []
+      >>> print(errs[0].describe())
+      ['w'] f64[2]: 2 of 2 elements beyond tolerance, max abs err 1, max rel err 0
+      (rtol 0, atol 0.5)
+    """
+    found = mismatches(actual, expected)
+    flatten(actual)
+    flatten(expected)
+    a_items = {_path(p): x for p, x in _with_paths(actual)}
+    out: list[LeafError] = []
+    bad_paths = {m.path for m in found if m.kind in ("shape", "missing", "unexpected", "node_type")}
+    for p, e in _with_paths(expected):
+        path = _path(p)
+        if path not in a_items or path in bad_paths:
+            continue
+        out.append(leaf_error(a_items[path], e, tolerance(np.asarray(e).dtype), path=path))
+    return found, out
+
+
+def _with_paths(tree: Any) -> list[tuple[Any, Any]]:
+    import jax
+
+    return list(jax.tree_util.tree_flatten_with_path(tree)[0])
+
+
+def _path(p: Any) -> str:
+    return keystr(tuple(entry_of(k) for k in p))

@@ -1,0 +1,286 @@
+"""The ``Model`` contract: what ``treeguard verify`` needs to know about a model."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import jax
+import numpy as np
+
+from ..errors import TreeguardError
+from ..spec import TreeSpec, dtype_of, short_dtype
+
+#: The symbol that names the batch axis in ``Model.batch_spec``.
+BATCH = "B"
+
+
+_NAMED = (
+    "bool",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "uint8",
+    "uint16",
+    "uint32",
+    "uint64",
+    "float16",
+    "bfloat16",
+    "float32",
+    "float64",
+    "complex64",
+    "complex128",
+)
+
+
+def resolve_dtype(name: Any) -> np.dtype[Any]:
+    """A dtype from its name or its short name (``"bf16"``, ``"f32"``).
+
+    Raises:
+      ConfigError: for a name that is no dtype.
+
+    Example:
+      >>> resolve_dtype("bf16").name, resolve_dtype("float32").name
+      ('bfloat16', 'float32')
+    """
+    try:
+        return dtype_of(name)
+    except (TypeError, ValueError):
+        for n in _NAMED:
+            dt = dtype_of(n)
+            if short_dtype(dt) == name:
+                return dt
+    raise ConfigError(f"unknown dtype {name!r}; hint: a name such as 'bfloat16' or 'bf16'")
+
+
+class ConfigError(TreeguardError, ValueError):
+    """The model or the command is misconfigured: a bad ``MODULE:ATTR``, a
+    batch spec without a batch axis, missing references. ``treeguard verify``
+    exits with status 2 on it."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Tolerance:
+    """An explicit ``allclose`` tolerance: ``|actual - expected| <= atol + rtol * |expected|``.
+
+    Example:
+      >>> Tolerance(rtol=1e-5, atol=1e-6).describe()
+      'rtol 1e-05, atol 1e-06'
+    """
+
+    rtol: float
+    atol: float
+
+    def __post_init__(self) -> None:
+        for name in ("rtol", "atol"):
+            v = getattr(self, name)
+            if (
+                isinstance(v, bool)
+                or not isinstance(v, (int, float))
+                or not math.isfinite(v)
+                or v < 0
+            ):
+                raise ConfigError(f"tolerance {name} is {v!r}; hint: pass a finite number >= 0")
+
+    def describe(self) -> str:
+        return f"rtol {self.rtol:g}, atol {self.atol:g}"
+
+
+@dataclasses.dataclass(frozen=True)
+class InvalidInput:
+    """A batch the model must refuse.
+
+    Attributes:
+      name: how the report names it.
+      batch: the batch passed to ``apply``.
+      raises: the exception type (or types) ``apply`` must raise.
+
+    Example:
+      >>> import numpy as np
+      >>> InvalidInput("nan_x", {"x": np.full((2, 2), np.nan)}, ValueError).raises
+      (<class 'ValueError'>,)
+    """
+
+    name: str
+    batch: Any
+    raises: type[BaseException] | tuple[type[BaseException], ...] = ValueError
+
+    def __post_init__(self) -> None:
+        raises = self.raises if isinstance(self.raises, tuple) else (self.raises,)
+        for r in raises:
+            if not (isinstance(r, type) and issubclass(r, BaseException)):
+                raise ConfigError(f"invalid input {self.name!r}: raises={r!r} is no exception type")
+        object.__setattr__(self, "raises", raises)
+
+
+@dataclasses.dataclass(frozen=True, eq=False, kw_only=True)
+class Model:
+    """A model described for ``treeguard verify``: pure functions, a batch
+    contract with a symbolic batch axis ``"B"``, and explicit tolerances.
+
+    Attributes:
+      init: ``init(key) -> params``.
+      apply: ``apply(params, batch) -> outputs``; must raise on invalid input.
+      loss: ``loss(params, batch) -> scalar``.
+      batch_spec: the batch's ``TreeSpec``; axis ``"B"`` is the batch axis.
+      rtol: relative tolerance of every numeric comparison.
+      atol: absolute tolerance.
+      tolerances: per-dtype overrides, ``{"bfloat16": Tolerance(1e-2, 1e-2)}``;
+        keys are dtype names or short names (``"bf16"``).
+      update: optional ``update(params, grads) -> params`` (one optimiser step).
+      output_spec: optional ``TreeSpec`` of the outputs, with ``"B"``.
+      params_spec: optional stored params spec (a ``TreeSpec`` or a JSON
+        path); ``init``'s params must still match it.
+      references: the regression file (``.safetensors``); None for none.
+      invalid_inputs: batches ``apply`` must refuse, beyond the generated
+        invalid shape.
+      invalid_raises: what ``apply`` must raise on the generated invalid shape.
+      cases: extra named positive batches, added to the generated ones.
+      splits: ``{"train": batch, "val": batch, "test": batch}`` (or a
+        callable returning it); examples lie along axis 0.
+      seed: seeds ``init``'s key and the generated cases.
+      batch_size: the size of the standard, zeros and boundary batches.
+      bounds: the input domain ``(low, high)`` of generated float and int
+        leaves; the boundary case sits on it.
+      key_kind: ``"typed"`` (``jax.random.key``) or ``"legacy"``
+        (``jax.random.PRNGKey``): the key ``init`` receives.
+      training_steps: how many ``update`` steps the training check takes.
+      name: how reports name the model.
+
+    Example:
+      >>> import jax, jax.numpy as jnp
+      >>> from treeguard import LeafSpec, spec_of
+      >>> m = Model(init=lambda k: {"w": jnp.ones(2)}, apply=lambda p, b: b["x"] @ p["w"],
+      ...           loss=lambda p, b: jnp.mean(b["x"] @ p["w"]),
+      ...           batch_spec=spec_of({"x": LeafSpec(("B", 2), "float32")}), rtol=1e-6, atol=1e-6)
+      >>> m.tolerance_for(jnp.float32)
+      Tolerance(rtol=1e-06, atol=1e-06)
+    """
+
+    init: Callable[[jax.Array], Any]
+    apply: Callable[[Any, Any], Any]
+    loss: Callable[[Any, Any], Any]
+    batch_spec: TreeSpec
+    rtol: float
+    atol: float
+    tolerances: Mapping[str, Tolerance] = dataclasses.field(default_factory=dict)
+    update: Callable[[Any, Any], Any] | None = None
+    output_spec: TreeSpec | None = None
+    params_spec: TreeSpec | str | os.PathLike[str] | None = None
+    references: str | os.PathLike[str] | None = None
+    invalid_inputs: Sequence[InvalidInput] = ()
+    invalid_raises: tuple[type[BaseException], ...] = (ValueError,)
+    cases: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    splits: Mapping[str, Any] | Callable[[], Mapping[str, Any]] | None = None
+    seed: int = 0
+    batch_size: int = 8
+    bounds: tuple[float, float] = (-1.0, 1.0)
+    key_kind: Literal["typed", "legacy"] = "typed"
+    training_steps: int = 5
+    name: str = "model"
+
+    def __post_init__(self) -> None:
+        for attr in ("init", "apply", "loss"):
+            if not callable(getattr(self, attr)):
+                raise ConfigError(f"Model.{attr} is {getattr(self, attr)!r}, not a function")
+        if self.update is not None and not callable(self.update):
+            raise ConfigError(f"Model.update is {self.update!r}, not a function")
+        if not isinstance(self.batch_spec, TreeSpec):
+            raise ConfigError(
+                f"Model.batch_spec is a {type(self.batch_spec).__name__}, not a TreeSpec; "
+                'hint: spec_of({"x": LeafSpec(("B", 2), "float32")})'
+            )
+        if BATCH not in self.batch_spec.symbols:
+            raise ConfigError(
+                f"Model.batch_spec {self.batch_spec!r} has no batch axis {BATCH!r}; "
+                'hint: write the batch dimension as "B", e.g. LeafSpec(("B", 2), "float32")'
+            )
+        if self.batch_spec.symbols - {BATCH}:
+            raise ConfigError(
+                f"Model.batch_spec uses symbols {sorted(self.batch_spec.symbols - {BATCH})} "
+                f"besides {BATCH!r}; hint: give every other dimension a size"
+            )
+        Tolerance(self.rtol, self.atol)
+        for k, v in self.tolerances.items():
+            if not isinstance(v, Tolerance):
+                raise ConfigError(
+                    f"Model.tolerances[{k!r}] is {v!r}; hint: use Tolerance(rtol, atol)"
+                )
+            resolve_dtype(k)
+        if self.output_spec is not None and not isinstance(self.output_spec, TreeSpec):
+            raise ConfigError(
+                f"Model.output_spec is a {type(self.output_spec).__name__}, not a TreeSpec"
+            )
+        if not isinstance(self.batch_size, int) or self.batch_size < 2:
+            raise ConfigError(f"Model.batch_size is {self.batch_size!r}; hint: use an int >= 2")
+        lo, hi = self.bounds
+        if not lo < hi:
+            raise ConfigError(f"Model.bounds {self.bounds!r}: low must be below high")
+        if self.key_kind not in ("typed", "legacy"):
+            raise ConfigError(f'Model.key_kind is {self.key_kind!r}; hint: "typed" or "legacy"')
+        if not isinstance(self.training_steps, int) or self.training_steps < 1:
+            raise ConfigError(f"Model.training_steps is {self.training_steps!r}; hint: an int >= 1")
+        for inv in self.invalid_inputs:
+            if not isinstance(inv, InvalidInput):
+                raise ConfigError(
+                    f"Model.invalid_inputs holds {inv!r}; hint: use InvalidInput(...)"
+                )
+
+    # -- derived ------------------------------------------------------------
+
+    def key(self) -> jax.Array:
+        """A fresh key for ``init``, of the declared kind, from ``seed``."""
+        if self.key_kind == "legacy":
+            return jax.random.PRNGKey(self.seed)
+        return jax.random.key(self.seed)
+
+    def tolerance_for(self, dtype: Any) -> Tolerance:
+        """The tolerance for leaves of ``dtype``: a per-dtype override, else ``rtol``/``atol``."""
+        dt = dtype_of(dtype)
+        for k, v in self.tolerances.items():
+            if resolve_dtype(k) == dt:
+                return v
+        return Tolerance(self.rtol, self.atol)
+
+    def tolerance_table(self) -> dict[str, dict[str, float]]:
+        """Every declared tolerance, for the report: ``default`` and each dtype."""
+        out = {"default": {"rtol": float(self.rtol), "atol": float(self.atol)}}
+        for k, v in sorted(self.tolerances.items()):
+            out[resolve_dtype(k).name] = {"rtol": float(v.rtol), "atol": float(v.atol)}
+        return out
+
+    def stored_params_spec(self) -> TreeSpec | None:
+        """The stored params spec, read from its file when a path was given.
+
+        Raises:
+          ConfigError: if the file is missing or not a spec.
+        """
+        if self.params_spec is None or isinstance(self.params_spec, TreeSpec):
+            return self.params_spec
+        path = Path(self.params_spec)
+        try:
+            return TreeSpec.load(path)
+        except (OSError, ValueError) as e:
+            raise ConfigError(
+                f"Model.params_spec {path}: {e}; hint: write it with "
+                "spec_of(params).save(path), or pass params_spec=None"
+            ) from e
+
+    def split_data(self) -> Mapping[str, Any] | None:
+        """The train/val/test data, calling ``splits`` when it is a function."""
+        if self.splits is None:
+            return None
+        data = self.splits() if callable(self.splits) else self.splits
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"Model.splits gave a {type(data).__name__}, not a mapping of splits")
+        return data
+
+
+def is_float(dtype: Any) -> bool:
+    """Whether a dtype is a floating type (bf16 included)."""
+    return bool(np.issubdtype(dtype_of(dtype), np.floating)) or dtype_of(dtype).name == "bfloat16"

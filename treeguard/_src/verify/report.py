@@ -1,0 +1,587 @@
+"""The verification report: a terminal table, ``report.json``, ``report.md`` and
+a self-contained ``report.html`` whose plots are inline SVG drawn here.
+
+The HTML loads nothing: no script, no font, no stylesheet, no image from
+anywhere, so it opens offline and can be attached to a CI run as one file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import html
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .checks import CheckResult
+
+FORMAT = "treeguard.verify-report/1"
+
+#: Exit statuses of ``treeguard verify``.
+EXIT_PASS, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+
+
+@dataclasses.dataclass(frozen=True)
+class Benchmark:
+    """A short warm benchmark of ``jit(apply)`` on the standard batch.
+
+    Attributes:
+      compile_s: lowering plus compiling, timed apart from the runs.
+      latencies_s: each warm call's wall time, the result awaited.
+      batch: the batch it ran on, as ``x: f32[8,2]``.
+    """
+
+    compile_s: float
+    latencies_s: tuple[float, ...]
+    batch: str
+
+    def percentile(self, q: float) -> float:
+        """The ``q``-th percentile latency in seconds."""
+        return float(np.percentile(np.asarray(self.latencies_s), q)) if self.latencies_s else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "compile_s": self.compile_s,
+            "runs": len(self.latencies_s),
+            "p50_s": self.percentile(50),
+            "p90_s": self.percentile(90),
+            "p99_s": self.percentile(99),
+            "mean_s": float(np.mean(self.latencies_s)) if self.latencies_s else 0.0,
+            "latencies_s": list(self.latencies_s),
+            "batch": self.batch,
+        }
+
+
+def _fmt_s(s: float) -> str:
+    if s >= 1:
+        return f"{s:.2f} s"
+    if s >= 1e-3:
+        return f"{s * 1e3:.2f} ms"
+    return f"{s * 1e6:.1f} µs"
+
+
+@dataclasses.dataclass
+class Report:
+    """The outcome of ``treeguard.verify.run``.
+
+    Attributes:
+      model: the model's name (``module:attr`` from the command line).
+      checks: every check's result, in run order.
+      environment: the environment fingerprint of this run.
+      tolerances: the declared tolerances.
+      cases: each case's name, batch summary, note and kind.
+      references: the references file compared against, if any.
+      recorded: the references file written by ``record=True``, if any.
+      benchmark: the warm benchmark, if it ran.
+      created: when the run started (UTC, ISO 8601).
+      seconds: how long the run took.
+      files: the report files written by ``write``.
+    """
+
+    model: str
+    checks: list[CheckResult]
+    environment: dict[str, Any]
+    tolerances: dict[str, Any]
+    cases: list[dict[str, Any]]
+    references: str | None = None
+    recorded: str | None = None
+    benchmark: Benchmark | None = None
+    created: str = ""
+    seconds: float = 0.0
+    files: dict[str, Path] = dataclasses.field(default_factory=dict)
+
+    # -- verdict ------------------------------------------------------------
+
+    @property
+    def passed(self) -> bool:
+        """True when no check failed (skipped checks do not fail a run)."""
+        return all(c.passed for c in self.checks)
+
+    @property
+    def failed(self) -> list[str]:
+        """The names of the failed checks."""
+        return [c.name for c in self.checks if not c.passed]
+
+    @property
+    def exit_code(self) -> int:
+        """0 when every check passed, 1 when any failed."""
+        return EXIT_PASS if self.passed else EXIT_FAIL
+
+    def __getitem__(self, name: str) -> CheckResult:
+        """The result of the check called ``name``.
+
+        Raises:
+          KeyError: naming the checks there are.
+        """
+        for c in self.checks:
+            if c.name == name:
+                return c
+        raise KeyError(f"no check {name!r}; the checks are {[c.name for c in self.checks]}")
+
+    # -- JSON ---------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``report.json`` document (schema ``treeguard.verify-report/1``)."""
+        return {
+            "format": FORMAT,
+            "model": self.model,
+            "passed": self.passed,
+            "exit_code": self.exit_code,
+            "created": self.created,
+            "seconds": round(self.seconds, 6),
+            "checks": [c.to_dict() for c in self.checks],
+            "environment": dict(self.environment),
+            "tolerances": dict(self.tolerances),
+            "cases": list(self.cases),
+            "references": self.references,
+            "recorded": self.recorded,
+            "benchmark": self.benchmark.to_dict() if self.benchmark else None,
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(_jsonable(self.to_dict()), indent=1, sort_keys=False) + "\n"
+
+    # -- Markdown -----------------------------------------------------------
+
+    def to_markdown(self) -> str:
+        """``report.md``: the check table, the evidence of failures, the environment."""
+        verdict = "passed" if self.passed else f"FAILED ({', '.join(self.failed)})"
+        out = [f"# treeguard verify `{self.model}`: {verdict}", ""]
+        out += ["| check | status | summary |", "|---|---|---|"]
+        for c in self.checks:
+            out.append(f"| `{c.name}` | {c.status.upper()} | {_md(c.summary)} |")
+        out.append("")
+        for c in self.checks:
+            if c.status == "fail":
+                out += [f"## `{c.name}` failed", ""]
+                out += [f"- {_md(line)}" for line in c.evidence[:40]]
+                if len(c.evidence) > 40:
+                    out.append(f"- ... and {len(c.evidence) - 40} more")
+                out.append("")
+        if self.benchmark:
+            b = self.benchmark
+            out += [
+                "## Benchmark of `jit(apply)`",
+                "",
+                f"compile {_fmt_s(b.compile_s)} (apart); {len(b.latencies_s)} warm runs on "
+                f"{b.batch}: p50 {_fmt_s(b.percentile(50))}, p90 {_fmt_s(b.percentile(90))}, "
+                f"p99 {_fmt_s(b.percentile(99))}",
+                "",
+            ]
+        out += ["## Environment", "", "| key | value |", "|---|---|"]
+        out += [f"| {k} | `{v}` |" for k, v in self.environment.items()]
+        out += ["", "## Tolerances", "", "| dtype | rtol | atol |", "|---|---|---|"]
+        out += [f"| {k} | {v['rtol']:g} | {v['atol']:g} |" for k, v in self.tolerances.items()]
+        out.append("")
+        if self.references:
+            out.append(f"References: `{self.references}`")
+        if self.recorded:
+            out.append(f"Recorded references: `{self.recorded}`")
+        return "\n".join(out) + "\n"
+
+    # -- HTML ---------------------------------------------------------------
+
+    def to_html(self) -> str:
+        """``report.html``: self-contained, with inline SVG plots and no network."""
+        return _html(self)
+
+    # -- files and terminal -------------------------------------------------
+
+    def write(self, directory: str | os.PathLike[str]) -> dict[str, Path]:
+        """Writes ``report.json``, ``report.md`` and ``report.html`` into ``directory``.
+
+        Returns:
+          The path of each file, by kind (``json``, ``md``, ``html``).
+
+        Raises:
+          OSError: if the directory cannot be created or written.
+        """
+        target = Path(directory)
+        target.mkdir(parents=True, exist_ok=True)
+        target = target.resolve()
+        files = {
+            "json": target / "report.json",
+            "md": target / "report.md",
+            "html": target / "report.html",
+        }
+        for kind, text in (
+            ("json", self.to_json()),
+            ("md", self.to_markdown()),
+            ("html", self.to_html()),
+        ):
+            tmp = files[kind].with_name(files[kind].name + f".tmp-{os.getpid()}")
+            tmp.write_text(text, encoding="utf-8")
+            os.replace(tmp, files[kind])
+        self.files = files
+        return files
+
+    def print(self, console: Any = None) -> None:
+        """Prints the summary table (and every failure's evidence) with rich."""
+        from rich.console import Console
+        from rich.table import Table
+
+        console = console or Console()
+        table = Table(title=f"treeguard verify {self.model}", title_justify="left")
+        table.add_column("check", style="bold")
+        table.add_column("status")
+        table.add_column("summary")
+        table.add_column("time", justify="right")
+        style = {"pass": "[green]PASS[/]", "fail": "[bold red]FAIL[/]", "skip": "[yellow]SKIP[/]"}
+        for c in self.checks:
+            table.add_row(c.name, style[c.status], _rich_escape(c.summary), f"{c.seconds:.2f}s")
+        console.print(table)
+        for c in self.checks:
+            if c.status == "fail":
+                console.print(f"[bold red]{c.name}[/] evidence:")
+                for line in c.evidence[:20]:
+                    console.print("  " + _rich_escape(line), soft_wrap=True)
+                if len(c.evidence) > 20:
+                    console.print(f"  ... and {len(c.evidence) - 20} more (see report.md)")
+        if self.benchmark:
+            b = self.benchmark
+            console.print(
+                f"benchmark jit(apply): compile {_fmt_s(b.compile_s)}, {len(b.latencies_s)} warm "
+                "runs, "
+                f"p50 {_fmt_s(b.percentile(50))}, p99 {_fmt_s(b.percentile(99))}"
+            )
+        if self.recorded:
+            console.print(f"recorded references: {self.recorded}")
+        verdict = (
+            "[green]all checks passed[/]"
+            if self.passed
+            else f"[bold red]failed: {', '.join(self.failed)}[/]"
+        )
+        console.print(f"{verdict} in {self.seconds:.1f}s")
+        if "html" in self.files:
+            console.print(f"report: {self.files['html']}", soft_wrap=True)
+
+
+def _rich_escape(text: str) -> str:
+    from rich.markup import escape
+
+    return escape(text)
+
+
+def _md(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, float) and not math.isfinite(x):
+        return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
+    if isinstance(x, (np.floating, np.integer, np.bool_)):
+        return _jsonable(x.item())
+    if isinstance(x, Path):
+        return str(x)
+    return x
+
+
+# -- HTML and SVG -----------------------------------------------------------------
+
+_CSS = "".join(
+    (
+        "body{font:14px/1.45 system-ui,-apple-system,'Segoe UI',sans-serif;",
+        "margin:24px auto;max-width:1100px;color:#1d2330;padding:0 16px}",
+        "h1{font-size:22px;margin:0 0 4px}",
+        "h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #dde1e8;padding-bottom:4px}",
+        ".verdict{font-weight:600;padding:2px 10px;border-radius:10px;display:inline-block}",
+        ".pass{background:#dff3e4;color:#17642b}",
+        ".fail{background:#fbe0e0;color:#9b1c1c}",
+        ".skip{background:#fff3cd;color:#7a5b00}",
+        "table{border-collapse:collapse;width:100%;margin:6px 0}",
+        "td,th{border:1px solid #dde1e8;padding:4px 8px;text-align:left;vertical-align:top}",
+        "th{background:#f4f6f9}",
+        "code,.mono{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;font-size:12.5px}",
+        "ul.ev{margin:4px 0 0;padding-left:18px}",
+        "ul.ev li{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:12px}",
+        ".meta{color:#5b6475}",
+        "svg text{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:11px}",
+    )
+)
+
+
+def _e(x: Any) -> str:
+    return html.escape(str(x), quote=True)
+
+
+def _leaf_label(row: dict[str, Any]) -> str:
+    case = row.get("case", "")
+    kind = row.get("kind", "")
+    variant = row.get("variant")
+    where = f"{case} {kind}" if case != "-" else kind
+    if variant:
+        where += f" [{variant}]"
+    return f"{where} {row.get('path') or '<root>'}"
+
+
+def error_plot(rows: list[dict[str, Any]], title: str) -> str:
+    """An SVG bar chart of each leaf's error over its tolerance, on a log scale.
+
+    A bar that crosses the red line at 1 is beyond tolerance; an exact leaf
+    sits at the left edge.
+    """
+    if not rows:
+        return ""
+    lo_exp = -8
+    ratios = []
+    for r in rows:
+        v = r.get("ratio", 0.0)
+        v = float("inf") if v in ("inf", "nan") else float(v)
+        ratios.append(v)
+    finite = [v for v in ratios if math.isfinite(v) and v > 0]
+    hi_exp = max(1, math.ceil(math.log10(max(finite)))) if finite else 1
+    hi_exp = min(hi_exp, 12)
+    label_w, plot_w, bar_h, gap, top = 360, 560, 13, 4, 34
+    height = top + len(rows) * (bar_h + gap) + 30
+    width = label_w + plot_w + 90
+
+    def x_of(v: float) -> float:
+        if not math.isfinite(v):
+            return label_w + plot_w
+        if v <= 0:
+            return label_w
+        e = min(max(math.log10(v), lo_exp), hi_exp)
+        return label_w + (e - lo_exp) / (hi_exp - lo_exp) * plot_w
+
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="100%" style="max-width:{width}px" '
+        f'viewBox="0 0 {width} {height}" role="img" aria-label="{_e(title)}">',
+        f'<text x="0" y="14" style="font-size:13px;font-weight:600">{_e(title)}</text>',
+    ]
+    for e in range(lo_exp, hi_exp + 1):
+        x = x_of(10.0**e)
+        parts.append(
+            f'<line x1="{x:.1f}" y1="{top - 6}" x2="{x:.1f}" y2="{height - 26}" stroke="#e6e9ef"/>'
+        )
+        parts.append(
+            f'<text x="{x:.1f}" y="{height - 12}" text-anchor="middle" fill="#5b6475">1e{e}</text>'
+        )
+    for i, (r, v) in enumerate(zip(rows, ratios)):
+        y = top + i * (bar_h + gap)
+        ok = bool(r.get("ok", True))
+        color = "#2f8f4e" if ok else "#c62828"
+        x1 = x_of(v)
+        label = _leaf_label(r)
+        if len(label) > 52:
+            label = label[:49] + "..."
+        parts.append(
+            f'<text x="{label_w - 6}" y="{y + bar_h - 2}" text-anchor="end">{_e(label)}</text>'
+        )
+        parts.append(
+            f'<rect x="{label_w}" y="{y}" width="{max(x1 - label_w, 1.5):.1f}" height="{bar_h}" '
+            f'fill="{color}" opacity="0.85"><title>{_e(label)}: max abs {r.get("max_abs")}, '
+            f"max rel {r.get('max_rel')}, rtol {r.get('rtol')}, atol {r.get('atol')}</title></rect>"
+        )
+        text = "exact" if v == 0 else ("∞" if not math.isfinite(v) else f"{v:.2g}")
+        parts.append(f'<text x="{x1 + 4:.1f}" y="{y + bar_h - 2}" fill="#5b6475">{_e(text)}</text>')
+    x_tol = x_of(1.0)
+    parts.append(
+        f'<line x1="{x_tol:.1f}" y1="{top - 10}" x2="{x_tol:.1f}" y2="{height - 26}" '
+        'stroke="#c62828" stroke-width="2" stroke-dasharray="5 3"/>'
+    )
+    parts.append(
+        f'<text x="{x_tol - 4:.1f}" y="{top - 12}" text-anchor="end" fill="#c62828">'
+        "tolerance: |err| = atol + rtol·|ref|</text>"
+    )
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def latency_plot(bench: Benchmark) -> str:
+    """An SVG histogram of warm latencies with p50/p90/p99 marked; compile time apart."""
+    lat = np.asarray(bench.latencies_s) * 1e6
+    if lat.size == 0:
+        return ""
+    width, height, left, right, top, bottom = 940, 260, 60, 230, 30, 40
+    plot_w, plot_h = width - left - right, height - top - bottom
+    lo, hi = float(lat.min()), float(np.percentile(lat, 99.5))
+    hi = max(hi, lo * 1.01 + 1e-3)
+    bins = 30
+    counts, edges = np.histogram(np.clip(lat, lo, hi), bins=bins, range=(lo, hi))
+    peak = max(int(counts.max()), 1)
+
+    def x_of(v: float) -> float:
+        return left + (min(max(v, lo), hi) - lo) / (hi - lo) * plot_w
+
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="100%" style="max-width:{width}px" '
+        f'viewBox="0 0 {width} {height}" role="img" aria-label="latency distribution">',
+        '<text x="0" y="14" style="font-size:13px;font-weight:600">'
+        f"warm latency of jit(apply), {lat.size} runs on {_e(bench.batch)}</text>",
+    ]
+    bw = plot_w / bins
+    for i, c in enumerate(counts):
+        h = c / peak * plot_h
+        parts.append(
+            f'<rect x="{left + i * bw + 0.5:.1f}" y="{top + plot_h - h:.1f}" width="{bw - 1:.1f}" '
+            f'height="{h:.1f}" fill="#3b6fb6"><title>{edges[i]:.1f}-{edges[i + 1]:.1f} µs: '
+            f"{c}</title></rect>"
+        )
+    parts.append(
+        f'<line x1="{left}" y1="{top + plot_h}" x2="{left + plot_w}" y2="{top + plot_h}" '
+        'stroke="#5b6475"/>'
+    )
+    for frac in (0.0, 0.25, 0.5, 0.75, 1.0):
+        v = lo + frac * (hi - lo)
+        parts.append(
+            f'<text x="{x_of(v):.1f}" y="{top + plot_h + 16}" text-anchor="middle" '
+            f'fill="#5b6475">{v:.0f}</text>'
+        )
+    parts.append(
+        f'<text x="{left + plot_w / 2:.1f}" y="{height - 4}" text-anchor="middle" '
+        'fill="#5b6475">µs per call</text>'
+    )
+    parts.append(
+        f'<text x="{left - 8}" y="{top + 10}" text-anchor="end" fill="#5b6475">{peak}</text>'
+    )
+    for row, (q, color) in enumerate(((50, "#17642b"), (90, "#b26a00"), (99, "#c62828"))):
+        v = float(np.percentile(lat, q))
+        x = x_of(v)
+        parts.append(
+            f'<line x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{top + plot_h}" stroke="{color}" '
+            'stroke-width="2"/>'
+        )
+        parts.append(f'<text x="{x + 3:.1f}" y="{top + 12 + row * 14}" fill="{color}">p{q}</text>')
+    bx = left + plot_w + 30
+    parts.append(
+        f'<rect x="{bx}" y="{top}" width="{right - 40}" height="{plot_h}" fill="#f4f6f9" '
+        'stroke="#dde1e8"/>'
+    )
+    lines = [
+        ("compile (apart)", _fmt_s(bench.compile_s)),
+        ("p50", _fmt_s(bench.percentile(50))),
+        ("p90", _fmt_s(bench.percentile(90))),
+        ("p99", _fmt_s(bench.percentile(99))),
+        ("runs", str(lat.size)),
+    ]
+    for i, (k, text) in enumerate(lines):
+        y = top + 24 + i * 34
+        parts.append(f'<text x="{bx + 10}" y="{y}" fill="#5b6475">{_e(k)}</text>')
+        parts.append(
+            f'<text x="{bx + 10}" y="{y + 16}" '
+            f'style="font-size:14px;font-weight:600">{_e(text)}</text>'
+        )
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def _html(report: Report) -> str:
+    verdict_cls = "pass" if report.passed else "fail"
+    verdict = "all checks passed" if report.passed else f"failed: {', '.join(report.failed)}"
+    out = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        f"<title>treeguard verify {_e(report.model)}</title>",
+        f"<style>{_CSS}</style></head><body>",
+        f"<h1>treeguard verify <code>{_e(report.model)}</code></h1>",
+        f'<p><span class="verdict {verdict_cls}">{_e(verdict)}</span> '
+        f'<span class="meta">{_e(report.created)} · {report.seconds:.1f} s · '
+        f"jax {_e(report.environment.get('jax'))} on {_e(report.environment.get('backend'))} "
+        f"({_e(report.environment.get('device_kind'))})</span></p>",
+        "<h2>Checks</h2><table><tr><th>check</th><th>status</th><th>summary and "
+        "evidence</th><th>time</th></tr>",
+    ]
+    for c in report.checks:
+        ev = ""
+        if c.evidence:
+            items = "".join(f"<li>{_e(line)}</li>" for line in c.evidence[:40])
+            more = f"<li>... and {len(c.evidence) - 40} more</li>" if len(c.evidence) > 40 else ""
+            ev = f'<ul class="ev">{items}{more}</ul>'
+        out.append(
+            f'<tr><td><code>{_e(c.name)}</code></td><td><span class="verdict {c.status}">'
+            f"{c.status.upper()}</span></td><td>{_e(c.summary)}{ev}</td><td>{c.seconds:.2f}s</td></tr>"
+        )
+    out.append("</table>")
+    for name, title in (
+        ("regression", "Regression: max error per leaf against tolerance"),
+        ("transforms", "Transforms: max error per leaf against tolerance (jit and vmap vs eager)"),
+    ):
+        try:
+            rows = report[name].rows
+        except KeyError:
+            continue
+        if rows:
+            out.append(f"<h2>{_e(title)}</h2>")
+            out.append(error_plot(rows, "error / tolerance, log scale (≤ 1 passes)"))
+            out.append(
+                f"<details><summary>per-leaf table ({len(rows)} leaves)</summary>"
+                f"{_leaf_table(rows)}</details>"
+            )
+    if report.benchmark:
+        out.append("<h2>Latency of <code>jit(apply)</code></h2>")
+        out.append(latency_plot(report.benchmark))
+    out.append(
+        "<h2>Cases</h2><table><tr><th>case</th><th>kind</th><th>batch</th><th>note</th></tr>"
+    )
+    for row in report.cases:
+        kind = "negative" if row.get("negative") else "positive"
+        out.append(
+            f"<tr><td><code>{_e(row['name'])}</code></td><td>{kind}</td>"
+            f'<td class="mono">{_e(row["batch"])}</td><td>{_e(row.get("note", ""))}</td></tr>'
+        )
+    out.append(
+        "</table><h2>Environment</h2><table><tr><th>key</th><th>this "
+        "run</th><th>references</th></tr>"
+    )
+    recorded: dict[str, Any] = {}
+    with contextlib.suppress(KeyError):
+        recorded = {str(r["key"]): r.get("recorded") for r in report["environment"].rows}
+    for k, v in report.environment.items():
+        out.append(
+            f"<tr><td>{_e(k)}</td><td><code>{_e(v)}</code></td>"
+            f"<td><code>{_e(recorded.get(k, ''))}</code></td></tr>"
+        )
+    out.append(
+        "</table><h2>Tolerances</h2><table><tr><th>dtype</th><th>rtol</th><th>atol</th></tr>"
+    )
+    for k, v in report.tolerances.items():
+        out.append(f"<tr><td>{_e(k)}</td><td>{v['rtol']:g}</td><td>{v['atol']:g}</td></tr>")
+    out.append("</table>")
+    if report.references:
+        out.append(f'<p class="meta">references: <code>{_e(report.references)}</code></p>')
+    if report.recorded:
+        out.append(f'<p class="meta">recorded: <code>{_e(report.recorded)}</code></p>')
+    out.append(f'<p class="meta">schema {_e(FORMAT)}</p></body></html>')
+    return "\n".join(out) + "\n"
+
+
+def _leaf_table(rows: list[dict[str, Any]]) -> str:
+    cols = ("leaf", "ref", "max abs", "max rel", "rtol", "atol", "beyond")
+    head = "<table><tr>" + "".join(f"<th>{c}</th>" for c in cols) + "</tr>"
+    body = []
+    for r in sorted(rows, key=lambda r: -_num(r.get("ratio")))[:60]:
+        cls = "" if r.get("ok", True) else ' class="fail"'
+        body.append(
+            f'<tr{cls}><td class="mono">{_e(_leaf_label(r))}</td><td '
+            f'class="mono">{_e(r.get("summary"))}</td>'
+            f"<td>{_g(r.get('max_abs'))}</td><td>{_g(r.get('max_rel'))}</td><td>{_g(r.get('rtol'))}</td>"
+            f"<td>{_g(r.get('atol'))}</td><td>{_e(r.get('bad'))} / {_e(r.get('size'))}</td></tr>"
+        )
+    more = (
+        f"<tr><td colspan=7>... and {len(rows) - 60} more leaves</td></tr>"
+        if len(rows) > 60
+        else ""
+    )
+    return head + "".join(body) + more + "</table>"
+
+
+def _num(x: Any) -> float:
+    if x in ("inf", "nan"):
+        return float("inf")
+    return float(x or 0.0)
+
+
+def _g(x: Any) -> str:
+    if isinstance(x, str):
+        return _e(x)
+    return f"{float(x or 0.0):.3g}"

@@ -1,0 +1,125 @@
+"""The ``treeguard verify MODULE:ATTR`` command.
+
+Exit codes, as for every treeguard command: 0 when every check passes, 1
+when any fails, 2 for usage and configuration errors (a bad ``MODULE:ATTR``,
+an attribute that is no ``Model``, missing references without ``--record``,
+an unreadable references file).
+
+Run it as ``treeguard verify ...`` or ``python -m treeguard.cli_verify ...``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from pathlib import Path
+from typing import Any, NoReturn
+
+import click
+from rich.console import Console
+
+from ._src.errors import FormatError, IntegrityError, TreeguardError
+from ._src.verify.model import ConfigError, Model
+from ._src.verify.report import EXIT_USAGE
+from ._src.verify.run import run
+
+DEFAULT_REPORT_DIR = "treeguard-report"
+
+
+def _usage(message: str) -> NoReturn:
+    Console(stderr=True, highlight=False, soft_wrap=True).print(f"[red]error:[/red] {message}")
+    sys.exit(EXIT_USAGE)
+
+
+def resolve(target: str) -> Model:
+    """Imports ``MODULE:ATTR`` and returns the ``Model`` it names.
+
+    Args:
+      target: ``package.module:attribute``; the attribute may be dotted, and
+        may be a function of no arguments that returns a ``Model``.
+
+    Returns:
+      The model.
+
+    Raises:
+      ConfigError: for a malformed target, a module that cannot be imported,
+        a missing attribute or something that is no ``Model``.
+
+    Example:
+      >>> resolve("treeguard.examples.mlp:model").name
+      'treeguard.examples.mlp:model'
+      >>> resolve("treeguard.examples.mlp")
+      Traceback (most recent call last):
+      ...
+      treeguard._src.verify.model.ConfigError: 'treeguard.examples.mlp' is not MODULE:ATTR...
+    """
+    module_name, sep, attr = target.partition(":")
+    if not sep or not module_name or not attr:
+        raise ConfigError(
+            f"{target!r} is not MODULE:ATTR; hint: treeguard verify treeguard.examples.mlp:model"
+        )
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ConfigError(f"cannot import module {module_name!r}: {e}") from e
+    obj: Any = module
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            names = sorted(n for n in dir(module) if isinstance(getattr(module, n, None), Model))
+            hint = f"; the models in {module_name} are {names}" if names else ""
+            raise ConfigError(f"module {module_name!r} has no attribute {attr!r}{hint}") from None
+    if not isinstance(obj, Model) and callable(obj):
+        obj = obj()
+    if not isinstance(obj, Model):
+        raise ConfigError(
+            f"{target} is a {type(obj).__name__}, not a treeguard.verify.Model; "
+            "hint: describe the model with treeguard.verify.Model(init=..., apply=..., ...)"
+        )
+    return obj
+
+
+@click.command("verify", context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("target", metavar="MODULE:ATTR")
+@click.option(
+    "--record", is_flag=True, help="(Re)write the references once every other check passes."
+)
+@click.option(
+    "--report-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=DEFAULT_REPORT_DIR,
+    show_default=True,
+    help="Where report.json, report.md and report.html go.",
+)
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print report.json to stdout instead of the table."
+)
+@click.option("--no-bench", is_flag=True, help="Skip the short warm benchmark of jit(apply).")
+def verify(target: str, record: bool, report_dir: Path, as_json: bool, no_bench: bool) -> None:
+    """Run the acceptance protocol on the Model at MODULE:ATTR.
+
+    The checks: contract, keys, finite, negative, transforms, environment,
+    regression, training, splits. Exit status 0 when all pass, 1 when any
+    fails, 2 for usage or configuration errors.
+    """
+    try:
+        model = resolve(target)
+        report = run(model, record=record, report_dir=report_dir, bench=not no_bench, name=target)
+    except (ConfigError, FormatError, IntegrityError) as e:
+        _usage(str(e))
+    except TreeguardError as e:
+        _usage(f"{type(e).__name__}: {e}")
+    except OSError as e:
+        _usage(f"cannot write the report to {report_dir}: {e}")
+    if as_json:
+        click.echo(json.dumps(json.loads(report.to_json()), indent=1))
+    else:
+        width = None if sys.stdout.isatty() else 120
+        report.print(Console(highlight=False, width=width))
+    sys.exit(report.exit_code)
+
+
+if __name__ == "__main__":
+    verify()
