@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.treeguard-installed
 SRC    := treeguard tests benchmarks
 
-.PHONY: demo test lint typecheck unit bench bench-checkpoint reliability clean
+.PHONY: demo tour test lint typecheck unit bench bench-update bench-checkpoint reliability clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -16,6 +16,9 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)
 	$(BIN)/treeguard verify treeguard.examples.mlp:model
+
+tour: $(STAMP)
+	$(BIN)/python -m treeguard.examples.tour
 
 test: lint typecheck unit
 
@@ -31,6 +34,9 @@ unit: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/tree.py
+
+bench-update: $(STAMP)
+	$(BIN)/python benchmarks/update.py
 
 bench-checkpoint: $(STAMP)
 	$(BIN)/python benchmarks/checkpoint.py

@@ -21,38 +21,58 @@ from ._src.errors import TreeguardError as TreeguardError
 from ._src.errors import TreeMismatchError as TreeMismatchError
 from ._src.errors import VerificationError as VerificationError
 from ._src.mismatch import Mismatch as Mismatch
+from ._src.nonfinite import NonFiniteError as NonFiniteError
+from ._src.nonfinite import TracedValueError as TracedValueError
+from ._src.nonfinite import count_nonfinite as count_nonfinite
+from ._src.nonfinite import find_nonfinite as find_nonfinite
+from ._src.optimizer import OptaxStep as OptaxStep
+from ._src.optimizer import optax_step as optax_step
 from ._src.spec import LeafSpec as LeafSpec
 from ._src.spec import TreeSpec as TreeSpec
 from ._src.spec import spec_of as spec_of
+from ._src.step import Cast as Cast
 from ._src.store import ArtifactStore as ArtifactStore
 from ._src.store import StoreError as StoreError
 from ._src.store import UnknownVersionError as UnknownVersionError
+from ._src.update import Updater as Updater
+from ._src.update import apply_updates as apply_updates
 from ._src.update import tree_map as tree_map
+from ._src.update import updater as updater
 
 __version__ = "0.1.0"
 
 __all__ = [
     "ArtifactStore",
+    "Cast",
     "FormatError",
     "Header",
     "IntegrityError",
     "InvalidTreeError",
     "LeafSpec",
     "Mismatch",
+    "NonFiniteError",
+    "OptaxStep",
     "StoreError",
+    "TracedValueError",
     "TreeMismatchError",
     "TreeSpec",
     "TreeguardError",
     "UnknownVersionError",
+    "Updater",
     "VerificationError",
+    "apply_updates",
     "check",
+    "count_nonfinite",
     "environment",
+    "find_nonfinite",
     "load",
     "mismatches",
+    "optax_step",
     "read_header",
     "save",
     "spec_of",
     "tree_map",
     "unflatten",
+    "updater",
     "verify_file",
 ]
