@@ -209,3 +209,17 @@ def test_check_and_tree_map_agree_under_eager_jit_and_vmap(variant: Any) -> None
     bad = {"w": jnp.ones((2, 3)), "b": jnp.zeros(2)}
     with pytest.raises(tg.TreeMismatchError, match=r"\['b'\]: shape"):
         variant(step)(bad, jax.tree.map(jnp.ones_like, bad))
+
+
+def test_tree_map_dtypes_uses_jax_rules_for_python_scalars() -> None:
+    # A Python float is float32 to JAX (x64 off): no mismatch, no pathless error.
+    out = tg.tree_map(lambda x, y: x + y, {"a": jnp.ones(())}, {"a": 1.0}, dtypes=True)
+    assert out["a"].dtype == jnp.float32
+
+
+def test_long_custom_aux_is_truncated_in_messages() -> None:
+    found = tg.mismatches(
+        Pair(jnp.ones(1), jnp.ones(1), "x" * 500), Pair(jnp.ones(1), jnp.ones(1), "y")
+    )
+    assert found[0].kind == "node_data"
+    assert len(str(found[0].actual)) == 200 and str(found[0].actual).endswith("...")

@@ -204,3 +204,27 @@ def test_unserialisable_key_is_named() -> None:
     spec = tg.spec_of({(1, 2): jnp.ones(1)})
     with pytest.raises(tg.InvalidTreeError, match=r"key \(1, 2\) of type tuple has no JSON form"):
         spec.to_json()
+
+
+@pytest.mark.parametrize(
+    ("leaf", "message"),
+    [
+        ('{"kind": "leaf", "shape": [1]}', "no dtype given"),
+        (
+            '{"kind": "leaf", "shape": [1], "dtype": "object"}',
+            "'object' is not a numeric array dtype",
+        ),
+        ('{"kind": "leaf", "shape": [1], "dtype": "V8"}', "is not a numeric array dtype"),
+    ],
+)
+def test_leaf_dtype_must_be_a_numeric_dtype(leaf: str, message: str) -> None:
+    with pytest.raises(tg.FormatError, match=message):
+        tg.TreeSpec.from_json('{"format": "treeguard.spec/1", "tree": ' + leaf + "}")
+
+
+def test_save_is_atomic_and_leaves_no_temp_on_failure(tmp_path: Any) -> None:
+    spec = tg.spec_of({"w": jnp.ones(2)})
+    (tmp_path / "target").mkdir()
+    with pytest.raises(OSError):
+        spec.save(tmp_path / "target")  # a directory cannot be replaced by a file
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["target"]

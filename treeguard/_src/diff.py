@@ -15,9 +15,9 @@ from .spec import Record, TreeSpec, record_of, spec_of, summarize
 from .walk import Node, flatten
 
 
-def as_spec(x: Any) -> TreeSpec:
-    """``x`` itself if it is a ``TreeSpec``, else ``spec_of(x)``."""
-    return x if isinstance(x, TreeSpec) else spec_of(x)
+def as_spec(x: Any, *, sharding: bool = False) -> TreeSpec:
+    """``x`` itself if it is a ``TreeSpec``, else ``spec_of(x, sharding=...)``."""
+    return x if isinstance(x, TreeSpec) else spec_of(x, sharding=sharding)
 
 
 def mismatches(actual: Any, expected: Any, /) -> list[Mismatch]:
@@ -45,7 +45,8 @@ def mismatches(actual: Any, expected: Any, /) -> list[Mismatch]:
       >>> mismatches(grads, params)
       [Mismatch(path="['b']", kind='shape', expected=(3,), actual=(2, 3))]
     """
-    a, e = as_spec(actual), as_spec(expected)
+    e = as_spec(expected)
+    a = as_spec(actual, sharding=e.has_sharding)
     return _Differ(a.records, e.records).run(a.structure, e.structure)
 
 
@@ -84,7 +85,11 @@ def check(
         ['dense_2']: unexpected: dict of 1 leaf (f32[3,1]) in the tree, absent in the spec
       hint: `['dense_2']` in the tree: did you mean `['dense2']`?
     """
-    if isinstance(expected, TreeSpec) and not isinstance(actual, TreeSpec):
+    if (
+        isinstance(expected, TreeSpec)
+        and not isinstance(actual, TreeSpec)
+        and not expected.has_sharding  # shardings are not part of the cached signature
+    ):
         leaves, treedef = flatten(actual)
         if expected._accepts(leaves, treedef):
             return
@@ -192,10 +197,9 @@ def _type_label(node: Node, records: Sequence[Record], start: int) -> str:
     return node.kind
 
 
-def _aux_label(node: Node) -> str:
-    if node.aux_repr is not None:
-        return node.aux_repr
-    return repr(node.aux)
+def _aux_label(node: Node, limit: int = 200) -> str:
+    text = node.aux_repr if node.aux_repr is not None else repr(node.aux)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _same_aux(a: Node, e: Node) -> bool:

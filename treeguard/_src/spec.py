@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
 import os
 import re
+import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from operator import attrgetter
 from typing import Any, TypeAlias
@@ -40,13 +42,22 @@ def dtype_of(x: Any) -> np.dtype[Any]:
       >>> dtype_of("bfloat16").name
       'bfloat16'
     """
-    if isinstance(x, np.dtype):
-        return x
+    if x is None:
+        raise FormatError("no dtype given")
     try:
-        dtype: np.dtype[Any] = np.dtype(jax.numpy.dtype(x))
-        return dtype
+        dtype: np.dtype[Any] = x if isinstance(x, np.dtype) else np.dtype(jax.numpy.dtype(x))
     except (TypeError, ValueError) as e:
         raise FormatError(f"unknown dtype {x!r}") from e
+    if not _is_array_dtype(dtype):
+        raise FormatError(f"dtype {dtype.name!r} is not a numeric array dtype")
+    return dtype
+
+
+def _is_array_dtype(dtype: np.dtype[Any]) -> bool:
+    """Numbers and bools, and the ml_dtypes extensions (bfloat16, float8, int4...)."""
+    return dtype.kind in "biufc" or (
+        dtype.kind == "V" and dtype.type.__module__.startswith("ml_dtypes")
+    )
 
 
 def short_dtype(dtype: np.dtype[Any]) -> str:
@@ -199,6 +210,7 @@ class TreeSpec:
     __slots__ = (
         "_avals",
         "_canon",
+        "_has_sharding",
         "_leaves",
         "_paths",
         "_records",
@@ -223,6 +235,7 @@ class TreeSpec:
         self._leaves: tuple[LeafSpec, ...] | None = None
         self._validated: dict[Any, list[Any]] = {}
         self._canon: str | None = None
+        self._has_sharding: bool | None = None
         n = len(avals) if avals is not None else len(self._records or ())
         if n != root.num_leaves:
             raise FormatError(f"spec has {n} leaf records for {root.num_leaves} leaves")
@@ -284,6 +297,15 @@ class TreeSpec:
                 return None
             total += math.prod(int(d) for d in shape) * dtype.itemsize
         return total
+
+    @property
+    def has_sharding(self) -> bool:
+        """Whether any leaf records a sharding, so checks must read shardings."""
+        if self._has_sharding is None:
+            self._has_sharding = self._records is not None and any(
+                r[3] is not None for r in self._records
+            )
+        return self._has_sharding
 
     @property
     def symbols(self) -> frozenset[str]:
@@ -434,14 +456,46 @@ class TreeSpec:
         return cls.from_dict(data)
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        """Writes the JSON to ``path``, atomically (a temp file, then rename)."""
-        target = os.fspath(path)
-        tmp = f"{target}.tmp-{os.getpid()}"
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(self.to_json())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
+        """Writes the JSON to ``path`` atomically.
+
+        The text goes to a uniquely named temp file in the same directory,
+        which is fsynced and renamed over ``path``; the directory is fsynced
+        too. A crash leaves the old file or the new one, never a mix, and a
+        failed write leaves no temp file behind.
+
+        Args:
+          path: the file to write.
+
+        Raises:
+          OSError: if the directory cannot be written.
+
+        Example:
+          >>> import tempfile, pathlib, jax.numpy as jnp
+          >>> target = pathlib.Path(tempfile.mkdtemp()) / "params.spec.json"
+          >>> spec_of({"w": jnp.ones(2)}).save(target)
+          >>> TreeSpec.load(target).num_leaves
+          1
+        """
+        target = os.path.abspath(os.fspath(path))
+        directory = os.path.dirname(target)
+        fd, tmp = tempfile.mkstemp(
+            prefix=f".{os.path.basename(target)}.", suffix=".tmp", dir=directory
+        )
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(self.to_json())
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, target)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+        dir_fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> TreeSpec:

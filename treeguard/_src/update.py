@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import jax
 import numpy as np
 
 from .diff import mismatches
@@ -50,7 +51,8 @@ def _shape(x: Any) -> tuple[int, ...]:
 
 def _dtype(x: Any) -> Any:
     dtype = getattr(x, "dtype", None)
-    return dtype if dtype is not None else np.result_type(x)
+    # JAX's rule for Python scalars (float -> float32 unless x64), as specs record them.
+    return dtype if dtype is not None else jax.numpy.result_type(x)
 
 
 def tree_map(
