@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import pytest
 from corpus import seed_params
@@ -80,7 +81,7 @@ def test_tree_map_message() -> None:
     assert _message(tg.tree_map, lambda p, g: p - g, params, {"w": jnp.ones((2, 3))}) == (
         "1 mismatch between tree 1 and tree 0:\n"
         "  ['b']: missing: f32[3] in tree 0, absent in tree 1\n"
-        "hint: the trees hold different keys; pass the tree that tree 0 describes"
+        "hint: the trees hold different keys; pass a tree with the keys of tree 0"
     )
 
 
@@ -106,4 +107,55 @@ def test_format_error_message() -> None:
     assert _message(tg.TreeSpec.from_json, '{"format": "treeguard.spec/9", "tree": {}}') == (
         "spec format 'treeguard.spec/9' is newer than this treeguard reads "
         "('treeguard.spec/1'); upgrade treeguard"
+    )
+
+
+def test_apply_updates_dtype_message() -> None:
+    params = jax.tree.map(lambda x: x.astype(jnp.bfloat16), seed_params())
+    updates = {**params, "dense2": {**params["dense2"], "w": jnp.ones((3, 1))}}
+    assert _message(tg.apply_updates, params, updates) == (
+        "1 mismatch between the updates and the params:\n"
+        "  ['dense2']['w']: dtype bfloat16 in the params, float32 in the updates\n"
+        'hint: pass dtype_policy="cast" to cast on purpose (each cast is reported), '
+        "or fix the dtype where updates are built"
+    )
+
+
+def test_updater_shape_message() -> None:
+    params = seed_params()
+    grads = {**params, "dense1": {**params["dense1"], "b": jnp.ones((2, 3))}}
+    assert _message(tg.updater(lambda p, g: p - 0.01 * g), params, grads) == (
+        "1 mismatch between the updates and the params:\n"
+        "  ['dense1']['b']: shape (3,) in the params, (2, 3) in the updates\n"
+        "hint: an update of another shape would broadcast silently; build it with the "
+        "params' shape (or reduce it to that shape on purpose)"
+    )
+
+
+def test_nonfinite_message() -> None:
+    params = seed_params()
+    nan = jax.tree.map(lambda x: x * jnp.nan, params)
+    text = _message(tg.updater(lambda p, g: p - 0.1 * g), params, nan)
+    assert text.splitlines()[:3] == [
+        "4 leaves hold NaN or Inf in the updated params:",
+        "  ['dense1']['b']: 3 of 3 values (f32[3])",
+        "  ['dense1']['w']: 6 of 6 values (f32[2,3])",
+    ]
+    assert text.splitlines()[-1].startswith("hint: the step was not applied")
+
+
+def test_optimizer_state_drift_message() -> None:
+    import optax
+
+    step = tg.optax_step(optax.adam(1e-3))
+    params = seed_params()
+    state = step.init(params)
+    drifted = jax.tree.map(lambda x: x.astype(jnp.bfloat16) if x.dtype == jnp.float32 else x, state)
+    lines = _message(step, params, params, drifted).splitlines()
+    assert (
+        lines[0] == "8 mismatches between the state passed in and the state optimizer.init makes:"
+    )
+    assert lines[1] == (
+        "  [0].mu['dense1']['b']: dtype float32 in the state optimizer.init makes, "
+        "bfloat16 in the state passed in"
     )

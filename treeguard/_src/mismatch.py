@@ -142,7 +142,7 @@ def hint_for(
     if "dim" in kinds:
         return "every leaf must agree on the size of each symbolic dimension"
     if kinds & {"missing", "unexpected"}:
-        return f"the trees hold different keys; pass the tree that {expected_from} describes"
+        return f"the trees hold different keys; pass a tree with the keys of {expected_from}"
     if kinds & {"node_type", "node_data"}:
         return "a container changed kind (e.g. list vs tuple) or its static data changed"
     return None
