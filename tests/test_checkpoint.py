@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -476,3 +477,39 @@ def test_tree_spec_from_json_round_trip_via_header(tmp_path: Path) -> None:
     save(path, tree)
     spec = read_header(path).spec
     assert TreeSpec.from_json(spec.to_json()) == spec == spec_of(tree)
+
+
+def test_metadata_error_names_the_bad_key(tmp_path: Path) -> None:
+    with pytest.raises(TypeError, match=r"metadata\['run'\]\['tags'\]\[1\]: .*set") as info:
+        save(tmp_path / "x.safetensors", {"w": np.ones(1)}, metadata={"run": {"tags": [1, {2}]}})
+    assert "hint:" in str(info.value)
+    with pytest.raises(TypeError, match=r"metadata\[3\]: keys must be str"):
+        save(tmp_path / "x.safetensors", {"w": np.ones(1)}, metadata={3: "x"})  # type: ignore[dict-item]
+    assert os.listdir(tmp_path) == []
+
+
+def test_save_onto_a_directory_leaves_no_temp_file(tmp_path: Path) -> None:
+    target = tmp_path / "model.safetensors"
+    target.mkdir()
+    with pytest.raises(IsADirectoryError):
+        save(target, {"w": np.ones(3, np.float32)})
+    assert os.listdir(tmp_path) == ["model.safetensors"] and target.is_dir()
+    assert os.listdir(target) == []
+
+
+def test_a_bad_spec_inside_a_header_names_the_file(tmp_path: Path) -> None:
+    from treeguard._src import checkpoint as ck
+
+    path = tmp_path / "p.safetensors"
+    save(path, {"w": np.ones(3, np.float32)})
+    raw = path.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    doc = json.loads(raw[8 : 8 + n])
+    meta = doc.pop("__metadata__")
+    meta["treeguard.spec"] = json.dumps({"format": "not-a-spec"})
+    meta["treeguard.digest"] = ck._digest(meta, doc)
+    header = ck._encode_header(meta, doc)
+    path.write_bytes(len(header).to_bytes(8, "little") + header + raw[8 + n :])
+    with pytest.raises(FormatError, match=f"^{re.escape(str(path))}: treeguard.spec: ") as info:
+        read_header(path)
+    assert isinstance(info.value.__cause__, FormatError)

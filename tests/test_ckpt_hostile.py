@@ -7,6 +7,8 @@ import json
 import os
 import pickle
 import random
+import subprocess
+import sys
 import tracemalloc
 import zipfile
 from collections.abc import Callable, Iterator
@@ -105,17 +107,49 @@ def test_symlink_is_refused(good: Path, reader: Any) -> None:
         reader(link)
 
 
-def test_devices_and_fifos_are_refused(tmp_path: Path) -> None:
+def test_devices_and_directories_are_refused(tmp_path: Path) -> None:
     with _small_memory(), pytest.raises(FormatError, match="not a regular file"):
         load("/dev/zero")
-    fifo = tmp_path / "fifo"
-    os.mkfifo(fifo)
-    fd = os.open(fifo, os.O_RDWR)  # keep a writer so opening does not block
+    with pytest.raises(FormatError, match=r"/dev/zero: not a regular file \(a character device\)"):
+        read_header("/dev/zero")
+    with pytest.raises(FormatError, match=r"not a regular file \(a directory\)"):
+        verify_file(tmp_path)
+
+
+_FIFO_READER = """
+import sys
+from treeguard._src.checkpoint import load, read_header, verify_file
+from treeguard._src.errors import FormatError
+for reader in (load, read_header, verify_file):
     try:
-        with pytest.raises(FormatError, match="not a regular file"):
-            load(fifo)
-    finally:
-        os.close(fd)
+        reader(sys.argv[1])
+    except FormatError as e:
+        print(reader.__name__, str(e).splitlines()[0])
+    else:
+        print(reader.__name__, "loaded")
+"""
+
+
+def test_a_fifo_is_refused_without_blocking(tmp_path: Path) -> None:
+    # No writer ever opens the FIFO: opening it for reading would block forever,
+    # so the readers run in a subprocess that a timeout kills if they hang.
+    fifo = tmp_path / "model.safetensors"
+    os.mkfifo(fifo)
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", _FIFO_READER, str(fifo)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"reading the FIFO {fifo} blocked instead of being refused")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert [line.split()[0] for line in lines] == ["load", "read_header", "verify_file"]
+    for line in lines:
+        assert line.endswith(f"{fifo}: not a regular file (a FIFO)"), line
 
 
 def test_header_claiming_100_gb(tmp_path: Path) -> None:

@@ -120,3 +120,22 @@ def test_store_verify_rejects_with_reason(tmp_path: Path) -> None:
     res = CliRunner().invoke(store, ["verify", str(tmp_path), v, "--like", str(spec)])
     assert res.exit_code == 1 and "rejected" in res.output
     assert s.info(v).status == "rejected"
+
+
+def test_store_ls_reports_a_malformed_status_file(tmp_path: Path) -> None:
+    s = ArtifactStore(tmp_path)
+    good, bad = s.put(seed_params()), s.put(seed_params())
+    status_path = tmp_path / "versions" / bad / "status.json"
+    status = json.loads(status_path.read_text())
+    status["checks"] = [{"name": "x", "surprise": True}]
+    status_path.write_text(json.dumps(status))
+    runner = CliRunner()
+    res = runner.invoke(store, ["ls", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    assert "unreadable" in res.output and "candidate" in res.output
+    listing = json.loads(runner.invoke(store, ["ls", "--json", str(tmp_path)]).output)
+    rows = {v["version"]: v for v in listing["versions"]}
+    assert rows[good]["status"] == "candidate" and rows[bad]["status"] == "unreadable"
+    assert f"{status_path}: status.json is malformed" in rows[bad]["reason"]
+    res = runner.invoke(store, ["verify", str(tmp_path), bad])
+    assert res.exit_code == 1 and "status.json is malformed" in res.output

@@ -267,3 +267,146 @@ def test_model_file_is_a_checkpoint(tmp_path: Path) -> None:
     v = store.put(_params(), metadata={"run": "a"})
     h = read_header(tmp_path / "versions" / v / MODEL_FILE)
     assert h.metadata == {"run": "a"} and h.spec == spec_of(_params())
+
+
+def test_gc_with_keep_larger_than_the_count_removes_nothing(tmp_path: Path) -> None:
+    store = ArtifactStore(tmp_path)
+    v1, v2 = store.put(_params(1.0)), store.put(_params(2.0))
+    assert store.gc(keep=3) == []
+    assert [v.version for v in store.versions()] == [v1, v2]
+    assert store.gc(keep=2) == []
+    assert store.gc(keep=1) == [v1]
+
+
+@pytest.mark.parametrize(
+    "check",
+    [
+        lambda t: np.isfinite(t["dense2"]["w"]).all(),  # np.False_
+        lambda t: jnp.isfinite(t["dense2"]["w"]).all(),  # a 0-d jax bool array
+    ],
+    ids=["numpy_bool", "jax_bool"],
+)
+def test_a_falsy_check_result_rejects(tmp_path: Path, check: Any) -> None:
+    store = ArtifactStore(tmp_path)
+    nan = _params()
+    nan["dense2"]["w"][0, 0] = np.nan
+    v = store.put(nan)
+    info = store.verify(v, checks=[("finite", check)])
+    assert info.status == "rejected"
+    assert info.reason is not None and info.reason.startswith("check finite returned")
+    assert [c.ok for c in info.checks] == [True, True, False]
+    assert store.verify(store.put(_params()), checks=[("finite", check)]).status == "verified"
+    assert store.verify(v, checks=[("zero", lambda t: 0)]).reason == "check zero returned 0"
+
+
+def test_a_check_returning_an_array_is_rejected_with_a_reason(tmp_path: Path) -> None:
+    store = ArtifactStore(tmp_path)
+    v = store.put(_params())
+    info = store.verify(v, checks=[("elementwise", lambda t: np.isfinite(t["dense1"]["w"]))])
+    assert info.status == "rejected"
+    assert info.reason == (
+        "check elementwise returned bool[2,3], not a truth value; reduce it, e.g. with .all()"
+    )
+    info = store.verify(v, checks=[("jax", lambda t: jnp.isfinite(t["dense1"]["w"]))])
+    assert info.status == "rejected" and "returned bool[2,3], not a truth value" in (
+        info.reason or ""
+    )
+
+
+def test_promote_rehashes_every_tensor(tmp_path: Path) -> None:
+    store = ArtifactStore(tmp_path)
+    v = _verified(store, _params())
+    path = Path(store.info(v).path)
+    h = read_header(path)
+    t = next(t for t in h.tensors if t.name == "['dense2']['w']")
+    with open(path, "r+b") as f:
+        f.seek(h.data_start + t.begin + 2)
+        f.write(b"\x7f")
+    with pytest.raises(StoreError, match=r"\['dense2'\]\['w'\]: f32\[3,1\]: sha256") as info:
+        store.promote(v)
+    assert f"version {v}: its checkpoint changed since it was verified" in str(info.value)
+    assert isinstance(info.value.__cause__, IntegrityError)
+    assert store.current() is None
+
+
+def test_put_with_bad_metadata_leaves_nothing(tmp_path: Path) -> None:
+    store = ArtifactStore(tmp_path)
+    with pytest.raises(TypeError, match=r"metadata\['opt'\]\['lr'\]: .*object") as info:
+        store.put(_params(), metadata={"step": 1, "opt": {"lr": object()}})
+    assert "hint:" in str(info.value)
+    with pytest.raises(TypeError, match=r"metadata\['loss'\]: .*nan"):
+        store.put(_params(), metadata={"loss": float("nan")})
+    assert os.listdir(tmp_path / "versions") == []
+    assert store.versions() == [] and store.history() == []
+    assert store.put(_params()) == "v000001"
+
+
+def test_write_json_leaves_no_temp_file_on_failure(tmp_path: Path) -> None:
+    from treeguard._src.store import _write_json
+
+    target = tmp_path / "x.json"
+    with pytest.raises(TypeError):
+        _write_json(str(target), {"bad": object()})
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_failed_save_in_put_removes_the_version_dir(tmp_path: Path) -> None:
+    from treeguard._src.errors import InvalidTreeError
+
+    store = ArtifactStore(tmp_path)
+    with pytest.raises(InvalidTreeError):
+        store.put({"w": np.ones(2, np.float32), "s": "not an array"})
+    assert os.listdir(tmp_path / "versions") == []
+    assert store.put(_params()) == "v000001"
+
+
+def test_verify_refuses_a_version_still_being_written(tmp_path: Path) -> None:
+    store = ArtifactStore(tmp_path)
+    v = store.put(_params())
+    status_path = tmp_path / "versions" / v / "status.json"
+    status = json.loads(status_path.read_text())
+    status.update(status="writing", pid=os.getpid())
+    status_path.write_text(json.dumps(status))
+    with pytest.raises(StoreError, match=f"version {v} is still being written"):
+        store.verify(v)
+    assert store.info(v).status == "writing"
+    assert [e.action for e in store.history()] == ["put"]
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"checks": [{"name": "x", "ok": True, "surprise": 1}]},
+        {"checks": [{"name": "x"}]},
+        {"checks": "nope"},
+        {"checks": [{"name": 3, "ok": True}]},
+        {"metadata": [1, 2]},
+        {"num_params": "12"},
+        {"reason": 5},
+    ],
+    ids=["extra_field", "missing_field", "not_a_list", "bad_name", "metadata", "count", "reason"],
+)
+def test_a_malformed_status_file_is_a_store_error(tmp_path: Path, bad: dict[str, Any]) -> None:
+    store = ArtifactStore(tmp_path)
+    good = store.put(_params())
+    v = store.put(_params())
+    status_path = tmp_path / "versions" / v / "status.json"
+    status = json.loads(status_path.read_text())
+    status.update(bad)
+    status_path.write_text(json.dumps(status))
+    with pytest.raises(StoreError, match="status.json is malformed") as info:
+        store.info(v)
+    assert str(status_path) in str(info.value)
+    listed = store.versions()
+    assert [(i.version, i.status) for i in listed] == [(good, "candidate"), (v, "unreadable")]
+    assert str(status_path) in (listed[1].reason or "")
+    assert store.gc(keep=0) == [good]  # an unreadable version is never deleted
+    assert [i.version for i in store.versions()] == [v]
+
+
+def test_load_current_takes_like_by_keyword(tmp_path: Path) -> None:
+    store = ArtifactStore(tmp_path)
+    store.promote(_verified(store, _params(3.0)))
+    out = store.load_current(like=_params(0.0), fallback=True)
+    assert out["dense1"]["w"][0, 0] == 3.0
+    assert store.load_current(_params(0.0))["dense1"]["w"][0, 0] == 3.0

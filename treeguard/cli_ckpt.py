@@ -229,7 +229,13 @@ def _store_errors() -> Iterator[None]:
         _exit(EXIT_USAGE, str(e))
 
 
-_STATUS_STYLE = {"verified": "green", "rejected": "red", "candidate": "yellow", "writing": "dim"}
+_STATUS_STYLE = {
+    "verified": "green",
+    "rejected": "red",
+    "candidate": "yellow",
+    "writing": "dim",
+    "unreadable": "red",
+}
 
 
 @store.command("ls")

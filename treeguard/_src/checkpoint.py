@@ -233,28 +233,57 @@ def _loads(text: str | bytes, what: str) -> Any:
         raise FormatError(f"{what} is not valid JSON: {e}") from None
 
 
+_LINK_MESSAGE = (
+    "{}: is a symbolic link; treeguard never follows links to checkpoints\n"
+    "hint: pass the link's target path if you trust it"
+)
+
+
+def _file_kind(mode: int) -> str:
+    """What a non-regular file is, for an error message."""
+    for test, kind in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISLNK, "a symbolic link"),
+    ):
+        if test(mode):
+            return kind
+    return "not a file"  # pragma: no cover - every POSIX file type is named above
+
+
 def _open(path: str | os.PathLike[str]) -> tuple[int, str]:
-    """Opens a file for reading without following a final symbolic link."""
+    """Opens a regular file for reading; never follows a final symbolic link
+    and never blocks on a FIFO or device (each is refused before it is opened)."""
     name = os.fspath(path)
-    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-    if os.path.islink(name):
+    st = os.lstat(name)
+    if stat.S_ISLNK(st.st_mode):
+        raise FormatError(_LINK_MESSAGE.format(name))
+    if not stat.S_ISREG(st.st_mode):
         raise FormatError(
-            f"{name}: is a symbolic link; treeguard never follows links to checkpoints\n"
-            "hint: pass the link's target path if you trust it"
+            f"{name}: not a regular file ({_file_kind(st.st_mode)})\n"
+            "hint: a checkpoint is a regular file written by treeguard.save"
         )
+    # O_NONBLOCK: if the path is swapped for a FIFO after the lstat, opening it
+    # still returns at once, and the fstat below refuses it.
+    flags = (
+        os.O_RDONLY
+        | getattr(os, "O_NOFOLLOW", 0)
+        | getattr(os, "O_CLOEXEC", 0)
+        | getattr(os, "O_NONBLOCK", 0)
+    )
     try:
         fd = os.open(name, flags)
     except OSError as e:
         if e.errno in (errno.ELOOP, errno.EMLINK):
-            raise FormatError(
-                f"{name}: is a symbolic link; treeguard never follows links to checkpoints\n"
-                "hint: pass the link's target path if you trust it"
-            ) from None
+            raise FormatError(_LINK_MESSAGE.format(name)) from None
         raise
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
         os.close(fd)
-        raise FormatError(f"{name}: not a regular file")
+        raise FormatError(f"{name}: not a regular file ({_file_kind(st.st_mode)})")
     return fd, name
 
 
@@ -365,7 +394,10 @@ def _parse_header(fd: int, name: str) -> Header:
         )
     if meta[_K_HASH] != HASH_NAME:
         raise FormatError(f"{name}: unknown tensor hash {meta[_K_HASH]!r}, expected {HASH_NAME!r}")
-    spec = TreeSpec.from_json(meta[_K_SPEC])
+    try:
+        spec = TreeSpec.from_json(meta[_K_SPEC])
+    except FormatError as e:
+        raise FormatError(f"{name}: {_K_SPEC}: {e}") from e
     hashes = _loads(meta[_K_HASHES], f"{name}: {_K_HASHES}")
     env = _loads(meta[_K_ENV], f"{name}: {_K_ENV}")
     user = _loads(meta[_K_META], f"{name}: {_K_META}")
@@ -518,12 +550,14 @@ def read_header(path: str | os.PathLike[str], /) -> Header:
 # -- writing ----------------------------------------------------------------
 
 
+def _is_key_array(x: Any) -> bool:
+    """Whether a leaf is a typed PRNG key array (``jax.random.key``)."""
+    return isinstance(x, jax.Array) and jax.numpy.issubdtype(x.dtype, jax.dtypes.prng_key)
+
+
 def _refuse_key_arrays(leaves: Sequence[Any], spec_paths: Callable[[], list[Path]]) -> None:
-    bad = [
-        i
-        for i, x in enumerate(leaves)
-        if isinstance(x, jax.Array) and jax.numpy.issubdtype(x.dtype, jax.dtypes.prng_key)
-    ]
+    """Raises for typed PRNG keys, which have no byte form to store."""
+    bad = [i for i, x in enumerate(leaves) if _is_key_array(x)]
     if bad:
         paths = spec_paths()
         raise InvalidTreeError(
@@ -640,15 +674,72 @@ def remove_stale_temps(dirname: str, base: str | None = None) -> list[str]:
     return removed
 
 
-def _user_metadata(metadata: Mapping[str, Any] | None) -> str:
+_META_HINT = (
+    "\nhint: metadata holds JSON values only: str, finite numbers, bool, None, lists, dicts"
+)
+
+
+def _bad_metadata(value: Any, where: str) -> str | None:
+    """Where in ``value`` the first value JSON cannot hold is, and why."""
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            if not isinstance(k, str):
+                return f"{where}[{k!r}]: keys must be str, not {type(k).__name__}"
+            found = _bad_metadata(v, f"{where}[{k!r}]")
+            if found:
+                return found
+        return None
+    if isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            found = _bad_metadata(v, f"{where}[{i}]")
+            if found:
+                return found
+        return None
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"{where}: {value!r} has no JSON form"
+    if value is None or isinstance(value, (str, bool, int, float)):
+        return None
+    return f"{where}: an object of type {type(value).__name__} has no JSON form"
+
+
+def user_metadata_json(metadata: Mapping[str, Any] | None) -> str:
+    """The caller's metadata as canonical JSON text, validated.
+
+    Args:
+      metadata: the metadata given to ``save`` or ``ArtifactStore.put``.
+
+    Returns:
+      The JSON text (``"{}"`` for None).
+
+    Raises:
+      TypeError: naming the key path of the first value JSON cannot hold
+        (an object, a set, NaN or infinity, a key that is not a str).
+
+    Example:
+      >>> user_metadata_json({"step": 7, "tags": ["a"]})
+      '{"step": 7, "tags": ["a"]}'
+      >>> user_metadata_json({"opt": {"lr": {0.1}}})
+      Traceback (most recent call last):
+      ...
+      TypeError: metadata['opt']['lr']: an object of type set has no JSON form
+      hint: ...
+    """
     if metadata is None:
         return "{}"
-    if not isinstance(metadata, Mapping) or not all(isinstance(k, str) for k in metadata):
-        raise TypeError("metadata must be a mapping with str keys")
+    if not isinstance(metadata, Mapping):
+        raise TypeError(
+            f"metadata must be a mapping with str keys, got {type(metadata).__name__}{_META_HINT}"
+        )
+    try:
+        found = _bad_metadata(metadata, "metadata")
+    except RecursionError:
+        found = "metadata: nested too deeply, or it contains itself"
+    if found:
+        raise TypeError(found + _META_HINT)
     try:
         return json.dumps(dict(metadata), sort_keys=True, allow_nan=False, ensure_ascii=False)
-    except (TypeError, ValueError) as e:
-        raise TypeError(f"metadata must be JSON-serialisable: {e}") from None
+    except (TypeError, ValueError, RecursionError) as e:  # a cycle, or a subclass's odd form
+        raise TypeError(f"metadata is not JSON-serialisable: {e}{_META_HINT}") from None
 
 
 def save(
@@ -677,7 +768,7 @@ def save(
       InvalidTreeError: for leaves that are not arrays, typed PRNG keys,
         keys with no JSON form, two leaves with one key path, or arrays
         spread over several processes.
-      TypeError: if ``metadata`` is not JSON-serialisable.
+      TypeError: if ``metadata`` is not JSON-serialisable, naming the key.
       OSError: if the file cannot be written; ``path`` is then unchanged.
 
     Example:
@@ -690,8 +781,7 @@ def save(
     """
     target = os.fspath(path)
     leaves, _ = flatten(tree)
-    if _has_key_arrays(leaves):
-        _refuse_key_arrays(leaves, lambda: structure_of(tree).leaf_paths())
+    _refuse_key_arrays(leaves, lambda: structure_of(tree).leaf_paths())
     spec = spec_of(tree)
     records = spec.records
     names = [keystr(p) for p in spec.paths]
@@ -705,7 +795,7 @@ def save(
             problems.append((leaf_name, f"dtype {dtype.name} cannot be stored"))
     if problems:
         raise InvalidTreeError(problems, hint="store numeric arrays only, under distinct keys")
-    user = _user_metadata(metadata)
+    user = user_metadata_json(metadata)
     table: dict[str, Any] = {}
     pos = 0
     for leaf_name, (shape, dtype, _, _) in zip(names, records):
@@ -734,30 +824,24 @@ def save(
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
     fd = os.open(tmp, flags | getattr(os, "O_NOFOLLOW", 0), 0o666)
     try:
-        _write_all(fd, memoryview(len(draft).to_bytes(8, "little") + draft))
-        digests = _stream_leaves(fd, leaves, records, names)
-        meta[_K_HASHES] = json.dumps(dict(zip(names, digests)), ensure_ascii=False)
-        meta[_K_DIGEST] = _digest(meta, table)
-        final = _encode_header(meta, table)
-        if len(final) != len(draft):  # pragma: no cover - hex digests have fixed length
-            raise AssertionError("header length changed while saving")
-        os.pwrite(fd, final, 8)
-        os.fsync(fd)
+        try:
+            _write_all(fd, memoryview(len(draft).to_bytes(8, "little") + draft))
+            digests = _stream_leaves(fd, leaves, records, names)
+            meta[_K_HASHES] = json.dumps(dict(zip(names, digests)), ensure_ascii=False)
+            meta[_K_DIGEST] = _digest(meta, table)
+            final = _encode_header(meta, table)
+            if len(final) != len(draft):  # pragma: no cover - hex digests have fixed length
+                raise AssertionError("header length changed while saving")
+            os.pwrite(fd, final, 8)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, target)  # a failed rename (the target is a directory) leaves no temp
     except BaseException:
-        os.close(fd)
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-    os.close(fd)
-    os.replace(tmp, target)
     _fsync_dir(dirname)
-
-
-def _has_key_arrays(leaves: Sequence[Any]) -> bool:
-    return any(
-        isinstance(x, jax.Array) and jax.numpy.issubdtype(x.dtype, jax.dtypes.prng_key)
-        for x in leaves
-    )
 
 
 def _stream_leaves(

@@ -34,10 +34,20 @@ import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from .checkpoint import load, read_header, remove_stale_temps, save
+import numpy as np
+
+from .checkpoint import (
+    _pid_alive,
+    load,
+    read_header,
+    remove_stale_temps,
+    save,
+    user_metadata_json,
+    verify_file,
+)
 from .env import environment
 from .errors import FormatError, IntegrityError, TreeguardError, TreeMismatchError
-from .spec import TreeSpec
+from .spec import TreeSpec, summarize
 
 STORE_FORMAT = "treeguard.store/1"
 MODEL_FILE = "model.safetensors"
@@ -49,10 +59,15 @@ _LOCK = ".lock"
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _AUTO_RE = re.compile(r"^v(\d{6,})$")
 STATUSES = ("writing", "candidate", "verified", "rejected")
+#: The status ``versions`` gives a version whose ``status.json`` cannot be
+#: read; its ``reason`` says why. Nothing changes such a version, ``gc`` included.
+UNREADABLE = "unreadable"
 
 #: A check run by ``verify``: a callable taking the loaded tree, or a
-#: ``(name, callable)`` pair. It passes by returning None or True and fails by
-#: returning False or raising.
+#: ``(name, callable)`` pair. It passes by returning None or any true value
+#: (``True``, ``np.True_``, a true 0-d jax array) and fails by returning a
+#: false one (``False``, ``np.False_``, ``0``) or raising; an array of another
+#: shape is no truth value and fails too.
 Check = Callable[[Any], object] | tuple[str, Callable[[Any], object]]
 
 
@@ -87,8 +102,10 @@ class VersionInfo:
 
     Attributes:
       version: the name.
-      status: ``writing``, ``candidate``, ``verified`` or ``rejected``.
-      reason: why it was rejected (or a note), else None.
+      status: ``writing``, ``candidate``, ``verified`` or ``rejected``;
+        ``unreadable`` (from ``versions`` only) if its ``status.json`` is
+        damaged.
+      reason: why it was rejected or is unreadable (or a note), else None.
       created: when it was put, ISO 8601 in UTC.
       updated: when its status last changed.
       metadata: the caller's metadata given to ``put``.
@@ -145,12 +162,17 @@ def _write_json(path: str, data: Any) -> None:
     tmp = os.path.join(
         dirname, f".{os.path.basename(path)}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
     )
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=2, sort_keys=True, ensure_ascii=False)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=2, sort_keys=True, ensure_ascii=False)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
     fd = os.open(dirname, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -169,16 +191,6 @@ def _read_json(path: str, what: str) -> Any:
         return json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         raise StoreError(f"{path}: {what} is not valid JSON: {e}") from None
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class ArtifactStore:
@@ -272,9 +284,14 @@ class ArtifactStore:
     # -- status files ----------------------------------------------------
 
     def _status(self, version: str) -> dict[str, Any]:
-        data = _read_json(os.path.join(self._existing_dir(version), STATUS_FILE), "status.json")
+        path = os.path.join(self._existing_dir(version), STATUS_FILE)
+        data = _read_json(path, "status.json")
         if not isinstance(data, dict) or data.get("status") not in STATUSES:
-            raise StoreError(f"version {version}: status.json is not a store status record")
+            status = data.get("status") if isinstance(data, dict) else None
+            raise StoreError(
+                f"{path}: status.json is malformed: status {str(status)[:40]!r} is not one of "
+                f"{', '.join(STATUSES)}\n{_STATUS_HINT}"
+            )
         return data
 
     def _write_status(self, version: str, data: dict[str, Any]) -> None:
@@ -284,18 +301,41 @@ class ArtifactStore:
     def info(self, version: str, /) -> VersionInfo:
         """The record of one version.
 
+        Args:
+          version: the version's name.
+
+        Returns:
+          Its ``VersionInfo``, read from its ``status.json``.
+
         Raises:
           UnknownVersionError: for a version that does not exist or a bad name.
+          StoreError: if its ``status.json`` is malformed (naming the file).
+
+        Example:
+          >>> import tempfile, numpy as np
+          >>> store = ArtifactStore(tempfile.mkdtemp())
+          >>> v = store.put({"w": np.ones(3, np.float32)}, metadata={"step": 1})
+          >>> info = store.info(v)
+          >>> info.status, info.metadata, info.num_params
+          ('candidate', {'step': 1}, 3)
         """
         d = self._status(version)
+        where = os.path.join(self._version_dir(version), STATUS_FILE)
+        for key, kinds in _FIELDS.items():
+            value = d.get(key)
+            if value is not None and (not isinstance(value, kinds) or isinstance(value, bool)):
+                raise StoreError(
+                    f"{where}: status.json is malformed: {key} is a {type(value).__name__}, "
+                    f"expected {' or '.join(k.__name__ for k in kinds)}\n{_STATUS_HINT}"
+                )
         return VersionInfo(
             version=version,
             status=d["status"],
             reason=d.get("reason"),
-            created=d.get("created", ""),
-            updated=d.get("updated", ""),
+            created=d.get("created") or "",
+            updated=d.get("updated") or "",
             metadata=d.get("metadata") or {},
-            checks=tuple(CheckResult(**c) for c in d.get("checks") or ()),
+            checks=_check_results(d.get("checks") or [], where),
             contract=d.get("contract"),
             num_leaves=d.get("num_leaves"),
             num_params=d.get("num_params"),
@@ -305,7 +345,22 @@ class ArtifactStore:
         )
 
     def versions(self) -> list[VersionInfo]:
-        """Every version with a status record, oldest first."""
+        """Every version with a status record, oldest first.
+
+        A version whose ``status.json`` cannot be read is listed last, with
+        status ``unreadable`` and the error as its reason, so that a damaged
+        record is reported rather than hidden.
+
+        Returns:
+          One ``VersionInfo`` per version.
+
+        Example:
+          >>> import tempfile, numpy as np
+          >>> store = ArtifactStore(tempfile.mkdtemp())
+          >>> _ = store.put({"w": np.ones(3, np.float32)})
+          >>> [(v.version, v.status) for v in store.versions()]
+          [('v000001', 'candidate')]
+        """
         base = os.path.join(self.root, _VERSIONS)
         out: list[VersionInfo] = []
         for name in os.listdir(base):
@@ -316,9 +371,9 @@ class ArtifactStore:
                 continue
             try:
                 out.append(self.info(name))
-            except StoreError:
-                continue
-        return sorted(out, key=lambda v: (v.created, v.version))
+            except StoreError as e:
+                out.append(_unreadable(name, str(e), os.path.join(path, MODEL_FILE)))
+        return sorted(out, key=lambda v: (v.status == UNREADABLE, v.created, v.version))
 
     # -- the pointer -----------------------------------------------------
 
@@ -390,7 +445,13 @@ class ArtifactStore:
           StoreError: if the named version exists.
           UnknownVersionError: for a name that is not allowed.
           InvalidTreeError: for a tree that cannot be saved.
+          TypeError: for metadata that is not JSON, naming the key; nothing
+            is created then.
+
+        A failure at any step removes the version's directory, so the next
+        ``put`` gets the same name.
         """
+        user = json.loads(user_metadata_json(metadata))  # refuse bad metadata before any write
         with self._locked():
             if version is None:
                 version = self._next_name()
@@ -399,33 +460,37 @@ class ArtifactStore:
                 os.mkdir(path)
             except FileExistsError:
                 raise StoreError(f"version {version} already exists in {self.root}") from None
-            self._write_status(
-                version,
-                {
-                    "status": "writing",
-                    "pid": os.getpid(),
-                    "created": _now(),
-                    "metadata": dict(metadata or {}),
-                    "reason": None,
-                },
-            )
+            try:
+                self._write_status(
+                    version,
+                    {
+                        "status": "writing",
+                        "pid": os.getpid(),
+                        "created": _now(),
+                        "metadata": user,
+                        "reason": None,
+                    },
+                )
+            except BaseException:
+                shutil.rmtree(path, ignore_errors=True)
+                raise
         try:
-            save(os.path.join(path, MODEL_FILE), tree, metadata=metadata)
+            save(os.path.join(path, MODEL_FILE), tree, metadata=user)
+            header = read_header(os.path.join(path, MODEL_FILE))
+            with self._locked():
+                status = self._status(version)
+                status.update(
+                    status="candidate",
+                    pid=None,
+                    num_leaves=header.spec.num_leaves,
+                    num_params=header.spec.num_params,
+                    nbytes=header.spec.nbytes,
+                )
+                self._write_status(version, status)
+                self._log("put", version, status="candidate")
         except BaseException:
             shutil.rmtree(path, ignore_errors=True)
             raise
-        header = read_header(os.path.join(path, MODEL_FILE))
-        with self._locked():
-            status = self._status(version)
-            status.update(
-                status="candidate",
-                pid=None,
-                num_leaves=header.spec.num_leaves,
-                num_params=header.spec.num_params,
-                nbytes=header.spec.nbytes,
-            )
-            self._write_status(version, status)
-            self._log("put", version, status="candidate")
         return version
 
     def _next_name(self) -> str:
@@ -455,8 +520,10 @@ class ArtifactStore:
           like: the tree or ``TreeSpec`` it must match; its structure is
             also the one the checks receive.
           checks: callables taking the tree, or ``(name, callable)`` pairs.
-            A check passes by returning None or True, fails by returning
-            False or raising.
+            A check passes by returning None or a true value, fails by
+            returning a false one (``False``, ``np.False_``, a false 0-d jax
+            array) or raising; a returned array of any other shape fails, as
+            it is no truth value.
 
         Returns:
           The updated ``VersionInfo``; ``status`` is ``verified`` or
@@ -464,8 +531,17 @@ class ArtifactStore:
 
         Raises:
           UnknownVersionError: for an unknown version.
+          StoreError: for a version still being written (status
+            ``writing``), or whose ``status.json`` is malformed.
         """
-        self._existing_dir(version)
+        before = self.info(version)
+        if before.status == "writing":
+            pid = self._status(version).get("pid")
+            raise StoreError(
+                f"version {version} is still being written (by process {pid}); there is no "
+                "complete checkpoint to verify yet\n"
+                "hint: verify it once its put returns; if that process died, store.gc() removes it"
+            )
         path = os.path.join(self._version_dir(version), MODEL_FILE)
         contract_name: str
         if like is not None:
@@ -503,9 +579,10 @@ class ArtifactStore:
                     results.append(CheckResult(name, False, f"{type(e).__name__}: {e}"))
                     reason = f"check {name} raised {type(e).__name__}: {e}"
                     break
-                if ok is False:
-                    results.append(CheckResult(name, False, "returned False"))
-                    reason = f"check {name} returned False"
+                failure = _check_failure(ok)
+                if failure is not None:
+                    results.append(CheckResult(name, False, failure))
+                    reason = f"check {name} {failure}"
                     break
                 results.append(CheckResult(name, True))
         with self._locked():
@@ -526,9 +603,17 @@ class ArtifactStore:
         """Makes a verified version current; the old current becomes the one
         ``rollback`` returns to.
 
+        The checkpoint is checked again first, under the store's lock: its
+        header must be the one verified and every tensor's bytes must still
+        match their hashes (the whole file is read), so a byte changed since
+        ``verify`` is never promoted.
+
+        Args:
+          version: the version to make current.
+
         Raises:
           StoreError: if the version is not verified, or its file changed
-            since it was verified.
+            since it was verified (naming the changed tensors).
           UnknownVersionError: for an unknown version.
         """
         with self._locked():
@@ -542,8 +627,12 @@ class ArtifactStore:
                 )
             path = os.path.join(self._version_dir(version), MODEL_FILE)
             try:
-                digest = read_header(path).digest
-            except (FormatError, IntegrityError, OSError) as e:
+                digest = verify_file(path).digest
+            except IntegrityError as e:
+                raise StoreError(
+                    f"version {version}: its checkpoint changed since it was verified: {e}"
+                ) from e
+            except (FormatError, OSError) as e:
                 raise StoreError(f"version {version}: its checkpoint no longer reads: {e}") from e
             if digest != status.get("digest"):
                 raise StoreError(
@@ -587,7 +676,7 @@ class ArtifactStore:
         self._existing_dir(version)
         return load(os.path.join(self._version_dir(version), MODEL_FILE), like=like)
 
-    def load_current(self, like: Any = None, /, *, fallback: bool = False) -> Any:
+    def load_current(self, like: Any = None, *, fallback: bool = False) -> Any:
         """Loads the current version, with every hash checked.
 
         Args:
@@ -644,7 +733,8 @@ class ArtifactStore:
 
     def gc(self, *, keep: int = 3) -> list[str]:
         """Removes old versions, keeping the ``keep`` newest, the current one,
-        the previous verified one and any still being written.
+        the previous verified one, any still being written and any whose
+        ``status.json`` cannot be read (listed as ``unreadable``).
 
         Args:
           keep: how many of the newest versions to keep whatever their status.
@@ -663,9 +753,11 @@ class ArtifactStore:
             pointer = self._pointer()
             protect = {pointer.get("current"), self._previous_verified(pointer)[0]}
             versions = self.versions()
-            finished = [v for v in versions if v.status != "writing"]
-            protect.update(v.version for v in finished[len(finished) - keep :] if keep)
+            finished = [v for v in versions if v.status not in ("writing", UNREADABLE)]
+            protect.update(v.version for v in finished[max(0, len(finished) - keep) :] if keep)
             for v in versions:
+                if v.status == UNREADABLE:
+                    continue  # never delete what cannot be read: a person must look
                 if v.status == "writing":
                     pid = self._status(v.version).get("pid")
                     if isinstance(pid, int) and _pid_alive(pid):
@@ -699,6 +791,85 @@ class ArtifactStore:
         trash = os.path.join(base, f".trash-{version}-{secrets.token_hex(4)}")
         os.replace(os.path.join(base, version), trash)
         shutil.rmtree(trash, ignore_errors=True)
+
+
+_STATUS_HINT = (
+    "hint: the store writes status.json itself; restore it from a backup, or delete the "
+    "version's directory"
+)
+#: The optional fields of a status record and the JSON types each may have.
+_FIELDS: dict[str, tuple[type, ...]] = {
+    "reason": (str,),
+    "created": (str,),
+    "updated": (str,),
+    "metadata": (dict,),
+    "checks": (list,),
+    "contract": (str,),
+    "num_leaves": (int,),
+    "num_params": (int,),
+    "nbytes": (int,),
+    "digest": (str,),
+}
+
+
+def _check_results(raw: list[Any], where: str) -> tuple[CheckResult, ...]:
+    """The ``checks`` of a status record, validated."""
+    out: list[CheckResult] = []
+    for i, c in enumerate(raw):
+        if (
+            not isinstance(c, dict)
+            or not {"name", "ok"} <= set(c) <= {"name", "ok", "detail"}
+            or not isinstance(c["name"], str)
+            or not isinstance(c["ok"], bool)
+            or not isinstance(c.get("detail", ""), str)
+        ):
+            raise StoreError(
+                f"{where}: status.json is malformed: checks[{i}] is not "
+                f'{{"name": str, "ok": bool, "detail": str}}\n{_STATUS_HINT}'
+            )
+        out.append(CheckResult(c["name"], c["ok"], c.get("detail", "")))
+    return tuple(out)
+
+
+def _unreadable(version: str, reason: str, path: str) -> VersionInfo:
+    """The record ``versions`` lists for a version whose status cannot be read."""
+    return VersionInfo(
+        version=version,
+        status=UNREADABLE,
+        reason=reason,
+        created="",
+        updated="",
+        metadata={},
+        checks=(),
+        contract=None,
+        num_leaves=None,
+        num_params=None,
+        nbytes=None,
+        digest=None,
+        path=path,
+    )
+
+
+def _check_failure(ok: object) -> str | None:
+    """Why a check's result fails it, or None if it passes."""
+    if ok is None:
+        return None
+    shape = getattr(ok, "shape", None)
+    if shape is not None and tuple(shape) != ():
+        try:
+            what = summarize(tuple(shape), np.dtype(getattr(ok, "dtype", None)))
+        except TypeError:
+            what = f"an array of shape {tuple(shape)}"
+        return f"returned {what}, not a truth value; reduce it, e.g. with .all()"
+    try:
+        passed = bool(ok)
+    except Exception as e:  # noqa: BLE001 - an object with no truth value fails the check
+        return f"returned a {type(ok).__name__} with no truth value ({type(e).__name__}: {e})"
+    if passed:
+        return None
+    item = getattr(ok, "item", None)
+    value = item() if shape is not None and callable(item) else ok
+    return f"returned {value!r}"[:200]
 
 
 def _check_name(fn: Callable[[Any], object], index: int) -> str:
