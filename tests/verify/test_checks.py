@@ -330,3 +330,204 @@ def test_public_namespace() -> None:
     public = {n for n in dir(v) if n.isidentifier() and not n.startswith("_")}
     assert public == set(v.__all__)
     assert v.Model is Model and v.run is run and v.CHECKS == NAMES
+
+
+# -- review fixes -----------------------------------------------------------------
+
+
+def test_compare_trees_compares_complex_leaves_as_complex() -> None:
+    found, errs = compare_trees(
+        {"z": np.complex64([1 + 1j])},
+        {"z": np.complex64([1 + 5j])},
+        tolerance=lambda d: Tolerance(0.0, 0.1),
+    )
+    assert found == [] and errs[0].bad == 1 and errs[0].max_abs == pytest.approx(4.0)
+    assert errs[0].describe().startswith("['z'] c64[1]: 1 of 1 elements beyond tolerance")
+    same = leaf_error(np.complex128([2 - 3j]), np.complex128([2 - 3j]), Tolerance(0.0, 0.0))
+    assert same.ok and same.max_abs == 0.0
+
+
+def _rewrite_manifest(src: Path, dst: Path, **changes: Any) -> Path:
+    from treeguard._src import checkpoint
+
+    meta = dict(checkpoint.read_header(src).metadata)
+    meta.update(changes)
+    checkpoint.save(dst, checkpoint.load(src), metadata=meta)
+    return dst
+
+
+def test_references_never_import_a_module_they_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sys
+
+    from treeguard._src.errors import FormatError
+
+    marker = tmp_path / "imported"
+    (tmp_path / "tg_side_effect.py").write_text(
+        f"open({str(marker)!r}, 'w').close()\nclass Boom(Exception):\n    pass\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    src = record_references(BASE, tmp_path / "r.safetensors")
+    cases = refs.load(src).manifest["cases"]
+    cases[-1]["raises"] = ["tg_side_effect.Boom"]
+    hostile = _rewrite_manifest(src, tmp_path / "hostile.safetensors", cases=cases)
+    with pytest.raises(
+        FormatError, match=r"name the exception .tg_side_effect.Boom., which is neither"
+    ):
+        refs.load(hostile, exceptions=refs.declared_exceptions(BASE))
+    assert not marker.exists() and "tg_side_effect" not in sys.modules
+
+
+class BadBatchError(ValueError):
+    """What the model below declares for its invalid input."""
+
+
+def _apply_refusing_rank3(params: Any, batch: Any) -> Any:
+    if np.ndim(batch["x"]) == 3:
+        raise BadBatchError("rank 3")
+    return mlp.apply(params, batch)
+
+
+def test_references_resolve_the_exceptions_the_model_declares(tmp_path: Path) -> None:
+    from treeguard._src.errors import FormatError, InvalidTreeError
+
+    m = dataclasses.replace(
+        BASE,
+        apply=_apply_refusing_rank3,
+        invalid_inputs=[
+            InvalidInput("rank3", {"x": np.ones((2, 2, 2), np.float32)}, BadBatchError)
+        ],
+    )
+    path = record_references(m, tmp_path / "r.safetensors")
+    loaded = refs.load(path, exceptions=refs.declared_exceptions(m))
+    assert [c.raises for c in loaded.cases if c.negative] == [(ValueError,), (BadBatchError,)]
+    with pytest.raises(FormatError, match=r"BadBatchError'.*hint: declare it in"):
+        refs.load(path)  # the model's own exception is resolved only when declared
+    # treeguard's own errors resolve without being declared.
+    m2 = dataclasses.replace(BASE, invalid_raises=(InvalidTreeError, ValueError))
+    again = refs.load(record_references(m2, tmp_path / "r2.safetensors"))
+    assert again.cases[-1].raises == (InvalidTreeError, ValueError)
+    assert run(dataclasses.replace(m, references=path), bench=False).passed
+
+
+def test_references_with_a_malformed_format_are_a_format_error(tmp_path: Path) -> None:
+    from treeguard._src.errors import FormatError
+
+    src = record_references(BASE, tmp_path / "r.safetensors")
+    bad = _rewrite_manifest(src, tmp_path / "bad.safetensors", format="treeguard.regression/one")
+    with pytest.raises(FormatError, match=r"format 'treeguard.regression/one' is not 'treeguard"):
+        refs.load(bad)
+    newer = _rewrite_manifest(src, tmp_path / "new.safetensors", format="treeguard.regression/2")
+    with pytest.raises(FormatError, match="newer than this treeguard reads"):
+        refs.load(newer)
+
+
+def _run_isolated(code: str) -> str:
+    """Runs ``code`` in a fresh interpreter (a cyclic tree that slips past
+    the guard overflows the stack) and returns its stdout."""
+    import subprocess
+    import sys
+    import textwrap
+
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
+
+
+def test_trace_keys_refuses_a_cyclic_argument_first() -> None:
+    out = _run_isolated(
+        """
+        import jax
+        from treeguard._src.errors import InvalidTreeError
+        from treeguard._src.keys import trace_keys
+
+        cyclic = {"key": jax.random.key(0)}
+        cyclic["self"] = cyclic
+        try:
+            trace_keys(lambda d: jax.random.normal(d["key"]), cyclic)
+        except InvalidTreeError as e:
+            print("refused:", " ".join(str(e).split()))
+        # The interpreter is intact: the next trace works as usual.
+        trace = trace_keys(lambda k: jax.random.normal(k, (2,)), jax.random.key(1))
+        print("then:", trace.consumed, trace.reuses)
+        """
+    )
+    assert out.startswith("refused: ") and "cycl" in out.splitlines()[0]
+    assert out.splitlines()[-1] == "then: 1 ()"
+
+
+def test_cyclic_data_is_refused_by_the_path_formatter() -> None:
+    out = _run_isolated(
+        """
+        import numpy as np
+        from treeguard._src.errors import InvalidTreeError
+        from treeguard._src.verify.cases import Case
+        from treeguard._src.verify.checks import example_hashes
+
+        cyclic = {"x": np.ones((2, 1))}
+        cyclic["self"] = cyclic
+        for f in (example_hashes, lambda t: Case("c", t).summary()):
+            try:
+                f(cyclic)
+            except InvalidTreeError as e:
+                print("refused:", "cycl" in str(e))
+        """
+    )
+    assert out == "refused: True\nrefused: True\n"
+
+
+@jax.tree_util.register_pytree_node_class
+class _Rebuilt:
+    """A params container whose aux data counts its rebuilds: a container
+    that is not stable under flatten/unflatten, so its grads differ from it."""
+
+    def __init__(self, w: Any, rebuilds: int = 0) -> None:
+        self.w = w
+        self.rebuilds = rebuilds
+
+    def tree_flatten(self) -> tuple[tuple[Any], int]:
+        return (self.w,), self.rebuilds
+
+    @classmethod
+    def tree_unflatten(cls, aux: int, children: Any) -> _Rebuilt:
+        return cls(*children, rebuilds=aux + 1)
+
+
+def test_contract_does_not_claim_grads_match_when_they_do_not() -> None:
+    from treeguard._src.verify.checks import check_contract
+
+    m = dataclasses.replace(
+        BASE,
+        init=lambda key: _Rebuilt(jax.random.normal(key, (2, 1))),
+        apply=lambda p, b: b["x"] @ p.w,
+        loss=lambda p, b: jnp.mean((b["x"] @ p.w - b["y"]) ** 2),
+        params_spec=None,
+        update=None,
+    )
+    result = check_contract(_ctx(m))
+    assert result.status == "fail"
+    assert any(e.startswith("case 'standard' grads: <root>: node data ") for e in result.evidence)
+    assert "grads match the params' spec" not in result.evidence
+    assert "grads match the params' spec" in check_contract(_ctx(BASE)).evidence
+
+
+def test_finite_names_each_non_finite_leaf() -> None:
+    from treeguard._src.verify.checks import check_finite
+
+    def loss(params: Any, batch: Any) -> jax.Array:
+        return mlp.loss(params, batch) * jnp.where(params["dense2"]["b"][0] == 0, jnp.nan, 1.0)
+
+    result = check_finite(_ctx(dataclasses.replace(BASE, loss=loss)))
+    assert result.status == "fail"
+    assert "case 'standard' loss is non-finite: nan" in result.evidence
+    assert "case 'standard' grads ['dense1']['b'] f32[3]: 3 of 3 non-finite (nan)" in (
+        result.evidence
+    )

@@ -142,6 +142,31 @@ def test_params(tree_regression):
     assert "did you mean `['dense1']`?" in out
 
 
+WEAK = """
+import jax.numpy as jnp
+
+def test_scale(tree_regression):
+    tree = {{"w": jnp.ones(3), "scale": {scale}}}
+    tree_regression.check(tree, rtol=0, atol=0)
+"""
+
+
+def test_weak_types_are_ignored_as_checkpoint_contracts_ignore_them(pytester: Pytester) -> None:
+    # Recorded from a weakly typed scalar (a Python float under jnp.asarray) ...
+    pytester.makepyfile(test_weak=WEAK.format(scale="jnp.asarray(2.0)"))
+    _run(pytester, "--treeguard-update").assert_outcomes(passed=1)
+    # ... and compared with a strongly typed one of the same value and dtype.
+    pytester.makepyfile(test_weak=WEAK.format(scale="jnp.asarray(2.0, jnp.float32)"))
+    _run(pytester).assert_outcomes(passed=1)
+    pytester.makepyfile(test_weak=WEAK.format(scale="jnp.asarray(2.5, jnp.float32)"))
+    result = _run(pytester)
+    result.assert_outcomes(failed=1)
+    assert "tree_regression: 1 of 2 leaves beyond tolerance against test_scale.safetensors:\n" in (
+        result.out
+    )
+    assert "  ['scale'] f32[]: 1 of 1 elements beyond tolerance, max abs err 0.5" in result.out
+
+
 def test_two_trees_in_one_test_need_names(pytester: Pytester) -> None:
     pytester.makepyfile(
         test_two="""

@@ -103,7 +103,23 @@ def test_html_is_self_contained(report: Report) -> None:
     assert "https://" not in page and "<script" not in page
     assert page.count("<svg") == 3  # regression errors, transforms errors, latency
     assert "error / tolerance, log scale" in page and "compile (apart)" in page
-    assert 'class="verdict fail"' in page or report.passed
+    headline = (
+        '<p><span class="verdict pass">all checks passed</span>'
+        if report.passed
+        else f'<p><span class="verdict fail">failed: {", ".join(report.failed)}</span>'
+    )
+    assert headline in page
+
+
+def test_html_verdicts() -> None:
+    passing, failing = _report("passing"), _report("failing")
+    assert passing.passed and failing.failed == ["training"]
+    assert '<p><span class="verdict pass">all checks passed</span>' in passing.to_html()
+    assert 'class="verdict fail"' not in passing.to_html()
+    page = failing.to_html()
+    assert '<p><span class="verdict fail">failed: training</span>' in page
+    assert '<td><code>training</code></td><td><span class="verdict fail">' in page
+    assert "all checks passed" not in page
 
 
 def test_html_marks_leaves_beyond_tolerance() -> None:

@@ -27,8 +27,8 @@ import jax
 import jax.extend.core as jex
 import numpy as np
 
-from .paths import entry_of, keystr
-from .walk import flatten
+from .paths import keystr
+from .walk import flatten, structure_of
 
 #: Primitives whose sub-jaxprs are followed; anything else is evaluated whole.
 _CALL_PARAMS = {
@@ -254,6 +254,8 @@ def trace_keys(fn: Callable[..., Any], /, *args: Any, names: Sequence[str] = ())
       A ``KeyTrace`` with the outputs and every reuse found.
 
     Raises:
+      InvalidTreeError: if an argument is a cyclic tree (refused before
+        anything else walks it).
       Exception: whatever ``fn`` raises while being traced or evaluated.
 
     Example:
@@ -269,10 +271,9 @@ def trace_keys(fn: Callable[..., Any], /, *args: Any, names: Sequence[str] = ())
     tracker = _Tracker()
     for i, arg in enumerate(args):
         label = names[i] if i < len(names) else f"argument {i}"
-        leaves_with_paths = jax.tree_util.tree_flatten_with_path(arg)[0]
-        flatten(arg)  # refuses a cyclic tree with its path
-        for path, leaf in leaves_with_paths:
-            where = label + keystr(tuple(entry_of(p) for p in path))
+        leaves, treedef = flatten(arg)  # refuses a cyclic tree, with its path, first
+        for path, leaf in zip(structure_of(arg, treedef).leaf_paths(), leaves):
+            where = label + keystr(path)
             if _is_key(leaf):
                 for j, ident in enumerate(tracker.idents(leaf)):
                     tracker.name(ident, where if np.ndim(leaf) == 0 else f"{where}[{j}]")

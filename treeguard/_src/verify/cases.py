@@ -16,7 +16,9 @@ from typing import Any
 import jax
 import numpy as np
 
+from ..paths import keystr
 from ..spec import LeafSpec, TreeSpec, summarize
+from ..walk import flatten, structure_of
 from .model import BATCH, ConfigError, Model, is_float
 
 POSITIVE = ("standard", "single", "zeros", "boundary")
@@ -47,9 +49,10 @@ class Case:
     def summary(self) -> str:
         """The batch's leaves as ``x: f32[8,2], y: f32[8,1]``."""
         parts = []
-        for path, leaf in jax.tree_util.tree_flatten_with_path(self.batch)[0]:
+        leaves, treedef = flatten(self.batch)
+        for path, leaf in zip(structure_of(self.batch, treedef).leaf_paths(), leaves):
             a = np.asarray(leaf)
-            parts.append(f"{jax.tree_util.keystr(path) or '<root>'}: {summarize(a.shape, a.dtype)}")
+            parts.append(f"{keystr(path) or '<root>'}: {summarize(a.shape, a.dtype)}")
         return ", ".join(parts)
 
 

@@ -23,9 +23,11 @@ from ..diff import mismatches
 from ..env import environment, environment_diff
 from ..keys import trace_keys
 from ..mismatch import Mismatch
+from ..nonfinite import find_nonfinite
+from ..paths import keystr
 from ..spec import TreeSpec, spec_of, summarize
 from .cases import Case
-from .compare import compare_trees
+from .compare import compare_stored, compare_trees, leaves_with_paths
 from .model import BATCH, Model
 from .refs import References
 
@@ -191,6 +193,7 @@ def check_contract(ctx: Context) -> CheckResult:
             f"params: {pspec.num_leaves} leaves, {pspec.num_params} values (no stored spec)"
         )
     grad_fn = jax.grad(model.loss)
+    grads_bad = 0
     out_specs: dict[str, TreeSpec] = {}
     for case in ctx.positive:
         batch = ctx.batch(case)
@@ -211,10 +214,10 @@ def check_contract(ctx: Context) -> CheckResult:
                             f"{leaf.shape[ls.shape.index(BATCH)]} for a batch of {n}"
                         )
         else:
-            for path, leaf in jax.tree_util.tree_flatten_with_path(outputs)[0]:
+            for path, leaf in leaves_with_paths(outputs):
                 if n is not None and (np.ndim(leaf) == 0 or np.shape(leaf)[0] != n):
                     bad.append(
-                        f"{where} outputs: {jax.tree_util.keystr(path) or '<root>'} is "
+                        f"{where} outputs: {path or '<root>'} is "
                         f"{_short(leaf)}, without the batch axis of size {n} in front"
                     )
         with contextlib.suppress(ValueError):  # outputs without a batch axis: reported above
@@ -223,14 +226,17 @@ def check_contract(ctx: Context) -> CheckResult:
         if np.shape(value) != () or not jnp.issubdtype(jnp.result_type(value), jnp.floating):
             bad.append(f"{where} loss: {_short(value)} where a float scalar was expected")
         grads = grad_fn(params, batch)
-        bad += _lines(mismatches(grads, pspec), f"{where} grads", "the params", "the grads")
+        found = mismatches(grads, pspec)
+        grads_bad += len(found)
+        bad += _lines(found, f"{where} grads", "the params", "the grads")
     distinct = {s.to_json() for s in out_specs.values()}
     if model.output_spec is None and len(distinct) > 1:
         names = ", ".join(f"{k}: {v!r}" for k, v in out_specs.items())
         bad.append(f"outputs differ in structure between cases: {names}")
     if out_specs:
         info.append(f"outputs {next(iter(out_specs.values()))!r} on {len(ctx.positive)} cases")
-    info.append("grads match the params' spec")
+    if not grads_bad:
+        info.append("grads match the params' spec")
     return _result(
         "contract",
         bad,
@@ -292,24 +298,20 @@ def check_keys(ctx: Context) -> CheckResult:
 
 
 def _non_finite(tree: Any) -> list[str]:
+    """One line per leaf holding NaN or Inf: its path, summary, count and kinds."""
+    counts = find_nonfinite(tree)
+    if not counts:
+        return []
+    leaves = dict(leaves_with_paths(tree))
     out = []
-    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
-        a = np.asarray(leaf)
-        if a.dtype.kind not in "fcV" and a.dtype.name != "bfloat16":
-            continue
-        a = a.astype(np.float32) if a.dtype.kind == "V" else a
-        n = int(np.count_nonzero(~np.isfinite(a)))
-        if n:
-            kinds = []
-            if np.isnan(a).any():
-                kinds.append("nan")
-            if np.isinf(a).any():
-                kinds.append("inf")
-            out.append(
-                f"{jax.tree_util.keystr(path) or '<root>'} "
-                f"{summarize(a.shape, np.asarray(leaf).dtype)}: "
-                f"{n} of {a.size} non-finite ({'/'.join(kinds)})"
-            )
+    for path, n in counts.items():
+        raw = np.asarray(leaves[path])
+        a = raw.astype(np.float32) if raw.dtype.kind == "V" else raw  # bf16 and the like
+        kinds = [k for k, has in (("nan", np.isnan(a).any()), ("inf", np.isinf(a).any())) if has]
+        out.append(
+            f"{path or '<root>'} {summarize(raw.shape, raw.dtype)}: "
+            f"{n} of {raw.size} non-finite ({'/'.join(kinds)})"
+        )
     return out
 
 
@@ -506,35 +508,72 @@ def check_environment(ctx: Context) -> CheckResult:
 # -- 7. regression --------------------------------------------------------------
 
 
+def _relabel(m: Mismatch, prefix: str) -> Mismatch:
+    return dataclasses.replace(m, path=m.path[len(prefix) :])
+
+
 def regression_errors(ctx: Context, refs: References) -> tuple[list[str], list[dict[str, Any]]]:
-    """Compares params and every stored case's outputs, loss and grads with the references."""
+    """Compares params and every stored case's outputs, loss and grads with the references.
+
+    The file gives custom nodes (namedtuples, flax structs, equinox modules)
+    back as dicts, so the structure is compared with the file's stored spec,
+    which names their classes, and the values leaf by leaf along key paths.
+    """
     model = ctx.model
     params = ctx.params()
     tol = model.tolerance_for
     vg = jax.value_and_grad(model.loss)
     bad: list[str] = []
     rows: list[dict[str, Any]] = []
-
-    def compare(label: str, case: str, kind: str, got: Any, want: Any) -> None:
-        found, errs = compare_trees(got, want, tolerance=tol)
-        bad.extend(_lines(found, label, "the references", "this run"))
-        for err in errs:
-            rows.append({"case": case, "kind": kind, **err.to_dict()})
-            if not err.ok:
-                bad.append(f"{label}: {err.describe()}")
-
-    compare("params", "-", "params", params, refs.params)
+    stored: dict[str, Any] = {"params": refs.params, "cases": {}, "invalid": {}}
+    current: dict[str, Any] = {"params": params, "cases": {}, "invalid": {}}
     for case in refs.cases:
         exp = refs.expected.get(case.name)
         if exp is None:
+            current["invalid"][case.name] = {"batch": case.batch}
+            stored["invalid"][case.name] = {"batch": case.batch}
             continue
         batch = ctx.batch(case)
-        outputs = model.apply(params, batch)
         value, grads = vg(params, batch)
-        compare(f"case {case.name!r} outputs", case.name, "outputs", outputs, exp.outputs)
-        compare(f"case {case.name!r} loss", case.name, "loss", value, exp.loss)
-        compare(f"case {case.name!r} grads", case.name, "grads", grads, exp.grads)
+        current["cases"][case.name] = {
+            "batch": case.batch,
+            "outputs": model.apply(params, batch),
+            "loss": value,
+            "grads": grads,
+        }
+        stored["cases"][case.name] = {
+            "batch": case.batch,
+            "outputs": exp.outputs,
+            "loss": exp.loss,
+            "grads": exp.grads,
+        }
+    found, errs = compare_stored(current, stored, spec=refs.spec, tolerance=tol)
+    parts = [("['params']", "params", "-", "params")]
+    for name in current["cases"]:
+        for kind in ("outputs", "loss", "grads"):
+            prefix = keystr((("key", "cases"), ("key", name), ("key", kind)))
+            parts.append((prefix, f"case {name!r} {kind}", name, kind))
+    listed: set[int] = set()
+    for prefix, label, case_name, kind in parts:
+        mine = [i for i, m in enumerate(found) if i not in listed and _under(m.path, prefix)]
+        listed.update(mine)
+        bad.extend(
+            _lines([_relabel(found[i], prefix) for i in mine], label, "the references", "this run")
+        )
+        for full in errs:
+            if not _under(full.path, prefix):
+                continue
+            err = dataclasses.replace(full, path=full.path[len(prefix) :])
+            rows.append({"case": case_name, "kind": kind, **err.to_dict()})
+            if not err.ok:
+                bad.append(f"{label}: {err.describe()}")
+    rest = [m for i, m in enumerate(found) if i not in listed]
+    bad.extend(_lines(rest, f"{refs.path.name}", "the references", "this run"))
     return bad, rows
+
+
+def _under(path: str, prefix: str) -> bool:
+    return path == prefix or (path.startswith(prefix) and path[len(prefix)] in "[.")
 
 
 def check_regression(ctx: Context) -> CheckResult:
@@ -620,8 +659,7 @@ def example_hashes(data: Any) -> list[str]:
       >>> len(h), h[0] == example_hashes({"x": np.arange(2.0)[None]})[0]
       (3, True)
     """
-    items = jax.tree_util.tree_flatten_with_path(data)[0]
-    arrays = [(jax.tree_util.keystr(p), np.asarray(x)) for p, x in items]
+    arrays = [(p, np.asarray(x)) for p, x in leaves_with_paths(data)]
     sizes = {a.shape[0] if a.ndim else None for _, a in arrays}
     if len(sizes) != 1 or None in sizes:
         raise ValueError(f"leaves disagree on the number of examples: {sorted(map(str, sizes))}")

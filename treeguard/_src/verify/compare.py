@@ -10,9 +10,10 @@ import numpy as np
 
 from ..diff import mismatches
 from ..mismatch import Mismatch
-from ..paths import entry_of, keystr
-from ..spec import summarize
-from ..walk import flatten
+from ..paths import Path as PathT
+from ..paths import keystr
+from ..spec import TreeSpec, summarize
+from ..walk import flatten, structure_of
 from .model import Tolerance
 
 
@@ -87,11 +88,25 @@ def _json_float(x: float) -> float | str:
 
 
 def as_float64(x: Any) -> np.ndarray[Any, Any]:
-    """A leaf as a float64 numpy array (bf16 and ints included)."""
+    """A real leaf as a float64 numpy array (bf16 and ints included).
+
+    Example:
+      >>> as_float64(np.int8([1, -2])).dtype.name
+      'float64'
+    """
     a = np.asarray(x)
     if a.dtype.kind not in "biuf":  # bfloat16 and the other ml_dtypes
         a = a.astype(np.float32)
     return np.asarray(a, dtype=np.float64)
+
+
+def _as_numbers(actual: Any, expected: Any) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """Both leaves in one exact numeric type: complex128 when either is
+    complex (so the imaginary parts are compared too), else float64."""
+    a_raw, e_raw = np.asarray(actual), np.asarray(expected)
+    if a_raw.dtype.kind == "c" or e_raw.dtype.kind == "c":
+        return np.asarray(a_raw, np.complex128), np.asarray(e_raw, np.complex128)
+    return as_float64(a_raw), as_float64(e_raw)
 
 
 def leaf_error(actual: Any, expected: Any, tol: Tolerance, *, path: str = "") -> LeafError:
@@ -99,13 +114,17 @@ def leaf_error(actual: Any, expected: Any, tol: Tolerance, *, path: str = "") ->
 
     NaN equals NaN and an infinity equals the same infinity: whether a value
     should be finite is the ``finite`` check's question, not this one's.
+    Complex leaves are compared as complex numbers: the error is the modulus
+    of the difference, so the imaginary parts count as much as the real ones.
 
     Example:
       >>> leaf_error(np.float32([1.0, 2.0]), np.float32([1.0, 2.1]), Tolerance(0.0, 0.01)).bad
       1
+      >>> leaf_error(np.complex64([1 + 1j]), np.complex64([1 + 5j]), Tolerance(0.0, 0.01)).max_abs
+      4.0
     """
     e_raw = np.asarray(expected)
-    a, e = as_float64(actual), as_float64(expected)
+    a, e = _as_numbers(actual, expected)
     summary = summarize(tuple(e_raw.shape), e_raw.dtype)
     if a.shape != e.shape:
         return LeafError(
@@ -160,24 +179,105 @@ def compare_trees(
       (rtol 0, atol 0.5)
     """
     found = mismatches(actual, expected)
-    flatten(actual)
-    flatten(expected)
-    a_items = {_path(p): x for p, x in _with_paths(actual)}
+    a_items = dict(leaves_with_paths(actual))
     out: list[LeafError] = []
     bad_paths = {m.path for m in found if m.kind in ("shape", "missing", "unexpected", "node_type")}
-    for p, e in _with_paths(expected):
-        path = _path(p)
+    for path, e in leaves_with_paths(expected):
         if path not in a_items or path in bad_paths:
             continue
         out.append(leaf_error(a_items[path], e, tolerance(np.asarray(e).dtype), path=path))
     return found, out
 
 
-def _with_paths(tree: Any) -> list[tuple[Any, Any]]:
-    import jax
+def compare_stored(
+    actual: Any,
+    stored: Any,
+    /,
+    *,
+    spec: TreeSpec,
+    tolerance: Callable[[Any], Tolerance],
+) -> tuple[list[Mismatch], list[LeafError]]:
+    """Compares a tree with one read back from a file without ``like``.
 
-    return list(jax.tree_util.tree_flatten_with_path(tree)[0])
+    A file read without ``like`` rebuilds namedtuples and registered classes
+    (flax structs, equinox modules) as dicts keyed by field name, since a
+    class named in a file is never imported. So the structure is compared
+    with the file's stored spec, which keeps the class names, and the values
+    leaf by leaf along each leaf's key path: ``.w`` in the tree is ``['w']``
+    in the read-back dict. Weak types are ignored, as every checkpoint
+    contract ignores them: no file keeps one.
+
+    Args:
+      actual: the tree under test (custom nodes included).
+      stored: the tree read back with ``checkpoint.load(path)``.
+      spec: the stored spec of the same tree (``checkpoint.read_header(path).spec``,
+        or the part of it for ``stored``).
+      tolerance: the tolerance for a leaf of a given dtype (the stored one's).
+
+    Returns:
+      The structural mismatches (empty when the structures agree), and one
+      ``LeafError`` per leaf of ``actual`` that ``stored`` holds at the same
+      key path with the same shape, in ``actual``'s flatten order.
+
+    Raises:
+      InvalidTreeError: for a cyclic tree.
+
+    Example:
+      >>> import collections, jax
+      >>> from treeguard import spec_of
+      >>> Dense = collections.namedtuple("Dense", "w b")
+      >>> params = Dense(np.ones(2), np.zeros(1))
+      >>> read_back = {"w": np.float64([1.0, 3.0]), "b": np.zeros(1)}  # how a file gives it
+      >>> found, errs = compare_stored(params, read_back, spec=spec_of(params),
+      ...                              tolerance=lambda d: Tolerance(0.0, 0.5))
+      >>> found, [e.path for e in errs], errs[0].bad
+      ([], ['.w', '.b'], 1)
+    """
+    found = [m for m in mismatches(actual, spec) if m.kind != "weak_type"]
+    bad_paths = {m.path for m in found if m.kind in ("shape", "missing", "unexpected")}
+    out: list[LeafError] = []
+    for entries, leaf in _entries_and_leaves(actual):
+        path = keystr(entries)
+        want = _at(stored, entries)
+        if want is _ABSENT or path in bad_paths or np.shape(want) != np.shape(leaf):
+            continue
+        out.append(leaf_error(leaf, want, tolerance(np.asarray(want).dtype), path=path))
+    return found, out
 
 
-def _path(p: Any) -> str:
-    return keystr(tuple(entry_of(k) for k in p))
+_ABSENT = object()
+
+
+def _at(stored: Any, entries: PathT) -> Any:
+    """The leaf of a read-back tree at ``entries``, or ``_ABSENT``.
+
+    Every entry kind is the same lookup there: a dict key, a sequence
+    index, or the field name or index a custom node's dict is keyed by.
+    """
+    node = stored
+    for _, key in entries:
+        try:
+            node = node[key]
+        except (KeyError, IndexError, TypeError):
+            return _ABSENT
+    if isinstance(node, (dict, list, tuple)) or node is None:
+        return _ABSENT
+    return node
+
+
+def leaves_with_paths(tree: Any) -> list[tuple[str, Any]]:
+    """Every leaf with its key path in ``keystr`` form, in flatten order.
+
+    Raises:
+      InvalidTreeError: for a cyclic tree.
+
+    Example:
+      >>> leaves_with_paths({"b": np.zeros(1), "a": [np.ones(2)]})[0][0]
+      "['a'][0]"
+    """
+    return [(keystr(p), x) for p, x in _entries_and_leaves(tree)]
+
+
+def _entries_and_leaves(tree: Any) -> list[tuple[PathT, Any]]:
+    leaves, treedef = flatten(tree)  # refuses a cyclic tree with its path
+    return list(zip(structure_of(tree, treedef).leaf_paths(), leaves))

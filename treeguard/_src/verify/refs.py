@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +22,13 @@ import numpy as np
 
 from .. import checkpoint
 from ..errors import FormatError
+from ..spec import TreeSpec
 from .cases import Case
+from .model import Model
 
 FORMAT = "treeguard.regression/1"
 FORMAT_VERSION = 1
+_FORMAT_RE = re.compile(r"treeguard\.regression/([0-9]{1,9})")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,6 +53,8 @@ class References:
       tolerances: the tolerances declared when recording.
       seed: the seed used.
       manifest: the whole manifest.
+      spec: the file's stored spec of the whole tree (``params``, ``cases``,
+        ``invalid``), class names of custom nodes included.
     """
 
     path: Path
@@ -58,29 +65,73 @@ class References:
     tolerances: dict[str, Any]
     seed: int
     manifest: dict[str, Any]
+    spec: TreeSpec
 
 
 def _exc_name(t: type[BaseException]) -> str:
     return t.__name__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
 
 
-def _exc_type(name: str) -> type[BaseException]:
-    import builtins
-    import importlib
+def _treeguard_errors() -> list[type[BaseException]]:
+    """Every exception class treeguard defines (its errors module and the verify ones)."""
+    from .. import errors, nonfinite
+    from . import model
 
+    found: list[type[BaseException]] = []
+    for module in (errors, nonfinite, model):
+        for value in vars(module).values():
+            if (
+                isinstance(value, type)
+                and issubclass(value, BaseException)
+                and value.__module__ == module.__name__
+            ):
+                found.append(value)
+    return found
+
+
+def _exc_type(
+    name: str, declared: Mapping[str, type[BaseException]], source: Path
+) -> type[BaseException]:
+    """The exception a references file names, without importing anything.
+
+    Only a builtin exception, one of treeguard's own errors, or one the
+    model declares for its invalid inputs is resolved: a name read from a
+    file never makes Python import (and so run) a module.
+    """
+    import builtins
+
+    if not isinstance(name, str):
+        raise FormatError(f"{source}: the manifest names the exception {name!r}, not a name")
     if "." not in name:
         t = getattr(builtins, name, None)
-    else:
-        mod, _, qual = name.rpartition(".")
-        try:
-            t = importlib.import_module(mod)
-            for part in qual.split("."):
-                t = getattr(t, part)
-        except (ImportError, AttributeError):
-            t = None
-    if not (isinstance(t, type) and issubclass(t, BaseException)):
-        raise FormatError(f"references name the exception {name!r}, which cannot be imported")
+        if isinstance(t, type) and issubclass(t, BaseException):
+            return t
+    known = {_exc_name(t): t for t in _treeguard_errors()}
+    known.update(declared)
+    t = known.get(name)
+    if t is None:
+        raise FormatError(
+            f"{source}: the references name the exception {name!r}, which is neither a builtin "
+            "exception, nor a treeguard error, nor one the model declares for its invalid "
+            "inputs; hint: declare it in Model.invalid_raises or InvalidInput(raises=...), "
+            "or re-record with --record"
+        )
     return t
+
+
+def declared_exceptions(model: Model) -> list[type[BaseException]]:
+    """The exception types ``model`` declares for its invalid inputs.
+
+    Example:
+      >>> from treeguard.examples.mlp import model
+      >>> declared_exceptions(model)
+      [<class 'ValueError'>]
+    """
+    out = list(model.invalid_raises)
+    for inv in model.invalid_inputs:
+        raises = inv.raises if isinstance(inv.raises, tuple) else (inv.raises,)
+        out += [r for r in raises if r not in out]
+    return list(dict.fromkeys(out))
 
 
 def save(
@@ -131,13 +182,36 @@ def save(
     return target
 
 
-def load(path: str | os.PathLike[str]) -> References:
+def load(
+    path: str | os.PathLike[str], /, *, exceptions: Iterable[type[BaseException]] = ()
+) -> References:
     """Reads a references file back, every hash verified.
+
+    Each negative case's expected exception is stored by name. A name is
+    resolved only to a builtin exception, to one of treeguard's errors, or
+    to one of ``exceptions``: nothing named in a file is ever imported.
+
+    Args:
+      path: the references file.
+      exceptions: the exception types the model declares for its invalid
+        inputs (``declared_exceptions(model)``), which the file may name.
+
+    Returns:
+      The ``References``.
 
     Raises:
       FileNotFoundError: if there is no file.
-      FormatError: if it is not a references file of a known version.
+      FormatError: if it is not a references file of a known version, or it
+        names an exception that is none of the above.
       IntegrityError: if stored bytes do not match their hashes.
+
+    Example:
+      >>> import os, tempfile
+      >>> from treeguard.examples.mlp import model
+      >>> from treeguard._src.verify.run import record_references
+      >>> p = record_references(model, os.path.join(tempfile.mkdtemp(), "r.safetensors"))
+      >>> load(p).cases[-1].raises
+      (<class 'ValueError'>,)
     """
     source = Path(path)
     if not source.exists():
@@ -147,19 +221,24 @@ def load(path: str | os.PathLike[str]) -> References:
     if not isinstance(meta, dict) or not isinstance(meta.get("format"), str):
         raise FormatError(f"{source}: a checkpoint, but no treeguard regression manifest")
     fmt = meta["format"]
-    if not fmt.startswith("treeguard.regression/"):
-        raise FormatError(f"{source}: format {fmt!r} is not {FORMAT!r}")
-    if int(fmt.rsplit("/", 1)[1]) > FORMAT_VERSION:
+    version = _FORMAT_RE.fullmatch(fmt)
+    if version is None:
+        raise FormatError(
+            f"{source}: format {fmt!r} is not {FORMAT!r}; hint: a references file says "
+            "'treeguard.regression/<version>'; re-record it with --record"
+        )
+    if int(version.group(1)) > FORMAT_VERSION:
         raise FormatError(
             f"{source}: references format {fmt!r} is newer than this treeguard reads "
             f"({FORMAT!r}); hint: upgrade treeguard"
         )
+    declared = {_exc_name(t): t for t in exceptions}
     tree = checkpoint.load(source)
     cases: list[Case] = []
     expected: dict[str, Expected] = {}
     for c in meta.get("cases", []):
         name = c["name"]
-        raises = tuple(_exc_type(r) for r in c.get("raises", []))
+        raises = tuple(_exc_type(r, declared, source) for r in c.get("raises", []))
         try:
             if raises:
                 batch = tree["invalid"][name]["batch"]
@@ -182,4 +261,5 @@ def load(path: str | os.PathLike[str]) -> References:
         tolerances=dict(meta.get("tolerances", {})),
         seed=int(meta.get("seed", 0)),
         manifest=meta,
+        spec=header.spec,
     )

@@ -138,7 +138,7 @@ def run(
     loaded: refs_mod.References | None = None
     if ref_path is not None:
         if ref_path.exists():
-            loaded = refs_mod.load(ref_path)
+            loaded = refs_mod.load(ref_path, exceptions=refs_mod.declared_exceptions(model))
         elif not record:
             raise ConfigError(
                 f"no references at {ref_path}; hint: record them with "
