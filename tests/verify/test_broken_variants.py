@@ -20,6 +20,7 @@ import pytest
 
 from treeguard._src.verify.run import record_references, run
 from treeguard.examples import mlp
+from treeguard.verify import CHECKS
 
 BASE = mlp.model
 
@@ -204,17 +205,7 @@ def test_overlapping_splits_fail_splits_only(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     "name",
-    [
-        "contract",
-        "keys",
-        "finite",
-        "negative",
-        "transforms",
-        "environment",
-        "regression",
-        "training",
-        "splits",
-    ],
+    CHECKS,
 )
 def test_the_sound_example_passes_every_check(name: str) -> None:
     report = _sound_report()

@@ -13,6 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from treeguard.cli_verify import verify
+from treeguard.verify import CHECKS
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -35,17 +36,7 @@ def _cli(*args: str, cwd: Path, extra_path: Path | None = None) -> subprocess.Co
 def test_demo_passes_and_writes_reports(tmp_path: Path) -> None:
     proc = _cli("treeguard.examples.mlp:model", "--report-dir", "out", cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    for name in (
-        "contract",
-        "keys",
-        "finite",
-        "negative",
-        "transforms",
-        "environment",
-        "regression",
-        "training",
-        "splits",
-    ):
+    for name in CHECKS:
         assert f"│ {name}" in proc.stdout
     assert "all checks passed" in proc.stdout
     assert f"report: {tmp_path / 'out' / 'report.html'}" in proc.stdout

@@ -15,6 +15,7 @@ from rich.console import Console
 from treeguard._src.verify.report import FORMAT, Report
 from treeguard._src.verify.run import run
 from treeguard.examples import mlp
+from treeguard.verify import CHECKS
 
 _CACHE: dict[str, Report] = {}
 
@@ -79,17 +80,7 @@ def test_failing_report_says_why() -> None:
 
 def test_markdown_lists_checks_environment_and_tolerances() -> None:
     md = _report("passing").to_markdown()
-    for name in (
-        "contract",
-        "keys",
-        "finite",
-        "negative",
-        "transforms",
-        "environment",
-        "regression",
-        "training",
-        "splits",
-    ):
+    for name in CHECKS:
         assert f"| `{name}` | PASS |" in md
     assert "| jax | `" in md and "| default | 1e-05 | 1e-06 |" in md
     assert "## Benchmark of `jit(apply)`\n\ncompile " in md
