@@ -547,7 +547,8 @@ class CheckedStep:
             self._casts.setdefault((c.path, c.source, c.target, c.where), c)
 
     def _body(self, shardings: Sequence[list[Any] | None] | None) -> Callable[..., Any]:
-        raise NotImplementedError
+        """The traced step; each concrete step (``Updater``, ``OptaxStep``) defines it."""
+        raise NotImplementedError  # abstract: CheckedStep is never called directly
 
     def _compiled(
         self, labelled: Callable[[], Sequence[tuple[str, Any]]], trees: Sequence[Any]
