@@ -27,6 +27,8 @@ from treeguard._src.checkpoint import load, read_header, save, verify_file
 from treeguard._src.errors import FormatError, IntegrityError
 from treeguard._src.store import POINTER_FILE, ArtifactStore
 
+pytestmark = pytest.mark.reliability
+
 FULL = os.environ.get("TREEGUARD_RELIABILITY") == "1"
 KILLS = 40 if FULL else 6
 STORE_KILLS = 30 if FULL else 4

@@ -8,6 +8,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 CHILD = textwrap.dedent(
     """
     import jax, jax.numpy as jnp, numpy as np, optax
@@ -101,6 +103,7 @@ CHILD = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_shardings_survive_updates_on_a_2x4_mesh() -> None:
     root = Path(__file__).resolve().parents[1]
     env = dict(os.environ)

@@ -1,0 +1,103 @@
+"""The one way tests start a Python subprocess.
+
+Most tests run in process (click's ``CliRunner``, pytest's ``pytester``, the
+ASGI app). A few need a real interpreter: a fresh ``XLA_FLAGS`` device count, a
+process to kill, an import-time property, ``jax.distributed``. They all go
+through :func:`run_python` or :func:`start_python`, which set the project on
+``PYTHONPATH``, pin JAX to the CPU and bound every wait.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of a child interpreter: this one's, on the CPU, with
+    the project importable, plus ``extra``."""
+    env = dict(os.environ)
+    env["JAX_PLATFORMS"] = "cpu"
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    env.update(extra or {})
+    return env
+
+
+def run_python(
+    code: str,
+    *args: str,
+    env: Mapping[str, str] | None = None,
+    timeout: float = 120,
+    cwd: str | os.PathLike[str] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """Runs ``python -c code args...`` to the end and returns its result.
+
+    ``env`` is added to :func:`child_env`. The child is killed after
+    ``timeout`` seconds (``subprocess.TimeoutExpired`` is raised).
+    """
+    return subprocess.run(
+        [sys.executable, "-c", code, *args],
+        cwd=cwd or ROOT,
+        env=child_env(env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def run_module(
+    module: str,
+    args: Sequence[str] = (),
+    *,
+    env: Mapping[str, str] | None = None,
+    timeout: float = 120,
+    cwd: str | os.PathLike[str] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """Runs ``python -m module args...`` to the end, like :func:`run_python`."""
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=cwd or ROOT,
+        env=child_env(env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def start_python(
+    code: str,
+    *args: str,
+    env: Mapping[str, str] | None = None,
+    cwd: str | os.PathLike[str] | None = None,
+) -> subprocess.Popen[str]:
+    """Starts ``python -c code args...`` with piped text stdout and stderr.
+
+    The caller owns the process: it must wait for it or kill it (with a
+    timeout) and close its pipes, as :func:`stop` does.
+    """
+    return subprocess.Popen(
+        [sys.executable, "-c", code, *args],
+        cwd=cwd or ROOT,
+        env=child_env(env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def stop(proc: subprocess.Popen[str], *, timeout: float = 30) -> tuple[str, str]:
+    """Ends a started child (kills it if it has not exited within ``timeout``),
+    closes its pipes and returns what it printed."""
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate(timeout=30)
+    return out, err
