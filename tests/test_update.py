@@ -11,15 +11,18 @@ import optax
 import pytest
 from corpus import CORPUS, seed_params
 
-from treeguard._src.errors import InvalidTreeError, TreeMismatchError
-from treeguard._src.nonfinite import (
+from treeguard import (
+    Cast,
+    InvalidTreeError,
     NonFiniteError,
     TracedValueError,
+    TreeMismatchError,
+    apply_updates,
     count_nonfinite,
     find_nonfinite,
+    optax_step,
+    updater,
 )
-from treeguard._src.optimizer import optax_step
-from treeguard._src.update import Cast, apply_updates, updater
 
 
 def seed_grads() -> dict[str, Any]:

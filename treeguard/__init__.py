@@ -17,12 +17,15 @@ from ._src.env import environment as environment
 from ._src.errors import FormatError as FormatError
 from ._src.errors import IntegrityError as IntegrityError
 from ._src.errors import InvalidTreeError as InvalidTreeError
+from ._src.errors import NonFiniteError as NonFiniteError
+from ._src.errors import SignatureError as SignatureError
+from ._src.errors import StoreError as StoreError
+from ._src.errors import TracedValueError as TracedValueError
 from ._src.errors import TreeguardError as TreeguardError
 from ._src.errors import TreeMismatchError as TreeMismatchError
+from ._src.errors import UnknownVersionError as UnknownVersionError
 from ._src.errors import VerificationError as VerificationError
 from ._src.mismatch import Mismatch as Mismatch
-from ._src.nonfinite import NonFiniteError as NonFiniteError
-from ._src.nonfinite import TracedValueError as TracedValueError
 from ._src.nonfinite import count_nonfinite as count_nonfinite
 from ._src.nonfinite import find_nonfinite as find_nonfinite
 from ._src.optimizer import OptaxStep as OptaxStep
@@ -32,8 +35,6 @@ from ._src.spec import TreeSpec as TreeSpec
 from ._src.spec import spec_of as spec_of
 from ._src.step import Cast as Cast
 from ._src.store import ArtifactStore as ArtifactStore
-from ._src.store import StoreError as StoreError
-from ._src.store import UnknownVersionError as UnknownVersionError
 from ._src.update import Updater as Updater
 from ._src.update import apply_updates as apply_updates
 from ._src.update import tree_map as tree_map
@@ -52,6 +53,7 @@ __all__ = [
     "Mismatch",
     "NonFiniteError",
     "OptaxStep",
+    "SignatureError",
     "StoreError",
     "TracedValueError",
     "TreeMismatchError",

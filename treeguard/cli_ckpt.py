@@ -20,9 +20,16 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeR
 from rich.table import Table
 
 from ._src.checkpoint import Header, read_header, spec_from_file, verify_file
-from ._src.errors import FormatError, IntegrityError, TreeguardError, TreeMismatchError
+from ._src.errors import (
+    FormatError,
+    IntegrityError,
+    StoreError,
+    TreeguardError,
+    TreeMismatchError,
+    UnknownVersionError,
+)
 from ._src.spec import TreeSpec
-from ._src.store import ArtifactStore, StoreError, UnknownVersionError
+from ._src.store import ArtifactStore
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 #: Files smaller than this verify too fast for a progress bar to help.

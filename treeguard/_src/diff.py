@@ -80,7 +80,7 @@ def check(
       >>> check({"dense_2": {"w": jnp.ones((3, 1))}}, spec)
       Traceback (most recent call last):
       ...
-      treeguard._src.errors.TreeMismatchError: 2 mismatches between the tree and the spec:
+      treeguard.TreeMismatchError: 2 mismatches between the tree and the spec:
         ['dense2']: missing: dict of 1 leaf (f32[3,1]) in the spec, absent in the tree
         ['dense_2']: unexpected: dict of 1 leaf (f32[3,1]) in the tree, absent in the spec
       hint: `['dense_2']` in the tree: did you mean `['dense2']`?

@@ -1,15 +1,88 @@
-"""The exception hierarchy. Every treeguard error subclasses ``TreeguardError``
-and a builtin, so existing ``except ValueError`` clauses keep working."""
+"""Every exception treeguard raises, in one place.
+
+The hierarchy (each class also subclasses the builtin in brackets, so an
+existing ``except ValueError`` keeps working)::
+
+    TreeguardError
+    ├── TreeMismatchError      [ValueError]        two trees or specs differ
+    ├── InvalidTreeError       [TypeError]         a cycle, a non-array leaf, too deep
+    ├── FormatError            [ValueError]        a file or JSON that is not ours
+    ├── IntegrityError         [ValueError]        bytes that do not match their hash
+    ├── VerificationError      [AssertionError]    an acceptance check failed
+    ├── NonFiniteError         [FloatingPointError] an update produced NaN or Inf
+    ├── TracedValueError       [TypeError]         a concrete check under a transform
+    └── StoreError             [ValueError]        the store refused an operation
+        ├── UnknownVersionError [LookupError]      no such version
+        └── SignatureError                         a verdict unsigned or wrongly signed
+
+A message is rendered from the error's fields, never edited as a string:
+``context`` (where: a file, a version), the message itself, and ``hint`` (the
+likely fix), always as a last line ``hint: ...``. Each class carries the exit
+code the command line uses for it (``exit_code``): 1 for a check that ran and
+failed, 2 for input that could not be used.
+
+Example:
+  >>> e = FormatError("header is not JSON", context="model.safetensors", hint="re-save it")
+  >>> print(e)
+  model.safetensors: header is not JSON
+  hint: re-save it
+  >>> e.exit_code
+  2
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from .mismatch import Mismatch, format_mismatches
 
+#: How many problems a message lists before it says how many it left out.
+LISTED = 20
+
+
+def cap_lines(lines: Sequence[str], *, limit: int = LISTED, indent: str = "  ") -> list[str]:
+    """The first ``limit`` lines, then one line saying how many were left out.
+
+    Example:
+      >>> cap_lines(["a", "b", "c"], limit=2)
+      ['a', 'b', '  ... and 1 more']
+    """
+    out = list(lines[:limit])
+    if len(lines) > limit:
+        out.append(f"{indent}... and {len(lines) - limit} more")
+    return out
+
 
 class TreeguardError(Exception):
-    """Base class of every error treeguard raises."""
+    """Base class of every error treeguard raises.
+
+    Args:
+      message: what is wrong, naming the key path and both values.
+      context: where it happened (a file, a version); printed first.
+      hint: the likely fix; printed as a last line ``hint: ...``.
+
+    Attributes:
+      message, context, hint: the fields the text is rendered from.
+      exit_code: the command line's exit status for this error.
+    """
+
+    exit_code = 2
+
+    def __init__(self, message: str = "", *, context: str | None = None, hint: str | None = None):
+        self.message = message
+        self.context = context
+        self.hint = hint
+        super().__init__(self._render())
+
+    def _render(self) -> str:
+        text = f"{self.context}: {self.message}" if self.context else self.message
+        if self.hint:
+            text += f"\nhint: {self.hint}"
+        return text
+
+    def __str__(self) -> str:
+        return self._render()
 
 
 class TreeMismatchError(TreeguardError, ValueError):
@@ -17,6 +90,7 @@ class TreeMismatchError(TreeguardError, ValueError):
 
     Attributes:
       mismatches: every difference found, in report order.
+      hint: the fix the message ends with, when given (else it is guessed).
       expected_from: where the expected side came from (``"the spec"``).
       actual_from: where the actual side came from (``"the tree"``).
 
@@ -26,6 +100,8 @@ class TreeMismatchError(TreeguardError, ValueError):
       'shape'
     """
 
+    exit_code = 1
+
     def __init__(
         self,
         mismatches: Sequence[Mismatch],
@@ -33,54 +109,178 @@ class TreeMismatchError(TreeguardError, ValueError):
         expected_from: str = "the expected",
         actual_from: str = "the actual",
         context: str | None = None,
+        hint: str | None = None,
     ) -> None:
         self.mismatches: tuple[Mismatch, ...] = tuple(mismatches)
         self.expected_from = expected_from
         self.actual_from = actual_from
+        # The hint line is part of the list's rendering: the one given, or a guess.
         text = format_mismatches(
-            self.mismatches, expected_from=expected_from, actual_from=actual_from
+            self.mismatches, expected_from=expected_from, actual_from=actual_from, hint=hint
         )
-        super().__init__(f"{context}: {text}" if context else text)
+        super().__init__(text, context=context)
 
 
 class InvalidTreeError(TreeguardError, TypeError):
-    """A tree that cannot be a parameter tree: it contains itself, or it holds
-    leaves that are not arrays.
+    """A tree that cannot be a parameter tree: it contains itself, it nests
+    too deeply, or it holds leaves that are not arrays.
 
     Attributes:
       path: the key path of the first problem, in ``keystr`` form.
       problems: ``(path, description)`` for every problem found.
     """
 
-    def __init__(self, problems: Sequence[tuple[str, str]], *, hint: str | None = None) -> None:
+    def __init__(
+        self,
+        problems: Sequence[tuple[str, str]],
+        *,
+        hint: str | None = None,
+        context: str | None = None,
+    ) -> None:
         self.problems = tuple(problems)
         self.path = self.problems[0][0] if self.problems else ""
         n = len(self.problems)
         lines = [f"{n} invalid {'leaf or node' if n == 1 else 'leaves or nodes'} in the tree:"]
-        lines += [f"  {p or '<root>'}: {d}" for p, d in self.problems[:20]]
-        if n > 20:
-            lines.append(f"  ... and {n - 20} more")
-        if hint:
-            lines.append(f"hint: {hint}")
-        super().__init__("\n".join(lines))
+        lines += cap_lines([f"  {p or '<root>'}: {d}" for p, d in self.problems])
+        super().__init__("\n".join(lines), context=context, hint=hint)
 
 
 class FormatError(TreeguardError, ValueError):
     """A file or JSON document is not ours, is truncated, oversized, malformed
-    or of an unknown version."""
+    or of an unknown version.
+
+    Attributes:
+      where: the field or byte range at fault, when known.
+    """
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        context: str | None = None,
+        hint: str | None = None,
+        where: str | None = None,
+    ) -> None:
+        self.where = where
+        super().__init__(message, context=context, hint=hint)
 
 
 class IntegrityError(TreeguardError, ValueError):
-    """Stored bytes do not match their recorded hash.
+    """Stored bytes do not match their recorded hash or digest.
 
     Attributes:
       path: the key path (tensor name) whose bytes differ, when known.
+      version: the store version whose file changed, when known.
     """
 
-    def __init__(self, message: str, *, path: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        path: str | None = None,
+        version: str | None = None,
+        context: str | None = None,
+        hint: str | None = None,
+    ) -> None:
         self.path = path
-        super().__init__(message)
+        self.version = version
+        super().__init__(message, context=context, hint=hint)
 
 
 class VerificationError(TreeguardError, AssertionError):
     """An acceptance check failed."""
+
+    exit_code = 1
+
+
+class NonFiniteError(TreeguardError, FloatingPointError):
+    """An update produced NaN or Inf, and ``on_nonfinite="raise"`` refused it.
+
+    The step is not applied: ``params`` (and ``state`` for an optimizer step)
+    hold the values from before the step, bit for bit, even with donated
+    buffers.
+
+    Attributes:
+      counts: ``{path: count}`` of non-finite values per leaf of the checked
+        params (or, with donated buffers, of the updates), in flatten order.
+      state_counts: the same for the optimizer state, if any.
+      params: the params as they were before the step.
+      state: the optimizer state as it was before the step, or None.
+    """
+
+    exit_code = 1
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        counts: Mapping[str, int],
+        state_counts: Mapping[str, int] | None = None,
+        params: Any = None,
+        state: Any = None,
+        hint: str | None = None,
+    ) -> None:
+        self.counts = dict(counts)
+        self.state_counts = dict(state_counts or {})
+        self.params = params
+        self.state = state
+        super().__init__(message, hint=hint)
+
+
+class TracedValueError(TreeguardError, TypeError):
+    """A check needs concrete values but was called inside a JAX
+    transformation (``jit``, ``vmap``, ``grad``), where values are abstract."""
+
+
+class StoreError(TreeguardError, ValueError):
+    """The store refused an operation: promoting an unverified version,
+    rolling back with no previous verified version, a directory that is not
+    a store, a damaged pointer or status file.
+
+    Attributes:
+      version: the version concerned, when there is one.
+    """
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        version: str | None = None,
+        context: str | None = None,
+        hint: str | None = None,
+    ) -> None:
+        self.version = version
+        super().__init__(message, context=context, hint=hint)
+
+
+class UnknownVersionError(StoreError, LookupError):
+    """No such version in the store, or a name that cannot be a version
+    (one that would escape the store's root)."""
+
+    def __str__(self) -> str:  # LookupError would quote the message
+        return self._render()
+
+
+class SignatureError(StoreError):
+    """A store opened with a key found a verdict that is unsigned, or signed
+    with another key, or that no longer matches what it signed: the verdict
+    is not trusted, whatever its status says."""
+
+
+#: The public classes, shown as ``treeguard.X`` in tracebacks.
+PUBLIC = (
+    TreeguardError,
+    TreeMismatchError,
+    InvalidTreeError,
+    FormatError,
+    IntegrityError,
+    VerificationError,
+    NonFiniteError,
+    TracedValueError,
+    StoreError,
+    UnknownVersionError,
+    SignatureError,
+)
+for _cls in PUBLIC:
+    _cls.__module__ = "treeguard"
+del _cls

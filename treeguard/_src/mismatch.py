@@ -75,6 +75,7 @@ def format_mismatches(
     expected_from: str = "the expected",
     actual_from: str = "the actual",
     limit: int = MAX_LISTED,
+    hint: str | None = None,
 ) -> str:
     """Renders mismatches as an error message: a head line, one line each, a hint.
 
@@ -83,6 +84,7 @@ def format_mismatches(
       expected_from: where the expected side came from.
       actual_from: where the actual side came from.
       limit: how many to list before the rest are counted.
+      hint: the last line's fix; by default the one ``hint_for`` guesses.
 
     Returns:
       The message text.
@@ -101,7 +103,7 @@ def format_mismatches(
     lines += ["  " + m.describe(expected_from, actual_from) for m in found[:limit]]
     if n > limit:
         lines.append(f"  ... and {n - limit} more")
-    hint = hint_for(found, expected_from=expected_from, actual_from=actual_from)
+    hint = hint or hint_for(found, expected_from=expected_from, actual_from=actual_from)
     if hint:
         lines.append(f"hint: {hint}")
     return "\n".join(lines)

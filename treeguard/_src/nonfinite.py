@@ -15,49 +15,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .errors import InvalidTreeError, TreeguardError
+from .errors import InvalidTreeError, TracedValueError
 from .paths import keystr
 from .spec import record_of, summarize
 from .walk import flatten, invalid_leaves, structure_of
 
 #: How many leaves an error lists before it says how many it left out.
 _LISTED = 20
-
-
-class NonFiniteError(TreeguardError, FloatingPointError):
-    """An update produced NaN or Inf, and ``on_nonfinite="raise"`` refused it.
-
-    The step is not applied: ``params`` (and ``state`` for an optimizer step)
-    hold the values from before the step, bit for bit, even with donated
-    buffers.
-
-    Attributes:
-      counts: ``{path: count}`` of non-finite values per leaf of the checked
-        params (or, with donated buffers, of the updates), in flatten order.
-      state_counts: the same for the optimizer state, if any.
-      params: the params as they were before the step.
-      state: the optimizer state as it was before the step, or None.
-    """
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        counts: Mapping[str, int],
-        state_counts: Mapping[str, int] | None = None,
-        params: Any = None,
-        state: Any = None,
-    ) -> None:
-        self.counts = dict(counts)
-        self.state_counts = dict(state_counts or {})
-        self.params = params
-        self.state = state
-        super().__init__(message)
-
-
-class TracedValueError(TreeguardError, TypeError):
-    """A check needs concrete values but was called inside a JAX
-    transformation (``jit``, ``vmap``, ``grad``), where values are abstract."""
 
 
 def is_inexact(dtype: Any) -> bool:

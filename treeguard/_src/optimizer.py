@@ -14,7 +14,7 @@ import jax
 import numpy as np
 
 from .diff import mismatches
-from .nonfinite import TracedValueError
+from .errors import TracedValueError
 from .step import (
     TRACED_RAISE,
     CheckedStep,
@@ -291,7 +291,7 @@ def optax_step(
       >>> step(params, grads, state)
       Traceback (most recent call last):
       ...
-      treeguard._src.errors.TreeMismatchError: 1 mismatch between the grads and the params:
+      treeguard.TreeMismatchError: 1 mismatch between the grads and the params:
         ['w']: dtype bfloat16 in the params, float32 in the grads
       hint: pass dtype_policy="cast" to cast on purpose (each cast is reported), ...
       >>> params, state = step(params, grads.copy() | {"w": jnp.ones(3, jnp.bfloat16)}, state)

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import math
 import os
 import re
-import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from operator import attrgetter
 from typing import Any, TypeAlias
@@ -16,6 +14,7 @@ from typing import Any, TypeAlias
 import jax
 import numpy as np
 
+from .atomic import atomic_write
 from .errors import FormatError, InvalidTreeError
 from .paths import Entry, Path, keystr
 from .walk import LEAF, Node, flatten, invalid_leaves, structure_of
@@ -476,26 +475,7 @@ class TreeSpec:
           >>> TreeSpec.load(target).num_leaves
           1
         """
-        target = os.path.abspath(os.fspath(path))
-        directory = os.path.dirname(target)
-        fd, tmp = tempfile.mkstemp(
-            prefix=f".{os.path.basename(target)}.", suffix=".tmp", dir=directory
-        )
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(self.to_json())
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, target)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            raise
-        dir_fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        atomic_write(path, self.to_json().encode("utf-8"))
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> TreeSpec:

@@ -30,9 +30,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from .diff import mismatches
-from .errors import InvalidTreeError, TreeguardError, TreeMismatchError
+from .errors import InvalidTreeError, NonFiniteError, TreeguardError, TreeMismatchError
 from .mismatch import Mismatch
-from .nonfinite import NonFiniteError, all_finite, describe_counts, find_nonfinite, is_inexact
+from .nonfinite import all_finite, describe_counts, find_nonfinite, is_inexact
 from .paths import keystr
 from .spec import describe_sharding, summarize
 from .walk import assert_acyclic, flatten, invalid_leaves, structure_of
@@ -102,15 +102,8 @@ def check_options(dtype_policy: str, on_nonfinite: str) -> None:
 def mismatch_error(
     found: Sequence[Mismatch], *, expected_from: str, actual_from: str, hint: str | None = None
 ) -> TreeMismatchError:
-    """A ``TreeMismatchError`` whose hint line is replaced by ``hint``."""
-    err = TreeMismatchError(found, expected_from=expected_from, actual_from=actual_from)
-    if hint is not None:
-        lines = str(err).split("\n")
-        if lines[-1].startswith("hint: "):
-            lines.pop()
-        lines.append(f"hint: {hint}")
-        err.args = ("\n".join(lines),)
-    return err
+    """A ``TreeMismatchError`` that ends with ``hint`` (or the guessed one)."""
+    return TreeMismatchError(found, expected_from=expected_from, actual_from=actual_from, hint=hint)
 
 
 @functools.cache

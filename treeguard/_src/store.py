@@ -46,7 +46,13 @@ from .checkpoint import (
     verify_file,
 )
 from .env import environment
-from .errors import FormatError, IntegrityError, TreeguardError, TreeMismatchError
+from .errors import (
+    FormatError,
+    IntegrityError,
+    StoreError,
+    TreeMismatchError,
+    UnknownVersionError,
+)
 from .spec import TreeSpec, summarize
 
 STORE_FORMAT = "treeguard.store/1"
@@ -69,16 +75,6 @@ UNREADABLE = "unreadable"
 #: false one (``False``, ``np.False_``, ``0``) or raising; an array of another
 #: shape is no truth value and fails too.
 Check = Callable[[Any], object] | tuple[str, Callable[[Any], object]]
-
-
-class StoreError(TreeguardError, ValueError):
-    """The store refused an operation: promoting an unverified version,
-    rolling back with no previous verified version, a corrupt pointer."""
-
-
-class UnknownVersionError(StoreError, LookupError):
-    """No such version in the store, or a name that cannot be a version
-    (one that would escape the store's root)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -217,7 +213,7 @@ class ArtifactStore:
       >>> store.promote(v2)
       Traceback (most recent call last):
       ...
-      treeguard._src.store.StoreError: version v000002 is rejected, not verified: ...
+      treeguard.StoreError: version v000002 is rejected, not verified: ...
     """
 
     def __init__(self, root: str | os.PathLike[str]) -> None:

@@ -17,9 +17,8 @@ import jax
 import numpy as np
 
 from .diff import mismatches
-from .errors import TreeMismatchError
+from .errors import TracedValueError, TreeMismatchError
 from .mismatch import Mismatch
-from .nonfinite import TracedValueError
 from .step import (
     TRACED_RAISE,
     Cast,
@@ -90,7 +89,7 @@ def tree_map(
       >>> tree_map(lambda p, g: p - 0.01 * g, params, grads)
       Traceback (most recent call last):
       ...
-      treeguard._src.errors.TreeMismatchError: 1 mismatch between tree 1 and tree 0:
+      treeguard.TreeMismatchError: 1 mismatch between tree 1 and tree 0:
         ['b']: shape (3,) in tree 0, (2, 3) in tree 1
       hint: an array of another shape would be broadcast or mis-assigned; fix it where it is built
     """
@@ -339,7 +338,7 @@ def updater(
       >>> sgd(params, {"dense1": {"w": jnp.ones((2, 3)), "b": jnp.ones((2, 3))}}, lr=0.01)
       Traceback (most recent call last):
       ...
-      treeguard._src.errors.TreeMismatchError: 1 mismatch between the updates and the params:
+      treeguard.TreeMismatchError: 1 mismatch between the updates and the params:
         ['dense1']['b']: shape (3,) in the params, (2, 3) in the updates
       hint: an update of another shape would broadcast silently; ...
     """
@@ -399,7 +398,7 @@ def apply_updates(
       >>> apply_updates(params, updates)
       Traceback (most recent call last):
       ...
-      treeguard._src.errors.TreeMismatchError: 1 mismatch between the updates and the params:
+      treeguard.TreeMismatchError: 1 mismatch between the updates and the params:
         ['w']: dtype bfloat16 in the params, float32 in the updates
       hint: pass dtype_policy="cast" to cast on purpose (each cast is reported), ...
       >>> new, casts = apply_updates(params, updates, dtype_policy="cast", report=True)

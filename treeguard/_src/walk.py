@@ -117,7 +117,7 @@ def assert_acyclic(tree: Any) -> None:
       >>> assert_acyclic(a)
       Traceback (most recent call last):
       ...
-      treeguard._src.errors.InvalidTreeError: 1 invalid leaf or node in the tree:
+      treeguard.InvalidTreeError: 1 invalid leaf or node in the tree:
         [1]: this list contains itself (a cycle back to <root>)
       hint: a pytree must be a tree; copy the shared container or break the cycle
     """

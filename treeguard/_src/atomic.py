@@ -1,0 +1,272 @@
+"""The file primitives every writer and reader shares.
+
+Writes are atomic: the bytes go to a uniquely named temp file beside the
+target (``.NAME.PID.RANDOM.tmp``), which is fsynced and renamed over the
+target, and then the directory is fsynced. A crash at any instant leaves the
+old file or the new one, never a mix, and a failed write leaves no temp file.
+Temps of a writer that died are reclaimed by :func:`remove_stale_temps`.
+
+Reads never follow a symbolic link, never block on a FIFO or a device and are
+bounded: :func:`open_regular` opens only regular files, and
+:func:`read_regular` refuses a file larger than its limit before reading it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import re
+import secrets
+import stat
+from collections.abc import Callable
+
+from .errors import FormatError
+
+#: Bytes one ``os.write`` call hands the kernel.
+CHUNK = 64 * 1024 * 1024
+#: The mode of every file treeguard writes (before the umask), as ``open`` gives.
+FILE_MODE = 0o666
+
+_TMP_RE = re.compile(r"^\.(?P<base>.+)\.(?P<pid>\d+)\.[0-9a-f]{8}\.tmp$")
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+
+
+def file_kind(mode: int) -> str:
+    """What a file that is not regular is, for an error message.
+
+    Example:
+      >>> file_kind(stat.S_IFIFO)
+      'a FIFO'
+    """
+    for test, kind in (
+        (stat.S_ISREG, "a regular file"),
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISLNK, "a symbolic link"),
+    ):
+        if test(mode):
+            return kind
+    return "not a file"  # pragma: no cover - every POSIX file type is named above
+
+
+def temp_path(target: str) -> str:
+    """A fresh temp name beside ``target``, recognised by :func:`remove_stale_temps`."""
+    dirname, base = os.path.split(target)
+    return os.path.join(dirname, f".{base}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+
+
+def fsync_dir(dirname: str) -> None:
+    """Makes a rename or an unlink in ``dirname`` durable."""
+    try:
+        dfd = os.open(dirname or ".", os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _CLOEXEC)
+    except OSError:  # pragma: no cover - platforms that cannot open directories
+        return
+    try:
+        os.fsync(dfd)
+    except OSError:  # pragma: no cover - file systems without directory fsync
+        pass
+    finally:
+        os.close(dfd)
+
+
+def write_all(fd: int, buf: memoryview | bytes) -> None:
+    """Writes every byte of ``buf`` (``os.write`` may write fewer)."""
+    view = memoryview(buf).cast("B")
+    while len(view):
+        n = os.write(fd, view[:CHUNK])
+        view = view[n:]
+
+
+def atomic_write(
+    path: str | os.PathLike[str],
+    data: bytes | Callable[[int], None],
+    /,
+    *,
+    sync: bool = True,
+) -> None:
+    """Replaces ``path`` with new content, atomically and durably.
+
+    Args:
+      path: the file to write. A symbolic link there is replaced, never
+        followed.
+      data: the bytes, or a function that writes them to the open file
+        descriptor it is given (and may ``pwrite`` into it).
+      sync: fsync the file and the directory (turn off only for scratch files).
+
+    Raises:
+      OSError: if the directory cannot be written; nothing is left behind.
+
+    Example:
+      >>> import tempfile, pathlib
+      >>> target = pathlib.Path(tempfile.mkdtemp()) / "a.json"
+      >>> atomic_write(target, b"{}")
+      >>> target.read_bytes(), oct(target.stat().st_mode & 0o777) == oct(0o666 & ~current_umask())
+      (b'{}', True)
+    """
+    target = os.path.abspath(os.fspath(path))
+    tmp = temp_path(target)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, FILE_MODE)
+    try:
+        try:
+            if callable(data):
+                data(fd)
+            else:
+                write_all(fd, data)
+            if sync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, target)  # a failed rename (a directory there) leaves no temp
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    if sync:
+        fsync_dir(os.path.dirname(target))
+
+
+def current_umask() -> int:
+    """The process's umask (read without changing it for long)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists on this host."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True
+    return True
+
+
+def remove_stale_temps(dirname: str, base: str | None = None) -> list[str]:
+    """Removes temp files left by writers that died (their pid is gone).
+
+    A crash during a write leaves ``.{name}.{pid}.{random}.tmp`` beside the
+    target. It never blocks a later write (every writer uses a fresh name);
+    this only reclaims the space. Only regular files are removed.
+
+    Args:
+      dirname: the directory to clean.
+      base: only temps for this target file name; all when None.
+
+    Returns:
+      The names removed.
+    """
+    removed: list[str] = []
+    try:
+        names = os.listdir(dirname or ".")
+    except OSError:
+        return removed
+    for entry in names:
+        m = _TMP_RE.match(entry)
+        if m is None or (base is not None and m.group("base") != base):
+            continue
+        if pid_alive(int(m.group("pid"))):
+            continue
+        path = os.path.join(dirname, entry)
+        with contextlib.suppress(OSError):
+            if stat.S_ISREG(os.lstat(path).st_mode):
+                os.unlink(path)
+                removed.append(entry)
+    return removed
+
+
+def open_regular(path: str | os.PathLike[str], /, *, what: str = "file") -> int:
+    """Opens a regular file for reading and returns its descriptor.
+
+    A symbolic link (also one swapped in after a check), a directory, a FIFO,
+    a device or a socket is refused without blocking.
+
+    Args:
+      path: the file.
+      what: what the file is, for the message (``"checkpoint"``).
+
+    Raises:
+      FormatError: for anything that is not a regular file, naming its kind.
+      FileNotFoundError: if nothing is there.
+
+    Example:
+      >>> import tempfile
+      >>> open_regular(tempfile.mkdtemp(), what="status file")
+      Traceback (most recent call last):
+      ...
+      treeguard.FormatError: ...: the status file is not a regular file but a directory
+      hint: ...
+    """
+    name = os.fspath(path)
+    try:
+        fd = os.open(name, os.O_RDONLY | _NOFOLLOW | _CLOEXEC | _NONBLOCK)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.EMLINK):
+            raise _not_regular(name, what, stat.S_IFLNK) from None
+        if e.errno == errno.EISDIR:
+            raise _not_regular(name, what, stat.S_IFDIR) from None
+        raise
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise _not_regular(name, what, st.st_mode)
+    return fd
+
+
+def _not_regular(name: str, what: str, mode: int) -> FormatError:
+    return FormatError(
+        f"the {what} is not a regular file but {file_kind(mode)}",
+        context=name,
+        hint="treeguard reads only regular files it wrote, and never follows links; "
+        "remove what is there and write the file again",
+    )
+
+
+def read_regular(path: str | os.PathLike[str], /, *, limit: int, what: str = "file") -> bytes:
+    """Reads a whole regular file of at most ``limit`` bytes (see :func:`open_regular`).
+
+    Raises:
+      FormatError: for a file that is not regular, or larger than ``limit``.
+      FileNotFoundError: if nothing is there.
+
+    Example:
+      >>> import tempfile, pathlib
+      >>> p = pathlib.Path(tempfile.mkdtemp()) / "x"
+      >>> _ = p.write_bytes(b"abc")
+      >>> read_regular(p, limit=3)
+      b'abc'
+    """
+    fd = open_regular(path, what=what)
+    try:
+        size = os.fstat(fd).st_size
+        if size > limit:
+            raise FormatError(
+                f"the {what} is {size} bytes, more than the {limit} allowed",
+                context=os.fspath(path),
+                hint="this is not a file treeguard wrote; restore it from a backup",
+            )
+        chunks: list[bytes] = []
+        total = 0
+        while total <= limit:  # the file may grow while it is read
+            chunk = os.read(fd, min(CHUNK, limit + 1 - total))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+        if total > limit:
+            raise FormatError(
+                f"the {what} grew past the {limit} bytes allowed while it was read",
+                context=os.fspath(path),
+            )
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
