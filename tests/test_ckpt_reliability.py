@@ -23,9 +23,11 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from treeguard import ArtifactStore, RetentionPolicy
 from treeguard._src.checkpoint import load, read_header, save, verify_file
 from treeguard._src.errors import FormatError, IntegrityError
-from treeguard._src.store import POINTER_FILE, ArtifactStore
+
+POINTER_FILE = "CURRENT.json"
 
 pytestmark = pytest.mark.reliability
 
@@ -53,7 +55,7 @@ _STORE_WORKER = textwrap.dedent(
     """
     import sys
     import numpy as np
-    from treeguard._src.store import ArtifactStore
+    from treeguard import ArtifactStore, RetentionPolicy
     root, tag = sys.argv[1], int(sys.argv[2])
     tree = {f"l{i:02d}": np.full((256, 1024), tag * 100 + i, np.float32) for i in range(32)}
     store = ArtifactStore(root)
@@ -61,7 +63,7 @@ _STORE_WORKER = textwrap.dedent(
     v = store.put(tree, metadata={"tag": tag})
     store.verify(v, checks=[lambda t: bool(np.isfinite(t["l00"]).all())])
     store.promote(v)
-    store.gc(keep=2)
+    store.gc(policy=RetentionPolicy(keep_last=2))
     print("done", flush=True)
     """
 )
@@ -164,7 +166,7 @@ def test_reliability_sigkill_during_store_update_keeps_current(tmp_path: Path) -
         # Every status file still reads: a kill never leaves a torn status.json.
         assert [v.version for v in store.versions() if v.status == "unreadable"] == []
     assert store.history()
-    store.gc(keep=1)
+    store.gc(policy=RetentionPolicy(keep_last=1))
     assert store.current() in [v.version for v in store.versions()]
 
 
@@ -246,7 +248,7 @@ def test_reliability_concurrent_savers_never_mix(tmp_path: Path) -> None:
 _PROMOTER = textwrap.dedent(
     """
     import sys
-    from treeguard._src.store import ArtifactStore
+    from treeguard import ArtifactStore, RetentionPolicy
     store = ArtifactStore(sys.argv[1])
     names = sys.argv[2].split(",")
     print("ready", flush=True)

@@ -10,9 +10,9 @@ import pytest
 from click.testing import CliRunner
 from corpus import seed_params
 
+from treeguard import ArtifactStore
 from treeguard._src.checkpoint import read_header, save
 from treeguard._src.spec import spec_of
-from treeguard._src.store import ArtifactStore
 from treeguard.cli_ckpt import ckpt, store
 
 
@@ -105,7 +105,10 @@ def test_store_commands(tmp_path: Path) -> None:
 def test_store_usage_errors_exit_2(tmp_path: Path) -> None:
     runner = CliRunner()
     assert runner.invoke(store, ["ls", str(tmp_path / "none")]).exit_code == 2
-    ArtifactStore(tmp_path)
+    assert not (tmp_path / "none").exists()  # a read-only command creates nothing
+    res = runner.invoke(store, ["ls", str(tmp_path)])
+    assert res.exit_code == 2 and "not a treeguard store (no STORE.json)" in res.output
+    assert runner.invoke(store, ["init", str(tmp_path)]).exit_code == 0
     res = runner.invoke(store, ["promote", str(tmp_path), "../../etc"])
     assert res.exit_code == 2 and "not a version name" in res.output
     assert runner.invoke(store, ["promote", str(tmp_path), "v000009"]).exit_code == 2

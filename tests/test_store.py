@@ -12,16 +12,18 @@ import numpy as np
 import pytest
 from corpus import seed_params
 
-from treeguard._src.checkpoint import read_header
-from treeguard._src.errors import IntegrityError
-from treeguard._src.spec import spec_of
-from treeguard._src.store import (
-    MODEL_FILE,
-    POINTER_FILE,
+from treeguard import (
     ArtifactStore,
+    IntegrityError,
+    RetentionPolicy,
     StoreError,
     UnknownVersionError,
+    read_header,
+    spec_of,
 )
+
+MODEL_FILE = "model.safetensors"
+POINTER_FILE = "CURRENT.json"
 
 
 def _params(scale: float = 1.0) -> dict[str, Any]:
@@ -48,7 +50,7 @@ def _verified(store: ArtifactStore, tree: Any, **kw: Any) -> str:
 
 
 def test_full_lifecycle(tmp_path: Path) -> None:
-    store = ArtifactStore(tmp_path / "s")
+    store = ArtifactStore.init(tmp_path / "s")
     assert store.current() is None and store.versions() == []
     v1 = store.put(_params(1.0), metadata={"step": 100})
     assert v1 == "v000001" and store.info(v1).status == "candidate"
@@ -65,6 +67,7 @@ def test_full_lifecycle(tmp_path: Path) -> None:
     store.promote(v2)
     assert store.current() == v2 and store.previous() == v1
     assert [e.action for e in store.history()] == [
+        "init",
         "put",
         "verify",
         "promote",
@@ -138,7 +141,7 @@ def test_rollback_after_a_rejected_candidate(tmp_path: Path) -> None:
     assert store.rollback() == v1
     assert store.current() == v1
     assert store.load_current(_params(0.0))["dense1"]["w"][0, 0] == 1.0
-    with pytest.raises(StoreError, match="no previous verified version"):
+    with pytest.raises(StoreError, match="no former version to roll back to"):
         store.rollback()
     actions = [(e.action, e.version) for e in store.history()]
     assert ("rollback", v1) in actions
@@ -168,15 +171,15 @@ def test_gc_keeps_current_previous_and_newest(tmp_path: Path) -> None:
     for v in rejected:
         store.verify(v, checks=[lambda t: False])
     newest = store.put(_params(4.0))
-    removed = store.gc(keep=1)
+    removed = store.gc(policy=RetentionPolicy(keep_last=1))
     assert sorted(removed) == sorted(rejected)
     assert [v.version for v in store.versions()] == [v1, v2, newest]
-    assert store.gc(keep=0) == [newest]
+    assert store.gc(policy=RetentionPolicy(keep_last=0)) == [newest]
     assert [v.version for v in store.versions()] == [v1, v2]  # current and previous stay
     assert store.load_current(_params())["dense2"]["w"][0, 0] == 2.0
     assert store.history()[-1].action == "gc"
     with pytest.raises(ValueError, match="keep"):
-        store.gc(keep=-1)
+        store.gc(policy=RetentionPolicy(keep_last=-1))
 
 
 def test_gc_removes_dead_writers_and_reserved_dirs(tmp_path: Path) -> None:
@@ -187,7 +190,7 @@ def test_gc_removes_dead_writers_and_reserved_dirs(tmp_path: Path) -> None:
     status.update(status="writing", pid=2**22 + 12345)  # no such process
     status_path.write_text(json.dumps(status))
     (tmp_path / "versions" / "v000007").mkdir()  # reserved, never written
-    assert sorted(store.gc(keep=5)) == [v, "v000007"]
+    assert sorted(store.gc(policy=RetentionPolicy(keep_last=5))) == [v, "v000007"]
     assert not any(p.name.startswith(".trash") for p in (tmp_path / "versions").iterdir())
 
 
@@ -201,7 +204,7 @@ def test_version_names_cannot_escape_the_root(tmp_path: Path, name: str) -> None
     for op in (store.promote, store.info, lambda n: store.verify(n)):
         with pytest.raises(UnknownVersionError):
             op(name)
-    assert sorted(os.listdir(tmp_path)) == ["s"]
+    assert os.listdir(tmp_path) == []  # nothing was created
 
 
 def test_named_versions_and_duplicates(tmp_path: Path) -> None:
@@ -227,7 +230,9 @@ def test_promote_refuses_a_file_changed_after_verify(tmp_path: Path) -> None:
     v = _verified(store, _params())
     other = store.put(_params(5.0))
     os.replace(store.info(other).path, store.info(v).path)
-    with pytest.raises(StoreError, match="changed since it was verified"):
+    with pytest.raises(
+        IntegrityError, match="version v000001: its checkpoint changed since it was verified"
+    ):
         store.promote(v)
 
 
@@ -252,13 +257,13 @@ def test_load_current_detects_corruption_and_can_fall_back(tmp_path: Path) -> No
 
 def test_load_current_before_any_promotion(tmp_path: Path) -> None:
     with pytest.raises(StoreError, match="no current version"):
-        ArtifactStore(tmp_path).load_current()
+        ArtifactStore.init(tmp_path).load_current()
 
 
 def test_corrupt_pointer_is_reported(tmp_path: Path) -> None:
-    store = ArtifactStore(tmp_path)
+    store = ArtifactStore.init(tmp_path)
     (tmp_path / POINTER_FILE).write_text("{not json")
-    with pytest.raises(StoreError, match="not valid JSON"):
+    with pytest.raises(StoreError, match="pointer is damaged: the pointer is not valid JSON"):
         store.current()
 
 
@@ -272,10 +277,10 @@ def test_model_file_is_a_checkpoint(tmp_path: Path) -> None:
 def test_gc_with_keep_larger_than_the_count_removes_nothing(tmp_path: Path) -> None:
     store = ArtifactStore(tmp_path)
     v1, v2 = store.put(_params(1.0)), store.put(_params(2.0))
-    assert store.gc(keep=3) == []
+    assert store.gc(policy=RetentionPolicy(keep_last=3)) == []
     assert [v.version for v in store.versions()] == [v1, v2]
-    assert store.gc(keep=2) == []
-    assert store.gc(keep=1) == [v1]
+    assert store.gc(policy=RetentionPolicy(keep_last=2)) == []
+    assert store.gc(policy=RetentionPolicy(keep_last=1)) == [v1]
 
 
 @pytest.mark.parametrize(
@@ -322,7 +327,7 @@ def test_promote_rehashes_every_tensor(tmp_path: Path) -> None:
     with open(path, "r+b") as f:
         f.seek(h.data_start + t.begin + 2)
         f.write(b"\x7f")
-    with pytest.raises(StoreError, match=r"\['dense2'\]\['w'\]: f32\[3,1\]: sha256") as info:
+    with pytest.raises(IntegrityError, match=r"\['dense2'\]\['w'\]: f32\[3,1\]: sha256") as info:
         store.promote(v)
     assert f"version {v}: its checkpoint changed since it was verified" in str(info.value)
     assert isinstance(info.value.__cause__, IntegrityError)
@@ -336,28 +341,32 @@ def test_put_with_bad_metadata_leaves_nothing(tmp_path: Path) -> None:
     assert "hint:" in str(info.value)
     with pytest.raises(TypeError, match=r"metadata\['loss'\]: .*nan"):
         store.put(_params(), metadata={"loss": float("nan")})
-    assert os.listdir(tmp_path / "versions") == []
-    assert store.versions() == [] and store.history() == []
+    assert os.listdir(tmp_path) == []  # nothing created, not even the store
     assert store.put(_params()) == "v000001"
 
 
-def test_write_json_leaves_no_temp_file_on_failure(tmp_path: Path) -> None:
-    from treeguard._src.store import _write_json
+def test_atomic_write_leaves_no_temp_file_on_failure(tmp_path: Path) -> None:
+    from treeguard._src.atomic import atomic_write
+
+    def fail(fd: int) -> None:
+        os.write(fd, b"half")
+        raise OSError(28, "No space left on device")
 
     target = tmp_path / "x.json"
-    with pytest.raises(TypeError):
-        _write_json(str(target), {"bad": object()})
-    assert os.listdir(tmp_path) == []
+    target.write_bytes(b"old")
+    with pytest.raises(OSError, match="No space"):
+        atomic_write(target, fail)
+    assert os.listdir(tmp_path) == ["x.json"] and target.read_bytes() == b"old"
 
 
-def test_a_failed_save_in_put_removes_the_version_dir(tmp_path: Path) -> None:
+def test_a_failed_save_in_put_removes_the_version_dir_and_burns_its_name(tmp_path: Path) -> None:
     from treeguard._src.errors import InvalidTreeError
 
     store = ArtifactStore(tmp_path)
     with pytest.raises(InvalidTreeError):
         store.put({"w": np.ones(2, np.float32), "s": "not an array"})
     assert os.listdir(tmp_path / "versions") == []
-    assert store.put(_params()) == "v000001"
+    assert store.put(_params()) == "v000002"  # a name is never handed out twice
 
 
 def test_verify_refuses_a_version_still_being_written(tmp_path: Path) -> None:
@@ -400,7 +409,9 @@ def test_a_malformed_status_file_is_a_store_error(tmp_path: Path, bad: dict[str,
     listed = store.versions()
     assert [(i.version, i.status) for i in listed] == [(good, "candidate"), (v, "unreadable")]
     assert str(status_path) in (listed[1].reason or "")
-    assert store.gc(keep=0) == [good]  # an unreadable version is never deleted
+    assert store.gc(policy=RetentionPolicy(keep_last=0)) == [
+        good
+    ]  # an unreadable version is never deleted
     assert [i.version for i in store.versions()] == [v]
 
 

@@ -35,6 +35,7 @@ from ._src.spec import TreeSpec as TreeSpec
 from ._src.spec import spec_of as spec_of
 from ._src.step import Cast as Cast
 from ._src.store import ArtifactStore as ArtifactStore
+from ._src.store import RetentionPolicy as RetentionPolicy
 from ._src.update import Updater as Updater
 from ._src.update import apply_updates as apply_updates
 from ._src.update import tree_map as tree_map
@@ -53,6 +54,7 @@ __all__ = [
     "Mismatch",
     "NonFiniteError",
     "OptaxStep",
+    "RetentionPolicy",
     "SignatureError",
     "StoreError",
     "TracedValueError",

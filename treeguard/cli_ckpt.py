@@ -29,7 +29,7 @@ from ._src.errors import (
     UnknownVersionError,
 )
 from ._src.spec import TreeSpec
-from ._src.store import ArtifactStore
+from ._src.store import ArtifactStore, RetentionPolicy
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 #: Files smaller than this verify too fast for a progress bar to help.
@@ -212,16 +212,36 @@ def verify_command(file: Path, like: Path | None) -> None:
 
 @click.group("store", context_settings={"help_option_names": ["-h", "--help"]})
 def store() -> None:
-    """Manage an artifact store: list, verify, promote, roll back, collect garbage."""
+    """Manage an artifact store: list, verify, promote, roll back, collect garbage.
+
+    Exit codes: 0 done; 1 refused (a version not verified, a changed file, a
+    bad signature, no version to roll back to, a rejected verify); 2 usage or
+    a directory that is not a store. With $TREEGUARD_STORE_KEY_FILE set,
+    verdicts are signed and unsigned ones refused.
+    """
 
 
 def _open_store(root: Path) -> ArtifactStore:
-    if not root.is_dir():
-        _exit(EXIT_USAGE, f"{root}: no such store directory")
+    """Opens an existing store; reads nothing and creates nothing."""
     try:
-        return ArtifactStore(root)
+        s = ArtifactStore(root)
+        s.current()  # a directory that is not a store, or a damaged pointer, stops here
+    except StoreError as e:
+        _exit(EXIT_USAGE, str(e))
+    except OSError as e:
+        _exit(EXIT_USAGE, f"{root}: {e}")
+    return s
+
+
+@store.command("init")
+@click.argument("root", type=click.Path(path_type=Path))
+def init_command(root: Path) -> None:
+    """Make ROOT a store (created if absent; an existing store is left as it is)."""
+    try:
+        s = ArtifactStore.init(root)
     except (StoreError, OSError) as e:
         _exit(EXIT_USAGE, str(e))
+    _out().print(f"[green]store[/green]: {s.root}")
 
 
 @contextmanager
@@ -230,9 +250,9 @@ def _store_errors() -> Iterator[None]:
         yield
     except UnknownVersionError as e:
         _exit(EXIT_USAGE, str(e))
-    except StoreError as e:
+    except (StoreError, IntegrityError) as e:
         _exit(EXIT_FAIL, str(e))
-    except OSError as e:
+    except (FormatError, OSError) as e:
         _exit(EXIT_USAGE, str(e))
 
 
@@ -351,10 +371,10 @@ def rollback_command(root: Path) -> None:
     help="How many of the newest versions to keep.",
 )
 def gc_command(root: Path, keep: int) -> None:
-    """Remove old versions; never the current or the previous verified one."""
+    """Remove old versions; never the current or a former current one."""
     s = _open_store(root)
     with _store_errors():
-        removed = s.gc(keep=keep)
+        removed = s.gc(policy=RetentionPolicy(keep_last=keep))
     _out().print(f"removed {len(removed)}: {', '.join(removed) or 'nothing'}")
 
 

@@ -1,0 +1,154 @@
+"""The gates a version passes before it is promoted, rolled back to or
+served: its verdict must be ``verified``, signed when the store has a key,
+and computed on the very bytes that are there now.
+
+Integrity and authenticity are different promises. Every store checks
+integrity: each verdict records the digest of the checkpoint it was computed
+on (the header digest, which covers every tensor's sha256), and each gate
+re-reads the file and compares. Anyone who can write the store's directory
+can still recompute hashes and edit ``status.json``; only a store opened
+with a key also gives authenticity. It signs each verdict with HMAC-SHA256
+over the store's id, the version, its uid, the file digest, the status, the
+reason and the checks, and its gates refuse a verdict that is unsigned or
+whose signature does not match.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+from typing import Any
+
+from .. import strict_json
+from ..atomic import read_regular
+from ..checkpoint import Header, load, read_header, verify_file
+from ..errors import FormatError, IntegrityError, SignatureError, StoreError
+
+#: The environment variable naming a key file, used when no ``key=`` is given.
+KEY_ENV = "TREEGUARD_STORE_KEY_FILE"
+_PREFIX = "hmac-sha256:"
+_MIN_KEY = 16
+
+
+def resolve_key(key: bytes | str | None) -> bytes | None:
+    """The key to sign with: ``key``, else the file ``$TREEGUARD_STORE_KEY_FILE`` names.
+
+    Raises:
+      StoreError: for a key shorter than 16 bytes or a key file that cannot
+        be read.
+    """
+    source = "key="
+    if key is None:
+        path = os.environ.get(KEY_ENV)
+        if not path:
+            return None
+        source = f"{KEY_ENV}={path}"
+        try:
+            key = read_regular(path, limit=4096, what="key file").strip()
+        except (FormatError, OSError) as e:
+            raise StoreError(
+                f"cannot read the key file: {e}",
+                context=source,
+                hint="point the variable at a regular file of at least 16 random bytes",
+            ) from None
+    raw = key.encode("utf-8") if isinstance(key, str) else bytes(key)
+    if len(raw) < _MIN_KEY:
+        raise StoreError(
+            f"the store key is {len(raw)} bytes; at least {_MIN_KEY} are needed",
+            context=source,
+            hint="make one with `python -c 'import secrets; print(secrets.token_hex(32))'`",
+        )
+    return raw
+
+
+def _message(store_id: str, version: str, record: dict[str, Any]) -> bytes:
+    signed = {
+        "store": store_id,
+        "version": version,
+        "uid": record.get("uid"),
+        "digest": record.get("digest"),
+        "status": record.get("status"),
+        "reason": record.get("reason"),
+        "checks": record.get("checks") or [],
+    }
+    return strict_json.dumps(signed).encode("ascii")
+
+
+def sign(key: bytes, store_id: str, version: str, record: dict[str, Any]) -> str:
+    """The signature of a verdict record."""
+    return _PREFIX + hmac.new(key, _message(store_id, version, record), hashlib.sha256).hexdigest()
+
+
+def check_signature(key: bytes | None, store_id: str, version: str, record: dict[str, Any]) -> None:
+    """Refuses a verdict that a store with a key did not sign.
+
+    Raises:
+      SignatureError: if ``key`` is set and the record is unsigned or its
+        signature does not match what it claims.
+    """
+    if key is None:
+        return
+    got = record.get("signature")
+    if not isinstance(got, str):
+        raise SignatureError(
+            f"version {version}'s verdict is not signed, and this store has a key",
+            version=version,
+            hint=f"verify it again with the key (store.verify({version!r})) to sign it",
+        )
+    if not hmac.compare_digest(got, sign(key, store_id, version, record)):
+        raise SignatureError(
+            f"version {version}'s verdict signature does not match: the verdict or its "
+            "file digest was changed, or it was signed with another key",
+            version=version,
+            hint="do not trust this version; verify it again with the right key",
+        )
+
+
+def require_verified(version: str, record: dict[str, Any]) -> str:
+    """The recorded digest of a verified version.
+
+    Raises:
+      StoreError: if the version is not verified or has no digest.
+    """
+    if record["status"] != "verified":
+        why = f": {record['reason'].splitlines()[0]}" if record.get("reason") else ""
+        raise StoreError(
+            f"version {version} is {record['status']}, not verified{why}",
+            version=version,
+            hint=f"run store.verify({version!r}) first; only a verified version is used",
+        )
+    digest = record.get("digest")
+    if not isinstance(digest, str):
+        raise StoreError(
+            f"version {version} is marked verified but its record holds no file digest",
+            version=version,
+            hint=f"verify it again: store.verify({version!r})",
+        )
+    return digest
+
+
+def _digest_mismatch(path: str, recorded: str, found: str) -> IntegrityError:
+    return IntegrityError(
+        f"the file's digest is {found[:12]}…, not the {recorded[:12]}… recorded for it",
+        context=path,
+        hint="the file changed after its digest was recorded; do not use it",
+    )
+
+
+def load_expecting(path: str, /, *, like: Any, digest: str | None) -> Any:
+    """``load`` with every hash checked, refusing a file whose header digest
+    is not ``digest`` (when given) before any array is read."""
+    if digest is not None:
+        found = read_header(path).digest
+        if found != digest:
+            raise _digest_mismatch(path, digest, found)
+    return load(path, like=like)
+
+
+def verify_expecting(path: str, /, *, digest: str) -> Header:
+    """``verify_file`` (every byte re-hashed), refusing another digest."""
+    header = verify_file(path)
+    if header.digest != digest:
+        raise _digest_mismatch(path, digest, header.digest)
+    return header

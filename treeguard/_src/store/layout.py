@@ -1,0 +1,265 @@
+"""Where a store keeps what, and how each path in it is opened.
+
+A store is a directory that holds a marker, ``STORE.json``; nothing else is
+treated as a store. Every path inside is checked before it is used: the
+root, ``versions/`` and each version's directory must be real directories
+(never symbolic links), and files are opened only through
+``atomic.open_regular``, which follows no link and never blocks. Version
+names are validated so none escapes the root, and auto-numbered names come
+from a counter in the marker, so a name is never handed out twice.
+
+::
+
+    ROOT/
+      STORE.json       the marker: format, the store's id, the name counter,
+                       the names gc retired
+      CURRENT.json     the pointer (see pointer.py)
+      log.jsonl        the event log (see log.py)
+      .lock            taken with flock around every change
+      versions/NAME/   model.safetensors and status.json (see records.py)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import secrets
+import stat
+from collections.abc import Iterator
+from typing import Any
+
+from .. import strict_json
+from ..atomic import FILE_MODE, atomic_write, file_kind, read_regular
+from ..errors import FormatError, StoreError, UnknownVersionError
+
+STORE_FORMAT = "treeguard.store/1"
+MARKER_FILE = "STORE.json"
+MODEL_FILE = "model.safetensors"
+STATUS_FILE = "status.json"
+POINTER_FILE = "CURRENT.json"
+LOG_FILE = "log.jsonl"
+VERSIONS = "versions"
+LOCK_FILE = ".lock"
+#: The most bytes a small store file (marker, pointer, status) may have.
+SMALL_FILE_LIMIT = 16 * 1024 * 1024
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+AUTO_RE = re.compile(r"^v(\d{6,18})$")
+
+_NOT_A_STORE_HINT = (
+    "pass the directory given to the first put, or make this one a store with "
+    "`treeguard store init ROOT` (ArtifactStore.init(root))"
+)
+
+
+def check_name(version: object) -> str:
+    """``version`` if it can name a version, else ``UnknownVersionError``."""
+    if not isinstance(version, str) or not NAME_RE.match(version) or ".." in version:
+        raise UnknownVersionError(
+            f"{str(version)[:60]!r} is not a version name: names are 1-128 letters, digits, "
+            "'.', '_' or '-', starting with a letter or digit, so none escapes the store root",
+            hint="use a name such as 'v000003' or 'release-2'",
+        )
+    return version
+
+
+def _kind(path: str) -> str | None:
+    """What is at ``path`` (without following a link), or None if nothing."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return None
+    return "dir" if stat.S_ISDIR(mode) else file_kind(mode)
+
+
+class Layout:
+    """The paths of one store, and the checks made before each is used.
+
+    Args:
+      root: the store's directory.
+    """
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = os.path.abspath(os.fspath(root))
+
+    def path(self, *parts: str) -> str:
+        return os.path.join(self.root, *parts)
+
+    # -- the marker ------------------------------------------------------
+
+    def exists(self) -> bool:
+        """Whether the root holds a store's marker (a regular file)."""
+        return _kind(self.path(MARKER_FILE)) == "a regular file"
+
+    def require(self) -> dict[str, Any]:
+        """The marker, after checking that the root is a store.
+
+        Raises:
+          StoreError: for a root that is missing, a link, not a directory,
+            or holds no marker; for a damaged marker; for a ``versions``
+            that is not a real directory.
+        """
+        kind = _kind(self.root)
+        if kind != "dir":
+            what = "does not exist" if kind is None else f"is {kind}, not a directory"
+            raise StoreError(f"the store root {what}", context=self.root, hint=_NOT_A_STORE_HINT)
+        if not self.exists():
+            kind = _kind(self.path(MARKER_FILE))
+            what = f" ({MARKER_FILE} is {kind})" if kind else f" (no {MARKER_FILE})"
+            raise StoreError(
+                f"not a treeguard store{what}", context=self.root, hint=_NOT_A_STORE_HINT
+            )
+        marker = self._read_marker()
+        self.versions_dir()
+        return marker
+
+    def _read_marker(self) -> dict[str, Any]:
+        path = self.path(MARKER_FILE)
+        try:
+            data = strict_json.loads(
+                read_regular(path, limit=SMALL_FILE_LIMIT, what="store marker"),
+                what="store marker",
+                context=path,
+            )
+        except FormatError as e:
+            raise StoreError(e.message, context=path, hint=e.hint) from e
+        if (
+            not isinstance(data, dict)
+            or data.get("format") != STORE_FORMAT
+            or not isinstance(data.get("id"), str)
+            or not isinstance(data.get("counter"), int)
+            or isinstance(data.get("counter"), bool)
+            or not isinstance(data.get("retired", []), list)
+            or not all(isinstance(n, str) for n in data.get("retired", []))
+        ):
+            raise StoreError(
+                f"the store marker is not a {STORE_FORMAT} marker",
+                context=path,
+                hint="restore STORE.json from a backup; the store will not guess what it held",
+            )
+        return data
+
+    def write_marker(self, marker: dict[str, Any]) -> None:
+        atomic_write(self.path(MARKER_FILE), (strict_json.dumps(marker) + "\n").encode())
+
+    def init(self) -> dict[str, Any]:
+        """Makes the root a store (creating it if absent); a no-op on a store.
+
+        Raises:
+          StoreError: for a root or ``versions`` that is a link or not a
+            directory.
+        """
+        kind = _kind(self.root)
+        if kind is None:
+            os.makedirs(self.root, exist_ok=True)
+        elif kind != "dir":
+            raise StoreError(
+                f"the store root is {kind}, not a directory",
+                context=self.root,
+                hint="pass a directory",
+            )
+        if self.exists():
+            return self.require()
+        versions = self.path(VERSIONS)
+        vkind = _kind(versions)
+        if vkind is None:
+            os.mkdir(versions)
+        elif vkind != "dir":
+            raise StoreError(
+                f"{VERSIONS} is {vkind}, not a directory",
+                context=self.root,
+                hint="the store never follows links; remove it or pick another root",
+            )
+        counter = max(
+            (int(m.group(1)) for n in os.listdir(versions) if (m := AUTO_RE.match(n))), default=0
+        )
+        marker = {
+            "format": STORE_FORMAT,
+            "id": secrets.token_hex(16),
+            "counter": counter,
+            "retired": [],
+        }
+        self.write_marker(marker)
+        return marker
+
+    # -- directories -----------------------------------------------------
+
+    def versions_dir(self) -> str:
+        path = self.path(VERSIONS)
+        kind = _kind(path)
+        if kind != "dir":
+            what = "missing" if kind is None else f"{kind}, not a directory"
+            raise StoreError(
+                f"{VERSIONS} is {what}",
+                context=self.root,
+                hint="the store never follows links; restore versions/ from a backup",
+            )
+        return path
+
+    def version_dir(self, version: str) -> str:
+        """The directory of ``version`` (which may not exist yet)."""
+        return os.path.join(self.versions_dir(), check_name(version))
+
+    def existing_version(self, version: str) -> str:
+        """The directory of an existing version, after checking it is real.
+
+        Raises:
+          UnknownVersionError: if there is no such version, or it is a link
+            or not a directory.
+        """
+        path = self.version_dir(version)
+        kind = _kind(path)
+        if kind == "dir" and _kind(os.path.join(path, STATUS_FILE)) is not None:
+            return path
+        if kind not in (None, "dir"):
+            raise UnknownVersionError(
+                f"version {version} is {kind}, not a directory; refused",
+                context=self.root,
+                hint="the store never follows links; remove it",
+            )
+        raise UnknownVersionError(
+            f"no version {version} in the store",
+            context=self.root,
+            hint="`treeguard store ls ROOT` lists the versions",
+        )
+
+    def version_names(self) -> list[str]:
+        """The names of the real directories under ``versions/`` that may be versions."""
+        base = self.versions_dir()
+        return sorted(
+            n
+            for n in os.listdir(base)
+            if NAME_RE.match(n) and ".." not in n and _kind(os.path.join(base, n)) == "dir"
+        )
+
+    # -- the lock --------------------------------------------------------
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """Holds the store's exclusive lock (``flock`` on ``.lock``), after
+        checking that the root is a store."""
+        self.require()
+        path = self.path(LOCK_FILE)
+        flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+        try:
+            fd = os.open(path, flags | getattr(os, "O_NONBLOCK", 0), FILE_MODE)
+        except OSError as e:
+            raise StoreError(
+                f"cannot open the lock file ({e.strerror})",
+                context=path,
+                hint="the lock must be a regular file; remove whatever is there",
+            ) from None
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise StoreError(
+                    f"the lock file is {file_kind(os.fstat(fd).st_mode)}",
+                    context=path,
+                    hint="remove it; the store makes a new one",
+                )
+            import fcntl
+
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # closing releases the lock

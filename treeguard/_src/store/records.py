@@ -1,0 +1,217 @@
+"""A version's record, ``status.json``: what it is, and the verdict on it.
+
+A record holds the version's status (``writing``, ``candidate``,
+``verified``, ``rejected``), its ``uid`` (random, fixed at put, so a
+verdict can tell whether the version it checked is still the one there),
+the sizes, the caller's metadata and, once verified or rejected, the
+verdict: the reason, the checks, the digest of the file it was computed on
+and, in a store with a key, the verdict's signature. Records are read
+strictly: every field's type is checked, and a damaged record is reported,
+never guessed at.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import os
+from typing import Any
+
+from .. import strict_json
+from ..atomic import atomic_write, read_regular
+from ..errors import FormatError, StoreError
+from .layout import MODEL_FILE, SMALL_FILE_LIMIT, STATUS_FILE, STORE_FORMAT
+
+STATUSES = ("writing", "candidate", "verified", "rejected")
+#: The status ``versions`` gives a version whose ``status.json`` cannot be
+#: read; its ``reason`` says why. Nothing changes such a version, ``gc`` included.
+UNREADABLE = "unreadable"
+
+_HINT = "the store writes status.json itself; restore it from a backup, or verify the version again"
+
+#: The optional fields of a record and the JSON types each may have.
+_FIELDS: dict[str, tuple[type, ...]] = {
+    "uid": (str,),
+    "pid": (int,),
+    "reason": (str,),
+    "created": (str,),
+    "updated": (str,),
+    "metadata": (dict,),
+    "checks": (list,),
+    "contract": (str,),
+    "num_leaves": (int,),
+    "num_params": (int,),
+    "nbytes": (int,),
+    "digest": (str,),
+    "signature": (str,),
+    "verified_env": (dict,),
+    "format": (str,),
+    "version": (str,),
+}
+
+
+def now() -> str:
+    """The time, ISO 8601 in UTC, to the millisecond."""
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds")
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckResult:
+    """The outcome of one check run by ``verify``.
+
+    Attributes:
+      name: the check's name.
+      ok: whether it passed.
+      detail: why it failed, or a short note.
+    """
+
+    name: str
+    ok: bool
+    detail: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class VersionInfo:
+    """A version's record, read from its ``status.json``.
+
+    Attributes:
+      version: the name.
+      status: ``writing``, ``candidate``, ``verified`` or ``rejected``;
+        ``unreadable`` (from ``versions`` only) if its ``status.json`` is
+        damaged.
+      reason: why it was rejected or is unreadable (or a note), else None.
+      created: when it was put, ISO 8601 in UTC.
+      updated: when its status last changed.
+      metadata: the caller's metadata given to ``put``.
+      checks: the checks the last ``verify`` ran.
+      contract: what the last ``verify`` compared the structure with.
+      num_leaves: the leaf count.
+      num_params: the element count.
+      nbytes: the bytes of array data.
+      digest: the digest of the checkpoint the verdict was computed on.
+      path: the checkpoint file.
+      signed: whether the verdict carries a signature (whether it is a
+        valid one is checked by the store that holds the key).
+    """
+
+    version: str
+    status: str
+    reason: str | None
+    created: str
+    updated: str
+    metadata: dict[str, Any]
+    checks: tuple[CheckResult, ...]
+    contract: str | None
+    num_leaves: int | None
+    num_params: int | None
+    nbytes: int | None
+    digest: str | None
+    path: str
+    signed: bool = False
+
+
+def read(version_dir: str) -> dict[str, Any]:
+    """The record in ``version_dir``, validated field by field.
+
+    Raises:
+      StoreError: for a record that is not a regular file, not strict JSON,
+        of another format, or with a field of the wrong type, naming the
+        file and the field.
+    """
+    path = os.path.join(version_dir, STATUS_FILE)
+    try:
+        data = strict_json.loads(
+            read_regular(path, limit=SMALL_FILE_LIMIT, what="status file"),
+            what="status file",
+            context=path,
+        )
+    except FormatError as e:
+        raise StoreError(e.message, context=path, hint=e.hint) from e
+    if not isinstance(data, dict) or data.get("status") not in STATUSES:
+        status = data.get("status") if isinstance(data, dict) else None
+        raise StoreError(
+            f"status.json is malformed: status {str(status)[:40]!r} is not one of "
+            f"{', '.join(STATUSES)}",
+            context=path,
+            hint=_HINT,
+        )
+    for key, kinds in _FIELDS.items():
+        value = data.get(key)
+        if value is not None and (not isinstance(value, kinds) or isinstance(value, bool)):
+            raise StoreError(
+                f"status.json is malformed: {key} is a {type(value).__name__}, expected "
+                f"{' or '.join(k.__name__ for k in kinds)}",
+                context=path,
+                hint=_HINT,
+            )
+    check_results(data.get("checks") or [], path)
+    return data
+
+
+def write(version_dir: str, version: str, data: dict[str, Any]) -> dict[str, Any]:
+    """Replaces the record atomically; returns what was written."""
+    data = {**data, "format": STORE_FORMAT, "version": version, "updated": now()}
+    text = json.dumps(data, indent=2, sort_keys=True, ensure_ascii=True, allow_nan=False)
+    atomic_write(os.path.join(version_dir, STATUS_FILE), (text + "\n").encode("ascii"))
+    return data
+
+
+def check_results(raw: list[Any], where: str) -> tuple[CheckResult, ...]:
+    """The ``checks`` of a record, validated."""
+    out: list[CheckResult] = []
+    for i, c in enumerate(raw):
+        if (
+            not isinstance(c, dict)
+            or not {"name", "ok"} <= set(c) <= {"name", "ok", "detail"}
+            or not isinstance(c["name"], str)
+            or not isinstance(c["ok"], bool)
+            or not isinstance(c.get("detail", ""), str)
+        ):
+            raise StoreError(
+                f'status.json is malformed: checks[{i}] is not {{"name": str, "ok": bool, '
+                '"detail": str}',
+                context=where,
+                hint=_HINT,
+            )
+        out.append(CheckResult(c["name"], c["ok"], c.get("detail", "")))
+    return tuple(out)
+
+
+def info(version: str, version_dir: str, data: dict[str, Any]) -> VersionInfo:
+    """The public view of a validated record."""
+    return VersionInfo(
+        version=version,
+        status=data["status"],
+        reason=data.get("reason"),
+        created=data.get("created") or "",
+        updated=data.get("updated") or "",
+        metadata=data.get("metadata") or {},
+        checks=check_results(data.get("checks") or [], version_dir),
+        contract=data.get("contract"),
+        num_leaves=data.get("num_leaves"),
+        num_params=data.get("num_params"),
+        nbytes=data.get("nbytes"),
+        digest=data.get("digest"),
+        path=os.path.join(version_dir, MODEL_FILE),
+        signed=isinstance(data.get("signature"), str),
+    )
+
+
+def unreadable(version: str, reason: str, version_dir: str) -> VersionInfo:
+    """The record ``versions`` lists for a version whose status cannot be read."""
+    return VersionInfo(
+        version=version,
+        status=UNREADABLE,
+        reason=reason,
+        created="",
+        updated="",
+        metadata={},
+        checks=(),
+        contract=None,
+        num_leaves=None,
+        num_params=None,
+        nbytes=None,
+        digest=None,
+        path=os.path.join(version_dir, MODEL_FILE),
+    )

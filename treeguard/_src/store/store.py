@@ -1,0 +1,784 @@
+"""``ArtifactStore``: the lifecycle of a model's weights on one host.
+
+A version moves candidate -> verified or rejected by ``verify``; only a
+verified version is promoted to current, and ``rollback`` returns to the
+previous verified one. Each step is a short method over the parts beside
+this module: ``layout`` (paths, the marker, the lock), ``records`` (status
+files), ``pointer`` (``CURRENT.json``), ``log`` (``log.jsonl``), ``gates``
+(verdict, signature and digest checks), ``checks`` (the caller's checks) and
+``retention`` (what ``gc`` keeps).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import secrets
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ..atomic import pid_alive, remove_stale_temps
+from ..checkpoint import read_header, save, user_metadata_json
+from ..env import environment
+from ..errors import (
+    FormatError,
+    IntegrityError,
+    StoreError,
+    TreeMismatchError,
+)
+from ..spec import TreeSpec
+from . import gates, log, pointer, records
+from .checks import Check, run_checks
+from .layout import AUTO_RE, MODEL_FILE, STATUS_FILE, Layout, check_name
+from .records import CheckResult, VersionInfo
+from .retention import RetentionPolicy
+
+#: How many former current versions the pointer remembers (and gc keeps).
+POINTER_DEPTH = 16
+_TRASH = ".trash-"
+
+
+class ArtifactStore:
+    """Versions of a model's weights, with verify, promote, rollback and gc.
+
+    Opening a store reads nothing and creates nothing: the first ``put`` (or
+    ``ArtifactStore.init``) makes the directory a store, and every other
+    operation refuses a directory that is not one.
+
+    Args:
+      root: the store's directory.
+      key: a secret of at least 16 bytes. With a key, each verdict is signed
+        and ``promote``, ``rollback``, ``load_current`` and ``load_verified``
+        refuse a verdict that is unsigned or wrongly signed. Without one, the
+        key file named by ``$TREEGUARD_STORE_KEY_FILE`` is used if set.
+
+    Raises:
+      StoreError: for a key that is too short or a key file that cannot be read.
+
+    Example:
+      >>> import tempfile, numpy as np
+      >>> store = ArtifactStore(tempfile.mkdtemp())
+      >>> params = {"w": np.ones((2, 3), np.float32)}
+      >>> v1 = store.put(params, metadata={"step": 100})
+      >>> store.verify(v1, checks=[lambda tree: bool(np.isfinite(tree["w"]).all())]).status
+      'verified'
+      >>> store.promote(v1)
+      >>> store.current() == v1, store.load_current(params)["w"].shape
+      (True, (2, 3))
+      >>> v2 = store.put({"w": np.ones((3, 2), np.float32)})
+      >>> print(store.verify(v2).reason)
+      contract: 1 mismatch between the checkpoint and version v000001 (current):
+        ['w']: shape (2, 3) in version v000001 (current), (3, 2) in the checkpoint
+      hint: ...
+      >>> store.promote(v2)
+      Traceback (most recent call last):
+      ...
+      treeguard.StoreError: version v000002 is rejected, not verified: ...
+    """
+
+    def __init__(self, root: str | os.PathLike[str], /, *, key: bytes | str | None = None):
+        self._layout = Layout(root)
+        self.root = self._layout.root
+        self._key = gates.resolve_key(key)
+
+    @classmethod
+    def init(
+        cls, root: str | os.PathLike[str], /, *, key: bytes | str | None = None
+    ) -> ArtifactStore:
+        """Makes ``root`` a store (creating it if absent) and opens it.
+
+        An existing store is opened unchanged. A directory of an older
+        treeguard store (``versions/`` without the marker) is adopted, its
+        numbering continued.
+
+        Raises:
+          StoreError: for a root or ``versions/`` that is a link or not a directory.
+        """
+        store = cls(root, key=key)
+        with contextlib.suppress(FileNotFoundError):
+            if store._layout.exists():
+                store._layout.require()
+                return store
+        store._layout.init()
+        with store._layout.locked():
+            log.append(store.root, "init", None, {})
+        return store
+
+    @property
+    def signed(self) -> bool:
+        """Whether this store signs verdicts and requires signatures (has a key)."""
+        return self._key is not None
+
+    def __repr__(self) -> str:
+        return f"ArtifactStore({self.root!r}{', signed' if self.signed else ''})"
+
+    # -- reading ---------------------------------------------------------
+
+    def _record(self, version: str) -> tuple[str, dict[str, Any]]:
+        check_name(version)
+        self._layout.require()
+        path = self._layout.existing_version(version)
+        return path, records.read(path)
+
+    def info(self, version: str, /) -> VersionInfo:
+        """The record of one version.
+
+        Args:
+          version: the version's name.
+
+        Returns:
+          Its ``VersionInfo``, read from its ``status.json``.
+
+        Raises:
+          UnknownVersionError: for a version that does not exist or a bad name.
+          StoreError: if the root is not a store or the record is malformed
+            (naming the file and the field).
+
+        Example:
+          >>> import tempfile, numpy as np
+          >>> store = ArtifactStore(tempfile.mkdtemp())
+          >>> v = store.put({"w": np.ones(3, np.float32)}, metadata={"step": 1})
+          >>> info = store.info(v)
+          >>> info.status, info.metadata, info.num_params
+          ('candidate', {'step': 1}, 3)
+        """
+        path, data = self._record(version)
+        return records.info(version, path, data)
+
+    def versions(self) -> list[VersionInfo]:
+        """Every version with a status record, oldest first.
+
+        A version whose ``status.json`` cannot be read is listed last, with
+        status ``unreadable`` and the error as its reason, so that a damaged
+        record is reported rather than hidden.
+
+        Raises:
+          StoreError: if the root is not a store.
+
+        Example:
+          >>> import tempfile, numpy as np
+          >>> store = ArtifactStore(tempfile.mkdtemp())
+          >>> _ = store.put({"w": np.ones(3, np.float32)})
+          >>> [(v.version, v.status) for v in store.versions()]
+          [('v000001', 'candidate')]
+        """
+        self._layout.require()
+        out: list[VersionInfo] = []
+        for name in self._layout.version_names():
+            path = os.path.join(self._layout.versions_dir(), name)
+            if not os.path.lexists(os.path.join(path, STATUS_FILE)):
+                continue
+            try:
+                out.append(records.info(name, path, records.read(path)))
+            except StoreError as e:
+                out.append(records.unreadable(name, str(e), path))
+        return sorted(out, key=lambda v: (v.status == records.UNREADABLE, v.created, v.version))
+
+    def _pointer(self) -> pointer.Pointer:
+        self._layout.require()
+        return pointer.read(self.root)
+
+    def current(self) -> str | None:
+        """The current version's name, or None before the first promotion.
+
+        Raises:
+          StoreError: if the root is not a store or the pointer is damaged.
+        """
+        return self._pointer().current
+
+    def previous(self) -> str | None:
+        """The version ``rollback`` would try first: the most recent formerly
+        current version whose record says verified; None if there is none."""
+        return self._previous_verified(self._pointer())[0]
+
+    def _previous_verified(self, ptr: pointer.Pointer) -> tuple[str | None, tuple[str, ...]]:
+        for i, v in enumerate(ptr.previous):
+            try:
+                if self._record(v)[1]["status"] == "verified":
+                    return v, ptr.previous[i + 1 :]
+            except StoreError:
+                continue
+        return None, ()
+
+    def history(self) -> list[Event]:
+        """Every whole logged event, oldest first (a torn line is skipped).
+
+        Raises:
+          StoreError: if the root is not a store, or the log is not a
+            regular file.
+        """
+        self._layout.require()
+        return log.read(self.root)
+
+    def log_event(self, action: str, version: str | None, /, **detail: Any) -> None:
+        """Appends an event to the store's log (a server records its swaps here).
+
+        Args:
+          action: a short name such as ``"swap"``.
+          version: the version concerned, or None.
+          **detail: JSON-serialisable details.
+
+        Raises:
+          StoreError: if the root is not a store.
+          ValueError: for an action that is not a short identifier.
+        """
+        if not (isinstance(action, str) and action.isidentifier() and len(action) <= 40):
+            raise ValueError(f"action must be a short identifier, not {str(action)[:40]!r}")
+        if version is not None:
+            check_name(version)
+        self._layout.require()
+        with self._layout.locked():
+            log.append(self.root, action, version, dict(detail))
+
+    # -- put -------------------------------------------------------------
+
+    def put(
+        self,
+        tree: Any,
+        /,
+        *,
+        metadata: Mapping[str, Any] | None = None,
+        version: str | None = None,
+    ) -> str:
+        """Saves a tree as a new candidate version.
+
+        The first ``put`` into a directory that does not exist, or is empty,
+        makes it a store.
+
+        Args:
+          tree: the parameters.
+          metadata: JSON-serialisable data kept with the version.
+          version: a name for it; by default the next ``v000001``,
+            ``v000002``... A name is never handed out twice, even after
+            ``gc`` removed its version.
+
+        Returns:
+          The version's name.
+
+        Raises:
+          StoreError: if the named version exists or existed, or the root is
+            a directory with other content that is not a store.
+          UnknownVersionError: for a name that is not allowed.
+          InvalidTreeError: for a tree that cannot be saved.
+          TypeError: for metadata that is not JSON, naming the key; nothing
+            is created then.
+        """
+        user = json.loads(user_metadata_json(metadata))  # refuse bad metadata before any write
+        if version is not None:
+            check_name(version)
+        self._open_for_put()
+        with self._layout.locked():
+            version, path = self._reserve(version, user)
+        try:
+            model = os.path.join(path, MODEL_FILE)
+            save(model, tree, metadata=user)
+            spec = read_header(model).spec
+            with self._layout.locked():
+                data = records.read(path)
+                data.update(
+                    status="candidate",
+                    pid=None,
+                    num_leaves=spec.num_leaves,
+                    num_params=spec.num_params,
+                    nbytes=spec.nbytes,
+                )
+                records.write(path, version, data)
+                log.append(self.root, "put", version, {"status": "candidate"})
+        except BaseException:
+            self._discard(path)
+            raise
+        return version
+
+    def _open_for_put(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            if self._layout.exists():
+                self._layout.require()
+                return
+        if os.path.isdir(self.root) and not os.path.islink(self.root) and os.listdir(self.root):
+            self._layout.require()  # raises: a directory with content that is not a store
+        self._layout.init()
+
+    def _reserve(self, version: str | None, user: dict[str, Any]) -> tuple[str, str]:
+        """Picks the name, creates its directory and its ``writing`` record (under the lock)."""
+        marker = self._layout.require()
+        if version is None:
+            existing = [
+                int(m.group(1)) for n in self._layout.version_names() if (m := AUTO_RE.match(n))
+            ]
+            number = max([marker["counter"], *existing]) + 1
+            marker["counter"] = number
+            self._layout.write_marker(marker)
+            version = f"v{number:06d}"
+        elif version in marker["retired"]:
+            raise StoreError(
+                f"version {version} existed and was removed by gc; a name is never reused",
+                version=version,
+                context=self.root,
+                hint="pick another name",
+            )
+        path = self._layout.version_dir(version)
+        try:
+            os.mkdir(path)
+        except FileExistsError:
+            raise StoreError(
+                f"version {version} already exists",
+                version=version,
+                context=self.root,
+                hint="pick another name, or leave version= out to number it",
+            ) from None
+        try:
+            records.write(
+                path,
+                version,
+                {
+                    "status": "writing",
+                    "pid": os.getpid(),
+                    "uid": secrets.token_hex(16),
+                    "created": records.now(),
+                    "metadata": user,
+                },
+            )
+        except BaseException:
+            self._discard(path)
+            raise
+        return version, path
+
+    def _discard(self, path: str) -> None:
+        """Removes a version directory put itself created (its files only)."""
+        _remove_version_files(path)
+
+    # -- verify ----------------------------------------------------------
+
+    def verify(
+        self,
+        version: str,
+        /,
+        *,
+        like: Any = None,
+        checks: Sequence[Check] = (),
+    ) -> VersionInfo:
+        """Checks a version and records it as verified or rejected.
+
+        The checkpoint is loaded with every hash checked, and its structure
+        compared with the contract: ``like`` when given, else the current
+        version's spec (so a candidate of another structure is rejected),
+        else (the first version) only its own stored spec. Then each check
+        runs on the loaded tree. The first failure rejects the version with
+        its reason; a version is verified only if everything passes. The
+        verdict is bound to the digest of the file it was computed on (and
+        signed, in a store with a key); if the version was replaced while it
+        was checked, no verdict is recorded.
+
+        Args:
+          version: the version to check.
+          like: the tree or ``TreeSpec`` it must match; its structure is
+            also the one the checks receive.
+          checks: callables taking the tree, or ``(name, callable)`` pairs.
+            A check passes by returning None or a true value, fails by
+            returning a false one (``False``, ``np.False_``, a false 0-d jax
+            array) or raising; a returned array of any other shape fails, as
+            it is no truth value.
+
+        Returns:
+          The updated ``VersionInfo``; ``status`` is ``verified`` or
+          ``rejected`` (see ``reason``).
+
+        Raises:
+          UnknownVersionError: for an unknown version.
+          StoreError: for a version still being written, one replaced while
+            it was checked, or whose ``status.json`` is malformed.
+        """
+        path, before = self._record(version)
+        if before["status"] == "writing":
+            raise StoreError(
+                f"version {version} is still being written (by process {before.get('pid')}); "
+                "there is no complete checkpoint to verify yet",
+                version=version,
+                hint="verify it once its put returns; if that process died, store.gc() removes it",
+            )
+        contract, contract_name = self._contract_for(version, like)
+        results, reason, digest = self._run_verdict(path, contract, contract_name, checks)
+        with self._layout.locked():
+            path, data = self._record(version)
+            if data.get("uid") != before.get("uid") or (
+                digest is not None and _header_digest(path) != digest
+            ):
+                raise StoreError(
+                    f"version {version} was replaced while it was verified; no verdict recorded",
+                    version=version,
+                    hint=f"verify it again: store.verify({version!r})",
+                )
+            data.update(
+                status="rejected" if reason else "verified",
+                reason=reason,
+                checks=[dataclasses.asdict(r) for r in results],
+                contract=contract_name,
+                digest=digest,
+                verified_env=environment(),
+                signature=None,
+            )
+            if self._key is not None:
+                data["signature"] = gates.sign(self._key, self._store_id(), version, data)
+            records.write(path, version, data)
+            log.append(self.root, "verify", version, {"status": data["status"], "reason": reason})
+        return records.info(version, path, data)
+
+    def _contract_for(self, version: str, like: Any) -> tuple[Any, str]:
+        if like is not None:
+            return like, "`like`"
+        cur = self.current()
+        if cur is not None and cur != version:
+            cur_path = self._layout.existing_version(cur)
+            return read_header(os.path.join(cur_path, MODEL_FILE)).spec, f"version {cur} (current)"
+        return None, "its own stored spec"
+
+    def _run_verdict(
+        self, path: str, contract: Any, contract_name: str, checks: Sequence[Check]
+    ) -> tuple[list[CheckResult], str | None, str | None]:
+        model = os.path.join(path, MODEL_FILE)
+        results: list[CheckResult] = []
+        try:
+            digest = read_header(model).digest
+            tree = gates.load_expecting(model, like=contract, digest=digest)
+        except TreeMismatchError as e:
+            text = format_contract(e, contract_name)
+            results += [
+                CheckResult("integrity", True, "header valid"),
+                CheckResult("contract", False, text),
+            ]
+            return results, f"contract: {text}", digest
+        except (IntegrityError, FormatError, OSError) as e:
+            results.append(CheckResult("integrity", False, str(e)))
+            return results, f"integrity: {e}", None
+        results += [
+            CheckResult("integrity", True, "header and every tensor hash match"),
+            CheckResult("contract", True, f"matches {contract_name}"),
+        ]
+        more, reason = run_checks(tree, checks)
+        return results + more, reason, digest
+
+    def _store_id(self) -> str:
+        return str(self._layout.require()["id"])
+
+    # -- the gates -------------------------------------------------------
+
+    def _gate(self, version: str, *, full: bool) -> tuple[str, str]:
+        """Checks that ``version`` may be used: verified, signed when the
+        store has a key and (``full``) its file's every byte matches the
+        verdict's digest. Returns its checkpoint path and recorded digest."""
+        path, data = self._record(version)
+        digest = gates.require_verified(version, data)
+        gates.check_signature(self._key, self._store_id(), version, data)
+        model = os.path.join(path, MODEL_FILE)
+        if full:
+            try:
+                gates.verify_expecting(model, digest=digest)
+            except IntegrityError as e:
+                raise _changed(version, e) from e
+            except (FormatError, OSError) as e:
+                raise IntegrityError(
+                    f"version {version}: its checkpoint no longer reads: {e}",
+                    version=version,
+                    hint="restore the file from a backup, or put the weights again",
+                ) from e
+        return model, digest
+
+    def load_verified(self, version: str, /, like: Any = None) -> Any:
+        """Loads a version only if it passes every gate.
+
+        The version must be verified, signed in a store with a key, and its
+        file must still match, byte for byte, the digest its verdict was
+        computed on (checked on the same read that loads it, so it costs no
+        extra pass over the data).
+
+        Args:
+          version: the version.
+          like: the tree or ``TreeSpec`` whose structure the result takes.
+
+        Returns:
+          The tree.
+
+        Raises:
+          StoreError: if the version is not verified.
+          SignatureError: if the store has a key and the verdict is not
+            signed with it.
+          IntegrityError: if the file changed since it was verified (naming
+            the version).
+          TreeMismatchError: if it does not match ``like``.
+        """
+        model, digest = self._gate(version, full=False)
+        try:
+            return gates.load_expecting(model, like=like, digest=digest)
+        except IntegrityError as e:
+            raise _changed(version, e) from e
+
+    def load_version(self, version: str, /, like: Any = None) -> Any:
+        """Loads any version with every hash checked; a verified one is also
+        checked against its verdict's digest (a candidate has none yet).
+
+        Raises:
+          UnknownVersionError: for an unknown version.
+          IntegrityError, FormatError: for a damaged file.
+          TreeMismatchError: if it does not match ``like``.
+        """
+        path, data = self._record(version)
+        digest = data.get("digest") if data["status"] == "verified" else None
+        try:
+            return gates.load_expecting(os.path.join(path, MODEL_FILE), like=like, digest=digest)
+        except IntegrityError as e:
+            raise _changed(version, e) from e
+
+    def load_current(self, like: Any = None, *, fallback: bool = False) -> Any:
+        """Loads the current version through every gate (see ``load_verified``).
+
+        Args:
+          like: the tree or ``TreeSpec`` whose structure the result takes.
+          fallback: if the current version fails a gate, load the most
+            recent former current version that passes them all instead (the
+            fall back is logged).
+
+        Returns:
+          The tree.
+
+        Raises:
+          StoreError: if nothing was promoted yet, or the current version
+            fails a gate (and, with ``fallback``, every former one too).
+          IntegrityError, FormatError: if the current file is damaged.
+          TreeMismatchError: if it does not match ``like``.
+        """
+        ptr = self._pointer()
+        if ptr.current is None:
+            raise StoreError(
+                "no current version",
+                context=self.root,
+                hint="promote a verified version first: store.promote(version)",
+            )
+        try:
+            return self.load_verified(ptr.current, like)
+        except (IntegrityError, FormatError, OSError, StoreError) as first:
+            if not fallback:
+                raise
+            for v in ptr.previous:
+                try:
+                    tree = self.load_verified(v, like)
+                except (IntegrityError, FormatError, OSError, StoreError):
+                    continue
+                with self._layout.locked():
+                    log.append(
+                        self.root,
+                        "fallback",
+                        v,
+                        {"current": ptr.current, "reason": str(first).splitlines()[0]},
+                    )
+                return tree
+            raise
+
+    # -- promote and rollback --------------------------------------------
+
+    def promote(self, version: str, /) -> None:
+        """Makes a verified version current; the old current becomes the one
+        ``rollback`` returns to.
+
+        Under the store's lock, the version passes every gate: verified,
+        signed in a store with a key, and its whole file read again and
+        matched with the digest its verdict was computed on.
+
+        Args:
+          version: the version to make current.
+
+        Raises:
+          StoreError: if the version is not verified.
+          SignatureError: if the store has a key and the verdict is not signed with it.
+          IntegrityError: if its file changed since it was verified.
+          UnknownVersionError: for an unknown version.
+        """
+        check_name(version)
+        with self._layout.locked():
+            self._gate(version, full=True)
+            ptr = pointer.read(self.root)
+            if ptr.current == version:
+                return
+            stack = [v for v in ptr.previous if v != version]
+            if ptr.current is not None:
+                stack.insert(0, ptr.current)
+            pointer.write(self.root, pointer.Pointer(version, tuple(stack[:POINTER_DEPTH])))
+            log.append(self.root, "promote", version, {"previous": ptr.current})
+
+    def rollback(self) -> str:
+        """Makes the most recent former current version that passes every
+        gate current again (see ``promote``); each one that fails is skipped
+        and the reason logged.
+
+        Returns:
+          The version now current.
+
+        Raises:
+          StoreError: if no former version passes; the pointer is unchanged.
+        """
+        with self._layout.locked():
+            ptr = self._pointer()
+            skipped: list[str] = []
+            for i, v in enumerate(ptr.previous):
+                try:
+                    self._gate(v, full=True)
+                except (StoreError, IntegrityError, FormatError, OSError) as e:
+                    skipped.append(f"{v}: {str(e).splitlines()[0]}")
+                    continue
+                pointer.write(self.root, pointer.Pointer(v, ptr.previous[i + 1 :]))
+                log.append(self.root, "rollback", v, {"previous": ptr.current, "skipped": skipped})
+                return v
+            raise StoreError(
+                f"no former version to roll back to passes the gates (current: {ptr.current})"
+                + "".join(f"\n  skipped {s}" for s in skipped),
+                context=self.root,
+                hint="verify and promote a version explicitly",
+            )
+
+    # -- gc --------------------------------------------------------------
+
+    def gc(self, *, policy: RetentionPolicy | None = None) -> list[str]:
+        """Removes old versions.
+
+        It never removes the current version or any former current one the
+        pointer remembers (whatever their status files say), the newest
+        versions the policy keeps, a version being written by a live
+        process, a version whose record cannot be read, or a directory that
+        holds files the store did not write. It refuses to run when the
+        pointer is damaged, since it cannot then tell what is current.
+
+        Args:
+          policy: what to keep; ``RetentionPolicy()`` (the 3 newest) by default.
+
+        Returns:
+          The versions removed.
+
+        Raises:
+          StoreError: if the root is not a store or the pointer is damaged.
+        """
+        policy = policy or RetentionPolicy()
+        removed: list[str] = []
+        with self._layout.locked():
+            marker = self._layout.require()
+            ptr = pointer.read(self.root)
+            protect = {ptr.current, *ptr.previous} | self._kept(policy)
+            base = self._layout.versions_dir()
+            for name in self._layout.version_names():
+                if name in protect or not self._collectable(os.path.join(base, name)):
+                    continue
+                if _remove_version_files(os.path.join(base, name)):
+                    removed.append(name)
+            self._clean_trash(base)
+            remove_stale_temps(self.root)
+            if removed:
+                marker["retired"] = sorted(set(marker["retired"]) | set(removed))
+                self._layout.write_marker(marker)
+                log.append(self.root, "gc", None, {"removed": removed, "keep": policy.keep_last})
+        return removed
+
+    def _kept(self, policy: RetentionPolicy) -> set[str]:
+        finished = [v for v in self.versions() if v.status not in ("writing", records.UNREADABLE)]
+        newest = finished[max(0, len(finished) - policy.keep_last) :] if policy.keep_last else []
+        kept = {v.version for v in newest}
+        verified = [v.version for v in finished if v.status == "verified"]
+        if policy.keep_verified:
+            kept.update(verified[-policy.keep_verified :])
+        return kept
+
+    def _collectable(self, path: str) -> bool:
+        """Whether gc may remove this version directory (not protected)."""
+        if not os.path.lexists(os.path.join(path, STATUS_FILE)):
+            return True  # reserved by a put that died before its record; only files we know go
+        try:
+            data = records.read(path)
+        except StoreError:
+            return False  # never delete what cannot be read: a person must look
+        pid = data.get("pid")
+        return not (data["status"] == "writing" and isinstance(pid, int) and pid_alive(pid))
+
+    def _clean_trash(self, base: str) -> None:
+        """Finishes removals a crash interrupted, and reclaims dead writers' temps."""
+        for name in os.listdir(base):
+            path = os.path.join(base, name)
+            if os.path.islink(path) or not os.path.isdir(path):
+                continue
+            if name.startswith(_TRASH):
+                _remove_version_files(path, rename=False)
+            else:
+                remove_stale_temps(path)
+
+
+#: The only files a version directory holds that the store wrote.
+_OWN_FILES = (MODEL_FILE, STATUS_FILE)
+
+
+def _remove_version_files(path: str, *, rename: bool = True) -> bool:
+    """Removes a version directory if it holds only files the store wrote.
+
+    The directory is first renamed out of sight (atomic), so a crash leaves
+    either the whole version or a trash directory that the next gc clears.
+    Only the store's own file names are unlinked, and the directory is
+    removed with ``rmdir``; a link, a foreign file or a subdirectory keeps
+    the version where it is.
+
+    Returns:
+      Whether it was removed.
+    """
+    try:
+        names = os.listdir(path)
+    except OSError:
+        return False
+    for n in names:
+        full = os.path.join(path, n)
+        own = n in _OWN_FILES or (n.startswith(".") and n.endswith(".tmp"))
+        if not own or os.path.islink(full) or not os.path.isfile(full):
+            return False
+    target = path
+    if rename:
+        target = os.path.join(
+            os.path.dirname(path), _TRASH + os.path.basename(path) + "-" + secrets.token_hex(4)
+        )
+        try:
+            os.rename(path, target)
+        except OSError:
+            return False
+    for n in names:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(target, n))
+    try:
+        os.rmdir(target)
+    except OSError:
+        return False
+    return True
+
+
+def _header_digest(version_dir: str) -> str | None:
+    try:
+        return read_header(os.path.join(version_dir, MODEL_FILE)).digest
+    except (FormatError, OSError):
+        return None
+
+
+def _changed(version: str, e: IntegrityError) -> IntegrityError:
+    return IntegrityError(
+        f"version {version}: its checkpoint changed since it was verified: {e.message}",
+        path=e.path,
+        version=version,
+        hint="do not use it; restore the file from a backup or verify it again",
+    )
+
+
+def format_contract(e: TreeMismatchError, contract_name: str) -> str:
+    """A contract failure's text with the contract named (no file path)."""
+    return str(
+        TreeMismatchError(e.mismatches, expected_from=contract_name, actual_from=e.actual_from)
+    )
+
+
+Event = log.Event
+
+
+def spec_of_version(store: ArtifactStore, version: str) -> TreeSpec:
+    """The stored spec of one version, from its header only."""
+    return read_header(store.info(version).path).spec
