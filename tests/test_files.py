@@ -1,0 +1,132 @@
+"""The shared file primitives and the strict JSON reader, attacked directly:
+modes, links, FIFOs, sizes, and JSON that is hostile as JSON."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import jax.numpy as jnp
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import treeguard as tg
+from treeguard import FormatError
+from treeguard._src import strict_json
+from treeguard._src.atomic import atomic_write, open_regular, read_regular, remove_stale_temps
+
+
+def _mode(p: Path) -> int:
+    return stat.S_IMODE(p.stat().st_mode)
+
+
+def test_specs_and_checkpoints_get_the_same_mode(tmp_path: Path) -> None:
+    tree = {"w": jnp.ones(2)}
+    tg.spec_of(tree).save(tmp_path / "a.spec.json")
+    tg.save(tmp_path / "a.safetensors", tree)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    assert _mode(tmp_path / "a.spec.json") == _mode(tmp_path / "a.safetensors") == 0o666 & ~mask
+
+
+def test_atomic_write_replaces_a_link_and_never_writes_through_it(tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.write_text("untouched")
+    (tmp_path / "target").symlink_to(victim)
+    atomic_write(tmp_path / "target", b"new")
+    assert victim.read_text() == "untouched"
+    assert not (tmp_path / "target").is_symlink() and (tmp_path / "target").read_bytes() == b"new"
+
+
+def test_stale_temps_of_dead_writers_are_reclaimed_and_live_ones_kept(tmp_path: Path) -> None:
+    dead = tmp_path / f".x.json.{2**22 + 99}.0123abcd.tmp"
+    live = tmp_path / f".x.json.{os.getpid()}.0123abcd.tmp"
+    dead.write_bytes(b"half")
+    live.write_bytes(b"half")
+    (tmp_path / f".dir.{2**22 + 98}.0123abcd.tmp").mkdir()  # not a file: never removed
+    assert remove_stale_temps(str(tmp_path)) == [dead.name]
+    assert live.exists() and (tmp_path / f".dir.{2**22 + 98}.0123abcd.tmp").is_dir()
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dir", "symlink", "missing"])
+def test_open_regular_refuses_what_is_not_a_regular_file(tmp_path: Path, kind: str) -> None:
+    p = tmp_path / "f"
+    if kind == "fifo":
+        os.mkfifo(p)
+    elif kind == "dir":
+        p.mkdir()
+    elif kind == "symlink":
+        (tmp_path / "real").write_text("x")
+        p.symlink_to(tmp_path / "real")
+    if kind == "missing":
+        with pytest.raises(FileNotFoundError):
+            open_regular(p)
+        return
+    names = {"fifo": "a FIFO", "dir": "a directory", "symlink": "a symbolic link"}
+    with pytest.raises(FormatError, match=f"the file is not a regular file but {names[kind]}"):
+        open_regular(p)
+
+
+def test_read_regular_is_bounded(tmp_path: Path) -> None:
+    p = tmp_path / "big"
+    p.write_bytes(b"x" * 101)
+    with pytest.raises(FormatError, match="the pointer is 101 bytes, more than the 100 allowed"):
+        read_regular(p, limit=100, what="pointer")
+    assert read_regular(p, limit=101) == b"x" * 101
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ('{"a": 1, "a": 2}', "appears twice"),
+        ('{"a": NaN}', "NaN is not JSON"),
+        ('{"a": -Infinity}', "-Infinity is not JSON"),
+        ('{"a": ' + "1" * 5000 + "}", "digits is out of range"),
+        ("[" * 100 + "]" * 100, "nests deeper than 64"),
+        ('{"a": "\\ud800"}', "surrogate"),
+        ('{"a": ', "Expecting value"),
+    ],
+)
+def test_strict_json_refuses_hostile_documents(text: str, why: str) -> None:
+    with pytest.raises(FormatError, match=why) as info:
+        strict_json.loads(text, what="status file", context="s.json")
+    assert str(info.value).startswith("s.json: the status file is not valid JSON: ")
+    assert str(info.value).endswith("restore it from a backup or write it again")
+
+
+def test_strict_json_refuses_invalid_utf8() -> None:
+    with pytest.raises(FormatError, match="not valid JSON: 'utf-8' codec"):
+        strict_json.loads(b'{"a": "\xff"}', what="pointer")
+
+
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**63 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@given(json_values)
+def test_strict_json_round_trips_every_plain_document(value: object) -> None:
+    assert strict_json.loads(strict_json.dumps(value), what="doc") == value
+
+
+def test_errors_render_from_their_fields_and_show_as_treeguard_names() -> None:
+    e = tg.StoreError("version v1 is rejected", version="v1", context="/s", hint="verify it")
+    assert str(e) == "/s: version v1 is rejected\nhint: verify it"
+    assert (e.message, e.context, e.hint, e.version) == (
+        "version v1 is rejected",
+        "/s",
+        "verify it",
+        "v1",
+    )
+    for cls in (tg.StoreError, tg.IntegrityError, tg.FormatError, tg.SignatureError):
+        assert cls.__module__ == "treeguard" and cls.__qualname__ in tg.__all__
+    assert str(tg.UnknownVersionError("no version v9")) == "no version v9"  # not quoted
+    assert tg.VerificationError.exit_code == 1 and tg.FormatError.exit_code == 2

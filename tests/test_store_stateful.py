@@ -1,0 +1,228 @@
+"""The store as a state machine: put, verify, promote, rollback, gc, tampering
+and what a kill leaves behind, interleaved at random by hypothesis.
+
+After every step the invariants hold: the current version loads and matches
+its verified digest (or, if its bytes were tampered with, is refused); every
+verified version the pointer remembers is still there; no name is handed out
+twice; and nothing outside the store changed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+import treeguard as tg
+from treeguard import ArtifactStore, IntegrityError, RetentionPolicy, StoreError
+
+DEAD_PID = 2**22 + 4321  # above the default pid_max: no such process
+KEY = b"s" * 32
+
+
+def _params(scale: float) -> dict[str, Any]:
+    return {"w": np.full((2, 2), scale, np.float32), "b": np.full(2, scale, np.float32)}
+
+
+def _finite(tree: Any) -> bool:
+    return bool(np.isfinite(tree["w"]).all())
+
+
+class StoreMachine(RuleBasedStateMachine):
+    """A model of the store beside a real one on disk."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dir = Path(tempfile.mkdtemp(prefix="tg-store-"))
+        self.root = self.dir / "store"
+        (self.dir / "outside.txt").write_text("untouched")
+        self.store = ArtifactStore(self.root, key=KEY)
+        self.scale: dict[str, float] = {}  # version -> the scale it was put with
+        self.verified: set[str] = set()
+        self.rejected: set[str] = set()
+        self.tampered: set[str] = set()
+        self.removed: set[str] = set()
+        self.names: list[str] = []
+
+    def teardown(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    # -- helpers -----------------------------------------------------------
+
+    def _model(self, v: str) -> Path:
+        return self.root / "versions" / v / "model.safetensors"
+
+    def _live(self) -> list[str]:
+        return [v for v in self.names if v not in self.removed]
+
+    @initialize()
+    def first_put(self) -> None:
+        self._put(1.0)
+
+    def _put(self, scale: float) -> str:
+        v = self.store.put(_params(scale))
+        assert v not in self.names, f"name {v} handed out twice"
+        self.names.append(v)
+        self.scale[v] = scale
+        return v
+
+    # -- rules -------------------------------------------------------------
+
+    @rule(scale=st.sampled_from([0.5, 2.0, 3.0, float("nan")]))
+    def put(self, scale: float) -> None:
+        self._put(scale)
+
+    @precondition(lambda self: self._live())
+    @rule(data=st.data())
+    def verify(self, data: st.DataObject) -> None:
+        live = self._live()
+        v = data.draw(st.sampled_from(live))
+        info = self.store.verify(v, checks=[_finite])
+        good = np.isfinite(self.scale[v]) and v not in self.tampered
+        if info.status == "verified":
+            assert good, f"{v} verified, but it is non-finite or tampered"
+            self.verified.add(v)
+            self.rejected.discard(v)
+        else:
+            assert not good or self.store.current() not in (None, v), info.reason
+            self.rejected.add(v)
+            self.verified.discard(v)
+
+    @precondition(lambda self: self._live())
+    @rule(data=st.data())
+    def promote(self, data: st.DataObject) -> None:
+        v = data.draw(st.sampled_from(self._live()))
+        before = self.store.current()
+        try:
+            self.store.promote(v)
+        except (StoreError, IntegrityError):
+            assert v not in self.verified or v in self.tampered
+            assert self.store.current() == before
+            return
+        assert v in self.verified and v not in self.tampered
+        assert self.store.current() == v
+
+    @rule()
+    def rollback(self) -> None:
+        before = self.store.current()
+        try:
+            now = self.store.rollback()
+        except StoreError:
+            assert self.store.current() == before
+            return
+        assert now in self.verified and now not in self.tampered
+
+    @rule(keep=st.integers(0, 3))
+    def gc(self, keep: int) -> None:
+        protected = {self.store.current(), *self._pointer_stack()}
+        removed = self.store.gc(policy=RetentionPolicy(keep_last=keep))
+        assert not protected & set(removed), f"gc removed {protected & set(removed)}"
+        self.removed.update(removed)
+
+    @precondition(lambda self: self._live())
+    @rule(data=st.data())
+    def tamper(self, data: st.DataObject) -> None:
+        v = data.draw(st.sampled_from(self._live()))
+        path = self._model(v)
+        raw = bytearray(path.read_bytes())
+        raw[-1] = (raw[-1] + 1) % 256  # the last byte is array data; never back to the original
+        path.write_bytes(bytes(raw))
+        self.tampered.add(v)
+
+    @rule()
+    def killed_mid_put(self) -> None:
+        """What a SIGKILL inside ``put`` leaves: a reserved directory with a
+        ``writing`` record of a dead process and a half-written temp file."""
+        marker = json.loads((self.root / "STORE.json").read_text())
+        name = f"v{marker['counter'] + 1:06d}"
+        marker["counter"] += 1
+        (self.root / "STORE.json").write_text(json.dumps(marker))
+        d = self.root / "versions" / name
+        d.mkdir()
+        (d / "status.json").write_text(
+            json.dumps({"status": "writing", "pid": DEAD_PID, "uid": "dead", "created": "z"})
+        )
+        (d / f".model.safetensors.{DEAD_PID}.0badf00d.tmp").write_bytes(b"\x00" * 17)
+        self.names.append(name)
+        self.removed.add(name)  # never loadable; gc may take it at any time
+
+    @rule()
+    def killed_mid_pointer_write(self) -> None:
+        """A SIGKILL inside an atomic replace leaves only a temp file."""
+        (self.root / f".CURRENT.json.{DEAD_PID}.deadbeef.tmp").write_text('{"current": "x"')
+
+    @precondition(lambda self: self.store.current() is not None)
+    @rule()
+    def load_current(self) -> None:
+        cur = self.store.current()
+        assert cur is not None
+        if cur in self.tampered:
+            with pytest.raises(IntegrityError, match=f"version {cur}"):
+                self.store.load_current(_params(0.0))
+        else:
+            tree = self.store.load_current(_params(0.0))
+            assert float(tree["w"][0, 0]) == self.scale[cur]
+
+    # -- invariants -------------------------------------------------------
+
+    def _pointer_stack(self) -> list[str]:
+        p = self.root / "CURRENT.json"
+        return json.loads(p.read_text())["previous"] if p.exists() else []
+
+    @invariant()
+    def current_is_verified_and_intact_or_refused(self) -> None:
+        cur = self.store.current()
+        if cur is None:
+            return
+        assert cur in self.verified, f"current {cur} was never verified"
+        info = self.store.info(cur)
+        assert info.status == "verified" and info.signed
+        if cur not in self.tampered:
+            assert tg.read_header(self._model(cur)).digest == info.digest
+
+    @invariant()
+    def no_remembered_verified_version_is_lost(self) -> None:
+        for v in [self.store.current(), *self._pointer_stack()]:
+            if v is not None:
+                assert self._model(v).is_file(), f"{v} is remembered by the pointer but gone"
+
+    @invariant()
+    def names_are_unique_and_outside_is_untouched(self) -> None:
+        assert len(set(self.names)) == len(self.names)
+        assert (self.dir / "outside.txt").read_text() == "untouched"
+        assert sorted(os.listdir(self.dir)) == ["outside.txt", "store"]
+
+
+def _settings(examples: int) -> settings:
+    return settings(
+        max_examples=examples,
+        stateful_step_count=20,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
+
+
+StoreMachine.TestCase.settings = _settings(10)
+test_store_state_machine = StoreMachine.TestCase
+
+
+@pytest.mark.reliability
+def test_reliability_store_state_machine_long() -> None:
+    examples = int(os.environ.get("TREEGUARD_STATEFUL_EXAMPLES", "300"))
+    run_state_machine_as_test(StoreMachine, settings=_settings(examples))
