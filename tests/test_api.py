@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import types
+
+from subproc import run_python
 
 import treeguard
 
@@ -28,10 +28,25 @@ def test_every_public_name_has_a_docstring() -> None:
 
 
 def test_import_pulls_in_no_heavy_optional_modules() -> None:
+    heavy = [
+        "flax",
+        "equinox",
+        "optax",
+        "orbax",
+        "tensorstore",
+        "click",
+        "rich",
+        "matplotlib",
+        "starlette",
+        "uvicorn",
+        "prometheus_client",
+        "scipy",
+    ]
     code = (
         "import sys, treeguard\n"
-        "heavy = {'flax', 'equinox', 'optax', 'orbax', 'click', 'rich', 'matplotlib'}\n"
+        f"heavy = set({heavy!r})\n"
         "print(sorted(heavy & {m.split('.')[0] for m in sys.modules}))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    out = run_python(code)
+    assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"

@@ -1,23 +1,21 @@
-"""The command line, run as a real subprocess: output and exit codes."""
+"""The command line, in process through click's CliRunner: output and exit codes."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import jax.numpy as jnp
 import pytest
+from click.testing import CliRunner, Result
 from corpus import seed_params
 
 import treeguard as tg
+from treeguard.cli import main
 
 
-def _run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "treeguard.cli", *args], capture_output=True, text=True, timeout=120
-    )
+def _run(*args: str) -> Result:
+    return CliRunner().invoke(main, list(args))
 
 
 @pytest.fixture
@@ -34,7 +32,7 @@ def specs(tmp_path: Path) -> tuple[Path, Path]:
 
 def test_spec_prints_the_tree(specs: tuple[Path, Path]) -> None:
     out = _run("spec", str(specs[0]))
-    assert out.returncode == 0, out.stderr
+    assert out.exit_code == 0, out.stderr
     assert "4 leaves  13 params  52 B" in out.stdout
     assert "['w'] f32[2,3]  6 params  24 B" in out.stdout
     assert "['dense1'] dict  2 leaves  9 params" in out.stdout
@@ -42,20 +40,20 @@ def test_spec_prints_the_tree(specs: tuple[Path, Path]) -> None:
 
 def test_spec_json_is_the_file(specs: tuple[Path, Path]) -> None:
     out = _run("spec", str(specs[0]), "--json")
-    assert out.returncode == 0
+    assert out.exit_code == 0
     assert out.stdout == specs[0].read_text()
 
 
 def test_diff_match_exits_0(specs: tuple[Path, Path]) -> None:
     out = _run("diff", str(specs[0]), str(specs[0]))
-    assert out.returncode == 0
+    assert out.exit_code == 0
     assert "match" in out.stdout
 
 
 def test_diff_mismatch_exits_1_and_lists_everything(specs: tuple[Path, Path]) -> None:
     good, bad = specs
     out = _run("diff", str(good), str(bad))
-    assert out.returncode == 1
+    assert out.exit_code == 1
     lines = out.stdout.splitlines()
     assert lines[0] == f"3 mismatches between {bad} and {good}:"
     assert f"  ['dense1']['b']: shape (3,) in {good}, (2, 3) in {bad}" in lines
@@ -64,7 +62,7 @@ def test_diff_mismatch_exits_1_and_lists_everything(specs: tuple[Path, Path]) ->
 
 def test_diff_json(specs: tuple[Path, Path]) -> None:
     out = _run("diff", str(specs[0]), str(specs[1]), "--json")
-    assert out.returncode == 1
+    assert out.exit_code == 1
     payload = json.loads(out.stdout)
     assert payload["match"] is False
     assert payload["mismatches"][0] == {
@@ -80,11 +78,11 @@ def test_unreadable_input_exits_2(tmp_path: Path, content: str) -> None:
     bad = tmp_path / "broken.json"
     bad.write_text(content)
     out = _run("spec", str(bad))
-    assert out.returncode == 2
+    assert out.exit_code == 2
     assert out.stderr.startswith(f"error: {bad}: ")
 
 
 def test_missing_file_and_usage_exit_2(tmp_path: Path) -> None:
-    assert _run("spec", str(tmp_path / "nope.json")).returncode == 2
-    assert _run("diff", "only-one").returncode == 2
-    assert _run("no-such-command").returncode == 2
+    assert _run("spec", str(tmp_path / "nope.json")).exit_code == 2
+    assert _run("diff", "only-one").exit_code == 2
+    assert _run("no-such-command").exit_code == 2

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
+
+from subproc import run_python
 
 CHILD = textwrap.dedent(
     """
@@ -37,13 +36,8 @@ CHILD = textwrap.dedent(
 
 
 def test_recorded_sharding_is_checked_on_live_trees() -> None:
-    env = {
-        **os.environ,
-        "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
-        "JAX_PLATFORMS": "cpu",
-    }
-    out = subprocess.run(
-        [sys.executable, "-c", CHILD], capture_output=True, text=True, env=env, timeout=300
+    out = run_python(
+        CHILD, env={"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}, timeout=300
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["REFUSED", "sharding", "OK"]

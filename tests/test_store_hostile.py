@@ -202,7 +202,10 @@ def test_a_byte_flipped_after_verify_is_refused_by_every_gate(tmp_path: Path) ->
     raw = bytearray(_model(tmp_path, v2).read_bytes())
     raw[-1] ^= 0x01
     _model(tmp_path, v2).write_bytes(bytes(raw))
-    with pytest.raises(IntegrityError, match=rf"(?s)version {v2}: its checkpoint changed.*\['w'\]: f32\[2,3\]: sha256"):
+    with pytest.raises(
+        IntegrityError,
+        match=rf"(?s)version {v2}: its checkpoint changed.*\['w'\]: f32\[2,3\]: sha256",
+    ):
         store.load_current(_params())
 
 

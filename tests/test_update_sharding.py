@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
+from subproc import run_python
 
 CHILD = textwrap.dedent(
     """
@@ -105,19 +102,8 @@ CHILD = textwrap.dedent(
 
 @pytest.mark.slow
 def test_shardings_survive_updates_on_a_2x4_mesh() -> None:
-    root = Path(__file__).resolve().parents[1]
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
-    env["JAX_PLATFORMS"] = "cpu"
-    env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
-    proc = subprocess.run(
-        [sys.executable, "-c", CHILD],
-        cwd=root,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
+    proc = run_python(
+        CHILD, env={"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}, timeout=300
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.split() == ["kept", "resharded", "refused", "donated", "optax", "OK"]
