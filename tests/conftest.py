@@ -14,6 +14,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from corpus import CORPUS
 
+pytest_plugins = ["pytester"]
+
 
 @pytest.fixture(params=[factory for _, factory in CORPUS], ids=[name for name, _ in CORPUS])
 def corpus_tree(request: pytest.FixtureRequest) -> Any:

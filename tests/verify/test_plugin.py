@@ -1,14 +1,9 @@
 """The pytest plugin: the ``tree_regression`` fixture and ``--treeguard-update``,
-exercised in real pytest subprocesses."""
+exercised through pytest's own ``pytester``, in process."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import textwrap
 from importlib.metadata import entry_points
-from pathlib import Path
 
 import jax
 import pytest
@@ -32,52 +27,23 @@ def test_params(tree_regression):
 """
 
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-class Pytester:
-    """A directory of test files and a way to run pytest on it in a subprocess."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def makepyfile(self, **files: str) -> None:
-        for name, text in files.items():
-            (self.path / f"{name}.py").write_text(textwrap.dedent(text))
-
-
 class Result:
-    def __init__(self, proc: subprocess.CompletedProcess[str]) -> None:
-        self.ret = proc.returncode
-        self.out = proc.stdout + proc.stderr
+    """What an in-process pytest run printed, and its outcome counts."""
+
+    def __init__(self, run: pytest.RunResult) -> None:
+        self.run = run
+        self.ret = run.ret
+        self.out = run.stdout.str() + "\n" + run.stderr.str()
 
     def assert_outcomes(self, *, passed: int = 0, failed: int = 0) -> None:
-        want = ", ".join(f"{n} {k}" for k, n in (("failed", failed), ("passed", passed)) if n)
-        assert f"{want} in " in self.out, self.out
-        assert self.ret == (1 if failed else 0), self.out
+        self.run.assert_outcomes(passed=passed, failed=failed)
 
 
-@pytest.fixture
-def pytester(tmp_path: Path) -> Pytester:
-    return Pytester(tmp_path)
+def _run(pytester: pytest.Pytester, *args: str) -> Result:
+    return Result(pytester.runpytest(*_ARGS, "-q", "-p", "no:cacheprovider", *args))
 
 
-def _run(pytester: Pytester, *args: str) -> Result:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", *_ARGS, "-q", "-p", "no:cacheprovider", *args],
-        cwd=pytester.path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    return Result(proc)
-
-
-def test_missing_golden_fails_then_update_records_it(pytester: Pytester) -> None:
+def test_missing_golden_fails_then_update_records_it(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_golden=TEST.format(scale=1.0, hscale=1.0))
     result = _run(pytester)
     result.assert_outcomes(failed=1)
@@ -91,7 +57,7 @@ def test_missing_golden_fails_then_update_records_it(pytester: Pytester) -> None
     _run(pytester).assert_outcomes(passed=1)
 
 
-def test_every_leaf_beyond_tolerance_is_named(pytester: Pytester) -> None:
+def test_every_leaf_beyond_tolerance_is_named(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_golden=TEST.format(scale=1.0, hscale=1.0))
     _run(pytester, "--treeguard-update").assert_outcomes(passed=1)
     pytester.makepyfile(test_golden=TEST.format(scale=1.1, hscale=1.1))
@@ -109,7 +75,7 @@ def test_every_leaf_beyond_tolerance_is_named(pytester: Pytester) -> None:
     assert "['dense1']['b']" not in out
 
 
-def test_bf16_within_its_own_tolerance_passes(pytester: Pytester) -> None:
+def test_bf16_within_its_own_tolerance_passes(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_golden=TEST.format(scale=1.0, hscale=1.0))
     _run(pytester, "--treeguard-update").assert_outcomes(passed=1)
     # One bf16 step above 1.0 is 0.8% off: within bf16's rtol 1e-2, far beyond the default.
@@ -121,7 +87,7 @@ def test_bf16_within_its_own_tolerance_passes(pytester: Pytester) -> None:
     assert "  ['h'] bf16[4]: 4 of 4 elements beyond tolerance" in result.out
 
 
-def test_changed_structure_is_reported_by_path(pytester: Pytester) -> None:
+def test_changed_structure_is_reported_by_path(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_golden=TEST.format(scale=1.0, hscale=1.0))
     _run(pytester, "--treeguard-update").assert_outcomes(passed=1)
     pytester.makepyfile(
@@ -151,7 +117,9 @@ def test_scale(tree_regression):
 """
 
 
-def test_weak_types_are_ignored_as_checkpoint_contracts_ignore_them(pytester: Pytester) -> None:
+def test_weak_types_are_ignored_as_checkpoint_contracts_ignore_them(
+    pytester: pytest.Pytester,
+) -> None:
     # Recorded from a weakly typed scalar (a Python float under jnp.asarray) ...
     pytester.makepyfile(test_weak=WEAK.format(scale="jnp.asarray(2.0)"))
     _run(pytester, "--treeguard-update").assert_outcomes(passed=1)
@@ -167,7 +135,7 @@ def test_weak_types_are_ignored_as_checkpoint_contracts_ignore_them(pytester: Py
     assert "  ['scale'] f32[]: 1 of 1 elements beyond tolerance, max abs err 0.5" in result.out
 
 
-def test_two_trees_in_one_test_need_names(pytester: Pytester) -> None:
+def test_two_trees_in_one_test_need_names(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(
         test_two="""
 import numpy as np
