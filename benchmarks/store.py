@@ -1,0 +1,79 @@
+"""What the store's gates cost: ``load_current`` (verified, digest re-checked,
+signature checked) against a plain ``treeguard.load`` of the same file, and
+``promote`` (the whole file re-hashed) against ``treeguard.verify_file``.
+
+Both sides run in one process, interleaved, after a warm-up, on a file in the
+page cache; the figure is the median of ``--repeats`` runs of each, and the
+ratio is against the baseline measured in the same run.
+
+    .venv/bin/python benchmarks/store.py              # 1 GiB in 64 leaves
+    .venv/bin/python benchmarks/store.py --mib 128    # a quick run
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+import treeguard as tg
+
+
+def _tree(total_mib: int, leaves: int) -> dict[str, np.ndarray]:
+    n = total_mib * 1024 * 1024 // 4 // leaves
+    return {f"layer_{i:02d}": np.full(n, i, np.float32) for i in range(leaves)}
+
+
+def _median(fn: Callable[[], Any], repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mib", type=int, default=1024)
+    parser.add_argument("--leaves", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+
+    tree = _tree(args.mib, args.leaves)
+    like = tg.spec_of(tree)
+    with tempfile.TemporaryDirectory() as d:
+        store = tg.ArtifactStore(os.path.join(d, "store"), key=b"bench-key-0123456789")
+        v = store.put(tree)
+        store.verify(v, like=like)
+        store.promote(v)
+        path = store.info(v).path
+        del tree
+
+        pairs: list[tuple[str, Callable[[], Any], Callable[[], Any]]] = [
+            (
+                "load_current / load",
+                lambda: store.load_current(like),
+                lambda: tg.load(path, like=like),
+            ),
+            ("promote / verify_file", lambda: store.promote(v), lambda: tg.verify_file(path)),
+        ]
+        print(f"{args.mib} MiB in {args.leaves} leaves, median of {args.repeats} (page cache)")
+        for name, gated, base in pairs:
+            gated(), base()  # warm-up: page cache, imports
+            t_gated, t_base = [], []
+            for _ in range(args.repeats):  # interleaved, so drift hits both sides alike
+                t_base.append(_median(base, 1))
+                t_gated.append(_median(gated, 1))
+            g, b = statistics.median(t_gated), statistics.median(t_base)
+            print(f"  {name:24s} {g * 1e3:9.1f} ms / {b * 1e3:9.1f} ms = {g / b:5.3f}x")
+
+
+if __name__ == "__main__":
+    main()
