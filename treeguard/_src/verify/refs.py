@@ -72,20 +72,28 @@ def _exc_name(t: type[BaseException]) -> str:
     return t.__name__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
 
 
-def _treeguard_errors() -> list[type[BaseException]]:
-    """Every exception class treeguard defines (its errors module and the verify ones)."""
-    from .. import errors, nonfinite
+def _treeguard_errors() -> dict[str, type[BaseException]]:
+    """Every exception class treeguard defines, by each name a references
+    file may use for it: the public ``treeguard.X`` and, for files recorded
+    before errors moved into one module, the older private module paths."""
+    from .. import errors
     from . import model
 
-    found: list[type[BaseException]] = []
-    for module in (errors, nonfinite, model):
-        for value in vars(module).values():
-            if (
-                isinstance(value, type)
-                and issubclass(value, BaseException)
-                and value.__module__ == module.__name__
-            ):
-                found.append(value)
+    found: dict[str, type[BaseException]] = {}
+    for cls in errors.PUBLIC:
+        found[_exc_name(cls)] = cls
+        found[f"treeguard._src.errors.{cls.__qualname__}"] = cls
+    for legacy in ("NonFiniteError", "TracedValueError"):
+        found[f"treeguard._src.nonfinite.{legacy}"] = getattr(errors, legacy)
+    for legacy in ("StoreError", "UnknownVersionError"):
+        found[f"treeguard._src.store.{legacy}"] = getattr(errors, legacy)
+    for value in vars(model).values():
+        if (
+            isinstance(value, type)
+            and issubclass(value, BaseException)
+            and value.__module__ == model.__name__
+        ):
+            found[_exc_name(value)] = value
     return found
 
 
@@ -106,7 +114,7 @@ def _exc_type(
         t = getattr(builtins, name, None)
         if isinstance(t, type) and issubclass(t, BaseException):
             return t
-    known = {_exc_name(t): t for t in _treeguard_errors()}
+    known = _treeguard_errors()
     known.update(declared)
     t = known.get(name)
     if t is None:
