@@ -84,3 +84,14 @@ class IntegrityError(TreeguardError, ValueError):
 
 class VerificationError(TreeguardError, AssertionError):
     """An acceptance check failed."""
+
+
+# -- diagnose --------------------------------------------------------------------
+
+
+class DiagnosisError(TreeguardError, ValueError):
+    """A diagnosis cannot run as asked: an unknown candidate, a malformed
+    tolerance rule, a recorded trace of another program. ``treeguard
+    diagnose`` exits with status 2 on it."""
+
+    exit_code = 2
