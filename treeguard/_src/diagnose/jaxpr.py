@@ -393,6 +393,37 @@ def loop_with_intermediates(loop: Loop) -> tuple[Callable[..., Any], list[Any], 
     return run, [loop.consts, loop.init, loop.xs], extra
 
 
+def inline_calls(closed: Any, args: Sequence[Any]) -> Any:
+    """The same program with every call-like body (``jit``, custom
+    derivatives) inlined, each equation keeping its source line; conds and
+    loops are kept whole. Custom derivative rules are dropped: the result is
+    for running forward, not for differentiating."""
+
+    def run(*flat: Any) -> list[Any]:
+        return _inlined(closed, list(flat))
+
+    return jax.make_jaxpr(run)(*args)
+
+
+def _inlined(closed: Any, args: list[Any]) -> list[Any]:
+    j = closed.jaxpr
+    env: dict[Any, Any] = dict(zip(j.constvars, closed.consts))
+    env.update(zip(j.invars, args))
+    for eqn in j.eqns:
+        invals = [read(env, v) for v in eqn.invars]
+        body = body_of(eqn)
+        if body is not None:
+            outs = _inlined(body, invals[len(invals) - len(body.jaxpr.invars) :])
+        else:
+            info = eqn.source_info
+            with jsi.user_context(info.traceback, name_stack=info.name_stack):
+                outs = bind(eqn, invals)
+        for v, x in zip(eqn.outvars, outs):
+            if not isinstance(v, jex.DropVar):
+                env[v] = x
+    return [read(env, v) for v in j.outvars]
+
+
 def as_closed(fn: Callable[..., Any], *args: Any) -> tuple[Any, Any]:
     """``fn`` traced on ``args``: its closed jaxpr and its output tree structure."""
     closed, shapes = jax.make_jaxpr(fn, return_shape=True)(*args)

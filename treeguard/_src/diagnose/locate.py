@@ -227,6 +227,8 @@ class Divergence:
       notes: what the search saw, in order, for the report.
       reproducible: False when a re-run at ``k - 1`` or ``k`` gave another answer.
       tolerances: the tolerances used.
+      environment: for a recorded trace, ``(key, recorded, here)`` for
+        each environment difference.
     """
 
     reference: str
@@ -244,6 +246,7 @@ class Divergence:
     notes: tuple[str, ...] = ()
     reproducible: bool = True
     tolerances: dict[str, Any] = dataclasses.field(default_factory=dict)
+    environment: tuple[tuple[str, Any, Any], ...] = ()
 
     @property
     def diverged(self) -> bool:
@@ -301,7 +304,14 @@ class Divergence:
             "notes": list(self.notes),
             "reproducible": self.reproducible,
             "tolerances": self.tolerances,
+            "environment": [
+                {"key": k, "recorded": _plain(a), "here": _plain(b)} for k, a, b in self.environment
+            ],
         }
+
+
+def _plain(x: Any) -> Any:
+    return x if x is None or isinstance(x, (str, int, float, bool)) else str(x)
 
 
 # -- comparing values -------------------------------------------------------------
@@ -595,7 +605,7 @@ def locate(
     from .trace import Trace, compare_trace
 
     if isinstance(candidate, Trace):
-        return compare_trace(fn, candidate, rtol=rtol, atol=atol, tolerances=tolerances)
+        return compare_trace(fn, candidate, *args, rtol=rtol, atol=atol, tolerances=tolerances)
     if reference != "eager":
         raise DiagnosisError(f"unknown reference {reference!r}; hint: reference='eager'")
     started = time.perf_counter()
