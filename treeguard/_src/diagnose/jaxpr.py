@@ -303,6 +303,24 @@ def run_loop(
     return loop.finish(carry, ys), runs
 
 
+def walk(closed: Any, hook: Hook, where: str = "") -> None:
+    """Calls ``hook(eqn, [], [], where, "")`` on every equation, bodies included
+    (every branch, a loop body once), without running anything."""
+    for i, eqn in enumerate(closed.jaxpr.eqns):
+        label = f"{where}{i}"
+        hook(eqn, [], [], label, "")
+        body = body_of(eqn)
+        if body is not None:
+            walk(body, hook, f"{label}/")
+        elif eqn.primitive.name == "cond":
+            for b, branch in enumerate(eqn.params["branches"]):
+                walk(branch, hook, f"{label}/branch{b}/")
+        elif eqn.primitive.name == "scan":
+            walk(eqn.params["jaxpr"], hook, f"{label}@*/")
+        elif eqn.primitive.name == "while":
+            walk(eqn.params["body_jaxpr"], hook, f"{label}@*/")
+
+
 # -- cutting --------------------------------------------------------------------
 
 

@@ -660,7 +660,24 @@ def locate(
                 else "a Python branch taken only while tracing, or a value read at trace time"
             )
         )
-    if found is None and not trace_differs:
+    if trace_differs:
+        notes += _narrowing_casts(closed)
+    culprit = found is not None and found.site.role == "culprit"
+    if trace_differs and not culprit:
+        if found is not None:
+            notes.append(
+                f"besides, equation {found.site.index} ({found.site.primitive}) at "
+                f"{found.site.source} differs compiled from op by op, but not alone"
+            )
+        return Divergence(
+            outcome="trace",
+            classification="batching" if cand.batched else "trace",
+            compiles=judge.compiles,
+            seconds=time.perf_counter() - started,
+            notes=tuple(notes),
+            **common,
+        )
+    if found is None:
         notes.append(
             "the outputs diverge, but no cut of the program does: the divergence depends on "
             "how the whole program is compiled (fusion), so no equation is blamed"
@@ -668,15 +685,6 @@ def locate(
         return Divergence(
             outcome="vanishes",
             classification="precision" if precision else "fusion",
-            compiles=judge.compiles,
-            seconds=time.perf_counter() - started,
-            notes=tuple(notes),
-            **common,
-        )
-    if found is None:
-        return Divergence(
-            outcome="trace",
-            classification="batching" if cand.batched else "trace",
             compiles=judge.compiles,
             seconds=time.perf_counter() - started,
             notes=tuple(notes),
@@ -708,6 +716,25 @@ def locate(
         reproducible=found.reproducible,
         **common,
     )
+
+
+def _narrowing_casts(closed: Any) -> list[str]:
+    """Notes naming the casts to a narrower float type in the traced program:
+    the usual suspects when the trace computes something else than eager."""
+    out: list[str] = []
+
+    def hook(eqn: Any, invals: list[Any], outs: list[Any], where: str, stack: str) -> None:
+        if eqn.primitive.name != "convert_element_type":
+            return
+        src, dst = np.dtype(eqn.invars[0].aval.dtype), np.dtype(eqn.outvars[0].aval.dtype)
+        if src.kind == "f" and dst.kind in "fV" and dst.itemsize < src.itemsize:
+            out.append(
+                f"the traced program casts {src.name} to {dst.name} at equation {where}, "
+                f"{jx.site(eqn)[0]}"
+            )
+
+    jx.walk(closed, hook)
+    return out[:PROPAGATORS_LISTED]
 
 
 def _precision_check(
