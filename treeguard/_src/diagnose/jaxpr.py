@@ -353,11 +353,30 @@ def _effects(eqns: Sequence[Any]) -> Any:
     return frozenset(out)
 
 
+def _jaxpr(
+    constvars: Sequence[Any],
+    invars: Sequence[Any],
+    outvars: Sequence[Any],
+    eqns: Sequence[Any],
+    effects: Any,
+    arg_names: tuple[str, ...] | None = None,
+) -> Any:
+    """A new jaxpr, with the debug info JAX asks every jaxpr to carry."""
+    info = jex.DebugInfo("treeguard.diagnose", "a cut of the program", arg_names, None)
+    return jex.Jaxpr(list(constvars), list(invars), list(outvars), list(eqns), effects, info)
+
+
+def _arg_names(j: Any) -> tuple[str, ...] | None:
+    info = j.debug_info
+    names = getattr(info, "arg_names", None)
+    return tuple(names) if names is not None and len(names) == len(j.invars) else None
+
+
 def prefix(closed: Any, k: int, outvars: Sequence[Any]) -> Any:
     """The program of the first ``k`` equations, returning ``outvars``."""
     j = closed.jaxpr
     eqns = list(j.eqns[:k])
-    new = jex.Jaxpr(j.constvars, j.invars, list(outvars), eqns, _effects(eqns))
+    new = _jaxpr(j.constvars, j.invars, outvars, eqns, _effects(eqns), _arg_names(j))
     return jex.ClosedJaxpr(new, closed.consts)
 
 
@@ -365,8 +384,7 @@ def alone(eqn: Any) -> Any:
     """One equation as a program of its own: its non-literal inputs in, its outputs out."""
     ins = unique_vars(eqn.invars)
     outs = [v for v in eqn.outvars if not isinstance(v, jex.DropVar)]
-    new = jex.Jaxpr([], ins, outs, [eqn], _effects([eqn]))
-    return jex.ClosedJaxpr(new, [])
+    return jex.ClosedJaxpr(_jaxpr([], ins, outs, [eqn], _effects([eqn])), [])
 
 
 def unique_vars(atoms: Sequence[Any]) -> list[Any]:
@@ -382,7 +400,7 @@ def with_every_intermediate(closed: Any) -> tuple[Any, list[Any]]:
     """The same program, also returning every value an equation defines."""
     j = closed.jaxpr
     extra = defined(j)
-    new = jex.Jaxpr(j.constvars, j.invars, [*j.outvars, *extra], j.eqns, j.effects)
+    new = _jaxpr(j.constvars, j.invars, [*j.outvars, *extra], j.eqns, j.effects, _arg_names(j))
     return jex.ClosedJaxpr(new, closed.consts), extra
 
 
