@@ -12,8 +12,9 @@ candidate is then no worse than the reference, only different.
 from __future__ import annotations
 
 import dataclasses
-import fnmatch
+import functools
 import math
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -44,7 +45,9 @@ class Tolerances:
         takes ``DTYPE_DEFAULTS`` for its dtype (float32's otherwise).
       dtypes: per-dtype tolerances, by name or short name (``"bf16"``).
       paths: ``(glob, Tolerance)`` rules over key paths in ``keystr`` form,
-        first match wins: ``[("*['dense2']*", Tolerance(1e-4, 1e-5))]``.
+        first match wins: ``[("*['dense2']*", Tolerance(1e-4, 1e-5))]``. Only
+        ``*`` (any text) and ``?`` (one character) are wildcards; brackets
+        and quotes match themselves, as key paths are full of them.
       fp64: the multiplier ``m`` of the fp64-relative rule, or None.
 
     Example:
@@ -97,7 +100,7 @@ class Tolerances:
         if not is_inexact(dt):
             return EXACT
         for glob, tol in self.paths:
-            if fnmatch.fnmatchcase(path, glob):
+            if glob_matches(glob, path):
                 return tol
         for k, v in self.dtypes.items():
             if resolve_dtype(k) == dt:
@@ -116,6 +119,22 @@ class Tolerances:
             "paths": [[g, one(t)] for g, t in self.paths],
             "fp64": self.fp64,
         }
+
+
+@functools.lru_cache(maxsize=256)
+def _glob_re(glob: str) -> re.Pattern[str]:
+    parts = (".*" if c == "*" else "." if c == "?" else re.escape(c) for c in glob)
+    return re.compile("".join(parts), re.DOTALL)
+
+
+def glob_matches(glob: str, path: str) -> bool:
+    """Whether a key path matches a glob where only ``*`` and ``?`` are wildcards.
+
+    Example:
+      >>> glob_matches("*['b']", "['dense1']['b']"), glob_matches("*['b']", "['dense1']['w']")
+      (True, False)
+    """
+    return _glob_re(glob).fullmatch(path) is not None
 
 
 def is_inexact(dtype: Any) -> bool:
