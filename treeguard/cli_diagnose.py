@@ -53,7 +53,7 @@ def _usage(message: str) -> NoReturn:
     help="Where diagnosis.json, diagnosis.md and diagnosis.html go.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print diagnosis.json instead of the table.")
-def diagnose(
+def diagnose(  # noqa: PLR0917 - click passes each option positionally
     target: str,
     record: Path | None,
     against: Path | None,
@@ -81,7 +81,9 @@ def diagnose(
     if stages is not None:
         chosen = tuple(s.strip() for s in stages.split(",") if s.strip())
     if record is not None and against is not None:
-        _usage("--record and --against exclude each other; record on one machine, compare on another")
+        _usage(
+            "--record and --against exclude each other; record on one machine, compare on another"
+        )
     if against is not None and not against.is_file():
         _usage(f"no trace file at {against}; hint: record one with --record {against}")
     try:

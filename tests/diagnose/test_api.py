@@ -9,7 +9,8 @@ import treeguard.diagnose as diagnose
 
 def test_all_matches_the_exports_and_each_has_a_docstring() -> None:
     public = {
-        n for n, v in vars(diagnose).items()
+        n
+        for n, v in vars(diagnose).items()
         if not n.startswith("_") and not isinstance(v, types.ModuleType)
     }
     assert sorted(diagnose.__all__) == diagnose.__all__

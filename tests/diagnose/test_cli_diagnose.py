@@ -26,11 +26,16 @@ def test_the_example_passes_the_chosen_stages_and_writes_three_reports(tmp_path:
     assert "exit status 0" in out
     doc = json.loads((tmp_path / "diagnosis.json").read_text())
     assert doc["format"] == "treeguard.diagnose/1"
-    assert [(s["name"], s["status"]) for s in doc["stages"]] == [("data", "pass"), ("shapes", "pass")]
+    assert [(s["name"], s["status"]) for s in doc["stages"]] == [
+        ("data", "pass"),
+        ("shapes", "pass"),
+    ]
     html = (tmp_path / "diagnosis.html").read_text()
     assert "<script" not in html and "Stage ladder" in html
-    assert (tmp_path / "diagnosis.md").read_text().startswith(
-        "# treeguard diagnose `treeguard.examples.mlp:model`"
+    assert (
+        (tmp_path / "diagnosis.md")
+        .read_text()
+        .startswith("# treeguard diagnose `treeguard.examples.mlp:model`")
     )
 
 
@@ -42,7 +47,9 @@ def test_usage_errors_exit_2(tmp_path: Path) -> None:
     code, out = _run("treeguard.examples.mlp:model", "--against", str(tmp_path / "nope"))
     assert code == 2 and "no trace file at" in out
     trace = tmp_path / "t.safetensors"
-    code, out = _run("treeguard.examples.mlp:model", "--record", str(trace), "--against", str(trace))
+    code, out = _run(
+        "treeguard.examples.mlp:model", "--record", str(trace), "--against", str(trace)
+    )
     assert code == 2 and "--record and --against exclude each other" in out
 
 

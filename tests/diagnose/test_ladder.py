@@ -86,10 +86,19 @@ _VARIANTS = [
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("stage", "change", "own_refs"), _VARIANTS, ids=[
-    "key-reuse", "output-shape", "drifted-weights", "nan-loss", "ascending-update",
-    "casting-update", "jit-fast-path",
-])
+@pytest.mark.parametrize(
+    ("stage", "change", "own_refs"),
+    _VARIANTS,
+    ids=[
+        "key-reuse",
+        "output-shape",
+        "drifted-weights",
+        "nan-loss",
+        "ascending-update",
+        "casting-update",
+        "jit-fast-path",
+    ],
+)
 def test_each_broken_variant_of_the_example_stops_at_its_own_stage(
     tmp_path: Path, stage: str, change: dict[str, Any], own_refs: bool
 ) -> None:

@@ -23,7 +23,13 @@ def test_log_of_x_minus_two_is_born_at_log_with_its_line() -> None:
     sites = nan_origin(log_shifted, jnp.linspace(0.0, 1.0, 4))
     assert len(sites) == 1
     s = sites[0]
-    assert (s.primitive, s.phase, s.kind, s.count, s.summary) == ("log", "forward", "nan", 4, "f32[4]")
+    assert (s.primitive, s.phase, s.kind, s.count, s.summary) == (
+        "log",
+        "forward",
+        "nan",
+        4,
+        "f32[4]",
+    )
     assert s.source == f"test_nan.py:{_line(log_shifted, 2)} (log_shifted)"
     assert not s.masked  # the NaN reaches the output
     assert s.describe() == (

@@ -7,10 +7,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from treeguard._src.diagnose.tolerance import DTYPE_DEFAULTS, fp64_passes
 from treeguard.diagnose import DiagnosisError, Tolerances
 from treeguard.verify import Tolerance
-
-from treeguard._src.diagnose.tolerance import DTYPE_DEFAULTS, fp64_passes
 
 
 def test_rules_apply_path_then_dtype_then_default() -> None:

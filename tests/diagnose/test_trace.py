@@ -30,7 +30,11 @@ def test_a_trace_round_trips_and_matches_itself(tmp_path: Path) -> None:
     path = record_trace(tmp_path / "t.safetensors", jax.jit(step), P, XS, label="step")
     trace = load_trace(path)
     assert [p for p, _ in trace.equations.values()] == [
-        "dot_general", "tanh", "mul", "integer_pow", "reduce_sum"
+        "dot_general",
+        "tanh",
+        "mul",
+        "integer_pow",
+        "reduce_sum",
     ]
     assert trace.output_paths == ["['h']", "['loss']"]
     d = locate(jax.jit(step), P, XS, candidate=trace)
@@ -97,8 +101,15 @@ def test_a_trace_recorded_in_one_process_locates_the_difference_in_another(
     env = {"PYTHONPATH": str(tmp_path)}
     rec = run_module(
         "treeguard.cli_diagnose",
-        ["toy_model:model", "--stages", "data,shapes", "--record", str(trace),
-         "--report-dir", str(tmp_path / "a")],
+        [
+            "toy_model:model",
+            "--stages",
+            "data,shapes",
+            "--record",
+            str(trace),
+            "--report-dir",
+            str(tmp_path / "a"),
+        ],
         env=env,
         cwd=tmp_path,
     )
@@ -120,10 +131,13 @@ def test_a_trace_recorded_in_one_process_locates_the_difference_in_another(
     assert stage["name"] == "trace" and stage["status"] == "fail"
     div = stage["divergence"]
     assert {e["key"] for e in div["environment"]} >= {
-        "matmul_precision", "XLA_FLAGS", "JAX_DEFAULT_MATMUL_PRECISION"
+        "matmul_precision",
+        "XLA_FLAGS",
+        "JAX_DEFAULT_MATMUL_PRECISION",
     }
     assert (div["equation"]["primitive"], div["equation"]["role"]) == (
-        "reduce_precision", "culprit"
+        "reduce_precision",
+        "culprit",
     )
     lines = textwrap.dedent(_MODEL).splitlines()
     line = next(i for i, t in enumerate(lines, 1) if "reduce_precision(" in t)

@@ -12,7 +12,7 @@ iteration.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -64,11 +64,21 @@ def short_site(text: str) -> str:
     Example:
       >>> short_site("/a/b/model.py:88:13 (apply)")
       'model.py:88 (apply)'
+      >>> short_site("<doctest x[1]>:2:11 (f)")
+      '<doctest x[1]>:2 (f)'
     """
-    head, _, func = text.partition(" ")
-    parts = head.rsplit("/", 1)[-1].split(":")
-    where = ":".join(parts[:2]) if len(parts) >= 2 else parts[0]
-    return f"{where} {func}".strip()
+    where, sep, func = text.rpartition(" (")
+    if not sep:
+        where, func = text, ""
+    else:
+        func = f"({func}"
+    parts = where.split(":")
+    if len(parts) >= 3 and parts[-1].isdigit() and parts[-2].isdigit():
+        parts = parts[:-1]  # drop the column
+    head = ":".join(parts)
+    if not head.startswith("<"):
+        head = head.rsplit("/", 1)[-1]
+    return f"{head} {func}".strip()
 
 
 def eqn_text(eqn: Any, limit: int = 100) -> str:
@@ -359,6 +369,7 @@ def _jaxpr(
     outvars: Sequence[Any],
     eqns: Sequence[Any],
     effects: Any,
+    *,
     arg_names: tuple[str, ...] | None = None,
 ) -> Any:
     """A new jaxpr, with the debug info JAX asks every jaxpr to carry."""
@@ -376,7 +387,7 @@ def prefix(closed: Any, k: int, outvars: Sequence[Any]) -> Any:
     """The program of the first ``k`` equations, returning ``outvars``."""
     j = closed.jaxpr
     eqns = list(j.eqns[:k])
-    new = _jaxpr(j.constvars, j.invars, outvars, eqns, _effects(eqns), _arg_names(j))
+    new = _jaxpr(j.constvars, j.invars, outvars, eqns, _effects(eqns), arg_names=_arg_names(j))
     return jex.ClosedJaxpr(new, closed.consts)
 
 
@@ -400,7 +411,9 @@ def with_every_intermediate(closed: Any) -> tuple[Any, list[Any]]:
     """The same program, also returning every value an equation defines."""
     j = closed.jaxpr
     extra = defined(j)
-    new = _jaxpr(j.constvars, j.invars, [*j.outvars, *extra], j.eqns, j.effects, _arg_names(j))
+    new = _jaxpr(
+        j.constvars, j.invars, [*j.outvars, *extra], j.eqns, j.effects, arg_names=_arg_names(j)
+    )
     return jex.ClosedJaxpr(new, closed.consts), extra
 
 

@@ -36,7 +36,13 @@ from ..nonfinite import find_nonfinite
 from ..spec import spec_of
 from ..verify import refs as refs_mod
 from ..verify.cases import Case, generate
-from ..verify.checks import Context, check_keys, example_hashes, per_example_apply, regression_errors
+from ..verify.checks import (
+    Context,
+    check_keys,
+    example_hashes,
+    per_example_apply,
+    regression_errors,
+)
 from ..verify.compare import LeafError, compare_trees
 from ..verify.model import ConfigError, Model, Tolerance
 from .locate import Divergence, locate
@@ -244,7 +250,9 @@ class _Ladder:
                 )
         loss = jax.eval_shape(model.loss, params, batch)
         if loss.shape != () or not jnp.issubdtype(loss.dtype, jnp.floating):
-            bad.append(f"loss: {_summary(loss)} from eval_shape(loss), where a float scalar was expected")
+            bad.append(
+                f"loss: {_summary(loss)} from eval_shape(loss), where a float scalar was expected"
+            )
         grads = jax.eval_shape(jax.grad(model.loss), params, batch)
         bad += _mismatch_lines(mismatches(grads, pspec), "grads", "the params", "eval_shape(grad)")
         if model.update is not None:
@@ -271,7 +279,9 @@ class _Ladder:
             self._reg = regression_errors(self.ctx, self.refs)
         return self._reg
 
-    def _against_refs(self, name: str, kinds: tuple[str, ...], labels: tuple[str, ...]) -> StageResult:
+    def _against_refs(
+        self, name: str, kinds: tuple[str, ...], labels: tuple[str, ...]
+    ) -> StageResult:
         if self.refs is None:
             return StageResult(name, "skip", "no references to compare with")
         lines, rows = self._regression()
@@ -326,13 +336,14 @@ class _Ladder:
 
     def update(self) -> StageResult:
         model = self.model
-        if model.update is None:
+        update = model.update
+        if update is None:
             return StageResult("update", "skip", "the model has no update")
         params = self.ctx.params()
         case = self.ctx.standard()
         batch = self.ctx.batch(case)
         before, grads = jax.value_and_grad(model.loss)(params, batch)
-        new = model.update(params, grads)
+        new = update(params, grads)
         bad: list[str] = []
         found = find_nonfinite(new)
         for p, n in list(found.items())[:_LISTED]:
@@ -350,7 +361,7 @@ class _Ladder:
             [],
         )
         if found:
-            stage.nan_sites = nan_origin(lambda p: model.update(p, grads), params)
+            stage.nan_sites = nan_origin(lambda p: update(p, grads), params)
         return stage
 
     # -- 5. transformations ------------------------------------------------------
@@ -401,8 +412,18 @@ class _Ladder:
             with jax.disable_jit():
                 out, value = model.apply(p, b), model.loss(p, b)
             return [
-                ("outputs", jax.jit(model.apply)(p, b), out, lambda: self._locate(model.apply, p, b, candidate="jit")),
-                ("loss", jax.jit(model.loss)(p, b), value, lambda: self._locate(model.loss, p, b, candidate="jit")),
+                (
+                    "outputs",
+                    jax.jit(model.apply)(p, b),
+                    out,
+                    lambda: self._locate(model.apply, p, b, candidate="jit"),
+                ),
+                (
+                    "loss",
+                    jax.jit(model.loss)(p, b),
+                    value,
+                    lambda: self._locate(model.loss, p, b, candidate="jit"),
+                ),
             ]
 
         return self._transform("jit", pairs)
@@ -418,7 +439,12 @@ class _Ladder:
                 return model.apply(p, jax.tree.map(lambda x: x[None], example))
 
             return [
-                ("outputs", per_example_apply(model, p, b), out, lambda: self._locate(one, b, candidate="vmap")),
+                (
+                    "outputs",
+                    per_example_apply(model, p, b),
+                    out,
+                    lambda: self._locate(one, b, candidate="vmap"),
+                ),
             ]
 
         return self._transform("vmap", pairs)
@@ -430,7 +456,12 @@ class _Ladder:
             with jax.disable_jit():
                 g = jax.grad(model.loss)(p, b)
             return [
-                ("grads", jax.jit(jax.grad(model.loss))(p, b), g, lambda: self._locate(model.loss, p, b, candidate="jit+grad")),
+                (
+                    "grads",
+                    jax.jit(jax.grad(model.loss))(p, b),
+                    g,
+                    lambda: self._locate(model.loss, p, b, candidate="jit+grad"),
+                ),
             ]
 
         return self._transform("grad", pairs)
@@ -439,7 +470,11 @@ class _Ladder:
 
     def step_fn(self) -> tuple[Callable[..., Any], Any, Any]:
         """What a trace records: ``value_and_grad(loss)`` on the standard case."""
-        return jax.value_and_grad(self.model.loss), self.ctx.params(), self.ctx.batch(self.ctx.standard())
+        return (
+            jax.value_and_grad(self.model.loss),
+            self.ctx.params(),
+            self.ctx.batch(self.ctx.standard()),
+        )
 
     def against(self, trace: Trace) -> StageResult:
         fn, params, batch = self.step_fn()
@@ -449,7 +484,14 @@ class _Ladder:
             evidence.append(f"first differing {div.equation.describe()}")
         evidence += [n for n in div.notes if not n.startswith("environment:")]
         if not div.diverged:
-            return StageResult("trace", "pass", f"every equation matches {trace.path.name}", evidence, list(div.leaves), div)
+            return StageResult(
+                "trace",
+                "pass",
+                f"every equation matches {trace.path.name}",
+                evidence,
+                list(div.leaves),
+                div,
+            )
         return StageResult(
             "trace",
             "fail",
@@ -476,7 +518,11 @@ def _row_error(row: dict[str, Any]) -> LeafError:
         return float(x) if not isinstance(x, str) else float(x.replace("inf", "inf"))
 
     path = row["path"]
-    where = f"{row['kind']} {path}" if row["case"] == "-" else f"case {row['case']!r} {row['kind']} {path}"
+    where = (
+        f"{row['kind']} {path}"
+        if row["case"] == "-"
+        else f"case {row['case']!r} {row['kind']} {path}"
+    )
     return LeafError(
         where.strip(),
         row["summary"],
@@ -493,7 +539,9 @@ def _stage(
     name: str, bad: list[str], ok: str, info: list[str], *, leaves: list[LeafError] | None = None
 ) -> StageResult:
     if bad:
-        return StageResult(name, "fail", f"{len(bad)} problem(s)", [*bad, *info], list(leaves or []))
+        return StageResult(
+            name, "fail", f"{len(bad)} problem(s)", [*bad, *info], list(leaves or [])
+        )
     return StageResult(name, "pass", ok, info, list(leaves or []))
 
 
@@ -574,7 +622,11 @@ def diagnose(
     recorded = None
     if record is not None:
         fn, params, batch = ladder.step_fn()
-        recorded = str(record_trace(record, fn, params, batch, label=f"value_and_grad(loss) of {name or model.name}"))
+        recorded = str(
+            record_trace(
+                record, fn, params, batch, label=f"value_and_grad(loss) of {name or model.name}"
+            )
+        )
     return Diagnosis(
         model=name or model.name,
         stages=results,

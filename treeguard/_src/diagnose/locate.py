@@ -620,7 +620,7 @@ def locate(
     got = _whole(fn, cand, args, closed)
     judge.compiles += 1
     leaves = _leaf_errors(judge, got, ref_out)
-    common = {
+    common: dict[str, Any] = {
         "reference": ref_name,
         "candidate": cand.name,
         "leaves": leaves,
@@ -628,7 +628,7 @@ def locate(
         "tolerances": tols.to_dict(),
     }
     if tols.fp64 is not None and any(not e.ok for e in leaves):
-        leaves = _apply_fp64(judge, fn, cand, args, got, ref_out, leaves)
+        leaves = _apply_fp64(judge, fn, cand, args, got=got, ref=ref_out, leaves=leaves)
         common["leaves"] = leaves
     if all(e.ok for e in leaves):
         return Divergence(
@@ -756,6 +756,7 @@ def _apply_fp64(
     fn: Callable[..., Any],
     cand: Candidate,
     args: tuple[Any, ...],
+    *,
     got: Any,
     ref: Any,
     leaves: tuple[LeafError, ...],
@@ -770,9 +771,12 @@ def _apply_fp64(
         ref64 = _reference(fn, cand, wide)
     r64 = dict(leaves_with_paths(ref64))
     g, r = dict(leaves_with_paths(got)), dict(leaves_with_paths(ref))
-    out = []
-    for e in leaves:
-        if not e.ok and e.path in r64 and fp64_passes(g[e.path], r[e.path], r64[e.path], e.tolerance, multiplier):
-            e = dataclasses.replace(e, bad=0)
-        out.append(e)
-    return tuple(out)
+
+    def judged(e: LeafError) -> LeafError:
+        if e.ok or e.path not in r64:
+            return e
+        if fp64_passes(g[e.path], r[e.path], r64[e.path], e.tolerance, multiplier):
+            return dataclasses.replace(e, bad=0)
+        return e
+
+    return tuple(judged(e) for e in leaves)

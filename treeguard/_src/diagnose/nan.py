@@ -97,7 +97,9 @@ def _arrays(vals: list[Any]) -> list[Any]:
     return [v for v in vals if hasattr(v, "dtype") and jx.is_array(v)]
 
 
-def _sites(closed: Any, args: list[Any], phase_of: Callable[[str], Phase | None]) -> tuple[list[NanSite], list[Any]]:
+def _sites(
+    closed: Any, args: list[Any], phase_of: Callable[[str], Phase | None]
+) -> tuple[list[NanSite], list[Any]]:
     found: list[NanSite] = []
 
     def hook(eqn: Any, invals: list[Any], outs: list[Any], where: str, stack: str) -> None:

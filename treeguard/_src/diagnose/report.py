@@ -208,7 +208,9 @@ def to_html(d: Diagnosis) -> str:
                 + f'<br><span class="mono">{_e(e.text)}</span></div>'
             )
         if div is not None:
-            out.append("<ul>" + "".join(f"<li>{_e(x[2:])}</li>" for x in _culprit_md(div)) + "</ul>")
+            out.append(
+                "<ul>" + "".join(f"<li>{_e(x[2:])}</li>" for x in _culprit_md(div)) + "</ul>"
+            )
         if failed.leaves:
             rows = [{"case": "-", "kind": "", **e.to_dict()} for e in failed.leaves]
             out.append("<h2>Per-leaf errors</h2>")
@@ -218,7 +220,9 @@ def to_html(d: Diagnosis) -> str:
             out += [f'<li class="mono">{_e(s.describe())}</li>' for s in failed.nan_sites[:20]]
             out.append("</ul>")
     out.append("<h2>Environment</h2><table>")
-    out += [f"<tr><td>{_e(k)}</td><td><code>{_e(v)}</code></td></tr>" for k, v in d.environment.items()]
+    out += [
+        f"<tr><td>{_e(k)}</td><td><code>{_e(v)}</code></td></tr>" for k, v in d.environment.items()
+    ]
     out.append(f'</table><p class="meta">schema {_e(FORMAT)}</p></body></html>')
     return "\n".join(out) + "\n"
 

@@ -68,7 +68,9 @@ class Tolerances:
         for k, v in self.dtypes.items():
             resolve_dtype(k)
             if not isinstance(v, Tolerance):
-                raise DiagnosisError(f"Tolerances.dtypes[{k!r}] is {v!r}; hint: Tolerance(rtol, atol)")
+                raise DiagnosisError(
+                    f"Tolerances.dtypes[{k!r}] is {v!r}; hint: Tolerance(rtol, atol)"
+                )
         for rule in self.paths:
             if (
                 not isinstance(rule, tuple)
@@ -80,7 +82,9 @@ class Tolerances:
                     f"Tolerances.paths holds {rule!r}; hint: (glob, Tolerance(rtol, atol))"
                 )
         if self.fp64 is not None and not (math.isfinite(self.fp64) and self.fp64 >= 1):
-            raise DiagnosisError(f"Tolerances.fp64 is {self.fp64!r}; hint: a multiplier >= 1, e.g. 2.0")
+            raise DiagnosisError(
+                f"Tolerances.fp64 is {self.fp64!r}; hint: a multiplier >= 1, e.g. 2.0"
+            )
 
     @staticmethod
     def of(
@@ -91,7 +95,8 @@ class Tolerances:
         if rtol is None and atol is None:
             return t
         return dataclasses.replace(
-            t, default=Tolerance(rtol if rtol is not None else 0.0, atol if atol is not None else 0.0)
+            t,
+            default=Tolerance(rtol if rtol is not None else 0.0, atol if atol is not None else 0.0),
         )
 
     def for_leaf(self, path: str, dtype: Any) -> Tolerance:
@@ -150,7 +155,9 @@ def rmse(a: Any, b: Any) -> float:
         return float(np.sqrt(np.mean((x - y) ** 2)))
 
 
-def fp64_passes(candidate: Any, reference: Any, fp64: Any, tol: Tolerance, multiplier: float) -> bool:
+def fp64_passes(
+    candidate: Any, reference: Any, fp64: Any, tol: Tolerance, multiplier: float
+) -> bool:
     """The fp64-relative rule: the candidate's RMSE against fp64 is at most
     ``multiplier`` times the reference's plus ``atol / 10``.
 

@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import checkpoint
-from ..env import environment, environment_diff
+from ..env import environment_diff
 from ..errors import DiagnosisError
 from ..verify.compare import LeafError, leaves_with_paths
 from . import jaxpr as jx
@@ -81,7 +81,9 @@ class Trace:
         """``(key, recorded, here)`` for every differing fingerprint key and setting."""
         out = environment_diff(self.environment)
         here = _settings()
-        out += [(k, self.settings.get(k), here[k]) for k in ENV_VARS if self.settings.get(k) != here[k]]
+        out += [
+            (k, self.settings.get(k), here[k]) for k in ENV_VARS if self.settings.get(k) != here[k]
+        ]
         return out
 
 
@@ -152,7 +154,9 @@ def record_trace(
     outs, values, eqns, truncated, _ = _tape(closed, flat)
     ref_out = jax.tree.unflatten(jax.tree.structure(jax.eval_shape(fn, *args)), outs)
     out_paths = [p for p, _ in leaves_with_paths(ref_out)]
-    stored_values = {k: {f"o{j}": x for j, x in enumerate(v) if x is not None} for k, v in values.items()}
+    stored_values = {
+        k: {f"o{j}": x for j, x in enumerate(v) if x is not None} for k, v in values.items()
+    }
     tree = {
         "inputs": {f"i{j}": x for j, x in enumerate(flat)},
         "outputs": {f"o{j}": x for j, x in enumerate(outs)},
@@ -252,9 +256,9 @@ def compare_trace(
     """
     if like:
         treedef = jax.tree.structure(like)
-        if treedef.num_leaves != len(trace.inputs):
+        if len(jax.tree.leaves(like)) != len(trace.inputs):
             raise DiagnosisError(
-                f"the arguments have {treedef.num_leaves} leaves, the trace "
+                f"the arguments have {len(jax.tree.leaves(like))} leaves, the trace "
                 f"{len(trace.inputs)} inputs; hint: pass arguments shaped as when recording"
             )
 
@@ -308,9 +312,7 @@ def compare_flat(
             f"the program differs from the recorded one ({len(rec_labels)} equations recorded, "
             f"{len(here_labels)} here; first difference at {first}); matching labels compared"
         )
-    leaves = tuple(
-        judge.error(a, e, p) for p, a, e in zip(trace.output_paths, outs, trace.outputs)
-    )
+    leaves = tuple(judge.error(a, e, p) for p, a, e in zip(trace.output_paths, outs, trace.outputs))
     common: dict[str, Any] = {
         "reference": f"recorded trace {trace.path.name}",
         "candidate": "eager here",
@@ -323,9 +325,7 @@ def compare_flat(
     for k in same:
         rec = trace.values.get(k, [])
         got = values[k]
-        if any(
-            r is not None and g is not None and judge.differs(g, r) for r, g in zip(rec, got)
-        ):
+        if any(r is not None and g is not None and judge.differs(g, r) for r, g in zip(rec, got)):
             diverging.append(k)
     if not diverging:
         outcome = "none" if all(e.ok for e in leaves) else "vanishes"
@@ -337,15 +337,15 @@ def compare_flat(
             **common,
         )
     sites = [
-        _isolate(judge, objects[k], k, trace, values, closed) for k in diverging[: PROPAGATORS_LISTED + 1]
+        _isolate(judge, objects[k], label=k, trace=trace, here=values, closed=closed)
+        for k in diverging[: PROPAGATORS_LISTED + 1]
     ]
     if len(diverging) > len(sites):
         notes.append(f"{len(diverging)} equations differ; the first {len(sites)} are listed")
-    first = sites[0]
     return Divergence(
         outcome="located",
-        classification="environment" if env_diff else "nondeterminism",
-        equation=first,
+        classification="environment" if env_diff else "same environment",
+        equation=sites[0],
         propagators=tuple(sites[1:]),
         reaches=tuple(e.path or "<root>" for e in leaves if not e.ok),
         compiles=judge.compiles,
@@ -358,6 +358,7 @@ def compare_flat(
 def _isolate(
     judge: _Judge,
     eqn: Any,
+    *,
     label: str,
     trace: Trace,
     here: dict[str, list[Any]],
