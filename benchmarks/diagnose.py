@@ -90,7 +90,7 @@ def baseline(fn: Callable[..., Any], *args: Any) -> Callable[[], Any]:
     def run() -> Any:
         with jax.disable_jit():
             fn(*args)
-        return jax.jit(lambda *a: fn(*a))(*args)  # a fresh function: a fresh compile
+        return jax.jit(lambda *a: fn(*a))(*args)  # noqa: PLW0108 - a fresh function, a fresh compile
 
     return run
 
@@ -119,7 +119,8 @@ def main() -> None:
         base = median_seconds(baseline(fn, *fargs), args.repeat)
         # A fresh function object each time, so that jit compiles afresh as in the baseline.
         clean = median_seconds(
-            lambda fn=fn, fargs=fargs: locate(lambda *a: fn(*a), *fargs).leaves, args.repeat
+            lambda fn=fn, fargs=fargs: locate(lambda *a: fn(*a), *fargs).leaves,  # noqa: PLW0108
+            args.repeat,
         )
         backend = nudging("tanh", nth)
         found: list[Any] = []

@@ -143,10 +143,37 @@ class Diagnosis:
         return 1
 
     def __getitem__(self, name: str) -> StageResult:
+        """The result of the stage called ``name``.
+
+        Raises:
+          KeyError: naming the stages that ran.
+        """
         for s in self.stages:
             if s.name == name:
                 return s
-        raise KeyError(name)
+        raise KeyError(f"no stage {name!r}; the stages are {[s.name for s in self.stages]}")
+
+    def print(self, console: Any = None) -> None:
+        """Prints the ladder and the failing stage's evidence (rich)."""
+        from .report import print_summary
+
+        print_summary(self, console)
+
+    def to_json(self) -> str:
+        """The ``diagnosis.json`` document (schema ``treeguard.diagnose/1``)."""
+        from .report import to_json
+
+        return to_json(self)
+
+    def write(self, directory: str | os.PathLike[str]) -> dict[str, Path]:
+        """Writes ``diagnosis.json``, ``.md`` and ``.html`` into ``directory``.
+
+        Raises:
+          OSError: if the directory cannot be written.
+        """
+        from .report import write
+
+        return write(self, directory)
 
 
 def tolerances_of(model: Model) -> Tolerances:
@@ -291,7 +318,8 @@ class _Ladder:
         return _stage(
             name,
             bad,
-            f"{' and '.join(kinds)} match the references on {len(self.ctx.positive)} cases",
+            f"{' and '.join(kinds)} match{'es' if len(kinds) == 1 else ''} the references on "
+            f"{len(self.ctx.positive)} cases",
             [],
             leaves=worst or leaves[:_LISTED],
         )
@@ -388,7 +416,6 @@ class _Ladder:
                     div = search()
                     if div.equation is not None:
                         bad.append(f"{label}: first diverging {div.equation.describe()}")
-                    bad += [f"{label}: {n}" for n in div.notes]
                     return StageResult(
                         name,
                         "fail",

@@ -79,7 +79,11 @@ def print_summary(d: Diagnosis, console: Any = None) -> None:
         if len(bad.evidence) > 20:
             console.print(f"  ... and {len(bad.evidence) - 20} more (see diagnosis.md)")
         if bad.divergence is not None:
-            console.print(_esc(bad.divergence.describe()), soft_wrap=True)
+            shown = " ".join(bad.evidence)
+            for line in bad.divergence.describe().splitlines():
+                text = line.strip().removeprefix("note: ").removeprefix("first diverging ")
+                if text and text not in shown:
+                    console.print(_esc(line), soft_wrap=True)
     if d.recorded:
         console.print(f"recorded trace: {d.recorded}")
     console.print(f"exit status {d.exit_code}")
