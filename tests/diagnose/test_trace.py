@@ -143,4 +143,4 @@ def test_a_trace_recorded_in_one_process_locates_the_difference_in_another(
     line = next(i for i, t in enumerate(lines, 1) if "reduce_precision(" in t)
     assert div["equation"]["source"] == f"toy_model.py:{line} (dense)"
     assert not any("the program differs" in n for n in div["notes"])
-    assert "environment: matmul_precision: None recorded, 'bfloat16' here" in cmp.stdout
+    assert "environment: matmul_precision was None when recorded, is 'bfloat16' here" in cmp.stdout

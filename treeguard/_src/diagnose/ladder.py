@@ -506,7 +506,7 @@ class _Ladder:
     def against(self, trace: Trace) -> StageResult:
         fn, params, batch = self.step_fn()
         div = compare_trace(fn, trace, params, batch, tolerances=self.tolerances)
-        evidence = [f"environment: {k}: {a!r} recorded, {b!r} here" for k, a, b in div.environment]
+        evidence = [n for n in div.notes if n.startswith("environment:")]
         if div.equation is not None:
             evidence.append(f"first differing {div.equation.describe()}")
         evidence += [n for n in div.notes if not n.startswith("environment:")]
