@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
+from collections.abc import Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import pytest
 
+from treeguard._src.diagnose.locate import compiled
 from treeguard.diagnose import DiagnosisError, Tolerances, locate
 from treeguard.verify import Tolerance
 
@@ -162,3 +166,25 @@ def test_an_unknown_candidate_is_refused_with_the_choices() -> None:
         "unknown candidate 'fast'; hint: one of jit, vmap, jit+vmap, grad, jit+grad, a matmul "
         "precision (default, high, highest, bfloat16, tensorfloat32, float32)"
     )
+
+
+def _summed(x: jax.Array) -> jax.Array:
+    return jnp.sum(jnp.sin(x) * 1.1)
+
+
+def _one_ulp_up(closed: Any, args: Sequence[Any]) -> list[Any]:
+    """Compiled, with every scalar output one ulp higher: no worse than eager's own error."""
+    return [jnp.nextafter(o, jnp.inf) if o.ndim == 0 else o for o in compiled(closed, args)]
+
+
+def test_the_fp64_rule_accepts_a_candidate_as_close_to_fp64_as_the_reference() -> None:
+    x = jnp.linspace(0.0, 3.0, 10001)
+    strict = Tolerances(default=Tolerance(0.0, 0.0))
+    assert locate(_summed, x, candidate=_one_ulp_up, tolerances=strict).outcome != "none"
+    relative = dataclasses.replace(strict, fp64=2.0)
+    assert locate(_summed, x, candidate=_one_ulp_up, tolerances=relative).outcome == "none"
+
+
+def test_a_backend_that_drops_outputs_is_refused() -> None:
+    with pytest.raises(DiagnosisError, match="returned 0 outputs for a program of 2"):
+        locate(model_fn, X, candidate=lambda closed, args: [])

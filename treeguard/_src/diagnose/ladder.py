@@ -318,7 +318,7 @@ class _Ladder:
         return _stage(
             name,
             bad,
-            f"{' and '.join(kinds)} match{'es' if len(kinds) == 1 else ''} the references on "
+            f"{' and '.join(kinds)} match{'es' if kinds == ('loss',) else ''} the references on "
             f"{len(self.ctx.positive)} cases",
             [],
             leaves=worst or leaves[:_LISTED],

@@ -327,7 +327,14 @@ class _Judge:
 
     def run(self, closed: Any, args: Sequence[Any]) -> list[Any]:
         self.compiles += 1
-        return list(self.backend(closed, list(args)))
+        outs = list(self.backend(closed, list(args)))
+        if len(outs) != len(closed.jaxpr.outvars):
+            raise DiagnosisError(
+                f"the candidate's backend returned {len(outs)} outputs for a program of "
+                f"{len(closed.jaxpr.outvars)}; hint: a backend must run the closed jaxpr it is "
+                "given and return one value per output variable"
+            )
+        return outs
 
     def error(self, actual: Any, expected: Any, path: str) -> LeafError:
         dtype = np.asarray(expected).dtype
@@ -534,15 +541,19 @@ def _reference(fn: Callable[..., Any], cand: Candidate, args: tuple[Any, ...]) -
         return jax.tree.map(lambda *xs: jax.numpy.stack(xs), *each)
 
 
-def _whole(fn: Callable[..., Any], cand: Candidate, args: tuple[Any, ...], closed: Any) -> Any:
+def _whole(
+    fn: Callable[..., Any], cand: Candidate, args: tuple[Any, ...], closed: Any, judge: _Judge
+) -> Any:
     """The candidate's own call where it has one (``jax.jit(f)(*args)``), else
     its backend on the traced program."""
     program = _program(fn, cand)
+    if cand.backend in (compiled, dispatched, op_by_op):
+        judge.compiles += 1
     if cand.backend is compiled:
         return jax.jit(program)(*args)
     if cand.backend is dispatched or cand.backend is op_by_op:
         return program(*args)
-    flat = cand.backend(closed, jax.tree.leaves(args))
+    flat = judge.run(closed, jax.tree.leaves(args))
     return jax.tree.unflatten(jax.tree.structure(jax.eval_shape(program, *args)), flat)
 
 
@@ -617,8 +628,7 @@ def locate(
     closed, out_tree = jx.as_closed(program, *args)
     flat = jax.tree.leaves(args)
     ref_out = _reference(fn, cand, args)
-    got = _whole(fn, cand, args, closed)
-    judge.compiles += 1
+    got = _whole(fn, cand, args, closed, judge)
     leaves = _leaf_errors(judge, got, ref_out)
     common: dict[str, Any] = {
         "reference": ref_name,
@@ -746,8 +756,7 @@ def _precision_check(
     with jax.default_matmul_precision("highest"):
         ref = _reference(fn, cand, args)
         closed, _ = jx.as_closed(_program(fn, cand), *args)
-        got = _whole(fn, cand, args, closed)
-        judge.compiles += 1
+        got = _whole(fn, cand, args, closed, judge)
         return all(e.ok for e in _leaf_errors(judge, got, ref))
 
 
