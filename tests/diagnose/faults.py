@@ -68,6 +68,15 @@ class Perturbing:
                     ys.append(y)
                 stacked = [jnp.stack([y[k] for y in ys]) for k in range(len(ys[0]))] if ys else []
                 outs = [*carry, *stacked]
+            elif name == "while":
+                p = eqn.params
+                cn, bn = p["cond_nconsts"], p["body_nconsts"]
+                cconsts, bconsts, carry = invals[:cn], invals[cn : cn + bn], invals[cn + bn :]
+                i = 0
+                while bool(self.run(p["cond_jaxpr"], [*cconsts, *carry], it, n_top)[0]):
+                    carry = self.run(p["body_jaxpr"], [*bconsts, *carry], i, n_top)
+                    i += 1
+                outs = carry
             else:
                 outs = _bind(eqn, invals)
                 if self.hit(eqn, it, n_top):

@@ -89,6 +89,29 @@ def test_a_fault_inside_a_scan_body_is_found_at_its_iteration() -> None:
     assert "loop 0: first diverging iteration 5 of 8" in d.notes
 
 
+def while_fn(x: jax.Array) -> jax.Array:
+    def body(c: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
+        return c[0] + 1, c[1] * 0.5 + jnp.sin(c[1])
+
+    return jax.lax.while_loop(lambda c: c[0] < 6, body, (jnp.int32(0), x))[1]
+
+
+def test_a_fault_inside_a_while_body_is_found_at_its_iteration() -> None:
+    backend = perturbing("sin", iteration=3)
+    d = locate(while_fn, X, candidate=backend, check_precision=False)
+    assert [s.primitive for s in d.enclosing] == ["while"]
+    e = d.equation
+    assert e is not None
+    assert (e.primitive, e.iteration, e.role) == ("sin", 3, "culprit")
+    assert e.index.startswith("0@3/")
+
+
+def test_a_fault_inside_a_custom_jvp_body_is_found_there() -> None:
+    d = locate(lambda x: jax.nn.relu(x - 0.5) * 2.0, X, candidate=perturbing("max"))
+    assert [s.primitive for s in d.enclosing] == ["custom_jvp_call", "jit"]
+    assert d.equation is not None and (d.equation.primitive, d.equation.role) == ("max", "culprit")
+
+
 def cond_fn(x: jax.Array) -> jax.Array:
     return jax.lax.cond(x.sum() > 0, lambda y: jnp.sin(y) * 2.0, lambda y: y - 1.0, x)
 

@@ -430,7 +430,7 @@ def loop_with_intermediates(loop: Loop) -> tuple[Callable[..., Any], list[Any], 
 
     def run(consts: list[Any], init: list[Any], xs: list[Any]) -> Any:
         def step(carry: list[Any], x: list[Any]) -> Any:
-            outs = body_fn(*consts, *carry, *x)
+            outs = body_fn(*consts, *carry, *(x or ()))
             return list(outs[:n_carry]), list(outs[n_carry:])
 
         _, ys = jax.lax.scan(step, init, xs if xs else None, length=length, reverse=loop.reverse)
