@@ -125,7 +125,9 @@ def main() -> None:
         backend = nudging("tanh", nth)
         found: list[Any] = []
 
-        def search(fn: Any = fn, fargs: Any = fargs, backend: Any = backend) -> Any:
+        def search(
+            fn: Any = fn, fargs: Any = fargs, backend: Any = backend, found: list[Any] = found
+        ) -> Any:
             d = locate(fn, *fargs, candidate=backend, check_precision=False)
             found.append(d)
             return d.leaves
