@@ -125,6 +125,12 @@ def test_a_fault_inside_a_cond_branch_and_a_jit_is_found_there() -> None:
     assert e.source == f"test_locate.py:{_line(cond_fn, 1)} (cond_fn.<locals>.<lambda>)"
 
 
+def test_without_descending_the_enclosing_equation_is_reported() -> None:
+    d = locate(jax.jit(cond_fn), X, candidate=perturbing("sin"), descend=False)
+    assert d.enclosing == ()
+    assert d.equation is not None and (d.equation.index, d.equation.primitive) == ("0", "jit")
+
+
 def test_a_divergence_that_exists_only_in_context_vanishes_when_cut() -> None:
     d = locate(model_fn, X, candidate=perturbing_in_context("sin"))
     assert d.outcome == "vanishes" and d.exit_code == 3

@@ -372,9 +372,10 @@ class _Found:
 
 
 class _Search:
-    def __init__(self, judge: _Judge, notes: list[str]) -> None:
+    def __init__(self, judge: _Judge, notes: list[str], *, enter: bool = True) -> None:
         self.judge = judge
         self.notes = notes
+        self.enter = enter
 
     def level(self, closed: Any, args: Sequence[Any], where: str) -> _Found | None:
         """The first diverging equation of one jaxpr level, descending into it."""
@@ -415,7 +416,7 @@ class _Search:
             ctx_outs = self.judge.run(jx.prefix(closed, hi, _comparable(eqn.outvars)), args)
             errs = self.judge.errors(ctx_outs, [ref.env[v] for v in _comparable(eqn.outvars)])
         here = _site(eqn, index, role, errs, None)
-        inner = self.descend(eqn, invals, index)
+        inner = self.descend(eqn, invals, index) if self.enter else None
         if inner is not None:
             inner.enclosing.insert(0, here)
             inner.k = hi
@@ -656,11 +657,7 @@ def locate(
     precision = _precision_check(fn, cand, args, judge) if check_precision else None
     found: _Found | None = None
     if compile_differs:
-        search = _Search(judge, notes)
-        if descend:
-            found = search.level(closed, flat, "")
-        else:
-            found = _Search(judge, notes).level(closed, flat, "")
+        found = _Search(judge, notes, enter=descend).level(closed, flat, "")
     if trace_differs:
         notes.append(
             "the traced program differs from the eager run already when run op by op: "
