@@ -104,11 +104,12 @@ def test_each_broken_variant_of_the_example_stops_at_its_own_stage(
 ) -> None:
     model = dataclasses.replace(mlp.model, **change)
     refs = record_references(model, tmp_path / "refs.safetensors") if own_refs else None
-    d = diagnose(model, references=refs)
+    # The keys stage recompiles init and a step under JAX's checker: only where it is the answer.
+    d = diagnose(model, references=refs, stages=STAGES if stage == "keys" else FAST)
     assert d.failed is not None and d.failed.name == stage, _statuses(d)
-    before = STAGES[: STAGES.index(stage)]
-    assert all(_statuses(d)[s] in ("pass", "skip") for s in before)
-    assert all(_statuses(d)[s] == "skip" for s in STAGES[STAGES.index(stage) + 1 :])
+    ran = [s.name for s in d.stages]
+    assert all(_statuses(d)[s] == "pass" for s in ran[: ran.index(stage)])
+    assert all(_statuses(d)[s] == "skip" for s in ran[ran.index(stage) + 1 :])
     if stage == "loss":
         assert d.failed.evidence[0] == "case 'zeros' loss <root>: 1 non-finite values"
         site = d.failed.nan_sites[0]
