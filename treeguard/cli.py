@@ -185,12 +185,14 @@ def _register_optional_commands() -> None:
     """Commands whose modules live beside this one."""
     from ._src.checkpoint import spec_reader
     from .cli_ckpt import ckpt, store
+    from .cli_diagnose import diagnose
     from .cli_verify import verify as verify_command
 
     SPEC_READERS.append(spec_reader)  # `spec` and `diff` read checkpoints too
     main.add_command(ckpt)
     main.add_command(store)
     main.add_command(verify_command)
+    main.add_command(diagnose)
 
 
 _register_optional_commands()

@@ -11,6 +11,7 @@ existing ``except ValueError`` keeps working)::
     ├── VerificationError      [AssertionError]    an acceptance check failed
     ├── NonFiniteError         [FloatingPointError] an update produced NaN or Inf
     ├── TracedValueError       [TypeError]         a concrete check under a transform
+    ├── DiagnosisError         [ValueError]        a diagnosis that cannot run as asked
     └── StoreError             [ValueError]        the store refused an operation
         ├── UnknownVersionError [LookupError]      no such version
         └── SignatureError                         a verdict unsigned or wrongly signed
@@ -267,6 +268,12 @@ class SignatureError(StoreError):
     is not trusted, whatever its status says."""
 
 
+class DiagnosisError(TreeguardError, ValueError):
+    """A diagnosis cannot run as asked: an unknown candidate, a malformed
+    tolerance rule, a recorded trace of another program. ``treeguard
+    diagnose`` exits with status 2 on it."""
+
+
 #: The public classes, shown as ``treeguard.X`` in tracebacks.
 PUBLIC = (
     TreeguardError,
@@ -280,6 +287,7 @@ PUBLIC = (
     StoreError,
     UnknownVersionError,
     SignatureError,
+    DiagnosisError,
 )
 for _cls in PUBLIC:
     _cls.__module__ = "treeguard"

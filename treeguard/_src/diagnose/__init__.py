@@ -1,0 +1,1 @@
+"""Divergence localisation: the stage ladder, the jaxpr search, NaN origins, traces."""

@@ -1,0 +1,48 @@
+"""``treeguard.diagnose``: localise a divergence stage by stage, leaf by leaf,
+and down to the first jaxpr equation; find where a NaN is born.
+
+``locate(fn, *args, candidate="jit")`` finds the first equation whose value
+differs between the eager reference and a candidate; ``nan_origin(fn,
+*args)`` lists every equation that turns finite inputs into NaN or Inf;
+``diagnose(model)`` runs the stage ladder on a ``treeguard.verify.Model``;
+``record_trace`` and ``load_trace`` carry a reference run to another machine.
+``treeguard diagnose MODULE:ATTR`` does it from the shell.
+"""
+
+from .._src.diagnose.ladder import STAGES as STAGES
+from .._src.diagnose.ladder import Diagnosis as Diagnosis
+from .._src.diagnose.ladder import StageResult as StageResult
+from .._src.diagnose.ladder import diagnose as diagnose
+from .._src.diagnose.locate import CANDIDATES as CANDIDATES
+from .._src.diagnose.locate import Candidate as Candidate
+from .._src.diagnose.locate import Divergence as Divergence
+from .._src.diagnose.locate import Site as Site
+from .._src.diagnose.locate import locate as locate
+from .._src.diagnose.nan import NanSite as NanSite
+from .._src.diagnose.nan import nan_origin as nan_origin
+from .._src.diagnose.tolerance import Tolerances as Tolerances
+from .._src.diagnose.trace import Trace as Trace
+from .._src.diagnose.trace import compare_trace as compare_trace
+from .._src.diagnose.trace import load_trace as load_trace
+from .._src.diagnose.trace import record_trace as record_trace
+from .._src.errors import DiagnosisError as DiagnosisError
+
+__all__ = [
+    "CANDIDATES",
+    "Candidate",
+    "Diagnosis",
+    "DiagnosisError",
+    "Divergence",
+    "NanSite",
+    "STAGES",
+    "Site",
+    "StageResult",
+    "Tolerances",
+    "Trace",
+    "compare_trace",
+    "diagnose",
+    "load_trace",
+    "locate",
+    "nan_origin",
+    "record_trace",
+]
