@@ -676,6 +676,37 @@ class ArtifactStore:
         self._existing_dir(version)
         return load(os.path.join(self._version_dir(version), MODEL_FILE), like=like)
 
+    def load_verified(self, version: str, /, like: Any = None) -> Any:
+        """Loads a version only if it is verified and its file still has the
+        digest recorded when it was verified.
+
+        Raises:
+          StoreError: if the version is not verified.
+          IntegrityError: naming the version, if its file changed since.
+        """
+        status = self.info(version)
+        if status.status != "verified":
+            raise StoreError(
+                f"version {version} is {status.status}, not verified\n"
+                f"hint: run store.verify({version!r}) first"
+            )
+        path = os.path.join(self._version_dir(version), MODEL_FILE)
+        try:
+            digest = verify_file(path).digest
+        except (IntegrityError, FormatError) as e:
+            raise IntegrityError(f"version {version}: its checkpoint is damaged: {e}") from e
+        if digest != status.digest:
+            raise IntegrityError(
+                f"version {version}: its checkpoint changed since it was verified\n"
+                "hint: verify it again"
+            )
+        return self.load_version(version, like)
+
+    def log_event(self, action: str, version: str | None, /, **detail: Any) -> None:
+        """Appends one event to the store's log."""
+        with self._locked():
+            self._log(action, version, **detail)
+
     def load_current(self, like: Any = None, *, fallback: bool = False) -> Any:
         """Loads the current version, with every hash checked.
 
