@@ -84,3 +84,36 @@ class IntegrityError(TreeguardError, ValueError):
 
 class VerificationError(TreeguardError, AssertionError):
     """An acceptance check failed."""
+
+
+# -- serving ------------------------------------------------------------------
+
+
+class ServingError(TreeguardError, RuntimeError):
+    """The server refused an operation: a swap to a version that cannot be
+    served, a rollback with nothing to return to, a model that does not fit.
+
+    Attributes:
+      status: the HTTP status the refusal maps to.
+    """
+
+    def __init__(self, message: str, *, status: int = 409) -> None:
+        self.status = status
+        super().__init__(message)
+
+
+class InvalidRequestError(TreeguardError, ValueError):
+    """An inference request the server refuses before any device work.
+
+    The message names the input's path and the expected and actual shape or
+    dtype; it never holds a value from the request.
+
+    Attributes:
+      status: 400 (not JSON), 413 (over a limit) or 422 (wrong inputs).
+      reason: ``shape``, ``dtype``, ``size``, ``schema`` or ``nonfinite``.
+    """
+
+    def __init__(self, message: str, *, status: int = 422, reason: str = "schema") -> None:
+        self.status = status
+        self.reason = reason
+        super().__init__(message)

@@ -1,0 +1,219 @@
+"""The dynamic batcher: gathers concurrent requests into padded buckets.
+
+Requests wait in one bounded FIFO queue (full: 429). A worker takes the
+oldest, gathers more for up to the spec's max delay while they fit the
+largest bucket, runs them as one batch in a device thread (so the event loop
+keeps accepting requests), and slices each request's rows back out. Padding
+rows are sliced off before anything is returned; requests keep their order;
+a request whose deadline passed is never run. A request over the largest
+bucket (with ``overflow="split"``) runs alone as several batches on the
+same params, so its response names one version.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import contextlib
+import dataclasses
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..errors import ServingError
+from .slots import Slots
+
+Outputs = list[tuple[str, np.ndarray[Any, Any]]]
+
+
+class QueueFullError(ServingError):
+    """The queue holds ``max_queue`` requests already (HTTP 429)."""
+
+    def __init__(self, depth: int) -> None:
+        super().__init__(
+            f"the queue is full ({depth} requests waiting); hint: retry after a short wait",
+            status=429,
+        )
+
+
+@dataclasses.dataclass(eq=False)
+class Pending:
+    """One request waiting for its batch."""
+
+    leaves: list[np.ndarray[Any, Any]]
+    rows: int
+    chunks: tuple[int, ...]
+    future: asyncio.Future[tuple[Outputs, str]]
+    deadline: float
+    enqueued: float = dataclasses.field(default_factory=time.monotonic)
+
+
+class Batcher:
+    """Gathers requests into batches and runs them on the active slot.
+
+    Args:
+      slots: the ``Slots`` whose active params run each batch.
+    """
+
+    def __init__(self, slots: Slots) -> None:
+        self.slots = slots
+        self.spec = slots.spec
+        self.metrics = slots.metrics
+        self._queue: collections.deque[Pending] = collections.deque()
+        self._wake = asyncio.Event()
+        self._device = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="treeguard")
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def depth(self) -> int:
+        return len(self._queue)
+
+    def start(self) -> None:
+        """Starts the worker on the running event loop."""
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._work())
+
+    async def stop(self) -> None:
+        """Stops the worker; waiting requests fail with 503."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        while self._queue:
+            p = self._queue.popleft()
+            if not p.future.done():
+                p.future.set_exception(ServingError("the server is stopping", status=503))
+        self._device.shutdown(wait=True)
+
+    async def submit(
+        self, leaves: list[np.ndarray[Any, Any]], rows: int, chunks: tuple[int, ...]
+    ) -> tuple[Outputs, str]:
+        """Queues one request and waits for its outputs.
+
+        Returns:
+          ``[(output path, rows)]`` and the version that computed them.
+
+        Raises:
+          QueueFullError: when the queue is full.
+          TimeoutError: when the request's deadline passes first.
+          ServingError: when its batch fails.
+        """
+        if len(self._queue) >= self.spec.limits.max_queue:
+            raise QueueFullError(len(self._queue))
+        loop = asyncio.get_running_loop()
+        timeout = self.spec.limits.timeout_s
+        pending = Pending(leaves, rows, chunks, loop.create_future(), time.monotonic() + timeout)
+        self._queue.append(pending)
+        self.metrics.queue_depth.labels(model=self.metrics.model).set(len(self._queue))
+        self._wake.set()
+        try:
+            return await asyncio.wait_for(asyncio.shield(pending.future), timeout)
+        except TimeoutError:
+            pending.future.cancel()
+            raise
+
+    async def _next(self, until: float | None) -> Pending | None:
+        while not self._queue:
+            self._wake.clear()
+            if until is None:
+                await self._wake.wait()
+                continue
+            left = until - time.monotonic()
+            if left <= 0:
+                return None
+            try:
+                await asyncio.wait_for(self._wake.wait(), left)
+            except TimeoutError:
+                return None
+        return self._queue[0]
+
+    async def _work(self) -> None:
+        largest = self.spec.largest
+        delay = self.spec.limits.max_delay_ms / 1000
+        loop = asyncio.get_running_loop()
+        while True:
+            first = await self._next(None)
+            assert first is not None
+            self._queue.popleft()
+            batch = [first]
+            if len(first.chunks) == 1:
+                rows = first.rows
+                until = first.enqueued + delay
+                while rows < largest:
+                    nxt = await self._next(until)
+                    if nxt is None or len(nxt.chunks) != 1 or rows + nxt.rows > largest:
+                        break
+                    self._queue.popleft()
+                    batch.append(nxt)
+                    rows += nxt.rows
+            self.metrics.queue_depth.labels(model=self.metrics.model).set(len(self._queue))
+            now = time.monotonic()
+            live = []
+            for p in batch:
+                if p.future.done():
+                    continue
+                if now > p.deadline:
+                    p.future.set_exception(TimeoutError())
+                    continue
+                self.metrics.queue_duration.labels(model=self.metrics.model).observe(
+                    now - p.enqueued
+                )
+                live.append(p)
+            if not live:
+                continue
+            try:
+                results = await loop.run_in_executor(self._device, self._run, live)
+            except Exception as e:  # noqa: BLE001 - the batch's failure goes to its requests
+                for p in live:
+                    if not p.future.done():
+                        p.future.set_exception(e)
+                continue
+            for p, r in zip(live, results):
+                if not p.future.done():
+                    p.future.set_result(r)
+
+    def _run(self, batch: Sequence[Pending]) -> list[tuple[Outputs, str]]:
+        """Runs one batch in the device thread, on one snapshot of the active slot."""
+        slot = self.slots.active
+        if slot is None:
+            raise ServingError("no version is loaded yet", status=503)
+        if len(batch) == 1 and len(batch[0].chunks) > 1:
+            p = batch[0]
+            parts: list[Outputs] = []
+            start = 0
+            for n in p.chunks:
+                outs, _ = self.slots.run(slot, [x[start : start + n] for x in p.leaves], n)
+                parts.append(outs)
+                start += n
+                self._observe(n)
+            joined = [
+                (path, np.concatenate([part[i][1] for part in parts]))
+                for i, (path, _) in enumerate(parts[0])
+            ]
+            return [(joined, slot.version)]
+        rows = sum(p.rows for p in batch)
+        leaves = [
+            np.concatenate([p.leaves[i] for p in batch]) if len(batch) > 1 else batch[0].leaves[i]
+            for i in range(len(batch[0].leaves))
+        ]
+        outs, version = self.slots.run(slot, leaves, rows)
+        self._observe(rows)
+        results = []
+        start = 0
+        for p in batch:
+            mine = [(path, x[start : start + p.rows]) for path, x in outs]
+            start += p.rows
+            results.append((mine, version))
+        return results
+
+    def _observe(self, rows: int) -> None:
+        from .buckets import bucket_for
+
+        m = self.metrics
+        size = bucket_for(rows, self.spec.buckets) or rows
+        m.batch_size.labels(model=m.model).observe(rows)
+        m.padding_ratio.labels(model=m.model).observe((size - rows) / size)

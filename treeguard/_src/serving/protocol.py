@@ -1,0 +1,220 @@
+"""The KServe V2 (Open Inference Protocol) request and response bodies.
+
+A request is ``{"inputs": [{"name", "shape", "datatype", "data"}, ...]}``,
+each input named by its key path in the serving spec (``['x']``, or ``x``
+for a top-level key). Decoding is strict and refuses, before any device
+work: JSON that is hostile as JSON (deep nesting, NaN or Infinity, huge
+numbers, duplicate keys), unknown, missing or repeated inputs, shapes that
+disagree with the spec or the data, datatypes other than the spec's, and
+values the dtype cannot hold. Every refusal names the input's path and the
+expected and actual shape or dtype, and never holds a request value.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import numpy as np
+
+from ..errors import InvalidRequestError
+from ..spec import LeafSpec, summarize
+from .buckets import Admission, admit
+from .spec import ServingSpec
+
+#: V2 datatype names by numpy dtype name.
+DATATYPES = {
+    "bool": "BOOL",
+    "uint8": "UINT8",
+    "uint16": "UINT16",
+    "uint32": "UINT32",
+    "uint64": "UINT64",
+    "int8": "INT8",
+    "int16": "INT16",
+    "int32": "INT32",
+    "int64": "INT64",
+    "float16": "FP16",
+    "bfloat16": "BF16",
+    "float32": "FP32",
+    "float64": "FP64",
+}
+
+
+def datatype_of(dtype: Any) -> str:
+    """The V2 datatype name of a dtype (``FP32`` for float32)."""
+    return DATATYPES.get(np.dtype(dtype).name, np.dtype(dtype).name.upper())
+
+
+def _refuse(message: str, reason: str = "schema", status: int = 422) -> InvalidRequestError:
+    return InvalidRequestError(message, status=status, reason=reason)
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise ValueError("a duplicate key")
+        out[k] = v
+    return out
+
+
+def parse_json(body: bytes) -> Any:
+    """Parses a request body strictly.
+
+    Raises:
+      InvalidRequestError: 400, saying what is wrong without quoting the body.
+
+    Example:
+      >>> parse_json(b'{"a": [1, 2.5]}')
+      {'a': [1, 2.5]}
+      >>> parse_json(b'{"a": NaN}')
+      Traceback (most recent call last):
+      ...
+      treeguard._src.errors.InvalidRequestError: the body is not valid JSON: NaN is not ...
+    """
+    try:
+        return json.loads(
+            body,
+            object_pairs_hook=_no_duplicates,
+            parse_constant=_no_constant,
+        )
+    except RecursionError:
+        raise _refuse("the body nests too deep to be a request", status=400) from None
+    except ValueError as e:
+        text = e.msg if isinstance(e, json.JSONDecodeError) else str(e)
+        raise _refuse(
+            f"the body is not valid JSON: {text}; hint: send a KServe V2 inference request",
+            status=400,
+        ) from None
+
+
+def _names(spec: ServingSpec) -> dict[str, LeafSpec]:
+    out: dict[str, LeafSpec] = {}
+    for leaf in spec.inputs.leaves:
+        out[leaf.path] = leaf
+        if leaf.path.startswith("['") and leaf.path.count("[") == 1 and leaf.path.endswith("']"):
+            out[leaf.path[2:-2]] = leaf
+    return out
+
+
+def decode(doc: Any, spec: ServingSpec) -> tuple[list[np.ndarray[Any, Any]], Admission]:
+    """Decodes a parsed request into one array per spec input, in spec order.
+
+    Returns:
+      The arrays, and the request's ``Admission`` (its rows and chunks).
+
+    Raises:
+      InvalidRequestError: 422 for wrong inputs (reason ``schema``, ``shape``,
+        ``dtype``, ``nonfinite``), 413 for more rows than allowed (``size``).
+    """
+    if not isinstance(doc, dict) or not isinstance(doc.get("inputs"), list):
+        raise _refuse('the body has no "inputs" list; hint: {"inputs": [{"name": ...}]}')
+    names = _names(spec)
+    expected = ", ".join(spec.input_paths)
+    got: dict[str, np.ndarray[Any, Any]] = {}
+    rows: int | None = None
+    for i, item in enumerate(doc["inputs"]):
+        if not isinstance(item, dict):
+            raise _refuse(f"inputs[{i}] is a JSON {type(item).__name__}, not an object")
+        name = item.get("name")
+        leaf = names.get(name) if isinstance(name, str) else None
+        if leaf is None:
+            raise _refuse(f"inputs[{i}] has an unknown name; hint: the inputs are {expected}")
+        if leaf.path in got:
+            raise _refuse(f"input {leaf.path} is given twice")
+        arr = _decode_one(item, leaf)
+        if rows is not None and arr.shape[0] != rows:
+            raise _refuse(
+                f"input {leaf.path}: {arr.shape[0]} rows, while the other inputs have {rows}; "
+                "hint: every input needs the same batch size",
+                "shape",
+            )
+        rows = arr.shape[0]
+        got[leaf.path] = arr
+    missing = [p for p in spec.input_paths if p not in got]
+    if missing:
+        raise _refuse(f"missing input(s) {', '.join(missing)}; hint: the inputs are {expected}")
+    assert rows is not None
+    adm = admit(rows, spec.buckets, max_rows=spec.limits.max_rows, overflow=spec.overflow)
+    if not adm.ok:
+        raise _refuse(adm.detail, "size", 413 if adm.reason != "empty" else 422)
+    return [got[p] for p in spec.input_paths], adm
+
+
+def _decode_one(item: dict[str, Any], leaf: LeafSpec) -> np.ndarray[Any, Any]:
+    path = leaf.path
+    want = summarize(leaf.shape, leaf.dtype)
+    shape = item.get("shape")
+    if (
+        not isinstance(shape, list)
+        or not all(isinstance(d, int) and not isinstance(d, bool) for d in shape)
+        or any(d < 0 or d > 1 << 40 for d in shape)
+    ):
+        raise _refuse(f"input {path}: shape must be a list of sizes; expected {want}", "shape")
+    if len(shape) != len(leaf.shape) or list(shape[1:]) != list(leaf.shape[1:]):
+        got = f"[{','.join(map(str, shape))}]" if len(shape) <= 8 else f"{len(shape)} axes"
+        raise _refuse(f"input {path}: shape {got} in the request, {want} in the spec", "shape")
+    dt = item.get("datatype")
+    name = datatype_of(leaf.dtype)
+    if dt != name:
+        shown = dt if isinstance(dt, str) and dt in DATATYPES.values() else "another datatype"
+        raise _refuse(f"input {path}: datatype {shown} in the request, {name} in the spec", "dtype")
+    data = item.get("data")
+    if not isinstance(data, list):
+        raise _refuse(f"input {path}: data must be a JSON list of {math.prod(shape)} numbers")
+    n = math.prod(shape)
+    try:
+        raw = np.asarray(data)
+    except ValueError:
+        raise _refuse(
+            f"input {path}: data is ragged; hint: send a flat list of {n} numbers"
+        ) from None
+    kind = raw.dtype.kind
+    target = leaf.dtype
+    ok = {"b": "b", "i": "iu", "u": "iu", "f": "iuf", "c": "iuf"}.get(target.kind, "")
+    if raw.size and kind not in ok:
+        what = {"U": "text", "O": "mixed or non-numeric values", "b": "booleans", "f": "floats"}
+        raise _refuse(
+            f"input {path}: data holds {what.get(kind, 'values')} for datatype {name}", "dtype"
+        )
+    if raw.size != n:
+        raise _refuse(
+            f"input {path}: data has {raw.size} values, shape [{','.join(map(str, shape))}] "
+            f"needs {n}",
+            "shape",
+        )
+    if target.kind in "iu" and raw.size:
+        info = np.iinfo(target)
+        if raw.dtype.kind == "O" or raw.min() < info.min or raw.max() > info.max:
+            raise _refuse(f"input {path}: a value is out of range for {name}", "dtype")
+    try:
+        arr = raw.astype(target).reshape(shape)
+    except (OverflowError, ValueError):
+        raise _refuse(f"input {path}: a value does not fit {name}", "dtype") from None
+    if target.kind in "fc" and not np.all(np.isfinite(arr)):
+        raise _refuse(f"input {path}: a value is beyond the range of {name}", "nonfinite")
+    return arr
+
+
+def encode(
+    outputs: list[tuple[str, np.ndarray[Any, Any]]], model: str, version: str
+) -> dict[str, Any]:
+    """The V2 response body of one request's outputs."""
+    return {
+        "model_name": model,
+        "model_version": version,
+        "outputs": [
+            {
+                "name": path or "output",
+                "shape": list(x.shape),
+                "datatype": datatype_of(x.dtype),
+                "data": x.reshape(-1).tolist(),
+            }
+            for path, x in outputs
+        ],
+    }
