@@ -191,6 +191,7 @@ def _register_optional_commands() -> None:
     main.add_command(ckpt)
     main.add_command(store)
     main.add_command(verify_command)
+    main.add_command(__import__("treeguard.cli_serve", fromlist=["serve"]).serve)
 
 
 _register_optional_commands()

@@ -40,7 +40,8 @@ _register_lock = threading.Lock()
 Signature = tuple[tuple[tuple[int, ...], str, bool], ...]
 
 
-def _on_event(event: str, duration: float, **_: Any) -> None:
+def _on_event(event: str, duration_secs: float, **_: str | int) -> None:
+    duration = duration_secs
     if event != COMPILE_EVENT:
         return
     guard: CompileGuard | None = getattr(_local, "guard", None)
@@ -143,6 +144,7 @@ def enable_persistent_cache(directory: str | os.PathLike[str]) -> None:
     """Turns on JAX's persistent compilation cache in ``directory``, for every
     program however fast it compiles, so a restart reuses warm executables."""
     os.makedirs(directory, exist_ok=True)
-    jax.config.update("jax_compilation_cache_dir", os.fspath(directory))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    update: Any = jax.config.update
+    update("jax_compilation_cache_dir", os.fspath(directory))
+    update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    update("jax_persistent_cache_min_entry_size_bytes", 0)

@@ -43,7 +43,8 @@ DATATYPES = {
 
 def datatype_of(dtype: Any) -> str:
     """The V2 datatype name of a dtype (``FP32`` for float32)."""
-    return DATATYPES.get(np.dtype(dtype).name, np.dtype(dtype).name.upper())
+    name = str(np.dtype(dtype).name)
+    return DATATYPES.get(name, name.upper())
 
 
 def _refuse(message: str, reason: str = "schema", status: int = 422) -> InvalidRequestError:
