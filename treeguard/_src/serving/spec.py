@@ -359,6 +359,7 @@ def _no_constant(name: str) -> Any:
 
 
 def _default_name(name: str) -> str:
-    base = name.rsplit(":", 1)[-1].rsplit(".", 1)[-1] if name else "model"
+    module, _, attr = name.rpartition(":")
+    base = module.rsplit(".", 1)[-1] if module else attr.rsplit(".", 1)[-1]
     cleaned = "".join(c if c.isalnum() or c in "._-" else "-" for c in base)[:64]
     return cleaned or "model"
