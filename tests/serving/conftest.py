@@ -20,7 +20,7 @@ from treeguard.serving import Limits, Server, ServingSpec
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-import tinymodel  # noqa: E402
+import tinymodel
 
 
 @pytest.fixture

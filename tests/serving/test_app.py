@@ -327,11 +327,14 @@ async def test_a_version_that_cannot_start_is_reported_not_ready(tmp_path):
     app = server.app()
     import httpx
 
-    async with app.router.lifespan_context(app):
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://t") as c:
-            for _ in range(200):
-                r = await c.get("/v2/health/ready")
-                if "no current version" in r.text:
-                    break
-                await asyncio.sleep(0.01)
-            assert r.status_code == 503 and "has no current version" in r.json()["error"]
+    transport = httpx.ASGITransport(app)
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=transport, base_url="http://t") as c,
+    ):
+        for _ in range(200):
+            r = await c.get("/v2/health/ready")
+            if "no current version" in r.text:
+                break
+            await asyncio.sleep(0.01)
+        assert r.status_code == 503 and "has no current version" in r.json()["error"]
