@@ -20,6 +20,9 @@ from .._src.serving.buckets import admit as admit
 from .._src.serving.buckets import bucket_for as bucket_for
 from .._src.serving.buckets import pad_rows as pad_rows
 from .._src.serving.compile_guard import CompileGuard as CompileGuard
+from .._src.serving.plan import BucketPlan as BucketPlan
+from .._src.serving.plan import Plan as Plan
+from .._src.serving.plan import plan as plan
 from .._src.serving.slots import WatchdogPolicy as WatchdogPolicy
 from .._src.serving.spec import CompilePolicy as CompilePolicy
 from .._src.serving.spec import Limits as Limits
@@ -28,11 +31,13 @@ from .._src.serving.spec import ServingSpec as ServingSpec
 
 __all__ = [
     "Admission",
+    "BucketPlan",
     "CompileGuard",
     "CompilePolicy",
     "InvalidRequestError",
     "Limits",
     "Overflow",
+    "Plan",
     "Server",
     "ServingError",
     "ServingSpec",
@@ -40,5 +45,6 @@ __all__ = [
     "admit",
     "bucket_for",
     "pad_rows",
+    "plan",
     "serve",
 ]
