@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import statistics
 import tempfile
 import time
@@ -152,7 +153,7 @@ def wide_params(seed: int = 0) -> dict[str, Any]:
             "w": (rng.normal(size=(a, b)) / np.sqrt(a)).astype(np.float32),
             "b": np.zeros(b, np.float32),
         }
-        for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:]))
+        for i, (a, b) in enumerate(itertools.pairwise(sizes))
     }
 
 
