@@ -144,6 +144,7 @@ def _free_port() -> int:
 
 
 SERVER = """
+import sys
 from treeguard.cli_serve import serve
 sys.argv = ["treeguard", *sys.argv[1:]]
 serve()
@@ -170,8 +171,8 @@ def test_uvicorn_end_to_end_with_the_cli(mlp_store, tmp_path):
     base = f"http://127.0.0.1:{port}"
     try:
         with httpx.Client(base_url=base, timeout=10) as c:
-            end = time.monotonic() + 60
-            while time.monotonic() < end:
+            end = time.monotonic() + 120
+            while time.monotonic() < end and proc.poll() is None:
                 try:
                     if c.get("/v2/health/ready").status_code == 200:
                         break
@@ -179,7 +180,8 @@ def test_uvicorn_end_to_end_with_the_cli(mlp_store, tmp_path):
                     pass
                 time.sleep(0.1)
             else:
-                pytest.fail("the server never became ready")
+                proc.terminate()
+                pytest.fail(f"the server never became ready: {stop(proc)[1][-2000:]}")
             r = c.post(URL, json=request(3))
             assert r.status_code == 200, r.text
             assert r.json()["model_version"] == v["v1"]

@@ -161,3 +161,30 @@ async def test_no_room_for_a_second_copy_is_refused_clearly(mlp_store):
             f"{nbytes + 10} leaves 10 with {nbytes} held by the active and previous versions"
         )
         assert server.status()["active"] == v["v1"]
+
+
+@pytest.mark.slow
+async def test_watch_follows_the_store_pointer_and_swapping_back_reuses_the_previous(tmp_path):
+    import asyncio
+
+    import treeguard
+
+    store = treeguard.ArtifactStore(tmp_path / "watched")
+    first = put_verified(store, mlp_params(0))
+    store.promote(first)
+    second = put_verified(store, mlp_params(1))
+    server = Server(mlp.model, store, spec=mlp_spec(), watch_s=0.02)
+    async with client(server) as c:
+        store.promote(second)
+        for _ in range(250):
+            if server.status()["active"] == second:
+                break
+            await asyncio.sleep(0.02)
+        assert server.status()["active"] == second
+        r = await c.post("/v2/treeguard/swap", json={"version": first})
+        assert r.json() == {
+            "active": first,
+            "previous": second,
+            "compiles": 0,
+            "checks": ["reused"],
+        }

@@ -32,7 +32,7 @@ from ..verify.model import Model
 from .batcher import Batcher
 from .compile_guard import enable_persistent_cache
 from .metrics import Metrics
-from .protocol import datatype_of, decode, encode, parse_json
+from .protocol import Decoder, datatype_of, encode, parse_json
 from .slots import Slots, WatchdogPolicy
 from .spec import ServingSpec
 
@@ -181,6 +181,7 @@ class Server:
         spec = self.spec
         metrics = self.metrics
         slots = self.slots
+        decoder = Decoder(spec)
 
         def error(status: int, message: str) -> Any:
             return JSONResponse({"error": message}, status_code=status)
@@ -247,8 +248,7 @@ class Server:
             return b"".join(chunks)
 
         def finish(status: int, started: float) -> None:
-            metrics.requests.labels(model=spec.name, status=str(status)).inc()
-            metrics.request_duration.labels(model=spec.name).observe(time.perf_counter() - started)
+            metrics.request(status, time.perf_counter() - started)
 
         async def infer(request: Request) -> Any:
             started = time.perf_counter()
@@ -262,7 +262,7 @@ class Server:
                 )
             try:
                 body = await read_body(request)
-                leaves, adm = decode(parse_json(body), spec)
+                leaves, adm = decoder.decode(parse_json(body))
             except InvalidRequestError as e:
                 metrics.invalid_inputs.labels(model=spec.name, reason=e.reason).inc()
                 finish(e.status, started)
@@ -328,7 +328,7 @@ class Server:
 
         async def prometheus(_: Request) -> Any:
             if self.batcher is not None:
-                metrics.queue_depth.labels(model=spec.name).set(self.batcher.depth)
+                metrics.depth(self.batcher.depth)
             return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
         return Starlette(

@@ -108,7 +108,7 @@ class Batcher:
         timeout = self.spec.limits.timeout_s
         pending = Pending(leaves, rows, chunks, loop.create_future(), time.monotonic() + timeout)
         self._queue.append(pending)
-        self.metrics.queue_depth.labels(model=self.metrics.model).set(len(self._queue))
+        self.metrics.depth(len(self._queue))
         self._wake.set()
         try:
             return await asyncio.wait_for(asyncio.shield(pending.future), timeout)
@@ -150,7 +150,7 @@ class Batcher:
                     self._queue.popleft()
                     batch.append(nxt)
                     rows += nxt.rows
-            self.metrics.queue_depth.labels(model=self.metrics.model).set(len(self._queue))
+            self.metrics.depth(len(self._queue))
             now = time.monotonic()
             live = []
             for p in batch:
@@ -159,9 +159,7 @@ class Batcher:
                 if now > p.deadline:
                     p.future.set_exception(TimeoutError())
                     continue
-                self.metrics.queue_duration.labels(model=self.metrics.model).observe(
-                    now - p.enqueued
-                )
+                self.metrics.queued(now - p.enqueued)
                 live.append(p)
             if not live:
                 continue
@@ -189,7 +187,6 @@ class Batcher:
                 outs, _ = self.slots.run(slot, [x[start : start + n] for x in p.leaves], n)
                 parts.append(outs)
                 start += n
-                self._observe(n)
             joined = [
                 (path, np.concatenate([part[i][1] for part in parts]))
                 for i, (path, _) in enumerate(parts[0])
@@ -201,7 +198,6 @@ class Batcher:
             for i in range(len(batch[0].leaves))
         ]
         outs, version = self.slots.run(slot, leaves, rows)
-        self._observe(rows)
         results = []
         start = 0
         for p in batch:
@@ -209,11 +205,3 @@ class Batcher:
             start += p.rows
             results.append((mine, version))
         return results
-
-    def _observe(self, rows: int) -> None:
-        from .buckets import bucket_for
-
-        m = self.metrics
-        size = bucket_for(rows, self.spec.buckets) or rows
-        m.batch_size.labels(model=m.model).observe(rows)
-        m.padding_ratio.labels(model=m.model).observe((size - rows) / size)

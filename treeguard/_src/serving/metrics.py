@@ -109,6 +109,43 @@ class Metrics:
         for phase in ("warmup", "serving", "swap"):
             self.compiles.labels(model=model, phase=phase)
         self._served: str | None = None
+        # children bound once: the hot path pays no label lookup
+        self._request_duration = self.request_duration.labels(model=model)
+        self._queue_duration = self.queue_duration.labels(model=model)
+        self._batch_size = self.batch_size.labels(model=model)
+        self._padding_ratio = self.padding_ratio.labels(model=model)
+        self._queue_depth = self.queue_depth.labels(model=model)
+        self._by_status: dict[int, Any] = {}
+        self._by_bucket: dict[int, Any] = {}
+
+    def request(self, status: int, seconds: float) -> None:
+        """Counts one answered request."""
+        child = self._by_status.get(status)
+        if child is None:
+            child = self._by_status[status] = self.requests.labels(
+                model=self.model, status=str(status)
+            )
+        child.inc()
+        self._request_duration.observe(seconds)
+
+    def batch(self, rows: int, bucket: int, seconds: float) -> None:
+        """Records one batch: its real rows, its bucket and its device time."""
+        child = self._by_bucket.get(bucket)
+        if child is None:
+            child = self._by_bucket[bucket] = self.compute_duration.labels(
+                model=self.model, bucket=str(bucket)
+            )
+        child.observe(seconds)
+        self._batch_size.observe(rows)
+        self._padding_ratio.observe((bucket - rows) / bucket)
+
+    def queued(self, seconds: float) -> None:
+        """Records how long one request waited for its batch."""
+        self._queue_duration.observe(seconds)
+
+    def depth(self, n: int) -> None:
+        """Sets the queue depth."""
+        self._queue_depth.set(n)
 
     def set_version(self, version: str) -> None:
         """Marks ``version`` as the one served."""

@@ -12,6 +12,7 @@ expected and actual shape or dtype, and never holds a request value.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from typing import Any
@@ -94,13 +95,73 @@ def parse_json(body: bytes) -> Any:
         ) from None
 
 
-def _names(spec: ServingSpec) -> dict[str, LeafSpec]:
-    out: dict[str, LeafSpec] = {}
-    for leaf in spec.inputs.leaves:
-        out[leaf.path] = leaf
-        if leaf.path.startswith("['") and leaf.path.count("[") == 1 and leaf.path.endswith("']"):
-            out[leaf.path[2:-2]] = leaf
-    return out
+@dataclasses.dataclass(frozen=True)
+class _Input:
+    """What decoding one input needs, computed once per spec."""
+
+    leaf: LeafSpec
+    tail: tuple[int, ...]
+    datatype: str
+    accepts: str  # the numpy kinds of JSON data the dtype takes without loss
+
+    @classmethod
+    def of(cls, leaf: LeafSpec) -> _Input:
+        kind = leaf.dtype.kind
+        accepts = {"b": "b", "i": "iu", "u": "iu", "f": "iuf", "c": "iuf"}.get(kind, "")
+        return cls(leaf, tuple(int(d) for d in leaf.shape[1:]), datatype_of(leaf.dtype), accepts)
+
+
+class Decoder:
+    """Decodes requests for one ``ServingSpec`` (see ``decode``)."""
+
+    def __init__(self, spec: ServingSpec) -> None:
+        self.spec = spec
+        self.paths = spec.input_paths
+        self.names: dict[str, _Input] = {}
+        for leaf in spec.inputs.leaves:
+            entry = _Input.of(leaf)
+            self.names[leaf.path] = entry
+            p = leaf.path
+            if p.startswith("['") and p.count("[") == 1 and p.endswith("']"):
+                self.names[p[2:-2]] = entry
+        self.expected = ", ".join(self.paths)
+
+    def decode(self, doc: Any) -> tuple[list[np.ndarray[Any, Any]], Admission]:
+        """See ``decode``."""
+        if not isinstance(doc, dict) or not isinstance(doc.get("inputs"), list):
+            raise _refuse('the body has no "inputs" list; hint: {"inputs": [{"name": ...}]}')
+        got: dict[str, np.ndarray[Any, Any]] = {}
+        rows: int | None = None
+        for i, item in enumerate(doc["inputs"]):
+            if not isinstance(item, dict):
+                raise _refuse(f"inputs[{i}] is a JSON {type(item).__name__}, not an object")
+            name = item.get("name")
+            entry = self.names.get(name) if isinstance(name, str) else None
+            if entry is None:
+                raise _refuse(
+                    f"inputs[{i}] has an unknown name; hint: the inputs are {self.expected}"
+                )
+            path = entry.leaf.path
+            if path in got:
+                raise _refuse(f"input {path} is given twice")
+            arr = _decode_one(item, entry)
+            if rows is not None and arr.shape[0] != rows:
+                raise _refuse(
+                    f"input {path}: {arr.shape[0]} rows, while the other inputs have {rows}; "
+                    "hint: every input needs the same batch size",
+                    "shape",
+                )
+            rows = arr.shape[0]
+            got[path] = arr
+        if len(got) != len(self.paths):
+            missing = ", ".join(p for p in self.paths if p not in got)
+            raise _refuse(f"missing input(s) {missing}; hint: the inputs are {self.expected}")
+        assert rows is not None
+        spec = self.spec
+        adm = admit(rows, spec.buckets, max_rows=spec.limits.max_rows, overflow=spec.overflow)
+        if not adm.ok:
+            raise _refuse(adm.detail, "size", 413 if adm.reason != "empty" else 422)
+        return [got[p] for p in self.paths], adm
 
 
 def decode(doc: Any, spec: ServingSpec) -> tuple[list[np.ndarray[Any, Any]], Admission]:
@@ -112,63 +173,40 @@ def decode(doc: Any, spec: ServingSpec) -> tuple[list[np.ndarray[Any, Any]], Adm
     Raises:
       InvalidRequestError: 422 for wrong inputs (reason ``schema``, ``shape``,
         ``dtype``, ``nonfinite``), 413 for more rows than allowed (``size``).
+
+    Example:
+      >>> from treeguard.examples.mlp import model
+      >>> spec = ServingSpec.from_model(model, inputs=["['x']"], buckets=(1, 4))
+      >>> doc = {"inputs": [{"name": "x", "shape": [3, 2], "datatype": "FP32", "data": [0] * 6}]}
+      >>> arrays, admission = decode(doc, spec)
+      >>> arrays[0].shape, admission.chunks
+      ((3, 2), (3,))
     """
-    if not isinstance(doc, dict) or not isinstance(doc.get("inputs"), list):
-        raise _refuse('the body has no "inputs" list; hint: {"inputs": [{"name": ...}]}')
-    names = _names(spec)
-    expected = ", ".join(spec.input_paths)
-    got: dict[str, np.ndarray[Any, Any]] = {}
-    rows: int | None = None
-    for i, item in enumerate(doc["inputs"]):
-        if not isinstance(item, dict):
-            raise _refuse(f"inputs[{i}] is a JSON {type(item).__name__}, not an object")
-        name = item.get("name")
-        leaf = names.get(name) if isinstance(name, str) else None
-        if leaf is None:
-            raise _refuse(f"inputs[{i}] has an unknown name; hint: the inputs are {expected}")
-        if leaf.path in got:
-            raise _refuse(f"input {leaf.path} is given twice")
-        arr = _decode_one(item, leaf)
-        if rows is not None and arr.shape[0] != rows:
-            raise _refuse(
-                f"input {leaf.path}: {arr.shape[0]} rows, while the other inputs have {rows}; "
-                "hint: every input needs the same batch size",
-                "shape",
-            )
-        rows = arr.shape[0]
-        got[leaf.path] = arr
-    missing = [p for p in spec.input_paths if p not in got]
-    if missing:
-        raise _refuse(f"missing input(s) {', '.join(missing)}; hint: the inputs are {expected}")
-    assert rows is not None
-    adm = admit(rows, spec.buckets, max_rows=spec.limits.max_rows, overflow=spec.overflow)
-    if not adm.ok:
-        raise _refuse(adm.detail, "size", 413 if adm.reason != "empty" else 422)
-    return [got[p] for p in spec.input_paths], adm
+    return Decoder(spec).decode(doc)
 
 
-def _decode_one(item: dict[str, Any], leaf: LeafSpec) -> np.ndarray[Any, Any]:
-    path = leaf.path
-    want = summarize(leaf.shape, leaf.dtype)
+def _decode_one(item: dict[str, Any], entry: _Input) -> np.ndarray[Any, Any]:
+    leaf, path, name = entry.leaf, entry.leaf.path, entry.datatype
     shape = item.get("shape")
     if (
         not isinstance(shape, list)
         or not all(isinstance(d, int) and not isinstance(d, bool) for d in shape)
         or any(d < 0 or d > 1 << 40 for d in shape)
     ):
+        want = summarize(leaf.shape, leaf.dtype)
         raise _refuse(f"input {path}: shape must be a list of sizes; expected {want}", "shape")
-    if len(shape) != len(leaf.shape) or list(shape[1:]) != list(leaf.shape[1:]):
+    if len(shape) != len(leaf.shape) or tuple(shape[1:]) != entry.tail:
+        want = summarize(leaf.shape, leaf.dtype)
         got = f"[{','.join(map(str, shape))}]" if len(shape) <= 8 else f"{len(shape)} axes"
         raise _refuse(f"input {path}: shape {got} in the request, {want} in the spec", "shape")
     dt = item.get("datatype")
-    name = datatype_of(leaf.dtype)
     if dt != name:
         shown = dt if isinstance(dt, str) and dt in DATATYPES.values() else "another datatype"
         raise _refuse(f"input {path}: datatype {shown} in the request, {name} in the spec", "dtype")
     data = item.get("data")
-    if not isinstance(data, list):
-        raise _refuse(f"input {path}: data must be a JSON list of {math.prod(shape)} numbers")
     n = math.prod(shape)
+    if not isinstance(data, list):
+        raise _refuse(f"input {path}: data must be a JSON list of {n} numbers")
     try:
         raw = np.asarray(data)
     except ValueError:
@@ -176,9 +214,7 @@ def _decode_one(item: dict[str, Any], leaf: LeafSpec) -> np.ndarray[Any, Any]:
             f"input {path}: data is ragged; hint: send a flat list of {n} numbers"
         ) from None
     kind = raw.dtype.kind
-    target = leaf.dtype
-    ok = {"b": "b", "i": "iu", "u": "iu", "f": "iuf", "c": "iuf"}.get(target.kind, "")
-    if raw.size and kind not in ok:
+    if raw.size and kind not in entry.accepts:
         what = {"U": "text", "O": "mixed or non-numeric values", "b": "booleans", "f": "floats"}
         raise _refuse(
             f"input {path}: data holds {what.get(kind, 'values')} for datatype {name}", "dtype"
@@ -189,15 +225,13 @@ def _decode_one(item: dict[str, Any], leaf: LeafSpec) -> np.ndarray[Any, Any]:
             f"needs {n}",
             "shape",
         )
+    target = leaf.dtype
     if target.kind in "iu" and raw.size:
         info = np.iinfo(target)
-        if raw.dtype.kind == "O" or raw.min() < info.min or raw.max() > info.max:
+        if raw.min() < info.min or raw.max() > info.max:
             raise _refuse(f"input {path}: a value is out of range for {name}", "dtype")
-    try:
-        arr = raw.astype(target).reshape(shape)
-    except (OverflowError, ValueError):
-        raise _refuse(f"input {path}: a value does not fit {name}", "dtype") from None
-    if target.kind in "fc" and not np.all(np.isfinite(arr)):
+    arr = raw.astype(target, copy=False).reshape(shape)
+    if target.kind in "fc" and not np.isfinite(arr).all():
         raise _refuse(f"input {path}: a value is beyond the range of {name}", "nonfinite")
     return arr
 

@@ -110,6 +110,7 @@ class Slots:
             maxlen=self.watchdog.window
         )
         self._treedef = spec.inputs.treedef
+        self._out_paths: dict[Any, list[str]] = {}
         self._refs: Any = None
         self._refs_loaded = False
 
@@ -247,11 +248,10 @@ class Slots:
         start = time.perf_counter()
         with self.guard.phase(phase):
             out = self.fn(slot.params, batch)
-            flat = jax.tree.leaves_with_path(out)
-            host = [(keystr_of(p), np.asarray(x)) for p, x in flat]
-        self.metrics.compute_duration.labels(model=self.metrics.model, bucket=str(size)).observe(
-            time.perf_counter() - start
-        )
+            flat, treedef = jax.tree.flatten(out)
+            host = list(zip(self._output_paths(treedef), map(np.asarray, flat)))
+        if phase == "serving":
+            self.metrics.batch(rows, size, time.perf_counter() - start)
         if phase == "serving" and self.guard.counts[phase] > before:
             sig = signature([*padded, *jax.tree.leaves(slot.params)])
             paths = [*self.spec.input_paths, *(f"params{lf.path}" for lf in slot.spec.leaves)]
@@ -274,6 +274,14 @@ class Slots:
                     status=500,
                 )
         return [(p, x[:rows]) for p, x in host], slot.version
+
+    def _output_paths(self, treedef: Any) -> list[str]:
+        paths = self._out_paths.get(treedef)
+        if paths is None:
+            skeleton = jax.tree.unflatten(treedef, [0] * treedef.num_leaves)
+            paths = [keystr_of(p) for p, _ in jax.tree.leaves_with_path(skeleton)]
+            self._out_paths[treedef] = paths
+        return paths
 
     def warm(self, slot: Slot, *, phase: str) -> None:
         """Runs every bucket once with ``slot``'s params (compiling it if new)."""
@@ -329,6 +337,9 @@ class Slots:
             if active is not None and active.version == version:
                 return self._swap_result([], 0)
             before = self.guard.total
+            prev = self.previous
+            if prev is not None and prev.version == version:
+                return self._back_to_previous(version)
             try:
                 slot = self._load(version, contract=None)
                 if active is not None and slot.spec != active.spec:
@@ -344,6 +355,28 @@ class Slots:
             return self._swap_result(checks, self.guard.total - before)
         finally:
             self._swap_lock.release()
+
+    def _back_to_previous(self, version: str) -> dict[str, Any]:
+        """Swaps to the loaded, checked and warm previous version, if the store
+        still marks it verified (no second copy is loaded)."""
+        from ..store import StoreError, UnknownVersionError
+
+        try:
+            status = self.store.info(version).status
+        except (StoreError, UnknownVersionError) as e:
+            raise ServingError(f"version {version} cannot be served: {e}") from e
+        if status != "verified":
+            self.metrics.swaps.labels(model=self.metrics.model, result="refused").inc()
+            raise ServingError(
+                f"version {version} cannot be served: it is {status} in the store now"
+            )
+        active = self.active
+        assert self.previous is not None
+        self._switch(self.previous)
+        self.quarantined.discard(version)
+        self.metrics.swaps.labels(model=self.metrics.model, result="ok").inc()
+        self.store.log_event("serve_swap", version, previous=active and active.version)
+        return self._swap_result(["reused"], 0)
 
     def _swap_result(self, checks: list[str], compiles: int) -> dict[str, Any]:
         return {
