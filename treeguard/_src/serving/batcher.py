@@ -2,8 +2,7 @@
 
 Requests wait in one bounded FIFO queue (full: 429). A worker takes the
 oldest, gathers more for up to the spec's max delay while they fit the
-largest bucket, runs them as one batch in a device thread (so the event loop
-keeps accepting requests), and slices each request's rows back out. Padding
+largest bucket, runs them as one batch, and slices each request's rows back out. Padding
 rows are sliced off before anything is returned; requests keep their order;
 a request whose deadline passed is never run. A request over the largest
 bucket (with ``overflow="split"``) runs alone as several batches on the
@@ -14,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import concurrent.futures
 import contextlib
 import dataclasses
 import time
@@ -64,7 +62,6 @@ class Batcher:
         self.metrics = slots.metrics
         self._queue: collections.deque[Pending] = collections.deque()
         self._wake = asyncio.Event()
-        self._device = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="treeguard")
         self._task: asyncio.Task[None] | None = None
 
     @property
@@ -87,7 +84,6 @@ class Batcher:
             p = self._queue.popleft()
             if not p.future.done():
                 p.future.set_exception(ServingError("the server is stopping", status=503))
-        self._device.shutdown(wait=True)
 
     async def submit(
         self, leaves: list[np.ndarray[Any, Any]], rows: int, chunks: tuple[int, ...]
@@ -134,7 +130,6 @@ class Batcher:
     async def _work(self) -> None:
         largest = self.spec.largest
         delay = self.spec.limits.max_delay_ms / 1000
-        loop = asyncio.get_running_loop()
         while True:
             first = await self._next(None)
             assert first is not None
@@ -164,7 +159,10 @@ class Batcher:
             if not live:
                 continue
             try:
-                results = await loop.run_in_executor(self._device, self._run, live)
+                # on the loop's thread: a hop to a worker thread costs more than a
+                # small batch (measured in benchmarks/serving.py); swaps and their
+                # checks run in threads and never hold this up for long
+                results = self._run(live)
             except Exception as e:  # noqa: BLE001 - the batch's failure goes to its requests
                 for p in live:
                     if not p.future.done():
@@ -175,7 +173,7 @@ class Batcher:
                     p.future.set_result(r)
 
     def _run(self, batch: Sequence[Pending]) -> list[tuple[Outputs, str]]:
-        """Runs one batch in the device thread, on one snapshot of the active slot."""
+        """Runs one batch on one snapshot of the active slot."""
         slot = self.slots.active
         if slot is None:
             raise ServingError("no version is loaded yet", status=503)

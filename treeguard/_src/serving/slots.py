@@ -110,6 +110,7 @@ class Slots:
             maxlen=self.watchdog.window
         )
         self._treedef = spec.inputs.treedef
+        self._bad = [0, 0]  # non-finite and 5xx responses in the window
         self._out_paths: dict[Any, list[str]] = {}
         self._refs: Any = None
         self._refs_loaded = False
@@ -390,6 +391,7 @@ class Slots:
         with self._switch_lock:
             self.previous, self.active = self.active, slot
             self._outcomes.clear()
+            self._bad = [0, 0]
         self.metrics.set_version(slot.version)
 
     def rollback(self, trigger: str = "manual") -> dict[str, Any]:
@@ -406,6 +408,7 @@ class Slots:
                 )
             self.active, self.previous = prev, bad
             self._outcomes.clear()
+            self._bad = [0, 0]
             if trigger != "manual":
                 self.quarantined.add(bad.version)
         self.metrics.set_version(prev.version)
@@ -430,12 +433,18 @@ class Slots:
         active = self.active
         if active is None or active.version != version:
             return
-        self._outcomes.append((nonfinite, error))
-        n = len(self._outcomes)
+        window = self._outcomes
+        if len(window) == window.maxlen:
+            old_nonfinite, old_error = window[0]
+            self._bad[0] -= old_nonfinite
+            self._bad[1] -= old_error
+        window.append((nonfinite, error))
+        self._bad[0] += nonfinite
+        self._bad[1] += error
+        n = len(window)
         if n < self.watchdog.min_requests:
             return
-        nonfinite_rate = sum(a for a, _ in self._outcomes) / n
-        error_rate = sum(b for _, b in self._outcomes) / n
+        nonfinite_rate, error_rate = self._bad[0] / n, self._bad[1] / n
         if nonfinite_rate > self.watchdog.max_nonfinite_rate:
             self.auto_rollback("nonfinite")
         elif error_rate > self.watchdog.max_error_rate:
