@@ -98,6 +98,7 @@ async def test_nan_version_is_rolled_back_automatically_without_flapping(tiny_st
     assert not server.slots.auto_rollback("5xx")  # never back onto the quarantined version
 
 
+@pytest.mark.slow
 async def test_a_weak_typed_call_is_caught_and_explained(tiny_store, caplog):
     store, v = tiny_store
     server = Server(tinymodel.model, store, spec=tiny_spec())

@@ -63,11 +63,11 @@ class Server:
       >>> store.verify(v).status
       'verified'
       >>> store.promote(v)
-      >>> spec = ServingSpec.from_model(mlp.model, inputs=["['x']"], buckets=(1, 4))
+      >>> spec = ServingSpec.from_model(mlp.model, inputs=["['x']"], buckets=(1,))
       >>> server = Server(mlp.model, store, spec=spec)
       >>> server.start()
-      >>> server.status()["compiles"]["warmup"]
-      2
+      >>> server.status()["compiles"]["warmup"], server.status()["active"] == v
+      (1, True)
     """
 
     def __init__(

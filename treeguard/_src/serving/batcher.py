@@ -27,16 +27,6 @@ from .slots import Slots
 Outputs = list[tuple[str, np.ndarray[Any, Any]]]
 
 
-class QueueFullError(ServingError):
-    """The queue holds ``max_queue`` requests already (HTTP 429)."""
-
-    def __init__(self, depth: int) -> None:
-        super().__init__(
-            f"the queue is full ({depth} requests waiting); hint: retry after a short wait",
-            status=429,
-        )
-
-
 @dataclasses.dataclass(eq=False)
 class Pending:
     """One request waiting for its batch."""
@@ -94,23 +84,27 @@ class Batcher:
           ``[(output path, rows)]`` and the version that computed them.
 
         Raises:
-          QueueFullError: when the queue is full.
+          ServingError: 429 when the queue is full.
           TimeoutError: when the request's deadline passes first.
           ServingError: when its batch fails.
         """
         if len(self._queue) >= self.spec.limits.max_queue:
-            raise QueueFullError(len(self._queue))
+            raise ServingError(
+                f"the queue is full ({len(self._queue)} requests waiting); "
+                "hint: retry after a short wait",
+                status=429,
+            )
         loop = asyncio.get_running_loop()
         timeout = self.spec.limits.timeout_s
         pending = Pending(leaves, rows, chunks, loop.create_future(), time.monotonic() + timeout)
         self._queue.append(pending)
         self.metrics.depth(len(self._queue))
         self._wake.set()
+        expiry = loop.call_later(timeout, _expire, pending.future)
         try:
-            return await asyncio.wait_for(asyncio.shield(pending.future), timeout)
-        except TimeoutError:
-            pending.future.cancel()
-            raise
+            return await pending.future
+        finally:
+            expiry.cancel()
 
     async def _next(self, until: float | None) -> Pending | None:
         while not self._queue:
@@ -203,3 +197,8 @@ class Batcher:
             start += p.rows
             results.append((mine, version))
         return results
+
+
+def _expire(future: asyncio.Future[Any]) -> None:
+    if not future.done():
+        future.set_exception(TimeoutError())

@@ -101,9 +101,9 @@ def plan(
 
     Example:
       >>> from treeguard.examples.mlp import model
-      >>> p = plan(model, ServingSpec.from_model(model, inputs=["['x']"], buckets=(1, 8)))
+      >>> p = plan(model, ServingSpec.from_model(model, inputs=["['x']"], buckets=(8,)))
       >>> [b.bucket for b in p.buckets], p.fits
-      ([1, 8], True)
+      ([8], True)
     """
     if params is None:
         params = model.stored_params_spec() or jax.eval_shape(model.init, model.key())
