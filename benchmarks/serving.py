@@ -200,7 +200,7 @@ async def api_clients(submit: Callable[[], Any], n_clients: int, per_client: int
     return n_clients * per_client / (time.perf_counter() - start)
 
 
-async def throughput(per_client: int) -> tuple[float, float, float, float, float]:
+async def throughput(per_client: int) -> tuple[float, float, float, float, float, float]:
     store = treeguard.ArtifactStore(tempfile.mkdtemp())
     params = wide_params()
     v = store.put(params)
@@ -241,16 +241,22 @@ async def throughput(per_client: int) -> tuple[float, float, float, float, float
     api_ours = statistics.median(a for a, _ in api)
     api_base = statistics.median(b for _, b in api)
     jax.block_until_ready(fn(dev, {"x": x1}))
-    t = []
-    for _ in range(50):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(dev, {"x": x1}))
-        t.append(time.perf_counter() - t0)
-    single_ms = statistics.median(t) * 1000
+
+    def call_ms(x: Any) -> float:
+        jax.block_until_ready(fn(dev, {"x": x}))
+        t = []
+        for _ in range(30):
+            t0 = time.perf_counter()
+            jax.block_until_ready(fn(dev, {"x": x}))
+            t.append(time.perf_counter() - t0)
+        return statistics.median(t) * 1000
+
+    single_ms = call_ms(x1)
+    batch_ms = call_ms(jnp.zeros((32, IN), jnp.float32))
     async with Running(bare_app(fn, dev, "wide"), False) as c:
         await clients(c, "/v2/models/wide/infer", 32, 2)
         base = await clients(c, "/v2/models/wide/infer", 32, per_client)
-    return ours, base, single_ms, api_ours, api_base
+    return ours, base, single_ms, batch_ms, api_ours, api_base
 
 
 # -- 3 and 4. overhead and latency per bucket ------------------------------------
@@ -321,9 +327,12 @@ async def main() -> None:
     print(f"\n1. compiles over {args.requests} requests of 1-64 rows")
     print(f"   treeguard: {ours} (all at warm-up)   plain jax.jit endpoint: {plain}")
 
-    mine, base, single_ms, api_mine, api_base = await throughput(args.per_client)
+    mine, base, single_ms, batch_ms, api_mine, api_base = await throughput(args.per_client)
     print(f"\n2. throughput, 32 concurrent one-row clients, {LAYERS}x{WIDTH} MLP")
-    print(f"   one jit call of 1 row: {single_ms:.2f} ms")
+    print(
+        f"   one jit call: 1 row {single_ms:.2f} ms, 32 rows {batch_ms:.2f} ms "
+        f"(so batching can gain at most {32 * single_ms / batch_ms:.1f}x here)"
+    )
     print(f"   at the batcher API: batcher {api_mine:.0f} req/s, one call per request")
     print(f"   {api_base:.0f} req/s, ratio {api_mine / api_base:.2f}x (goal >= 4x)")
     print(f"   through HTTP in process: batcher {mine:.0f} req/s, one call per request")

@@ -24,7 +24,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from ..errors import FormatError, IntegrityError, ServingError, TreeMismatchError
+from ..errors import FormatError, IntegrityError, ServingError, TreeguardError, TreeMismatchError
 from ..spec import TreeSpec, spec_of
 from ..verify.model import BATCH, Model
 from .buckets import pad_rows
@@ -124,17 +124,20 @@ class Slots:
         return self.model.stored_params_spec()
 
     def _load(self, version: str, *, contract: TreeSpec | None) -> Slot:
-        from ..store import StoreError, UnknownVersionError
-
+        # the store's errors by their bases (every one is a TreeguardError, an
+        # unknown version also a LookupError), so this holds however the
+        # store arranges its modules
         try:
             info = self.store.info(version)
-        except UnknownVersionError as e:
+        except LookupError as e:
             raise ServingError(str(e), status=404) from e
+        except TreeguardError as e:
+            raise ServingError(f"version {version} cannot be served: {e}") from e
         nbytes = int(info.nbytes or 0)
         self._check_room(version, nbytes)
         try:
             stored = self.store.load_verified(version)
-        except (StoreError, IntegrityError, FormatError) as e:
+        except (TreeguardError, OSError) as e:  # not verified, changed, unsigned, unreadable
             raise ServingError(f"version {version} cannot be served: {e}") from e
         if contract is not None:
             try:
@@ -360,11 +363,9 @@ class Slots:
     def _back_to_previous(self, version: str) -> dict[str, Any]:
         """Swaps to the loaded, checked and warm previous version, if the store
         still marks it verified (no second copy is loaded)."""
-        from ..store import StoreError, UnknownVersionError
-
         try:
             status = self.store.info(version).status
-        except (StoreError, UnknownVersionError) as e:
+        except TreeguardError as e:
             raise ServingError(f"version {version} cannot be served: {e}") from e
         if status != "verified":
             self.metrics.swaps.labels(model=self.metrics.model, result="refused").inc()
