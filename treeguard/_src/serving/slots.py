@@ -58,6 +58,10 @@ class WatchdogPolicy:
       on_forbidden_compile: whether a compile under ``forbid`` rolls back.
 
     It never rolls back onto a version it rolled back from, so it cannot flap.
+
+    Example:
+      >>> WatchdogPolicy(window=50, max_nonfinite_rate=0.01).min_requests
+      10
     """
 
     window: int = 100
