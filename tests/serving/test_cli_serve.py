@@ -15,6 +15,7 @@ import treeguard.serving
 from treeguard.cli import main
 
 
+@pytest.mark.slow
 def test_plan_prints_every_bucket_and_fails_over_the_budget(tmp_path):
     spec = tmp_path / "spec.json"
     mlp_spec(buckets=(1, 4)).save(spec)
