@@ -186,6 +186,7 @@ def _register_optional_commands() -> None:
     from ._src.checkpoint import spec_reader
     from .cli_ckpt import ckpt, store
     from .cli_diagnose import diagnose
+    from .cli_serve import serve
     from .cli_verify import verify as verify_command
 
     SPEC_READERS.append(spec_reader)  # `spec` and `diff` read checkpoints too
@@ -193,6 +194,7 @@ def _register_optional_commands() -> None:
     main.add_command(store)
     main.add_command(verify_command)
     main.add_command(diagnose)
+    main.add_command(serve)
 
 
 _register_optional_commands()

@@ -12,6 +12,8 @@ existing ``except ValueError`` keeps working)::
     ├── NonFiniteError         [FloatingPointError] an update produced NaN or Inf
     ├── TracedValueError       [TypeError]         a concrete check under a transform
     ├── DiagnosisError         [ValueError]        a diagnosis that cannot run as asked
+    ├── ServingError           [RuntimeError]      the server refused a swap or rollback
+    ├── InvalidRequestError    [ValueError]        a request refused before device work
     └── StoreError             [ValueError]        the store refused an operation
         ├── UnknownVersionError [LookupError]      no such version
         └── SignatureError                         a verdict unsigned or wrongly signed
@@ -274,6 +276,38 @@ class DiagnosisError(TreeguardError, ValueError):
     diagnose`` exits with status 2 on it."""
 
 
+class ServingError(TreeguardError, RuntimeError):
+    """The server refused an operation: a swap to a version that cannot be
+    served, a rollback with nothing to return to, a model that does not fit.
+
+    Attributes:
+      status: the HTTP status the refusal maps to.
+    """
+
+    def __init__(self, message: str, *, status: int = 409, hint: str | None = None) -> None:
+        self.status = status
+        super().__init__(message, hint=hint)
+
+
+class InvalidRequestError(TreeguardError, ValueError):
+    """An inference request the server refuses before any device work.
+
+    The message names the input's path and the expected and actual shape or
+    dtype; it never holds a value from the request.
+
+    Attributes:
+      status: 400 (not JSON), 413 (over a limit) or 422 (wrong inputs).
+      reason: ``shape``, ``dtype``, ``size``, ``schema`` or ``nonfinite``.
+    """
+
+    def __init__(
+        self, message: str, *, status: int = 422, reason: str = "schema", hint: str | None = None
+    ) -> None:
+        self.status = status
+        self.reason = reason
+        super().__init__(message, hint=hint)
+
+
 #: The public classes, shown as ``treeguard.X`` in tracebacks.
 PUBLIC = (
     TreeguardError,
@@ -288,6 +322,8 @@ PUBLIC = (
     UnknownVersionError,
     SignatureError,
     DiagnosisError,
+    ServingError,
+    InvalidRequestError,
 )
 for _cls in PUBLIC:
     _cls.__module__ = "treeguard"

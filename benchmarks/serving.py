@@ -1,0 +1,358 @@
+"""What ``treeguard serve`` costs and buys, as ratios to plain endpoints measured
+in this one process (apps driven in process through ``httpx.ASGITransport``).
+
+1. Compiles over N random-size requests (1-64 rows) of the bundled model:
+   treeguard (padded buckets) against a plain ``jax.jit`` endpoint.
+2. Throughput at 32 concurrent one-row clients on a 4-layer, 1024-wide MLP:
+   the dynamic batcher against one ``jit`` call per request (goal >= 4x).
+3. Guard overhead (validation, bucketing, queue, metrics) against a bare
+   starlette + jit endpoint on the same bucket, sequential requests, median
+   of several rounds (goal <= 5% of p50).
+4. p50 and p99 latency per bucket, and AOT compile time per bucket.
+
+    python benchmarks/serving.py [--requests 1000] [--rounds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import treeguard
+from treeguard import LeafSpec, spec_of
+from treeguard.examples import mlp
+from treeguard.serving import Limits, Server, ServingSpec, plan
+from treeguard.verify import Model
+
+COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+_compiles = [0]
+
+
+def _count(event: str, duration_secs: float, **_: Any) -> None:
+    if event == COMPILE_EVENT:
+        _compiles[0] += 1
+
+
+def bare_app(fn: Callable[[Any, Any], Any], params: Any, name: str) -> Any:
+    """The baseline: parse, one jit call per request, reply."""
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    async def infer(request: Request) -> Any:
+        doc = await request.json()
+        item = doc["inputs"][0]
+        x = np.asarray(item["data"], np.float32).reshape(item["shape"])
+        out = np.asarray(fn(params, {"x": x}))
+        return JSONResponse(
+            {
+                "model_name": name,
+                "outputs": [
+                    {
+                        "name": "output",
+                        "shape": list(out.shape),
+                        "datatype": "FP32",
+                        "data": out.reshape(-1).tolist(),
+                    }
+                ],
+            }
+        )
+
+    return Starlette(routes=[Route(f"/v2/models/{name}/infer", infer, methods=["POST"])])
+
+
+def body(x: np.ndarray[Any, Any]) -> dict[str, Any]:
+    return {
+        "inputs": [
+            {"name": "x", "shape": list(x.shape), "datatype": "FP32", "data": x.ravel().tolist()}
+        ]
+    }
+
+
+class Running:
+    """A treeguard app with its lifespan entered, or a bare app."""
+
+    def __init__(self, app: Any, lifespan: bool) -> None:
+        self.app, self.lifespan = app, lifespan
+
+    async def __aenter__(self) -> httpx.AsyncClient:
+        self._ctx = self.app.router.lifespan_context(self.app) if self.lifespan else None
+        if self._ctx is not None:
+            await self._ctx.__aenter__()
+        self._client = httpx.AsyncClient(
+            transport=httpx.ASGITransport(self.app), base_url="http://bench", timeout=60
+        )
+        return self._client
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self._client.aclose()
+        if self._ctx is not None:
+            await self._ctx.__aexit__(*exc)
+
+
+def pct(xs: list[float], q: float) -> float:
+    return float(np.percentile(np.asarray(xs), q))
+
+
+# -- 1. compiles ---------------------------------------------------------------
+
+
+async def compiles(n: int) -> tuple[int, int]:
+    store = treeguard.ArtifactStore(tempfile.mkdtemp())
+    v = store.put(mlp.init(jax.random.key(0)))
+    store.verify(v)
+    store.promote(v)
+    rng = np.random.default_rng(0)
+    sizes = rng.integers(1, 65, n)
+    xs = [rng.uniform(-1, 1, (int(k), 2)).astype(np.float32) for k in sizes]
+
+    spec = ServingSpec.from_model(mlp.model, inputs=["['x']"], name="mlp")
+    server = Server(mlp.model, store, spec=spec)
+    _compiles[0] = 0
+    server.start()
+    async with Running(server.app(), True) as c:
+        for i in range(0, n, 32):
+            rs = await asyncio.gather(
+                *(c.post("/v2/models/mlp/infer", json=body(x)) for x in xs[i : i + 32])
+            )
+            assert all(r.status_code == 200 for r in rs)
+    ours = _compiles[0]
+
+    params = store.load_version(v)
+    fn = jax.jit(mlp.apply)
+    _compiles[0] = 0
+    async with Running(bare_app(fn, params, "mlp"), False) as c:
+        for x in xs:
+            assert (await c.post("/v2/models/mlp/infer", json=body(x))).status_code == 200
+    return ours, _compiles[0]
+
+
+# -- 2. throughput ---------------------------------------------------------------
+
+IN, WIDTH, LAYERS = 16, 1024, 4
+
+
+def wide_params(seed: int = 0) -> dict[str, Any]:
+    """4 dense layers 1024 wide (16 inputs, one output): about 3.2M params."""
+    rng = np.random.default_rng(seed)
+    sizes = [IN] + [WIDTH] * LAYERS + [1]
+    return {
+        f"l{i}": {
+            "w": (rng.normal(size=(a, b)) / np.sqrt(a)).astype(np.float32),
+            "b": np.zeros(b, np.float32),
+        }
+        for i, (a, b) in enumerate(itertools.pairwise(sizes))
+    }
+
+
+def wide_apply(params: Any, batch: Any) -> Any:
+    h = batch["x"]
+    for i in range(LAYERS + 1):
+        h = h @ params[f"l{i}"]["w"] + params[f"l{i}"]["b"]
+        h = jnp.tanh(h) if i < LAYERS else h
+    return h
+
+
+WIDE = Model(
+    init=lambda key: wide_params(),
+    apply=wide_apply,
+    loss=lambda p, b: jnp.mean(wide_apply(p, b)),
+    batch_spec=spec_of({"x": LeafSpec(("B", IN), "float32")}),
+    rtol=1e-5,
+    atol=1e-6,
+    name="wide",
+)
+
+
+async def clients(c: httpx.AsyncClient, url: str, n_clients: int, per_client: int) -> float:
+    x = np.random.default_rng(1).uniform(-1, 1, (1, IN)).astype(np.float32)
+    payload = body(x)
+
+    async def one() -> None:
+        for _ in range(per_client):
+            r = await c.post(url, json=payload)
+            assert r.status_code == 200, r.text
+
+    start = time.perf_counter()
+    await asyncio.gather(*(one() for _ in range(n_clients)))
+    return n_clients * per_client / (time.perf_counter() - start)
+
+
+async def api_clients(submit: Callable[[], Any], n_clients: int, per_client: int) -> float:
+    async def one() -> None:
+        for _ in range(per_client):
+            await submit()
+
+    start = time.perf_counter()
+    await asyncio.gather(*(one() for _ in range(n_clients)))
+    return n_clients * per_client / (time.perf_counter() - start)
+
+
+async def throughput(per_client: int) -> tuple[float, float, float, float, float, float]:
+    store = treeguard.ArtifactStore(tempfile.mkdtemp())
+    params = wide_params()
+    v = store.put(params)
+    store.verify(v)
+    store.promote(v)
+    spec = ServingSpec.from_model(
+        WIDE, buckets=(1, 2, 4, 8, 16, 32), name="wide", limits=Limits(max_delay_ms=2)
+    )
+    server = Server(WIDE, store, spec=spec)
+    server.start()
+    fn = jax.jit(wide_apply)
+    dev = jax.device_put(params)
+    x1 = jnp.zeros((1, IN), jnp.float32)
+    row = np.zeros((1, IN), np.float32)
+
+    async def plain_call() -> None:
+        np.asarray(fn(dev, {"x": row}))
+        await asyncio.sleep(0)
+
+    async with Running(server.app(), True) as c:
+        await clients(c, "/v2/models/wide/infer", 32, 2)
+        ours = await clients(c, "/v2/models/wide/infer", 32, per_client)
+        assert server.batcher is not None
+        batcher = server.batcher
+
+        async def batched_call() -> None:
+            await batcher.submit([row], 1, (1,))
+
+        await api_clients(batched_call, 32, 2)
+        await api_clients(plain_call, 32, 2)
+        api = [
+            (
+                await api_clients(batched_call, 32, per_client * 5),
+                await api_clients(plain_call, 32, per_client * 5),
+            )
+            for _ in range(3)
+        ]
+    api_ours = statistics.median(a for a, _ in api)
+    api_base = statistics.median(b for _, b in api)
+    jax.block_until_ready(fn(dev, {"x": x1}))
+
+    def call_ms(x: Any) -> float:
+        jax.block_until_ready(fn(dev, {"x": x}))
+        t = []
+        for _ in range(30):
+            t0 = time.perf_counter()
+            jax.block_until_ready(fn(dev, {"x": x}))
+            t.append(time.perf_counter() - t0)
+        return statistics.median(t) * 1000
+
+    single_ms = call_ms(x1)
+    batch_ms = call_ms(jnp.zeros((32, IN), jnp.float32))
+    async with Running(bare_app(fn, dev, "wide"), False) as c:
+        await clients(c, "/v2/models/wide/infer", 32, 2)
+        base = await clients(c, "/v2/models/wide/infer", 32, per_client)
+    return ours, base, single_ms, batch_ms, api_ours, api_base
+
+
+# -- 3 and 4. overhead and latency per bucket ------------------------------------
+
+
+async def latencies(c: httpx.AsyncClient, url: str, rows: int, n: int) -> list[float]:
+    rng = np.random.default_rng(rows)
+    payload = body(rng.uniform(-1, 1, (rows, 2)).astype(np.float32))
+    for _ in range(10):
+        await c.post(url, json=payload)
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        r = await c.post(url, json=payload)
+        out.append(time.perf_counter() - t0)
+        assert r.status_code == 200
+    return out
+
+
+async def overhead(rounds: int, n: int) -> tuple[list[tuple[float, float]], dict[int, Any]]:
+    store = treeguard.ArtifactStore(tempfile.mkdtemp())
+    v = store.put(mlp.init(jax.random.key(0)))
+    store.verify(v)
+    store.promote(v)
+    # a sequential client: no batch to gather, so no delay to wait
+    spec = ServingSpec.from_model(
+        mlp.model, inputs=["['x']"], name="mlp", limits=Limits(max_delay_ms=0)
+    )
+    server = Server(mlp.model, store, spec=spec)
+    server.start()
+    params = jax.device_put(store.load_version(v))
+    fn = jax.jit(mlp.apply)
+    jax.block_until_ready(fn(params, {"x": np.zeros((8, 2), np.float32)}))
+    pairs = []
+    per_bucket: dict[int, list[float]] = {b: [] for b in spec.buckets}
+    async with (
+        Running(server.app(), True) as ours,
+        Running(bare_app(fn, params, "mlp"), False) as bare,
+    ):
+        for i in range(rounds):
+            if i % 2:
+                b = await latencies(bare, "/v2/models/mlp/infer", 8, n)
+                a = await latencies(ours, "/v2/models/mlp/infer", 8, n)
+            else:
+                a = await latencies(ours, "/v2/models/mlp/infer", 8, n)
+                b = await latencies(bare, "/v2/models/mlp/infer", 8, n)
+            pairs.append((statistics.median(a), statistics.median(b)))
+        for bucket in spec.buckets:
+            per_bucket[bucket] = await latencies(ours, "/v2/models/mlp/infer", bucket, n)
+    compile_s = {p.bucket: p.compile_s for p in plan(mlp.model, spec).buckets}
+    table = {
+        b: (pct(per_bucket[b], 50) * 1e3, pct(per_bucket[b], 99) * 1e3, compile_s[b] * 1e3)
+        for b in spec.buckets
+    }
+    return pairs, table
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--requests", type=int, default=1000)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--per-client", type=int, default=10)
+    args = ap.parse_args()
+    jax.monitoring.register_event_duration_secs_listener(_count)
+    print(f"jax {jax.__version__} on {jax.devices()[0].platform}")
+
+    ours, plain = await compiles(args.requests)
+    print(f"\n1. compiles over {args.requests} requests of 1-64 rows")
+    print(f"   treeguard: {ours} (all at warm-up)   plain jax.jit endpoint: {plain}")
+
+    mine, base, single_ms, batch_ms, api_mine, api_base = await throughput(args.per_client)
+    print(f"\n2. throughput, 32 concurrent one-row clients, {LAYERS}x{WIDTH} MLP")
+    print(
+        f"   one jit call: 1 row {single_ms:.2f} ms, 32 rows {batch_ms:.2f} ms "
+        f"(so batching can gain at most {32 * single_ms / batch_ms:.1f}x here)"
+    )
+    print(f"   at the batcher API: batcher {api_mine:.0f} req/s, one call per request")
+    print(f"   {api_base:.0f} req/s, ratio {api_mine / api_base:.2f}x (goal >= 4x)")
+    print(f"   through HTTP in process: batcher {mine:.0f} req/s, one call per request")
+    print(f"   {base:.0f} req/s, ratio {mine / base:.2f}x (the in-process client shares the CPU)")
+
+    pairs, table = await overhead(args.rounds, 100)
+    ratios = [a / b for a, b in pairs]
+    ours_p50 = statistics.median(a for a, _ in pairs) * 1e3
+    bare_p50 = statistics.median(b for _, b in pairs) * 1e3
+    print("\n3. guard overhead, bucket 8, sequential requests, median of rounds")
+    print(f"   treeguard p50 {ours_p50:.3f} ms   bare starlette+jit p50 {bare_p50:.3f} ms")
+    print(
+        f"   overhead {100 * (statistics.median(ratios) - 1):+.1f}% of p50 "
+        f"(rounds: {', '.join(f'{100 * (r - 1):+.0f}%' for r in ratios)}; goal <= 5%)"
+    )
+    print("\n4. per bucket: latency through the app, AOT compile time")
+    print("   bucket    p50 ms    p99 ms   compile ms")
+    for b, (p50, p99, c) in table.items():
+        print(f"   {b:>6} {p50:>9.3f} {p99:>9.3f} {c:>12.0f}")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,72 @@
+"""``treeguard serve``, ``serve plan`` and ``serve swap`` in process; the
+public surface of ``treeguard.serving``."""
+
+from __future__ import annotations
+
+import json
+import types
+
+import pytest
+from click.testing import CliRunner
+from conftest import mlp_spec
+from subproc import run_python
+
+import treeguard.serving
+from treeguard.cli import main
+
+
+@pytest.mark.slow
+def test_plan_prints_every_bucket_and_fails_over_the_budget(tmp_path):
+    spec = tmp_path / "spec.json"
+    mlp_spec(buckets=(1, 4)).save(spec)
+    args = ["serve", "plan", "treeguard.examples.mlp:model", "--spec", str(spec)]
+    out = CliRunner().invoke(main, [*args, "--json"])
+    assert out.exit_code == 0, out.output
+    plan = json.loads(out.output)
+    assert [b["bucket"] for b in plan["buckets"]] == [1, 4]
+    assert plan["params_bytes"] == 52 and plan["fits"]
+    assert all(b["compile_s"] > 0 and b["output_bytes"] > 0 for b in plan["buckets"])
+    out = CliRunner().invoke(main, [*args, "--budget", "100"])
+    assert out.exit_code == 1
+    assert f"params plus bucket 4 need {plan['peak_bytes']} bytes, over the budget of 100" in (
+        out.output
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["serve", "plan", "treeguard.examples.mlp"], "is not MODULE:ATTR"),
+        (["serve", "plan", "treeguard.examples.mlp:model", "--input", "['z']"], "not in the model"),
+        (["serve", "swap", "ftp://x", "v1"], "is not an http(s) URL"),
+        (["serve", "swap", "http://127.0.0.1:9", "v1"], "cannot reach http://127.0.0.1:9"),
+        (["serve", "treeguard.examples.mlp:model", "--store", "/nonexistent/x"], "no store there"),
+    ],
+)
+def test_usage_errors_exit_2(args, message):
+    out = CliRunner().invoke(main, args)
+    assert out.exit_code == 2, out.output
+    assert message in out.output
+
+
+def test_serving_all_matches_the_exports():
+    names = {
+        n
+        for n, v in vars(treeguard.serving).items()
+        if not n.startswith("_") and not isinstance(v, types.ModuleType)
+    }
+    assert sorted(treeguard.serving.__all__) == treeguard.serving.__all__
+    assert set(treeguard.serving.__all__) == names
+    for n in names:
+        assert getattr(treeguard.serving, n).__doc__, n
+
+
+@pytest.mark.slow
+def test_importing_the_serving_api_pulls_in_no_http_stack():
+    out = run_python(
+        "import sys, treeguard, treeguard.serving, treeguard.cli_serve\n"
+        "heavy = {'starlette', 'uvicorn', 'prometheus_client', 'httpx'}\n"
+        "print(sorted(heavy & {m.split('.')[0] for m in sys.modules}))\n"
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

@@ -1,0 +1,495 @@
+"""The params being served: an active slot, a previous one, hot swap and rollback.
+
+A swap loads only a version the store marks verified (its digest re-checked,
+its verdict's signature checked when the store has a key), runs the fast
+checks of ``treeguard verify`` on it in process (contract, finite,
+regression on the stored reference batches), and only then takes traffic.
+A version with the active TreeSpec reuses the compiled executables; one with
+another spec is warmed on every bucket first. The switch is one reference
+assignment read once per batch, so a batch already running finishes on the
+params it started with. The old active becomes ``previous`` for an instant
+rollback, and a ``Watchdog`` rolls back on its own when a version misbehaves.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from ..errors import FormatError, IntegrityError, ServingError, TreeguardError, TreeMismatchError
+from ..spec import TreeSpec, spec_of
+from ..verify.model import BATCH, Model
+from .buckets import pad_rows
+from .compile_guard import CompileGuard, Signature, explain, signature
+from .metrics import Metrics
+from .spec import CompilePolicy, ServingSpec
+
+log = logging.getLogger("treeguard.serving")
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Slot:
+    """One loaded version: its params on the device and their spec."""
+
+    version: str
+    params: Any
+    spec: TreeSpec
+    nbytes: int
+
+
+@dataclasses.dataclass(frozen=True)
+class WatchdogPolicy:
+    """When the watchdog rolls back on its own.
+
+    Attributes:
+      window: how many of the latest requests on the active version it judges.
+      min_requests: how many it needs before it judges at all.
+      max_nonfinite_rate: the share of responses with NaN or Inf outputs above
+        which it rolls back.
+      max_error_rate: the share of 5xx responses above which it rolls back.
+      on_forbidden_compile: whether a compile under ``forbid`` rolls back.
+
+    It never rolls back onto a version it rolled back from, so it cannot flap.
+
+    Example:
+      >>> WatchdogPolicy(window=50, max_nonfinite_rate=0.01).min_requests
+      10
+    """
+
+    window: int = 100
+    min_requests: int = 10
+    max_nonfinite_rate: float = 0.05
+    max_error_rate: float = 0.2
+    on_forbidden_compile: bool = True
+
+
+class Slots:
+    """Loads, checks, warms, swaps and rolls back the served params.
+
+    Args:
+      model: the ``treeguard.verify.Model``; its ``apply`` is served.
+      spec: the ``ServingSpec``.
+      store: the ``ArtifactStore`` versions come from.
+      metrics: where swaps, rollbacks and compiles are counted.
+      memory_budget: bytes the served params may take in all (active,
+        previous and a version being loaded); None for the device's free
+        memory when it reports one.
+      watchdog: the ``WatchdogPolicy``.
+    """
+
+    def __init__(
+        self,
+        model: Model,
+        spec: ServingSpec,
+        store: Any,
+        *,
+        metrics: Metrics,
+        memory_budget: int | None = None,
+        watchdog: WatchdogPolicy | None = None,
+    ) -> None:
+        self.model = model
+        self.spec = spec
+        self.store = store
+        self.metrics = metrics
+        self.memory_budget = memory_budget
+        self.watchdog = watchdog or WatchdogPolicy()
+        self.guard = CompileGuard(on_compile=self._on_compile)
+        self.fn = jax.jit(_served(model.apply))
+        self.active: Slot | None = None
+        self.previous: Slot | None = None
+        self.quarantined: set[str] = set()
+        self.warmed: list[Signature] = []
+        self.ready = False
+        self._swap_lock = threading.Lock()
+        self._switch_lock = threading.Lock()
+        self._outcomes: collections.deque[tuple[bool, bool]] = collections.deque(
+            maxlen=self.watchdog.window
+        )
+        self._treedef = spec.inputs.treedef
+        self._bad = [0, 0]  # non-finite and 5xx responses in the window
+        self._out_paths: dict[Any, list[str]] = {}
+        self._refs: Any = None
+        self._refs_loaded = False
+
+    def _on_compile(self, phase: str) -> None:
+        self.metrics.compiles.labels(model=self.metrics.model, phase=phase).inc()
+
+    # -- loading and checks ----------------------------------------------------
+
+    def _params_spec(self) -> TreeSpec | None:
+        return self.model.stored_params_spec()
+
+    def _load(self, version: str, *, contract: TreeSpec | None) -> Slot:
+        # the store's errors by their bases (every one is a TreeguardError, an
+        # unknown version also a LookupError), so this holds however the
+        # store arranges its modules
+        try:
+            info = self.store.info(version)
+        except LookupError as e:
+            raise ServingError(str(e), status=404) from e
+        except TreeguardError as e:
+            raise ServingError(f"version {version} cannot be served: {e}") from e
+        nbytes = int(info.nbytes or 0)
+        self._check_room(version, nbytes)
+        try:
+            stored = self.store.load_verified(version)
+        except (TreeguardError, OSError) as e:  # not verified, changed, unsigned, unreadable
+            raise ServingError(f"version {version} cannot be served: {e}") from e
+        if contract is not None:
+            try:
+                from ..diff import check
+
+                check(stored, contract)
+            except TreeMismatchError as e:
+                raise ServingError(
+                    f"version {version} fails the contract check: {e}", status=409
+                ) from e
+        _check_finite(version, stored)  # on the host copy, before it reaches the device
+        params = jax.device_put(stored)
+        del stored
+        return Slot(version, params, spec_of(params), nbytes)
+
+    def _check_room(self, version: str, nbytes: int) -> None:
+        held = sum(s.nbytes for s in (self.active, self.previous) if s is not None)
+        if self.memory_budget is not None:
+            room, where = self.memory_budget - held, f"the memory budget of {self.memory_budget}"
+        else:
+            stats = jax.devices()[0].memory_stats() or {}
+            if "bytes_limit" not in stats:
+                return
+            room = int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
+            where = "the device's free memory"
+        if nbytes > room:
+            raise ServingError(
+                f"version {version} needs {nbytes} bytes of params, and {where} leaves "
+                f"{max(room, 0)} with {held} held by the active and previous versions\n"
+                "hint: roll back or restart with one version, or raise the memory budget",
+                status=507,
+            )
+
+    def _references(self) -> Any:
+        if not self._refs_loaded:
+            self._refs_loaded = True
+            if self.model.references is not None:
+                from ..verify.refs import load as load_refs
+
+                try:
+                    self._refs = load_refs(self.model.references)
+                except (OSError, FormatError, IntegrityError) as e:
+                    log.warning("reference batches unreadable, regression check skipped: %s", e)
+        return self._refs
+
+    def _reference_batches(self) -> list[tuple[str, list[np.ndarray[Any, Any]]]]:
+        refs = self._references()
+        if refs is None:
+            return []
+        out = []
+        paths = self.spec.input_paths
+        for case in refs.cases:
+            if case.name not in refs.expected:
+                continue
+            found = {keystr_of(p): np.asarray(x) for p, x in jax.tree.leaves_with_path(case.batch)}
+            if all(p in found for p in paths):
+                out.append((case.name, [found[p] for p in paths]))
+        return out
+
+    def fast_checks(self, slot: Slot) -> list[str]:
+        """The in-process checks a version passes before taking traffic.
+
+        Returns:
+          The names of the checks run, in order.
+
+        Raises:
+          ServingError: naming the check that failed and why.
+        """
+        ran = ["contract", "finite"]  # both run as the version is loaded
+        batches = self._reference_batches()
+        for name, leaves in batches:
+            rows = int(leaves[0].shape[0])
+            if rows > self.spec.largest:
+                continue
+            outs, _ = self.run(slot, leaves, rows, phase="swap")
+            for path, out in outs:
+                if out.dtype.kind in "fc" and not np.all(np.isfinite(out)):
+                    raise ServingError(
+                        f"version {slot.version} fails the regression check: output {path} on "
+                        f"the stored case {name!r} is not finite\nhint: it must not be served"
+                    )
+        if batches:
+            ran.append("regression")
+        return ran
+
+    # -- running ---------------------------------------------------------------
+
+    def run(
+        self,
+        slot: Slot,
+        leaves: Sequence[np.ndarray[Any, Any]],
+        rows: int,
+        *,
+        phase: str = "serving",
+        bucket: int | None = None,
+    ) -> tuple[list[tuple[str, np.ndarray[Any, Any]]], str]:
+        """Runs one batch of ``rows`` real rows, padded to its bucket.
+
+        Returns:
+          ``[(output path, rows of output)]`` with padding sliced off, and the
+          version that computed it.
+
+        Raises:
+          ServingError: 503 for a compile under ``forbid`` after warm-up.
+        """
+        from .buckets import bucket_for
+
+        size = bucket or bucket_for(rows, self.spec.buckets) or rows
+        padded = [pad_rows(np.asarray(x), size) for x in leaves]
+        batch = jax.tree.unflatten(self._treedef, padded)
+        before = self.guard.counts[phase]
+        start = time.perf_counter()
+        with self.guard.phase(phase):
+            out = self.fn(slot.params, batch)
+            flat, treedef = jax.tree.flatten(out)
+            host = list(zip(self._output_paths(treedef), map(np.asarray, flat)))
+        if phase == "serving":
+            self.metrics.batch(rows, size, time.perf_counter() - start)
+        if phase == "serving" and self.guard.counts[phase] > before:
+            sig = signature([*padded, *jax.tree.leaves(slot.params)])
+            paths = [*self.spec.input_paths, *(f"params{lf.path}" for lf in slot.spec.leaves)]
+            why = explain(sig, self.warmed, paths)
+            policy = self.spec.compile_policy
+            log.warning("compile after warm-up (policy %s): %s", policy.value, why)
+            if policy is CompilePolicy.FORBID:
+                if self.watchdog.on_forbidden_compile:
+                    self.auto_rollback("compile")
+                raise ServingError(
+                    f"this request needed a compile after warm-up, which the policy forbids: "
+                    f"{why}\nhint: send inputs of the served dtypes; see /v2/treeguard/status",
+                    status=503,
+                )
+        for path, x in host:
+            if x.ndim == 0 or x.shape[0] != size:
+                raise ServingError(
+                    f"output {path or '<root>'} has shape {x.shape}, without the batch axis "
+                    f"first; hint: apply must return outputs with axis {BATCH!r} first",
+                    status=500,
+                )
+        return [(p, x[:rows]) for p, x in host], slot.version
+
+    def _output_paths(self, treedef: Any) -> list[str]:
+        paths = self._out_paths.get(treedef)
+        if paths is None:
+            skeleton = jax.tree.unflatten(treedef, [0] * treedef.num_leaves)
+            paths = [keystr_of(p) for p, _ in jax.tree.leaves_with_path(skeleton)]
+            self._out_paths[treedef] = paths
+        return paths
+
+    def warm(self, slot: Slot, *, phase: str) -> None:
+        """Runs every bucket once with ``slot``'s params (compiling it if new)."""
+        for b in self.spec.buckets:
+            zeros = [
+                np.zeros((b, *(int(d) for d in leaf.shape[1:])), leaf.dtype)
+                for leaf in self.spec.inputs.leaves
+            ]
+            self.run(slot, zeros, b, phase=phase, bucket=b)
+            sig = signature([*zeros, *jax.tree.leaves(slot.params)])
+            if sig not in self.warmed:
+                self.warmed.append(sig)
+
+    # -- lifecycle -------------------------------------------------------------
+
+    def start(self, version: str | None = None) -> Slot:
+        """Loads ``version`` (default: the store's current), checks it against
+        the model's params spec and the fast checks, and warms every bucket."""
+        version = version or self.store.current()
+        if version is None:
+            raise ServingError(
+                f"the store {self.store.root} has no current version\n"
+                "hint: put, verify and promote one first",
+                status=503,
+            )
+        slot = self._load(version, contract=self._params_spec())
+        self.warm(slot, phase="warmup")
+        self.fast_checks(slot)
+        with self._switch_lock:
+            self.active = slot
+        self.metrics.set_version(slot.version)
+        self.ready = True
+        log.info("serving version %s after warm-up of %d buckets", version, len(self.spec.buckets))
+        return slot
+
+    def swap(self, version: str) -> dict[str, Any]:
+        """Loads, checks and (for a new spec) warms ``version``, then serves it.
+
+        Returns:
+          ``{"active", "previous", "compiles", "checks"}``.
+
+        Raises:
+          ServingError: if the version is unknown (404), not verified,
+            rejected or changed since it was verified (409), fails a fast
+            check (409), there is no room for it (507), or another swap is
+            running (409).
+        """
+        if not self._swap_lock.acquire(blocking=False):
+            self.metrics.swaps.labels(model=self.metrics.model, result="refused").inc()
+            raise ServingError("another swap is in progress; hint: retry when it ends")
+        try:
+            active = self.active
+            if active is not None and active.version == version:
+                return self._swap_result([], 0)
+            before = self.guard.total
+            prev = self.previous
+            if prev is not None and prev.version == version:
+                return self._back_to_previous(version)
+            try:
+                slot = self._load(version, contract=None)
+                if active is not None and slot.spec != active.spec:
+                    self.warm(slot, phase="swap")
+                checks = self.fast_checks(slot)
+            except ServingError:
+                self.metrics.swaps.labels(model=self.metrics.model, result="refused").inc()
+                raise
+            self._switch(slot)
+            self.quarantined.discard(version)
+            self.metrics.swaps.labels(model=self.metrics.model, result="ok").inc()
+            self.store.log_event("serve_swap", version, previous=active and active.version)
+            return self._swap_result(checks, self.guard.total - before)
+        finally:
+            self._swap_lock.release()
+
+    def _back_to_previous(self, version: str) -> dict[str, Any]:
+        """Swaps to the loaded, checked and warm previous version, if the store
+        still marks it verified (no second copy is loaded)."""
+        try:
+            status = self.store.info(version).status
+        except TreeguardError as e:
+            raise ServingError(f"version {version} cannot be served: {e}") from e
+        if status != "verified":
+            self.metrics.swaps.labels(model=self.metrics.model, result="refused").inc()
+            raise ServingError(
+                f"version {version} cannot be served: it is {status} in the store now"
+            )
+        active = self.active
+        assert self.previous is not None
+        self._switch(self.previous)
+        self.quarantined.discard(version)
+        self.metrics.swaps.labels(model=self.metrics.model, result="ok").inc()
+        self.store.log_event("serve_swap", version, previous=active and active.version)
+        return self._swap_result(["reused"], 0)
+
+    def _swap_result(self, checks: list[str], compiles: int) -> dict[str, Any]:
+        return {
+            "active": self.active and self.active.version,
+            "previous": self.previous and self.previous.version,
+            "compiles": compiles,
+            "checks": checks,
+        }
+
+    def _switch(self, slot: Slot) -> None:
+        with self._switch_lock:
+            self.previous, self.active = self.active, slot
+            self._outcomes.clear()
+            self._bad = [0, 0]
+        self.metrics.set_version(slot.version)
+
+    def rollback(self, trigger: str = "manual") -> dict[str, Any]:
+        """Serves the previous version again (instant: it is loaded and warm).
+
+        Raises:
+          ServingError: if there is no previous version.
+        """
+        with self._switch_lock:
+            prev, bad = self.previous, self.active
+            if prev is None or bad is None:
+                raise ServingError(
+                    "no previous version to roll back to\nhint: swap to a verified version"
+                )
+            self.active, self.previous = prev, bad
+            self._outcomes.clear()
+            self._bad = [0, 0]
+            if trigger != "manual":
+                self.quarantined.add(bad.version)
+        self.metrics.set_version(prev.version)
+        self.metrics.rollbacks.labels(model=self.metrics.model, trigger=trigger).inc()
+        self.store.log_event("serve_rollback", prev.version, previous=bad.version, trigger=trigger)
+        log.warning("rolled back from %s to %s (trigger %s)", bad.version, prev.version, trigger)
+        return self._swap_result([], 0)
+
+    def auto_rollback(self, trigger: str) -> bool:
+        """Rolls back for ``trigger`` unless there is nothing safe to return to."""
+        prev = self.previous
+        if prev is None or prev.version in self.quarantined:
+            return False
+        try:
+            self.rollback(trigger)
+        except ServingError:
+            return False
+        return True
+
+    def record(self, version: str, *, nonfinite: bool, error: bool) -> None:
+        """Feeds one response to the watchdog; it may roll back."""
+        active = self.active
+        if active is None or active.version != version:
+            return
+        window = self._outcomes
+        if len(window) == window.maxlen:
+            old_nonfinite, old_error = window[0]
+            self._bad[0] -= old_nonfinite
+            self._bad[1] -= old_error
+        window.append((nonfinite, error))
+        self._bad[0] += nonfinite
+        self._bad[1] += error
+        n = len(window)
+        if n < self.watchdog.min_requests:
+            return
+        nonfinite_rate, error_rate = self._bad[0] / n, self._bad[1] / n
+        if nonfinite_rate > self.watchdog.max_nonfinite_rate:
+            self.auto_rollback("nonfinite")
+        elif error_rate > self.watchdog.max_error_rate:
+            self.auto_rollback("5xx")
+
+    def status(self) -> dict[str, Any]:
+        """What ``/v2/treeguard/status`` shows."""
+        return {
+            "ready": self.ready,
+            "active": self.active and self.active.version,
+            "previous": self.previous and self.previous.version,
+            "quarantined": sorted(self.quarantined),
+            "buckets": list(self.spec.buckets),
+            "compile_policy": self.spec.compile_policy.value,
+            "compiles": dict(self.guard.counts),
+        }
+
+
+def _check_finite(version: str, tree: Any) -> None:
+    bad = [
+        keystr_of(p)
+        for p, x in jax.tree.leaves_with_path(tree)
+        if np.asarray(x).dtype.kind in "fc" and not np.isfinite(x).all()
+    ]
+    if bad:
+        raise ServingError(
+            f"version {version} fails the finite check: NaN or Inf in "
+            f"{', '.join(bad[:5])}{' ...' if len(bad) > 5 else ''}\nhint: it must not be served"
+        )
+
+
+def _served(apply: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+    """A function of this server's own, so its compile cache and counts are its own."""
+
+    def served(params: Any, batch: Any) -> Any:
+        return apply(params, batch)
+
+    return served
+
+
+def keystr_of(path: Sequence[Any]) -> str:
+    """A JAX key path as text, ``"['x']"``; the empty path is the root."""
+    return jax.tree_util.keystr(tuple(path))

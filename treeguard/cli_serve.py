@@ -1,0 +1,239 @@
+"""The ``treeguard serve`` command group.
+
+- ``treeguard serve MODULE:ATTR --store ROOT [--spec FILE] [--host H] [--port N] [--watch]``
+  serves the model's ``apply`` with the store's current verified version.
+- ``treeguard serve plan MODULE:ATTR [--spec FILE] [--budget BYTES]`` compiles
+  every bucket ahead of time and prints its compile time and memory.
+- ``treeguard serve swap URL VERSION`` asks a running server to hot-swap.
+
+Exit codes, as for every treeguard command: 0 ok, 1 a check failed (over the
+memory budget, a refused swap), 2 usage or unreadable input.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any, NoReturn
+
+import click
+from rich.console import Console
+
+EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+
+
+def _fail(code: int, message: str) -> NoReturn:
+    label = "[red]error:[/red]" if code == EXIT_USAGE else "[red]failed:[/red]"
+    err = Console(stderr=True, highlight=False, soft_wrap=True)
+    err.print(label, end=" ")
+    err.print(message, markup=False)
+    sys.exit(code)
+
+
+def _human(n: int) -> str:
+    value, units, i = float(n), ["B", "KiB", "MiB", "GiB", "TiB"], 0
+    while value >= 1024 and i < len(units) - 1:
+        value /= 1024
+        i += 1
+    return f"{int(value)} B" if i == 0 else f"{value:.1f} {units[i]}"
+
+
+def _spec(model: Any, spec_file: Path | None, inputs: tuple[str, ...]) -> Any:
+    from ._src.serving.spec import ServingSpec
+
+    if spec_file is not None:
+        if inputs:
+            _fail(EXIT_USAGE, "give --spec or --input, not both")
+        return ServingSpec.load(spec_file)
+    return ServingSpec.from_model(model, inputs=list(inputs) or None)
+
+
+def _default_cache() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "treeguard", "jax")
+
+
+class _ServeGroup(click.Group):
+    """``serve MODULE:ATTR ...`` runs the server; ``serve plan|swap ...`` the subcommands."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if args and args[0] not in self.commands and not args[0].startswith("-"):
+            args = ["run", *args]
+        return super().parse_args(ctx, args)
+
+
+@click.group(
+    "serve",
+    cls=_ServeGroup,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+def serve() -> None:
+    """Serve a Model over the KServe V2 protocol, plan its buckets, or hot-swap it.
+
+    treeguard serve MODULE:ATTR --store ROOT runs the server (see `serve run -h`).
+    """
+
+
+_target = click.argument("target", metavar="MODULE:ATTR")
+_spec_opt = click.option(
+    "--spec",
+    "spec_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="A treeguard.serving/1 JSON spec (default: every batch input, default buckets).",
+)
+_input_opt = click.option(
+    "--input",
+    "inputs",
+    multiple=True,
+    metavar="PATH",
+    help="A batch input a request carries, as its key path (['x']); repeatable.",
+)
+
+
+@serve.command("run")
+@_target
+@click.option(
+    "--store", "store_root", required=True, type=click.Path(file_okay=False, path_type=Path)
+)
+@_spec_opt
+@_input_opt
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535))
+@click.option("--watch", is_flag=True, help="Swap when the store's current version changes.")
+@click.option(
+    "--cache-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="The persistent compilation cache (default ~/.cache/treeguard/jax).",
+)
+@click.option("--memory-budget", type=click.IntRange(1), default=None, metavar="BYTES")
+def run_command(  # noqa: PLR0917 - click passes every option
+    target: str,
+    store_root: Path,
+    spec_file: Path | None,
+    inputs: tuple[str, ...],
+    host: str,
+    port: int,
+    watch: bool,
+    cache_dir: Path | None,
+    memory_budget: int | None,
+) -> None:
+    """Serve MODULE:ATTR's apply with the store's current verified version."""
+    from ._src.errors import TreeguardError
+    from ._src.serving.app import Server
+    from ._src.serving.app import serve as run_server
+    from .cli_verify import resolve
+
+    try:
+        model = resolve(target)
+        spec = _spec(model, spec_file, inputs)
+        if not store_root.is_dir():
+            _fail(EXIT_USAGE, f"{store_root}: no store there; hint: treeguard store put first")
+        server = Server(
+            model,
+            store_root,
+            spec=spec,
+            cache_dir=cache_dir or _default_cache(),
+            memory_budget=memory_budget,
+            watch_s=1.0 if watch else None,
+        )
+    except (TreeguardError, OSError) as e:
+        _fail(EXIT_USAGE, str(e))
+    run_server(server, host=host, port=port)
+
+
+@serve.command("plan")
+@_target
+@_spec_opt
+@_input_opt
+@click.option("--budget", type=click.IntRange(1), default=None, metavar="BYTES")
+@click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
+def plan_command(
+    target: str,
+    spec_file: Path | None,
+    inputs: tuple[str, ...],
+    budget: int | None,
+    as_json: bool,
+) -> None:
+    """Compile every bucket ahead of time; print compile time and memory per bucket.
+
+    Exits 1 when the params plus the largest bucket exceed --budget.
+    """
+    from ._src.errors import TreeguardError
+    from ._src.serving.plan import plan
+    from .cli_verify import resolve
+
+    try:
+        model = resolve(target)
+        spec = _spec(model, spec_file, inputs)
+        result = plan(model, spec, budget=budget)
+    except (TreeguardError, OSError) as e:
+        _fail(EXIT_USAGE, str(e))
+    if as_json:
+        click.echo(json.dumps(result.to_dict(), indent=1))
+    else:
+        from rich.table import Table
+
+        table = Table("bucket", "compile", "arguments", "outputs", "temps", "code")
+        for b in result.buckets:
+            table.add_row(
+                str(b.bucket),
+                f"{b.compile_s * 1000:.0f} ms",
+                _human(b.argument_bytes),
+                _human(b.output_bytes),
+                _human(b.temp_bytes),
+                _human(b.code_bytes),
+            )
+        out = Console(highlight=False, width=None if sys.stdout.isatty() else 100)
+        out.print(table)
+        out.print(
+            f"params {_human(result.params_bytes)}; params plus the largest bucket "
+            f"{_human(result.peak_bytes)}"
+            + (f" of a budget of {_human(budget)}" if budget else ""),
+            markup=False,
+        )
+    if not result.fits:
+        _fail(
+            EXIT_FAIL,
+            f"params plus bucket {result.buckets[-1].bucket} need {result.peak_bytes} bytes, "
+            f"over the budget of {budget}; hint: drop the largest bucket or raise --budget",
+        )
+
+
+@serve.command("swap")
+@click.argument("url")
+@click.argument("version")
+@click.option("--timeout", default=120.0, show_default=True, help="Seconds to wait.")
+def swap_command(url: str, version: str, timeout: float) -> None:
+    """Ask the server at URL to hot-swap to VERSION (verified, checked, then served)."""
+    if not url.startswith(("http://", "https://")):
+        _fail(EXIT_USAGE, f"{url!r} is not an http(s) URL; hint: http://127.0.0.1:8000")
+    req = urllib.request.Request(
+        url.rstrip("/") + "/v2/treeguard/swap",
+        data=json.dumps({"version": version}).encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            body = json.loads(resp.read(1 << 20))
+    except urllib.error.HTTPError as e:
+        try:
+            message = json.loads(e.read(1 << 20)).get("error", str(e))
+        except (ValueError, AttributeError):
+            message = str(e)
+        _fail(EXIT_FAIL, f"swap to {version} refused ({e.code}): {message}")
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        _fail(EXIT_USAGE, f"cannot reach {url}: {e}")
+    click.echo(
+        f"serving {body.get('active')} (previous {body.get('previous')}); "
+        f"{body.get('compiles')} compiles; checks: {', '.join(body.get('checks') or []) or '-'}"
+    )
+
+
+if __name__ == "__main__":  # pragma: no cover
+    serve()

@@ -1,0 +1,50 @@
+"""``treeguard.serving``: a contract-driven model server.
+
+A ``ServingSpec`` bounds what a request may hold (inputs from the model's
+batch spec, batch buckets, limits) and what may compile after warm-up. A
+``Server`` serves a ``treeguard.verify.Model``'s ``apply`` with the params of
+a store's verified version over the KServe V2 protocol, batching concurrent
+requests into padded buckets, with private Prometheus metrics and hot swap
+with verification and automatic rollback. ``treeguard serve`` runs it.
+
+starlette, uvicorn and prometheus_client (the ``serve`` extra) are imported
+only when a server is built.
+"""
+
+from .._src.errors import InvalidRequestError as InvalidRequestError
+from .._src.errors import ServingError as ServingError
+from .._src.serving.app import Server as Server
+from .._src.serving.app import serve as serve
+from .._src.serving.buckets import Admission as Admission
+from .._src.serving.buckets import admit as admit
+from .._src.serving.buckets import bucket_for as bucket_for
+from .._src.serving.buckets import pad_rows as pad_rows
+from .._src.serving.compile_guard import CompileGuard as CompileGuard
+from .._src.serving.plan import BucketPlan as BucketPlan
+from .._src.serving.plan import Plan as Plan
+from .._src.serving.plan import plan as plan
+from .._src.serving.slots import WatchdogPolicy as WatchdogPolicy
+from .._src.serving.spec import CompilePolicy as CompilePolicy
+from .._src.serving.spec import Limits as Limits
+from .._src.serving.spec import Overflow as Overflow
+from .._src.serving.spec import ServingSpec as ServingSpec
+
+__all__ = [
+    "Admission",
+    "BucketPlan",
+    "CompileGuard",
+    "CompilePolicy",
+    "InvalidRequestError",
+    "Limits",
+    "Overflow",
+    "Plan",
+    "Server",
+    "ServingError",
+    "ServingSpec",
+    "WatchdogPolicy",
+    "admit",
+    "bucket_for",
+    "pad_rows",
+    "plan",
+    "serve",
+]
