@@ -322,7 +322,7 @@ async def test_metrics_parse_and_privacy_sentinel_never_leaks(mlp_server, caplog
 async def test_a_version_that_cannot_start_is_reported_not_ready(tmp_path):
     import treeguard
 
-    store = treeguard.ArtifactStore(tmp_path / "empty")
+    store = treeguard.ArtifactStore.init(tmp_path / "empty")
     server = Server(mlp.model, store, spec=mlp_spec())
     app = server.app()
     import httpx
