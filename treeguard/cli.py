@@ -183,6 +183,8 @@ def _jsonable(x: object) -> object:
 
 def _register_optional_commands() -> None:
     """Commands whose modules live beside this one."""
+    import importlib
+
     from ._src.checkpoint import spec_reader
     from .cli_ckpt import ckpt, store
     from .cli_verify import verify as verify_command
@@ -191,6 +193,7 @@ def _register_optional_commands() -> None:
     main.add_command(ckpt)
     main.add_command(store)
     main.add_command(verify_command)
+    main.add_command(importlib.import_module(".cli_bench", __package__).bench)
 
 
 _register_optional_commands()

@@ -84,3 +84,31 @@ class IntegrityError(TreeguardError, ValueError):
 
 class VerificationError(TreeguardError, AssertionError):
     """An acceptance check failed."""
+
+
+# -- benchmarks -------------------------------------------------------------------
+
+
+class BenchError(TreeguardError, ValueError):
+    """A benchmark cannot be run or compared as asked: a bad option, a result
+    file that holds no benchmark, or two results that cannot be paired."""
+
+
+class MachineMismatchError(BenchError):
+    """Two benchmark results come from machines whose fingerprints differ, so
+    their times cannot be compared.
+
+    Attributes:
+      differences: ``(key, base value, candidate value)`` for each differing key.
+    """
+
+    def __init__(self, differences: Sequence[tuple[str, object, object]]) -> None:
+        self.differences = tuple(differences)
+        lines = [f"the two results come from different machines ({len(self.differences)} keys):"]
+        lines += [f"  {k}: {a!r} in the base, {b!r} in the candidate" for k, a, b in differences]
+        lines.append(
+            "hint: compare runs from one machine, run both sides in one process with "
+            "`treeguard bench ab`, or pass allow_different_machines=True "
+            "(--allow-different-machines) to compare anyway"
+        )
+        super().__init__("\n".join(lines))
