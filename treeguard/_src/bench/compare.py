@@ -35,7 +35,7 @@ import numpy as np
 from ..errors import BenchError, MachineMismatchError
 from .conditions import fingerprint_diff
 from .run import BenchResult
-from .stats import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, as_samples
+from .stats import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, as_samples, bootstrap_medians
 
 #: The fewest samples per side the verdict accepts (google/benchmark's
 #: "lowest reasonable number" of repetitions for the U test).
@@ -157,8 +157,8 @@ def median_ratio_ci(
     if np.median(a) <= 0:
         raise BenchError("base: the median is 0; hint: time at least one call per sample")
     rng = np.random.default_rng(seed)
-    ma = np.median(a[rng.integers(0, a.size, (resamples, a.size))], axis=1)
-    mb = np.median(b[rng.integers(0, b.size, (resamples, b.size))], axis=1)
+    ma = bootstrap_medians(a, resamples, rng)
+    mb = bootstrap_medians(b, resamples, rng)
     ratios = mb / np.maximum(ma, np.finfo(np.float64).tiny)
     tail = (1.0 - level) / 2.0 * 100.0
     lo, hi = np.percentile(ratios, [tail, 100.0 - tail])

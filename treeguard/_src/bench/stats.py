@@ -45,6 +45,14 @@ def as_samples(samples: Sequence[float] | np.ndarray[Any, Any], what: str = "sam
     return a
 
 
+def bootstrap_medians(a: Any, resamples: int, rng: np.random.Generator) -> Any:
+    """The medians of ``resamples`` resamples (with replacement) of the 1-d array ``a``."""
+    n = a.size
+    idx = rng.integers(0, n, (resamples, n), dtype=np.int32 if n < 2**31 else np.int64)
+    s = np.sort(a[idx], axis=1)
+    return (s[:, (n - 1) // 2] + s[:, n // 2]) / 2.0
+
+
 def bootstrap_median_ci(
     samples: Sequence[float] | np.ndarray[Any, Any],
     /,
@@ -74,7 +82,7 @@ def bootstrap_median_ci(
     """
     a = as_samples(samples)
     rng = np.random.default_rng(seed)
-    medians = np.median(a[rng.integers(0, a.size, (resamples, a.size))], axis=1)
+    medians = bootstrap_medians(a, resamples, rng)
     tail = (1.0 - level) / 2.0 * 100.0
     lo, hi = np.percentile(medians, [tail, 100.0 - tail])
     return float(lo), float(hi)
