@@ -312,6 +312,13 @@ def _gate(comparisons: Sequence[Any]) -> int:
 @click.option(
     "--allow-different-machines", is_flag=True, help="Compare results from different machines."
 )
+@click.option(
+    "--clock",
+    type=click.Choice(["wall", "cpu"]),
+    default="wall",
+    show_default=True,
+    help="Compare wall time, or this process's CPU time.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the comparisons as JSON.")
 def compare_command(  # noqa: PLR0917 - click passes each option by name
     base: Path,
@@ -319,6 +326,7 @@ def compare_command(  # noqa: PLR0917 - click passes each option by name
     alpha: float,
     min_effect: float,
     allow_different_machines: bool,
+    clock: str,
     as_json: bool,
 ) -> None:
     """Compare CANDIDATE's results with BASE's, benchmark by benchmark.
@@ -349,6 +357,7 @@ def compare_command(  # noqa: PLR0917 - click passes each option by name
                 alpha=alpha,
                 min_effect=min_effect,
                 allow_different_machines=allow_different_machines,
+                clock=clock,
             )
             for r in common
         ]
@@ -378,12 +387,19 @@ def compare_command(  # noqa: PLR0917 - click passes each option by name
 @bench.command("ab")
 @click.argument("target_a", metavar="A")
 @click.argument("target_b", metavar="B")
-@click.option("--rounds", default=15, show_default=True, help="ABBA rounds (4 samples each).")
+@click.option("--rounds", default=30, show_default=True, help="ABBA rounds (4 samples each).")
 @click.option("--min-time", default=0.02, show_default=True, help="Least seconds per sample.")
 @click.option("--batch-size", type=int, default=None, help="A Model's batch (its batch_size).")
 @click.option("--alpha", default=0.05, show_default=True, help="Significance level.")
 @click.option(
     "--min-effect", default=0.02, show_default=True, help="Smallest relative change that counts."
+)
+@click.option(
+    "--clock",
+    type=click.Choice(["auto", "wall", "cpu"]),
+    default="auto",
+    show_default=True,
+    help="What the verdict compares; auto is CPU time on JAX's CPU backend, else wall time.",
 )
 @click.option("--json", "json_out", type=click.Path(path_type=Path), help="Write both results.")
 def ab_command(  # noqa: PLR0917 - click passes each option by name
@@ -394,6 +410,7 @@ def ab_command(  # noqa: PLR0917 - click passes each option by name
     batch_size: int | None,
     alpha: float,
     min_effect: float,
+    clock: str,
     json_out: Path | None,
 ) -> None:
     """Time A and B interleaved (ABBA) in this process; B's verdict against A.
@@ -433,13 +450,17 @@ def ab_command(  # noqa: PLR0917 - click passes each option by name
                 alpha=alpha,
                 min_effect=min_effect,
                 names=(target_a, target_b),
+                clock=clock,
                 progress=lambda done, total: progress.update(task, completed=done),
             )
     except TreeguardError as e:
         _usage(str(e))
     console = _console()
     console.print(result_table([result.a, result.b], f"treeguard bench ab (ABBA x {rounds})"))
-    console.print(comparison_table([result.comparison], "B against A"))
+    cmp = result.comparison
+    console.print(
+        comparison_table([cmp], f"B against A, paired by round, on the {cmp.clock} clock")
+    )
     _print_invalid(console, [result.a, result.b])
     console.print(escape(result.comparison.describe()), soft_wrap=True)
     console.print(conditions_line(result.a.conditions), soft_wrap=True)

@@ -197,3 +197,63 @@ def test_an_invalid_result_makes_the_comparison_invalid() -> None:
     b = dataclasses.replace(_result(timings(rng, 30) * 2), status="invalid", reason="1 compile(s)")
     c = compare(a, b)
     assert c.verdict == "invalid" and c.reason == "candidate 'f': 1 compile(s)"
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_wilcoxon_signed_rank_agrees_with_scipy(seed: int) -> None:
+    from treeguard._src.bench.compare import wilcoxon_signed_rank
+
+    rng = np.random.default_rng(100 + seed)
+    d = rng.normal(rng.uniform(-0.5, 0.5), 1.0, int(rng.integers(10, 60)))
+    if seed % 3 == 0:  # ties, zeros dropped
+        d = np.round(d, 1)
+    w, p = wilcoxon_signed_rank(d)
+    ref = scipy.stats.wilcoxon(d, method="asymptotic", correction=False, zero_method="wilcox")
+    assert abs(w - ref.statistic) <= 1e-9 and abs(p - ref.pvalue) <= 1e-12
+
+
+def test_pairing_cancels_a_drift_that_hides_the_difference_unpaired() -> None:
+    from treeguard._src.bench.compare import compare_paired
+
+    rng = np.random.default_rng(15)
+    drift = np.linspace(1.0, 2.0, 30) * rng.lognormal(0, 0.01, 30)  # the machine slows down
+    base, cand = drift, drift * 1.06 * rng.lognormal(0, 0.01, 30)
+    assert compare_samples(base, cand).verdict == "inconclusive"
+    paired = compare_paired(base, cand)
+    assert (paired.verdict, paired.test) == ("regression", "wilcoxon-paired")
+    assert compare_paired(base, base * rng.lognormal(0, 0.005, 30)).verdict == "no_change"
+    few = compare_paired(base[:5], cand[:5])
+    assert few.verdict == "inconclusive"
+    assert few.reason == "too few samples to call (5 pairs; at least 9 pairs)"
+    with pytest.raises(BenchError, match=r"^paired times: 30 base and 5 candidate"):
+        compare_paired(base, cand[:5])
+
+
+@pytest.mark.slow
+def test_the_paired_aa_false_positive_rate_is_at_most_alpha_plus_one_percent() -> None:
+    from treeguard._src.bench.compare import compare_paired
+
+    rng = np.random.default_rng(16)
+    called = 0
+    for _ in range(1000):
+        drift = np.exp(np.cumsum(rng.normal(0, 0.02, 30)))  # a random-walk machine
+        a, b = drift * timings(rng, 30), drift * timings(rng, 30)
+        called += compare_paired(a, b, min_effect=0.0).verdict in ("regression", "improvement")
+    assert called / 1000 <= 0.06
+
+
+def test_compare_on_the_cpu_clock() -> None:
+    rng = np.random.default_rng(17)
+    a = dataclasses.replace(_result(timings(rng, 30) * 3), cpu_samples_s=tuple(timings(rng, 30)))
+    b = dataclasses.replace(
+        _result(timings(rng, 30) * 3), cpu_samples_s=tuple(timings(rng, 30) * 1.3)
+    )
+    c = compare(a, b, clock="cpu")
+    assert (c.verdict, c.clock) == ("regression", "cpu")
+    assert compare(a, b).clock == "wall"
+    with pytest.raises(
+        BenchError, match=r"^f: no CPU times recorded; hint: compare with clock='wall'$"
+    ):
+        compare(_result(timings(rng, 30)), b, clock="cpu")
+    with pytest.raises(BenchError, match=r"^clock='gpu'; hint: 'wall' or 'cpu'$"):
+        compare(a, b, clock="gpu")

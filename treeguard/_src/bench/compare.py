@@ -21,6 +21,9 @@ The verdict, with ``m = min_effect``:
 A power guard calls ``inconclusive`` whenever a side has fewer than
 ``MIN_SAMPLES`` samples, or when no outcome of the test could reach
 ``alpha`` with these sample sizes.
+
+``compare_paired`` applies the same rules to paired times (the rounds of an
+interleaved A/B), with the Wilcoxon signed-rank test of the log ratios.
 """
 
 from __future__ import annotations
@@ -181,12 +184,17 @@ class Comparison:
       ratio: ``cand_median / base_median``; above 1 is slower.
       ratio_ci: the bootstrap interval of ``ratio`` at ``1 - alpha``.
       shift_s: the Hodges-Lehmann shift, in seconds (positive is slower).
-      u: the U statistic of the candidate.
+      statistic: the test's statistic (U of the candidate, or the smaller
+        signed-rank sum of a paired test).
       p_value: the two-sided p-value.
       alpha: the significance level.
       min_effect: the smallest relative change that counts.
-      needed_samples: for ``inconclusive``, the samples per side that would
-        likely settle it (None when it cannot be estimated).
+      needed_samples: for ``inconclusive``, the samples per side (rounds,
+        for a paired test) that would likely settle it (None when it cannot
+        be estimated).
+      test: ``mann-whitney`` for two independent samples, ``wilcoxon-paired``
+        for the rounds of an interleaved A/B.
+      clock: the clock compared: ``wall`` or ``cpu`` (process CPU time).
     """
 
     name: str
@@ -199,11 +207,13 @@ class Comparison:
     ratio: float
     ratio_ci: tuple[float, float]
     shift_s: float
-    u: float
+    statistic: float
     p_value: float
     alpha: float
     min_effect: float
     needed_samples: int | None = None
+    test: str = "mann-whitney"
+    clock: str = "wall"
 
     @property
     def change(self) -> float:
@@ -279,15 +289,12 @@ def compare_samples(
       >>> compare_samples(base, rng.permutation(base)).verdict
       'no_change'
     """
-    if not (isinstance(alpha, (int, float)) and 0 < alpha < 1):
-        raise BenchError(f"alpha={alpha!r}; hint: a level between 0 and 1, such as 0.05")
-    if not (isinstance(min_effect, (int, float)) and 0 <= min_effect < 1):
-        raise BenchError(f"min_effect={min_effect!r}; hint: a fraction such as 0.02 for 2%")
+    _check_levels(alpha, min_effect)
     a = as_samples(base, "base")
     b = as_samples(cand, "cand")
     u, p = mann_whitney_u(b, a)
     ratio, lo, hi = median_ratio_ci(a, b, level=1.0 - alpha)
-    base_c = Comparison(
+    evidence = Comparison(
         name=name,
         verdict="inconclusive",
         reason="",
@@ -298,43 +305,177 @@ def compare_samples(
         ratio=ratio,
         ratio_ci=(lo, hi),
         shift_s=hodges_lehmann(a, b),
-        u=u,
+        statistic=u,
         p_value=p,
         alpha=float(alpha),
         min_effect=float(min_effect),
     )
-    n = min(a.size, b.size)
-    half = (hi - lo) / 2.0
-    distance = abs(abs(ratio - 1.0) - min_effect)
-    up, down = 1.0 + min_effect, 1.0 - min_effect
-    if n < MIN_SAMPLES or _smallest_p(a.size, b.size) >= alpha:
-        return dataclasses.replace(
-            base_c,
-            reason=(
-                f"too few samples to call ({a.size} and {b.size}; at least {MIN_SAMPLES} per side)"
-            ),
-            needed_samples=max(MIN_SAMPLES, _needed(n, half, distance) or 0),
-        )
-    if p < alpha and lo > up:
-        return dataclasses.replace(
-            base_c, verdict="regression", reason=f"slower by more than {min_effect:.1%}"
-        )
-    if p < alpha and hi < down:
-        return dataclasses.replace(
-            base_c, verdict="improvement", reason=f"faster by more than {min_effect:.1%}"
-        )
-    if down <= lo and hi <= up:
-        return dataclasses.replace(
-            base_c, verdict="no_change", reason=f"the interval lies within ±{min_effect:.1%}"
-        )
+    if min(a.size, b.size) < MIN_SAMPLES or _smallest_p(a.size, b.size) >= alpha:
+        return _too_few(evidence, f"{a.size} and {b.size}", "per side")
+    return decide(evidence)
+
+
+def _check_levels(alpha: float, min_effect: float) -> None:
+    if not (isinstance(alpha, (int, float)) and 0 < alpha < 1):
+        raise BenchError(f"alpha={alpha!r}; hint: a level between 0 and 1, such as 0.05")
+    if not (isinstance(min_effect, (int, float)) and 0 <= min_effect < 1):
+        raise BenchError(f"min_effect={min_effect!r}; hint: a fraction such as 0.02 for 2%")
+
+
+def _too_few(evidence: Comparison, sizes: str, unit: str) -> Comparison:
+    lo, hi = evidence.ratio_ci
+    distance = abs(abs(evidence.ratio - 1.0) - evidence.min_effect)
+    n = min(evidence.n_base, evidence.n_cand)
     return dataclasses.replace(
-        base_c,
+        evidence,
+        verdict="inconclusive",
+        reason=f"too few samples to call ({sizes}; at least {MIN_SAMPLES} {unit})",
+        needed_samples=max(MIN_SAMPLES, _needed(n, (hi - lo) / 2.0, distance) or 0),
+    )
+
+
+def decide(evidence: Comparison) -> Comparison:
+    """Applies the verdict rules (see the module) to a comparison's p-value
+    and interval, once the power guard has passed."""
+    lo, hi = evidence.ratio_ci
+    p, alpha, m = evidence.p_value, evidence.alpha, evidence.min_effect
+    if p < alpha and lo > 1.0 + m:
+        return dataclasses.replace(
+            evidence, verdict="regression", reason=f"slower by more than {m:.1%}"
+        )
+    if p < alpha and hi < 1.0 - m:
+        return dataclasses.replace(
+            evidence, verdict="improvement", reason=f"faster by more than {m:.1%}"
+        )
+    if 1.0 - m <= lo and hi <= 1.0 + m:
+        return dataclasses.replace(
+            evidence, verdict="no_change", reason=f"the interval lies within ±{m:.1%}"
+        )
+    n = min(evidence.n_base, evidence.n_cand)
+    distance = abs(abs(evidence.ratio - 1.0) - m)
+    return dataclasses.replace(
+        evidence,
+        verdict="inconclusive",
         reason=(
-            f"the interval is neither within nor beyond ±{min_effect:.1%}"
+            f"the interval is neither within nor beyond ±{m:.1%}"
             + ("" if p < alpha else f" and p={p:.3g} >= {alpha:g}")
         ),
-        needed_samples=_needed(n, half, distance),
+        needed_samples=_needed(n, (hi - lo) / 2.0, distance),
     )
+
+
+def wilcoxon_signed_rank(d: Sequence[float] | np.ndarray[Any, Any], /) -> tuple[float, float]:
+    """The two-sided Wilcoxon signed-rank test of the differences ``d`` against 0.
+
+    Zeros are dropped (Wilcoxon's rule); ties get average ranks and the tie
+    correction of the variance; the p-value is the normal approximation
+    without continuity correction (as ``scipy.stats.wilcoxon`` with
+    ``method="asymptotic", correction=False``).
+
+    Returns:
+      ``(the smaller of the signed-rank sums, two-sided p)``; ``p`` is 1.0
+      when every difference is 0.
+
+    Raises:
+      BenchError: if ``d`` is empty or not finite.
+
+    Example:
+      >>> w, p = wilcoxon_signed_rank([0.1, 0.2, 0.15, 0.3, 0.12, 0.22, 0.18, 0.09, 0.25, 0.11])
+      >>> w, p < 0.01
+      (0.0, True)
+    """
+    x = _finite(d, "d")
+    x = x[x != 0]
+    n = x.size
+    if n == 0:
+        return 0.0, 1.0
+    ranks = _ranks(np.abs(x))
+    r_plus = float(ranks[x > 0].sum())
+    r_minus = float(ranks[x < 0].sum())
+    _, counts = np.unique(np.abs(x), return_counts=True)
+    ties = float(np.sum(counts.astype(np.float64) ** 3 - counts))
+    var = (n * (n + 1.0) * (2.0 * n + 1.0) - ties / 2.0) / 24.0
+    if var <= 0:
+        return min(r_plus, r_minus), 1.0
+    z = (r_plus - n * (n + 1.0) / 4.0) / math.sqrt(var)
+    return min(r_plus, r_minus), min(1.0, 2.0 * _normal_sf(abs(z)))
+
+
+def compare_paired(
+    base: Sequence[float] | np.ndarray[Any, Any],
+    cand: Sequence[float] | np.ndarray[Any, Any],
+    /,
+    *,
+    alpha: float = 0.05,
+    min_effect: float = 0.02,
+    name: str = "",
+    base_samples: Sequence[float] | None = None,
+    cand_samples: Sequence[float] | None = None,
+) -> Comparison:
+    """The verdict on paired times: ``cand[i]`` ran right beside ``base[i]``.
+
+    Each pair gives a ratio ``cand[i] / base[i]``; a drift of the machine
+    that spans a pair cancels in it. The test is the Wilcoxon signed-rank
+    test of the log ratios, the ratio is their median with a bootstrap
+    interval over the pairs, and the rules are those of the module.
+
+    Args:
+      base: the base's time in each pair (an ABBA round: its two samples).
+      cand: the candidate's time in the same pairs.
+      alpha: the significance level.
+      min_effect: the smallest relative change that counts.
+      name: how the comparison names them.
+      base_samples: the base's raw samples, for the medians reported.
+      cand_samples: the candidate's raw samples.
+
+    Returns:
+      The ``Comparison`` (``test`` is ``wilcoxon-paired``; ``n_base`` and
+      ``n_cand`` count pairs).
+
+    Raises:
+      BenchError: for unequal lengths, empty, non-finite or zero times.
+
+    Example:
+      >>> import numpy as np
+      >>> drift = np.linspace(1.0, 3.0, 15)  # the machine slows down threefold
+      >>> compare_paired(drift, drift * 1.05).verdict
+      'regression'
+    """
+    _check_levels(alpha, min_effect)
+    a = as_samples(base, "base")
+    b = as_samples(cand, "cand")
+    if a.size != b.size:
+        raise BenchError(f"paired times: {a.size} base and {b.size} candidate; hint: one each")
+    if np.any(a <= 0):
+        raise BenchError("base: a pair with a time of 0; hint: time at least one call")
+    ratios = b / a
+    w, p = wilcoxon_signed_rank(np.log(ratios))
+    rng = np.random.default_rng(BOOTSTRAP_SEED)
+    boot = bootstrap_medians(ratios, BOOTSTRAP_RESAMPLES, rng)
+    tail = alpha / 2.0 * 100.0
+    lo, hi = (float(v) for v in np.percentile(boot, [tail, 100.0 - tail]))
+    raw_a = a if base_samples is None else as_samples(base_samples, "base")
+    raw_b = b if cand_samples is None else as_samples(cand_samples, "cand")
+    evidence = Comparison(
+        name=name,
+        verdict="inconclusive",
+        reason="",
+        n_base=int(a.size),
+        n_cand=int(b.size),
+        base_median=float(np.median(raw_a)),
+        cand_median=float(np.median(raw_b)),
+        ratio=float(np.median(ratios)),
+        ratio_ci=(lo, hi),
+        shift_s=float(np.median(b - a)),
+        statistic=w,
+        p_value=p,
+        alpha=float(alpha),
+        min_effect=float(min_effect),
+        test="wilcoxon-paired",
+    )
+    if a.size < MIN_SAMPLES or min(1.0, 2.0 / 2.0**a.size) >= alpha:
+        return _too_few(evidence, f"{a.size} pairs", "pairs")
+    return decide(evidence)
 
 
 def compare(
@@ -345,6 +486,7 @@ def compare(
     alpha: float = 0.05,
     min_effect: float = 0.02,
     allow_different_machines: bool = False,
+    clock: str = "wall",
 ) -> Comparison:
     """The verdict on ``cand`` against ``base`` (see the module's rules).
 
@@ -356,6 +498,8 @@ def compare(
       allow_different_machines: compare results whose machine fingerprints
         differ (CPU, cores, backend, devices, JAX versions, x64, matmul
         precision, ``XLA_FLAGS``); refused by default.
+      clock: ``"wall"`` (the default) or ``"cpu"``: the process CPU time,
+        which on the CPU backend leaves out the time other processes took.
 
     Returns:
       The ``Comparison``; its verdict is ``invalid`` when either result is.
@@ -363,7 +507,8 @@ def compare(
     Raises:
       MachineMismatchError: if the fingerprints differ and
         ``allow_different_machines`` is False.
-      BenchError: for ``alpha`` or ``min_effect`` out of range.
+      BenchError: for ``alpha`` or ``min_effect`` out of range, or a clock
+        the results lack.
 
     Example:
       >>> import jax.numpy as jnp
@@ -376,8 +521,9 @@ def compare(
     if diffs and not allow_different_machines:
         raise MachineMismatchError(diffs)
     result = compare_samples(
-        base.samples_s, cand.samples_s, alpha=alpha, min_effect=min_effect, name=cand.name
+        base.samples(clock), cand.samples(clock), alpha=alpha, min_effect=min_effect, name=cand.name
     )
+    result = dataclasses.replace(result, clock=clock)
     bad = [f"{w} {r.name!r}: {r.reason}" for w, r in (("base", base), ("candidate", cand))]
     bad = [b for b, r in zip(bad, (base, cand)) if not r.valid]
     if bad:

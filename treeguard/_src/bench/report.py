@@ -187,6 +187,7 @@ def _fields(r: BenchResult) -> dict[str, Any]:
             "cost",
             "conditions",
             "meta",
+            "cpu_samples_s",
         )
     }
 

@@ -101,6 +101,9 @@ class BenchResult:
         ``bytes_accessed``, or None.
       conditions: the machine's conditions (``treeguard.bench.conditions``).
       meta: free-form labels (the batch, the model).
+      cpu_samples_s: each sample's process CPU time per call (every thread
+        of this process, XLA's included), beside ``samples_s``. On the CPU
+        backend it does not count the time the machine's neighbours took.
     """
 
     name: str
@@ -115,6 +118,21 @@ class BenchResult:
     cost: dict[str, float] | None
     conditions: dict[str, Any]
     meta: dict[str, Any] = dataclasses.field(default_factory=dict)
+    cpu_samples_s: tuple[float, ...] = ()
+
+    def samples(self, clock: str = "wall") -> tuple[float, ...]:
+        """The samples of ``clock``: ``"wall"`` (``samples_s``) or ``"cpu"``.
+
+        Raises:
+          BenchError: for another clock, or ``"cpu"`` on a result without CPU times.
+        """
+        if clock == "wall":
+            return self.samples_s
+        if clock == "cpu" and self.cpu_samples_s:
+            return self.cpu_samples_s
+        if clock == "cpu":
+            raise BenchError(f"{self.name}: no CPU times recorded; hint: compare with clock='wall'")
+        raise BenchError(f"clock={clock!r}; hint: 'wall' or 'cpu'")
 
     @property
     def valid(self) -> bool:
@@ -154,6 +172,7 @@ class BenchResult:
             "flops_per_s": self.flops_per_s,
             "stats": self.stats.to_dict(),
             "samples_s": list(self.samples_s),
+            "cpu_samples_s": list(self.cpu_samples_s),
             "meta": dict(self.meta),
         }
         if with_conditions:
@@ -191,6 +210,12 @@ class BenchResult:
             for s in samples
         ):
             raise FormatError(f"{where}['samples_s']: expected a non-empty list of durations >= 0")
+        cpu = get("cpu_samples_s", (list,), optional=True) or []
+        if not all(
+            isinstance(c, (int, float)) and not isinstance(c, bool) and math.isfinite(c) and c >= 0
+            for c in cpu
+        ):
+            raise FormatError(f"{where}['cpu_samples_s']: expected a list of durations >= 0")
         status = get("status", (str,))
         if status not in (OK, INVALID):
             raise FormatError(f"{where}['status']: {status!r}, expected 'ok' or 'invalid'")
@@ -220,6 +245,7 @@ class BenchResult:
             cost=get("cost", (dict,), optional=True),
             conditions=get("conditions", (dict,), optional=True) or {},
             meta=get("meta", (dict,), optional=True) or {},
+            cpu_samples_s=tuple(float(c) for c in cpu),
         )
 
 
@@ -273,12 +299,13 @@ def check_options(samples: int, min_time: float, warmup: int) -> None:
         raise BenchError(f"warmup={warmup!r}; hint: pass an int >= 0")
 
 
-def timed(call: Callable[[], Any], loops: int) -> float:
-    """Seconds per call over ``loops`` calls, each awaited inside the clock."""
-    start = time.perf_counter()
+def timed(call: Callable[[], Any], loops: int) -> tuple[float, float]:
+    """Wall and process CPU seconds per call over ``loops`` calls, each
+    awaited inside the clocks."""
+    start, cpu = time.perf_counter(), time.process_time()
     for _ in range(loops):
         jax.block_until_ready(call())  # type: ignore[no-untyped-call]
-    return (time.perf_counter() - start) / loops
+    return (time.perf_counter() - start) / loops, (time.process_time() - cpu) / loops
 
 
 def calibrate(call: Callable[[], Any], min_time: float) -> int:
@@ -292,7 +319,7 @@ def calibrate(call: Callable[[], Any], min_time: float) -> int:
         return 1
     loops = 1
     while True:
-        per_call = timed(call, loops)
+        per_call = timed(call, loops)[0]
         if per_call * loops >= min_time or loops >= MAX_LOOPS:
             return loops
         wanted = math.ceil(min_time / max(per_call, 1e-9) * 1.05)
@@ -362,12 +389,14 @@ def prepare(fn: Callable[..., Any], args: Sequence[Any], *, jit: bool, warmup: i
     return Prepared(name, call, phases, memory, cost, counter)
 
 
-def measure(call: Callable[[], Any], *, samples: int, loops: int) -> tuple[list[float], Any]:
+def measure(
+    call: Callable[[], Any], *, samples: int, loops: int
+) -> tuple[list[tuple[float, float]], Any]:
     """``samples`` timed samples of ``loops`` calls each, counting compiles.
 
     Returns:
-      The per-call seconds of each sample and the ``CompileCounter`` of the
-      timed window.
+      The wall and CPU seconds per call of each sample and the
+      ``CompileCounter`` of the timed window.
     """
     out = []
     with CompileCounter() as counter:
@@ -390,7 +419,7 @@ def invalid_reason(counter: CompileCounter) -> str:
 
 def result_from(
     prepared: Prepared,
-    samples: list[float],
+    samples: list[tuple[float, float]],
     counter: CompileCounter,
     *,
     loops: int,
@@ -405,7 +434,8 @@ def result_from(
         name=name,
         status=INVALID if reason else OK,
         reason=reason,
-        samples_s=tuple(samples),
+        samples_s=tuple(w for w, _ in samples),
+        cpu_samples_s=tuple(c for _, c in samples),
         loops=loops,
         warmup=warmup,
         phases=prepared.phases,
