@@ -165,6 +165,10 @@ def _doc(tmp_path: Path) -> dict[str, Any]:
             "['results'][0]['status']: 'great', expected 'ok' or 'invalid'",
         ),
         (
+            lambda d: {**d, "results": [{**d["results"][0], "memory": {"temp": "lots"}}]},
+            "['results'][0]['memory']: expected numbers by name",
+        ),
+        (
             lambda d: {**d, "results": [{k: v for k, v in d["results"][0].items() if k != "name"}]},
             "['results'][0]: no 'name'",
         ),

@@ -244,8 +244,8 @@ def git_state(directory: str | os.PathLike[str] = ".") -> dict[str, Any]:
     Nones outside a repository or without git.
 
     Example:
-      >>> git_state("/")["commit"] is None or True
-      True
+      >>> sorted(git_state("/"))
+      ['commit', 'dirty']
     """
 
     def git(*args: str) -> str | None:

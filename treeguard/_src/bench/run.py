@@ -232,6 +232,15 @@ class BenchResult:
                 isinstance(n, int) and not isinstance(n, bool) for n in v.values()
             ):
                 raise FormatError(f"{where}['compiles'][{k!r}]: expected counts by kind")
+        numbers: dict[str, Any] = {}
+        for key in ("memory", "cost"):
+            table = get(key, (dict,), optional=True)
+            if table is not None and not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                for v in table.values()
+            ):
+                raise FormatError(f"{where}[{key!r}]: expected numbers by name")
+            numbers[key] = table
         return cls(
             name=get("name", (str,)),
             status=status,
@@ -241,8 +250,8 @@ class BenchResult:
             warmup=get("warmup", (int,), optional=True) or 0,
             phases={str(k): None if v is None else float(v) for k, v in phases.items()},
             compiles={str(k): {str(a): int(b) for a, b in v.items()} for k, v in compiles.items()},
-            memory=get("memory", (dict,), optional=True),
-            cost=get("cost", (dict,), optional=True),
+            memory=numbers["memory"],
+            cost=numbers["cost"],
             conditions=get("conditions", (dict,), optional=True) or {},
             meta=get("meta", (dict,), optional=True) or {},
             cpu_samples_s=tuple(float(c) for c in cpu),

@@ -99,9 +99,9 @@ def bench_model(
 
     Example:
       >>> from treeguard.examples.mlp import model
-      >>> rs = bench_model(model, batch_sizes=(2,), samples=3, min_time=0.0)
-      >>> [(r.name, r.status) for r in rs]
-      [('apply B=2', 'ok'), ('loss+grad B=2', 'ok'), ('update', 'ok')]
+      >>> rs = bench_model(model, batch_sizes=(), samples=3, min_time=0.0)  # update only
+      >>> [(r.name, r.status, r.stats.n) for r in rs]
+      [('update', 'ok', 3)]
     """
     conds = current_conditions()
     out = []
