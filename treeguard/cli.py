@@ -184,6 +184,7 @@ def _jsonable(x: object) -> object:
 def _register_optional_commands() -> None:
     """Commands whose modules live beside this one."""
     from ._src.checkpoint import spec_reader
+    from .cli_bench import bench
     from .cli_ckpt import ckpt, store
     from .cli_diagnose import diagnose
     from .cli_serve import serve
@@ -195,6 +196,7 @@ def _register_optional_commands() -> None:
     main.add_command(verify_command)
     main.add_command(diagnose)
     main.add_command(serve)
+    main.add_command(bench)
 
 
 _register_optional_commands()

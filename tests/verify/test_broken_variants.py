@@ -209,7 +209,8 @@ def test_overlapping_splits_fail_splits_only(tmp_path: Path) -> None:
 )
 def test_the_sound_example_passes_every_check(name: str) -> None:
     report = _sound_report()
-    assert report[name].status == "pass", report[name].evidence
+    expected = "skip" if name == "performance" else "pass"  # the example sets no budgets
+    assert report[name].status == expected, report[name].evidence
 
 
 _CACHE: dict[str, Any] = {}

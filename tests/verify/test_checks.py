@@ -45,6 +45,7 @@ def test_check_names_are_stable() -> None:
         "regression",
         "training",
         "splits",
+        "performance",
     )
 
 
@@ -256,6 +257,7 @@ def test_checks_without_data_are_skipped() -> None:
         "regression": "skip",
         "training": "skip",
         "splits": "skip",
+        "performance": "skip",
     }
     assert report.exit_code == 0
 

@@ -14,6 +14,8 @@ existing ``except ValueError`` keeps working)::
     ├── DiagnosisError         [ValueError]        a diagnosis that cannot run as asked
     ├── ServingError           [RuntimeError]      the server refused a swap or rollback
     ├── InvalidRequestError    [ValueError]        a request refused before device work
+    ├── BenchError             [ValueError]        a benchmark that cannot run or compare
+    │   └── MachineMismatchError                   results from two different machines
     └── StoreError             [ValueError]        the store refused an operation
         ├── UnknownVersionError [LookupError]      no such version
         └── SignatureError                         a verdict unsigned or wrongly signed
@@ -308,6 +310,33 @@ class InvalidRequestError(TreeguardError, ValueError):
         super().__init__(message, hint=hint)
 
 
+class BenchError(TreeguardError, ValueError):
+    """A benchmark cannot be run or compared as asked: a bad option, a result
+    file that holds no benchmark, or two results that cannot be paired."""
+
+
+class MachineMismatchError(BenchError):
+    """Two benchmark results come from machines whose fingerprints differ, so
+    their times cannot be compared.
+
+    Attributes:
+      differences: ``(key, base value, candidate value)`` for each differing key.
+    """
+
+    def __init__(self, differences: Sequence[tuple[str, object, object]]) -> None:
+        self.differences = tuple(differences)
+        lines = [f"the two results come from different machines ({len(self.differences)} keys):"]
+        lines += cap_lines(
+            [f"  {k}: {a!r} in the base, {b!r} in the candidate" for k, a, b in differences]
+        )
+        super().__init__(
+            "\n".join(lines),
+            hint="compare runs from one machine, run both sides in one process with "
+            "`treeguard bench ab`, or pass allow_different_machines=True "
+            "(--allow-different-machines) to compare anyway",
+        )
+
+
 #: The public classes, shown as ``treeguard.X`` in tracebacks.
 PUBLIC = (
     TreeguardError,
@@ -324,6 +353,8 @@ PUBLIC = (
     DiagnosisError,
     ServingError,
     InvalidRequestError,
+    BenchError,
+    MachineMismatchError,
 )
 for _cls in PUBLIC:
     _cls.__module__ = "treeguard"

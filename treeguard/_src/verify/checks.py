@@ -1,4 +1,4 @@
-"""The nine named checks of ``treeguard verify``.
+"""The named checks of ``treeguard verify``.
 
 Each check takes the shared ``Context`` and returns a ``CheckResult``: a
 stable name, a status (``pass``, ``fail`` or ``skip``), a one-line summary,
@@ -44,6 +44,7 @@ NAMES: tuple[str, ...] = (
     "regression",
     "training",
     "splits",
+    "performance",
 )
 
 #: Environment keys whose change invalidates stored references: they change
@@ -104,6 +105,7 @@ class Context:
     cases: list[Case]
     references: References | None
     record: bool = False
+    bench_result: Any = None  # the run's benchmark of jit(apply), for the performance check
     _params: Any = None
 
     @property
@@ -710,6 +712,16 @@ def check_splits(ctx: Context) -> CheckResult:
     )
 
 
+# -- 10. performance -----------------------------------------------------------
+
+
+def check_performance(ctx: Context) -> CheckResult:
+    """The benchmark of ``jit(apply)`` keeps the model's performance budgets."""
+    from .performance import check_performance as check  # it imports this module
+
+    return check(ctx)
+
+
 CHECKS: Mapping[str, Callable[[Context], CheckResult]] = {
     "contract": check_contract,
     "keys": check_keys,
@@ -720,6 +732,7 @@ CHECKS: Mapping[str, Callable[[Context], CheckResult]] = {
     "regression": check_regression,
     "training": check_training,
     "splits": check_splits,
+    "performance": check_performance,
 }
 
 

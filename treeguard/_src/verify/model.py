@@ -12,6 +12,7 @@ from typing import Any, Literal
 import jax
 import numpy as np
 
+from ..bench.budget import Budgets
 from ..errors import TreeguardError
 from ..spec import TreeSpec, dtype_of, short_dtype
 
@@ -151,6 +152,9 @@ class Model:
         (``jax.random.PRNGKey``): the key ``init`` receives.
       training_steps: how many ``update`` steps the training check takes.
       name: how reports name the model.
+      performance: optional ``treeguard.bench.Budgets`` (compile seconds,
+        p95, temp bytes) that the ``performance`` check holds the benchmark
+        of ``jit(apply)`` to; None skips the check.
 
     Example:
       >>> import jax, jax.numpy as jnp
@@ -183,8 +187,14 @@ class Model:
     key_kind: Literal["typed", "legacy"] = "typed"
     training_steps: int = 5
     name: str = "model"
+    performance: Budgets | None = None
 
     def __post_init__(self) -> None:
+        if self.performance is not None and not isinstance(self.performance, Budgets):
+            raise ConfigError(
+                f"Model.performance is {self.performance!r}; hint: use "
+                "treeguard.bench.Budgets(compile_s=..., p95_s=..., temp_bytes=...)"
+            )
         for attr in ("init", "apply", "loss"):
             if not callable(getattr(self, attr)):
                 raise ConfigError(f"Model.{attr} is {getattr(self, attr)!r}, not a function")

@@ -34,11 +34,13 @@ class Benchmark:
       compile_s: lowering plus compiling, timed apart from the runs.
       latencies_s: each warm call's wall time, the result awaited.
       batch: the batch it ran on, as ``x: f32[8,2]``.
+      result: the full ``treeguard.bench.BenchResult`` it came from, if any.
     """
 
     compile_s: float
     latencies_s: tuple[float, ...]
     batch: str
+    result: Any = None
 
     def percentile(self, q: float) -> float:
         """The ``q``-th percentile latency in seconds."""
@@ -54,6 +56,7 @@ class Benchmark:
             "mean_s": float(np.mean(self.latencies_s)) if self.latencies_s else 0.0,
             "latencies_s": list(self.latencies_s),
             "batch": self.batch,
+            "bench": None if self.result is None else self.result.to_dict(with_conditions=False),
         }
 
 

@@ -37,34 +37,21 @@ def benchmark(
     params: Any,
     batch: Any,
     *,
-    max_seconds: float = 0.25,
-    max_runs: int = 200,
-    min_runs: int = 20,
+    samples: int = 20,
+    min_time: float = 0.01,
 ) -> Benchmark:
-    """Times ``jit(apply)``: lowering and compiling apart, then warm calls.
-
-    Each call's result is awaited before the clock stops. The run stops
-    after ``max_runs`` calls or ``max_seconds``, whichever comes first, but
-    never before ``min_runs``.
+    """Times ``jit(apply)`` with ``treeguard.bench.run``: tracing, lowering and
+    compiling apart, then ``samples`` awaited samples of at least ``min_time``.
 
     Returns:
-      The ``Benchmark``.
+      The ``Benchmark``; ``latencies_s`` are the samples (seconds per call).
     """
-    batch = jax.tree.map(jax.numpy.asarray, batch)
-    start = time.perf_counter()
-    compiled = jax.jit(model.apply).lower(params, batch).compile()
-    compile_s = time.perf_counter() - start
-    jax.block_until_ready(compiled(params, batch))  # type: ignore[no-untyped-call]  # warm-up
-    latencies: list[float] = []
-    spent = 0.0
-    while len(latencies) < max_runs and (spent < max_seconds or len(latencies) < min_runs):
-        t = time.perf_counter()
-        jax.block_until_ready(compiled(params, batch))  # type: ignore[no-untyped-call]
-        dt = time.perf_counter() - t
-        latencies.append(dt)
-        spent += dt
-    summary = Case("standard", batch).summary()
-    return Benchmark(compile_s, tuple(latencies), summary)
+    from .performance import benchmark_apply
+
+    result = benchmark_apply(model, params, batch, samples=samples, min_time=min_time)
+    return Benchmark(
+        result.compile_total_s, result.samples_s, str(result.meta["batch"]), result=result
+    )
 
 
 def _expected(model: Model, params: Any, cases: list[Case]) -> dict[str, refs_mod.Expected]:
@@ -93,7 +80,7 @@ def run(
 
     The checks run in order (``contract``, ``keys``, ``finite``,
     ``negative``, ``transforms``, ``environment``, ``regression``,
-    ``training``, ``splits``); each passes, fails with evidence, or is
+    ``training``, ``splits``, ``performance``); each passes, fails with evidence, or is
     skipped when the model gives it nothing to check. With ``record=True``
     the references (and a missing params spec file) are written after every
     other check passes, and the report says so; when one fails nothing is
@@ -105,7 +92,8 @@ def run(
       references: the references file, instead of ``model.references``.
       report_dir: where to write ``report.json``, ``report.md`` and
         ``report.html``; None writes no files.
-      bench: run the short warm benchmark of ``jit(apply)``.
+      bench: run the short warm benchmark of ``jit(apply)`` (it runs anyway
+        when the model declares ``performance`` budgets).
       name: how the report names the model (``model.name`` by default).
 
     Returns:
@@ -159,7 +147,7 @@ def run(
     cases = list(loaded.cases) if loaded is not None and not record else generate(model)
     # The benchmark runs first, so that compile time is not a cache hit.
     bench_result = None
-    if bench:
+    if bench or getattr(model, "performance", None) is not None:
         std = next((c for c in cases if c.name == "standard"), None) or next(
             (c for c in cases if not c.negative), None
         )
@@ -169,6 +157,7 @@ def run(
             except Exception:  # noqa: BLE001 - a model that cannot run fails its checks instead
                 bench_result = None
     ctx = Context(model=model, cases=cases, references=loaded, record=record)
+    ctx.bench_result = bench_result.result if bench_result is not None else None
     results: list[CheckResult] = [run_check(n, ctx) for n in NAMES]
     recorded: str | None = None
     if record and ref_path is not None:

@@ -1,0 +1,95 @@
+"""The interleaved A/B: ABBA order, one loop count, a verdict that sees a known difference."""
+
+from __future__ import annotations
+
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental import io_callback
+
+import treeguard.bench as bench
+from treeguard.bench import BenchError, ab
+
+
+def _sleeper(seconds: float):  # type: ignore[no-untyped-def]
+    def host(x: np.ndarray) -> np.ndarray:
+        time.sleep(seconds)
+        return x
+
+    @jax.jit
+    def device(x: jax.Array) -> jax.Array:
+        return io_callback(host, jax.ShapeDtypeStruct(x.shape, x.dtype), x)
+
+    return device
+
+
+def test_the_samples_alternate_abba() -> None:
+    log: list[str] = []
+    f = jax.jit(lambda x: x + 1)
+
+    def a() -> jax.Array:
+        log.append("a")
+        return f(jnp.ones(2))
+
+    def b() -> jax.Array:
+        log.append("b")
+        return f(jnp.ones(2))
+
+    r = ab(a, b, rounds=3, min_time=0.0, warmup=0, jit=False)
+    assert "".join(log[-12:]) == "abba" * 3
+    assert (len(r.a.samples_s), len(r.b.samples_s), r.a.loops, r.rounds) == (6, 6, 1, 3)
+    assert r.a.meta == {"ab": "ABBA", "rounds": 3}
+
+
+def test_a_known_difference_gets_the_right_verdict() -> None:
+    # A difference far above this shared machine's noise: the test is of the
+    # verdict's logic end to end, the benchmark script measures the hard case.
+    fast, slow = _sleeper(0.001), _sleeper(0.006)
+    x = jnp.ones(2)
+    r = ab(fast, slow, x, rounds=10, min_time=0.0, warmup=1, names=("fast", "slow"), clock="wall")
+    assert r.verdict == "regression", r.comparison.describe()
+    assert min(r.b.samples_s) >= 0.006 and min(r.a.samples_s) >= 0.001
+    assert (r.a.name, r.b.name) == ("fast", "slow")
+    back = ab(slow, fast, x, rounds=10, min_time=0.0, warmup=1, clock="wall")
+    assert back.verdict == "improvement", back.comparison.describe()
+    assert back.a.name.startswith("A ") and back.b.name.startswith("B ")
+
+
+def test_a_compile_during_the_ab_window_invalidates_both() -> None:
+    inner = jax.jit(lambda x: x.sum())
+    n = {"calls": 0}
+
+    def ragged() -> jax.Array:
+        n["calls"] += 1
+        return inner(np.ones(n["calls"] if n["calls"] > 3 else 1, np.float32))
+
+    r = ab(ragged, lambda: inner(np.ones(1, np.float32)), rounds=3, min_time=0.0, jit=False)
+    assert r.verdict == "invalid" and not r.a.valid and not r.b.valid
+
+
+def test_bad_rounds_and_clock() -> None:
+    with pytest.raises(BenchError, match=r"^rounds=0; hint: pass an int >= 1"):
+        ab(jnp.sin, jnp.cos, jnp.ones(2), rounds=0)
+    with pytest.raises(BenchError, match=r"^clock='gpu'; hint: 'auto', 'wall' or 'cpu'$"):
+        ab(jnp.sin, jnp.cos, jnp.ones(2), clock="gpu")
+
+
+def test_the_auto_clock_is_cpu_time_on_the_cpu_backend() -> None:
+    r = ab(jnp.sin, jnp.sin, jnp.ones(64), rounds=9, min_time=0.0)
+    assert (r.comparison.clock, r.comparison.test) == ("cpu", "wilcoxon-paired")
+    assert (r.comparison.n_base, r.comparison.n_cand) == (9, 9)  # rounds, as pairs
+
+
+def test_all_matches_the_exports() -> None:
+    public = {
+        n
+        for n, v in vars(bench).items()
+        if not n.startswith("_") and not isinstance(v, type(bench))
+    }
+    assert sorted(bench.__all__) == bench.__all__
+    assert set(bench.__all__) == public
+    for name in bench.__all__:
+        assert getattr(bench, name).__doc__, name

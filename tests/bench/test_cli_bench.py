@@ -1,0 +1,205 @@
+"""``treeguard bench``: the default command, files, compare's and ab's exit codes."""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from treeguard.cli import main
+
+TARGETS = """
+import time
+import jax, jax.numpy as jnp, numpy as np
+from jax.experimental import io_callback
+from treeguard.bench import Target
+
+def _sleeper(seconds):
+    def host(x):
+        time.sleep(seconds)
+        return x
+    return jax.jit(lambda x: io_callback(host, jax.ShapeDtypeStruct(x.shape, x.dtype), x))
+
+fast = Target(_sleeper(0.001), (jnp.ones(2),), name="fast")
+slow = Target(_sleeper(0.006), (jnp.ones(2),), name="slow")
+sine = Target(jnp.sin, (jnp.ones(8),), name="sine")
+not_a_target = 3
+"""
+
+
+@pytest.fixture
+def targets(tmp_path: Path) -> Iterator[Path]:
+    (tmp_path / "bench_targets.py").write_text(textwrap.dedent(TARGETS))
+    sys.path.insert(0, str(tmp_path))
+    yield tmp_path
+    sys.path.remove(str(tmp_path))
+    sys.modules.pop("bench_targets", None)
+
+
+def _bench(*args: str) -> tuple[int, str, str]:
+    r = CliRunner().invoke(main, ["bench", *args])
+    return r.exit_code, r.stdout, r.stderr
+
+
+FAST = ("--samples", "3", "--min-time", "0")
+
+
+@pytest.mark.slow
+def test_bench_model_prints_distribution_phases_and_conditions(tmp_path: Path) -> None:
+    code, out, _ = _bench(
+        "treeguard.examples.mlp:model",
+        "--batch-sizes",
+        "2",
+        *FAST,
+        "--json",
+        str(tmp_path / "b.json"),
+        "--html",
+        str(tmp_path / "b.html"),
+    )
+    assert code == 0, out
+    for word in ("median", "95% CI", "p95", "trace", "compile", "1st call", "temp", "machine:"):
+        assert word in out
+    for name in ("apply B=2", "loss+grad B=2", "update"):
+        assert name in out
+    assert "jax " in out and "XLA_FLAGS" in out
+    doc = json.loads((tmp_path / "b.json").read_text())
+    assert doc["format"] == "treeguard.bench/1"
+    assert [r["name"] for r in doc["results"]] == ["apply B=2", "loss+grad B=2", "update"]
+    assert "<svg" in (tmp_path / "b.html").read_text()
+
+
+def test_bench_target_and_bench_run_target(targets: Path, tmp_path: Path) -> None:
+    j, h = tmp_path / "s.json", tmp_path / "s.html"
+    code, out, _ = _bench("bench_targets:sine", *FAST, "--json", str(j), "--html", str(h))
+    assert code == 0, out
+    for word in ("median", "95% CI", "p95", "trace", "compile", "1st call", "temp", "machine:"):
+        assert word in out
+    assert f"results: {j}" in out and f"report: {h}" in out
+    assert json.loads(j.read_text())["results"][0]["name"] == "sine"
+    assert "<svg" in h.read_text()
+    code, out, _ = _bench("run", "bench_targets:sine", *FAST)
+    assert code == 0 and "sine" in out
+
+
+def _save(path: Path, scale: float = 1.0, **edit: object) -> Path:
+    import numpy as np
+
+    from treeguard.bench import BenchResult, save
+
+    rng = np.random.default_rng(0 if scale == 1.0 else 1)
+    r = BenchResult(
+        name="f",
+        status="ok",
+        reason="",
+        samples_s=tuple(float(x) for x in 1e-3 * scale * rng.lognormal(0, 0.01, 30)),
+        loops=10,
+        warmup=2,
+        phases={"trace_s": 0.01, "lower_s": 0.01, "compile_s": 0.1, "first_call_s": 0.001},
+        compiles={"warmup": {"compile": 1}, "measure": {"compile": 0}},
+        memory=None,
+        cost=None,
+        conditions={"cpu_model": "Test CPU", "usable_cores": 2, "backend": "cpu"},
+    )
+    doc_path = save(path, [r])
+    if edit:
+        doc = json.loads(doc_path.read_text())
+        for key, value in edit.items():
+            if key == "cpu_model":
+                doc["conditions"]["cpu_model"] = value
+            else:
+                doc["results"][0][key] = value
+        doc_path.write_text(json.dumps(doc))
+    return doc_path
+
+
+def test_compare_exit_codes(tmp_path: Path) -> None:
+    base = _save(tmp_path / "a.json")
+    same = _save(tmp_path / "same.json")
+    slower = _save(tmp_path / "slow.json", 1.2)
+    code, out, _ = _bench("compare", str(base), str(same))
+    assert code == 0 and "no_change" in out
+    code, out, _ = _bench("compare", str(base), str(slower))
+    assert code == 1 and "regression" in out and "+20" in out
+    code, out, _ = _bench("compare", str(slower), str(base))
+    assert code == 0 and "improvement" in out
+    code, out, _ = _bench("compare", str(base), str(slower), "--json")
+    assert code == 1 and json.loads(out)["comparisons"][0]["verdict"] == "regression"
+
+
+def test_compare_refuses_other_machines_unless_allowed(tmp_path: Path) -> None:
+    base = _save(tmp_path / "a.json")
+    other = _save(tmp_path / "o.json", cpu_model="Other CPU")
+    code, _, err = _bench("compare", str(base), str(other))
+    assert code == 2
+    assert "cpu_model: 'Test CPU' in the base, 'Other CPU' in the candidate" in err
+    code, out, _ = _bench("compare", str(base), str(other), "--allow-different-machines")
+    assert code == 0 and "no_change" in out
+
+
+def test_compare_an_invalid_result_fails(tmp_path: Path) -> None:
+    base = _save(tmp_path / "a.json")
+    bad = _save(
+        tmp_path / "b.json", status="invalid", reason="2 compile(s) during the timed samples"
+    )
+    code, out, _ = _bench("compare", str(base), str(bad))
+    assert code == 1 and "invalid" in out and "2 compile(s)" in out
+
+
+def test_compare_usage_errors(tmp_path: Path) -> None:
+    base = _save(tmp_path / "a.json")
+    (tmp_path / "junk.json").write_text("{")
+    code, _, err = _bench("compare", str(base), str(tmp_path / "junk.json"))
+    assert code == 2 and "not a treeguard benchmark file" in err
+    code, _, err = _bench("compare", str(base), str(tmp_path / "missing.json"))
+    assert code == 2 and "not a regular file" in err
+    other = _save(tmp_path / "n.json", name="g")
+    code, _, err = _bench("compare", str(base), str(other))
+    assert code == 2 and "share no benchmark name" in err
+
+
+def test_ab_gives_the_verdict_and_its_exit_code(targets: Path, tmp_path: Path) -> None:
+    args = ("--rounds", "10", "--min-time", "0", "--clock", "wall")
+    code, out, _ = _bench(
+        "ab", "bench_targets:fast", "bench_targets:slow", *args, "--json", str(tmp_path / "ab.json")
+    )
+    assert code == 1 and "regression" in out and "ABBA" in out
+    doc = json.loads((tmp_path / "ab.json").read_text())
+    assert doc["ab"]["verdict"] == "regression" and len(doc["results"]) == 2
+    code, out, _ = _bench("ab", "bench_targets:slow", "bench_targets:fast", *args)
+    assert code == 0 and "improvement" in out
+
+
+@pytest.mark.slow
+def test_ab_on_models(targets: Path) -> None:
+    m = "treeguard.examples.mlp:model"
+    code, out, _ = _bench("ab", m, m, "--rounds", "3", "--min-time", "0")
+    assert code in (0, 1) and "B against A" in out
+
+
+@pytest.mark.parametrize(
+    ("target", "message"),
+    [
+        ("nocolon", "'nocolon' is not MODULE:ATTR"),
+        ("no_such_module_xyz:m", "cannot import module 'no_such_module_xyz'"),
+        ("bench_targets:nope", "module 'bench_targets' has no attribute 'nope'"),
+        ("bench_targets:not_a_target", "bench_targets:not_a_target is a int, not a"),
+    ],
+)
+def test_usage_errors_exit_2(targets: Path, target: str, message: str) -> None:
+    code, _, err = _bench(target, *FAST)
+    assert code == 2 and message in " ".join(err.split())
+
+
+def test_bad_batch_sizes_exit_2() -> None:
+    code, _, err = _bench("treeguard.examples.mlp:model", "--batch-sizes", "0,x")
+    assert code == 2 and "expected positive ints" in err
+
+
+def test_help_lists_the_commands() -> None:
+    code, out, _ = _bench("--help")
+    assert code == 0 and all(c in out for c in ("run", "compare", "ab"))

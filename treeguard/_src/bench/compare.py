@@ -1,0 +1,532 @@
+"""``compare(base, cand) -> Comparison``: an honest verdict on two distributions.
+
+The evidence:
+
+- a two-sided Mann-Whitney U test (normal approximation with the tie
+  correction and a continuity correction), which needs no equal sample
+  sizes and no normal noise;
+- the Hodges-Lehmann shift, the median of all pairwise differences;
+- the ratio of the medians with a bootstrap confidence interval.
+
+The verdict, with ``m = min_effect``:
+
+- ``regression`` (``improvement``) when the test is significant at
+  ``alpha`` and the whole interval of the ratio lies above ``1 + m``
+  (below ``1 - m``): the effect is real and larger than ``m``;
+- ``no_change`` when the whole interval lies within ``1 ± m``;
+- ``inconclusive`` otherwise, with an estimate of the samples per side that
+  would settle it;
+- ``invalid`` when either result had a compile in its timed window.
+
+A power guard calls ``inconclusive`` whenever a side has fewer than
+``MIN_SAMPLES`` samples, or when no outcome of the test could reach
+``alpha`` with these sample sizes.
+
+``compare_paired`` applies the same rules to paired times (the rounds of an
+interleaved A/B), with the Wilcoxon signed-rank test of the log ratios.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..errors import BenchError, MachineMismatchError
+from .conditions import fingerprint_diff
+from .run import BenchResult
+from .stats import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, as_samples, bootstrap_medians
+
+#: The fewest samples per side the verdict accepts (google/benchmark's
+#: "lowest reasonable number" of repetitions for the U test).
+MIN_SAMPLES = 9
+
+#: Verdicts, in the order of their severity for a gate.
+VERDICTS = ("regression", "invalid", "inconclusive", "improvement", "no_change")
+
+#: The largest sample size an ``inconclusive`` verdict suggests.
+MAX_SUGGESTED = 100_000
+
+
+def _normal_sf(z: float) -> float:
+    return 0.5 * math.erfc(z / math.sqrt(2.0))
+
+
+def mann_whitney_u(
+    x: Sequence[float] | np.ndarray[Any, Any], y: Sequence[float] | np.ndarray[Any, Any], /
+) -> tuple[float, float]:
+    """The two-sided Mann-Whitney U test of ``x`` against ``y``.
+
+    Uses the normal approximation with the tie correction of the variance and
+    a continuity correction of 0.5 (as ``scipy.stats.mannwhitneyu`` with
+    ``method="asymptotic"``).
+
+    Args:
+      x: the first sample.
+      y: the second sample.
+
+    Returns:
+      ``(U of x, two-sided p-value)``; ``p`` is 1.0 when every value ties.
+
+    Raises:
+      BenchError: if either sample is empty or not finite.
+
+    Example:
+      >>> u, p = mann_whitney_u([1, 2, 3, 4, 5, 6, 7, 8, 9], [11, 12, 13, 14, 15, 16, 17, 18, 19])
+      >>> u, p < 0.001
+      (0.0, True)
+    """
+    a = _finite(x, "x")
+    b = _finite(y, "y")
+    n1, n2 = a.size, b.size
+    both = np.concatenate([a, b])
+    ranks = _ranks(both)
+    u1 = float(ranks[:n1].sum() - n1 * (n1 + 1) / 2.0)
+    n = n1 + n2
+    _, counts = np.unique(both, return_counts=True)
+    ties = float(np.sum(counts.astype(np.float64) ** 3 - counts))
+    var = n1 * n2 / 12.0 * ((n + 1) - ties / (n * (n - 1))) if n > 1 else 0.0
+    if var <= 0:
+        return u1, 1.0
+    mu = n1 * n2 / 2.0
+    u = max(u1, n1 * n2 - u1)
+    z = (u - mu - 0.5) / math.sqrt(var)
+    return u1, min(1.0, 2.0 * _normal_sf(z))
+
+
+def _finite(x: Any, what: str) -> Any:
+    a = np.asarray(x, dtype=np.float64).reshape(-1)
+    if a.size == 0 or not np.all(np.isfinite(a)):
+        raise BenchError(f"{what}: expected a non-empty sample of finite values")
+    return a
+
+
+def _ranks(a: Any) -> Any:
+    """Ranks from 1, ties given their average rank."""
+    order = np.argsort(a, kind="mergesort")
+    sorted_a = a[order]
+    ranks = np.empty(a.size, dtype=np.float64)
+    # Positions where a new value starts; each run of ties gets its mean rank.
+    starts = np.flatnonzero(np.r_[True, sorted_a[1:] != sorted_a[:-1]])
+    ends = np.r_[starts[1:], a.size]
+    mean_rank = (starts + ends + 1) / 2.0
+    ranks[order] = np.repeat(mean_rank, ends - starts)
+    return ranks
+
+
+def hodges_lehmann(
+    base: Sequence[float] | np.ndarray[Any, Any], cand: Sequence[float] | np.ndarray[Any, Any], /
+) -> float:
+    """The Hodges-Lehmann shift: the median of ``cand[j] - base[i]`` over all pairs.
+
+    Example:
+      >>> hodges_lehmann([1.0, 2.0, 3.0], [2.0, 3.0, 4.0])
+      1.0
+    """
+    a = _finite(base, "base")
+    b = _finite(cand, "cand")
+    return float(np.median(b[None, :] - a[:, None]))
+
+
+def median_ratio_ci(
+    base: Sequence[float] | np.ndarray[Any, Any],
+    cand: Sequence[float] | np.ndarray[Any, Any],
+    /,
+    *,
+    level: float = 0.95,
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    seed: int = BOOTSTRAP_SEED,
+) -> tuple[float, float, float]:
+    """``median(cand) / median(base)`` and its percentile bootstrap interval.
+
+    Each side is resampled on its own.
+
+    Returns:
+      ``(ratio, low, high)``.
+
+    Raises:
+      BenchError: for empty or non-finite samples, or a base median of 0.
+
+    Example:
+      >>> r, lo, hi = median_ratio_ci([1.0] * 9, [2.0] * 9)
+      >>> r, lo, hi
+      (2.0, 2.0, 2.0)
+    """
+    a = as_samples(base, "base")
+    b = as_samples(cand, "cand")
+    if np.median(a) <= 0:
+        raise BenchError("base: the median is 0; hint: time at least one call per sample")
+    rng = np.random.default_rng(seed)
+    ma = bootstrap_medians(a, resamples, rng)
+    mb = bootstrap_medians(b, resamples, rng)
+    ratios = mb / np.maximum(ma, np.finfo(np.float64).tiny)
+    tail = (1.0 - level) / 2.0 * 100.0
+    lo, hi = np.percentile(ratios, [tail, 100.0 - tail])
+    return float(np.median(b) / np.median(a)), float(lo), float(hi)
+
+
+@dataclasses.dataclass(frozen=True)
+class Comparison:
+    """The verdict on a candidate against a base.
+
+    Attributes:
+      name: what was compared.
+      verdict: ``regression``, ``improvement``, ``no_change``,
+        ``inconclusive`` or ``invalid``.
+      reason: one line on why.
+      n_base: samples of the base.
+      n_cand: samples of the candidate.
+      base_median: the base's median, in seconds.
+      cand_median: the candidate's median.
+      ratio: ``cand_median / base_median``; above 1 is slower.
+      ratio_ci: the bootstrap interval of ``ratio`` at ``1 - alpha``.
+      shift_s: the Hodges-Lehmann shift, in seconds (positive is slower).
+      statistic: the test's statistic (U of the candidate, or the smaller
+        signed-rank sum of a paired test).
+      p_value: the two-sided p-value.
+      alpha: the significance level.
+      min_effect: the smallest relative change that counts.
+      needed_samples: for ``inconclusive``, the samples per side (rounds,
+        for a paired test) that would likely settle it (None when it cannot
+        be estimated).
+      test: ``mann-whitney`` for two independent samples, ``wilcoxon-paired``
+        for the rounds of an interleaved A/B.
+      clock: the clock compared: ``wall`` or ``cpu`` (process CPU time).
+    """
+
+    name: str
+    verdict: str
+    reason: str
+    n_base: int
+    n_cand: int
+    base_median: float
+    cand_median: float
+    ratio: float
+    ratio_ci: tuple[float, float]
+    shift_s: float
+    statistic: float
+    p_value: float
+    alpha: float
+    min_effect: float
+    needed_samples: int | None = None
+    test: str = "mann-whitney"
+    clock: str = "wall"
+
+    @property
+    def change(self) -> float:
+        """The relative change of the median (``ratio - 1``)."""
+        return self.ratio - 1.0
+
+    def describe(self) -> str:
+        """One line: verdict, change, its interval and the p-value.
+
+        Example:
+          >>> c = compare_samples([1.0] * 9 + [1.1], [1.0] * 9 + [1.1])
+          >>> c.describe()
+          'no_change: +0.0% [+0.0%, +0.0%] (p=1, n=10/10)...'
+        """
+        lo, hi = self.ratio_ci
+        return (
+            f"{self.verdict}: {self.change:+.1%} [{lo - 1:+.1%}, {hi - 1:+.1%}] "
+            f"(p={self.p_value:.3g}, n={self.n_base}/{self.n_cand}); {self.reason}"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out["ratio_ci"] = list(self.ratio_ci)
+        out["change"] = self.change
+        return out
+
+
+def _needed(n: int, half_width: float, target: float) -> int | None:
+    if target <= 0 or half_width <= 0 or not math.isfinite(half_width):
+        return None
+    wanted = math.ceil(n * (half_width / target) ** 2)
+    return min(max(wanted, n + 1, MIN_SAMPLES), MAX_SUGGESTED)
+
+
+def _smallest_p(n1: int, n2: int) -> float:
+    """The smallest two-sided p the U test can give for these sizes (all of
+    one side below all of the other, no ties)."""
+    return min(1.0, 2.0 / math.comb(n1 + n2, n1))
+
+
+def compare_samples(
+    base: Sequence[float] | np.ndarray[Any, Any],
+    cand: Sequence[float] | np.ndarray[Any, Any],
+    /,
+    *,
+    alpha: float = 0.05,
+    min_effect: float = 0.02,
+    name: str = "",
+) -> Comparison:
+    """The verdict on two samples of durations (see the module's rules).
+
+    Args:
+      base: the base's samples, in seconds.
+      cand: the candidate's samples.
+      alpha: the significance level of the test, and ``1 - level`` of the
+        interval.
+      min_effect: the smallest relative change of the median that counts.
+      name: how the comparison names them.
+
+    Returns:
+      The ``Comparison``.
+
+    Raises:
+      BenchError: for empty or non-finite samples, or ``alpha`` or
+        ``min_effect`` out of range.
+
+    Example:
+      >>> import numpy as np
+      >>> rng = np.random.default_rng(0)
+      >>> base = rng.lognormal(0.0, 0.01, 30)
+      >>> compare_samples(base, base * 1.10).verdict
+      'regression'
+      >>> compare_samples(base, rng.permutation(base)).verdict
+      'no_change'
+    """
+    _check_levels(alpha, min_effect)
+    a = as_samples(base, "base")
+    b = as_samples(cand, "cand")
+    u, p = mann_whitney_u(b, a)
+    ratio, lo, hi = median_ratio_ci(a, b, level=1.0 - alpha)
+    evidence = Comparison(
+        name=name,
+        verdict="inconclusive",
+        reason="",
+        n_base=int(a.size),
+        n_cand=int(b.size),
+        base_median=float(np.median(a)),
+        cand_median=float(np.median(b)),
+        ratio=ratio,
+        ratio_ci=(lo, hi),
+        shift_s=hodges_lehmann(a, b),
+        statistic=u,
+        p_value=p,
+        alpha=float(alpha),
+        min_effect=float(min_effect),
+    )
+    if min(a.size, b.size) < MIN_SAMPLES or _smallest_p(a.size, b.size) >= alpha:
+        return _too_few(evidence, f"{a.size} and {b.size}", "per side")
+    return decide(evidence)
+
+
+def _check_levels(alpha: float, min_effect: float) -> None:
+    if not (isinstance(alpha, (int, float)) and 0 < alpha < 1):
+        raise BenchError(f"alpha={alpha!r}; hint: a level between 0 and 1, such as 0.05")
+    if not (isinstance(min_effect, (int, float)) and 0 <= min_effect < 1):
+        raise BenchError(f"min_effect={min_effect!r}; hint: a fraction such as 0.02 for 2%")
+
+
+def _too_few(evidence: Comparison, sizes: str, unit: str) -> Comparison:
+    lo, hi = evidence.ratio_ci
+    distance = abs(abs(evidence.ratio - 1.0) - evidence.min_effect)
+    n = min(evidence.n_base, evidence.n_cand)
+    return dataclasses.replace(
+        evidence,
+        verdict="inconclusive",
+        reason=f"too few samples to call ({sizes}; at least {MIN_SAMPLES} {unit})",
+        needed_samples=max(MIN_SAMPLES, _needed(n, (hi - lo) / 2.0, distance) or 0),
+    )
+
+
+def decide(evidence: Comparison) -> Comparison:
+    """Applies the verdict rules (see the module) to a comparison's p-value
+    and interval, once the power guard has passed."""
+    lo, hi = evidence.ratio_ci
+    p, alpha, m = evidence.p_value, evidence.alpha, evidence.min_effect
+    if p < alpha and lo > 1.0 + m:
+        return dataclasses.replace(
+            evidence, verdict="regression", reason=f"slower by more than {m:.1%}"
+        )
+    if p < alpha and hi < 1.0 - m:
+        return dataclasses.replace(
+            evidence, verdict="improvement", reason=f"faster by more than {m:.1%}"
+        )
+    if 1.0 - m <= lo and hi <= 1.0 + m:
+        return dataclasses.replace(
+            evidence, verdict="no_change", reason=f"the interval lies within ±{m:.1%}"
+        )
+    n = min(evidence.n_base, evidence.n_cand)
+    distance = abs(abs(evidence.ratio - 1.0) - m)
+    return dataclasses.replace(
+        evidence,
+        verdict="inconclusive",
+        reason=(
+            f"the interval is neither within nor beyond ±{m:.1%}"
+            + ("" if p < alpha else f" and p={p:.3g} >= {alpha:g}")
+        ),
+        needed_samples=_needed(n, (hi - lo) / 2.0, distance),
+    )
+
+
+def wilcoxon_signed_rank(d: Sequence[float] | np.ndarray[Any, Any], /) -> tuple[float, float]:
+    """The two-sided Wilcoxon signed-rank test of the differences ``d`` against 0.
+
+    Zeros are dropped (Wilcoxon's rule); ties get average ranks and the tie
+    correction of the variance; the p-value is the normal approximation
+    without continuity correction (as ``scipy.stats.wilcoxon`` with
+    ``method="asymptotic", correction=False``).
+
+    Returns:
+      ``(the smaller of the signed-rank sums, two-sided p)``; ``p`` is 1.0
+      when every difference is 0.
+
+    Raises:
+      BenchError: if ``d`` is empty or not finite.
+
+    Example:
+      >>> w, p = wilcoxon_signed_rank([0.1, 0.2, 0.15, 0.3, 0.12, 0.22, 0.18, 0.09, 0.25, 0.11])
+      >>> w, p < 0.01
+      (0.0, True)
+    """
+    x = _finite(d, "d")
+    x = x[x != 0]
+    n = x.size
+    if n == 0:
+        return 0.0, 1.0
+    ranks = _ranks(np.abs(x))
+    r_plus = float(ranks[x > 0].sum())
+    r_minus = float(ranks[x < 0].sum())
+    _, counts = np.unique(np.abs(x), return_counts=True)
+    ties = float(np.sum(counts.astype(np.float64) ** 3 - counts))
+    var = (n * (n + 1.0) * (2.0 * n + 1.0) - ties / 2.0) / 24.0
+    if var <= 0:
+        return min(r_plus, r_minus), 1.0
+    z = (r_plus - n * (n + 1.0) / 4.0) / math.sqrt(var)
+    return min(r_plus, r_minus), min(1.0, 2.0 * _normal_sf(abs(z)))
+
+
+def compare_paired(
+    base: Sequence[float] | np.ndarray[Any, Any],
+    cand: Sequence[float] | np.ndarray[Any, Any],
+    /,
+    *,
+    alpha: float = 0.05,
+    min_effect: float = 0.02,
+    name: str = "",
+    base_samples: Sequence[float] | None = None,
+    cand_samples: Sequence[float] | None = None,
+) -> Comparison:
+    """The verdict on paired times: ``cand[i]`` ran right beside ``base[i]``.
+
+    Each pair gives a ratio ``cand[i] / base[i]``; a drift of the machine
+    that spans a pair cancels in it. The test is the Wilcoxon signed-rank
+    test of the log ratios, the ratio is their median with a bootstrap
+    interval over the pairs, and the rules are those of the module.
+
+    Args:
+      base: the base's time in each pair (an ABBA round: its two samples).
+      cand: the candidate's time in the same pairs.
+      alpha: the significance level.
+      min_effect: the smallest relative change that counts.
+      name: how the comparison names them.
+      base_samples: the base's raw samples, for the medians reported.
+      cand_samples: the candidate's raw samples.
+
+    Returns:
+      The ``Comparison`` (``test`` is ``wilcoxon-paired``; ``n_base`` and
+      ``n_cand`` count pairs).
+
+    Raises:
+      BenchError: for unequal lengths, empty, non-finite or zero times.
+
+    Example:
+      >>> import numpy as np
+      >>> drift = np.linspace(1.0, 3.0, 15)  # the machine slows down threefold
+      >>> compare_paired(drift, drift * 1.05).verdict
+      'regression'
+    """
+    _check_levels(alpha, min_effect)
+    a = as_samples(base, "base")
+    b = as_samples(cand, "cand")
+    if a.size != b.size:
+        raise BenchError(f"paired times: {a.size} base and {b.size} candidate; hint: one each")
+    if np.any(a <= 0):
+        raise BenchError("base: a pair with a time of 0; hint: time at least one call")
+    ratios = b / a
+    w, p = wilcoxon_signed_rank(np.log(ratios))
+    rng = np.random.default_rng(BOOTSTRAP_SEED)
+    boot = bootstrap_medians(ratios, BOOTSTRAP_RESAMPLES, rng)
+    tail = alpha / 2.0 * 100.0
+    lo, hi = (float(v) for v in np.percentile(boot, [tail, 100.0 - tail]))
+    raw_a = a if base_samples is None else as_samples(base_samples, "base")
+    raw_b = b if cand_samples is None else as_samples(cand_samples, "cand")
+    evidence = Comparison(
+        name=name,
+        verdict="inconclusive",
+        reason="",
+        n_base=int(a.size),
+        n_cand=int(b.size),
+        base_median=float(np.median(raw_a)),
+        cand_median=float(np.median(raw_b)),
+        ratio=float(np.median(ratios)),
+        ratio_ci=(lo, hi),
+        shift_s=float(np.median(b - a)),
+        statistic=w,
+        p_value=p,
+        alpha=float(alpha),
+        min_effect=float(min_effect),
+        test="wilcoxon-paired",
+    )
+    if a.size < MIN_SAMPLES or min(1.0, 2.0 / 2.0**a.size) >= alpha:
+        return _too_few(evidence, f"{a.size} pairs", "pairs")
+    return decide(evidence)
+
+
+def compare(
+    base: BenchResult,
+    cand: BenchResult,
+    /,
+    *,
+    alpha: float = 0.05,
+    min_effect: float = 0.02,
+    allow_different_machines: bool = False,
+    clock: str = "wall",
+) -> Comparison:
+    """The verdict on ``cand`` against ``base`` (see the module's rules).
+
+    Args:
+      base: the base result.
+      cand: the candidate result.
+      alpha: the significance level.
+      min_effect: the smallest relative change of the median that counts.
+      allow_different_machines: compare results whose machine fingerprints
+        differ (CPU, cores, backend, devices, JAX versions, x64, matmul
+        precision, ``XLA_FLAGS``); refused by default.
+      clock: ``"wall"`` (the default) or ``"cpu"``: the process CPU time,
+        which on the CPU backend leaves out the time other processes took.
+
+    Returns:
+      The ``Comparison``; its verdict is ``invalid`` when either result is.
+
+    Raises:
+      MachineMismatchError: if the fingerprints differ and
+        ``allow_different_machines`` is False.
+      BenchError: for ``alpha`` or ``min_effect`` out of range, or a clock
+        the results lack.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from treeguard.bench import run
+      >>> a = run(jnp.sin, jnp.ones(8), samples=10, min_time=0.0)
+      >>> c = compare(a, a)
+      >>> c.ratio, c.p_value, c.verdict in ("no_change", "inconclusive")
+      (1.0, 1.0, True)
+    """
+    diffs = fingerprint_diff(base.conditions, cand.conditions)
+    if diffs and not allow_different_machines:
+        raise MachineMismatchError(diffs)
+    result = compare_samples(
+        base.samples(clock), cand.samples(clock), alpha=alpha, min_effect=min_effect, name=cand.name
+    )
+    result = dataclasses.replace(result, clock=clock)
+    bad = [f"{w} {r.name!r}: {r.reason}" for w, r in (("base", base), ("candidate", cand))]
+    bad = [b for b, r in zip(bad, (base, cand)) if not r.valid]
+    if bad:
+        return dataclasses.replace(result, verdict="invalid", reason="; ".join(bad))
+    return result

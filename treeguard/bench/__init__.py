@@ -1,0 +1,63 @@
+"""``treeguard.bench``: compile-aware benchmarks of JAX functions.
+
+``run(fn, *args)`` times the phases apart (trace, lower, compile, first
+call), then calibrated samples that each await the whole output, and marks
+the result invalid when anything compiles while the clock runs. ``describe``
+gives the distribution (never a best-of), ``conditions`` the machine's state,
+``compare`` a verdict with significance and effect size, and ``ab`` an
+interleaved A/B in one process: the form to gate CI with.
+"""
+
+from .._src.bench.ab import ABResult as ABResult
+from .._src.bench.ab import ab as ab
+from .._src.bench.budget import Budgets as Budgets
+from .._src.bench.compare import Comparison as Comparison
+from .._src.bench.compare import compare as compare
+from .._src.bench.compare import compare_samples as compare_samples
+from .._src.bench.compare import hodges_lehmann as hodges_lehmann
+from .._src.bench.compare import mann_whitney_u as mann_whitney_u
+from .._src.bench.compiles import CompileCounter as CompileCounter
+from .._src.bench.conditions import conditions as conditions
+from .._src.bench.conditions import fingerprint as fingerprint
+from .._src.bench.report import FORMAT as FORMAT
+from .._src.bench.report import load as load
+from .._src.bench.report import save as save
+from .._src.bench.report import save_html as save_html
+from .._src.bench.report import to_html as to_html
+from .._src.bench.run import BenchResult as BenchResult
+from .._src.bench.run import Target as Target
+from .._src.bench.run import run as run
+from .._src.bench.stats import Stats as Stats
+from .._src.bench.stats import describe as describe
+from .._src.errors import BenchError as BenchError
+from .._src.errors import MachineMismatchError as MachineMismatchError
+from .._src.verify.performance import bench_model as bench_model
+from .._src.verify.performance import model_targets as model_targets
+
+__all__ = [
+    "ABResult",
+    "BenchError",
+    "BenchResult",
+    "Budgets",
+    "Comparison",
+    "CompileCounter",
+    "FORMAT",
+    "MachineMismatchError",
+    "Stats",
+    "Target",
+    "ab",
+    "bench_model",
+    "compare",
+    "compare_samples",
+    "conditions",
+    "describe",
+    "fingerprint",
+    "hodges_lehmann",
+    "load",
+    "mann_whitney_u",
+    "model_targets",
+    "run",
+    "save",
+    "save_html",
+    "to_html",
+]

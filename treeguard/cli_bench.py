@@ -1,0 +1,478 @@
+"""The ``treeguard bench`` commands.
+
+- ``treeguard bench MODULE:ATTR`` (the same as ``treeguard bench run
+  MODULE:ATTR``) benchmarks a ``treeguard.verify.Model`` (``apply`` and
+  ``loss+grad`` per batch size, then ``update``) or a
+  ``treeguard.bench.Target``;
+- ``treeguard bench compare A.json B.json`` gives B's verdict against A;
+- ``treeguard bench ab MODULE:ATTR MODULE:ATTR`` runs both interleaved
+  (ABBA) in this process and gives the second's verdict against the first.
+
+Exit codes, as for every treeguard command: 0 when nothing regressed (and
+every result is valid), 1 for a regression or an invalid result (something
+compiled while it was timed), 2 for usage errors and unreadable files.
+JAX is imported only inside the commands, so ``--help`` starts without it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+import click
+from rich import box
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from ._src.errors import FormatError, TreeguardError
+
+EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+
+
+def _usage(message: str) -> NoReturn:
+    Console(stderr=True, highlight=False, soft_wrap=True).print(
+        f"[red]error:[/red] {escape(message)}"
+    )
+    sys.exit(EXIT_USAGE)
+
+
+def _console() -> Console:
+    return Console(highlight=False, width=None if sys.stdout.isatty() else 200)
+
+
+class _TargetFirstGroup(click.Group):
+    """A group whose first argument, when it names no command, is the target
+    of ``run``: ``treeguard bench pkg.mod:model`` is ``treeguard bench run pkg.mod:model``."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if args and args[0] not in self.commands and args[0] not in ("-h", "--help"):
+            args = ["run", *args]
+        return super().parse_args(ctx, args)
+
+
+def resolve(target: str) -> Any:
+    """Imports ``MODULE:ATTR``: a ``treeguard.verify.Model``, a
+    ``treeguard.bench.Target``, or a function of no arguments returning one.
+
+    Raises:
+      ConfigError: for a malformed target, a module that cannot be imported,
+        a missing attribute or anything else.
+    """
+    from ._src.bench.run import Target
+    from ._src.verify.model import ConfigError, Model
+
+    module_name, sep, attr = target.partition(":")
+    if not sep or not module_name or not attr:
+        raise ConfigError(
+            f"{target!r} is not MODULE:ATTR; hint: treeguard bench treeguard.examples.mlp:model"
+        )
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ConfigError(f"cannot import module {module_name!r}: {e}") from e
+    obj: Any = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ConfigError(f"module {module_name!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    if not isinstance(obj, (Model, Target)) and callable(obj):
+        obj = obj()
+    if not isinstance(obj, (Model, Target)):
+        raise ConfigError(
+            f"{target} is a {type(obj).__name__}, not a treeguard.verify.Model or a "
+            "treeguard.bench.Target; hint: wrap a function and its arguments in "
+            "treeguard.bench.Target(fn, args)"
+        )
+    return obj
+
+
+def _sizes(text: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(int(p) for p in text.split(",") if p.strip())
+    except ValueError:
+        sizes = ()
+    if not sizes or any(s < 1 for s in sizes):
+        _usage(f"--batch-sizes {text!r}: expected positive ints such as 1,8,64")
+    return sizes
+
+
+# -- rendering ----------------------------------------------------------------------
+
+
+def result_table(results: Sequence[Any], title: str) -> Table:
+    """The compact table of benchmark results: distribution, phases, memory."""
+    from ._src.bench.units import fmt_bytes, fmt_range, fmt_seconds, fmt_si
+
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    for name, justify in (
+        ("benchmark", "left"),
+        ("median", "right"),
+        ("95% CI", "right"),
+        ("MAD", "right"),
+        ("p95", "right"),
+        ("p99", "right"),
+        ("n x loops", "right"),
+        ("outl.", "right"),
+        ("trace", "right"),
+        ("lower", "right"),
+        ("compile", "right"),
+        ("1st call", "right"),
+        ("temp", "right"),
+        ("FLOP/s", "right"),
+        ("status", "left"),
+    ):
+        table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
+    for r in results:
+        s = r.stats
+        table.add_row(
+            escape(r.name),
+            fmt_seconds(s.median),
+            fmt_range(*s.median_ci),
+            fmt_seconds(s.mad),
+            fmt_seconds(s.p95),
+            fmt_seconds(s.p99),
+            f"{s.n}x{r.loops}",
+            f"{s.mild_outliers}+{s.severe_outliers}",
+            fmt_seconds(r.phases.get("trace_s")),
+            fmt_seconds(r.phases.get("lower_s")),
+            fmt_seconds(r.phases.get("compile_s")),
+            fmt_seconds(r.phases.get("first_call_s")),
+            fmt_bytes((r.memory or {}).get("temp")),
+            fmt_si(r.flops_per_s),
+            "[green]ok[/]" if r.valid else "[bold red]INVALID[/]",
+        )
+    return table
+
+
+def conditions_line(c: dict[str, Any]) -> str:
+    """The machine's conditions in two lines."""
+    from ._src.bench.units import fmt_bytes
+
+    load = c.get("load") or {}
+    mem = c.get("memory") or {}
+    quota = c.get("cgroup_cpu_quota")
+    freq = f"{c['mhz']:.0f} MHz" if c.get("mhz") else "clock ?"
+    git = c.get("git_commit")
+    git_text = "no git" if not git else f"{git[:10]}{' (dirty)' if c.get('git_dirty') else ''}"
+    return (
+        f"machine: {c.get('cpu_model') or '?'}, {c.get('usable_cores') or '?'} usable cores "
+        f"(affinity {c.get('affinity_cores') or '?'}, cgroup quota "
+        f"{'none' if quota is None else f'{quota:g}'}), governor {c.get('governor') or '?'}, "
+        f"{freq}, load {load.get('1m', '?')}/{load.get('5m', '?')}/{load.get('15m', '?')}, "
+        f"memory {fmt_bytes(mem.get('available_bytes'))} free of "
+        f"{fmt_bytes(mem.get('total_bytes'))}\n"
+        f"jax {c.get('jax')} on {c.get('backend')} ({c.get('device_kind')} x"
+        f"{c.get('device_count')}), x64 {'on' if c.get('x64') else 'off'}, matmul precision "
+        f"{c.get('matmul_precision') or 'default'}, XLA_FLAGS {c.get('xla_flags')!r}, "
+        f"git {git_text}"
+    )
+
+
+def _print_invalid(console: Console, results: Sequence[Any]) -> None:
+    for r in results:
+        if not r.valid:
+            console.print(f"[bold red]{escape(r.name)}[/] invalid: {escape(r.reason)}")
+
+
+# -- commands -----------------------------------------------------------------------
+
+
+@click.group(
+    "bench", cls=_TargetFirstGroup, context_settings={"help_option_names": ["-h", "--help"]}
+)
+def bench() -> None:
+    """Compile-aware benchmarks: `treeguard bench MODULE:ATTR`, `bench compare`, `bench ab`.
+
+    `treeguard bench MODULE:ATTR` is `treeguard bench run MODULE:ATTR`.
+    """
+
+
+@bench.command("run")
+@click.argument("target", metavar="MODULE:ATTR")
+@click.option("--json", "json_out", type=click.Path(path_type=Path), help="Write the results here.")
+@click.option("--html", "html_out", type=click.Path(path_type=Path), help="Write an HTML page.")
+@click.option(
+    "--batch-sizes", default="1,8,64", show_default=True, help="Batch sizes of a Model's suite."
+)
+@click.option("--samples", default=30, show_default=True, help="Timed samples per benchmark.")
+@click.option("--min-time", default=0.02, show_default=True, help="Least seconds one sample lasts.")
+def run_command(  # noqa: PLR0917 - click passes each option by name
+    target: str,
+    json_out: Path | None,
+    html_out: Path | None,
+    batch_sizes: str,
+    samples: int,
+    min_time: float,
+) -> None:
+    """Benchmark the Model (or Target) at MODULE:ATTR.
+
+    A Model gets apply and loss+grad per batch size, then update. Exit 0
+    when every result is valid, 1 when something compiled while it was
+    timed, 2 for usage errors.
+    """
+    from rich.progress import Progress
+
+    from ._src.bench.conditions import conditions
+    from ._src.bench.report import save, save_html
+    from ._src.bench.run import Target, run
+    from ._src.verify.model import Model
+    from ._src.verify.performance import model_targets
+
+    sizes = _sizes(batch_sizes)
+    try:
+        obj = resolve(target)
+        conds = conditions()
+        targets = model_targets(obj, batch_sizes=sizes) if isinstance(obj, Model) else [obj]
+        results = []
+        with Progress(console=Console(stderr=True), transient=True) as progress:
+            task = progress.add_task("benchmarking", total=len(targets))
+            for t in targets:
+                assert isinstance(t, Target)
+                progress.update(task, description=t.label)
+                results.append(
+                    run(
+                        t.fn,
+                        *t.args,
+                        samples=samples,
+                        min_time=min_time,
+                        jit=t.jit,
+                        name=t.label,
+                        conditions=conds,
+                        meta={"target": target},
+                    )
+                )
+                progress.advance(task)
+    except TreeguardError as e:
+        _usage(str(e))
+    console = _console()
+    console.print(result_table(results, f"treeguard bench {target}"))
+    _print_invalid(console, results)
+    console.print(conditions_line(conds), soft_wrap=True)
+    try:
+        if json_out is not None:
+            console.print(f"results: {save(json_out, results)}", soft_wrap=True)
+        if html_out is not None:
+            title = f"treeguard bench {target}"
+            console.print(f"report: {save_html(html_out, results, title=title)}", soft_wrap=True)
+    except OSError as e:
+        _usage(f"cannot write the results: {e}")
+    sys.exit(EXIT_OK if all(r.valid for r in results) else EXIT_FAIL)
+
+
+def comparison_table(comparisons: Sequence[Any], title: str) -> Table:
+    """One row per comparison: both medians, the change and its interval, p, verdict."""
+    from ._src.bench.units import fmt_seconds
+
+    colour = {
+        "regression": "bold red",
+        "invalid": "bold red",
+        "improvement": "green",
+        "no_change": "green",
+        "inconclusive": "yellow",
+    }
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    for name in ("benchmark", "base", "candidate", "change", "CI", "p", "n", "verdict"):
+        table.add_column(
+            name, justify="left" if name in ("benchmark", "verdict") else "right", no_wrap=True
+        )
+    for c in comparisons:
+        lo, hi = c.ratio_ci
+        verdict = f"[{colour[c.verdict]}]{c.verdict}[/]"
+        if c.verdict == "inconclusive" and c.needed_samples:
+            verdict += f" (~{c.needed_samples}/side)"
+        table.add_row(
+            escape(c.name),
+            fmt_seconds(c.base_median),
+            fmt_seconds(c.cand_median),
+            f"{c.change:+.1%}",
+            f"[{lo - 1:+.1%}, {hi - 1:+.1%}]",
+            f"{c.p_value:.2g}",
+            f"{c.n_base}/{c.n_cand}",
+            verdict,
+        )
+    return table
+
+
+def _gate(comparisons: Sequence[Any]) -> int:
+    return EXIT_FAIL if any(c.verdict in ("regression", "invalid") for c in comparisons) else 0
+
+
+@bench.command("compare")
+@click.argument("base", type=click.Path(path_type=Path))
+@click.argument("candidate", type=click.Path(path_type=Path))
+@click.option("--alpha", default=0.05, show_default=True, help="Significance level.")
+@click.option(
+    "--min-effect", default=0.02, show_default=True, help="Smallest relative change that counts."
+)
+@click.option(
+    "--allow-different-machines", is_flag=True, help="Compare results from different machines."
+)
+@click.option(
+    "--clock",
+    type=click.Choice(["wall", "cpu"]),
+    default="wall",
+    show_default=True,
+    help="Compare wall time, or this process's CPU time.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the comparisons as JSON.")
+def compare_command(  # noqa: PLR0917 - click passes each option by name
+    base: Path,
+    candidate: Path,
+    alpha: float,
+    min_effect: float,
+    allow_different_machines: bool,
+    clock: str,
+    as_json: bool,
+) -> None:
+    """Compare CANDIDATE's results with BASE's, benchmark by benchmark.
+
+    Exit 0 when nothing regressed, 1 for a regression or an invalid result,
+    2 for unreadable files, results from different machines (without
+    --allow-different-machines) or no benchmark in common.
+    """
+    from ._src.bench.compare import compare
+    from ._src.bench.report import load
+
+    try:
+        a, b = load(base), load(candidate)
+    except (FormatError, OSError) as e:
+        _usage(str(e))
+    by_name = {r.name: r for r in a}
+    common = [r for r in b if r.name in by_name]
+    if not common:
+        _usage(
+            f"{base} and {candidate} share no benchmark name ({sorted(by_name)} and "
+            f"{sorted(r.name for r in b)}); hint: compare runs of the same target"
+        )
+    try:
+        comparisons = [
+            compare(
+                by_name[r.name],
+                r,
+                alpha=alpha,
+                min_effect=min_effect,
+                allow_different_machines=allow_different_machines,
+                clock=clock,
+            )
+            for r in common
+        ]
+    except TreeguardError as e:
+        _usage(str(e))
+    only = sorted(set(by_name) ^ {r.name for r in b})
+    if as_json:
+        payload = {
+            "format": "treeguard.bench-compare/1",
+            "base": str(base),
+            "candidate": str(candidate),
+            "comparisons": [c.to_dict() for c in comparisons],
+            "unpaired": only,
+        }
+        click.echo(json.dumps(payload, indent=1))
+    else:
+        console = _console()
+        console.print(comparison_table(comparisons, f"treeguard bench compare {base} {candidate}"))
+        for c in comparisons:
+            if c.verdict == "invalid":
+                console.print(f"[bold red]{escape(c.name)}[/]: {escape(c.reason)}")
+        if only:
+            console.print(f"not in both files: {', '.join(only)}")
+    sys.exit(_gate(comparisons))
+
+
+@bench.command("ab")
+@click.argument("target_a", metavar="A")
+@click.argument("target_b", metavar="B")
+@click.option("--rounds", default=30, show_default=True, help="ABBA rounds (4 samples each).")
+@click.option("--min-time", default=0.02, show_default=True, help="Least seconds per sample.")
+@click.option("--batch-size", type=int, default=None, help="A Model's batch (its batch_size).")
+@click.option("--alpha", default=0.05, show_default=True, help="Significance level.")
+@click.option(
+    "--min-effect", default=0.02, show_default=True, help="Smallest relative change that counts."
+)
+@click.option(
+    "--clock",
+    type=click.Choice(["auto", "wall", "cpu"]),
+    default="auto",
+    show_default=True,
+    help="What the verdict compares; auto is CPU time on JAX's CPU backend, else wall time.",
+)
+@click.option("--json", "json_out", type=click.Path(path_type=Path), help="Write both results.")
+def ab_command(  # noqa: PLR0917 - click passes each option by name
+    target_a: str,
+    target_b: str,
+    rounds: int,
+    min_time: float,
+    batch_size: int | None,
+    alpha: float,
+    min_effect: float,
+    clock: str,
+    json_out: Path | None,
+) -> None:
+    """Time A and B interleaved (ABBA) in this process; B's verdict against A.
+
+    Each of A and B is a Target, or a Model whose jit(apply) is timed on a
+    batch of --batch-size. Exit 0 when B did not regress, 1 when it did (or
+    a result is invalid), 2 for usage errors.
+    """
+    from rich.progress import Progress
+
+    from ._src.bench.ab import ab
+    from ._src.bench.report import save
+    from ._src.bench.run import Target
+    from ._src.verify.model import Model
+    from ._src.verify.performance import model_batch
+
+    def as_target(obj: Any, label: str) -> Target:
+        if isinstance(obj, Target):
+            return obj
+        assert isinstance(obj, Model)
+        params = obj.init(obj.key())
+        batch = model_batch(obj, batch_size or obj.batch_size)
+        return Target(obj.apply, (params, batch), name=f"{label} apply")
+
+    try:
+        ta, tb = (as_target(resolve(t), t) for t in (target_a, target_b))
+        with Progress(console=Console(stderr=True), transient=True) as progress:
+            task = progress.add_task("A/B", total=4 * rounds)
+            result = ab(
+                ta.fn,
+                tb.fn,
+                *ta.args,
+                args_b=tb.args,
+                rounds=rounds,
+                min_time=min_time,
+                jit=ta.jit and tb.jit,
+                alpha=alpha,
+                min_effect=min_effect,
+                names=(target_a, target_b),
+                clock=clock,
+                progress=lambda done, total: progress.update(task, completed=done),
+            )
+    except TreeguardError as e:
+        _usage(str(e))
+    console = _console()
+    console.print(result_table([result.a, result.b], f"treeguard bench ab (ABBA x {rounds})"))
+    cmp = result.comparison
+    console.print(
+        comparison_table([cmp], f"B against A, paired by round, on the {cmp.clock} clock")
+    )
+    _print_invalid(console, [result.a, result.b])
+    console.print(escape(result.comparison.describe()), soft_wrap=True)
+    console.print(conditions_line(result.a.conditions), soft_wrap=True)
+    if json_out is not None:
+        try:
+            extra = {"ab": {"order": "ABBA", "rounds": rounds, **result.comparison.to_dict()}}
+            path = save(json_out, [result.a, result.b], extra=extra)
+        except OSError as e:
+            _usage(f"cannot write the results: {e}")
+        console.print(f"results: {path}", soft_wrap=True)
+    sys.exit(_gate([result.comparison]))
+
+
+if __name__ == "__main__":
+    bench()
