@@ -1,0 +1,195 @@
+"""The model's functions, compiled once and shared by every check.
+
+Eager JAX compiles each operation on its own, once per shape, so a check
+that runs ``apply``, ``loss`` and ``grad`` eagerly on every case pays for
+hundreds of small compilations. Here ``init``, one ``evaluate`` (outputs,
+loss and grads together), its per-example ``vmap`` twin and one training
+step are each compiled once per batch shape, and each case's results are
+kept, so the contract, finite, transforms, regression and training checks
+and the recording of references share them. Only the ``transforms`` check's
+eager reference and the ``negative`` check (which must see ``apply`` refuse
+concrete values) run op by op.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from .cases import Case
+from .model import Model
+
+
+@dataclasses.dataclass(frozen=True)
+class Evaluated:
+    """What the model gives on one batch: ``apply``'s outputs, the loss and its grads."""
+
+    outputs: Any
+    loss: Any
+    grads: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """One training step's results.
+
+    Attributes:
+      loss: the loss before the step.
+      updates: the optimizer's updates (``optimizer=`` models), else None.
+      params: the params after the step.
+      opt_state: the optimizer state after the step (None without one).
+    """
+
+    loss: Any
+    updates: Any
+    params: Any
+    opt_state: Any
+
+
+def as_jax(batch: Any) -> Any:
+    """A batch of numpy arrays as JAX arrays."""
+    return jax.tree.map(jnp.asarray, batch)
+
+
+def per_example_apply(model: Model, params: Any, batch: Any) -> Any:
+    """``apply`` on each example alone, under vmap, stacked back along the batch axis."""
+
+    def one(example: Any) -> Any:
+        return model.apply(params, jax.tree.map(lambda x: x[None], example))
+
+    out = jax.vmap(one)(batch)
+    return jax.tree.map(lambda x: x[:, 0], out)
+
+
+def _vmapped(f: Callable[..., Any]) -> Callable[..., Any]:
+    """``f`` under vmap over a leading axis of size 1 added to every argument."""
+
+    def run(*args: Any) -> Any:
+        out = jax.vmap(f)(*jax.tree.map(lambda x: x[None], args))
+        return jax.tree.map(lambda x: x[0], out)
+
+    return run
+
+
+def step_function(model: Model) -> Callable[[Any, Any, Any], Step] | None:
+    """``step(params, opt_state, batch) -> Step``: one training step of ``model``.
+
+    With ``optimizer=`` the updates are added to the params (optax's
+    convention); with ``opt_init=`` it is ``update(params, grads, opt_state)``;
+    else ``update(params, grads)``. None when the model has no update.
+    """
+    vg = jax.value_and_grad(model.loss)
+    opt = model.optimizer
+    update = model.update
+    if opt is not None:
+
+        def optax_step(params: Any, state: Any, batch: Any) -> Step:
+            value, grads = vg(params, batch)
+            updates, state = opt.update(grads, state, params)
+            if jax.tree.structure(updates) != jax.tree.structure(params):
+                return Step(value, updates, params, state)  # reported from the updates
+            new = jax.tree.map(lambda p, u: p + u, params, updates)
+            return Step(value, updates, new, state)
+
+        return optax_step
+    if update is None:
+        return None
+    if model.opt_init is not None:
+
+        def stateful_step(params: Any, state: Any, batch: Any) -> Step:
+            value, grads = vg(params, batch)
+            new, state = update(params, grads, state)
+            return Step(value, None, new, state)
+
+        return stateful_step
+
+    def sgd_step(params: Any, state: Any, batch: Any) -> Step:
+        value, grads = vg(params, batch)
+        return Step(value, None, update(params, grads), None)
+
+    return sgd_step
+
+
+jax.tree_util.register_dataclass(
+    Step, data_fields=["loss", "updates", "params", "opt_state"], meta_fields=[]
+)
+jax.tree_util.register_dataclass(
+    Evaluated, data_fields=["outputs", "loss", "grads"], meta_fields=[]
+)
+
+
+class Programs:
+    """The compiled functions of one model and the results they gave.
+
+    Attributes:
+      model: the model.
+    """
+
+    def __init__(self, model: Model) -> None:
+        self.model = model
+        grad = jax.grad(model.loss)
+
+        def evaluate(params: Any, batch: Any) -> tuple[Evaluated, Evaluated]:
+            value, grads = jax.value_and_grad(model.loss)(params, batch)
+            vmapped = Evaluated(
+                per_example_apply(model, params, batch),
+                _vmapped(model.loss)(params, batch),
+                _vmapped(grad)(params, batch),
+            )
+            return Evaluated(model.apply(params, batch), value, grads), vmapped
+
+        # One program per batch shape computes both the plain and the
+        # per-example (vmap) results: one compilation instead of two.
+        self.evaluate = jax.jit(evaluate)
+        step = step_function(model)
+        self.step = jax.jit(step) if step is not None else None
+        self._params: Any = None
+        self._opt_state: Any = None
+        self._done: dict[tuple[str, int], tuple[Evaluated, Evaluated]] = {}
+
+    def params(self) -> Any:
+        """``init``'s params for the model's seed, computed once, under ``jit``.
+
+        An ``init`` that cannot be traced (it reads a file, converts to
+        numpy) runs eagerly instead.
+        """
+        if self._params is None:
+            key = self.model.key()
+            try:
+                self._params = jax.jit(self.model.init)(key)
+            except Exception:  # noqa: BLE001 - untraceable: run it as written
+                self._params = self.model.init(key)
+        return self._params
+
+    def opt_state(self) -> Any:
+        """The optimizer state for ``params()`` (None for a model without one)."""
+        if self._opt_state is None:
+            if self.model.optimizer is not None:
+                self._opt_state = jax.jit(self.model.optimizer.init)(self.params())
+            elif self.model.opt_init is not None:
+                self._opt_state = jax.jit(self.model.opt_init)(self.params())
+        return self._opt_state
+
+    def _both(self, case: Case) -> tuple[Evaluated, Evaluated]:
+        key = (case.name, id(case.batch))
+        if key not in self._done:
+            self._done[key] = self.evaluate(self.params(), as_jax(case.batch))
+        return self._done[key]
+
+    def results(self, case: Case) -> Evaluated:
+        """``jit``'s outputs, loss and grads on ``case`` with ``params()`` (kept per case)."""
+        return self._both(case)[0]
+
+    def vmapped(self, case: Case) -> Evaluated:
+        """The same under ``jit(vmap)``, one example at a time (kept per case)."""
+        return self._both(case)[1]
+
+    def eager(self, case: Case) -> Evaluated:
+        """The same, op by op, as the reference of the ``transforms`` check."""
+        params, batch = self.params(), as_jax(case.batch)
+        value, grads = jax.value_and_grad(self.model.loss)(params, batch)
+        return Evaluated(self.model.apply(params, batch), value, grads)
