@@ -386,7 +386,8 @@ def check_negative(ctx: Context) -> CheckResult:
         except Exception as e:  # noqa: BLE001 - the wrong exception is the finding
             bad.append(
                 f"{where}: raised {type(e).__name__} ({_first_line(e)}) instead of "
-                f"{_names(case.raises)}"
+                f"{_names(case.raises)}; hint: if {type(e).__name__} is the refusal you "
+                f"mean, declare it: {_declare(ctx.model, case, type(e))}"
             )
         else:
             bad.append(f"{where}: returned {_short(out)} instead of raising {_names(case.raises)}")
@@ -399,6 +400,14 @@ def check_negative(ctx: Context) -> CheckResult:
         f"{len(bad)} invalid input(s) not refused as expected",
         evidence=info,
     )
+
+
+def _declare(model: Model, case: Case, raised: type[BaseException]) -> str:
+    """The ``Model(...)`` argument that would accept ``raised`` for ``case``."""
+    names = ", ".join(t.__name__ for t in (*case.raises, raised))
+    if case.name == "invalid_shape" and tuple(model.invalid_raises) == case.raises:
+        return f"Model(invalid_raises=({names}))"
+    return f"InvalidInput({case.name!r}, ..., raises=({names}))"
 
 
 def _first_line(e: BaseException) -> str:
@@ -680,11 +689,16 @@ def check_training(ctx: Context) -> CheckResult:
 # -- 9. splits ------------------------------------------------------------------
 
 
-def example_hashes(data: Any) -> list[str]:
+def example_hashes(data: Any, *, where: str = "the data") -> list[str]:
     """The sha256 of each example (index along axis 0 of every leaf), by content.
 
+    Args:
+      data: a tree of arrays, examples along axis 0.
+      where: how a message names ``data`` (``"split 'val'"``).
+
     Raises:
-      ValueError: if the leaves disagree on the number of examples.
+      ValueError: if the leaves disagree on the number of examples, naming
+        each leaf's path and count.
 
     Example:
       >>> h = example_hashes({"x": np.arange(6.0).reshape(3, 2)})
@@ -694,7 +708,15 @@ def example_hashes(data: Any) -> list[str]:
     arrays = [(p, np.asarray(x)) for p, x in leaves_with_paths(data)]
     sizes = {a.shape[0] if a.ndim else None for _, a in arrays}
     if len(sizes) != 1 or None in sizes:
-        raise ValueError(f"leaves disagree on the number of examples: {sorted(map(str, sizes))}")
+        counts = [
+            f"{p or '<root>'} has {a.shape[0] if a.ndim else 'no axis 0 (a scalar)'}"
+            for p, a in arrays[:_LISTED]
+        ]
+        more = f", ... and {len(arrays) - _LISTED} more" if len(arrays) > _LISTED else ""
+        raise ValueError(
+            f"{where}: leaves disagree on the number of examples: {', '.join(counts)}{more}; "
+            "hint: give every leaf the same number of rows along axis 0"
+        )
     n = sizes.pop() or 0
     out = []
     for i in range(int(n)):
@@ -716,8 +738,22 @@ def check_splits(ctx: Context) -> CheckResult:
     bad: list[str] = []
     counts: dict[str, int] = {}
     overlaps = 0
+    spec = ctx.model.batch_spec
     for split, tree in data.items():
-        hashes = example_hashes(tree)
+        where = f"split {split!r}"
+        found = mismatches(tree, spec)
+        if found:
+            bad += _lines(found, where, "the batch spec", "the split")
+            bad.append(
+                f"{where} does not match Model.batch_spec, so its examples were not compared; "
+                "hint: give it the spec's dtypes and feature shapes, examples along axis 0"
+            )
+            continue
+        try:
+            hashes = example_hashes(tree, where=where)
+        except ValueError as e:
+            bad.append(str(e))
+            continue
         counts[split] = len(hashes)
         for i, h in enumerate(hashes):
             prior = seen.get(h)
@@ -733,11 +769,14 @@ def check_splits(ctx: Context) -> CheckResult:
     if overlaps > _LISTED:
         bad.append(f"... and {overlaps - _LISTED} more shared examples")
     sizes = ", ".join(f"{k} {v}" for k, v in counts.items())
+    failed = f"{overlaps} example(s) appear in two splits ({sizes})"
+    if len(counts) < len(data):
+        failed = f"{len(data) - len(counts)} split(s) do not match the batch spec"
     return _result(
         "splits",
         bad,
         f"no example in two splits ({sizes})",
-        f"{overlaps} example(s) appear in two splits ({sizes})",
+        failed,
         rows=[{"split": k, "examples": v} for k, v in counts.items()],
     )
 
