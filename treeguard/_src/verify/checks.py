@@ -632,7 +632,7 @@ def check_training(ctx: Context) -> CheckResult:
     the optimizer's updates and the optimizer state keep their contracts."""
     model = ctx.model
     step = ctx.programs.step
-    if step is None:
+    if not ctx.programs.trains:
         return CheckResult("training", "skip", "the model has no update and no optimizer")
     params = ctx.params()
     spec = spec_of(params)
