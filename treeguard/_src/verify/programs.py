@@ -30,9 +30,62 @@ from .model import Model
 COMPILER_OPTIONS = {"xla_backend_optimization_level": 0}
 
 
+#: A program of more equations than this, repeating each distinct operation
+#: more than ``_REPEATS`` times on average (a deep stack of equal layers
+#: written as a Python loop), runs eagerly: XLA's compile time grows with the
+#: program, while eager JAX compiles each distinct operation once.
+_LARGE, _REPEATS = 1500, 8
+
+
+def _sizes(jaxpr: Any, seen: set[tuple[str, str]]) -> int:
+    """The equations of ``jaxpr`` and its sub-programs; their distinct
+    (primitive, operand types) are added to ``seen``."""
+    n = 0
+    for eqn in jaxpr.eqns:
+        n += 1
+        seen.add((eqn.primitive.name, ",".join(str(v.aval) for v in eqn.invars)))
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, (tuple, list)) else (value,):
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    n += _sizes(inner, seen)
+    return n
+
+
+def prefers_eager(fn: Callable[..., Any], *args: Any) -> bool:
+    """Whether ``fn(*args)`` compiles faster op by op than as one program.
+
+    Example:
+      >>> def deep(x):
+      ...     for _ in range(2000):
+      ...         x = x * 2.0
+      ...     return x
+      >>> prefers_eager(deep, 1.0), prefers_eager(lambda x: x * 2.0, 1.0)
+      (True, False)
+    """
+    seen: set[tuple[str, str]] = set()
+    n = _sizes(jax.make_jaxpr(fn)(*args).jaxpr, seen)
+    return n > _LARGE and n > _REPEATS * len(seen)
+
+
+class _Compiled:
+    """``fn`` under ``jax.jit`` with ``COMPILER_OPTIONS``, or run eagerly when
+    ``prefers_eager`` says so on the first call."""
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.fn = fn
+        self.jitted = jax.jit(fn, compiler_options=COMPILER_OPTIONS)
+        self.eager: bool | None = None
+
+    def __call__(self, *args: Any) -> Any:
+        if self.eager is None:
+            self.eager = prefers_eager(self.fn, *args)
+        return self.fn(*args) if self.eager else self.jitted(*args)
+
+
 def compiled(fn: Callable[..., Any]) -> Any:
-    """``jax.jit(fn)`` with ``COMPILER_OPTIONS``."""
-    return jax.jit(fn, compiler_options=COMPILER_OPTIONS)
+    """``fn`` compiled with ``COMPILER_OPTIONS`` (or eager, see ``prefers_eager``)."""
+    return _Compiled(fn)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -337,7 +337,7 @@ def plot_rows(
       >>> rows = [{"ratio": 0.0}, {"ratio": 0.5}, {"ratio": 2.0, "ok": False}, {"ratio": 0.1}]
       >>> drawn, rest = plot_rows(rows, limit=2)
       >>> [r["ratio"] for r in drawn], rest
-      ([2.0, 0.5], '1 more within tolerance (worst 0.1 of it); 1 exact')
+      ([2.0, 0.5], '1 more within tolerance (the worst at 0.1 of its tolerance); 1 exact')
     """
     ranked = sorted(rows, key=lambda r: -_num(r.get("ratio")))
     inexact = [r for r in ranked if _num(r.get("ratio")) != 0.0]
@@ -348,7 +348,8 @@ def plot_rows(
         beyond = sum(1 for r in rest if not r.get("ok", True))
         head = f"{len(rest)} more" + (f", {beyond} beyond tolerance" if beyond else "")
         parts.append(
-            f"{head} {'' if beyond else 'within tolerance '}(worst {_ratio(rest[0])} of it)"
+            f"{head} {'' if beyond else 'within tolerance '}(the worst at {_ratio(rest[0])} "
+            "of its tolerance)"
         )
     if exact:
         parts.append(f"{exact} exact")
