@@ -38,8 +38,8 @@ class CNN(nnx.Module):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         pool = {"window_shape": (2, 2), "strides": (2, 2)}
-        x = nnx.avg_pool(nnx.relu(self.conv1(x)), **pool)
-        x = nnx.avg_pool(nnx.relu(self.conv2(x)), **pool)
+        x = nnx.avg_pool(nnx.relu(self.conv1(x)), **pool)  # type: ignore[no-untyped-call]
+        x = nnx.avg_pool(nnx.relu(self.conv2(x)), **pool)  # type: ignore[no-untyped-call]
         x = x.reshape(x.shape[0], -1)
         return self.linear2(nnx.relu(self.linear1(x)))
 
@@ -77,7 +77,9 @@ def apply(params: Any, batch: dict[str, jax.Array]) -> jax.Array:
 def loss(params: Any, batch: dict[str, jax.Array]) -> jax.Array:
     """Mean softmax cross-entropy against the integer ``batch["label"]``."""
     logits = apply(params, batch)
-    return optax.softmax_cross_entropy_with_integer_labels(logits, batch["label"]).mean()
+    losses = optax.softmax_cross_entropy_with_integer_labels(logits, batch["label"])
+    out: jax.Array = losses.mean()
+    return out
 
 
 def splits() -> dict[str, dict[str, np.ndarray]]:
@@ -112,4 +114,3 @@ model = Model(
     splits=splits,
     name="treeguard.examples.cnn:model",
 )
-

@@ -139,6 +139,10 @@ def _vmapped(f: Callable[..., Any]) -> Callable[..., Any]:
     return run
 
 
+def _same_structure(a: Any, b: Any) -> bool:
+    return bool(jax.tree.structure(a) == jax.tree.structure(b))  # type: ignore[operator]
+
+
 def update_function(model: Model) -> Callable[[Any, Any, Any], Step] | None:
     """``update(params, grads, opt_state) -> Step`` (its ``loss`` None): the
     model's optimizer step without the gradient.
@@ -153,7 +157,7 @@ def update_function(model: Model) -> Callable[[Any, Any, Any], Step] | None:
 
         def optax_update(params: Any, grads: Any, state: Any) -> Step:
             updates, state = opt.update(grads, state, params)
-            if jax.tree.structure(updates) != jax.tree.structure(params):
+            if not _same_structure(updates, params):
                 return Step(None, updates, params, state)  # reported from the updates
             new = jax.tree.map(lambda p, u: p + u, params, updates)
             return Step(None, updates, new, state)
