@@ -56,7 +56,7 @@ def init(key: jax.Array) -> Any:
       >>> sum(x.size for x in jax.tree.leaves(params))
       3658
     """
-    graphdef, params = nnx.split(CNN(rngs=nnx.Rngs(params=key)), nnx.Param)
+    _graphdef, params = nnx.split(CNN(rngs=nnx.Rngs(params=key)), nnx.Param)
     return params
 
 
