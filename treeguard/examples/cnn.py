@@ -52,7 +52,7 @@ def init(key: jax.Array) -> Any:
     """A fresh module's ``nnx.Param`` state (an ``nnx.State``).
 
     Example:
-      >>> params = init(jax.random.key(0))
+      >>> params = jax.eval_shape(init, jax.random.key(0))  # shapes only, nothing compiled
       >>> sum(x.size for x in jax.tree.leaves(params))
       3658
     """

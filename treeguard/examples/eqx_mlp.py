@@ -36,7 +36,7 @@ def init(key: jax.Array) -> Any:
     """A fresh MLP's arrays: the module with every non-array field set to None.
 
     Example:
-      >>> params = init(jax.random.key(0))
+      >>> params = jax.eval_shape(init, jax.random.key(0))  # shapes only, nothing compiled
       >>> type(params).__name__, [x.shape for x in jax.tree.leaves(params)][:2]
       ('MLP', [(8, 2), (8,)])
     """
