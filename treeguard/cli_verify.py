@@ -5,6 +5,13 @@ when any fails, 2 for usage and configuration errors (a bad ``MODULE:ATTR``,
 an attribute that is no ``Model``, missing references without ``--record``,
 an unreadable references file).
 
+With ``--no-bench`` every program is compiled without LLVM's optimisations
+(``XLA_FLAGS=--xla_backend_optimization_level=0``, unless ``XLA_FLAGS``
+already sets a level): verify runs each program a few times on small
+batches, so compile time is nearly all of its time. The benchmark measures
+the code as it would run in production, so with it the flags stay as they
+are.
+
 Run it as ``treeguard verify ...`` or ``python -m treeguard.cli_verify ...``.
 """
 
@@ -12,24 +19,33 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import sys
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 from rich.console import Console
 
-from ._src.errors import FormatError, IntegrityError, TreeguardError
-from ._src.verify.model import ConfigError, Model
-from ._src.verify.report import EXIT_USAGE
-from ._src.verify.run import run
+if TYPE_CHECKING:
+    from ._src.verify.model import Model
 
 DEFAULT_REPORT_DIR = "treeguard-report"
+EXIT_USAGE = 2
+_FAST_COMPILE = "--xla_backend_optimization_level=0"
 
 
 def _usage(message: str) -> NoReturn:
     Console(stderr=True, highlight=False, soft_wrap=True).print(f"[red]error:[/red] {message}")
     sys.exit(EXIT_USAGE)
+
+
+def compile_fast() -> None:
+    """Adds ``--xla_backend_optimization_level=0`` to ``XLA_FLAGS`` unless a level
+    is set there; it takes effect if no XLA computation has run yet."""
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "xla_backend_optimization_level" not in flags:
+        os.environ["XLA_FLAGS"] = f"{flags} {_FAST_COMPILE}".strip()
 
 
 def resolve(target: str) -> Model:
@@ -54,6 +70,8 @@ def resolve(target: str) -> Model:
       ...
       treeguard._src.verify.model.ConfigError: 'treeguard.examples.mlp' is not MODULE:ATTR...
     """
+    from ._src.verify.model import ConfigError, Model
+
     module_name, sep, attr = target.partition(":")
     if not sep or not module_name or not attr:
         raise ConfigError(
@@ -97,16 +115,44 @@ def resolve(target: str) -> Model:
     "--json", "as_json", is_flag=True, help="Print report.json to stdout instead of the table."
 )
 @click.option("--no-bench", is_flag=True, help="Skip the short warm benchmark of jit(apply).")
-def verify(target: str, record: bool, report_dir: Path, as_json: bool, no_bench: bool) -> None:
+@click.option(
+    "--references",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="The references file to compare with (or, with --record, to write) instead of the "
+    "model's own.",
+)
+def verify(
+    target: str,
+    *,
+    record: bool,
+    report_dir: Path,
+    as_json: bool,
+    no_bench: bool,
+    references: Path | None,
+) -> None:
     """Run the acceptance protocol on the Model at MODULE:ATTR.
 
     The checks: contract, keys, finite, negative, transforms, environment,
     regression, training, splits. Exit status 0 when all pass, 1 when any
     fails, 2 for usage or configuration errors.
     """
+    if no_bench:
+        compile_fast()
+    from ._src.errors import FormatError, IntegrityError, TreeguardError
+    from ._src.verify.model import ConfigError
+    from ._src.verify.run import run
+
     try:
         model = resolve(target)
-        report = run(model, record=record, report_dir=report_dir, bench=not no_bench, name=target)
+        report = run(
+            model,
+            record=record,
+            references=references,
+            report_dir=report_dir,
+            bench=not no_bench,
+            name=target,
+        )
     except (ConfigError, FormatError, IntegrityError) as e:
         _usage(str(e))
     except TreeguardError as e:

@@ -113,7 +113,7 @@ def _apply_fast_under_jit(params: Any, batch: Any) -> jax.Array:
 
 def test_jit_differs_fails_transforms_only(tmp_path: Path) -> None:
     model = dataclasses.replace(BASE, apply=_apply_fast_under_jit)
-    evidence = _assert_only(_verify(model, tmp_path, own_references=False), "transforms")
+    evidence = _assert_only(_verify(model, tmp_path, own_references=True), "transforms")
     assert evidence[0].startswith("worst leaf: case ")
     assert ", jit vs eager: " in evidence[0] and "beyond tolerance" in evidence[0]
     assert any(

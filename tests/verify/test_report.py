@@ -142,3 +142,26 @@ def test_terminal_table(report: Report) -> None:
 def test_getitem_names_the_checks() -> None:
     with pytest.raises(KeyError, match=r"no check 'kyes'; the checks are \['contract', 'keys'"):
         _report("passing")["kyes"]
+
+
+def test_plots_draw_the_worst_leaves_and_sum_up_the_rest() -> None:
+    from treeguard._src.verify.report import PLOT_ROWS, error_plot, plot_rows
+
+    rows = [
+        {
+            "case": "standard",
+            "kind": "grads",
+            "path": f"['layer{i}']['w']",
+            "ratio": r,
+            "ok": r <= 1,
+        }
+        for i, r in enumerate([0.0] * 300 + [1e-3 * (i + 1) for i in range(199)] + [5.0])
+    ]
+    drawn, rest = plot_rows(rows)
+    assert len(drawn) == PLOT_ROWS == 20
+    assert drawn[0]["ratio"] == 5.0 and drawn[1]["ratio"] == pytest.approx(0.199)
+    assert rest == "180 more within tolerance (the worst at 0.18 of its tolerance); 300 exact"
+    svg = error_plot(rows, "t")
+    assert svg.count("<rect") == 20 and "not drawn: 180 more within tolerance" in svg
+    exact = [{"path": f"['p{i}']", "ratio": 0.0} for i in range(500)]
+    assert error_plot(exact, "t") == '<p class="meta">500 exact: nothing to draw</p>'

@@ -158,26 +158,41 @@ class _Tracker:
 
     # -- evaluation -------------------------------------------------------
 
-    def run(self, jaxpr: Any, consts: Sequence[Any], args: Sequence[Any], site: str) -> list[Any]:
+    def run(
+        self,
+        jaxpr: Any,
+        consts: Sequence[Any],
+        args: Sequence[Any],
+        site: str,
+        want: Sequence[bool] | None = None,
+    ) -> list[Any]:
+        """Evaluates ``jaxpr``; with ``want`` (one flag per output), only the
+        equations that key use or a wanted output depends on (the rest give None)."""
         env: dict[Any, Any] = {}
 
         def read(v: Any) -> Any:
-            return v.val if isinstance(v, jex.Literal) else env[v]
+            return v.val if isinstance(v, jex.Literal) else env.get(v)
 
         for v, x in zip(jaxpr.constvars, consts):
             env[v] = x
         for v, x in zip(jaxpr.invars, args):
             env[v] = x
-        for eqn in jaxpr.eqns:
+        keep = _needed(jaxpr, want) if want is not None else None
+        for i, eqn in enumerate(jaxpr.eqns):
+            if keep is not None and keep[i] is None:
+                continue
             here = _site_of(eqn, site)
             invals = [read(v) for v in eqn.invars]
-            outs = self.eqn(eqn, invals, here)
+            outs = self.eqn(eqn, invals, here, None if keep is None else keep[i])
             for v, x in zip(eqn.outvars, outs):
                 if not isinstance(v, jex.DropVar):
                     env[v] = x
         return [read(v) for v in jaxpr.outvars]
 
-    def eqn(self, eqn: Any, invals: list[Any], site: str) -> list[Any]:
+    def eqn(
+        self, eqn: Any, invals: list[Any], site: str, want: list[bool] | None = None
+    ) -> list[Any]:
+        """One equation; ``want`` (sliced evaluation) flags the outputs needed."""
         name = eqn.primitive.name
         sub = _CALL_PARAMS.get(name)
         if sub is not None and sub in eqn.params:
@@ -185,12 +200,22 @@ class _Tracker:
             inner = getattr(closed, "jaxpr", closed)
             consts = getattr(closed, "consts", ())
             n_in = len(inner.invars)
-            return self.run(inner, consts, invals[len(invals) - n_in :], site)
+            return self.run(inner, consts, invals[len(invals) - n_in :], site, want)
         if name == "cond" and "branches" in eqn.params:
             index = int(np.asarray(invals[0]))
             branches = eqn.params["branches"]
             branch = branches[max(0, min(index, len(branches) - 1))]
-            return self.run(branch.jaxpr, branch.consts, invals[1:], site)
+            return self.run(branch.jaxpr, branch.consts, invals[1:], site, want)
+        if want is not None and not any(want):
+            # Sliced: nothing downstream reads the outputs, so only the key
+            # consumption (of an input already evaluated) is recorded.
+            if name == "random_bits":
+                self.consume(invals[0], f"a random draw at {site}")
+            elif name == "random_split":
+                self.consume(invals[0], f"a split at {site}")
+            elif name in _LOOPS:
+                self.unfollowed.append(f"{name} at {site}")
+            return [None] * len(eqn.outvars)
         outs = self.bind(eqn, invals)
         if name == "random_bits":
             self.consume(invals[0], f"a random draw at {site}")
@@ -235,7 +260,36 @@ def _draws_keys(eqn: Any) -> bool:
     return "random_bits" in text or "random_split" in text
 
 
-def trace_keys(fn: Callable[..., Any], /, *args: Any, names: Sequence[str] = ()) -> KeyTrace:
+_CONSUMERS = frozenset(("random_bits", "random_split"))
+
+
+def _needed(jaxpr: Any, want: Sequence[bool]) -> list[list[bool] | None]:
+    """For each equation, which of its outputs the key tracking needs (None:
+    skip the equation): a backward slice from every key consumption and every
+    wanted output. Calls, conds and loops that draw or split keys count as
+    consumptions, and their operands are needed whole."""
+    needed = {v for v, w in zip(jaxpr.outvars, want) if w and not isinstance(v, jex.Literal)}
+    out: list[list[bool] | None] = [None] * len(jaxpr.eqns)
+    for i in range(len(jaxpr.eqns) - 1, -1, -1):
+        eqn = jaxpr.eqns[i]
+        flags = [v in needed for v in eqn.outvars]
+        consumes = eqn.primitive.name in _CONSUMERS or (
+            eqn.primitive.name not in ("random_fold_in", "random_seed", "random_wrap")
+            and (bool(eqn.params) and _draws_keys(eqn))
+        )
+        if not (any(flags) or consumes):
+            continue
+        out[i] = flags
+        if any(flags) or eqn.primitive.name != "random_bits":
+            needed.update(v for v in eqn.invars if not isinstance(v, jex.Literal))
+        else:
+            needed.add(eqn.invars[0])
+    return out
+
+
+def trace_keys(
+    fn: Callable[..., Any], /, *args: Any, names: Sequence[str] = (), outputs: bool = True
+) -> KeyTrace:
     """Runs ``fn(*args)`` while tracking every PRNG key it consumes.
 
     The keys passed in (typed keys, or legacy ``uint32[2]`` keys from
@@ -249,6 +303,10 @@ def trace_keys(fn: Callable[..., Any], /, *args: Any, names: Sequence[str] = ())
       *args: its arguments.
       names: how the report names each argument (``"the key passed to
         init"``); by default ``"argument 0"``, ...
+      outputs: compute ``fn``'s outputs on the way. With False only the
+        equations that keys flow through are evaluated (a backward slice
+        from each draw and split), which skips compiling the rest op by op;
+        ``KeyTrace.outputs`` is then None.
 
     Returns:
       A ``KeyTrace`` with the outputs and every reuse found.
@@ -284,10 +342,12 @@ def trace_keys(fn: Callable[..., Any], /, *args: Any, names: Sequence[str] = ())
                     tracker.legacy.add(ident)
     closed, shapes = jax.make_jaxpr(fn, return_shape=True)(*args)
     flat_args = jax.tree.leaves(args)
-    outs = tracker.run(closed.jaxpr, closed.consts, flat_args, getattr(fn, "__name__", "fn"))
+    want = None if outputs else [False] * len(closed.jaxpr.outvars)
+    site = getattr(fn, "__name__", "fn")
+    outs = tracker.run(closed.jaxpr, closed.consts, flat_args, site, want)
     out_tree = jax.tree.structure(shapes)
     return KeyTrace(
-        outputs=jax.tree.unflatten(out_tree, outs),
+        outputs=jax.tree.unflatten(out_tree, outs) if outputs else None,
         consumed=tracker.consumed,
         reuses=tuple(tracker.reuses),
         unfollowed=tuple(tracker.unfollowed),

@@ -1,9 +1,10 @@
 """``treeguard.verify``: the acceptance protocol as one call.
 
 Describe a model with ``Model`` (pure ``init``/``apply``/``loss``, an
-optional ``update``, a batch spec with a symbolic batch axis ``"B"`` and
-explicit tolerances), then ``run(model)`` returns a ``Report`` of nine named
-checks; ``treeguard verify MODULE:ATTR`` does the same from the shell.
+optional ``update`` or optax ``optimizer``, a batch spec with a symbolic
+batch axis ``"B"`` and explicit tolerances), then ``run(model)`` returns a
+``Report`` of nine named checks; ``treeguard verify MODULE:ATTR`` does the
+same from the shell.
 """
 
 from .._src.keys import KeyReuse as KeyReuse

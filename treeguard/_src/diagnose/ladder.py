@@ -40,11 +40,11 @@ from ..verify.checks import (
     Context,
     check_keys,
     example_hashes,
-    per_example_apply,
     regression_errors,
 )
 from ..verify.compare import LeafError, compare_trees
 from ..verify.model import ConfigError, Model, Tolerance
+from ..verify.programs import per_example_apply
 from .locate import Divergence, locate
 from .nan import NanSite, nan_origin
 from .tolerance import Tolerances

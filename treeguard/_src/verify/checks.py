@@ -29,6 +29,7 @@ from ..spec import TreeSpec, spec_of, summarize
 from .cases import Case
 from .compare import compare_stored, compare_trees, leaves_with_paths
 from .model import BATCH, Model
+from .programs import Programs, as_jax, step_function
 from .refs import References
 
 Status = Literal["pass", "fail", "skip"]
@@ -106,11 +107,25 @@ class Context:
     references: References | None
     record: bool = False
     bench_result: Any = None  # the run's benchmark of jit(apply), for the performance check
-    _params: Any = None
+    programs: Programs = dataclasses.field(init=False)
+    rejected: dict[str, list[str]] = dataclasses.field(init=False)
+
+    def __post_init__(self) -> None:
+        self.programs = Programs(self.model)
+        self.rejected = {}
+        for case in self.cases:
+            if not case.negative:
+                found = mismatches(case.batch, self.model.batch_spec)
+                if found:
+                    self.rejected[case.name] = _lines(
+                        found, f"case {case.name!r}", "the batch spec", "the case"
+                    )
 
     @property
     def positive(self) -> list[Case]:
-        return [c for c in self.cases if not c.negative]
+        """The positive cases whose data match the batch spec (the others are
+        rejected by the contract check and run by no other check)."""
+        return [c for c in self.cases if not c.negative and c.name not in self.rejected]
 
     @property
     def negative(self) -> list[Case]:
@@ -118,12 +133,10 @@ class Context:
 
     def params(self) -> Any:
         """``init``'s params for the model's seed (computed once)."""
-        if self._params is None:
-            self._params = self.model.init(self.model.key())
-        return self._params
+        return self.programs.params()
 
     def batch(self, case: Case) -> Any:
-        return jax.tree.map(jnp.asarray, case.batch)
+        return as_jax(case.batch)
 
     def standard(self) -> Case:
         for c in self.positive:
@@ -194,17 +207,22 @@ def check_contract(ctx: Context) -> CheckResult:
         info.append(
             f"params: {pspec.num_leaves} leaves, {pspec.num_params} values (no stored spec)"
         )
-    grad_fn = jax.grad(model.loss)
     grads_bad = 0
     out_specs: dict[str, TreeSpec] = {}
+    for lines in ctx.rejected.values():
+        bad += lines
+    if ctx.rejected:
+        bad.append(
+            f"{len(ctx.rejected)} case(s) do not match Model.batch_spec and ran in no other "
+            "check; hint: build each case's leaves with the spec's shapes and dtypes, e.g. "
+            "np.asarray(x, np.float32)"
+        )
     for case in ctx.positive:
         batch = ctx.batch(case)
         where = f"case {case.name!r}"
-        bad += _lines(
-            mismatches(batch, model.batch_spec), f"{where} batch", "the batch spec", "the case"
-        )
         n = _batch_size(batch, model.batch_spec)
-        outputs = model.apply(params, batch)
+        result = ctx.programs.results(case)
+        outputs = result.outputs
         if model.output_spec is not None:
             found = mismatches(outputs, model.output_spec)
             bad += _lines(found, f"{where} outputs", "the output spec", "apply's outputs")
@@ -224,10 +242,10 @@ def check_contract(ctx: Context) -> CheckResult:
                     )
         with contextlib.suppress(ValueError):  # outputs without a batch axis: reported above
             out_specs[case.name] = spec_of(outputs, dims={BATCH: 0})
-        value = model.loss(params, batch)
+        value = result.loss
         if np.shape(value) != () or not jnp.issubdtype(jnp.result_type(value), jnp.floating):
             bad.append(f"{where} loss: {_short(value)} where a float scalar was expected")
-        grads = grad_fn(params, batch)
+        grads = result.grads
         found = mismatches(grads, pspec)
         grads_bad += len(found)
         bad += _lines(found, f"{where} grads", "the params", "the grads")
@@ -251,37 +269,50 @@ def check_contract(ctx: Context) -> CheckResult:
 # -- 2. keys --------------------------------------------------------------------
 
 
-def _step(model: Model) -> Callable[[Any, Any], Any]:
-    def step(params: Any, batch: Any) -> Any:
-        grads = jax.grad(model.loss)(params, batch)
-        return model.update(params, grads) if model.update is not None else grads
-
-    return step
+def _key_programs(
+    ctx: Context,
+) -> list[tuple[str, Callable[..., Any], tuple[Any, ...], tuple[str, ...]]]:
+    model = ctx.model
+    out: list[tuple[str, Callable[..., Any], tuple[Any, ...], tuple[str, ...]]] = [
+        ("init", model.init, (model.key(),), ("the key passed to init",))
+    ]
+    step = step_function(model)
+    batch = ctx.batch(ctx.standard())
+    if step is None:
+        out.append(
+            ("training step", jax.grad(model.loss), (ctx.params(), batch), ("params", "the batch"))
+        )
+    else:
+        out.append(
+            (
+                "training step",
+                step,
+                (ctx.params(), ctx.programs.opt_state(), batch),
+                ("params", "the optimizer state", "the batch"),
+            )
+        )
+    return out
 
 
 def check_keys(ctx: Context) -> CheckResult:
-    """Each PRNG key is consumed once in ``init`` and in one training step."""
-    model = ctx.model
+    """Each PRNG key is consumed once in ``init`` and in one training step.
+
+    JAX's checker runs on each function traced under ``jit`` (it checks the
+    traced program, so nothing is compiled), and treeguard's key streams
+    evaluate only the operations keys flow through.
+    """
     bad: list[str] = []
     info: list[str] = []
-    params = ctx.params()
-    batch = ctx.batch(ctx.standard())
-    step = _step(model)
+    programs = _key_programs(ctx)
     with jax.debug_key_reuse(True):
-        for what, fn, args in (
-            ("init", model.init, (model.key(),)),
-            ("training step", step, (params, batch)),
-        ):
+        for what, fn, args, _ in programs:
             try:
-                jax.block_until_ready(fn(*args))  # type: ignore[no-untyped-call]
+                jax.jit(lambda *a, f=fn: f(*a)).trace(*args)
             except jax.errors.KeyReuseError as e:
                 first = str(e).splitlines()[0]
                 bad.append(f"{what}: JAX's key-reuse checker: {first}")
-    for what, fn, args, names in (
-        ("init", model.init, (model.key(),), ("the key passed to init",)),
-        ("training step", step, (params, batch), ("params", "the batch")),
-    ):
-        trace = trace_keys(fn, *args, names=names)
+    for what, fn, args, names in programs:
+        trace = trace_keys(fn, *args, names=names, outputs=False)
         for r in trace.reuses:
             bad.append(f"{what}: {r.describe()}")
         for u in trace.unfollowed:
@@ -319,12 +350,10 @@ def _non_finite(tree: Any) -> list[str]:
 
 def check_finite(ctx: Context) -> CheckResult:
     """The loss and every grad leaf are finite on every positive case."""
-    model = ctx.model
-    params = ctx.params()
-    vg = jax.value_and_grad(model.loss)
     bad: list[str] = []
     for case in ctx.positive:
-        value, grads = vg(params, ctx.batch(case))
+        result = ctx.programs.results(case)
+        value, grads = result.loss, result.grads
         if _non_finite(value):
             bad.append(f"case {case.name!r} loss is non-finite: {float(value)}")
         for line in _non_finite(grads):
@@ -359,7 +388,8 @@ def check_negative(ctx: Context) -> CheckResult:
         except Exception as e:  # noqa: BLE001 - the wrong exception is the finding
             bad.append(
                 f"{where}: raised {type(e).__name__} ({_first_line(e)}) instead of "
-                f"{_names(case.raises)}"
+                f"{_names(case.raises)}; hint: if {type(e).__name__} is the refusal you "
+                f"mean, declare it: {_declare(ctx.model, case, type(e))}"
             )
         else:
             bad.append(f"{where}: returned {_short(out)} instead of raising {_names(case.raises)}")
@@ -374,6 +404,14 @@ def check_negative(ctx: Context) -> CheckResult:
     )
 
 
+def _declare(model: Model, case: Case, raised: type[BaseException]) -> str:
+    """The ``Model(...)`` argument that would accept ``raised`` for ``case``."""
+    names = ", ".join(t.__name__ for t in (*case.raises, raised))
+    if case.name == "invalid_shape" and tuple(model.invalid_raises) == case.raises:
+        return f"Model(invalid_raises=({names}))"
+    return f"InvalidInput({case.name!r}, ..., raises=({names}))"
+
+
 def _first_line(e: BaseException) -> str:
     text = str(e).strip().splitlines()
     line = text[0] if text else ""
@@ -383,52 +421,30 @@ def _first_line(e: BaseException) -> str:
 # -- 5. transforms --------------------------------------------------------------
 
 
-def _vmapped(f: Callable[..., Any]) -> Callable[..., Any]:
-    """``f`` under vmap over a leading axis of size 1 added to every argument."""
-
-    def run(*args: Any) -> Any:
-        out = jax.vmap(f)(*jax.tree.map(lambda x: x[None], args))
-        return jax.tree.map(lambda x: x[0], out)
-
-    return run
-
-
-def per_example_apply(model: Model, params: Any, batch: Any) -> Any:
-    """``apply`` on each example alone, under vmap, stacked back along the batch axis."""
-
-    def one(example: Any) -> Any:
-        return model.apply(params, jax.tree.map(lambda x: x[None], example))
-
-    out = jax.vmap(one)(batch)
-    return jax.tree.map(lambda x: x[:, 0], out)
-
-
 def check_transforms(ctx: Context) -> CheckResult:
     """Eager, ``jit`` and ``vmap`` agree on outputs, loss and grads within tolerance."""
     model = ctx.model
-    params = ctx.params()
     tol = model.tolerance_for
-    grad = jax.grad(model.loss)
-    variants: dict[str, tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any]]] = {
-        "jit": (jax.jit(model.apply), jax.jit(model.loss), jax.jit(grad)),
-        "vmap": (
-            lambda p, b: per_example_apply(model, p, b),
-            _vmapped(model.loss),
-            _vmapped(grad),
-        ),
-    }
+    programs = ctx.programs
     bad: list[str] = []
     rows: list[dict[str, Any]] = []
     worst: tuple[float, str] | None = None
+    # Eager JAX compiles and dispatches each operation on its own, so the
+    # eager reference runs on the standard case only; jit and vmap are
+    # compared with each other on every case.
+    eager_on = [ctx.standard()]
     for case in ctx.positive:
-        batch = ctx.batch(case)
-        eager = (model.apply(params, batch), model.loss(params, batch), grad(params, batch))
-        for vname, fns in variants.items():
-            for kind, fn, ref in zip(("outputs", "loss", "grads"), fns, eager):
-                got = fn(params, batch)
+        eager = programs.eager(case) if case in eager_on else programs.results(case)
+        variants = {"vmap": programs.vmapped(case)}
+        if case in eager_on:
+            variants = {"jit": programs.results(case), **variants}
+        for vname, result in variants.items():
+            for kind in ("outputs", "loss", "grads"):
+                got, ref = getattr(result, kind), getattr(eager, kind)
                 found, errs = compare_trees(got, ref, tolerance=tol)
-                label = f"case {case.name!r} {kind}, {vname} vs eager"
-                bad += _lines(found, label, "eager", vname)
+                base = "eager" if case in eager_on else "jit"
+                label = f"case {case.name!r} {kind}, {vname} vs {base}"
+                bad += _lines(found, label, base, vname)
                 for err in errs:
                     rows.append(
                         {"case": case.name, "kind": kind, "variant": vname, **err.to_dict()}
@@ -438,6 +454,9 @@ def check_transforms(ctx: Context) -> CheckResult:
                     if worst is None or err.ratio > worst[0]:
                         worst = (err.ratio, f"{label}: {err.describe()}")
     info = [f"worst leaf: {worst[1]}"] if worst else []
+    others = [c.name for c in ctx.positive if c not in eager_on]
+    if others:
+        info.append(f"cases {others}: vmap compared with jit (eager runs on the standard case)")
     if bad:
         bad, info = info + bad, []
     return _result(
@@ -524,7 +543,6 @@ def regression_errors(ctx: Context, refs: References) -> tuple[list[str], list[d
     model = ctx.model
     params = ctx.params()
     tol = model.tolerance_for
-    vg = jax.value_and_grad(model.loss)
     bad: list[str] = []
     rows: list[dict[str, Any]] = []
     stored: dict[str, Any] = {"params": refs.params, "cases": {}, "invalid": {}}
@@ -535,13 +553,12 @@ def regression_errors(ctx: Context, refs: References) -> tuple[list[str], list[d
             current["invalid"][case.name] = {"batch": case.batch}
             stored["invalid"][case.name] = {"batch": case.batch}
             continue
-        batch = ctx.batch(case)
-        value, grads = vg(params, batch)
+        result = ctx.programs.results(case)
         current["cases"][case.name] = {
             "batch": case.batch,
-            "outputs": model.apply(params, batch),
-            "loss": value,
-            "grads": grads,
+            "outputs": result.outputs,
+            "loss": result.loss,
+            "grads": result.grads,
         }
         stored["cases"][case.name] = {
             "batch": case.batch,
@@ -608,26 +625,45 @@ def check_regression(ctx: Context) -> CheckResult:
 
 
 def check_training(ctx: Context) -> CheckResult:
-    """A few ``update`` steps reduce the loss on the standard batch and keep the params' spec."""
+    """A few training steps reduce the loss on the standard batch; the params,
+    the optimizer's updates and the optimizer state keep their contracts."""
     model = ctx.model
-    if model.update is None:
-        return CheckResult("training", "skip", "the model has no update")
+    step = ctx.programs.step
+    if not ctx.programs.trains:
+        return CheckResult("training", "skip", "the model has no update and no optimizer")
     params = ctx.params()
     spec = spec_of(params)
+    state = ctx.programs.opt_state()
+    state_spec = spec_of(state) if state is not None else None
     batch = ctx.batch(ctx.standard())
-    vg = jax.jit(jax.value_and_grad(model.loss))
     losses: list[float] = []
     bad: list[str] = []
-    for step in range(model.training_steps + 1):
-        value, grads = vg(params, batch)
-        losses.append(float(value))
-        if step == model.training_steps:
-            break
-        params = model.update(params, grads)
+    info: list[str] = []
+    if state_spec is not None:
+        info.append(
+            f"optimizer state: {state_spec.num_leaves} leaves, {state_spec.num_params} values"
+        )
+    for i in range(1, model.training_steps + 1):
+        out = step(params, state, batch)
+        losses.append(float(out.loss))
+        if out.updates is not None:
+            found = mismatches(out.updates, spec)
+            bad += _lines(found, f"step {i} updates", "the params", "the optimizer's updates")
+            if found:
+                break
+        params, state = out.params, out.opt_state
         found = mismatches(params, spec)
+        bad += _lines(found, f"step {i} params", "init's params", "the updated params")
+        if state_spec is not None:
+            found_state = mismatches(state, state_spec)
+            bad += _lines(
+                found_state, f"step {i} optimizer state", "the initial state", "the updated state"
+            )
+            found = found + found_state
         if found:
-            bad += _lines(found, f"step {step + 1} params", "init's params", "the updated params")
             break
+    if not bad:  # the loss after the last step (the next step's "before")
+        losses.append(float(step(params, state, batch).loss))
     trail = " -> ".join(f"{v:.6g}" for v in losses)
     rows = [{"step": i, "loss": v} for i, v in enumerate(losses)]
     if not bad and not (np.isfinite(losses[-1]) and losses[-1] < losses[0]):
@@ -639,10 +675,10 @@ def check_training(ctx: Context) -> CheckResult:
     return _result(
         "training",
         bad,
-        f"loss {losses[0]:.6g} -> {losses[-1]:.6g} over {len(losses) - 1} steps; params keep "
-        "their spec",
+        f"loss {losses[0]:.6g} -> {losses[-1]:.6g} over {len(losses) - 1} steps; params "
+        + ("and optimizer state keep their specs" if state_spec is not None else "keep their spec"),
         "training does not work",
-        evidence=[] if bad else [f"loss: {trail}"],
+        evidence=info if bad else [f"loss: {trail}", *info],
         rows=rows,
     )
 
@@ -650,11 +686,16 @@ def check_training(ctx: Context) -> CheckResult:
 # -- 9. splits ------------------------------------------------------------------
 
 
-def example_hashes(data: Any) -> list[str]:
+def example_hashes(data: Any, *, where: str = "the data") -> list[str]:
     """The sha256 of each example (index along axis 0 of every leaf), by content.
 
+    Args:
+      data: a tree of arrays, examples along axis 0.
+      where: how a message names ``data`` (``"split 'val'"``).
+
     Raises:
-      ValueError: if the leaves disagree on the number of examples.
+      ValueError: if the leaves disagree on the number of examples, naming
+        each leaf's path and count.
 
     Example:
       >>> h = example_hashes({"x": np.arange(6.0).reshape(3, 2)})
@@ -664,7 +705,15 @@ def example_hashes(data: Any) -> list[str]:
     arrays = [(p, np.asarray(x)) for p, x in leaves_with_paths(data)]
     sizes = {a.shape[0] if a.ndim else None for _, a in arrays}
     if len(sizes) != 1 or None in sizes:
-        raise ValueError(f"leaves disagree on the number of examples: {sorted(map(str, sizes))}")
+        counts = [
+            f"{p or '<root>'} has {a.shape[0] if a.ndim else 'no axis 0 (a scalar)'}"
+            for p, a in arrays[:_LISTED]
+        ]
+        more = f", ... and {len(arrays) - _LISTED} more" if len(arrays) > _LISTED else ""
+        raise ValueError(
+            f"{where}: leaves disagree on the number of examples: {', '.join(counts)}{more}; "
+            "hint: give every leaf the same number of rows along axis 0"
+        )
     n = sizes.pop() or 0
     out = []
     for i in range(int(n)):
@@ -686,8 +735,22 @@ def check_splits(ctx: Context) -> CheckResult:
     bad: list[str] = []
     counts: dict[str, int] = {}
     overlaps = 0
+    spec = ctx.model.batch_spec
     for split, tree in data.items():
-        hashes = example_hashes(tree)
+        where = f"split {split!r}"
+        found = mismatches(tree, spec)
+        if found:
+            bad += _lines(found, where, "the batch spec", "the split")
+            bad.append(
+                f"{where} does not match Model.batch_spec, so its examples were not compared; "
+                "hint: give it the spec's dtypes and feature shapes, examples along axis 0"
+            )
+            continue
+        try:
+            hashes = example_hashes(tree, where=where)
+        except ValueError as e:
+            bad.append(str(e))
+            continue
         counts[split] = len(hashes)
         for i, h in enumerate(hashes):
             prior = seen.get(h)
@@ -703,11 +766,14 @@ def check_splits(ctx: Context) -> CheckResult:
     if overlaps > _LISTED:
         bad.append(f"... and {overlaps - _LISTED} more shared examples")
     sizes = ", ".join(f"{k} {v}" for k, v in counts.items())
+    failed = f"{overlaps} example(s) appear in two splits ({sizes})"
+    if len(counts) < len(data):
+        failed = f"{len(data) - len(counts)} split(s) do not match the batch spec"
     return _result(
         "splits",
         bad,
         f"no example in two splits ({sizes})",
-        f"{overlaps} example(s) appear in two splits ({sizes})",
+        failed,
         rows=[{"split": k, "examples": v} for k, v in counts.items()],
     )
 

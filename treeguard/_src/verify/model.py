@@ -133,7 +133,15 @@ class Model:
       atol: absolute tolerance.
       tolerances: per-dtype overrides, ``{"bfloat16": Tolerance(1e-2, 1e-2)}``;
         keys are dtype names or short names (``"bf16"``).
-      update: optional ``update(params, grads) -> params`` (one optimiser step).
+      update: optional ``update(params, grads) -> params`` (one optimiser
+        step), or, with ``opt_init``, ``update(params, grads, opt_state) ->
+        (params, opt_state)``.
+      optimizer: optional optimizer with optax's ``init(params)`` and
+        ``update(grads, opt_state, params) -> (updates, opt_state)``; the
+        updates are added to the params (optax's ``apply_updates``
+        convention). Give this or ``update``, not both.
+      opt_init: ``opt_init(params) -> opt_state``: the first optimizer
+        state for the three-argument ``update``.
       output_spec: optional ``TreeSpec`` of the outputs, with ``"B"``.
       params_spec: optional stored params spec (a ``TreeSpec`` or a JSON
         path); ``init``'s params must still match it.
@@ -173,7 +181,9 @@ class Model:
     rtol: float
     atol: float
     tolerances: Mapping[str, Tolerance] = dataclasses.field(default_factory=dict)
-    update: Callable[[Any, Any], Any] | None = None
+    update: Callable[..., Any] | None = None
+    optimizer: Any = None
+    opt_init: Callable[[Any], Any] | None = None
     output_spec: TreeSpec | None = None
     params_spec: TreeSpec | str | os.PathLike[str] | None = None
     references: str | os.PathLike[str] | None = None
@@ -200,6 +210,25 @@ class Model:
                 raise ConfigError(f"Model.{attr} is {getattr(self, attr)!r}, not a function")
         if self.update is not None and not callable(self.update):
             raise ConfigError(f"Model.update is {self.update!r}, not a function")
+        if self.optimizer is not None:
+            if not (
+                callable(getattr(self.optimizer, "init", None))
+                and callable(getattr(self.optimizer, "update", None))
+            ):
+                raise ConfigError(
+                    f"Model.optimizer is a {type(self.optimizer).__name__} without init and "
+                    "update; hint: pass an optax.GradientTransformation, e.g. optax.adam(1e-3)"
+                )
+            if self.update is not None or self.opt_init is not None:
+                raise ConfigError(
+                    "Model has both optimizer= and update=/opt_init=; hint: give optimizer= "
+                    "alone, or update(params, grads, opt_state) with opt_init="
+                )
+        if self.opt_init is not None and (not callable(self.opt_init) or self.update is None):
+            raise ConfigError(
+                "Model.opt_init needs a function and update(params, grads, opt_state) -> "
+                "(params, opt_state); hint: pass both, or optimizer= for an optax optimizer"
+            )
         if not isinstance(self.batch_spec, TreeSpec):
             raise ConfigError(
                 f"Model.batch_spec is a {type(self.batch_spec).__name__}, not a TreeSpec; "
@@ -242,6 +271,11 @@ class Model:
                 )
 
     # -- derived ------------------------------------------------------------
+
+    @property
+    def trains(self) -> bool:
+        """Whether the model can take a training step (``update`` or ``optimizer``)."""
+        return self.update is not None or self.optimizer is not None
 
     def key(self) -> jax.Array:
         """A fresh key for ``init``, of the declared kind, from ``seed``."""

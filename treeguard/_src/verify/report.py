@@ -326,14 +326,57 @@ def _leaf_label(row: dict[str, Any]) -> str:
     return f"{where} {row.get('path') or '<root>'}"
 
 
-def error_plot(rows: list[dict[str, Any]], title: str) -> str:
-    """An SVG bar chart of each leaf's error over its tolerance, on a log scale.
+#: How many leaves a plot draws: the worst ones; a line sums up the rest.
+PLOT_ROWS = 20
 
-    A bar that crosses the red line at 1 is beyond tolerance; an exact leaf
-    sits at the left edge.
+
+def plot_rows(
+    rows: list[dict[str, Any]], *, limit: int = PLOT_ROWS
+) -> tuple[list[dict[str, Any]], str]:
+    """The rows a plot draws (the ``limit`` worst that are not exact, worst
+    first) and one line summing up the rest.
+
+    Example:
+      >>> rows = [{"ratio": 0.0}, {"ratio": 0.5}, {"ratio": 2.0, "ok": False}, {"ratio": 0.1}]
+      >>> drawn, rest = plot_rows(rows, limit=2)
+      >>> [r["ratio"] for r in drawn], rest
+      ([2.0, 0.5], '1 more within tolerance (the worst at 0.1 of its tolerance); 1 exact')
+    """
+    ranked = sorted(rows, key=lambda r: -_num(r.get("ratio")))
+    inexact = [r for r in ranked if _num(r.get("ratio")) != 0.0]
+    exact = len(ranked) - len(inexact)
+    drawn, rest = inexact[:limit], inexact[limit:]
+    parts = []
+    if rest:
+        beyond = sum(1 for r in rest if not r.get("ok", True))
+        head = f"{len(rest)} more" + (f", {beyond} beyond tolerance" if beyond else "")
+        parts.append(
+            f"{head} {'' if beyond else 'within tolerance '}(the worst at {_ratio(rest[0])} "
+            "of its tolerance)"
+        )
+    if exact:
+        parts.append(f"{exact} exact")
+    return drawn, "; ".join(parts)
+
+
+def _ratio(row: dict[str, Any]) -> str:
+    v = _num(row.get("ratio"))
+    return "∞" if not math.isfinite(v) else f"{v:.2g}"
+
+
+def error_plot(rows: list[dict[str, Any]], title: str, *, limit: int = PLOT_ROWS) -> str:
+    """An SVG bar chart of the worst leaves' error over their tolerance, on a log scale.
+
+    A bar that crosses the red line at 1 is beyond tolerance. Only the
+    ``limit`` worst rows are drawn; exact rows (error 0) are not; a line
+    under the plot sums up what was left out, so a model of any size keeps
+    one plot of at most ``limit`` bars.
     """
     if not rows:
         return ""
+    rows, rest = plot_rows(rows, limit=limit)
+    if not rows:
+        return f'<p class="meta">{_e(rest)}: nothing to draw</p>'
     lo_exp = -8
     ratios = []
     for r in rows:
@@ -344,7 +387,8 @@ def error_plot(rows: list[dict[str, Any]], title: str) -> str:
     hi_exp = max(1, math.ceil(math.log10(max(finite)))) if finite else 1
     hi_exp = min(hi_exp, 12)
     label_w, plot_w, bar_h, gap, top = 360, 560, 13, 4, 34
-    height = top + len(rows) * (bar_h + gap) + 30
+    height = top + len(rows) * (bar_h + gap) + 30 + (18 if rest else 0)
+    axis = height - (18 if rest else 0)
     width = label_w + plot_w + 90
 
     def x_of(v: float) -> float:
@@ -363,10 +407,10 @@ def error_plot(rows: list[dict[str, Any]], title: str) -> str:
     for e in range(lo_exp, hi_exp + 1):
         x = x_of(10.0**e)
         parts.append(
-            f'<line x1="{x:.1f}" y1="{top - 6}" x2="{x:.1f}" y2="{height - 26}" stroke="#e6e9ef"/>'
+            f'<line x1="{x:.1f}" y1="{top - 6}" x2="{x:.1f}" y2="{axis - 26}" stroke="#e6e9ef"/>'
         )
         parts.append(
-            f'<text x="{x:.1f}" y="{height - 12}" text-anchor="middle" fill="#5b6475">1e{e}</text>'
+            f'<text x="{x:.1f}" y="{axis - 12}" text-anchor="middle" fill="#5b6475">1e{e}</text>'
         )
     for i, (r, v) in enumerate(zip(rows, ratios)):
         y = top + i * (bar_h + gap)
@@ -388,9 +432,11 @@ def error_plot(rows: list[dict[str, Any]], title: str) -> str:
         parts.append(f'<text x="{x1 + 4:.1f}" y="{y + bar_h - 2}" fill="#5b6475">{_e(text)}</text>')
     x_tol = x_of(1.0)
     parts.append(
-        f'<line x1="{x_tol:.1f}" y1="{top - 10}" x2="{x_tol:.1f}" y2="{height - 26}" '
+        f'<line x1="{x_tol:.1f}" y1="{top - 10}" x2="{x_tol:.1f}" y2="{axis - 26}" '
         'stroke="#c62828" stroke-width="2" stroke-dasharray="5 3"/>'
     )
+    if rest:
+        parts.append(f'<text x="0" y="{height - 4}" fill="#5b6475">not drawn: {_e(rest)}</text>')
     parts.append(
         f'<text x="{x_tol - 4:.1f}" y="{top - 12}" text-anchor="end" fill="#c62828">'
         "tolerance: |err| = atol + rtol·|ref|</text>"

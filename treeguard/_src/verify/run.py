@@ -8,14 +8,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-import jax
-
 from ..env import environment
 from ..spec import spec_of
 from . import refs as refs_mod
 from .cases import Case, generate
 from .checks import NAMES, CheckResult, Context, run_check
 from .model import ConfigError, Model
+from .programs import Programs
 from .report import Benchmark, Report
 
 
@@ -54,16 +53,23 @@ def benchmark(
     )
 
 
-def _expected(model: Model, params: Any, cases: list[Case]) -> dict[str, refs_mod.Expected]:
-    vg = jax.value_and_grad(model.loss)
-    out = {}
+def _record(programs: Programs, cases: list[Case], path: str | os.PathLike[str], name: str) -> Path:
+    """Writes the references from the shared compiled functions' results."""
+    model = programs.model
+    expected = {}
     for case in cases:
-        if case.negative:
-            continue
-        batch = jax.tree.map(jax.numpy.asarray, case.batch)
-        value, grads = vg(params, batch)
-        out[case.name] = refs_mod.Expected(model.apply(params, batch), value, grads)
-    return out
+        if not case.negative:
+            r = programs.results(case)
+            expected[case.name] = refs_mod.Expected(r.outputs, r.loss, r.grads)
+    return refs_mod.save(
+        path,
+        params=programs.params(),
+        cases=cases,
+        expected=expected,
+        tolerances=model.tolerance_table(),
+        seed=model.seed,
+        model_name=name,
+    )
 
 
 def run(
@@ -171,7 +177,7 @@ def run(
             )
         else:
             params = ctx.params()
-            written = record_references(model, ref_path, name=name)
+            written = _record(ctx.programs, cases, ref_path, name or model.name)
             recorded = str(written)
             reg.evidence.insert(0, f"recorded {len(cases)} cases to {written}")
             if spec_path is not None:
@@ -224,14 +230,4 @@ def record_references(
       >>> [c.name for c in refs_mod.load(p).cases]
       ['standard', 'single', 'zeros', 'boundary', 'invalid_shape']
     """
-    cases = generate(model)
-    params = model.init(model.key())
-    return refs_mod.save(
-        path,
-        params=params,
-        cases=cases,
-        expected=_expected(model, params, cases),
-        tolerances=model.tolerance_table(),
-        seed=model.seed,
-        model_name=name or model.name,
-    )
+    return _record(Programs(model), generate(model), path, name or model.name)

@@ -1,0 +1,85 @@
+"""An equinox ``eqx.nn.MLP`` described for ``treeguard verify`` and trained with optax.
+
+An equinox module is a pytree of arrays and everything else (activation
+functions, sizes). treeguard checks arrays, so the params are
+``eqx.filter(module, eqx.is_array)`` and the rest (``STATIC``) stays apart;
+``apply`` puts them back together with ``eqx.combine``.
+
+Run it with ``treeguard verify treeguard.examples.eqx_mlp:model``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from treeguard import LeafSpec, spec_of
+from treeguard.verify import Model
+
+IN, WIDTH, DEPTH, OUT = 2, 8, 2, 1
+
+
+def _module(key: jax.Array) -> eqx.nn.MLP:
+    return eqx.nn.MLP(IN, OUT, WIDTH, DEPTH, key=key)
+
+
+#: The module's non-array part (activations, sizes); the params travel apart.
+STATIC = eqx.filter(eqx.filter_eval_shape(_module, jax.random.key(0)), eqx.is_array, inverse=True)
+
+
+def init(key: jax.Array) -> Any:
+    """A fresh MLP's arrays: the module with every non-array field set to None.
+
+    Example:
+      >>> params = jax.eval_shape(init, jax.random.key(0))  # shapes only, nothing compiled
+      >>> type(params).__name__, [x.shape for x in jax.tree.leaves(params)][:2]
+      ('MLP', [(8, 2), (8,)])
+    """
+    return eqx.filter(_module(key), eqx.is_array)
+
+
+def apply(params: Any, batch: dict[str, jax.Array]) -> jax.Array:
+    """Outputs ``(B, 1)`` for ``batch["x"]`` of shape ``(B, 2)``.
+
+    Raises:
+      ValueError: if ``x`` is not ``(B, 2)``.
+    """
+    x = batch["x"]
+    if x.ndim != 2 or x.shape[-1] != IN:
+        raise ValueError(f"batch['x'] must have shape (B, {IN}), got {tuple(x.shape)}")
+    module = eqx.combine(params, STATIC)
+    out: jax.Array = jax.vmap(module)(x)
+    return out
+
+
+def loss(params: Any, batch: dict[str, jax.Array]) -> jax.Array:
+    """Mean squared error against ``batch["y"]`` of shape ``(B, 1)``."""
+    return jnp.mean((apply(params, batch) - batch["y"]) ** 2)
+
+
+def splits() -> dict[str, dict[str, np.ndarray]]:
+    """Disjoint train/val/test data: ``y = x0 * x1``."""
+    rng = np.random.Generator(np.random.PCG64(5))
+    x = rng.uniform(-1.0, 1.0, (96, IN)).astype(np.float32)
+    y = (x[:, :1] * x[:, 1:]).astype(np.float32)
+    cuts = {"train": slice(0, 64), "val": slice(64, 80), "test": slice(80, 96)}
+    return {k: {"x": x[s], "y": y[s]} for k, s in cuts.items()}
+
+
+model = Model(
+    init=init,
+    apply=apply,
+    loss=loss,
+    optimizer=optax.adam(1e-2),
+    batch_spec=spec_of({"x": LeafSpec(("B", IN), "float32"), "y": LeafSpec(("B", OUT), "float32")}),
+    output_spec=spec_of(LeafSpec(("B", OUT), "float32")),
+    rtol=1e-5,
+    atol=1e-6,
+    splits=splits,
+    name="treeguard.examples.eqx_mlp:model",
+)
