@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from ..atomic import atomic_write
 from .checks import CheckResult
 
 FORMAT = "treeguard.verify-report/1"
@@ -217,9 +218,7 @@ class Report:
             ("md", self.to_markdown()),
             ("html", self.to_html()),
         ):
-            tmp = files[kind].with_name(files[kind].name + f".tmp-{os.getpid()}")
-            tmp.write_text(text, encoding="utf-8")
-            os.replace(tmp, files[kind])
+            atomic_write(files[kind], text.encode("utf-8"))
         self.files = files
         return files
 
