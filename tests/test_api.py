@@ -30,7 +30,7 @@ def test_every_public_name_has_a_docstring() -> None:
 def test_import_pulls_in_no_heavy_optional_modules() -> None:
     code = (
         "import sys, treeguard\n"
-        "heavy = {'flax', 'equinox', 'optax', 'orbax', 'click', 'rich', 'matplotlib'}\n"
+        "heavy = {'flax', 'equinox', 'optax', 'orbax', 'tensorstore', 'click', 'rich', 'matplotlib'}\n"
         "print(sorted(heavy & {m.split('.')[0] for m in sys.modules}))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

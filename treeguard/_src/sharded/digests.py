@@ -34,7 +34,7 @@ def _workers() -> int:
 def hash_host(arr: np.ndarray[Any, Any]) -> str:
     """The sha256 of an array's bytes in C order."""
     flat = np.ascontiguousarray(arr).reshape(-1)
-    return hashlib.sha256(flat.view(np.uint8)).hexdigest()
+    return hashlib.sha256(flat.view(np.uint8).data).hexdigest()
 
 
 def index_of(index: tuple[slice, ...], shape: tuple[int, ...]) -> Index:
@@ -113,6 +113,7 @@ def _region(shard: Shard, local: list[tuple[Index, Any]], dtype: np.dtype[Any]) 
 def _distinct_pieces(arr: jax.Array) -> dict[int, list[Index]]:
     shape = tuple(arr.shape)
     pieces: dict[int, set[Index]] = {}
+    device: Any
     for device, index in arr.sharding.devices_indices_map(shape).items():
         pieces.setdefault(int(device.process_index), set()).add(index_of(index, shape))
     return {p: sorted(v) for p, v in pieces.items()}
@@ -128,9 +129,10 @@ def _local_pieces(arr: jax.Array) -> list[tuple[Index, Any]]:
 
 def _slice_everywhere(arr: jax.Array, shard: Shard) -> jax.Array:
     """The shard's region, replicated on the array's devices (a collective)."""
-    devices = np.array(sorted(arr.sharding.device_set, key=lambda d: d.id))
+    devices = np.array(sorted(arr.sharding.device_set, key=lambda d: int(getattr(d, "id", 0))))
     mesh = jax.sharding.Mesh(devices, ("all",))
-    out = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    replicated: Any = jax.sharding.PartitionSpec
+    out = jax.sharding.NamedSharding(mesh, replicated())
     slices = shard.slices
     result: jax.Array = jax.jit(lambda x: x[slices], out_shardings=out)(arr)
     return result

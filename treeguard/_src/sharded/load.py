@@ -206,11 +206,10 @@ def load_sharded(
         ``allow_missing`` path that names nothing.
 
     Example:
-      >>> import tempfile, jax, jax.numpy as jnp
+      >>> import tempfile, jax.numpy as jnp, treeguard
       >>> d = tempfile.mkdtemp()
       >>> params = {"dense2": {"w": jnp.ones((3, 1)), "b": jnp.zeros(1)}}
-      >>> from treeguard._src.sharded.save import save_sharded
-      >>> save_sharded(d, params)
+      >>> treeguard.save_sharded(d, params)
       >>> load_sharded(d, params)["dense2"]["w"].shape
       (3, 1)
       >>> load_sharded(d, {"dense2": {"w": jnp.ones((3, 2)), "b": jnp.zeros(1)}})
@@ -240,9 +239,8 @@ def load_sharded(
     for i, src in enumerate(sources):
         if src is not None:
             targets[src] = _target(like_leaves[i], like_names[i])
-    item_leaves = [
-        jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s) for a, s in zip(manifest.arrays, targets)
-    ]
+    struct: Any = jax.ShapeDtypeStruct
+    item_leaves = [struct(a.shape, a.dtype, sharding=s) for a, s in zip(manifest.arrays, targets)]
     if not rename and not allow_missing:
         item = jax.tree.unflatten(like_treedef, item_leaves)
     else:
