@@ -1,0 +1,8 @@
+"""Fixtures of the sharded checkpoint tests: this folder's helpers on the path."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
