@@ -129,7 +129,11 @@ def _local_pieces(arr: jax.Array) -> list[tuple[Index, Any]]:
 
 def _slice_everywhere(arr: jax.Array, shard: Shard) -> jax.Array:
     """The shard's region, replicated on the array's devices (a collective)."""
-    devices = np.array(sorted(arr.sharding.device_set, key=lambda d: int(getattr(d, "id", 0))))
+    sharding = arr.sharding
+    if isinstance(sharding, jax.sharding.NamedSharding):  # the array's own device order
+        devices = np.asarray(sharding.mesh.devices).reshape(-1)
+    else:
+        devices = np.array(sorted(sharding.device_set, key=lambda d: int(getattr(d, "id", 0))))
     mesh = jax.sharding.Mesh(devices, ("all",))
     replicated: Any = jax.sharding.PartitionSpec
     out = jax.sharding.NamedSharding(mesh, replicated())
