@@ -6,3 +6,6 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
+
+#: A script for the two-process tests, run with ``python -c``, never imported.
+collect_ignore = ["worker.py"]

@@ -4,9 +4,11 @@ time, and checked after a restore onto any mesh.
 A shard's digest is the sha256 of its bytes in C order, so it does not depend
 on how tensorstore chunked or laid them out on disk. After a restore onto
 another sharding, the process that holds a saved shard's whole region among
-its own devices rebuilds that region from its local pieces (at most one
-shard's bytes at a time) and hashes it. A region no single process holds is
-sliced out on the devices by every process together, and one hashes it.
+its own devices hashes it: in place when one of its pieces is exactly that
+shard (the same layout), or rebuilt from its pieces into one buffer, one
+region at a time, so checking costs at most one shard of extra memory. A
+region no single process holds is sliced out on the devices by every process
+together (a copy of it on each device), and one process hashes it.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import concurrent.futures
 import hashlib
 import math
 import os
+import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -93,11 +96,16 @@ def _holder(shard: Shard, pieces: dict[int, list[Index]]) -> int | None:
     return None
 
 
-def _region(shard: Shard, local: list[tuple[Index, Any]], dtype: np.dtype[Any]) -> Any:
-    """The saved shard's region rebuilt from this process's local pieces."""
+def _whole(shard: Shard, local: list[tuple[Index, Any]]) -> Any:
+    """The local piece that is exactly the saved shard, or None."""
     for idx, data in local:
         if idx == shard.index:
-            return _host(data)
+            return data
+    return None
+
+
+def _assemble(shard: Shard, local: list[tuple[Index, Any]], dtype: np.dtype[Any]) -> Any:
+    """The saved shard's region rebuilt from this process's local pieces."""
     shape = tuple(b - a for a, b in shard.index)
     buf = np.empty(shape, dtype=dtype)
     for idx, data in local:
@@ -156,19 +164,23 @@ def bad_shards(pairs: Sequence[tuple[ArrayRecord, jax.Array]]) -> list[int]:
     for i, (record, arr) in enumerate(pairs):
         pieces = _distinct_pieces(arr) if nproc > 1 else {me: []}
         local = _local_pieces(arr)
-        for k, shard in enumerate(record.shards):
+        for shard in record.shards:
             owner = me if nproc == 1 else _holder(shard, pieces)
             if owner == me:
                 local_jobs.append((i, shard, local))
             elif owner is None:
                 remote_jobs.append((i, shard))
-            del k
     flags = np.zeros(len(pairs), dtype=np.uint8)
+
+    assembling = threading.Lock()  # at most one rebuilt region in memory at a time
 
     def check(job: tuple[int, Shard, Any]) -> tuple[int, bool]:
         i, shard, local = job
-        region = _region(shard, local, pairs[i][0].dtype)
-        return i, hash_host(region) == shard.digest
+        whole = _whole(shard, local)
+        if whole is not None:  # the same layout: hash the piece in place
+            return i, hash_host(_host(whole)) == shard.digest
+        with assembling:
+            return i, hash_host(_assemble(shard, local, pairs[i][0].dtype)) == shard.digest
 
     with concurrent.futures.ThreadPoolExecutor(_workers()) as pool:
         for i, ok in pool.map(check, local_jobs):
