@@ -13,7 +13,10 @@ against orbax measured in the same run, two ways:
   the sha256 of every shard and the manifest alone.
 
 The memory figure is the peak resident set of the operation above the
-resident set before it, compared with one shard's bytes.
+resident set just before it (the peak is reset before each run; the largest
+of the timed runs is shown), compared with one shard's bytes. ``verify`` is
+treeguard's sha256 check alone, on arrays orbax has already restored: its
+peak is the memory that verification adds to a plain orbax restore.
 
     .venv/bin/python benchmarks/checkpoint_sharded.py             # 1 GiB
     .venv/bin/python benchmarks/checkpoint_sharded.py --mib 256   # a quicker run
@@ -22,9 +25,9 @@ resident set before it, compared with one shard's bytes.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
-import resource
 import shutil
 import statistics
 import subprocess
@@ -43,6 +46,8 @@ CASES = (
     ("load", "treeguard"),
     ("load", "orbax same reshard"),
     ("load", "treeguard reshard"),
+    ("verify", "treeguard"),
+    ("verify", "treeguard reshard"),
 )
 #: The tool whose checkpoint each load reads.
 SOURCE = {"orbax default": "default", "orbax same": "same", "orbax same reshard": "same"}
@@ -53,8 +58,22 @@ def _rss_kib() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
 
 
-def _peak_kib() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+def _hwm_kib() -> int:
+    """The peak resident set since the last ``_reset_peak``."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    raise RuntimeError("no VmHWM in /proc/self/status")
+
+
+def _reset_peak() -> int:
+    """Resets the peak resident set to the current one (Linux ``clear_refs``
+    5) and returns the current one."""
+    gc.collect()
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    return _rss_kib()
 
 
 def _child(op: str, tool: str, mib: int, leaves: int, repeats: int, root: str) -> dict[str, Any]:
@@ -129,27 +148,39 @@ def _child(op: str, tool: str, mib: int, leaves: int, repeats: int, root: str) -
     if op == "prepare":
         save(tree(), source)
         return {}
-    if op == "save":
-        t = tree()
-        jax.block_until_ready(t)
-        before, peak0 = _rss_kib(), _peak_kib()
-        for k in range(repeats + 1):
+    if op == "verify":  # the check alone, on arrays orbax restored
+        from treeguard._src.sharded.digests import bad_shards
+        from treeguard._src.sharded.manifest import read
+        from treeguard._src.sharded.orbax_io import read_arrays
+
+        manifest = read(source)
+        other = NamedSharding(jax.make_mesh((4, 2), ("x", "y")), P("x", "y"))
+        item = abstract(other if tool.endswith("reshard") else sharding)
+        out = jax.block_until_ready(read_arrays(os.path.join(source, manifest.data), item))
+        pairs = list(zip(manifest.arrays, jax.tree.leaves(out)))
+    extras = []
+    for k in range(repeats + 1):
+        if op == "save":
+            t = jax.block_until_ready(tree())
             path = os.path.join(root, f"{tool}-{k}".replace(" ", "_"))
-            start = time.perf_counter()
+        before = _reset_peak()
+        start = time.perf_counter()
+        if op == "save":
             save(t, path)
-            if k:
-                times.append(time.perf_counter() - start)
+        elif op == "verify":
+            assert bad_shards(pairs) == []
+        else:
+            out = jax.block_until_ready(load())
+        elapsed = time.perf_counter() - start
+        extras.append(_hwm_kib() - before)
+        if k:
+            times.append(elapsed)
+        if op == "save":
+            del t
             shutil.rmtree(path)
-    else:
-        before, peak0 = _rss_kib(), _peak_kib()
-        for k in range(repeats + 1):
-            start = time.perf_counter()
-            out = load()
-            jax.block_until_ready(out)
-            if k:
-                times.append(time.perf_counter() - start)
+        elif op == "load":
             del out
-    extra = max(0, _peak_kib() - max(before, peak0)) * 1024
+    extra = max(extras[1:]) * 1024
     return {
         "op": op,
         "tool": tool,
@@ -209,8 +240,9 @@ def main() -> None:
     )
     for op, tool in CASES:
         r = results[(op, tool)]
-        base_d = results[(op, "orbax default")]["median_s"]
-        base_s = results[(op, "orbax same")]["median_s"]
+        base = "load" if op == "verify" else op
+        base_d = results[(base, "orbax default")]["median_s"]
+        base_s = results[(base, "orbax same")]["median_s"]
         print(
             f"{op:<8}{tool:<20}{r['median_s']:>8.3f}s{r['median_s'] / base_d:>17.2f}x"
             f"{r['median_s'] / base_s:>14.2f}x{r['peak_extra_bytes'] / 2**20:>10.1f} MiB"

@@ -103,11 +103,11 @@ def _writing(directory: Path) -> bool:
     return any(".orbax-checkpoint-tmp" in n for n in os.listdir(directory))
 
 
-def _kill_mid_save(directory: Path, delay: float) -> int:
-    """Starts a job that saves version 1 then version 2, SIGKILLs process 1
-    ``delay`` seconds after version 2's arrays start to be written, then ends
-    process 0; returns the version the directory holds afterwards, after
-    loading it verified."""
+def _kill_mid_save(directory: Path, delay: float, victim: int = 1) -> int:
+    """Starts a job that saves version 1 then version 2, SIGKILLs process
+    ``victim`` ``delay`` seconds after version 2's arrays start to be written,
+    then ends the other; returns the version the directory holds afterwards,
+    after loading it verified."""
     procs = _start(directory, "kill")
     try:
         lines = [_lines(p) for p in procs]
@@ -117,10 +117,10 @@ def _kill_mid_save(directory: Path, delay: float) -> int:
             assert time.monotonic() < deadline, "the second save never started writing"
             time.sleep(0.002)
         time.sleep(delay)
-        procs[1].send_signal(signal.SIGKILL)
-        procs[1].wait(timeout=30)
+        procs[victim].send_signal(signal.SIGKILL)
+        procs[victim].wait(timeout=30)
         time.sleep(0.2)
-        procs[0].kill()
+        procs[1 - victim].kill()
     finally:
         for p in procs:
             if p.poll() is None:
@@ -153,6 +153,8 @@ def test_sigkill_of_one_process_mid_save_leaves_the_previous_version(tmp_path: P
 
 
 @pytest.mark.reliability
-@pytest.mark.parametrize("delay", [0.05, 0.2, 0.5, 1.0])
-def test_sigkill_at_any_moment_leaves_a_whole_version(tmp_path: Path, delay: float) -> None:
-    assert _kill_mid_save(tmp_path / "ckpt", delay=delay) in (1, 2)
+@pytest.mark.parametrize(("victim", "delay"), [(1, 0.2), (1, 1.0), (0, 0.05), (0, 0.5)])
+def test_sigkill_at_any_moment_leaves_a_whole_version(
+    tmp_path: Path, victim: int, delay: float
+) -> None:
+    assert _kill_mid_save(tmp_path / "ckpt", delay=delay, victim=victim) in (1, 2)

@@ -68,7 +68,8 @@ def render(report: dict[str, Any]) -> str:
     lines = [
         f"{report['directory']}  {report['format']}  {report['num_leaves']} arrays  "
         f"{report['num_params']:,} params  {_human(report['nbytes'])}  "
-        f"{report['process_count']} process(es)  sha256 {report['digest'][:16]}"
+        f"{report['process_count']} {'process' if report['process_count'] == 1 else 'processes'}"
+        f"  sha256 {report['digest'][:16]}"
     ]
     width = max([len(a["path"] or "<root>") for a in report["arrays"]] + [4])
     for a in report["arrays"]:
