@@ -143,6 +143,14 @@ def test_refusals(saved: Path, tmp_path: Path) -> None:
         treeguard.load_sharded(tmp_path, _params())
 
 
+def test_a_manifest_that_cannot_be_written_fails_the_save(tmp_path: Path) -> None:
+    (tmp_path / MANIFEST_NAME / "x").mkdir(parents=True)
+    with pytest.raises(OSError):
+        treeguard.save_sharded(tmp_path, {"w": jnp.zeros(2)})
+    assert not [n for n in os.listdir(tmp_path) if n.endswith(".tmp")]
+    assert not is_sharded(tmp_path)
+
+
 def test_a_new_save_replaces_the_old_and_clears_leftovers(copy: Path) -> None:
     old = read(copy).data
     digest = sharded_digest(copy)
@@ -162,7 +170,7 @@ def test_cli_inspect_and_verify(saved: Path, tmp_path: Path) -> None:
     res = runner.invoke(ckpt, ["inspect", str(saved)])
     assert res.exit_code == 0, res.output
     assert "treeguard.sharded/1  4 arrays  561 params  2.1 KiB" in res.output
-    assert "['dense1']['w']  f32[32,16]" in res.output and "1 shards  single" in res.output
+    assert "['dense1']['w']  f32[32,16]" in res.output and "1 shard  single" in res.output
     assert "0: 4 shards, 2.1 KiB" in res.output and 'metadata: {"step": 7}' in res.output
     doc = json.loads(runner.invoke(ckpt, ["inspect", "--json", str(saved)]).output)
     assert doc["processes"] == [{"process": 0, "shards": 4, "nbytes": 2116}]

@@ -104,10 +104,17 @@ def _whole(shard: Shard, local: list[tuple[Index, Any]]) -> Any:
     return None
 
 
-def _assemble(shard: Shard, local: list[tuple[Index, Any]], dtype: np.dtype[Any]) -> Any:
-    """The saved shard's region rebuilt from this process's local pieces."""
+def _assemble(
+    shard: Shard,
+    local: list[tuple[Index, Any]],
+    dtype: np.dtype[Any],
+    scratch: np.ndarray[Any, Any],
+) -> Any:
+    """The saved shard's region rebuilt from this process's local pieces, in
+    ``scratch`` (a byte buffer at least as large as the region)."""
     shape = tuple(b - a for a, b in shard.index)
-    buf = np.empty(shape, dtype=dtype)
+    nbytes = shard.size * dtype.itemsize
+    buf = scratch[:nbytes].view(dtype).reshape(shape)
     for idx, data in local:
         inter = _intersect(idx, shard.index)
         if inter is None:
@@ -172,7 +179,11 @@ def bad_shards(pairs: Sequence[tuple[ArrayRecord, jax.Array]]) -> list[int]:
                 remote_jobs.append((i, shard))
     flags = np.zeros(len(pairs), dtype=np.uint8)
 
-    assembling = threading.Lock()  # at most one rebuilt region in memory at a time
+    assembling = threading.Lock()  # one scratch buffer, one rebuilt region at a time
+    largest = max(
+        (s.size * record.dtype.itemsize for record, _ in pairs for s in record.shards), default=0
+    )
+    scratch: list[np.ndarray[Any, Any]] = []
 
     def check(job: tuple[int, Shard, Any]) -> tuple[int, bool]:
         i, shard, local = job
@@ -180,7 +191,10 @@ def bad_shards(pairs: Sequence[tuple[ArrayRecord, jax.Array]]) -> list[int]:
         if whole is not None:  # the same layout: hash the piece in place
             return i, hash_host(_host(whole)) == shard.digest
         with assembling:
-            return i, hash_host(_assemble(shard, local, pairs[i][0].dtype)) == shard.digest
+            if not scratch:
+                scratch.append(np.empty(largest, dtype=np.uint8))
+            region = _assemble(shard, local, pairs[i][0].dtype, scratch[0])
+            return i, hash_host(region) == shard.digest
 
     with concurrent.futures.ThreadPoolExecutor(_workers()) as pool:
         for i, ok in pool.map(check, local_jobs):

@@ -1,5 +1,5 @@
 """What every process of a multi-host job does together: agree on a name,
-gather small byte strings, wait at a barrier.
+gather small byte strings (which is also a barrier).
 
 Each helper is a no-op in a single process, so one code path serves a laptop
 and a pod. All of them are collectives: every process must call them in the
@@ -57,12 +57,3 @@ def any_process(flags: np.ndarray) -> np.ndarray:
     rows = np.asarray(multihost_utils.process_allgather(flags.astype(np.uint8)))
     out: np.ndarray = rows.reshape(-1, flags.shape[0]).max(axis=0)
     return out
-
-
-def barrier(name: str) -> None:
-    """Waits until every process reaches the barrier ``name``."""
-    if process_count() == 1:
-        return
-    from jax.experimental import multihost_utils
-
-    multihost_utils.sync_global_devices(name)

@@ -76,11 +76,12 @@ def render(report: dict[str, Any]) -> str:
         arr = summarize(tuple(a["shape"]), dtype_of(a["dtype"]))
         lines.append(
             f"  {(a['path'] or '<root>').ljust(width)}  {arr:<16} {_human(a['nbytes']):>10}  "
-            f"{a['shards']} shards  {a['sharding']}"
+            f"{a['shards']} shard{'' if a['shards'] == 1 else 's'}  {a['sharding']}"
         )
     lines.append("processes:")
     for p in report["processes"]:
-        lines.append(f"  {p['process']}: {p['shards']} shards, {_human(p['nbytes'])}")
+        n = p["shards"]
+        lines.append(f"  {p['process']}: {n} shard{'' if n == 1 else 's'}, {_human(p['nbytes'])}")
     lines.append("environment: " + ", ".join(f"{k}={v}" for k, v in report["env"].items()))
     meta = report["metadata"]
     lines.append(

@@ -15,7 +15,7 @@ import jax
 
 from ..env import environment
 from ..paths import keystr
-from ..spec import describe_sharding, spec_of
+from ..spec import TreeSpec, describe_sharding, spec_of
 from . import hosts
 from .digests import local_digests
 from .manifest import (
@@ -115,22 +115,48 @@ def save_sharded(
         digests = hashing.result()
     mine = [[i, [list(p) for p in index], h] for i, index, h in digests]
     gathered = hosts.allgather_bytes(json.dumps(mine).encode("ascii"))
+    failure = b""
     if hosts.process_index() == 0:
-        shards: list[list[Shard]] = [[] for _ in leaves]
-        for process, raw in enumerate(gathered):
-            for i, index, h in json.loads(raw):
-                shards[i].append(Shard(tuple((a, b) for a, b in index), process, h))
-        arrays = tuple(
-            ArrayRecord(
-                path,
-                tuple(leaf.shape),
-                leaf.dtype,
-                describe_sharding(leaf),
-                tuple(sorted(s, key=lambda x: x.index)),
-            )
-            for path, leaf, s in zip(paths, leaves, shards)
+        try:
+            _commit(directory, data, spec, meta, paths, leaves, gathered)
+        except Exception as e:  # noqa: BLE001 - every process must hear of it
+            failure = f"{type(e).__name__}: {e}".encode("utf-8", "replace")[:500] or b"?"
+            error: Exception = e
+    outcome = hosts.allgather_bytes(failure)[0]  # also the barrier after the commit
+    if failure:
+        raise error
+    if outcome:
+        raise OSError(
+            f"{directory}: process 0 could not finish the save: {outcome.decode()}\n"
+            "hint: unless its manifest was written, the previous checkpoint is still current"
         )
-        manifest = Manifest(data, spec, hosts.process_count(), environment(), meta, arrays)
-        write(directory, manifest)
-        _remove_stale(directory, data)
-    hosts.barrier(f"treeguard.save_sharded:{data}")
+
+
+def _commit(  # noqa: PLR0917 - one call site
+    directory: str,
+    data: str,
+    spec: TreeSpec,
+    meta: dict[str, Any],
+    paths: list[str],
+    leaves: list[Any],
+    gathered: list[bytes],
+) -> None:
+    """Process 0: the manifest from every process's digests, written last,
+    then the previous save's data removed."""
+    shards: list[list[Shard]] = [[] for _ in leaves]
+    for process, raw in enumerate(gathered):
+        for i, index, h in json.loads(raw):
+            shards[i].append(Shard(tuple((a, b) for a, b in index), process, h))
+    arrays = tuple(
+        ArrayRecord(
+            path,
+            tuple(leaf.shape),
+            leaf.dtype,
+            describe_sharding(leaf),
+            tuple(sorted(s, key=lambda x: x.index)),
+        )
+        for path, leaf, s in zip(paths, leaves, shards)
+    )
+    manifest = Manifest(data, spec, hosts.process_count(), environment(), meta, arrays)
+    write(directory, manifest)
+    _remove_stale(directory, data)
