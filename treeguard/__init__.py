@@ -30,6 +30,8 @@ from ._src.nonfinite import count_nonfinite as count_nonfinite
 from ._src.nonfinite import find_nonfinite as find_nonfinite
 from ._src.optimizer import OptaxStep as OptaxStep
 from ._src.optimizer import optax_step as optax_step
+from ._src.sharded.load import load_sharded as load_sharded
+from ._src.sharded.save import save_sharded as save_sharded
 from ._src.spec import LeafSpec as LeafSpec
 from ._src.spec import TreeSpec as TreeSpec
 from ._src.spec import spec_of as spec_of
@@ -70,10 +72,12 @@ __all__ = [
     "environment",
     "find_nonfinite",
     "load",
+    "load_sharded",
     "mismatches",
     "optax_step",
     "read_header",
     "save",
+    "save_sharded",
     "spec_of",
     "tree_map",
     "unflatten",

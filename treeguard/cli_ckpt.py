@@ -134,8 +134,12 @@ def ckpt() -> None:
 def inspect_command(file: Path, as_json: bool) -> None:
     """Print FILE's tree, shapes, dtypes, sizes, environment and metadata.
 
-    Reads the header only, never the array data.
+    Reads the header only, never the array data. FILE may also be a sharded
+    checkpoint directory: then its spec, shardings and sizes per process.
     """
+    if file.is_dir():
+        _sharded(file, as_json=as_json)
+        return
     h = _read_header_or_exit(file)
     if as_json:
         click.echo(json.dumps(_header_json(h), indent=1, ensure_ascii=False))
@@ -193,8 +197,15 @@ def _read_like(like: Path | None) -> TreeSpec | None:
     help="A spec JSON or checkpoint whose contract FILE must match.",
 )
 def verify_command(file: Path, like: Path | None) -> None:
-    """Check FILE's header, every tensor's hash and (with --like) its contract."""
+    """Check FILE's header, every tensor's hash and (with --like) its contract.
+
+    FILE may also be a sharded checkpoint directory: every shard's sha256 is
+    checked, reading the whole checkpoint in this process.
+    """
     spec = _read_like(like)
+    if file.is_dir():
+        _sharded(file, verify=True, like=spec, like_name=str(like))
+        return
     h = _read_header_or_exit(file)
     try:
         with _progress("verifying", h.data_bytes) as progress:
@@ -208,6 +219,36 @@ def verify_command(file: Path, like: Path | None) -> None:
         f"[green]ok[/green]: {file}: {h.spec.num_leaves} tensors, {_human(h.spec.nbytes)}, "
         f"every {h.hash_name} matches{what}"
     )
+
+
+def _sharded(
+    directory: Path,
+    *,
+    as_json: bool = False,
+    verify: bool = False,
+    like: TreeSpec | None = None,
+    like_name: str = "",
+) -> None:
+    """``inspect`` and ``verify`` of a sharded checkpoint directory."""
+    from ._src.sharded import inspect as sharded
+
+    try:
+        report = sharded.verify(directory, like=like) if verify else sharded.summary(directory)
+    except (TreeMismatchError, IntegrityError) as e:
+        _exit(EXIT_FAIL, str(e).replace("`like`", like_name))
+    except (FormatError, OSError) as e:
+        _exit(EXIT_USAGE, str(e))
+    if as_json:
+        click.echo(json.dumps(report, indent=1, ensure_ascii=False))
+    elif verify:
+        shards = sum(p["shards"] for p in report["processes"])
+        what = f", matches {like_name}" if like is not None else ""
+        _out().print(
+            f"[green]ok[/green]: {directory}: {report['num_leaves']} arrays, {shards} shards, "
+            f"{_human(report['nbytes'])}, every sha256 matches{what}"
+        )
+    else:
+        _out().print(sharded.render(report), markup=False)
 
 
 @click.group("store", context_settings={"help_option_names": ["-h", "--help"]})

@@ -1,0 +1,13 @@
+"""Sharded and multi-host checkpoints: orbax and tensorstore carry the data,
+treeguard's manifest carries the contract and a sha256 of every shard.
+
+``manifest`` (the JSON file and its strict parser), ``hosts`` (the few
+collectives), ``digests`` (hashing at save, checking after a restore on any
+mesh), ``orbax_io`` (the one place orbax is called), ``save``, ``load`` and
+``inspect``. Importing this package imports neither orbax nor tensorstore.
+"""
+
+from .manifest import is_sharded as is_sharded
+from .manifest import sharded_digest as sharded_digest
+
+__all__ = ["is_sharded", "sharded_digest"]

@@ -1,0 +1,130 @@
+"""What ``treeguard ckpt inspect DIR`` and ``ckpt verify DIR`` show for a
+sharded checkpoint: the spec, each array's saved sharding, and the shards
+and bytes each process wrote."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from ..errors import FormatError, InvalidTreeError, TreeMismatchError
+from ..spec import TreeSpec, dtype_of, summarize
+from .manifest import FORMAT, read, sharded_digest
+
+
+def _human(n: int) -> str:
+    value, units = float(n), ["B", "KiB", "MiB", "GiB", "TiB"]
+    i = 0
+    while value >= 1024 and i < len(units) - 1:
+        value /= 1024
+        i += 1
+    return f"{int(value)} B" if i == 0 else f"{value:.1f} {units[i]}"
+
+
+def summary(directory: str | os.PathLike[str], /) -> dict[str, Any]:
+    """The manifest of ``directory`` as a JSON-ready report; reads no array data.
+
+    Raises:
+      FormatError: for a directory without a well-formed manifest.
+    """
+    where = os.path.abspath(os.fspath(directory))
+    m = read(where)
+    per_process = [{"process": p, "shards": 0, "nbytes": 0} for p in range(m.process_count)]
+    arrays = []
+    for a in m.arrays:
+        for s in a.shards:
+            per_process[s.process]["shards"] += 1
+            per_process[s.process]["nbytes"] += s.size * a.dtype.itemsize
+        arrays.append(
+            {
+                "path": a.path,
+                "dtype": a.dtype.name,
+                "shape": list(a.shape),
+                "nbytes": a.nbytes,
+                "sharding": a.sharding,
+                "shards": len(a.shards),
+            }
+        )
+    return {
+        "directory": where,
+        "format": FORMAT,
+        "data": m.data,
+        "digest": sharded_digest(where),
+        "process_count": m.process_count,
+        "num_leaves": m.spec.num_leaves,
+        "num_params": m.spec.num_params,
+        "nbytes": sum(a.nbytes for a in m.arrays),
+        "arrays": arrays,
+        "processes": per_process,
+        "env": m.env,
+        "metadata": m.metadata,
+        "spec": m.spec.to_dict(),
+    }
+
+
+def render(report: dict[str, Any]) -> str:
+    """``summary``'s report as plain text lines for the terminal."""
+    lines = [
+        f"{report['directory']}  {report['format']}  {report['num_leaves']} arrays  "
+        f"{report['num_params']:,} params  {_human(report['nbytes'])}  "
+        f"{report['process_count']} {'process' if report['process_count'] == 1 else 'processes'}"
+        f"  sha256 {report['digest'][:16]}"
+    ]
+    width = max([len(a["path"] or "<root>") for a in report["arrays"]] + [4])
+    for a in report["arrays"]:
+        arr = summarize(tuple(a["shape"]), dtype_of(a["dtype"]))
+        lines.append(
+            f"  {(a['path'] or '<root>').ljust(width)}  {arr:<16} {_human(a['nbytes']):>10}  "
+            f"{a['shards']} shard{'' if a['shards'] == 1 else 's'}  {a['sharding']}"
+        )
+    lines.append("processes:")
+    for p in report["processes"]:
+        n = p["shards"]
+        lines.append(f"  {p['process']}: {n} shard{'' if n == 1 else 's'}, {_human(p['nbytes'])}")
+    lines.append("environment: " + ", ".join(f"{k}={v}" for k, v in report["env"].items()))
+    meta = report["metadata"]
+    lines.append(
+        "metadata: " + (json.dumps(meta, sort_keys=True, ensure_ascii=False) if meta else "none")
+    )
+    return "\n".join(lines)
+
+
+def verify(directory: str | os.PathLike[str], /, *, like: TreeSpec | None = None) -> dict[str, Any]:
+    """Reads every array of a sharded checkpoint in this one process, onto its
+    first device, and checks every shard's sha256 (and, with ``like``, the
+    contract first). Needs the memory of the whole checkpoint.
+
+    Returns:
+      ``summary``'s report.
+
+    Raises:
+      FormatError: for a directory without a well-formed manifest, or one
+        whose tree holds custom nodes (load it with ``load_sharded``).
+      TreeMismatchError: listing every difference with ``like``.
+      IntegrityError: naming every array whose bytes differ.
+    """
+    import jax
+
+    from .load import contract_mismatches, load_sharded
+
+    where = os.path.abspath(os.fspath(directory))
+    m = read(where)
+    if like is not None:
+        found = contract_mismatches(m.spec, like)
+        if found:
+            raise TreeMismatchError(
+                found, expected_from="`like`", actual_from="the checkpoint", context=where
+            )
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    struct: Any = jax.ShapeDtypeStruct
+    leaves = [struct(a.shape, a.dtype, sharding=device) for a in m.arrays]
+    try:
+        target = jax.tree.unflatten(m.spec.treedef, leaves)
+    except InvalidTreeError as e:
+        raise FormatError(
+            f"{where}: the saved tree holds custom nodes, which the command line cannot "
+            "rebuild\nhint: verify it with `treeguard.load_sharded(DIR, like)` in Python"
+        ) from e
+    load_sharded(where, target)
+    return summary(where)

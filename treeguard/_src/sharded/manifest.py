@@ -1,0 +1,474 @@
+"""The manifest of a sharded checkpoint: ``treeguard.sharded.json``.
+
+A sharded checkpoint is a directory::
+
+    DIR/treeguard.sharded.json   the manifest, written last, atomically, by process 0
+    DIR/data-<16 hex>/           the arrays, an orbax checkpoint on tensorstore
+
+The manifest is the authority. It names the data directory, so a save that
+dies before its manifest is renamed into place leaves the previous manifest,
+and the previous data it names, untouched. It holds:
+
+* ``format``: ``"treeguard.sharded/1"``;
+* ``data``: the name of the data directory;
+* ``spec``: the ``TreeSpec`` of the saved tree, shardings included;
+* ``process_count``: how many processes wrote it;
+* ``env``: the environment fingerprint of process 0;
+* ``metadata``: the caller's metadata;
+* ``hash``: ``"sha256"``;
+* ``arrays``: for each leaf in flatten order, its path, shape, dtype,
+  sharding and every stored shard: its index (``[start, stop]`` per axis),
+  the process that wrote it and the sha256 of its bytes in C order.
+
+Parsing is strict: duplicate keys, NaN, unknown fields, wrong types, a shard
+outside its array or shards that do not tile it exactly are a ``FormatError``
+that says where.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import re
+import secrets
+import stat
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from ..errors import FormatError
+from ..paths import keystr
+from ..spec import TreeSpec, dtype_of
+
+FORMAT = "treeguard.sharded/1"
+FORMAT_VERSION = 1
+MANIFEST_NAME = "treeguard.sharded.json"
+HASH_NAME = "sha256"
+#: The largest manifest read: it grows with the number of shards, not with data.
+MAX_MANIFEST_BYTES = 256 * 1024 * 1024
+_FORMAT_RE = re.compile(r"^treeguard\.sharded/(\d+)$")
+_DATA_RE = re.compile(r"^data-[0-9a-f]{16}$")
+_HEX_RE = re.compile(r"^[0-9a-f]{64}$")
+_MAX_INT = 2**62
+_MAX_NDIM = 64
+_TOP_KEYS = frozenset(
+    ("format", "data", "spec", "process_count", "env", "metadata", "hash", "arrays")
+)
+_ARRAY_KEYS = frozenset(("path", "shape", "dtype", "sharding", "shards"))
+_SHARD_KEYS = frozenset(("index", "process", HASH_NAME))
+
+
+@dataclasses.dataclass(frozen=True)
+class Shard:
+    """One stored shard of an array.
+
+    Attributes:
+      index: ``(start, stop)`` per axis, in the global array.
+      process: the index of the process that wrote it.
+      digest: the sha256 hex digest of its bytes in C order.
+    """
+
+    index: tuple[tuple[int, int], ...]
+    process: int
+    digest: str
+
+    @property
+    def size(self) -> int:
+        """The number of elements."""
+        return math.prod(b - a for a, b in self.index)
+
+    @property
+    def slices(self) -> tuple[slice, ...]:
+        """The index as slices of the global array."""
+        return tuple(slice(a, b) for a, b in self.index)
+
+
+@dataclasses.dataclass(frozen=True)
+class ArrayRecord:
+    """One saved array: its path, shape, dtype, saved sharding and shards."""
+
+    path: str
+    shape: tuple[int, ...]
+    dtype: np.dtype[Any]
+    sharding: str | None
+    shards: tuple[Shard, ...]
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes of the whole array."""
+        return math.prod(self.shape) * self.dtype.itemsize
+
+
+@dataclasses.dataclass(frozen=True)
+class Manifest:
+    """A parsed manifest (see the module docstring for the fields)."""
+
+    data: str
+    spec: TreeSpec
+    process_count: int
+    env: dict[str, Any]
+    metadata: dict[str, Any]
+    arrays: tuple[ArrayRecord, ...]
+
+    def to_json(self) -> str:
+        """The manifest as canonical JSON text."""
+        doc = {
+            "format": FORMAT,
+            "data": self.data,
+            "hash": HASH_NAME,
+            "process_count": self.process_count,
+            "spec": self.spec.to_dict(),
+            "env": self.env,
+            "metadata": self.metadata,
+            "arrays": [
+                {
+                    "path": a.path,
+                    "shape": list(a.shape),
+                    "dtype": a.dtype.name,
+                    "sharding": a.sharding,
+                    "shards": [
+                        {
+                            "index": [list(p) for p in s.index],
+                            "process": s.process,
+                            HASH_NAME: s.digest,
+                        }
+                        for s in a.shards
+                    ],
+                }
+                for a in self.arrays
+            ],
+        }
+        return json.dumps(doc, sort_keys=True, indent=1, ensure_ascii=False, allow_nan=False) + "\n"
+
+
+def new_data_name() -> str:
+    """A fresh data directory name, ``data-`` and 16 hex digits."""
+    return f"data-{secrets.token_hex(8)}"
+
+
+def is_data_name(name: str) -> bool:
+    """Whether ``name`` has the form of a data directory name."""
+    return _DATA_RE.match(name) is not None
+
+
+# -- parsing ------------------------------------------------------------------
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise FormatError(f"the manifest names {k!r} twice in one object")
+        out[k] = v
+    return out
+
+
+def _no_constant(name: str) -> Any:
+    raise FormatError(f"the manifest holds {name}, which is not JSON")
+
+
+def _fields(value: Any, allowed: frozenset[str], where: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise FormatError(f"{where}: expected an object, got {_kind(value)}")
+    unknown = sorted(set(value) - allowed)
+    if unknown:
+        raise FormatError(f"{where}: unknown field {unknown[0]!r}")
+    missing = sorted(allowed - set(value))
+    if missing:
+        raise FormatError(f"{where}: missing field {missing[0]!r}")
+    return value
+
+
+def _kind(value: Any) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a bool"}.get(
+        type(value), type(value).__name__
+    )
+
+
+def _int(value: Any, where: str, *, low: int = 0) -> int:
+    if type(value) is not int:
+        raise FormatError(f"{where}: expected an integer, got {_kind(value)}")
+    if not low <= value < _MAX_INT:
+        raise FormatError(f"{where}: {value} is out of range")
+    return value
+
+
+def _str(value: Any, where: str) -> str:
+    if not isinstance(value, str):
+        raise FormatError(f"{where}: expected a string, got {_kind(value)}")
+    return value
+
+
+def _list(value: Any, where: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise FormatError(f"{where}: expected a list, got {_kind(value)}")
+    return value
+
+
+def _shape(value: Any, where: str) -> tuple[int, ...]:
+    dims = _list(value, where)
+    if len(dims) > _MAX_NDIM:
+        raise FormatError(f"{where}: {len(dims)} axes, more than {_MAX_NDIM}")
+    return tuple(_int(d, f"{where}[{i}]") for i, d in enumerate(dims))
+
+
+def _shard(value: Any, shape: tuple[int, ...], nproc: int, where: str) -> Shard:
+    d = _fields(value, _SHARD_KEYS, where)
+    index_list = _list(d["index"], f"{where}.index")
+    if len(index_list) != len(shape):
+        raise FormatError(f"{where}.index: {len(index_list)} axes for an array of {len(shape)}")
+    index = []
+    for i, (pair, size) in enumerate(zip(index_list, shape)):
+        w = f"{where}.index[{i}]"
+        bounds = _list(pair, w)
+        if len(bounds) != 2:
+            raise FormatError(f"{w}: expected [start, stop]")
+        a, b = _int(bounds[0], w), _int(bounds[1], w)
+        if not a <= b <= size:
+            raise FormatError(f"{w}: [{a}, {b}] is not within an axis of size {size}")
+        index.append((a, b))
+    process = _int(d["process"], f"{where}.process")
+    if process >= nproc:
+        raise FormatError(f"{where}.process: {process} but only {nproc} processes wrote it")
+    digest = _str(d[HASH_NAME], f"{where}.{HASH_NAME}")
+    if not _HEX_RE.match(digest):
+        raise FormatError(f"{where}.{HASH_NAME}: not a lowercase hex sha256 digest")
+    return Shard(tuple(index), process, digest)
+
+
+def _overlap(a: Shard, b: Shard) -> bool:
+    return all(max(x0, y0) < min(x1, y1) for (x0, x1), (y0, y1) in zip(a.index, b.index))
+
+
+def _tiles(shards: tuple[Shard, ...], shape: tuple[int, ...], where: str) -> None:
+    """Refuses shards that do not cover the array exactly once."""
+    total = sum(s.size for s in shards)
+    if total != math.prod(shape):
+        raise FormatError(
+            f"{where}: the shards hold {total} elements, the array {math.prod(shape)}"
+        )
+    nonempty = [s for s in shards if s.size]
+    for i, a in enumerate(nonempty):
+        for b in nonempty[i + 1 :]:
+            if _overlap(a, b):
+                raise FormatError(f"{where}: two shards overlap at {list(a.index)}")
+
+
+def _array(value: Any, nproc: int, where: str) -> ArrayRecord:
+    d = _fields(value, _ARRAY_KEYS, where)
+    path = _str(d["path"], f"{where}.path")
+    shape = _shape(d["shape"], f"{where}.shape")
+    try:
+        dtype = dtype_of(_str(d["dtype"], f"{where}.dtype"))
+    except FormatError as e:
+        raise FormatError(f"{where}.dtype: {e}") from None
+    sharding = d["sharding"]
+    if sharding is not None:
+        sharding = _str(sharding, f"{where}.sharding")
+    raw = _list(d["shards"], f"{where}.shards")
+    shards = tuple(_shard(s, shape, nproc, f"{where}.shards[{i}]") for i, s in enumerate(raw))
+    _tiles(shards, shape, f"{where}.shards")
+    return ArrayRecord(path, shape, dtype, sharding, shards)
+
+
+def parse(text: str | bytes, *, where: str = MANIFEST_NAME) -> Manifest:
+    """Reads a manifest from its JSON text, strictly.
+
+    Args:
+      text: the manifest's text.
+      where: the name used in error messages.
+
+    Returns:
+      The ``Manifest``.
+
+    Raises:
+      FormatError: naming the field that is wrong, for anything that is not a
+        manifest of a known version.
+
+    Example:
+      >>> parse('{"format": "treeguard.sharded/9"}')
+      Traceback (most recent call last):
+      ...
+      treeguard._src.errors.FormatError: ...: format 'treeguard.sharded/9' is newer ...
+      hint: upgrade treeguard
+    """
+    try:
+        doc = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
+    except FormatError as e:
+        raise FormatError(f"{where}: {e}") from None
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise FormatError(f"{where}: not valid JSON: {e}".split("\n")[0]) from None
+    if not isinstance(doc, dict):
+        raise FormatError(f"{where}: expected a JSON object, got {_kind(doc)}")
+    fmt = doc.get("format")
+    m = _FORMAT_RE.match(fmt) if isinstance(fmt, str) else None
+    if m is None:
+        raise FormatError(
+            f"{where}: not a treeguard sharded manifest: format is {fmt!r}, expected {FORMAT!r}"
+        )
+    if int(m.group(1)) > FORMAT_VERSION:
+        raise FormatError(
+            f"{where}: format {fmt!r} is newer than this treeguard reads ({FORMAT!r})\n"
+            "hint: upgrade treeguard"
+        )
+    d = _fields(doc, _TOP_KEYS, where)
+    data = _str(d["data"], f"{where}: data")
+    if not is_data_name(data):
+        raise FormatError(f"{where}: data: {data!r} is not a data directory name")
+    if d["hash"] != HASH_NAME:
+        raise FormatError(f"{where}: hash: {d['hash']!r}, expected {HASH_NAME!r}")
+    nproc = _int(d["process_count"], f"{where}: process_count", low=1)
+    for key in ("env", "metadata"):
+        if not isinstance(d[key], dict):
+            raise FormatError(f"{where}: {key}: expected an object, got {_kind(d[key])}")
+    try:
+        spec = TreeSpec.from_dict(d["spec"])
+    except FormatError as e:
+        raise FormatError(f"{where}: spec: {e}") from None
+    raw = _list(d["arrays"], f"{where}: arrays")
+    arrays = tuple(_array(a, nproc, f"{where}: arrays[{i}]") for i, a in enumerate(raw))
+    _agree(spec, arrays, where)
+    return Manifest(data, spec, nproc, d["env"], d["metadata"], arrays)
+
+
+def _agree(spec: TreeSpec, arrays: tuple[ArrayRecord, ...], where: str) -> None:
+    """The array list must be the spec's leaves, in order, with their shapes and dtypes."""
+    if len(arrays) != spec.num_leaves:
+        raise FormatError(
+            f"{where}: arrays: {len(arrays)} arrays for a spec of {spec.num_leaves} leaves"
+        )
+    for i, (a, p, leaf) in enumerate(zip(arrays, spec.paths, spec.leaves)):
+        if a.path != keystr(p):
+            raise FormatError(f"{where}: arrays[{i}].path: {a.path!r}, the spec says {keystr(p)!r}")
+        if a.shape != leaf.shape or a.dtype != leaf.dtype:
+            raise FormatError(
+                f"{where}: arrays[{i}]: {a.path} is {a.dtype.name}{list(a.shape)}, the spec "
+                f"says {leaf.dtype.name}{list(leaf.shape)}"
+            )
+
+
+# -- the file -------------------------------------------------------------------
+
+
+def manifest_path(directory: str | os.PathLike[str]) -> str:
+    """The manifest's path in ``directory``."""
+    return os.path.join(os.fspath(directory), MANIFEST_NAME)
+
+
+def _read_bytes(directory: str | os.PathLike[str]) -> tuple[bytes, str]:
+    path = manifest_path(directory)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        raise FormatError(
+            f"{os.fspath(directory)}: no {MANIFEST_NAME}: not a sharded checkpoint, or its "
+            "first save did not finish\nhint: pass a directory written by save_sharded"
+        ) from None
+    if not stat.S_ISREG(st.st_mode):
+        raise FormatError(f"{path}: not a regular file; treeguard never follows links here")
+    if st.st_size > MAX_MANIFEST_BYTES:
+        raise FormatError(f"{path}: {st.st_size} bytes, more than {MAX_MANIFEST_BYTES}")
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    with os.fdopen(fd, "rb") as f:
+        raw = f.read(MAX_MANIFEST_BYTES + 1)
+    if len(raw) > MAX_MANIFEST_BYTES:
+        raise FormatError(f"{path}: grew past {MAX_MANIFEST_BYTES} bytes while read")
+    return raw, path
+
+
+def read(directory: str | os.PathLike[str], /) -> Manifest:
+    """Reads and parses ``directory``'s manifest.
+
+    Raises:
+      FormatError: if there is none, it is not a regular file, or it is malformed.
+    """
+    raw, path = _read_bytes(directory)
+    return parse(raw, where=path)
+
+
+def write(directory: str | os.PathLike[str], manifest: Manifest, /) -> None:
+    """Writes the manifest atomically: a temp file, fsync, rename, fsync the directory."""
+    directory = os.fspath(directory)
+    text = manifest.to_json().encode("utf-8")
+    tmp = os.path.join(directory, f".{MANIFEST_NAME}.{secrets.token_hex(6)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        view = memoryview(text)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    try:
+        os.replace(tmp, manifest_path(directory))
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    dfd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def is_sharded(directory: str | os.PathLike[str], /) -> bool:
+    """Whether ``directory`` holds a sharded checkpoint's manifest (not parsed).
+
+    Example:
+      >>> import tempfile
+      >>> is_sharded(tempfile.mkdtemp())
+      False
+    """
+    try:
+        return stat.S_ISREG(os.lstat(manifest_path(directory)).st_mode)
+    except OSError:
+        return False
+
+
+def sharded_digest(directory: str | os.PathLike[str], /) -> str:
+    """One sha256 over the manifest, which holds every shard's sha256.
+
+    The manifest is parsed first, so a digest is only given for a well-formed
+    checkpoint. Equal digests mean equal manifests, hence equal recorded data.
+
+    Raises:
+      FormatError: for a directory that is not a sharded checkpoint.
+    """
+    raw, path = _read_bytes(directory)
+    parse(raw, where=path)
+    return hashlib.sha256(raw).hexdigest()
+
+
+def metadata_json(metadata: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The caller's metadata as a JSON-ready dict, checked.
+
+    Raises:
+      TypeError: for metadata that JSON cannot hold exactly (objects, sets,
+        NaN, non-str keys).
+    """
+    if metadata is None:
+        return {}
+    if not isinstance(metadata, Mapping):
+        raise TypeError(
+            f"metadata must be a mapping with str keys, got {type(metadata).__name__}\n"
+            "hint: pass a dict of str, int, float, bool, None, lists and dicts"
+        )
+    try:
+        text = json.dumps(dict(metadata), sort_keys=True, allow_nan=False)
+        back = json.loads(text)
+    except (TypeError, ValueError, RecursionError) as e:
+        raise TypeError(
+            f"metadata has no exact JSON form: {e}\n"
+            "hint: pass a dict of str, int, float, bool, None, lists and dicts"
+        ) from None
+    if json.dumps(back, sort_keys=True) != text:
+        raise TypeError(
+            "metadata has no exact JSON form (a key that is not a str, or a tuple)\n"
+            "hint: pass a dict of str, int, float, bool, None, lists and dicts"
+        )
+    out: dict[str, Any] = back
+    return out
