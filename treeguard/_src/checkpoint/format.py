@@ -44,9 +44,9 @@ import ml_dtypes
 import numpy as np
 
 from ..errors import FormatError, IntegrityError
-from ..paths import Path, keystr, parse
+from ..paths import keystr, parse
 from ..spec import LeafSpec, TreeSpec, dtype_of, spec_of, summarize
-from ..walk import Node
+from ..strictjson import loads
 
 FORMAT = "treeguard.checkpoint/1"
 FORMAT_VERSION = 1
@@ -60,8 +60,6 @@ HEX_LEN = 64
 _HEX_RE = re.compile(r"^[0-9a-f]{64}$")
 PLACEHOLDER = "0" * HEX_LEN
 MAX_NDIM = 64
-#: No integer in a header has more digits than this (2**63 has 19).
-_MAX_INT_DIGITS = 20
 
 K_FORMAT = "treeguard.format"
 K_SPEC = "treeguard.spec"
@@ -212,57 +210,12 @@ def encode_header(meta: Mapping[str, str], table: Mapping[str, Any]) -> bytes:
     return raw + b" " * (-len(raw) % 8)
 
 
-# -- strict JSON ---------------------------------------------------------------
-
-
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in pairs:
-        if k in out:
-            raise FormatError(f"the key {k[:80]!r} appears twice in one object")
-        out[k] = v
-    return out
-
-
-def _no_constant(name: str) -> Any:
-    raise FormatError(f"{name} is not a JSON number")
-
-
-def _bounded_int(text: str) -> int:
-    if len(text.lstrip("-")) > _MAX_INT_DIGITS:
-        raise FormatError(f"an integer of {len(text)} digits is larger than any size or offset")
-    return int(text)
+_NOT_OURS = "this is not a file treeguard.save wrote, or it was damaged; " + _RESTORE_HINT
 
 
 def strict_loads(text: str | bytes, what: str, *, context: str | None = None) -> Any:
-    """Parses JSON refusing duplicate keys, NaN and Infinity and huge integers.
-
-    Raises:
-      FormatError: naming ``what`` and the fault.
-
-    Example:
-      >>> strict_loads('{"a": 1, "a": 2}', "the header")
-      Traceback (most recent call last):
-      ...
-      treeguard.FormatError: the header: the key 'a' appears twice in one object
-      hint: ...
-    """
-    try:
-        return json.loads(
-            text,
-            object_pairs_hook=_no_duplicates,
-            parse_constant=_no_constant,
-            parse_int=_bounded_int,
-        )
-    except FormatError as e:
-        raise FormatError(f"{what}: {e.message}", context=context, hint=_NOT_OURS) from None
-    except (UnicodeDecodeError, ValueError, RecursionError) as e:
-        raise FormatError(
-            f"{what} is not valid JSON: {e}", context=context, hint=_NOT_OURS
-        ) from None
-
-
-_NOT_OURS = "this is not a file treeguard.save wrote, or it was damaged; " + _RESTORE_HINT
+    """``strictjson.loads`` with the checkpoint's hint."""
+    return loads(text, what, context=context, hint=_NOT_OURS)
 
 
 def parse_format_version(fmt: Any, *, expected: str, prefix_re: re.Pattern[str]) -> int:
@@ -529,21 +482,3 @@ def foreign_spec(doc: dict[str, Any], name: str) -> TreeSpec:
             raise FormatError(f"{where}: bad shape {shape!r}", context=name)
         leaves[tensor] = LeafSpec(tuple(shape), dtype_of(FOREIGN[st]))
     return spec_of(leaves)
-
-
-def plain_structure_problem(node: Node) -> str | None:
-    """Why a stored structure cannot come back as plain containers, if it cannot.
-
-    ``load(like=None)`` rebuilds custom nodes and namedtuples as dicts keyed by
-    each child's key or attribute name, so two children with one such key
-    would collide.
-    """
-    stack: list[tuple[Node, Path]] = [(node, ())]
-    while stack:
-        n, path = stack.pop()
-        if n.kind in ("custom", "namedtuple"):
-            keys = [e[1] for e in n.entries]
-            if len(set(keys)) != len(keys):
-                return f"{keystr(path) or '<root>'}: two children of {n.type_name} share one key"
-        stack.extend((c, (*path, e)) for e, c in zip(n.entries, n.children))
-    return None

@@ -34,7 +34,6 @@ from .format import (
     TensorInfo,
     foreign_spec,
     header_from_doc,
-    plain_structure_problem,
 )
 from .migrate import migrate
 from .write import bytes_of, hash_bytes
@@ -348,13 +347,6 @@ def _plan(
     stored = header.spec
     if like is None:
         root = stored.structure
-        problem = plain_structure_problem(root)
-        if problem is not None:
-            raise FormatError(
-                f"the stored spec cannot be rebuilt without `like`: {problem}",
-                context=header.path,
-                hint="pass `like`, a tree of the saved structure",
-            )
 
         def build_plain(arrays: dict[str, np.ndarray[Any, Any]]) -> Any:
             return _plain(root, iter([arrays[t.name] for t in header.tensors]))

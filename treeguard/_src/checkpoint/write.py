@@ -22,9 +22,9 @@ import numpy as np
 from ..atomic import atomic_write, remove_stale_temps, write_all
 from ..env import environment
 from ..errors import InvalidTreeError
-from ..paths import Entry, Path, entry_str, keystr, parse
+from ..paths import has_surrogate, keystr, short_repr
 from ..spec import Record, TreeSpec, spec_of, summarize
-from ..walk import Node, flatten, structure_of
+from ..walk import flatten, key_problems, structure_of
 from .format import (
     ALLOWED_DTYPES,
     FORMAT,
@@ -42,100 +42,10 @@ from .format import (
     stored_layout,
 )
 
-#: The exact key types a dict key may have in a saved tree (no subclasses:
-#: an enum or a numpy scalar prints as something that does not read back).
-_KEY_TYPES = (str, int, float, bool, type(None))
 _KEY_HINT = (
     "use str or int dict keys (not enums, numpy scalars or other objects) and attribute "
     "names that are identifiers, each distinct within its node"
 )
-
-
-def _entry_problem(entry: Entry) -> str | None:
-    """Why one path entry would not read back from its text, or None."""
-    kind, key = entry
-    if kind == "key" and type(key) not in _KEY_TYPES:
-        return f"key {_short_repr(key)} of type {type(key).__qualname__} does not read back"
-    if kind in ("index", "flat") and type(key) is not int:
-        return f"index {_short_repr(key)} of type {type(key).__qualname__} is not an int"
-    if kind == "attr" and type(key) is not str:
-        return f"attribute {_short_repr(key)} of type {type(key).__qualname__} is not a str"
-    if isinstance(key, str) and _has_surrogate(key):
-        what = "key" if kind == "key" else "attribute"
-        return f"{what} {key!r} holds a lone surrogate, which has no UTF-8 form"
-    if isinstance(key, float) and not math.isfinite(key):
-        return f"key {key!r} of type float has no JSON form"
-    text = entry_str(entry)
-    shown = f"{kind} {_short_repr(key)} of type {type(key).__qualname__} prints as {text[:60]!r}"
-    try:
-        back = parse(text)
-    except ValueError:
-        return f"{shown}, which does not parse back"
-    want_kind = "index" if kind == "flat" or (kind == "key" and type(key) is int) else kind
-    if len(back) != 1 or back[0] != (want_kind, key) or type(back[0][1]) is not type(key):
-        return f"{shown}, which reads back as another key"
-    return None
-
-
-def _short_repr(x: Any, limit: int = 60) -> str:
-    try:
-        text = repr(x)
-    except Exception:  # noqa: BLE001 - a repr that fails still gets a message
-        text = f"<{type(x).__qualname__}>"
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _has_surrogate(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return True
-    return False
-
-
-def key_problems(root: Node) -> list[tuple[str, str]]:
-    """Every key that could not be read back from a tensor name, as
-    ``(path of the node, description)``; empty for a savable structure.
-
-    Within one node the entries must print distinctly, and in a custom node
-    or namedtuple (which ``load(like=None)`` rebuilds as a dict) the keys
-    must also be distinct as dict keys.
-    """
-    out: list[tuple[str, str]] = []
-    stack: list[tuple[Node, Path]] = [(root, ())]
-    while stack:
-        node, path = stack.pop()
-        if node.kind == "leaf":
-            continue
-        where = keystr(path)
-        texts: dict[str, Entry] = {}
-        for e in node.entries:
-            problem = _entry_problem(e)
-            if problem is not None:
-                out.append((where, problem))
-                continue
-            text = entry_str(e)
-            if text in texts:
-                out.append((where, f"two children print as {text[:60]!r}"))
-            texts[text] = e
-        if node.kind in ("custom", "namedtuple"):
-            seen: dict[Any, Entry] = {}
-            for e in node.entries:
-                try:
-                    other = seen.get(e[1])
-                except TypeError:
-                    continue  # unhashable keys were reported above
-                if other is not None and other != e:
-                    out.append(
-                        (
-                            where,
-                            f"{entry_str(other)} and {entry_str(e)} of {node.type_name} both "
-                            f"come back as key {_short_repr(e[1])} of a plain dict",
-                        )
-                    )
-                seen[e[1]] = e
-        stack.extend((c, (*path, e)) for e, c in reversed(list(zip(node.entries, node.children))))
-    return out
 
 
 def _is_key_array(x: Any) -> bool:
@@ -221,8 +131,8 @@ def _bad_metadata(value: Any, where: str) -> str | None:
         if isinstance(v, Mapping):
             for k, child in reversed(list(v.items())):
                 if not isinstance(k, str):
-                    return f"{at}[{_short_repr(k)}]: keys must be str, not {type(k).__name__}"
-                if _has_surrogate(k):
+                    return f"{at}[{short_repr(k)}]: keys must be str, not {type(k).__name__}"
+                if has_surrogate(k):
                     return f"{at}[{k!r}]: a key with a lone surrogate has no UTF-8 form"
                 stack.append((child, f"{at}[{k!r}]", depth + 1))
         elif isinstance(v, (list, tuple)):
@@ -230,7 +140,7 @@ def _bad_metadata(value: Any, where: str) -> str | None:
         elif isinstance(v, float) and not math.isfinite(v):
             return f"{at}: {v!r} has no JSON form"
         elif isinstance(v, str):
-            if _has_surrogate(v):
+            if has_surrogate(v):
                 return f"{at}: a string with a lone surrogate has no UTF-8 form"
         elif not (v is None or isinstance(v, (bool, int, float))):
             return f"{at}: an object of type {type(v).__name__} has no JSON form"
