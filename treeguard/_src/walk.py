@@ -457,7 +457,7 @@ def key_problems(root: Node) -> list[tuple[str, str]]:
                     other = seen.get(e[1])
                 except TypeError:
                     continue  # unhashable keys were reported above
-                if other is not None and other != e:
+                if other is not None and entry_str(other) != entry_str(e):
                     out.append(
                         (
                             where,
