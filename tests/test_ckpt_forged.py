@@ -185,7 +185,10 @@ def _spec_json(children: list[Any], kind: str = "dict") -> str:
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        (_spec_json([["key", 1], ["key", True]]), r"\[1\] and \[True\] of builtins.dict both come back"),
+        (
+            _spec_json([["key", 1], ["key", True]]),
+            r"\[1\] and \[True\] of builtins.dict both come back",
+        ),
         (_spec_json([["attr", "a"], ["key", "a"]], "custom"), "both come back as key 'a'"),
         (_spec_json([["flat", 0], ["index", 0]], "custom"), "two children print as '\\[0\\]'"),
         (_spec_json([["key", 1]]).replace("1]", "NaN]"), "NaN is not a JSON number"),
@@ -259,7 +262,7 @@ class Level(enum.IntEnum):
     LOW = 1
 
 
-class Name(str, enum.Enum):
+class Name(enum.StrEnum):
     W = "w"
 
 

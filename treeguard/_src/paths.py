@@ -200,18 +200,18 @@ def entry_problem(entry: Entry) -> str | None:
     """
     kind, key = entry
     if kind == "key" and type(key) not in _KEY_TYPES:
-        return f"key {short_repr(key)} of type {type(key).__qualname__} does not read back"
+        return f"key {short_repr(key)} of type {type(key).__name__} does not read back"
     if kind in ("index", "flat") and type(key) is not int:
-        return f"index {short_repr(key)} of type {type(key).__qualname__} is not an int"
+        return f"index {short_repr(key)} of type {type(key).__name__} is not an int"
     if kind == "attr" and type(key) is not str:
-        return f"attribute {short_repr(key)} of type {type(key).__qualname__} is not a str"
+        return f"attribute {short_repr(key)} of type {type(key).__name__} is not a str"
     if isinstance(key, str) and has_surrogate(key):
         what = "key" if kind == "key" else "attribute"
         return f"{what} {key!r} holds a lone surrogate, which has no UTF-8 form"
     if isinstance(key, float) and not math.isfinite(key):
         return f"key {key!r} of type float has no JSON form"
     text = entry_str(entry)
-    shown = f"{kind} {short_repr(key)} of type {type(key).__qualname__} prints as {text[:60]!r}"
+    shown = f"{kind} {short_repr(key)} of type {type(key).__name__} prints as {text[:60]!r}"
     try:
         back = parse(text)
     except ValueError:

@@ -34,8 +34,9 @@ _tu = jax.tree_util
 #: The deepest nesting of containers a tree may have. JAX itself gives up
 #: near Python's recursion limit (1000); treeguard's own walks stay well inside it.
 MAX_DEPTH = 128
-#: A fast walk still going after this many levels is redone exactly.
-_MAX_LEVELS = 3 * MAX_DEPTH
+#: A fast walk still going after this many levels (each container is at least
+#: one) is redone exactly.
+_MAX_LEVELS = MAX_DEPTH
 #: Shared subtrees are visited once per reference; past this many, check slowly.
 _MAX_VISITS = 5_000_000
 _CACHE_SIZE = 512
