@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import hashlib
+import mmap
 import os
 import re
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
@@ -41,6 +42,8 @@ _THREADS = "treeguard-hash"
 _CHUNK = 16 * 1024 * 1024
 #: Each loaded array starts at a multiple of this in the shared buffer.
 _ALIGN = 64
+#: Loads of at least this many bytes go into an anonymous mapping.
+_MAPPED = 64 * 1024 * 1024
 _HEX_RE = re.compile(r"^[0-9a-f]{64}$")
 _RESTORE_HINT = "restore the file from a verified copy (ArtifactStore.rollback) or save it again"
 
@@ -109,9 +112,9 @@ def _read_tensors(
 ) -> dict[str, np.ndarray[Any, Any]]:
     """Reads the wanted tensors and verifies every hash.
 
-    All tensors land in one buffer allocated at once (one allocation faults
-    its pages in far faster than one per tensor), each at a 64-byte aligned
-    offset and viewed as its own array. One thread per core takes a tensor
+    All tensors land in one buffer allocated at once, each at a 64-byte
+    aligned offset and viewed as its own array (so the arrays of one load
+    share one allocation, freed when the last of them is). One thread per core takes a tensor
     at a time and reads it in chunks, hashing each chunk while it is still
     in the CPU's cache; ``pread`` and ``sha256`` both release the GIL.
 
@@ -127,7 +130,7 @@ def _read_tensors(
         pos = (pos + _ALIGN - 1) // _ALIGN * _ALIGN
         offsets.append(pos)
         pos += t.nbytes
-    base = np.empty(max(pos, 1), np.uint8)
+    base = _buffer(pos)
     whole = memoryview(base)
 
     def read_one(i: int) -> str | None:
@@ -166,6 +169,15 @@ def _read_tensors(
         t.name: base[off : off + t.nbytes].view(t.dtype).reshape(t.shape)
         for t, off in zip(todo, offsets)
     }
+
+
+def _buffer(nbytes: int) -> np.ndarray[Any, Any]:
+    """A fresh byte buffer; a large one is an anonymous mapping, whose pages
+    the reading threads fault in in parallel (numpy would ask for huge pages,
+    which can stall a whole load while the kernel compacts memory)."""
+    if nbytes < _MAPPED:
+        return np.empty(max(nbytes, 1), np.uint8)
+    return np.frombuffer(mmap.mmap(-1, nbytes), np.uint8)
 
 
 def _integrity_error(name: str, bad: Sequence[tuple[TensorInfo, str]]) -> IntegrityError:
