@@ -132,7 +132,7 @@ def _read_tensors(
         pos += t.nbytes
     base = _buffer(pos)
     whole = memoryview(base.data)
-    whole = memoryview(base)
+
     def read_one(i: int) -> str | None:
         t, off = todo[i], offsets[i]
         view = whole[off : off + t.nbytes]
