@@ -83,7 +83,8 @@ def _treeguard_errors() -> list[type[BaseException]]:
             if (
                 isinstance(value, type)
                 and issubclass(value, BaseException)
-                and value.__module__ == module.__name__
+                # public errors show as ``treeguard.X``
+                and value.__module__ in (module.__name__, "treeguard")
             ):
                 found.append(value)
     return found
