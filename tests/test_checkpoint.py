@@ -507,8 +507,8 @@ def test_a_bad_spec_inside_a_header_names_the_file(tmp_path: Path) -> None:
     doc = json.loads(raw[8 : 8 + n])
     meta = doc.pop("__metadata__")
     meta["treeguard.spec"] = json.dumps({"format": "not-a-spec"})
-    meta["treeguard.digest"] = ck._digest(meta, doc)
-    header = ck._encode_header(meta, doc)
+    meta["treeguard.digest"] = ck.header_digest(meta, doc)
+    header = ck.encode_header(meta, doc)
     path.write_bytes(len(header).to_bytes(8, "little") + header + raw[8 + n :])
     with pytest.raises(FormatError, match=f"^{re.escape(str(path))}: treeguard.spec: ") as info:
         read_header(path)

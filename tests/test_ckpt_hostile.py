@@ -70,8 +70,8 @@ def _forge(
     doc = json.loads(raw[8 : 8 + n])
     meta = doc.pop("__metadata__")
     mutate(meta, doc)
-    meta["treeguard.digest"] = ck._digest(meta, doc)
-    header = ck._encode_header(meta, doc)
+    meta["treeguard.digest"] = ck.header_digest(meta, doc)
+    header = ck.encode_header(meta, doc)
     body = raw[8 + n :] if data is None else data
     path.write_bytes(len(header).to_bytes(8, "little") + header + body)
 
@@ -110,9 +110,11 @@ def test_symlink_is_refused(good: Path, reader: Any) -> None:
 def test_devices_and_directories_are_refused(tmp_path: Path) -> None:
     with _small_memory(), pytest.raises(FormatError, match="not a regular file"):
         load("/dev/zero")
-    with pytest.raises(FormatError, match=r"/dev/zero: not a regular file \(a character device\)"):
+    with pytest.raises(
+        FormatError, match=r"/dev/zero: the checkpoint is not a regular file but a character device"
+    ):
         read_header("/dev/zero")
-    with pytest.raises(FormatError, match=r"not a regular file \(a directory\)"):
+    with pytest.raises(FormatError, match=r"not a regular file but a directory"):
         verify_file(tmp_path)
 
 
@@ -149,7 +151,7 @@ def test_a_fifo_is_refused_without_blocking(tmp_path: Path) -> None:
     lines = proc.stdout.splitlines()
     assert [line.split()[0] for line in lines] == ["load", "read_header", "verify_file"]
     for line in lines:
-        assert line.endswith(f"{fifo}: not a regular file (a FIFO)"), line
+        assert line.endswith(f"{fifo}: the checkpoint is not a regular file but a FIFO"), line
 
 
 def test_header_claiming_100_gb(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 import treeguard as tg
 from treeguard import FormatError
-from treeguard._src import strict_json
+from treeguard._src import strictjson
 from treeguard._src.atomic import atomic_write, open_regular, read_regular, remove_stale_temps
 
 
@@ -91,14 +91,14 @@ def test_read_regular_is_bounded(tmp_path: Path) -> None:
 )
 def test_strict_json_refuses_hostile_documents(text: str, why: str) -> None:
     with pytest.raises(FormatError, match=why) as info:
-        strict_json.loads(text, what="status file", context="s.json")
+        strictjson.loads(text, "the status file", context="s.json")
     assert str(info.value).startswith("s.json: the status file is not valid JSON: ")
     assert str(info.value).endswith("restore it from a backup or write it again")
 
 
 def test_strict_json_refuses_invalid_utf8() -> None:
     with pytest.raises(FormatError, match="not valid JSON: 'utf-8' codec"):
-        strict_json.loads(b'{"a": "\xff"}', what="pointer")
+        strictjson.loads(b'{"a": "\xff"}', "the pointer")
 
 
 json_values = st.recursive(
@@ -114,7 +114,7 @@ json_values = st.recursive(
 
 @given(json_values)
 def test_strict_json_round_trips_every_plain_document(value: object) -> None:
-    assert strict_json.loads(strict_json.dumps(value), what="doc") == value
+    assert strictjson.loads(strictjson.dumps(value), "the doc") == value
 
 
 def test_errors_render_from_their_fields_and_show_as_treeguard_names() -> None:

@@ -159,3 +159,100 @@ def test_optimizer_state_drift_message() -> None:
         "  [0].mu['dense1']['b']: dtype float32 in the state optimizer.init makes, "
         "bfloat16 in the state passed in"
     )
+
+
+# -- hostile trees and checkpoints ---------------------------------------------------
+
+
+def test_deep_nesting_message() -> None:
+    import numpy as np
+
+    tree: Any = np.ones(1)
+    for _ in range(129):
+        tree = {"a": tree}
+    assert _message(tg.spec_of, tree) == (
+        "1 invalid leaf or node in the tree:\n"
+        "  ['a']['a']['a']['a']['a']['a']...: the tree nests more than 128 containers deep "
+        "(a dict at depth 129)\n"
+        "hint: a parameter tree nests a few levels deep; store long chains in a list"
+    )
+
+
+def test_namedtuple_cycle_message() -> None:
+    import collections
+
+    NT = collections.namedtuple("NT", "a b")
+    items: list[Any] = []
+    nt = NT(items, 1.0)
+    items.append(nt)
+    assert _message(tg.spec_of, {"nt": nt}) == (
+        "1 invalid leaf or node in the tree:\n"
+        "  ['nt'].a[0]: this NT contains itself (a cycle back to ['nt'])\n"
+        "hint: a pytree must be a tree; copy the shared container or break the cycle"
+    )
+
+
+def test_unreadable_key_message(tmp_path: Any) -> None:
+    import enum
+
+    import numpy as np
+
+    class Color(enum.Enum):
+        RED = 1
+
+    tree = {"layer": {Color.RED: np.ones(1)}}
+    assert _message(tg.save, tmp_path / "x.safetensors", tree) == (
+        "1 invalid leaf or node in the tree:\n"
+        "  ['layer']: key <Color.RED: 1> of type Color does not read back\n"
+        "hint: use str or int dict keys (not enums, numpy scalars or other objects) and "
+        "attribute names that are identifiers, each distinct within its node"
+    )
+
+
+def test_leaf_without_values_message(tmp_path: Any) -> None:
+    import numpy as np
+
+    tree = {"w": jax.ShapeDtypeStruct((2,), np.float32)}
+    assert _message(tg.save, tmp_path / "x.safetensors", tree) == (
+        "1 invalid leaf or node in the tree:\n"
+        "  ['w']: a jax.ShapeDtypeStruct (f32[2]) describes an array but holds no values\n"
+        "hint: store numeric arrays with values (jax.random.key_data(k) for typed keys, "
+        "np.int64 arrays for large ints)"
+    )
+
+
+def test_migration_node_type_message(tmp_path: Any) -> None:
+    import numpy as np
+
+    path = tmp_path / "p.safetensors"
+    tg.save(path, {"old": [np.ones(1, np.float32)]})
+    like = {"new": (np.ones(1, np.float32),)}
+    assert _message(tg.load, path, like=like, rename={"['old']": "['new']"}) == (
+        f"{path}: 1 mismatch between the checkpoint (after rename) and `like`:\n"
+        "  ['new']: node type tuple in `like`, list in the checkpoint (after rename)\n"
+        "hint: a container changed kind (e.g. list vs tuple) or its static data changed"
+    )
+
+
+def test_expect_digest_message(tmp_path: Any) -> None:
+    import numpy as np
+
+    path = tmp_path / "p.safetensors"
+    tg.save(path, {"w": np.ones(1, np.float32)})
+    digest = tg.read_header(path).digest
+    assert _message(tg.load, path, expect_digest="0" * 64) == (
+        f"{path}: the file changed since its digest was recorded: header digest "
+        f"{digest[:12]}… in the file, 000000000000… recorded\n"
+        "hint: restore the file from a verified copy (ArtifactStore.rollback) or save it again"
+    )
+
+
+def test_non_native_byte_order_message() -> None:
+    text = (
+        '{"format": "treeguard.spec/1", "tree": {"kind": "dict", "children": '
+        '[[["key", "w"], {"kind": "leaf", "shape": [1], "dtype": ">f4"}]]}}'
+    )
+    assert _message(tg.TreeSpec.from_json, text) == (
+        "tree['w']: dtype '>f4' has non-native byte order; a spec names dtypes by name "
+        "(float32), stored in native order"
+    )

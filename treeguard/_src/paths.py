@@ -16,6 +16,7 @@ text form can serve as a name (a checkpoint's tensor names are key paths).
 from __future__ import annotations
 
 import ast
+import math
 from typing import Any, Literal, TypeAlias
 
 import jax
@@ -177,3 +178,63 @@ def jax_path(path: Path) -> tuple[Any, ...]:
         else:
             out.append(_tu.FlattenedIndexKey(key))
     return tuple(out)
+
+
+#: The exact key types a dict key may have in a saved tree (no subclasses:
+#: an enum or a numpy scalar prints as something that does not read back).
+_KEY_TYPES = (str, int, float, bool, type(None))
+
+
+def entry_problem(entry: Entry) -> str | None:
+    """Why one entry would not read back from its text form, or None.
+
+    An entry reads back when ``parse(entry_str(entry))`` gives the same key
+    of the same type (a ``flat`` entry and an int dict key read back as an
+    index, which prints alike). Enums, numpy scalars and other objects do
+    not; nor do strings with lone surrogates, which have no UTF-8 form.
+
+    Example:
+      >>> import numpy as np
+      >>> entry_problem(("key", "w")) is None, entry_problem(("key", np.int64(1)))
+      (True, 'key np.int64(1) of type int64 does not read back')
+    """
+    kind, key = entry
+    if kind == "key" and type(key) not in _KEY_TYPES:
+        return f"key {short_repr(key)} of type {type(key).__name__} does not read back"
+    if kind in ("index", "flat") and type(key) is not int:
+        return f"index {short_repr(key)} of type {type(key).__name__} is not an int"
+    if kind == "attr" and type(key) is not str:
+        return f"attribute {short_repr(key)} of type {type(key).__name__} is not a str"
+    if isinstance(key, str) and has_surrogate(key):
+        what = "key" if kind == "key" else "attribute"
+        return f"{what} {key!r} holds a lone surrogate, which has no UTF-8 form"
+    if isinstance(key, float) and not math.isfinite(key):
+        return f"key {key!r} of type float has no JSON form"
+    text = entry_str(entry)
+    shown = f"{kind} {short_repr(key)} of type {type(key).__name__} prints as {text[:60]!r}"
+    try:
+        back = parse(text)
+    except ValueError:
+        return f"{shown}, which does not parse back"
+    want_kind = "index" if kind == "flat" or (kind == "key" and type(key) is int) else kind
+    if len(back) != 1 or back[0] != (want_kind, key) or type(back[0][1]) is not type(key):
+        return f"{shown}, which reads back as another key"
+    return None
+
+
+def short_repr(x: Any, limit: int = 60) -> str:
+    """``repr(x)`` cut to ``limit`` characters, for naming a key in a message."""
+    try:
+        text = repr(x)
+    except Exception:  # noqa: BLE001 - a repr that fails still gets a message
+        text = f"<{type(x).__qualname__}>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def has_surrogate(text: str) -> bool:
+    """Whether ``text`` holds a lone surrogate, so it has no UTF-8 form."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False

@@ -16,8 +16,9 @@ import numpy as np
 
 from .atomic import atomic_write
 from .errors import FormatError, InvalidTreeError
-from .paths import Entry, Path, keystr
-from .walk import LEAF, Node, flatten, invalid_leaves, structure_of
+from .paths import Entry, Path, keystr, short_repr
+from .strictjson import loads as strict_loads
+from .walk import LEAF, MAX_DEPTH, Node, flatten, invalid_leaves, key_problems, structure_of
 
 Dim: TypeAlias = int | str
 Shape: TypeAlias = tuple[Dim, ...]
@@ -26,7 +27,9 @@ Record: TypeAlias = tuple[Shape, np.dtype[Any], bool | None, str | None]
 
 FORMAT = "treeguard.spec/1"
 FORMAT_VERSION = 1
-_FORMAT_RE = re.compile(r"^treeguard\.spec/(\d+)$")
+_FORMAT_RE = re.compile(r"^treeguard\.spec/(\d{1,9})$")
+#: The largest size a spec's dimension may give (any real array is smaller).
+_MAX_DIM = 2**62
 _aval = attrgetter("aval")
 
 
@@ -415,7 +418,14 @@ class TreeSpec:
 
     @classmethod
     def from_dict(cls, data: Any) -> TreeSpec:
-        """Reads the form ``to_dict`` writes.
+        """Reads the form ``to_dict`` writes, strictly.
+
+        Every field is type-checked. A node's children must be what its kind
+        allows: indices ``0..n-1`` in order for lists and tuples, distinct
+        hashable keys for dicts, distinct attribute names for namedtuples,
+        none for ``none`` and leaves; and every key must read back from its
+        text form, so the leaves' key paths are distinct. Nesting deeper than
+        ``walk.MAX_DEPTH`` is refused.
 
         Raises:
           FormatError: for anything that is not a treeguard spec of a known
@@ -426,7 +436,8 @@ class TreeSpec:
         fmt = data.get("format")
         m = _FORMAT_RE.match(fmt) if isinstance(fmt, str) else None
         if m is None:
-            raise FormatError(f"not a treeguard spec: format is {fmt!r}, expected {FORMAT!r}")
+            shown = fmt[:80] if isinstance(fmt, str) else type(fmt).__name__
+            raise FormatError(f"not a treeguard spec: format is {shown!r}, expected {FORMAT!r}")
         if int(m.group(1)) > FORMAT_VERSION:
             raise FormatError(
                 f"spec format {fmt!r} is newer than this treeguard reads ({FORMAT!r}); "
@@ -435,24 +446,27 @@ class TreeSpec:
         if "tree" not in data:
             raise FormatError("spec has no 'tree'")
         records: list[Record] = []
-        root = _node_from_dict(data["tree"], records, "tree")
+        root = _node_from_dict(data["tree"], records, "tree", 0)
         declared = data.get("num_leaves")
-        if declared is not None and declared != len(records):
-            raise FormatError(f"spec declares {declared} leaves but holds {len(records)}")
+        if declared is not None and (
+            not isinstance(declared, int) or isinstance(declared, bool) or declared != len(records)
+        ):
+            raise FormatError(f"spec declares {declared!r} leaves but holds {len(records)}")
+        problems = key_problems(root)
+        if problems:
+            where, what = problems[0]
+            raise FormatError(f"tree{where}: {what}")
         return cls(root, records)
 
     @classmethod
     def from_json(cls, text: str | bytes) -> TreeSpec:
-        """Reads a spec from JSON text.
+        """Reads a spec from JSON text, strictly (see ``from_dict``).
 
         Raises:
-          FormatError: for malformed JSON, non-UTF-8 bytes or a bad document.
+          FormatError: for malformed JSON, non-UTF-8 bytes, a key given twice,
+            NaN or Infinity, an integer of more than 20 digits, or a bad document.
         """
-        try:
-            data = json.loads(text)
-        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
-            raise FormatError(f"spec is not valid JSON: {e}") from e
-        return cls.from_dict(data)
+        return cls.from_dict(strict_loads(text, "spec"))
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Writes the JSON to ``path`` atomically.
@@ -646,66 +660,105 @@ _KINDS = ("leaf", "none", "dict", "list", "tuple", "namedtuple", "custom")
 _ENTRY_KINDS = ("key", "index", "attr", "flat")
 
 
-def _node_from_dict(d: Any, records: list[Record], where: str) -> Node:
+def _node_from_dict(d: Any, records: list[Record], where: str, depth: int) -> Node:
     if not isinstance(d, dict):
         raise FormatError(f"{where}: a node is a JSON object, not {type(d).__name__}")
+    if depth > MAX_DEPTH:
+        raise FormatError(f"{where[:200]}...: the spec nests deeper than {MAX_DEPTH} containers")
     kind = d.get("kind")
-    if kind not in _KINDS:
-        raise FormatError(f"{where}: unknown node kind {kind!r}")
+    if not isinstance(kind, str) or kind not in _KINDS:
+        raise FormatError(f"{where}: unknown node kind {short_repr(kind)}")
     if kind == "leaf":
-        shape = d.get("shape")
-        if not isinstance(shape, list) or not all(
-            (isinstance(x, int) and not isinstance(x, bool) and x >= 0)
-            or (isinstance(x, str) and x)
-            for x in shape
-        ):
-            raise FormatError(f"{where}: bad shape {shape!r}")
-        dtype = dtype_of(d.get("dtype"))
-        weak = d.get("weak_type")
-        if weak is not None and not isinstance(weak, bool):
-            raise FormatError(f"{where}: weak_type must be true, false or null")
-        sharding = d.get("sharding")
-        if sharding is not None and not isinstance(sharding, str):
-            raise FormatError(f"{where}: sharding must be a string")
-        records.append((tuple(shape), dtype, weak, sharding))
+        if "children" in d:
+            raise FormatError(f"{where}: a leaf has no children")
+        records.append(_leaf_record(d, where))
         return LEAF
     children_raw = d.get("children", [])
     if not isinstance(children_raw, list):
         raise FormatError(f"{where}: children must be a list")
+    if kind == "none" and children_raw:
+        raise FormatError(f"{where}: a none node has no children")
     entries: list[Entry] = []
     children: list[Node] = []
     for i, item in enumerate(children_raw):
+        at = f"{where}.children[{i}]"
         if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], list)):
-            raise FormatError(f"{where}.children[{i}]: expected [entry, node]")
-        entry = item[0]
-        if len(entry) != 2 or entry[0] not in _ENTRY_KINDS:
-            raise FormatError(f"{where}.children[{i}]: bad key entry {entry!r}")
-        if entry[0] in ("index", "flat") and not isinstance(entry[1], int):
-            raise FormatError(f"{where}.children[{i}]: index must be an integer")
-        if entry[0] == "attr" and not isinstance(entry[1], str):
-            raise FormatError(f"{where}.children[{i}]: attribute must be a string")
-        e: Entry = (entry[0], entry[1])
+            raise FormatError(f"{at}: expected [entry, node]")
+        e = _entry_from_json(item[0], kind, i, at)
         entries.append(e)
-        children.append(_node_from_dict(item[1], records, f"{where}{keystr((e,))}"))
+        children.append(_node_from_dict(item[1], records, f"{where}{keystr((e,))}", depth + 1))
     type_name = d.get("type", "")
-    if kind in ("namedtuple", "custom") and not isinstance(type_name, str):
-        raise FormatError(f"{where}: type must be a string")
+    if kind in ("namedtuple", "custom") and (not isinstance(type_name, str) or not type_name):
+        raise FormatError(f"{where}: type must be a non-empty string")
+    aux_repr = d.get("aux_repr")
+    if aux_repr is not None and not isinstance(aux_repr, str):
+        raise FormatError(f"{where}: aux_repr must be a string or null")
     builtin = {
         "dict": "builtins.dict",
         "list": "builtins.list",
         "tuple": "builtins.tuple",
         "none": "builtins.NoneType",
     }
-    aux_repr = d.get("aux_repr")
     return Node(
-        kind=kind,
+        kind=kind,  # type: ignore[arg-type]  # checked against _KINDS above
         type_name=builtin.get(kind, str(type_name or "")),
         aux=d.get("aux"),
-        aux_repr=aux_repr if isinstance(aux_repr, str) else None,
+        aux_repr=aux_repr,
         entries=tuple(entries),
         children=tuple(children),
         num_leaves=sum(c.num_leaves for c in children),
     )
+
+
+def _leaf_record(d: dict[str, Any], where: str) -> Record:
+    shape = d.get("shape")
+    if not isinstance(shape, list) or not all(
+        (isinstance(x, int) and not isinstance(x, bool) and 0 <= x <= _MAX_DIM)
+        or (isinstance(x, str) and x)
+        for x in shape
+    ):
+        raise FormatError(f"{where}: bad shape {short_repr(shape)}")
+    text = d.get("dtype")
+    if text is not None and not isinstance(text, str):
+        raise FormatError(f"{where}: dtype must be a string, not {type(text).__name__}")
+    dtype = dtype_of(text)
+    if not dtype.isnative:
+        raise FormatError(
+            f"{where}: dtype {str(text)[:20]!r} has non-native byte order; a spec names dtypes "
+            "by name (float32), stored in native order"
+        )
+    weak = d.get("weak_type")
+    if weak is not None and not isinstance(weak, bool):
+        raise FormatError(f"{where}: weak_type must be true, false or null")
+    sharding = d.get("sharding")
+    if sharding is not None and not isinstance(sharding, str):
+        raise FormatError(f"{where}: sharding must be a string")
+    return (tuple(shape), dtype, weak, sharding)
+
+
+#: The entry kind each container kind's children carry.
+_CHILD_KINDS = {
+    "dict": ("key",),
+    "list": ("index",),
+    "tuple": ("index",),
+    "namedtuple": ("attr",),
+    "custom": _ENTRY_KINDS,
+}
+
+
+def _entry_from_json(entry: list[Any], kind: str, i: int, at: str) -> Entry:
+    if len(entry) != 2 or entry[0] not in _CHILD_KINDS.get(kind, ()):
+        raise FormatError(f"{at}: bad key entry {short_repr(entry)} for a {kind} node")
+    ekind, key = entry
+    if ekind in ("index", "flat") and (not isinstance(key, int) or isinstance(key, bool)):
+        raise FormatError(f"{at}: index must be an integer")
+    if kind in ("list", "tuple") and key != i:
+        raise FormatError(f"{at}: child {i} of a {kind} has index {key}")
+    if ekind == "attr" and not isinstance(key, str):
+        raise FormatError(f"{at}: attribute must be a string")
+    if isinstance(key, (list, dict)):
+        raise FormatError(f"{at}: key {short_repr(key)} is not hashable")
+    return (ekind, key)
 
 
 def _skeleton(node: Node, path: Path) -> Any:

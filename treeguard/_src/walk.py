@@ -6,9 +6,10 @@ data) but no leaf values. JAX's own flatten does the work one level at a time,
 so the leaf order and the keys are exactly JAX's. Structures are cached by
 treedef, so a tree of a known structure costs one flatten.
 
-JAX's C++ flatten does not survive a tree that contains itself: it exhausts
-the interpreter's recursion budget. ``assert_acyclic`` walks the builtin
-containers first, cheaply, and names the path of the cycle instead.
+JAX's C++ flatten does not survive a tree that contains itself or nests
+very deeply: it exhausts the interpreter's recursion budget. ``assert_acyclic``
+walks every kind of container first, cheaply and without recursion, and
+names the path of the cycle or the depth instead.
 """
 
 from __future__ import annotations
@@ -25,15 +26,17 @@ import jax
 import numpy as np
 
 from .errors import InvalidTreeError
-from .paths import Entry, Path, entry_of, keystr
+from .paths import Entry, Path, entry_of, entry_problem, entry_str, keystr, short_repr
 
 NodeKind: TypeAlias = Literal["leaf", "none", "dict", "list", "tuple", "namedtuple", "custom"]
 
 _tu = jax.tree_util
-_CONTAINERS = frozenset((dict, list, tuple))
-_is_container = _CONTAINERS.__contains__
-#: A tree of builtin containers deeper than this is checked slowly for a cycle.
-_MAX_LEVELS = 256
+#: The deepest nesting of containers a tree may have. JAX itself gives up
+#: near Python's recursion limit (1000); treeguard's own walks stay well inside it.
+MAX_DEPTH = 128
+#: A fast walk still going after this many levels (each container is at least
+#: one) is redone exactly.
+_MAX_LEVELS = MAX_DEPTH
 #: Shared subtrees are visited once per reference; past this many, check slowly.
 _MAX_VISITS = 5_000_000
 _CACHE_SIZE = 512
@@ -100,17 +103,24 @@ def qualname(t: type) -> str:
 
 
 def assert_acyclic(tree: Any) -> None:
-    """Refuses a tree whose dicts, lists or tuples contain themselves.
+    """Refuses a tree that contains itself or nests deeper than ``MAX_DEPTH``,
+    before JAX sees it.
 
-    Only builtin containers are walked: they are the ones JAX flattens in C++
-    where a cycle cannot be caught. A cycle through a custom node is caught by
-    ``structure_of``. The walk goes level by level with ``gc.get_referents``,
-    so each level costs a few C calls, not a Python call per container; a
-    tree that is still going after ``_MAX_LEVELS`` levels is walked again
-    slowly, keeping paths, to name the cycle.
+    JAX's flatten recurses in C++ and through each custom node's Python
+    flatten: a cycle or a very deep tree exhausts the stack there. So every
+    kind of container is walked here first, without recursion: dicts,
+    lists, tuples, namedtuples and registered custom nodes (dataclasses,
+    flax and equinox modules). The fast walk goes level by level with
+    ``gc.get_referents``, a few C calls per level, keeping only objects of a
+    container type (each new type is classified once, by asking JAX whether
+    it is a node). Its view of a custom node is wider than JAX's (it sees
+    every attribute), so a walk still going after ``_MAX_LEVELS`` levels is
+    redone exactly, one node at a time as JAX flattens it, to name the
+    cycle or the depth, or to find that there is neither.
 
     Raises:
-      InvalidTreeError: naming the path at which the tree contains itself.
+      InvalidTreeError: naming the path at which the tree contains itself,
+        or the depth and a path prefix of a tree nested too deeply.
 
     Example:
       >>> a = [1]; a.append(a)
@@ -121,56 +131,101 @@ def assert_acyclic(tree: Any) -> None:
         [1]: this list contains itself (a cycle back to <root>)
       hint: a pytree must be a tree; copy the shared container or break the cycle
     """
-    if type(tree) not in _CONTAINERS:
+    kind = _KIND.get(type(tree))
+    if kind is None:
+        kind = _classify(tree)
+    if not kind:
         return
     level = [tree]
     seen = 0
     for _ in range(_MAX_LEVELS):
         refs = gc.get_referents(*level)
-        level = list(compress(refs, map(_is_container, map(type, refs))))
+        kinds = list(map(_KIND.get, map(type, refs)))
+        if None in kinds:
+            kinds = [_classify(r) if k is None else k for r, k in zip(refs, kinds)]
+        level = list(compress(refs, kinds))
         if not level:
             return
         seen += len(level)
         if seen > _MAX_VISITS:
             break
+    _exact_check(tree)
+
+
+#: 1 for a type whose instances are containers to walk, 0 for leaves; filled
+#: in as types are first seen (a type is a pytree node or not for good).
+_KIND: dict[type, int] = {dict: 1, list: 1, tuple: 1, type(None): 0, str: 0, int: 0, float: 0}
+
+
+def _classify(x: Any) -> int:
+    """Whether ``x``'s type is a pytree node (1) or a leaf (0), remembered by type."""
     try:
-        _report_cycle(tree)
-    except RecursionError:
-        raise InvalidTreeError(
-            [("", "the tree nests deeper than Python's recursion limit")],
-            hint="flatten the nesting, or raise sys.setrecursionlimit on purpose",
-        ) from None
+        td: Any = jax.tree.structure(x, is_leaf=lambda y: y is not x)
+        kind = 0 if _tu.treedef_is_leaf(td) and td.num_leaves == 1 else 1
+    except Exception:  # noqa: BLE001 - a node whose flatten fails is JAX's to report
+        kind = 0
+    if len(_KIND) < 10_000:
+        _KIND[type(x)] = kind
+    return kind
 
 
-def _report_cycle(tree: Any) -> None:
-    """Slow path: find the first cycle again, this time keeping the paths."""
-    stack: list[tuple[Any, Path]] = []
+def _children(x: Any) -> list[tuple[Entry, Any]] | None:
+    """One level of ``x`` as JAX sees it, or None for a leaf."""
+    t = type(x)
+    if t is dict:
+        return [(("key", k), v) for k, v in x.items()]
+    if t is list or t is tuple:
+        return [(("index", i), v) for i, v in enumerate(x)]
+    if x is None:
+        return None
+    try:
+        pairs, td = _one_level(x)
+    except Exception:  # noqa: BLE001 - a node whose flatten fails is JAX's to report
+        return None
+    if _tu.treedef_is_leaf(td) and td.num_leaves == 1:
+        return None
+    return [(entry_of(p[0]), c) for p, c in pairs]
 
-    def visit(x: Any, path: Path) -> None:
-        for anc, anc_path in stack:
-            if anc is x:
-                raise InvalidTreeError(
-                    [
-                        (
-                            keystr(path),
-                            f"this {type(x).__name__} contains itself "
-                            f"(a cycle back to {keystr(anc_path) or '<root>'})",
-                        )
-                    ],
-                    hint="a pytree must be a tree; copy the shared container or break the cycle",
-                )
-        stack.append((x, path))
-        items: Sequence[tuple[Entry, Any]]
-        if type(x) is dict:
-            items = [(("key", k), v) for k, v in x.items()]
-        else:
-            items = [(("index", j), v) for j, v in enumerate(x)]
-        for e, c in items:
-            if type(c) in _CONTAINERS:
-                visit(c, (*path, e))
-        stack.pop()
 
-    visit(tree, ())
+def _exact_check(tree: Any) -> None:
+    """The slow walk: depth first, without recursion, node by node as JAX
+    flattens, keeping the path to name a cycle or a depth past ``MAX_DEPTH``."""
+    on_path: dict[int, Path] = {}
+    stack: list[tuple[Any, Path, bool]] = [(tree, (), False)]
+    while stack:
+        x, path, leaving = stack.pop()
+        if leaving:
+            del on_path[id(x)]
+            continue
+        kids = _children(x)
+        if kids is None:
+            continue
+        if id(x) in on_path:
+            raise InvalidTreeError(
+                [
+                    (
+                        keystr(path),
+                        f"this {type(x).__name__} contains itself "
+                        f"(a cycle back to {keystr(on_path[id(x)]) or '<root>'})",
+                    )
+                ],
+                hint="a pytree must be a tree; copy the shared container or break the cycle",
+            )
+        if len(path) >= MAX_DEPTH:
+            prefix = keystr(path[:6])
+            raise InvalidTreeError(
+                [
+                    (
+                        f"{prefix}...",
+                        f"the tree nests more than {MAX_DEPTH} containers deep "
+                        f"(a {type(x).__name__} at depth {len(path) + 1})",
+                    )
+                ],
+                hint="a parameter tree nests a few levels deep; store long chains in a list",
+            )
+        on_path[id(x)] = path
+        stack.append((x, path, True))
+        stack.extend((c, (*path, e), False) for e, c in reversed(kids))
 
 
 def _one_level(x: Any) -> tuple[list[tuple[Any, Any]], Any]:
@@ -248,7 +303,7 @@ def flatten(tree: Any) -> tuple[list[Any], Any]:
     try:
         return jax.tree.flatten(tree)
     except (RecursionError, SystemError):
-        structure_of(tree)  # finds and names the cycle through a custom node
+        _exact_check(tree)  # names a cycle or depth the fast walk could not see
         raise
 
 
@@ -369,3 +424,48 @@ def invalid_leaves(
         (keystr(all_paths[i]), f"leaf of type {type(leaves[i]).__name__} is not an array")
         for i in bad
     ]
+
+
+def key_problems(root: Node) -> list[tuple[str, str]]:
+    """Every key that could not be read back from a tensor name, as
+    ``(path of the node, description)``; empty for a savable structure.
+
+    Within one node the entries must print distinctly, and in a custom node
+    or namedtuple (which ``load(like=None)`` rebuilds as a dict) the keys
+    must also be distinct as dict keys.
+    """
+    out: list[tuple[str, str]] = []
+    stack: list[tuple[Node, Path]] = [(root, ())]
+    while stack:
+        node, path = stack.pop()
+        if node.kind == "leaf":
+            continue
+        where = keystr(path)
+        texts: dict[str, Entry] = {}
+        for e in node.entries:
+            problem = entry_problem(e)
+            if problem is not None:
+                out.append((where, problem))
+                continue
+            text = entry_str(e)
+            if text in texts:
+                out.append((where, f"two children print as {text[:60]!r}"))
+            texts[text] = e
+        if node.kind in ("dict", "custom", "namedtuple"):
+            seen: dict[Any, Entry] = {}
+            for e in node.entries:
+                try:
+                    other = seen.get(e[1])
+                except TypeError:
+                    continue  # unhashable keys were reported above
+                if other is not None and entry_str(other) != entry_str(e):
+                    out.append(
+                        (
+                            where,
+                            f"{entry_str(other)} and {entry_str(e)} of {node.type_name} both "
+                            f"come back as key {short_repr(e[1])} of a plain dict",
+                        )
+                    )
+                seen[e[1]] = e
+        stack.extend((c, (*path, e)) for e, c in reversed(list(zip(node.entries, node.children))))
+    return out

@@ -20,10 +20,10 @@ import hmac
 import os
 from typing import Any
 
-from .. import strict_json
+from .. import strictjson
 from ..atomic import read_regular
-from ..checkpoint import Header, load, read_header, verify_file
-from ..errors import FormatError, IntegrityError, SignatureError, StoreError
+from ..checkpoint import Header, load, verify_file
+from ..errors import FormatError, SignatureError, StoreError
 
 #: The environment variable naming a key file, used when no ``key=`` is given.
 KEY_ENV = "TREEGUARD_STORE_KEY_FILE"
@@ -72,7 +72,7 @@ def _message(store_id: str, version: str, record: dict[str, Any]) -> bytes:
         "reason": record.get("reason"),
         "checks": record.get("checks") or [],
     }
-    return strict_json.dumps(signed).encode("ascii")
+    return strictjson.dumps(signed).encode("ascii")
 
 
 def sign(key: bytes, store_id: str, version: str, record: dict[str, Any]) -> str:
@@ -128,27 +128,12 @@ def require_verified(version: str, record: dict[str, Any]) -> str:
     return digest
 
 
-def _digest_mismatch(path: str, recorded: str, found: str) -> IntegrityError:
-    return IntegrityError(
-        f"the file's digest is {found[:12]}…, not the {recorded[:12]}… recorded for it",
-        context=path,
-        hint="the file changed after its digest was recorded; do not use it",
-    )
-
-
 def load_expecting(path: str, /, *, like: Any, digest: str | None) -> Any:
     """``load`` with every hash checked, refusing a file whose header digest
-    is not ``digest`` (when given) before any array is read."""
-    if digest is not None:
-        found = read_header(path).digest
-        if found != digest:
-            raise _digest_mismatch(path, digest, found)
-    return load(path, like=like)
+    is not ``digest`` (when given) before any array is read, on the same read."""
+    return load(path, like=like, expect_digest=digest)
 
 
 def verify_expecting(path: str, /, *, digest: str) -> Header:
-    """``verify_file`` (every byte re-hashed), refusing another digest."""
-    header = verify_file(path)
-    if header.digest != digest:
-        raise _digest_mismatch(path, digest, header.digest)
-    return header
+    """``verify_file`` (every byte re-hashed), refusing another header digest."""
+    return verify_file(path, expect_digest=digest)

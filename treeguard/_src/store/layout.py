@@ -29,7 +29,7 @@ import stat
 from collections.abc import Iterator
 from typing import Any
 
-from .. import strict_json
+from .. import strictjson
 from ..atomic import FILE_MODE, atomic_write, file_kind, read_regular
 from ..errors import FormatError, StoreError, UnknownVersionError
 
@@ -117,9 +117,9 @@ class Layout:
     def _read_marker(self) -> dict[str, Any]:
         path = self.path(MARKER_FILE)
         try:
-            data = strict_json.loads(
+            data = strictjson.loads(
                 read_regular(path, limit=SMALL_FILE_LIMIT, what="store marker"),
-                what="store marker",
+                "the store marker",
                 context=path,
             )
         except FormatError as e:
@@ -141,7 +141,7 @@ class Layout:
         return data
 
     def write_marker(self, marker: dict[str, Any]) -> None:
-        atomic_write(self.path(MARKER_FILE), (strict_json.dumps(marker) + "\n").encode())
+        atomic_write(self.path(MARKER_FILE), (strictjson.dumps(marker) + "\n").encode())
 
     def init(self) -> dict[str, Any]:
         """Makes the root a store (creating it if absent); a no-op on a store.

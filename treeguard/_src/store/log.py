@@ -15,7 +15,7 @@ import os
 import stat
 from typing import Any
 
-from .. import strict_json
+from .. import strictjson
 from ..atomic import FILE_MODE, file_kind, read_regular
 from ..errors import FormatError, StoreError
 from .layout import LOG_FILE
@@ -102,7 +102,7 @@ def read(root: str) -> list[Event]:
         if not line.strip():
             continue
         try:
-            d = strict_json.loads(line, what="log line")
+            d = strictjson.loads(line, "a log line")
         except FormatError:
             continue  # a line torn by a crash
         if (

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from .. import strict_json
+from .. import strictjson
 from ..atomic import atomic_write, read_regular
 from ..errors import FormatError, StoreError
 from .layout import NAME_RE, POINTER_FILE, SMALL_FILE_LIMIT, STORE_FORMAT
@@ -46,9 +46,9 @@ def read(root: str) -> Pointer:
     if not os.path.lexists(path):
         return Pointer(None, ())
     try:
-        data = strict_json.loads(
+        data = strictjson.loads(
             read_regular(path, limit=SMALL_FILE_LIMIT, what="pointer"),
-            what="pointer",
+            "the pointer",
             context=path,
         )
     except FormatError as e:
@@ -73,4 +73,4 @@ def write(root: str, pointer: Pointer) -> None:
         "previous": list(pointer.previous),
         "updated": now(),
     }
-    atomic_write(os.path.join(root, POINTER_FILE), (strict_json.dumps(data) + "\n").encode())
+    atomic_write(os.path.join(root, POINTER_FILE), (strictjson.dumps(data) + "\n").encode())

@@ -18,7 +18,7 @@ import json
 import os
 from typing import Any
 
-from .. import strict_json
+from .. import strictjson
 from ..atomic import atomic_write, read_regular
 from ..errors import FormatError, StoreError
 from .layout import MODEL_FILE, SMALL_FILE_LIMIT, STATUS_FILE, STORE_FORMAT
@@ -121,13 +121,13 @@ def read(version_dir: str) -> dict[str, Any]:
     """
     path = os.path.join(version_dir, STATUS_FILE)
     try:
-        data = strict_json.loads(
+        data = strictjson.loads(
             read_regular(path, limit=SMALL_FILE_LIMIT, what="status file"),
-            what="status file",
+            "the status file",
             context=path,
         )
     except FormatError as e:
-        raise StoreError(e.message, context=path, hint=e.hint) from e
+        raise StoreError(e.message, context=path, hint=_HINT) from e
     if not isinstance(data, dict) or data.get("status") not in STATUSES:
         status = data.get("status") if isinstance(data, dict) else None
         raise StoreError(

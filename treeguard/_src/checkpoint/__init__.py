@@ -1,0 +1,41 @@
+"""The single-file checkpoint: format, files, write, read, migrate (see README.md)."""
+
+from ..atomic import remove_stale_temps as remove_stale_temps
+from .files import open_checkpoint as open_checkpoint
+from .format import ALLOWED_DTYPES as ALLOWED_DTYPES
+from .format import FORMAT as FORMAT
+from .format import FORMAT_VERSION as FORMAT_VERSION
+from .format import HASH_NAME as HASH_NAME
+from .format import MAX_HEADER_BYTES as MAX_HEADER_BYTES
+from .format import Header as Header
+from .format import TensorInfo as TensorInfo
+from .format import encode_header as encode_header
+from .format import header_digest as header_digest
+from .read import load as load
+from .read import read_header as read_header
+from .read import spec_from_file as spec_from_file
+from .read import spec_reader as spec_reader
+from .read import verify_file as verify_file
+from .write import save as save
+from .write import user_metadata_json as user_metadata_json
+
+__all__ = [
+    "ALLOWED_DTYPES",
+    "FORMAT",
+    "FORMAT_VERSION",
+    "HASH_NAME",
+    "MAX_HEADER_BYTES",
+    "Header",
+    "TensorInfo",
+    "encode_header",
+    "header_digest",
+    "load",
+    "open_checkpoint",
+    "read_header",
+    "remove_stale_temps",
+    "save",
+    "spec_from_file",
+    "spec_reader",
+    "user_metadata_json",
+    "verify_file",
+]

@@ -1,0 +1,101 @@
+"""Opening a checkpoint and reading its bytes: only regular files, bounded reads.
+
+The file is opened once (``atomic.open_regular``: no symbolic link followed,
+no FIFO or device blocked on) and every later read is a ``pread`` on that one
+descriptor, so the header, the digest check and the tensors all come from
+the same file even if the path is replaced meanwhile.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ..atomic import open_regular
+from ..errors import FormatError
+from .format import MAX_HEADER_BYTES, strict_loads
+
+_PICKLE_HINT = (
+    "this looks like a pickle or zip (torch) file; treeguard never unpickles. "
+    "Convert it with a trusted tool into a treeguard or safetensors checkpoint"
+)
+_TRUNCATED_HINT = "this is not a whole checkpoint; restore it from a verified copy or save it again"
+
+
+def open_checkpoint(path: str | os.PathLike[str]) -> tuple[int, str]:
+    """Opens a checkpoint for reading; returns the descriptor and the path text.
+
+    Raises:
+      FormatError: for a symbolic link, a directory, a FIFO, a device or a socket.
+      FileNotFoundError: if nothing is there.
+    """
+    return open_regular(path, what="checkpoint"), os.fspath(path)
+
+
+def pread_into(fd: int, buf: memoryview, offset: int) -> int:
+    """Fills ``buf`` from ``offset``; returns how many bytes were read."""
+    done = 0
+    total = len(buf)
+    while done < total:
+        n = os.preadv(fd, [buf[done:]], offset + done)
+        if n == 0:
+            break
+        done += n
+    return done
+
+
+def _looks_pickled(head: bytes) -> bool:
+    return head[:1] == b"\x80" or head[:2] == b"PK"
+
+
+def read_raw_header(fd: int, name: str) -> tuple[dict[str, Any], int, int]:
+    """The parsed JSON header (strictly parsed), its length and the file size.
+
+    Raises:
+      FormatError: for a file too short, a header too long or beyond the
+        file, bytes that are not UTF-8 JSON of one object.
+    """
+    size = os.fstat(fd).st_size
+    if size < 8:
+        raise FormatError(
+            f"{size} bytes; a checkpoint starts with an 8-byte header length "
+            "(truncated, or not a checkpoint)",
+            context=name,
+            hint=_TRUNCATED_HINT,
+        )
+    head = bytearray(8)
+    if pread_into(fd, memoryview(head), 0) != 8:
+        raise FormatError("could not read the 8-byte header length", context=name)
+    n = int.from_bytes(head, "little")
+    hint = _PICKLE_HINT if _looks_pickled(bytes(head)) else _TRUNCATED_HINT
+    if n > MAX_HEADER_BYTES:
+        raise FormatError(
+            f"the header claims {n:,} bytes, over the {MAX_HEADER_BYTES:,}-byte limit; "
+            "not a checkpoint",
+            context=name,
+            hint=hint,
+        )
+    if 8 + n > size:
+        raise FormatError(
+            f"the header claims {n:,} bytes but only {size - 8:,} follow the length "
+            "field (truncated, or not a checkpoint)",
+            context=name,
+            hint=hint,
+        )
+    if n < 2:
+        raise FormatError(f"a header of {n} bytes cannot hold a JSON object", context=name)
+    raw = bytearray(n)
+    if pread_into(fd, memoryview(raw), 8) != n:
+        raise FormatError("the file shrank while its header was read", context=name)
+    if raw[:1] != b"{":
+        raise FormatError("the header is not a JSON object", context=name, hint=hint)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise FormatError(
+            f"the header is not UTF-8 text ({e.reason} at byte {e.start})", context=name
+        ) from None
+    doc = strict_loads(text, "the header", context=name)
+    if not isinstance(doc, dict):
+        raise FormatError("the header is not a JSON object", context=name)
+    return doc, n, size

@@ -1,0 +1,484 @@
+"""The checkpoint format: its constants, its header and the strict reading of it.
+
+Layout (the safetensors format, so ``safetensors.numpy.load_file`` opens it)::
+
+    8 bytes   little-endian length N of the header
+    N bytes   UTF-8 JSON header, padded with spaces to a multiple of 8
+    ...       every tensor's bytes, back to back, in the tree's flatten order
+
+The header maps each tensor name to ``{"dtype", "shape", "data_offsets"}``
+and holds ``__metadata__``, a map of strings:
+
+* ``treeguard.format``: ``"treeguard.checkpoint/1"``;
+* ``treeguard.spec``: the ``TreeSpec`` JSON, the authority for the structure;
+* ``treeguard.hash`` and ``treeguard.hashes``: the hash algorithm and one hex
+  digest per tensor, keyed by tensor name;
+* ``treeguard.env``: the environment fingerprint of the writer;
+* ``treeguard.metadata``: the caller's metadata, as JSON;
+* ``treeguard.digest``: a hash of all the above and of the tensor table, so a
+  changed header byte is caught even where the JSON still parses.
+
+Tensor names are key paths in ``keystr`` form (``['dense1']['w']``), which
+``paths.parse`` reads back exactly; the names are exactly the stored spec's
+leaf paths, one to one and in flatten order, and the data follow in the same
+order. A dtype that ``safetensors.numpy`` cannot represent (float8 and the
+other ml_dtypes besides bfloat16, complex128) is stored as ``U8`` bytes, one
+trailing axis of ``itemsize`` bytes, and its true dtype is in the spec.
+
+Every JSON document in a header is read strictly: a duplicate key, NaN or
+Infinity, an integer of more than 20 digits, a field of the wrong type or a
+size beyond the file is a ``FormatError`` that says where.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from ..errors import FormatError, IntegrityError
+from ..paths import keystr, parse
+from ..spec import LeafSpec, TreeSpec, dtype_of, spec_of, summarize
+from ..strictjson import loads
+
+FORMAT = "treeguard.checkpoint/1"
+FORMAT_VERSION = 1
+_FORMAT_RE = re.compile(r"^treeguard\.checkpoint/(\d{1,9})$")
+
+#: The largest header read, as in the safetensors reference reader.
+MAX_HEADER_BYTES = 100_000_000
+#: The hash of each tensor (sha256 measured faster than blake2b here, with SHA-NI).
+HASH_NAME = "sha256"
+HEX_LEN = 64
+_HEX_RE = re.compile(r"^[0-9a-f]{64}$")
+PLACEHOLDER = "0" * HEX_LEN
+MAX_NDIM = 64
+
+K_FORMAT = "treeguard.format"
+K_SPEC = "treeguard.spec"
+K_HASH = "treeguard.hash"
+K_HASHES = "treeguard.hashes"
+K_ENV = "treeguard.env"
+K_META = "treeguard.metadata"
+K_DIGEST = "treeguard.digest"
+_REQUIRED = (K_FORMAT, K_SPEC, K_HASH, K_HASHES, K_ENV, K_META, K_DIGEST)
+
+#: numpy dtype name -> safetensors dtype name, for the dtypes
+#: ``safetensors.numpy`` reads natively.
+NATIVE: dict[str, str] = {
+    "float64": "F64",
+    "float32": "F32",
+    "float16": "F16",
+    "bfloat16": "BF16",
+    "int64": "I64",
+    "int32": "I32",
+    "int16": "I16",
+    "int8": "I8",
+    "uint64": "U64",
+    "uint32": "U32",
+    "uint16": "U16",
+    "uint8": "U8",
+    "bool": "BOOL",
+    "complex64": "C64",
+}
+FOREIGN: dict[str, str] = {
+    **{v: k for k, v in NATIVE.items()},
+    "F8_E4M3": "float8_e4m3fn",
+    "F8_E5M2": "float8_e5m2",
+}
+#: Every dtype a checkpoint may hold: plain numeric types and ml_dtypes.
+#: Nothing else is ever allocated from a file (no object or structured dtypes).
+ALLOWED_DTYPES: frozenset[str] = frozenset(
+    [*NATIVE, "complex128"]
+    + [
+        n
+        for n in dir(ml_dtypes)
+        if n.startswith(("float", "int", "uint")) and isinstance(getattr(ml_dtypes, n), type)
+    ]
+)
+
+_RESTORE_HINT = "restore the file from a verified copy (ArtifactStore.rollback) or save it again"
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorInfo:
+    """One tensor's entry in a checkpoint header.
+
+    Attributes:
+      name: the tensor name, the leaf's key path in ``keystr`` form.
+      shape: the leaf's shape.
+      dtype: the leaf's dtype.
+      stored_dtype: the safetensors dtype name in the header (``"F32"``;
+        ``"U8"`` for a dtype stored as raw bytes).
+      begin: the first byte, counted from the start of the data section.
+      end: one past the last byte, counted the same way.
+      digest: the recorded hex digest of the bytes.
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: np.dtype[Any]
+    stored_dtype: str
+    begin: int
+    end: int
+    digest: str
+
+    @property
+    def nbytes(self) -> int:
+        return self.end - self.begin
+
+    @property
+    def size(self) -> int:
+        """The element count."""
+        return math.prod(self.shape)
+
+    def summary(self) -> str:
+        """``f32[3,1]``."""
+        return summarize(self.shape, self.dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class Header:
+    """A checkpoint's header, validated against the file's size; no data read.
+
+    Attributes:
+      path: the file it was read from.
+      format: the format string, ``"treeguard.checkpoint/1"``.
+      spec: the stored ``TreeSpec``.
+      tensors: one ``TensorInfo`` per leaf, in the spec's flatten order.
+      env: the writer's environment fingerprint.
+      metadata: the caller's metadata given to ``save``.
+      hash_name: the tensor hash algorithm.
+      digest: the header digest.
+      header_bytes: the header's length in bytes (without the 8-byte prefix).
+      file_bytes: the file's size.
+    """
+
+    path: str
+    format: str
+    spec: TreeSpec
+    tensors: tuple[TensorInfo, ...]
+    env: dict[str, Any]
+    metadata: dict[str, Any]
+    hash_name: str
+    digest: str
+    header_bytes: int
+    file_bytes: int
+
+    @property
+    def data_start(self) -> int:
+        """The file offset of the first tensor byte."""
+        return 8 + self.header_bytes
+
+    @property
+    def data_bytes(self) -> int:
+        return self.file_bytes - self.data_start
+
+
+# -- writing the header --------------------------------------------------------
+
+
+def stored_layout(shape: tuple[int, ...], dtype: np.dtype[Any]) -> tuple[str, list[int]]:
+    """The safetensors dtype and shape under which a leaf is written."""
+    native = NATIVE.get(dtype.name)
+    if native is not None:
+        return native, list(shape)
+    if dtype.itemsize == 1:
+        return "U8", list(shape)
+    return "U8", [*shape, dtype.itemsize]
+
+
+def header_digest(meta: Mapping[str, str], table: Mapping[str, Any]) -> str:
+    """The digest over the metadata (all but the digest itself) and the table."""
+    body = {k: v for k, v in meta.items() if k != K_DIGEST}
+    canon = json.dumps({"metadata": body, "tensors": table}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canon.encode("utf-8")).hexdigest()
+
+
+def encode_header(meta: Mapping[str, str], table: Mapping[str, Any]) -> bytes:
+    """The header bytes: JSON, padded with spaces to a multiple of 8."""
+    doc: dict[str, Any] = {"__metadata__": dict(meta)}
+    doc.update(table)
+    raw = json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    return raw + b" " * (-len(raw) % 8)
+
+
+_NOT_OURS = "this is not a file treeguard.save wrote, or it was damaged; " + _RESTORE_HINT
+
+
+def strict_loads(text: str | bytes, what: str, *, context: str | None = None) -> Any:
+    """``strictjson.loads`` with the checkpoint's hint."""
+    return loads(text, what, context=context, hint=_NOT_OURS)
+
+
+def parse_format_version(fmt: Any, *, expected: str, prefix_re: re.Pattern[str]) -> int:
+    """The version number of a format string; the pattern bounds its digits."""
+    m = prefix_re.match(fmt) if isinstance(fmt, str) else None
+    if m is None:
+        shown = fmt[:80] if isinstance(fmt, str) else fmt
+        if isinstance(fmt, (int, float)):
+            shown = type(fmt).__name__
+        raise FormatError(f"unknown format {shown!r}, expected {expected!r}")
+    return int(m.group(1))
+
+
+# -- reading the header --------------------------------------------------------
+
+
+def _ok_int(x: Any, limit: int) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and 0 <= x <= limit
+
+
+def header_from_doc(doc: dict[str, Any], header_bytes: int, size: int, name: str) -> Header:
+    """Validates a parsed header against itself and the file's size.
+
+    Raises:
+      FormatError: for anything that is not a well-formed header of a known
+        version, naming the field.
+      IntegrityError: if the header does not match its own digest.
+    """
+    meta = doc.pop("__metadata__", None)
+    if not isinstance(meta, dict) or K_FORMAT not in meta:
+        raise FormatError(
+            "a safetensors file without treeguard metadata, so it holds no contract or hashes",
+            context=name,
+            hint="read it with safetensors.numpy.load_file, check it, and save it with "
+            "treeguard.save",
+        )
+    bad_meta = [k for k, v in meta.items() if not isinstance(v, str)]
+    if bad_meta:
+        raise FormatError(
+            f"__metadata__ values must be strings; {bad_meta[0][:80]!r} is not",
+            context=name,
+            hint=_NOT_OURS,
+        )
+    fmt = meta[K_FORMAT]
+    try:
+        version = parse_format_version(fmt, expected=FORMAT, prefix_re=_FORMAT_RE)
+    except FormatError as e:
+        raise FormatError(e.message, context=name, hint=_NOT_OURS) from None
+    if version > FORMAT_VERSION:
+        raise FormatError(
+            f"format {fmt!r} is newer than this treeguard reads ({FORMAT!r})",
+            context=name,
+            hint="upgrade treeguard",
+        )
+    missing = [k for k in _REQUIRED if k not in meta]
+    if missing:
+        raise FormatError(f"the header lacks {', '.join(missing)}", context=name, hint=_NOT_OURS)
+    # The digest covers everything below, so check it before interpreting any of it.
+    digest = meta[K_DIGEST]
+    if not _HEX_RE.match(digest):
+        raise FormatError(
+            f"the header digest {digest[:80]!r} is not a {HASH_NAME} digest",
+            context=name,
+            hint=_NOT_OURS,
+        )
+    actual_digest = header_digest(meta, doc)
+    if actual_digest != digest:
+        raise IntegrityError(
+            f"header: {HASH_NAME} digest {actual_digest[:12]}… of the header read, "
+            f"{digest[:12]}… recorded in it; the header was changed or is corrupt",
+            path="__metadata__",
+            context=name,
+            hint=_RESTORE_HINT,
+        )
+    if meta[K_HASH] != HASH_NAME:
+        raise FormatError(
+            f"unknown tensor hash {meta[K_HASH][:80]!r}, expected {HASH_NAME!r}",
+            context=name,
+            hint=_NOT_OURS,
+        )
+    try:
+        spec = TreeSpec.from_json(meta[K_SPEC])
+    except FormatError as e:
+        raise FormatError(f"{K_SPEC}: {e.message}", context=name, hint=_NOT_OURS) from e
+    hashes = strict_loads(meta[K_HASHES], K_HASHES, context=name)
+    env = strict_loads(meta[K_ENV], K_ENV, context=name)
+    user = strict_loads(meta[K_META], K_META, context=name)
+    for field, value in ((K_HASHES, hashes), (K_ENV, env), (K_META, user)):
+        if not isinstance(value, dict):
+            raise FormatError(
+                f"{field} must be a JSON object, not {type(value).__name__}",
+                context=name,
+                hint=_NOT_OURS,
+            )
+    names = leaf_names(spec, name)
+    _check_table_names(list(doc), names, name)
+    if set(hashes) != set(names):
+        raise FormatError(
+            f"{K_HASHES} names other tensors than the stored spec", context=name, hint=_NOT_OURS
+        )
+    data_bytes = size - 8 - header_bytes
+    tensors: list[TensorInfo] = []
+    pos = 0
+    for leaf_name, (shape, dtype, _, _) in zip(names, spec.records):
+        t = _tensor_info(leaf_name, shape, dtype, doc[leaf_name], hashes[leaf_name], name)
+        if t.begin != pos:
+            raise FormatError(
+                f"tensor {t.name or '<root>'} starts at byte {t.begin:,} of the data, "
+                f"expected {pos:,}; tensors are stored contiguously in flatten order",
+                context=name,
+                hint=_NOT_OURS,
+            )
+        if t.end > data_bytes:
+            raise FormatError(
+                f"tensor {t.name or '<root>'}: declares bytes up to {t.end:,} but the file "
+                f"holds {data_bytes:,} bytes of data (truncated, or a forged header)",
+                context=name,
+                hint=_RESTORE_HINT,
+            )
+        pos = t.end
+        tensors.append(t)
+    if pos != data_bytes:
+        raise FormatError(
+            f"the tensors cover {pos:,} bytes but the file holds {data_bytes:,} bytes "
+            "of data (truncated or extended)",
+            context=name,
+            hint=_RESTORE_HINT,
+        )
+    return Header(
+        path=name,
+        format=fmt,
+        spec=spec,
+        tensors=tuple(tensors),
+        env=env,
+        metadata=user,
+        hash_name=HASH_NAME,
+        digest=digest,
+        header_bytes=header_bytes,
+        file_bytes=size,
+    )
+
+
+def leaf_names(spec: TreeSpec, name: str) -> list[str]:
+    """The tensor names a stored spec gives its leaves, checked to be distinct.
+
+    A spec that passed ``TreeSpec.from_json`` has distinct, readable entries
+    in every node, so distinct names follow; this is checked again here
+    because the names are what the tensors are matched by.
+    """
+    names = [keystr(p) for p in spec.paths]
+    if len(set(names)) != len(names):
+        raise FormatError(
+            "two leaves of the stored spec share one key path", context=name, hint=_NOT_OURS
+        )
+    return names
+
+
+def _check_table_names(table: Sequence[str], names: Sequence[str], name: str) -> None:
+    """The tensor table names exactly the spec's leaves, one to one, in flatten order."""
+    for tensor in table:
+        check_name(tensor, name)
+    unknown = [t for t in table if t not in set(names)]
+    if unknown:
+        more = f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else ""
+        raise FormatError(
+            f"tensor {unknown[0][:200]!r} is not a leaf of the stored spec{more}",
+            context=name,
+            hint=_NOT_OURS,
+        )
+    absent = [n for n in names if n not in set(table)]
+    if absent:
+        raise FormatError(
+            f"tensor {absent[0] or '<root>'}: in the stored spec but absent from the tensor table",
+            context=name,
+            hint=_NOT_OURS,
+        )
+    if list(table) != list(names):
+        first = next(i for i, (a, b) in enumerate(zip(table, names)) if a != b)
+        raise FormatError(
+            f"the tensor table lists {table[first] or '<root>'} where the stored spec's "
+            f"flatten order has {names[first] or '<root>'}",
+            context=name,
+            hint=_NOT_OURS,
+        )
+
+
+def check_name(tensor: str, name: str) -> None:
+    """Refuses a tensor name that is not a key path in its canonical text form."""
+    try:
+        ok = keystr(parse(tensor)) == tensor
+    except ValueError:
+        ok = False
+    if not ok:
+        raise FormatError(
+            f"tensor name {tensor[:200]!r} is not a key path such as \"['dense1']['w']\"",
+            context=name,
+            hint=_NOT_OURS,
+        )
+
+
+def _tensor_info(  # noqa: PLR0917 - one call site, every argument needed
+    leaf_name: str,
+    shape: tuple[Any, ...],
+    dtype: np.dtype[Any],
+    entry: Any,
+    digest: Any,
+    name: str,
+) -> TensorInfo:
+    where = f"tensor {leaf_name or '<root>'}"
+
+    def bad(message: str) -> FormatError:
+        return FormatError(f"{where}: {message}", context=name, hint=_NOT_OURS)
+
+    if dtype.name not in ALLOWED_DTYPES or dtype.hasobject:
+        raise bad(f"dtype {dtype.name!r} is not a numeric dtype treeguard stores")
+    if not dtype.isnative:
+        raise bad(f"dtype {dtype.str!r} has non-native byte order; checkpoints are little-endian")
+    if len(shape) > MAX_NDIM or not all(_ok_int(d, 2**62) for d in shape):
+        raise bad(f"the stored spec gives shape {shape!r}, not concrete sizes")
+    if not isinstance(entry, dict) or set(entry) != {"dtype", "shape", "data_offsets"}:
+        raise bad("an entry holds exactly dtype, shape and data_offsets")
+    want_dtype, want_shape = stored_layout(tuple(shape), dtype)
+    if entry["dtype"] != want_dtype:
+        shown = entry["dtype"][:20] if isinstance(entry["dtype"], str) else entry["dtype"]
+        raise bad(
+            f"dtype {shown!r} in the table, {dtype.name} in the stored spec "
+            f"(stored as {want_dtype!r})"
+        )
+    if entry["shape"] != want_shape:
+        raise bad(f"shape {entry['shape']!r} in the table, {list(shape)} in the stored spec")
+    offsets = entry["data_offsets"]
+    if not (
+        isinstance(offsets, list) and len(offsets) == 2 and all(_ok_int(o, 2**63) for o in offsets)
+    ):
+        raise bad("data_offsets must be two non-negative integers")
+    begin, end = offsets
+    nbytes = math.prod(shape) * dtype.itemsize
+    if begin > end:
+        raise bad(f"data_offsets {offsets} run backwards")
+    if end - begin != nbytes:
+        raise bad(
+            f"{summarize(tuple(shape), dtype)} needs {nbytes:,} bytes, "
+            f"data_offsets {offsets} give {end - begin:,}"
+        )
+    if not isinstance(digest, str) or not _HEX_RE.match(digest):
+        raise bad(f"no valid {HASH_NAME} digest in {K_HASHES}")
+    return TensorInfo(leaf_name, tuple(shape), dtype, want_dtype, begin, end, digest)
+
+
+def foreign_spec(doc: dict[str, Any], name: str) -> TreeSpec:
+    """A flat dict spec for a safetensors file written by another tool."""
+    leaves: dict[str, LeafSpec] = {}
+    for tensor, entry in doc.items():
+        if tensor == "__metadata__":
+            continue
+        where = f"tensor {tensor[:200]!r}"
+        if not isinstance(entry, dict):
+            raise FormatError(f"{where}: entry is not a JSON object", context=name)
+        st = entry.get("dtype")
+        if not isinstance(st, str) or st not in FOREIGN:
+            raise FormatError(f"{where}: unknown dtype {st!r}", context=name)
+        shape = entry.get("shape")
+        if not isinstance(shape, list) or not all(_ok_int(d, 2**62) for d in shape):
+            raise FormatError(f"{where}: bad shape {shape!r}", context=name)
+        leaves[tensor] = LeafSpec(tuple(shape), dtype_of(FOREIGN[st]))
+    return spec_of(leaves)

@@ -1,0 +1,168 @@
+"""Deliberate migrations: ``load(..., rename=..., allow_missing=...)``.
+
+Each option relaxes only what it names. ``rename`` moves stored leaves or
+subtrees to new paths; ``allow_missing`` lets named paths of ``like`` be
+absent from the file. Everything else is still compared: every leaf's shape
+and dtype, and the type of every container that both sides have at the same
+path (after the renames), so a list still does not load into a tuple, nor
+one class into another.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import jax
+
+from ..diff import mismatches
+from ..errors import TreeMismatchError
+from ..mismatch import Mismatch
+from ..paths import Path, keystr, parse
+from ..spec import LeafSpec, TreeSpec, spec_of
+from ..walk import Node
+from .format import Header, TensorInfo
+
+
+def starts_with(path: Path, prefix: Path) -> bool:
+    return path[: len(prefix)] == prefix
+
+
+def _parse_user_path(text: Any, what: str) -> Path:
+    if not isinstance(text, str):
+        raise ValueError(f"{what} paths are key-path strings, got {type(text).__name__}")
+    try:
+        return parse(text)
+    except ValueError as e:
+        raise ValueError(f"{what}: {e}; write paths as \"['dense1']['w']\"") from None
+
+
+def _nodes(root: Node) -> Iterator[tuple[Path, Node]]:
+    """Every container below ``root`` (itself included) with its path."""
+    stack: list[tuple[Path, Node]] = [((), root)]
+    while stack:
+        path, node = stack.pop()
+        if node.kind == "leaf":
+            continue
+        yield path, node
+        stack.extend(((*path, e), c) for e, c in zip(node.entries, node.children))
+
+
+def _label(node: Node) -> str:
+    return node.type_name if node.kind in ("custom", "namedtuple") else node.kind
+
+
+def _moved(path: Path, renames: Sequence[tuple[Path, Path, str]]) -> Path:
+    best = None
+    for old, new, _ in renames:
+        if starts_with(path, old) and (best is None or len(old) > len(best[0])):
+            best = (old, new)
+    return path if best is None else (*best[1], *path[len(best[0]) :])
+
+
+def _node_type_mismatches(
+    stored: Node, like: Node, renames: Sequence[tuple[Path, Path, str]]
+) -> list[Mismatch]:
+    """Containers at one path on both sides (after renames) whose types differ."""
+    stored_at = {_moved(p, renames): n for p, n in _nodes(stored)}
+    found: list[Mismatch] = []
+    for path, node in sorted(_nodes(like), key=lambda pn: keystr(pn[0])):
+        other = stored_at.get(path)
+        if other is not None and (other.kind, other.type_name) != (node.kind, node.type_name):
+            found.append(Mismatch(keystr(path), "node_type", _label(node), _label(other)))
+    return found
+
+
+def migrate(  # noqa: PLR0917 - one call site
+    header: Header,
+    like_spec: TreeSpec,
+    like_names: list[str],
+    like_leaves: list[Any] | None,
+    rename: Mapping[str, str],
+    allow_missing: Sequence[str],
+) -> list[str | None]:
+    """Leaf-level matching for a deliberate migration.
+
+    Returns:
+      For each leaf of ``like`` in flatten order, the stored tensor name to
+      take its value from, or None to keep ``like``'s value.
+
+    Raises:
+      TreeMismatchError: for every difference the options do not name.
+      ValueError: for an option path that names nothing.
+    """
+    stored_paths = [parse(t.name) for t in header.tensors]
+    renames = [
+        (_parse_user_path(old, "rename"), _parse_user_path(new, "rename"), old)
+        for old, new in rename.items()
+    ]
+    new_name: dict[str, str] = {}
+    used: set[str] = set()
+    for t, p in zip(header.tensors, stored_paths):
+        best = None
+        for old, new, text in renames:
+            if starts_with(p, old) and (best is None or len(old) > len(best[0])):
+                best = (old, new, text)
+        if best is None:
+            new_name[t.name] = t.name
+        else:
+            new_name[t.name] = keystr((*best[1], *p[len(best[0]) :]))
+            used.add(best[2])
+    unused = [text for _, _, text in renames if text not in used]
+    if unused:
+        close = difflib.get_close_matches(unused[0], [t.name for t in header.tensors], n=1)
+        raise ValueError(
+            f"rename: {unused[0]} names no leaf or subtree of the checkpoint {header.path}"
+            + (f"; did you mean {close[0]}?" if close else "")
+        )
+    by_new: dict[str, TensorInfo] = {}
+    for t in header.tensors:
+        n = new_name[t.name]
+        if n in by_new:
+            raise ValueError(
+                f"rename: {by_new[n].name} and {t.name} would both become {n} in {header.path}"
+            )
+        by_new[n] = t
+    like_paths = like_spec.paths
+    optional = [_parse_user_path(a, "allow_missing") for a in allow_missing]
+    for text, p in zip(allow_missing, optional):
+        if not any(starts_with(lp, p) for lp in like_paths):
+            raise ValueError(f"allow_missing: {text} names no leaf or subtree of `like`")
+    sources: list[str | None] = []
+    stored_flat: dict[str, LeafSpec] = {}
+    like_flat: dict[str, LeafSpec] = {}
+    for i, (lname, lpath, rec) in enumerate(zip(like_names, like_paths, like_spec.records)):
+        if lname in by_new:
+            t = by_new[lname]
+            sources.append(t.name)
+            stored_flat[lname] = LeafSpec(t.shape, t.dtype)
+            like_flat[lname] = LeafSpec(rec[0], rec[1])
+        elif any(starts_with(lpath, p) for p in optional):
+            ref = like_leaves[i] if like_leaves is not None else None
+            if ref is None or isinstance(ref, (LeafSpec, jax.ShapeDtypeStruct)):
+                raise ValueError(
+                    f"allow_missing: {lname} is absent from {header.path} and `like` holds no "
+                    "value to keep there; pass a `like` tree with arrays"
+                )
+            sources.append(None)
+        else:
+            sources.append(None)
+            like_flat[lname] = LeafSpec(rec[0], rec[1])
+    for n, t in by_new.items():
+        if n not in like_flat:
+            stored_flat[n] = LeafSpec(t.shape, t.dtype)
+    found = _node_type_mismatches(header.spec.structure, like_spec.structure, renames)
+    found += [
+        dataclasses.replace(m, path=parse(m.path)[0][1])
+        for m in mismatches(spec_of(stored_flat), spec_of(like_flat))
+    ]
+    if found:
+        raise TreeMismatchError(
+            found,
+            expected_from="`like`",
+            actual_from="the checkpoint (after rename)",
+            context=header.path,
+        )
+    return sources

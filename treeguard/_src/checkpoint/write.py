@@ -1,0 +1,324 @@
+"""``save``: a tree to one hashed checkpoint file, atomically.
+
+Every key path is checked to read back exactly before anything is written:
+``parse(keystr(path))`` must give the same entries, of the same key types,
+so a tensor name is never ambiguous and ``load`` never mis-assigns a leaf.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import json
+import math
+import os
+from collections import deque
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from ..atomic import atomic_write, remove_stale_temps, write_all
+from ..env import environment
+from ..errors import InvalidTreeError
+from ..paths import has_surrogate, keystr, short_repr
+from ..spec import Record, TreeSpec, spec_of, summarize
+from ..walk import flatten, key_problems, structure_of
+from .format import (
+    ALLOWED_DTYPES,
+    FORMAT,
+    HASH_NAME,
+    K_DIGEST,
+    K_ENV,
+    K_FORMAT,
+    K_HASH,
+    K_HASHES,
+    K_META,
+    K_SPEC,
+    PLACEHOLDER,
+    encode_header,
+    header_digest,
+    stored_layout,
+)
+
+_KEY_HINT = (
+    "use str or int dict keys (not enums, numpy scalars or other objects) and attribute "
+    "names that are identifiers, each distinct within its node"
+)
+
+
+def _is_key_array(x: Any) -> bool:
+    """Whether a leaf is a typed PRNG key array (``jax.random.key``)."""
+    return isinstance(x, jax.Array) and jax.numpy.issubdtype(x.dtype, jax.dtypes.prng_key)
+
+
+def _leaf_problem(x: Any, record: Record) -> str | None:
+    """Why one leaf has no bytes to save, or None."""
+    if isinstance(x, jax.ShapeDtypeStruct):
+        return (
+            f"a jax.ShapeDtypeStruct ({summarize(tuple(x.shape), np.dtype(x.dtype))}) "
+            "describes an array but holds no values"
+        )
+    if isinstance(x, np.ma.MaskedArray):
+        return "a masked array; its mask would be lost"
+    if isinstance(x, int) and not isinstance(x, bool):
+        dtype = record[1]
+        info = np.iinfo(dtype)
+        if not info.min <= x <= info.max:
+            return f"a Python int outside the range of {dtype.name}, the dtype JAX gives it"
+    dtype = record[1]
+    if dtype.name not in ALLOWED_DTYPES:
+        return f"dtype {dtype.name} cannot be stored"
+    return None
+
+
+def _host_array(x: Any, record: Record, name: str) -> np.ndarray[Any, Any]:
+    """One leaf as a C-contiguous native-order numpy array: gathered from any
+    device or shards, never more than this one leaf in memory. A big-endian
+    numpy array is written in native order (its values and dtype unchanged)."""
+    shape, dtype, _, _ = record
+    if isinstance(x, jax.Array):
+        if not x.is_fully_addressable:
+            raise InvalidTreeError(
+                [(name, "array spans several processes; this host sees only some shards")],
+                hint="save multi-host arrays with orbax, or gather them with "
+                "jax.experimental.multihost_utils.process_allgather first",
+            )
+        arr = np.asarray(x)
+    else:
+        arr = np.asarray(x, dtype=dtype)
+    if not arr.dtype.isnative:
+        arr = arr.astype(arr.dtype.newbyteorder("="))
+    if not arr.flags.c_contiguous:
+        arr = np.ascontiguousarray(arr)
+    if tuple(arr.shape) != tuple(shape) or arr.dtype != dtype.newbyteorder("="):
+        raise InvalidTreeError(
+            [
+                (
+                    name,
+                    f"became {summarize(arr.shape, arr.dtype)} while saving, was "
+                    f"{summarize(tuple(shape), dtype)}",
+                )
+            ],
+            hint="do not mutate a tree while it is being saved",
+        )
+    return arr
+
+
+def bytes_of(arr: np.ndarray[Any, Any]) -> memoryview:
+    """The bytes of a C-contiguous array, without a copy."""
+    flat: Any = arr.reshape(-1).view(np.uint8)
+    return memoryview(flat)
+
+
+def hash_bytes(buf: memoryview) -> str:
+    """The hex digest of ``buf`` (hashlib releases the GIL for large buffers)."""
+    return hashlib.sha256(buf).hexdigest()
+
+
+_THREADS = "treeguard-hash"
+_META_HINT = "metadata holds JSON values only: str, finite numbers, bool, None, lists, dicts"
+
+
+def _bad_metadata(value: Any, where: str) -> str | None:
+    """Where in ``value`` the first value JSON cannot hold is, and why."""
+    stack: list[tuple[Any, str, int]] = [(value, where, 0)]
+    while stack:
+        v, at, depth = stack.pop()
+        if depth > 256:
+            return "metadata: nested too deeply, or it contains itself"
+        if isinstance(v, Mapping):
+            for k, child in reversed(list(v.items())):
+                if not isinstance(k, str):
+                    return f"{at}[{short_repr(k)}]: keys must be str, not {type(k).__name__}"
+                if has_surrogate(k):
+                    return f"{at}[{k!r}]: a key with a lone surrogate has no UTF-8 form"
+                stack.append((child, f"{at}[{k!r}]", depth + 1))
+        elif isinstance(v, (list, tuple)):
+            stack.extend((c, f"{at}[{i}]", depth + 1) for i, c in reversed(list(enumerate(v))))
+        elif isinstance(v, float) and not math.isfinite(v):
+            return f"{at}: {v!r} has no JSON form"
+        elif isinstance(v, str):
+            if has_surrogate(v):
+                return f"{at}: a string with a lone surrogate has no UTF-8 form"
+        elif not (v is None or isinstance(v, (bool, int, float))):
+            return f"{at}: an object of type {type(v).__name__} has no JSON form"
+    return None
+
+
+def user_metadata_json(metadata: Mapping[str, Any] | None) -> str:
+    """The caller's metadata as canonical JSON text, validated.
+
+    Args:
+      metadata: the metadata given to ``save`` or ``ArtifactStore.put``.
+
+    Returns:
+      The JSON text (``"{}"`` for None).
+
+    Raises:
+      TypeError: naming the key path of the first value JSON cannot hold
+        (an object, a set, NaN or infinity, a key that is not a str, a
+        string with a lone surrogate).
+
+    Example:
+      >>> user_metadata_json({"step": 7, "tags": ["a"]})
+      '{"step": 7, "tags": ["a"]}'
+      >>> user_metadata_json({"opt": {"lr": {0.1}}})
+      Traceback (most recent call last):
+      ...
+      TypeError: metadata['opt']['lr']: an object of type set has no JSON form
+      hint: ...
+    """
+    if metadata is None:
+        return "{}"
+    if not isinstance(metadata, Mapping):
+        raise TypeError(
+            f"metadata must be a mapping with str keys, got {type(metadata).__name__}"
+            f"\nhint: {_META_HINT}"
+        )
+    found = _bad_metadata(metadata, "metadata")
+    if found:
+        raise TypeError(f"{found}\nhint: {_META_HINT}")
+    try:
+        return json.dumps(dict(metadata), sort_keys=True, allow_nan=False, ensure_ascii=False)
+    except (TypeError, ValueError, RecursionError) as e:  # a cycle, or a subclass's odd form
+        raise TypeError(f"metadata is not JSON-serialisable: {e}\nhint: {_META_HINT}") from None
+
+
+def save(
+    path: str | os.PathLike[str],
+    tree: Any,
+    /,
+    *,
+    metadata: Mapping[str, Any] | None = None,
+) -> None:
+    """Writes a tree to one checkpoint file, atomically, with a hash per tensor.
+
+    The bytes are streamed from each leaf's own buffer into a temp file in
+    the same directory while other threads hash them; the file is fsynced,
+    renamed over ``path`` and the directory fsynced. A crash at any moment
+    leaves the previous file at ``path`` untouched, and two savers to one
+    path leave one whole file or the other, never a mix. Arrays on any
+    device, and sharded arrays, are gathered one leaf at a time. Checkpoints
+    are little-endian: a big-endian numpy leaf is written in that order, its
+    values and dtype unchanged (byte order is not part of a contract).
+
+    Args:
+      path: the file to write (by convention ``*.safetensors``).
+      tree: a pytree of arrays (jax, numpy, Python numbers); any registered
+        nodes (flax.nnx State, equinox modules, namedtuples, dataclasses).
+      metadata: JSON-serialisable data to keep in the header, read back by
+        ``read_header(path).metadata``.
+
+    Raises:
+      InvalidTreeError: for leaves that are not arrays or hold no values
+        (``jax.ShapeDtypeStruct``), typed PRNG keys, Python ints out of
+        their dtype's range, keys that would not read back from a tensor name
+        (enums, numpy scalars, lone surrogates, two keys that print alike),
+        or arrays spread over several processes; each named by path.
+      TypeError: if ``metadata`` is not JSON-serialisable, naming the key.
+      OSError: if the file cannot be written; ``path`` is then unchanged.
+
+    Example:
+      >>> import os, tempfile, jax.numpy as jnp
+      >>> path = os.path.join(tempfile.mkdtemp(), "params.safetensors")
+      >>> save(path, {"dense1": {"w": jnp.ones((2, 3), jnp.bfloat16)}})
+      >>> import safetensors.numpy
+      >>> list(safetensors.numpy.load_file(path))
+      ["['dense1']['w']"]
+    """
+    target = os.fspath(path)
+    leaves, _ = flatten(tree)
+    # Walked afresh, not from the cache by treedef: treedefs compare dict keys by
+    # equality, so {1: x} and {True: x} share one, but their keys print apart.
+    root = structure_of(tree)
+    problems = key_problems(root)
+    if problems:
+        raise InvalidTreeError(problems, hint=_KEY_HINT)
+    keys = [i for i, x in enumerate(leaves) if _is_key_array(x)]
+    if keys:  # no spec can hold a key dtype, so these are refused first
+        paths = root.leaf_paths()
+        raise InvalidTreeError(
+            [(keystr(paths[i]), f"typed PRNG key array {leaves[i].dtype}") for i in keys],
+            hint="save the raw key bits with jax.random.key_data(key) and rewrap on load",
+        )
+    spec = TreeSpec(root, spec_of(tree).records)
+    records = spec.records
+    names = [keystr(p) for p in spec.paths]
+    problems = []
+    for x, leaf_name, record in zip(leaves, names, records):
+        problem = _leaf_problem(x, record)
+        if problem is not None:
+            problems.append((leaf_name, problem))
+    if len(set(names)) != len(names):  # pragma: no cover - key_problems makes names distinct
+        problems.append(("", "two leaves share one key path"))
+    if problems:
+        raise InvalidTreeError(
+            problems,
+            hint="store numeric arrays with values (jax.random.key_data(k) for typed keys, "
+            "np.int64 arrays for large ints)",
+        )
+    user = user_metadata_json(metadata)
+    table: dict[str, Any] = {}
+    pos = 0
+    for leaf_name, (shape, dtype, _, _) in zip(names, records):
+        nbytes = math.prod(int(d) for d in shape) * dtype.itemsize
+        st_dtype, st_shape = stored_layout(tuple(int(d) for d in shape), dtype)
+        table[leaf_name] = {
+            "dtype": st_dtype,
+            "shape": st_shape,
+            "data_offsets": [pos, pos + nbytes],
+        }
+        pos += nbytes
+    meta: dict[str, str] = {
+        K_FORMAT: FORMAT,
+        K_SPEC: spec.to_json(indent=None).rstrip("\n"),
+        K_HASH: HASH_NAME,
+        K_HASHES: json.dumps({n: PLACEHOLDER for n in names}, ensure_ascii=False),
+        K_ENV: json.dumps(environment()),
+        K_META: user,
+        K_DIGEST: PLACEHOLDER,
+    }
+    draft = encode_header(meta, table)
+
+    def write(fd: int) -> None:
+        write_all(fd, len(draft).to_bytes(8, "little") + draft)
+        digests = _stream_leaves(fd, leaves, records, names)
+        meta[K_HASHES] = json.dumps(dict(zip(names, digests)), ensure_ascii=False)
+        meta[K_DIGEST] = header_digest(meta, table)
+        final = encode_header(meta, table)
+        if len(final) != len(draft):  # pragma: no cover - hex digests have fixed length
+            raise AssertionError("header length changed while saving")
+        os.pwrite(fd, final, 8)
+
+    dirname, base = os.path.split(os.path.abspath(target))
+    remove_stale_temps(dirname, base)
+    atomic_write(target, write)
+
+
+def _stream_leaves(
+    fd: int, leaves: Sequence[Any], records: Sequence[Record], names: Sequence[str]
+) -> list[str]:
+    """Writes each leaf's bytes while a pool of threads hashes them.
+
+    Leaves already on the host (numpy, CPU jax arrays) are not copied, so
+    several may be hashed at once, one per core; at most that many converted
+    leaves are alive at once.
+    """
+    workers = max(1, min(len(leaves), os.cpu_count() or 1))
+    futures: list[concurrent.futures.Future[str]] = []
+    pending: deque[concurrent.futures.Future[str]] = deque()
+    with concurrent.futures.ThreadPoolExecutor(
+        workers, thread_name_prefix="treeguard-hash"
+    ) as pool:
+        for x, record, leaf_name in zip(leaves, records, names):
+            while len(pending) > workers:
+                pending.popleft().result()
+            buf = bytes_of(_host_array(x, record, leaf_name))
+            fut = pool.submit(hash_bytes, buf)
+            futures.append(fut)
+            pending.append(fut)
+            write_all(fd, buf)
+            del buf
+        return [f.result() for f in futures]
