@@ -314,8 +314,8 @@ def test_hostile_status_json_is_reported_not_trusted(tmp_path: Path) -> None:
     _status(tmp_path, v1).write_text('{"status": "verified", "status": "rejected"}')
     with pytest.raises(StoreError, match="appears twice"):
         store.info(v1)
-    _status(tmp_path, v1).write_text("[" * 10000 + "]" * 10000)
-    with pytest.raises(StoreError, match="nests deeper than 64"):
+    _status(tmp_path, v1).write_text("[" * 100000 + "]" * 100000)
+    with pytest.raises(StoreError, match="nests deeper than 512"):
         store.info(v1)
     assert store.load_current(_params())["w"][0, 0] == 2.0  # the current one is untouched
 

@@ -20,7 +20,7 @@ from .errors import FormatError
 #: No integer in a document has more digits than this (2**63 has 19).
 MAX_INT_DIGITS = 20
 #: The deepest nesting of arrays and objects accepted.
-MAX_DEPTH = 256
+MAX_DEPTH = 512
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
