@@ -131,3 +131,11 @@ def test_errors_render_from_their_fields_and_show_as_treeguard_names() -> None:
         assert cls.__module__ == "treeguard" and cls.__qualname__ in tg.__all__
     assert str(tg.UnknownVersionError("no version v9")) == "no version v9"  # not quoted
     assert tg.VerificationError.exit_code == 1 and tg.FormatError.exit_code == 2
+
+
+def test_metadata_that_could_not_be_read_back_is_refused_by_save(tmp_path: Path) -> None:
+    with pytest.raises(TypeError, match=r"metadata\['n'\]: an integer of 22 digits is too long"):
+        tg.save(tmp_path / "a.safetensors", {"w": jnp.ones(2)}, metadata={"n": 2**70})
+    assert not (tmp_path / "a.safetensors").exists()
+    tg.save(tmp_path / "a.safetensors", {"w": jnp.ones(2)}, metadata={"n": 2**64})
+    assert tg.read_header(tmp_path / "a.safetensors").metadata == {"n": 2**64}

@@ -75,7 +75,7 @@ HOSTILE = [
         "huge_int",
         ("arrays", 0, "shape", 0),
         10**30,
-        "arrays[0].shape[0]: 1000000000000000000000000000000 is out of range",
+        "an integer of 31 digits is larger than any size or offset",
     ),
     ("negative_dim", ("arrays", 0, "shape", 0), -1, "arrays[0].shape[0]: -1 is out of range"),
     (
@@ -199,11 +199,11 @@ def test_missing_field() -> None:
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ('{"format": "treeguard.sharded/1", "format": "x"}', "names 'format' twice"),
-        ('{"a": NaN}', "holds NaN, which is not JSON"),
-        ('{"a": -Infinity}', "holds -Infinity, which is not JSON"),
-        ('{"a": ' + "9" * 5000 + "}", "not valid JSON"),
-        ("[" * 100_000 + "]" * 100_000, "not valid JSON"),
+        ('{"format": "treeguard.sharded/1", "format": "x"}', "the key 'format' appears twice"),
+        ('{"a": NaN}', "NaN is not a JSON number"),
+        ('{"a": -Infinity}', "-Infinity is not a JSON number"),
+        ('{"a": ' + "9" * 5000 + "}", "an integer of 5000 digits"),
+        ("[" * 100_000 + "]" * 100_000, "nests deeper than 512 levels"),
         ("[1, 2]", "expected a JSON object, got a list"),
         (b"\xff\xfe{", "not valid JSON"),
         ("", "not valid JSON"),
@@ -231,7 +231,7 @@ def test_duplicate_inside_an_array_record() -> None:
     text = (
         _manifest().to_json().replace('"dtype": "float32"', '"dtype": "float32", "dtype": "int8"')
     )
-    with pytest.raises(treeguard.FormatError, match="names 'dtype' twice"):
+    with pytest.raises(treeguard.FormatError, match="the key 'dtype' appears twice"):
         parse(text)
 
 
@@ -303,7 +303,7 @@ def _manifests(draw: st.DrawFn) -> Manifest:
         st.dictionaries(
             st.text(max_size=4),
             st.one_of(
-                st.integers(-(2**70), 2**70),
+                st.integers(-(2**63), 2**64),
                 st.text(max_size=4),
                 st.floats(allow_nan=False, allow_infinity=False),
             ),

@@ -24,6 +24,7 @@ from ..env import environment
 from ..errors import InvalidTreeError
 from ..paths import has_surrogate, keystr, short_repr
 from ..spec import Record, TreeSpec, spec_of, summarize
+from ..strictjson import MAX_DEPTH, MAX_INT_DIGITS
 from ..walk import flatten, key_problems, structure_of
 from .format import (
     ALLOWED_DTYPES,
@@ -126,7 +127,7 @@ def _bad_metadata(value: Any, where: str) -> str | None:
     stack: list[tuple[Any, str, int]] = [(value, where, 0)]
     while stack:
         v, at, depth = stack.pop()
-        if depth > 256:
+        if depth > MAX_DEPTH - 8:
             return "metadata: nested too deeply, or it contains itself"
         if isinstance(v, Mapping):
             for k, child in reversed(list(v.items())):
@@ -139,6 +140,8 @@ def _bad_metadata(value: Any, where: str) -> str | None:
             stack.extend((c, f"{at}[{i}]", depth + 1) for i, c in reversed(list(enumerate(v))))
         elif isinstance(v, float) and not math.isfinite(v):
             return f"{at}: {v!r} has no JSON form"
+        elif isinstance(v, int) and not isinstance(v, bool) and len(str(abs(v))) > MAX_INT_DIGITS:
+            return f"{at}: an integer of {len(str(abs(v)))} digits is too long to read back"
         elif isinstance(v, str):
             if has_surrogate(v):
                 return f"{at}: a string with a lone surrogate has no UTF-8 form"

@@ -215,7 +215,7 @@ def load_sharded(
       >>> load_sharded(d, {"dense2": {"w": jnp.ones((3, 2)), "b": jnp.zeros(1)}})
       Traceback (most recent call last):
       ...
-      treeguard._src.errors.TreeMismatchError: ...: 1 mismatch between the checkpoint and `like`:
+      treeguard.TreeMismatchError: ...: 1 mismatch between the checkpoint and `like`:
         ['dense2']['w']: shape (3, 2) in `like`, (3, 1) in the checkpoint
       hint: ...
     """

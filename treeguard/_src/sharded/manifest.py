@@ -40,6 +40,9 @@ from typing import Any
 
 import numpy as np
 
+from .. import strictjson
+from ..atomic import atomic_write, read_regular
+from ..checkpoint import user_metadata_json
 from ..errors import FormatError
 from ..paths import keystr
 from ..spec import TreeSpec, dtype_of
@@ -156,19 +159,6 @@ def is_data_name(name: str) -> bool:
 
 
 # -- parsing ------------------------------------------------------------------
-
-
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in pairs:
-        if k in out:
-            raise FormatError(f"the manifest names {k!r} twice in one object")
-        out[k] = v
-    return out
-
-
-def _no_constant(name: str) -> Any:
-    raise FormatError(f"the manifest holds {name}, which is not JSON")
 
 
 def _fields(value: Any, allowed: frozenset[str], where: str) -> dict[str, Any]:
@@ -293,15 +283,10 @@ def parse(text: str | bytes, *, where: str = MANIFEST_NAME) -> Manifest:
       >>> parse('{"format": "treeguard.sharded/9"}')
       Traceback (most recent call last):
       ...
-      treeguard._src.errors.FormatError: ...: format 'treeguard.sharded/9' is newer ...
+      treeguard.FormatError: ...: format 'treeguard.sharded/9' is newer ...
       hint: upgrade treeguard
     """
-    try:
-        doc = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
-    except FormatError as e:
-        raise FormatError(f"{where}: {e}") from None
-    except (UnicodeDecodeError, ValueError, RecursionError) as e:
-        raise FormatError(f"{where}: not valid JSON: {e}".split("\n")[0]) from None
+    doc = strictjson.loads(text, "the manifest", context=where)
     if not isinstance(doc, dict):
         raise FormatError(f"{where}: expected a JSON object, got {_kind(doc)}")
     fmt = doc.get("format")
@@ -362,22 +347,13 @@ def manifest_path(directory: str | os.PathLike[str]) -> str:
 def _read_bytes(directory: str | os.PathLike[str]) -> tuple[bytes, str]:
     path = manifest_path(directory)
     try:
-        st = os.lstat(path)
+        return read_regular(path, limit=MAX_MANIFEST_BYTES, what="manifest"), path
     except FileNotFoundError:
         raise FormatError(
-            f"{os.fspath(directory)}: no {MANIFEST_NAME}: not a sharded checkpoint, or its "
-            "first save did not finish\nhint: pass a directory written by save_sharded"
+            f"no {MANIFEST_NAME}: not a sharded checkpoint, or its first save did not finish",
+            context=os.fspath(directory),
+            hint="pass a directory written by save_sharded",
         ) from None
-    if not stat.S_ISREG(st.st_mode):
-        raise FormatError(f"{path}: not a regular file; treeguard never follows links here")
-    if st.st_size > MAX_MANIFEST_BYTES:
-        raise FormatError(f"{path}: {st.st_size} bytes, more than {MAX_MANIFEST_BYTES}")
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-    with os.fdopen(fd, "rb") as f:
-        raw = f.read(MAX_MANIFEST_BYTES + 1)
-    if len(raw) > MAX_MANIFEST_BYTES:
-        raise FormatError(f"{path}: grew past {MAX_MANIFEST_BYTES} bytes while read")
-    return raw, path
 
 
 def read(directory: str | os.PathLike[str], /) -> Manifest:
@@ -391,28 +367,8 @@ def read(directory: str | os.PathLike[str], /) -> Manifest:
 
 
 def write(directory: str | os.PathLike[str], manifest: Manifest, /) -> None:
-    """Writes the manifest atomically: a temp file, fsync, rename, fsync the directory."""
-    directory = os.fspath(directory)
-    text = manifest.to_json().encode("utf-8")
-    tmp = os.path.join(directory, f".{MANIFEST_NAME}.{secrets.token_hex(6)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    try:
-        view = memoryview(text)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    try:
-        os.replace(tmp, manifest_path(directory))
-    except BaseException:
-        os.unlink(tmp)
-        raise
-    dfd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+    """Writes the manifest atomically (``atomic.atomic_write``)."""
+    atomic_write(manifest_path(directory), manifest.to_json().encode("utf-8"))
 
 
 def is_sharded(directory: str | os.PathLike[str], /) -> bool:
@@ -444,31 +400,9 @@ def sharded_digest(directory: str | os.PathLike[str], /) -> str:
 
 
 def metadata_json(metadata: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The caller's metadata as a JSON-ready dict, checked.
+    """The caller's metadata as a JSON-ready dict, checked as ``save`` checks it.
 
     Raises:
-      TypeError: for metadata that JSON cannot hold exactly (objects, sets,
-        NaN, non-str keys).
+      TypeError: for metadata that JSON cannot hold exactly, naming the key.
     """
-    if metadata is None:
-        return {}
-    if not isinstance(metadata, Mapping):
-        raise TypeError(
-            f"metadata must be a mapping with str keys, got {type(metadata).__name__}\n"
-            "hint: pass a dict of str, int, float, bool, None, lists and dicts"
-        )
-    try:
-        text = json.dumps(dict(metadata), sort_keys=True, allow_nan=False)
-        back = json.loads(text)
-    except (TypeError, ValueError, RecursionError) as e:
-        raise TypeError(
-            f"metadata has no exact JSON form: {e}\n"
-            "hint: pass a dict of str, int, float, bool, None, lists and dicts"
-        ) from None
-    if json.dumps(back, sort_keys=True) != text:
-        raise TypeError(
-            "metadata has no exact JSON form (a key that is not a str, or a tuple)\n"
-            "hint: pass a dict of str, int, float, bool, None, lists and dicts"
-        )
-    out: dict[str, Any] = back
-    return out
+    return dict(json.loads(user_metadata_json(metadata)))
