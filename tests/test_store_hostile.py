@@ -386,3 +386,47 @@ def test_rollback_with_a_key_skips_unsigned_former_versions(tmp_path: Path) -> N
     with pytest.raises(StoreError, match=rf"skipped {v1}: version {v1}'s verdict is not signed"):
         signed.rollback()
     assert signed.current() == v2
+
+
+def test_an_auto_name_never_repeats_a_name_gc_retired(tmp_path: Path) -> None:
+    store = ArtifactStore(tmp_path)
+    store.put(_params(), version="v000002")
+    assert store.gc(policy=RetentionPolicy(keep_last=0)) == ["v000002"]
+    assert store.put(_params()) == "v000003"
+
+
+def test_a_missing_pointer_after_promotions_stops_gc(tmp_path: Path) -> None:
+    store, v1, v2 = _promoted_pair(tmp_path)
+    (tmp_path / "CURRENT.json").unlink()
+    with pytest.raises(StoreError, match="missing, but the store has promoted versions"):
+        store.gc(policy=RetentionPolicy(keep_last=0))
+    with pytest.raises(StoreError, match="the pointer is damaged"):
+        store.load_current()
+    assert _model(tmp_path, v1).is_file() and _model(tmp_path, v2).is_file()
+
+
+def test_gc_keeps_foreign_temps_and_unrecorded_checkpoints(tmp_path: Path) -> None:
+    store = ArtifactStore(tmp_path)
+    v = store.put(_params())
+    (tmp_path / "versions" / v / ".review-notes.tmp").write_text("mine")
+    (tmp_path / "versions" / "handmade").mkdir()
+    (tmp_path / "versions" / "handmade" / "model.safetensors").write_bytes(b"mine")
+    dead = tmp_path / "versions" / "v000009"
+    dead.mkdir()
+    (dead / f".model.safetensors.{2**22 + 5}.0badf00d.tmp").write_bytes(b"half")
+    assert store.gc(policy=RetentionPolicy(keep_last=0)) == ["v000009"]
+    assert (tmp_path / "versions" / v / ".review-notes.tmp").read_text() == "mine"
+    assert (tmp_path / "versions" / "handmade" / "model.safetensors").read_bytes() == b"mine"
+
+
+def test_two_first_puts_at_once_agree_on_one_store_id(tmp_path: Path) -> None:
+    root = tmp_path / "s"
+    a, b = ArtifactStore(root, key=KEY), ArtifactStore(root, key=KEY)
+    threads = [threading.Thread(target=s.put, args=(_params(),)) for s in (a, b)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    for v in ("v000001", "v000002"):
+        assert a.verify(v).status == "verified"
+        b.promote(v)  # signed under the id both see

@@ -14,6 +14,7 @@ from ._src.diff import check as check
 from ._src.diff import mismatches as mismatches
 from ._src.diff import unflatten as unflatten
 from ._src.env import environment as environment
+from ._src.errors import ConfigError as ConfigError
 from ._src.errors import FormatError as FormatError
 from ._src.errors import IntegrityError as IntegrityError
 from ._src.errors import InvalidTreeError as InvalidTreeError
@@ -48,6 +49,7 @@ __version__ = "0.1.0"
 __all__ = [
     "ArtifactStore",
     "Cast",
+    "ConfigError",
     "FormatError",
     "Header",
     "IntegrityError",

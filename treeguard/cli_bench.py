@@ -64,7 +64,8 @@ def resolve(target: str) -> Any:
         a missing attribute or anything else.
     """
     from ._src.bench.run import Target
-    from ._src.verify.model import ConfigError, Model
+    from ._src.errors import ConfigError
+    from ._src.verify.model import Model
 
     module_name, sep, attr = target.partition(":")
     if not sep or not module_name or not attr:

@@ -73,8 +73,7 @@ def diagnose(  # noqa: PLR0917 - click passes each option positionally
     from ._src.diagnose import report as report_mod
     from ._src.diagnose.ladder import STAGES
     from ._src.diagnose.ladder import diagnose as run_ladder
-    from ._src.errors import FormatError, IntegrityError, TreeguardError
-    from ._src.verify.model import ConfigError
+    from ._src.errors import ConfigError, FormatError, IntegrityError, TreeguardError
     from .cli_verify import resolve
 
     chosen = STAGES

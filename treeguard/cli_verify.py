@@ -70,7 +70,8 @@ def resolve(target: str) -> Model:
       ...
       treeguard.ConfigError: 'treeguard.examples.mlp' is not MODULE:ATTR...
     """
-    from ._src.verify.model import ConfigError, Model
+    from ._src.errors import ConfigError
+    from ._src.verify.model import Model
 
     module_name, sep, attr = target.partition(":")
     if not sep or not module_name or not attr:
@@ -139,8 +140,7 @@ def verify(
     """
     if no_bench:
         compile_fast()
-    from ._src.errors import FormatError, IntegrityError, TreeguardError
-    from ._src.verify.model import ConfigError
+    from ._src.errors import ConfigError, FormatError, IntegrityError, TreeguardError
     from ._src.verify.run import run
 
     try:

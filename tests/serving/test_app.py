@@ -8,8 +8,8 @@ import logging
 
 import numpy as np
 import pytest
-from conftest import client, infer_body, mlp_reference, mlp_spec, request, rows_of
 from prometheus_client.parser import text_string_to_metric_families
+from serving_support import client, infer_body, mlp_reference, mlp_spec, request, rows_of
 
 from treeguard.examples import mlp
 from treeguard.serving import Limits, Server
@@ -338,3 +338,12 @@ async def test_a_version_that_cannot_start_is_reported_not_ready(tmp_path):
                 break
             await asyncio.sleep(0.01)
         assert r.status_code == 503 and "has no current version" in r.json()["error"]
+
+
+async def test_a_body_that_is_not_utf8_is_refused_without_echoing_a_byte(mlp_server):
+    async with client(mlp_server) as c:
+        body = b'{"inputs": [{"name": "\xe9\xe9\xe9"}]}'
+        r = await c.post(URL, content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 400
+    assert r.json()["error"].startswith("the body is not UTF-8 (at byte 22)")
+    assert "0xe9" not in r.text and "\\xe9" not in r.text

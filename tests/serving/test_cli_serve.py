@@ -8,7 +8,7 @@ import types
 
 import pytest
 from click.testing import CliRunner
-from conftest import mlp_spec
+from serving_support import mlp_spec
 from subproc import run_python
 
 import treeguard.serving

@@ -11,7 +11,7 @@ import time
 import httpx
 import numpy as np
 import pytest
-from conftest import client, infer_body, mlp_spec, request, rows_of
+from serving_support import client, infer_body, mlp_spec, request, rows_of
 from subproc import start_python, stop
 
 from treeguard.examples import mlp

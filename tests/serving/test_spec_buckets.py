@@ -6,9 +6,9 @@ import json
 
 import numpy as np
 import pytest
-from conftest import mlp_spec
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from serving_support import mlp_spec
 
 import treeguard
 from treeguard.examples import mlp

@@ -9,8 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import tinymodel
-from conftest import client, mlp_params, mlp_spec, put_verified, request, tiny_spec
 from prometheus_client.parser import text_string_to_metric_families
+from serving_support import client, mlp_params, mlp_spec, put_verified, request, tiny_spec
 
 from treeguard.examples import mlp
 from treeguard.serving import Server, ServingError, WatchdogPolicy
@@ -187,3 +187,55 @@ async def test_watch_follows_the_store_pointer_and_swapping_back_reuses_the_prev
             "compiles": 0,
             "checks": ["reused"],
         }
+
+
+async def test_returning_to_held_weights_passes_the_store_gate_again(tmp_path):
+    import json as _json
+    from pathlib import Path
+
+    import treeguard
+
+    key = b"serve-key-0123456789abcdef"
+    store = treeguard.ArtifactStore(tmp_path / "s", key=key)
+    v1 = put_verified(store, mlp_params(0))
+    store.promote(v1)
+    v2 = put_verified(store, mlp_params(1))
+    server = Server(mlp.model, store, spec=mlp_spec())
+    async with client(server) as c:
+        assert (await c.post("/v2/treeguard/swap", json={"version": v2})).status_code == 200
+        # v1, still held as previous, is found bad after the fact
+        assert store.verify(v1, checks=[("never", lambda t: False)]).status == "rejected"
+        r = await c.post("/v2/treeguard/rollback")
+        assert r.status_code == 409 and r.json()["error"].startswith(
+            f"version {v1} cannot be served: version {v1} is rejected, not verified"
+        )
+        assert not server.slots.auto_rollback("nonfinite")
+        # a hand-edited, unsigned "verified" record does not get it back either
+        status = Path(store.info(v1).path).with_name("status.json")
+        record = _json.loads(status.read_text())
+        record.update(status="verified", reason=None, signature=None)
+        status.write_text(_json.dumps(record))
+        r = await c.post("/v2/treeguard/swap", json={"version": v1})
+        assert r.status_code == 409 and "verdict is not signed" in r.json()["error"]
+        assert server.status()["active"] == v2
+
+
+async def test_a_swap_checks_the_models_params_contract(tmp_path):
+    import treeguard
+
+    store = treeguard.ArtifactStore(tmp_path / "s")
+    v1 = put_verified(store, mlp_params(0))
+    store.promote(v1)
+    wide = {
+        "dense1": {"w": np.ones((2, 5), np.float32), "b": np.ones(5, np.float32)},
+        "dense2": {"w": np.ones((5, 1), np.float32), "b": np.ones(1, np.float32)},
+    }
+    v2 = store.put(wide)
+    assert store.verify(v2, like=wide).status == "verified"  # verified against itself only
+    server = Server(mlp.model, store, spec=mlp_spec())
+    async with client(server) as c:
+        r = await c.post("/v2/treeguard/swap", json={"version": v2})
+        assert r.status_code == 409 and r.json()["error"].startswith(
+            f"version {v2} fails the contract check"
+        )
+        assert server.status()["active"] == v1

@@ -151,6 +151,22 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
+def stale_temp(name: str, /) -> str | None:
+    """The target name of a temp file left by a writer that is gone, or None
+    (not a temp of ours, or its writer still runs).
+
+    Example:
+      >>> stale_temp(f".status.json.{2**22 + 1}.0123abcd.tmp")
+      'status.json'
+      >>> stale_temp(".notes.tmp") is None
+      True
+    """
+    m = _TMP_RE.match(name)
+    if m is None or pid_alive(int(m.group("pid"))):
+        return None
+    return m.group("base")
+
+
 def remove_stale_temps(dirname: str, base: str | None = None) -> list[str]:
     """Removes temp files left by writers that died (their pid is gone).
 

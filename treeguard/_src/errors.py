@@ -11,6 +11,7 @@ existing ``except ValueError`` keeps working)::
     ├── VerificationError      [AssertionError]    an acceptance check failed
     ├── NonFiniteError         [FloatingPointError] an update produced NaN or Inf
     ├── TracedValueError       [TypeError]         a concrete check under a transform
+    ├── ConfigError            [ValueError]        a misconfigured model or command
     ├── DiagnosisError         [ValueError]        a diagnosis that cannot run as asked
     ├── ServingError           [RuntimeError]      the server refused a swap or rollback
     ├── InvalidRequestError    [ValueError]        a request refused before device work
@@ -272,6 +273,12 @@ class SignatureError(StoreError):
     is not trusted, whatever its status says."""
 
 
+class ConfigError(TreeguardError, ValueError):
+    """The model or the command is misconfigured: a bad ``MODULE:ATTR``, a
+    batch spec without a batch axis, missing references. ``treeguard verify``
+    exits with status 2 on it."""
+
+
 class DiagnosisError(TreeguardError, ValueError):
     """A diagnosis cannot run as asked: an unknown candidate, a malformed
     tolerance rule, a recorded trace of another program. ``treeguard
@@ -350,6 +357,7 @@ PUBLIC = (
     StoreError,
     UnknownVersionError,
     SignatureError,
+    ConfigError,
     DiagnosisError,
     ServingError,
     InvalidRequestError,

@@ -7,6 +7,7 @@ batch axis ``"B"`` and explicit tolerances), then ``run(model)`` returns a
 same from the shell.
 """
 
+from .._src.errors import ConfigError as ConfigError
 from .._src.keys import KeyReuse as KeyReuse
 from .._src.keys import KeyTrace as KeyTrace
 from .._src.keys import trace_keys as trace_keys
@@ -16,7 +17,6 @@ from .._src.verify.checks import NAMES as CHECKS
 from .._src.verify.checks import CheckResult as CheckResult
 from .._src.verify.compare import LeafError as LeafError
 from .._src.verify.compare import compare_trees as compare_trees
-from .._src.verify.model import ConfigError as ConfigError
 from .._src.verify.model import InvalidInput as InvalidInput
 from .._src.verify.model import Model as Model
 from .._src.verify.model import Tolerance as Tolerance

@@ -31,6 +31,7 @@ import jax.numpy as jnp
 
 from ..diff import mismatches
 from ..env import environment
+from ..errors import ConfigError
 from ..mismatch import Mismatch
 from ..nonfinite import find_nonfinite
 from ..spec import spec_of
@@ -43,7 +44,7 @@ from ..verify.checks import (
     regression_errors,
 )
 from ..verify.compare import LeafError, compare_trees
-from ..verify.model import ConfigError, Model, Tolerance
+from ..verify.model import Model, Tolerance
 from ..verify.programs import per_example_apply
 from .locate import Divergence, locate
 from .nan import NanSite, nan_origin

@@ -87,6 +87,11 @@ def parse_json(body: bytes) -> Any:
         )
     except RecursionError:
         raise _refuse("the body nests too deep to be a request", status=400) from None
+    except UnicodeDecodeError as e:  # its text quotes the byte: never echo the body
+        raise _refuse(
+            f"the body is not UTF-8 (at byte {e.start}); hint: send a KServe V2 inference request",
+            status=400,
+        ) from None
     except ValueError as e:
         text = e.msg if isinstance(e, json.JSONDecodeError) else str(e)
         raise _refuse(

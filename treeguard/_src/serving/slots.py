@@ -43,6 +43,7 @@ class Slot:
     params: Any
     spec: TreeSpec
     nbytes: int
+    digest: str = ""  # the file digest the params were loaded and verified under
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,6 +141,7 @@ class Slots:
         nbytes = int(info.nbytes or 0)
         self._check_room(version, nbytes)
         try:
+            digest = self.store.check_verified(version)
             stored = self.store.load_verified(version)
         except (TreeguardError, OSError) as e:  # not verified, changed, unsigned, unreadable
             raise ServingError(f"version {version} cannot be served: {e}") from e
@@ -155,7 +157,23 @@ class Slots:
         _check_finite(version, stored)  # on the host copy, before it reaches the device
         params = jax.device_put(stored)
         del stored
-        return Slot(version, params, spec_of(params), nbytes)
+        return Slot(version, params, spec_of(params), nbytes, digest)
+
+    def _still_servable(self, slot: Slot) -> None:
+        """Refuses to return to weights already held unless the store still
+        passes their version through its gate (verified, signed when it has a
+        key) with the digest they were loaded under."""
+        try:
+            digest = self.store.check_verified(slot.version)
+        except (TreeguardError, OSError) as e:
+            raise ServingError(f"version {slot.version} cannot be served: {e}") from e
+        if digest != slot.digest:
+            raise ServingError(
+                f"version {slot.version} cannot be served: its verdict now names another file "
+                f"(digest {digest[:12]}…, loaded under {slot.digest[:12]}…)",
+                hint=f"swap to it again to load and check it: POST /v2/treeguard/swap "
+                f'{{"version": "{slot.version}"}}',
+            )
 
     def _check_room(self, version: str, nbytes: int) -> None:
         held = sum(s.nbytes for s in (self.active, self.previous) if s is not None)
@@ -210,7 +228,8 @@ class Slots:
         Raises:
           ServingError: naming the check that failed and why.
         """
-        ran = ["contract", "finite"]  # both run as the version is loaded
+        # both run as the version is loaded; the contract only where the model has one
+        ran = (["contract"] if self._params_spec() is not None else []) + ["finite"]
         batches = self._reference_batches()
         for name, leaves in batches:
             rows = int(leaves[0].shape[0])
@@ -349,7 +368,7 @@ class Slots:
             if prev is not None and prev.version == version:
                 return self._back_to_previous(version)
             try:
-                slot = self._load(version, contract=None)
+                slot = self._load(version, contract=self._params_spec())
                 if active is not None and slot.spec != active.spec:
                     self.warm(slot, phase="swap")
                 checks = self.fast_checks(slot)
@@ -367,17 +386,13 @@ class Slots:
     def _back_to_previous(self, version: str) -> dict[str, Any]:
         """Swaps to the loaded, checked and warm previous version, if the store
         still marks it verified (no second copy is loaded)."""
-        try:
-            status = self.store.info(version).status
-        except TreeguardError as e:
-            raise ServingError(f"version {version} cannot be served: {e}") from e
-        if status != "verified":
-            self.metrics.swaps.labels(model=self.metrics.model, result="refused").inc()
-            raise ServingError(
-                f"version {version} cannot be served: it is {status} in the store now"
-            )
-        active = self.active
         assert self.previous is not None
+        try:
+            self._still_servable(self.previous)
+        except ServingError:
+            self.metrics.swaps.labels(model=self.metrics.model, result="refused").inc()
+            raise
+        active = self.active
         self._switch(self.previous)
         self.quarantined.discard(version)
         self.metrics.swaps.labels(model=self.metrics.model, result="ok").inc()
@@ -405,6 +420,9 @@ class Slots:
         Raises:
           ServingError: if there is no previous version.
         """
+        prev = self.previous
+        if prev is not None:
+            self._still_servable(prev)  # the store's gate, outside the switch lock
         with self._switch_lock:
             prev, bad = self.previous, self.active
             if prev is None or bad is None:

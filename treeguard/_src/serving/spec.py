@@ -18,10 +18,10 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from ..errors import FormatError
+from ..errors import ConfigError, FormatError
 from ..paths import parse
 from ..spec import LeafSpec, TreeSpec, spec_of
-from ..verify.model import BATCH, ConfigError, Model
+from ..verify.model import BATCH, Model
 
 FORMAT = "treeguard.serving/1"
 #: The default batch buckets: powers of two up to 64.

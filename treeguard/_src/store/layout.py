@@ -30,7 +30,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from .. import strictjson
-from ..atomic import FILE_MODE, atomic_write, file_kind, read_regular
+from ..atomic import FILE_MODE, atomic_write, file_kind, fsync_dir, read_regular, temp_path
 from ..errors import FormatError, StoreError, UnknownVersionError
 
 STORE_FORMAT = "treeguard.store/1"
@@ -132,6 +132,7 @@ class Layout:
             or isinstance(data.get("counter"), bool)
             or not isinstance(data.get("retired", []), list)
             or not all(isinstance(n, str) for n in data.get("retired", []))
+            or not isinstance(data.get("promoted", False), bool)
         ):
             raise StoreError(
                 f"the store marker is not a {STORE_FORMAT} marker",
@@ -164,7 +165,8 @@ class Layout:
         versions = self.path(VERSIONS)
         vkind = _kind(versions)
         if vkind is None:
-            os.mkdir(versions)
+            with contextlib.suppress(FileExistsError):  # another first put made it
+                os.mkdir(versions)
         elif vkind != "dir":
             raise StoreError(
                 f"{VERSIONS} is {vkind}, not a directory",
@@ -180,7 +182,19 @@ class Layout:
             "counter": counter,
             "retired": [],
         }
-        self.write_marker(marker)
+        # Created only if absent (link(2) fails on an existing name): of two
+        # processes making the same store at once, one marker wins and both use it.
+        target = self.path(MARKER_FILE)
+        tmp = temp_path(target)
+        try:
+            atomic_write(tmp, (strictjson.dumps(marker) + "\n").encode())
+            os.link(tmp, target)
+        except FileExistsError:
+            return self.require()
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        fsync_dir(self.root)
         return marker
 
     # -- directories -----------------------------------------------------

@@ -36,14 +36,22 @@ def _damaged(path: str, why: str) -> StoreError:
     )
 
 
-def read(root: str) -> Pointer:
+def read(root: str, *, promoted: bool) -> Pointer:
     """The pointer of the store at ``root``.
 
+    Args:
+      root: the store's directory.
+      promoted: whether the store has promoted a version before (its marker
+        says so); then a missing pointer is a damaged one, not an empty one.
+
     Raises:
-      StoreError: for a pointer that cannot be read or is malformed.
+      StoreError: for a pointer that cannot be read, is malformed, or is
+        missing after a promotion.
     """
     path = os.path.join(root, POINTER_FILE)
     if not os.path.lexists(path):
+        if promoted:
+            raise _damaged(path, "it is missing, but the store has promoted versions")
         return Pointer(None, ())
     try:
         data = strictjson.loads(

@@ -19,7 +19,7 @@ import secrets
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..atomic import pid_alive, remove_stale_temps
+from ..atomic import pid_alive, remove_stale_temps, stale_temp
 from ..checkpoint import read_header, save, user_metadata_json
 from ..env import environment
 from ..errors import (
@@ -177,8 +177,8 @@ class ArtifactStore:
         return sorted(out, key=lambda v: (v.status == records.UNREADABLE, v.created, v.version))
 
     def _pointer(self) -> pointer.Pointer:
-        self._layout.require()
-        return pointer.read(self.root)
+        marker = self._layout.require()
+        return pointer.read(self.root, promoted=bool(marker.get("promoted")))
 
     def current(self) -> str | None:
         """The current version's name, or None before the first promotion.
@@ -296,8 +296,18 @@ class ArtifactStore:
             if self._layout.exists():
                 self._layout.require()
                 return
-        if os.path.isdir(self.root) and not os.path.islink(self.root) and os.listdir(self.root):
-            self._layout.require()  # raises: a directory with content that is not a store
+        if os.path.isdir(self.root) and not os.path.islink(self.root):
+            content = set(os.listdir(self.root))
+            versions = os.path.join(self.root, "versions")
+            # what another first put leaves while it makes the store: versions/ (empty)
+            # and the marker's temp file; anything else is content that is not a store
+            being_made = content <= {"versions"} | {
+                n for n in content if "STORE.json" in n and n.endswith(".tmp")
+            }
+            if content and not (
+                being_made and (not os.path.isdir(versions) or not os.listdir(versions))
+            ):
+                self._layout.require()  # raises: a directory with content that is not a store
         self._layout.init()
 
     def _reserve(self, version: str | None, user: dict[str, Any]) -> tuple[str, str]:
@@ -305,7 +315,9 @@ class ArtifactStore:
         marker = self._layout.require()
         if version is None:
             existing = [
-                int(m.group(1)) for n in self._layout.version_names() if (m := AUTO_RE.match(n))
+                int(m.group(1))
+                for n in [*self._layout.version_names(), *marker["retired"]]
+                if (m := AUTO_RE.match(n))
             ]
             number = max([marker["counter"], *existing]) + 1
             marker["counter"] = number
@@ -485,6 +497,25 @@ class ArtifactStore:
                 ) from e
         return model, digest
 
+    def check_verified(self, version: str, /) -> str:
+        """Checks, without reading the weights, that ``version`` may still be
+        served: its record says verified and, in a store with a key, its
+        verdict is signed with it. A server calls this before it returns to
+        weights it already holds.
+
+        Returns:
+          The digest of the file the verdict was computed on; a caller that
+          holds weights loaded through ``load_verified`` compares it with
+          the digest it loaded them under.
+
+        Raises:
+          StoreError: if the version is not verified.
+          SignatureError: if the store has a key and the verdict is not
+            signed with it.
+          UnknownVersionError: for an unknown version.
+        """
+        return self._gate(version, full=False)[1]
+
     def load_verified(self, version: str, /, like: Any = None) -> Any:
         """Loads a version only if it passes every gate.
 
@@ -597,9 +628,13 @@ class ArtifactStore:
         check_name(version)
         with self._layout.locked():
             self._gate(version, full=True)
-            ptr = pointer.read(self.root)
+            ptr = self._pointer()
             if ptr.current == version:
                 return
+            marker = self._layout.require()
+            if not marker.get("promoted"):
+                marker["promoted"] = True  # from now on a missing pointer is a damaged one
+                self._layout.write_marker(marker)
             stack = [v for v in ptr.previous if v != version]
             if ptr.current is not None:
                 stack.insert(0, ptr.current)
@@ -661,13 +696,15 @@ class ArtifactStore:
         removed: list[str] = []
         with self._layout.locked():
             marker = self._layout.require()
-            ptr = pointer.read(self.root)
+            ptr = self._pointer()
             protect = {ptr.current, *ptr.previous} | self._kept(policy)
             base = self._layout.versions_dir()
             for name in self._layout.version_names():
-                if name in protect or not self._collectable(os.path.join(base, name)):
+                path = os.path.join(base, name)
+                if name in protect or not self._collectable(path):
                     continue
-                if _remove_version_files(os.path.join(base, name)):
+                reserved = not os.path.lexists(os.path.join(path, STATUS_FILE))
+                if _remove_version_files(path, temps_only=reserved):
                     removed.append(name)
             self._clean_trash(base)
             remove_stale_temps(self.root)
@@ -713,7 +750,16 @@ class ArtifactStore:
 _OWN_FILES = (MODEL_FILE, STATUS_FILE)
 
 
-def _remove_version_files(path: str, *, rename: bool = True) -> bool:
+def _own_file(name: str) -> bool:
+    """Whether a file in a version directory is one the store writes: the
+    checkpoint, the record, or a temp of one of them left by a dead writer."""
+    if name in _OWN_FILES:
+        return True
+    temp = stale_temp(name)
+    return temp is not None and temp in _OWN_FILES
+
+
+def _remove_version_files(path: str, *, rename: bool = True, temps_only: bool = False) -> bool:
     """Removes a version directory if it holds only files the store wrote.
 
     The directory is first renamed out of sight (atomic), so a crash leaves
@@ -731,7 +777,7 @@ def _remove_version_files(path: str, *, rename: bool = True) -> bool:
         return False
     for n in names:
         full = os.path.join(path, n)
-        own = n in _OWN_FILES or (n.startswith(".") and n.endswith(".tmp"))
+        own = stale_temp(n) in _OWN_FILES if temps_only else _own_file(n)
         if not own or os.path.islink(full) or not os.path.isfile(full):
             return False
     target = path

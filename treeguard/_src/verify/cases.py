@@ -16,10 +16,11 @@ from typing import Any
 import jax
 import numpy as np
 
+from ..errors import ConfigError
 from ..paths import keystr
 from ..spec import LeafSpec, TreeSpec, summarize
 from ..walk import flatten, structure_of
-from .model import BATCH, ConfigError, Model, is_float
+from .model import BATCH, Model, is_float
 
 POSITIVE = ("standard", "single", "zeros", "boundary")
 

@@ -13,7 +13,7 @@ import jax
 import numpy as np
 
 from ..bench.budget import Budgets
-from ..errors import TreeguardError
+from ..errors import ConfigError
 from ..spec import TreeSpec, dtype_of, short_dtype
 
 #: The symbol that names the batch axis in ``Model.batch_spec``.
@@ -57,12 +57,6 @@ def resolve_dtype(name: Any) -> np.dtype[Any]:
             if short_dtype(dt) == name:
                 return dt
     raise ConfigError(f"unknown dtype {name!r}; hint: a name such as 'bfloat16' or 'bf16'")
-
-
-class ConfigError(TreeguardError, ValueError):
-    """The model or the command is misconfigured: a bad ``MODULE:ATTR``, a
-    batch spec without a batch axis, missing references. ``treeguard verify``
-    exits with status 2 on it."""
 
 
 @dataclasses.dataclass(frozen=True)

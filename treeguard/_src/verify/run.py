@@ -9,11 +9,12 @@ from pathlib import Path
 from typing import Any
 
 from ..env import environment
+from ..errors import ConfigError
 from ..spec import spec_of
 from . import refs as refs_mod
 from .cases import Case, generate
 from .checks import NAMES, CheckResult, Context, run_check
-from .model import ConfigError, Model
+from .model import Model
 from .programs import Programs
 from .report import Benchmark, Report
 
