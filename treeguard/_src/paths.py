@@ -21,6 +21,8 @@ from typing import Any, Literal, TypeAlias
 
 import jax
 
+from .strictjson import MAX_INT_DIGITS
+
 EntryKind: TypeAlias = Literal["key", "index", "attr", "flat"]
 Entry: TypeAlias = tuple[EntryKind, Any]
 Path: TypeAlias = tuple[Entry, ...]
@@ -210,6 +212,8 @@ def entry_problem(entry: Entry) -> str | None:
         return f"{what} {key!r} holds a lone surrogate, which has no UTF-8 form"
     if isinstance(key, float) and not math.isfinite(key):
         return f"key {key!r} of type float has no JSON form"
+    if type(key) is int and len(str(abs(key))) > MAX_INT_DIGITS:
+        return f"{kind} of {len(str(abs(key)))} digits is too long to read back from a spec"
     text = entry_str(entry)
     shown = f"{kind} {short_repr(key)} of type {type(key).__name__} prints as {text[:60]!r}"
     try:
