@@ -453,6 +453,7 @@ _SHARDED = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_sharded_arrays_over_eight_devices(tmp_path: Path) -> None:
     env = {
         **os.environ,

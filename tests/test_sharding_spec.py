@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import textwrap
 
+import pytest
 from subproc import run_python
 
 CHILD = textwrap.dedent(
@@ -35,6 +36,7 @@ CHILD = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_recorded_sharding_is_checked_on_live_trees() -> None:
     out = run_python(
         CHILD, env={"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}, timeout=300

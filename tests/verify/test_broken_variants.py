@@ -50,6 +50,7 @@ def _init_reusing_k1(key: jax.Array) -> Any:
     }
 
 
+@pytest.mark.slow
 def test_legacy_key_reused_fails_keys_only(tmp_path: Path) -> None:
     model = dataclasses.replace(BASE, init=_init_reusing_k1, key_kind="legacy")
     evidence = _assert_only(_verify(model, tmp_path, own_references=True), "keys")

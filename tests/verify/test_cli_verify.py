@@ -33,6 +33,7 @@ def _cli(*args: str, cwd: Path, extra_path: Path | None = None) -> subprocess.Co
     )
 
 
+@pytest.mark.slow
 def test_demo_passes_and_writes_reports(tmp_path: Path) -> None:
     proc = _cli("treeguard.examples.mlp:model", "--report-dir", "out", cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
