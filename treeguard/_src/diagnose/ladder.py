@@ -304,7 +304,9 @@ class _Ladder:
     def _regression(self) -> tuple[list[str], list[dict[str, Any]]]:
         if not hasattr(self, "_reg"):
             assert self.refs is not None
-            self._reg = regression_errors(self.ctx, self.refs)
+            # the forward stage is the eager one: verify's programs run op by op here
+            with jax.disable_jit():
+                self._reg = regression_errors(self.ctx, self.refs)
         return self._reg
 
     def _against_refs(
