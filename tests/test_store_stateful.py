@@ -172,7 +172,10 @@ class StoreMachine(RuleBasedStateMachine):
     def load_current(self) -> None:
         cur = self.store.current()
         assert cur is not None
-        if cur in self.tampered:
+        if cur not in self.verified:
+            with pytest.raises(StoreError):
+                self.store.load_current(_params(0.0))
+        elif cur in self.tampered:
             with pytest.raises(IntegrityError, match=f"version {cur}"):
                 self.store.load_current(_params(0.0))
         else:
@@ -190,8 +193,13 @@ class StoreMachine(RuleBasedStateMachine):
         cur = self.store.current()
         if cur is None:
             return
-        assert cur in self.verified, f"current {cur} was never verified"
         info = self.store.info(cur)
+        if cur not in self.verified:
+            # promoted while verified, then verified again and rejected: never served
+            assert info.status == "rejected"
+            with pytest.raises(StoreError, match=f"version {cur} is rejected"):
+                self.store.load_current(_params(0.0))
+            return
         assert info.status == "verified" and info.signed
         if cur not in self.tampered:
             assert tg.read_header(self._model(cur)).digest == info.digest

@@ -15,6 +15,8 @@ import jax.extend.core as jex
 import jax.numpy as jnp
 import numpy as np
 
+from treeguard._src.diagnose.jaxpr import scan_split
+
 _CALLS = {"jit": "jaxpr", "closed_call": "call_jaxpr", "custom_jvp_call": "call_jaxpr"}
 
 
@@ -59,7 +61,7 @@ class Perturbing:
                 outs = self.run(branch, invals[1:], it, n_top)
             elif name == "scan":
                 p = eqn.params
-                nc, nk = p["num_consts"], p["num_carry"]
+                nc, nk = scan_split(p)
                 consts, carry, xs = invals[:nc], invals[nc : nc + nk], invals[nc + nk :]
                 ys = []
                 for i in range(p["length"]):

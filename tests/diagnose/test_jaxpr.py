@@ -47,3 +47,20 @@ def test_live_values_at_a_cut() -> None:
     assert jx.live_at(j, 0) == []
     assert jx.live_at(j, 2) == [a, b]
     assert jx.live_at(j, 3) == [j.eqns[2].outvars[0], a]
+
+
+def test_scan_split_reads_this_jax_versions_scan_equation() -> None:
+    import jax
+    import jax.numpy as jnp
+
+    from treeguard._src.diagnose.jaxpr import scan_split
+
+    def f(x, w, v):
+        def body(c, a):
+            return (c[0] * w * v + a[0] + a[1], c[1] + 1.0), c[0]
+
+        return jax.lax.scan(body, (x, x), (jnp.arange(3.0), jnp.ones(3)))
+
+    eqn = jax.make_jaxpr(f)(1.0, 2.0, 3.0).jaxpr.eqns[-1]
+    assert eqn.primitive.name == "scan"
+    assert scan_split(eqn.params) == (2, 2)  # w and v; the two carries

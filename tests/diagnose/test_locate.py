@@ -212,7 +212,9 @@ def test_the_fp64_rule_accepts_a_candidate_as_close_to_fp64_as_the_reference() -
     strict = Tolerances(default=Tolerance(0.0, 0.0))
     d = locate(_summed, x, candidate=_one_ulp_up, tolerances=strict, descend=False)
     assert d.outcome != "none"
-    relative = dataclasses.replace(strict, fp64=2.0)
+    # jit's sum may use another reduction order than eager's (it does from jax 0.11): its
+    # error against fp64 is then up to about 4x eager's, within 5x.
+    relative = dataclasses.replace(strict, fp64=5.0)
     assert locate(_summed, x, candidate=_one_ulp_up, tolerances=relative).outcome == "none"
 
 

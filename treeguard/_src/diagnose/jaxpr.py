@@ -138,6 +138,20 @@ def read(env: dict[Any, Any], v: Any) -> Any:
     return v.val if isinstance(v, jex.Literal) else env[v]
 
 
+def scan_split(params: Any) -> tuple[int, int]:
+    """How many of a ``scan`` equation's inputs are constants and carry.
+
+    JAX has no public accessor for this. Up to 0.10 the equation holds
+    ``num_consts``/``num_carry``; from 0.11 it holds ``ft_in``, a tree of its
+    inputs grouped as (consts, carry, xs), whose ``elts`` are the groups.
+    tests/diagnose/test_jaxpr.py fails loudly if neither form is there.
+    """
+    if "num_consts" in params:
+        return int(params["num_consts"]), int(params["num_carry"])
+    groups = params["ft_in"].elts
+    return len(list(groups[0])), len(list(groups[1]))
+
+
 @dataclasses.dataclass
 class Run:
     """What an op-by-op run kept: every variable's value at one jaxpr level.
@@ -245,7 +259,7 @@ class Loop:
     def of(eqn: Any, invals: list[Any]) -> Loop:
         p = eqn.params
         if eqn.primitive.name == "scan":
-            nc, nk = p["num_consts"], p["num_carry"]
+            nc, nk = scan_split(p)
             return Loop(
                 eqn,
                 p["jaxpr"],
