@@ -18,6 +18,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from .. import strictjson
 from ..errors import ConfigError, FormatError
 from ..paths import parse
 from ..spec import LeafSpec, TreeSpec, spec_of
@@ -267,11 +268,7 @@ class ServingSpec:
         """
         if len(text) > _MAX_SPEC_BYTES:
             raise FormatError(f"serving spec is larger than {_MAX_SPEC_BYTES} bytes")
-        try:
-            data = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
-        except (ValueError, RecursionError) as e:
-            raise FormatError(f"serving spec is not valid JSON: {e}") from None
-        return cls.from_dict(data)
+        return cls.from_dict(strictjson.loads(text, "the serving spec"))
 
     @classmethod
     def from_dict(cls, data: Any) -> ServingSpec:
@@ -343,19 +340,6 @@ def _typed(value: Any, kind: type, field: str) -> Any:
             f"serving spec field {field!r} is a {type(value).__name__}, not {kind.__name__}"
         )
     return value
-
-
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in pairs:
-        if k in out:
-            raise ValueError(f"duplicate key {k[:40]!r}")
-        out[k] = v
-    return out
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON number")
 
 
 def _default_name(name: str) -> str:
