@@ -65,7 +65,11 @@ def _doc(**change):
         (_doc(limits={"max_delay_ms": 1e9}), ConfigError, "limits.max_delay_ms is 1000000000.0"),
         (_doc(limits={"speed": 1}), treeguard.FormatError, "limits has unknown field(s) ['speed']"),
         (_doc(name="a b"), ConfigError, "name 'a b'"),
-        ('{"format": "treeguard.serving/1", "format": "x"}', treeguard.FormatError, "the key 'format' appears twice"),
+        (
+            '{"format": "treeguard.serving/1", "format": "x"}',
+            treeguard.FormatError,
+            "the key 'format' appears twice",
+        ),
         ('{"format": NaN}', treeguard.FormatError, "NaN is not a JSON number"),
         ("[" * 100_000, treeguard.FormatError, "nests deeper than 512 levels"),
     ],
