@@ -16,7 +16,6 @@ JAX is imported only inside the commands, so ``--help`` starts without it.
 
 from __future__ import annotations
 
-import importlib
 import json
 import sys
 from collections.abc import Sequence
@@ -64,32 +63,16 @@ def resolve(target: str) -> Any:
         a missing attribute or anything else.
     """
     from ._src.bench.run import Target
-    from ._src.errors import ConfigError
     from ._src.verify.model import Model
+    from .cli_verify import import_target
 
-    module_name, sep, attr = target.partition(":")
-    if not sep or not module_name or not attr:
-        raise ConfigError(
-            f"{target!r} is not MODULE:ATTR; hint: treeguard bench treeguard.examples.mlp:model"
-        )
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise ConfigError(f"cannot import module {module_name!r}: {e}") from e
-    obj: Any = module
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise ConfigError(f"module {module_name!r} has no attribute {attr!r}")
-        obj = getattr(obj, part)
-    if not isinstance(obj, (Model, Target)) and callable(obj):
-        obj = obj()
-    if not isinstance(obj, (Model, Target)):
-        raise ConfigError(
-            f"{target} is a {type(obj).__name__}, not a treeguard.verify.Model or a "
-            "treeguard.bench.Target; hint: wrap a function and its arguments in "
-            "treeguard.bench.Target(fn, args)"
-        )
-    return obj
+    return import_target(
+        target,
+        (Model, Target),
+        what="treeguard.verify.Model or a treeguard.bench.Target",
+        command="bench",
+        fix="wrap a function and its arguments in treeguard.bench.Target(fn, args)",
+    )
 
 
 def _sizes(text: str) -> tuple[int, ...]:

@@ -70,13 +70,41 @@ def resolve(target: str) -> Model:
       ...
       treeguard.ConfigError: 'treeguard.examples.mlp' is not MODULE:ATTR...
     """
-    from ._src.errors import ConfigError
     from ._src.verify.model import Model
+
+    model: Model = import_target(
+        target,
+        (Model,),
+        what="treeguard.verify.Model",
+        command="verify",
+        fix="describe the model with treeguard.verify.Model(init=..., apply=..., ...)",
+    )
+    return model
+
+
+def import_target(
+    target: str, kinds: tuple[type, ...], *, what: str, command: str, fix: str
+) -> Any:
+    """Imports ``MODULE:ATTR`` and returns the object, which must be one of
+    ``kinds`` (or a function of no arguments returning one).
+
+    Args:
+      target: ``package.module:attribute``; the attribute may be dotted.
+      kinds: the types the object may have.
+      what: their public names, for the message (``"treeguard.verify.Model"``).
+      command: the command, for the usage hint (``"verify"``).
+      fix: the hint for an object of another type.
+
+    Raises:
+      ConfigError: for a malformed target, a module that cannot be imported,
+        a missing attribute or an object of another type.
+    """
+    from ._src.errors import ConfigError
 
     module_name, sep, attr = target.partition(":")
     if not sep or not module_name or not attr:
         raise ConfigError(
-            f"{target!r} is not MODULE:ATTR; hint: treeguard verify treeguard.examples.mlp:model"
+            f"{target!r} is not MODULE:ATTR; hint: treeguard {command} treeguard.examples.mlp:model"
         )
     try:
         module = importlib.import_module(module_name)
@@ -87,16 +115,13 @@ def resolve(target: str) -> Model:
         try:
             obj = getattr(obj, part)
         except AttributeError:
-            names = sorted(n for n in dir(module) if isinstance(getattr(module, n, None), Model))
+            names = sorted(n for n in dir(module) if isinstance(getattr(module, n, None), kinds))
             hint = f"; the models in {module_name} are {names}" if names else ""
             raise ConfigError(f"module {module_name!r} has no attribute {attr!r}{hint}") from None
-    if not isinstance(obj, Model) and callable(obj):
+    if not isinstance(obj, kinds) and callable(obj):
         obj = obj()
-    if not isinstance(obj, Model):
-        raise ConfigError(
-            f"{target} is a {type(obj).__name__}, not a treeguard.verify.Model; "
-            "hint: describe the model with treeguard.verify.Model(init=..., apply=..., ...)"
-        )
+    if not isinstance(obj, kinds):
+        raise ConfigError(f"{target} is a {type(obj).__name__}, not a {what}; hint: {fix}")
     return obj
 
 
