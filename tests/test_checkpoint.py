@@ -514,3 +514,16 @@ def test_a_bad_spec_inside_a_header_names_the_file(tmp_path: Path) -> None:
     with pytest.raises(FormatError, match=f"^{re.escape(str(path))}: treeguard.spec: ") as info:
         read_header(path)
     assert isinstance(info.value.__cause__, FormatError)
+
+
+def test_a_weak_typed_array_comes_back_weak_typed(tmp_path: Path) -> None:
+    # The loader's one use of a JAX internal (JAX has no public way to make a weakly
+    # typed array of a given value) is behind this: it fails loudly if JAX moves it.
+    import jax.numpy as jnp
+
+    tree = {"vector": jnp.broadcast_to(jnp.asarray(2.0), (3,)), "strong": jnp.ones(3)}
+    assert tree["vector"].weak_type and not tree["strong"].weak_type
+    save(tmp_path / "w.safetensors", tree)
+    out = load(tmp_path / "w.safetensors", like=tree)
+    assert out["vector"].weak_type and not out["strong"].weak_type
+    assert out["vector"].tolist() == [2.0, 2.0, 2.0]
