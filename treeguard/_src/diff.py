@@ -5,14 +5,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import jax
 import numpy as np
 
 from .errors import TreeMismatchError
 from .mismatch import Mismatch
 from .paths import Path, keystr
-from .spec import Record, TreeSpec, record_of, spec_of, summarize
-from .walk import Node, flatten
+from .spec import Record, TreeSpec, record_of, spec_from_leaves, spec_of, summarize
+from .walk import Node, flatten_walked, walk_levels
 
 
 def as_spec(x: Any, *, sharding: bool = False) -> TreeSpec:
@@ -62,7 +61,8 @@ def check(
 
     A tree that matched a spec once is re-checked for about the cost of one
     flatten: the spec caches each validated signature (treedef plus the
-    leaves' abstract values), and key-path text is built only to report.
+    leaves' abstract values, or shapes and dtypes for numpy arrays), and
+    key-path text is built only to report.
 
     Args:
       actual: the tree (or spec) under test.
@@ -90,12 +90,16 @@ def check(
         and not isinstance(actual, TreeSpec)
         and not expected.has_sharding  # shardings are not part of the cached signature
     ):
-        leaves, treedef = flatten(actual)
-        if expected._accepts(leaves, treedef):
+        walked = walk_levels(actual)
+        accepted, flat = expected._accepts(actual, walked)
+        if accepted:
             return
-        found = mismatches(actual, expected)
+        leaves, treedef = flat if flat is not None else flatten_walked(actual)
+        types = walked.types if walked is not None else None
+        a = spec_from_leaves(actual, leaves, treedef, types)
+        found = _Differ(a.records, expected.records).run(a.structure, expected.structure)
         if not found:
-            expected._remember(leaves, treedef)
+            expected._remember(leaves, treedef, walked)
             return
     else:
         found = mismatches(actual, expected)
@@ -259,4 +263,6 @@ def unflatten(spec: TreeSpec, leaves: Sequence[Any], /) -> Any:
         differ.leaf((rec[0], rec[1], None, None), (e[0], e[1], None, None), path)
     if differ.found:
         raise TreeMismatchError(differ.found, expected_from="the spec", actual_from="the leaves")
+    import jax
+
     return jax.tree.unflatten(spec.treedef, leaves)
