@@ -86,3 +86,79 @@ def test_missing_file_and_usage_exit_2(tmp_path: Path) -> None:
     assert _run("spec", str(tmp_path / "nope.json")).exit_code == 2
     assert _run("diff", "only-one").exit_code == 2
     assert _run("no-such-command").exit_code == 2
+
+
+_JAX_FREE_CHILD = r"""
+import contextlib, io, json, sys
+
+import treeguard, treeguard.cli
+
+after_import = sorted(
+    m for m in sys.modules
+    if m.split(".")[0] in ("jax", "jaxlib")
+    or m in ("treeguard.verify", "treeguard.serving", "treeguard.bench", "treeguard.diagnose")
+)
+main = treeguard.cli.main
+ckpt, spec, store = sys.argv[1:4]
+
+
+def helps(group, path):
+    yield [*path, "--help"]
+    for name in getattr(group, "list_commands", lambda ctx: [])(None):
+        yield from helps(group.get_command(None, name), [*path, name])
+
+
+runs = []
+for args in [
+    ["spec", ckpt], ["spec", "--json", ckpt], ["spec", spec], ["diff", spec, ckpt],
+    ["ckpt", "inspect", ckpt], ["ckpt", "inspect", "--json", ckpt],
+    ["store", "ls", store], ["store", "ls", "--json", store],
+    *helps(main, []),
+]:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        try:
+            main.main(args, prog_name="treeguard", standalone_mode=False)
+            code = 0
+        except SystemExit as e:
+            code = e.code
+    runs.append([args, code, "jax" in sys.modules, len(out.getvalue())])
+print(json.dumps({"after_import": after_import, "runs": runs}))
+"""
+
+
+def test_file_only_commands_never_import_jax(tmp_path: Path) -> None:
+    import ml_dtypes
+    import numpy as np
+    from subproc import run_python
+
+    tree = {"enc": {"w": np.ones((2, 3), np.float32)}, "h": np.zeros(2, ml_dtypes.bfloat16)}
+    ckpt, spec, store = tmp_path / "m.safetensors", tmp_path / "m.spec.json", tmp_path / "store"
+    tg.save(ckpt, tree)
+    tg.spec_of(tree).save(spec)
+    tg.ArtifactStore(store).put(tree)
+    out = run_python(_JAX_FREE_CHILD, str(ckpt), str(spec), str(store))
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert report["after_import"] == []
+    runs = report["runs"]
+    helps = [args for args, *_ in runs if args[-1] == "--help"]
+    assert ["ckpt", "inspect", "--help"] in helps and ["serve", "run", "--help"] in helps
+    assert len(helps) >= 15
+    for args, code, jax_loaded, printed in runs:
+        assert (code, jax_loaded) == (0, False), args
+        assert printed > 0, args
+
+
+def test_the_dtypes_a_header_may_name_cover_every_ml_dtypes_type() -> None:
+    import ml_dtypes
+
+    from treeguard._src.checkpoint import ALLOWED_DTYPES
+
+    numeric = {
+        name
+        for name in dir(ml_dtypes)
+        if name.startswith(("float", "int", "uint", "bfloat"))
+        and isinstance(getattr(ml_dtypes, name), type)
+    }
+    assert numeric <= ALLOWED_DTYPES, sorted(numeric - ALLOWED_DTYPES)
