@@ -162,3 +162,38 @@ def test_the_dtypes_a_header_may_name_cover_every_ml_dtypes_type() -> None:
         and isinstance(getattr(ml_dtypes, name), type)
     }
     assert numeric <= ALLOWED_DTYPES, sorted(numeric - ALLOWED_DTYPES)
+
+
+def test_long_key_paths_are_never_cut(tmp_path: Path) -> None:
+    import numpy as np
+
+    stem = "encoder.layer.5.attention.self." + "q" * 140
+    tree = {
+        f"{stem}.a": {"kernel": np.zeros((2, 2), np.float32)},
+        f"{stem}.b": {"kernel": np.zeros((2, 2), np.float32)},
+    }
+    ckpt = tmp_path / "long.safetensors"
+    tg.save(ckpt, tree)
+    paths = [f"['{stem}.a']['kernel']", f"['{stem}.b']['kernel']"]
+    assert all(len(p) > 150 for p in paths)
+
+    def lines(*args: str) -> list[str]:
+        out = _run(*args)
+        assert out.exit_code in (0, 1), out.output
+        return out.stdout.splitlines()
+
+    inspected = lines("ckpt", "inspect", str(ckpt))
+    for path in paths:
+        assert sum(path in line for line in inspected) == 1, path
+    assert not any("…" in line for line in inspected)
+    shown = lines("spec", str(ckpt))
+    for key in (f"['{stem}.a']", f"['{stem}.b']"):
+        assert any(key in line for line in shown), key
+    changed = tmp_path / "changed.json"
+    tg.spec_of({**tree, f"{stem}.b": {"kernel": np.zeros(3, np.float32)}}).save(changed)
+    diffed = lines("diff", str(ckpt), str(changed))
+    assert any(paths[1] in line and "shape" in line for line in diffed), diffed
+    root = tmp_path / "store"
+    tg.ArtifactStore(root).put(tree)
+    listed = lines("store", "ls", str(root))
+    assert not any("…" in line for line in listed)
