@@ -3,8 +3,9 @@
 Targets: on a 10,000-leaf tree, a repeated ``check`` against a spec it
 already matched costs at most 2x ``jax.tree.flatten`` of that tree, whether
 its leaves are jax or numpy arrays and its nodes dicts or lists and tuples;
-``spec_of`` stays within 5x. Every figure is the median of several runs after a warm-up, all
-measured in this one process.
+``spec_of`` stays within 5x. Every figure is the median of several runs after
+a warm-up, all in this one process; each operation is timed alternately with
+``jax.tree.flatten``, and its ratio is to that baseline.
 
     python benchmarks/tree.py [--leaves 10000] [--repeat 50]
 """
@@ -22,17 +23,6 @@ import jax.numpy as jnp
 import numpy as np
 
 import treeguard as tg
-
-
-def median_seconds(fn: Callable[[], Any], repeat: int) -> float:
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def make_tree(leaves: int, array: Callable[[tuple[int, ...]], Any]) -> dict[str, Any]:
@@ -79,28 +69,53 @@ CASES: list[tuple[str, Callable[..., Any], Callable[[tuple[int, ...]], Any]]] = 
 ]
 
 
-def measure(tree: Any, repeat: int) -> list[tuple[str, float]]:
-    """Each operation's median seconds on ``tree``, flatten first."""
+def paired(op: Callable[[], Any], base: Callable[[], Any], repeat: int) -> tuple[float, float]:
+    """Median seconds of ``op`` and of ``base``, called alternately after a
+    warm-up, so that a change in the machine's load moves both alike."""
+    for _ in range(3):
+        op()
+        base()
+    ops: list[float] = []
+    bases: list[float] = []
+    for _ in range(repeat):
+        for fn, out in ((base, bases), (op, ops)):
+            t0 = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - t0)
+    return statistics.median(ops), statistics.median(bases)
+
+
+def measure(tree: Any, repeat: int) -> list[tuple[str, float, float]]:
+    """Each operation's median seconds on ``tree`` and its ratio to
+    ``jax.tree.flatten`` timed alternately with it."""
     spec = tg.spec_of(tree)
     other = jax.tree.map(lambda x: x + 1, tree)  # same structure, new arrays
     jax.block_until_ready(other)
     tg.check(other, spec)
-    return [
-        ("jax.tree.flatten (baseline)", median_seconds(lambda: jax.tree.flatten(other), repeat)),
-        (
-            "treeguard.check, validated signature",
-            median_seconds(lambda: tg.check(other, spec), repeat),
-        ),
-        ("treeguard.spec_of, known structure", median_seconds(lambda: tg.spec_of(other), repeat)),
+
+    def flatten() -> Any:
+        return jax.tree.flatten(other)
+
+    ops: list[tuple[str, Callable[[], Any], int]] = [
+        ("jax.tree.flatten (baseline)", flatten, repeat),
+        ("treeguard.check, validated signature", lambda: tg.check(other, spec), repeat),
+        ("treeguard.spec_of, known structure", lambda: tg.spec_of(other), repeat),
         (
             "treeguard.mismatches, full comparison",
-            median_seconds(lambda: tg.mismatches(other, spec), max(5, repeat // 5)),
+            lambda: tg.mismatches(other, spec),
+            max(5, repeat // 5),
         ),
         (
             "jax.tree_util.tree_flatten_with_path",
-            median_seconds(lambda: jax.tree_util.tree_flatten_with_path(other), repeat),
+            lambda: jax.tree_util.tree_flatten_with_path(other),
+            repeat,
         ),
     ]
+    rows = []
+    for name, fn, n in ops:
+        seconds, base = paired(fn, flatten, n)
+        rows.append((name, seconds, seconds / base))
+    return rows
 
 
 def main() -> None:
@@ -116,12 +131,11 @@ def main() -> None:
         jax.block_until_ready(tree)
         n = len(jax.tree.leaves(tree))
         rows = measure(tree, args.repeat)
-        base = rows[0][1]
         print(f"\n{case}: {n} leaves")
         print(f"{'operation':<40} {'median':>10} {'x flatten':>10}")
-        for name, seconds in rows:
-            print(f"{name:<40} {seconds * 1e3:>8.2f}ms {seconds / base:>9.2f}x")
-        verdicts.append((case, rows[1][1] / base, rows[2][1] / base))
+        for name, seconds, ratio in rows:
+            print(f"{name:<40} {seconds * 1e3:>8.2f}ms {ratio:>9.2f}x")
+        verdicts.append((case, rows[1][2], rows[2][2]))
     print()
     for case, check_ratio, spec_ratio in verdicts:
         check_ok = "met" if check_ratio <= 2 else "MISSED"

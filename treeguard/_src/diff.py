@@ -11,7 +11,7 @@ from .errors import TreeMismatchError
 from .mismatch import Mismatch
 from .paths import Path, keystr
 from .spec import Record, TreeSpec, record_of, spec_from_leaves, spec_of, summarize
-from .walk import Node, flatten_walked, walk_levels
+from .walk import Node, flatten_with_types, top_levels
 
 
 def as_spec(x: Any, *, sharding: bool = False) -> TreeSpec:
@@ -90,16 +90,17 @@ def check(
         and not isinstance(actual, TreeSpec)
         and not expected.has_sharding  # shardings are not part of the cached signature
     ):
-        walked = walk_levels(actual)
-        accepted, flat = expected._accepts(actual, walked)
-        if accepted:
+        top = top_levels(actual)
+        if expected._accepts_at_once(actual, top):
             return
-        leaves, treedef = flat if flat is not None else flatten_walked(actual)
-        types = walked.types if walked is not None else None
+        leaves, treedef, types = flatten_with_types(actual)
+        if expected._accepts(leaves, treedef):
+            expected._remember(leaves, treedef, top)
+            return
         a = spec_from_leaves(actual, leaves, treedef, types)
         found = _Differ(a.records, expected.records).run(a.structure, expected.structure)
         if not found:
-            expected._remember(leaves, treedef, walked)
+            expected._remember(leaves, treedef, top)
             return
     else:
         found = mismatches(actual, expected)

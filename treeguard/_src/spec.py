@@ -27,8 +27,6 @@ from .walk import (
     LEAF,
     MAX_DEPTH,
     Node,
-    Walked,
-    flatten_walked,
     flatten_with_types,
     invalid_leaves,
     key_problems,
@@ -276,7 +274,7 @@ class TreeSpec:
         self._treedef = treedef
         self._paths: list[Path] | None = None
         self._leaves: tuple[LeafSpec, ...] | None = None
-        # treedef -> (walks of plain trees seen with it, leaf signatures)
+        # treedef -> (top_levels of the trees validated with it, leaf signatures)
         self._validated: dict[Any, tuple[list[Any], list[Any]]] = {}
         self._canon: str | None = None
         self._has_sharding: bool | None = None
@@ -553,48 +551,48 @@ class TreeSpec:
 
     # -- the validated-signature cache used by ``check`` --------------------
 
-    def _accepts(self, tree: Any, walked: Walked | None) -> tuple[bool, Any]:
-        """Whether ``tree``, already walked by ``walk_levels``, has a
-        structure and leaf signature this spec validated before.
+    def _accepts_at_once(self, tree: Any, top: tuple[Any, ...]) -> bool:
+        """Whether ``tree`` has a structure and leaf signature this spec
+        validated before, judged without walking or flattening it whole.
 
-        A tree of plain containers whose walk looks like one validated
-        before is matched against that treedef with ``flatten_up_to``: one
-        pass, no new treedef to build and compare. It is used only then,
-        because on a mismatch JAX puts the subtree's repr in its error. What
-        it returns as leaves must really be leaves (``signature`` is None for
-        a subtree, None or a string found where a leaf was). Any other tree
-        is flattened and its treedef looked up.
-
-        Returns:
-          Whether it was accepted, and the ``(leaves, treedef)`` of its
-          flatten when one was made (else None).
+        ``flatten_up_to`` checks the structure against a validated treedef
+        in one pass, building no new treedef to compare, and it needs no
+        cycle guard: it never goes deeper than that treedef, which is a
+        finite tree. What it returns as leaves must really be leaves
+        (``signature`` is None for a subtree, a cycle, None or a string
+        found where a leaf was). It is tried only when the tree's top looks
+        like one validated with that treedef: on a mismatch, JAX puts the
+        subtree's repr in its error, which the top's look keeps small.
         """
-        if walked is not None and walked.plain:
-            for treedef, (levels, seen) in self._validated.items():
-                if walked.levels not in levels:
-                    continue
-                try:
-                    leaves = treedef.flatten_up_to(tree)
-                except Exception:  # noqa: BLE001 - any other structure is a miss
-                    continue
-                if _signature_in(leaves, seen):
-                    return True, None
-            return False, None
-        flat = flatten_walked(tree)
-        entry = self._validated.get(flat[1])
-        return entry is not None and _signature_in(flat[0], entry[1]), flat
+        for treedef, (tops, seen) in list(self._validated.items()):  # other threads may add
+            if top not in tops:
+                continue
+            try:
+                leaves = treedef.flatten_up_to(tree)
+            except Exception:  # noqa: BLE001 - any other structure is a miss
+                continue
+            if _signature_in(leaves, seen):
+                return True
+        return False
 
-    def _remember(self, leaves: list[Any], treedef: Any, walked: Walked | None) -> None:
+    def _accepts(self, leaves: list[Any], treedef: Any) -> bool:
+        """Whether flattened leaves and treedef match ones validated before."""
+        entry = self._validated.get(treedef)
+        return entry is not None and _signature_in(leaves, entry[1])
+
+    def _remember(self, leaves: list[Any], treedef: Any, top: tuple[Any, ...]) -> None:
         sig = signature(leaves)
         if sig is None:
             return
         if len(self._validated) >= 8 and treedef not in self._validated:
             self._validated.pop(next(iter(self._validated)))
-        levels, seen = self._validated.setdefault(treedef, ([], []))
-        if walked is not None and walked.levels not in levels:
-            if len(levels) >= 4:
-                levels.pop(0)
-            levels.append(walked.levels)
+        tops, seen = self._validated.setdefault(treedef, ([], []))
+        if top not in tops:
+            if len(tops) >= 4:
+                tops.pop(0)
+            tops.append(top)
+        if any(sig == s for s in seen):
+            return
         if len(seen) >= 16:
             seen.pop(0)
         seen.append(sig)

@@ -150,21 +150,40 @@ class Walked:
 
     Attributes:
       types: every type met (containers, keys, static data and leaves).
-      levels: each level's count of values and the set of their types; two
-        trees of one structure have equal levels, so a difference means a
-        different structure (the converse need not hold).
     """
 
     types: frozenset[type]
-    levels: tuple[tuple[int, frozenset[type]], ...]
-
-    @property
-    def plain(self) -> bool:
-        """Whether the only containers are dicts, lists, tuples and None."""
-        return all(t in _BUILTIN_NODES or _KIND.get(t) == 0 for t in self.types)
 
 
-_BUILTIN_NODES = frozenset((dict, list, tuple))
+#: How many levels ``top_levels`` looks at.
+TOP_LEVELS = 2
+
+
+def top_levels(tree: Any) -> tuple[Any, ...]:
+    """A cheap look at the top of a tree: its type and, for each of the
+    first ``TOP_LEVELS`` levels below, the count of values and the set of
+    their types. Two trees of one structure look alike, so a difference
+    means another structure (the converse need not hold). No cycle guard:
+    it never goes deeper than ``TOP_LEVELS``.
+
+    Example:
+      >>> top_levels({"a": [1, 2]}) == top_levels({"b": [3, 4]})
+      True
+      >>> top_levels({"a": [1, 2]}) == top_levels({"a": [1, 2, 3]})
+      False
+    """
+    out: list[Any] = [type(tree)]
+    level = [tree]
+    get = _KIND.get
+    for _ in range(TOP_LEVELS):
+        refs = gc.get_referents(*level)
+        types = frozenset(map(type, refs))
+        out.append((len(refs), types))
+        kinds = set(map(get, types))
+        if 1 not in kinds:
+            break
+        level = refs if kinds == {1} else [r for r in refs if get(type(r)) != 0]
+    return tuple(out)
 
 
 def walk_levels(tree: Any) -> Walked | None:
@@ -178,11 +197,9 @@ def walk_levels(tree: Any) -> Walked | None:
     kind = _KIND.get(root_type)
     if kind is None:
         kind = _classify(tree)
-    root = frozenset((root_type,))
     if not kind:
-        return Walked(root, ())
+        return Walked(frozenset((root_type,)))
     met: set[type] = {root_type}
-    levels: list[tuple[int, frozenset[type]]] = []
     level = [tree]
     seen = 0
     get = _KIND.get
@@ -190,7 +207,6 @@ def walk_levels(tree: Any) -> Walked | None:
         refs = gc.get_referents(*level)
         types = frozenset(map(type, refs))
         met |= types
-        levels.append((len(refs), types))
         kinds = set(map(get, types))
         if None in kinds:
             level = [r for r in refs if _kind_of_value(r)]
@@ -201,7 +217,7 @@ def walk_levels(tree: Any) -> Walked | None:
         else:
             level = refs
         if not level:
-            return Walked(frozenset(met), tuple(levels))
+            return Walked(frozenset(met))
         seen += len(level)
         if seen > _MAX_VISITS:
             break
