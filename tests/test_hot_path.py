@@ -167,3 +167,15 @@ def test_a_cycle_is_refused_after_the_cache_was_filled() -> None:
     tree["more"].append(tree)
     with pytest.raises(tg.InvalidTreeError, match="contains itself"):
         tg.check(tree, spec)
+
+
+def test_a_deep_subtree_below_the_top_is_refused_after_the_cache_was_filled() -> None:
+    spec = _validated({"w": np.zeros(2), "more": [[[np.zeros(1)]]]})
+    deep: Any = np.zeros(1)
+    for _ in range(30_000):
+        deep = {"a": deep}
+    # the top two levels look validated; JAX's flatten_up_to fails deeper,
+    # where the repr of the deep subtree in its message cannot be built
+    with pytest.raises(tg.InvalidTreeError, match="nests more than 128 containers deep"):
+        tg.check({"w": np.zeros(2), "more": [[(deep,)]]}, spec)
+    tg.check({"w": np.ones(2), "more": [[[np.ones(1)]]]}, spec)  # still usable
