@@ -251,6 +251,7 @@ class TreeSpec:
     __slots__ = (
         "_avals",
         "_canon",
+        "_columns",
         "_has_sharding",
         "_leaves",
         "_paths",
@@ -266,11 +267,15 @@ class TreeSpec:
         records: Sequence[Record] | None,
         *,
         avals: Sequence[Any] | None = None,
+        columns: tuple[Sequence[Shape], Sequence[np.dtype[Any]]] | None = None,
         treedef: Any = None,
     ) -> None:
         self._root = root
         self._records: list[Record] | None = list(records) if records is not None else None
         self._avals = avals
+        # numpy leaves' shapes and dtypes (never weakly typed, no sharding),
+        # turned into records only when they are read
+        self._columns = columns
         self._treedef = treedef
         self._paths: list[Path] | None = None
         self._leaves: tuple[LeafSpec, ...] | None = None
@@ -278,7 +283,12 @@ class TreeSpec:
         self._validated: dict[Any, tuple[list[Any], list[Any]]] = {}
         self._canon: str | None = None
         self._has_sharding: bool | None = None
-        n = len(avals) if avals is not None else len(self._records or ())
+        if avals is not None:
+            n = len(avals)
+        elif columns is not None:
+            n = len(columns[0])
+        else:
+            n = len(self._records or ())
         if n != root.num_leaves:
             raise FormatError(f"spec has {n} leaf records for {root.num_leaves} leaves")
 
@@ -292,6 +302,9 @@ class TreeSpec:
     @property
     def records(self) -> list[Record]:
         """One ``(shape, dtype, weak_type, sharding)`` per leaf, in flatten order."""
+        if self._records is None and self._columns is not None:
+            shapes, dtypes = self._columns
+            self._records = list(zip(shapes, dtypes, repeat(False), repeat(None)))
         if self._records is None:
             assert self._avals is not None
             self._records = [
@@ -727,6 +740,9 @@ def spec_from_leaves(
             return TreeSpec(root, None, avals=avals, treedef=treedef)
     kinds = tuple(map(type, leaves))
     records: list[Record]
+    if kinds.count(np.ndarray) == len(kinds) and not dims:
+        columns = (tuple(map(_shape, leaves)), tuple(map(_dtype, leaves)))
+        return TreeSpec(root, None, columns=columns, treedef=treedef)
     if kinds.count(np.ndarray) == len(kinds):
         # numpy arrays carry no weak type and no sharding
         records = list(zip(map(_shape, leaves), map(_dtype, leaves), repeat(False), repeat(None)))
