@@ -140,19 +140,36 @@ def assert_acyclic(tree: Any) -> frozenset[type] | None:
         [1]: this list contains itself (a cycle back to <root>)
       hint: a pytree must be a tree; copy the shared container or break the cycle
     """
-    walked = walk_levels(tree)
-    return None if walked is None else walked.types
-
-
-@dataclasses.dataclass(frozen=True)
-class Walked:
-    """What ``assert_acyclic``'s walk saw of a tree.
-
-    Attributes:
-      types: every type met (containers, keys, static data and leaves).
-    """
-
-    types: frozenset[type]
+    root_type = type(tree)
+    kind = _KIND.get(root_type)
+    if kind is None:
+        kind = _classify(tree)
+    if not kind:
+        return frozenset((root_type,))
+    met: set[type] = {root_type}
+    level = [tree]
+    seen = 0
+    get = _KIND.get
+    for _ in range(_MAX_LEVELS):
+        refs = gc.get_referents(*level)
+        types = frozenset(map(type, refs))
+        met |= types
+        kinds = set(map(get, types))
+        if None in kinds:
+            level = [r for r in refs if _kind_of_value(r)]
+        elif 1 not in kinds:
+            level = []
+        elif 0 in kinds:
+            level = list(compress(refs, map(get, map(type, refs))))
+        else:
+            level = refs
+        if not level:
+            return frozenset(met)
+        seen += len(level)
+        if seen > _MAX_VISITS:
+            break
+    _exact_check(tree)
+    return None
 
 
 #: How many levels ``top_levels`` looks at.
@@ -184,45 +201,6 @@ def top_levels(tree: Any) -> tuple[Any, ...]:
             break
         level = refs if kinds == {1} else [r for r in refs if get(type(r)) != 0]
     return tuple(out)
-
-
-def walk_levels(tree: Any) -> Walked | None:
-    """``assert_acyclic``, returning what the walk saw, or None when it had
-    to walk exactly.
-
-    Raises:
-      InvalidTreeError: as ``assert_acyclic``.
-    """
-    root_type = type(tree)
-    kind = _KIND.get(root_type)
-    if kind is None:
-        kind = _classify(tree)
-    if not kind:
-        return Walked(frozenset((root_type,)))
-    met: set[type] = {root_type}
-    level = [tree]
-    seen = 0
-    get = _KIND.get
-    for _ in range(_MAX_LEVELS):
-        refs = gc.get_referents(*level)
-        types = frozenset(map(type, refs))
-        met |= types
-        kinds = set(map(get, types))
-        if None in kinds:
-            level = [r for r in refs if _kind_of_value(r)]
-        elif 1 not in kinds:
-            level = []
-        elif 0 in kinds:
-            level = list(compress(refs, map(get, map(type, refs))))
-        else:
-            level = refs
-        if not level:
-            return Walked(frozenset(met))
-        seen += len(level)
-        if seen > _MAX_VISITS:
-            break
-    _exact_check(tree)
-    return None
 
 
 #: 1 for a type whose instances are containers to walk, 0 for leaves; filled
