@@ -393,7 +393,7 @@ def test_spec_from_file_reads_checkpoints_specs_and_foreign_safetensors(tmp_path
     foreign = tmp_path / "f.safetensors"
     safetensors.numpy.save_file({"model.w": np.ones((2, 2), np.float16)}, str(foreign))
     assert spec_from_file(foreign) == spec_of({"model.w": LeafSpec((2, 2), "float16")})
-    with pytest.raises(FormatError, match="without treeguard metadata"):
+    with pytest.raises(FormatError, match="treeguard did not write: it holds no hashes"):
         load(foreign)
 
 

@@ -25,6 +25,7 @@ from ._src.errors import TracedValueError as TracedValueError
 from ._src.errors import TreeguardError as TreeguardError
 from ._src.errors import TreeMismatchError as TreeMismatchError
 from ._src.errors import UnknownVersionError as UnknownVersionError
+from ._src.errors import UnverifiedWeightsWarning as UnverifiedWeightsWarning
 from ._src.errors import VerificationError as VerificationError
 from ._src.mismatch import Mismatch as Mismatch
 from ._src.nonfinite import count_nonfinite as count_nonfinite
@@ -66,6 +67,7 @@ __all__ = [
     "TreeSpec",
     "TreeguardError",
     "UnknownVersionError",
+    "UnverifiedWeightsWarning",
     "Updater",
     "VerificationError",
     "apply_updates",
