@@ -5,8 +5,11 @@ promoted dtype, a changed checkpoint) becomes one typed error that lists every
 difference by key path.
 """
 
+from ._src.checkpoint import ForeignHeader as ForeignHeader
 from ._src.checkpoint import Header as Header
+from ._src.checkpoint import import_weights as import_weights
 from ._src.checkpoint import load as load
+from ._src.checkpoint import read_foreign as read_foreign
 from ._src.checkpoint import read_header as read_header
 from ._src.checkpoint import save as save
 from ._src.checkpoint import verify_file as verify_file
@@ -51,6 +54,7 @@ __all__ = [
     "ArtifactStore",
     "Cast",
     "ConfigError",
+    "ForeignHeader",
     "FormatError",
     "Header",
     "IntegrityError",
@@ -75,10 +79,12 @@ __all__ = [
     "count_nonfinite",
     "environment",
     "find_nonfinite",
+    "import_weights",
     "load",
     "load_sharded",
     "mismatches",
     "optax_step",
+    "read_foreign",
     "read_header",
     "save",
     "save_sharded",

@@ -660,3 +660,28 @@ def build(m: _Match, arrays: dict[str, np.ndarray[Any, Any]]) -> Any:
         except InvalidTreeError:  # a spec read from JSON with custom nodes: plain containers
             return _plain(m.like_spec.structure, iter(out))
     return jax.tree.unflatten(treedef, out)
+
+
+def read_foreign_header(path: str | os.PathLike[str], /) -> ForeignHeader | None:
+    """The validated header of a foreign safetensors file; None for a treeguard
+    checkpoint or a file whose header is not safetensors JSON at all.
+
+    Raises:
+      FormatError: for a foreign header that does not describe its file.
+    """
+    from .files import open_checkpoint, read_raw_header
+
+    try:
+        fd, name = open_checkpoint(path)
+    except (FormatError, OSError):
+        return None
+    try:
+        try:
+            doc, header_bytes, size = read_raw_header(fd, name)
+        except FormatError:
+            return None
+        if not is_foreign(doc):
+            return None
+        return foreign_header(doc, header_bytes, size, name)
+    finally:
+        os.close(fd)
