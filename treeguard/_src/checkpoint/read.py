@@ -22,6 +22,7 @@ import numpy as np
 
 from ..diff import mismatches
 from ..errors import FormatError, IntegrityError, InvalidTreeError, TreeMismatchError, cap_lines
+from ..keydtype import is_key_dtype, wrap_keys
 from ..mismatch import Mismatch
 from ..paths import keystr
 from ..spec import TreeSpec, spec_of
@@ -179,10 +180,11 @@ def _read_tensors(
                 progress(done, total)
     if bad:
         raise _integrity_error(header.path, bad)
-    return {
-        t.name: base[off : off + t.nbytes].view(t.dtype).reshape(t.shape)
-        for t, off in zip(todo, offsets)
-    }
+    out: dict[str, Any] = {}
+    for t, off in zip(todo, offsets):
+        arr = base[off : off + t.nbytes].view(t.dtype).reshape(t.shape)
+        out[t.name] = wrap_keys(arr) if is_key_dtype(t.dtype) else arr
+    return out
 
 
 def _buffer(nbytes: int) -> np.ndarray[Any, Any]:
