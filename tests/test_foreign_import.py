@@ -171,6 +171,14 @@ def test_npz_refusals(tmp_path: Path) -> None:
     lie = _zip(tmp_path / "l.npz", {"w.npy": buf.getvalue() + bytes(16)})
     with pytest.raises(tg.FormatError, match="needs 4,000,000,000,000 bytes, the member holds 16"):
         tg.read_foreign(lie)
+    # A member whose size in the central directory exceeds the whole archive.
+    stored = _zip(tmp_path / "z.npz", {"w.npy": _npy(np.zeros(4, np.float32))})
+    raw = bytearray(stored.read_bytes())
+    cd = raw.rindex(b"PK\x01\x02")
+    raw[cd + 24 : cd + 28] = (1 << 31).to_bytes(4, "little")
+    stored.write_bytes(bytes(raw))
+    with pytest.raises(tg.FormatError, match="claims 2,147,483,648 bytes"):
+        tg.read_foreign(stored)
     big = _npy(np.zeros(4, np.float32)).replace(b"(4,)", b"(9,)")
     with pytest.raises(tg.FormatError, match="needs 36 bytes, the member holds 16"):
         tg.read_foreign(_zip(tmp_path / "b.npz", {"w.npy": big}))

@@ -49,7 +49,7 @@ import numpy as np
 from ..errors import FormatError, IntegrityError
 from ..keydtype import impl_of, is_key_dtype
 from ..paths import keystr, parse
-from ..spec import LeafSpec, TreeSpec, dtype_of, spec_of, summarize
+from ..spec import TreeSpec, summarize
 from ..strictjson import loads
 
 FORMAT = "treeguard.checkpoint/1"
@@ -469,22 +469,3 @@ def _tensor_info(  # noqa: PLR0917 - one call site, every argument needed
     if not isinstance(digest, str) or not _HEX_RE.match(digest):
         raise bad(f"no valid {HASH_NAME} digest in {K_HASHES}")
     return TensorInfo(leaf_name, tuple(shape), dtype, want_dtype, begin, end, digest)
-
-
-def foreign_spec(doc: dict[str, Any], name: str) -> TreeSpec:
-    """A flat dict spec for a safetensors file written by another tool."""
-    leaves: dict[str, LeafSpec] = {}
-    for tensor, entry in doc.items():
-        if tensor == "__metadata__":
-            continue
-        where = f"tensor {tensor[:200]!r}"
-        if not isinstance(entry, dict):
-            raise FormatError(f"{where}: entry is not a JSON object", context=name)
-        st = entry.get("dtype")
-        if not isinstance(st, str) or st not in FOREIGN:
-            raise FormatError(f"{where}: unknown dtype {st!r}", context=name)
-        shape = entry.get("shape")
-        if not isinstance(shape, list) or not all(_ok_int(d, 2**62) for d in shape):
-            raise FormatError(f"{where}: bad shape {shape!r}", context=name)
-        leaves[tensor] = LeafSpec(tuple(shape), dtype_of(FOREIGN[st]))
-    return spec_of(leaves)

@@ -42,7 +42,6 @@ from .format import (
     MAX_HEADER_BYTES,
     Header,
     TensorInfo,
-    foreign_spec,
     header_from_doc,
 )
 from .migrate import migrate
@@ -393,6 +392,15 @@ def load(
       treeguard.TreeMismatchError: ...: 1 mismatch between the checkpoint and `like`:
         ['dense2']['w']: shape (3, 2) in `like`, (3, 1) in the checkpoint
       hint: ...
+
+      A safetensors file another tool wrote, matched by dotted names:
+
+      >>> import numpy as np, safetensors.numpy
+      >>> hf = os.path.join(os.path.dirname(path), "hf.safetensors")
+      >>> safetensors.numpy.save_file({"dense2.w": np.ones((3, 1), np.float32)}, hf)
+      >>> like = {"dense2": {"w": jnp.zeros((3, 1))}}
+      >>> load(hf, like=like, names="dotted", unverified="allow")["dense2"]["w"].shape
+      (3, 1)
     """
     if (rename or allow_missing) and like is None:
         raise ValueError("rename and allow_missing need `like`, the tree to migrate into")
@@ -542,7 +550,7 @@ def spec_reader(path: str | os.PathLike[str], /) -> TreeSpec | None:
         meta = doc.get("__metadata__")
         if isinstance(meta, dict) and K_FORMAT in meta:
             return header_from_doc(doc, header_bytes, size, name).spec
-        return foreign_spec(doc, name)
+        return foreign_header(doc, header_bytes, size, name).spec
     finally:
         os.close(fd)
 
