@@ -12,6 +12,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 import safetensors.numpy
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import treeguard as tg
 
@@ -306,3 +308,62 @@ def test_nesting_refusals(tmp_path: Path) -> None:
     safetensors.numpy.save_file({".".join(["x"] * 200): np.zeros(1)}, str(path))
     with pytest.raises(tg.FormatError, match="200 levels deep"):
         tg.load(path, names="dotted", unverified="allow")
+
+
+# -- every truncation and flips of the real file's header ------------------------------------
+
+
+def test_truncated_and_flipped_headers_of_the_real_file(tmp_path: Path) -> None:
+    raw = CHESS.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    like = _chess_like()
+    path = tmp_path / "x.safetensors"
+    rng = np.random.default_rng(0)
+    cuts = [*range(0, 16), *rng.choice(range(16, 8 + n + 2), size=80, replace=False)]
+    for cut in [*cuts, 8 + n, 8 + n + 1, len(raw) - 1]:
+        path.write_bytes(raw[:cut])
+        with pytest.raises(tg.FormatError):
+            tg.load(path, like=like, names="dotted", unverified="allow")
+    for pos in rng.choice(8 + n, size=120, replace=False):
+        flipped = bytearray(raw)
+        flipped[pos] ^= 1 << int(rng.integers(8))
+        path.write_bytes(bytes(flipped))
+        try:
+            out = tg.load(path, like=like, names="dotted", unverified="allow")
+        except (tg.FormatError, tg.TreeMismatchError):
+            continue
+        # A flip that still parses (whitespace, a name's letter) leaves a consistent file.
+        assert tg.spec_of(out) == tg.spec_of(like)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.dictionaries(
+        st.text(
+            st.characters(blacklist_characters="./", blacklist_categories=["Cs"]),
+            min_size=1,
+            max_size=6,
+        ),
+        st.dictionaries(
+            st.text("abc_0123456789", min_size=1, max_size=4),
+            st.integers(0, 3),
+            min_size=1,
+            max_size=3,
+        ),
+        min_size=1,
+        max_size=4,
+    )
+)
+def test_dotted_names_nest_back(tree: dict[str, dict[str, int]]) -> None:
+    import tempfile
+
+    flat = {
+        f"{a}.{b}": np.full(size, 1, np.float32)
+        for a, inner in tree.items()
+        for b, size in inner.items()
+    }
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "p.safetensors"
+        safetensors.numpy.save_file(flat, str(path))
+        out = tg.read_foreign(path)
+    assert {a: {b: v.shape[0] for b, v in inner.items()} for a, inner in out.items()} == tree
