@@ -367,3 +367,12 @@ def test_dotted_names_nest_back(tree: dict[str, dict[str, int]]) -> None:
         safetensors.numpy.save_file(flat, str(path))
         out = tg.read_foreign(path)
     assert {a: {b: v.shape[0] for b, v in inner.items()} for a, inner in out.items()} == tree
+
+
+def test_extra_tensors_are_unexpected(tmp_path: Path) -> None:
+    path, _ = _hf(tmp_path)
+    like = _hf_like()
+    del like["head"]
+    with pytest.raises(tg.TreeMismatchError, match="no leaf of `like` reads") as e:
+        tg.load(path, like=like, names="dotted", unverified="allow")
+    assert [(m.path, m.kind) for m in e.value.mismatches] == [("'head.scale'", "unexpected")]

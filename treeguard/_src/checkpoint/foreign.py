@@ -421,19 +421,15 @@ def _style(tensors: Collection[str]) -> str | None:
 def _near_misses(
     missing: list[tuple[str, str]], unexpected: list[str], names: NamingRule
 ) -> str | None:
-    """The hint: near-miss names, or the rule the file's names seem written with."""
-    style = _style(unexpected)
-    if (
-        unexpected
-        and not callable(names)
-        and style is not None
-        and style != names
-        and (len(missing) >= len(unexpected) // 2 or not missing)
-    ):
+    """The hint: the rule the file's names seem written with, or near-miss names."""
+    if missing and unexpected and not callable(names):
+        style = _style(unexpected)
+        if style is not None and style != names and len(missing) * 2 >= len(unexpected):
+            return f"the file's names look {style} ({unexpected[0][:80]!r}); pass names={style!r}"
+    if unexpected and not missing:
         return (
-            f"the file's names look {style} ({unexpected[0][:80]!r}); pass names={style!r}"
-            if missing
-            else None
+            "the file holds tensors no leaf of `like` reads; every tensor must be accounted "
+            "for, so add leaves for them to `like`"
         )
     tips = []
     for path, wanted in missing:
