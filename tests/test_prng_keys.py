@@ -155,3 +155,16 @@ def test_key_of_a_custom_impl_refused_on_save(tmp_path: Path) -> None:
     with pytest.raises(tg.InvalidTreeError, match=r"\['k'\]: typed PRNG key array of unknown"):
         tg.save(tmp_path / "w.safetensors", {"k": jax.random.key(0, impl=impl)})
     assert not (tmp_path / "w.safetensors").exists()
+
+
+def test_the_impl_table_matches_jax() -> None:
+    """treeguard's table of key implementations is JAX's: fails loudly if JAX renames one."""
+    from treeguard._src.keydtype import IMPLS, KEY_DTYPES
+
+    for tag, (impl, key_shape) in IMPLS.items():
+        key = jax.random.key(0, impl=impl)
+        assert key.dtype.name == f"key<{tag}>"
+        assert str(jax.random.key_impl(key)) == impl
+        assert jax.random.key_data(key).shape == key_shape
+        assert jax.random.key_data(key).dtype == np.uint32
+        assert KEY_DTYPES[f"key<{tag}>"].itemsize == 4 * int(np.prod(key_shape))
