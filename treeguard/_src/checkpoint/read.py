@@ -29,7 +29,6 @@ from ..spec import TreeSpec, spec_of
 from ..walk import Node, flatten
 from .files import open_checkpoint, pread_into, read_raw_header
 from .foreign import (
-    NamingRule,
     Unverified,
     check_unverified,
     foreign_header,
@@ -45,6 +44,7 @@ from .format import (
     header_from_doc,
 )
 from .migrate import migrate
+from .names import NamingRule
 
 _THREADS = "treeguard-hash"
 _CHUNK = 16 * 1024 * 1024

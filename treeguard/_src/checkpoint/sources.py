@@ -40,16 +40,14 @@ from .files import read_raw_header
 from .foreign import (
     ForeignHeader,
     ForeignTensor,
-    NamingRule,
     build,
     foreign_header,
     is_foreign,
     match,
-    namer,
-    nest,
     read_tensors,
 )
 from .format import ALLOWED_DTYPES, MAX_HEADER_BYTES
+from .names import NamingRule, namer, nest
 
 SourceKind = Literal["safetensors", "treeguard", "npz", "msgpack", "orbax"]
 
