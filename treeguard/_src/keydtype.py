@@ -77,13 +77,22 @@ def key_dtype_or_none(x: Any) -> np.dtype[Any] | None:
     """The contract dtype if ``x`` names or is a typed key dtype, else None.
 
     Raises:
-      FormatError: for a ``key<...>`` name or JAX key dtype of no known implementation.
+      FormatError: for a ``key<...>`` name (read from a file or spec) of no
+        known implementation.
+      TypeError: for a JAX key dtype of a custom implementation.
     """
     if isinstance(x, np.dtype):
         return x if is_key_dtype(x) else None
-    name = x if isinstance(x, str) else getattr(x, "name", None)
-    if isinstance(name, str) and name.startswith("key<") and (isinstance(x, str) or _is_jax_key(x)):
-        return key_dtype(name)
+    if isinstance(x, str):
+        return key_dtype(x) if x.startswith("key<") else None
+    name = getattr(x, "name", None)
+    if isinstance(name, str) and name.startswith("key<") and _is_jax_key(x):
+        if name not in KEY_DTYPES:  # a live key of a custom implementation
+            raise TypeError(
+                f"typed PRNG keys of dtype {name[:40]} (a custom implementation) have no "
+                "contract dtype; use jax.random.key_data(key) for their raw data"
+            )
+        return KEY_DTYPES[name]
     return None
 
 

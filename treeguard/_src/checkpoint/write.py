@@ -21,8 +21,8 @@ import numpy as np
 
 from ..atomic import atomic_write, remove_stale_temps, write_all
 from ..env import environment
-from ..errors import FormatError, InvalidTreeError
-from ..keydtype import is_key_dtype, key_data, key_dtype_or_none
+from ..errors import InvalidTreeError
+from ..keydtype import KEY_DTYPES, is_key_dtype, key_data
 from ..paths import has_surrogate, keystr, short_repr
 from ..spec import Record, TreeSpec, spec_of, summarize
 from ..strictjson import MAX_DEPTH, MAX_INT_DIGITS
@@ -56,10 +56,7 @@ def _is_key_array(x: Any) -> bool:
 
 
 def _known_key(x: Any) -> bool:
-    try:
-        return key_dtype_or_none(x.dtype) is not None
-    except FormatError:
-        return False
+    return getattr(x.dtype, "name", None) in KEY_DTYPES
 
 
 def _leaf_problem(x: Any, record: Record) -> str | None:
