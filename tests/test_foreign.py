@@ -90,8 +90,10 @@ def test_real_file_refused_by_default_then_loaded_by_name() -> None:
 def test_warn_mode_names_the_file_and_allow_is_silent() -> None:
     with pytest.warns(tg.UnverifiedWeightsWarning, match="chess_cv_pieces.safetensors") as rec:
         tg.load(CHESS, like=_chess_like(), names="dotted", unverified="warn")
-    assert rec[0].filename == __file__  # points at the caller's line
-    assert "hash" in str(rec[0].message)
+    ours = [w for w in rec if issubclass(w.category, tg.UnverifiedWeightsWarning)]
+    assert len(ours) == 1
+    assert ours[0].filename == __file__  # points at the caller's line
+    assert "hash" in str(ours[0].message)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         tg.load(CHESS, like=_chess_like(), names="dotted", unverified="allow")
@@ -173,7 +175,7 @@ def test_mismatch_before_any_read(tmp_path: Path) -> None:
     before = _bytes_read()
     with pytest.raises(tg.TreeMismatchError, match="shape"):
         tg.load(path, like=like, names="flat", unverified="allow")
-    assert _bytes_read() - before < 1 << 20
+    assert _bytes_read() - before < n  # a quarter of the data: other threads may read a little
     like["b"] = np.zeros(2, np.float32)
     before = _bytes_read()
     tg.load(path, like=like, names="flat", unverified="allow")
