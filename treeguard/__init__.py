@@ -5,8 +5,11 @@ promoted dtype, a changed checkpoint) becomes one typed error that lists every
 difference by key path.
 """
 
+from ._src.checkpoint import ForeignHeader as ForeignHeader
 from ._src.checkpoint import Header as Header
+from ._src.checkpoint import import_weights as import_weights
 from ._src.checkpoint import load as load
+from ._src.checkpoint import read_foreign as read_foreign
 from ._src.checkpoint import read_header as read_header
 from ._src.checkpoint import save as save
 from ._src.checkpoint import verify_file as verify_file
@@ -25,6 +28,7 @@ from ._src.errors import TracedValueError as TracedValueError
 from ._src.errors import TreeguardError as TreeguardError
 from ._src.errors import TreeMismatchError as TreeMismatchError
 from ._src.errors import UnknownVersionError as UnknownVersionError
+from ._src.errors import UnverifiedWeightsWarning as UnverifiedWeightsWarning
 from ._src.errors import VerificationError as VerificationError
 from ._src.mismatch import Mismatch as Mismatch
 from ._src.nonfinite import count_nonfinite as count_nonfinite
@@ -50,6 +54,7 @@ __all__ = [
     "ArtifactStore",
     "Cast",
     "ConfigError",
+    "ForeignHeader",
     "FormatError",
     "Header",
     "IntegrityError",
@@ -66,6 +71,7 @@ __all__ = [
     "TreeSpec",
     "TreeguardError",
     "UnknownVersionError",
+    "UnverifiedWeightsWarning",
     "Updater",
     "VerificationError",
     "apply_updates",
@@ -73,10 +79,12 @@ __all__ = [
     "count_nonfinite",
     "environment",
     "find_nonfinite",
+    "import_weights",
     "load",
     "load_sharded",
     "mismatches",
     "optax_step",
+    "read_foreign",
     "read_header",
     "save",
     "save_sharded",

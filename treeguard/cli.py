@@ -187,6 +187,7 @@ def _register_optional_commands() -> None:
     from .cli_bench import bench
     from .cli_ckpt import ckpt, store
     from .cli_diagnose import diagnose
+    from .cli_import import import_command
     from .cli_serve import serve
     from .cli_verify import verify as verify_command
 
@@ -197,6 +198,7 @@ def _register_optional_commands() -> None:
     main.add_command(diagnose)
     main.add_command(serve)
     main.add_command(bench)
+    main.add_command(import_command)
 
 
 _register_optional_commands()
