@@ -348,11 +348,6 @@ def test_failed_save_leaves_previous_file_and_no_temp(tmp_path: Path) -> None:
     assert sorted(os.listdir(tmp_path)) == ["p.safetensors"]
 
 
-def test_typed_prng_keys_are_refused_with_a_hint(tmp_path: Path) -> None:
-    with pytest.raises(InvalidTreeError, match=r"(?s)\[.key.\]: typed PRNG key.*key_data"):
-        save(tmp_path / "k.safetensors", {"key": jax.random.key(0), "w": jnp.ones(1)})
-
-
 def test_stale_temps_of_dead_savers_are_removed(tmp_path: Path) -> None:
     dead = subprocess.run(
         [sys.executable, "-c", "import os; print(os.getpid())"],
@@ -393,7 +388,7 @@ def test_spec_from_file_reads_checkpoints_specs_and_foreign_safetensors(tmp_path
     foreign = tmp_path / "f.safetensors"
     safetensors.numpy.save_file({"model.w": np.ones((2, 2), np.float16)}, str(foreign))
     assert spec_from_file(foreign) == spec_of({"model.w": LeafSpec((2, 2), "float16")})
-    with pytest.raises(FormatError, match="without treeguard metadata"):
+    with pytest.raises(FormatError, match="treeguard did not write: it holds no hashes"):
         load(foreign)
 
 

@@ -13,8 +13,11 @@ import importlib as _importlib
 import typing as _typing
 
 if _typing.TYPE_CHECKING:
+    from ._src.checkpoint import ForeignHeader as ForeignHeader
     from ._src.checkpoint import Header as Header
+    from ._src.checkpoint import import_weights as import_weights
     from ._src.checkpoint import load as load
+    from ._src.checkpoint import read_foreign as read_foreign
     from ._src.checkpoint import read_header as read_header
     from ._src.checkpoint import save as save
     from ._src.checkpoint import verify_file as verify_file
@@ -33,6 +36,7 @@ if _typing.TYPE_CHECKING:
     from ._src.errors import TreeguardError as TreeguardError
     from ._src.errors import TreeMismatchError as TreeMismatchError
     from ._src.errors import UnknownVersionError as UnknownVersionError
+    from ._src.errors import UnverifiedWeightsWarning as UnverifiedWeightsWarning
     from ._src.errors import VerificationError as VerificationError
     from ._src.mismatch import Mismatch as Mismatch
     from ._src.nonfinite import count_nonfinite as count_nonfinite
@@ -59,6 +63,7 @@ _EXPORTS: dict[str, str] = {
     "ArtifactStore": "._src.store",
     "Cast": "._src.step",
     "ConfigError": "._src.errors",
+    "ForeignHeader": "._src.checkpoint",
     "FormatError": "._src.errors",
     "Header": "._src.checkpoint",
     "IntegrityError": "._src.errors",
@@ -75,6 +80,7 @@ _EXPORTS: dict[str, str] = {
     "TreeSpec": "._src.spec",
     "TreeguardError": "._src.errors",
     "UnknownVersionError": "._src.errors",
+    "UnverifiedWeightsWarning": "._src.errors",
     "Updater": "._src.update",
     "VerificationError": "._src.errors",
     "apply_updates": "._src.update",
@@ -82,10 +88,12 @@ _EXPORTS: dict[str, str] = {
     "count_nonfinite": "._src.nonfinite",
     "environment": "._src.env",
     "find_nonfinite": "._src.nonfinite",
+    "import_weights": "._src.checkpoint",
     "load": "._src.checkpoint",
     "load_sharded": "._src.sharded.load",
     "mismatches": "._src.diff",
     "optax_step": "._src.optimizer",
+    "read_foreign": "._src.checkpoint",
     "read_header": "._src.checkpoint",
     "save": "._src.checkpoint",
     "save_sharded": "._src.sharded.save",
@@ -116,6 +124,7 @@ __all__ = [
     "ArtifactStore",
     "Cast",
     "ConfigError",
+    "ForeignHeader",
     "FormatError",
     "Header",
     "IntegrityError",
@@ -132,6 +141,7 @@ __all__ = [
     "TreeSpec",
     "TreeguardError",
     "UnknownVersionError",
+    "UnverifiedWeightsWarning",
     "Updater",
     "VerificationError",
     "apply_updates",
@@ -139,10 +149,12 @@ __all__ = [
     "count_nonfinite",
     "environment",
     "find_nonfinite",
+    "import_weights",
     "load",
     "load_sharded",
     "mismatches",
     "optax_step",
+    "read_foreign",
     "read_header",
     "save",
     "save_sharded",

@@ -167,6 +167,7 @@ class _LazyGroup(click.Group):
         "bench": ".cli_bench:bench",
         "ckpt": ".cli_ckpt:ckpt",
         "diagnose": ".cli_diagnose:diagnose",
+        "import": ".cli_import:import_command",
         "serve": ".cli_serve:serve",
         "store": ".cli_ckpt:store",
         "verify": ".cli_verify:verify",

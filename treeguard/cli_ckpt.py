@@ -31,6 +31,7 @@ from ._src.errors import (
 from ._src.spec import TreeSpec
 from ._src.store import ArtifactStore, RetentionPolicy
 from .cli import console
+from .cli_import import foreign_or_none, inspect_foreign, verify_foreign
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 #: Files smaller than this verify too fast for a progress bar to help.
@@ -141,6 +142,10 @@ def inspect_command(file: Path, as_json: bool) -> None:
     if file.is_dir():
         _sharded(file, as_json=as_json)
         return
+    foreign = foreign_or_none(file)
+    if foreign is not None:  # another tool's safetensors file: its tensors, and what it lacks
+        inspect_foreign(foreign, as_json=as_json)
+        return
     h = _read_header_or_exit(file)
     if as_json:
         click.echo(json.dumps(_header_json(h), indent=1, ensure_ascii=False))
@@ -201,12 +206,19 @@ def verify_command(file: Path, like: Path | None) -> None:
     """Check FILE's header, every tensor's hash and (with --like) its contract.
 
     FILE may also be a sharded checkpoint directory: every shard's sha256 is
-    checked, reading the whole checkpoint in this process.
+    checked, reading the whole checkpoint in this process. A safetensors file
+    another tool wrote has no hashes and no contract: its header's structure
+    is checked, the report says what could not be, and the exit code is 3
+    (not 0, so `verify FILE && deploy FILE` stops); `treeguard import` makes
+    a checkpoint of it that verifies.
     """
     spec = _read_like(like)
     if file.is_dir():
         _sharded(file, verify=True, like=spec, like_name=str(like))
         return
+    foreign = foreign_or_none(file)
+    if foreign is not None:
+        verify_foreign(foreign, like=like)
     h = _read_header_or_exit(file)
     try:
         with _progress("verifying", h.data_bytes) as progress:

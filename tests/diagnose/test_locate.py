@@ -193,7 +193,7 @@ def test_an_unknown_candidate_is_refused_with_the_choices() -> None:
     with pytest.raises(DiagnosisError) as e:
         locate(model_fn, X, candidate="fast")
     assert str(e.value).startswith(
-        "unknown candidate 'fast'; hint: one of jit, vmap, jit+vmap, grad, jit+grad, a matmul "
+        "unknown candidate 'fast'\nhint: one of jit, vmap, jit+vmap, grad, jit+grad, a matmul "
         "precision (default, high, highest, bfloat16, tensorfloat32, float32)"
     )
 

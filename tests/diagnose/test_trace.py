@@ -61,7 +61,7 @@ def test_a_checkpoint_that_is_no_trace_is_refused(tmp_path: Path) -> None:
         load_trace(tmp_path / "params.safetensors")
     assert str(e.value).endswith(
         "is a checkpoint but not a recorded trace (format None, expected "
-        "'treeguard.diagnose-trace/1'); hint: record one with "
+        "'treeguard.diagnose-trace/1')\nhint: record one with "
         "`treeguard diagnose MODULE:ATTR --record PATH`"
     )
 

@@ -180,7 +180,7 @@ BAD = [
     (
         json.dumps(request(1, name="secret_name")).encode(),
         422,
-        "inputs[0] has an unknown name; hint: the inputs are ['x']",
+        "inputs[0] has an unknown name\nhint: the inputs are ['x']",
     ),
     (json.dumps({"inputs": request(1)["inputs"] * 2}).encode(), 422, "input ['x'] is given twice"),
     (

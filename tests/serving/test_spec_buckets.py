@@ -58,7 +58,7 @@ def _doc(**change):
         (
             _doc(overflow="truncate"),
             ConfigError,
-            "overflow is 'truncate'; hint: one of reject, split",
+            "overflow is 'truncate'\nhint: one of reject, split",
         ),
         (_doc(compile_policy="maybe"), ConfigError, "hint: one of forbid, warn, allow"),
         (_doc(limits={"max_rows": -1}), ConfigError, "limits.max_rows is -1"),

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from .errors import TreeMismatchError
+from .keydtype import dtype_name
 from .mismatch import Mismatch
 from .paths import Path, keystr
 from .spec import Record, TreeSpec, record_of, spec_from_leaves, spec_of, summarize
@@ -169,7 +170,7 @@ class _Differ:
         e_shape, e_dtype, e_weak, e_sh = e
         self.shape(a_shape, e_shape, path)
         if a_dtype != e_dtype:
-            self.add(path, "dtype", e_dtype.name, a_dtype.name)
+            self.add(path, "dtype", dtype_name(e_dtype), dtype_name(a_dtype))
         if a_weak is not None and e_weak is not None and a_weak != e_weak:
             self.add(path, "weak_type", e_weak, a_weak)
         if a_sh is not None and e_sh is not None and a_sh != e_sh:

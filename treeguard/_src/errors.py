@@ -21,6 +21,8 @@ existing ``except ValueError`` keeps working)::
         ├── UnknownVersionError [LookupError]      no such version
         └── SignatureError                         a verdict unsigned or wrongly signed
 
+    UnverifiedWeightsWarning   [UserWarning]       weights loaded that no hash checked
+
 A message is rendered from the error's fields, never edited as a string:
 ``context`` (where: a file, a version), the message itself, and ``hint`` (the
 likely fix), always as a last line ``hint: ...``. Each class carries the exit
@@ -344,6 +346,27 @@ class MachineMismatchError(BenchError):
         )
 
 
+class UnverifiedWeightsWarning(UserWarning):
+    """Weights were loaded from a file that holds no hashes (a safetensors file
+    treeguard did not write), so nothing checked that its bytes are the ones
+    meant. Emitted by ``load(..., unverified="warn")``; ``unverified="allow"``
+    loads such a file without it, and the default refuses the file.
+
+    Attributes:
+      file: the file the weights came from.
+    """
+
+    def __init__(self, file: str) -> None:
+        self.file = file
+        super().__init__(
+            f"{file}: loaded without any hash check: the file holds no hashes and no "
+            "contract (a safetensors file treeguard did not write); only its header's "
+            "structure and the names, shapes and dtypes were checked\n"
+            'hint: pass unverified="allow" to load it on purpose without this warning, or '
+            "turn it into a hashed checkpoint once with `treeguard import SRC DST`"
+        )
+
+
 #: The public classes, shown as ``treeguard.X`` in tracebacks.
 PUBLIC = (
     TreeguardError,
@@ -363,6 +386,7 @@ PUBLIC = (
     InvalidRequestError,
     BenchError,
     MachineMismatchError,
+    UnverifiedWeightsWarning,
 )
 for _cls in PUBLIC:
     _cls.__module__ = "treeguard"

@@ -146,6 +146,12 @@ def hint_for(
     if renames:
         return " ".join(renames[:3])
     kinds = {m.kind for m in found}
+    if any(m.kind == "dtype" and "key<" in f"{m.expected} {m.actual}" for m in found):
+        return (
+            "typed PRNG keys (key<fry>...) and raw key data (uint32, one more axis) differ: "
+            "wrap raw data with jax.random.wrap_key_data(data, impl=...), or unwrap typed "
+            "keys with jax.random.key_data(key), where the tree is built"
+        )
     if "dtype" in kinds:
         return "cast on purpose before comparing, or fix the dtype where the tree is built"
     if "shape" in kinds:

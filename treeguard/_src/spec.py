@@ -21,6 +21,7 @@ import numpy as np
 
 from .atomic import atomic_write
 from .errors import FormatError, InvalidTreeError
+from .keydtype import array_dtype, dtype_name, key_dtype_or_none
 from .paths import Entry, Path, keystr, short_repr
 from .strictjson import loads as strict_loads
 from .walk import (
@@ -62,6 +63,9 @@ def dtype_of(x: Any) -> np.dtype[Any]:
     """
     if x is None:
         raise FormatError("no dtype given")
+    key = key_dtype_or_none(x)  # typed PRNG keys: ``key<fry>`` (see keydtype.py)
+    if key is not None:
+        return key
     try:
         dtype: np.dtype[Any] = x if isinstance(x, np.dtype) else _np_dtype(x)
     except (TypeError, ValueError) as e:
@@ -100,7 +104,7 @@ def short_dtype(dtype: np.dtype[Any]) -> str:
       >>> short_dtype(np.dtype("float32")), short_dtype(dtype_of("bfloat16"))
       ('f32', 'bf16')
     """
-    name = dtype.name
+    name = dtype_name(dtype)
     if name == "bool":
         return "bool"
     if name == "bfloat16":
@@ -222,11 +226,11 @@ def record_of(x: Any, with_sharding: bool = False) -> Record:
     sharding = describe_sharding(x) if with_sharding else None
     aval = getattr(x, "aval", None)
     if aval is not None and hasattr(aval, "shape"):
-        return (tuple(aval.shape), np.dtype(aval.dtype), bool(aval.weak_type), sharding)
+        return (tuple(aval.shape), array_dtype(aval.dtype), bool(aval.weak_type), sharding)
     import jax
 
     if isinstance(x, jax.ShapeDtypeStruct):
-        return (tuple(x.shape), np.dtype(x.dtype), bool(x.weak_type), sharding)
+        return (tuple(x.shape), array_dtype(x.dtype), bool(x.weak_type), sharding)
     if isinstance(x, (bool, int, float, complex)):
         return _scalar_record(x)
     raise TypeError(f"leaf of type {type(x).__name__} is not an array")
@@ -308,7 +312,7 @@ class TreeSpec:
         if self._records is None:
             assert self._avals is not None
             self._records = [
-                (tuple(a.shape), np.dtype(a.dtype), bool(a.weak_type), None) for a in self._avals
+                (tuple(a.shape), array_dtype(a.dtype), bool(a.weak_type), None) for a in self._avals
             ]
         return self._records
 
@@ -795,7 +799,7 @@ def _node_to_dict(node: Node, records: Iterable[Record], path: Path) -> dict[str
         out: dict[str, Any] = {
             "kind": "leaf",
             "shape": list(shape),
-            "dtype": dtype.name,
+            "dtype": dtype_name(dtype),
             "weak_type": weak,
         }
         if sharding is not None:

@@ -114,7 +114,9 @@ def load(path: str | os.PathLike[str], /) -> list[BenchResult]:
     """
     p = Path(path)
     if not p.is_file():
-        raise FormatError(f"{p}: not a regular file; hint: pass a file written by --json")
+        raise FormatError(
+            "not a regular file", context=str(p), hint="pass a file written by --json"
+        )
     if p.stat().st_size > MAX_BYTES:
         raise FormatError(f"{p}: {p.stat().st_size} bytes, over the {MAX_BYTES} byte limit")
     raw = p.read_bytes()

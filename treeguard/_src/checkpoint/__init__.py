@@ -1,7 +1,9 @@
-"""The single-file checkpoint: format, files, write, read, migrate (see README.md)."""
+"""The single-file checkpoint: format, files, write, read, migrate, foreign weights (see
+README.md)."""
 
 from ..atomic import remove_stale_temps as remove_stale_temps
 from .files import open_checkpoint as open_checkpoint
+from .foreign import ForeignHeader as ForeignHeader
 from .format import ALLOWED_DTYPES as ALLOWED_DTYPES
 from .format import FORMAT as FORMAT
 from .format import FORMAT_VERSION as FORMAT_VERSION
@@ -16,6 +18,8 @@ from .read import read_header as read_header
 from .read import spec_from_file as spec_from_file
 from .read import spec_reader as spec_reader
 from .read import verify_file as verify_file
+from .sources import import_weights as import_weights
+from .sources import read_foreign as read_foreign
 from .write import save as save
 from .write import user_metadata_json as user_metadata_json
 
@@ -23,14 +27,17 @@ __all__ = [
     "ALLOWED_DTYPES",
     "FORMAT",
     "FORMAT_VERSION",
+    "ForeignHeader",
     "HASH_NAME",
     "MAX_HEADER_BYTES",
     "Header",
     "TensorInfo",
     "encode_header",
     "header_digest",
+    "import_weights",
     "load",
     "open_checkpoint",
+    "read_foreign",
     "read_header",
     "remove_stale_temps",
     "save",

@@ -23,7 +23,10 @@ Tensor names are key paths in ``keystr`` form (``['dense1']['w']``), which
 leaf paths, one to one and in flatten order, and the data follow in the same
 order. A dtype that ``safetensors.numpy`` cannot represent (float8 and the
 other ml_dtypes besides bfloat16, complex128) is stored as ``U8`` bytes, one
-trailing axis of ``itemsize`` bytes, and its true dtype is in the spec.
+trailing axis of ``itemsize`` bytes, and its true dtype is in the spec. A
+typed PRNG key array is stored as its raw ``U32`` key data (key axes last),
+and the spec gives its dtype as ``key<fry>`` (``keydtype.py``), so ``load``
+wraps it back into keys of the same implementation.
 
 Every JSON document in a header is read strictly: a duplicate key, NaN or
 Infinity, an integer of more than 20 digits, a field of the wrong type or a
@@ -43,8 +46,9 @@ from typing import Any
 import numpy as np
 
 from ..errors import FormatError, IntegrityError
+from ..keydtype import impl_of, is_key_dtype
 from ..paths import keystr, parse
-from ..spec import LeafSpec, TreeSpec, dtype_of, spec_of, summarize
+from ..spec import TreeSpec, summarize
 from ..strictjson import loads
 
 FORMAT = "treeguard.checkpoint/1"
@@ -190,6 +194,8 @@ def stored_layout(shape: tuple[int, ...], dtype: np.dtype[Any]) -> tuple[str, li
     native = NATIVE.get(dtype.name)
     if native is not None:
         return native, list(shape)
+    if is_key_dtype(dtype):  # a typed PRNG key: its raw uint32 data, key axes last
+        return "U32", [*shape, *impl_of(dtype)[1]]
     if dtype.itemsize == 1:
         return "U8", list(shape)
     return "U8", [*shape, dtype.itemsize]
@@ -429,7 +435,7 @@ def _tensor_info(  # noqa: PLR0917 - one call site, every argument needed
     def bad(message: str) -> FormatError:
         return FormatError(f"{where}: {message}", context=name, hint=_NOT_OURS)
 
-    if dtype.name not in ALLOWED_DTYPES or dtype.hasobject:
+    if (dtype.name not in ALLOWED_DTYPES and not is_key_dtype(dtype)) or dtype.hasobject:
         raise bad(f"dtype {dtype.name!r} is not a numeric dtype treeguard stores")
     if not dtype.isnative:
         raise bad(f"dtype {dtype.str!r} has non-native byte order; checkpoints are little-endian")
@@ -463,22 +469,3 @@ def _tensor_info(  # noqa: PLR0917 - one call site, every argument needed
     if not isinstance(digest, str) or not _HEX_RE.match(digest):
         raise bad(f"no valid {HASH_NAME} digest in {K_HASHES}")
     return TensorInfo(leaf_name, tuple(shape), dtype, want_dtype, begin, end, digest)
-
-
-def foreign_spec(doc: dict[str, Any], name: str) -> TreeSpec:
-    """A flat dict spec for a safetensors file written by another tool."""
-    leaves: dict[str, LeafSpec] = {}
-    for tensor, entry in doc.items():
-        if tensor == "__metadata__":
-            continue
-        where = f"tensor {tensor[:200]!r}"
-        if not isinstance(entry, dict):
-            raise FormatError(f"{where}: entry is not a JSON object", context=name)
-        st = entry.get("dtype")
-        if not isinstance(st, str) or st not in FOREIGN:
-            raise FormatError(f"{where}: unknown dtype {st!r}", context=name)
-        shape = entry.get("shape")
-        if not isinstance(shape, list) or not all(_ok_int(d, 2**62) for d in shape):
-            raise FormatError(f"{where}: bad shape {shape!r}", context=name)
-        leaves[tensor] = LeafSpec(tuple(shape), dtype_of(FOREIGN[st]))
-    return spec_of(leaves)

@@ -21,21 +21,29 @@ import numpy as np
 
 from ..diff import mismatches
 from ..errors import FormatError, IntegrityError, InvalidTreeError, TreeMismatchError, cap_lines
+from ..keydtype import is_key_dtype, wrap_keys
 from ..mismatch import Mismatch
 from ..paths import keystr
 from ..spec import TreeSpec, spec_of
 from ..walk import Node, flatten
 from .files import open_checkpoint, pread_into, read_raw_header
+from .foreign import (
+    Unverified,
+    check_unverified,
+    foreign_header,
+    is_foreign,
+    load_foreign,
+)
 from .format import (
     HASH_NAME,
     K_FORMAT,
     MAX_HEADER_BYTES,
     Header,
     TensorInfo,
-    foreign_spec,
     header_from_doc,
 )
 from .migrate import migrate
+from .names import NamingRule
 
 _THREADS = "treeguard-hash"
 _CHUNK = 16 * 1024 * 1024
@@ -49,6 +57,12 @@ _RESTORE_HINT = "restore the file from a verified copy (ArtifactStore.rollback) 
 
 def _parse_header(fd: int, name: str, expect_digest: str | None = None) -> Header:
     doc, header_bytes, size = read_raw_header(fd, name)
+    return _checked_header(doc, header_bytes, size, name, expect_digest)
+
+
+def _checked_header(
+    doc: dict[str, Any], header_bytes: int, size: int, name: str, expect_digest: str | None
+) -> Header:
     header = header_from_doc(doc, header_bytes, size, name)
     if expect_digest is not None and header.digest != expect_digest:
         raise IntegrityError(
@@ -164,10 +178,11 @@ def _read_tensors(
                 progress(done, total)
     if bad:
         raise _integrity_error(header.path, bad)
-    return {
-        t.name: base[off : off + t.nbytes].view(t.dtype).reshape(t.shape)
-        for t, off in zip(todo, offsets)
-    }
+    out: dict[str, Any] = {}
+    for t, off in zip(todo, offsets):
+        arr = base[off : off + t.nbytes].view(t.dtype).reshape(t.shape)
+        out[t.name] = wrap_keys(arr) if is_key_dtype(t.dtype) else arr
+    return out
 
 
 def _buffer(nbytes: int) -> np.ndarray[Any, Any]:
@@ -299,6 +314,8 @@ def load(
     rename: Mapping[str, str] | None = None,
     allow_missing: Collection[str] = (),
     expect_digest: str | None = None,
+    names: NamingRule | None = None,
+    unverified: Unverified = "refuse",
 ) -> Any:
     """Reads a checkpoint, verified: header, then contract, then every hash.
 
@@ -330,15 +347,31 @@ def load(
       expect_digest: the header digest recorded when the file was verified
         (``Header.digest``); the file read must carry exactly this digest,
         checked on the same open file before any array is read.
+      names: for a safetensors file another tool wrote (a *foreign* file),
+        how a key path of ``like`` names its tensor: ``"keypath"`` (the
+        default, ``['encoder']['layer'][0]['weight']``), ``"dotted"``
+        (``encoder.layer.0.weight``), ``"slashed"``
+        (``encoder/layer/0/weight``) or a function from the leaf's keys (a
+        tuple of str and int) to the name. With ``like=None`` the tree is
+        nested by the names (numeric components become string keys). Not
+        used for a treeguard checkpoint, whose names are its key paths.
+      unverified: what to do with a foreign file, which holds no hashes:
+        ``"refuse"`` (the default) raises ``FormatError``; ``"warn"`` loads it
+        and emits ``UnverifiedWeightsWarning`` naming the file; ``"allow"``
+        loads it on purpose, silently. The header's structure (offsets,
+        sizes, dtypes) and the match of names, shapes and dtypes with
+        ``like`` are checked either way, before any tensor is read.
 
     Returns:
       The tree.
 
     Raises:
-      FormatError: for a file that is not a treeguard checkpoint, is a
+      FormatError: for a file that is not a treeguard checkpoint (a foreign
+        safetensors file unless ``unverified`` lets it through), is a
         symbolic link, truncated, oversized or malformed.
       TreeMismatchError: listing every difference between the checkpoint
-        and ``like``, raised before any array data is read.
+        and ``like`` (for a foreign file: every missing and unexpected
+        tensor name, shape and dtype), raised before any array data is read.
       IntegrityError: naming every tensor whose bytes do not match its
         hash, or if the header digest is not ``expect_digest``.
       ValueError: for a ``rename`` or ``allow_missing`` path that names
@@ -358,13 +391,29 @@ def load(
       treeguard.TreeMismatchError: ...: 1 mismatch between the checkpoint and `like`:
         ['dense2']['w']: shape (3, 2) in `like`, (3, 1) in the checkpoint
       hint: ...
+
+      A safetensors file another tool wrote, matched by dotted names:
+
+      >>> import numpy as np, safetensors.numpy
+      >>> hf = os.path.join(os.path.dirname(path), "hf.safetensors")
+      >>> safetensors.numpy.save_file({"dense2.w": np.ones((3, 1), np.float32)}, hf)
+      >>> like = {"dense2": {"w": jnp.zeros((3, 1))}}
+      >>> load(hf, like=like, names="dotted", unverified="allow")["dense2"]["w"].shape
+      (3, 1)
     """
     if (rename or allow_missing) and like is None:
         raise ValueError("rename and allow_missing need `like`, the tree to migrate into")
     _check_expect_digest(expect_digest)
     fd, name = open_checkpoint(path)
     try:
-        header = _parse_header(fd, name, expect_digest)
+        doc, header_bytes, size = read_raw_header(fd, name)
+        if is_foreign(doc):
+            fh = foreign_header(doc, header_bytes, size, name)
+            check_unverified(unverified, name, stacklevel=2)
+            return load_foreign(
+                fd, fh, like, names or "keypath", rename or {}, allow_missing, expect_digest
+            )
+        header = _checked_header(doc, header_bytes, size, name, expect_digest)
         plan = _plan(header, like, rename or {}, tuple(allow_missing))
         arrays = _read_tensors(fd, header, {t.name for t in header.tensors})
     finally:
@@ -506,7 +555,7 @@ def spec_reader(path: str | os.PathLike[str], /) -> TreeSpec | None:
         meta = doc.get("__metadata__")
         if isinstance(meta, dict) and K_FORMAT in meta:
             return header_from_doc(doc, header_bytes, size, name).spec
-        return foreign_spec(doc, name)
+        return foreign_header(doc, header_bytes, size, name).spec
     finally:
         os.close(fd)
 

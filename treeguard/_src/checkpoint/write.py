@@ -21,6 +21,7 @@ import numpy as np
 from ..atomic import atomic_write, remove_stale_temps, write_all
 from ..env import environment
 from ..errors import InvalidTreeError
+from ..keydtype import KEY_DTYPES, is_key_dtype, key_data
 from ..paths import has_surrogate, keystr, short_repr
 from ..spec import Record, TreeSpec, spec_of, summarize
 from ..strictjson import MAX_DEPTH, MAX_INT_DIGITS
@@ -55,6 +56,10 @@ def _is_key_array(x: Any) -> bool:
     return isinstance(x, jax.Array) and jax.numpy.issubdtype(x.dtype, jax.dtypes.prng_key)
 
 
+def _known_key(x: Any) -> bool:
+    return getattr(x.dtype, "name", None) in KEY_DTYPES
+
+
 def _leaf_problem(x: Any, record: Record) -> str | None:
     """Why one leaf has no bytes to save, or None."""
     import jax
@@ -72,7 +77,7 @@ def _leaf_problem(x: Any, record: Record) -> str | None:
         if not info.min <= x <= info.max:
             return f"a Python int outside the range of {dtype.name}, the dtype JAX gives it"
     dtype = record[1]
-    if dtype.name not in ALLOWED_DTYPES:
+    if dtype.name not in ALLOWED_DTYPES and not is_key_dtype(dtype):
         return f"dtype {dtype.name} cannot be stored"
     return None
 
@@ -84,6 +89,8 @@ def _host_array(x: Any, record: Record, name: str) -> np.ndarray[Any, Any]:
     import jax
 
     shape, dtype, _, _ = record
+    if is_key_dtype(dtype):  # a typed PRNG key: its raw data, as the spec's key dtype
+        return key_data(x, dtype)
     if isinstance(x, jax.Array):
         if not x.is_fully_addressable:
             raise InvalidTreeError(
@@ -221,7 +228,8 @@ def save(
 
     Raises:
       InvalidTreeError: for leaves that are not arrays or hold no values
-        (``jax.ShapeDtypeStruct``), typed PRNG keys, Python ints out of
+        (``jax.ShapeDtypeStruct``), typed PRNG keys of an implementation
+        other than threefry2x32, rbg and unsafe_rbg, Python ints out of
         their dtype's range, keys that would not read back from a tensor name
         (enums, numpy scalars, lone surrogates, two keys that print alike),
         or arrays spread over several processes; each named by path.
@@ -244,11 +252,17 @@ def save(
     problems = key_problems(root)
     if problems:
         raise InvalidTreeError(problems, hint=_KEY_HINT)
-    keys = [i for i, x in enumerate(leaves) if _is_key_array(x)]
-    if keys:  # no spec can hold a key dtype, so these are refused first
+    keys = [i for i, x in enumerate(leaves) if _is_key_array(x) and not _known_key(x)]
+    if keys:  # a spec holds only the key implementations keydtype.py knows
         paths = root.leaf_paths()
         raise InvalidTreeError(
-            [(keystr(paths[i]), f"typed PRNG key array {leaves[i].dtype}") for i in keys],
+            [
+                (
+                    keystr(paths[i]),
+                    f"typed PRNG key array of unknown implementation {leaves[i].dtype}",
+                )
+                for i in keys
+            ],
             hint="save the raw key bits with jax.random.key_data(key) and rewrap on load",
         )
     spec = TreeSpec(root, spec_of(tree).records)

@@ -621,7 +621,7 @@ def diagnose(
         raise ConfigError(f"expected a treeguard.verify.Model, got {type(model).__name__}")
     unknown = [s for s in stages if s not in STAGES]
     if unknown:
-        raise ConfigError(f"unknown stage(s) {unknown}; hint: choose from {', '.join(STAGES)}")
+        raise ConfigError(f"unknown stage(s) {unknown}", hint=f"choose from {', '.join(STAGES)}")
     started = time.perf_counter()
     created = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     ref_path = references if references is not None else model.references

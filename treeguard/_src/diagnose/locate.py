@@ -139,8 +139,9 @@ def candidate_of(candidate: str | Backend | Candidate) -> Candidate:
     if candidate in PRECISIONS:
         return Candidate(f"jit@{candidate}", at_precision(candidate))
     raise DiagnosisError(
-        f"unknown candidate {candidate!r}; hint: one of {', '.join(CANDIDATES)}, a matmul "
-        f"precision ({', '.join(PRECISIONS[:6])}), a recorded trace or a backend function"
+        f"unknown candidate {candidate!r}",
+        hint=f"one of {', '.join(CANDIDATES)}, a matmul precision "
+        f"({', '.join(PRECISIONS[:6])}), a recorded trace or a backend function",
     )
 
 
@@ -331,8 +332,9 @@ class _Judge:
         if len(outs) != len(closed.jaxpr.outvars):
             raise DiagnosisError(
                 f"the candidate's backend returned {len(outs)} outputs for a program of "
-                f"{len(closed.jaxpr.outvars)}; hint: a backend must run the closed jaxpr it is "
-                "given and return one value per output variable"
+                f"{len(closed.jaxpr.outvars)}",
+                hint="a backend must run the closed jaxpr it is given and return one value "
+                "per output variable",
             )
         return outs
 
@@ -563,7 +565,8 @@ def _leaf_errors(judge: _Judge, got: Any, ref: Any) -> tuple[LeafError, ...]:
     if [p for p, _ in g] != [p for p, _ in r]:
         raise DiagnosisError(
             f"the candidate's outputs have paths {[p for p, _ in g][:6]}, the reference's "
-            f"{[p for p, _ in r][:6]}; hint: the structures differ, run the shapes stage first"
+            f"{[p for p, _ in r][:6]}",
+            hint="the structures differ, run the shapes stage first",
         )
     return tuple(judge.error(a, e, p) for (p, a), (_, e) in zip(g, r) if jx.is_array(e))
 
@@ -619,7 +622,7 @@ def locate(
     if isinstance(candidate, Trace):
         return compare_trace(fn, candidate, *args, rtol=rtol, atol=atol, tolerances=tolerances)
     if reference != "eager":
-        raise DiagnosisError(f"unknown reference {reference!r}; hint: reference='eager'")
+        raise DiagnosisError(f"unknown reference {reference!r}", hint="reference='eager'")
     started = time.perf_counter()
     cand = candidate_of(candidate)
     tols = Tolerances.of(rtol=rtol, atol=atol, base=tolerances)

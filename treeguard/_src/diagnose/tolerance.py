@@ -69,7 +69,7 @@ class Tolerances:
             resolve_dtype(k)
             if not isinstance(v, Tolerance):
                 raise DiagnosisError(
-                    f"Tolerances.dtypes[{k!r}] is {v!r}; hint: Tolerance(rtol, atol)"
+                    f"Tolerances.dtypes[{k!r}] is {v!r}", hint="Tolerance(rtol, atol)"
                 )
         for rule in self.paths:
             if (
@@ -79,11 +79,11 @@ class Tolerances:
                 or not isinstance(rule[1], Tolerance)
             ):
                 raise DiagnosisError(
-                    f"Tolerances.paths holds {rule!r}; hint: (glob, Tolerance(rtol, atol))"
+                    f"Tolerances.paths holds {rule!r}", hint="(glob, Tolerance(rtol, atol))"
                 )
         if self.fp64 is not None and not (math.isfinite(self.fp64) and self.fp64 >= 1):
             raise DiagnosisError(
-                f"Tolerances.fp64 is {self.fp64!r}; hint: a multiplier >= 1, e.g. 2.0"
+                f"Tolerances.fp64 is {self.fp64!r}", hint="a multiplier >= 1, e.g. 2.0"
             )
 
     @staticmethod

@@ -190,8 +190,8 @@ def load_trace(path: str | os.PathLike[str], /) -> Trace:
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise DiagnosisError(
             f"{path} is a checkpoint but not a recorded trace (format "
-            f"{meta.get('format') if isinstance(meta, dict) else None!r}, expected {FORMAT!r}); "
-            "hint: record one with `treeguard diagnose MODULE:ATTR --record PATH`"
+            f"{meta.get('format') if isinstance(meta, dict) else None!r}, expected {FORMAT!r})",
+            hint="record one with `treeguard diagnose MODULE:ATTR --record PATH`",
         )
     tree = checkpoint.load(path)
     try:
@@ -207,8 +207,8 @@ def load_trace(path: str | os.PathLike[str], /) -> Trace:
         paths = [str(p) for p in meta["output_paths"]]
     except (KeyError, TypeError, ValueError) as e:
         raise DiagnosisError(
-            f"{path}: the trace's manifest is malformed ({type(e).__name__}: {e}); "
-            "hint: record it again"
+            f"{path}: the trace's manifest is malformed ({type(e).__name__}: {e})",
+            hint="record it again",
         ) from e
     return Trace(
         Path(path),
@@ -259,7 +259,8 @@ def compare_trace(
         if len(jax.tree.leaves(like)) != len(trace.inputs):
             raise DiagnosisError(
                 f"the arguments have {len(jax.tree.leaves(like))} leaves, the trace "
-                f"{len(trace.inputs)} inputs; hint: pass arguments shaped as when recording"
+                f"{len(trace.inputs)} inputs",
+                hint="pass arguments shaped as when recording",
             )
 
         def flat_fn(*flat: Any) -> Any:
@@ -286,8 +287,8 @@ def compare_flat(
         closed, _ = jx.as_closed(fn_flat, *trace.inputs)
     except TypeError as e:
         raise DiagnosisError(
-            f"the function does not take the trace's {len(trace.inputs)} inputs: {e}; "
-            f"hint: compare with the function {trace.label or 'that was recorded'}"
+            f"the function does not take the trace's {len(trace.inputs)} inputs: {e}",
+            hint=f"compare with the function {trace.label or 'that was recorded'}",
         ) from e
     closed = jx.inline_calls(closed, trace.inputs)
     outs, values, eqns, _, objects = _tape(closed, trace.inputs, limit=2**62)

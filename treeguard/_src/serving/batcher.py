@@ -90,9 +90,9 @@ class Batcher:
         """
         if len(self._queue) >= self.spec.limits.max_queue:
             raise ServingError(
-                f"the queue is full ({len(self._queue)} requests waiting); "
-                "hint: retry after a short wait",
+                f"the queue is full ({len(self._queue)} requests waiting)",
                 status=429,
+                hint="retry after a short wait",
             )
         loop = asyncio.get_running_loop()
         timeout = self.spec.limits.timeout_s

@@ -48,8 +48,10 @@ def datatype_of(dtype: Any) -> str:
     return DATATYPES.get(name, name.upper())
 
 
-def _refuse(message: str, reason: str = "schema", status: int = 422) -> InvalidRequestError:
-    return InvalidRequestError(message, status=status, reason=reason)
+def _refuse(
+    message: str, reason: str = "schema", status: int = 422, *, hint: str | None = None
+) -> InvalidRequestError:
+    return InvalidRequestError(message, status=status, reason=reason, hint=hint)
 
 
 def _no_constant(name: str) -> Any:
@@ -89,14 +91,16 @@ def parse_json(body: bytes) -> Any:
         raise _refuse("the body nests too deep to be a request", status=400) from None
     except UnicodeDecodeError as e:  # its text quotes the byte: never echo the body
         raise _refuse(
-            f"the body is not UTF-8 (at byte {e.start}); hint: send a KServe V2 inference request",
+            f"the body is not UTF-8 (at byte {e.start})",
             status=400,
+            hint="send a KServe V2 inference request",
         ) from None
     except ValueError as e:
         text = e.msg if isinstance(e, json.JSONDecodeError) else str(e)
         raise _refuse(
-            f"the body is not valid JSON: {text}; hint: send a KServe V2 inference request",
+            f"the body is not valid JSON: {text}",
             status=400,
+            hint="send a KServe V2 inference request",
         ) from None
 
 
@@ -134,7 +138,7 @@ class Decoder:
     def decode(self, doc: Any) -> tuple[list[np.ndarray[Any, Any]], Admission]:
         """See ``decode``."""
         if not isinstance(doc, dict) or not isinstance(doc.get("inputs"), list):
-            raise _refuse('the body has no "inputs" list; hint: {"inputs": [{"name": ...}]}')
+            raise _refuse('the body has no "inputs" list', hint='{"inputs": [{"name": ...}]}')
         got: dict[str, np.ndarray[Any, Any]] = {}
         rows: int | None = None
         for i, item in enumerate(doc["inputs"]):
@@ -144,7 +148,7 @@ class Decoder:
             entry = self.names.get(name) if isinstance(name, str) else None
             if entry is None:
                 raise _refuse(
-                    f"inputs[{i}] has an unknown name; hint: the inputs are {self.expected}"
+                    f"inputs[{i}] has an unknown name", hint=f"the inputs are {self.expected}"
                 )
             path = entry.leaf.path
             if path in got:
@@ -152,15 +156,15 @@ class Decoder:
             arr = _decode_one(item, entry)
             if rows is not None and arr.shape[0] != rows:
                 raise _refuse(
-                    f"input {path}: {arr.shape[0]} rows, while the other inputs have {rows}; "
-                    "hint: every input needs the same batch size",
+                    f"input {path}: {arr.shape[0]} rows, while the other inputs have {rows}",
                     "shape",
+                    hint="every input needs the same batch size",
                 )
             rows = arr.shape[0]
             got[path] = arr
         if len(got) != len(self.paths):
             missing = ", ".join(p for p in self.paths if p not in got)
-            raise _refuse(f"missing input(s) {missing}; hint: the inputs are {self.expected}")
+            raise _refuse(f"missing input(s) {missing}", hint=f"the inputs are {self.expected}")
         assert rows is not None
         spec = self.spec
         adm = admit(rows, spec.buckets, max_rows=spec.limits.max_rows, overflow=spec.overflow)
@@ -216,7 +220,7 @@ def _decode_one(item: dict[str, Any], entry: _Input) -> np.ndarray[Any, Any]:
         raw = np.asarray(data)
     except ValueError:
         raise _refuse(
-            f"input {path}: data is ragged; hint: send a flat list of {n} numbers"
+            f"input {path}: data is ragged", hint=f"send a flat list of {n} numbers"
         ) from None
     kind = raw.dtype.kind
     if raw.size and kind not in entry.accepts:

@@ -188,8 +188,8 @@ class Slots:
         if nbytes > room:
             raise ServingError(
                 f"version {version} needs {nbytes} bytes of params, and {where} leaves "
-                f"{max(room, 0)} with {held} held by the active and previous versions\n"
-                "hint: roll back or restart with one version, or raise the memory budget",
+                f"{max(room, 0)} with {held} held by the active and previous versions",
+                hint="roll back or restart with one version, or raise the memory budget",
                 status=507,
             )
 
@@ -240,7 +240,8 @@ class Slots:
                 if out.dtype.kind in "fc" and not np.all(np.isfinite(out)):
                     raise ServingError(
                         f"version {slot.version} fails the regression check: output {path} on "
-                        f"the stored case {name!r} is not finite\nhint: it must not be served"
+                        f"the stored case {name!r} is not finite",
+                        hint="it must not be served",
                     )
         if batches:
             ran.append("regression")
@@ -289,15 +290,15 @@ class Slots:
                 if self.watchdog.on_forbidden_compile:
                     self.auto_rollback("compile")
                 raise ServingError(
-                    f"this request needed a compile after warm-up, which the policy forbids: "
-                    f"{why}\nhint: send inputs of the served dtypes; see /v2/treeguard/status",
+                    f"this request needed a compile after warm-up, which the policy forbids: {why}",
+                    hint="send inputs of the served dtypes; see /v2/treeguard/status",
                     status=503,
                 )
         for path, x in host:
             if x.ndim == 0 or x.shape[0] != size:
                 raise ServingError(
-                    f"output {path or '<root>'} has shape {x.shape}, without the batch axis "
-                    f"first; hint: apply must return outputs with axis {BATCH!r} first",
+                    f"output {path or '<root>'} has shape {x.shape}, without the batch axis first",
+                    hint=f"apply must return outputs with axis {BATCH!r} first",
                     status=500,
                 )
         return [(p, x[:rows]) for p, x in host], slot.version
@@ -330,8 +331,8 @@ class Slots:
         version = version or self.store.current()
         if version is None:
             raise ServingError(
-                f"the store {self.store.root} has no current version\n"
-                "hint: put, verify and promote one first",
+                f"the store {self.store.root} has no current version",
+                hint="put, verify and promote one first",
                 status=503,
             )
         slot = self._load(version, contract=self._params_spec())
@@ -358,7 +359,7 @@ class Slots:
         """
         if not self._swap_lock.acquire(blocking=False):
             self.metrics.swaps.labels(model=self.metrics.model, result="refused").inc()
-            raise ServingError("another swap is in progress; hint: retry when it ends")
+            raise ServingError("another swap is in progress", hint="retry when it ends")
         try:
             active = self.active
             if active is not None and active.version == version:
@@ -427,7 +428,7 @@ class Slots:
             prev, bad = self.previous, self.active
             if prev is None or bad is None:
                 raise ServingError(
-                    "no previous version to roll back to\nhint: swap to a verified version"
+                    "no previous version to roll back to", hint="swap to a verified version"
                 )
             self.active, self.previous = prev, bad
             self._outcomes.clear()
@@ -495,7 +496,8 @@ def _check_finite(version: str, tree: Any) -> None:
     if bad:
         raise ServingError(
             f"version {version} fails the finite check: NaN or Inf in "
-            f"{', '.join(bad[:5])}{' ...' if len(bad) > 5 else ''}\nhint: it must not be served"
+            f"{', '.join(bad[:5])}{' ...' if len(bad) > 5 else ''}",
+            hint="it must not be served",
         )
 
 

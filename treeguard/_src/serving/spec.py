@@ -84,7 +84,7 @@ class Limits:
         for name in ("max_request_bytes", "max_rows", "max_queue"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 1 << 40:
-                raise ConfigError(f"limits.{name} is {v!r}; hint: an int from 1 to 2**40")
+                raise ConfigError(f"limits.{name} is {v!r}", hint="an int from 1 to 2**40")
         for name, hi in (("max_delay_ms", 10_000.0), ("timeout_s", 3600.0)):
             v = getattr(self, name)
             if (
@@ -93,9 +93,9 @@ class Limits:
                 or not math.isfinite(v)
                 or not 0 <= v <= hi
             ):
-                raise ConfigError(f"limits.{name} is {v!r}; hint: a number from 0 to {hi:g}")
+                raise ConfigError(f"limits.{name} is {v!r}", hint=f"a number from 0 to {hi:g}")
         if self.timeout_s <= 0:
-            raise ConfigError("limits.timeout_s is 0; hint: a positive number of seconds")
+            raise ConfigError("limits.timeout_s is 0", hint="a positive number of seconds")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
@@ -131,21 +131,22 @@ class ServingSpec:
         if not isinstance(self.inputs, TreeSpec):
             raise ConfigError(f"inputs is a {type(self.inputs).__name__}, not a TreeSpec")
         if self.inputs.num_leaves == 0:
-            raise ConfigError("inputs has no leaves; hint: name at least one input")
+            raise ConfigError("inputs has no leaves", hint="name at least one input")
         for leaf in self.inputs.leaves:
             if not leaf.shape or leaf.shape[0] != BATCH:
                 raise ConfigError(
-                    f"input {leaf.path}: shape {leaf.summary()} has no batch axis {BATCH!r} "
-                    f'first; hint: write it as ("{BATCH}", ...)'
+                    f"input {leaf.path}: shape {leaf.summary()} has no batch axis {BATCH!r} first",
+                    hint=f'write it as ("{BATCH}", ...)',
                 )
             if any(isinstance(d, str) for d in leaf.shape[1:]):
                 raise ConfigError(
                     f"input {leaf.path}: shape {leaf.summary()} has a symbol besides the batch "
-                    "axis; hint: give every other dimension a size"
+                    "axis",
+                    hint="give every other dimension a size",
                 )
         buckets = tuple(self.buckets)
         if not buckets:
-            raise ConfigError("buckets is empty; hint: e.g. [1, 2, 4, 8]")
+            raise ConfigError("buckets is empty", hint="e.g. [1, 2, 4, 8]")
         for b in buckets:
             if isinstance(b, bool) or not isinstance(b, int) or not 1 <= b <= MAX_BUCKET:
                 raise ConfigError(f"bucket {b!r} is not an int from 1 to {MAX_BUCKET}")
@@ -195,14 +196,14 @@ class ServingSpec:
         for path in chosen:
             if path not in leaves:
                 raise ConfigError(
-                    f"input {path} is not in the model's batch spec; "
-                    f"hint: one of {', '.join(leaves)}"
+                    f"input {path} is not in the model's batch spec",
+                    hint=f"one of {', '.join(leaves)}",
                 )
             entries = parse(path)
             if not entries or any(kind != "key" for kind, _ in entries):
                 raise ConfigError(
-                    f"input {path}: only paths of dict keys can be served; "
-                    "hint: make the batch a dict of arrays"
+                    f"input {path}: only paths of dict keys can be served",
+                    hint="make the batch a dict of arrays",
                 )
             node = template
             for _, key in entries[:-1]:
@@ -277,8 +278,8 @@ class ServingSpec:
             raise FormatError(f"serving spec is a JSON {type(data).__name__}, not an object")
         if data.get("format") != FORMAT:
             raise FormatError(
-                f"serving spec format is {str(data.get('format'))[:40]!r}, not {FORMAT!r}; "
-                "hint: write it with ServingSpec.save"
+                f"serving spec format is {str(data.get('format'))[:40]!r}, not {FORMAT!r}",
+                hint="write it with ServingSpec.save",
             )
         allowed = {"format", "name", "inputs", "buckets", "limits", "overflow", "compile_policy"}
         extra = sorted(set(data) - allowed)
@@ -330,7 +331,7 @@ def _enum(kind: type[enum.Enum], value: Any, field: str) -> Any:
         if member.value == value:
             return member
     raise ConfigError(
-        f"{field} is {str(value)[:40]!r}; hint: one of {', '.join(m.value for m in kind)}"
+        f"{field} is {str(value)[:40]!r}", hint=f"one of {', '.join(m.value for m in kind)}"
     )
 
 

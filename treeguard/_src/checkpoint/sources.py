@@ -1,0 +1,454 @@
+"""Importing foreign weights: one reader per format, each through its own library.
+
+``read_foreign`` reads a file or directory another tool wrote into a tree of
+numpy arrays; ``import_weights`` writes that tree as a hashed treeguard
+checkpoint. The formats, told apart by their content, not their suffix:
+
+* a safetensors file: the strict header reader of ``foreign.py``, then one
+  bounded ``pread`` per tensor;
+* an ``.npz`` archive: every member's ``.npy`` header is read with
+  ``numpy.lib.format`` and its dtype and size checked against the archive
+  *before* any array is allocated; object arrays are refused, so pickle is
+  never reached;
+* a flax msgpack file (``flax.serialization.msgpack_serialize``): restored
+  with ``flax.serialization.msgpack_restore``, which builds only numpy
+  arrays and plain values (flax is an optional extra);
+* an orbax ``StandardCheckpointer`` or ``PyTreeCheckpointer`` directory:
+  restored to numpy arrays without a target, from its own metadata (the
+  ``treeguard[orbax]`` extra).
+
+Nested sources (msgpack, orbax) are named by the same rule as flat ones
+(``dotted``: ``encoder.layer.0.weight``), so one ``like`` matches any of them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+import zipfile
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import numpy as np
+
+from ..atomic import open_regular
+from ..errors import ConfigError, FormatError
+from ..paths import Path, keystr
+from ..walk import MAX_DEPTH
+from .files import read_raw_header
+from .foreign import (
+    ForeignHeader,
+    ForeignTensor,
+    build,
+    foreign_header,
+    is_foreign,
+    match,
+    read_tensors,
+)
+from .format import ALLOWED_DTYPES, MAX_HEADER_BYTES
+from .names import NamingRule, namer, nest
+
+SourceKind = Literal["safetensors", "treeguard", "npz", "msgpack", "orbax"]
+
+#: Deflate cannot expand data by more than about this factor.
+_DEFLATE_MAX_RATIO = 1032
+_SHARDED_MANIFEST = "treeguard.sharded.json"
+
+
+def source_kind(src: str | os.PathLike[str]) -> SourceKind:
+    """Which format ``src`` holds, from its content (and, for msgpack, its name).
+
+    Raises:
+      FormatError: for a symbolic link, a FIFO or device, a pickle, or a
+        file of no format treeguard imports.
+    """
+    name = os.fspath(src)
+    st = os.lstat(name)
+    if stat.S_ISLNK(st.st_mode):
+        raise FormatError(
+            "is a symbolic link; treeguard never follows links",
+            context=name,
+            hint="pass the link's target path if you trust it",
+        )
+    if stat.S_ISDIR(st.st_mode):
+        if os.path.exists(os.path.join(name, _SHARDED_MANIFEST)):
+            raise FormatError(
+                "a treeguard sharded checkpoint, not foreign weights",
+                context=name,
+                hint="load it with treeguard.load_sharded; it is verified already",
+            )
+        return "orbax"
+    fd = open_regular(name, what="weights file")
+    try:
+        head = os.pread(fd, 16, 0)
+    finally:
+        os.close(fd)
+    if head[:2] == b"PK":
+        return "npz"
+    if len(head) >= 9 and head[8:9] == b"{":
+        n = int.from_bytes(head[:8], "little")
+        if n <= MAX_HEADER_BYTES:
+            return "safetensors"
+    if head[:1] == b"\x80":
+        raise FormatError(
+            "a pickle; treeguard never unpickles",
+            context=name,
+            hint="convert it with a trusted tool into safetensors or .npz",
+        )
+    if name.endswith(".msgpack") or (head and (head[0] in (0xDE, 0xDF) or 0x81 <= head[0] <= 0x8F)):
+        return "msgpack"
+    raise FormatError(
+        "not a format treeguard imports",
+        context=name,
+        hint="import safetensors, .npz, flax msgpack files or orbax checkpoint directories",
+    )
+
+
+def _check_array(arr: Any, where: str, name: str) -> np.ndarray[Any, Any]:
+    """A leaf of a nested source as a numeric native-order numpy array."""
+    if isinstance(arr, (bool, int, float, complex, np.generic)) and not isinstance(
+        arr, (str, bytes)
+    ):
+        arr = np.asarray(arr)
+    if not isinstance(arr, np.ndarray):
+        raise FormatError(
+            f"{where}: a {type(arr).__name__}, not an array",
+            context=name,
+            hint="import only files whose leaves are numeric arrays",
+        )
+    if arr.dtype.hasobject or arr.dtype.name not in ALLOWED_DTYPES:
+        raise FormatError(
+            f"{where}: dtype {arr.dtype.str!r} is not a numeric dtype treeguard stores",
+            context=name,
+            hint="import only files whose leaves are numeric arrays",
+        )
+    if not arr.dtype.isnative:
+        arr = arr.astype(arr.dtype.newbyteorder("="))
+    out: np.ndarray[Any, Any] = arr if arr.flags.c_contiguous else arr.copy(order="C")
+    return out
+
+
+def _flat_names(tree: Any, names: NamingRule, name: str) -> dict[str, np.ndarray[Any, Any]]:
+    """A nested dict/list source flattened to ``{tensor name: array}`` by the rule."""
+    to_name = namer(names)
+    out: dict[str, np.ndarray[Any, Any]] = {}
+    where: dict[str, str] = {}
+    stack: list[tuple[Path, Any]] = [((), tree)]
+    while stack:
+        path, node = stack.pop()
+        if len(path) > MAX_DEPTH:
+            raise FormatError(f"nests deeper than {MAX_DEPTH} levels", context=name)
+        if isinstance(node, Mapping):
+            for k, v in node.items():
+                if not isinstance(k, (str, int)) or isinstance(k, bool):
+                    raise FormatError(
+                        f"{keystr(path) or '<root>'}: key of type {type(k).__name__}", context=name
+                    )
+                stack.append(((*path, ("key", k)), v))
+        elif isinstance(node, (list, tuple)):
+            stack.extend(((*path, ("index", i)), v) for i, v in enumerate(node))
+        else:
+            text = keystr(path) or "<root>"
+            tensor = to_name(path)
+            if tensor in out:
+                raise FormatError(
+                    f"{where[tensor]} and {text} both give the name {tensor[:200]!r}",
+                    context=name,
+                    hint="pick another naming rule (names='keypath')",
+                )
+            out[tensor] = _check_array(node, text, name)
+            where[tensor] = text
+    return out
+
+
+def _read_safetensors(name: str) -> tuple[dict[str, np.ndarray[Any, Any]], ForeignHeader | None]:
+    from .read import load
+
+    fd = open_regular(name, what="weights file")
+    try:
+        doc, header_bytes, size = read_raw_header(fd, name)
+        if not is_foreign(doc):
+            return {"": load(name)}, None  # ours: verified, nested as stored
+        header = foreign_header(doc, header_bytes, size, name)
+        return read_tensors(fd, header, {t.name for t in header.tensors}), header
+    finally:
+        os.close(fd)
+
+
+def _read_npz(name: str) -> dict[str, np.ndarray[Any, Any]]:
+    fd = open_regular(name, what="weights file")
+    size = os.fstat(fd).st_size
+    out: dict[str, np.ndarray[Any, Any]] = {}
+    try:
+        with os.fdopen(fd, "rb") as f, zipfile.ZipFile(f) as zf:
+            for info in zf.infolist():
+                key = _member_name(info.filename, name)
+                out[key] = _read_member(zf, info, size, name)
+    except (zipfile.BadZipFile, EOFError, ValueError, OSError, KeyError) as e:
+        if isinstance(e, FormatError):
+            raise
+        raise FormatError(
+            f"not a readable .npz archive ({type(e).__name__}: {str(e)[:200]})", context=name
+        ) from None
+    return out
+
+
+def _member_name(member: str, name: str) -> str:
+    if not member.endswith(".npy"):
+        raise FormatError(
+            f"member {member[:200]!r} is not an .npy array (a torch zip, or another archive?)",
+            context=name,
+            hint="an .npz holds only .npy members; treeguard never unpickles",
+        )
+    return member[: -len(".npy")]
+
+
+def _read_member(
+    zf: zipfile.ZipFile, info: zipfile.ZipInfo, size: int, name: str
+) -> np.ndarray[Any, Any]:
+    """One ``.npy`` member, its header checked against its size before allocating."""
+    where = f"member {info.filename[:200]!r}"
+    if info.compress_type == zipfile.ZIP_STORED:
+        limit = size
+    elif info.compress_type == zipfile.ZIP_DEFLATED:
+        limit = info.compress_size * _DEFLATE_MAX_RATIO + 1024
+    else:
+        raise FormatError(f"{where}: compression method {info.compress_type}", context=name)
+    if info.file_size > limit:
+        raise FormatError(
+            f"{where}: claims {info.file_size:,} bytes, more than its "
+            f"{info.compress_size:,} stored bytes can hold",
+            context=name,
+        )
+    fmt = np.lib.format
+    with zf.open(info) as f:
+        version = fmt.read_magic(f)
+        if version == (1, 0):
+            shape, fortran, dtype = fmt.read_array_header_1_0(f)
+        elif version in ((2, 0), (3, 0)):
+            shape, fortran, dtype = fmt.read_array_header_2_0(f)
+        else:
+            raise FormatError(f"{where}: .npy version {version}", context=name)
+        if dtype.hasobject or dtype.name not in ALLOWED_DTYPES:
+            raise FormatError(
+                f"{where}: dtype {dtype.str!r} is not a numeric dtype (object arrays would "
+                "need pickle)",
+                context=name,
+                hint="treeguard never unpickles; save numeric arrays only",
+            )
+        nbytes = int(np.prod(shape, dtype=object)) * dtype.itemsize
+        if nbytes != info.file_size - f.tell():
+            raise FormatError(
+                f"{where}: {dtype.str}{list(shape)} needs {nbytes:,} bytes, the member holds "
+                f"{info.file_size - f.tell():,}",
+                context=name,
+            )
+        data = f.read(nbytes)
+    arr = np.frombuffer(data, dtype).reshape(shape, order="F" if fortran else "C")
+    return _check_array(arr, where, name)
+
+
+def _read_msgpack(name: str, names: NamingRule) -> dict[str, np.ndarray[Any, Any]]:
+    try:
+        from flax import serialization
+    except ImportError:
+        raise ConfigError(
+            "reading a flax msgpack file needs flax, which is not installed",
+            context=name,
+            hint="pip install flax (or 'treeguard[frameworks]')",
+        ) from None
+    fd = open_regular(name, what="weights file")
+    with os.fdopen(fd, "rb") as f:
+        data = f.read()
+    try:
+        tree = serialization.msgpack_restore(data)
+    except Exception as e:  # noqa: BLE001 - msgpack raises many kinds on bad bytes
+        raise FormatError(
+            f"not a flax msgpack file ({type(e).__name__}: {str(e)[:200]})", context=name
+        ) from None
+    return _flat_names(tree, names, name)
+
+
+def _read_orbax(name: str, names: NamingRule) -> dict[str, np.ndarray[Any, Any]]:
+    try:
+        import jax
+        import orbax.checkpoint as ocp
+    except ImportError:
+        raise ConfigError(
+            "reading an orbax checkpoint needs orbax-checkpoint, which is not installed",
+            context=name,
+            hint="pip install 'treeguard[orbax]'",
+        ) from None
+    try:
+        with ocp.PyTreeCheckpointer() as ckptr:
+            meta = ckptr.metadata(name)
+            tree_meta = getattr(getattr(meta, "item_metadata", meta), "tree", None)
+            if tree_meta is None:
+                tree_meta = meta.tree
+            args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree_meta)
+            tree = ckptr.restore(name, restore_args=args)
+    except (FileNotFoundError, ValueError, KeyError, TypeError, AttributeError, OSError) as e:
+        raise FormatError(
+            f"not a readable orbax checkpoint ({type(e).__name__}: {str(e)[:200]})",
+            context=name,
+            hint="pass the directory StandardCheckpointer.save wrote",
+        ) from None
+    return _flat_names(tree, names, name)
+
+
+def _read(src: str | os.PathLike[str], names: NamingRule) -> tuple[Any, bool]:
+    """(values, flat): a flat ``{name: array}`` or, for our own file, its tree."""
+    name = os.fspath(src)
+    namer(names)
+    kind = source_kind(name)
+    if kind == "safetensors":
+        values, header = _read_safetensors(name)
+        if header is None:
+            return values[""], False
+        return values, True
+    if kind == "npz":
+        return _read_npz(name), True
+    if kind == "msgpack":
+        return _read_msgpack(name, names), True
+    return _read_orbax(name, names), True
+
+
+def _shaped(
+    values: dict[str, np.ndarray[Any, Any]], like: Any, names: NamingRule, name: str
+) -> Any:
+    """The values matched by name into ``like``'s structure."""
+    header = ForeignHeader(
+        name,
+        tuple(ForeignTensor(n, a.shape, a.dtype, "", 0, a.nbytes) for n, a in values.items()),
+        {},
+        0,
+        0,
+    )
+    return build(match(header, like, names=names, rename={}, allow_missing=()), values)
+
+
+def read_foreign(
+    src: str | os.PathLike[str], /, *, names: NamingRule = "dotted", like: Any = None
+) -> Any:
+    """Reads weights another tool wrote into a tree of numpy arrays.
+
+    Nothing in such a file is hash-verified (it holds no hashes): the reader
+    checks only the structure (header bounds, offsets, sizes, dtypes). Turn
+    the result into a verified checkpoint with ``import_weights``.
+
+    Args:
+      src: a safetensors file, an ``.npz`` archive, a flax msgpack file or
+        an orbax checkpoint directory. A treeguard checkpoint is loaded
+        verified, as ``load`` does.
+      names: how tensor names map to key paths: ``"dotted"``
+        (``encoder.layer.0.weight``, the default), ``"slashed"``,
+        ``"keypath"`` (``['encoder']['layer'][0]['weight']``), ``"flat"`` (one
+        dict keyed by name), or with ``like`` a function from a leaf's keys
+        to its name.
+      like: a tree or ``TreeSpec`` whose structure the result takes, each
+        leaf matched by name; every missing or unexpected name and every
+        shape or dtype difference is raised together. Without it, the tree
+        is nested by the names, every component a string dict key
+        (``{'encoder': {'layer': {'0': {...}}}}``): a name cannot tell a
+        list from a dict.
+
+    Returns:
+      The tree.
+
+    Raises:
+      FormatError: for a file that is none of these formats, malformed,
+        truncated, a pickle, holding object or non-numeric arrays, or whose
+        names do not nest (a name that is both a tensor and a group).
+      TreeMismatchError: listing every difference from ``like``.
+      ConfigError: if flax (msgpack) or orbax (directories) is not installed.
+      ValueError: for an unknown naming rule.
+
+    Example:
+      >>> import os, tempfile, numpy as np, safetensors.numpy
+      >>> path = os.path.join(tempfile.mkdtemp(), "model.safetensors")
+      >>> safetensors.numpy.save_file({"enc.0.w": np.ones((2, 3), np.float32)}, path)
+      >>> read_foreign(path)["enc"]["0"]["w"].shape
+      (2, 3)
+      >>> like = {"enc": [{"w": np.zeros((2, 3), np.float32)}]}
+      >>> read_foreign(path, like=like)["enc"][0]["w"].sum()
+      np.float32(6.0)
+    """
+    name = os.fspath(src)
+    values, flat = _read(name, names)
+    if not flat:
+        return (
+            values if like is None else _shaped(_flat_names(values, names, name), like, names, name)
+        )
+    if like is not None:
+        return _shaped(values, like, names, name)
+    return nest(values, names, name)
+
+
+def _file_digest(name: str) -> str | None:
+    if os.path.isdir(name):
+        return None
+    fd = open_regular(name, what="weights file")
+    with os.fdopen(fd, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def import_weights(
+    src: str | os.PathLike[str],
+    dst: str | os.PathLike[str],
+    /,
+    *,
+    names: NamingRule = "dotted",
+    like: Any = None,
+    metadata: Mapping[str, Any] | None = None,
+) -> Any:
+    """Turns weights another tool wrote into a verified treeguard checkpoint.
+
+    The weights are read as ``read_foreign`` reads them (nested by name, or
+    into ``like``'s structure) and written with ``save``: atomically, with a
+    hash per tensor and the tree's contract. The metadata records where they
+    came from: ``imported_from`` holds the source's path, format, naming
+    rule and, for a file, the sha256 of its bytes.
+
+    Args:
+      src: a safetensors file, an ``.npz`` archive, a flax msgpack file or
+        an orbax checkpoint directory.
+      dst: the checkpoint to write.
+      names: the naming rule (see ``read_foreign``).
+      like: a tree or ``TreeSpec`` the weights must match; the checkpoint
+        then has its structure.
+      metadata: more JSON metadata to keep in the checkpoint.
+
+    Returns:
+      The written checkpoint's ``Header``.
+
+    Raises:
+      FormatError, TreeMismatchError, ConfigError, ValueError: as
+        ``read_foreign``; nothing is written then.
+      TypeError: if ``metadata`` is not JSON.
+      OSError: if a file cannot be read or written.
+
+    Example:
+      >>> import os, tempfile, numpy as np
+      >>> d = tempfile.mkdtemp()
+      >>> np.savez(os.path.join(d, "w.npz"), **{"dense.w": np.ones((2, 2), np.float32)})
+      >>> h = import_weights(os.path.join(d, "w.npz"), os.path.join(d, "w.safetensors"))
+      >>> h.spec, h.metadata["imported_from"]["format"]
+      (TreeSpec(['dense']['w']: f32[2,2]), 'npz')
+    """
+    from .read import read_header
+    from .write import save
+
+    name = os.fspath(src)
+    digest = _file_digest(name)
+    kind = source_kind(name)
+    tree = read_foreign(name, names=names, like=like)
+    provenance: dict[str, Any] = {
+        "file": name,
+        "format": kind,
+        "names": names if isinstance(names, str) else "function",
+    }
+    if digest is not None:
+        provenance["sha256"] = digest
+    save(dst, tree, metadata={**dict(metadata or {}), "imported_from": provenance})
+    return read_header(dst)

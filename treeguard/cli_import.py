@@ -1,0 +1,192 @@
+"""``treeguard import``: foreign weights into a verified checkpoint.
+
+Exit codes: 0 imported; 1 the weights do not match ``--like`` (every
+mismatch listed, nothing written); 2 unreadable input, a missing optional
+library or a usage error.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import NoReturn
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from ._src.checkpoint import ForeignHeader, import_weights, spec_from_file
+from ._src.checkpoint.foreign import read_foreign_header
+from ._src.errors import FormatError, TreeguardError, TreeMismatchError
+from .cli import console
+
+EXIT_OK, EXIT_MISMATCH, EXIT_USAGE = 0, 1, 2
+#: ``ckpt verify`` of a foreign file: its structure is sound, but no hash or
+#: contract could be checked. Not 0, so ``verify FILE && deploy FILE`` stops.
+EXIT_UNVERIFIED = 3
+
+
+def _exit(code: int, message: str) -> NoReturn:
+    err = Console(stderr=True, highlight=False, soft_wrap=True)
+    err.print("[red]error:[/red]" if code == EXIT_USAGE else "[red]failed:[/red]", end=" ")
+    err.print(message, markup=False)
+    sys.exit(code)
+
+
+@click.command("import", context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("src", type=click.Path(path_type=Path))
+@click.argument("dst", type=click.Path(path_type=Path))
+@click.option(
+    "--names",
+    type=click.Choice(["dotted", "slashed", "keypath", "flat"]),
+    default="dotted",
+    show_default=True,
+    help="How tensor names map to key paths: encoder.layer.0.w, encoder/layer/0/w, "
+    "['encoder']['layer'][0]['w'], or one flat dict keyed by name.",
+)
+@click.option(
+    "--like",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="A spec JSON or checkpoint the weights must match; the result takes its structure.",
+)
+def import_command(src: Path, dst: Path, names: str, like: Path | None) -> None:
+    """Turn the weights in SRC into a verified treeguard checkpoint DST.
+
+    SRC is a safetensors file (Hugging Face, MLX...), an .npz archive, a flax
+    msgpack file or an orbax checkpoint directory. Without --like the tree is
+    nested by the names, each component a string key (encoder.layer.0.w
+    becomes ['encoder']['layer']['0']['w']). DST is written atomically with a
+    sha256 per tensor and the tree's contract; its metadata records SRC and
+    SRC's sha256.
+    """
+    spec = None
+    if like is not None:
+        try:
+            spec = spec_from_file(like)
+        except (TreeguardError, OSError) as e:
+            _exit(EXIT_USAGE, f"{like}: {e}")
+    try:
+        header = import_weights(src, dst, names=names, like=spec)  # type: ignore[arg-type]
+    except TreeMismatchError as e:
+        _exit(EXIT_MISMATCH, str(e).replace("`like`", str(like)))
+    except (TreeguardError, ValueError, OSError) as e:
+        _exit(EXIT_USAGE, f"{src}: {e}" if isinstance(e, OSError) else str(e))
+    s = header.spec
+    what = f", matches {like}" if like is not None else ""
+    Console(highlight=False, soft_wrap=True).print(
+        f"[green]imported[/green]: {src} ({header.metadata['imported_from']['format']}) -> "
+        f"{dst}: {s.num_leaves} tensors, {s.num_params:,} params, a sha256 for each{what}"
+    )
+
+
+# -- ``ckpt inspect`` and ``ckpt verify`` of a foreign safetensors file ---------------
+
+_LACKS = (
+    "no contract (spec) and no hashes: a safetensors file treeguard did not write, "
+    "so nothing says which tree it belongs to or that its bytes are the ones meant"
+)
+
+
+def foreign_or_none(file: Path) -> ForeignHeader | None:
+    """FILE's header if it is a foreign safetensors file; exits 2 if that header
+    does not describe the file; None for anything else (a checkpoint)."""
+    try:
+        return read_foreign_header(file)
+    except FormatError as e:
+        _exit(EXIT_USAGE, str(e))
+
+
+def _size(n: int) -> str:
+    value, units, i = float(n), ["B", "KiB", "MiB", "GiB", "TiB"], 0
+    while value >= 1024 and i < len(units) - 1:
+        value /= 1024
+        i += 1
+    return f"{int(value)} B" if i == 0 else f"{value:.1f} {units[i]}"
+
+
+def inspect_foreign(h: ForeignHeader, *, as_json: bool) -> None:
+    """Prints a foreign file's tensors and what it lacks."""
+    tensors = sorted(h.tensors, key=lambda t: t.name)
+    params = sum(t.size for t in tensors)
+    data = sum(t.nbytes for t in tensors)
+    if as_json:
+        doc = {
+            "file": h.path,
+            "format": "safetensors",
+            "treeguard_checkpoint": False,
+            "contract": None,
+            "hashes": None,
+            "lacks": ["contract", "hashes"],
+            "num_leaves": len(tensors),
+            "num_params": params,
+            "nbytes": data,
+            "file_bytes": h.file_bytes,
+            "tensors": [
+                {
+                    "name": t.name,
+                    "dtype": t.dtype.name,
+                    "stored_as": t.stored_dtype,
+                    "shape": list(t.shape),
+                    "params": t.size,
+                    "nbytes": t.nbytes,
+                    "data_offsets": [t.begin, t.end],
+                }
+                for t in tensors
+            ],
+            "metadata": h.metadata,
+        }
+        click.echo(json.dumps(doc, indent=1, ensure_ascii=False))
+        return
+    out = console()
+    out.print(
+        f"[bold]{h.path}[/bold]  safetensors (not a treeguard checkpoint)  {len(tensors)} "
+        f"tensors  {params:,} params  {_size(data)} of data  {_size(h.file_bytes)} file"
+    )
+    table = Table(box=None, pad_edge=False, show_edge=False)
+    for col, justify in (("name", "left"), ("array", "left"), ("params", "right")):
+        table.add_column(col, justify=justify, overflow="fold")  # type: ignore[arg-type]
+    table.add_column("bytes", justify="right")
+    for t in tensors:
+        table.add_row(t.name, t.summary(), f"{t.size:,}", _size(t.nbytes))
+    out.print(table)
+    out.print(f"[yellow]lacks[/yellow]: {_LACKS}", markup=True)
+    if h.metadata:
+        out.print("[bold]metadata[/bold]")
+        out.print(
+            json.dumps(h.metadata, indent=1, sort_keys=True, ensure_ascii=False), markup=False
+        )
+    out.print(
+        f"hint: treeguard import {h.path} OUT.safetensors [--like SPEC] makes a verified "
+        "checkpoint of it",
+        markup=False,
+    )
+
+
+def verify_foreign(h: ForeignHeader, *, like: Path | None) -> NoReturn:
+    """Reports what could and could not be checked; exits ``EXIT_UNVERIFIED``."""
+    out = console()
+    out.print(
+        f"[yellow]structure only[/yellow]: {h.path}: a safetensors file treeguard did not write"
+    )
+    out.print(
+        f"  checked: the header (its length inside the file, strict JSON), and for each of "
+        f"{len(h.tensors)} tensors its dtype (a known safetensors dtype), shape, size "
+        f"(shape x itemsize = its bytes) and offsets (inside the file, contiguous, no gap "
+        f"or overlap, {_size(h.data_bytes)} of data covered exactly)",
+        markup=False,
+    )
+    out.print(
+        "  not checked: the bytes themselves (the file holds no hashes: any values of the "
+        "right size pass) and the contract (it holds no spec)"
+        + (f"; --like {like} needs a naming rule, which import takes" if like else ""),
+        markup=False,
+    )
+    out.print(
+        f"hint: treeguard import {h.path} OUT.safetensors"
+        + (f" --like {like}" if like else "")
+        + " makes a checkpoint that verifies",
+        markup=False,
+    )
+    sys.exit(EXIT_UNVERIFIED)
