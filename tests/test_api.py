@@ -1,9 +1,11 @@
-"""The public surface: __all__ is exact, and import stays light."""
+"""The public surface: __all__ is exact, names resolve lazily, and import stays light."""
 
 from __future__ import annotations
 
+import importlib
 import types
 
+import pytest
 from subproc import run_python
 
 import treeguard
@@ -19,7 +21,28 @@ def _public_names(module: types.ModuleType) -> set[str]:
 
 def test_all_matches_the_exports() -> None:
     assert sorted(treeguard.__all__) == treeguard.__all__
+    for name in treeguard.__all__:  # a lazy name is in vars() once resolved
+        getattr(treeguard, name)
     assert set(treeguard.__all__) == _public_names(treeguard)
+    assert set(treeguard.__all__) <= set(dir(treeguard))
+
+
+def test_a_lazy_name_is_the_defining_module_object() -> None:
+    exports = treeguard._EXPORTS
+    assert set(exports) == set(treeguard.__all__)
+    for name, module in exports.items():
+        defining = importlib.import_module(module, "treeguard")
+        assert getattr(treeguard, name) is getattr(defining, name), name
+    from treeguard import TreeSpec, spec_of
+
+    assert TreeSpec is treeguard.TreeSpec and spec_of is treeguard.spec_of
+
+
+def test_an_unknown_name_is_an_attribute_error() -> None:
+    with pytest.raises(AttributeError, match="no attribute 'spec'"):
+        treeguard.spec  # noqa: B018 - the access is the test
+    with pytest.raises(ImportError):
+        from treeguard import no_such_name  # noqa: F401
 
 
 def test_every_public_name_has_a_docstring() -> None:
@@ -27,8 +50,12 @@ def test_every_public_name_has_a_docstring() -> None:
         assert getattr(treeguard, name).__doc__, name
 
 
-def test_import_pulls_in_no_heavy_optional_modules() -> None:
+def test_import_pulls_in_neither_jax_nor_numpy_nor_optional_modules() -> None:
     heavy = [
+        "jax",
+        "jaxlib",
+        "ml_dtypes",
+        "numpy",
         "flax",
         "equinox",
         "optax",

@@ -86,3 +86,114 @@ def test_missing_file_and_usage_exit_2(tmp_path: Path) -> None:
     assert _run("spec", str(tmp_path / "nope.json")).exit_code == 2
     assert _run("diff", "only-one").exit_code == 2
     assert _run("no-such-command").exit_code == 2
+
+
+_JAX_FREE_CHILD = r"""
+import contextlib, io, json, sys
+
+import treeguard, treeguard.cli
+
+after_import = sorted(
+    m for m in sys.modules
+    if m.split(".")[0] in ("jax", "jaxlib")
+    or m in ("treeguard.verify", "treeguard.serving", "treeguard.bench", "treeguard.diagnose")
+)
+main = treeguard.cli.main
+ckpt, spec, store = sys.argv[1:4]
+
+
+def helps(group, path):
+    yield [*path, "--help"]
+    for name in getattr(group, "list_commands", lambda ctx: [])(None):
+        yield from helps(group.get_command(None, name), [*path, name])
+
+
+runs = []
+for args in [
+    ["spec", ckpt], ["spec", "--json", ckpt], ["spec", spec], ["diff", spec, ckpt],
+    ["ckpt", "inspect", ckpt], ["ckpt", "inspect", "--json", ckpt],
+    ["store", "ls", store], ["store", "ls", "--json", store],
+    *helps(main, []),
+]:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        try:
+            main.main(args, prog_name="treeguard", standalone_mode=False)
+            code = 0
+        except SystemExit as e:
+            code = e.code
+    runs.append([args, code, "jax" in sys.modules, len(out.getvalue())])
+print(json.dumps({"after_import": after_import, "runs": runs}))
+"""
+
+
+def test_file_only_commands_never_import_jax(tmp_path: Path) -> None:
+    import ml_dtypes
+    import numpy as np
+    from subproc import run_python
+
+    tree = {"enc": {"w": np.ones((2, 3), np.float32)}, "h": np.zeros(2, ml_dtypes.bfloat16)}
+    ckpt, spec, store = tmp_path / "m.safetensors", tmp_path / "m.spec.json", tmp_path / "store"
+    tg.save(ckpt, tree)
+    tg.spec_of(tree).save(spec)
+    tg.ArtifactStore(store).put(tree)
+    out = run_python(_JAX_FREE_CHILD, str(ckpt), str(spec), str(store))
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert report["after_import"] == []
+    runs = report["runs"]
+    helps = [args for args, *_ in runs if args[-1] == "--help"]
+    assert ["ckpt", "inspect", "--help"] in helps and ["serve", "run", "--help"] in helps
+    assert len(helps) >= 15
+    for args, code, jax_loaded, printed in runs:
+        assert (code, jax_loaded) == (0, False), args
+        assert printed > 0, args
+
+
+def test_the_dtypes_a_header_may_name_cover_every_ml_dtypes_type() -> None:
+    import ml_dtypes
+
+    from treeguard._src.checkpoint import ALLOWED_DTYPES
+
+    numeric = {
+        name
+        for name in dir(ml_dtypes)
+        if name.startswith(("float", "int", "uint", "bfloat"))
+        and isinstance(getattr(ml_dtypes, name), type)
+    }
+    assert numeric <= ALLOWED_DTYPES, sorted(numeric - ALLOWED_DTYPES)
+
+
+def test_long_key_paths_are_never_cut(tmp_path: Path) -> None:
+    import numpy as np
+
+    stem = "encoder.layer.5.attention.self." + "q" * 140
+    tree = {
+        f"{stem}.a": {"kernel": np.zeros((2, 2), np.float32)},
+        f"{stem}.b": {"kernel": np.zeros((2, 2), np.float32)},
+    }
+    ckpt = tmp_path / "long.safetensors"
+    tg.save(ckpt, tree)
+    paths = [f"['{stem}.a']['kernel']", f"['{stem}.b']['kernel']"]
+    assert all(len(p) > 150 for p in paths)
+
+    def lines(*args: str) -> list[str]:
+        out = _run(*args)
+        assert out.exit_code in (0, 1), out.output
+        return out.stdout.splitlines()
+
+    inspected = lines("ckpt", "inspect", str(ckpt))
+    for path in paths:
+        assert sum(path in line for line in inspected) == 1, path
+    assert not any("…" in line for line in inspected)
+    shown = lines("spec", str(ckpt))
+    for key in (f"['{stem}.a']", f"['{stem}.b']"):
+        assert any(key in line for line in shown), key
+    changed = tmp_path / "changed.json"
+    tg.spec_of({**tree, f"{stem}.b": {"kernel": np.zeros(3, np.float32)}}).save(changed)
+    diffed = lines("diff", str(ckpt), str(changed))
+    assert any(paths[1] in line and "shape" in line for line in diffed), diffed
+    root = tmp_path / "store"
+    tg.ArtifactStore(root).put(tree)
+    listed = lines("store", "ls", str(root))
+    assert not any("…" in line for line in listed)

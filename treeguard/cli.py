@@ -2,43 +2,65 @@
 
 Exit codes, for every command: 0 when the inputs match (or the check passes),
 1 when they differ (or it fails), 2 for usage errors and unreadable input.
+
+The command line starts without JAX: each command group's module is imported
+when the group is used, and commands that only read files (``spec``,
+``diff``, ``ckpt inspect``, ``store ls``, every ``--help``) never import it.
+Output that is not a terminal is never cut at 80 columns, so a key path
+reads whole on one line in a log or a pipe.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
-from rich.console import Console
-from rich.tree import Tree
 
-from ._src.diff import mismatches
-from ._src.errors import FormatError, TreeguardError
-from ._src.mismatch import format_mismatches
-from ._src.paths import entry_str
-from ._src.spec import Record, TreeSpec, summarize
-from ._src.walk import Node
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.tree import Tree
+
+    from ._src.spec import Record, TreeSpec
+    from ._src.walk import Node
 
 EXIT_OK, EXIT_DIFFER, EXIT_USAGE = 0, 1, 2
+#: The width of output that is not a terminal: wide enough that no table
+#: column is ever squeezed, so nothing is cut or folded in a pipe or a log.
+PIPE_WIDTH = 100_000
 
-#: Readers tried in turn for a file named on the command line. The
-#: checkpoint module adds its own so ``spec`` and ``diff`` read checkpoints.
+#: Readers tried in turn for a file named on the command line, before the
+#: checkpoint reader and the spec JSON reader.
 SPEC_READERS: list[Callable[[Path], TreeSpec | None]] = []
 
 
+def console(*, stderr: bool = False) -> Console:
+    """The console every command prints through.
+
+    On a terminal it wraps at the terminal's width (tables fold long paths
+    within their column, never cutting them). Anything else (a pipe, a file,
+    a CI log, click's test runner) gets ``PIPE_WIDTH`` columns and no soft
+    wrapping, so each row and each key path stays whole on one line.
+    """
+    from rich.console import Console
+
+    stream = sys.stderr if stderr else sys.stdout
+    isatty = getattr(stream, "isatty", None)
+    width = None if isatty is not None and isatty() else PIPE_WIDTH
+    return Console(stderr=stderr, highlight=False, soft_wrap=True, width=width)
+
+
 def _out() -> Console:
-    # Piped output is not wrapped at 80 columns: long key paths stay on one line.
-    width = None if sys.stdout.isatty() else 240
-    return Console(highlight=False, soft_wrap=True, width=width)
+    return console()
 
 
 def _fail(message: str) -> NoReturn:
-    Console(stderr=True, highlight=False, soft_wrap=True).print(f"[red]error:[/red] {message}")
+    console(stderr=True).print(f"[red]error:[/red] {message}")
     sys.exit(EXIT_USAGE)
 
 
@@ -47,8 +69,12 @@ def read_spec(path: Path) -> TreeSpec:
 
     Exits with code 2 and a message for a file that cannot be read.
     """
+    from ._src.checkpoint import spec_reader
+    from ._src.errors import FormatError, TreeguardError
+    from ._src.spec import TreeSpec
+
     try:
-        for reader in SPEC_READERS:
+        for reader in (*SPEC_READERS, spec_reader):
             spec = reader(path)
             if spec is not None:
                 return spec
@@ -77,6 +103,9 @@ def _size(record: Record) -> int | None:
 
 
 def _render(node: Node, records: list[Record], start: int, branch: Tree) -> None:
+    from ._src.paths import entry_str
+    from ._src.spec import summarize
+
     off = start
     for entry, child in zip(node.entries, node.children):
         label = entry_str(entry)
@@ -110,7 +139,41 @@ def _sum_params(records: list[Record]) -> int | None:
     return None if any(s is None for s in sizes) else sum(s for s in sizes if s is not None)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _LazyGroup(click.Group):
+    """A group whose subcommands live in modules imported on first use."""
+
+    def __init__(self, *args: Any, lazy: dict[str, str], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.lazy = lazy  # command name -> "module:attribute"
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *self.lazy})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        target = self.lazy.get(cmd_name)
+        if target is None or cmd_name in self.commands:
+            return super().get_command(ctx, cmd_name)
+        module, attr = target.split(":")
+        command = getattr(importlib.import_module(module, __package__), attr)
+        if not isinstance(command, click.Command):  # pragma: no cover - a wiring slip
+            raise TypeError(f"{target} is not a click command")
+        self.add_command(command, cmd_name)
+        return command
+
+
+@click.group(
+    cls=_LazyGroup,
+    lazy={
+        "bench": ".cli_bench:bench",
+        "ckpt": ".cli_ckpt:ckpt",
+        "diagnose": ".cli_diagnose:diagnose",
+        "import": ".cli_import:import_command",
+        "serve": ".cli_serve:serve",
+        "store": ".cli_ckpt:store",
+        "verify": ".cli_verify:verify",
+    },
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
 @click.version_option(package_name="treeguard")
 def main() -> None:
     """treeguard: contracts for JAX parameter trees."""
@@ -121,6 +184,10 @@ def main() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the spec as JSON.")
 def spec_command(file: Path, as_json: bool) -> None:
     """Print the contract in FILE as a tree with shapes, dtypes, sizes and counts."""
+    from rich.tree import Tree
+
+    from ._src.spec import summarize
+
     spec = read_spec(file)
     if as_json:
         click.echo(spec.to_json(), nl=False)
@@ -147,6 +214,9 @@ def spec_command(file: Path, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the mismatches as JSON.")
 def diff_command(expected: Path, actual: Path, as_json: bool) -> None:
     """Compare two contracts and print every mismatch (EXPECTED first)."""
+    from ._src.diff import mismatches
+    from ._src.mismatch import format_mismatches
+
     e, a = read_spec(expected), read_spec(actual)
     found = mismatches(a, e)
     if as_json:
@@ -179,29 +249,6 @@ def _jsonable(x: object) -> object:
     if isinstance(x, tuple):
         return list(x)
     return x
-
-
-def _register_optional_commands() -> None:
-    """Commands whose modules live beside this one."""
-    from ._src.checkpoint import spec_reader
-    from .cli_bench import bench
-    from .cli_ckpt import ckpt, store
-    from .cli_diagnose import diagnose
-    from .cli_import import import_command
-    from .cli_serve import serve
-    from .cli_verify import verify as verify_command
-
-    SPEC_READERS.append(spec_reader)  # `spec` and `diff` read checkpoints too
-    main.add_command(ckpt)
-    main.add_command(store)
-    main.add_command(verify_command)
-    main.add_command(diagnose)
-    main.add_command(serve)
-    main.add_command(bench)
-    main.add_command(import_command)
-
-
-_register_optional_commands()
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -41,7 +41,9 @@ def _usage(message: str) -> NoReturn:
 
 
 def _console() -> Console:
-    return Console(highlight=False, width=None if sys.stdout.isatty() else 200)
+    from .cli import console
+
+    return console()
 
 
 class _TargetFirstGroup(click.Group):

@@ -30,6 +30,7 @@ from ._src.errors import (
 )
 from ._src.spec import TreeSpec
 from ._src.store import ArtifactStore, RetentionPolicy
+from .cli import console
 from .cli_import import foreign_or_none, inspect_foreign, verify_foreign
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
@@ -38,11 +39,11 @@ _PROGRESS_MIN_BYTES = 64 * 1024 * 1024
 
 
 def _out() -> Console:
-    return Console(highlight=False, soft_wrap=True)
+    return console()
 
 
 def _err() -> Console:
-    return Console(stderr=True, highlight=False, soft_wrap=True)
+    return console(stderr=True)
 
 
 def _exit(code: int, message: str | None = None) -> NoReturn:
@@ -163,7 +164,7 @@ def inspect_command(file: Path, as_json: bool) -> None:
         ("bytes", "right"),
         (h.hash_name, "left"),
     ):
-        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+        table.add_column(col, justify=justify, overflow="fold")  # type: ignore[arg-type]
     for t in h.tensors:
         table.add_row(
             t.name or "<root>", t.summary(), f"{t.size:,}", _human(t.nbytes), t.digest[:16]
@@ -171,7 +172,7 @@ def inspect_command(file: Path, as_json: bool) -> None:
     out.print(table)
     env = Table(title="environment", box=None, show_header=False, title_justify="left")
     env.add_column("key", style="bold")
-    env.add_column("value")
+    env.add_column("value", overflow="fold")
     for k, v in h.env.items():
         env.add_row(str(k), str(v))
     out.print(env)
@@ -353,7 +354,7 @@ def ls_command(root: Path, as_json: bool) -> None:
         return
     table = Table(box=None, pad_edge=False)
     for col in ("", "version", "status", "created", "params", "size", "reason"):
-        table.add_column(col)
+        table.add_column(col, overflow="fold")
     for v in versions:
         mark = "*" if v.version == current else ("<" if v.version == previous else "")
         style = _STATUS_STYLE.get(v.status, "")

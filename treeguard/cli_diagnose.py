@@ -68,7 +68,6 @@ def diagnose(  # noqa: PLR0917 - click passes each option positionally
     equation level there. Exit status 0 no divergence, 1 located, 3 found
     but not reproducible when the program is cut, 2 usage.
     """
-    from rich.console import Console
 
     from ._src.diagnose import report as report_mod
     from ._src.diagnose.ladder import STAGES
@@ -98,8 +97,9 @@ def diagnose(  # noqa: PLR0917 - click passes each option positionally
     if as_json:
         click.echo(report_mod.to_json(result))
     else:
-        width = None if sys.stdout.isatty() else 120
-        report_mod.print_summary(result, Console(highlight=False, width=width))
+        from .cli import console
+
+        report_mod.print_summary(result, console())
     sys.exit(result.exit_code)
 
 

@@ -19,6 +19,7 @@ from rich.table import Table
 from ._src.checkpoint import ForeignHeader, import_weights, spec_from_file
 from ._src.checkpoint.foreign import read_foreign_header
 from ._src.errors import FormatError, TreeguardError, TreeMismatchError
+from .cli import console
 
 EXIT_OK, EXIT_MISMATCH, EXIT_USAGE = 0, 1, 2
 #: ``ckpt verify`` of a foreign file: its structure is sound, but no hash or
@@ -138,14 +139,14 @@ def inspect_foreign(h: ForeignHeader, *, as_json: bool) -> None:
         }
         click.echo(json.dumps(doc, indent=1, ensure_ascii=False))
         return
-    out = Console(highlight=False, soft_wrap=True)
+    out = console()
     out.print(
         f"[bold]{h.path}[/bold]  safetensors (not a treeguard checkpoint)  {len(tensors)} "
         f"tensors  {params:,} params  {_size(data)} of data  {_size(h.file_bytes)} file"
     )
     table = Table(box=None, pad_edge=False, show_edge=False)
     for col, justify in (("name", "left"), ("array", "left"), ("params", "right")):
-        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+        table.add_column(col, justify=justify, overflow="fold")  # type: ignore[arg-type]
     table.add_column("bytes", justify="right")
     for t in tensors:
         table.add_row(t.name, t.summary(), f"{t.size:,}", _size(t.nbytes))
@@ -165,7 +166,7 @@ def inspect_foreign(h: ForeignHeader, *, as_json: bool) -> None:
 
 def verify_foreign(h: ForeignHeader, *, like: Path | None) -> NoReturn:
     """Reports what could and could not be checked; exits ``EXIT_UNVERIFIED``."""
-    out = Console(highlight=False, soft_wrap=True)
+    out = console()
     out.print(
         f"[yellow]structure only[/yellow]: {h.path}: a safetensors file treeguard did not write"
     )

@@ -188,7 +188,9 @@ def plan_command(
                 _human(b.temp_bytes),
                 _human(b.code_bytes),
             )
-        out = Console(highlight=False, width=None if sys.stdout.isatty() else 100)
+        from .cli import console
+
+        out = console()
         out.print(table)
         out.print(
             f"params {_human(result.params_bytes)}; params plus the largest bucket "

@@ -187,8 +187,9 @@ def verify(
     if as_json:
         click.echo(json.dumps(json.loads(report.to_json()), indent=1))
     else:
-        width = None if sys.stdout.isatty() else 120
-        report.print(Console(highlight=False, width=width))
+        from .cli import console
+
+        report.print(console())
     sys.exit(report.exit_code)
 
 

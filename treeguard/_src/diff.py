@@ -5,15 +5,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import jax
 import numpy as np
 
 from .errors import TreeMismatchError
 from .keydtype import dtype_name
 from .mismatch import Mismatch
 from .paths import Path, keystr
-from .spec import Record, TreeSpec, record_of, spec_of, summarize
-from .walk import Node, flatten
+from .spec import Record, TreeSpec, record_of, spec_from_leaves, spec_of, summarize
+from .walk import Node, flatten_with_types, top_levels
 
 
 def as_spec(x: Any, *, sharding: bool = False) -> TreeSpec:
@@ -63,7 +62,8 @@ def check(
 
     A tree that matched a spec once is re-checked for about the cost of one
     flatten: the spec caches each validated signature (treedef plus the
-    leaves' abstract values), and key-path text is built only to report.
+    leaves' abstract values, or shapes and dtypes for numpy arrays), and
+    key-path text is built only to report.
 
     Args:
       actual: the tree (or spec) under test.
@@ -91,12 +91,17 @@ def check(
         and not isinstance(actual, TreeSpec)
         and not expected.has_sharding  # shardings are not part of the cached signature
     ):
-        leaves, treedef = flatten(actual)
-        if expected._accepts(leaves, treedef):
+        top = top_levels(actual)
+        if expected._accepts_at_once(actual, top):
             return
-        found = mismatches(actual, expected)
+        leaves, treedef, types = flatten_with_types(actual)
+        if expected._accepts(leaves, treedef):
+            expected._remember(leaves, treedef, top)
+            return
+        a = spec_from_leaves(actual, leaves, treedef, types)
+        found = _Differ(a.records, expected.records).run(a.structure, expected.structure)
         if not found:
-            expected._remember(leaves, treedef)
+            expected._remember(leaves, treedef, top)
             return
     else:
         found = mismatches(actual, expected)
@@ -260,4 +265,6 @@ def unflatten(spec: TreeSpec, leaves: Sequence[Any], /) -> Any:
         differ.leaf((rec[0], rec[1], None, None), (e[0], e[1], None, None), path)
     if differ.found:
         raise TreeMismatchError(differ.found, expected_from="the spec", actual_from="the leaves")
+    import jax
+
     return jax.tree.unflatten(spec.treedef, leaves)

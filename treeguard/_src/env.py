@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import platform
 import sys
-from importlib import metadata
 from typing import Any
 
-import jax
 import numpy as np
 
 #: The keys ``environment()`` always returns, in report order.
@@ -32,6 +30,8 @@ KEYS: tuple[str, ...] = (
 
 
 def _version(dist: str) -> str:
+    from importlib import metadata
+
     try:
         return metadata.version(dist)
     except metadata.PackageNotFoundError:
@@ -56,9 +56,12 @@ def environment() -> dict[str, object]:
       >>> env = environment()
       >>> list(env) == list(KEYS)
       True
+      >>> import jax
       >>> env["jax"] == jax.__version__, isinstance(env["device_count"], int)
       (True, True)
     """
+    import jax
+
     config: Any = jax.config
     devices = jax.devices()
     precision = config.jax_default_matmul_precision

@@ -117,13 +117,24 @@ def hint_for(
 ) -> str | None:
     """Guesses the likely fix for a list of mismatches.
 
-    A missing path next to an unexpected one that reads almost the same is
-    probably a rename; a dtype mismatch is probably a forgotten cast; a shape
-    mismatch is probably a transposed or broadcast array.
+    A custom node of another class (the same fields under a new name or
+    module) is a renamed or moved class; a missing path next to an
+    unexpected one that reads almost the same is probably a rename; a dtype
+    mismatch is probably a forgotten cast; a shape mismatch is probably a
+    transposed or broadcast array.
 
     Returns:
       The hint text, or None when nothing useful can be said.
     """
+    for m in found:
+        if m.kind == "node_type" and _is_class_name(m.expected) and _is_class_name(m.actual):
+            return (
+                f"{m.path or '<root>'} is class `{m.expected}` in {expected_from} and "
+                f"`{m.actual}` in {actual_from}: the class was renamed or moved (its module "
+                "and qualified name are part of the contract). To load the arrays anyway, "
+                "load without `like=` (they come back as dicts by key path) and build the new "
+                "class from them, or give the class its old name and module again"
+            )
     missing = [m.path for m in found if m.kind == "missing"]
     renames = []
     for m in found:
@@ -154,3 +165,9 @@ def hint_for(
     if kinds & {"node_type", "node_data"}:
         return "a container changed kind (e.g. list vs tuple) or its static data changed"
     return None
+
+
+def _is_class_name(x: object) -> bool:
+    """Whether a ``node_type`` side names a class (``module.QualName``), not
+    a builtin container kind or a leaf."""
+    return isinstance(x, str) and "." in x and not x.startswith("leaf ")

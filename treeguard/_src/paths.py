@@ -11,6 +11,9 @@ A path is a tuple of entries. Each entry is a pair ``(kind, key)``:
 The text form is JAX's ``keystr`` form, so a path printed by treeguard can be
 pasted next to one printed by JAX. ``parse`` reads it back exactly, so the
 text form can serve as a name (a checkpoint's tensor names are key paths).
+
+Only the conversions to and from JAX's key objects import JAX, so reading
+and printing paths (a spec file, a checkpoint header) works without it.
 """
 
 from __future__ import annotations
@@ -19,15 +22,11 @@ import ast
 import math
 from typing import Any, Literal, TypeAlias
 
-import jax
-
 from .strictjson import MAX_INT_DIGITS
 
 EntryKind: TypeAlias = Literal["key", "index", "attr", "flat"]
 Entry: TypeAlias = tuple[EntryKind, Any]
 Path: TypeAlias = tuple[Entry, ...]
-
-_tu = jax.tree_util
 
 
 def entry_of(key: Any) -> Entry:
@@ -48,6 +47,8 @@ def entry_of(key: Any) -> Entry:
       >>> entry_of(jax.tree_util.DictKey("w"))
       ('key', 'w')
     """
+    from jax import tree_util as _tu
+
     if isinstance(key, _tu.DictKey):
         return ("key", key.key)
     if isinstance(key, _tu.SequenceKey):
@@ -169,6 +170,8 @@ def jax_path(path: Path) -> tuple[Any, ...]:
       >>> jax_path((("key", "w"),))
       (DictKey(key='w'),)
     """
+    from jax import tree_util as _tu
+
     out: list[Any] = []
     for kind, key in path:
         if kind == "key":

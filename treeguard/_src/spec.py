@@ -1,4 +1,9 @@
-"""TreeSpec and LeafSpec: the contract of a pytree, and its JSON form."""
+"""TreeSpec and LeafSpec: the contract of a pytree, and its JSON form.
+
+Reading a spec from JSON and printing it needs numpy only: JAX is imported
+by the functions that meet live arrays, and ``ml_dtypes`` only for a dtype
+numpy does not know by name (``bfloat16``, the float8 types).
+"""
 
 from __future__ import annotations
 
@@ -8,10 +13,10 @@ import math
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
+from itertools import repeat
 from operator import attrgetter
 from typing import Any, TypeAlias
 
-import jax
 import numpy as np
 
 from .atomic import atomic_write
@@ -19,7 +24,16 @@ from .errors import FormatError, InvalidTreeError
 from .keydtype import array_dtype, dtype_name, key_dtype_or_none
 from .paths import Entry, Path, keystr, short_repr
 from .strictjson import loads as strict_loads
-from .walk import LEAF, MAX_DEPTH, Node, flatten, invalid_leaves, key_problems, structure_of
+from .walk import (
+    LEAF,
+    MAX_DEPTH,
+    Node,
+    flatten_with_types,
+    invalid_leaves,
+    key_problems,
+    known_leaf_types,
+    structure_of,
+)
 
 Dim: TypeAlias = int | str
 Shape: TypeAlias = tuple[Dim, ...]
@@ -32,6 +46,8 @@ _FORMAT_RE = re.compile(r"^treeguard\.spec/(\d{1,9})$")
 #: The largest size a spec's dimension may give (any real array is smaller).
 _MAX_DIM = 2**62
 _aval = attrgetter("aval")
+_shape = attrgetter("shape")
+_dtype = attrgetter("dtype")
 
 
 def dtype_of(x: Any) -> np.dtype[Any]:
@@ -51,11 +67,26 @@ def dtype_of(x: Any) -> np.dtype[Any]:
     if key is not None:
         return key
     try:
-        dtype: np.dtype[Any] = x if isinstance(x, np.dtype) else np.dtype(jax.numpy.dtype(x))
+        dtype: np.dtype[Any] = x if isinstance(x, np.dtype) else _np_dtype(x)
     except (TypeError, ValueError) as e:
         raise FormatError(f"unknown dtype {x!r}") from e
     if not _is_array_dtype(dtype):
         raise FormatError(f"dtype {dtype.name!r} is not a numeric array dtype")
+    return dtype
+
+
+def _np_dtype(x: Any) -> np.dtype[Any]:
+    """``np.dtype(x)``; a name numpy does not know is looked up again once
+    ``ml_dtypes`` (whose import is costly) has registered its types."""
+    try:
+        known: np.dtype[Any] = np.dtype(x)
+        return known
+    except TypeError:
+        if not isinstance(x, str):
+            raise
+    import ml_dtypes  # noqa: F401 - registers bfloat16, float8_*, int4... with numpy
+
+    dtype: np.dtype[Any] = np.dtype(x)
     return dtype
 
 
@@ -102,7 +133,11 @@ def describe_sharding(x: Any) -> str | None:
     carries over to another host with the same mesh.
     """
     sharding = getattr(x, "sharding", None)
-    if sharding is None or isinstance(x, jax.core.Tracer):
+    if sharding is None:
+        return None
+    import jax
+
+    if isinstance(x, jax.core.Tracer):
         return None
     if isinstance(sharding, jax.sharding.NamedSharding):
         mesh = ",".join(f"{n}={s}" for n, s in sharding.mesh.shape.items())
@@ -167,6 +202,8 @@ class LeafSpec:
 
 
 def _scalar_record(x: Any) -> Record:
+    import jax
+
     if isinstance(x, bool):
         return ((), np.dtype(bool), False, None)
     if isinstance(x, int):
@@ -184,14 +221,16 @@ def record_of(x: Any, with_sharding: bool = False) -> Record:
     """
     if isinstance(x, LeafSpec):
         return x.record()
+    if isinstance(x, (np.ndarray, np.generic)):
+        return (tuple(x.shape), x.dtype, False, None)
     sharding = describe_sharding(x) if with_sharding else None
     aval = getattr(x, "aval", None)
     if aval is not None and hasattr(aval, "shape"):
         return (tuple(aval.shape), array_dtype(aval.dtype), bool(aval.weak_type), sharding)
+    import jax
+
     if isinstance(x, jax.ShapeDtypeStruct):
         return (tuple(x.shape), array_dtype(x.dtype), bool(x.weak_type), sharding)
-    if isinstance(x, (np.ndarray, np.generic)):
-        return (tuple(x.shape), x.dtype, False, None)
     if isinstance(x, (bool, int, float, complex)):
         return _scalar_record(x)
     raise TypeError(f"leaf of type {type(x).__name__} is not an array")
@@ -216,6 +255,7 @@ class TreeSpec:
     __slots__ = (
         "_avals",
         "_canon",
+        "_columns",
         "_has_sharding",
         "_leaves",
         "_paths",
@@ -231,18 +271,28 @@ class TreeSpec:
         records: Sequence[Record] | None,
         *,
         avals: Sequence[Any] | None = None,
+        columns: tuple[Sequence[Shape], Sequence[np.dtype[Any]]] | None = None,
         treedef: Any = None,
     ) -> None:
         self._root = root
         self._records: list[Record] | None = list(records) if records is not None else None
         self._avals = avals
+        # numpy leaves' shapes and dtypes (never weakly typed, no sharding),
+        # turned into records only when they are read
+        self._columns = columns
         self._treedef = treedef
         self._paths: list[Path] | None = None
         self._leaves: tuple[LeafSpec, ...] | None = None
-        self._validated: dict[Any, list[Any]] = {}
+        # treedef -> (top_levels of the trees validated with it, leaf signatures)
+        self._validated: dict[Any, tuple[list[Any], list[Any]]] = {}
         self._canon: str | None = None
         self._has_sharding: bool | None = None
-        n = len(avals) if avals is not None else len(self._records or ())
+        if avals is not None:
+            n = len(avals)
+        elif columns is not None:
+            n = len(columns[0])
+        else:
+            n = len(self._records or ())
         if n != root.num_leaves:
             raise FormatError(f"spec has {n} leaf records for {root.num_leaves} leaves")
 
@@ -256,6 +306,9 @@ class TreeSpec:
     @property
     def records(self) -> list[Record]:
         """One ``(shape, dtype, weak_type, sharding)`` per leaf, in flatten order."""
+        if self._records is None and self._columns is not None:
+            shapes, dtypes = self._columns
+            self._records = list(zip(shapes, dtypes, repeat(False), repeat(None)))
         if self._records is None:
             assert self._avals is not None
             self._records = [
@@ -345,6 +398,8 @@ class TreeSpec:
           InvalidTreeError: for a JSON spec holding a custom node or namedtuple.
         """
         if self._treedef is None:
+            import jax
+
             self._treedef = jax.tree.structure(_skeleton(self._root, ()))
         return self._treedef
 
@@ -362,6 +417,8 @@ class TreeSpec:
           >>> s.abstract({"B": 4})["x"].shape
           (4, 2)
         """
+        import jax
+
         dims = dict(dims or {})
         missing = self.symbols - dims.keys()
         if missing:
@@ -511,44 +568,121 @@ class TreeSpec:
 
     # -- the validated-signature cache used by ``check`` --------------------
 
-    def _accepts(self, leaves: list[Any], treedef: Any) -> bool:
-        seen = self._validated.get(treedef)
-        if seen is None:
-            return False
-        sig = signature(leaves)
-        # Tuple equality short-cuts on identical (interned) avals, so this is
-        # far cheaper than hashing the signature into a set.
-        return any(sig == s for s in seen)
+    def _accepts_at_once(self, tree: Any, top: tuple[Any, ...]) -> bool:
+        """Whether ``tree`` has a structure and leaf signature this spec
+        validated before, judged without walking or flattening it whole.
 
-    def _remember(self, leaves: list[Any], treedef: Any) -> None:
-        if len(self._validated) >= 8:
+        ``flatten_up_to`` checks the structure against a validated treedef
+        in one pass, building no new treedef to compare, and it needs no
+        cycle guard: it never goes deeper than that treedef, which is a
+        finite tree. What it returns as leaves must really be leaves
+        (``signature`` is None for a subtree, a cycle, None or a string
+        found where a leaf was). It is tried only when the tree's top looks
+        like one validated with that treedef: on a mismatch, JAX puts the
+        subtree's repr in its error, which the top's look keeps small.
+        """
+        for treedef, (tops, seen) in list(self._validated.items()):  # other threads may add
+            if top not in tops:
+                continue
+            try:
+                leaves = treedef.flatten_up_to(tree)
+            except Exception:  # noqa: BLE001 - any other structure is a miss
+                continue
+            if _signature_in(leaves, seen):
+                return True
+        return False
+
+    def _accepts(self, leaves: list[Any], treedef: Any) -> bool:
+        """Whether flattened leaves and treedef match ones validated before."""
+        entry = self._validated.get(treedef)
+        return entry is not None and _signature_in(leaves, entry[1])
+
+    def _remember(self, leaves: list[Any], treedef: Any, top: tuple[Any, ...]) -> None:
+        sig = signature(leaves)
+        if sig is None:
+            return
+        if len(self._validated) >= 8 and treedef not in self._validated:
             self._validated.pop(next(iter(self._validated)))
-        seen = self._validated.setdefault(treedef, [])
+        tops, seen = self._validated.setdefault(treedef, ([], []))
+        if top not in tops:
+            if len(tops) >= 4:
+                tops.pop(0)
+            tops.append(top)
+        if any(sig == s for s in seen):
+            return
         if len(seen) >= 16:
             seen.pop(0)
-        seen.append(signature(leaves))
+        seen.append(sig)
+
+
+def _signature_in(leaves: Sequence[Any], seen: list[Any]) -> bool:
+    sig = signature(leaves)
+    # Tuple equality short-cuts on identical (interned) avals and dtypes,
+    # so this is far cheaper than hashing the signature into a set.
+    return sig is not None and any(sig == s for s in seen)
 
 
 def signature(leaves: Sequence[Any]) -> Any:
-    """A hashable signature of the leaves' shapes, dtypes and weak types.
+    """A signature of the leaves' types, shapes, dtypes and weak types, or
+    None when some value is not a leaf of a parameter tree.
 
-    JAX interns abstract values, so for arrays this is a tuple of ``aval``s
-    built and compared at C speed; other leaves fall back to plain tuples.
+    JAX interns abstract values, so for jax arrays this is a tuple of
+    ``aval``s built and compared at C speed. For numpy arrays (never weakly
+    typed) it is their shapes and dtypes, read with ``map`` at C speed;
+    other leaves fall back to one record each.
     """
     try:
-        return tuple(map(_aval, leaves))
+        avals = tuple(map(_aval, leaves))
     except AttributeError:
-        return tuple(_plain_sig(x) for x in leaves)
+        pass
+    else:
+        return ("aval", avals) if known_leaf_types(leaves) else None
+    types = tuple(map(type, leaves))
+    if types.count(np.ndarray) == len(types):
+        return ("numpy", tuple(map(_shape, leaves)), tuple(map(_dtype, leaves)))
+    if not known_leaf_types(leaves):
+        return None
+    try:
+        return ("plain", tuple(map(_plain_sig, leaves)))
+    except TypeError:
+        return None
 
 
 def _plain_sig(x: Any) -> Any:
     aval = getattr(x, "aval", None)
     if aval is not None:
         return aval
-    try:
-        return record_of(x)
-    except TypeError:
-        return (type(x),)
+    return (type(x), *record_of(x))
+
+
+_STATIC_HINT = "keep only arrays in a parameter tree; hold config in static fields"
+_EQUINOX_HINT = (
+    "an equinox module holds config beside its arrays (activations, sizes, "
+    "non-array fields); take its arrays with `eqx.filter(model, eqx.is_array)` "
+    "and check or save those, or mark config fields `eqx.field(static=True)`"
+)
+
+
+def _is_equinox(t: type) -> bool:
+    """Whether ``t`` is an equinox ``Module``, read from its MRO's module
+    names so equinox need not be imported."""
+    return any(c.__module__.split(".", 1)[0] == "equinox" for c in getattr(t, "__mro__", ()))
+
+
+def invalid_leaves_hint(tree: Any, types: Iterable[type] | None = None) -> str:
+    """The fix for a tree with non-array leaves: filtering an equinox module
+    to its arrays when the tree holds one, else keeping config static.
+
+    Args:
+      tree: the refused tree.
+      types: the types ``assert_acyclic`` met in it, when known.
+
+    Example:
+      >>> invalid_leaves_hint({"w": "relu"})
+      'keep only arrays in a parameter tree; hold config in static fields'
+    """
+    met = set(types) if types is not None else {type(tree)}
+    return _EQUINOX_HINT if any(map(_is_equinox, met)) else _STATIC_HINT
 
 
 def spec_of(
@@ -571,7 +705,8 @@ def spec_of(
 
     Raises:
       InvalidTreeError: if the tree contains itself or holds leaves that are
-        not arrays, naming each path and type.
+        not arrays, naming each path and type (an unfiltered equinox module
+        gets a hint to filter it with ``eqx.filter(model, eqx.is_array)``).
       ValueError: if a leaf has no axis for a symbol in ``dims``.
 
     Example:
@@ -580,8 +715,26 @@ def spec_of(
       >>> s.leaves[0].shape
       ('B', 2)
     """
-    leaves, treedef = flatten(tree)
-    root = structure_of(tree, treedef)
+    leaves, treedef, types = flatten_with_types(tree)
+    return spec_from_leaves(tree, leaves, treedef, types, dims=dims, sharding=sharding)
+
+
+def spec_from_leaves(
+    tree: Any,
+    leaves: list[Any],
+    treedef: Any,
+    types: frozenset[type] | None,
+    *,
+    dims: Mapping[str, int] | None = None,
+    sharding: bool = False,
+) -> TreeSpec:
+    """``spec_of`` of a tree its caller has flattened already (``flatten_with_types``).
+
+    Raises:
+      InvalidTreeError: as ``spec_of``.
+      ValueError: as ``spec_of``.
+    """
+    root = structure_of(tree, treedef, types)
     if not dims and not sharding:
         try:
             avals = list(map(_aval, leaves))
@@ -589,12 +742,19 @@ def spec_of(
             avals = None
         if avals is not None and all(hasattr(a, "shape") for a in avals):
             return TreeSpec(root, None, avals=avals, treedef=treedef)
-    bad = invalid_leaves(leaves, root.leaf_paths, (LeafSpec,))
-    if bad:
-        raise InvalidTreeError(
-            bad, hint="keep only arrays in a parameter tree; hold config in static fields"
-        )
-    records = [record_of(x, sharding) for x in leaves]
+    kinds = tuple(map(type, leaves))
+    records: list[Record]
+    if kinds.count(np.ndarray) == len(kinds) and not dims:
+        columns = (tuple(map(_shape, leaves)), tuple(map(_dtype, leaves)))
+        return TreeSpec(root, None, columns=columns, treedef=treedef)
+    if kinds.count(np.ndarray) == len(kinds):
+        # numpy arrays carry no weak type and no sharding
+        records = list(zip(map(_shape, leaves), map(_dtype, leaves), repeat(False), repeat(None)))
+    else:
+        bad = invalid_leaves(leaves, root.leaf_paths, (LeafSpec,))
+        if bad:
+            raise InvalidTreeError(bad, hint=invalid_leaves_hint(tree, types))
+        records = [record_of(x, sharding) for x in leaves]
     if dims:
         records = _apply_dims(records, dims, root)
     return TreeSpec(root, records, treedef=treedef)

@@ -4,7 +4,10 @@
 container (its kind, its type by qualified name, its keys and its static aux
 data) but no leaf values. JAX's own flatten does the work one level at a time,
 so the leaf order and the keys are exactly JAX's. Structures are cached by
-treedef, so a tree of a known structure costs one flatten.
+treedef, so a tree of a known structure costs one flatten. A treedef compares
+dict keys and static data by ``==``, so ``{1: x}``, ``{True: x}`` and
+``{IntEnum.A: x}`` share one; the cache tells them apart by the types of
+their keys (see ``structure_of``).
 
 JAX's C++ flatten does not survive a tree that contains itself or nests
 very deeply: it exhausts the interpreter's recursion budget. ``assert_acyclic``
@@ -15,14 +18,15 @@ names the path of the cycle or the depth instead.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
+import itertools
 import json
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from itertools import compress
 from typing import Any, Literal, TypeAlias
 
-import jax
 import numpy as np
 
 from .errors import InvalidTreeError
@@ -30,7 +34,6 @@ from .paths import Entry, Path, entry_of, entry_problem, entry_str, keystr, shor
 
 NodeKind: TypeAlias = Literal["leaf", "none", "dict", "list", "tuple", "namedtuple", "custom"]
 
-_tu = jax.tree_util
 #: The deepest nesting of containers a tree may have. JAX itself gives up
 #: near Python's recursion limit (1000); treeguard's own walks stay well inside it.
 MAX_DEPTH = 128
@@ -102,7 +105,7 @@ def qualname(t: type) -> str:
     return f"{t.__module__}.{t.__qualname__}"
 
 
-def assert_acyclic(tree: Any) -> None:
+def assert_acyclic(tree: Any) -> frozenset[type] | None:
     """Refuses a tree that contains itself or nests deeper than ``MAX_DEPTH``,
     before JAX sees it.
 
@@ -116,7 +119,13 @@ def assert_acyclic(tree: Any) -> None:
     it is a node). Its view of a custom node is wider than JAX's (it sees
     every attribute), so a walk still going after ``_MAX_LEVELS`` levels is
     redone exactly, one node at a time as JAX flattens it, to name the
-    cycle or the depth, or to find that there is neither.
+    cycle or the depth, or to find that there is neither. A level whose
+    values are all of known kinds is taken whole or dropped by the set of
+    types it holds, so most levels cost one pass over their values.
+
+    Returns:
+      Every type met on the way (containers, keys, static data and leaves),
+      or None when the walk was redone exactly.
 
     Raises:
       InvalidTreeError: naming the path at which the tree contains itself,
@@ -131,25 +140,67 @@ def assert_acyclic(tree: Any) -> None:
         [1]: this list contains itself (a cycle back to <root>)
       hint: a pytree must be a tree; copy the shared container or break the cycle
     """
-    kind = _KIND.get(type(tree))
+    root_type = type(tree)
+    kind = _KIND.get(root_type)
     if kind is None:
         kind = _classify(tree)
     if not kind:
-        return
+        return frozenset((root_type,))
+    met: set[type] = {root_type}
     level = [tree]
     seen = 0
+    get = _KIND.get
     for _ in range(_MAX_LEVELS):
         refs = gc.get_referents(*level)
-        kinds = list(map(_KIND.get, map(type, refs)))
+        types = frozenset(map(type, refs))
+        met |= types
+        kinds = set(map(get, types))
         if None in kinds:
-            kinds = [_classify(r) if k is None else k for r, k in zip(refs, kinds)]
-        level = list(compress(refs, kinds))
+            level = [r for r in refs if _kind_of_value(r)]
+        elif 1 not in kinds:
+            level = []
+        elif 0 in kinds:
+            level = list(compress(refs, map(get, map(type, refs))))
+        else:
+            level = refs
         if not level:
-            return
+            return frozenset(met)
         seen += len(level)
         if seen > _MAX_VISITS:
             break
     _exact_check(tree)
+    return None
+
+
+#: How many levels ``top_levels`` looks at.
+TOP_LEVELS = 2
+
+
+def top_levels(tree: Any) -> tuple[Any, ...]:
+    """A cheap look at the top of a tree: its type and, for each of the
+    first ``TOP_LEVELS`` levels below, the count of values and the set of
+    their types. Two trees of one structure look alike, so a difference
+    means another structure (the converse need not hold). No cycle guard:
+    it never goes deeper than ``TOP_LEVELS``.
+
+    Example:
+      >>> top_levels({"a": [1, 2]}) == top_levels({"b": [3, 4]})
+      True
+      >>> top_levels({"a": [1, 2]}) == top_levels({"a": [1, 2, 3]})
+      False
+    """
+    out: list[Any] = [type(tree)]
+    level = [tree]
+    get = _KIND.get
+    for _ in range(TOP_LEVELS):
+        refs = gc.get_referents(*level)
+        types = frozenset(map(type, refs))
+        out.append((len(refs), types))
+        kinds = set(map(get, types))
+        if 1 not in kinds:
+            break
+        level = refs if kinds == {1} else [r for r in refs if get(type(r)) != 0]
+    return tuple(out)
 
 
 #: 1 for a type whose instances are containers to walk, 0 for leaves; filled
@@ -157,8 +208,16 @@ def assert_acyclic(tree: Any) -> None:
 _KIND: dict[type, int] = {dict: 1, list: 1, tuple: 1, type(None): 0, str: 0, int: 0, float: 0}
 
 
+def _kind_of_value(x: Any) -> int:
+    kind = _KIND.get(type(x))
+    return _classify(x) if kind is None else kind
+
+
 def _classify(x: Any) -> int:
     """Whether ``x``'s type is a pytree node (1) or a leaf (0), remembered by type."""
+    import jax
+
+    _tu = jax.tree_util
     try:
         td: Any = jax.tree.structure(x, is_leaf=lambda y: y is not x)
         kind = 0 if _tu.treedef_is_leaf(td) and td.num_leaves == 1 else 1
@@ -178,6 +237,8 @@ def _children(x: Any) -> list[tuple[Entry, Any]] | None:
         return [(("index", i), v) for i, v in enumerate(x)]
     if x is None:
         return None
+    from jax import tree_util as _tu
+
     try:
         pairs, td = _one_level(x)
     except Exception:  # noqa: BLE001 - a node whose flatten fails is JAX's to report
@@ -230,6 +291,8 @@ def _exact_check(tree: Any) -> None:
 
 def _one_level(x: Any) -> tuple[list[tuple[Any, Any]], Any]:
     """Flattens one level of ``x`` with JAX: its children with their keys."""
+    from jax import tree_util as _tu
+
     first = True
 
     def is_leaf(_: Any) -> bool:
@@ -266,22 +329,58 @@ def to_jsonable(x: Any) -> Any:
 
 
 class _StructureCache:
-    """A small bounded map from treedef to Node; treedefs hash and compare in C++."""
+    """A small bounded map from (treedef, key types) to Node; treedefs hash
+    and compare in C++."""
 
     def __init__(self, size: int) -> None:
         self._size = size
         self._data: dict[Any, Node] = {}
 
-    def get(self, treedef: Any) -> Node | None:
-        return self._data.get(treedef)
+    def get(self, key: Any) -> Node | None:
+        return self._data.get(key)
 
-    def put(self, treedef: Any, node: Node) -> None:
+    def put(self, key: Any, node: Node) -> None:
         if len(self._data) >= self._size:
             self._data.pop(next(iter(self._data)))
-        self._data[treedef] = node
+        self._data[key] = node
 
 
 _structures = _StructureCache(_CACHE_SIZE)
+
+_PLAIN_TYPES = frozenset((dict, list, tuple, type(None), str))
+
+
+def _keys_are_plain(types: Iterable[type]) -> bool:
+    """Whether a tree whose walk met only ``types`` holds no key or static
+    data but exact ``str``: every other type is a container or unhashable
+    (an array), so it cannot be a dict key."""
+    return all(t in _PLAIN_TYPES or t.__hash__ is None for t in types)
+
+
+def _type_tree(x: Any) -> Any:
+    """The types of ``x`` and, inside tuples, lists and dicts, of its parts."""
+    t = type(x)
+    if t is tuple or t is list:
+        return (t, *map(_type_tree, x))
+    if t is dict:
+        return (t, *((_type_tree(k), _type_tree(v)) for k, v in x.items()))
+    return t
+
+
+def _static_types(treedef: Any) -> tuple[Any, ...] | None:
+    """The types inside every node's static data (a dict's keys, a custom
+    node's aux data) in the treedef's order, or None when unreadable."""
+    out: list[Any] = []
+
+    def node(_children: Any, data: Any) -> None:
+        if data is not None:
+            out.append(_type_tree(data))
+
+    try:
+        treedef.walk(node, id, itertools.repeat(None, treedef.num_leaves))
+    except (RecursionError, TypeError, ValueError):
+        return None
+    return tuple(out)
 
 
 def flatten(tree: Any) -> tuple[list[Any], Any]:
@@ -299,7 +398,25 @@ def flatten(tree: Any) -> tuple[list[Any], Any]:
       >>> leaves
       [2, 1]
     """
-    assert_acyclic(tree)
+    leaves, treedef, _ = flatten_with_types(tree)
+    return leaves, treedef
+
+
+def flatten_with_types(tree: Any) -> tuple[list[Any], Any, frozenset[type] | None]:
+    """``flatten``, and the types its cycle guard met (for ``structure_of``).
+
+    Raises:
+      InvalidTreeError: for a cyclic tree.
+    """
+    types = assert_acyclic(tree)
+    leaves, treedef = flatten_walked(tree)
+    return leaves, treedef, types
+
+
+def flatten_walked(tree: Any) -> tuple[list[Any], Any]:
+    """``jax.tree.flatten`` of a tree ``assert_acyclic`` has passed."""
+    import jax
+
     try:
         return jax.tree.flatten(tree)
     except (RecursionError, SystemError):
@@ -307,13 +424,20 @@ def flatten(tree: Any) -> tuple[list[Any], Any]:
         raise
 
 
-def structure_of(tree: Any, treedef: Any = None) -> Node:
+def structure_of(tree: Any, treedef: Any = None, types: Iterable[type] | None = None) -> Node:
     """The ``Node`` structure of a live tree, from the cache when its treedef
     was seen before.
+
+    A treedef compares keys and static data with ``==``, so trees whose keys
+    differ only in type (``1``, ``True``, ``1.0``, an ``IntEnum``) share one.
+    A tree whose keys are all exact ``str`` is looked up by its treedef; any
+    other by its treedef and the types inside its static data, so the
+    ``Node`` always holds the tree's own keys.
 
     Args:
       tree: the live tree.
       treedef: its treedef when the caller already flattened it.
+      types: the types ``assert_acyclic`` met in it, when known.
 
     Returns:
       The root ``Node``.
@@ -326,17 +450,28 @@ def structure_of(tree: Any, treedef: Any = None) -> Node:
       >>> node.kind, [c.kind for c in node.children]
       ('dict', ['tuple', 'leaf'])
     """
+    key: Any = None
     if treedef is not None:
-        hit = _structures.get(treedef)
+        if types is None:
+            types = assert_acyclic(tree)
+        if types is not None and _keys_are_plain(types):
+            key = (treedef, None)
+        else:
+            static = _static_types(treedef)
+            key = None if static is None else (treedef, static)
+    if key is not None:
+        hit = _structures.get(key)
         if hit is not None:
             return hit
     node = _build(tree, (), [])
-    if treedef is not None:
-        _structures.put(treedef, node)
+    if key is not None:
+        _structures.put(key, node)
     return node
 
 
 def _build(x: Any, path: Path, ancestors: list[Any]) -> Node:
+    from jax import tree_util as _tu
+
     pairs, td = _one_level(x)
     if _tu.treedef_is_leaf(td) and td.num_leaves == 1:
         return LEAF
@@ -401,22 +536,43 @@ def _stable_repr(x: Any, limit: int = 200) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+@functools.cache
+def _leaf_types() -> tuple[type, ...]:
+    import jax
+
+    return (
+        np.ndarray,
+        np.generic,
+        bool,
+        int,
+        float,
+        complex,
+        jax.Array,
+        jax.ShapeDtypeStruct,
+    )
+
+
 def is_leaf_value(x: Any, extra: tuple[type, ...] = ()) -> bool:
     """Whether ``x`` may be a leaf of a parameter tree.
 
     Arrays (jax, numpy, tracers), numpy scalars, Python numbers and
     ``jax.ShapeDtypeStruct`` are; strings and arbitrary objects are not.
     """
-    return isinstance(
-        x, (jax.Array, np.ndarray, np.generic, bool, int, float, complex, jax.ShapeDtypeStruct)
-    ) or (bool(extra) and isinstance(x, extra))
+    return isinstance(x, _leaf_types() + extra)
+
+
+def known_leaf_types(leaves: Sequence[Any]) -> bool:
+    """Whether every value's type is one the cycle guard knows as a JAX leaf
+    (never a container), so ``leaves`` really are leaves."""
+    return all(_KIND.get(t) == 0 for t in set(map(type, leaves)))
 
 
 def invalid_leaves(
     leaves: Sequence[Any], paths: Callable[[], list[Path]], extra: tuple[type, ...] = ()
 ) -> list[tuple[str, str]]:
     """The ``(path, description)`` of every leaf that is not an array."""
-    bad = [i for i, x in enumerate(leaves) if not is_leaf_value(x, extra)]
+    types = _leaf_types() + extra
+    bad = [i for i, x in enumerate(leaves) if not isinstance(x, types)]
     if not bad:
         return []
     all_paths = paths()

@@ -26,7 +26,6 @@ import warnings
 from collections.abc import Collection, Mapping
 from typing import Any, Literal, TypeAlias
 
-import ml_dtypes
 import numpy as np
 
 from ..diff import mismatches
@@ -48,9 +47,7 @@ from .names import NamingRule, namer, nest, rule_label, style_of
 Unverified: TypeAlias = Literal["refuse", "warn", "allow"]
 
 #: safetensors dtype name -> numpy dtype name, for every dtype a foreign file may hold.
-FOREIGN_DTYPES: dict[str, str] = dict(FOREIGN)
-if hasattr(ml_dtypes, "float8_e8m0fnu"):
-    FOREIGN_DTYPES["F8_E8M0"] = "float8_e8m0fnu"
+FOREIGN_DTYPES: dict[str, str] = {**FOREIGN, "F8_E8M0": "float8_e8m0fnu"}  # ml_dtypes >= 0.5
 #: Sub-byte dtypes are packed several to a byte; no numpy dtype holds them one per element.
 _PACKED = ("F4", "F6_E2M3", "F6_E3M2")
 

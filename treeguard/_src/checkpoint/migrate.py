@@ -15,8 +15,6 @@ import difflib
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-import jax
-
 from ..diff import mismatches
 from ..errors import TreeMismatchError
 from ..mismatch import Mismatch
@@ -93,6 +91,8 @@ def migrate(  # noqa: PLR0917 - one call site
       TreeMismatchError: for every difference the options do not name.
       ValueError: for an option path that names nothing.
     """
+    import jax
+
     stored_paths = [parse(t.name) for t in header.tensors]
     renames = [
         (_parse_user_path(old, "rename"), _parse_user_path(new, "rename"), old)

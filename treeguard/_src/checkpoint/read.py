@@ -17,7 +17,6 @@ import re
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import Any
 
-import jax
 import numpy as np
 
 from ..diff import mismatches
@@ -454,6 +453,8 @@ def _plan(
         sources = migrate(header, like_spec, like_names, like_leaves, rename, allow_missing)
 
     def build(arrays: dict[str, np.ndarray[Any, Any]]) -> Any:
+        import jax
+
         out: list[Any] = []
         for i, src in enumerate(sources):
             ref = like_leaves[i] if like_leaves is not None else None
@@ -492,6 +493,8 @@ def _plain(node: Node, leaves: Iterator[Any]) -> Any:
 
 def _as_like(arr: np.ndarray[Any, Any], ref: Any) -> Any:
     """A loaded array in the form of ``like``'s leaf at the same path."""
+    import jax
+
     if isinstance(ref, jax.Array):
         if getattr(ref, "weak_type", False):
             return _weak(arr, ref.sharding)
@@ -507,6 +510,8 @@ def _as_like(arr: np.ndarray[Any, Any], ref: Any) -> Any:
 
 def _weak(arr: np.ndarray[Any, Any], sharding: Any) -> Any:
     """A weakly typed jax array with ``arr``'s value (JAX's scalar promotion type)."""
+    import jax
+
     if arr.ndim == 0:
         candidate = jax.numpy.asarray(arr.item())
         if candidate.dtype == arr.dtype and candidate.weak_type:

@@ -16,7 +16,6 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import jax
 import numpy as np
 
 from ..atomic import atomic_write, remove_stale_temps, write_all
@@ -52,6 +51,8 @@ _KEY_HINT = (
 
 def _is_key_array(x: Any) -> bool:
     """Whether a leaf is a typed PRNG key array (``jax.random.key``)."""
+    import jax
+
     return isinstance(x, jax.Array) and jax.numpy.issubdtype(x.dtype, jax.dtypes.prng_key)
 
 
@@ -61,6 +62,8 @@ def _known_key(x: Any) -> bool:
 
 def _leaf_problem(x: Any, record: Record) -> str | None:
     """Why one leaf has no bytes to save, or None."""
+    import jax
+
     if isinstance(x, jax.ShapeDtypeStruct):
         return (
             f"a jax.ShapeDtypeStruct ({summarize(tuple(x.shape), np.dtype(x.dtype))}) "
@@ -83,6 +86,8 @@ def _host_array(x: Any, record: Record, name: str) -> np.ndarray[Any, Any]:
     """One leaf as a C-contiguous native-order numpy array: gathered from any
     device or shards, never more than this one leaf in memory. A big-endian
     numpy array is written in native order (its values and dtype unchanged)."""
+    import jax
+
     shape, dtype, _, _ = record
     if is_key_dtype(dtype):  # a typed PRNG key: its raw data, as the spec's key dtype
         return key_data(x, dtype)
