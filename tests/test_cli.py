@@ -99,7 +99,7 @@ after_import = sorted(
     or m in ("treeguard.verify", "treeguard.serving", "treeguard.bench", "treeguard.diagnose")
 )
 main = treeguard.cli.main
-ckpt, spec, store = sys.argv[1:4]
+ckpt, spec, store, foreign = sys.argv[1:5]
 
 
 def helps(group, path):
@@ -113,6 +113,7 @@ for args in [
     ["spec", ckpt], ["spec", "--json", ckpt], ["spec", spec], ["diff", spec, ckpt],
     ["ckpt", "inspect", ckpt], ["ckpt", "inspect", "--json", ckpt],
     ["store", "ls", store], ["store", "ls", "--json", store],
+    ["spec", foreign], ["ckpt", "inspect", foreign], ["diff", foreign, foreign],
     *helps(main, []),
 ]:
     out = io.StringIO()
@@ -137,7 +138,8 @@ def test_file_only_commands_never_import_jax(tmp_path: Path) -> None:
     tg.save(ckpt, tree)
     tg.spec_of(tree).save(spec)
     tg.ArtifactStore(store).put(tree)
-    out = run_python(_JAX_FREE_CHILD, str(ckpt), str(spec), str(store))
+    foreign = Path(__file__).parent / "data" / "chess_cv_pieces.safetensors"  # written by MLX
+    out = run_python(_JAX_FREE_CHILD, str(ckpt), str(spec), str(store), str(foreign))
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
     assert report["after_import"] == []

@@ -38,7 +38,8 @@ from ..errors import (
 )
 from ..mismatch import Mismatch
 from ..paths import Path, keystr, parse
-from ..spec import LeafSpec, TreeSpec, dtype_of, spec_of, summarize
+from ..spec import FORMAT as SPEC_FORMAT
+from ..spec import LeafSpec, TreeSpec, dtype_name, dtype_of, spec_of, summarize
 from ..walk import flatten
 from .files import pread_into
 from .format import FOREIGN, K_FORMAT, MAX_NDIM
@@ -127,9 +128,20 @@ class ForeignHeader:
 
     @property
     def spec(self) -> TreeSpec:
-        """A flat dict spec keyed by tensor name, sorted by name."""
-        return spec_of(
-            {t.name: LeafSpec(t.shape, t.dtype) for t in sorted(self.tensors, key=_by_name)}
+        """A flat dict spec keyed by tensor name, sorted by name.
+
+        Built from the spec's JSON form rather than by walking a tree, so that
+        reading a foreign header (``treeguard spec FILE``) never imports JAX.
+        """
+        children = [
+            [
+                ["key", t.name],
+                {"kind": "leaf", "shape": list(t.shape), "dtype": dtype_name(t.dtype)},
+            ]
+            for t in sorted(self.tensors, key=_by_name)
+        ]
+        return TreeSpec.from_dict(
+            {"format": SPEC_FORMAT, "tree": {"kind": "dict", "children": children}}
         )
 
 
