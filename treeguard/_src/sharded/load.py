@@ -168,9 +168,10 @@ def load_expecting(
     manifest, found_digest = read_with_digest(where)
     if digest is not None and found_digest != digest:
         raise IntegrityError(
-            f"{where}: the manifest's sha256 is {found_digest[:16]}..., the expected "
-            f"{digest[:16]}...: the checkpoint was replaced or edited\n"
-            "hint: do not use it; restore it from a backup or verify it again"
+            f"the manifest's sha256 is {found_digest[:16]}..., the verdict's "
+            f"{digest[:16]}...: the checkpoint was replaced or edited",
+            context=where,
+            hint="do not use it; restore it from a backup or verify it again",
         )
     like_leaves, like_treedef = jax.tree.flatten(like)
     like_spec = spec_of(like)
@@ -237,26 +238,39 @@ def _restore_checked(where: str, manifest: Manifest, targets: Sequence[Any]) -> 
                 for k, a in enumerate(manifest.arrays)
             ]
             item = jax.tree.unflatten(manifest.spec.treedef, leaves)
-            got = jax.tree.leaves(_read_everywhere(data, item, where))
-            if len(got) != len(run):
-                raise IntegrityError(
-                    f"{where}: the restore returned {len(got)} arrays for the {len(run)} asked"
-                )
+            got = picked(jax.tree.leaves(_read_everywhere(data, item, where)), run, where)
             for k, arr in zip(run, got):
                 restored[k] = arr
                 checker.add(k, manifest.arrays[k], arr)
         _report_resharding([manifest.arrays[k] for k in wanted], [restored[k] for k in wanted])
         bad = checker.bad()
     if bad:
-        names = [manifest.arrays[k].path or "<root>" for k in bad]
-        listed = ", ".join(names[:20]) + (f" and {len(names) - 20} more" if len(names) > 20 else "")
-        raise IntegrityError(
-            f"{where}: {len(names)} {'array' if len(names) == 1 else 'arrays'} with a shard "
-            f"whose sha256 does not match the manifest: {listed}\n"
-            "hint: the stored bytes changed after the save; load an earlier checkpoint",
-            path=names[0],
-        )
+        raise shard_error(where, [manifest.arrays[k].path for k in bad])
     return restored
+
+
+def picked(leaves: Sequence[Any], run: Sequence[int], where: str) -> list[Any]:
+    """The arrays of ``run`` among a partial restore's leaves (orbax gives
+    back its placeholder where an array was not asked for)."""
+    if len(leaves) == len(run):
+        return list(leaves)
+    if run and len(leaves) > max(run):
+        return [leaves[k] for k in run]
+    raise IntegrityError(
+        f"{where}: the restore returned {len(leaves)} leaves for {len(run)} arrays asked"
+    )
+
+
+def shard_error(where: str, paths: Sequence[str]) -> IntegrityError:
+    """The error for arrays with a shard whose sha256 does not match."""
+    names = [p or "<root>" for p in paths]
+    listed = ", ".join(names[:20]) + (f" and {len(names) - 20} more" if len(names) > 20 else "")
+    return IntegrityError(
+        f"{where}: {len(names)} {'array' if len(names) == 1 else 'arrays'} with a shard "
+        f"whose sha256 does not match the manifest: {listed}\n"
+        "hint: the stored bytes changed after the save; load an earlier checkpoint",
+        path=names[0],
+    )
 
 
 def _report_resharding(arrays: Sequence[ArrayRecord], restored: Sequence[Any]) -> None:
