@@ -279,3 +279,40 @@ def test_the_command_line_on_sharded_versions(tmp_path: Path) -> None:
     assert res.exit_code == 1 and "['dense1']['w']" in res.output
     res = run(store_cli, ["gc", "--keep", "0", store.root])
     assert res.exit_code == 0 and "nothing" in res.output
+
+
+def test_the_messages_of_the_sharded_gates(tmp_path: Path) -> None:
+    store = ArtifactStore(tmp_path / "s")
+    v1 = _promoted(store, _params())
+    with pytest.raises(ValueError) as e:
+        store.load_current(jax.tree.map(np.asarray, _params()))
+    assert str(e.value) == (
+        "version v000001 is sharded: `like` must be a tree of jax.Arrays or "
+        "jax.ShapeDtypeStructs with shardings, the layout to restore onto\n"
+        "hint: `jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, spec))` "
+        "for each leaf"
+    )
+    vdir = _vdir(store, v1)
+    (vdir / "note").symlink_to(tmp_path)
+    with pytest.raises(IntegrityError) as f:
+        store.load_current(_like())
+    assert str(f.value) == (
+        f"{vdir}: version v000001: note is a symbolic link, not a file the store or orbax "
+        "wrote; refused\n"
+        "hint: the store never follows links; remove it, or restore the version from a backup"
+    )
+    (vdir / "note").unlink()
+    manifest = vdir / MANIFEST_NAME
+    manifest.write_bytes(manifest.read_bytes() + b"\n")
+    with pytest.raises(IntegrityError) as g:
+        store.load_current(_like())
+    digest = store.info(v1).digest
+    assert digest is not None
+    text = str(g.value)
+    assert text.startswith(
+        "version v000001: its checkpoint changed since it was verified: the manifest's sha256 is "
+    )
+    assert text.endswith(
+        f"the verdict's {digest[:16]}...: the checkpoint was replaced or edited\n"
+        "hint: do not use it; restore the file from a backup or verify it again"
+    )
