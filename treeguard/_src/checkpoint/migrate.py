@@ -15,8 +15,6 @@ import difflib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-import jax
-
 from ..diff import mismatches
 from ..errors import TreeMismatchError
 from ..mismatch import Mismatch
@@ -214,6 +212,8 @@ def migrate(  # noqa: PLR0917 - one call site
       TreeMismatchError: for every difference the options do not name.
       ValueError: for an option path that names nothing.
     """
+    import jax
+
     has_value = [
         ref is not None and not isinstance(ref, (LeafSpec, jax.ShapeDtypeStruct))
         for ref in (like_leaves if like_leaves is not None else [None] * len(like_names))
