@@ -505,7 +505,11 @@ class ArtifactStore:
         Args:
           version: the version to check.
           like: the tree or ``TreeSpec`` it must match; its structure is
-            also the one the checks receive.
+            also the one the checks receive. For a sharded version, a tree
+            whose leaves carry shardings is loaded onto them (in a
+            multi-process job every process calls ``verify`` then, and the
+            verdict is agreed and written by process 0); otherwise the
+            version is read whole onto this process's first device.
           checks: callables taking the tree, or ``(name, callable)`` pairs.
             A check passes by returning None or a true value, fails by
             returning a false one (``False``, ``np.False_``, a false 0-d jax
@@ -766,7 +770,10 @@ class ArtifactStore:
 
         Args:
           version: the version.
-          like: the tree or ``TreeSpec`` whose structure the result takes.
+          like: the tree or ``TreeSpec`` whose structure the result takes;
+            for a sharded version, a tree of ``jax.Array``s or
+            ``jax.ShapeDtypeStruct``s with the shardings to restore onto
+            (every process of a job calls it).
 
         Returns:
           The tree.
@@ -778,6 +785,7 @@ class ArtifactStore:
           IntegrityError: if the file changed since it was verified (naming
             the version).
           TreeMismatchError: if it does not match ``like``.
+          ValueError: for a sharded version and a ``like`` without shardings.
         """
         model, digest, sharded = self._gate(version, full=False)
         return self._load(version, model, sharded, like, digest)
@@ -790,6 +798,7 @@ class ArtifactStore:
           UnknownVersionError: for an unknown version.
           IntegrityError, FormatError: for a damaged file.
           TreeMismatchError: if it does not match ``like``.
+          ValueError: for a sharded version and a ``like`` without shardings.
         """
         path, data = self._record(version)
         digest = data.get("digest") if data["status"] == "verified" else None
@@ -809,7 +818,10 @@ class ArtifactStore:
         """Loads the current version through every gate (see ``load_verified``).
 
         Args:
-          like: the tree or ``TreeSpec`` whose structure the result takes.
+          like: the tree or ``TreeSpec`` whose structure the result takes;
+            for a sharded version, a tree of ``jax.Array``s or
+            ``jax.ShapeDtypeStruct``s with the shardings to restore onto
+            (every process of a job calls it).
           fallback: if the current version fails a gate, load the most
             recent former current version that passes them all instead (the
             fall back is logged).
@@ -822,6 +834,7 @@ class ArtifactStore:
             fails a gate (and, with ``fallback``, every former one too).
           IntegrityError, FormatError: if the current file is damaged.
           TreeMismatchError: if it does not match ``like``.
+          ValueError: for a sharded version and a ``like`` without shardings.
         """
         ptr = self._pointer()
         if ptr.current is None:
@@ -858,7 +871,10 @@ class ArtifactStore:
 
         Under the store's lock, the version passes every gate: verified,
         signed in a store with a key, and its whole file read again and
-        matched with the digest its verdict was computed on.
+        matched with the digest its verdict was computed on. For a sharded
+        version: its directory holds only regular files and directories,
+        its manifest's sha256 is the verdict's, and every shard is read
+        again in this process (a group of arrays at a time) and hashed.
 
         Args:
           version: the version to make current.
