@@ -174,6 +174,11 @@ class StoreMachine(RuleBasedStateMachine):
         removed = self.store.gc(policy=RetentionPolicy(keep_last=keep))
         assert not protected & set(removed), f"gc removed {protected & set(removed)}"
         self.removed.update(removed)
+        versions = self.root / "versions"
+        left = {n for n in os.listdir(versions) if (versions / n / "status.json").exists()}
+        for v in left:
+            if json.loads((versions / v / "status.json").read_text())["status"] == "writing":
+                raise AssertionError(f"gc left {v}, written by a dead process")
 
     @precondition(lambda self: self._live())
     @rule(data=st.data())
@@ -206,6 +211,34 @@ class StoreMachine(RuleBasedStateMachine):
         (d / f".model.safetensors.{DEAD_PID}.0badf00d.tmp").write_bytes(b"\x00" * 17)
         self.names.append(name)
         self.removed.add(name)  # never loadable; gc may take it at any time
+
+    @rule()
+    def killed_mid_sharded_put(self) -> None:
+        """What a SIGKILL inside ``put_sharded`` leaves: a ``writing`` record
+        of a dead process, orbax's temporary data directory and a manifest
+        temp file; gc must reclaim all of it."""
+        marker = json.loads((self.root / "STORE.json").read_text())
+        marker["counter"] += 1
+        name = f"v{marker['counter']:06d}"
+        (self.root / "STORE.json").write_text(json.dumps(marker))
+        d = self.root / "versions" / name
+        tmp = d / "data-0123456789abcdef.orbax-checkpoint-tmp-1700000000" / "d"
+        tmp.mkdir(parents=True)
+        (tmp / "0badf00d").write_bytes(b"\x00" * 33)
+        (d / "status.json").write_text(
+            json.dumps(
+                {
+                    "status": "writing",
+                    "pid": DEAD_PID,
+                    "uid": "dead",
+                    "created": "z",
+                    "kind": "sharded",
+                }
+            )
+        )
+        (d / f".{MANIFEST_NAME}.{DEAD_PID}.0badf00d.tmp").write_bytes(b"{")
+        self.names.append(name)
+        self.removed.add(name)
 
     @rule()
     def killed_mid_pointer_write(self) -> None:
