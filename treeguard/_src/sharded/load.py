@@ -257,7 +257,9 @@ def picked(leaves: Sequence[Any], run: Sequence[int], where: str) -> list[Any]:
     if run and len(leaves) > max(run):
         return [leaves[k] for k in run]
     raise IntegrityError(
-        f"{where}: the restore returned {len(leaves)} leaves for {len(run)} arrays asked"
+        f"the restore returned {len(leaves)} leaves for the {len(run)} arrays asked",
+        context=where,
+        hint="the data directory does not hold what the manifest lists; load an earlier checkpoint",
     )
 
 
