@@ -216,12 +216,14 @@ def test_a_fifo_in_a_sharded_version_never_hangs(tmp_path: Path) -> None:
 
 def test_gc_removes_a_sharded_version_whole(tmp_path: Path) -> None:
     store = ArtifactStore(tmp_path / "s")
+    v0 = store.put_sharded(_params())
+    (_vdir(store, v0) / "notes.txt").write_text("not the store's")
     v1 = store.put_sharded(_params())
     v2 = _promoted(store, _params(2.0))
     v3 = _promoted(store, _params(3.0))
     assert store.gc(policy=RetentionPolicy(keep_last=0)) == [v1]
     assert not _vdir(store, v1).exists()
-    assert sorted(os.listdir(Path(store.root) / "versions")) == [v2, v3]
+    assert sorted(os.listdir(Path(store.root) / "versions")) == [v0, v2, v3]
     _same(store.load_current(_like()), _params(3.0))
     with pytest.raises(StoreError, match="existed and was removed by gc"):
         store.put_sharded(_params(), version=v1)
