@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -244,6 +245,11 @@ def test_an_unfinished_sharded_put_is_never_used_and_gc_reclaims_it(tmp_path: Pa
         store.promote(v2)
     with pytest.raises(StoreError, match="still being written"):
         store.load_version(v2, _like())
+    record["host"] = "another-host"  # a writer elsewhere: its pid means nothing here
+    status.write_text(json.dumps(record))
+    assert store.gc(policy=RetentionPolicy(keep_last=5)) == []
+    record["host"] = socket.gethostname()
+    status.write_text(json.dumps(record))
     assert store.gc(policy=RetentionPolicy(keep_last=5)) == [v2]
     assert not _vdir(store, v2).exists() and store.current() == v1
     _same(store.load_current(_like()), _params())

@@ -52,6 +52,7 @@ _FIELDS: dict[str, tuple[type, ...]] = {
     "format": (str,),
     "version": (str,),
     "kind": (str,),
+    "host": (str,),
 }
 
 

@@ -16,6 +16,7 @@ import dataclasses
 import json
 import os
 import secrets
+import socket
 import stat
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -352,6 +353,7 @@ class ArtifactStore:
                 {
                     "status": "writing",
                     "pid": os.getpid(),
+                    "host": socket.gethostname(),
                     "uid": secrets.token_hex(16),
                     "created": records.now(),
                     "metadata": user,
@@ -939,8 +941,9 @@ class ArtifactStore:
         It never removes the current version or any former current one the
         pointer remembers (whatever their status files say), the newest
         versions the policy keeps, a version being written by a live
-        process, a version whose record cannot be read, or a directory that
-        holds files the store did not write. It refuses to run when the
+        process (or by one on another host, whose pid means nothing here), a
+        version whose record cannot be read, or a directory that holds files
+        the store did not write. It refuses to run when the
         pointer is damaged, since it cannot then tell what is current.
 
         Args:
@@ -991,8 +994,13 @@ class ArtifactStore:
             data = records.read(path)
         except StoreError:
             return False  # never delete what cannot be read: a person must look
+        if data["status"] != "writing":
+            return True
+        host = data.get("host")
+        if host is not None and host != socket.gethostname():
+            return False  # its writer's pid means nothing here: gc on the writer's host takes it
         pid = data.get("pid")
-        return not (data["status"] == "writing" and isinstance(pid, int) and pid_alive(pid))
+        return not (isinstance(pid, int) and pid_alive(pid))
 
     def _clean_trash(self, base: str) -> None:
         """Finishes removals a crash interrupted, and reclaims dead writers' temps."""
