@@ -8,6 +8,12 @@ ratio is against the baseline measured in the same run.
 
     .venv/bin/python benchmarks/store.py              # 1 GiB in 64 leaves
     .venv/bin/python benchmarks/store.py --mib 128    # a quick run
+    .venv/bin/python benchmarks/store.py --sharded    # a sharded version, one device
+
+With ``--sharded`` the version is put with ``put_sharded`` and the baselines
+are ``load_sharded`` of its directory (every shard hashed, no gates), for
+``load_current`` and for ``promote`` (which re-reads and re-hashes every
+shard in one process, a group of arrays at a time).
 """
 
 from __future__ import annotations
@@ -44,7 +50,11 @@ def main() -> None:
     parser.add_argument("--mib", type=int, default=1024)
     parser.add_argument("--leaves", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--sharded", action="store_true", help="a put_sharded version")
     args = parser.parse_args()
+    if args.sharded:
+        _sharded(args)
+        return
 
     tree = _tree(args.mib, args.leaves)
     like = tg.spec_of(tree)
@@ -65,14 +75,50 @@ def main() -> None:
             ("promote / verify_file", lambda: store.promote(v), lambda: tg.verify_file(path)),
         ]
         print(f"{args.mib} MiB in {args.leaves} leaves, median of {args.repeats} (page cache)")
-        for name, gated, base in pairs:
-            gated(), base()  # warm-up: page cache, imports
-            t_gated, t_base = [], []
-            for _ in range(args.repeats):  # interleaved, so drift hits both sides alike
-                t_base.append(_median(base, 1))
-                t_gated.append(_median(gated, 1))
-            g, b = statistics.median(t_gated), statistics.median(t_base)
-            print(f"  {name:24s} {g * 1e3:9.1f} ms / {b * 1e3:9.1f} ms = {g / b:5.3f}x")
+        _compare(pairs, args.repeats)
+
+
+def _compare(pairs: list[tuple[str, Callable[[], Any], Callable[[], Any]]], repeats: int) -> None:
+    for name, gated, base in pairs:
+        gated(), base()  # warm-up: page cache, imports
+        t_gated, t_base = [], []
+        for _ in range(repeats):  # interleaved, so drift hits both sides alike
+            t_base.append(_median(base, 1))
+            t_gated.append(_median(gated, 1))
+        g, b = statistics.median(t_gated), statistics.median(t_base)
+        print(f"  {name:28s} {g * 1e3:9.1f} ms / {b * 1e3:9.1f} ms = {g / b:5.3f}x")
+
+
+def _sharded(args: argparse.Namespace) -> None:
+    import jax
+    import jax.numpy as jnp
+
+    tree = {k: jnp.asarray(v) for k, v in _tree(args.mib, args.leaves).items()}
+    like = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
+    with tempfile.TemporaryDirectory() as d:
+        store = tg.ArtifactStore(os.path.join(d, "store"), key=b"bench-key-0123456789")
+        v = store.put_sharded(tree)
+        store.verify(v, like=like)
+        store.promote(v)
+        path = store.info(v).path
+        del tree
+
+        def load() -> Any:
+            return jax.block_until_ready(tg.load_sharded(path, like))
+
+        pairs: list[tuple[str, Callable[[], Any], Callable[[], Any]]] = [
+            (
+                "load_current / load_sharded",
+                lambda: jax.block_until_ready(store.load_current(like)),
+                load,
+            ),
+            ("promote / load_sharded", lambda: store.promote(v), load),
+        ]
+        print(
+            f"{args.mib} MiB in {args.leaves} leaves, a sharded version on one device, "
+            f"median of {args.repeats} (page cache)"
+        )
+        _compare(pairs, args.repeats)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
-"""The store as a state machine: put, verify, promote, rollback, gc, tampering
-and what a kill leaves behind, interleaved at random by hypothesis.
+"""The store as a state machine: put (of a file or a sharded version), verify,
+promote, rollback, gc, tampering and what a kill leaves behind, interleaved at
+random by hypothesis.
 
 After every step the invariants hold: the current version loads and matches
 its verified digest (or, if its bytes were tampered with, is refused); every
@@ -16,6 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, settings
@@ -31,13 +33,35 @@ from hypothesis.stateful import (
 
 import treeguard as tg
 from treeguard import ArtifactStore, IntegrityError, RetentionPolicy, StoreError
+from treeguard._src.sharded import sharded_digest
+from treeguard._src.sharded.manifest import MANIFEST_NAME
 
 DEAD_PID = 2**22 + 4321  # above the default pid_max: no such process
 KEY = b"s" * 32
 
 
 def _params(scale: float) -> dict[str, Any]:
-    return {"w": np.full((2, 2), scale, np.float32), "b": np.full(2, scale, np.float32)}
+    # w is over 1 KiB, so a sharded version keeps it in a data file, not inline in its index
+    return {"w": np.full((32, 16), scale, np.float32), "b": np.full(2, scale, np.float32)}
+
+
+def _like() -> dict[str, Any]:
+    return {k: jnp.asarray(v) for k, v in _params(0.0).items()}
+
+
+def _flip_stored(version_dir: Path, needle: bytes) -> bool:
+    """Flips a bit of the first stored copy of ``needle`` under a sharded
+    version's data; False if there is none left."""
+    for path in sorted(p for p in version_dir.rglob("*") if p.is_file()):
+        if path.name in ("status.json", MANIFEST_NAME):
+            continue
+        raw = bytearray(path.read_bytes())
+        at = raw.find(needle)
+        if at >= 0:
+            raw[at + len(needle) // 2] ^= 0x01
+            path.write_bytes(bytes(raw))
+            return True
+    return False
 
 
 def _finite(tree: Any) -> bool:
@@ -59,6 +83,7 @@ class StoreMachine(RuleBasedStateMachine):
         self.tampered: set[str] = set()
         self.removed: set[str] = set()
         self.names: list[str] = []
+        self.sharded: set[str] = set()
 
     def teardown(self) -> None:
         shutil.rmtree(self.dir, ignore_errors=True)
@@ -66,7 +91,14 @@ class StoreMachine(RuleBasedStateMachine):
     # -- helpers -----------------------------------------------------------
 
     def _model(self, v: str) -> Path:
+        if v in self.sharded:
+            return self.root / "versions" / v / MANIFEST_NAME
         return self.root / "versions" / v / "model.safetensors"
+
+    def _digest(self, v: str) -> str:
+        if v in self.sharded:
+            return sharded_digest(self.root / "versions" / v)
+        return tg.read_header(self._model(v)).digest
 
     def _live(self) -> list[str]:
         return [v for v in self.names if v not in self.removed]
@@ -75,8 +107,12 @@ class StoreMachine(RuleBasedStateMachine):
     def first_put(self) -> None:
         self._put(1.0)
 
-    def _put(self, scale: float) -> str:
-        v = self.store.put(_params(scale))
+    def _put(self, scale: float, *, sharded: bool = False) -> str:
+        if sharded:
+            v = self.store.put_sharded({k: jnp.asarray(x) for k, x in _params(scale).items()})
+            self.sharded.add(v)
+        else:
+            v = self.store.put(_params(scale))
         assert v not in self.names, f"name {v} handed out twice"
         self.names.append(v)
         self.scale[v] = scale
@@ -87,6 +123,10 @@ class StoreMachine(RuleBasedStateMachine):
     @rule(scale=st.sampled_from([0.5, 2.0, 3.0, float("nan")]))
     def put(self, scale: float) -> None:
         self._put(scale)
+
+    @rule(scale=st.sampled_from([0.5, 2.0, float("nan")]))
+    def put_sharded(self, scale: float) -> None:
+        self._put(scale, sharded=True)
 
     @precondition(lambda self: self._live())
     @rule(data=st.data())
@@ -134,11 +174,21 @@ class StoreMachine(RuleBasedStateMachine):
         removed = self.store.gc(policy=RetentionPolicy(keep_last=keep))
         assert not protected & set(removed), f"gc removed {protected & set(removed)}"
         self.removed.update(removed)
+        versions = self.root / "versions"
+        left = {n for n in os.listdir(versions) if (versions / n / "status.json").exists()}
+        for v in left:
+            if json.loads((versions / v / "status.json").read_text())["status"] == "writing":
+                raise AssertionError(f"gc left {v}, written by a dead process")
 
     @precondition(lambda self: self._live())
     @rule(data=st.data())
     def tamper(self, data: st.DataObject) -> None:
         v = data.draw(st.sampled_from(self._live()))
+        if v in self.sharded:
+            needle = np.full(4, self.scale[v], np.float32).tobytes()
+            if _flip_stored(self.root / "versions" / v, needle):
+                self.tampered.add(v)
+            return
         path = self._model(v)
         raw = bytearray(path.read_bytes())
         raw[-1] = (raw[-1] + 1) % 256  # the last byte is array data; never back to the original
@@ -163,6 +213,34 @@ class StoreMachine(RuleBasedStateMachine):
         self.removed.add(name)  # never loadable; gc may take it at any time
 
     @rule()
+    def killed_mid_sharded_put(self) -> None:
+        """What a SIGKILL inside ``put_sharded`` leaves: a ``writing`` record
+        of a dead process, orbax's temporary data directory and a manifest
+        temp file; gc must reclaim all of it."""
+        marker = json.loads((self.root / "STORE.json").read_text())
+        marker["counter"] += 1
+        name = f"v{marker['counter']:06d}"
+        (self.root / "STORE.json").write_text(json.dumps(marker))
+        d = self.root / "versions" / name
+        tmp = d / "data-0123456789abcdef.orbax-checkpoint-tmp-1700000000" / "d"
+        tmp.mkdir(parents=True)
+        (tmp / "0badf00d").write_bytes(b"\x00" * 33)
+        (d / "status.json").write_text(
+            json.dumps(
+                {
+                    "status": "writing",
+                    "pid": DEAD_PID,
+                    "uid": "dead",
+                    "created": "z",
+                    "kind": "sharded",
+                }
+            )
+        )
+        (d / f".{MANIFEST_NAME}.{DEAD_PID}.0badf00d.tmp").write_bytes(b"{")
+        self.names.append(name)
+        self.removed.add(name)
+
+    @rule()
     def killed_mid_pointer_write(self) -> None:
         """A SIGKILL inside an atomic replace leaves only a temp file."""
         (self.root / f".CURRENT.json.{DEAD_PID}.deadbeef.tmp").write_text('{"current": "x"')
@@ -174,12 +252,12 @@ class StoreMachine(RuleBasedStateMachine):
         assert cur is not None
         if cur not in self.verified:
             with pytest.raises(StoreError):
-                self.store.load_current(_params(0.0))
+                self.store.load_current(_like())
         elif cur in self.tampered:
             with pytest.raises(IntegrityError, match=f"version {cur}"):
-                self.store.load_current(_params(0.0))
+                self.store.load_current(_like())
         else:
-            tree = self.store.load_current(_params(0.0))
+            tree = self.store.load_current(_like())
             assert float(tree["w"][0, 0]) == self.scale[cur]
 
     # -- invariants -------------------------------------------------------
@@ -198,11 +276,11 @@ class StoreMachine(RuleBasedStateMachine):
             # promoted while verified, then verified again and rejected: never served
             assert info.status == "rejected"
             with pytest.raises(StoreError, match=f"version {cur} is rejected"):
-                self.store.load_current(_params(0.0))
+                self.store.load_current(_like())
             return
         assert info.status == "verified" and info.signed
         if cur not in self.tampered:
-            assert tg.read_header(self._model(cur)).digest == info.digest
+            assert self._digest(cur) == info.digest
 
     @invariant()
     def no_remembered_verified_version_is_lost(self) -> None:

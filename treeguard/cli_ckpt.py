@@ -339,6 +339,7 @@ def ls_command(root: Path, as_json: bool) -> None:
                         {
                             "version": v.version,
                             "status": v.status,
+                            "kind": v.kind,
                             "reason": v.reason,
                             "created": v.created,
                             "num_params": v.num_params,
@@ -353,7 +354,7 @@ def ls_command(root: Path, as_json: bool) -> None:
         )
         return
     table = Table(box=None, pad_edge=False)
-    for col in ("", "version", "status", "created", "params", "size", "reason"):
+    for col in ("", "version", "status", "kind", "created", "params", "size", "reason"):
         table.add_column(col, overflow="fold")
     for v in versions:
         mark = "*" if v.version == current else ("<" if v.version == previous else "")
@@ -363,6 +364,7 @@ def ls_command(root: Path, as_json: bool) -> None:
             mark,
             v.version,
             f"[{style}]{v.status}[/{style}]" if style else v.status,
+            v.kind,
             v.created,
             f"{v.num_params:,}" if v.num_params is not None else "",
             _human(v.nbytes) if v.nbytes is not None else "",

@@ -190,3 +190,52 @@ def test_resharding_is_logged(saved: Path, caplog: pytest.LogCaptureFixture) -> 
     caplog.set_level(logging.INFO, logger="treeguard.sharded")
     treeguard.load_sharded(saved, _abstract(_params()))
     assert caplog.records == []
+
+
+@pytest.mark.parametrize(
+    ("rename", "allow_missing", "like_of"),
+    [
+        ({"['dense9']": "['encoder']"}, (), "encoder"),
+        ({"['dense1']['w']": "['x']", "['dense1']['b']": "['x']"}, (), "plain"),
+        ({}, ("['nothing']",), "plain"),
+        ({"['dense1']": "['encoder']"}, ("['extra']",), "extra-abstract"),
+        ({"['dense1']": "['encoder']"}, (), "encoder-wrong"),
+    ],
+    ids=[
+        "rename-names-nothing",
+        "renames-collide",
+        "allow-missing-nothing",
+        "no-value",
+        "mismatch",
+    ],
+)
+def test_a_migration_fails_alike_for_a_file_and_a_sharded_checkpoint(
+    saved: Path,
+    tmp_path: Path,
+    rename: dict[str, str],
+    allow_missing: tuple[str, ...],
+    like_of: str,
+) -> None:
+    file = tmp_path / "model.safetensors"
+    treeguard.save(file, jax.tree.map(np.asarray, _params()))
+    like = _abstract(_params())
+    if like_of.startswith("encoder"):
+        like["encoder"] = like.pop("dense1")
+    if like_of == "encoder-wrong":
+        one = like["dense2"]["b"].sharding
+        like["encoder"]["w"] = jax.ShapeDtypeStruct((32, 17), jnp.float32, sharding=one)
+    if like_of == "extra-abstract":
+        like["encoder"] = like.pop("dense1")
+        like["extra"] = jax.ShapeDtypeStruct(
+            (2,), jnp.float32, sharding=like["dense2"]["b"].sharding
+        )
+    errors = []
+    for where, load in ((saved, treeguard.load_sharded), (file, treeguard.load)):
+        with pytest.raises((ValueError, treeguard.TreeMismatchError)) as e:
+            if load is treeguard.load:
+                load(where, like=like, rename=rename, allow_missing=allow_missing)
+            else:
+                load(where, like, rename=rename, allow_missing=allow_missing)
+        errors.append((type(e.value), str(e.value).replace(str(where), "WHERE")))
+    assert errors[0] == errors[1]
+    assert "WHERE" in errors[0][1] or "`like`" in errors[0][1]

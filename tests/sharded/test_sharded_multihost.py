@@ -158,3 +158,30 @@ def test_sigkill_at_any_moment_leaves_a_whole_version(
     tmp_path: Path, victim: int, delay: float
 ) -> None:
     assert _kill_mid_save(tmp_path / "ckpt", delay=delay, victim=victim) in (1, 2)
+
+
+@pytest.mark.slow
+def test_sharded_store_versions_across_two_processes(tmp_path: Path) -> None:
+    procs = _start(tmp_path / "store", "store")
+    outs = []
+    try:
+        for p in procs:
+            out, err = stop(p, timeout=150)
+            assert p.returncode == 0, err[-3000:]
+            outs.append(out)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                stop(p)
+    for out in outs:
+        assert "PUT v000001 candidate sharded" in out, out
+        assert "VERIFIED verified" in out
+        assert "CURRENT v000001 True" in out
+        assert "AGREED v000002 rejected check first returned False" in out, out
+    store = treeguard.ArtifactStore(tmp_path / "store")
+    assert [(v.version, v.status) for v in store.versions()] == [
+        ("v000001", "verified"),
+        ("v000002", "rejected"),
+    ]
+    assert [e.action for e in store.history()].count("verify") == 2

@@ -3,7 +3,10 @@ collected by pytest): ``python worker.py PID PORT DIR MODE``.
 
 MODE ``suite``: save on a 2x2 mesh, restore onto another mesh bit-exact, a
 renamed layer with the data directory gone, a flipped byte. MODE ``kill``:
-save version 1, then version 2 while the test kills a process.
+save version 1, then version 2 while the test kills a process. MODE
+``store``: sharded versions of an ``ArtifactStore``: put, verify onto
+another mesh, promote in process 0, load the current version everywhere,
+and a check that fails in one process only.
 """
 
 from __future__ import annotations
@@ -110,4 +113,21 @@ elif MODE == "kill":
     say("SAVING2")
     treeguard.save_sharded(DIR, second, metadata={"version": 2})
     say("SAVED2")
+elif MODE == "store":
+    host = host_tree(1, 32)
+    store = treeguard.ArtifactStore(DIR)
+    v1 = store.put_sharded(place(host, SAVE_MESH, SAVE_SPECS), metadata={"step": 1})
+    say("PUT", v1, store.info(v1).status, store.info(v1).kind)
+    info = store.verify(v1, like=abstract(host, OTHER_MESH, OTHER_SPECS))
+    say("VERIFIED", info.status)
+    if PID == 0:
+        store.promote(v1)
+    multihost_utils.sync_global_devices("promoted")
+    out = store.load_current(abstract(host, OTHER_MESH, OTHER_SPECS))
+    say("CURRENT", store.current(), bit_exact(out, host))
+    v2 = store.put_sharded(place(host_tree(2, 32), SAVE_MESH, SAVE_SPECS))
+    info = store.verify(
+        v2, like=abstract(host, OTHER_MESH, OTHER_SPECS), checks=[("first", lambda t: PID == 0)]
+    )
+    say("AGREED", v2, info.status, info.reason)
 say("DONE")

@@ -36,10 +36,11 @@ from ..errors import (
     TreeMismatchError,
     UnverifiedWeightsWarning,
 )
+from ..keydtype import dtype_name
 from ..mismatch import Mismatch
 from ..paths import Path, keystr, parse
 from ..spec import FORMAT as SPEC_FORMAT
-from ..spec import LeafSpec, TreeSpec, dtype_name, dtype_of, spec_of, summarize
+from ..spec import LeafSpec, TreeSpec, dtype_of, spec_of, summarize
 from ..walk import flatten
 from .files import pread_into
 from .format import FOREIGN, K_FORMAT, MAX_NDIM

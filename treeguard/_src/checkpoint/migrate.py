@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from ..diff import mismatches
@@ -21,7 +21,7 @@ from ..mismatch import Mismatch
 from ..paths import Path, keystr, parse
 from ..spec import LeafSpec, TreeSpec, spec_of
 from ..walk import Node
-from .format import Header, TensorInfo
+from .format import Header
 
 
 def starts_with(path: Path, prefix: Path) -> bool:
@@ -73,6 +73,127 @@ def _node_type_mismatches(
     return found
 
 
+def match_stored(  # noqa: PLR0917 - two call sites, all positional data
+    stored_names: Sequence[str],
+    stored_leaves: Sequence[LeafSpec],
+    like_spec: TreeSpec,
+    like_has_value: Sequence[bool],
+    rename: Mapping[str, str],
+    allow_missing: Sequence[str],
+    where: str,
+    *,
+    extra: Callable[[Sequence[tuple[Path, Path, str]]], list[Mismatch]] | None = None,
+) -> list[int | None]:
+    """The one leaf matching behind ``rename`` and ``allow_missing``, for
+    every stored format (a single file's tensors, a sharded manifest's arrays).
+
+    A rename maps a stored leaf or subtree to a new path (the longest prefix
+    wins); a path of ``like`` under ``allow_missing`` may be absent, and then
+    keeps ``like``'s value; every other difference (shape, dtype, a missing
+    or unexpected leaf) is a mismatch.
+
+    Args:
+      stored_names: the stored leaves' paths in ``keystr`` form, in order.
+      stored_leaves: their shapes and dtypes.
+      like_spec: the spec of the tree to load into.
+      like_has_value: for each leaf of ``like``, whether it holds a value to
+        keep (an array, not a shape-only placeholder).
+      rename: ``{old path: new path}``.
+      allow_missing: paths of ``like`` that may be absent.
+      where: the stored checkpoint's name for messages.
+      extra: given the parsed renames, more mismatches to report with the
+        leaf ones (the container types a single file records).
+
+    Returns:
+      For each leaf of ``like`` in flatten order, the index of the stored
+      leaf it takes, or None to keep ``like``'s value.
+
+    Raises:
+      TreeMismatchError: for every difference the options do not name.
+      ValueError: for an option path that names nothing, two stored leaves
+        renamed onto one path, or a missing leaf with no value to keep.
+
+    Example:
+      >>> like = spec_of({"b": LeafSpec((2,), "float32")})
+      >>> match_stored(["['a']"], [LeafSpec((2,), "float32")], like, [False],
+      ...              {"['a']": "['b']"}, [], "ckpt")
+      [0]
+    """
+    stored_paths = [parse(n) for n in stored_names]
+    renames = [
+        (_parse_user_path(old, "rename"), _parse_user_path(new, "rename"), old)
+        for old, new in rename.items()
+    ]
+    new_name: list[str] = []
+    used: set[str] = set()
+    for name, p in zip(stored_names, stored_paths):
+        best = None
+        for old, new, text in renames:
+            if starts_with(p, old) and (best is None or len(old) > len(best[0])):
+                best = (old, new, text)
+        if best is None:
+            new_name.append(name)
+        else:
+            new_name.append(keystr((*best[1], *p[len(best[0]) :])))
+            used.add(best[2])
+    unused = [text for _, _, text in renames if text not in used]
+    if unused:
+        close = difflib.get_close_matches(unused[0], list(stored_names), n=1)
+        raise ValueError(
+            f"rename: {unused[0]} names no leaf or subtree of the checkpoint {where}"
+            + (f"; did you mean {close[0]}?" if close else "")
+        )
+    by_new: dict[str, int] = {}
+    for k, n in enumerate(new_name):
+        if n in by_new:
+            raise ValueError(
+                f"rename: {stored_names[by_new[n]]} and {stored_names[k]} would both become "
+                f"{n} in {where}"
+            )
+        by_new[n] = k
+    like_paths = like_spec.paths
+    optional = [_parse_user_path(a, "allow_missing") for a in allow_missing]
+    for text, p in zip(allow_missing, optional):
+        if not any(starts_with(lp, p) for lp in like_paths):
+            raise ValueError(f"allow_missing: {text} names no leaf or subtree of `like`")
+    sources: list[int | None] = []
+    stored_flat: dict[str, LeafSpec] = {}
+    like_flat: dict[str, LeafSpec] = {}
+    for i, (lpath, rec) in enumerate(zip(like_paths, like_spec.records)):
+        lname = keystr(lpath)
+        if lname in by_new:
+            k = by_new[lname]
+            sources.append(k)
+            stored_flat[lname] = LeafSpec(stored_leaves[k].shape, stored_leaves[k].dtype)
+            like_flat[lname] = LeafSpec(rec[0], rec[1])
+        elif any(starts_with(lpath, p) for p in optional):
+            if not like_has_value[i]:
+                raise ValueError(
+                    f"allow_missing: {lname} is absent from {where} and `like` holds no "
+                    "value to keep there; pass a `like` tree with arrays"
+                )
+            sources.append(None)
+        else:
+            sources.append(None)
+            like_flat[lname] = LeafSpec(rec[0], rec[1])
+    for n, k in by_new.items():
+        if n not in like_flat:
+            stored_flat[n] = LeafSpec(stored_leaves[k].shape, stored_leaves[k].dtype)
+    found = extra(renames) if extra is not None else []
+    found += [
+        dataclasses.replace(m, path=parse(m.path)[0][1])
+        for m in mismatches(spec_of(stored_flat), spec_of(like_flat))
+    ]
+    if found:
+        raise TreeMismatchError(
+            found,
+            expected_from="`like`",
+            actual_from="the checkpoint (after rename)",
+            context=where,
+        )
+    return sources
+
+
 def migrate(  # noqa: PLR0917 - one call site
     header: Header,
     like_spec: TreeSpec,
@@ -93,76 +214,20 @@ def migrate(  # noqa: PLR0917 - one call site
     """
     import jax
 
-    stored_paths = [parse(t.name) for t in header.tensors]
-    renames = [
-        (_parse_user_path(old, "rename"), _parse_user_path(new, "rename"), old)
-        for old, new in rename.items()
+    has_value = [
+        ref is not None and not isinstance(ref, (LeafSpec, jax.ShapeDtypeStruct))
+        for ref in (like_leaves if like_leaves is not None else [None] * len(like_names))
     ]
-    new_name: dict[str, str] = {}
-    used: set[str] = set()
-    for t, p in zip(header.tensors, stored_paths):
-        best = None
-        for old, new, text in renames:
-            if starts_with(p, old) and (best is None or len(old) > len(best[0])):
-                best = (old, new, text)
-        if best is None:
-            new_name[t.name] = t.name
-        else:
-            new_name[t.name] = keystr((*best[1], *p[len(best[0]) :]))
-            used.add(best[2])
-    unused = [text for _, _, text in renames if text not in used]
-    if unused:
-        close = difflib.get_close_matches(unused[0], [t.name for t in header.tensors], n=1)
-        raise ValueError(
-            f"rename: {unused[0]} names no leaf or subtree of the checkpoint {header.path}"
-            + (f"; did you mean {close[0]}?" if close else "")
-        )
-    by_new: dict[str, TensorInfo] = {}
-    for t in header.tensors:
-        n = new_name[t.name]
-        if n in by_new:
-            raise ValueError(
-                f"rename: {by_new[n].name} and {t.name} would both become {n} in {header.path}"
-            )
-        by_new[n] = t
-    like_paths = like_spec.paths
-    optional = [_parse_user_path(a, "allow_missing") for a in allow_missing]
-    for text, p in zip(allow_missing, optional):
-        if not any(starts_with(lp, p) for lp in like_paths):
-            raise ValueError(f"allow_missing: {text} names no leaf or subtree of `like`")
-    sources: list[str | None] = []
-    stored_flat: dict[str, LeafSpec] = {}
-    like_flat: dict[str, LeafSpec] = {}
-    for i, (lname, lpath, rec) in enumerate(zip(like_names, like_paths, like_spec.records)):
-        if lname in by_new:
-            t = by_new[lname]
-            sources.append(t.name)
-            stored_flat[lname] = LeafSpec(t.shape, t.dtype)
-            like_flat[lname] = LeafSpec(rec[0], rec[1])
-        elif any(starts_with(lpath, p) for p in optional):
-            ref = like_leaves[i] if like_leaves is not None else None
-            if ref is None or isinstance(ref, (LeafSpec, jax.ShapeDtypeStruct)):
-                raise ValueError(
-                    f"allow_missing: {lname} is absent from {header.path} and `like` holds no "
-                    "value to keep there; pass a `like` tree with arrays"
-                )
-            sources.append(None)
-        else:
-            sources.append(None)
-            like_flat[lname] = LeafSpec(rec[0], rec[1])
-    for n, t in by_new.items():
-        if n not in like_flat:
-            stored_flat[n] = LeafSpec(t.shape, t.dtype)
-    found = _node_type_mismatches(header.spec.structure, like_spec.structure, renames)
-    found += [
-        dataclasses.replace(m, path=parse(m.path)[0][1])
-        for m in mismatches(spec_of(stored_flat), spec_of(like_flat))
-    ]
-    if found:
-        raise TreeMismatchError(
-            found,
-            expected_from="`like`",
-            actual_from="the checkpoint (after rename)",
-            context=header.path,
-        )
-    return sources
+    sources = match_stored(
+        [t.name for t in header.tensors],
+        [LeafSpec(t.shape, t.dtype) for t in header.tensors],
+        like_spec,
+        has_value,
+        rename,
+        allow_missing,
+        header.path,
+        extra=lambda renames: _node_type_mismatches(
+            header.spec.structure, like_spec.structure, renames
+        ),
+    )
+    return [None if k is None else header.tensors[k].name for k in sources]

@@ -19,13 +19,15 @@ import math
 import os
 import threading
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import jax
 import numpy as np
 
 from . import hosts
 from .manifest import ArrayRecord, Shard
+
+if TYPE_CHECKING:
+    import jax
 
 Index = tuple[tuple[int, int], ...]
 
@@ -144,6 +146,8 @@ def _local_pieces(arr: jax.Array) -> list[tuple[Index, Any]]:
 
 def _slice_everywhere(arr: jax.Array, shard: Shard) -> jax.Array:
     """The shard's region, replicated on the array's devices (a collective)."""
+    import jax
+
     sharding = arr.sharding
     if isinstance(sharding, jax.sharding.NamedSharding):  # the array's own device order
         devices = np.asarray(sharding.mesh.devices).reshape(-1)
@@ -157,6 +161,84 @@ def _slice_everywhere(arr: jax.Array, shard: Shard) -> jax.Array:
     return result
 
 
+class ShardChecker:
+    """Checks restored arrays against their recorded shard digests, hashing
+    each array's local shards in a thread pool as soon as it is added, so
+    the hashing of one array overlaps the reading of the next.
+
+    Use it as a context manager: ``add`` each restored array (in the same
+    order in every process), then ``bad()``. With ``local=True`` every
+    shard is checked in this process and nothing is exchanged (the arrays
+    must then be whole on this process's devices).
+
+    Args:
+      records: every array the checkpoint holds (to size the scratch buffer).
+      local: check in this process alone, with no collective.
+    """
+
+    def __init__(self, records: Sequence[ArrayRecord], *, local: bool = False) -> None:
+        self._me = 0 if local else hosts.process_index()
+        self._nproc = 1 if local else hosts.process_count()
+        self._largest = max(
+            (s.size * r.dtype.itemsize for r in records for s in r.shards), default=0
+        )
+        self._assembling = threading.Lock()  # one scratch buffer, one rebuilt region at a time
+        self._scratch: list[np.ndarray[Any, Any]] = []
+        self._pool = concurrent.futures.ThreadPoolExecutor(_workers())
+        self._futures: list[concurrent.futures.Future[tuple[int, bool]]] = []
+        self._remote: list[tuple[int, Shard, Any]] = []
+        self._count = 0
+
+    def __enter__(self) -> ShardChecker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def add(self, key: int, record: ArrayRecord, arr: jax.Array) -> None:
+        """Starts hashing ``arr``'s shards (as ``key``) in the background."""
+        self._count = max(self._count, key + 1)
+        pieces = _distinct_pieces(arr) if self._nproc > 1 else {self._me: []}
+        local = _local_pieces(arr)
+        for shard in record.shards:
+            owner = self._me if self._nproc == 1 else _holder(shard, pieces)
+            if owner == self._me:
+                self._futures.append(self._pool.submit(self._check, key, record, shard, local))
+            elif owner is None:
+                self._remote.append((key, shard, arr))
+
+    def _check(
+        self, key: int, record: ArrayRecord, shard: Shard, local: list[tuple[Index, Any]]
+    ) -> tuple[int, bool]:
+        whole = _whole(shard, local)
+        if whole is not None:  # the same layout: hash the piece in place
+            return key, hash_host(_host(whole)) == shard.digest
+        with self._assembling:
+            if not self._scratch:
+                self._scratch.append(np.empty(self._largest, dtype=np.uint8))
+            region = _assemble(shard, local, record.dtype, self._scratch[0])
+            return key, hash_host(region) == shard.digest
+
+    def bad(self) -> list[int]:
+        """The keys of the arrays with a shard whose bytes differ from the
+        recorded sha256, agreed by every process (a collective unless local)."""
+        flags = np.zeros(self._count, dtype=np.uint8)
+        for fut in self._futures:
+            key, ok = fut.result()
+            if not ok:
+                flags[key] = 1
+        for n, (key, shard, arr) in enumerate(self._remote):
+            region = _slice_everywhere(arr, shard)
+            if (
+                n % self._nproc == self._me
+                and hash_host(_host(region.addressable_shards[0].data)) != shard.digest
+            ):
+                flags[key] = 1
+            del region
+        agreed = flags if self._nproc == 1 else hosts.any_process(flags)
+        return [i for i in range(self._count) if agreed[i]]
+
+
 def bad_shards(pairs: Sequence[tuple[ArrayRecord, jax.Array]]) -> list[int]:
     """Which arrays (positions in ``pairs``) hold a shard whose bytes differ
     from the recorded sha256, agreed by every process.
@@ -164,46 +246,7 @@ def bad_shards(pairs: Sequence[tuple[ArrayRecord, jax.Array]]) -> list[int]:
     Every process must call this with the same records and arrays: it is a
     collective in a multi-process job.
     """
-    me = hosts.process_index()
-    nproc = hosts.process_count()
-    local_jobs: list[tuple[int, Shard, Any]] = []
-    remote_jobs: list[tuple[int, Shard]] = []
-    for i, (record, arr) in enumerate(pairs):
-        pieces = _distinct_pieces(arr) if nproc > 1 else {me: []}
-        local = _local_pieces(arr)
-        for shard in record.shards:
-            owner = me if nproc == 1 else _holder(shard, pieces)
-            if owner == me:
-                local_jobs.append((i, shard, local))
-            elif owner is None:
-                remote_jobs.append((i, shard))
-    flags = np.zeros(len(pairs), dtype=np.uint8)
-
-    assembling = threading.Lock()  # one scratch buffer, one rebuilt region at a time
-    largest = max(
-        (s.size * record.dtype.itemsize for record, _ in pairs for s in record.shards), default=0
-    )
-    scratch: list[np.ndarray[Any, Any]] = []
-
-    def check(job: tuple[int, Shard, Any]) -> tuple[int, bool]:
-        i, shard, local = job
-        whole = _whole(shard, local)
-        if whole is not None:  # the same layout: hash the piece in place
-            return i, hash_host(_host(whole)) == shard.digest
-        with assembling:
-            if not scratch:
-                scratch.append(np.empty(largest, dtype=np.uint8))
-            region = _assemble(shard, local, pairs[i][0].dtype, scratch[0])
-            return i, hash_host(region) == shard.digest
-
-    with concurrent.futures.ThreadPoolExecutor(_workers()) as pool:
-        for i, ok in pool.map(check, local_jobs):
-            if not ok:
-                flags[i] = 1
-    for n, (i, shard) in enumerate(remote_jobs):
-        region = _slice_everywhere(pairs[i][1], shard)
-        if n % nproc == me and hash_host(_host(region.addressable_shards[0].data)) != shard.digest:
-            flags[i] = 1
-        del region
-    agreed = hosts.any_process(flags)
-    return [i for i in range(len(pairs)) if agreed[i]]
+    with ShardChecker([r for r, _ in pairs]) as checker:
+        for i, (record, arr) in enumerate(pairs):
+            checker.add(i, record, arr)
+        return checker.bad()

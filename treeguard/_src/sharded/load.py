@@ -3,40 +3,28 @@ every shard's sha256."""
 
 from __future__ import annotations
 
-import dataclasses
-import difflib
 import logging
 import os
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-import jax
-
+from ..checkpoint.migrate import match_stored
 from ..diff import mismatches
 from ..errors import IntegrityError, TreeMismatchError
 from ..mismatch import Mismatch
-from ..paths import Path, keystr, parse
+from ..paths import keystr
 from ..spec import LeafSpec, TreeSpec, describe_sharding, spec_of
 from . import hosts
-from .digests import bad_shards
-from .manifest import ArrayRecord, Manifest, read
+from .digests import ShardChecker
+from .manifest import ArrayRecord, Manifest, read_with_digest
 from .orbax_io import read_arrays
 
 logger = logging.getLogger("treeguard.sharded")
 _IGNORED_KINDS = frozenset(("weak_type", "sharding"))
-
-
-def _starts_with(path: Path, prefix: Path) -> bool:
-    return path[: len(prefix)] == prefix
-
-
-def _user_path(text: Any, what: str) -> Path:
-    if not isinstance(text, str):
-        raise ValueError(f"{what} paths are key-path strings, got {type(text).__name__}")
-    try:
-        return parse(text)
-    except ValueError as e:
-        raise ValueError(f"{what}: {e}; write paths as \"['dense1']['w']\"") from None
+#: How many restores a load is split into, so that hashing the arrays of one
+#: overlaps reading the next; a group holds at least ``_MIN_GROUP_BYTES``.
+_GROUPS = 8
+_MIN_GROUP_BYTES = 16 * 1024 * 1024
 
 
 def migrate(  # noqa: PLR0917 - one call site
@@ -48,81 +36,19 @@ def migrate(  # noqa: PLR0917 - one call site
     where: str,
 ) -> list[int | None]:
     """For each leaf of ``like``, the stored array it takes (or None: it keeps
-    ``like``'s value), under a deliberate migration. The same meaning as
-    ``treeguard.load``'s ``rename`` and ``allow_missing``: a rename maps a
-    stored leaf or subtree to a new path (the longest prefix wins); a path of
-    ``like`` under ``allow_missing`` may be absent; every other difference
-    is still a ``TreeMismatchError``."""
-    stored = [a.path for a in manifest.arrays]
-    stored_paths = [parse(p) for p in stored]
-    renames = [(_user_path(o, "rename"), _user_path(n, "rename"), o) for o, n in rename.items()]
-    new_name: list[str] = []
-    used: set[str] = set()
-    for name, p in zip(stored, stored_paths):
-        best = None
-        for old, new, text in renames:
-            if _starts_with(p, old) and (best is None or len(old) > len(best[0])):
-                best = (old, new, text)
-        if best is None:
-            new_name.append(name)
-        else:
-            new_name.append(keystr((*best[1], *p[len(best[0]) :])))
-            used.add(best[2])
-    unused = [text for _, _, text in renames if text not in used]
-    if unused:
-        close = difflib.get_close_matches(unused[0], stored, n=1)
-        raise ValueError(
-            f"rename: {unused[0]} names no leaf or subtree of the checkpoint {where}"
-            + (f"; did you mean {close[0]}?" if close else "")
-        )
-    by_new: dict[str, int] = {}
-    for k, n in enumerate(new_name):
-        if n in by_new:
-            raise ValueError(
-                f"rename: {stored[by_new[n]]} and {stored[k]} would both become {n} in {where}"
-            )
-        by_new[n] = k
-    like_paths = like_spec.paths
-    optional = [_user_path(a, "allow_missing") for a in allow_missing]
-    for text, p in zip(allow_missing, optional):
-        if not any(_starts_with(lp, p) for lp in like_paths):
-            raise ValueError(f"allow_missing: {text} names no leaf or subtree of `like`")
-    sources: list[int | None] = []
-    stored_flat: dict[str, LeafSpec] = {}
-    like_flat: dict[str, LeafSpec] = {}
-    for i, (lpath, rec) in enumerate(zip(like_paths, like_spec.records)):
-        lname = keystr(lpath)
-        if lname in by_new:
-            a = manifest.arrays[by_new[lname]]
-            sources.append(by_new[lname])
-            stored_flat[lname] = LeafSpec(a.shape, a.dtype)
-            like_flat[lname] = LeafSpec(rec[0], rec[1])
-        elif any(_starts_with(lpath, p) for p in optional):
-            if not isinstance(like_leaves[i], jax.Array):
-                raise ValueError(
-                    f"allow_missing: {lname} is absent from {where} and `like` holds no value "
-                    "to keep there; pass a `like` tree with arrays"
-                )
-            sources.append(None)
-        else:
-            sources.append(None)
-            like_flat[lname] = LeafSpec(rec[0], rec[1])
-    for n, k in by_new.items():
-        if n not in like_flat:
-            a = manifest.arrays[k]
-            stored_flat[n] = LeafSpec(a.shape, a.dtype)
-    found = [
-        dataclasses.replace(m, path=parse(m.path)[0][1])
-        for m in mismatches(spec_of(stored_flat), spec_of(like_flat))
-    ]
-    if found:
-        raise TreeMismatchError(
-            found,
-            expected_from="`like`",
-            actual_from="the checkpoint (after rename)",
-            context=where,
-        )
-    return sources
+    ``like``'s value), under a deliberate migration: ``match_stored``, the
+    one matching ``treeguard.load`` uses too, over the manifest's arrays."""
+    import jax
+
+    return match_stored(
+        [a.path for a in manifest.arrays],
+        [LeafSpec(a.shape, a.dtype) for a in manifest.arrays],
+        like_spec,
+        [isinstance(leaf, jax.Array) for leaf in like_leaves],
+        rename,
+        allow_missing,
+        where,
+    )
 
 
 def contract_mismatches(stored: TreeSpec, like: TreeSpec) -> list[Mismatch]:
@@ -132,6 +58,8 @@ def contract_mismatches(stored: TreeSpec, like: TreeSpec) -> list[Mismatch]:
 
 
 def _target(leaf: Any, path: str) -> Any:
+    import jax
+
     sharding = getattr(leaf, "sharding", None)
     if not isinstance(leaf, (jax.Array, jax.ShapeDtypeStruct)) or sharding is None:
         raise ValueError(
@@ -219,8 +147,32 @@ def load_sharded(
         ['dense2']['w']: shape (3, 2) in `like`, (3, 1) in the checkpoint
       hint: ...
     """
+    return load_expecting(directory, like, rename=rename, allow_missing=allow_missing)
+
+
+def load_expecting(
+    directory: str | os.PathLike[str],
+    like: Any,
+    /,
+    *,
+    rename: Mapping[str, str] | None = None,
+    allow_missing: Collection[str] = (),
+    digest: str | None = None,
+) -> Any:
+    """``load_sharded``, refusing (before any array is read) a manifest whose
+    sha256 is not ``digest`` when one is given; the digest is taken over the
+    very bytes that are parsed and used."""
+    import jax
+
     where = os.path.abspath(os.fspath(directory))
-    manifest = read(where)
+    manifest, found_digest = read_with_digest(where)
+    if digest is not None and found_digest != digest:
+        raise IntegrityError(
+            f"the manifest's sha256 is {found_digest[:16]}..., the verdict's "
+            f"{digest[:16]}...: the checkpoint was replaced or edited",
+            context=where,
+            hint="do not use it; restore it from a backup or verify it again",
+        )
     like_leaves, like_treedef = jax.tree.flatten(like)
     like_spec = spec_of(like)
     like_names = [keystr(p) for p in like_spec.paths]
@@ -239,26 +191,88 @@ def load_sharded(
     for i, src in enumerate(sources):
         if src is not None:
             targets[src] = _target(like_leaves[i], like_names[i])
-    struct: Any = jax.ShapeDtypeStruct
-    item_leaves = [struct(a.shape, a.dtype, sharding=s) for a, s in zip(manifest.arrays, targets)]
-    if not rename and not allow_missing:
-        item = jax.tree.unflatten(like_treedef, item_leaves)
-    else:
-        item = jax.tree.unflatten(manifest.spec.treedef, item_leaves)
-    restored = jax.tree.leaves(_read_everywhere(os.path.join(where, manifest.data), item, where))
-    _report_resharding(manifest.arrays, restored)
-    bad = bad_shards(list(zip(manifest.arrays, restored)))
-    if bad:
-        names = [manifest.arrays[k].path or "<root>" for k in bad]
-        listed = ", ".join(names[:20]) + (f" and {len(names) - 20} more" if len(names) > 20 else "")
-        raise IntegrityError(
-            f"{where}: {len(names)} {'array' if len(names) == 1 else 'arrays'} with a shard "
-            f"whose sha256 does not match the manifest: {listed}\n"
-            "hint: the stored bytes changed after the save; load an earlier checkpoint",
-            path=names[0],
-        )
+    restored = _restore_checked(where, manifest, targets)
     out = [like_leaves[i] if src is None else restored[src] for i, src in enumerate(sources)]
     return jax.tree.unflatten(like_treedef, out)
+
+
+def groups(arrays: Sequence[ArrayRecord], wanted: Sequence[int]) -> list[list[int]]:
+    """``wanted`` (array positions, in order) cut into at most ``_GROUPS``
+    runs of about equal bytes, each of at least ``_MIN_GROUP_BYTES``."""
+    total = sum(arrays[k].nbytes for k in wanted)
+    size = max(total // _GROUPS, _MIN_GROUP_BYTES)
+    out: list[list[int]] = []
+    run: list[int] = []
+    held = 0
+    for k in wanted:
+        run.append(k)
+        held += arrays[k].nbytes
+        if held >= size:
+            out.append(run)
+            run, held = [], 0
+    if run:
+        out.append(run)
+    return out
+
+
+def _restore_checked(where: str, manifest: Manifest, targets: Sequence[Any]) -> list[Any]:
+    """The arrays with a target sharding restored (None for the others),
+    every shard's sha256 checked; a collective.
+
+    The arrays are read in a few groups, one orbax restore each; the shards
+    of a group are hashed in threads while the next group is read, and the
+    result is returned only after every hash is in and agreed by every
+    process."""
+    import jax
+    import orbax.checkpoint as ocp
+
+    wanted = [k for k, t in enumerate(targets) if t is not None]
+    restored: list[Any] = [None] * len(manifest.arrays)
+    data = os.path.join(where, manifest.data)
+    struct: Any = jax.ShapeDtypeStruct
+    with ShardChecker(manifest.arrays) as checker:
+        for run in groups(manifest.arrays, wanted):
+            chosen = set(run)
+            leaves = [
+                struct(a.shape, a.dtype, sharding=targets[k]) if k in chosen else ocp.PLACEHOLDER
+                for k, a in enumerate(manifest.arrays)
+            ]
+            item = jax.tree.unflatten(manifest.spec.treedef, leaves)
+            got = picked(jax.tree.leaves(_read_everywhere(data, item, where)), run, where)
+            for k, arr in zip(run, got):
+                restored[k] = arr
+                checker.add(k, manifest.arrays[k], arr)
+        _report_resharding([manifest.arrays[k] for k in wanted], [restored[k] for k in wanted])
+        bad = checker.bad()
+    if bad:
+        raise shard_error(where, [manifest.arrays[k].path for k in bad])
+    return restored
+
+
+def picked(leaves: Sequence[Any], run: Sequence[int], where: str) -> list[Any]:
+    """The arrays of ``run`` among a partial restore's leaves (orbax gives
+    back its placeholder where an array was not asked for)."""
+    if len(leaves) == len(run):
+        return list(leaves)
+    if run and len(leaves) > max(run):
+        return [leaves[k] for k in run]
+    raise IntegrityError(
+        f"the restore returned {len(leaves)} leaves for the {len(run)} arrays asked",
+        context=where,
+        hint="the data directory does not hold what the manifest lists; load an earlier checkpoint",
+    )
+
+
+def shard_error(where: str, paths: Sequence[str]) -> IntegrityError:
+    """The error for arrays with a shard whose sha256 does not match."""
+    names = [p or "<root>" for p in paths]
+    listed = ", ".join(names[:20]) + (f" and {len(names) - 20} more" if len(names) > 20 else "")
+    return IntegrityError(
+        f"{where}: {len(names)} {'array' if len(names) == 1 else 'arrays'} with a shard "
+        f"whose sha256 does not match the manifest: {listed}\n"
+        "hint: the stored bytes changed after the save; load an earlier checkpoint",
+        path=names[0],
+    )
 
 
 def _report_resharding(arrays: Sequence[ArrayRecord], restored: Sequence[Any]) -> None:

@@ -385,6 +385,17 @@ def is_sharded(directory: str | os.PathLike[str], /) -> bool:
         return False
 
 
+def read_with_digest(directory: str | os.PathLike[str], /) -> tuple[Manifest, str]:
+    """Reads and parses ``directory``'s manifest, with the sha256 of the very
+    bytes parsed (``sharded_digest``).
+
+    Raises:
+      FormatError: if there is none, it is not a regular file, or it is malformed.
+    """
+    raw, path = _read_bytes(directory)
+    return parse(raw, where=path), hashlib.sha256(raw).hexdigest()
+
+
 def sharded_digest(directory: str | os.PathLike[str], /) -> str:
     """One sha256 over the manifest, which holds every shard's sha256.
 

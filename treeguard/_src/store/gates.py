@@ -11,6 +11,14 @@ with a key also gives authenticity. It signs each verdict with HMAC-SHA256
 over the store's id, the version, its uid, the file digest, the status, the
 reason and the checks, and its gates refuse a verdict that is unsigned or
 whose signature does not match.
+
+A sharded version (``put_sharded``) is gated the same way. Its digest is the
+sha256 of its manifest, which holds the sha256 of every shard; since the
+manifest alone does not prove the bytes, ``promote`` and ``rollback`` read
+every shard again and hash it (``recheck_sharded``), and every load checks
+each shard it returns. Its directory may hold only regular files and real
+directories: a link, FIFO, socket or device anywhere in it is refused before
+anything is read.
 """
 
 from __future__ import annotations
@@ -72,6 +80,8 @@ def _message(store_id: str, version: str, record: dict[str, Any]) -> bytes:
         "reason": record.get("reason"),
         "checks": record.get("checks") or [],
     }
+    if record.get("kind", "file") != "file":  # absent from older records, signed without it
+        signed["kind"] = record["kind"]
     return strictjson.dumps(signed).encode("ascii")
 
 
@@ -137,3 +147,21 @@ def load_expecting(path: str, /, *, like: Any, digest: str | None) -> Any:
 def verify_expecting(path: str, /, *, digest: str) -> Header:
     """``verify_file`` (every byte re-hashed), refusing another header digest."""
     return verify_file(path, expect_digest=digest)
+
+
+def load_sharded_expecting(directory: str, /, *, like: Any, digest: str | None) -> Any:
+    """``load_sharded`` onto ``like``'s shardings with every shard hashed,
+    refusing a manifest whose sha256 is not ``digest`` (when given) before
+    any array is read (a collective in a multi-process job)."""
+    from ..sharded.load import load_expecting
+
+    return load_expecting(directory, like, digest=digest)
+
+
+def recheck_sharded(directory: str, /, *, digest: str) -> None:
+    """Reads every shard of a sharded version in this process and checks
+    its sha256, refusing another manifest digest; holds one group of arrays
+    at a time, and waits on no other process."""
+    from ..sharded.recheck import read_local
+
+    read_local(directory, digest=digest, keep=False)

@@ -16,7 +16,9 @@ from a counter in the marker, so a name is never handed out twice.
       CURRENT.json     the pointer (see pointer.py)
       log.jsonl        the event log (see log.py)
       .lock            taken with flock around every change
-      versions/NAME/   model.safetensors and status.json (see records.py)
+      versions/NAME/   model.safetensors and status.json (see records.py);
+                       a sharded version holds, instead of the file,
+                       save_sharded's treeguard.sharded.json and data-<hex>/
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from typing import Any
 
 from .. import strictjson
 from ..atomic import FILE_MODE, atomic_write, file_kind, fsync_dir, read_regular, temp_path
-from ..errors import FormatError, StoreError, UnknownVersionError
+from ..errors import FormatError, IntegrityError, StoreError, UnknownVersionError
 
 STORE_FORMAT = "treeguard.store/1"
 MARKER_FILE = "STORE.json"
@@ -43,6 +45,8 @@ VERSIONS = "versions"
 LOCK_FILE = ".lock"
 #: The most bytes a small store file (marker, pointer, status) may have.
 SMALL_FILE_LIMIT = 16 * 1024 * 1024
+#: The most entries a sharded version directory may hold, at every depth.
+MAX_TREE_ENTRIES = 1_000_000
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 AUTO_RE = re.compile(r"^v(\d{6,18})$")
@@ -246,6 +250,41 @@ class Layout:
             for n in os.listdir(base)
             if NAME_RE.match(n) and ".." not in n and _kind(os.path.join(base, n)) == "dir"
         )
+
+    def plain_tree(self, directory: str, *, version: str) -> None:
+        """Refuses a version directory that holds anything but regular files
+        and real directories, at any depth (a link, a FIFO, a socket, a
+        device). Nothing is followed or opened.
+
+        Raises:
+          IntegrityError: naming the first such entry.
+        """
+        stack = [directory]
+        seen = 0
+        while stack:
+            here = stack.pop()
+            with os.scandir(here) as entries:
+                for entry in entries:
+                    seen += 1
+                    mode = entry.stat(follow_symlinks=False).st_mode
+                    if stat.S_ISDIR(mode):
+                        stack.append(entry.path)
+                    elif not stat.S_ISREG(mode):
+                        raise IntegrityError(
+                            f"version {version}: {os.path.relpath(entry.path, directory)} is "
+                            f"{file_kind(mode)}, not a file the store or orbax wrote; refused",
+                            version=version,
+                            context=directory,
+                            hint="the store never follows links; remove it, or restore the "
+                            "version from a backup",
+                        )
+            if seen > MAX_TREE_ENTRIES:
+                raise IntegrityError(
+                    f"version {version}: more than {MAX_TREE_ENTRIES} entries; refused",
+                    version=version,
+                    context=directory,
+                    hint="restore the version from a backup",
+                )
 
     # -- the lock --------------------------------------------------------
 

@@ -24,6 +24,9 @@ from ..errors import FormatError, StoreError
 from .layout import MODEL_FILE, SMALL_FILE_LIMIT, STATUS_FILE, STORE_FORMAT
 
 STATUSES = ("writing", "candidate", "verified", "rejected")
+#: What a version holds: one checkpoint file (``model.safetensors``), or a
+#: sharded checkpoint (``save_sharded``'s manifest and data) in its directory.
+KINDS = ("file", "sharded")
 #: The status ``versions`` gives a version whose ``status.json`` cannot be
 #: read; its ``reason`` says why. Nothing changes such a version, ``gc`` included.
 UNREADABLE = "unreadable"
@@ -48,6 +51,8 @@ _FIELDS: dict[str, tuple[type, ...]] = {
     "verified_env": (dict,),
     "format": (str,),
     "version": (str,),
+    "kind": (str,),
+    "host": (str,),
 }
 
 
@@ -89,10 +94,12 @@ class VersionInfo:
       num_leaves: the leaf count.
       num_params: the element count.
       nbytes: the bytes of array data.
-      digest: the digest of the checkpoint the verdict was computed on.
-      path: the checkpoint file.
+      digest: the digest of the checkpoint the verdict was computed on
+        (of a sharded version: the sha256 of its manifest).
+      path: the checkpoint file, or a sharded version's directory.
       signed: whether the verdict carries a signature (whether it is a
         valid one is checked by the store that holds the key).
+      kind: ``file`` (one checkpoint file) or ``sharded`` (``save_sharded``).
     """
 
     version: str
@@ -109,6 +116,7 @@ class VersionInfo:
     digest: str | None
     path: str
     signed: bool = False
+    kind: str = "file"
 
 
 def read(version_dir: str) -> dict[str, Any]:
@@ -145,8 +153,25 @@ def read(version_dir: str) -> dict[str, Any]:
                 context=path,
                 hint=_HINT,
             )
+    if data.get("kind", "file") not in KINDS:
+        raise StoreError(
+            f"status.json is malformed: kind {str(data.get('kind'))[:40]!r} is not one of "
+            f"{', '.join(KINDS)}",
+            context=path,
+            hint=_HINT,
+        )
     check_results(data.get("checks") or [], path)
     return data
+
+
+def is_sharded(data: dict[str, Any]) -> bool:
+    """Whether a validated record is of a sharded version."""
+    return data.get("kind") == "sharded"
+
+
+def checkpoint_path(version_dir: str, data: dict[str, Any]) -> str:
+    """Where a version's checkpoint is: its file, or (sharded) its directory."""
+    return version_dir if is_sharded(data) else os.path.join(version_dir, MODEL_FILE)
 
 
 def write(version_dir: str, version: str, data: dict[str, Any]) -> dict[str, Any]:
@@ -193,8 +218,9 @@ def info(version: str, version_dir: str, data: dict[str, Any]) -> VersionInfo:
         num_params=data.get("num_params"),
         nbytes=data.get("nbytes"),
         digest=data.get("digest"),
-        path=os.path.join(version_dir, MODEL_FILE),
+        path=checkpoint_path(version_dir, data),
         signed=isinstance(data.get("signature"), str),
+        kind=data.get("kind", "file"),
     )
 
 

@@ -16,6 +16,8 @@ import dataclasses
 import json
 import os
 import secrets
+import socket
+import stat
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -28,11 +30,13 @@ from ..errors import (
     StoreError,
     TreeMismatchError,
 )
-from ..spec import TreeSpec
+from ..sharded.manifest import MANIFEST_NAME, is_data_name, sharded_digest
+from ..sharded.manifest import read as read_manifest
+from ..spec import TreeSpec, spec_of
 from . import gates, log, pointer, records
 from .checks import Check, run_checks
 from .layout import AUTO_RE, MODEL_FILE, STATUS_FILE, Layout, check_name
-from .records import CheckResult, VersionInfo
+from .records import CheckResult, VersionInfo, checkpoint_path, is_sharded
 from .retention import RetentionPolicy
 
 #: How many former current versions the pointer remembers (and gc keeps).
@@ -310,7 +314,9 @@ class ArtifactStore:
                 self._layout.require()  # raises: a directory with content that is not a store
         self._layout.init()
 
-    def _reserve(self, version: str | None, user: dict[str, Any]) -> tuple[str, str]:
+    def _reserve(
+        self, version: str | None, user: dict[str, Any], kind: str = "file"
+    ) -> tuple[str, str]:
         """Picks the name, creates its directory and its ``writing`` record (under the lock)."""
         marker = self._layout.require()
         if version is None:
@@ -347,15 +353,130 @@ class ArtifactStore:
                 {
                     "status": "writing",
                     "pid": os.getpid(),
+                    "host": socket.gethostname(),
                     "uid": secrets.token_hex(16),
                     "created": records.now(),
                     "metadata": user,
+                    "kind": kind,
                 },
             )
         except BaseException:
             self._discard(path)
             raise
         return version, path
+
+    def put_sharded(
+        self,
+        tree: Any,
+        /,
+        *,
+        metadata: Mapping[str, Any] | None = None,
+        version: str | None = None,
+    ) -> str:
+        """Saves a tree of sharded ``jax.Array``s as a new candidate version,
+        through ``save_sharded``, into the version's directory.
+
+        In a multi-process job every process calls it, with its part of the
+        same global arrays, as it calls ``save_sharded``: process 0 picks
+        the name and makes the version's record (``writing``), every process
+        writes its shards, and once every process is done process 0 records
+        the version as a candidate. Every process returns the same name.
+        Until then the version is ``writing``: never verified, promoted or
+        loaded, and removed by ``gc`` once its writer is gone, so a kill at
+        any moment leaves the store, and its current version, as they were.
+
+        Args:
+          tree: a pytree whose leaves are ``jax.Array``s.
+          metadata: JSON-serialisable data kept with the version.
+          version: a name for it (see ``put``).
+
+        Returns:
+          The version's name.
+
+        Raises:
+          StoreError: as ``put`` does, or if process 0 could not record the
+            version (in every process).
+          UnknownVersionError: for a name that is not allowed.
+          InvalidTreeError, TypeError: for a tree ``save_sharded`` refuses,
+            or metadata that is not JSON; nothing is kept then.
+
+        Example:
+          >>> import tempfile, jax.numpy as jnp
+          >>> store = ArtifactStore(tempfile.mkdtemp())
+          >>> v = store.put_sharded({"w": jnp.ones((4, 2))}, metadata={"step": 1})
+          >>> store.info(v).kind, store.verify(v).status
+          ('sharded', 'verified')
+          >>> store.promote(v)
+          >>> store.load_current({"w": jnp.zeros((4, 2))})["w"].sum()
+          Array(8., dtype=float32)
+        """
+        from ..sharded import hosts
+        from ..sharded.save import save_sharded
+
+        user = json.loads(user_metadata_json(metadata))  # refuse bad metadata before any write
+        if version is not None:
+            check_name(version)
+        lead = hosts.process_index() == 0
+        error: BaseException | None = None
+        reply = b""
+        if lead:
+            try:
+                self._open_for_put()
+                with self._layout.locked():
+                    version, path = self._reserve(version, user, "sharded")
+                reply = version.encode("ascii")
+            except Exception as e:  # noqa: BLE001 - every process must hear of it
+                error = e
+                reply = b"!" + f"{type(e).__name__}: {e}".encode("utf-8", "replace")[:500]
+        reply = hosts.allgather_bytes(reply)[0]
+        if error is not None:
+            raise error
+        if reply.startswith(b"!"):
+            raise StoreError(
+                f"process 0 could not make the version: {reply[1:].decode('utf-8', 'replace')}",
+                context=self.root,
+                hint="see process 0's error; nothing was written",
+            )
+        version = reply.decode("ascii")
+        path = self._layout.version_dir(version)
+        try:
+            save_sharded(path, tree, metadata=user)  # a collective that fails in every process
+            failure = b""
+            if lead:
+                try:
+                    self._finish_sharded(version, path)
+                except Exception as e:  # noqa: BLE001 - every process must hear of it
+                    error = e
+                    failure = f"{type(e).__name__}: {e}".encode("utf-8", "replace")[:500] or b"?"
+            outcome = hosts.allgather_bytes(failure)[0]  # also the barrier after the record
+            if error is not None:
+                raise error
+            if outcome:
+                raise StoreError(
+                    f"process 0 could not record version {version}: {outcome.decode()}",
+                    version=version,
+                    context=self.root,
+                    hint="see process 0's error; the version stays unfinished until gc",
+                )
+        except BaseException:
+            if lead:
+                self._discard(path)
+            raise
+        return version
+
+    def _finish_sharded(self, version: str, path: str) -> None:
+        spec = read_manifest(path).spec
+        with self._layout.locked():
+            data = records.read(path)
+            data.update(
+                status="candidate",
+                pid=None,
+                num_leaves=spec.num_leaves,
+                num_params=spec.num_params,
+                nbytes=spec.nbytes,
+            )
+            records.write(path, version, data)
+            log.append(self.root, "put", version, {"status": "candidate", "kind": "sharded"})
 
     def _discard(self, path: str) -> None:
         """Removes a version directory put itself created (its files only)."""
@@ -386,7 +507,11 @@ class ArtifactStore:
         Args:
           version: the version to check.
           like: the tree or ``TreeSpec`` it must match; its structure is
-            also the one the checks receive.
+            also the one the checks receive. For a sharded version, a tree
+            whose leaves carry shardings is loaded onto them (in a
+            multi-process job every process calls ``verify`` then, and the
+            verdict is agreed and written by process 0); otherwise the
+            version is read whole onto this process's first device.
           checks: callables taking the tree, or ``(name, callable)`` pairs.
             A check passes by returning None or a true value, fails by
             returning a false one (``False``, ``np.False_``, a false 0-d jax
@@ -411,11 +536,68 @@ class ArtifactStore:
                 hint="verify it once its put returns; if that process died, store.gc() removes it",
             )
         contract, contract_name = self._contract_for(version, like)
-        results, reason, digest = self._run_verdict(path, contract, contract_name, checks)
+        if is_sharded(before):
+            results, reason, digest = self._run_sharded_verdict(
+                path, version, contract, contract_name, checks
+            )
+            if _shardable(like):
+                return self._record_agreed(version, before, results, reason, digest, contract_name)
+        else:
+            results, reason, digest = self._run_verdict(path, contract, contract_name, checks)
+        return self._record_verdict(version, before, results, reason, digest, contract_name)
+
+    def _record_agreed(  # noqa: PLR0917 - one call site
+        self,
+        version: str,
+        before: dict[str, Any],
+        results: list[CheckResult],
+        reason: str | None,
+        digest: str | None,
+        contract_name: str,
+    ) -> VersionInfo:
+        """In a multi-process job: the verdict agreed by every process (the
+        first reason any gives), recorded by process 0, read by every one."""
+        from ..sharded import hosts
+
+        if hosts.process_count() == 1:
+            return self._record_verdict(version, before, results, reason, digest, contract_name)
+        reasons = hosts.allgather_bytes((reason or "").encode("utf-8"))
+        first = next((r.decode("utf-8") for r in reasons if r), None)
+        if first is not None and reason is None:
+            reason = first
+            results = [*results, CheckResult("other processes", False, first)]
+        failure = b""
+        error: BaseException | None = None
+        if hosts.process_index() == 0:
+            try:
+                self._record_verdict(version, before, results, reason, digest, contract_name)
+            except Exception as e:  # noqa: BLE001 - every process must hear of it
+                error = e
+                failure = f"{type(e).__name__}: {e}".encode("utf-8", "replace")[:500] or b"?"
+        outcome = hosts.allgather_bytes(failure)[0]
+        if error is not None:
+            raise error
+        if outcome:
+            raise StoreError(
+                f"process 0 could not record the verdict on {version}: {outcome.decode()}",
+                version=version,
+                hint=f"verify it again: store.verify({version!r})",
+            )
+        return self.info(version)
+
+    def _record_verdict(  # noqa: PLR0917 - two call sites
+        self,
+        version: str,
+        before: dict[str, Any],
+        results: list[CheckResult],
+        reason: str | None,
+        digest: str | None,
+        contract_name: str,
+    ) -> VersionInfo:
         with self._layout.locked():
             path, data = self._record(version)
             if data.get("uid") != before.get("uid") or (
-                digest is not None and _header_digest(path) != digest
+                digest is not None and _digest_now(path, data) != digest
             ):
                 raise StoreError(
                     f"version {version} was replaced while it was verified; no verdict recorded",
@@ -442,8 +624,7 @@ class ArtifactStore:
             return like, "`like`"
         cur = self.current()
         if cur is not None and cur != version:
-            cur_path = self._layout.existing_version(cur)
-            return read_header(os.path.join(cur_path, MODEL_FILE)).spec, f"version {cur} (current)"
+            return _stored_spec(*self._record(cur)), f"version {cur} (current)"
         return None, "its own stored spec"
 
     def _run_verdict(
@@ -471,22 +652,72 @@ class ArtifactStore:
         more, reason = run_checks(tree, checks)
         return results + more, reason, digest
 
+    def _run_sharded_verdict(
+        self, path: str, version: str, contract: Any, contract_name: str, checks: Sequence[Check]
+    ) -> tuple[list[CheckResult], str | None, str | None]:
+        """``_run_verdict`` for a sharded version: onto ``like``'s shardings
+        when it has them (every process of a job calls verify then), else
+        whole onto this process's first device."""
+        from ..sharded.load import contract_mismatches
+        from ..sharded.recheck import read_local
+
+        results: list[CheckResult] = []
+        digest: str | None = None
+        try:
+            self._layout.plain_tree(path, version=version)
+            digest = sharded_digest(path)
+            if _shardable(contract):
+                tree = gates.load_sharded_expecting(path, like=contract, digest=digest)
+            else:
+                manifest = read_manifest(path)
+                if contract is not None:
+                    want = contract if isinstance(contract, TreeSpec) else spec_of(contract)
+                    found = contract_mismatches(manifest.spec, want)
+                    if found:
+                        raise TreeMismatchError(
+                            found, expected_from="`like`", actual_from="the checkpoint"
+                        )
+                tree = read_local(path, digest=digest)[2]
+        except TreeMismatchError as e:
+            text = format_contract(e, contract_name)
+            results += [
+                CheckResult("integrity", True, "manifest valid"),
+                CheckResult("contract", False, text),
+            ]
+            return results, f"contract: {text}", digest
+        except (IntegrityError, FormatError, OSError) as e:
+            results.append(CheckResult("integrity", False, str(e)))
+            return results, f"integrity: {e}", None
+        results += [
+            CheckResult("integrity", True, "manifest and every shard's sha256 match"),
+            CheckResult("contract", True, f"matches {contract_name}"),
+        ]
+        more, reason = run_checks(tree, checks)
+        return results + more, reason, digest
+
     def _store_id(self) -> str:
         return str(self._layout.require()["id"])
 
     # -- the gates -------------------------------------------------------
 
-    def _gate(self, version: str, *, full: bool) -> tuple[str, str]:
+    def _gate(self, version: str, *, full: bool) -> tuple[str, str, bool]:
         """Checks that ``version`` may be used: verified, signed when the
         store has a key and (``full``) its file's every byte matches the
-        verdict's digest. Returns its checkpoint path and recorded digest."""
+        verdict's digest. Returns its checkpoint path (a sharded version's
+        directory), recorded digest and whether it is sharded."""
         path, data = self._record(version)
         digest = gates.require_verified(version, data)
         gates.check_signature(self._key, self._store_id(), version, data)
-        model = os.path.join(path, MODEL_FILE)
+        model = checkpoint_path(path, data)
+        sharded = is_sharded(data)
+        if sharded:
+            self._layout.plain_tree(path, version=version)
         if full:
             try:
-                gates.verify_expecting(model, digest=digest)
+                if sharded:
+                    gates.recheck_sharded(model, digest=digest)
+                else:
+                    gates.verify_expecting(model, digest=digest)
             except IntegrityError as e:
                 raise _changed(version, e) from e
             except (FormatError, OSError) as e:
@@ -495,7 +726,7 @@ class ArtifactStore:
                     version=version,
                     hint="restore the file from a backup, or put the weights again",
                 ) from e
-        return model, digest
+        return model, digest, sharded
 
     def check_verified(self, version: str, /) -> str:
         """Checks, without reading the weights, that ``version`` may still be
@@ -516,6 +747,21 @@ class ArtifactStore:
         """
         return self._gate(version, full=False)[1]
 
+    def _load(self, version: str, model: str, sharded: bool, like: Any, digest: str | None) -> Any:
+        try:
+            if sharded:
+                if not _shardable(like):
+                    raise ValueError(
+                        f"version {version} is sharded: `like` must be a tree of jax.Arrays or "
+                        "jax.ShapeDtypeStructs with shardings, the layout to restore onto\n"
+                        "hint: `jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, "
+                        "spec))` for each leaf"
+                    )
+                return gates.load_sharded_expecting(model, like=like, digest=digest)
+            return gates.load_expecting(model, like=like, digest=digest)
+        except IntegrityError as e:
+            raise _changed(version, e) from e
+
     def load_verified(self, version: str, /, like: Any = None) -> Any:
         """Loads a version only if it passes every gate.
 
@@ -526,7 +772,10 @@ class ArtifactStore:
 
         Args:
           version: the version.
-          like: the tree or ``TreeSpec`` whose structure the result takes.
+          like: the tree or ``TreeSpec`` whose structure the result takes;
+            for a sharded version, a tree of ``jax.Array``s or
+            ``jax.ShapeDtypeStruct``s with the shardings to restore onto
+            (every process of a job calls it).
 
         Returns:
           The tree.
@@ -538,12 +787,10 @@ class ArtifactStore:
           IntegrityError: if the file changed since it was verified (naming
             the version).
           TreeMismatchError: if it does not match ``like``.
+          ValueError: for a sharded version and a ``like`` without shardings.
         """
-        model, digest = self._gate(version, full=False)
-        try:
-            return gates.load_expecting(model, like=like, digest=digest)
-        except IntegrityError as e:
-            raise _changed(version, e) from e
+        model, digest, sharded = self._gate(version, full=False)
+        return self._load(version, model, sharded, like, digest)
 
     def load_version(self, version: str, /, like: Any = None) -> Any:
         """Loads any version with every hash checked; a verified one is also
@@ -553,19 +800,30 @@ class ArtifactStore:
           UnknownVersionError: for an unknown version.
           IntegrityError, FormatError: for a damaged file.
           TreeMismatchError: if it does not match ``like``.
+          ValueError: for a sharded version and a ``like`` without shardings.
         """
         path, data = self._record(version)
         digest = data.get("digest") if data["status"] == "verified" else None
-        try:
-            return gates.load_expecting(os.path.join(path, MODEL_FILE), like=like, digest=digest)
-        except IntegrityError as e:
-            raise _changed(version, e) from e
+        if is_sharded(data):
+            if data["status"] == "writing":
+                raise StoreError(
+                    f"version {version} is still being written; there is no complete "
+                    "checkpoint to load yet",
+                    version=version,
+                    hint="load it once its put returns; if that process died, store.gc() "
+                    "removes it",
+                )
+            self._layout.plain_tree(path, version=version)
+        return self._load(version, checkpoint_path(path, data), is_sharded(data), like, digest)
 
     def load_current(self, like: Any = None, *, fallback: bool = False) -> Any:
         """Loads the current version through every gate (see ``load_verified``).
 
         Args:
-          like: the tree or ``TreeSpec`` whose structure the result takes.
+          like: the tree or ``TreeSpec`` whose structure the result takes;
+            for a sharded version, a tree of ``jax.Array``s or
+            ``jax.ShapeDtypeStruct``s with the shardings to restore onto
+            (every process of a job calls it).
           fallback: if the current version fails a gate, load the most
             recent former current version that passes them all instead (the
             fall back is logged).
@@ -578,6 +836,7 @@ class ArtifactStore:
             fails a gate (and, with ``fallback``, every former one too).
           IntegrityError, FormatError: if the current file is damaged.
           TreeMismatchError: if it does not match ``like``.
+          ValueError: for a sharded version and a ``like`` without shardings.
         """
         ptr = self._pointer()
         if ptr.current is None:
@@ -614,7 +873,10 @@ class ArtifactStore:
 
         Under the store's lock, the version passes every gate: verified,
         signed in a store with a key, and its whole file read again and
-        matched with the digest its verdict was computed on.
+        matched with the digest its verdict was computed on. For a sharded
+        version: its directory holds only regular files and directories,
+        its manifest's sha256 is the verdict's, and every shard is read
+        again in this process (a group of arrays at a time) and hashed.
 
         Args:
           version: the version to make current.
@@ -679,8 +941,9 @@ class ArtifactStore:
         It never removes the current version or any former current one the
         pointer remembers (whatever their status files say), the newest
         versions the policy keeps, a version being written by a live
-        process, a version whose record cannot be read, or a directory that
-        holds files the store did not write. It refuses to run when the
+        process (or by one on another host, whose pid means nothing here), a
+        version whose record cannot be read, or a directory that holds files
+        the store did not write. It refuses to run when the
         pointer is damaged, since it cannot then tell what is current.
 
         Args:
@@ -731,8 +994,13 @@ class ArtifactStore:
             data = records.read(path)
         except StoreError:
             return False  # never delete what cannot be read: a person must look
+        if data["status"] != "writing":
+            return True
+        host = data.get("host")
+        if host is not None and host != socket.gethostname():
+            return False  # its writer's pid means nothing here: gc on the writer's host takes it
         pid = data.get("pid")
-        return not (data["status"] == "writing" and isinstance(pid, int) and pid_alive(pid))
+        return not (isinstance(pid, int) and pid_alive(pid))
 
     def _clean_trash(self, base: str) -> None:
         """Finishes removals a crash interrupted, and reclaims dead writers' temps."""
@@ -746,27 +1014,76 @@ class ArtifactStore:
                 remove_stale_temps(path)
 
 
-#: The only files a version directory holds that the store wrote.
-_OWN_FILES = (MODEL_FILE, STATUS_FILE)
+#: The only files a version directory holds that the store wrote: the
+#: checkpoint, the record, and a sharded version's manifest.
+_OWN_FILES = (MODEL_FILE, STATUS_FILE, MANIFEST_NAME)
 
 
 def _own_file(name: str) -> bool:
     """Whether a file in a version directory is one the store writes: the
-    checkpoint, the record, or a temp of one of them left by a dead writer."""
+    checkpoint, the record, the manifest, or a temp of one of them left by a
+    dead writer."""
     if name in _OWN_FILES:
         return True
     temp = stale_temp(name)
     return temp is not None and temp in _OWN_FILES
 
 
+def _orbax_dir(name: str) -> bool:
+    """Whether a directory in a version directory is one ``save_sharded``
+    writes: a data directory, or orbax's temporary directory of one."""
+    head = name.split(".", 1)[0]
+    return is_data_name(name) or (is_data_name(head) and ".orbax-checkpoint-tmp" in name)
+
+
+def _plain(path: str) -> bool:
+    """Whether everything under ``path`` is a regular file or a real
+    directory (no link, FIFO, socket or device), followed nowhere."""
+    stack = [path]
+    while stack:
+        with os.scandir(stack.pop()) as entries:
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append(entry.path)
+                elif not entry.is_file(follow_symlinks=False):
+                    return False
+    return True
+
+
+def _remove_tree(path: str) -> None:
+    """Removes a directory of regular files and directories, bottom up,
+    following no link (a link that appeared since is unlinked, never followed)."""
+    with os.scandir(path) as entries:
+        for entry in list(entries):
+            if entry.is_dir(follow_symlinks=False):
+                _remove_tree(entry.path)
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(entry.path)
+    os.rmdir(path)
+
+
+def _removable(path: str, name: str, *, temps_only: bool) -> bool:
+    full = os.path.join(path, name)
+    if temps_only:
+        return stale_temp(name) in _OWN_FILES and os.path.isfile(full) and not os.path.islink(full)
+    if _orbax_dir(name):
+        try:
+            return stat.S_ISDIR(os.lstat(full).st_mode) and _plain(full)
+        except OSError:
+            return False
+    return _own_file(name) and not os.path.islink(full) and os.path.isfile(full)
+
+
 def _remove_version_files(path: str, *, rename: bool = True, temps_only: bool = False) -> bool:
-    """Removes a version directory if it holds only files the store wrote.
+    """Removes a version directory if it holds only what the store wrote.
 
     The directory is first renamed out of sight (atomic), so a crash leaves
     either the whole version or a trash directory that the next gc clears.
-    Only the store's own file names are unlinked, and the directory is
-    removed with ``rmdir``; a link, a foreign file or a subdirectory keeps
-    the version where it is.
+    Only the store's own file names are unlinked, and of a sharded version
+    the data directories ``save_sharded`` and orbax wrote, only if they hold
+    nothing but regular files and directories; a link, a FIFO, a foreign
+    file or another subdirectory keeps the version where it is.
 
     Returns:
       Whether it was removed.
@@ -775,11 +1092,8 @@ def _remove_version_files(path: str, *, rename: bool = True, temps_only: bool = 
         names = os.listdir(path)
     except OSError:
         return False
-    for n in names:
-        full = os.path.join(path, n)
-        own = stale_temp(n) in _OWN_FILES if temps_only else _own_file(n)
-        if not own or os.path.islink(full) or not os.path.isfile(full):
-            return False
+    if not all(_removable(path, n, temps_only=temps_only) for n in names):
+        return False
     target = path
     if rename:
         target = os.path.join(
@@ -790,8 +1104,16 @@ def _remove_version_files(path: str, *, rename: bool = True, temps_only: bool = 
         except OSError:
             return False
     for n in names:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(os.path.join(target, n))
+        full = os.path.join(target, n)
+        try:
+            if _orbax_dir(n) and stat.S_ISDIR(os.lstat(full).st_mode):
+                _remove_tree(full)
+            else:
+                os.unlink(full)
+        except FileNotFoundError:
+            continue
+        except OSError:
+            return False
     try:
         os.rmdir(target)
     except OSError:
@@ -799,9 +1121,33 @@ def _remove_version_files(path: str, *, rename: bool = True, temps_only: bool = 
     return True
 
 
-def _header_digest(version_dir: str) -> str | None:
+def _shardable(like: Any) -> bool:
+    """Whether ``like`` is a tree whose every leaf carries a sharding to
+    restore onto (a ``jax.Array`` or a ``jax.ShapeDtypeStruct`` with one)."""
+    if like is None or isinstance(like, TreeSpec):
+        return False
+    import jax
+
+    leaves = jax.tree.leaves(like)
+    return bool(leaves) and all(
+        isinstance(x, (jax.Array, jax.ShapeDtypeStruct)) and getattr(x, "sharding", None)
+        for x in leaves
+    )
+
+
+def _stored_spec(path: str, data: dict[str, Any]) -> TreeSpec:
+    """A version's stored spec, from its header or manifest only."""
+    if is_sharded(data):
+        return read_manifest(path).spec
+    return read_header(os.path.join(path, MODEL_FILE)).spec
+
+
+def _digest_now(path: str, data: dict[str, Any]) -> str | None:
+    """The digest of the checkpoint there now (header or manifest), or None."""
     try:
-        return read_header(os.path.join(version_dir, MODEL_FILE)).digest
+        if is_sharded(data):
+            return sharded_digest(path)
+        return read_header(os.path.join(path, MODEL_FILE)).digest
     except (FormatError, OSError):
         return None
 
@@ -826,5 +1172,5 @@ Event = log.Event
 
 
 def spec_of_version(store: ArtifactStore, version: str) -> TreeSpec:
-    """The stored spec of one version, from its header only."""
-    return read_header(store.info(version).path).spec
+    """The stored spec of one version, from its header (or manifest) only."""
+    return _stored_spec(*store._record(version))

@@ -1,0 +1,93 @@
+"""Reading a sharded checkpoint whole in one process, every shard's sha256
+checked there: for a check that must not wait on the rest of a job (the
+store's ``promote`` and ``rollback``, ``verify`` without a sharded
+``like``).
+
+The arrays are restored onto this process's first device a group at a time
+(see ``load.groups``) and hashed while the next group is read. Nothing here
+is a collective.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ..errors import FormatError, IntegrityError, InvalidTreeError
+from .digests import ShardChecker
+from .load import groups, picked, shard_error
+from .manifest import Manifest, read_with_digest
+from .orbax_io import read_arrays
+
+
+def read_local(
+    directory: str | os.PathLike[str], /, *, digest: str | None = None, keep: bool = True
+) -> tuple[Manifest, str, Any]:
+    """Every array of ``directory`` onto this process's first device, each
+    shard's sha256 checked before it returns.
+
+    Args:
+      directory: a directory written by ``save_sharded``.
+      digest: the manifest's expected sha256; another one is refused before
+        any array is read.
+      keep: return the tree; with False each group is dropped once hashed,
+        so the memory held is one group's, and None is returned for it.
+
+    Returns:
+      ``(manifest, its sha256, the tree or None)``.
+
+    Raises:
+      FormatError: for a malformed manifest, or a saved tree with custom
+        nodes (which only a ``like`` tree can rebuild).
+      IntegrityError: for another manifest digest, unreadable data, or
+        arrays whose bytes differ (naming them).
+    """
+    import jax
+    import orbax.checkpoint as ocp
+
+    where = os.path.abspath(os.fspath(directory))
+    manifest, found = read_with_digest(where)
+    if digest is not None and found != digest:
+        raise IntegrityError(
+            f"the manifest's sha256 is {found[:16]}..., the verdict's {digest[:16]}...: "
+            "the checkpoint was replaced or edited",
+            context=where,
+            hint="do not use it; restore it from a backup or verify it again",
+        )
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    struct: Any = jax.ShapeDtypeStruct
+    restored: list[Any] = [None] * len(manifest.arrays)
+    data = os.path.join(where, manifest.data)
+    with ShardChecker(manifest.arrays, local=True) as checker:
+        for run in groups(manifest.arrays, range(len(manifest.arrays))):
+            chosen = set(run)
+            leaves = [
+                struct(a.shape, a.dtype, sharding=device) if k in chosen else ocp.PLACEHOLDER
+                for k, a in enumerate(manifest.arrays)
+            ]
+            try:
+                item = jax.tree.unflatten(manifest.spec.treedef, leaves)
+            except InvalidTreeError as e:
+                raise FormatError(
+                    f"{where}: the saved tree holds custom nodes, which only a `like` tree "
+                    "can rebuild\nhint: load it with `treeguard.load_sharded(DIR, like)`"
+                ) from e
+            try:
+                got = picked(jax.tree.leaves(read_arrays(data, item)), run, where)
+            except Exception as e:  # orbax and tensorstore raise many kinds
+                raise IntegrityError(
+                    f"{where}: the stored arrays could not be read: "
+                    f"{str(e).splitlines()[0][:300] if str(e) else type(e).__name__}\n"
+                    "hint: the data directory is damaged or incomplete; load an earlier "
+                    "checkpoint"
+                ) from e
+            for k, arr in zip(run, got):
+                checker.add(k, manifest.arrays[k], arr)
+                if keep:
+                    restored[k] = arr
+            del got
+        bad = checker.bad()
+    if bad:
+        raise shard_error(where, [manifest.arrays[k].path for k in bad])
+    tree = jax.tree.unflatten(manifest.spec.treedef, restored) if keep else None
+    return manifest, found, tree
