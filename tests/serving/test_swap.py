@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -12,6 +13,7 @@ import tinymodel
 from prometheus_client.parser import text_string_to_metric_families
 from serving_support import client, mlp_params, mlp_spec, put_verified, request, tiny_spec
 
+import treeguard
 from treeguard.examples import mlp
 from treeguard.serving import Server, ServingError, WatchdogPolicy
 
@@ -66,6 +68,24 @@ async def test_swap_same_spec_reuses_executables_and_refuses_what_cannot_be_serv
     assert sample(text, "treeguard_model_info", version=v["v2"]) == 0
     actions = [(e.action, e.version) for e in store.history()]
     assert ("serve_swap", v["v2"]) in actions and ("serve_rollback", v["v1"]) in actions
+
+
+async def test_a_sharded_version_is_refused_by_name_before_anything_is_loaded(tmp_path):
+    store = treeguard.ArtifactStore(tmp_path / "store")
+    v1 = put_verified(store, mlp_params(0))
+    store.promote(v1)
+    sharded = store.put_sharded(jax.device_put(mlp_params(1)))
+    assert store.verify(sharded).status == "verified"
+    server = Server(mlp.model, store, spec=mlp_spec())
+    async with client(server) as c:
+        r = await c.post("/v2/treeguard/swap", json={"version": sharded})
+        assert r.status_code == 409, r.text
+        assert r.json()["error"] == (
+            f"version {sharded} cannot be served: it is a sharded checkpoint, and the server "
+            "loads single-file versions\nhint: gather it with store.load_verified(version, like) "
+            "and put the result as a file version (store.put), then verify and swap to that"
+        )
+        assert server.status()["active"] == v1
 
 
 async def test_nan_version_is_rolled_back_automatically_without_flapping(tiny_store):

@@ -138,6 +138,13 @@ class Slots:
             raise ServingError(str(e), status=404) from e
         except TreeguardError as e:
             raise ServingError(f"version {version} cannot be served: {e}") from e
+        if info.kind != "file":
+            raise ServingError(
+                f"version {version} cannot be served: it is a {info.kind} checkpoint, and the "
+                "server loads single-file versions",
+                hint="gather it with store.load_verified(version, like) and put the result as a "
+                "file version (store.put), then verify and swap to that",
+            )
         nbytes = int(info.nbytes or 0)
         self._check_room(version, nbytes)
         try:
