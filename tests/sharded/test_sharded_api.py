@@ -138,6 +138,13 @@ def test_refusals(saved: Path, tmp_path: Path) -> None:
         treeguard.save_sharded(tmp_path / "x", {"w": np.zeros(2)})
     with pytest.raises(TypeError, match=r"metadata\['s'\]: an object of type set has no JSON form"):
         treeguard.save_sharded(tmp_path / "x", {"w": jnp.zeros(2)}, metadata={"s": {1}})
+    with pytest.raises(treeguard.InvalidTreeError) as e:
+        treeguard.save_sharded(tmp_path / "x", {"w": jnp.zeros(2), "rng": jax.random.key(0)})
+    assert str(e.value).startswith(
+        "1 invalid leaf or node in the tree:\n"
+        "  ['rng']: a typed PRNG key array (key<fry>): orbax stores no key dtype\n"
+        "hint: save the key data, `jax.random.key_data(k)`"
+    )
     assert not (tmp_path / "x").exists()
     with pytest.raises(treeguard.FormatError, match="not a sharded checkpoint"):
         treeguard.load_sharded(tmp_path, _params())

@@ -14,6 +14,7 @@ from typing import Any
 import jax
 
 from ..env import environment
+from ..errors import InvalidTreeError
 from ..paths import keystr
 from ..spec import TreeSpec, describe_sharding, spec_of
 from . import hosts
@@ -99,6 +100,18 @@ def save_sharded(
     spec = spec_of(tree, sharding=True)
     leaves = jax.tree.leaves(tree)
     paths = [keystr(p) for p in spec.paths]
+    keys = [
+        (path or "<root>", f"a typed PRNG key array ({leaf.dtype}): orbax stores no key dtype")
+        for path, leaf in zip(paths, leaves)
+        if isinstance(leaf, jax.Array) and jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key)
+    ]
+    if keys:
+        raise InvalidTreeError(
+            keys,
+            hint="save the key data, `jax.random.key_data(k)`, and after load_sharded wrap it "
+            "back with `jax.random.wrap_key_data(data, impl=...)`; or save keys with "
+            "treeguard.save, which keeps their implementation",
+        )
     for path, leaf in zip(paths, leaves):
         if not isinstance(leaf, jax.Array):
             raise TypeError(
