@@ -103,7 +103,7 @@ def save_sharded(
     keys = [
         (path or "<root>", f"a typed PRNG key array ({leaf.dtype}): orbax stores no key dtype")
         for path, leaf in zip(paths, leaves)
-        if isinstance(leaf, jax.Array) and jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key)
+        if isinstance(leaf, jax.Array) and jax.numpy.issubdtype(leaf.dtype, jax.dtypes.prng_key)
     ]
     if keys:
         raise InvalidTreeError(
