@@ -2,7 +2,9 @@
 
 Exit codes, as for every treeguard command: 0 when the check passes, 1 when
 it fails (a corrupt tensor, a contract mismatch, a refused promotion), 2 for
-usage errors and unreadable input.
+usage errors and unreadable input. ``ckpt verify`` exits 3 on a safetensors
+file treeguard did not write: its structure was checked, and it holds no
+hashes or contract to check its bytes against.
 """
 
 from __future__ import annotations
