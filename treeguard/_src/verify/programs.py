@@ -9,12 +9,20 @@ kept, so the contract, finite, transforms, regression and training checks
 and the recording of references share them. Only the ``transforms`` check's
 eager reference and the ``negative`` check (which must see ``apply`` refuse
 concrete values) run op by op.
+
+``Programs.prepare`` overlaps the two: it traces and lowers each case's
+program on the calling thread, hands XLA's compilation of it to one
+background thread, and meanwhile runs the eager reference. Only XLA runs
+on that thread; the model's own Python (tracing, eager execution) always
+runs on the caller's.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -95,16 +103,33 @@ class _Compiled:
 
     The decision reads the program ``jit`` traces on the first call, and
     ``jit`` keeps that trace for the call itself: ``fn`` is traced once.
+    ``start`` compiles ahead, in the background; ``jit`` keeps what it
+    compiled for the call with the same arguments.
     """
 
     def __init__(self, fn: Callable[..., Any]) -> None:
         self.fn = fn
         self.jitted = jax.jit(fn, compiler_options=compiler_options())
         self.eager: bool | None = None
+        self._pending: list[concurrent.futures.Future[Any]] = []
+
+    def _decide(self, traced: Any) -> bool:
+        if self.eager is None:
+            self.eager = _repetitive(traced.jaxpr.jaxpr)
+        return self.eager
+
+    def start(self, pool: concurrent.futures.Executor, *args: Any) -> None:
+        """Traces and lowers ``fn(*args)`` here and compiles it on ``pool``."""
+        traced = self.jitted.trace(*args)
+        if not self._decide(traced):
+            self._pending.append(pool.submit(traced.lower().compile))
 
     def __call__(self, *args: Any) -> Any:
+        while self._pending:  # compiling twice, here and there, would cost twice
+            with contextlib.suppress(Exception):  # it fails again below, as it would have
+                self._pending.pop(0).result()
         if self.eager is None:
-            self.eager = _repetitive(self.jitted.trace(*args).jaxpr.jaxpr)
+            self._decide(self.jitted.trace(*args))
         return self.fn(*args) if self.eager else self.jitted(*args)
 
 
@@ -256,12 +281,43 @@ class Programs:
 
         # One program per batch shape computes both the plain and the
         # per-example (vmap) results: one compilation instead of two.
-        self.evaluate = compiled(evaluate)
+        self.evaluate = _Compiled(evaluate)
         apply_update = update_function(model)
         self._update = compiled(apply_update) if apply_update is not None else None
+        opt_init = model.optimizer.init if model.optimizer is not None else model.opt_init
+        self._opt_init = _Compiled(opt_init) if opt_init is not None else None
         self._params: Any = None
         self._opt_state: Any = None
         self._done: dict[tuple[str, int], tuple[Evaluated, Evaluated]] = {}
+        self._eager: dict[tuple[str, int], Evaluated] = {}
+
+    def prepare(self, cases: Sequence[Case], eager_on: Sequence[Case]) -> None:
+        """Computes ahead what the checks will ask for: ``params()``, then, while
+        XLA compiles ``evaluate`` for each batch shape of ``cases`` and the
+        optimizer's ``init`` on a background thread, the eager reference on
+        ``eager_on``.
+
+        Nothing here raises: what fails is computed again, and fails again,
+        in the check that asks for it, which reports it.
+        """
+        pool = concurrent.futures.ThreadPoolExecutor(1, "treeguard-compile")
+        # A failure here is the finding of the check that needs what failed.
+        with pool, contextlib.suppress(Exception):
+            params = self.params()
+            shapes: set[Any] = set()
+            for case in cases:
+                batch = as_jax(case.batch)
+                shape = (
+                    jax.tree.structure(batch),
+                    tuple((x.shape, x.dtype) for x in jax.tree.leaves(batch)),
+                )
+                if shape not in shapes:
+                    shapes.add(shape)
+                    self.evaluate.start(pool, params, batch)
+            if self._opt_init is not None:
+                self._opt_init.start(pool, params)
+            for case in eager_on:
+                self.eager(case)
 
     def params(self) -> Any:
         """``init``'s params for the model's seed, computed once, under ``jit``.
@@ -279,11 +335,8 @@ class Programs:
 
     def opt_state(self) -> Any:
         """The optimizer state for ``params()`` (None for a model without one)."""
-        if self._opt_state is None:
-            if self.model.optimizer is not None:
-                self._opt_state = compiled(self.model.optimizer.init)(self.params())
-            elif self.model.opt_init is not None:
-                self._opt_state = compiled(self.model.opt_init)(self.params())
+        if self._opt_state is None and self._opt_init is not None:
+            self._opt_state = self._opt_init(self.params())
         return self._opt_state
 
     @property
@@ -314,7 +367,10 @@ class Programs:
         return self._both(case)[1]
 
     def eager(self, case: Case) -> Evaluated:
-        """The same, op by op, as the reference of the ``transforms`` check."""
-        params, batch = self.params(), as_jax(case.batch)
-        value, grads = jax.value_and_grad(self.model.loss)(params, batch)
-        return Evaluated(self.model.apply(params, batch), value, grads)
+        """The same, op by op, as the reference of the ``transforms`` check (kept per case)."""
+        key = (case.name, id(case.batch))
+        if key not in self._eager:
+            params, batch = self.params(), as_jax(case.batch)
+            value, grads = jax.value_and_grad(self.model.loss)(params, batch)
+            self._eager[key] = Evaluated(self.model.apply(params, batch), value, grads)
+        return self._eager[key]

@@ -165,6 +165,7 @@ def run(
                 bench_result = None
     ctx = Context(model=model, cases=cases, references=loaded, record=record)
     ctx.bench_result = bench_result.result if bench_result is not None else None
+    ctx.prepare()
     results: list[CheckResult] = [run_check(n, ctx) for n in NAMES]
     recorded: str | None = None
     if record and ref_path is not None:
