@@ -6,7 +6,9 @@ hundreds of small compilations. Here ``init``, one ``evaluate`` (outputs,
 loss and grads together), its per-example ``vmap`` twin and one training
 step are each compiled once per batch shape, and each case's results are
 kept, so the contract, finite, transforms, regression and training checks
-and the recording of references share them. Only the ``transforms`` check's
+and the recording of references share them (``evaluate`` also counts the
+NaN and Inf of its loss and grads, so the ``finite`` check inspects leaf by
+leaf only a case that has some). Only the ``transforms`` check's
 eager reference and the ``negative`` check (which must see ``apply`` refuse
 concrete values) run op by op.
 
@@ -29,6 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..nonfinite import count_nonfinite
 from .cases import Case
 from .model import Model
 
@@ -192,6 +195,12 @@ def per_example_apply(model: Model, params: Any, batch: Any) -> Any:
     return jax.tree.map(lambda x: x[:, 0], out)
 
 
+def _finite(*trees: Any) -> Any:
+    """Whether ``trees`` hold no NaN or Inf, as a traced bool."""
+    counts = jax.tree.leaves(count_nonfinite(trees))
+    return jnp.all(jnp.stack([c == 0 for c in counts])) if counts else jnp.bool_(True)
+
+
 def _vmapped(f: Callable[..., Any]) -> Callable[..., Any]:
     """``f`` under vmap over a leading axis of size 1 added to every argument."""
 
@@ -276,14 +285,15 @@ class Programs:
         self.model = model
         grad = jax.grad(model.loss)
 
-        def evaluate(params: Any, batch: Any) -> tuple[Evaluated, Evaluated]:
+        def evaluate(params: Any, batch: Any) -> tuple[Evaluated, Evaluated, Any]:
             value, grads = jax.value_and_grad(model.loss)(params, batch)
             vmapped = Evaluated(
                 per_example_apply(model, params, batch),
                 _vmapped(model.loss)(params, batch),
                 _vmapped(grad)(params, batch),
             )
-            return Evaluated(model.apply(params, batch), value, grads), vmapped
+            plain = Evaluated(model.apply(params, batch), value, grads)
+            return plain, vmapped, _finite(value, grads)
 
         # One program per batch shape computes both the plain and the
         # per-example (vmap) results: one compilation instead of two.
@@ -294,7 +304,7 @@ class Programs:
         self._opt_init = _Compiled(opt_init) if opt_init is not None else None
         self._params: Any = None
         self._opt_state: Any = None
-        self._done: dict[tuple[str, int], tuple[Evaluated, Evaluated]] = {}
+        self._done: dict[tuple[str, int], tuple[Evaluated, Evaluated, Any]] = {}
         self._eager: dict[tuple[str, int], Evaluated] = {}
 
     def prepare(self, cases: Sequence[Case], eager_on: Sequence[Case]) -> None:
@@ -358,7 +368,7 @@ class Programs:
         out: Step = self._update(params, result.grads, state)
         return dataclasses.replace(out, loss=result.loss)
 
-    def _both(self, case: Case) -> tuple[Evaluated, Evaluated]:
+    def _both(self, case: Case) -> tuple[Evaluated, Evaluated, Any]:
         key = (case.name, id(case.batch))
         if key not in self._done:
             self._done[key] = self.evaluate(self.params(), as_jax(case.batch))
@@ -371,6 +381,10 @@ class Programs:
     def vmapped(self, case: Case) -> Evaluated:
         """The same under ``jit(vmap)``, one example at a time (kept per case)."""
         return self._both(case)[1]
+
+    def finite(self, case: Case) -> bool:
+        """Whether the program counted no NaN or Inf in ``results(case)``'s loss and grads."""
+        return bool(self._both(case)[2])
 
     def eager(self, case: Case) -> Evaluated:
         """The same, op by op, as the reference of the ``transforms`` check (kept per case)."""
