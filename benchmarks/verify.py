@@ -14,12 +14,18 @@ falls on all of them alike:
 
 References are recorded to a temporary directory, never over the shipped
 ones. It prints the median wall time of each and the two ratios
-(verify / baseline). The goals: mlp at most 3x, the CNN at most 5x.
+(verify / baseline), with each run's time, the ratios' spread (fastest and
+slowest run against the median baseline) and the load average: on a shared
+machine other work lengthens every wall time. It also prints the CPU time
+(user + system, all threads) of each process, which that load disturbs
+less. The goals: mlp at most 3x, the CNN at most 5x, in wall time.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -30,13 +36,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _timed(args: list[str]) -> float:
-    start = time.perf_counter()
+def _cpu() -> float:
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
+
+
+def _timed(args: list[str]) -> tuple[float, float]:
+    """The wall and CPU seconds of one process."""
+    cpu, start = _cpu(), time.perf_counter()
     proc = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, check=False)
     seconds = time.perf_counter() - start
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(args)} exited {proc.returncode}:\n{proc.stdout}{proc.stderr}")
-    return seconds
+    return seconds, _cpu() - cpu
 
 
 def main() -> None:
@@ -63,19 +75,33 @@ def main() -> None:
             "verify examples.cnn (nnx)": verify("treeguard.examples.cnn:model"),
         }
         times: dict[str, list[float]] = {k: [] for k in commands}
+        cpus: dict[str, list[float]] = {k: [] for k in commands}
+        loads = [os.getloadavg()[0]]
         for round_ in range(opts.runs + 1):
             for name, args in commands.items():
-                t = _timed(args)
+                wall, cpu = _timed(args)
                 if round_:  # the first round warms the file cache
-                    times[name].append(t)
+                    times[name].append(wall)
+                    cpus[name].append(cpu)
+            loads.append(os.getloadavg()[0])
+    baseline = "import treeguard, flax.nnx, optax"
     med = {k: statistics.median(v) for k, v in times.items()}
-    base = med["import treeguard, flax.nnx, optax"]
-    print(f"median of {opts.runs} interleaved runs (after one warm-up round), wall seconds:")
+    cpu_med = {k: statistics.median(v) for k, v in cpus.items()}
+    base, cpu_base = med[baseline], cpu_med[baseline]
+    print(f"median of {opts.runs} interleaved runs (after one warm-up round), seconds:")
     for name, m in med.items():
         runs = ", ".join(f"{t:.2f}" for t in times[name])
-        print(f"  {name:36s} {m:7.2f} s   ({runs})")
-    print(f"ratio mlp / baseline: {med['verify examples.mlp'] / base:.2f}x (goal <= 3x)")
-    print(f"ratio cnn / baseline: {med['verify examples.cnn (nnx)'] / base:.2f}x (goal <= 5x)")
+        print(f"  {name:36s} wall {m:6.2f}  cpu {cpu_med[name]:6.2f}   (wall: {runs})")
+    print("1-minute load average, before and after each round:", *(f"{x:.2f}" for x in loads))
+    for label, name, goal in (
+        ("mlp", "verify examples.mlp", 3),
+        ("cnn", "verify examples.cnn (nnx)", 5),
+    ):
+        print(
+            f"ratio {label} / baseline: {med[name] / base:.2f}x (goal <= {goal}x; runs "
+            f"{min(times[name]) / base:.2f}x-{max(times[name]) / base:.2f}x; "
+            f"cpu {cpu_med[name] / cpu_base:.2f}x)"
+        )
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from subproc import run_python
 
 from treeguard.cli_verify import verify
 from treeguard.verify import CHECKS
@@ -169,3 +170,30 @@ def test_missing_references_exit_2_then_record_then_pass_then_corrupt(fresh_modu
     code, _, err = _invoke("fresh_mlp:model", *report, path=fresh_module)
     assert code == 2
     assert err.startswith("error: ") and "refs.safetensors" in err
+
+
+def test_compile_fast_adds_each_flag_the_environment_does_not_set(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from treeguard.cli_verify import FAST_COMPILE, compile_fast
+
+    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_use_fusion_emitters=true --xla_foo=1")
+    compile_fast()
+    flags = os.environ["XLA_FLAGS"].split()
+    assert flags[:2] == ["--xla_cpu_use_fusion_emitters=true", "--xla_foo=1"]  # kept as set
+    assert sorted(flags[2:]) == sorted(
+        f"--{k}={v}" for k, v in FAST_COMPILE.items() if k != "xla_cpu_use_fusion_emitters"
+    )
+    compile_fast()  # idempotent
+    assert os.environ["XLA_FLAGS"].split() == flags
+
+
+def test_this_xla_accepts_the_fast_compile_flags() -> None:
+    # XLA aborts the process on a flag it does not know.
+    from treeguard.cli_verify import FAST_COMPILE
+
+    flags = " ".join(f"--{k}={v}" for k, v in FAST_COMPILE.items())
+    code = "import jax; print(jax.jit(lambda x: x + 1.0)(1.0))"
+    proc = run_python(code, env={"XLA_FLAGS": flags})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "2.0"

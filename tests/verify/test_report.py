@@ -47,6 +47,7 @@ def test_json_schema(report: Report, tmp_path: Path) -> None:
         "exit_code",
         "created",
         "seconds",
+        "prepared_s",
         "checks",
         "environment",
         "tolerances",

@@ -84,6 +84,9 @@ class Report:
       benchmark: the warm benchmark, if it ran.
       created: when the run started (UTC, ISO 8601).
       seconds: how long the run took.
+      prepared_s: how long of it went to preparing what the checks share
+        (compiling the programs while the eager reference runs), before the
+        first check; each check's own time comes after.
       files: the report files written by ``write``.
     """
 
@@ -97,6 +100,7 @@ class Report:
     benchmark: Benchmark | None = None
     created: str = ""
     seconds: float = 0.0
+    prepared_s: float = 0.0
     files: dict[str, Path] = dataclasses.field(default_factory=dict)
 
     # -- verdict ------------------------------------------------------------
@@ -138,6 +142,7 @@ class Report:
             "exit_code": self.exit_code,
             "created": self.created,
             "seconds": round(self.seconds, 6),
+            "prepared_s": round(self.prepared_s, 6),
             "checks": [c.to_dict() for c in self.checks],
             "environment": dict(self.environment),
             "tolerances": dict(self.tolerances),
@@ -234,6 +239,13 @@ class Report:
         table.add_column("summary")
         table.add_column("time", justify="right")
         style = {"pass": "[green]PASS[/]", "fail": "[bold red]FAIL[/]", "skip": "[yellow]SKIP[/]"}
+        if self.prepared_s:
+            table.add_row(
+                "[dim](prepare)[/]",
+                "",
+                "[dim]compiled the shared programs while the eager reference ran[/]",
+                f"{self.prepared_s:.2f}s",
+            )
         for c in self.checks:
             table.add_row(c.name, style[c.status], _rich_escape(c.summary), f"{c.seconds:.2f}s")
         console.print(table)

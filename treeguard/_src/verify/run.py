@@ -165,6 +165,9 @@ def run(
                 bench_result = None
     ctx = Context(model=model, cases=cases, references=loaded, record=record)
     ctx.bench_result = bench_result.result if bench_result is not None else None
+    prepare_start = time.perf_counter()
+    ctx.prepare()
+    prepared_s = time.perf_counter() - prepare_start
     results: list[CheckResult] = [run_check(n, ctx) for n in NAMES]
     recorded: str | None = None
     if record and ref_path is not None:
@@ -195,6 +198,7 @@ def run(
         benchmark=bench_result,
         created=created,
         seconds=time.perf_counter() - started,
+        prepared_s=prepared_s,
     )
     if report_dir is not None:
         report.write(report_dir)

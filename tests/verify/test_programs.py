@@ -1,0 +1,56 @@
+"""The shared programs: prepared ahead, they leave the checks nothing to
+compile and nothing to run eagerly twice, and what fails while preparing
+fails again in the check that needs it."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any
+
+import jax
+import pytest
+
+from treeguard._src.verify.cases import generate
+from treeguard._src.verify.checks import Context
+from treeguard._src.verify.run import run
+from treeguard.examples import mlp
+
+BASE = mlp.model
+
+
+def test_prepare_leaves_the_checks_nothing_to_compile(caplog: pytest.LogCaptureFixture) -> None:
+    concrete_calls = []
+
+    def apply(params: Any, batch: Any) -> Any:
+        if not isinstance(batch["x"], jax.core.Tracer):
+            concrete_calls.append(batch["x"].shape)
+        return mlp.apply(params, batch)
+
+    ctx = Context(
+        model=dataclasses.replace(BASE, apply=apply), cases=generate(BASE), references=None
+    )
+    ctx.prepare()
+    assert concrete_calls == [(8, 2)]  # the eager reference, on the standard case
+    with caplog.at_level(logging.WARNING), jax.log_compiles(True):
+        for case in ctx.positive:
+            ctx.programs.results(case)
+            ctx.programs.vmapped(case)
+        ctx.programs.eager(ctx.standard())
+        ctx.programs.opt_state()
+    compiled = [r.getMessage() for r in caplog.records if "XLA compilation" in r.getMessage()]
+    assert compiled == []
+    assert concrete_calls == [(8, 2)]  # kept, not run again
+
+
+def _apply_refusing_concrete_values(params: Any, batch: Any) -> Any:
+    if not isinstance(batch["x"], jax.core.Tracer):
+        raise RuntimeError("eager execution is not supported")
+    return mlp.apply(params, batch)
+
+
+def test_a_failure_while_preparing_fails_the_check_that_needs_it() -> None:
+    report = run(dataclasses.replace(BASE, apply=_apply_refusing_concrete_values), bench=False)
+    assert report["transforms"].evidence == ["RuntimeError: eager execution is not supported"]
+    assert report["contract"].status == "pass"
+    assert report.failed == ["negative", "transforms"]  # the invalid case raises it too
