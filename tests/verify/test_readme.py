@@ -31,9 +31,17 @@ def test_the_verify_model_example_builds() -> None:
     exec(compile(_block("params_spec="), str(README), "exec"), {})
 
 
+def test_the_typed_key_example_restores_the_rng_stream(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)  # the example writes net.safetensors where it runs
+    _run(_block("class Net(nnx.Module)"), capsys)
+    assert (tmp_path / "net.safetensors").is_file()
+
+
 @pytest.mark.slow
 def test_the_nnx_example_verifies(capsys: pytest.CaptureFixture[str]) -> None:
-    out = _run(_block("from flax import nnx"), capsys)
+    out = _run(_block("class MLP(nnx.Module)"), capsys)
     assert "params and optimizer state keep their specs" in out
 
 
