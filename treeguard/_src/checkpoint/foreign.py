@@ -38,12 +38,13 @@ from ..errors import (
 )
 from ..keydtype import dtype_name
 from ..mismatch import Mismatch
-from ..paths import Path, keystr, parse
+from ..paths import keystr, parse
 from ..spec import FORMAT as SPEC_FORMAT
 from ..spec import LeafSpec, TreeSpec, dtype_of, spec_of, summarize
 from ..walk import flatten
 from .files import pread_into
-from .format import FOREIGN, K_FORMAT, MAX_NDIM
+from .format import FOREIGN, K_FORMAT, MAX_NDIM, StoredTensor
+from .migrate import parse_user_path, starts_with
 from .names import NamingRule, namer, nest, rule_label, style_of
 
 Unverified: TypeAlias = Literal["refuse", "warn", "allow"]
@@ -66,36 +67,9 @@ _THREADS = "treeguard-read"
 
 
 @dataclasses.dataclass(frozen=True)
-class ForeignTensor:
-    """One tensor of a foreign safetensors file.
-
-    Attributes:
-      name: the tensor name, as the writer gave it.
-      shape: the shape.
-      dtype: the numpy dtype (``bfloat16`` and the float8 types from ml_dtypes).
-      stored_dtype: the safetensors dtype name (``"BF16"``).
-      begin: the first byte, counted from the start of the data section.
-      end: one past the last byte.
-    """
-
-    name: str
-    shape: tuple[int, ...]
-    dtype: np.dtype[Any]
-    stored_dtype: str
-    begin: int
-    end: int
-
-    @property
-    def nbytes(self) -> int:
-        return self.end - self.begin
-
-    @property
-    def size(self) -> int:
-        return math.prod(self.shape)
-
-    def summary(self) -> str:
-        """``f32[3,1]``."""
-        return summarize(self.shape, self.dtype)
+class ForeignTensor(StoredTensor):
+    """One tensor of a foreign safetensors file: its header entry, with no
+    hash (see ``StoredTensor`` for the fields)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -285,19 +259,6 @@ class _Match:
     like_treedef: Any
 
 
-def _starts_with(path: Path, prefix: Path) -> bool:
-    return path[: len(prefix)] == prefix
-
-
-def _user_path(text: Any, what: str) -> Path:
-    if not isinstance(text, str):
-        raise ValueError(f"{what} paths are key-path strings, got {type(text).__name__}")
-    try:
-        return parse(text)
-    except ValueError as e:
-        raise ValueError(f"{what}: {e}; write paths as \"['dense1']['w']\"") from None
-
-
 def match(
     header: ForeignHeader,
     like: Any,
@@ -324,17 +285,19 @@ def match(
     else:
         like_spec = spec_of(like)
         like_leaves, like_treedef = flatten(like)
-    renames = [(_user_path(o, "rename"), _user_path(n, "rename"), n) for o, n in rename.items()]
-    optional = [_user_path(a, "allow_missing") for a in allow_missing]
+    renames = [
+        (parse_user_path(o, "rename"), parse_user_path(n, "rename"), n) for o, n in rename.items()
+    ]
+    optional = [parse_user_path(a, "allow_missing") for a in allow_missing]
     paths = like_spec.paths
     for prefix, text in [(n, t) for _, n, t in renames] + list(zip(optional, allow_missing)):
-        if not any(_starts_with(p, prefix) for p in paths):
+        if not any(starts_with(p, prefix) for p in paths):
             raise ValueError(f"{text} names no leaf or subtree of `like`")
     by_name = {t.name: t for t in header.tensors}
     wanted: list[str] = []
     for p in paths:
         best = max(
-            (r for r in renames if _starts_with(p, r[1])), key=lambda r: len(r[1]), default=None
+            (r for r in renames if starts_with(p, r[1])), key=lambda r: len(r[1]), default=None
         )
         source = p if best is None else (*best[0], *p[len(best[1]) :])
         wanted.append(to_name(source))
@@ -360,7 +323,7 @@ def match(
             like_flat[where] = LeafSpec(rec[0], rec[1])
             continue
         sources.append(None)
-        if any(_starts_with(p, o) for o in optional):
+        if any(starts_with(p, o) for o in optional):
             ref = like_leaves[i] if like_leaves is not None else None
             if ref is None or isinstance(ref, LeafSpec) or not hasattr(ref, "shape"):
                 raise ValueError(

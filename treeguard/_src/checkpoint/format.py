@@ -112,18 +112,19 @@ _RESTORE_HINT = "restore the file from a verified copy (ArtifactStore.rollback) 
 
 
 @dataclasses.dataclass(frozen=True)
-class TensorInfo:
-    """One tensor's entry in a checkpoint header.
+class StoredTensor:
+    """One tensor's entry in a safetensors header, ours or another tool's.
 
     Attributes:
-      name: the tensor name, the leaf's key path in ``keystr`` form.
+      name: the tensor name (a key path in ``keystr`` form in our files; as
+        the writer gave it in another tool's).
       shape: the leaf's shape.
-      dtype: the leaf's dtype.
+      dtype: the leaf's numpy dtype (``bfloat16`` and the float8 types from
+        ml_dtypes too).
       stored_dtype: the safetensors dtype name in the header (``"F32"``;
         ``"U8"`` for a dtype stored as raw bytes).
       begin: the first byte, counted from the start of the data section.
       end: one past the last byte, counted the same way.
-      digest: the recorded hex digest of the bytes.
     """
 
     name: str
@@ -132,7 +133,6 @@ class TensorInfo:
     stored_dtype: str
     begin: int
     end: int
-    digest: str
 
     @property
     def nbytes(self) -> int:
@@ -146,6 +146,18 @@ class TensorInfo:
     def summary(self) -> str:
         """``f32[3,1]``."""
         return summarize(self.shape, self.dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorInfo(StoredTensor):
+    """One tensor's entry in a treeguard checkpoint's header: a
+    ``StoredTensor`` whose name is the leaf's key path, with its hash.
+
+    Attributes:
+      digest: the recorded hex digest of the bytes.
+    """
+
+    digest: str
 
 
 @dataclasses.dataclass(frozen=True)

@@ -28,7 +28,7 @@ def starts_with(path: Path, prefix: Path) -> bool:
     return path[: len(prefix)] == prefix
 
 
-def _parse_user_path(text: Any, what: str) -> Path:
+def parse_user_path(text: Any, what: str) -> Path:
     if not isinstance(text, str):
         raise ValueError(f"{what} paths are key-path strings, got {type(text).__name__}")
     try:
@@ -121,7 +121,7 @@ def match_stored(  # noqa: PLR0917 - two call sites, all positional data
     """
     stored_paths = [parse(n) for n in stored_names]
     renames = [
-        (_parse_user_path(old, "rename"), _parse_user_path(new, "rename"), old)
+        (parse_user_path(old, "rename"), parse_user_path(new, "rename"), old)
         for old, new in rename.items()
     ]
     new_name: list[str] = []
@@ -152,7 +152,7 @@ def match_stored(  # noqa: PLR0917 - two call sites, all positional data
             )
         by_new[n] = k
     like_paths = like_spec.paths
-    optional = [_parse_user_path(a, "allow_missing") for a in allow_missing]
+    optional = [parse_user_path(a, "allow_missing") for a in allow_missing]
     for text, p in zip(allow_missing, optional):
         if not any(starts_with(lp, p) for lp in like_paths):
             raise ValueError(f"allow_missing: {text} names no leaf or subtree of `like`")
