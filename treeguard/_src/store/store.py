@@ -18,7 +18,7 @@ import os
 import secrets
 import socket
 import stat
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..atomic import pid_alive, remove_stale_temps, stale_temp
@@ -631,26 +631,19 @@ class ArtifactStore:
         self, path: str, contract: Any, contract_name: str, checks: Sequence[Check]
     ) -> tuple[list[CheckResult], str | None, str | None]:
         model = os.path.join(path, MODEL_FILE)
-        results: list[CheckResult] = []
-        try:
-            digest = read_header(model).digest
-            tree = gates.load_expecting(model, like=contract, digest=digest)
-        except TreeMismatchError as e:
-            text = format_contract(e, contract_name)
-            results += [
-                CheckResult("integrity", True, "header valid"),
-                CheckResult("contract", False, text),
-            ]
-            return results, f"contract: {text}", digest
-        except (IntegrityError, FormatError, OSError) as e:
-            results.append(CheckResult("integrity", False, str(e)))
-            return results, f"integrity: {e}", None
-        results += [
-            CheckResult("integrity", True, "header and every tensor hash match"),
-            CheckResult("contract", True, f"matches {contract_name}"),
-        ]
-        more, reason = run_checks(tree, checks)
-        return results + more, reason, digest
+        digests: list[str] = []
+
+        def load() -> Any:
+            digests.append(read_header(model).digest)
+            return gates.load_expecting(model, like=contract, digest=digests[0])
+
+        return _judge(
+            load,
+            digests,
+            ("header valid", "header and every tensor hash match"),
+            contract_name,
+            checks,
+        )
 
     def _run_sharded_verdict(
         self, path: str, version: str, contract: Any, contract_name: str, checks: Sequence[Check]
@@ -661,39 +654,30 @@ class ArtifactStore:
         from ..sharded.load import contract_mismatches
         from ..sharded.recheck import read_local
 
-        results: list[CheckResult] = []
-        digest: str | None = None
-        try:
+        digests: list[str] = []
+
+        def load() -> Any:
             self._layout.plain_tree(path, version=version)
-            digest = sharded_digest(path)
+            digests.append(sharded_digest(path))
             if _shardable(contract):
-                tree = gates.load_sharded_expecting(path, like=contract, digest=digest)
-            else:
-                manifest = read_manifest(path)
-                if contract is not None:
-                    want = contract if isinstance(contract, TreeSpec) else spec_of(contract)
-                    found = contract_mismatches(manifest.spec, want)
-                    if found:
-                        raise TreeMismatchError(
-                            found, expected_from="`like`", actual_from="the checkpoint"
-                        )
-                tree = read_local(path, digest=digest)[2]
-        except TreeMismatchError as e:
-            text = format_contract(e, contract_name)
-            results += [
-                CheckResult("integrity", True, "manifest valid"),
-                CheckResult("contract", False, text),
-            ]
-            return results, f"contract: {text}", digest
-        except (IntegrityError, FormatError, OSError) as e:
-            results.append(CheckResult("integrity", False, str(e)))
-            return results, f"integrity: {e}", None
-        results += [
-            CheckResult("integrity", True, "manifest and every shard's sha256 match"),
-            CheckResult("contract", True, f"matches {contract_name}"),
-        ]
-        more, reason = run_checks(tree, checks)
-        return results + more, reason, digest
+                return gates.load_sharded_expecting(path, like=contract, digest=digests[0])
+            manifest = read_manifest(path)
+            if contract is not None:
+                want = contract if isinstance(contract, TreeSpec) else spec_of(contract)
+                found = contract_mismatches(manifest.spec, want)
+                if found:
+                    raise TreeMismatchError(
+                        found, expected_from="`like`", actual_from="the checkpoint"
+                    )
+            return read_local(path, digest=digests[0])[2]
+
+        return _judge(
+            load,
+            digests,
+            ("manifest valid", "manifest and every shard's sha256 match"),
+            contract_name,
+            checks,
+        )
 
     def _store_id(self) -> str:
         return str(self._layout.require()["id"])
@@ -1174,3 +1158,43 @@ Event = log.Event
 def spec_of_version(store: ArtifactStore, version: str) -> TreeSpec:
     """The stored spec of one version, from its header (or manifest) only."""
     return _stored_spec(*store._record(version))
+
+
+def _judge(
+    load: Callable[[], Any],
+    digests: list[str],
+    evidence: tuple[str, str],
+    contract_name: str,
+    checks: Sequence[Check],
+) -> tuple[list[CheckResult], str | None, str | None]:
+    """Loads a version for its verdict and runs the checks on it.
+
+    Args:
+      load: reads the version against the contract; appends the digest it
+        read under to ``digests`` before it reads any array.
+      digests: where ``load`` leaves that digest.
+      evidence: the integrity check's evidence when the contract fails (the
+        header or manifest was valid) and when every hash matched.
+      contract_name: how the contract is named in the evidence.
+      checks: the caller's checks, run on the loaded tree.
+
+    Returns:
+      The check results, the reason for a rejection (None when every check
+      passed), and the digest the verdict was computed on (None when the
+      version could not be read).
+    """
+    valid, verified = evidence
+    try:
+        tree = load()
+    except TreeMismatchError as e:
+        text = format_contract(e, contract_name)
+        results = [CheckResult("integrity", True, valid), CheckResult("contract", False, text)]
+        return results, f"contract: {text}", digests[0] if digests else None
+    except (IntegrityError, FormatError, OSError) as e:
+        return [CheckResult("integrity", False, str(e))], f"integrity: {e}", None
+    results = [
+        CheckResult("integrity", True, verified),
+        CheckResult("contract", True, f"matches {contract_name}"),
+    ]
+    more, reason = run_checks(tree, checks)
+    return results + more, reason, digests[0]
