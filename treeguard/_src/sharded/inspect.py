@@ -123,8 +123,9 @@ def verify(directory: str | os.PathLike[str], /, *, like: TreeSpec | None = None
         target = jax.tree.unflatten(m.spec.treedef, leaves)
     except InvalidTreeError as e:
         raise FormatError(
-            f"{where}: the saved tree holds custom nodes, which the command line cannot "
-            "rebuild\nhint: verify it with `treeguard.load_sharded(DIR, like)` in Python"
+            "the saved tree holds custom nodes, which the command line cannot rebuild",
+            context=str(where),
+            hint="verify it with `treeguard.load_sharded(DIR, like)` in Python",
         ) from e
     load_sharded(where, target)
     return summary(where)

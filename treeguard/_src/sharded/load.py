@@ -10,7 +10,7 @@ from typing import Any
 
 from ..checkpoint.migrate import match_stored
 from ..diff import mismatches
-from ..errors import IntegrityError, TreeMismatchError
+from ..errors import ConfigError, IntegrityError, TreeMismatchError
 from ..mismatch import Mismatch
 from ..paths import keystr
 from ..spec import LeafSpec, TreeSpec, describe_sharding, spec_of
@@ -62,10 +62,10 @@ def _target(leaf: Any, path: str) -> Any:
 
     sharding = getattr(leaf, "sharding", None)
     if not isinstance(leaf, (jax.Array, jax.ShapeDtypeStruct)) or sharding is None:
-        raise ValueError(
+        raise ConfigError(
             f"{path or '<root>'}: `like` needs a jax.Array or a jax.ShapeDtypeStruct with a "
-            f"sharding here, got {type(leaf).__name__}\nhint: "
-            "`jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, spec))`"
+            f"sharding here, got {type(leaf).__name__}",
+            hint="`jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, spec))`",
         )
     return sharding
 

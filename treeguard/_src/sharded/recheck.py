@@ -69,8 +69,9 @@ def read_local(
                 item = jax.tree.unflatten(manifest.spec.treedef, leaves)
             except InvalidTreeError as e:
                 raise FormatError(
-                    f"{where}: the saved tree holds custom nodes, which only a `like` tree "
-                    "can rebuild\nhint: load it with `treeguard.load_sharded(DIR, like)`"
+                    "the saved tree holds custom nodes, which only a `like` tree can rebuild",
+                    context=str(where),
+                    hint="load it with `treeguard.load_sharded(DIR, like)`",
                 ) from e
             try:
                 got = picked(jax.tree.leaves(read_arrays(data, item)), run, where)

@@ -85,9 +85,9 @@ def save_sharded(
       metadata: JSON-ready facts to keep with it (step, data version...).
 
     Raises:
-      InvalidTreeError: for a tree that contains itself or non-array leaves.
-      TypeError: for a leaf that is not a ``jax.Array`` or metadata that JSON
-        cannot hold exactly.
+      InvalidTreeError: for a tree that contains itself, non-array leaves,
+        typed PRNG keys or leaves that are not ``jax.Array``s (a TypeError).
+      TypeError: for metadata that JSON cannot hold exactly.
 
     Example:
       >>> import tempfile, jax.numpy as jnp, treeguard
@@ -112,13 +112,15 @@ def save_sharded(
             "back with `jax.random.wrap_key_data(data, impl=...)`; or save keys with "
             "treeguard.save, which keeps their implementation",
         )
-    for path, leaf in zip(paths, leaves):
-        if not isinstance(leaf, jax.Array):
-            raise TypeError(
-                f"{path or '<root>'}: save_sharded stores jax.Array leaves, got "
-                f"{type(leaf).__name__}\nhint: place it first, e.g. "
-                "`jax.device_put(x, NamedSharding(mesh, spec))`"
-            )
+    unplaced = [
+        (path or "<root>", f"save_sharded stores jax.Array leaves, got {type(leaf).__name__}")
+        for path, leaf in zip(paths, leaves)
+        if not isinstance(leaf, jax.Array)
+    ]
+    if unplaced:
+        raise InvalidTreeError(
+            unplaced, hint="place them first, e.g. `jax.device_put(x, NamedSharding(mesh, spec))`"
+        )
     directory = os.path.abspath(os.fspath(directory))
     os.makedirs(directory, exist_ok=True)
     data = hosts.broadcast_text(new_data_name())
