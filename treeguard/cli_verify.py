@@ -20,6 +20,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import re
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -48,11 +49,36 @@ def _usage(message: str) -> NoReturn:
     sys.exit(EXIT_USAGE)
 
 
+#: The jaxlib release from which XLA no longer knows a flag of
+#: ``FAST_COMPILE``. XLA aborts the whole process on a flag it does not know,
+#: before any Python can catch it, so a flag is passed only to the releases
+#: known to have it (``test_this_xla_accepts_the_fast_compile_flags`` runs
+#: the chosen flags under the installed jaxlib).
+GONE_IN = {"xla_cpu_use_fusion_emitters": (0, 11)}
+
+
+def fast_compile_flags(jaxlib_version: str) -> dict[str, str]:
+    """The flags of ``FAST_COMPILE`` that the XLA of ``jaxlib_version`` knows.
+
+    Example:
+      >>> sorted(fast_compile_flags("0.11.2"))
+      ['xla_backend_optimization_level', 'xla_cpu_parallel_codegen_split_count']
+      >>> "xla_cpu_use_fusion_emitters" in fast_compile_flags("0.10.2")
+      True
+    """
+    release = tuple(int(p) for p in re.findall(r"\d+", jaxlib_version)[:2])
+    return {k: v for k, v in FAST_COMPILE.items() if k not in GONE_IN or release < GONE_IN[k]}
+
+
 def compile_fast() -> None:
-    """Adds each of ``FAST_COMPILE`` to ``XLA_FLAGS`` unless that flag is set
-    there; it takes effect if no XLA computation has run yet."""
+    """Adds each of ``FAST_COMPILE`` that the installed XLA knows to
+    ``XLA_FLAGS`` unless that flag is set there; it takes effect if no XLA
+    computation has run yet. Reads jaxlib's version without importing it."""
+    import importlib.metadata
+
     flags = os.environ.get("XLA_FLAGS", "")
-    added = [f"--{k}={v}" for k, v in FAST_COMPILE.items() if k not in flags]
+    wanted = fast_compile_flags(importlib.metadata.version("jaxlib"))
+    added = [f"--{k}={v}" for k, v in wanted.items() if k not in flags]
     os.environ["XLA_FLAGS"] = " ".join([flags, *added]).strip()
 
 

@@ -175,14 +175,17 @@ def test_missing_references_exit_2_then_record_then_pass_then_corrupt(fresh_modu
 def test_compile_fast_adds_each_flag_the_environment_does_not_set(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from treeguard.cli_verify import FAST_COMPILE, compile_fast
+    import importlib.metadata
 
-    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_use_fusion_emitters=true --xla_foo=1")
+    from treeguard.cli_verify import compile_fast, fast_compile_flags
+
+    chosen = fast_compile_flags(importlib.metadata.version("jaxlib"))
+    monkeypatch.setenv("XLA_FLAGS", "--xla_backend_optimization_level=2 --xla_foo=1")
     compile_fast()
     flags = os.environ["XLA_FLAGS"].split()
-    assert flags[:2] == ["--xla_cpu_use_fusion_emitters=true", "--xla_foo=1"]  # kept as set
+    assert flags[:2] == ["--xla_backend_optimization_level=2", "--xla_foo=1"]  # kept as set
     assert sorted(flags[2:]) == sorted(
-        f"--{k}={v}" for k, v in FAST_COMPILE.items() if k != "xla_cpu_use_fusion_emitters"
+        f"--{k}={v}" for k, v in chosen.items() if k != "xla_backend_optimization_level"
     )
     compile_fast()  # idempotent
     assert os.environ["XLA_FLAGS"].split() == flags
@@ -190,9 +193,12 @@ def test_compile_fast_adds_each_flag_the_environment_does_not_set(
 
 def test_this_xla_accepts_the_fast_compile_flags() -> None:
     # XLA aborts the process on a flag it does not know.
-    from treeguard.cli_verify import FAST_COMPILE
+    import importlib.metadata
 
-    flags = " ".join(f"--{k}={v}" for k, v in FAST_COMPILE.items())
+    from treeguard.cli_verify import fast_compile_flags
+
+    chosen = fast_compile_flags(importlib.metadata.version("jaxlib"))
+    flags = " ".join(f"--{k}={v}" for k, v in chosen.items())
     code = "import jax; print(jax.jit(lambda x: x + 1.0)(1.0))"
     proc = run_python(code, env={"XLA_FLAGS": flags})
     assert proc.returncode == 0, proc.stderr

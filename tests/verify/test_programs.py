@@ -54,3 +54,18 @@ def test_a_failure_while_preparing_fails_the_check_that_needs_it() -> None:
     assert report["transforms"].evidence == ["RuntimeError: eager execution is not supported"]
     assert report["contract"].status == "pass"
     assert report.failed == ["negative", "transforms"]  # the invalid case raises it too
+
+
+def test_only_options_this_xla_knows_are_passed(monkeypatch: pytest.MonkeyPatch) -> None:
+    from treeguard._src.verify import programs
+
+    programs._known_cpu_options.cache_clear()
+    monkeypatch.setitem(programs.CPU_COMPILER_OPTIONS, "xla_no_such_option_anywhere", 1)
+    try:
+        options = programs.compiler_options()
+    finally:
+        programs._known_cpu_options.cache_clear()
+    assert "xla_no_such_option_anywhere" not in options
+    assert options["xla_backend_optimization_level"] == 0
+    compiled = jax.jit(lambda x: x * 2, compiler_options=options)
+    assert float(compiled(jax.numpy.float32(3))) == 6.0
