@@ -183,3 +183,19 @@ def test_a_deep_subtree_below_the_top_is_refused_after_the_cache_was_filled() ->
     with pytest.raises(tg.InvalidTreeError, match="nests more than 128 containers deep"):
         tg.check({"w": np.zeros(2), "more": [[(deep,)]]}, spec)
     tg.check({"w": np.ones(2), "more": [[[np.ones(1)]]]}, spec)  # still usable
+
+
+def test_the_collector_is_left_as_it_was_found() -> None:
+    import gc
+
+    tree = _numpy_tree()
+    spec = _validated(tree)
+    assert gc.isenabled()
+    tg.check(tree, spec)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        tg.check(tree, spec)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

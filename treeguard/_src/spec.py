@@ -8,6 +8,7 @@ numpy does not know by name (``bfloat16``, the float8 types).
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import math
 import os
@@ -639,7 +640,17 @@ def signature(leaves: Sequence[Any]) -> Any:
         return ("aval", avals) if known_leaf_types(leaves) else None
     types = tuple(map(type, leaves))
     if types.count(np.ndarray) == len(types):
-        return ("numpy", tuple(map(_shape, leaves)), tuple(map(_dtype, leaves)))
+        # Each ``.shape`` is a new tuple: on a large tree the collector
+        # would run dozens of times over objects that hold no reference
+        # cycle and die with the signature, at about a third of the cost of
+        # the whole check. It is paused while they are made.
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            return ("numpy", tuple(map(_shape, leaves)), tuple(map(_dtype, leaves)))
+        finally:
+            if enabled:
+                gc.enable()
     if not known_leaf_types(leaves):
         return None
     try:
