@@ -617,10 +617,22 @@ class TreeSpec:
 
 
 def _signature_in(leaves: Sequence[Any], seen: list[Any]) -> bool:
-    sig = signature(leaves)
-    # Tuple equality short-cuts on identical (interned) avals and dtypes,
-    # so this is far cheaper than hashing the signature into a set.
-    return sig is not None and any(sig == s for s in seen)
+    # A numpy signature makes a new tuple per leaf (``.shape``): on a large
+    # tree the collector would scan them at about a third of the check's
+    # cost, though they hold no cycle and die here. It is paused until they
+    # are freed, so it has nothing of theirs left to scan.
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        sig = signature(leaves)
+        # Tuple equality short-cuts on identical (interned) avals and
+        # dtypes, so this is far cheaper than hashing the signature.
+        found = sig is not None and any(sig == s for s in seen)
+        del sig
+        return found
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def signature(leaves: Sequence[Any]) -> Any:
@@ -640,17 +652,7 @@ def signature(leaves: Sequence[Any]) -> Any:
         return ("aval", avals) if known_leaf_types(leaves) else None
     types = tuple(map(type, leaves))
     if types.count(np.ndarray) == len(types):
-        # Each ``.shape`` is a new tuple: on a large tree the collector
-        # would run dozens of times over objects that hold no reference
-        # cycle and die with the signature, at about a third of the cost of
-        # the whole check. It is paused while they are made.
-        enabled = gc.isenabled()
-        gc.disable()
-        try:
-            return ("numpy", tuple(map(_shape, leaves)), tuple(map(_dtype, leaves)))
-        finally:
-            if enabled:
-                gc.enable()
+        return ("numpy", tuple(map(_shape, leaves)), tuple(map(_dtype, leaves)))
     if not known_leaf_types(leaves):
         return None
     try:
