@@ -155,7 +155,7 @@ def import_target(
     if not isinstance(obj, kinds) and callable(obj):
         obj = obj()
     if not isinstance(obj, kinds):
-        raise ConfigError(f"{target} is a {type(obj).__name__}, not a {what}; hint: {fix}")
+        raise ConfigError(f"{target} is a {type(obj).__name__}, not a {what}", hint=fix)
     return obj
 
 

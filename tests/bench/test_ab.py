@@ -71,9 +71,9 @@ def test_a_compile_during_the_ab_window_invalidates_both() -> None:
 
 
 def test_bad_rounds_and_clock() -> None:
-    with pytest.raises(BenchError, match=r"^rounds=0; hint: pass an int >= 1"):
+    with pytest.raises(BenchError, match=r"^rounds=0\nhint: pass an int >= 1"):
         ab(jnp.sin, jnp.cos, jnp.ones(2), rounds=0)
-    with pytest.raises(BenchError, match=r"^clock='gpu'; hint: 'auto', 'wall' or 'cpu'$"):
+    with pytest.raises(BenchError, match=r"^clock='gpu'\nhint: 'auto', 'wall' or 'cpu'$"):
         ab(jnp.sin, jnp.cos, jnp.ones(2), clock="gpu")
 
 

@@ -141,8 +141,8 @@ def test_unequal_sample_sizes_are_fine() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"alpha": 0.0}, "alpha=0.0; hint: a level between 0 and 1, such as 0.05"),
-        ({"min_effect": -0.1}, "min_effect=-0.1; hint: a fraction such as 0.02 for 2%"),
+        ({"alpha": 0.0}, "alpha=0.0\nhint: a level between 0 and 1, such as 0.05"),
+        ({"min_effect": -0.1}, "min_effect=-0.1\nhint: a fraction such as 0.02 for 2%"),
     ],
 )
 def test_bad_levels_are_refused(kwargs: dict[str, float], message: str) -> None:
@@ -252,8 +252,8 @@ def test_compare_on_the_cpu_clock() -> None:
     assert (c.verdict, c.clock) == ("regression", "cpu")
     assert compare(a, b).clock == "wall"
     with pytest.raises(
-        BenchError, match=r"^f: no CPU times recorded; hint: compare with clock='wall'$"
+        BenchError, match=r"^f: no CPU times recorded\nhint: compare with clock='wall'$"
     ):
         compare(_result(timings(rng, 30)), b, clock="cpu")
-    with pytest.raises(BenchError, match=r"^clock='gpu'; hint: 'wall' or 'cpu'$"):
+    with pytest.raises(BenchError, match=r"^clock='gpu'\nhint: 'wall' or 'cpu'$"):
         compare(a, b, clock="gpu")

@@ -106,9 +106,9 @@ def test_calibration_stops_once_a_sample_lasts_min_time() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"samples": 0}, "samples=0; hint: pass an int >= 1 (30 is the default)"),
-        ({"min_time": -1.0}, "min_time=-1.0; hint: pass seconds >= 0 per sample"),
-        ({"warmup": -1}, "warmup=-1; hint: pass an int >= 0"),
+        ({"samples": 0}, "samples=0\nhint: pass an int >= 1 (30 is the default)"),
+        ({"min_time": -1.0}, "min_time=-1.0\nhint: pass seconds >= 0 per sample"),
+        ({"warmup": -1}, "warmup=-1\nhint: pass an int >= 0"),
     ],
 )
 def test_bad_options(kwargs: dict[str, Any], message: str) -> None:

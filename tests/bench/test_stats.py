@@ -59,7 +59,7 @@ def test_the_ci_is_reproducible() -> None:
 @pytest.mark.parametrize(
     ("bad", "message"),
     [
-        ([], "samples: no samples; hint: run at least one sample"),
+        ([], "samples: no samples\nhint: run at least one sample"),
         ([1.0, float("nan")], "samples: 1 of 2 samples are negative or not finite"),
         ([-1.0], "samples: 1 of 1 samples are negative or not finite"),
     ],

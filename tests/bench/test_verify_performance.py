@@ -91,12 +91,12 @@ def test_a_budget_the_backend_cannot_check_is_a_violation() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"p95_s": -1.0}, "Budgets.p95_s is -1.0; hint: a budget is >= 0"),
+        ({"p95_s": -1.0}, "Budgets.p95_s is -1.0\nhint: a budget is >= 0"),
         (
             {"temp_bytes": float("nan")},
-            "Budgets.temp_bytes is nan; hint: a finite number >= 0, or None",
+            "Budgets.temp_bytes is nan\nhint: a finite number >= 0, or None",
         ),
-        ({"compile_s": True}, "Budgets.compile_s is True; hint: a finite number >= 0, or None"),
+        ({"compile_s": True}, "Budgets.compile_s is True\nhint: a finite number >= 0, or None"),
     ],
 )
 def test_bad_budgets(kwargs: dict[str, object], message: str) -> None:

@@ -61,7 +61,7 @@ def test_model_refuses_a_batch_spec_without_batch_axis() -> None:
 
 def test_model_refuses_negative_tolerance() -> None:
     with pytest.raises(
-        ConfigError, match=r"tolerance rtol is -1.0; hint: pass a finite number >= 0"
+        ConfigError, match=r"tolerance rtol is -1.0\nhint: pass a finite number >= 0"
     ):
         dataclasses.replace(BASE, rtol=-1.0)
 

@@ -69,7 +69,7 @@ def resolve_clock(clock: str) -> str:
         import jax
 
         return "cpu" if jax.default_backend() == "cpu" else "wall"
-    raise BenchError(f"clock={clock!r}; hint: 'auto', 'wall' or 'cpu'")
+    raise BenchError(f"clock={clock!r}", hint="'auto', 'wall' or 'cpu'")
 
 
 def ab(
@@ -123,7 +123,7 @@ def ab(
     """
     check_options(max(rounds, 1), min_time, warmup)
     if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
-        raise BenchError(f"rounds={rounds!r}; hint: pass an int >= 1 (15 is the default)")
+        raise BenchError(f"rounds={rounds!r}", hint="pass an int >= 1 (15 is the default)")
     resolve_clock(clock)
     conds = current_conditions()
     prep_a = prepare(fn_a, args, jit=jit, warmup=warmup)

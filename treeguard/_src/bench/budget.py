@@ -36,9 +36,9 @@ class Budgets:
             if v is None:
                 continue
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-                raise BenchError(f"Budgets.{name} is {v!r}; hint: a finite number >= 0, or None")
+                raise BenchError(f"Budgets.{name} is {v!r}", hint="a finite number >= 0, or None")
             if v < 0:
-                raise BenchError(f"Budgets.{name} is {v!r}; hint: a budget is >= 0")
+                raise BenchError(f"Budgets.{name} is {v!r}", hint="a budget is >= 0")
 
     def describe(self) -> str:
         parts = []

@@ -158,7 +158,7 @@ def median_ratio_ci(
     a = as_samples(base, "base")
     b = as_samples(cand, "cand")
     if np.median(a) <= 0:
-        raise BenchError("base: the median is 0; hint: time at least one call per sample")
+        raise BenchError("base: the median is 0", hint="time at least one call per sample")
     rng = np.random.default_rng(seed)
     ma = bootstrap_medians(a, resamples, rng)
     mb = bootstrap_medians(b, resamples, rng)
@@ -317,9 +317,9 @@ def compare_samples(
 
 def _check_levels(alpha: float, min_effect: float) -> None:
     if not (isinstance(alpha, (int, float)) and 0 < alpha < 1):
-        raise BenchError(f"alpha={alpha!r}; hint: a level between 0 and 1, such as 0.05")
+        raise BenchError(f"alpha={alpha!r}", hint="a level between 0 and 1, such as 0.05")
     if not (isinstance(min_effect, (int, float)) and 0 <= min_effect < 1):
-        raise BenchError(f"min_effect={min_effect!r}; hint: a fraction such as 0.02 for 2%")
+        raise BenchError(f"min_effect={min_effect!r}", hint="a fraction such as 0.02 for 2%")
 
 
 def _too_few(evidence: Comparison, sizes: str, unit: str) -> Comparison:
@@ -445,9 +445,9 @@ def compare_paired(
     a = as_samples(base, "base")
     b = as_samples(cand, "cand")
     if a.size != b.size:
-        raise BenchError(f"paired times: {a.size} base and {b.size} candidate; hint: one each")
+        raise BenchError(f"paired times: {a.size} base and {b.size} candidate", hint="one each")
     if np.any(a <= 0):
-        raise BenchError("base: a pair with a time of 0; hint: time at least one call")
+        raise BenchError("base: a pair with a time of 0", hint="time at least one call")
     ratios = b / a
     w, p = wilcoxon_signed_rank(np.log(ratios))
     rng = np.random.default_rng(BOOTSTRAP_SEED)

@@ -131,8 +131,10 @@ class BenchResult:
         if clock == "cpu" and self.cpu_samples_s:
             return self.cpu_samples_s
         if clock == "cpu":
-            raise BenchError(f"{self.name}: no CPU times recorded; hint: compare with clock='wall'")
-        raise BenchError(f"clock={clock!r}; hint: 'wall' or 'cpu'")
+            raise BenchError(
+                f"{self.name}: no CPU times recorded", hint="compare with clock='wall'"
+            )
+        raise BenchError(f"clock={clock!r}", hint="'wall' or 'cpu'")
 
     @property
     def valid(self) -> bool:
@@ -193,7 +195,7 @@ class BenchResult:
             if key not in data:
                 if optional:
                     return None
-                raise FormatError(f"{where}: no {key!r}; hint: write it with treeguard.bench.save")
+                raise FormatError(f"{where}: no {key!r}", hint="write it with treeguard.bench.save")
             value = data[key]
             if value is None and optional:
                 return None
@@ -296,16 +298,16 @@ def _cost(compiled: Any) -> dict[str, float] | None:
 
 def check_options(samples: int, min_time: float, warmup: int) -> None:
     if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
-        raise BenchError(f"samples={samples!r}; hint: pass an int >= 1 (30 is the default)")
+        raise BenchError(f"samples={samples!r}", hint="pass an int >= 1 (30 is the default)")
     if (
         isinstance(min_time, bool)
         or not isinstance(min_time, (int, float))
         or not math.isfinite(min_time)
         or min_time < 0
     ):
-        raise BenchError(f"min_time={min_time!r}; hint: pass seconds >= 0 per sample")
+        raise BenchError(f"min_time={min_time!r}", hint="pass seconds >= 0 per sample")
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
-        raise BenchError(f"warmup={warmup!r}; hint: pass an int >= 0")
+        raise BenchError(f"warmup={warmup!r}", hint="pass an int >= 0")
 
 
 def timed(call: Callable[[], Any], loops: int) -> tuple[float, float]:

@@ -35,7 +35,7 @@ def as_samples(samples: Sequence[float] | np.ndarray[Any, Any], what: str = "sam
     """
     a = np.asarray(samples, dtype=np.float64).reshape(-1)
     if a.size == 0:
-        raise BenchError(f"{what}: no samples; hint: run at least one sample")
+        raise BenchError(f"{what}: no samples", hint="run at least one sample")
     if not np.all(np.isfinite(a)) or np.any(a < 0):
         bad = int(np.sum(~np.isfinite(a) | (a < 0)))
         raise BenchError(

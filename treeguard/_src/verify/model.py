@@ -56,7 +56,7 @@ def resolve_dtype(name: Any) -> np.dtype[Any]:
             dt = dtype_of(n)
             if short_dtype(dt) == name:
                 return dt
-    raise ConfigError(f"unknown dtype {name!r}; hint: a name such as 'bfloat16' or 'bf16'")
+    raise ConfigError(f"unknown dtype {name!r}", hint="a name such as 'bfloat16' or 'bf16'")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,7 +80,7 @@ class Tolerance:
                 or not math.isfinite(v)
                 or v < 0
             ):
-                raise ConfigError(f"tolerance {name} is {v!r}; hint: pass a finite number >= 0")
+                raise ConfigError(f"tolerance {name} is {v!r}", hint="pass a finite number >= 0")
 
     def describe(self) -> str:
         return f"rtol {self.rtol:g}, atol {self.atol:g}"
@@ -250,14 +250,16 @@ class Model:
                 f"Model.output_spec is a {type(self.output_spec).__name__}, not a TreeSpec"
             )
         if not isinstance(self.batch_size, int) or self.batch_size < 2:
-            raise ConfigError(f"Model.batch_size is {self.batch_size!r}; hint: use an int >= 2")
+            raise ConfigError(f"Model.batch_size is {self.batch_size!r}", hint="use an int >= 2")
         lo, hi = self.bounds
         if not lo < hi:
             raise ConfigError(f"Model.bounds {self.bounds!r}: low must be below high")
         if self.key_kind not in ("typed", "legacy"):
             raise ConfigError(f'Model.key_kind is {self.key_kind!r}; hint: "typed" or "legacy"')
         if not isinstance(self.training_steps, int) or self.training_steps < 1:
-            raise ConfigError(f"Model.training_steps is {self.training_steps!r}; hint: an int >= 1")
+            raise ConfigError(
+                f"Model.training_steps is {self.training_steps!r}", hint="an int >= 1"
+            )
         for inv in self.invalid_inputs:
             if not isinstance(inv, InvalidInput):
                 raise ConfigError(
