@@ -64,6 +64,8 @@ _UNVERIFIED_HINT = (
     "once with `treeguard import SRC DST` and load that"
 )
 _THREADS = "treeguard-read"
+#: The most bytes numpy lets an array's axes span, counting a 0 axis as 1.
+MAX_ARRAY_BYTES = 2**63 - 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -217,6 +219,10 @@ def _tensor(tensor: str, entry: Any, name: str) -> ForeignTensor:
             f"{summarize(tuple(shape), dtype)} needs {nbytes:,} bytes, "
             f"data_offsets {offsets} give {end - begin:,}"
         )
+    if math.prod(max(d, 1) for d in shape) * dtype.itemsize > MAX_ARRAY_BYTES:
+        # numpy refuses such a shape even when another axis is 0 (no bytes at all),
+        # so a zero-size tensor with huge axes passes the size check and fails here
+        raise bad(f"shape {shape[:8]} is larger than any array can be")
     return ForeignTensor(tensor, tuple(shape), dtype, st, begin, end)
 
 

@@ -32,7 +32,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from ..atomic import open_regular
+from ..atomic import file_kind, open_regular
 from ..errors import ConfigError, FormatError
 from ..paths import Path, keystr
 from ..walk import MAX_DEPTH
@@ -54,6 +54,8 @@ SourceKind = Literal["safetensors", "treeguard", "npz", "msgpack", "orbax"]
 #: Deflate cannot expand data by more than about this factor.
 _DEFLATE_MAX_RATIO = 1032
 _SHARDED_MANIFEST = "treeguard.sharded.json"
+#: The most files and directories an imported checkpoint directory may hold.
+_MAX_ORBAX_ENTRIES = 100_000
 
 
 def source_kind(src: str | os.PathLike[str]) -> SourceKind:
@@ -184,8 +186,16 @@ def _read_npz(name: str) -> dict[str, np.ndarray[Any, Any]]:
         with os.fdopen(fd, "rb") as f, zipfile.ZipFile(f) as zf:
             for info in zf.infolist():
                 key = _member_name(info.filename, name)
+                if key in out:  # numpy.load would keep the last one silently
+                    raise FormatError(
+                        f"member {info.filename[:200]!r} appears twice in the archive",
+                        context=name,
+                        hint="an .npz holds each array once; get a fresh copy of the archive",
+                    )
+                if info.flag_bits & 0x1:
+                    raise FormatError(f"member {info.filename[:200]!r} is encrypted", context=name)
                 out[key] = _read_member(zf, info, size, name)
-    except (zipfile.BadZipFile, EOFError, ValueError, OSError, KeyError) as e:
+    except (zipfile.BadZipFile, EOFError, ValueError, OSError, KeyError, RuntimeError) as e:
         if isinstance(e, FormatError):
             raise
         raise FormatError(
@@ -237,6 +247,8 @@ def _read_member(
                 context=name,
                 hint="treeguard never unpickles; save numeric arrays only",
             )
+        if any(d < 0 for d in shape):
+            raise FormatError(f"{where}: shape {list(shape)[:8]} has a negative size", context=name)
         nbytes = int(np.prod(shape, dtype=object)) * dtype.itemsize
         if nbytes != info.file_size - f.tell():
             raise FormatError(
@@ -270,7 +282,32 @@ def _read_msgpack(name: str, names: NamingRule) -> dict[str, np.ndarray[Any, Any
     return _flat_names(tree, names, name)
 
 
+def _plain_tree(name: str) -> None:
+    """Refuses a checkpoint directory holding anything but directories and regular
+    files: tensorstore follows symbolic links and blocks forever opening a FIFO."""
+    seen = 0
+    todo = [name]
+    while todo:
+        with os.scandir(todo.pop()) as entries:
+            for entry in entries:
+                seen += 1
+                if seen > _MAX_ORBAX_ENTRIES:
+                    raise FormatError(f"holds more than {_MAX_ORBAX_ENTRIES:,} files", context=name)
+                st = entry.stat(follow_symlinks=False)
+                if stat.S_ISDIR(st.st_mode):
+                    todo.append(entry.path)
+                elif not stat.S_ISREG(st.st_mode):
+                    raise FormatError(
+                        f"{os.path.relpath(entry.path, name)[:200]!r} is not a regular file "
+                        f"but {file_kind(st.st_mode)}; treeguard reads none of those",
+                        context=name,
+                        hint="pass a directory that StandardCheckpointer.save wrote, copied "
+                        "without links",
+                    )
+
+
 def _read_orbax(name: str, names: NamingRule) -> dict[str, np.ndarray[Any, Any]]:
+    _plain_tree(name)
     try:
         import jax
         import orbax.checkpoint as ocp
@@ -393,6 +430,23 @@ def _file_digest(name: str) -> str | None:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
+def _refuse_overlap(src: str, dst: str) -> None:
+    """Refuses a ``dst`` that is ``src`` or lies inside it: the import would
+    replace the weights it came from, or write into the checkpoint it reads."""
+    real_src, real_dst = os.path.realpath(src), os.path.realpath(dst)
+    same = real_src == real_dst or (
+        os.path.exists(dst) and os.path.exists(src) and os.path.samefile(src, dst)
+    )
+    if same or os.path.commonpath([real_src, real_dst]) == real_src:
+        raise FormatError(
+            f"the destination {dst[:200]!r} is "
+            + ("the source itself" if same else "inside the source directory")
+            + "; the import would change what it reads",
+            context=src,
+            hint="write the checkpoint somewhere outside the source",
+        )
+
+
 def import_weights(
     src: str | os.PathLike[str],
     dst: str | os.PathLike[str],
@@ -440,6 +494,7 @@ def import_weights(
     from .write import save
 
     name = os.fspath(src)
+    _refuse_overlap(name, os.fspath(dst))
     digest = _file_digest(name)
     kind = source_kind(name)
     tree = read_foreign(name, names=names, like=like)

@@ -1,0 +1,203 @@
+"""Foreign weights as an adversary writes them: lying headers, hostile archives,
+names that restyle a terminal, and an import that would overwrite its own source."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import resource
+import shutil
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import treeguard as tg
+from treeguard.cli import main
+
+
+def _run(*args: str) -> Any:
+    return CliRunner().invoke(main, list(args))
+
+
+def _st(path: Path, header: dict[str, Any], data: bytes = b"") -> Path:
+    """A safetensors file with exactly this header, as a hostile writer makes it."""
+    raw = json.dumps(header).encode()
+    path.write_bytes(len(raw).to_bytes(8, "little") + raw + data)
+    return path
+
+
+def _npy(arr: np.ndarray[Any, Any]) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, arr)
+    return buf.getvalue()
+
+
+# -- headers that lie ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("dtype", "shape"), [("F32", [0, 2**62]), ("F64", [0, 2**40, 2**40]), ("U8", [2**40, 0, 2**40])]
+)
+def test_zero_size_tensor_with_huge_axes_is_a_format_error(
+    tmp_path: Path, dtype: str, shape: list[int]
+) -> None:
+    """No bytes at all, but axes numpy cannot hold: a FormatError naming the tensor."""
+    f = _st(
+        tmp_path / "z.safetensors", {"w": {"dtype": dtype, "shape": shape, "data_offsets": [0, 0]}}
+    )
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(tg.FormatError, match=r"tensor 'w': shape .* larger than any array"):
+        tg.read_foreign(f)
+    with pytest.raises(tg.FormatError, match="larger than any array"):
+        tg.load(f, unverified="allow")
+    with pytest.raises(tg.FormatError, match="larger than any array"):
+        tg.import_weights(f, tmp_path / "out.safetensors")
+    assert not (tmp_path / "out.safetensors").exists()
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 64 * 1024  # KiB
+    res = _run("ckpt", "verify", str(f))
+    assert res.exit_code == 2 and "larger than any array" in res.output, res.output
+
+
+def test_zero_size_tensor_numpy_can_hold_still_loads(tmp_path: Path) -> None:
+    f = _st(
+        tmp_path / "z.safetensors",
+        {"w": {"dtype": "F32", "shape": [0, 2**40], "data_offsets": [0, 0]}},
+    )
+    assert tg.read_foreign(f)["w"].shape == (0, 2**40)
+
+
+# -- names and paths that are markup or control characters ------------------------------
+
+
+def test_inspect_and_verify_print_hostile_names_and_paths_literally(tmp_path: Path) -> None:
+    name = "[/bold]\x1b]0;owned\x07layer\nfake.row"
+    (tmp_path / "[").mkdir()
+    f = _st(
+        tmp_path / "[" / "x].safetensors",
+        {name: {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}},
+        bytes(4),
+    )
+    res = _run("ckpt", "inspect", str(f))
+    assert res.exit_code == 0, (res.output, res.exception)
+    assert "\x1b" not in res.output and "\x07" not in res.output
+    assert "[/bold]" in res.output and "\\x1b]0;owned\\x07layer\\nfake.row" in res.output
+    assert f"{tmp_path}/[/x].safetensors" in res.output  # a path with a closing tag in it
+    res = _run("ckpt", "verify", str(f))
+    assert res.exit_code == 3, (res.output, res.exception)
+    assert f"structure only: {tmp_path}/[/x].safetensors" in res.output
+    dst = tmp_path / "[" / "o].safetensors"
+    res = _run("import", str(f), str(dst), "--names", "flat")
+    assert res.exit_code == 0, (res.output, res.exception)
+    assert f"-> {dst}: 1 tensors" in res.output
+    res = _run("ckpt", "inspect", str(dst))
+    assert res.exit_code == 0 and "\x1b" not in res.output, (res.output, res.exception)
+    assert f"{dst}" in res.output
+    res = _run("ckpt", "verify", str(dst))
+    assert res.exit_code == 0 and f"ok: {dst}: 1 tensors" in res.output, (res.output, res.exception)
+
+
+# -- npz archives -------------------------------------------------------------------------
+
+
+def test_npz_member_given_twice_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "dup.npz"
+    with zipfile.ZipFile(path, "w") as z, pytest.warns(UserWarning, match="Duplicate name"):
+        z.writestr("w.npy", _npy(np.zeros(3, np.float32)))
+        z.writestr("w.npy", _npy(np.ones(3, np.float32)))
+    with pytest.raises(tg.FormatError, match="member 'w.npy' appears twice"):
+        tg.read_foreign(path)
+    res = _run("import", str(path), str(tmp_path / "o.safetensors"))
+    assert res.exit_code == 2 and "appears twice" in res.output, res.output
+    assert not (tmp_path / "o.safetensors").exists()
+
+
+def test_npz_encrypted_member_is_a_format_error(tmp_path: Path) -> None:
+    path = tmp_path / "enc.npz"
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("w.npy", _npy(np.zeros(3, np.float32)))
+    raw = bytearray(path.read_bytes())
+    raw[raw.index(b"PK\x03\x04") + 6] |= 1  # the "encrypted" flag, local and central
+    raw[raw.index(b"PK\x01\x02") + 8] |= 1
+    path.write_bytes(bytes(raw))
+    with pytest.raises(tg.FormatError, match="member 'w.npy' is encrypted"):
+        tg.read_foreign(path)
+
+
+def test_npz_negative_shape_is_named(tmp_path: Path) -> None:
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(
+        buf, {"descr": "<f4", "fortran_order": False, "shape": (-2, -2)}
+    )
+    path = tmp_path / "neg.npz"
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("w.npy", buf.getvalue() + bytes(16))  # (-2)*(-2)*4 bytes: the sizes agree
+    with pytest.raises(tg.FormatError, match=r"member 'w.npy': shape \[-2, -2\] has a negative"):
+        tg.read_foreign(path)
+
+
+# -- orbax directories ------------------------------------------------------------------
+
+
+def test_orbax_directory_with_a_link_or_fifo_is_refused_before_reading(tmp_path: Path) -> None:
+    import orbax.checkpoint as ocp
+
+    with ocp.StandardCheckpointer() as ckptr:
+        ckptr.save(tmp_path / "ck", {"w": np.ones((2, 3), np.float32)})
+    data = next(p for p in (tmp_path / "ck").rglob("*") if p.is_file() and p.parent.name == "d")
+    outside = tmp_path / "elsewhere"
+    shutil.move(data, outside)
+    data.symlink_to(outside)  # tensorstore would follow it
+    with pytest.raises(tg.FormatError, match=r"is not a regular file but a symbolic link"):
+        tg.read_foreign(tmp_path / "ck")
+    data.unlink()
+    os.mkfifo(data)  # tensorstore would block on it forever
+    res = _run("import", str(tmp_path / "ck"), str(tmp_path / "o.safetensors"))
+    assert res.exit_code == 2 and "but a FIFO" in res.output, res.output
+    assert not (tmp_path / "o.safetensors").exists()
+
+
+# -- where the checkpoint is written ------------------------------------------------------
+
+
+def test_import_refuses_to_overwrite_its_source(tmp_path: Path) -> None:
+    src = tmp_path / "w.npz"
+    np.savez(src, w=np.ones(2, np.float32))
+    before = src.read_bytes()
+    with pytest.raises(tg.FormatError, match="is the source itself"):
+        tg.import_weights(src, src)
+    (tmp_path / "alias").symlink_to(src)
+    res = _run("import", str(src), str(tmp_path / "alias"))
+    assert res.exit_code == 2 and "the source itself" in res.output, res.output
+    assert src.read_bytes() == before and (tmp_path / "alias").is_symlink()
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    with pytest.raises(tg.FormatError, match="inside the source directory"):
+        tg.import_weights(ck, ck / "sub" / "o.safetensors")
+    assert list(ck.iterdir()) == []
+
+
+# -- a file that changes while it is read -----------------------------------------------
+
+
+def test_file_truncated_between_header_and_data_read(tmp_path: Path) -> None:
+    from treeguard._src.checkpoint.files import open_checkpoint, read_raw_header
+    from treeguard._src.checkpoint.foreign import foreign_header, read_tensors
+
+    f = _st(
+        tmp_path / "t.safetensors",
+        {"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}},
+        bytes(16),
+    )
+    fd, name = open_checkpoint(f)
+    try:
+        header = foreign_header(*read_raw_header(fd, name), name)
+        os.truncate(f, f.stat().st_size - 8)
+        with pytest.raises(tg.FormatError, match="tensor 'a': the file was truncated while"):
+            read_tensors(fd, header, {"a"})
+    finally:
+        os.close(fd)
