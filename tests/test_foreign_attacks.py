@@ -3,6 +3,7 @@ names that restyle a terminal, and an import that would overwrite its own source
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -201,3 +202,25 @@ def test_file_truncated_between_header_and_data_read(tmp_path: Path) -> None:
             read_tensors(fd, header, {"a"})
     finally:
         os.close(fd)
+
+
+def test_source_written_to_during_import_is_refused(tmp_path: Path) -> None:
+    """A writer appends to the file while it is imported: the sha256 recorded
+    would not be of the weights read, so nothing is written."""
+    from flax import serialization
+
+    src = tmp_path / "w.msgpack"
+    src.write_bytes(serialization.msgpack_serialize({"w": np.ones(3, np.float32)}))
+
+    def name_and_write(keys: tuple[Any, ...]) -> str:
+        with src.open("ab") as f:  # another process writing to the file meanwhile
+            f.write(b"\0")
+        return ".".join(map(str, keys))
+
+    like = {"w": np.zeros(3, np.float32)}
+    with pytest.raises(tg.FormatError, match="the file changed while it was imported"):
+        tg.import_weights(src, tmp_path / "o.safetensors", names=name_and_write, like=like)
+    assert not (tmp_path / "o.safetensors").exists()
+    src.write_bytes(serialization.msgpack_serialize({"w": np.ones(3, np.float32)}))
+    h = tg.import_weights(src, tmp_path / "o.safetensors", like=like)
+    assert h.metadata["imported_from"]["sha256"] == hashlib.sha256(src.read_bytes()).hexdigest()

@@ -36,7 +36,7 @@ from ..atomic import file_kind, open_regular
 from ..errors import ConfigError, FormatError
 from ..paths import Path, keystr
 from ..walk import MAX_DEPTH
-from .files import read_raw_header
+from .files import pread_into, read_raw_header
 from .foreign import (
     ForeignHeader,
     ForeignTensor,
@@ -65,7 +65,15 @@ def source_kind(src: str | os.PathLike[str]) -> SourceKind:
       FormatError: for a symbolic link, a FIFO or device, a pickle, or a
         file of no format treeguard imports.
     """
-    name = os.fspath(src)
+    kind, fd = _open_source(os.fspath(src))
+    if fd is not None:
+        os.close(fd)
+    return kind
+
+
+def _open_source(name: str) -> tuple[SourceKind, int | None]:
+    """``src``'s format and, for a file, the one descriptor every later read uses,
+    so the hash, the format and the tensors all come from the same file."""
     st = os.lstat(name)
     if stat.S_ISLNK(st.st_mode):
         raise FormatError(
@@ -80,12 +88,16 @@ def source_kind(src: str | os.PathLike[str]) -> SourceKind:
                 context=name,
                 hint="load it with treeguard.load_sharded; it is verified already",
             )
-        return "orbax"
+        return "orbax", None
     fd = open_regular(name, what="weights file")
     try:
-        head = os.pread(fd, 16, 0)
-    finally:
+        return _kind_of(os.pread(fd, 16, 0), name), fd
+    except BaseException:
         os.close(fd)
+        raise
+
+
+def _kind_of(head: bytes, name: str) -> SourceKind:
     if head[:2] == b"PK":
         return "npz"
     if len(head) >= 9 and head[8:9] == b"{":
@@ -164,26 +176,23 @@ def _flat_names(tree: Any, names: NamingRule, name: str) -> dict[str, np.ndarray
     return out
 
 
-def _read_safetensors(name: str) -> tuple[dict[str, np.ndarray[Any, Any]], ForeignHeader | None]:
+def _read_safetensors(
+    fd: int, name: str
+) -> tuple[dict[str, np.ndarray[Any, Any]], ForeignHeader | None]:
     from .read import load
 
-    fd = open_regular(name, what="weights file")
-    try:
-        doc, header_bytes, size = read_raw_header(fd, name)
-        if not is_foreign(doc):
-            return {"": load(name)}, None  # ours: verified, nested as stored
-        header = foreign_header(doc, header_bytes, size, name)
-        return read_tensors(fd, header, {t.name for t in header.tensors}), header
-    finally:
-        os.close(fd)
+    doc, header_bytes, size = read_raw_header(fd, name)
+    if not is_foreign(doc):
+        return {"": load(name)}, None  # ours: verified, nested as stored
+    header = foreign_header(doc, header_bytes, size, name)
+    return read_tensors(fd, header, {t.name for t in header.tensors}), header
 
 
-def _read_npz(name: str) -> dict[str, np.ndarray[Any, Any]]:
-    fd = open_regular(name, what="weights file")
+def _read_npz(fd: int, name: str) -> dict[str, np.ndarray[Any, Any]]:
     size = os.fstat(fd).st_size
     out: dict[str, np.ndarray[Any, Any]] = {}
     try:
-        with os.fdopen(fd, "rb") as f, zipfile.ZipFile(f) as zf:
+        with os.fdopen(os.dup(fd), "rb") as f, zipfile.ZipFile(f) as zf:
             for info in zf.infolist():
                 key = _member_name(info.filename, name)
                 if key in out:  # numpy.load would keep the last one silently
@@ -261,7 +270,7 @@ def _read_member(
     return _check_array(arr, where, name)
 
 
-def _read_msgpack(name: str, names: NamingRule) -> dict[str, np.ndarray[Any, Any]]:
+def _read_msgpack(fd: int, name: str, names: NamingRule) -> dict[str, np.ndarray[Any, Any]]:
     try:
         from flax import serialization
     except ImportError:
@@ -270,11 +279,11 @@ def _read_msgpack(name: str, names: NamingRule) -> dict[str, np.ndarray[Any, Any
             context=name,
             hint="pip install flax (or 'treeguard[frameworks]')",
         ) from None
-    fd = open_regular(name, what="weights file")
-    with os.fdopen(fd, "rb") as f:
-        data = f.read()
+    data = bytearray(os.fstat(fd).st_size)
+    if pread_into(fd, memoryview(data), 0) != len(data):
+        raise FormatError("the file shrank while it was read", context=name)
     try:
-        tree = serialization.msgpack_restore(data)
+        tree = serialization.msgpack_restore(data)  # type: ignore[arg-type]
     except Exception as e:  # noqa: BLE001 - msgpack raises many kinds on bad bytes
         raise FormatError(
             f"not a flax msgpack file ({type(e).__name__}: {str(e)[:200]})", context=name
@@ -334,21 +343,18 @@ def _read_orbax(name: str, names: NamingRule) -> dict[str, np.ndarray[Any, Any]]
     return _flat_names(tree, names, name)
 
 
-def _read(src: str | os.PathLike[str], names: NamingRule) -> tuple[Any, bool]:
+def _read(name: str, kind: SourceKind, fd: int | None, names: NamingRule) -> tuple[Any, bool]:
     """(values, flat): a flat ``{name: array}`` or, for our own file, its tree."""
-    name = os.fspath(src)
-    namer(names)
-    kind = source_kind(name)
+    if fd is None:
+        return _read_orbax(name, names), True
     if kind == "safetensors":
-        values, header = _read_safetensors(name)
+        values, header = _read_safetensors(fd, name)
         if header is None:
             return values[""], False
         return values, True
     if kind == "npz":
-        return _read_npz(name), True
-    if kind == "msgpack":
-        return _read_msgpack(name, names), True
-    return _read_orbax(name, names), True
+        return _read_npz(fd, name), True
+    return _read_msgpack(fd, name, names), True
 
 
 def _shaped(
@@ -412,7 +418,17 @@ def read_foreign(
       np.float32(6.0)
     """
     name = os.fspath(src)
-    values, flat = _read(name, names)
+    namer(names)
+    kind, fd = _open_source(name)
+    try:
+        values, flat = _read(name, kind, fd, names)
+    finally:
+        if fd is not None:
+            os.close(fd)
+    return _tree(values, flat, names, like, name)
+
+
+def _tree(values: Any, flat: bool, names: NamingRule, like: Any, name: str) -> Any:
     if not flat:
         return (
             values if like is None else _shaped(_flat_names(values, names, name), like, names, name)
@@ -422,12 +438,16 @@ def read_foreign(
     return nest(values, names, name)
 
 
-def _file_digest(name: str) -> str | None:
-    if os.path.isdir(name):
-        return None
-    fd = open_regular(name, what="weights file")
-    with os.fdopen(fd, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
+def _file_digest(fd: int) -> str:
+    h, buf, pos = hashlib.sha256(), bytearray(1 << 20), 0
+    while n := pread_into(fd, memoryview(buf), pos):
+        h.update(memoryview(buf)[:n])
+        pos += n
+    return h.hexdigest()
+
+
+def _changed(before: os.stat_result, after: os.stat_result) -> bool:
+    return (before.st_size, before.st_mtime_ns) != (after.st_size, after.st_mtime_ns)
 
 
 def _refuse_overlap(src: str, dst: str) -> None:
@@ -495,9 +515,25 @@ def import_weights(
 
     name = os.fspath(src)
     _refuse_overlap(name, os.fspath(dst))
-    digest = _file_digest(name)
-    kind = source_kind(name)
-    tree = read_foreign(name, names=names, like=like)
+    namer(names)
+    kind, fd = _open_source(name)
+    digest = None
+    try:
+        if fd is not None:
+            before = os.fstat(fd)
+            digest = _file_digest(fd)
+        values, flat = _read(name, kind, fd, names)
+        if fd is not None and _changed(before, os.fstat(fd)):
+            raise FormatError(
+                "the file changed while it was imported; its sha256 would not be of the "
+                "weights read",
+                context=name,
+                hint="import it again once nothing writes to it",
+            )
+    finally:
+        if fd is not None:
+            os.close(fd)
+    tree = _tree(values, flat, names, like, name)
     provenance: dict[str, Any] = {
         "file": name,
         "format": kind,
