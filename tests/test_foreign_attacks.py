@@ -224,3 +224,26 @@ def test_source_written_to_during_import_is_refused(tmp_path: Path) -> None:
     src.write_bytes(serialization.msgpack_serialize({"w": np.ones(3, np.float32)}))
     h = tg.import_weights(src, tmp_path / "o.safetensors", like=like)
     assert h.metadata["imported_from"]["sha256"] == hashlib.sha256(src.read_bytes()).hexdigest()
+
+
+@pytest.mark.parametrize(
+    ("metadata", "message"),
+    [
+        (b"[" * 100_000, "_METADATA: it nests deeper than"),
+        (b'{"tree_metadata": {}, "tree_metadata": {}}', "'tree_metadata' appears twice"),
+        (b"\xff\xfe{}", "_METADATA: not UTF-8 text"),
+        (b'{"use_ocdbt": NaN}', "_METADATA: .*NaN"),
+    ],
+    ids=["deep", "duplicate-key", "not-utf8", "nan"],
+)
+def test_orbax_hostile_metadata_json(tmp_path: Path, metadata: bytes, message: str) -> None:
+    """orbax parses ``_METADATA`` with ``json.loads`` (a RecursionError when deep,
+    the last of two keys): it is read strictly first."""
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    (ck / "_METADATA").write_bytes(metadata)
+    with pytest.raises(tg.FormatError, match=message):
+        tg.read_foreign(ck)
+    (ck / "_METADATA").unlink()
+    with pytest.raises(tg.FormatError, match="no tree metadata"):
+        tg.read_foreign(ck)

@@ -35,6 +35,7 @@ import numpy as np
 from ..atomic import file_kind, open_regular
 from ..errors import ConfigError, FormatError
 from ..paths import Path, keystr
+from ..strictjson import loads
 from ..walk import MAX_DEPTH
 from .files import pread_into, read_raw_header
 from .foreign import (
@@ -56,6 +57,8 @@ _DEFLATE_MAX_RATIO = 1032
 _SHARDED_MANIFEST = "treeguard.sharded.json"
 #: The most files and directories an imported checkpoint directory may hold.
 _MAX_ORBAX_ENTRIES = 100_000
+#: The JSON files of an orbax checkpoint directory, read strictly before orbax reads them.
+_ORBAX_JSON = ("_METADATA", "_CHECKPOINT_METADATA")
 
 
 def source_kind(src: str | os.PathLike[str]) -> SourceKind:
@@ -315,8 +318,37 @@ def _plain_tree(name: str) -> None:
                     )
 
 
+def _strict_metadata(name: str) -> None:
+    """Parses orbax's JSON metadata files strictly first: orbax reads them with
+    ``json.loads``, which takes duplicate keys, NaN and any depth (a RecursionError)."""
+    for meta in _ORBAX_JSON:
+        path = os.path.join(name, meta)
+        if not os.path.lexists(path):
+            continue
+        fd = open_regular(path, what="orbax metadata file")
+        try:
+            size = os.fstat(fd).st_size
+            if size > MAX_HEADER_BYTES:
+                raise FormatError(
+                    f"{meta}: {size:,} bytes, over the {MAX_HEADER_BYTES:,}-byte limit",
+                    context=name,
+                )
+            raw = bytearray(size)
+            pread_into(fd, memoryview(raw), 0)
+        finally:
+            os.close(fd)
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise FormatError(
+                f"{meta}: not UTF-8 text ({e.reason} at byte {e.start})", context=name
+            ) from None
+        loads(text, meta, context=name, hint="pass the directory StandardCheckpointer.save wrote")
+
+
 def _read_orbax(name: str, names: NamingRule) -> dict[str, np.ndarray[Any, Any]]:
     _plain_tree(name)
+    _strict_metadata(name)
     try:
         import jax
         import orbax.checkpoint as ocp
@@ -331,10 +363,26 @@ def _read_orbax(name: str, names: NamingRule) -> dict[str, np.ndarray[Any, Any]]
             meta = ckptr.metadata(name)
             tree_meta = getattr(getattr(meta, "item_metadata", meta), "tree", None)
             if tree_meta is None:
-                tree_meta = meta.tree
+                tree_meta = getattr(meta, "tree", None)
+            if tree_meta is None:
+                raise FormatError(
+                    "orbax finds no tree metadata in it (_METADATA missing or unreadable)",
+                    context=name,
+                    hint="pass the directory StandardCheckpointer.save wrote",
+                )
             args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree_meta)
             tree = ckptr.restore(name, restore_args=args)
-    except (FileNotFoundError, ValueError, KeyError, TypeError, AttributeError, OSError) as e:
+    except (
+        FileNotFoundError,
+        ValueError,
+        KeyError,
+        TypeError,
+        AttributeError,
+        OSError,
+        RecursionError,
+    ) as e:
+        if isinstance(e, FormatError):
+            raise
         raise FormatError(
             f"not a readable orbax checkpoint ({type(e).__name__}: {str(e)[:200]})",
             context=name,
