@@ -366,7 +366,8 @@ def _read_orbax(name: str, names: NamingRule) -> dict[str, np.ndarray[Any, Any]]
                 tree_meta = getattr(meta, "tree", None)
             if tree_meta is None:
                 raise FormatError(
-                    "orbax finds no tree metadata in it (_METADATA missing or unreadable)",
+                    "not a readable orbax checkpoint: no tree metadata "
+                    "(_METADATA missing or unreadable)",
                     context=name,
                     hint="pass the directory StandardCheckpointer.save wrote",
                 )
