@@ -247,3 +247,30 @@ def test_orbax_hostile_metadata_json(tmp_path: Path, metadata: bytes, message: s
     (ck / "_METADATA").unlink()
     with pytest.raises(tg.FormatError, match="no tree metadata"):
         tg.read_foreign(ck)
+
+
+def test_too_many_tensors_is_refused_before_arrays_are_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A small file of many tiny leaves (each a numpy array of ~100 bytes from
+    two bytes of msgpack) is refused by count, in every format."""
+    import msgpack
+
+    from treeguard._src.checkpoint import foreign
+
+    monkeypatch.setattr(foreign, "MAX_TENSORS", 50)
+    wide = tmp_path / "wide.msgpack"
+    wide.write_bytes(msgpack.packb({str(i): i for i in range(51)}))
+    with pytest.raises(tg.FormatError, match="holds more than 50 tensors"):
+        tg.read_foreign(wide, names="flat")
+    np.savez(tmp_path / "wide.npz", **{f"w{i}": np.zeros(0) for i in range(51)})
+    with pytest.raises(tg.FormatError, match="holds more than 50 tensors"):
+        tg.read_foreign(tmp_path / "wide.npz")
+    table = {f"w{i}": {"dtype": "F32", "shape": [0], "data_offsets": [0, 0]} for i in range(51)}
+    f = _st(tmp_path / "wide.safetensors", table)
+    with pytest.raises(tg.FormatError, match="holds more than 50 tensors"):
+        tg.load(f, unverified="allow")
+    res = _run("ckpt", "inspect", str(f))
+    assert res.exit_code == 2 and "more than 50 tensors" in res.output, res.output
+    wide.write_bytes(msgpack.packb({str(i): i for i in range(50)}))
+    assert len(tg.read_foreign(wide, names="flat")) == 50

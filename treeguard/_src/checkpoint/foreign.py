@@ -66,6 +66,9 @@ _UNVERIFIED_HINT = (
 _THREADS = "treeguard-read"
 #: The most bytes numpy lets an array's axes span, counting a 0 axis as 1.
 MAX_ARRAY_BYTES = 2**63 - 1
+#: The most tensors a foreign file may hold (a large mixture of experts holds about 10**5);
+#: each one costs Python objects many times its bytes in the file.
+MAX_TENSORS = 1_000_000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,6 +153,12 @@ def foreign_header(doc: dict[str, Any], header_bytes: int, size: int, name: str)
             "__metadata__ must be a map of strings", context=name, hint=_BAD_FILE_HINT
         )
     data_bytes = size - 8 - header_bytes
+    if len(doc) - ("__metadata__" in doc) > MAX_TENSORS:
+        raise FormatError(
+            f"holds more than {MAX_TENSORS:,} tensors; no model has that many",
+            context=name,
+            hint=_BAD_FILE_HINT,
+        )
     tensors: list[ForeignTensor] = []
     for tensor, entry in doc.items():
         if tensor == "__metadata__":

@@ -37,6 +37,7 @@ from ..errors import ConfigError, FormatError
 from ..paths import Path, keystr
 from ..strictjson import loads
 from ..walk import MAX_DEPTH
+from . import foreign
 from .files import pread_into, read_raw_header
 from .foreign import (
     ForeignHeader,
@@ -151,6 +152,7 @@ def _flat_names(tree: Any, names: NamingRule, name: str) -> dict[str, np.ndarray
     to_name = namer(names)
     out: dict[str, np.ndarray[Any, Any]] = {}
     where: dict[str, str] = {}
+    leaves: list[tuple[Path, Any]] = []
     stack: list[tuple[Path, Any]] = [((), tree)]
     while stack:
         path, node = stack.pop()
@@ -166,17 +168,29 @@ def _flat_names(tree: Any, names: NamingRule, name: str) -> dict[str, np.ndarray
         elif isinstance(node, (list, tuple)):
             stack.extend(((*path, ("index", i)), v) for i, v in enumerate(node))
         else:
-            text = keystr(path) or "<root>"
-            tensor = to_name(path)
-            if tensor in out:
-                raise FormatError(
-                    f"{where[tensor]} and {text} both give the name {tensor[:200]!r}",
-                    context=name,
-                    hint="pick another naming rule (names='keypath')",
-                )
-            out[tensor] = _check_array(node, text, name)
-            where[tensor] = text
+            leaves.append((path, node))
+            if len(leaves) > foreign.MAX_TENSORS:  # each leaf becomes an array (~100 bytes)
+                raise _too_many(name)
+    for path, node in leaves:
+        text = keystr(path) or "<root>"
+        tensor = to_name(path)
+        if tensor in out:
+            raise FormatError(
+                f"{where[tensor]} and {text} both give the name {tensor[:200]!r}",
+                context=name,
+                hint="pick another naming rule (names='keypath')",
+            )
+        out[tensor] = _check_array(node, text, name)
+        where[tensor] = text
     return out
+
+
+def _too_many(name: str) -> FormatError:
+    return FormatError(
+        f"holds more than {foreign.MAX_TENSORS:,} tensors; no model has that many",
+        context=name,
+        hint="a file this wide is a decompression bomb or corrupt; get a fresh copy",
+    )
 
 
 def _read_safetensors(
@@ -196,6 +210,8 @@ def _read_npz(fd: int, name: str) -> dict[str, np.ndarray[Any, Any]]:
     out: dict[str, np.ndarray[Any, Any]] = {}
     try:
         with os.fdopen(os.dup(fd), "rb") as f, zipfile.ZipFile(f) as zf:
+            if len(zf.infolist()) > foreign.MAX_TENSORS:
+                raise _too_many(name)
             for info in zf.infolist():
                 key = _member_name(info.filename, name)
                 if key in out:  # numpy.load would keep the last one silently
