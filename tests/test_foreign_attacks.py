@@ -171,10 +171,10 @@ def test_import_refuses_to_overwrite_its_source(tmp_path: Path) -> None:
     before = src.read_bytes()
     with pytest.raises(tg.FormatError, match="is the source itself"):
         tg.import_weights(src, src)
-    (tmp_path / "alias").symlink_to(src)
+    os.link(src, tmp_path / "alias")  # another name of the same file
     res = _run("import", str(src), str(tmp_path / "alias"))
     assert res.exit_code == 2 and "the source itself" in res.output, res.output
-    assert src.read_bytes() == before and (tmp_path / "alias").is_symlink()
+    assert src.read_bytes() == before
     ck = tmp_path / "ck"
     ck.mkdir()
     with pytest.raises(tg.FormatError, match="inside the source directory"):
@@ -274,3 +274,23 @@ def test_too_many_tensors_is_refused_before_arrays_are_made(
     assert res.exit_code == 2 and "more than 50 tensors" in res.output, res.output
     wide.write_bytes(msgpack.packb({str(i): i for i in range(50)}))
     assert len(tg.read_foreign(wide, names="flat")) == 50
+
+
+@pytest.mark.parametrize("kind", ["symlink", "fifo", "directory"])
+def test_import_refuses_a_destination_that_is_not_a_regular_file(tmp_path: Path, kind: str) -> None:
+    src = tmp_path / "w.npz"
+    np.savez(src, w=np.ones(2, np.float32))
+    victim = tmp_path / "victim"
+    victim.write_text("kept")
+    dst = tmp_path / "dst"
+    if kind == "symlink":
+        dst.symlink_to(victim)
+    elif kind == "fifo":
+        os.mkfifo(dst)
+    else:
+        dst.mkdir()
+    res = _run("import", str(src), str(dst))
+    assert res.exit_code == 2 and "not a regular file" in res.output, res.output
+    assert victim.read_text() == "kept"
+    assert dst.is_symlink() if kind == "symlink" else not dst.is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dst", "victim", "w.npz"]

@@ -516,8 +516,19 @@ def _changed(before: os.stat_result, after: os.stat_result) -> bool:
 
 
 def _refuse_overlap(src: str, dst: str) -> None:
-    """Refuses a ``dst`` that is ``src`` or lies inside it: the import would
-    replace the weights it came from, or write into the checkpoint it reads."""
+    """Refuses a ``dst`` that is ``src`` or lies inside it (the import would
+    replace the weights it came from, or write into the checkpoint it reads),
+    and one that exists but is not a regular file."""
+    try:
+        mode = os.lstat(dst).st_mode
+    except FileNotFoundError:
+        mode = stat.S_IFREG
+    if not stat.S_ISREG(mode):  # save would replace a link or a FIFO, or fail on a directory
+        raise FormatError(
+            f"the destination {dst[:200]!r} is {file_kind(mode)}, not a regular file",
+            context=src,
+            hint="name a new file (or an old checkpoint to replace) as the destination",
+        )
     real_src, real_dst = os.path.realpath(src), os.path.realpath(dst)
     same = real_src == real_dst or (
         os.path.exists(dst) and os.path.exists(src) and os.path.samefile(src, dst)
