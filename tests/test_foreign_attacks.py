@@ -294,3 +294,22 @@ def test_import_refuses_a_destination_that_is_not_a_regular_file(tmp_path: Path,
     assert victim.read_text() == "kept"
     assert dst.is_symlink() if kind == "symlink" else not dst.is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dst", "victim", "w.npz"]
+
+
+def test_bool_bytes_other_than_0_or_1_are_refused(tmp_path: Path) -> None:
+    """numpy keeps such a byte (``~a`` and ``a == True`` then disagree with the
+    printed value), and two files meaning the same values would hash apart."""
+    table = {"m": {"dtype": "BOOL", "shape": [2, 2], "data_offsets": [0, 4]}}
+    f = _st(tmp_path / "b.safetensors", table, bytes([0, 1, 1, 2]))
+    with pytest.raises(tg.FormatError, match="tensor 'm': element 3 is a byte other than 0 or 1"):
+        tg.load(f, like={"m": np.zeros((2, 2), bool)}, names="flat", unverified="allow")
+    res = _run("import", str(f), str(tmp_path / "o.safetensors"))
+    assert res.exit_code == 2 and "element 3 is a byte other than 0 or 1" in res.output
+    assert not (tmp_path / "o.safetensors").exists()
+    raw = _npy(np.array([True, False]))[:-1] + b"\x07"  # the last element's byte
+    with zipfile.ZipFile(tmp_path / "b.npz", "w") as z:
+        z.writestr("m.npy", raw)
+    with pytest.raises(tg.FormatError, match="member 'm.npy': element 1 is a byte other"):
+        tg.read_foreign(tmp_path / "b.npz")
+    f.write_bytes(f.read_bytes()[:-1] + b"\x01")
+    assert tg.read_foreign(f)["m"].tolist() == [[False, True], [True, True]]

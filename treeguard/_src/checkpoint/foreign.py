@@ -400,10 +400,28 @@ def read_tensors(
                     context=header.path,
                     hint=_BAD_FILE_HINT,
                 )
-    return {
+    out = {
         t.name: base[off : off + t.nbytes].view(t.dtype.newbyteorder("<")).reshape(t.shape)
         for t, off in zip(todo, offsets)
     }
+    for t in todo:
+        check_bools(out[t.name], f"tensor {t.name[:200]!r}", header.path)
+    return out
+
+
+def check_bools(arr: np.ndarray[Any, Any], where: str, name: str) -> None:
+    """Refuses a bool array holding a byte other than 0 or 1: numpy's results on
+    one are undefined, and two files meaning the same values would hash apart."""
+    if arr.dtype == np.bool_ and arr.size:
+        raw = arr.view(np.uint8)
+        if int(raw.max()) > 1:
+            at = int(np.argmax(raw.reshape(-1) > 1))
+            raise FormatError(
+                f"{where}: element {at:,} is a byte other than 0 or 1, which no bool is",
+                context=name,
+                hint="the bytes are corrupt or forged; get a fresh copy from where the "
+                "weights came from",
+            )
 
 
 def check_unverified(unverified: Any, name: str, *, stacklevel: int) -> None:

@@ -43,6 +43,7 @@ from .foreign import (
     ForeignHeader,
     ForeignTensor,
     build,
+    check_bools,
     foreign_header,
     is_foreign,
     match,
@@ -143,6 +144,7 @@ def _check_array(arr: Any, where: str, name: str) -> np.ndarray[Any, Any]:
         )
     if not arr.dtype.isnative:
         arr = arr.astype(arr.dtype.newbyteorder("="))
+    check_bools(arr, where, name)
     out: np.ndarray[Any, Any] = arr if arr.flags.c_contiguous else arr.copy(order="C")
     return out
 
