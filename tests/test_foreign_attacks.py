@@ -313,3 +313,17 @@ def test_bool_bytes_other_than_0_or_1_are_refused(tmp_path: Path) -> None:
         tg.read_foreign(tmp_path / "b.npz")
     f.write_bytes(f.read_bytes()[:-1] + b"\x01")
     assert tg.read_foreign(f)["m"].tolist() == [[False, True], [True, True]]
+
+
+def test_recorded_digest_beats_the_unverified_refusal(tmp_path: Path) -> None:
+    """A foreign file put where a pinned checkpoint was is an IntegrityError,
+    not a refusal whose hint says to pass unverified="allow"."""
+    f = _st(
+        tmp_path / "w.safetensors",
+        {"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}},
+        bytes(4),
+    )
+    for unverified in ("refuse", "warn", "allow"):
+        with pytest.raises(tg.IntegrityError, match="carries no treeguard digest") as e:
+            tg.load(f, names="flat", unverified=unverified, expect_digest="ab" * 32)  # type: ignore[arg-type]
+        assert "unverified" not in str(e.value)

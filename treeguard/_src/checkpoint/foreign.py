@@ -424,8 +424,16 @@ def check_bools(arr: np.ndarray[Any, Any], where: str, name: str) -> None:
             )
 
 
-def check_unverified(unverified: Any, name: str, *, stacklevel: int) -> None:
-    """Refuses, warns about or allows a load that no hash checks."""
+def check_unverified(
+    unverified: Any, name: str, *, stacklevel: int, expect_digest: str | None = None
+) -> None:
+    """Refuses, warns about or allows a load that no hash checks.
+
+    A recorded digest is checked first: no ``unverified`` setting lets a file
+    without one pass for the checkpoint it was recorded for.
+    """
+    if expect_digest is not None:
+        raise _no_digest(expect_digest, name)
     if unverified not in ("refuse", "warn", "allow"):
         raise ValueError(f"unverified must be 'refuse', 'warn' or 'allow', got {unverified!r}")
     if unverified == "refuse":
@@ -439,6 +447,16 @@ def check_unverified(unverified: Any, name: str, *, stacklevel: int) -> None:
         warnings.warn(UnverifiedWeightsWarning(name), stacklevel=stacklevel + 1)
 
 
+def _no_digest(expect_digest: str, name: str) -> IntegrityError:
+    return IntegrityError(
+        f"the file carries no treeguard digest, {expect_digest[:12]}… was recorded; "
+        "it is not the checkpoint whose digest was recorded",
+        context=name,
+        path="__metadata__",
+        hint="restore the file from a verified copy (ArtifactStore.rollback)",
+    )
+
+
 def load_foreign(  # noqa: PLR0917 - one call site, in ``load``
     fd: int,
     header: ForeignHeader,
@@ -450,13 +468,7 @@ def load_foreign(  # noqa: PLR0917 - one call site, in ``load``
 ) -> Any:
     """``load`` of a foreign file, after ``check_unverified`` let it through."""
     if expect_digest is not None:
-        raise IntegrityError(
-            f"the file carries no treeguard digest, {expect_digest[:12]}… was recorded; "
-            "it is not the checkpoint whose digest was recorded",
-            context=header.path,
-            path="__metadata__",
-            hint="restore the file from a verified copy (ArtifactStore.rollback)",
-        )
+        raise _no_digest(expect_digest, header.path)
     if like is None:
         namer(names)  # an unknown rule is a ValueError before anything else
         arrays = read_tensors(fd, header, {t.name for t in header.tensors})
