@@ -327,3 +327,66 @@ def test_recorded_digest_beats_the_unverified_refusal(tmp_path: Path) -> None:
         with pytest.raises(tg.IntegrityError, match="carries no treeguard digest") as e:
             tg.load(f, names="flat", unverified=unverified, expect_digest="ab" * 32)  # type: ignore[arg-type]
         assert "unverified" not in str(e.value)
+
+
+def _local(name: bytes, data: bytes) -> bytes:
+    """A stored zip member's local header and data."""
+    import struct
+    import zlib
+
+    crc = zlib.crc32(data)
+    head = struct.pack(
+        "<IHHHHHIIIHH", 0x04034B50, 20, 0, 0, 0, 0, crc, len(data), len(data), len(name), 0
+    )
+    return head + name + data
+
+
+def _central(name: bytes, data: bytes, offset: int) -> bytes:
+    import struct
+    import zlib
+
+    crc = zlib.crc32(data)
+    return (
+        struct.pack(
+            "<IHHHHHHIIIHHHHHII",
+            0x02014B50,
+            20,
+            20,
+            0,
+            0,
+            0,
+            0,
+            crc,
+            len(data),
+            len(data),
+            len(name),
+            0,
+            0,
+            0,
+            0,
+            0,
+            offset,
+        )
+        + name
+    )
+
+
+def test_npz_members_that_overlap_are_refused(tmp_path: Path) -> None:
+    """Member a's bytes hold member b whole (the overlap a zip bomb repeats for
+    every member); each reads as a valid array on its own."""
+    import struct
+
+    b_data = _npy(np.zeros(256, np.float32))
+    b_entry = _local(b"b.npy", b_data)
+    a_head = _npy(np.zeros(len(b_entry), np.uint8))[: -len(b_entry)]
+    a_data = a_head + b_entry
+    archive = _local(b"a.npy", a_data)
+    b_offset = 30 + len(b"a.npy") + len(a_head)
+    central = _central(b"a.npy", a_data, 0) + _central(b"b.npy", b_data, b_offset)
+    end = struct.pack("<IHHHHIIH", 0x06054B50, 0, 0, 2, 2, len(central), len(archive), 0)
+    path = tmp_path / "overlap.npz"
+    path.write_bytes(archive + central + end)
+    with zipfile.ZipFile(path) as z:  # zipfile itself reads both
+        assert len(z.read("a.npy")) == len(a_data) and z.read("b.npy") == b_data
+    with pytest.raises(tg.FormatError, match="member 'a.npy' overlaps the next one"):
+        tg.read_foreign(path)

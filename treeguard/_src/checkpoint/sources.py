@@ -214,6 +214,7 @@ def _read_npz(fd: int, name: str) -> dict[str, np.ndarray[Any, Any]]:
         with os.fdopen(os.dup(fd), "rb") as f, zipfile.ZipFile(f) as zf:
             if len(zf.infolist()) > foreign.MAX_TENSORS:
                 raise _too_many(name)
+            _no_overlap(zf, name)
             for info in zf.infolist():
                 key = _member_name(info.filename, name)
                 if key in out:  # numpy.load would keep the last one silently
@@ -232,6 +233,22 @@ def _read_npz(fd: int, name: str) -> dict[str, np.ndarray[Any, Any]]:
             f"not a readable .npz archive ({type(e).__name__}: {str(e)[:200]})", context=name
         ) from None
     return out
+
+
+def _no_overlap(zf: zipfile.ZipFile, name: str) -> None:
+    """Refuses members whose stored bytes overlap: a zip bomb makes every member
+    read the same compressed bytes again (Python before 3.11.8 does not check)."""
+    infos = sorted(zf.infolist(), key=lambda i: i.header_offset)
+    ends = [*(i.header_offset for i in infos[1:]), zf.start_dir]
+    for info, end in zip(infos, ends):
+        local = 30 + len(info.orig_filename.encode("utf-8", "surrogateescape"))
+        if info.header_offset + local + info.compress_size > end:
+            raise FormatError(
+                f"member {info.filename[:200]!r} overlaps the next one in the archive "
+                "(a zip bomb, or a corrupt archive)",
+                context=name,
+                hint="get a fresh copy of the archive",
+            )
 
 
 def _member_name(member: str, name: str) -> str:
