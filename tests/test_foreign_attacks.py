@@ -390,3 +390,22 @@ def test_npz_members_that_overlap_are_refused(tmp_path: Path) -> None:
         assert len(z.read("a.npy")) == len(a_data) and z.read("b.npy") == b_data
     with pytest.raises(tg.FormatError, match="member 'a.npy' overlaps the next one"):
         tg.read_foreign(path)
+
+
+def test_orbax_array_claiming_far_more_than_its_files_is_refused(tmp_path: Path) -> None:
+    """A zarr shape edited to 2 GiB over 2x3 stored values: the restore
+    allocates the claimed array before it finds the chunks missing (claimed
+    beyond memory, the process aborts in std::bad_alloc)."""
+    import orbax.checkpoint as ocp
+
+    ck = tmp_path / "ck"
+    with ocp.Checkpointer(ocp.PyTreeCheckpointHandler(use_ocdbt=False)) as ckptr:
+        ckptr.save(ck, {"w": np.ones((2, 3), np.float32)})
+    zarray = ck / "w" / ".zarray"
+    meta = json.loads(zarray.read_text())
+    meta["shape"] = [2**15, 2**14]  # one chunk of 2x3 stored, the rest "missing"
+    zarray.write_text(json.dumps(meta))
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(tg.FormatError, match=r"arrays claim 2,147,483,648 bytes, its files hold"):
+        tg.read_foreign(ck)
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 256 * 1024  # KiB

@@ -24,6 +24,7 @@ Nested sources (msgpack, orbax) are named by the same rule as flat ones
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import stat
 import zipfile
@@ -60,6 +61,8 @@ _SHARDED_MANIFEST = "treeguard.sharded.json"
 #: The most files and directories an imported checkpoint directory may hold.
 _MAX_ORBAX_ENTRIES = 100_000
 #: The JSON files of an orbax checkpoint directory, read strictly before orbax reads them.
+#: An orbax checkpoint may claim this many bytes however few its files hold.
+_ORBAX_FLOOR = 1 << 30
 _ORBAX_JSON = ("_METADATA", "_CHECKPOINT_METADATA")
 
 
@@ -329,10 +332,11 @@ def _read_msgpack(fd: int, name: str, names: NamingRule) -> dict[str, np.ndarray
     return _flat_names(tree, names, name)
 
 
-def _plain_tree(name: str) -> None:
+def _plain_tree(name: str) -> int:
     """Refuses a checkpoint directory holding anything but directories and regular
-    files: tensorstore follows symbolic links and blocks forever opening a FIFO."""
-    seen = 0
+    files (tensorstore follows symbolic links and blocks forever opening a FIFO);
+    returns the bytes its files hold."""
+    seen = total = 0
     todo = [name]
     while todo:
         with os.scandir(todo.pop()) as entries:
@@ -343,7 +347,9 @@ def _plain_tree(name: str) -> None:
                 st = entry.stat(follow_symlinks=False)
                 if stat.S_ISDIR(st.st_mode):
                     todo.append(entry.path)
-                elif not stat.S_ISREG(st.st_mode):
+                elif stat.S_ISREG(st.st_mode):
+                    total += st.st_size
+                else:
                     raise FormatError(
                         f"{os.path.relpath(entry.path, name)[:200]!r} is not a regular file "
                         f"but {file_kind(st.st_mode)}; treeguard reads none of those",
@@ -351,6 +357,28 @@ def _plain_tree(name: str) -> None:
                         hint="pass a directory that StandardCheckpointer.save wrote, copied "
                         "without links",
                     )
+    return total
+
+
+def _claimed_bytes(tree_meta: Any, on_disk: int, name: str) -> None:
+    """Refuses array metadata that claims far more than the files can hold:
+    tensorstore fills missing chunks, so a few bytes of JSON can ask for
+    terabytes (and a failed allocation aborts the process)."""
+    import jax
+
+    claimed = 0
+    for leaf in jax.tree.leaves(tree_meta):
+        shape, dtype = getattr(leaf, "shape", None), getattr(leaf, "dtype", None)
+        if shape is not None and dtype is not None:
+            claimed += math.prod(shape) * np.dtype(dtype).itemsize
+    limit = max(_ORBAX_FLOOR, on_disk * _DEFLATE_MAX_RATIO)
+    if claimed > limit:
+        raise FormatError(
+            f"its arrays claim {claimed:,} bytes, its files hold {on_disk:,}; "
+            f"more than {_DEFLATE_MAX_RATIO}x is a forged shape, not compression",
+            context=name,
+            hint="get a fresh copy of the checkpoint",
+        )
 
 
 def _strict_metadata(name: str) -> None:
@@ -382,7 +410,7 @@ def _strict_metadata(name: str) -> None:
 
 
 def _read_orbax(name: str, names: NamingRule) -> dict[str, np.ndarray[Any, Any]]:
-    _plain_tree(name)
+    on_disk = _plain_tree(name)
     _strict_metadata(name)
     try:
         import jax
@@ -406,6 +434,7 @@ def _read_orbax(name: str, names: NamingRule) -> dict[str, np.ndarray[Any, Any]]
                     context=name,
                     hint="pass the directory StandardCheckpointer.save wrote",
                 )
+            _claimed_bytes(tree_meta, on_disk, name)
             args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree_meta)
             tree = ckptr.restore(name, restore_args=args)
     except (
