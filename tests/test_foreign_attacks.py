@@ -409,3 +409,13 @@ def test_orbax_array_claiming_far_more_than_its_files_is_refused(tmp_path: Path)
     with pytest.raises(tg.FormatError, match=r"arrays claim 2,147,483,648 bytes, its files hold"):
         tg.read_foreign(ck)
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 256 * 1024  # KiB
+
+
+def test_import_into_a_missing_directory_names_it_before_reading(tmp_path: Path) -> None:
+    src = tmp_path / "w.npz"
+    np.savez(src, w=np.ones(2, np.float32))
+    res = _run("import", str(src), str(tmp_path / "nodir" / "o.safetensors"))
+    assert res.exit_code == 2, res.output
+    assert "the destination's directory does not exist" in res.output
+    assert f"{tmp_path}/nodir'" in res.output and ".tmp" not in res.output
+    assert not res.output.startswith(f"error: {src}")

@@ -83,7 +83,8 @@ def import_command(src: Path, dst: Path, names: str, like: Path | None) -> None:
     except TreeMismatchError as e:
         _exit(EXIT_MISMATCH, str(e).replace("`like`", str(like)))
     except (TreeguardError, ValueError, OSError) as e:
-        _exit(EXIT_USAGE, f"{src}: {e}" if isinstance(e, OSError) else str(e))
+        named = not isinstance(e, OSError) or e.filename is not None  # names its own file
+        _exit(EXIT_USAGE, str(e) if named else f"{src}: {e}")
     s = header.spec
     what = f", matches {shown(like)}" if like is not None else ""
     Console(highlight=False, soft_wrap=True).print(

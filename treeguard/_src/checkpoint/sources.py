@@ -23,6 +23,7 @@ Nested sources (msgpack, orbax) are named by the same rule as flat ones
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import math
 import os
@@ -566,7 +567,7 @@ def _changed(before: os.stat_result, after: os.stat_result) -> bool:
 def _refuse_overlap(src: str, dst: str) -> None:
     """Refuses a ``dst`` that is ``src`` or lies inside it (the import would
     replace the weights it came from, or write into the checkpoint it reads),
-    and one that exists but is not a regular file."""
+    one that exists but is not a regular file, and one in no directory."""
     try:
         mode = os.lstat(dst).st_mode
     except FileNotFoundError:
@@ -589,6 +590,9 @@ def _refuse_overlap(src: str, dst: str) -> None:
             context=src,
             hint="write the checkpoint somewhere outside the source",
         )
+    parent = os.path.dirname(dst) or "."
+    if not os.path.isdir(parent):  # found now, not after reading the whole source
+        raise FileNotFoundError(errno.ENOENT, "the destination's directory does not exist", parent)
 
 
 def import_weights(
@@ -622,9 +626,12 @@ def import_weights(
 
     Raises:
       FormatError, TreeMismatchError, ConfigError, ValueError: as
-        ``read_foreign``; nothing is written then.
+        ``read_foreign``; nothing is written then. A ``FormatError`` also
+        for a ``dst`` that is ``src``, lies inside it or exists but is not a
+        regular file, and for a source written to while it is imported.
       TypeError: if ``metadata`` is not JSON.
-      OSError: if a file cannot be read or written.
+      OSError: if a file cannot be read or written (FileNotFoundError for
+        a ``dst`` in a directory that does not exist, before reading).
 
     Example:
       >>> import os, tempfile, numpy as np
