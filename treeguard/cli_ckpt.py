@@ -33,7 +33,7 @@ from ._src.errors import (
 from ._src.spec import TreeSpec
 from ._src.store import ArtifactStore, RetentionPolicy
 from .cli import console
-from .cli_import import foreign_or_none, inspect_foreign, verify_foreign
+from .cli_import import foreign_or_none, inspect_foreign, shown, verify_foreign
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 #: Files smaller than this verify too fast for a progress bar to help.
@@ -155,7 +155,7 @@ def inspect_command(file: Path, as_json: bool) -> None:
     out = _out()
     params = h.spec.num_params
     out.print(
-        f"[bold]{file}[/bold]  {h.format}  {h.spec.num_leaves} tensors  "
+        f"[bold]{shown(file)}[/bold]  {h.format}  {h.spec.num_leaves} tensors  "
         f"{params:,} params  {_human(h.spec.nbytes)} of data  {_human(h.file_bytes)} file"
     )
     table = Table(box=None, pad_edge=False, show_edge=False)
@@ -169,7 +169,7 @@ def inspect_command(file: Path, as_json: bool) -> None:
         table.add_column(col, justify=justify, overflow="fold")  # type: ignore[arg-type]
     for t in h.tensors:
         table.add_row(
-            t.name or "<root>", t.summary(), f"{t.size:,}", _human(t.nbytes), t.digest[:16]
+            shown(t.name) or "<root>", t.summary(), f"{t.size:,}", _human(t.nbytes), t.digest[:16]
         )
     out.print(table)
     env = Table(title="environment", box=None, show_header=False, title_justify="left")
@@ -231,7 +231,7 @@ def verify_command(file: Path, like: Path | None) -> None:
         _exit(EXIT_USAGE, str(e))
     what = f", matches {like}" if like is not None else ""
     _out().print(
-        f"[green]ok[/green]: {file}: {h.spec.num_leaves} tensors, {_human(h.spec.nbytes)}, "
+        f"[green]ok[/green]: {shown(file)}: {h.spec.num_leaves} tensors, {_human(h.spec.nbytes)}, "
         f"every {h.hash_name} matches{what}"
     )
 

@@ -14,6 +14,7 @@ from typing import NoReturn
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from ._src.checkpoint import ForeignHeader, import_weights, spec_from_file
@@ -25,6 +26,16 @@ EXIT_OK, EXIT_MISMATCH, EXIT_USAGE = 0, 1, 2
 #: ``ckpt verify`` of a foreign file: its structure is sound, but no hash or
 #: contract could be checked. Not 0, so ``verify FILE && deploy FILE`` stops.
 EXIT_UNVERIFIED = 3
+
+
+def shown(text: object) -> str:
+    """Text from a file (a tensor name, a path) made safe to print as rich markup:
+    brackets escaped, and control characters (escape sequences, newlines) spelled
+    out as Python does, so a name can neither restyle nor rewrite the terminal."""
+    s = str(text)
+    if not s.isprintable():
+        s = "".join(c if c.isprintable() else repr(c)[1:-1] for c in s)
+    return escape(s)
 
 
 def _exit(code: int, message: str) -> NoReturn:
@@ -72,12 +83,13 @@ def import_command(src: Path, dst: Path, names: str, like: Path | None) -> None:
     except TreeMismatchError as e:
         _exit(EXIT_MISMATCH, str(e).replace("`like`", str(like)))
     except (TreeguardError, ValueError, OSError) as e:
-        _exit(EXIT_USAGE, f"{src}: {e}" if isinstance(e, OSError) else str(e))
+        named = not isinstance(e, OSError) or e.filename is not None  # names its own file
+        _exit(EXIT_USAGE, str(e) if named else f"{src}: {e}")
     s = header.spec
-    what = f", matches {like}" if like is not None else ""
+    what = f", matches {shown(like)}" if like is not None else ""
     Console(highlight=False, soft_wrap=True).print(
-        f"[green]imported[/green]: {src} ({header.metadata['imported_from']['format']}) -> "
-        f"{dst}: {s.num_leaves} tensors, {s.num_params:,} params, a sha256 for each{what}"
+        f"[green]imported[/green]: {shown(src)} ({header.metadata['imported_from']['format']}) "
+        f"-> {shown(dst)}: {s.num_leaves} tensors, {s.num_params:,} params, a sha256 for each{what}"
     )
 
 
@@ -141,7 +153,7 @@ def inspect_foreign(h: ForeignHeader, *, as_json: bool) -> None:
         return
     out = console()
     out.print(
-        f"[bold]{h.path}[/bold]  safetensors (not a treeguard checkpoint)  {len(tensors)} "
+        f"[bold]{shown(h.path)}[/bold]  safetensors (not a treeguard checkpoint)  {len(tensors)} "
         f"tensors  {params:,} params  {_size(data)} of data  {_size(h.file_bytes)} file"
     )
     table = Table(box=None, pad_edge=False, show_edge=False)
@@ -149,7 +161,7 @@ def inspect_foreign(h: ForeignHeader, *, as_json: bool) -> None:
         table.add_column(col, justify=justify, overflow="fold")  # type: ignore[arg-type]
     table.add_column("bytes", justify="right")
     for t in tensors:
-        table.add_row(t.name, t.summary(), f"{t.size:,}", _size(t.nbytes))
+        table.add_row(shown(t.name), t.summary(), f"{t.size:,}", _size(t.nbytes))
     out.print(table)
     out.print(f"[yellow]lacks[/yellow]: {_LACKS}", markup=True)
     if h.metadata:
@@ -168,7 +180,8 @@ def verify_foreign(h: ForeignHeader, *, like: Path | None) -> NoReturn:
     """Reports what could and could not be checked; exits ``EXIT_UNVERIFIED``."""
     out = console()
     out.print(
-        f"[yellow]structure only[/yellow]: {h.path}: a safetensors file treeguard did not write"
+        f"[yellow]structure only[/yellow]: {shown(h.path)}: "
+        "a safetensors file treeguard did not write"
     )
     out.print(
         f"  checked: the header (its length inside the file, strict JSON), and for each of "

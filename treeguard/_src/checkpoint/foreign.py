@@ -64,6 +64,11 @@ _UNVERIFIED_HINT = (
     "once with `treeguard import SRC DST` and load that"
 )
 _THREADS = "treeguard-read"
+#: The most bytes numpy lets an array's axes span, counting a 0 axis as 1.
+MAX_ARRAY_BYTES = 2**63 - 1
+#: The most tensors a foreign file may hold (a large mixture of experts holds about 10**5);
+#: each one costs Python objects many times its bytes in the file.
+MAX_TENSORS = 1_000_000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,6 +153,12 @@ def foreign_header(doc: dict[str, Any], header_bytes: int, size: int, name: str)
             "__metadata__ must be a map of strings", context=name, hint=_BAD_FILE_HINT
         )
     data_bytes = size - 8 - header_bytes
+    if len(doc) - ("__metadata__" in doc) > MAX_TENSORS:
+        raise FormatError(
+            f"holds more than {MAX_TENSORS:,} tensors; no model has that many",
+            context=name,
+            hint=_BAD_FILE_HINT,
+        )
     tensors: list[ForeignTensor] = []
     for tensor, entry in doc.items():
         if tensor == "__metadata__":
@@ -217,6 +228,10 @@ def _tensor(tensor: str, entry: Any, name: str) -> ForeignTensor:
             f"{summarize(tuple(shape), dtype)} needs {nbytes:,} bytes, "
             f"data_offsets {offsets} give {end - begin:,}"
         )
+    if math.prod(max(d, 1) for d in shape) * dtype.itemsize > MAX_ARRAY_BYTES:
+        # numpy refuses such a shape even when another axis is 0 (no bytes at all),
+        # so a zero-size tensor with huge axes passes the size check and fails here
+        raise bad(f"shape {shape[:8]} is larger than any array can be")
     return ForeignTensor(tensor, tuple(shape), dtype, st, begin, end)
 
 
@@ -385,14 +400,40 @@ def read_tensors(
                     context=header.path,
                     hint=_BAD_FILE_HINT,
                 )
-    return {
+    out = {
         t.name: base[off : off + t.nbytes].view(t.dtype.newbyteorder("<")).reshape(t.shape)
         for t, off in zip(todo, offsets)
     }
+    for t in todo:
+        check_bools(out[t.name], f"tensor {t.name[:200]!r}", header.path)
+    return out
 
 
-def check_unverified(unverified: Any, name: str, *, stacklevel: int) -> None:
-    """Refuses, warns about or allows a load that no hash checks."""
+def check_bools(arr: np.ndarray[Any, Any], where: str, name: str) -> None:
+    """Refuses a bool array holding a byte other than 0 or 1: numpy's results on
+    one are undefined, and two files meaning the same values would hash apart."""
+    if arr.dtype == np.bool_ and arr.size:
+        raw = arr.view(np.uint8)
+        if int(raw.max()) > 1:
+            at = int(np.argmax(raw.reshape(-1) > 1))
+            raise FormatError(
+                f"{where}: element {at:,} is a byte other than 0 or 1, which no bool is",
+                context=name,
+                hint="the bytes are corrupt or forged; get a fresh copy from where the "
+                "weights came from",
+            )
+
+
+def check_unverified(
+    unverified: Any, name: str, *, stacklevel: int, expect_digest: str | None = None
+) -> None:
+    """Refuses, warns about or allows a load that no hash checks.
+
+    A recorded digest is checked first: no ``unverified`` setting lets a file
+    without one pass for the checkpoint it was recorded for.
+    """
+    if expect_digest is not None:
+        raise _no_digest(expect_digest, name)
     if unverified not in ("refuse", "warn", "allow"):
         raise ValueError(f"unverified must be 'refuse', 'warn' or 'allow', got {unverified!r}")
     if unverified == "refuse":
@@ -406,6 +447,16 @@ def check_unverified(unverified: Any, name: str, *, stacklevel: int) -> None:
         warnings.warn(UnverifiedWeightsWarning(name), stacklevel=stacklevel + 1)
 
 
+def _no_digest(expect_digest: str, name: str) -> IntegrityError:
+    return IntegrityError(
+        f"the file carries no treeguard digest, {expect_digest[:12]}… was recorded; "
+        "it is not the checkpoint whose digest was recorded",
+        context=name,
+        path="__metadata__",
+        hint="restore the file from a verified copy (ArtifactStore.rollback)",
+    )
+
+
 def load_foreign(  # noqa: PLR0917 - one call site, in ``load``
     fd: int,
     header: ForeignHeader,
@@ -417,13 +468,7 @@ def load_foreign(  # noqa: PLR0917 - one call site, in ``load``
 ) -> Any:
     """``load`` of a foreign file, after ``check_unverified`` let it through."""
     if expect_digest is not None:
-        raise IntegrityError(
-            f"the file carries no treeguard digest, {expect_digest[:12]}… was recorded; "
-            "it is not the checkpoint whose digest was recorded",
-            context=header.path,
-            path="__metadata__",
-            hint="restore the file from a verified copy (ArtifactStore.rollback)",
-        )
+        raise _no_digest(expect_digest, header.path)
     if like is None:
         namer(names)  # an unknown rule is a ValueError before anything else
         arrays = read_tensors(fd, header, {t.name for t in header.tensors})

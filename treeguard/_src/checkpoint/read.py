@@ -409,7 +409,7 @@ def load(
         doc, header_bytes, size = read_raw_header(fd, name)
         if is_foreign(doc):
             fh = foreign_header(doc, header_bytes, size, name)
-            check_unverified(unverified, name, stacklevel=2)
+            check_unverified(unverified, name, stacklevel=2, expect_digest=expect_digest)
             return load_foreign(
                 fd, fh, like, names or "keypath", rename or {}, allow_missing, expect_digest
             )

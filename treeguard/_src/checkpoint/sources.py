@@ -23,7 +23,9 @@ Nested sources (msgpack, orbax) are named by the same rule as flat ones
 
 from __future__ import annotations
 
+import errno
 import hashlib
+import math
 import os
 import stat
 import zipfile
@@ -32,15 +34,18 @@ from typing import Any, Literal
 
 import numpy as np
 
-from ..atomic import open_regular
+from ..atomic import file_kind, open_regular
 from ..errors import ConfigError, FormatError
 from ..paths import Path, keystr
+from ..strictjson import loads
 from ..walk import MAX_DEPTH
-from .files import read_raw_header
+from . import foreign
+from .files import pread_into, read_raw_header
 from .foreign import (
     ForeignHeader,
     ForeignTensor,
     build,
+    check_bools,
     foreign_header,
     is_foreign,
     match,
@@ -54,6 +59,12 @@ SourceKind = Literal["safetensors", "treeguard", "npz", "msgpack", "orbax"]
 #: Deflate cannot expand data by more than about this factor.
 _DEFLATE_MAX_RATIO = 1032
 _SHARDED_MANIFEST = "treeguard.sharded.json"
+#: The most files and directories an imported checkpoint directory may hold.
+_MAX_ORBAX_ENTRIES = 100_000
+#: The JSON files of an orbax checkpoint directory, read strictly before orbax reads them.
+#: An orbax checkpoint may claim this many bytes however few its files hold.
+_ORBAX_FLOOR = 1 << 30
+_ORBAX_JSON = ("_METADATA", "_CHECKPOINT_METADATA")
 
 
 def source_kind(src: str | os.PathLike[str]) -> SourceKind:
@@ -63,7 +74,15 @@ def source_kind(src: str | os.PathLike[str]) -> SourceKind:
       FormatError: for a symbolic link, a FIFO or device, a pickle, or a
         file of no format treeguard imports.
     """
-    name = os.fspath(src)
+    kind, fd = _open_source(os.fspath(src))
+    if fd is not None:
+        os.close(fd)
+    return kind
+
+
+def _open_source(name: str) -> tuple[SourceKind, int | None]:
+    """``src``'s format and, for a file, the one descriptor every later read uses,
+    so the hash, the format and the tensors all come from the same file."""
     st = os.lstat(name)
     if stat.S_ISLNK(st.st_mode):
         raise FormatError(
@@ -78,12 +97,16 @@ def source_kind(src: str | os.PathLike[str]) -> SourceKind:
                 context=name,
                 hint="load it with treeguard.load_sharded; it is verified already",
             )
-        return "orbax"
+        return "orbax", None
     fd = open_regular(name, what="weights file")
     try:
-        head = os.pread(fd, 16, 0)
-    finally:
+        return _kind_of(os.pread(fd, 16, 0), name), fd
+    except BaseException:
         os.close(fd)
+        raise
+
+
+def _kind_of(head: bytes, name: str) -> SourceKind:
     if head[:2] == b"PK":
         return "npz"
     if len(head) >= 9 and head[8:9] == b"{":
@@ -125,6 +148,7 @@ def _check_array(arr: Any, where: str, name: str) -> np.ndarray[Any, Any]:
         )
     if not arr.dtype.isnative:
         arr = arr.astype(arr.dtype.newbyteorder("="))
+    check_bools(arr, where, name)
     out: np.ndarray[Any, Any] = arr if arr.flags.c_contiguous else arr.copy(order="C")
     return out
 
@@ -134,6 +158,7 @@ def _flat_names(tree: Any, names: NamingRule, name: str) -> dict[str, np.ndarray
     to_name = namer(names)
     out: dict[str, np.ndarray[Any, Any]] = {}
     where: dict[str, str] = {}
+    leaves: list[tuple[Path, Any]] = []
     stack: list[tuple[Path, Any]] = [((), tree)]
     while stack:
         path, node = stack.pop()
@@ -149,49 +174,85 @@ def _flat_names(tree: Any, names: NamingRule, name: str) -> dict[str, np.ndarray
         elif isinstance(node, (list, tuple)):
             stack.extend(((*path, ("index", i)), v) for i, v in enumerate(node))
         else:
-            text = keystr(path) or "<root>"
-            tensor = to_name(path)
-            if tensor in out:
-                raise FormatError(
-                    f"{where[tensor]} and {text} both give the name {tensor[:200]!r}",
-                    context=name,
-                    hint="pick another naming rule (names='keypath')",
-                )
-            out[tensor] = _check_array(node, text, name)
-            where[tensor] = text
+            leaves.append((path, node))
+            if len(leaves) > foreign.MAX_TENSORS:  # each leaf becomes an array (~100 bytes)
+                raise _too_many(name)
+    for path, node in leaves:
+        text = keystr(path) or "<root>"
+        tensor = to_name(path)
+        if tensor in out:
+            raise FormatError(
+                f"{where[tensor]} and {text} both give the name {tensor[:200]!r}",
+                context=name,
+                hint="pick another naming rule (names='keypath')",
+            )
+        out[tensor] = _check_array(node, text, name)
+        where[tensor] = text
     return out
 
 
-def _read_safetensors(name: str) -> tuple[dict[str, np.ndarray[Any, Any]], ForeignHeader | None]:
+def _too_many(name: str) -> FormatError:
+    return FormatError(
+        f"holds more than {foreign.MAX_TENSORS:,} tensors; no model has that many",
+        context=name,
+        hint="a file this wide is a decompression bomb or corrupt; get a fresh copy",
+    )
+
+
+def _read_safetensors(
+    fd: int, name: str
+) -> tuple[dict[str, np.ndarray[Any, Any]], ForeignHeader | None]:
     from .read import load
 
-    fd = open_regular(name, what="weights file")
-    try:
-        doc, header_bytes, size = read_raw_header(fd, name)
-        if not is_foreign(doc):
-            return {"": load(name)}, None  # ours: verified, nested as stored
-        header = foreign_header(doc, header_bytes, size, name)
-        return read_tensors(fd, header, {t.name for t in header.tensors}), header
-    finally:
-        os.close(fd)
+    doc, header_bytes, size = read_raw_header(fd, name)
+    if not is_foreign(doc):
+        return {"": load(name)}, None  # ours: verified, nested as stored
+    header = foreign_header(doc, header_bytes, size, name)
+    return read_tensors(fd, header, {t.name for t in header.tensors}), header
 
 
-def _read_npz(name: str) -> dict[str, np.ndarray[Any, Any]]:
-    fd = open_regular(name, what="weights file")
+def _read_npz(fd: int, name: str) -> dict[str, np.ndarray[Any, Any]]:
     size = os.fstat(fd).st_size
     out: dict[str, np.ndarray[Any, Any]] = {}
     try:
-        with os.fdopen(fd, "rb") as f, zipfile.ZipFile(f) as zf:
+        with os.fdopen(os.dup(fd), "rb") as f, zipfile.ZipFile(f) as zf:
+            if len(zf.infolist()) > foreign.MAX_TENSORS:
+                raise _too_many(name)
+            _no_overlap(zf, name)
             for info in zf.infolist():
                 key = _member_name(info.filename, name)
+                if key in out:  # numpy.load would keep the last one silently
+                    raise FormatError(
+                        f"member {info.filename[:200]!r} appears twice in the archive",
+                        context=name,
+                        hint="an .npz holds each array once; get a fresh copy of the archive",
+                    )
+                if info.flag_bits & 0x1:
+                    raise FormatError(f"member {info.filename[:200]!r} is encrypted", context=name)
                 out[key] = _read_member(zf, info, size, name)
-    except (zipfile.BadZipFile, EOFError, ValueError, OSError, KeyError) as e:
+    except (zipfile.BadZipFile, EOFError, ValueError, OSError, KeyError, RuntimeError) as e:
         if isinstance(e, FormatError):
             raise
         raise FormatError(
             f"not a readable .npz archive ({type(e).__name__}: {str(e)[:200]})", context=name
         ) from None
     return out
+
+
+def _no_overlap(zf: zipfile.ZipFile, name: str) -> None:
+    """Refuses members whose stored bytes overlap: a zip bomb makes every member
+    read the same compressed bytes again (Python before 3.11.8 does not check)."""
+    infos = sorted(zf.infolist(), key=lambda i: i.header_offset)
+    ends = [*(i.header_offset for i in infos[1:]), zf.start_dir]
+    for info, end in zip(infos, ends):
+        local = 30 + len(info.orig_filename.encode("utf-8", "surrogateescape"))
+        if info.header_offset + local + info.compress_size > end:
+            raise FormatError(
+                f"member {info.filename[:200]!r} overlaps the next one in the archive "
+                "(a zip bomb, or a corrupt archive)",
+                context=name,
+                hint="get a fresh copy of the archive",
+            )
 
 
 def _member_name(member: str, name: str) -> str:
@@ -237,6 +298,8 @@ def _read_member(
                 context=name,
                 hint="treeguard never unpickles; save numeric arrays only",
             )
+        if any(d < 0 for d in shape):
+            raise FormatError(f"{where}: shape {list(shape)[:8]} has a negative size", context=name)
         nbytes = int(np.prod(shape, dtype=object)) * dtype.itemsize
         if nbytes != info.file_size - f.tell():
             raise FormatError(
@@ -249,7 +312,7 @@ def _read_member(
     return _check_array(arr, where, name)
 
 
-def _read_msgpack(name: str, names: NamingRule) -> dict[str, np.ndarray[Any, Any]]:
+def _read_msgpack(fd: int, name: str, names: NamingRule) -> dict[str, np.ndarray[Any, Any]]:
     try:
         from flax import serialization
     except ImportError:
@@ -258,11 +321,11 @@ def _read_msgpack(name: str, names: NamingRule) -> dict[str, np.ndarray[Any, Any
             context=name,
             hint="pip install flax (or 'treeguard[frameworks]')",
         ) from None
-    fd = open_regular(name, what="weights file")
-    with os.fdopen(fd, "rb") as f:
-        data = f.read()
+    data = bytearray(os.fstat(fd).st_size)
+    if pread_into(fd, memoryview(data), 0) != len(data):
+        raise FormatError("the file shrank while it was read", context=name)
     try:
-        tree = serialization.msgpack_restore(data)
+        tree = serialization.msgpack_restore(data)  # type: ignore[arg-type]
     except Exception as e:  # noqa: BLE001 - msgpack raises many kinds on bad bytes
         raise FormatError(
             f"not a flax msgpack file ({type(e).__name__}: {str(e)[:200]})", context=name
@@ -270,7 +333,86 @@ def _read_msgpack(name: str, names: NamingRule) -> dict[str, np.ndarray[Any, Any
     return _flat_names(tree, names, name)
 
 
+def _plain_tree(name: str) -> int:
+    """Refuses a checkpoint directory holding anything but directories and regular
+    files (tensorstore follows symbolic links and blocks forever opening a FIFO);
+    returns the bytes its files hold."""
+    seen = total = 0
+    todo = [name]
+    while todo:
+        with os.scandir(todo.pop()) as entries:
+            for entry in entries:
+                seen += 1
+                if seen > _MAX_ORBAX_ENTRIES:
+                    raise FormatError(f"holds more than {_MAX_ORBAX_ENTRIES:,} files", context=name)
+                st = entry.stat(follow_symlinks=False)
+                if stat.S_ISDIR(st.st_mode):
+                    todo.append(entry.path)
+                elif stat.S_ISREG(st.st_mode):
+                    total += st.st_size
+                else:
+                    raise FormatError(
+                        f"{os.path.relpath(entry.path, name)[:200]!r} is not a regular file "
+                        f"but {file_kind(st.st_mode)}; treeguard reads none of those",
+                        context=name,
+                        hint="pass a directory that StandardCheckpointer.save wrote, copied "
+                        "without links",
+                    )
+    return total
+
+
+def _claimed_bytes(tree_meta: Any, on_disk: int, name: str) -> None:
+    """Refuses array metadata that claims far more than the files can hold:
+    tensorstore fills missing chunks, so a few bytes of JSON can ask for
+    terabytes (and a failed allocation aborts the process)."""
+    import jax
+
+    claimed = 0
+    for leaf in jax.tree.leaves(tree_meta):
+        shape, dtype = getattr(leaf, "shape", None), getattr(leaf, "dtype", None)
+        if shape is not None and dtype is not None:
+            claimed += math.prod(shape) * np.dtype(dtype).itemsize
+    limit = max(_ORBAX_FLOOR, on_disk * _DEFLATE_MAX_RATIO)
+    if claimed > limit:
+        raise FormatError(
+            f"its arrays claim {claimed:,} bytes, its files hold {on_disk:,}; "
+            f"more than {_DEFLATE_MAX_RATIO}x is a forged shape, not compression",
+            context=name,
+            hint="get a fresh copy of the checkpoint",
+        )
+
+
+def _strict_metadata(name: str) -> None:
+    """Parses orbax's JSON metadata files strictly first: orbax reads them with
+    ``json.loads``, which takes duplicate keys, NaN and any depth (a RecursionError)."""
+    for meta in _ORBAX_JSON:
+        path = os.path.join(name, meta)
+        if not os.path.lexists(path):
+            continue
+        fd = open_regular(path, what="orbax metadata file")
+        try:
+            size = os.fstat(fd).st_size
+            if size > MAX_HEADER_BYTES:
+                raise FormatError(
+                    f"{meta}: {size:,} bytes, over the {MAX_HEADER_BYTES:,}-byte limit",
+                    context=name,
+                )
+            raw = bytearray(size)
+            pread_into(fd, memoryview(raw), 0)
+        finally:
+            os.close(fd)
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise FormatError(
+                f"{meta}: not UTF-8 text ({e.reason} at byte {e.start})", context=name
+            ) from None
+        loads(text, meta, context=name, hint="pass the directory StandardCheckpointer.save wrote")
+
+
 def _read_orbax(name: str, names: NamingRule) -> dict[str, np.ndarray[Any, Any]]:
+    on_disk = _plain_tree(name)
+    _strict_metadata(name)
     try:
         import jax
         import orbax.checkpoint as ocp
@@ -285,10 +427,28 @@ def _read_orbax(name: str, names: NamingRule) -> dict[str, np.ndarray[Any, Any]]
             meta = ckptr.metadata(name)
             tree_meta = getattr(getattr(meta, "item_metadata", meta), "tree", None)
             if tree_meta is None:
-                tree_meta = meta.tree
+                tree_meta = getattr(meta, "tree", None)
+            if tree_meta is None:
+                raise FormatError(
+                    "not a readable orbax checkpoint: no tree metadata "
+                    "(_METADATA missing or unreadable)",
+                    context=name,
+                    hint="pass the directory StandardCheckpointer.save wrote",
+                )
+            _claimed_bytes(tree_meta, on_disk, name)
             args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree_meta)
             tree = ckptr.restore(name, restore_args=args)
-    except (FileNotFoundError, ValueError, KeyError, TypeError, AttributeError, OSError) as e:
+    except (
+        FileNotFoundError,
+        ValueError,
+        KeyError,
+        TypeError,
+        AttributeError,
+        OSError,
+        RecursionError,
+    ) as e:
+        if isinstance(e, FormatError):
+            raise
         raise FormatError(
             f"not a readable orbax checkpoint ({type(e).__name__}: {str(e)[:200]})",
             context=name,
@@ -297,21 +457,18 @@ def _read_orbax(name: str, names: NamingRule) -> dict[str, np.ndarray[Any, Any]]
     return _flat_names(tree, names, name)
 
 
-def _read(src: str | os.PathLike[str], names: NamingRule) -> tuple[Any, bool]:
+def _read(name: str, kind: SourceKind, fd: int | None, names: NamingRule) -> tuple[Any, bool]:
     """(values, flat): a flat ``{name: array}`` or, for our own file, its tree."""
-    name = os.fspath(src)
-    namer(names)
-    kind = source_kind(name)
+    if fd is None:
+        return _read_orbax(name, names), True
     if kind == "safetensors":
-        values, header = _read_safetensors(name)
+        values, header = _read_safetensors(fd, name)
         if header is None:
             return values[""], False
         return values, True
     if kind == "npz":
-        return _read_npz(name), True
-    if kind == "msgpack":
-        return _read_msgpack(name, names), True
-    return _read_orbax(name, names), True
+        return _read_npz(fd, name), True
+    return _read_msgpack(fd, name, names), True
 
 
 def _shaped(
@@ -375,7 +532,17 @@ def read_foreign(
       np.float32(6.0)
     """
     name = os.fspath(src)
-    values, flat = _read(name, names)
+    namer(names)
+    kind, fd = _open_source(name)
+    try:
+        values, flat = _read(name, kind, fd, names)
+    finally:
+        if fd is not None:
+            os.close(fd)
+    return _tree(values, flat, names, like, name)
+
+
+def _tree(values: Any, flat: bool, names: NamingRule, like: Any, name: str) -> Any:
     if not flat:
         return (
             values if like is None else _shaped(_flat_names(values, names, name), like, names, name)
@@ -385,12 +552,47 @@ def read_foreign(
     return nest(values, names, name)
 
 
-def _file_digest(name: str) -> str | None:
-    if os.path.isdir(name):
-        return None
-    fd = open_regular(name, what="weights file")
-    with os.fdopen(fd, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
+def _file_digest(fd: int) -> str:
+    h, buf, pos = hashlib.sha256(), bytearray(1 << 20), 0
+    while n := pread_into(fd, memoryview(buf), pos):
+        h.update(memoryview(buf)[:n])
+        pos += n
+    return h.hexdigest()
+
+
+def _changed(before: os.stat_result, after: os.stat_result) -> bool:
+    return (before.st_size, before.st_mtime_ns) != (after.st_size, after.st_mtime_ns)
+
+
+def _refuse_overlap(src: str, dst: str) -> None:
+    """Refuses a ``dst`` that is ``src`` or lies inside it (the import would
+    replace the weights it came from, or write into the checkpoint it reads),
+    one that exists but is not a regular file, and one in no directory."""
+    try:
+        mode = os.lstat(dst).st_mode
+    except FileNotFoundError:
+        mode = stat.S_IFREG
+    if not stat.S_ISREG(mode):  # save would replace a link or a FIFO, or fail on a directory
+        raise FormatError(
+            f"the destination {dst[:200]!r} is {file_kind(mode)}, not a regular file",
+            context=src,
+            hint="name a new file (or an old checkpoint to replace) as the destination",
+        )
+    real_src, real_dst = os.path.realpath(src), os.path.realpath(dst)
+    same = real_src == real_dst or (
+        os.path.exists(dst) and os.path.exists(src) and os.path.samefile(src, dst)
+    )
+    if same or os.path.commonpath([real_src, real_dst]) == real_src:
+        raise FormatError(
+            f"the destination {dst[:200]!r} is "
+            + ("the source itself" if same else "inside the source directory")
+            + "; the import would change what it reads",
+            context=src,
+            hint="write the checkpoint somewhere outside the source",
+        )
+    parent = os.path.dirname(dst) or "."
+    if not os.path.isdir(parent):  # found now, not after reading the whole source
+        raise FileNotFoundError(errno.ENOENT, "the destination's directory does not exist", parent)
 
 
 def import_weights(
@@ -424,9 +626,12 @@ def import_weights(
 
     Raises:
       FormatError, TreeMismatchError, ConfigError, ValueError: as
-        ``read_foreign``; nothing is written then.
+        ``read_foreign``; nothing is written then. A ``FormatError`` also
+        for a ``dst`` that is ``src``, lies inside it or exists but is not a
+        regular file, and for a source written to while it is imported.
       TypeError: if ``metadata`` is not JSON.
-      OSError: if a file cannot be read or written.
+      OSError: if a file cannot be read or written (FileNotFoundError for
+        a ``dst`` in a directory that does not exist, before reading).
 
     Example:
       >>> import os, tempfile, numpy as np
@@ -440,9 +645,26 @@ def import_weights(
     from .write import save
 
     name = os.fspath(src)
-    digest = _file_digest(name)
-    kind = source_kind(name)
-    tree = read_foreign(name, names=names, like=like)
+    _refuse_overlap(name, os.fspath(dst))
+    namer(names)
+    kind, fd = _open_source(name)
+    digest = None
+    try:
+        if fd is not None:
+            before = os.fstat(fd)
+            digest = _file_digest(fd)
+        values, flat = _read(name, kind, fd, names)
+        if fd is not None and _changed(before, os.fstat(fd)):
+            raise FormatError(
+                "the file changed while it was imported; its sha256 would not be of the "
+                "weights read",
+                context=name,
+                hint="import it again once nothing writes to it",
+            )
+    finally:
+        if fd is not None:
+            os.close(fd)
+    tree = _tree(values, flat, names, like, name)
     provenance: dict[str, Any] = {
         "file": name,
         "format": kind,
