@@ -65,9 +65,12 @@ def test_a_record_calling_a_sharded_version_a_file_is_refused_by_name(tmp_path: 
         store.load_version(v2, _like())
     back = store.load_current(_like(), fallback=True)
     assert np.asarray(back["w"]).tobytes() == W.tobytes()
-    res = CliRunner().invoke(store_cli, ["promote", store.root, v2])
-    assert res.exit_code == 1 and v2 in res.output and "kind 'file'" in res.output
-    assert store.info(v1).status == "verified"
+    with pytest.raises(IntegrityError, match=f"version {v2}: its record says kind 'file'"):
+        store.verify(v2)
+    for command in ("promote", "verify"):
+        res = CliRunner().invoke(store_cli, [command, store.root, v2])
+        assert res.exit_code == 1 and v2 in res.output and "kind 'file'" in res.output, res.output
+    assert store.info(v1).status == "verified" and store.info(v2).status == "verified"
 
 
 def test_a_record_calling_a_file_version_sharded_is_refused_by_name(tmp_path: Path) -> None:

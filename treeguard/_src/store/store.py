@@ -526,6 +526,8 @@ class ArtifactStore:
           UnknownVersionError: for an unknown version.
           StoreError: for a version still being written, one replaced while
             it was checked, or whose ``status.json`` is malformed.
+          IntegrityError: for a record whose kind (``file`` or ``sharded``)
+            is not what the version's directory holds.
         """
         path, before = self._record(version)
         if before["status"] == "writing":
@@ -536,6 +538,7 @@ class ArtifactStore:
                 hint="verify it once its put returns; if that process died, store.gc() removes it",
             )
         contract, contract_name = self._contract_for(version, like)
+        gates.require_kind(version, path, before)  # a lying record: no verdict at all
         if is_sharded(before):
             results, reason, digest = self._run_sharded_verdict(
                 path, version, contract, contract_name, checks
