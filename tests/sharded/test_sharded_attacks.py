@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from subproc import run_python
+from subproc import run_python, start_python, stop
 
 from treeguard import ArtifactStore, IntegrityError, SignatureError, StoreError
 from treeguard._src.sharded.digests import ShardChecker, hash_host
@@ -160,3 +160,57 @@ def test_a_version_removed_while_it_loads_is_a_typed_error(tmp_path: Path) -> No
     assert errors
     for line in errors:
         assert line[1].startswith("treeguard"), " ".join(line)
+
+
+_RACER = """
+import sys, time
+import jax, jax.numpy as jnp
+from treeguard import ArtifactStore, RetentionPolicy
+
+root, me, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+params = {"w": jnp.ones((32, 16)), "b": jnp.arange(16.0)}
+like = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=one), params)
+store = ArtifactStore(root)
+deadline = time.monotonic() + 120
+v = None
+for i in range(rounds):
+    if time.monotonic() > deadline:
+        break
+    for step in ("put", "verify", "promote", "load", "gc", "rollback"):
+        try:
+            if step == "put":
+                v = store.put_sharded(jax.tree.map(lambda x: x * (me * 100 + i), params))
+            elif step == "verify":
+                store.verify(v)
+            elif step == "promote":
+                store.promote(v)
+            elif step == "load":
+                store.load_current(like)
+            elif step == "gc":
+                store.gc(policy=RetentionPolicy(keep_last=1, keep_verified=1))
+            elif i % 3 == 2:
+                store.rollback()
+        except Exception as e:
+            print("ERROR", step, type(e).__module__, type(e).__name__, flush=True)
+print("DONE", flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_two_processes_put_verify_promote_and_gc_sharded_versions_at_once(tmp_path: Path) -> None:
+    store = ArtifactStore.init(tmp_path / "s")
+    racers = [start_python(_RACER, store.root, str(me), "6") for me in (1, 2)]
+    outputs = [stop(proc, timeout=240) for proc in racers]
+    for proc, (out, err) in zip(racers, outputs):
+        assert proc.returncode == 0 and "DONE" in out, err[-2000:]
+        for line in out.splitlines():
+            if line.startswith("ERROR"):
+                # another racer's gc may take a candidate before it is verified
+                assert line.split()[2] == "treeguard", line
+    like = _like()
+    for info in store.versions():
+        if info.status == "verified":
+            assert store.load_verified(info.version, like)["w"].shape == (32, 16)
+    assert store.current() is not None
+    assert store.load_current(like)["b"].shape == (16,)
