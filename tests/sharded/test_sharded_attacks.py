@@ -18,9 +18,19 @@ import pytest
 from click.testing import CliRunner
 from subproc import run_python, start_python, stop
 
-from treeguard import ArtifactStore, IntegrityError, SignatureError, StoreError
+from treeguard import (
+    ArtifactStore,
+    IntegrityError,
+    SignatureError,
+    StoreError,
+    load_sharded,
+    save_sharded,
+)
 from treeguard._src.sharded.digests import ShardChecker, hash_host
+from treeguard._src.sharded.load import groups
 from treeguard._src.sharded.manifest import ArrayRecord, Shard
+from treeguard._src.sharded.manifest import read as read_manifest
+from treeguard._src.sharded.recheck import read_local
 from treeguard.cli_ckpt import store as store_cli
 
 W = (np.arange(512, dtype=np.float32).reshape(32, 16) * 1.5 + 0.25).astype(np.float32)
@@ -214,3 +224,30 @@ def test_two_processes_put_verify_promote_and_gc_sharded_versions_at_once(tmp_pa
             assert store.load_verified(info.version, like)["w"].shape == (32, 16)
     assert store.current() is not None
     assert store.load_current(like)["b"].shape == (16,)
+
+
+def test_a_group_whose_restore_fails_is_a_typed_error_and_no_thread_is_left(
+    tmp_path: Path,
+) -> None:
+    # two arrays of more than 16 MiB each: two restores, the first one's
+    # shards hashed in threads while the second is read (and fails)
+    n = 4 * 1024 * 1024 + 16
+    tree = {"a": jnp.arange(n, dtype=jnp.float32), "b": jnp.arange(n, dtype=jnp.float32) * 2}
+    save_sharded(tmp_path / "ck", tree)
+    assert len(groups(read_manifest(tmp_path / "ck").arrays, [0, 1])) == 2
+    data = tmp_path / "ck" / read_manifest(tmp_path / "ck").data
+    needle = np.asarray(tree["b"][1000:1004]).tobytes()
+    for chunk in sorted(p for p in data.rglob("*") if p.is_file()):
+        if needle in chunk.read_bytes():
+            chunk.write_bytes(chunk.read_bytes()[:100])  # truncated
+            break
+    else:
+        raise AssertionError("the second array's bytes are in no file")
+    before = _threads()
+    for call in (
+        lambda: load_sharded(tmp_path / "ck", tree),
+        lambda: read_local(tmp_path / "ck"),
+    ):
+        with pytest.raises(IntegrityError, match="could not be read|does not match"):
+            call()
+        assert _threads() <= before
