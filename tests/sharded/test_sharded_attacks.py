@@ -248,6 +248,9 @@ def test_a_group_whose_restore_fails_is_a_typed_error_and_no_thread_is_left(
         lambda: load_sharded(tmp_path / "ck", tree),
         lambda: read_local(tmp_path / "ck"),
     ):
-        with pytest.raises(IntegrityError, match="could not be read|does not match"):
+        with pytest.raises(
+            IntegrityError, match=r"the stored arrays \['b'\] could not be read"
+        ) as e:
             call()
+        assert e.value.path == "['b']"
         assert _threads() <= before

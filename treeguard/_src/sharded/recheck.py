@@ -15,7 +15,7 @@ from typing import Any
 
 from ..errors import FormatError, IntegrityError, InvalidTreeError
 from .digests import ShardChecker
-from .load import groups, picked, shard_error
+from .load import groups, picked, shard_error, unreadable
 from .manifest import Manifest, read_with_digest
 from .orbax_io import read_arrays
 
@@ -76,12 +76,7 @@ def read_local(
             try:
                 got = picked(jax.tree.leaves(read_arrays(data, item)), run, where)
             except Exception as e:  # orbax and tensorstore raise many kinds
-                raise IntegrityError(
-                    f"{where}: the stored arrays could not be read: "
-                    f"{str(e).splitlines()[0][:300] if str(e) else type(e).__name__}\n"
-                    "hint: the data directory is damaged or incomplete; load an earlier "
-                    "checkpoint"
-                ) from e
+                raise unreadable(where, [manifest.arrays[k].path for k in run], e) from e
             for k, arr in zip(run, got):
                 checker.add(k, manifest.arrays[k], arr)
                 if keep:
