@@ -20,6 +20,7 @@ from subproc import run_python, start_python, stop
 
 from treeguard import (
     ArtifactStore,
+    FormatError,
     IntegrityError,
     SignatureError,
     StoreError,
@@ -28,7 +29,7 @@ from treeguard import (
 )
 from treeguard._src.sharded.digests import ShardChecker, hash_host
 from treeguard._src.sharded.load import groups
-from treeguard._src.sharded.manifest import ArrayRecord, Shard
+from treeguard._src.sharded.manifest import MANIFEST_NAME, ArrayRecord, Shard, parse
 from treeguard._src.sharded.manifest import read as read_manifest
 from treeguard._src.sharded.recheck import read_local
 from treeguard.cli_ckpt import store as store_cli
@@ -254,3 +255,50 @@ def test_a_group_whose_restore_fails_is_a_typed_error_and_no_thread_is_left(
             call()
         assert e.value.path == "['b']"
         assert _threads() <= before
+
+
+def _with_shards(directory: Path, shards: list[tuple[tuple[int, int], ...]]) -> str:
+    """The manifest of ``directory`` (one array) with ``shards`` as its shard list."""
+    doc = json.loads((directory / MANIFEST_NAME).read_text())
+    doc["arrays"][0]["shards"] = [
+        {"index": [list(p) for p in index], "process": 0, "sha256": "0" * 64} for index in shards
+    ]
+    return json.dumps(doc)
+
+
+def test_a_shard_list_is_checked_in_time_linear_in_its_cells(tmp_path: Path) -> None:
+    k = 400
+    save_sharded(tmp_path / "sq", {"w": jnp.zeros((k, k), jnp.int8)})
+    save_sharded(tmp_path / "line", {"w": jnp.zeros(5_000, jnp.int8)})
+    # one element a shard: a grid of 5,000 cells, each covered once
+    parse(_with_shards(tmp_path / "line", [((i, i + 1),) for i in range(5_000)]))
+    # the same with one shard twice and one missing: an overlap, found on the grid
+    twice = [((i, i + 1),) for i in range(5_000)]
+    twice[7] = twice[6]
+    with pytest.raises(FormatError, match=r"arrays\[0\]\.shards: two shards overlap"):
+        parse(_with_shards(tmp_path / "line", twice))
+    # each row cut at its own column: no grid, pair by pair, only a few hundred
+    rows = [((i, i + 1), (0, i + 1)) for i in range(k)] + [
+        ((i, i + 1), (i + 1, k)) for i in range(k - 1)
+    ]
+    with pytest.raises(FormatError, match=r"799 shards that do not lie on one grid"):
+        parse(_with_shards(tmp_path / "sq", rows))
+    small = [((i, i + 1), (0, i + 1)) for i in range(20)] + [
+        ((i, i + 1), (i + 1, k)) for i in range(20)
+    ]
+    small.append(((20, k), (0, k)))
+    parse(_with_shards(tmp_path / "sq", small))
+    small[0] = ((1, 2), (0, 1))  # as large as the shard it replaces, inside row 1's
+    with pytest.raises(FormatError, match="two shards overlap"):
+        parse(_with_shards(tmp_path / "sq", small))
+
+
+def test_a_replaced_manifest_is_refused_by_its_digest_before_it_is_parsed(tmp_path: Path) -> None:
+    store = ArtifactStore(tmp_path / "s", key=KEY)
+    v1, v2 = _two(store)
+    (Path(store.root) / "versions" / v2 / MANIFEST_NAME).write_text('{"arrays": [')
+    for call in (lambda: store.load_current(_like()), lambda: store.promote(v2)):
+        with pytest.raises(IntegrityError, match=f"version {v2}: .*the manifest's sha256 is"):
+            call()
+    assert np.asarray(store.load_current(_like(), fallback=True)["w"]).tobytes() == W.tobytes()
+    assert store.info(v1).status == "verified"

@@ -180,14 +180,7 @@ def load_expecting(
     import jax
 
     where = os.path.abspath(os.fspath(directory))
-    manifest, found_digest = read_with_digest(where)
-    if digest is not None and found_digest != digest:
-        raise IntegrityError(
-            f"the manifest's sha256 is {found_digest[:16]}..., the verdict's "
-            f"{digest[:16]}...: the checkpoint was replaced or edited",
-            context=where,
-            hint="do not use it; restore it from a backup or verify it again",
-        )
+    manifest, _ = read_with_digest(where, expect=digest)  # compared before it is parsed
     like_leaves, like_treedef = jax.tree.flatten(like)
     like_spec = spec_of(like)
     like_names = [keystr(p) for p in like_spec.paths]
