@@ -6,6 +6,7 @@ running."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import threading
 from pathlib import Path
@@ -302,3 +303,50 @@ def test_a_replaced_manifest_is_refused_by_its_digest_before_it_is_parsed(tmp_pa
             call()
     assert np.asarray(store.load_current(_like(), fallback=True)["w"]).tobytes() == W.tobytes()
     assert store.info(v1).status == "verified"
+
+
+def _lie(store: ArtifactStore, version: str, edit: Any) -> None:
+    """Edits the manifest and recomputes the digest its record holds, as an
+    attacker who can write the store would (no key: integrity only)."""
+    vdir = Path(store.root) / "versions" / version
+    doc = json.loads((vdir / MANIFEST_NAME).read_text())
+    edit(doc)
+    (vdir / MANIFEST_NAME).write_text(json.dumps(doc))
+    record = json.loads((vdir / "status.json").read_text())
+    record["digest"] = hashlib.sha256((vdir / MANIFEST_NAME).read_bytes()).hexdigest()
+    (vdir / "status.json").write_text(json.dumps(record))
+
+
+def _other_data(store: ArtifactStore, doc: dict[str, Any]) -> None:
+    doc["data"] = json.loads(
+        (Path(store.root) / "versions" / "v000001" / MANIFEST_NAME).read_text()
+    )["data"]
+
+
+@pytest.mark.parametrize(
+    ("lie", "raised", "text"),
+    [
+        (lambda s, d: d.__setitem__("data", "../v000001/" + d["data"]), FormatError, "not a data"),
+        (_other_data, IntegrityError, "could not be read"),
+        (
+            lambda s, d: d["arrays"][0]["shards"][0].__setitem__("sha256", "0" * 64),
+            IntegrityError,
+            r"\['b'\]",
+        ),
+        (lambda s, d: d["arrays"].append(d["arrays"][0]), FormatError, "3 arrays for a spec of 2"),
+    ],
+    ids=["data-escapes", "another-versions-data", "shard-sha256", "duplicate-array"],
+)
+def test_a_manifest_that_lies_with_its_digest_recomputed(
+    tmp_path: Path, lie: Any, raised: type[Exception], text: str
+) -> None:
+    store = ArtifactStore(tmp_path / "s")
+    v1, v2 = _two(store)
+    _lie(store, v2, lambda doc: lie(store, doc))
+    for call in (lambda: store.load_current(_like()), lambda: store.promote(v2)):
+        with pytest.raises((raised, IntegrityError), match=text) as e:
+            call()
+        assert v2 in str(e.value)
+    assert np.asarray(store.load_current(_like(), fallback=True)["w"]).tobytes() == W.tobytes()
+    assert store.info(v1).status == "verified"
+    assert store.verify(v2).status == "rejected"
