@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..errors import IntegrityError
 from . import hosts
 from .manifest import ArrayRecord, Shard
 
@@ -161,6 +162,18 @@ def _slice_everywhere(arr: jax.Array, shard: Shard) -> jax.Array:
     return result
 
 
+def _unhashable(path: str, error: Exception) -> IntegrityError:
+    """The error for a shard whose hashing failed (not a mismatch)."""
+    out = IntegrityError(
+        f"{path or '<root>'}: a shard could not be hashed: "
+        f"{str(error).splitlines()[0][:300] if str(error) else type(error).__name__}",
+        path=path or "<root>",
+        hint="the restored array does not match its record; load an earlier checkpoint",
+    )
+    out.__cause__ = error
+    return out
+
+
 class ShardChecker:
     """Checks restored arrays against their recorded shard digests, hashing
     each array's local shards in a thread pool as soon as it is added, so
@@ -186,7 +199,8 @@ class ShardChecker:
         self._scratch: list[np.ndarray[Any, Any]] = []
         self._pool = concurrent.futures.ThreadPoolExecutor(_workers())
         self._futures: list[concurrent.futures.Future[tuple[int, bool]]] = []
-        self._remote: list[tuple[int, Shard, Any]] = []
+        self._tasks: list[tuple[int, ArrayRecord]] = []
+        self._remote: list[tuple[int, ArrayRecord, Shard, Any]] = []
         self._count = 0
 
     def __enter__(self) -> ShardChecker:
@@ -204,8 +218,9 @@ class ShardChecker:
             owner = self._me if self._nproc == 1 else _holder(shard, pieces)
             if owner == self._me:
                 self._futures.append(self._pool.submit(self._check, key, record, shard, local))
+                self._tasks.append((key, record))
             elif owner is None:
-                self._remote.append((key, shard, arr))
+                self._remote.append((key, record, shard, arr))
 
     def _check(
         self, key: int, record: ArrayRecord, shard: Shard, local: list[tuple[Index, Any]]
@@ -221,21 +236,36 @@ class ShardChecker:
 
     def bad(self) -> list[int]:
         """The keys of the arrays with a shard whose bytes differ from the
-        recorded sha256, agreed by every process (a collective unless local)."""
+        recorded sha256, agreed by every process (a collective unless local).
+
+        Every hash is waited for before it returns. A hash that fails counts
+        as a mismatch for the other processes, and is raised here, after the
+        exchange, as an ``IntegrityError`` naming its array.
+        """
         flags = np.zeros(self._count, dtype=np.uint8)
-        for fut in self._futures:
-            key, ok = fut.result()
+        failed: IntegrityError | None = None
+        for fut, (key, record) in zip(self._futures, self._tasks):
+            try:
+                ok = fut.result()[1]
+            except Exception as e:  # noqa: BLE001 - numpy, jax and memory errors alike
+                ok = False
+                failed = failed or _unhashable(record.path, e)
             if not ok:
                 flags[key] = 1
-        for n, (key, shard, arr) in enumerate(self._remote):
+        for n, (key, record, shard, arr) in enumerate(self._remote):
             region = _slice_everywhere(arr, shard)
-            if (
-                n % self._nproc == self._me
-                and hash_host(_host(region.addressable_shards[0].data)) != shard.digest
-            ):
-                flags[key] = 1
+            if n % self._nproc == self._me:
+                try:
+                    ok = hash_host(_host(region.addressable_shards[0].data)) == shard.digest
+                except Exception as e:  # noqa: BLE001 - the exchange below must still happen
+                    ok = False
+                    failed = failed or _unhashable(record.path, e)
+                if not ok:
+                    flags[key] = 1
             del region
         agreed = flags if self._nproc == 1 else hosts.any_process(flags)
+        if failed is not None:  # raised only after the collective, which every process joins
+            raise failed
         return [i for i in range(self._count) if agreed[i]]
 
 

@@ -70,7 +70,23 @@ def _target(leaf: Any, path: str) -> Any:
     return sharding
 
 
-def _read_everywhere(data: str, item: Any, where: str) -> Any:
+def group_names(paths: Sequence[str]) -> str:
+    """A group's array paths for a message: the first few, and how many more."""
+    names = [p or "<root>" for p in paths]
+    return ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+
+
+def unreadable(where: str, paths: Sequence[str], error: BaseException) -> IntegrityError:
+    """The error for a group of arrays whose restore failed, naming them."""
+    text = str(error).splitlines()[0][:300] if str(error) else type(error).__name__
+    return IntegrityError(
+        f"{where}: the stored arrays {group_names(paths)} could not be read: {text}\n"
+        "hint: the data directory is damaged or incomplete; load an earlier checkpoint",
+        path=(paths[0] or "<root>") if paths else None,
+    )
+
+
+def _read_everywhere(data: str, item: Any, where: str, paths: Sequence[str]) -> Any:
     """Restores ``item``; a failure in any process fails every process."""
     error: BaseException | None = None
     out = None
@@ -80,15 +96,14 @@ def _read_everywhere(data: str, item: Any, where: str) -> Any:
         error = e
     failed = hosts.allgather_bytes(b"1" if error is not None else b"0")
     if error is not None:
-        raise IntegrityError(
-            f"{where}: the stored arrays could not be read: {str(error).splitlines()[0][:300]}\n"
-            "hint: the data directory is damaged or incomplete; load an earlier checkpoint"
-        ) from error
+        raise unreadable(where, paths, error) from error
     bad = [p for p, f in enumerate(failed) if f == b"1"]
     if bad:
         raise IntegrityError(
-            f"{where}: process {bad[0]} could not read the stored arrays (see its error)\n"
-            "hint: the data directory is damaged or incomplete; load an earlier checkpoint"
+            f"{where}: process {bad[0]} could not read the stored arrays {group_names(paths)} "
+            "(see its error)\n"
+            "hint: the data directory is damaged or incomplete; load an earlier checkpoint",
+            path=(paths[0] or "<root>") if paths else None,
         )
     return out
 
@@ -165,14 +180,7 @@ def load_expecting(
     import jax
 
     where = os.path.abspath(os.fspath(directory))
-    manifest, found_digest = read_with_digest(where)
-    if digest is not None and found_digest != digest:
-        raise IntegrityError(
-            f"the manifest's sha256 is {found_digest[:16]}..., the verdict's "
-            f"{digest[:16]}...: the checkpoint was replaced or edited",
-            context=where,
-            hint="do not use it; restore it from a backup or verify it again",
-        )
+    manifest, _ = read_with_digest(where, expect=digest)  # compared before it is parsed
     like_leaves, like_treedef = jax.tree.flatten(like)
     like_spec = spec_of(like)
     like_names = [keystr(p) for p in like_spec.paths]
@@ -238,7 +246,8 @@ def _restore_checked(where: str, manifest: Manifest, targets: Sequence[Any]) -> 
                 for k, a in enumerate(manifest.arrays)
             ]
             item = jax.tree.unflatten(manifest.spec.treedef, leaves)
-            got = picked(jax.tree.leaves(_read_everywhere(data, item, where)), run, where)
+            paths = [manifest.arrays[k].path for k in run]
+            got = picked(jax.tree.leaves(_read_everywhere(data, item, where, paths)), run, where)
             for k, arr in zip(run, got):
                 restored[k] = arr
                 checker.add(k, manifest.arrays[k], arr)

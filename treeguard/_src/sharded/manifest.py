@@ -43,7 +43,7 @@ import numpy as np
 from .. import strictjson
 from ..atomic import atomic_write, read_regular
 from ..checkpoint import user_metadata_json
-from ..errors import FormatError
+from ..errors import FormatError, IntegrityError
 from ..paths import keystr
 from ..spec import TreeSpec, dtype_of
 
@@ -234,14 +234,50 @@ def _overlap(a: Shard, b: Shard) -> bool:
     return all(max(x0, y0) < min(x1, y1) for (x0, x1), (y0, y1) in zip(a.index, b.index))
 
 
+#: Shards that do not lie on one grid are compared pair by pair, so only this many.
+_MAX_OFF_GRID = 512
+
+
 def _tiles(shards: tuple[Shard, ...], shape: tuple[int, ...], where: str) -> None:
-    """Refuses shards that do not cover the array exactly once."""
+    """Refuses shards that do not cover the array exactly once.
+
+    The shards' bounds cut each axis into segments, the array into a grid of
+    cells; shards of any JAX sharding are unions of whole cells and hold as
+    many cells as shards. Each cell must be covered once: the work is the
+    number of cells, never more, whatever the manifest claims.
+    """
     total = sum(s.size for s in shards)
     if total != math.prod(shape):
         raise FormatError(
             f"{where}: the shards hold {total} elements, the array {math.prod(shape)}"
         )
     nonempty = [s for s in shards if s.size]
+    if len(nonempty) < 2:
+        return
+    cuts = [sorted({x for s in nonempty for x in s.index[d]}) for d in range(len(shape))]
+    cells = math.prod(len(c) - 1 for c in cuts)
+    if cells > 4 * len(nonempty) + 64:
+        _tiles_pairwise(nonempty, where)
+        return
+    at = [{x: i for i, x in enumerate(c)} for c in cuts]
+    seen = np.zeros([len(c) - 1 for c in cuts], dtype=np.uint8)
+    touched = 0
+    for s in nonempty:
+        box = tuple(slice(at[d][a], at[d][b]) for d, (a, b) in enumerate(s.index))
+        touched += math.prod(b.stop - b.start for b in box)
+        if touched > cells:  # some cell is covered twice
+            break
+        seen[box] += 1
+    if touched > cells or int(seen.max()) > 1:
+        raise FormatError(f"{where}: two shards overlap")
+
+
+def _tiles_pairwise(nonempty: list[Shard], where: str) -> None:
+    if len(nonempty) > _MAX_OFF_GRID:
+        raise FormatError(
+            f"{where}: {len(nonempty)} shards that do not lie on one grid; at most "
+            f"{_MAX_OFF_GRID} such shards are read"
+        )
     for i, a in enumerate(nonempty):
         for b in nonempty[i + 1 :]:
             if _overlap(a, b):
@@ -385,15 +421,31 @@ def is_sharded(directory: str | os.PathLike[str], /) -> bool:
         return False
 
 
-def read_with_digest(directory: str | os.PathLike[str], /) -> tuple[Manifest, str]:
+def read_with_digest(
+    directory: str | os.PathLike[str], /, *, expect: str | None = None
+) -> tuple[Manifest, str]:
     """Reads and parses ``directory``'s manifest, with the sha256 of the very
     bytes parsed (``sharded_digest``).
 
+    Args:
+      directory: a directory written by ``save_sharded``.
+      expect: the sha256 the manifest must have; another one is refused
+        before the bytes are parsed, so a replaced manifest costs no parse.
+
     Raises:
       FormatError: if there is none, it is not a regular file, or it is malformed.
+      IntegrityError: if its sha256 is not ``expect``.
     """
     raw, path = _read_bytes(directory)
-    return parse(raw, where=path), hashlib.sha256(raw).hexdigest()
+    found = hashlib.sha256(raw).hexdigest()
+    if expect is not None and found != expect:
+        raise IntegrityError(
+            f"the manifest's sha256 is {found[:16]}..., the verdict's {expect[:16]}...: "
+            "the checkpoint was replaced or edited",
+            context=os.path.abspath(os.fspath(directory)),
+            hint="do not use it; restore it from a backup or verify it again",
+        )
+    return parse(raw, where=path), found
 
 
 def sharded_digest(directory: str | os.PathLike[str], /) -> str:

@@ -13,9 +13,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ..errors import FormatError, IntegrityError, InvalidTreeError
+from ..errors import FormatError, InvalidTreeError
 from .digests import ShardChecker
-from .load import groups, picked, shard_error
+from .load import groups, picked, shard_error, unreadable
 from .manifest import Manifest, read_with_digest
 from .orbax_io import read_arrays
 
@@ -46,14 +46,7 @@ def read_local(
     import orbax.checkpoint as ocp
 
     where = os.path.abspath(os.fspath(directory))
-    manifest, found = read_with_digest(where)
-    if digest is not None and found != digest:
-        raise IntegrityError(
-            f"the manifest's sha256 is {found[:16]}..., the verdict's {digest[:16]}...: "
-            "the checkpoint was replaced or edited",
-            context=where,
-            hint="do not use it; restore it from a backup or verify it again",
-        )
+    manifest, found = read_with_digest(where, expect=digest)  # compared before it is parsed
     device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     struct: Any = jax.ShapeDtypeStruct
     restored: list[Any] = [None] * len(manifest.arrays)
@@ -76,12 +69,7 @@ def read_local(
             try:
                 got = picked(jax.tree.leaves(read_arrays(data, item)), run, where)
             except Exception as e:  # orbax and tensorstore raise many kinds
-                raise IntegrityError(
-                    f"{where}: the stored arrays could not be read: "
-                    f"{str(e).splitlines()[0][:300] if str(e) else type(e).__name__}\n"
-                    "hint: the data directory is damaged or incomplete; load an earlier "
-                    "checkpoint"
-                ) from e
+                raise unreadable(where, [manifest.arrays[k].path for k in run], e) from e
             for k, arr in zip(run, got):
                 checker.add(k, manifest.arrays[k], arr)
                 if keep:

@@ -31,7 +31,9 @@ from typing import Any
 from .. import strictjson
 from ..atomic import read_regular
 from ..checkpoint import Header, load, verify_file
-from ..errors import FormatError, SignatureError, StoreError
+from ..errors import FormatError, IntegrityError, SignatureError, StoreError
+from ..sharded.manifest import MANIFEST_NAME
+from .layout import MODEL_FILE
 
 #: The environment variable naming a key file, used when no ``key=`` is given.
 KEY_ENV = "TREEGUARD_STORE_KEY_FILE"
@@ -136,6 +138,33 @@ def require_verified(version: str, record: dict[str, Any]) -> str:
             hint=f"verify it again: store.verify({version!r})",
         )
     return digest
+
+
+def require_kind(version: str, version_dir: str, record: dict[str, Any]) -> None:
+    """Refuses a record whose kind (``file`` or ``sharded``) is not what its
+    directory holds: a ``model.safetensors`` for a file version, a manifest
+    for a sharded one, never both. Only the names are looked at (``lstat``).
+
+    Raises:
+      IntegrityError: naming the version, the kind its record claims and
+        what the directory holds.
+    """
+    kind = "sharded" if record.get("kind") == "sharded" else "file"
+    has = {
+        name: os.path.lexists(os.path.join(version_dir, name))
+        for name in (MODEL_FILE, MANIFEST_NAME)
+    }
+    own, other = (MANIFEST_NAME, MODEL_FILE) if kind == "sharded" else (MODEL_FILE, MANIFEST_NAME)
+    if has[own] and not has[other]:
+        return
+    holds = " and ".join(n for n in (MODEL_FILE, MANIFEST_NAME) if has[n]) or "neither"
+    raise IntegrityError(
+        f"version {version}: its record says kind {kind!r}, which keeps {own}, but its "
+        f"directory holds {holds}: the record or the directory was changed",
+        version=version,
+        context=version_dir,
+        hint="do not use it; restore the version from a backup, or put the weights again",
+    )
 
 
 def load_expecting(path: str, /, *, like: Any, digest: str | None) -> Any:

@@ -259,6 +259,19 @@ class Layout:
         Raises:
           IntegrityError: naming the first such entry.
         """
+        try:
+            self._plain_tree(directory, version=version)
+        except OSError as e:  # removed or replaced while it was walked
+            raise IntegrityError(
+                f"version {version}: its directory changed while it was checked: "
+                f"{e.strerror or type(e).__name__}: {e.filename}",
+                version=version,
+                context=directory,
+                hint="something else is removing or replacing it; retry, or restore the "
+                "version from a backup",
+            ) from e
+
+    def _plain_tree(self, directory: str, *, version: str) -> None:
         stack = [directory]
         seen = 0
         while stack:

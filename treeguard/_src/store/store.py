@@ -526,6 +526,8 @@ class ArtifactStore:
           UnknownVersionError: for an unknown version.
           StoreError: for a version still being written, one replaced while
             it was checked, or whose ``status.json`` is malformed.
+          IntegrityError: for a record whose kind (``file`` or ``sharded``)
+            is not what the version's directory holds.
         """
         path, before = self._record(version)
         if before["status"] == "writing":
@@ -536,6 +538,7 @@ class ArtifactStore:
                 hint="verify it once its put returns; if that process died, store.gc() removes it",
             )
         contract, contract_name = self._contract_for(version, like)
+        gates.require_kind(version, path, before)  # a lying record: no verdict at all
         if is_sharded(before):
             results, reason, digest = self._run_sharded_verdict(
                 path, version, contract, contract_name, checks
@@ -692,6 +695,7 @@ class ArtifactStore:
         path, data = self._record(version)
         digest = gates.require_verified(version, data)
         gates.check_signature(self._key, self._store_id(), version, data)
+        gates.require_kind(version, path, data)
         model = checkpoint_path(path, data)
         sharded = is_sharded(data)
         if sharded:
@@ -745,6 +749,14 @@ class ArtifactStore:
             return gates.load_expecting(model, like=like, digest=digest)
         except IntegrityError as e:
             raise _changed(version, e) from e
+        except OSError as e:  # removed or replaced while it was read
+            raise IntegrityError(
+                f"version {version}: its checkpoint could not be read: "
+                f"{e.strerror or type(e).__name__}: {e.filename}",
+                version=version,
+                hint="something else is removing or replacing it; retry, or restore the "
+                "version from a backup",
+            ) from e
 
     def load_verified(self, version: str, /, like: Any = None) -> Any:
         """Loads a version only if it passes every gate.
@@ -788,6 +800,8 @@ class ArtifactStore:
         """
         path, data = self._record(version)
         digest = data.get("digest") if data["status"] == "verified" else None
+        if data["status"] != "writing":
+            gates.require_kind(version, path, data)
         if is_sharded(data):
             if data["status"] == "writing":
                 raise StoreError(
