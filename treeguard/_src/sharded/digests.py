@@ -32,6 +32,10 @@ if TYPE_CHECKING:
 
 Index = tuple[tuple[int, int], ...]
 
+#: The name prefix of the threads that hash shards (so a test, or a person
+#: reading a thread dump, can tell them from other pools).
+HASH_THREADS = "treeguard-shard-hash"
+
 
 def _workers() -> int:
     return max(1, min(8, os.cpu_count() or 1))
@@ -70,7 +74,7 @@ def local_digests(arrays: Sequence[jax.Array]) -> Iterator[tuple[int, Index, str
         for shard in arr.addressable_shards:
             if shard.replica_id == 0:
                 tasks.append((i, index_of(shard.index, shape), shard.data))
-    with concurrent.futures.ThreadPoolExecutor(_workers()) as pool:
+    with concurrent.futures.ThreadPoolExecutor(_workers(), thread_name_prefix=HASH_THREADS) as pool:
         futures = [pool.submit(lambda d: hash_host(_host(d)), d) for _, _, d in tasks]
         for (i, index, _), fut in zip(tasks, futures):
             yield i, index, fut.result()
@@ -197,7 +201,9 @@ class ShardChecker:
         )
         self._assembling = threading.Lock()  # one scratch buffer, one rebuilt region at a time
         self._scratch: list[np.ndarray[Any, Any]] = []
-        self._pool = concurrent.futures.ThreadPoolExecutor(_workers())
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            _workers(), thread_name_prefix=HASH_THREADS
+        )
         self._futures: list[concurrent.futures.Future[tuple[int, bool]]] = []
         self._tasks: list[tuple[int, ArrayRecord]] = []
         self._remote: list[tuple[int, ArrayRecord, Shard, Any]] = []

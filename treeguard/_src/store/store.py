@@ -29,6 +29,7 @@ from ..errors import (
     IntegrityError,
     StoreError,
     TreeMismatchError,
+    UnknownVersionError,
 )
 from ..sharded.manifest import MANIFEST_NAME, is_data_name, sharded_digest
 from ..sharded.manifest import read as read_manifest
@@ -124,7 +125,15 @@ class ArtifactStore:
         check_name(version)
         self._layout.require()
         path = self._layout.existing_version(version)
-        return path, records.read(path)
+        try:
+            return path, records.read(path)
+        except FileNotFoundError as e:  # removed between the look and the read
+            raise UnknownVersionError(
+                f"version {version} was removed while it was read",
+                version=version,
+                context=self.root,
+                hint="`treeguard store ls ROOT` lists the versions",
+            ) from e
 
     def info(self, version: str, /) -> VersionInfo:
         """The record of one version.
