@@ -287,18 +287,7 @@ class ArtifactStore:
         try:
             model = os.path.join(path, MODEL_FILE)
             save(model, tree, metadata=user)
-            spec = read_header(model).spec
-            with self._layout.locked():
-                data = records.read(path)
-                data.update(
-                    status="candidate",
-                    pid=None,
-                    num_leaves=spec.num_leaves,
-                    num_params=spec.num_params,
-                    nbytes=spec.nbytes,
-                )
-                records.write(path, version, data)
-                log.append(self.root, "put", version, {"status": "candidate"})
+            self._record_candidate(version, path, read_header(model).spec, {})
         except BaseException:
             self._discard(path)
             raise
@@ -474,7 +463,13 @@ class ArtifactStore:
         return version
 
     def _finish_sharded(self, version: str, path: str) -> None:
-        spec = read_manifest(path).spec
+        self._record_candidate(version, path, read_manifest(path).spec, {"kind": "sharded"})
+
+    def _record_candidate(
+        self, version: str, path: str, spec: TreeSpec, detail: dict[str, Any]
+    ) -> None:
+        """Turns a reserved version whose data is written into a candidate,
+        with the sizes of its ``spec``, and logs the put (with ``detail``)."""
         with self._layout.locked():
             data = records.read(path)
             data.update(
@@ -485,7 +480,7 @@ class ArtifactStore:
                 nbytes=spec.nbytes,
             )
             records.write(path, version, data)
-            log.append(self.root, "put", version, {"status": "candidate", "kind": "sharded"})
+            log.append(self.root, "put", version, {"status": "candidate", **detail})
 
     def _discard(self, path: str) -> None:
         """Removes a version directory put itself created (its files only)."""
