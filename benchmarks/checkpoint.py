@@ -282,7 +282,7 @@ def _inspect_times(path: str) -> dict[str, float]:
     from click.testing import CliRunner
 
     from treeguard import read_header, verify_file
-    from treeguard.cli_ckpt import ckpt
+    from treeguard._cli.ckpt import ckpt
 
     read_header(path)
     t_header = []

@@ -45,9 +45,9 @@ def _tree(dtype: object) -> dict[str, dict[str, np.ndarray]]:
 
 
 def _treeguard() -> list[str]:
-    """The installed console script, or ``python -m treeguard.cli``."""
+    """The installed console script, or ``python -m treeguard``."""
     script = Path(sys.executable).with_name("treeguard")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "treeguard.cli"]
+    return [str(script)] if script.exists() else [sys.executable, "-m", "treeguard"]
 
 
 def _seconds(argv: list[str], env: dict[str, str]) -> float:

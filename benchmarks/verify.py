@@ -61,7 +61,7 @@ def main() -> None:
         def verify(target: str) -> list[str]:
             name = target.rsplit(".", maxsplit=1)[-1].split(":", maxsplit=1)[0]
             return [
-                *(py, "-m", "treeguard.cli_verify", target, "--record", "--no-bench"),
+                *(py, "-m", "treeguard", "verify", target, "--record", "--no-bench"),
                 *("--references", f"{tmp}/{name}.safetensors", "--report-dir", f"{tmp}/{name}"),
             ]
 

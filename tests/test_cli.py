@@ -11,7 +11,7 @@ from click.testing import CliRunner, Result
 from corpus import seed_params
 
 import treeguard as tg
-from treeguard.cli import main
+from treeguard._cli.main import main
 
 
 def _run(*args: str) -> Result:
@@ -91,14 +91,14 @@ def test_missing_file_and_usage_exit_2(tmp_path: Path) -> None:
 _JAX_FREE_CHILD = r"""
 import contextlib, io, json, sys
 
-import treeguard, treeguard.cli
+import treeguard, treeguard._cli.main
 
 after_import = sorted(
     m for m in sys.modules
     if m.split(".")[0] in ("jax", "jaxlib")
     or m in ("treeguard.verify", "treeguard.serving", "treeguard.bench", "treeguard.diagnose")
 )
-main = treeguard.cli.main
+main = treeguard._cli.main.main
 ckpt, spec, store, foreign = sys.argv[1:5]
 
 

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from corpus import seed_params
 
 from treeguard import ArtifactStore, read_header, save, spec_of
-from treeguard.cli import main
+from treeguard._cli.main import main
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ import pytest
 from click.testing import CliRunner
 
 import treeguard as tg
-from treeguard.cli import main
+from treeguard._cli.main import main
 
 
 def _run(*args: str) -> Any:

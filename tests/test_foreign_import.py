@@ -19,7 +19,7 @@ import safetensors.numpy
 from click.testing import CliRunner
 
 import treeguard as tg
-from treeguard.cli import main
+from treeguard._cli.main import main
 
 CHESS = Path(__file__).parent / "data" / "chess_cv_pieces.safetensors"
 

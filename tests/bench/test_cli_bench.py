@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from treeguard.cli import main
+from treeguard._cli.main import main
 
 TARGETS = """
 import time

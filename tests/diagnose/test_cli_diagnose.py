@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from click.testing import CliRunner
 
 from treeguard import save
-from treeguard.cli import main
+from treeguard._cli.main import main
 
 
 def _run(*args: str) -> tuple[int, str]:
@@ -60,7 +60,7 @@ def test_a_checkpoint_that_is_no_trace_exits_2(tmp_path: Path) -> None:
 
 
 def test_the_command_module_imports_nothing_heavy_at_its_top_level() -> None:
-    import treeguard.cli_diagnose as cli
+    import treeguard._cli.diagnose as cli
 
     tree = ast.parse(Path(cli.__file__).read_text())
     names = {

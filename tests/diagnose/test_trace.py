@@ -100,8 +100,9 @@ def test_a_trace_recorded_in_one_process_locates_the_difference_in_another(
     trace = tmp_path / "trace.safetensors"
     env = {"PYTHONPATH": str(tmp_path)}
     rec = run_module(
-        "treeguard.cli_diagnose",
+        "treeguard",
         [
+            "diagnose",
             "toy_model:model",
             "--stages",
             "data,shapes",
@@ -120,8 +121,15 @@ def test_a_trace_recorded_in_one_process_locates_the_difference_in_another(
         "XLA_FLAGS": "--xla_cpu_enable_fast_math=false",
     }
     cmp = run_module(
-        "treeguard.cli_diagnose",
-        ["toy_model:model", "--against", str(trace), "--report-dir", str(tmp_path / "b")],
+        "treeguard",
+        [
+            "diagnose",
+            "toy_model:model",
+            "--against",
+            str(trace),
+            "--report-dir",
+            str(tmp_path / "b"),
+        ],
         env=other,
         cwd=tmp_path,
     )

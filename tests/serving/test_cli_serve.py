@@ -12,7 +12,7 @@ from serving_support import mlp_spec
 from subproc import run_python
 
 import treeguard.serving
-from treeguard.cli import main
+from treeguard._cli.main import main
 
 
 @pytest.mark.slow
@@ -64,7 +64,7 @@ def test_serving_all_matches_the_exports():
 @pytest.mark.slow
 def test_importing_the_serving_api_pulls_in_no_http_stack():
     out = run_python(
-        "import sys, treeguard, treeguard.serving, treeguard.cli_serve\n"
+        "import sys, treeguard, treeguard.serving, treeguard._cli.serve\n"
         "heavy = {'starlette', 'uvicorn', 'prometheus_client', 'httpx'}\n"
         "print(sorted(heavy & {m.split('.')[0] for m in sys.modules}))\n"
     )

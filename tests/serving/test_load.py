@@ -145,7 +145,7 @@ def _free_port() -> int:
 
 SERVER = """
 import sys
-from treeguard.cli_serve import serve
+from treeguard._cli.serve import serve
 sys.argv = ["treeguard", *sys.argv[1:]]
 serve()
 """
@@ -187,7 +187,7 @@ def test_uvicorn_end_to_end_with_the_cli(mlp_store, tmp_path):
             assert r.json()["model_version"] == v["v1"]
             from click.testing import CliRunner
 
-            from treeguard.cli import main
+            from treeguard._cli.main import main
 
             out = CliRunner().invoke(main, ["serve", "swap", base, v["v2"]])
             assert out.exit_code == 0, out.output

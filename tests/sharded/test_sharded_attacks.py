@@ -28,12 +28,12 @@ from treeguard import (
     load_sharded,
     save_sharded,
 )
+from treeguard._cli.store import store as store_cli
 from treeguard._src.sharded.digests import HASH_THREADS, ShardChecker, hash_host
 from treeguard._src.sharded.load import groups
 from treeguard._src.sharded.manifest import MANIFEST_NAME, ArrayRecord, Shard, parse
 from treeguard._src.sharded.manifest import read as read_manifest
 from treeguard._src.sharded.recheck import read_local
-from treeguard.cli_ckpt import store as store_cli
 
 W = (np.arange(512, dtype=np.float32).reshape(32, 16) * 1.5 + 0.25).astype(np.float32)
 KEY = b"k" * 32

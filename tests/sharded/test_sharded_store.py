@@ -27,8 +27,8 @@ from treeguard import (
     StoreError,
     spec_of,
 )
+from treeguard._cli.store import store as store_cli
 from treeguard._src.sharded.manifest import MANIFEST_NAME
-from treeguard.cli_ckpt import store as store_cli
 
 #: More than 1 KiB, so OCDBT stores it in a data file rather than inline in its index.
 W = (np.arange(512, dtype=np.float32).reshape(32, 16) * 1.5 + 0.25).astype(np.float32)

@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 from subproc import run_python
 
-from treeguard.cli_verify import verify
+from treeguard._cli.verify import verify
 from treeguard.verify import CHECKS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -24,7 +24,7 @@ def _cli(*args: str, cwd: Path, extra_path: Path | None = None) -> subprocess.Co
     paths = [str(ROOT)] + ([str(extra_path)] if extra_path else [])
     env["PYTHONPATH"] = os.pathsep.join([*paths, env.get("PYTHONPATH", "")])
     return subprocess.run(
-        [sys.executable, "-m", "treeguard.cli_verify", *args],
+        [sys.executable, "-m", "treeguard", "verify", *args],
         cwd=cwd,
         env=env,
         capture_output=True,
@@ -177,7 +177,7 @@ def test_compile_fast_adds_each_flag_the_environment_does_not_set(
 ) -> None:
     import importlib.metadata
 
-    from treeguard.cli_verify import compile_fast, fast_compile_flags
+    from treeguard._cli.verify import compile_fast, fast_compile_flags
 
     chosen = fast_compile_flags(importlib.metadata.version("jaxlib"))
     monkeypatch.setenv("XLA_FLAGS", "--xla_backend_optimization_level=2 --xla_foo=1")
@@ -195,7 +195,7 @@ def test_this_xla_accepts_the_fast_compile_flags() -> None:
     # XLA aborts the process on a flag it does not know.
     import importlib.metadata
 
-    from treeguard.cli_verify import fast_compile_flags
+    from treeguard._cli.verify import fast_compile_flags
 
     chosen = fast_compile_flags(importlib.metadata.version("jaxlib"))
     flags = " ".join(f"--{k}={v}" for k, v in chosen.items())

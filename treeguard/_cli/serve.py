@@ -43,7 +43,7 @@ def _human(n: int) -> str:
 
 
 def _spec(model: Any, spec_file: Path | None, inputs: tuple[str, ...]) -> Any:
-    from ._src.serving.spec import ServingSpec
+    from .._src.serving.spec import ServingSpec
 
     if spec_file is not None:
         if inputs:
@@ -123,10 +123,10 @@ def run_command(  # noqa: PLR0917 - click passes every option
     memory_budget: int | None,
 ) -> None:
     """Serve MODULE:ATTR's apply with the store's current verified version."""
-    from ._src.errors import TreeguardError
-    from ._src.serving.app import Server
-    from ._src.serving.app import serve as run_server
-    from .cli_verify import resolve
+    from .._src.errors import TreeguardError
+    from .._src.serving.app import Server
+    from .._src.serving.app import serve as run_server
+    from .verify import resolve
 
     try:
         model = resolve(target)
@@ -163,9 +163,9 @@ def plan_command(
 
     Exits 1 when the params plus the largest bucket exceed --budget.
     """
-    from ._src.errors import TreeguardError
-    from ._src.serving.plan import plan
-    from .cli_verify import resolve
+    from .._src.errors import TreeguardError
+    from .._src.serving.plan import plan
+    from .verify import resolve
 
     try:
         model = resolve(target)
@@ -188,7 +188,7 @@ def plan_command(
                 _human(b.temp_bytes),
                 _human(b.code_bytes),
             )
-        from .cli import console
+        from .console import console
 
         out = console()
         out.print(table)

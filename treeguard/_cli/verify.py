@@ -12,7 +12,7 @@ already sets it): verify runs each program a few times on small batches, so
 compile time is nearly all of its time. The benchmark measures the code as
 it would run in production, so with it the flags stay as they are.
 
-Run it as ``treeguard verify ...`` or ``python -m treeguard.cli_verify ...``.
+Run it as ``treeguard verify ...`` or ``python -m treeguard verify ...``.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import click
 from rich.console import Console
 
 if TYPE_CHECKING:
-    from ._src.verify.model import Model
+    from .._src.verify.model import Model
 
 DEFAULT_REPORT_DIR = "treeguard-report"
 EXIT_USAGE = 2
@@ -104,7 +104,7 @@ def resolve(target: str) -> Model:
       ...
       treeguard.ConfigError: 'treeguard.examples.mlp' is not MODULE:ATTR...
     """
-    from ._src.verify.model import Model
+    from .._src.verify.model import Model
 
     model: Model = import_target(
         target,
@@ -133,7 +133,7 @@ def import_target(
       ConfigError: for a malformed target, a module that cannot be imported,
         a missing attribute or an object of another type.
     """
-    from ._src.errors import ConfigError
+    from .._src.errors import ConfigError
 
     module_name, sep, attr = target.partition(":")
     if not sep or not module_name or not attr:
@@ -199,8 +199,8 @@ def verify(
     """
     if no_bench:
         compile_fast()
-    from ._src.errors import ConfigError, FormatError, IntegrityError, TreeguardError
-    from ._src.verify.run import run
+    from .._src.errors import ConfigError, FormatError, IntegrityError, TreeguardError
+    from .._src.verify.run import run
 
     try:
         model = resolve(target)
@@ -221,7 +221,7 @@ def verify(
     if as_json:
         click.echo(json.dumps(json.loads(report.to_json()), indent=1))
     else:
-        from .cli import console
+        from .console import console
 
         report.print(console())
     sys.exit(report.exit_code)

@@ -17,10 +17,10 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ._src.checkpoint import ForeignHeader, import_weights, spec_from_file
-from ._src.checkpoint.foreign import read_foreign_header
-from ._src.errors import FormatError, TreeguardError, TreeMismatchError
-from .cli import console
+from .._src.checkpoint import ForeignHeader, import_weights, spec_from_file
+from .._src.checkpoint.foreign import read_foreign_header
+from .._src.errors import FormatError, TreeguardError, TreeMismatchError
+from .console import console
 
 EXIT_OK, EXIT_MISMATCH, EXIT_USAGE = 0, 1, 2
 #: ``ckpt verify`` of a foreign file: its structure is sound, but no hash or

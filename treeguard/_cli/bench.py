@@ -28,7 +28,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ._src.errors import FormatError, TreeguardError
+from .._src.errors import FormatError, TreeguardError
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
@@ -41,7 +41,7 @@ def _usage(message: str) -> NoReturn:
 
 
 def _console() -> Console:
-    from .cli import console
+    from .console import console
 
     return console()
 
@@ -64,9 +64,9 @@ def resolve(target: str) -> Any:
       ConfigError: for a malformed target, a module that cannot be imported,
         a missing attribute or anything else.
     """
-    from ._src.bench.run import Target
-    from ._src.verify.model import Model
-    from .cli_verify import import_target
+    from .._src.bench.run import Target
+    from .._src.verify.model import Model
+    from .verify import import_target
 
     return import_target(
         target,
@@ -92,7 +92,7 @@ def _sizes(text: str) -> tuple[int, ...]:
 
 def result_table(results: Sequence[Any], title: str) -> Table:
     """The compact table of benchmark results: distribution, phases, memory."""
-    from ._src.bench.units import fmt_bytes, fmt_range, fmt_seconds, fmt_si
+    from .._src.bench.units import fmt_bytes, fmt_range, fmt_seconds, fmt_si
 
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     for name, justify in (
@@ -137,7 +137,7 @@ def result_table(results: Sequence[Any], title: str) -> Table:
 
 def conditions_line(c: dict[str, Any]) -> str:
     """The machine's conditions in two lines."""
-    from ._src.bench.units import fmt_bytes
+    from .._src.bench.units import fmt_bytes
 
     load = c.get("load") or {}
     mem = c.get("memory") or {}
@@ -203,11 +203,11 @@ def run_command(  # noqa: PLR0917 - click passes each option by name
     """
     from rich.progress import Progress
 
-    from ._src.bench.conditions import conditions
-    from ._src.bench.report import save, save_html
-    from ._src.bench.run import Target, run
-    from ._src.verify.model import Model
-    from ._src.verify.performance import model_targets
+    from .._src.bench.conditions import conditions
+    from .._src.bench.report import save, save_html
+    from .._src.bench.run import Target, run
+    from .._src.verify.model import Model
+    from .._src.verify.performance import model_targets
 
     sizes = _sizes(batch_sizes)
     try:
@@ -252,7 +252,7 @@ def run_command(  # noqa: PLR0917 - click passes each option by name
 
 def comparison_table(comparisons: Sequence[Any], title: str) -> Table:
     """One row per comparison: both medians, the change and its interval, p, verdict."""
-    from ._src.bench.units import fmt_seconds
+    from .._src.bench.units import fmt_seconds
 
     colour = {
         "regression": "bold red",
@@ -321,8 +321,8 @@ def compare_command(  # noqa: PLR0917 - click passes each option by name
     2 for unreadable files, results from different machines (without
     --allow-different-machines) or no benchmark in common.
     """
-    from ._src.bench.compare import compare
-    from ._src.bench.report import load
+    from .._src.bench.compare import compare
+    from .._src.bench.report import load
 
     try:
         a, b = load(base), load(candidate)
@@ -407,11 +407,11 @@ def ab_command(  # noqa: PLR0917 - click passes each option by name
     """
     from rich.progress import Progress
 
-    from ._src.bench.ab import ab
-    from ._src.bench.report import save
-    from ._src.bench.run import Target
-    from ._src.verify.model import Model
-    from ._src.verify.performance import model_batch
+    from .._src.bench.ab import ab
+    from .._src.bench.report import save
+    from .._src.bench.run import Target
+    from .._src.verify.model import Model
+    from .._src.verify.performance import model_batch
 
     def as_target(obj: Any, label: str) -> Target:
         if isinstance(obj, Target):

@@ -16,43 +16,21 @@ import importlib
 import json
 import math
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
+from .console import console
+
 if TYPE_CHECKING:
     from rich.console import Console
     from rich.tree import Tree
 
-    from ._src.spec import Record, TreeSpec
-    from ._src.walk import Node
+    from .._src.spec import Record, TreeSpec
+    from .._src.walk import Node
 
 EXIT_OK, EXIT_DIFFER, EXIT_USAGE = 0, 1, 2
-#: The width of output that is not a terminal: wide enough that no table
-#: column is ever squeezed, so nothing is cut or folded in a pipe or a log.
-PIPE_WIDTH = 100_000
-
-#: Readers tried in turn for a file named on the command line, before the
-#: checkpoint reader and the spec JSON reader.
-SPEC_READERS: list[Callable[[Path], TreeSpec | None]] = []
-
-
-def console(*, stderr: bool = False) -> Console:
-    """The console every command prints through.
-
-    On a terminal it wraps at the terminal's width (tables fold long paths
-    within their column, never cutting them). Anything else (a pipe, a file,
-    a CI log, click's test runner) gets ``PIPE_WIDTH`` columns and no soft
-    wrapping, so each row and each key path stays whole on one line.
-    """
-    from rich.console import Console
-
-    stream = sys.stderr if stderr else sys.stdout
-    isatty = getattr(stream, "isatty", None)
-    width = None if isatty is not None and isatty() else PIPE_WIDTH
-    return Console(stderr=stderr, highlight=False, soft_wrap=True, width=width)
 
 
 def _out() -> Console:
@@ -69,15 +47,14 @@ def read_spec(path: Path) -> TreeSpec:
 
     Exits with code 2 and a message for a file that cannot be read.
     """
-    from ._src.checkpoint import spec_reader
-    from ._src.errors import FormatError, TreeguardError
-    from ._src.spec import TreeSpec
+    from .._src.checkpoint import spec_reader
+    from .._src.errors import FormatError, TreeguardError
+    from .._src.spec import TreeSpec
 
     try:
-        for reader in (*SPEC_READERS, spec_reader):
-            spec = reader(path)
-            if spec is not None:
-                return spec
+        spec = spec_reader(path)
+        if spec is not None:
+            return spec
         return TreeSpec.load(path)
     except (FormatError, OSError, TreeguardError) as e:
         _fail(f"{path}: {e}")
@@ -103,8 +80,8 @@ def _size(record: Record) -> int | None:
 
 
 def _render(node: Node, records: list[Record], start: int, branch: Tree) -> None:
-    from ._src.paths import entry_str
-    from ._src.spec import summarize
+    from .._src.paths import entry_str
+    from .._src.spec import summarize
 
     off = start
     for entry, child in zip(node.entries, node.children):
@@ -164,13 +141,13 @@ class _LazyGroup(click.Group):
 @click.group(
     cls=_LazyGroup,
     lazy={
-        "bench": ".cli_bench:bench",
-        "ckpt": ".cli_ckpt:ckpt",
-        "diagnose": ".cli_diagnose:diagnose",
-        "import": ".cli_import:import_command",
-        "serve": ".cli_serve:serve",
-        "store": ".cli_ckpt:store",
-        "verify": ".cli_verify:verify",
+        "bench": ".bench:bench",
+        "ckpt": ".ckpt:ckpt",
+        "diagnose": ".diagnose:diagnose",
+        "import": ".importing:import_command",
+        "serve": ".serve:serve",
+        "store": ".store:store",
+        "verify": ".verify:verify",
     },
     context_settings={"help_option_names": ["-h", "--help"]},
 )
@@ -186,7 +163,7 @@ def spec_command(file: Path, as_json: bool) -> None:
     """Print the contract in FILE as a tree with shapes, dtypes, sizes and counts."""
     from rich.tree import Tree
 
-    from ._src.spec import summarize
+    from .._src.spec import summarize
 
     spec = read_spec(file)
     if as_json:
@@ -214,8 +191,8 @@ def spec_command(file: Path, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the mismatches as JSON.")
 def diff_command(expected: Path, actual: Path, as_json: bool) -> None:
     """Compare two contracts and print every mismatch (EXPECTED first)."""
-    from ._src.diff import mismatches
-    from ._src.mismatch import format_mismatches
+    from .._src.diff import mismatches
+    from .._src.mismatch import format_mismatches
 
     e, a = read_spec(expected), read_spec(actual)
     found = mismatches(a, e)

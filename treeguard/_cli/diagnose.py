@@ -4,7 +4,7 @@ Exit codes: 0 no divergence, 1 a divergence located (a stage fails), 3 a
 divergence found that vanishes when the program is cut, 2 usage and
 unreadable input (a bad ``MODULE:ATTR``, a missing or foreign trace file).
 
-Run it as ``treeguard diagnose ...`` or ``python -m treeguard.cli_diagnose ...``.
+Run it as ``treeguard diagnose ...`` or ``python -m treeguard diagnose ...``.
 """
 
 from __future__ import annotations
@@ -69,11 +69,11 @@ def diagnose(  # noqa: PLR0917 - click passes each option positionally
     but not reproducible when the program is cut, 2 usage.
     """
 
-    from ._src.diagnose import report as report_mod
-    from ._src.diagnose.ladder import STAGES
-    from ._src.diagnose.ladder import diagnose as run_ladder
-    from ._src.errors import ConfigError, FormatError, IntegrityError, TreeguardError
-    from .cli_verify import resolve
+    from .._src.diagnose import report as report_mod
+    from .._src.diagnose.ladder import STAGES
+    from .._src.diagnose.ladder import diagnose as run_ladder
+    from .._src.errors import ConfigError, FormatError, IntegrityError, TreeguardError
+    from .verify import resolve
 
     chosen = STAGES
     if stages is not None:
@@ -97,7 +97,7 @@ def diagnose(  # noqa: PLR0917 - click passes each option positionally
     if as_json:
         click.echo(report_mod.to_json(result))
     else:
-        from .cli import console
+        from .console import console
 
         report_mod.print_summary(result, console())
     sys.exit(result.exit_code)

@@ -1,0 +1,1 @@
+"""The ``treeguard`` command line (private: the console script and ``python -m treeguard``)."""
