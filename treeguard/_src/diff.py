@@ -265,6 +265,6 @@ def unflatten(spec: TreeSpec, leaves: Sequence[Any], /) -> Any:
         differ.leaf((rec[0], rec[1], None, None), (e[0], e[1], None, None), path)
     if differ.found:
         raise TreeMismatchError(differ.found, expected_from="the spec", actual_from="the leaves")
-    import jax
+    import jax  # lazy: reading files never imports jax
 
     return jax.tree.unflatten(spec.treedef, leaves)

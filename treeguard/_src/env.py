@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import platform
 import sys
+from importlib import metadata
 from typing import Any
 
 import numpy as np
@@ -30,8 +31,6 @@ KEYS: tuple[str, ...] = (
 
 
 def _version(dist: str) -> str:
-    from importlib import metadata
-
     try:
         return metadata.version(dist)
     except metadata.PackageNotFoundError:
@@ -60,7 +59,7 @@ def environment() -> dict[str, object]:
       >>> env["jax"] == jax.__version__, isinstance(env["device_count"], int)
       (True, True)
     """
-    import jax
+    import jax  # lazy: reading files never imports jax
 
     config: Any = jax.config
     devices = jax.devices()

@@ -126,7 +126,7 @@ def impl_of(dtype: np.dtype[Any]) -> tuple[str, tuple[int, ...]]:
 
 def key_data(x: Any, dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
     """A typed key array's raw data, viewed as its contract dtype (shape unchanged)."""
-    import jax
+    import jax  # lazy: reading files never imports jax
 
     data = np.ascontiguousarray(np.asarray(jax.random.key_data(x)), dtype=np.dtype("<u4"))
     return data.reshape(-1).view(dtype).reshape(tuple(x.shape))
@@ -134,7 +134,7 @@ def key_data(x: Any, dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
 
 def wrap_keys(arr: np.ndarray[Any, Any]) -> Any:
     """A typed key array (``jax.random.wrap_key_data``) from loaded key data."""
-    import jax
+    import jax  # lazy: reading files never imports jax
 
     impl, key_shape = impl_of(arr.dtype)
     data = np.ascontiguousarray(arr).reshape(-1).view(np.dtype("<u4"))

@@ -97,7 +97,7 @@ class KeyTrace:
 
 def _site_of(eqn: Any, fallback: str) -> str:
     try:
-        from jax._src import source_info_util
+        from jax._src import source_info_util  # private API, lazy: reading files never imports jax
 
         text = str(source_info_util.summarize(eqn.source_info))
     except Exception:  # noqa: BLE001 - private API; the fallback still names the caller

@@ -47,7 +47,7 @@ def entry_of(key: Any) -> Entry:
       >>> entry_of(jax.tree_util.DictKey("w"))
       ('key', 'w')
     """
-    from jax import tree_util as _tu
+    from jax import tree_util as _tu  # lazy: reading files never imports jax
 
     if isinstance(key, _tu.DictKey):
         return ("key", key.key)
@@ -170,7 +170,7 @@ def jax_path(path: Path) -> tuple[Any, ...]:
       >>> jax_path((("key", "w"),))
       (DictKey(key='w'),)
     """
-    from jax import tree_util as _tu
+    from jax import tree_util as _tu  # lazy: reading files never imports jax
 
     out: list[Any] = []
     for kind, key in path:

@@ -8,6 +8,7 @@ numpy does not know by name (``bfloat16``, the float8 types).
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import gc
 import json
 import math
@@ -136,7 +137,7 @@ def describe_sharding(x: Any) -> str | None:
     sharding = getattr(x, "sharding", None)
     if sharding is None:
         return None
-    import jax
+    import jax  # lazy: reading files never imports jax
 
     if isinstance(x, jax.core.Tracer):
         return None
@@ -203,7 +204,7 @@ class LeafSpec:
 
 
 def _scalar_record(x: Any) -> Record:
-    import jax
+    import jax  # lazy: reading files never imports jax
 
     if isinstance(x, bool):
         return ((), np.dtype(bool), False, None)
@@ -228,7 +229,7 @@ def record_of(x: Any, with_sharding: bool = False) -> Record:
     aval = getattr(x, "aval", None)
     if aval is not None and hasattr(aval, "shape"):
         return (tuple(aval.shape), array_dtype(aval.dtype), bool(aval.weak_type), sharding)
-    import jax
+    import jax  # lazy: reading files never imports jax
 
     if isinstance(x, jax.ShapeDtypeStruct):
         return (tuple(x.shape), array_dtype(x.dtype), bool(x.weak_type), sharding)
@@ -381,8 +382,6 @@ class TreeSpec:
         for leaf in self.leaves:
             if leaf.path == path:
                 return leaf
-        import difflib
-
         close = difflib.get_close_matches(path, [leaf.path for leaf in self.leaves], n=3)
         raise KeyError(
             f"no leaf at {path}" + (f"; did you mean {', '.join(close)}?" if close else "")
@@ -399,7 +398,7 @@ class TreeSpec:
           InvalidTreeError: for a JSON spec holding a custom node or namedtuple.
         """
         if self._treedef is None:
-            import jax
+            import jax  # lazy: reading files never imports jax
 
             self._treedef = jax.tree.structure(_skeleton(self._root, ()))
         return self._treedef
@@ -418,7 +417,7 @@ class TreeSpec:
           >>> s.abstract({"B": 4})["x"].shape
           (4, 2)
         """
-        import jax
+        import jax  # lazy: reading files never imports jax
 
         dims = dict(dims or {})
         missing = self.symbols - dims.keys()

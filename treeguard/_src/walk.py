@@ -215,7 +215,7 @@ def _kind_of_value(x: Any) -> int:
 
 def _classify(x: Any) -> int:
     """Whether ``x``'s type is a pytree node (1) or a leaf (0), remembered by type."""
-    import jax
+    import jax  # lazy: reading files never imports jax
 
     _tu = jax.tree_util
     try:
@@ -237,7 +237,7 @@ def _children(x: Any) -> list[tuple[Entry, Any]] | None:
         return [(("index", i), v) for i, v in enumerate(x)]
     if x is None:
         return None
-    from jax import tree_util as _tu
+    from jax import tree_util as _tu  # lazy: reading files never imports jax
 
     try:
         pairs, td = _one_level(x)
@@ -291,7 +291,7 @@ def _exact_check(tree: Any) -> None:
 
 def _one_level(x: Any) -> tuple[list[tuple[Any, Any]], Any]:
     """Flattens one level of ``x`` with JAX: its children with their keys."""
-    from jax import tree_util as _tu
+    from jax import tree_util as _tu  # lazy: reading files never imports jax
 
     first = True
 
@@ -415,7 +415,7 @@ def flatten_with_types(tree: Any) -> tuple[list[Any], Any, frozenset[type] | Non
 
 def flatten_walked(tree: Any) -> tuple[list[Any], Any]:
     """``jax.tree.flatten`` of a tree ``assert_acyclic`` has passed."""
-    import jax
+    import jax  # lazy: reading files never imports jax
 
     try:
         return jax.tree.flatten(tree)
@@ -470,7 +470,7 @@ def structure_of(tree: Any, treedef: Any = None, types: Iterable[type] | None = 
 
 
 def _build(x: Any, path: Path, ancestors: list[Any]) -> Node:
-    from jax import tree_util as _tu
+    from jax import tree_util as _tu  # lazy: reading files never imports jax
 
     pairs, td = _one_level(x)
     if _tu.treedef_is_leaf(td) and td.num_leaves == 1:
@@ -538,7 +538,7 @@ def _stable_repr(x: Any, limit: int = 200) -> str:
 
 @functools.cache
 def _leaf_types() -> tuple[type, ...]:
-    import jax
+    import jax  # lazy: reading files never imports jax
 
     return (
         np.ndarray,

@@ -9,17 +9,17 @@ differs between the eager reference and a candidate; ``nan_origin(fn,
 ``treeguard diagnose MODULE:ATTR`` does it from the shell.
 """
 
+from .._src.diagnose.divergence import Divergence as Divergence
+from .._src.diagnose.divergence import Site as Site
 from .._src.diagnose.ladder import STAGES as STAGES
-from .._src.diagnose.ladder import Diagnosis as Diagnosis
-from .._src.diagnose.ladder import StageResult as StageResult
 from .._src.diagnose.ladder import diagnose as diagnose
 from .._src.diagnose.locate import CANDIDATES as CANDIDATES
 from .._src.diagnose.locate import Candidate as Candidate
-from .._src.diagnose.locate import Divergence as Divergence
-from .._src.diagnose.locate import Site as Site
 from .._src.diagnose.locate import locate as locate
 from .._src.diagnose.nan import NanSite as NanSite
 from .._src.diagnose.nan import nan_origin as nan_origin
+from .._src.diagnose.report import Diagnosis as Diagnosis
+from .._src.diagnose.report import StageResult as StageResult
 from .._src.diagnose.tolerance import Tolerances as Tolerances
 from .._src.diagnose.trace import Trace as Trace
 from .._src.diagnose.trace import compare_trace as compare_trace

@@ -14,9 +14,9 @@ from .._src.keys import trace_keys as trace_keys
 from .._src.verify.cases import Case as Case
 from .._src.verify.cases import generate as generate_cases
 from .._src.verify.checks import NAMES as CHECKS
-from .._src.verify.checks import CheckResult as CheckResult
 from .._src.verify.compare import LeafError as LeafError
 from .._src.verify.compare import compare_trees as compare_trees
+from .._src.verify.context import CheckResult as CheckResult
 from .._src.verify.model import InvalidInput as InvalidInput
 from .._src.verify.model import Model as Model
 from .._src.verify.model import Tolerance as Tolerance

@@ -20,6 +20,8 @@ import jax.extend.core as jex
 import jax.extend.source_info_util as jsi
 import numpy as np
 
+from ..spec import summarize
+
 #: Call-like primitives and the parameter that holds their body. A body's
 #: inputs are the equation's last ``len(body.invars)`` inputs.
 CALLS = {
@@ -93,8 +95,6 @@ def eqn_text(eqn: Any, limit: int = 100) -> str:
 def _aval_text(aval: Any) -> str:
     if not hasattr(aval, "shape") or not hasattr(aval, "dtype"):
         return str(aval)
-    from ..spec import summarize
-
     try:
         return summarize(tuple(aval.shape), aval.dtype)
     except (TypeError, ValueError):

@@ -18,13 +18,13 @@ path) and then to equation level: ``locate`` for a transformation,
 
 from __future__ import annotations
 
-import dataclasses
+import datetime
 import hashlib
 import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -34,22 +34,20 @@ from ..env import environment
 from ..errors import ConfigError
 from ..mismatch import Mismatch
 from ..nonfinite import find_nonfinite
-from ..spec import spec_of
+from ..spec import spec_of, summarize
 from ..verify import refs as refs_mod
 from ..verify.cases import Case, generate
-from ..verify.checks import (
-    Context,
-    check_keys,
-    example_hashes,
-    regression_errors,
-)
+from ..verify.checks import check_keys, example_hashes, regression_errors
 from ..verify.compare import LeafError, compare_trees
+from ..verify.context import Context
 from ..verify.model import Model, Tolerance
 from ..verify.programs import per_example_apply
-from .locate import Divergence, locate
-from .nan import NanSite, nan_origin
+from .divergence import Divergence
+from .locate import locate
+from .nan import nan_origin
+from .report import Diagnosis, StageResult
 from .tolerance import Tolerances
-from .trace import Trace, compare_trace, record_trace
+from .trace import Trace, compare_trace, load_trace, record_trace
 
 #: The stages, in the order they run; the names are part of the interface.
 STAGES: tuple[str, ...] = (
@@ -65,116 +63,7 @@ STAGES: tuple[str, ...] = (
     "grad",
 )
 
-Status = Literal["pass", "fail", "skip"]
 _LISTED = 12
-
-
-@dataclasses.dataclass
-class StageResult:
-    """One stage's outcome.
-
-    Attributes:
-      name: the stage (one of ``STAGES``, or ``trace``).
-      status: ``pass``, ``fail`` or ``skip``.
-      summary: one line.
-      evidence: the lines that show why.
-      leaves: per-leaf errors of the comparison that failed.
-      divergence: the equation-level result, when one was searched.
-      nan_sites: where non-finite values are born, for a non-finite failure.
-      seconds: how long it took.
-    """
-
-    name: str
-    status: Status
-    summary: str
-    evidence: list[str] = dataclasses.field(default_factory=list)
-    leaves: list[LeafError] = dataclasses.field(default_factory=list)
-    divergence: Divergence | None = None
-    nan_sites: list[NanSite] = dataclasses.field(default_factory=list)
-    seconds: float = 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "status": self.status,
-            "summary": self.summary,
-            "evidence": list(self.evidence),
-            "leaves": [e.to_dict() for e in self.leaves],
-            "divergence": self.divergence.to_dict() if self.divergence else None,
-            "nan_sites": [s.to_dict() for s in self.nan_sites],
-            "seconds": round(self.seconds, 6),
-        }
-
-
-@dataclasses.dataclass
-class Diagnosis:
-    """The ladder's result.
-
-    Attributes:
-      model: how the model is named.
-      stages: every stage that ran, then those skipped after a failure.
-      environment: the running environment's fingerprint.
-      tolerances: the tolerances used.
-      recorded: the trace file written, if any.
-      created: when (UTC, ISO 8601).
-      seconds: how long it took.
-    """
-
-    model: str
-    stages: list[StageResult]
-    environment: dict[str, Any]
-    tolerances: dict[str, Any]
-    recorded: str | None = None
-    created: str = ""
-    seconds: float = 0.0
-
-    @property
-    def failed(self) -> StageResult | None:
-        """The first failing stage, if any."""
-        return next((s for s in self.stages if s.status == "fail"), None)
-
-    @property
-    def exit_code(self) -> int:
-        """0 nothing diverges, 1 a stage fails, 3 the divergence vanishes when cut."""
-        bad = self.failed
-        if bad is None:
-            return 0
-        if bad.divergence is not None and bad.divergence.exit_code == 3:
-            return 3
-        return 1
-
-    def __getitem__(self, name: str) -> StageResult:
-        """The result of the stage called ``name``.
-
-        Raises:
-          KeyError: naming the stages that ran.
-        """
-        for s in self.stages:
-            if s.name == name:
-                return s
-        raise KeyError(f"no stage {name!r}; the stages are {[s.name for s in self.stages]}")
-
-    def print(self, console: Any = None) -> None:
-        """Prints the ladder and the failing stage's evidence (rich)."""
-        from .report import print_summary
-
-        print_summary(self, console)
-
-    def to_json(self) -> str:
-        """The ``diagnosis.json`` document (schema ``treeguard.diagnose/1``)."""
-        from .report import to_json
-
-        return to_json(self)
-
-    def write(self, directory: str | os.PathLike[str]) -> dict[str, Path]:
-        """Writes ``diagnosis.json``, ``.md`` and ``.html`` into ``directory``.
-
-        Raises:
-          OSError: if the directory cannot be written.
-        """
-        from .report import write
-
-        return write(self, directory)
 
 
 def tolerances_of(model: Model) -> Tolerances:
@@ -533,8 +422,6 @@ class _Ladder:
 
 
 def _summary(x: Any) -> str:
-    from ..spec import summarize
-
     return summarize(tuple(x.shape), x.dtype)
 
 
@@ -615,8 +502,6 @@ def diagnose(
       >>> [(s.name, s.status) for s in d.stages], d.exit_code
       ([('data', 'pass'), ('shapes', 'pass')], 0)
     """
-    import datetime
-
     if not isinstance(model, Model):
         raise ConfigError(f"expected a treeguard.verify.Model, got {type(model).__name__}")
     unknown = [s for s in stages if s not in STAGES]
@@ -629,8 +514,6 @@ def diagnose(
     ladder = _Ladder(model, Path(ref_path) if ref_path is not None else None, tols)
     results: list[StageResult] = []
     if against is not None:
-        from .trace import load_trace
-
         trace = against if isinstance(against, Trace) else load_trace(against)
         t0 = time.perf_counter()
         r = ladder.against(trace)

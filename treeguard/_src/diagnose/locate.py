@@ -32,19 +32,27 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Literal
+from typing import Any
 
 import jax
 import jax.extend.core as jex
 import numpy as np
 
 from ..errors import DiagnosisError
-from ..verify.compare import LeafError, leaf_error, leaves_with_paths
+from ..verify.compare import LeafError, leaves_with_paths
 from . import jaxpr as jx
+from .divergence import (
+    PROPAGATORS_LISTED,
+    Backend,
+    Divergence,
+    Judge,
+    Outcome,
+    Role,
+    Site,
+    op_by_op,
+)
 from .tolerance import Tolerances, fp64_passes
-
-#: Runs a closed jaxpr on concrete flat arguments and returns its flat outputs.
-Backend = Callable[[Any, Sequence[Any]], list[Any]]
+from .trace import Trace, compare_trace
 
 #: The named candidates (a matmul precision name is one too).
 CANDIDATES = ("jit", "vmap", "jit+vmap", "grad", "jit+grad")
@@ -59,17 +67,6 @@ PRECISIONS = (
     "bfloat16_3x",
     "ANY_F8_ANY_F8_F32",
 )
-
-Role = Literal["culprit", "propagator", "fused"]
-Outcome = Literal["none", "located", "trace", "vanishes"]
-
-#: How many downstream diverging equations are isolated and listed.
-PROPAGATORS_LISTED = 5
-
-
-def op_by_op(closed: Any, args: Sequence[Any]) -> list[Any]:
-    """The eager backend: every equation dispatched alone (the reference)."""
-    return jx.interpret(closed, args).outputs
 
 
 def compiled(closed: Any, args: Sequence[Any]) -> list[Any]:
@@ -145,210 +142,6 @@ def candidate_of(candidate: str | Backend | Candidate) -> Candidate:
     )
 
 
-@dataclasses.dataclass(frozen=True)
-class Site:
-    """One located equation.
-
-    Attributes:
-      index: where it is: ``"12"`` at the top level, ``"12/3"`` inside
-        equation 12's body, ``"12@5/3"`` body equation 3 of iteration 5 of
-        the loop at 12, ``"12/branch1/0"`` in a cond's branch.
-      primitive: the primitive's name (``dot_general``).
-      source: the user line, ``model.py:88 (apply)``.
-      name_stack: the transformations it came through (``transpose(jvp())``).
-      role: ``culprit`` (it diverges alone on the reference's inputs),
-        ``propagator`` (clean alone: its inputs carry the divergence in), or
-        ``fused`` (clean alone although its inputs are clean: it diverges
-        only compiled together with its neighbours).
-      iteration: the loop iteration, for an equation in a loop body.
-      errors: one ``LeafError`` per output (paths ``out0``, ``out1``...).
-      text: the equation's first line.
-    """
-
-    index: str
-    primitive: str
-    source: str
-    name_stack: str
-    role: Role
-    iteration: int | None
-    errors: tuple[LeafError, ...]
-    text: str
-
-    def describe(self) -> str:
-        """One line: ``equation 12 (sin) at model.py:88 (apply): culprit, ...``.
-
-        Example:
-          >>> from treeguard.verify import Tolerance
-          >>> err = LeafError("out0", "f32[3]", 0.5, 0.5, 5e4, Tolerance(1e-5, 1e-5), 3, 3)
-          >>> print(Site("4", "sin", "m.py:9 (f)", "", "culprit", None, (err,), "").describe())
-          equation 4 (sin) at m.py:9 (f): culprit, out0 f32[3]: 3 of 3 elements beyond
-          tolerance, max abs err 0.5, max rel err 0.5 (rtol 1e-05, atol 1e-05)
-        """
-        it = f", iteration {self.iteration}" if self.iteration is not None else ""
-        worst = max(self.errors, key=lambda e: e.ratio) if self.errors else None
-        tail = f", {worst.describe()}" if worst is not None and not worst.ok else ""
-        return f"equation {self.index} ({self.primitive}) at {self.source}{it}: {self.role}{tail}"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "index": self.index,
-            "primitive": self.primitive,
-            "source": self.source,
-            "name_stack": self.name_stack,
-            "role": self.role,
-            "iteration": self.iteration,
-            "errors": [e.to_dict() for e in self.errors],
-            "text": self.text,
-        }
-
-
-@dataclasses.dataclass(frozen=True)
-class Divergence:
-    """What ``locate`` found.
-
-    Attributes:
-      reference: ``eager`` (or ``eager, per example`` for vmap).
-      candidate: the candidate's name.
-      outcome: ``none`` (no output leaf diverges), ``located`` (an equation
-        is found), ``trace`` (the traced program already differs when run
-        op by op: the divergence is in what was traced), ``vanishes`` (the
-        outputs diverge but cutting the program makes it go away).
-      classification: ``precision`` (gone under matmul precision
-        ``highest``), ``compilation``, ``trace``, ``batching``, ``fusion``,
-        or None when nothing diverges.
-      leaves: one ``LeafError`` per output leaf, by key path.
-      equation: the innermost located equation, or None.
-      enclosing: the equations it sits in, outermost first (a ``jit``, a
-        ``scan``...).
-      propagators: downstream equations that diverge too, with their roles.
-      reaches: the output key paths the located equation's values reach.
-      n_equations: equations in the top-level jaxpr.
-      compiles: how many candidate programs were run.
-      seconds: how long ``locate`` took.
-      notes: what the search saw, in order, for the report.
-      reproducible: False when a re-run at ``k - 1`` or ``k`` gave another answer.
-      tolerances: the tolerances used.
-      environment: for a recorded trace, ``(key, recorded, here)`` for
-        each environment difference.
-    """
-
-    reference: str
-    candidate: str
-    outcome: Outcome
-    classification: str | None
-    leaves: tuple[LeafError, ...]
-    equation: Site | None = None
-    enclosing: tuple[Site, ...] = ()
-    propagators: tuple[Site, ...] = ()
-    reaches: tuple[str, ...] = ()
-    n_equations: int = 0
-    compiles: int = 0
-    seconds: float = 0.0
-    notes: tuple[str, ...] = ()
-    reproducible: bool = True
-    tolerances: dict[str, Any] = dataclasses.field(default_factory=dict)
-    environment: tuple[tuple[str, Any, Any], ...] = ()
-
-    @property
-    def diverged(self) -> bool:
-        return self.outcome != "none"
-
-    @property
-    def exit_code(self) -> int:
-        """0 no divergence, 1 located (or in the trace), 3 found but not reproducible when cut."""
-        if self.outcome == "none":
-            return 0
-        if self.outcome == "vanishes" or not self.reproducible:
-            return 3
-        return 1
-
-    @property
-    def worst(self) -> LeafError | None:
-        bad = [e for e in self.leaves if not e.ok]
-        return max(bad, key=lambda e: e.ratio) if bad else None
-
-    def describe(self) -> str:
-        """A few lines for a terminal."""
-        head = f"{self.candidate} vs {self.reference}: "
-        if self.outcome == "none":
-            return head + f"no divergence on {len(self.leaves)} output leaves"
-        lines = [head + f"{sum(not e.ok for e in self.leaves)} output leaves diverge"]
-        if self.worst is not None:
-            lines.append(f"  worst leaf: {self.worst.describe()}")
-        for s in self.enclosing:
-            lines.append(f"  in equation {s.index} ({s.primitive}) at {s.source}")
-        if self.equation is not None:
-            lines.append(f"  first diverging {self.equation.describe()}")
-        if self.reaches:
-            lines.append(f"  reaches outputs {', '.join(self.reaches)}")
-        for p in self.propagators:
-            lines.append(f"  then {p.describe()}")
-        lines.append(f"  outcome {self.outcome}, cause {self.classification}")
-        lines += [f"  note: {n}" for n in self.notes]
-        return "\n".join(lines)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "reference": self.reference,
-            "candidate": self.candidate,
-            "outcome": self.outcome,
-            "classification": self.classification,
-            "exit_code": self.exit_code,
-            "leaves": [e.to_dict() for e in self.leaves],
-            "equation": self.equation.to_dict() if self.equation else None,
-            "enclosing": [s.to_dict() for s in self.enclosing],
-            "propagators": [s.to_dict() for s in self.propagators],
-            "reaches": list(self.reaches),
-            "n_equations": self.n_equations,
-            "compiles": self.compiles,
-            "seconds": round(self.seconds, 6),
-            "notes": list(self.notes),
-            "reproducible": self.reproducible,
-            "tolerances": self.tolerances,
-            "environment": [
-                {"key": k, "recorded": _plain(a), "here": _plain(b)} for k, a, b in self.environment
-            ],
-        }
-
-
-def _plain(x: Any) -> Any:
-    return x if x is None or isinstance(x, (str, int, float, bool)) else str(x)
-
-
-# -- comparing values -------------------------------------------------------------
-
-
-class _Judge:
-    """Compares values at explicit tolerances, and counts candidate runs."""
-
-    def __init__(self, tolerances: Tolerances, backend: Backend) -> None:
-        self.tolerances = tolerances
-        self.backend = backend
-        self.compiles = 0
-
-    def run(self, closed: Any, args: Sequence[Any]) -> list[Any]:
-        self.compiles += 1
-        outs = list(self.backend(closed, list(args)))
-        if len(outs) != len(closed.jaxpr.outvars):
-            raise DiagnosisError(
-                f"the candidate's backend returned {len(outs)} outputs for a program of "
-                f"{len(closed.jaxpr.outvars)}",
-                hint="a backend must run the closed jaxpr it is given and return one value "
-                "per output variable",
-            )
-        return outs
-
-    def error(self, actual: Any, expected: Any, path: str) -> LeafError:
-        dtype = np.asarray(expected).dtype
-        return leaf_error(actual, expected, self.tolerances.for_leaf(path, dtype), path=path)
-
-    def differs(self, actual: Any, expected: Any, path: str = "") -> bool:
-        return not self.error(actual, expected, path).ok
-
-    def errors(self, outs: Sequence[Any], refs: Sequence[Any]) -> tuple[LeafError, ...]:
-        return tuple(self.error(a, e, f"out{i}") for i, (a, e) in enumerate(zip(outs, refs)))
-
-
 def _values(env: dict[Any, Any], atoms: Sequence[Any]) -> list[Any]:
     return [jx.read(env, v) for v in atoms]
 
@@ -374,7 +167,7 @@ class _Found:
 
 
 class _Search:
-    def __init__(self, judge: _Judge, notes: list[str], *, enter: bool = True) -> None:
+    def __init__(self, judge: Judge, notes: list[str], *, enter: bool = True) -> None:
         self.judge = judge
         self.notes = notes
         self.enter = enter
@@ -502,7 +295,7 @@ def _diverging_first(paths: list[str], leaves: Sequence[LeafError]) -> list[str]
 
 
 def _propagators(
-    judge: _Judge, closed: Any, args: Sequence[Any], k: int, env: dict[Any, Any]
+    judge: Judge, closed: Any, args: Sequence[Any], k: int, env: dict[Any, Any]
 ) -> tuple[list[Site], int]:
     """Downstream top-level equations that diverge too, the first few isolated."""
     every, extra = jx.with_every_intermediate(closed)
@@ -545,7 +338,7 @@ def _reference(fn: Callable[..., Any], cand: Candidate, args: tuple[Any, ...]) -
 
 
 def _whole(
-    fn: Callable[..., Any], cand: Candidate, args: tuple[Any, ...], closed: Any, judge: _Judge
+    fn: Callable[..., Any], cand: Candidate, args: tuple[Any, ...], closed: Any, judge: Judge
 ) -> Any:
     """The candidate's own call where it has one (``jax.jit(f)(*args)``), else
     its backend on the traced program."""
@@ -560,7 +353,7 @@ def _whole(
     return jax.tree.unflatten(jax.tree.structure(jax.eval_shape(program, *args)), flat)
 
 
-def _leaf_errors(judge: _Judge, got: Any, ref: Any) -> tuple[LeafError, ...]:
+def _leaf_errors(judge: Judge, got: Any, ref: Any) -> tuple[LeafError, ...]:
     g, r = leaves_with_paths(got), leaves_with_paths(ref)
     if [p for p, _ in g] != [p for p, _ in r]:
         raise DiagnosisError(
@@ -617,8 +410,6 @@ def locate(
       >>> locate(f, jnp.ones(3)).outcome
       'none'
     """
-    from .trace import Trace, compare_trace
-
     if isinstance(candidate, Trace):
         return compare_trace(fn, candidate, *args, rtol=rtol, atol=atol, tolerances=tolerances)
     if reference != "eager":
@@ -626,7 +417,7 @@ def locate(
     started = time.perf_counter()
     cand = candidate_of(candidate)
     tols = Tolerances.of(rtol=rtol, atol=atol, base=tolerances)
-    judge = _Judge(tols, cand.backend)
+    judge = Judge(tols, cand.backend)
     ref_name = "eager, per example" if cand.batched else "eager"
     program = _program(fn, cand)
     closed, out_tree = jx.as_closed(program, *args)
@@ -748,7 +539,7 @@ def _narrowing_casts(closed: Any) -> list[str]:
 
 
 def _precision_check(
-    fn: Callable[..., Any], cand: Candidate, args: tuple[Any, ...], judge: _Judge
+    fn: Callable[..., Any], cand: Candidate, args: tuple[Any, ...], judge: Judge
 ) -> bool:
     """Whether the divergence is gone with every matmul at precision ``highest``."""
     if cand.name.endswith("@highest"):
@@ -761,7 +552,7 @@ def _precision_check(
 
 
 def _apply_fp64(
-    judge: _Judge,
+    judge: Judge,
     fn: Callable[..., Any],
     cand: Candidate,
     args: tuple[Any, ...],

@@ -1,20 +1,129 @@
-"""The diagnosis reports: a terminal summary, JSON ``treeguard.diagnose/1``,
-Markdown, and one self-contained HTML page with the stage ladder, the
-per-leaf errors and the culprit equation with its source line."""
+"""A diagnosis and its reports: the ``StageResult`` of each stage, the
+``Diagnosis`` of the ladder, and their renderings: a terminal summary, JSON
+``treeguard.diagnose/1``, Markdown, and one self-contained HTML page with the
+stage ladder, the per-leaf errors and the culprit equation with its source
+line."""
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+from ..verify.compare import LeafError
 from ..verify.report import error_plot
-from .ladder import Diagnosis, StageResult
-from .locate import Divergence
+from .divergence import Divergence
+from .nan import NanSite
 
 FORMAT = "treeguard.diagnose/1"
+
+Status = Literal["pass", "fail", "skip"]
+
+
+@dataclasses.dataclass
+class StageResult:
+    """One stage's outcome.
+
+    Attributes:
+      name: the stage (one of ``STAGES``, or ``trace``).
+      status: ``pass``, ``fail`` or ``skip``.
+      summary: one line.
+      evidence: the lines that show why.
+      leaves: per-leaf errors of the comparison that failed.
+      divergence: the equation-level result, when one was searched.
+      nan_sites: where non-finite values are born, for a non-finite failure.
+      seconds: how long it took.
+    """
+
+    name: str
+    status: Status
+    summary: str
+    evidence: list[str] = dataclasses.field(default_factory=list)
+    leaves: list[LeafError] = dataclasses.field(default_factory=list)
+    divergence: Divergence | None = None
+    nan_sites: list[NanSite] = dataclasses.field(default_factory=list)
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "status": self.status,
+            "summary": self.summary,
+            "evidence": list(self.evidence),
+            "leaves": [e.to_dict() for e in self.leaves],
+            "divergence": self.divergence.to_dict() if self.divergence else None,
+            "nan_sites": [s.to_dict() for s in self.nan_sites],
+            "seconds": round(self.seconds, 6),
+        }
+
+
+@dataclasses.dataclass
+class Diagnosis:
+    """The ladder's result.
+
+    Attributes:
+      model: how the model is named.
+      stages: every stage that ran, then those skipped after a failure.
+      environment: the running environment's fingerprint.
+      tolerances: the tolerances used.
+      recorded: the trace file written, if any.
+      created: when (UTC, ISO 8601).
+      seconds: how long it took.
+    """
+
+    model: str
+    stages: list[StageResult]
+    environment: dict[str, Any]
+    tolerances: dict[str, Any]
+    recorded: str | None = None
+    created: str = ""
+    seconds: float = 0.0
+
+    @property
+    def failed(self) -> StageResult | None:
+        """The first failing stage, if any."""
+        return next((s for s in self.stages if s.status == "fail"), None)
+
+    @property
+    def exit_code(self) -> int:
+        """0 nothing diverges, 1 a stage fails, 3 the divergence vanishes when cut."""
+        bad = self.failed
+        if bad is None:
+            return 0
+        if bad.divergence is not None and bad.divergence.exit_code == 3:
+            return 3
+        return 1
+
+    def __getitem__(self, name: str) -> StageResult:
+        """The result of the stage called ``name``.
+
+        Raises:
+          KeyError: naming the stages that ran.
+        """
+        for s in self.stages:
+            if s.name == name:
+                return s
+        raise KeyError(f"no stage {name!r}; the stages are {[s.name for s in self.stages]}")
+
+    def print(self, console: Any = None) -> None:
+        """Prints the ladder and the failing stage's evidence (rich)."""
+        print_summary(self, console)
+
+    def to_json(self) -> str:
+        """The ``diagnosis.json`` document (schema ``treeguard.diagnose/1``)."""
+        return to_json(self)
+
+    def write(self, directory: str | os.PathLike[str]) -> dict[str, Path]:
+        """Writes ``diagnosis.json``, ``.md`` and ``.html`` into ``directory``.
+
+        Raises:
+          OSError: if the directory cannot be written.
+        """
+        return write(self, directory)
+
 
 _STATUS = {"pass": "[green]PASS[/]", "fail": "[bold red]FAIL[/]", "skip": "[yellow]SKIP[/]"}
 
@@ -59,8 +168,8 @@ def _esc(text: str) -> str:
 
 def print_summary(d: Diagnosis, console: Any = None) -> None:
     """Prints the ladder and the failing stage's evidence with rich."""
-    from rich.console import Console
-    from rich.table import Table
+    from rich.console import Console  # lazy: import treeguard never imports rich
+    from rich.table import Table  # lazy: import treeguard never imports rich
 
     console = console or Console()
     table = Table(title=f"treeguard diagnose {d.model}", title_justify="left")

@@ -32,7 +32,7 @@ from ..env import environment_diff
 from ..errors import DiagnosisError
 from ..verify.compare import LeafError, leaves_with_paths
 from . import jaxpr as jx
-from .locate import PROPAGATORS_LISTED, Divergence, Role, Site, _Judge, op_by_op
+from .divergence import PROPAGATORS_LISTED, Divergence, Judge, Role, Site, op_by_op
 from .tolerance import Tolerances
 
 FORMAT = "treeguard.diagnose-trace/1"
@@ -282,7 +282,7 @@ def compare_flat(
     """``compare_trace`` for a function of the trace's flat inputs."""
     started = time.perf_counter()
     tols = Tolerances.of(rtol=rtol, atol=atol, base=tolerances)
-    judge = _Judge(tols, op_by_op)
+    judge = Judge(tols, op_by_op)
     try:
         closed, _ = jx.as_closed(fn_flat, *trace.inputs)
     except TypeError as e:
@@ -357,7 +357,7 @@ def compare_flat(
 
 
 def _isolate(
-    judge: _Judge,
+    judge: Judge,
     eqn: Any,
     *,
     label: str,

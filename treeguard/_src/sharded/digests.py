@@ -151,7 +151,7 @@ def _local_pieces(arr: jax.Array) -> list[tuple[Index, Any]]:
 
 def _slice_everywhere(arr: jax.Array, shard: Shard) -> jax.Array:
     """The shard's region, replicated on the array's devices (a collective)."""
-    import jax
+    import jax  # lazy: reading files never imports jax
 
     sharding = arr.sharding
     if isinstance(sharding, jax.sharding.NamedSharding):  # the array's own device order

@@ -26,7 +26,7 @@ def broadcast_text(text: str) -> str:
     """Process 0's ``text`` (ASCII, the same length everywhere) in every process."""
     if process_count() == 1:
         return text
-    from jax.experimental import multihost_utils
+    from jax.experimental import multihost_utils  # lazy: reading files never imports jax
 
     raw = np.frombuffer(text.encode("ascii"), dtype=np.uint8)
     out = multihost_utils.broadcast_one_to_all(raw)
@@ -37,7 +37,7 @@ def allgather_bytes(data: bytes) -> list[bytes]:
     """Every process's ``data``, in process order, in every process."""
     if process_count() == 1:
         return [data]
-    from jax.experimental import multihost_utils
+    from jax.experimental import multihost_utils  # lazy: reading files never imports jax
 
     sizes = np.asarray(multihost_utils.process_allgather(np.array([len(data)], np.int64)))
     sizes = sizes.reshape(-1)
@@ -52,7 +52,7 @@ def any_process(flags: np.ndarray) -> np.ndarray:
     """The element-wise OR of a uint8 vector over every process."""
     if process_count() == 1:
         return flags
-    from jax.experimental import multihost_utils
+    from jax.experimental import multihost_utils  # lazy: reading files never imports jax
 
     rows = np.asarray(multihost_utils.process_allgather(flags.astype(np.uint8)))
     out: np.ndarray = rows.reshape(-1, flags.shape[0]).max(axis=0)

@@ -104,7 +104,7 @@ def verify(directory: str | os.PathLike[str], /, *, like: TreeSpec | None = None
       TreeMismatchError: listing every difference with ``like``.
       IntegrityError: naming every array whose bytes differ.
     """
-    import jax
+    import jax  # lazy: reading files never imports jax
 
     from .load import contract_mismatches, load_sharded
 

@@ -38,7 +38,7 @@ def migrate(  # noqa: PLR0917 - one call site
     """For each leaf of ``like``, the stored array it takes (or None: it keeps
     ``like``'s value), under a deliberate migration: ``match_stored``, the
     one matching ``treeguard.load`` uses too, over the manifest's arrays."""
-    import jax
+    import jax  # lazy: reading files never imports jax
 
     return match_stored(
         [a.path for a in manifest.arrays],
@@ -58,7 +58,7 @@ def contract_mismatches(stored: TreeSpec, like: TreeSpec) -> list[Mismatch]:
 
 
 def _target(leaf: Any, path: str) -> Any:
-    import jax
+    import jax  # lazy: reading files never imports jax
 
     sharding = getattr(leaf, "sharding", None)
     if not isinstance(leaf, (jax.Array, jax.ShapeDtypeStruct)) or sharding is None:
@@ -177,7 +177,7 @@ def load_expecting(
     """``load_sharded``, refusing (before any array is read) a manifest whose
     sha256 is not ``digest`` when one is given; the digest is taken over the
     very bytes that are parsed and used."""
-    import jax
+    import jax  # lazy: reading files never imports jax
 
     where = os.path.abspath(os.fspath(directory))
     manifest, _ = read_with_digest(where, expect=digest)  # compared before it is parsed
@@ -231,8 +231,8 @@ def _restore_checked(where: str, manifest: Manifest, targets: Sequence[Any]) -> 
     of a group are hashed in threads while the next group is read, and the
     result is returned only after every hash is in and agreed by every
     process."""
-    import jax
-    import orbax.checkpoint as ocp
+    import jax  # lazy: reading files never imports jax
+    import orbax.checkpoint as ocp  # lazy: orbax is the optional sharded extra
 
     wanted = [k for k, t in enumerate(targets) if t is not None]
     restored: list[Any] = [None] * len(manifest.arrays)

@@ -15,7 +15,7 @@ from typing import Any
 
 
 def _handler() -> Any:
-    import orbax.checkpoint as ocp
+    import orbax.checkpoint as ocp  # lazy: orbax is the optional sharded extra
 
     return ocp.PyTreeCheckpointHandler(use_ocdbt=True, use_zarr3=True, use_compression=False)
 
@@ -23,7 +23,7 @@ def _handler() -> Any:
 def write_arrays(path: str, tree: Any) -> None:
     """Saves ``tree`` to ``path`` with orbax (a collective): orbax writes into a
     temporary directory and renames it to ``path`` once every process is done."""
-    import orbax.checkpoint as ocp
+    import orbax.checkpoint as ocp  # lazy: orbax is the optional sharded extra
 
     with ocp.Checkpointer(_handler()) as checkpointer:
         checkpointer.save(os.fspath(path), args=ocp.args.PyTreeSave(tree))
@@ -33,8 +33,8 @@ def read_arrays(path: str, item: Any) -> Any:
     """Restores the tree ``item`` describes (``jax.ShapeDtypeStruct`` leaves with
     shardings) from ``path``. No barrier: each process reads its own shards and
     returns, so a failure in one process cannot leave another waiting here."""
-    import orbax.checkpoint as ocp
-    from etils import epath
+    import orbax.checkpoint as ocp  # lazy: orbax is the optional sharded extra
+    from etils import epath  # lazy: orbax is the optional sharded extra
 
     restore_args = ocp.checkpoint_utils.construct_restore_args(item)
     return _handler().restore(

@@ -42,8 +42,8 @@ def read_local(
       IntegrityError: for another manifest digest, unreadable data, or
         arrays whose bytes differ (naming them).
     """
-    import jax
-    import orbax.checkpoint as ocp
+    import jax  # lazy: reading files never imports jax
+    import orbax.checkpoint as ocp  # lazy: orbax is the optional sharded extra
 
     where = os.path.abspath(os.fspath(directory))
     manifest, found = read_with_digest(where, expect=digest)  # compared before it is parsed

@@ -13,7 +13,7 @@ import dataclasses
 import hashlib
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, Literal
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -28,11 +28,11 @@ from ..paths import keystr
 from ..spec import TreeSpec, spec_of, summarize
 from .cases import Case
 from .compare import compare_stored, compare_trees, leaves_with_paths
+from .context import LISTED, CheckResult, Context, mismatch_lines
 from .model import BATCH, Model
-from .programs import Programs, as_jax, step_function
+from .performance import check_performance
+from .programs import step_function
 from .refs import References
-
-Status = Literal["pass", "fail", "skip"]
 
 #: The checks, in the order they run; the names are part of the interface.
 NAMES: tuple[str, ...] = (
@@ -52,104 +52,6 @@ NAMES: tuple[str, ...] = (
 #: the dtypes or the arithmetic the references were computed with.
 INVALIDATING = ("x64", "matmul_precision")
 
-_LISTED = 12
-
-
-@dataclasses.dataclass
-class CheckResult:
-    """The outcome of one check.
-
-    Attributes:
-      name: the check's stable name (one of ``NAMES``).
-      status: ``pass``, ``fail`` or ``skip``.
-      summary: one line.
-      evidence: the lines that show why: on failure they name the cause
-        (the path, the case, the key's origin).
-      rows: structured data for the reports (per-leaf tables).
-      seconds: how long the check took.
-    """
-
-    name: str
-    status: Status
-    summary: str
-    evidence: list[str] = dataclasses.field(default_factory=list)
-    rows: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    seconds: float = 0.0
-
-    @property
-    def passed(self) -> bool:
-        return self.status != "fail"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "status": self.status,
-            "summary": self.summary,
-            "evidence": list(self.evidence),
-            "rows": list(self.rows),
-            "seconds": round(self.seconds, 6),
-        }
-
-
-@dataclasses.dataclass
-class Context:
-    """What the checks share: the model, its params and cases, the references.
-
-    Attributes:
-      model: the model under test.
-      cases: the cases in use (the stored ones when references exist).
-      references: the references read back, or None.
-      record: whether this run records new references.
-    """
-
-    model: Model
-    cases: list[Case]
-    references: References | None
-    record: bool = False
-    bench_result: Any = None  # the run's benchmark of jit(apply), for the performance check
-    programs: Programs = dataclasses.field(init=False)
-    rejected: dict[str, list[str]] = dataclasses.field(init=False)
-
-    def __post_init__(self) -> None:
-        self.programs = Programs(self.model)
-        self.rejected = {}
-        for case in self.cases:
-            if not case.negative:
-                found = mismatches(case.batch, self.model.batch_spec)
-                if found:
-                    self.rejected[case.name] = _lines(
-                        found, f"case {case.name!r}", "the batch spec", "the case"
-                    )
-
-    @property
-    def positive(self) -> list[Case]:
-        """The positive cases whose data match the batch spec (the others are
-        rejected by the contract check and run by no other check)."""
-        return [c for c in self.cases if not c.negative and c.name not in self.rejected]
-
-    @property
-    def negative(self) -> list[Case]:
-        return [c for c in self.cases if c.negative]
-
-    def params(self) -> Any:
-        """``init``'s params for the model's seed (computed once)."""
-        return self.programs.params()
-
-    def batch(self, case: Case) -> Any:
-        return as_jax(case.batch)
-
-    def prepare(self) -> None:
-        """Computes ahead what the checks share, compiling on a background
-        thread while the ``transforms`` check's eager reference runs (see
-        ``Programs.prepare``). The checks give the same results without it."""
-        self.programs.prepare(self.positive, [self.standard()] if self.positive else [])
-
-    def standard(self) -> Case:
-        for c in self.positive:
-            if c.name == "standard":
-                return c
-        return self.positive[0]
-
 
 def _batch_size(batch: Any, spec: TreeSpec) -> int | None:
     leaves = jax.tree.leaves(batch)
@@ -157,13 +59,6 @@ def _batch_size(batch: Any, spec: TreeSpec) -> int | None:
         if BATCH in ls.shape and len(leaf.shape) == len(ls.shape):
             return int(leaf.shape[ls.shape.index(BATCH)])
     return None
-
-
-def _lines(found: list[Mismatch], where: str, expected_from: str, actual_from: str) -> list[str]:
-    out = [f"{where}: {m.describe(expected_from, actual_from)}" for m in found[:_LISTED]]
-    if len(found) > _LISTED:
-        out.append(f"{where}: ... and {len(found) - _LISTED} more")
-    return out
 
 
 def _result(
@@ -203,7 +98,7 @@ def check_contract(ctx: Context) -> CheckResult:
     stored = model.stored_params_spec()
     if stored is not None:
         found = mismatches(params, stored)
-        bad += _lines(found, "params", "the stored params spec", "init's params")
+        bad += mismatch_lines(found, "params", "the stored params spec", "init's params")
         if not found:
             info.append(
                 f"params match the stored spec ({pspec.num_leaves} leaves, {pspec.num_params} "
@@ -231,7 +126,7 @@ def check_contract(ctx: Context) -> CheckResult:
         outputs = result.outputs
         if model.output_spec is not None:
             found = mismatches(outputs, model.output_spec)
-            bad += _lines(found, f"{where} outputs", "the output spec", "apply's outputs")
+            bad += mismatch_lines(found, f"{where} outputs", "the output spec", "apply's outputs")
             if not found and n is not None:
                 for leaf, ls in zip(jax.tree.leaves(outputs), model.output_spec.leaves):
                     if BATCH in ls.shape and leaf.shape[ls.shape.index(BATCH)] != n:
@@ -254,7 +149,7 @@ def check_contract(ctx: Context) -> CheckResult:
         grads = result.grads
         found = mismatches(grads, pspec)
         grads_bad += len(found)
-        bad += _lines(found, f"{where} grads", "the params", "the grads")
+        bad += mismatch_lines(found, f"{where} grads", "the params", "the grads")
     distinct = {s.to_json() for s in out_specs.values()}
     if model.output_spec is None and len(distinct) > 1:
         names = ", ".join(f"{k}: {v!r}" for k, v in out_specs.items())
@@ -452,7 +347,7 @@ def check_transforms(ctx: Context) -> CheckResult:
                 found, errs = compare_trees(got, ref, tolerance=tol)
                 base = "eager" if case in eager_on else "jit"
                 label = f"case {case.name!r} {kind}, {vname} vs {base}"
-                bad += _lines(found, label, base, vname)
+                bad += mismatch_lines(found, label, base, vname)
                 for err in errs:
                     rows.append(
                         {"case": case.name, "kind": kind, "variant": vname, **err.to_dict()}
@@ -585,7 +480,9 @@ def regression_errors(ctx: Context, refs: References) -> tuple[list[str], list[d
         mine = [i for i, m in enumerate(found) if i not in listed and _under(m.path, prefix)]
         listed.update(mine)
         bad.extend(
-            _lines([_relabel(found[i], prefix) for i in mine], label, "the references", "this run")
+            mismatch_lines(
+                [_relabel(found[i], prefix) for i in mine], label, "the references", "this run"
+            )
         )
         for full in errs:
             if not _under(full.path, prefix):
@@ -595,7 +492,7 @@ def regression_errors(ctx: Context, refs: References) -> tuple[list[str], list[d
             if not err.ok:
                 bad.append(f"{label}: {err.describe()}")
     rest = [m for i, m in enumerate(found) if i not in listed]
-    bad.extend(_lines(rest, f"{refs.path.name}", "the references", "this run"))
+    bad.extend(mismatch_lines(rest, f"{refs.path.name}", "the references", "this run"))
     return bad, rows
 
 
@@ -656,15 +553,17 @@ def check_training(ctx: Context) -> CheckResult:
         losses.append(float(out.loss))
         if out.updates is not None:
             found = mismatches(out.updates, spec)
-            bad += _lines(found, f"step {i} updates", "the params", "the optimizer's updates")
+            bad += mismatch_lines(
+                found, f"step {i} updates", "the params", "the optimizer's updates"
+            )
             if found:
                 break
         params, state = out.params, out.opt_state
         found = mismatches(params, spec)
-        bad += _lines(found, f"step {i} params", "init's params", "the updated params")
+        bad += mismatch_lines(found, f"step {i} params", "init's params", "the updated params")
         if state_spec is not None:
             found_state = mismatches(state, state_spec)
-            bad += _lines(
+            bad += mismatch_lines(
                 found_state, f"step {i} optimizer state", "the initial state", "the updated state"
             )
             found = found + found_state
@@ -715,9 +614,9 @@ def example_hashes(data: Any, *, where: str = "the data") -> list[str]:
     if len(sizes) != 1 or None in sizes:
         counts = [
             f"{p or '<root>'} has {a.shape[0] if a.ndim else 'no axis 0 (a scalar)'}"
-            for p, a in arrays[:_LISTED]
+            for p, a in arrays[:LISTED]
         ]
-        more = f", ... and {len(arrays) - _LISTED} more" if len(arrays) > _LISTED else ""
+        more = f", ... and {len(arrays) - LISTED} more" if len(arrays) > LISTED else ""
         raise ValueError(
             f"{where}: leaves disagree on the number of examples: {', '.join(counts)}{more}; "
             "hint: give every leaf the same number of rows along axis 0"
@@ -748,7 +647,7 @@ def check_splits(ctx: Context) -> CheckResult:
         where = f"split {split!r}"
         found = mismatches(tree, spec)
         if found:
-            bad += _lines(found, where, "the batch spec", "the split")
+            bad += mismatch_lines(found, where, "the batch spec", "the split")
             bad.append(
                 f"{where} does not match Model.batch_spec, so its examples were not compared; "
                 "hint: give it the spec's dtypes and feature shapes, examples along axis 0"
@@ -764,15 +663,15 @@ def check_splits(ctx: Context) -> CheckResult:
             prior = seen.get(h)
             if prior is not None and prior[0] != split:
                 overlaps += 1
-                if overlaps <= _LISTED:
+                if overlaps <= LISTED:
                     bad.append(
                         f"example {i} of {split!r} is example {prior[1]} of {prior[0]!r} "
                         f"(sha256 {h[:12]}...)"
                     )
             elif prior is None:
                 seen[h] = (split, i)
-    if overlaps > _LISTED:
-        bad.append(f"... and {overlaps - _LISTED} more shared examples")
+    if overlaps > LISTED:
+        bad.append(f"... and {overlaps - LISTED} more shared examples")
     sizes = ", ".join(f"{k} {v}" for k, v in counts.items())
     failed = f"{overlaps} example(s) appear in two splits ({sizes})"
     if len(counts) < len(data):
@@ -786,14 +685,7 @@ def check_splits(ctx: Context) -> CheckResult:
     )
 
 
-# -- 10. performance -----------------------------------------------------------
-
-
-def check_performance(ctx: Context) -> CheckResult:
-    """The benchmark of ``jit(apply)`` keeps the model's performance budgets."""
-    from .performance import check_performance as check  # it imports this module
-
-    return check(ctx)
+# -- 10. performance: ``performance.check_performance`` -------------------------
 
 
 CHECKS: Mapping[str, Callable[[Context], CheckResult]] = {

@@ -23,7 +23,7 @@ from ..bench.conditions import conditions as current_conditions
 from ..bench.run import BenchResult, Target, run
 from ..bench.units import fmt_bytes, fmt_seconds
 from .cases import Case, _batch
-from .checks import CheckResult, Context
+from .context import CheckResult, Context
 from .model import Model
 
 #: The batch sizes ``treeguard bench MODULE:ATTR`` times by default.

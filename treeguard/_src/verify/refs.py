@@ -10,6 +10,7 @@ negative case's expected exception.
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
 import os
 import re
@@ -20,9 +21,10 @@ from typing import Any
 import jax
 import numpy as np
 
-from .. import checkpoint
+from .. import checkpoint, errors
 from ..errors import FormatError
 from ..spec import TreeSpec
+from . import model as model_module
 from .cases import Case
 from .model import Model
 
@@ -76,9 +78,6 @@ def _treeguard_errors() -> dict[str, type[BaseException]]:
     """Every exception class treeguard defines, by each name a references
     file may use for it: the public ``treeguard.X`` and, for files recorded
     before errors moved into one module, the older private module paths."""
-    from .. import errors
-    from . import model
-
     found: dict[str, type[BaseException]] = {}
     for cls in errors.PUBLIC:
         found[_exc_name(cls)] = cls
@@ -87,11 +86,11 @@ def _treeguard_errors() -> dict[str, type[BaseException]]:
         found[f"treeguard._src.nonfinite.{legacy}"] = getattr(errors, legacy)
     for legacy in ("StoreError", "UnknownVersionError"):
         found[f"treeguard._src.store.{legacy}"] = getattr(errors, legacy)
-    for value in vars(model).values():
+    for value in vars(model_module).values():
         if (
             isinstance(value, type)
             and issubclass(value, BaseException)
-            and value.__module__ == model.__name__
+            and value.__module__ == model_module.__name__
         ):
             found[_exc_name(value)] = value
     return found
@@ -106,8 +105,6 @@ def _exc_type(
     model declares for its invalid inputs is resolved: a name read from a
     file never makes Python import (and so run) a module.
     """
-    import builtins
-
     if not isinstance(name, str):
         raise FormatError(f"{source}: the manifest names the exception {name!r}, not a name")
     if "." not in name:

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from ..atomic import atomic_write
-from .checks import CheckResult
+from .context import CheckResult
 
 FORMAT = "treeguard.verify-report/1"
 
@@ -229,8 +229,8 @@ class Report:
 
     def print(self, console: Any = None) -> None:
         """Prints the summary table (and every failure's evidence) with rich."""
-        from rich.console import Console
-        from rich.table import Table
+        from rich.console import Console  # lazy: import treeguard never imports rich
+        from rich.table import Table  # lazy: import treeguard never imports rich
 
         console = console or Console()
         table = Table(title=f"treeguard verify {self.model}", title_justify="left")
@@ -276,7 +276,7 @@ class Report:
 
 
 def _rich_escape(text: str) -> str:
-    from rich.markup import escape
+    from rich.markup import escape  # lazy: import treeguard never imports rich
 
     return escape(text)
 

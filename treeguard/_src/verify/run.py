@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import os
 import time
@@ -13,8 +14,10 @@ from ..errors import ConfigError
 from ..spec import spec_of
 from . import refs as refs_mod
 from .cases import Case, generate
-from .checks import NAMES, CheckResult, Context, run_check
+from .checks import NAMES, run_check
+from .context import CheckResult, Context
 from .model import Model
+from .performance import benchmark_apply
 from .programs import Programs
 from .report import Benchmark, Report
 
@@ -46,8 +49,6 @@ def benchmark(
     Returns:
       The ``Benchmark``; ``latencies_s`` are the samples (seconds per call).
     """
-    from .performance import benchmark_apply
-
     result = benchmark_apply(model, params, batch, samples=samples, min_time=min_time)
     return Benchmark(
         result.compile_total_s, result.samples_s, str(result.meta["batch"]), result=result
@@ -206,8 +207,6 @@ def run(
 
 
 def _without_params_spec(model: Model) -> Model:
-    import dataclasses
-
     return dataclasses.replace(model, params_spec=None)
 
 

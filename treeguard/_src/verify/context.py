@@ -1,0 +1,125 @@
+"""What the checks of ``treeguard verify`` share: the ``Context`` they run in
+and the ``CheckResult`` each returns."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Literal
+
+from ..diff import mismatches
+from ..mismatch import Mismatch
+from .cases import Case
+from .model import Model
+from .programs import Programs, as_jax
+from .refs import References
+
+Status = Literal["pass", "fail", "skip"]
+
+#: How many lines of one kind a check's evidence lists before it counts the rest.
+LISTED = 12
+
+
+@dataclasses.dataclass
+class CheckResult:
+    """The outcome of one check.
+
+    Attributes:
+      name: the check's stable name (one of ``NAMES``).
+      status: ``pass``, ``fail`` or ``skip``.
+      summary: one line.
+      evidence: the lines that show why: on failure they name the cause
+        (the path, the case, the key's origin).
+      rows: structured data for the reports (per-leaf tables).
+      seconds: how long the check took.
+    """
+
+    name: str
+    status: Status
+    summary: str
+    evidence: list[str] = dataclasses.field(default_factory=list)
+    rows: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def passed(self) -> bool:
+        return self.status != "fail"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "status": self.status,
+            "summary": self.summary,
+            "evidence": list(self.evidence),
+            "rows": list(self.rows),
+            "seconds": round(self.seconds, 6),
+        }
+
+
+@dataclasses.dataclass
+class Context:
+    """What the checks share: the model, its params and cases, the references.
+
+    Attributes:
+      model: the model under test.
+      cases: the cases in use (the stored ones when references exist).
+      references: the references read back, or None.
+      record: whether this run records new references.
+    """
+
+    model: Model
+    cases: list[Case]
+    references: References | None
+    record: bool = False
+    bench_result: Any = None  # the run's benchmark of jit(apply), for the performance check
+    programs: Programs = dataclasses.field(init=False)
+    rejected: dict[str, list[str]] = dataclasses.field(init=False)
+
+    def __post_init__(self) -> None:
+        self.programs = Programs(self.model)
+        self.rejected = {}
+        for case in self.cases:
+            if not case.negative:
+                found = mismatches(case.batch, self.model.batch_spec)
+                if found:
+                    self.rejected[case.name] = mismatch_lines(
+                        found, f"case {case.name!r}", "the batch spec", "the case"
+                    )
+
+    @property
+    def positive(self) -> list[Case]:
+        """The positive cases whose data match the batch spec (the others are
+        rejected by the contract check and run by no other check)."""
+        return [c for c in self.cases if not c.negative and c.name not in self.rejected]
+
+    @property
+    def negative(self) -> list[Case]:
+        return [c for c in self.cases if c.negative]
+
+    def params(self) -> Any:
+        """``init``'s params for the model's seed (computed once)."""
+        return self.programs.params()
+
+    def batch(self, case: Case) -> Any:
+        return as_jax(case.batch)
+
+    def prepare(self) -> None:
+        """Computes ahead what the checks share, compiling on a background
+        thread while the ``transforms`` check's eager reference runs (see
+        ``Programs.prepare``). The checks give the same results without it."""
+        self.programs.prepare(self.positive, [self.standard()] if self.positive else [])
+
+    def standard(self) -> Case:
+        for c in self.positive:
+            if c.name == "standard":
+                return c
+        return self.positive[0]
+
+
+def mismatch_lines(
+    found: list[Mismatch], where: str, expected_from: str, actual_from: str
+) -> list[str]:
+    """One evidence line per mismatch, prefixed with ``where``, the first ``LISTED``."""
+    out = [f"{where}: {m.describe(expected_from, actual_from)}" for m in found[:LISTED]]
+    if len(found) > LISTED:
+        out.append(f"{where}: ... and {len(found) - LISTED} more")
+    return out
