@@ -86,10 +86,13 @@ class TreeRegression:
           pytest.fail.Exception: listing every leaf beyond tolerance by path,
             or every structural mismatch, or naming the missing golden file.
         """
+        # Deferred: pytest loads this plugin in every session, and only a test
+        # that asks for the fixture should pay for treeguard's arrays and files.
         from ._src import checkpoint
-        from ._src.spec import dtype_of, short_dtype
+        from ._src.leaf import resolve_dtype, short_dtype
+        from ._src.mismatch import format_mismatches
+        from ._src.tolerance import Tolerance, TolerancePolicy
         from ._src.verify.compare import compare_stored
-        from ._src.verify.model import Tolerance, resolve_dtype
 
         path = self.path_for(name)
         if str(path) in self._used:
@@ -99,18 +102,20 @@ class TreeRegression:
                 pytrace=False,
             )
         self._used.add(str(path))
-        default = Tolerance(rtol, atol)
-        table = {resolve_dtype(k): Tolerance(*v) for k, v in (tolerances or {}).items()}
-
-        def tol(dtype: Any) -> Tolerance:
-            return table.get(dtype_of(dtype), default)
+        policy = TolerancePolicy(
+            default=Tolerance(rtol, atol),
+            dtypes={k: Tolerance(*v) for k, v in (tolerances or {}).items()},
+        )
 
         if self.update:
             path.parent.mkdir(parents=True, exist_ok=True)
             meta = {
                 "rtol": rtol,
                 "atol": atol,
-                "tolerances": {short_dtype(k): [v.rtol, v.atol] for k, v in table.items()},
+                "tolerances": {
+                    short_dtype(resolve_dtype(k)): [v.rtol, v.atol]
+                    for k, v in policy.dtypes.items()
+                },
             }
             checkpoint.save(path, tree, metadata={"treeguard.golden": meta})
             return
@@ -120,13 +125,11 @@ class TreeRegression:
                 f"`pytest {UPDATE_OPTION}` and commit it",
                 pytrace=False,
             )
-        from ._src.mismatch import format_mismatches
-
         # Read back without `like`, compared with the file's spec (weak types
         # ignored, as every checkpoint contract ignores them) and leaf by leaf.
         golden = checkpoint.load(path)
         changed, errors = compare_stored(
-            tree, golden, spec=checkpoint.read_header(path).spec, tolerance=tol
+            tree, golden, spec=checkpoint.read_header(path).spec, tolerance=policy
         )
         if changed:
             text = format_mismatches(

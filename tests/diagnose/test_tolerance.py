@@ -1,4 +1,4 @@
-"""Tolerances: path globs over dtypes over the default, and the fp64 rule."""
+"""TolerancePolicy: path globs over dtypes over the default, and the fp64 rule."""
 
 from __future__ import annotations
 
@@ -7,13 +7,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from treeguard._src.diagnose.tolerance import DTYPE_DEFAULTS, fp64_passes
-from treeguard.diagnose import DiagnosisError, Tolerances
+from treeguard import ConfigError
+from treeguard._src.diagnose.tolerance import fp64_passes
+from treeguard._src.tolerance import DTYPE_DEFAULTS
+from treeguard.diagnose import TolerancePolicy
 from treeguard.verify import Tolerance
 
 
 def test_rules_apply_path_then_dtype_then_default() -> None:
-    t = Tolerances(
+    t = TolerancePolicy(
         default=Tolerance(1e-5, 1e-6),
         dtypes={"bf16": Tolerance(1e-2, 1e-2)},
         paths=[("*['head']*", Tolerance(0.0, 1.0))],
@@ -22,14 +24,14 @@ def test_rules_apply_path_then_dtype_then_default() -> None:
     assert t.for_leaf("['body']['w']", "bfloat16") == Tolerance(1e-2, 1e-2)
     assert t.for_leaf("['body']['w']", "float32") == Tolerance(1e-5, 1e-6)
     assert t.for_leaf("['step']", "int32") == Tolerance(0.0, 0.0)
-    assert Tolerances().for_leaf("", "float16") == DTYPE_DEFAULTS["float16"]
+    assert TolerancePolicy().for_leaf("", "float16") == DTYPE_DEFAULTS["float16"]
 
 
 def test_malformed_rules_are_refused() -> None:
-    with pytest.raises(DiagnosisError, match=r"hint: \(glob, Tolerance\(rtol, atol\)\)"):
-        Tolerances(paths=[("*", 1e-3)])  # type: ignore[list-item]
-    with pytest.raises(DiagnosisError, match="hint: a multiplier >= 1"):
-        Tolerances(fp64=0.5)
+    with pytest.raises(ConfigError, match=r"hint: \(glob, Tolerance\(rtol, atol\)\)"):
+        TolerancePolicy(paths=[("*", 1e-3)])  # type: ignore[list-item]
+    with pytest.raises(ConfigError, match="hint: a multiplier >= 1"):
+        TolerancePolicy(fp64=0.5)
 
 
 @given(

@@ -17,6 +17,7 @@ import pytest
 from treeguard import LeafSpec, spec_of
 from treeguard._src.env import environment
 from treeguard._src.keys import trace_keys
+from treeguard._src.tolerance import Tolerance
 from treeguard._src.verify import refs
 from treeguard._src.verify.cases import generate
 from treeguard._src.verify.checks import (
@@ -27,7 +28,7 @@ from treeguard._src.verify.checks import (
     example_hashes,
 )
 from treeguard._src.verify.compare import compare_trees, leaf_error
-from treeguard._src.verify.model import ConfigError, InvalidInput, Model, Tolerance
+from treeguard._src.verify.model import ConfigError, InvalidInput, Model
 from treeguard._src.verify.run import record_references, run
 from treeguard.examples import mlp
 

@@ -27,7 +27,8 @@ if TYPE_CHECKING:
     from rich.console import Console
     from rich.tree import Tree
 
-    from .._src.spec import Record, TreeSpec
+    from .._src.leaf import Record
+    from .._src.spec import TreeSpec
     from .._src.walk import Node
 
 EXIT_OK, EXIT_DIFFER, EXIT_USAGE = 0, 1, 2
@@ -80,8 +81,8 @@ def _size(record: Record) -> int | None:
 
 
 def _render(node: Node, records: list[Record], start: int, branch: Tree) -> None:
+    from .._src.leaf import summarize
     from .._src.paths import entry_str
-    from .._src.spec import summarize
 
     off = start
     for entry, child in zip(node.entries, node.children):
@@ -163,7 +164,7 @@ def spec_command(file: Path, as_json: bool) -> None:
     """Print the contract in FILE as a tree with shapes, dtypes, sizes and counts."""
     from rich.tree import Tree
 
-    from .._src.spec import summarize
+    from .._src.leaf import summarize
 
     spec = read_spec(file)
     if as_json:

@@ -9,9 +9,10 @@ import numpy as np
 
 from .errors import TreeMismatchError
 from .keydtype import dtype_name
+from .leaf import Record, summarize
 from .mismatch import Mismatch
 from .paths import Path, keystr
-from .spec import Record, TreeSpec, record_of, spec_from_leaves, spec_of, summarize
+from .spec import TreeSpec, record_of, spec_from_leaves, spec_of
 from .walk import Node, flatten_with_types, top_levels
 
 

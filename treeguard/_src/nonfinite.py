@@ -16,8 +16,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from .errors import InvalidTreeError, TracedValueError
+from .leaf import summarize
 from .paths import keystr
-from .spec import record_of, summarize
+from .spec import record_of
 from .walk import flatten, invalid_leaves, structure_of
 
 #: How many leaves an error lists before it says how many it left out.

@@ -17,13 +17,14 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from itertools import repeat
 from operator import attrgetter
-from typing import Any, TypeAlias
+from typing import Any
 
 import numpy as np
 
 from .atomic import atomic_write
 from .errors import FormatError, InvalidTreeError
-from .keydtype import array_dtype, dtype_name, key_dtype_or_none
+from .keydtype import array_dtype, dtype_name
+from .leaf import Record, Shape, describe_sharding, dtype_of, summarize
 from .paths import Entry, Path, keystr, short_repr
 from .strictjson import loads as strict_loads
 from .walk import (
@@ -37,11 +38,6 @@ from .walk import (
     structure_of,
 )
 
-Dim: TypeAlias = int | str
-Shape: TypeAlias = tuple[Dim, ...]
-#: One leaf's contract in columnar form: shape, dtype, weak_type, sharding.
-Record: TypeAlias = tuple[Shape, np.dtype[Any], bool | None, str | None]
-
 FORMAT = "treeguard.spec/1"
 FORMAT_VERSION = 1
 _FORMAT_RE = re.compile(r"^treeguard\.spec/(\d{1,9})$")
@@ -50,103 +46,6 @@ _MAX_DIM = 2**62
 _aval = attrgetter("aval")
 _shape = attrgetter("shape")
 _dtype = attrgetter("dtype")
-
-
-def dtype_of(x: Any) -> np.dtype[Any]:
-    """Reads a dtype from a name, a numpy dtype or a scalar type; ml_dtypes
-    names such as ``"bfloat16"`` included.
-
-    Raises:
-      FormatError: for a name that is no dtype.
-
-    Example:
-      >>> dtype_of("bfloat16").name
-      'bfloat16'
-    """
-    if x is None:
-        raise FormatError("no dtype given")
-    key = key_dtype_or_none(x)  # typed PRNG keys: ``key<fry>`` (see keydtype.py)
-    if key is not None:
-        return key
-    try:
-        dtype: np.dtype[Any] = x if isinstance(x, np.dtype) else _np_dtype(x)
-    except (TypeError, ValueError) as e:
-        raise FormatError(f"unknown dtype {x!r}") from e
-    if not _is_array_dtype(dtype):
-        raise FormatError(f"dtype {dtype.name!r} is not a numeric array dtype")
-    return dtype
-
-
-def _np_dtype(x: Any) -> np.dtype[Any]:
-    """``np.dtype(x)``; a name numpy does not know is looked up again once
-    ``ml_dtypes`` (whose import is costly) has registered its types."""
-    try:
-        known: np.dtype[Any] = np.dtype(x)
-        return known
-    except TypeError:
-        if not isinstance(x, str):
-            raise
-    import ml_dtypes  # noqa: F401 - registers bfloat16, float8_*, int4... with numpy
-
-    dtype: np.dtype[Any] = np.dtype(x)
-    return dtype
-
-
-def _is_array_dtype(dtype: np.dtype[Any]) -> bool:
-    """Numbers and bools, and the ml_dtypes extensions (bfloat16, float8, int4...)."""
-    return dtype.kind in "biufc" or (
-        dtype.kind == "V" and dtype.type.__module__.startswith("ml_dtypes")
-    )
-
-
-def short_dtype(dtype: np.dtype[Any]) -> str:
-    """The short name used in summaries: ``f32``, ``bf16``, ``i8``, ``bool``.
-
-    Example:
-      >>> short_dtype(np.dtype("float32")), short_dtype(dtype_of("bfloat16"))
-      ('f32', 'bf16')
-    """
-    name = dtype_name(dtype)
-    if name == "bool":
-        return "bool"
-    if name == "bfloat16":
-        return "bf16"
-    for prefix, short in (("float", "f"), ("uint", "u"), ("int", "i"), ("complex", "c")):
-        if name.startswith(prefix) and name[len(prefix) :].isdigit():
-            return short + name[len(prefix) :]
-    return name
-
-
-def summarize(shape: Shape, dtype: np.dtype[Any]) -> str:
-    """An array as ``f32[3,1]``, never its values.
-
-    Example:
-      >>> summarize(("B", 2), np.dtype("int8"))
-      'i8[B,2]'
-    """
-    return f"{short_dtype(dtype)}[{','.join(str(d) for d in shape)}]"
-
-
-def describe_sharding(x: Any) -> str | None:
-    """A stable text form of an array's sharding, or None for no array.
-
-    A named sharding is written with its mesh axes and partition spec; a
-    single-device one as ``single``. Device ids are left out, so a spec
-    carries over to another host with the same mesh.
-    """
-    sharding = getattr(x, "sharding", None)
-    if sharding is None:
-        return None
-    import jax  # lazy: reading files never imports jax
-
-    if isinstance(x, jax.core.Tracer):
-        return None
-    if isinstance(sharding, jax.sharding.NamedSharding):
-        mesh = ",".join(f"{n}={s}" for n, s in sharding.mesh.shape.items())
-        return f"named(mesh[{mesh}], spec{tuple(sharding.spec)})"
-    if isinstance(sharding, jax.sharding.SingleDeviceSharding):
-        return "single"
-    return f"{type(sharding).__name__}({len(sharding.device_set)} devices)"
 
 
 @dataclasses.dataclass(frozen=True)

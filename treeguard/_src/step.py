@@ -31,10 +31,10 @@ import numpy as np
 
 from .diff import mismatches
 from .errors import InvalidTreeError, NonFiniteError, TreeguardError, TreeMismatchError
+from .leaf import describe_sharding, summarize
 from .mismatch import Mismatch
 from .nonfinite import all_finite, describe_counts, find_nonfinite, is_inexact
 from .paths import keystr
-from .spec import describe_sharding, summarize
 from .walk import assert_acyclic, flatten, invalid_leaves, structure_of
 
 DtypePolicy: TypeAlias = Literal["strict", "cast"]

@@ -20,12 +20,15 @@ from .._src.diagnose.nan import NanSite as NanSite
 from .._src.diagnose.nan import nan_origin as nan_origin
 from .._src.diagnose.report import Diagnosis as Diagnosis
 from .._src.diagnose.report import StageResult as StageResult
-from .._src.diagnose.tolerance import Tolerances as Tolerances
 from .._src.diagnose.trace import Trace as Trace
 from .._src.diagnose.trace import compare_trace as compare_trace
 from .._src.diagnose.trace import load_trace as load_trace
 from .._src.diagnose.trace import record_trace as record_trace
 from .._src.errors import DiagnosisError as DiagnosisError
+from .._src.tolerance import TolerancePolicy as TolerancePolicy
+
+# ``Tolerances`` is the former name of ``TolerancePolicy``, kept so that existing code runs.
+from .._src.tolerance import TolerancePolicy as Tolerances
 
 __all__ = [
     "CANDIDATES",
@@ -37,6 +40,7 @@ __all__ = [
     "STAGES",
     "Site",
     "StageResult",
+    "TolerancePolicy",
     "Tolerances",
     "Trace",
     "compare_trace",

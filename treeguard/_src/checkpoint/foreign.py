@@ -37,10 +37,11 @@ from ..errors import (
     UnverifiedWeightsWarning,
 )
 from ..keydtype import dtype_name
+from ..leaf import dtype_of, summarize
 from ..mismatch import Mismatch
 from ..paths import keystr, parse
 from ..spec import FORMAT as SPEC_FORMAT
-from ..spec import LeafSpec, TreeSpec, dtype_of, spec_of, summarize
+from ..spec import LeafSpec, TreeSpec, spec_of
 from ..walk import flatten
 from .files import pread_into
 from .format import FOREIGN, K_FORMAT, MAX_NDIM, StoredTensor

@@ -47,8 +47,9 @@ import numpy as np
 
 from ..errors import FormatError, IntegrityError
 from ..keydtype import impl_of, is_key_dtype
+from ..leaf import summarize
 from ..paths import keystr, parse
-from ..spec import TreeSpec, summarize
+from ..spec import TreeSpec
 from ..strictjson import loads
 
 FORMAT = "treeguard.checkpoint/1"

@@ -22,8 +22,9 @@ from ..atomic import atomic_write, remove_stale_temps, write_all
 from ..env import environment
 from ..errors import InvalidTreeError
 from ..keydtype import KEY_DTYPES, is_key_dtype, key_data
+from ..leaf import Record, summarize
 from ..paths import has_surrogate, keystr, short_repr
-from ..spec import Record, TreeSpec, spec_of, summarize
+from ..spec import TreeSpec, spec_of
 from ..strictjson import MAX_DEPTH, MAX_INT_DIGITS
 from ..walk import flatten, key_problems, structure_of
 from .format import (

@@ -11,9 +11,9 @@ from typing import Any, Literal
 import numpy as np
 
 from ..errors import DiagnosisError
+from ..tolerance import TolerancePolicy
 from ..verify.compare import LeafError, leaf_error
 from . import jaxpr as jx
-from .tolerance import Tolerances
 
 #: Runs a closed jaxpr on concrete flat arguments and returns its flat outputs.
 Backend = Callable[[Any, Sequence[Any]], list[Any]]
@@ -203,7 +203,7 @@ def _plain(x: Any) -> Any:
 class Judge:
     """Compares values at explicit tolerances, and counts candidate runs."""
 
-    def __init__(self, tolerances: Tolerances, backend: Backend) -> None:
+    def __init__(self, tolerances: TolerancePolicy, backend: Backend) -> None:
         self.tolerances = tolerances
         self.backend = backend
         self.compiles = 0

@@ -20,7 +20,7 @@ import jax.extend.core as jex
 import jax.extend.source_info_util as jsi
 import numpy as np
 
-from ..spec import summarize
+from ..leaf import summarize
 
 #: Call-like primitives and the parameter that holds their body. A body's
 #: inputs are the equation's last ``len(body.invars)`` inputs.

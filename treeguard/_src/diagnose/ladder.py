@@ -32,21 +32,22 @@ import jax.numpy as jnp
 from ..diff import mismatches
 from ..env import environment
 from ..errors import ConfigError
+from ..leaf import summarize
 from ..mismatch import Mismatch
 from ..nonfinite import find_nonfinite
-from ..spec import spec_of, summarize
+from ..spec import spec_of
+from ..tolerance import Tolerance, TolerancePolicy
 from ..verify import refs as refs_mod
 from ..verify.cases import Case, generate
 from ..verify.checks import check_keys, example_hashes, regression_errors
 from ..verify.compare import LeafError, compare_trees
 from ..verify.context import Context
-from ..verify.model import Model, Tolerance
+from ..verify.model import Model
 from ..verify.programs import per_example_apply
 from .divergence import Divergence
 from .locate import locate
 from .nan import nan_origin
 from .report import Diagnosis, StageResult
-from .tolerance import Tolerances
 from .trace import Trace, compare_trace, load_trace, record_trace
 
 #: The stages, in the order they run; the names are part of the interface.
@@ -64,17 +65,6 @@ STAGES: tuple[str, ...] = (
 )
 
 _LISTED = 12
-
-
-def tolerances_of(model: Model) -> Tolerances:
-    """The model's declared tolerances as ``Tolerances``.
-
-    Example:
-      >>> from treeguard.examples.mlp import model
-      >>> tolerances_of(model).for_leaf("['w']", "float32")
-      Tolerance(rtol=1e-05, atol=1e-06)
-    """
-    return Tolerances(default=Tolerance(model.rtol, model.atol), dtypes=dict(model.tolerances))
 
 
 def _case_hash(case: Case) -> str:
@@ -96,7 +86,7 @@ def _mismatch_lines(found: list[Mismatch], where: str, exp: str, act: str) -> li
 
 
 class _Ladder:
-    def __init__(self, model: Model, references: Path | None, tolerances: Tolerances) -> None:
+    def __init__(self, model: Model, references: Path | None, tolerances: TolerancePolicy) -> None:
         self.model = model
         self.tolerances = tolerances
         loaded = None
@@ -294,7 +284,7 @@ class _Ladder:
         params = self.ctx.params()
         bad: list[str] = []
         leaves: list[LeafError] = []
-        tol = self._leaf_tolerance
+        tol = self.tolerances
         for case in self.ctx.positive:
             batch = self.ctx.batch(case)
             for kind, got, ref, search in pairs(params, batch):
@@ -317,9 +307,6 @@ class _Ladder:
                         div,
                     )
         return _stage(name, bad, f"{name} agrees with eager on {len(self.ctx.positive)} cases", [])
-
-    def _leaf_tolerance(self, dtype: Any) -> Tolerance:
-        return self.tolerances.for_leaf("", dtype)
 
     def _locate(self, fn: Callable[..., Any], *args: Any, candidate: str) -> Divergence:
         return locate(fn, *args, candidate=candidate, tolerances=self.tolerances)
@@ -469,7 +456,7 @@ def diagnose(
     references: str | os.PathLike[str] | None = None,
     record: str | os.PathLike[str] | None = None,
     against: str | os.PathLike[str] | Trace | None = None,
-    tolerances: Tolerances | None = None,
+    tolerances: TolerancePolicy | None = None,
     stages: tuple[str, ...] = STAGES,
     name: str | None = None,
 ) -> Diagnosis:
@@ -510,7 +497,7 @@ def diagnose(
     started = time.perf_counter()
     created = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     ref_path = references if references is not None else model.references
-    tols = tolerances or tolerances_of(model)
+    tols = tolerances or model.tolerance_policy
     ladder = _Ladder(model, Path(ref_path) if ref_path is not None else None, tols)
     results: list[StageResult] = []
     if against is not None:

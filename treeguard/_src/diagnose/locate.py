@@ -39,6 +39,7 @@ import jax.extend.core as jex
 import numpy as np
 
 from ..errors import DiagnosisError
+from ..tolerance import TolerancePolicy
 from ..verify.compare import LeafError, leaves_with_paths
 from . import jaxpr as jx
 from .divergence import (
@@ -51,7 +52,7 @@ from .divergence import (
     Site,
     op_by_op,
 )
-from .tolerance import Tolerances, fp64_passes
+from .tolerance import fp64_passes
 from .trace import Trace, compare_trace
 
 #: The named candidates (a matmul precision name is one too).
@@ -372,7 +373,7 @@ def locate(
     candidate: str | Backend | Candidate | Any = "jit",
     rtol: float | None = None,
     atol: float | None = None,
-    tolerances: Tolerances | None = None,
+    tolerances: TolerancePolicy | None = None,
     descend: bool = True,
     check_precision: bool = True,
 ) -> Divergence:
@@ -416,7 +417,7 @@ def locate(
         raise DiagnosisError(f"unknown reference {reference!r}", hint="reference='eager'")
     started = time.perf_counter()
     cand = candidate_of(candidate)
-    tols = Tolerances.of(rtol=rtol, atol=atol, base=tolerances)
+    tols = TolerancePolicy.of(rtol=rtol, atol=atol, base=tolerances)
     judge = Judge(tols, cand.backend)
     ref_name = "eager, per example" if cand.batched else "eager"
     program = _program(fn, cand)

@@ -19,7 +19,7 @@ from typing import Any, Literal
 import jax
 import numpy as np
 
-from ..spec import summarize
+from ..leaf import summarize
 from . import jaxpr as jx
 
 Phase = Literal["forward", "backward"]

@@ -1,150 +1,20 @@
-"""Tolerances for a diagnosis: per dtype, per key path by glob, and the
-optional fp64-relative rule.
+"""The fp64-relative rule of a diagnosis (the tolerance policy itself is
+``treeguard/_src/tolerance.py``).
 
-A leaf's tolerance is the first path rule whose glob matches its key path,
-else its dtype's, else the default. Integer, boolean and key leaves are
-compared exactly. With ``fp64`` set, a leaf beyond its ``allclose``
-tolerance still passes when its error against an fp64 run of the reference
-is at most ``fp64`` times the reference's own error plus ``atol / 10``: the
-candidate is then no worse than the reference, only different.
+With ``TolerancePolicy.fp64`` set, a leaf beyond its ``allclose`` tolerance
+still passes when its error against an fp64 run of the reference is at most
+``fp64`` times the reference's own error plus ``atol / 10``: the candidate
+is then no worse than the reference, only different.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-import math
-import re
-from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from ..errors import DiagnosisError
-from ..spec import dtype_of
+from ..tolerance import Tolerance
 from ..verify.compare import as_float64
-from ..verify.model import Tolerance, resolve_dtype
-
-#: ``torch.testing``'s defaults per dtype: (rtol, atol).
-DTYPE_DEFAULTS: dict[str, Tolerance] = {
-    "float16": Tolerance(1e-3, 1e-5),
-    "bfloat16": Tolerance(1.6e-2, 1e-5),
-    "float32": Tolerance(1.3e-6, 1e-5),
-    "float64": Tolerance(1e-7, 1e-7),
-}
-
-EXACT = Tolerance(0.0, 0.0)
-
-
-@dataclasses.dataclass(frozen=True)
-class Tolerances:
-    """How close a candidate's leaf must be to the reference's.
-
-    Attributes:
-      default: the tolerance of a float leaf with no rule of its own; None
-        takes ``DTYPE_DEFAULTS`` for its dtype (float32's otherwise).
-      dtypes: per-dtype tolerances, by name or short name (``"bf16"``).
-      paths: ``(glob, Tolerance)`` rules over key paths in ``keystr`` form,
-        first match wins: ``[("*['dense2']*", Tolerance(1e-4, 1e-5))]``. Only
-        ``*`` (any text) and ``?`` (one character) are wildcards; brackets
-        and quotes match themselves, as key paths are full of them.
-      fp64: the multiplier ``m`` of the fp64-relative rule, or None.
-
-    Example:
-      >>> t = Tolerances(dtypes={"bf16": Tolerance(1e-2, 1e-2)},
-      ...                paths=[("*['b']", Tolerance(0.0, 0.5))])
-      >>> t.for_leaf("['dense1']['b']", "float32"), t.for_leaf("['w']", "bfloat16")
-      (Tolerance(rtol=0.0, atol=0.5), Tolerance(rtol=0.01, atol=0.01))
-      >>> t.for_leaf("['step']", "int32")
-      Tolerance(rtol=0.0, atol=0.0)
-    """
-
-    default: Tolerance | None = None
-    dtypes: Mapping[str, Tolerance] = dataclasses.field(default_factory=dict)
-    paths: Sequence[tuple[str, Tolerance]] = ()
-    fp64: float | None = None
-
-    def __post_init__(self) -> None:
-        for k, v in self.dtypes.items():
-            resolve_dtype(k)
-            if not isinstance(v, Tolerance):
-                raise DiagnosisError(
-                    f"Tolerances.dtypes[{k!r}] is {v!r}", hint="Tolerance(rtol, atol)"
-                )
-        for rule in self.paths:
-            if (
-                not isinstance(rule, tuple)
-                or len(rule) != 2
-                or not isinstance(rule[0], str)
-                or not isinstance(rule[1], Tolerance)
-            ):
-                raise DiagnosisError(
-                    f"Tolerances.paths holds {rule!r}", hint="(glob, Tolerance(rtol, atol))"
-                )
-        if self.fp64 is not None and not (math.isfinite(self.fp64) and self.fp64 >= 1):
-            raise DiagnosisError(
-                f"Tolerances.fp64 is {self.fp64!r}", hint="a multiplier >= 1, e.g. 2.0"
-            )
-
-    @staticmethod
-    def of(
-        *, rtol: float | None = None, atol: float | None = None, base: Tolerances | None = None
-    ) -> Tolerances:
-        """``base`` (or the defaults) with ``rtol``/``atol`` as the default when given."""
-        t = base or Tolerances()
-        if rtol is None and atol is None:
-            return t
-        return dataclasses.replace(
-            t,
-            default=Tolerance(rtol if rtol is not None else 0.0, atol if atol is not None else 0.0),
-        )
-
-    def for_leaf(self, path: str, dtype: Any) -> Tolerance:
-        """The tolerance of the leaf at ``path`` with ``dtype``."""
-        dt = dtype_of(dtype)
-        if not is_inexact(dt):
-            return EXACT
-        for glob, tol in self.paths:
-            if glob_matches(glob, path):
-                return tol
-        for k, v in self.dtypes.items():
-            if resolve_dtype(k) == dt:
-                return v
-        if self.default is not None:
-            return self.default
-        return DTYPE_DEFAULTS.get(dt.name, DTYPE_DEFAULTS["float32"])
-
-    def to_dict(self) -> dict[str, Any]:
-        def one(t: Tolerance) -> dict[str, float]:
-            return {"rtol": t.rtol, "atol": t.atol}
-
-        return {
-            "default": one(self.default) if self.default is not None else "per dtype",
-            "dtypes": {resolve_dtype(k).name: one(v) for k, v in self.dtypes.items()},
-            "paths": [[g, one(t)] for g, t in self.paths],
-            "fp64": self.fp64,
-        }
-
-
-@functools.lru_cache(maxsize=256)
-def _glob_re(glob: str) -> re.Pattern[str]:
-    parts = (".*" if c == "*" else "." if c == "?" else re.escape(c) for c in glob)
-    return re.compile("".join(parts), re.DOTALL)
-
-
-def glob_matches(glob: str, path: str) -> bool:
-    """Whether a key path matches a glob where only ``*`` and ``?`` are wildcards.
-
-    Example:
-      >>> glob_matches("*['b']", "['dense1']['b']"), glob_matches("*['b']", "['dense1']['w']")
-      (True, False)
-    """
-    return _glob_re(glob).fullmatch(path) is not None
-
-
-def is_inexact(dtype: Any) -> bool:
-    dt = dtype_of(dtype)
-    return dt.kind in "fc" or dt.name == "bfloat16" or dt.name.startswith("float8")
 
 
 def rmse(a: Any, b: Any) -> float:

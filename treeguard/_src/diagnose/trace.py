@@ -30,10 +30,10 @@ import numpy as np
 from .. import checkpoint
 from ..env import environment_diff
 from ..errors import DiagnosisError
+from ..tolerance import TolerancePolicy
 from ..verify.compare import LeafError, leaves_with_paths
 from . import jaxpr as jx
 from .divergence import PROPAGATORS_LISTED, Divergence, Judge, Role, Site, op_by_op
-from .tolerance import Tolerances
 
 FORMAT = "treeguard.diagnose-trace/1"
 
@@ -231,7 +231,7 @@ def compare_trace(
     *like: Any,
     rtol: float | None = None,
     atol: float | None = None,
-    tolerances: Tolerances | None = None,
+    tolerances: TolerancePolicy | None = None,
 ) -> Divergence:
     """Runs ``fn`` here on a trace's inputs, op by op, and compares it with the
     trace equation by equation.
@@ -277,11 +277,11 @@ def compare_flat(
     *,
     rtol: float | None = None,
     atol: float | None = None,
-    tolerances: Tolerances | None = None,
+    tolerances: TolerancePolicy | None = None,
 ) -> Divergence:
     """``compare_trace`` for a function of the trace's flat inputs."""
     started = time.perf_counter()
-    tols = Tolerances.of(rtol=rtol, atol=atol, base=tolerances)
+    tols = TolerancePolicy.of(rtol=rtol, atol=atol, base=tolerances)
     judge = Judge(tols, op_by_op)
     try:
         closed, _ = jx.as_closed(fn_flat, *trace.inputs)

@@ -24,7 +24,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from ..spec import short_dtype
+from ..leaf import short_dtype
 
 #: The monitoring event JAX records once for each executable it builds
 #: (a fresh compile or one read from the persistent cache).

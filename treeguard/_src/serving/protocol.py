@@ -20,7 +20,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import InvalidRequestError
-from ..spec import LeafSpec, summarize
+from ..leaf import summarize
+from ..spec import LeafSpec
 from .buckets import Admission, admit
 from .spec import ServingSpec
 

@@ -9,7 +9,8 @@ import os
 from typing import Any
 
 from ..errors import FormatError, InvalidTreeError, TreeMismatchError
-from ..spec import TreeSpec, dtype_of, summarize
+from ..leaf import dtype_of, summarize
+from ..spec import TreeSpec
 from .manifest import FORMAT, read, sharded_digest
 
 

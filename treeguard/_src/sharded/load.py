@@ -11,9 +11,10 @@ from typing import Any
 from ..checkpoint.migrate import match_stored
 from ..diff import mismatches
 from ..errors import ConfigError, IntegrityError, TreeMismatchError
+from ..leaf import describe_sharding
 from ..mismatch import Mismatch
 from ..paths import keystr
-from ..spec import LeafSpec, TreeSpec, describe_sharding, spec_of
+from ..spec import LeafSpec, TreeSpec, spec_of
 from . import hosts
 from .digests import ShardChecker
 from .manifest import ArrayRecord, Manifest, read_with_digest

@@ -44,8 +44,9 @@ from .. import strictjson
 from ..atomic import atomic_write, read_regular
 from ..checkpoint import user_metadata_json
 from ..errors import FormatError, IntegrityError
+from ..leaf import dtype_of
 from ..paths import keystr
-from ..spec import TreeSpec, dtype_of
+from ..spec import TreeSpec
 
 FORMAT = "treeguard.sharded/1"
 FORMAT_VERSION = 1

@@ -15,8 +15,9 @@ import jax
 
 from ..env import environment
 from ..errors import InvalidTreeError
+from ..leaf import describe_sharding
 from ..paths import keystr
-from ..spec import TreeSpec, describe_sharding, spec_of
+from ..spec import TreeSpec, spec_of
 from . import hosts
 from .digests import local_digests
 from .manifest import (

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from ..spec import summarize
+from ..leaf import summarize
 from .records import CheckResult
 
 #: A check run by ``verify``: a callable taking the loaded tree, or a

@@ -17,8 +17,9 @@ import jax
 import numpy as np
 
 from ..errors import ConfigError
+from ..leaf import summarize
 from ..paths import keystr
-from ..spec import LeafSpec, TreeSpec, summarize
+from ..spec import LeafSpec, TreeSpec
 from ..walk import flatten, structure_of
 from .model import BATCH, Model, is_float
 

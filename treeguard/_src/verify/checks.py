@@ -22,10 +22,11 @@ import numpy as np
 from ..diff import mismatches
 from ..env import environment, environment_diff
 from ..keys import trace_keys
+from ..leaf import summarize
 from ..mismatch import Mismatch
 from ..nonfinite import find_nonfinite
 from ..paths import keystr
-from ..spec import TreeSpec, spec_of, summarize
+from ..spec import TreeSpec, spec_of
 from .cases import Case
 from .compare import compare_stored, compare_trees, leaves_with_paths
 from .context import LISTED, CheckResult, Context, mismatch_lines
@@ -327,7 +328,7 @@ def _first_line(e: BaseException) -> str:
 def check_transforms(ctx: Context) -> CheckResult:
     """Eager, ``jit`` and ``vmap`` agree on outputs, loss and grads within tolerance."""
     model = ctx.model
-    tol = model.tolerance_for
+    tol = model.tolerance_policy
     programs = ctx.programs
     bad: list[str] = []
     rows: list[dict[str, Any]] = []
@@ -445,7 +446,7 @@ def regression_errors(ctx: Context, refs: References) -> tuple[list[str], list[d
     """
     model = ctx.model
     params = ctx.params()
-    tol = model.tolerance_for
+    tol = model.tolerance_policy
     bad: list[str] = []
     rows: list[dict[str, Any]] = []
     stored: dict[str, Any] = {"params": refs.params, "cases": {}, "invalid": {}}

@@ -9,12 +9,13 @@ from typing import Any
 import numpy as np
 
 from ..diff import mismatches
+from ..leaf import summarize
 from ..mismatch import Mismatch
 from ..paths import Path as PathT
 from ..paths import keystr
-from ..spec import TreeSpec, summarize
+from ..spec import TreeSpec
+from ..tolerance import Tolerance, TolerancePolicy
 from ..walk import flatten, structure_of
-from .model import Tolerance
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,19 +151,29 @@ def leaf_error(actual: Any, expected: Any, tol: Tolerance, *, path: str = "") ->
     )
 
 
+def _tolerance_of(
+    tolerance: TolerancePolicy | Callable[[Any], Tolerance], path: str, reference: Any
+) -> Tolerance:
+    dtype = np.asarray(reference).dtype
+    if isinstance(tolerance, TolerancePolicy):
+        return tolerance.for_leaf(path, dtype)
+    return tolerance(dtype)
+
+
 def compare_trees(
     actual: Any,
     expected: Any,
     /,
     *,
-    tolerance: Callable[[Any], Tolerance],
+    tolerance: TolerancePolicy | Callable[[Any], Tolerance],
 ) -> tuple[list[Mismatch], list[LeafError]]:
     """Compares two trees: their structures first, then every leaf's values.
 
     Args:
       actual: the tree under test.
       expected: the reference tree.
-      tolerance: the tolerance for a leaf of a given dtype (the reference's).
+      tolerance: the ``TolerancePolicy`` (by key path and dtype), or a
+        function from a leaf's dtype (the reference's) to its ``Tolerance``.
 
     Returns:
       The structural mismatches (empty when the structures agree), and one
@@ -170,8 +181,8 @@ def compare_trees(
       present in both with the same shape.
 
     Example:
-      >>> found, errs = compare_trees({"w": np.ones(2)}, {"w": np.zeros(2)},
-      ...                             tolerance=lambda d: Tolerance(0.0, 0.5))
+      >>> policy = TolerancePolicy(default=Tolerance(0.0, 0.5))
+      >>> found, errs = compare_trees({"w": np.ones(2)}, {"w": np.zeros(2)}, tolerance=policy)
       >>> found
       []
       >>> print(errs[0].describe())
@@ -185,7 +196,7 @@ def compare_trees(
     for path, e in leaves_with_paths(expected):
         if path not in a_items or path in bad_paths:
             continue
-        out.append(leaf_error(a_items[path], e, tolerance(np.asarray(e).dtype), path=path))
+        out.append(leaf_error(a_items[path], e, _tolerance_of(tolerance, path, e), path=path))
     return found, out
 
 
@@ -195,7 +206,7 @@ def compare_stored(
     /,
     *,
     spec: TreeSpec,
-    tolerance: Callable[[Any], Tolerance],
+    tolerance: TolerancePolicy | Callable[[Any], Tolerance],
 ) -> tuple[list[Mismatch], list[LeafError]]:
     """Compares a tree with one read back from a file without ``like``.
 
@@ -212,7 +223,8 @@ def compare_stored(
       stored: the tree read back with ``checkpoint.load(path)``.
       spec: the stored spec of the same tree (``checkpoint.read_header(path).spec``,
         or the part of it for ``stored``).
-      tolerance: the tolerance for a leaf of a given dtype (the stored one's).
+      tolerance: the ``TolerancePolicy`` (by key path and dtype), or a
+        function from a leaf's dtype (the stored one's) to its ``Tolerance``.
 
     Returns:
       The structural mismatches (empty when the structures agree), and one
@@ -241,7 +253,7 @@ def compare_stored(
         want = _at(stored, entries)
         if want is _ABSENT or path in bad_paths or np.shape(want) != np.shape(leaf):
             continue
-        out.append(leaf_error(leaf, want, tolerance(np.asarray(want).dtype), path=path))
+        out.append(leaf_error(leaf, want, _tolerance_of(tolerance, path, want), path=path))
     return found, out
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -14,76 +13,12 @@ import numpy as np
 
 from ..bench.budget import Budgets
 from ..errors import ConfigError
-from ..spec import TreeSpec, dtype_of, short_dtype
+from ..leaf import dtype_of, resolve_dtype
+from ..spec import TreeSpec
+from ..tolerance import Tolerance, TolerancePolicy
 
 #: The symbol that names the batch axis in ``Model.batch_spec``.
 BATCH = "B"
-
-
-_NAMED = (
-    "bool",
-    "int8",
-    "int16",
-    "int32",
-    "int64",
-    "uint8",
-    "uint16",
-    "uint32",
-    "uint64",
-    "float16",
-    "bfloat16",
-    "float32",
-    "float64",
-    "complex64",
-    "complex128",
-)
-
-
-def resolve_dtype(name: Any) -> np.dtype[Any]:
-    """A dtype from its name or its short name (``"bf16"``, ``"f32"``).
-
-    Raises:
-      ConfigError: for a name that is no dtype.
-
-    Example:
-      >>> resolve_dtype("bf16").name, resolve_dtype("float32").name
-      ('bfloat16', 'float32')
-    """
-    try:
-        return dtype_of(name)
-    except (TypeError, ValueError):
-        for n in _NAMED:
-            dt = dtype_of(n)
-            if short_dtype(dt) == name:
-                return dt
-    raise ConfigError(f"unknown dtype {name!r}", hint="a name such as 'bfloat16' or 'bf16'")
-
-
-@dataclasses.dataclass(frozen=True)
-class Tolerance:
-    """An explicit ``allclose`` tolerance: ``|actual - expected| <= atol + rtol * |expected|``.
-
-    Example:
-      >>> Tolerance(rtol=1e-5, atol=1e-6).describe()
-      'rtol 1e-05, atol 1e-06'
-    """
-
-    rtol: float
-    atol: float
-
-    def __post_init__(self) -> None:
-        for name in ("rtol", "atol"):
-            v = getattr(self, name)
-            if (
-                isinstance(v, bool)
-                or not isinstance(v, (int, float))
-                or not math.isfinite(v)
-                or v < 0
-            ):
-                raise ConfigError(f"tolerance {name} is {v!r}", hint="pass a finite number >= 0")
-
-    def describe(self) -> str:
-        return f"rtol {self.rtol:g}, atol {self.atol:g}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -279,13 +214,18 @@ class Model:
             return jax.random.PRNGKey(self.seed)
         return jax.random.key(self.seed)
 
+    @property
+    def tolerance_policy(self) -> TolerancePolicy:
+        """The declared tolerances as the one policy every comparison uses:
+        ``rtol``/``atol`` for a float leaf, a per-dtype override where one is
+        declared, integer, boolean and key leaves compared exactly."""
+        return TolerancePolicy(
+            default=Tolerance(self.rtol, self.atol), dtypes=dict(self.tolerances)
+        )
+
     def tolerance_for(self, dtype: Any) -> Tolerance:
-        """The tolerance for leaves of ``dtype``: a per-dtype override, else ``rtol``/``atol``."""
-        dt = dtype_of(dtype)
-        for k, v in self.tolerances.items():
-            if resolve_dtype(k) == dt:
-                return v
-        return Tolerance(self.rtol, self.atol)
+        """The tolerance for leaves of ``dtype`` (see ``tolerance_policy``)."""
+        return self.tolerance_policy.for_leaf("", dtype)
 
     def tolerance_table(self) -> dict[str, dict[str, float]]:
         """Every declared tolerance, for the report: ``default`` and each dtype."""

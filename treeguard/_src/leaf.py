@@ -1,0 +1,157 @@
+"""What one leaf is, as the contracts and every message see it: its dtype
+read from a name or a value, its summary ``f32[3,1]`` (never its values), and
+the text form of its sharding.
+
+Numpy alone: ``ml_dtypes`` is imported for a dtype numpy does not know by
+name, and JAX only to read a live array's sharding.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeAlias
+
+import numpy as np
+
+from .errors import ConfigError, FormatError
+from .keydtype import dtype_name, key_dtype_or_none
+
+Dim: TypeAlias = int | str
+Shape: TypeAlias = tuple[Dim, ...]
+#: One leaf's contract in columnar form: shape, dtype, weak_type, sharding.
+Record: TypeAlias = tuple[Shape, np.dtype[Any], bool | None, str | None]
+
+
+def dtype_of(x: Any) -> np.dtype[Any]:
+    """Reads a dtype from a name, a numpy dtype or a scalar type; ml_dtypes
+    names such as ``"bfloat16"`` included.
+
+    Raises:
+      FormatError: for a name that is no dtype.
+
+    Example:
+      >>> dtype_of("bfloat16").name
+      'bfloat16'
+    """
+    if x is None:
+        raise FormatError("no dtype given")
+    key = key_dtype_or_none(x)  # typed PRNG keys: ``key<fry>`` (see keydtype.py)
+    if key is not None:
+        return key
+    try:
+        dtype: np.dtype[Any] = x if isinstance(x, np.dtype) else _np_dtype(x)
+    except (TypeError, ValueError) as e:
+        raise FormatError(f"unknown dtype {x!r}") from e
+    if not _is_array_dtype(dtype):
+        raise FormatError(f"dtype {dtype.name!r} is not a numeric array dtype")
+    return dtype
+
+
+def _np_dtype(x: Any) -> np.dtype[Any]:
+    """``np.dtype(x)``; a name numpy does not know is looked up again once
+    ``ml_dtypes`` (whose import is costly) has registered its types."""
+    try:
+        known: np.dtype[Any] = np.dtype(x)
+        return known
+    except TypeError:
+        if not isinstance(x, str):
+            raise
+    import ml_dtypes  # noqa: F401 - registers bfloat16, float8_*, int4... with numpy
+
+    dtype: np.dtype[Any] = np.dtype(x)
+    return dtype
+
+
+def _is_array_dtype(dtype: np.dtype[Any]) -> bool:
+    """Numbers and bools, and the ml_dtypes extensions (bfloat16, float8, int4...)."""
+    return dtype.kind in "biufc" or (
+        dtype.kind == "V" and dtype.type.__module__.startswith("ml_dtypes")
+    )
+
+
+def short_dtype(dtype: np.dtype[Any]) -> str:
+    """The short name used in summaries: ``f32``, ``bf16``, ``i8``, ``bool``.
+
+    Example:
+      >>> short_dtype(np.dtype("float32")), short_dtype(dtype_of("bfloat16"))
+      ('f32', 'bf16')
+    """
+    name = dtype_name(dtype)
+    if name == "bool":
+        return "bool"
+    if name == "bfloat16":
+        return "bf16"
+    for prefix, short in (("float", "f"), ("uint", "u"), ("int", "i"), ("complex", "c")):
+        if name.startswith(prefix) and name[len(prefix) :].isdigit():
+            return short + name[len(prefix) :]
+    return name
+
+
+def summarize(shape: Shape, dtype: np.dtype[Any]) -> str:
+    """An array as ``f32[3,1]``, never its values.
+
+    Example:
+      >>> summarize(("B", 2), np.dtype("int8"))
+      'i8[B,2]'
+    """
+    return f"{short_dtype(dtype)}[{','.join(str(d) for d in shape)}]"
+
+
+def describe_sharding(x: Any) -> str | None:
+    """A stable text form of an array's sharding, or None for no array.
+
+    A named sharding is written with its mesh axes and partition spec; a
+    single-device one as ``single``. Device ids are left out, so a spec
+    carries over to another host with the same mesh.
+    """
+    sharding = getattr(x, "sharding", None)
+    if sharding is None:
+        return None
+    import jax  # lazy: reading files never imports jax
+
+    if isinstance(x, jax.core.Tracer):
+        return None
+    if isinstance(sharding, jax.sharding.NamedSharding):
+        mesh = ",".join(f"{n}={s}" for n, s in sharding.mesh.shape.items())
+        return f"named(mesh[{mesh}], spec{tuple(sharding.spec)})"
+    if isinstance(sharding, jax.sharding.SingleDeviceSharding):
+        return "single"
+    return f"{type(sharding).__name__}({len(sharding.device_set)} devices)"
+
+
+_NAMED = (
+    "bool",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "uint8",
+    "uint16",
+    "uint32",
+    "uint64",
+    "float16",
+    "bfloat16",
+    "float32",
+    "float64",
+    "complex64",
+    "complex128",
+)
+
+
+def resolve_dtype(name: Any) -> np.dtype[Any]:
+    """A dtype from its name or its short name (``"bf16"``, ``"f32"``).
+
+    Raises:
+      ConfigError: for a name that is no dtype.
+
+    Example:
+      >>> resolve_dtype("bf16").name, resolve_dtype("float32").name
+      ('bfloat16', 'float32')
+    """
+    try:
+        return dtype_of(name)
+    except (TypeError, ValueError):
+        for n in _NAMED:
+            dt = dtype_of(n)
+            if short_dtype(dt) == name:
+                return dt
+    raise ConfigError(f"unknown dtype {name!r}", hint="a name such as 'bfloat16' or 'bf16'")
