@@ -146,7 +146,7 @@ def test_getitem_names_the_checks() -> None:
 
 
 def test_plots_draw_the_worst_leaves_and_sum_up_the_rest() -> None:
-    from treeguard._src.verify.report import PLOT_ROWS, error_plot, plot_rows
+    from treeguard._src.htmlpage import PLOT_ROWS, error_plot, plot_rows
 
     rows = [
         {

@@ -7,14 +7,14 @@ line."""
 from __future__ import annotations
 
 import dataclasses
-import html
 import json
 import os
 from pathlib import Path
 from typing import Any, Literal
 
+from ..atomic import atomic_write
+from ..htmlpage import error_plot, escape, page
 from ..verify.compare import LeafError
-from ..verify.report import error_plot
 from .divergence import Divergence
 from .nan import NanSite
 
@@ -262,27 +262,18 @@ def to_markdown(d: Diagnosis) -> str:
     return "\n".join(out)
 
 
-def _e(x: Any) -> str:
-    return html.escape(str(x), quote=True)
-
-
 _CSS = (
-    "body{font:14px/1.45 system-ui,sans-serif;margin:24px auto;max-width:1100px;"
-    "color:#1d2330;padding:0 16px}table{border-collapse:collapse;width:100%;margin:6px 0}"
-    "td,th{border:1px solid #dde1e8;padding:4px 8px;text-align:left;vertical-align:top}"
-    "th{background:#f4f6f9}code,.mono{font-family:ui-monospace,Menlo,Consolas,monospace;"
-    "font-size:12.5px}.pass{color:#17803d}.fail{color:#c0262d;font-weight:bold}"
+    ".pass{color:#17803d}.fail{color:#c0262d;font-weight:bold}"
     ".skip{color:#9a6700}.ladder{display:flex;gap:6px;flex-wrap:wrap;margin:12px 0}"
     ".step{border:1px solid #dde1e8;border-radius:6px;padding:6px 10px}"
     ".step.fail{border-color:#c0262d;background:#fdecec}.step.pass{background:#eef8f1}"
     ".culprit{border-left:4px solid #c0262d;padding:6px 12px;background:#fff7f7}"
-    ".meta{color:#5b6475}svg text{font-family:ui-monospace,Menlo,monospace;font-size:11px}"
 )
 
 
 def _stage_html(s: StageResult) -> str:
     return (
-        f'<div class="step {s.status}"><code>{_e(s.name)}</code> '
+        f'<div class="step {s.status}"><code>{escape(s.name)}</code> '
         f'<span class="{s.status}">{s.status.upper()}</span></div>'
     )
 
@@ -291,38 +282,36 @@ def to_html(d: Diagnosis) -> str:
     """The ``diagnosis.html`` page: self-contained, no script, no external file."""
     failed = d.failed
     out = [
-        "<!DOCTYPE html>",
-        '<html lang="en"><head><meta charset="utf-8">',
-        f"<title>treeguard diagnose {_e(d.model)}</title><style>{_CSS}</style></head><body>",
-        f"<h1>treeguard diagnose <code>{_e(d.model)}</code></h1>",
-        f'<p class="meta">{_e(d.created)} · {d.seconds:.1f} s · exit status {d.exit_code} · '
-        f"jax {_e(d.environment.get('jax'))} on {_e(d.environment.get('backend'))}</p>",
+        f"<h1>treeguard diagnose <code>{escape(d.model)}</code></h1>",
+        f'<p class="meta">{escape(d.created)} · {d.seconds:.1f} s · exit status {d.exit_code} · '
+        f"jax {escape(d.environment.get('jax'))} on {escape(d.environment.get('backend'))}</p>",
         '<h2>Stage ladder</h2><div class="ladder">',
         *(_stage_html(s) for s in d.stages),
         "</div><table><tr><th>stage</th><th>status</th><th>summary</th><th>time</th></tr>",
     ]
     for s in d.stages:
         out.append(
-            f'<tr><td><code>{_e(s.name)}</code></td><td class="{s.status}">{s.status.upper()}'
-            f"</td><td>{_e(s.summary)}</td><td>{s.seconds:.2f}s</td></tr>"
+            f'<tr><td><code>{escape(s.name)}</code></td><td class="{s.status}">{s.status.upper()}'
+            f"</td><td>{escape(s.summary)}</td><td>{s.seconds:.2f}s</td></tr>"
         )
     out.append("</table>")
     if failed is not None:
-        out.append(f"<h2>Evidence: <code>{_e(failed.name)}</code></h2><ul>")
-        out += [f'<li class="mono">{_e(line)}</li>' for line in failed.evidence[:40]]
+        out.append(f"<h2>Evidence: <code>{escape(failed.name)}</code></h2><ul>")
+        out += [f'<li class="mono">{escape(line)}</li>' for line in failed.evidence[:40]]
         out.append("</ul>")
         div = failed.divergence
         if div is not None and div.equation is not None:
             e = div.equation
             out.append(
-                f'<div class="culprit"><b>{_e(e.role)}</b>: equation <code>{_e(e.index)}</code> '
-                f"(<code>{_e(e.primitive)}</code>) at <code>{_e(e.source)}</code>"
+                f'<div class="culprit"><b>{escape(e.role)}</b>: '
+                f"equation <code>{escape(e.index)}</code> "
+                f"(<code>{escape(e.primitive)}</code>) at <code>{escape(e.source)}</code>"
                 + (f", iteration {e.iteration}" if e.iteration is not None else "")
-                + f'<br><span class="mono">{_e(e.text)}</span></div>'
+                + f'<br><span class="mono">{escape(e.text)}</span></div>'
             )
         if div is not None:
             out.append(
-                "<ul>" + "".join(f"<li>{_e(x[2:])}</li>" for x in _culprit_md(div)) + "</ul>"
+                "<ul>" + "".join(f"<li>{escape(x[2:])}</li>" for x in _culprit_md(div)) + "</ul>"
             )
         if failed.leaves:
             rows = [{"case": "-", "kind": "", **e.to_dict()} for e in failed.leaves]
@@ -330,14 +319,15 @@ def to_html(d: Diagnosis) -> str:
             out.append(error_plot(rows, "error / tolerance, log scale (≤ 1 passes)"))
         if failed.nan_sites:
             out.append("<h2>Where non-finite values are born</h2><ul>")
-            out += [f'<li class="mono">{_e(s.describe())}</li>' for s in failed.nan_sites[:20]]
+            out += [f'<li class="mono">{escape(s.describe())}</li>' for s in failed.nan_sites[:20]]
             out.append("</ul>")
     out.append("<h2>Environment</h2><table>")
     out += [
-        f"<tr><td>{_e(k)}</td><td><code>{_e(v)}</code></td></tr>" for k, v in d.environment.items()
+        f"<tr><td>{escape(k)}</td><td><code>{escape(v)}</code></td></tr>"
+        for k, v in d.environment.items()
     ]
-    out.append(f'</table><p class="meta">schema {_e(FORMAT)}</p></body></html>')
-    return "\n".join(out) + "\n"
+    out.append(f'</table><p class="meta">schema {escape(FORMAT)}</p>')
+    return page(f"treeguard diagnose {d.model}", out, css=_CSS)
 
 
 def write(d: Diagnosis, directory: str | os.PathLike[str]) -> dict[str, Path]:
@@ -354,7 +344,5 @@ def write(d: Diagnosis, directory: str | os.PathLike[str]) -> dict[str, Path]:
         "html": root / "diagnosis.html",
     }
     for kind, text in (("json", to_json(d) + "\n"), ("md", to_markdown(d)), ("html", to_html(d))):
-        tmp = files[kind].with_name(files[kind].name + f".tmp-{os.getpid()}")
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, files[kind])
+        atomic_write(files[kind], text.encode("utf-8"))
     return files

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import html
 import json
 import math
 import os
@@ -19,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..atomic import atomic_write
+from ..htmlpage import as_number, error_plot, escape, leaf_label, page
 from .context import CheckResult
 
 FORMAT = "treeguard.verify-report/1"
@@ -303,157 +303,14 @@ def _jsonable(x: Any) -> Any:
 
 _CSS = "".join(
     (
-        "body{font:14px/1.45 system-ui,-apple-system,'Segoe UI',sans-serif;",
-        "margin:24px auto;max-width:1100px;color:#1d2330;padding:0 16px}",
-        "h1{font-size:22px;margin:0 0 4px}",
-        "h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #dde1e8;padding-bottom:4px}",
         ".verdict{font-weight:600;padding:2px 10px;border-radius:10px;display:inline-block}",
         ".pass{background:#dff3e4;color:#17642b}",
         ".fail{background:#fbe0e0;color:#9b1c1c}",
         ".skip{background:#fff3cd;color:#7a5b00}",
-        "table{border-collapse:collapse;width:100%;margin:6px 0}",
-        "td,th{border:1px solid #dde1e8;padding:4px 8px;text-align:left;vertical-align:top}",
-        "th{background:#f4f6f9}",
-        "code,.mono{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;font-size:12.5px}",
         "ul.ev{margin:4px 0 0;padding-left:18px}",
         "ul.ev li{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:12px}",
-        ".meta{color:#5b6475}",
-        "svg text{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:11px}",
     )
 )
-
-
-def _e(x: Any) -> str:
-    return html.escape(str(x), quote=True)
-
-
-def _leaf_label(row: dict[str, Any]) -> str:
-    case = row.get("case", "")
-    kind = row.get("kind", "")
-    variant = row.get("variant")
-    where = f"{case} {kind}" if case != "-" else kind
-    if variant:
-        where += f" [{variant}]"
-    return f"{where} {row.get('path') or '<root>'}"
-
-
-#: How many leaves a plot draws: the worst ones; a line sums up the rest.
-PLOT_ROWS = 20
-
-
-def plot_rows(
-    rows: list[dict[str, Any]], *, limit: int = PLOT_ROWS
-) -> tuple[list[dict[str, Any]], str]:
-    """The rows a plot draws (the ``limit`` worst that are not exact, worst
-    first) and one line summing up the rest.
-
-    Example:
-      >>> rows = [{"ratio": 0.0}, {"ratio": 0.5}, {"ratio": 2.0, "ok": False}, {"ratio": 0.1}]
-      >>> drawn, rest = plot_rows(rows, limit=2)
-      >>> [r["ratio"] for r in drawn], rest
-      ([2.0, 0.5], '1 more within tolerance (the worst at 0.1 of its tolerance); 1 exact')
-    """
-    ranked = sorted(rows, key=lambda r: -_num(r.get("ratio")))
-    inexact = [r for r in ranked if _num(r.get("ratio")) != 0.0]
-    exact = len(ranked) - len(inexact)
-    drawn, rest = inexact[:limit], inexact[limit:]
-    parts = []
-    if rest:
-        beyond = sum(1 for r in rest if not r.get("ok", True))
-        head = f"{len(rest)} more" + (f", {beyond} beyond tolerance" if beyond else "")
-        parts.append(
-            f"{head} {'' if beyond else 'within tolerance '}(the worst at {_ratio(rest[0])} "
-            "of its tolerance)"
-        )
-    if exact:
-        parts.append(f"{exact} exact")
-    return drawn, "; ".join(parts)
-
-
-def _ratio(row: dict[str, Any]) -> str:
-    v = _num(row.get("ratio"))
-    return "∞" if not math.isfinite(v) else f"{v:.2g}"
-
-
-def error_plot(rows: list[dict[str, Any]], title: str, *, limit: int = PLOT_ROWS) -> str:
-    """An SVG bar chart of the worst leaves' error over their tolerance, on a log scale.
-
-    A bar that crosses the red line at 1 is beyond tolerance. Only the
-    ``limit`` worst rows are drawn; exact rows (error 0) are not; a line
-    under the plot sums up what was left out, so a model of any size keeps
-    one plot of at most ``limit`` bars.
-    """
-    if not rows:
-        return ""
-    rows, rest = plot_rows(rows, limit=limit)
-    if not rows:
-        return f'<p class="meta">{_e(rest)}: nothing to draw</p>'
-    lo_exp = -8
-    ratios = []
-    for r in rows:
-        v = r.get("ratio", 0.0)
-        v = float("inf") if v in ("inf", "nan") else float(v)
-        ratios.append(v)
-    finite = [v for v in ratios if math.isfinite(v) and v > 0]
-    hi_exp = max(1, math.ceil(math.log10(max(finite)))) if finite else 1
-    hi_exp = min(hi_exp, 12)
-    label_w, plot_w, bar_h, gap, top = 360, 560, 13, 4, 34
-    height = top + len(rows) * (bar_h + gap) + 30 + (18 if rest else 0)
-    axis = height - (18 if rest else 0)
-    width = label_w + plot_w + 90
-
-    def x_of(v: float) -> float:
-        if not math.isfinite(v):
-            return label_w + plot_w
-        if v <= 0:
-            return label_w
-        e = min(max(math.log10(v), lo_exp), hi_exp)
-        return label_w + (e - lo_exp) / (hi_exp - lo_exp) * plot_w
-
-    parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="100%" style="max-width:{width}px" '
-        f'viewBox="0 0 {width} {height}" role="img" aria-label="{_e(title)}">',
-        f'<text x="0" y="14" style="font-size:13px;font-weight:600">{_e(title)}</text>',
-    ]
-    for e in range(lo_exp, hi_exp + 1):
-        x = x_of(10.0**e)
-        parts.append(
-            f'<line x1="{x:.1f}" y1="{top - 6}" x2="{x:.1f}" y2="{axis - 26}" stroke="#e6e9ef"/>'
-        )
-        parts.append(
-            f'<text x="{x:.1f}" y="{axis - 12}" text-anchor="middle" fill="#5b6475">1e{e}</text>'
-        )
-    for i, (r, v) in enumerate(zip(rows, ratios)):
-        y = top + i * (bar_h + gap)
-        ok = bool(r.get("ok", True))
-        color = "#2f8f4e" if ok else "#c62828"
-        x1 = x_of(v)
-        label = _leaf_label(r)
-        if len(label) > 52:
-            label = label[:49] + "..."
-        parts.append(
-            f'<text x="{label_w - 6}" y="{y + bar_h - 2}" text-anchor="end">{_e(label)}</text>'
-        )
-        parts.append(
-            f'<rect x="{label_w}" y="{y}" width="{max(x1 - label_w, 1.5):.1f}" height="{bar_h}" '
-            f'fill="{color}" opacity="0.85"><title>{_e(label)}: max abs {r.get("max_abs")}, '
-            f"max rel {r.get('max_rel')}, rtol {r.get('rtol')}, atol {r.get('atol')}</title></rect>"
-        )
-        text = "exact" if v == 0 else ("∞" if not math.isfinite(v) else f"{v:.2g}")
-        parts.append(f'<text x="{x1 + 4:.1f}" y="{y + bar_h - 2}" fill="#5b6475">{_e(text)}</text>')
-    x_tol = x_of(1.0)
-    parts.append(
-        f'<line x1="{x_tol:.1f}" y1="{top - 10}" x2="{x_tol:.1f}" y2="{axis - 26}" '
-        'stroke="#c62828" stroke-width="2" stroke-dasharray="5 3"/>'
-    )
-    if rest:
-        parts.append(f'<text x="0" y="{height - 4}" fill="#5b6475">not drawn: {_e(rest)}</text>')
-    parts.append(
-        f'<text x="{x_tol - 4:.1f}" y="{top - 12}" text-anchor="end" fill="#c62828">'
-        "tolerance: |err| = atol + rtol·|ref|</text>"
-    )
-    parts.append("</svg>")
-    return "".join(parts)
 
 
 def latency_plot(bench: Benchmark) -> str:
@@ -476,7 +333,7 @@ def latency_plot(bench: Benchmark) -> str:
         f'<svg xmlns="http://www.w3.org/2000/svg" width="100%" style="max-width:{width}px" '
         f'viewBox="0 0 {width} {height}" role="img" aria-label="latency distribution">',
         '<text x="0" y="14" style="font-size:13px;font-weight:600">'
-        f"warm latency of jit(apply), {lat.size} runs on {_e(bench.batch)}</text>",
+        f"warm latency of jit(apply), {lat.size} runs on {escape(bench.batch)}</text>",
     ]
     bw = plot_w / bins
     for i, c in enumerate(counts):
@@ -525,10 +382,10 @@ def latency_plot(bench: Benchmark) -> str:
     ]
     for i, (k, text) in enumerate(lines):
         y = top + 24 + i * 34
-        parts.append(f'<text x="{bx + 10}" y="{y}" fill="#5b6475">{_e(k)}</text>')
+        parts.append(f'<text x="{bx + 10}" y="{y}" fill="#5b6475">{escape(k)}</text>')
         parts.append(
             f'<text x="{bx + 10}" y="{y + 16}" '
-            f'style="font-size:14px;font-weight:600">{_e(text)}</text>'
+            f'style="font-size:14px;font-weight:600">{escape(text)}</text>'
         )
     parts.append("</svg>")
     return "".join(parts)
@@ -538,28 +395,24 @@ def _html(report: Report) -> str:
     verdict_cls = "pass" if report.passed else "fail"
     verdict = "all checks passed" if report.passed else f"failed: {', '.join(report.failed)}"
     out = [
-        "<!DOCTYPE html>",
-        '<html lang="en"><head><meta charset="utf-8">',
-        '<meta name="viewport" content="width=device-width, initial-scale=1">',
-        f"<title>treeguard verify {_e(report.model)}</title>",
-        f"<style>{_CSS}</style></head><body>",
-        f"<h1>treeguard verify <code>{_e(report.model)}</code></h1>",
-        f'<p><span class="verdict {verdict_cls}">{_e(verdict)}</span> '
-        f'<span class="meta">{_e(report.created)} · {report.seconds:.1f} s · '
-        f"jax {_e(report.environment.get('jax'))} on {_e(report.environment.get('backend'))} "
-        f"({_e(report.environment.get('device_kind'))})</span></p>",
+        f"<h1>treeguard verify <code>{escape(report.model)}</code></h1>",
+        f'<p><span class="verdict {verdict_cls}">{escape(verdict)}</span> '
+        f'<span class="meta">{escape(report.created)} · {report.seconds:.1f} s · '
+        f"jax {escape(report.environment.get('jax'))} "
+        f"on {escape(report.environment.get('backend'))} "
+        f"({escape(report.environment.get('device_kind'))})</span></p>",
         "<h2>Checks</h2><table><tr><th>check</th><th>status</th><th>summary and "
         "evidence</th><th>time</th></tr>",
     ]
     for c in report.checks:
         ev = ""
         if c.evidence:
-            items = "".join(f"<li>{_e(line)}</li>" for line in c.evidence[:40])
+            items = "".join(f"<li>{escape(line)}</li>" for line in c.evidence[:40])
             more = f"<li>... and {len(c.evidence) - 40} more</li>" if len(c.evidence) > 40 else ""
             ev = f'<ul class="ev">{items}{more}</ul>'
         out.append(
-            f'<tr><td><code>{_e(c.name)}</code></td><td><span class="verdict {c.status}">'
-            f"{c.status.upper()}</span></td><td>{_e(c.summary)}{ev}</td><td>{c.seconds:.2f}s</td></tr>"
+            f'<tr><td><code>{escape(c.name)}</code></td><td><span class="verdict {c.status}">'
+            f"{c.status.upper()}</span></td><td>{escape(c.summary)}{ev}</td><td>{c.seconds:.2f}s</td></tr>"
         )
     out.append("</table>")
     for name, title in (
@@ -571,7 +424,7 @@ def _html(report: Report) -> str:
         except KeyError:
             continue
         if rows:
-            out.append(f"<h2>{_e(title)}</h2>")
+            out.append(f"<h2>{escape(title)}</h2>")
             out.append(error_plot(rows, "error / tolerance, log scale (≤ 1 passes)"))
             out.append(
                 f"<details><summary>per-leaf table ({len(rows)} leaves)</summary>"
@@ -586,8 +439,9 @@ def _html(report: Report) -> str:
     for row in report.cases:
         kind = "negative" if row.get("negative") else "positive"
         out.append(
-            f"<tr><td><code>{_e(row['name'])}</code></td><td>{kind}</td>"
-            f'<td class="mono">{_e(row["batch"])}</td><td>{_e(row.get("note", ""))}</td></tr>'
+            f"<tr><td><code>{escape(row['name'])}</code></td><td>{kind}</td>"
+            f'<td class="mono">{escape(row["batch"])}</td>'
+            f"<td>{escape(row.get('note', ''))}</td></tr>"
         )
     out.append(
         "</table><h2>Environment</h2><table><tr><th>key</th><th>this "
@@ -598,34 +452,35 @@ def _html(report: Report) -> str:
         recorded = {str(r["key"]): r.get("recorded") for r in report["environment"].rows}
     for k, v in report.environment.items():
         out.append(
-            f"<tr><td>{_e(k)}</td><td><code>{_e(v)}</code></td>"
-            f"<td><code>{_e(recorded.get(k, ''))}</code></td></tr>"
+            f"<tr><td>{escape(k)}</td><td><code>{escape(v)}</code></td>"
+            f"<td><code>{escape(recorded.get(k, ''))}</code></td></tr>"
         )
     out.append(
         "</table><h2>Tolerances</h2><table><tr><th>dtype</th><th>rtol</th><th>atol</th></tr>"
     )
     for k, v in report.tolerances.items():
-        out.append(f"<tr><td>{_e(k)}</td><td>{v['rtol']:g}</td><td>{v['atol']:g}</td></tr>")
+        out.append(f"<tr><td>{escape(k)}</td><td>{v['rtol']:g}</td><td>{v['atol']:g}</td></tr>")
     out.append("</table>")
     if report.references:
-        out.append(f'<p class="meta">references: <code>{_e(report.references)}</code></p>')
+        out.append(f'<p class="meta">references: <code>{escape(report.references)}</code></p>')
     if report.recorded:
-        out.append(f'<p class="meta">recorded: <code>{_e(report.recorded)}</code></p>')
-    out.append(f'<p class="meta">schema {_e(FORMAT)}</p></body></html>')
-    return "\n".join(out) + "\n"
+        out.append(f'<p class="meta">recorded: <code>{escape(report.recorded)}</code></p>')
+    out.append(f'<p class="meta">schema {escape(FORMAT)}</p>')
+    return page(f"treeguard verify {report.model}", out, css=_CSS)
 
 
 def _leaf_table(rows: list[dict[str, Any]]) -> str:
     cols = ("leaf", "ref", "max abs", "max rel", "rtol", "atol", "beyond")
     head = "<table><tr>" + "".join(f"<th>{c}</th>" for c in cols) + "</tr>"
     body = []
-    for r in sorted(rows, key=lambda r: -_num(r.get("ratio")))[:60]:
+    for r in sorted(rows, key=lambda r: -as_number(r.get("ratio")))[:60]:
         cls = "" if r.get("ok", True) else ' class="fail"'
         body.append(
-            f'<tr{cls}><td class="mono">{_e(_leaf_label(r))}</td><td '
-            f'class="mono">{_e(r.get("summary"))}</td>'
+            f'<tr{cls}><td class="mono">{escape(leaf_label(r))}</td><td '
+            f'class="mono">{escape(r.get("summary"))}</td>'
             f"<td>{_g(r.get('max_abs'))}</td><td>{_g(r.get('max_rel'))}</td><td>{_g(r.get('rtol'))}</td>"
-            f"<td>{_g(r.get('atol'))}</td><td>{_e(r.get('bad'))} / {_e(r.get('size'))}</td></tr>"
+            f"<td>{_g(r.get('atol'))}</td>"
+            f"<td>{escape(r.get('bad'))} / {escape(r.get('size'))}</td></tr>"
         )
     more = (
         f"<tr><td colspan=7>... and {len(rows) - 60} more leaves</td></tr>"
@@ -635,13 +490,7 @@ def _leaf_table(rows: list[dict[str, Any]]) -> str:
     return head + "".join(body) + more + "</table>"
 
 
-def _num(x: Any) -> float:
-    if x in ("inf", "nan"):
-        return float("inf")
-    return float(x or 0.0)
-
-
 def _g(x: Any) -> str:
     if isinstance(x, str):
-        return _e(x)
+        return escape(x)
     return f"{float(x or 0.0):.3g}"
