@@ -27,6 +27,7 @@ import jax
 import jax.extend.core as jex
 import numpy as np
 
+from .equation import bind
 from .paths import keystr
 from .walk import flatten, structure_of
 
@@ -216,7 +217,7 @@ class _Tracker:
             elif name in _LOOPS:
                 self.unfollowed.append(f"{name} at {site}")
             return [None] * len(eqn.outvars)
-        outs = self.bind(eqn, invals)
+        outs = bind(eqn, invals)
         if name == "random_bits":
             self.consume(invals[0], f"a random draw at {site}")
         elif name == "random_split":
@@ -243,16 +244,6 @@ class _Tracker:
         elif name in _LOOPS and _draws_keys(eqn):
             self.unfollowed.append(f"{name} at {site}")
         return outs
-
-    @staticmethod
-    def bind(eqn: Any, invals: list[Any]) -> list[Any]:
-        params = eqn.primitive.get_bind_params(eqn.params)
-        subfuns: tuple[Any, ...] = ()
-        if isinstance(params, tuple):  # older JAX: (subfuns, params)
-            subfuns, params = params
-        with eqn.ctx.manager:
-            out = eqn.primitive.bind(*subfuns, *invals, **params)
-        return list(out) if eqn.primitive.multiple_results else [out]
 
 
 def _draws_keys(eqn: Any) -> bool:

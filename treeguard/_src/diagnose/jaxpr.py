@@ -20,6 +20,7 @@ import jax.extend.core as jex
 import jax.extend.source_info_util as jsi
 import numpy as np
 
+from ..equation import bind
 from ..leaf import summarize
 
 #: Call-like primitives and the parameter that holds their body. A body's
@@ -107,17 +108,6 @@ def is_array(aval: Any) -> bool:
     if dtype is None or not hasattr(aval, "shape"):
         return False
     return not jax.numpy.issubdtype(dtype, jax.dtypes.prng_key)
-
-
-def bind(eqn: Any, invals: Sequence[Any]) -> list[Any]:
-    """Runs one equation eagerly on concrete values (one dispatch)."""
-    params = eqn.primitive.get_bind_params(eqn.params)
-    subfuns: tuple[Any, ...] = ()
-    if isinstance(params, tuple):  # older JAX: (subfuns, params)
-        subfuns, params = params
-    with eqn.ctx.manager:
-        out = eqn.primitive.bind(*subfuns, *invals, **params)
-    return list(out) if eqn.primitive.multiple_results else [out]
 
 
 def has_body(eqn: Any) -> bool:

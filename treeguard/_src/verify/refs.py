@@ -27,19 +27,11 @@ from ..spec import TreeSpec
 from . import model as model_module
 from .cases import Case
 from .model import Model
+from .programs import Evaluated
 
 FORMAT = "treeguard.regression/1"
 FORMAT_VERSION = 1
 _FORMAT_RE = re.compile(r"treeguard\.regression/([0-9]{1,9})")
-
-
-@dataclasses.dataclass(frozen=True)
-class Expected:
-    """What the model gave on one positive case when the references were recorded."""
-
-    outputs: Any
-    loss: Any
-    grads: Any
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,7 +42,7 @@ class References:
       path: where it was read from.
       params: the params ``init`` gave.
       cases: every stored case, positive and negative, in stored order.
-      expected: for each positive case's name, its ``Expected``.
+      expected: for each positive case's name, its ``Evaluated``.
       environment: the fingerprint of the recording run.
       tolerances: the tolerances declared when recording.
       seed: the seed used.
@@ -62,7 +54,7 @@ class References:
     path: Path
     params: Any
     cases: tuple[Case, ...]
-    expected: dict[str, Expected]
+    expected: dict[str, Evaluated]
     environment: dict[str, Any]
     tolerances: dict[str, Any]
     seed: int
@@ -144,7 +136,7 @@ def save(
     *,
     params: Any,
     cases: list[Case],
-    expected: dict[str, Expected],
+    expected: dict[str, Evaluated],
     tolerances: dict[str, Any],
     seed: int,
     model_name: str,
@@ -240,7 +232,7 @@ def load(
     declared = {_exc_name(t): t for t in exceptions}
     tree = checkpoint.load(source)
     cases: list[Case] = []
-    expected: dict[str, Expected] = {}
+    expected: dict[str, Evaluated] = {}
     for c in meta.get("cases", []):
         name = c["name"]
         raises = tuple(_exc_type(r, declared, source) for r in c.get("raises", []))
@@ -250,7 +242,7 @@ def load(
             else:
                 stored = tree["cases"][name]
                 batch = stored["batch"]
-                expected[name] = Expected(stored["outputs"], stored["loss"], stored["grads"])
+                expected[name] = Evaluated(stored["outputs"], stored["loss"], stored["grads"])
         except (KeyError, TypeError) as e:
             raise FormatError(
                 f"{source}: the manifest names case {name!r} but the file lacks {e}; "

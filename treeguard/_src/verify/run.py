@@ -58,11 +58,7 @@ def benchmark(
 def _record(programs: Programs, cases: list[Case], path: str | os.PathLike[str], name: str) -> Path:
     """Writes the references from the shared compiled functions' results."""
     model = programs.model
-    expected = {}
-    for case in cases:
-        if not case.negative:
-            r = programs.results(case)
-            expected[case.name] = refs_mod.Expected(r.outputs, r.loss, r.grads)
+    expected = {c.name: programs.results(c) for c in cases if not c.negative}
     return refs_mod.save(
         path,
         params=programs.params(),
