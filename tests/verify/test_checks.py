@@ -14,6 +14,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+import treeguard
 from treeguard import LeafSpec, spec_of
 from treeguard._src.env import environment
 from treeguard._src.keys import trace_keys
@@ -269,6 +270,22 @@ def test_a_crashing_apply_fails_with_the_exception_as_evidence() -> None:
 
     report = run(dataclasses.replace(BASE, apply=broken), bench=False)
     assert report["contract"].evidence == ["RuntimeError: boom"]
+    with pytest.raises(treeguard.VerificationError) as raised:
+        report.raise_if_failed()
+    e = raised.value
+    assert e.exit_code == 1 and isinstance(e, AssertionError)
+    assert e.failed == report.failed and e.evidence["contract"] == ["RuntimeError: boom"]
+    assert str(e).splitlines()[:2] == [
+        f"treeguard verify {report.model}: {len(e.failed)} checks failed: {', '.join(e.failed)}",
+        "  contract: RuntimeError: boom",
+    ]
+    assert (
+        str(e).splitlines()[-1].startswith("hint: the report (Report.write or `treeguard verify`)")
+    )
+
+
+def test_a_passing_run_raises_nothing() -> None:
+    run(BASE, bench=False).raise_if_failed()
 
 
 def test_missing_references_is_a_configuration_error(tmp_path: Path) -> None:

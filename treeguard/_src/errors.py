@@ -196,9 +196,48 @@ class IntegrityError(TreeguardError, ValueError):
 
 
 class VerificationError(TreeguardError, AssertionError):
-    """An acceptance check failed."""
+    """An acceptance check failed (``Report.raise_if_failed``).
+
+    Attributes:
+      failed: the names of the failed checks, in run order.
+      evidence: for each failed check, the lines that show why.
+
+    Example:
+      >>> e = VerificationError(failed=["finite"], evidence={"finite": ["['w'] 2 NaN"]},
+      ...                       context="mlp", hint="see the report")
+      >>> print(e)
+      mlp: 1 check failed: finite
+        finite: ['w'] 2 NaN
+      hint: see the report
+      >>> e.exit_code
+      1
+    """
 
     exit_code = 1
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        failed: Sequence[str] = (),
+        evidence: Mapping[str, Sequence[str]] | None = None,
+        context: str | None = None,
+        hint: str | None = None,
+    ) -> None:
+        self.failed = list(failed)
+        self.evidence = {k: list(v) for k, v in (evidence or {}).items()}
+        if not message and self.failed:
+            n = len(self.failed)
+            lines = [f"{n} check{'' if n == 1 else 's'} failed: {', '.join(self.failed)}"]
+            lines += cap_lines(
+                [
+                    f"  {name}: {line}"
+                    for name in self.failed
+                    for line in self.evidence.get(name, [])
+                ]
+            )
+            message = "\n".join(lines)
+        super().__init__(message, context=context, hint=hint)
 
 
 class NonFiniteError(TreeguardError, FloatingPointError):

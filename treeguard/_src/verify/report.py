@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..atomic import atomic_write
+from ..errors import VerificationError
 from ..htmlpage import as_number, error_plot, escape, leaf_label, page
 from .context import CheckResult
 
@@ -119,6 +120,38 @@ class Report:
     def exit_code(self) -> int:
         """0 when every check passed, 1 when any failed."""
         return EXIT_PASS if self.passed else EXIT_FAIL
+
+    def raise_if_failed(self) -> None:
+        """Raises when any check failed; does nothing when every check passed.
+
+        For a test or a script that must stop on a failed verification:
+        ``treeguard.verify.run(model).raise_if_failed()``.
+
+        Raises:
+          VerificationError: naming each failed check with its evidence
+            (``.failed``, ``.evidence``); its ``exit_code`` is 1.
+
+        Example:
+          >>> ok = CheckResult("finite", "pass", "loss and grads are finite")
+          >>> Report("mlp", [ok], {}, {}, []).raise_if_failed()
+          >>> bad = CheckResult("keys", "fail", "1 key reused", ["key 0 used twice"])
+          >>> Report("mlp", [ok, bad], {}, {}, []).raise_if_failed()
+          Traceback (most recent call last):
+          ...
+          treeguard.VerificationError: treeguard verify mlp: 1 check failed: keys
+            keys: key 0 used twice
+          hint: ...
+        """
+        if self.passed:
+            return
+        bad = [c for c in self.checks if not c.passed]
+        raise VerificationError(
+            failed=[c.name for c in bad],
+            evidence={c.name: c.evidence or [c.summary] for c in bad},
+            context=f"treeguard verify {self.model}",
+            hint="the report (Report.write or `treeguard verify`) shows every line of "
+            "evidence; re-record the references with record=True only if the change is intended",
+        )
 
     def __getitem__(self, name: str) -> CheckResult:
         """The result of the check called ``name``.
