@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ast
 import importlib
 import types
+from pathlib import Path
 
 import pytest
 from subproc import run_python
@@ -36,6 +38,29 @@ def test_a_lazy_name_is_the_defining_module_object() -> None:
     from treeguard import TreeSpec, spec_of
 
     assert TreeSpec is treeguard.TreeSpec and spec_of is treeguard.spec_of
+
+
+def _type_checking_imports() -> dict[str, str]:
+    """What the type checkers see: ``name -> module`` from the TYPE_CHECKING block."""
+    tree = ast.parse(Path(treeguard.__file__).read_text(encoding="utf-8"))
+    block = next(
+        n
+        for n in tree.body
+        if isinstance(n, ast.If) and ast.unparse(n.test).endswith("TYPE_CHECKING")
+    )
+    seen: dict[str, str] = {}
+    for node in block.body:
+        assert isinstance(node, ast.ImportFrom), ast.unparse(node)
+        for alias in node.names:
+            assert alias.asname == alias.name, f"{alias.name} is imported as {alias.asname}"
+            assert alias.name not in seen, f"{alias.name} is imported twice"
+            seen[alias.name] = "." * node.level + (node.module or "")
+    return seen
+
+
+def test_the_lazy_table_is_the_one_list_of_public_names() -> None:
+    assert treeguard.__all__ == sorted(treeguard._EXPORTS)
+    assert _type_checking_imports() == treeguard._EXPORTS
 
 
 def test_an_unknown_name_is_an_attribute_error() -> None:
