@@ -12,7 +12,7 @@ import pytest
 from corpus import Linear, Point
 
 import treeguard as tg
-from treeguard._src.spec import FORMAT
+from treeguard._src.specjson import FORMAT
 
 
 def test_corpus_round_trips_through_json(corpus_tree: Any) -> None:

@@ -13,7 +13,6 @@ import gc
 import json
 import math
 import os
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from itertools import repeat
 from operator import attrgetter
@@ -21,28 +20,21 @@ from typing import Any
 
 import numpy as np
 
+from . import specjson
 from .atomic import atomic_write
 from .errors import FormatError, InvalidTreeError
-from .keydtype import array_dtype, dtype_name
+from .keydtype import array_dtype
 from .leaf import Record, Shape, describe_sharding, dtype_of, summarize
-from .paths import Entry, Path, keystr, short_repr
+from .paths import Path, keystr
 from .strictjson import loads as strict_loads
 from .walk import (
-    LEAF,
-    MAX_DEPTH,
     Node,
     flatten_with_types,
     invalid_leaves,
-    key_problems,
     known_leaf_types,
     structure_of,
 )
 
-FORMAT = "treeguard.spec/1"
-FORMAT_VERSION = 1
-_FORMAT_RE = re.compile(r"^treeguard\.spec/(\d{1,9})$")
-#: The largest size a spec's dimension may give (any real array is smaller).
-_MAX_DIM = 2**62
 _aval = attrgetter("aval")
 _shape = attrgetter("shape")
 _dtype = attrgetter("dtype")
@@ -365,12 +357,7 @@ class TreeSpec:
         Raises:
           InvalidTreeError: naming a dict key that JSON cannot hold.
         """
-        counter = iter(self.records)
-        return {
-            "format": FORMAT,
-            "num_leaves": self.num_leaves,
-            "tree": _node_to_dict(self._root, counter, ()),
-        }
+        return specjson.encode(self._root, self.records)
 
     def to_json(self, *, indent: int | None = 1) -> str:
         """The spec as JSON text; equal specs give byte-identical text."""
@@ -391,31 +378,7 @@ class TreeSpec:
           FormatError: for anything that is not a treeguard spec of a known
             version, naming where in the document it went wrong.
         """
-        if not isinstance(data, dict):
-            raise FormatError(f"a spec is a JSON object, not {type(data).__name__}")
-        fmt = data.get("format")
-        m = _FORMAT_RE.match(fmt) if isinstance(fmt, str) else None
-        if m is None:
-            shown = fmt[:80] if isinstance(fmt, str) else type(fmt).__name__
-            raise FormatError(f"not a treeguard spec: format is {shown!r}, expected {FORMAT!r}")
-        if int(m.group(1)) > FORMAT_VERSION:
-            raise FormatError(
-                f"spec format {fmt!r} is newer than this treeguard reads ({FORMAT!r}); "
-                "upgrade treeguard"
-            )
-        if "tree" not in data:
-            raise FormatError("spec has no 'tree'")
-        records: list[Record] = []
-        root = _node_from_dict(data["tree"], records, "tree", 0)
-        declared = data.get("num_leaves")
-        if declared is not None and (
-            not isinstance(declared, int) or isinstance(declared, bool) or declared != len(records)
-        ):
-            raise FormatError(f"spec declares {declared!r} leaves but holds {len(records)}")
-        problems = key_problems(root)
-        if problems:
-            where, what = problems[0]
-            raise FormatError(f"tree{where}: {what}")
+        root, records = specjson.decode(data)
         return cls(root, records)
 
     @classmethod
@@ -687,153 +650,6 @@ def _apply_dims(records: list[Record], dims: Mapping[str, int], root: Node) -> l
             new[axis] = sym
         out.append((tuple(new), dtype, weak, sh))
     return out
-
-
-# -- JSON nodes --------------------------------------------------------------
-
-_JSON_KEY_TYPES = (str, int, float, bool, type(None))
-
-
-def _entry_to_json(entry: Entry, path: Path) -> list[Any]:
-    kind, key = entry
-    if not isinstance(key, _JSON_KEY_TYPES) or (isinstance(key, float) and not math.isfinite(key)):
-        raise InvalidTreeError(
-            [(keystr(path), f"key {key!r} of type {type(key).__name__} has no JSON form")],
-            hint="use str or int keys in trees you save",
-        )
-    return [kind, key]
-
-
-def _node_to_dict(node: Node, records: Iterable[Record], path: Path) -> dict[str, Any]:
-    if node.kind == "leaf":
-        shape, dtype, weak, sharding = next(iter(records))
-        out: dict[str, Any] = {
-            "kind": "leaf",
-            "shape": list(shape),
-            "dtype": dtype_name(dtype),
-            "weak_type": weak,
-        }
-        if sharding is not None:
-            out["sharding"] = sharding
-        return out
-    out = {"kind": node.kind}
-    if node.kind in ("namedtuple", "custom"):
-        out["type"] = node.type_name
-    if node.kind == "custom":
-        out["aux"] = node.aux
-        if node.aux_repr is not None:
-            out["aux_repr"] = node.aux_repr
-    it = iter(records)
-    out["children"] = [
-        [_entry_to_json(e, path), _node_to_dict(c, it, (*path, e))]
-        for e, c in zip(node.entries, node.children)
-    ]
-    return out
-
-
-_KINDS = ("leaf", "none", "dict", "list", "tuple", "namedtuple", "custom")
-_ENTRY_KINDS = ("key", "index", "attr", "flat")
-
-
-def _node_from_dict(d: Any, records: list[Record], where: str, depth: int) -> Node:
-    if not isinstance(d, dict):
-        raise FormatError(f"{where}: a node is a JSON object, not {type(d).__name__}")
-    if depth > MAX_DEPTH:
-        raise FormatError(f"{where[:200]}...: the spec nests deeper than {MAX_DEPTH} containers")
-    kind = d.get("kind")
-    if not isinstance(kind, str) or kind not in _KINDS:
-        raise FormatError(f"{where}: unknown node kind {short_repr(kind)}")
-    if kind == "leaf":
-        if "children" in d:
-            raise FormatError(f"{where}: a leaf has no children")
-        records.append(_leaf_record(d, where))
-        return LEAF
-    children_raw = d.get("children", [])
-    if not isinstance(children_raw, list):
-        raise FormatError(f"{where}: children must be a list")
-    if kind == "none" and children_raw:
-        raise FormatError(f"{where}: a none node has no children")
-    entries: list[Entry] = []
-    children: list[Node] = []
-    for i, item in enumerate(children_raw):
-        at = f"{where}.children[{i}]"
-        if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], list)):
-            raise FormatError(f"{at}: expected [entry, node]")
-        e = _entry_from_json(item[0], kind, i, at)
-        entries.append(e)
-        children.append(_node_from_dict(item[1], records, f"{where}{keystr((e,))}", depth + 1))
-    type_name = d.get("type", "")
-    if kind in ("namedtuple", "custom") and (not isinstance(type_name, str) or not type_name):
-        raise FormatError(f"{where}: type must be a non-empty string")
-    aux_repr = d.get("aux_repr")
-    if aux_repr is not None and not isinstance(aux_repr, str):
-        raise FormatError(f"{where}: aux_repr must be a string or null")
-    builtin = {
-        "dict": "builtins.dict",
-        "list": "builtins.list",
-        "tuple": "builtins.tuple",
-        "none": "builtins.NoneType",
-    }
-    return Node(
-        kind=kind,  # type: ignore[arg-type]  # checked against _KINDS above
-        type_name=builtin.get(kind, str(type_name or "")),
-        aux=d.get("aux"),
-        aux_repr=aux_repr,
-        entries=tuple(entries),
-        children=tuple(children),
-        num_leaves=sum(c.num_leaves for c in children),
-    )
-
-
-def _leaf_record(d: dict[str, Any], where: str) -> Record:
-    shape = d.get("shape")
-    if not isinstance(shape, list) or not all(
-        (isinstance(x, int) and not isinstance(x, bool) and 0 <= x <= _MAX_DIM)
-        or (isinstance(x, str) and x)
-        for x in shape
-    ):
-        raise FormatError(f"{where}: bad shape {short_repr(shape)}")
-    text = d.get("dtype")
-    if text is not None and not isinstance(text, str):
-        raise FormatError(f"{where}: dtype must be a string, not {type(text).__name__}")
-    dtype = dtype_of(text)
-    if not dtype.isnative:
-        raise FormatError(
-            f"{where}: dtype {str(text)[:20]!r} has non-native byte order; a spec names dtypes "
-            "by name (float32), stored in native order"
-        )
-    weak = d.get("weak_type")
-    if weak is not None and not isinstance(weak, bool):
-        raise FormatError(f"{where}: weak_type must be true, false or null")
-    sharding = d.get("sharding")
-    if sharding is not None and not isinstance(sharding, str):
-        raise FormatError(f"{where}: sharding must be a string")
-    return (tuple(shape), dtype, weak, sharding)
-
-
-#: The entry kind each container kind's children carry.
-_CHILD_KINDS = {
-    "dict": ("key",),
-    "list": ("index",),
-    "tuple": ("index",),
-    "namedtuple": ("attr",),
-    "custom": _ENTRY_KINDS,
-}
-
-
-def _entry_from_json(entry: list[Any], kind: str, i: int, at: str) -> Entry:
-    if len(entry) != 2 or entry[0] not in _CHILD_KINDS.get(kind, ()):
-        raise FormatError(f"{at}: bad key entry {short_repr(entry)} for a {kind} node")
-    ekind, key = entry
-    if ekind in ("index", "flat") and (not isinstance(key, int) or isinstance(key, bool)):
-        raise FormatError(f"{at}: index must be an integer")
-    if kind in ("list", "tuple") and key != i:
-        raise FormatError(f"{at}: child {i} of a {kind} has index {key}")
-    if ekind == "attr" and not isinstance(key, str):
-        raise FormatError(f"{at}: attribute must be a string")
-    if isinstance(key, (list, dict)):
-        raise FormatError(f"{at}: key {short_repr(key)} is not hashable")
-    return (ekind, key)
 
 
 def _skeleton(node: Node, path: Path) -> Any:

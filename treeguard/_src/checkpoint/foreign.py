@@ -40,8 +40,8 @@ from ..keydtype import dtype_name
 from ..leaf import dtype_of, summarize
 from ..mismatch import Mismatch
 from ..paths import keystr, parse
-from ..spec import FORMAT as SPEC_FORMAT
 from ..spec import LeafSpec, TreeSpec, spec_of
+from ..specjson import FORMAT as SPEC_FORMAT
 from ..walk import flatten
 from .files import pread_into
 from .format import FOREIGN, K_FORMAT, MAX_NDIM, StoredTensor
