@@ -1,8 +1,10 @@
-"""TreeSpec and LeafSpec: the contract of a pytree, and its JSON form.
+"""TreeSpec and LeafSpec: the contract of a pytree.
 
-Reading a spec from JSON and printing it needs numpy only: JAX is imported
-by the functions that meet live arrays, and ``ml_dtypes`` only for a dtype
-numpy does not know by name (``bfloat16``, the float8 types).
+Its JSON form is ``specjson.py``; what one leaf is (dtype, summary,
+sharding text) is ``leaf.py``. Reading a spec from JSON and printing it needs
+numpy only: JAX is imported by the functions that meet live arrays, and
+``ml_dtypes`` only for a dtype numpy does not know by name (``bfloat16``, the
+float8 types).
 """
 
 from __future__ import annotations
