@@ -552,15 +552,6 @@ def _leaf_types() -> tuple[type, ...]:
     )
 
 
-def is_leaf_value(x: Any, extra: tuple[type, ...] = ()) -> bool:
-    """Whether ``x`` may be a leaf of a parameter tree.
-
-    Arrays (jax, numpy, tracers), numpy scalars, Python numbers and
-    ``jax.ShapeDtypeStruct`` are; strings and arbitrary objects are not.
-    """
-    return isinstance(x, _leaf_types() + extra)
-
-
 def known_leaf_types(leaves: Sequence[Any]) -> bool:
     """Whether every value's type is one the cycle guard knows as a JAX leaf
     (never a container), so ``leaves`` really are leaves."""

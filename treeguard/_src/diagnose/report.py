@@ -153,11 +153,6 @@ def to_dict(d: Diagnosis) -> dict[str, Any]:
     }
 
 
-def divergence_dict(div: Divergence) -> dict[str, Any]:
-    """The JSON document of one ``locate`` result (schema ``treeguard.diagnose/1``)."""
-    return {"format": FORMAT, "divergence": div.to_dict()}
-
-
 def to_json(d: Diagnosis) -> str:
     return json.dumps(to_dict(d), indent=1, allow_nan=False, default=str)
 

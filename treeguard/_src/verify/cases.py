@@ -23,8 +23,6 @@ from ..spec import LeafSpec, TreeSpec
 from ..walk import flatten, structure_of
 from .model import BATCH, Model, is_float
 
-POSITIVE = ("standard", "single", "zeros", "boundary")
-
 
 @dataclasses.dataclass(frozen=True)
 class Case:
