@@ -15,6 +15,7 @@ from typing import Any, Literal
 from ..atomic import atomic_write
 from ..htmlpage import error_plot, escape, page
 from ..verify.compare import LeafError
+from ..verify.context import by_name
 from .divergence import Divergence
 from .nan import NanSite
 
@@ -103,10 +104,7 @@ class Diagnosis:
         Raises:
           KeyError: naming the stages that ran.
         """
-        for s in self.stages:
-            if s.name == name:
-                return s
-        raise KeyError(f"no stage {name!r}; the stages are {[s.name for s in self.stages]}")
+        return by_name(self.stages, name, "stage")
 
     def print(self, console: Any = None) -> None:
         """Prints the ladder and the failing stage's evidence (rich)."""

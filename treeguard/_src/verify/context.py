@@ -4,7 +4,8 @@ and the ``CheckResult`` each returns."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Literal
+from collections.abc import Sequence
+from typing import Any, Literal, Protocol, TypeVar
 
 from ..diff import mismatches
 from ..mismatch import Mismatch
@@ -14,6 +15,31 @@ from .programs import Programs, as_jax
 from .refs import References
 
 Status = Literal["pass", "fail", "skip"]
+
+
+class _Named(Protocol):
+    @property
+    def name(self) -> str: ...
+
+
+N = TypeVar("N", bound=_Named)
+
+
+def by_name(results: Sequence[N], name: str, what: str) -> N:
+    """The result called ``name`` (a check's, a stage's).
+
+    Raises:
+      KeyError: naming the results there are.
+
+    Example:
+      >>> by_name([CheckResult("keys", "pass", "ok")], "keys", "check").status
+      'pass'
+    """
+    for r in results:
+        if r.name == name:
+            return r
+    raise KeyError(f"no {what} {name!r}; the {what}s are {[r.name for r in results]}")
+
 
 #: How many lines of one kind a check's evidence lists before it counts the rest.
 LISTED = 12

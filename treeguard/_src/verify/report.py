@@ -20,7 +20,7 @@ import numpy as np
 from ..atomic import atomic_write
 from ..errors import VerificationError
 from ..htmlpage import as_number, error_plot, escape, leaf_label, page
-from .context import CheckResult
+from .context import CheckResult, by_name
 
 FORMAT = "treeguard.verify-report/1"
 
@@ -159,10 +159,7 @@ class Report:
         Raises:
           KeyError: naming the checks there are.
         """
-        for c in self.checks:
-            if c.name == name:
-                return c
-        raise KeyError(f"no check {name!r}; the checks are {[c.name for c in self.checks]}")
+        return by_name(self.checks, name, "check")
 
     # -- JSON ---------------------------------------------------------------
 
