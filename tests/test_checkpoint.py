@@ -20,20 +20,23 @@ import pytest
 import safetensors.numpy
 from corpus import CORPUS, Pair, seed_params
 
-from treeguard._src.checkpoint import (
-    FORMAT,
+from treeguard import (
+    FormatError,
+    IntegrityError,
+    InvalidTreeError,
+    LeafSpec,
+    TreeMismatchError,
+    TreeSpec,
+    environment,
     load,
+    mismatches,
     read_header,
-    remove_stale_temps,
     save,
-    spec_from_file,
-    spec_reader,
+    spec_of,
     verify_file,
 )
-from treeguard._src.diff import mismatches
-from treeguard._src.env import KEYS, environment, environment_diff
-from treeguard._src.errors import FormatError, IntegrityError, InvalidTreeError, TreeMismatchError
-from treeguard._src.spec import LeafSpec, TreeSpec, spec_of
+from treeguard._src.checkpoint import FORMAT, remove_stale_temps, spec_from_file, spec_reader
+from treeguard._src.env import KEYS, environment_diff
 
 
 def _leaves_equal(a: Any, b: Any) -> bool:
@@ -423,7 +426,7 @@ _SHARDED = textwrap.dedent(
     import os, sys
     import jax, jax.numpy as jnp, numpy as np
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-    from treeguard._src.checkpoint import save, load, read_header
+    from treeguard import save, load, read_header
     assert jax.device_count() == 8, jax.devices()
     mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "model"))
     w = jax.device_put(jnp.arange(64.0).reshape(8, 8), NamedSharding(mesh, P("data", "model")))

@@ -19,9 +19,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from treeguard import FormatError, IntegrityError, load, read_header, save, verify_file
 from treeguard._src import checkpoint as ck
-from treeguard._src.checkpoint import load, read_header, save, verify_file
-from treeguard._src.errors import FormatError, IntegrityError
 
 _MARKER = "treeguard-pickle-ran"
 
@@ -120,8 +119,8 @@ def test_devices_and_directories_are_refused(tmp_path: Path) -> None:
 
 _FIFO_READER = """
 import sys
-from treeguard._src.checkpoint import load, read_header, verify_file
-from treeguard._src.errors import FormatError
+from treeguard import load, read_header, verify_file
+from treeguard import FormatError
 for reader in (load, read_header, verify_file):
     try:
         reader(sys.argv[1])

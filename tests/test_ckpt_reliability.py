@@ -23,9 +23,16 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from treeguard import ArtifactStore, RetentionPolicy
-from treeguard._src.checkpoint import load, read_header, save, verify_file
-from treeguard._src.errors import FormatError, IntegrityError
+from treeguard import (
+    ArtifactStore,
+    FormatError,
+    IntegrityError,
+    RetentionPolicy,
+    load,
+    read_header,
+    save,
+    verify_file,
+)
 
 POINTER_FILE = "CURRENT.json"
 
@@ -42,7 +49,7 @@ _SAVER = textwrap.dedent(
     """
     import sys
     import numpy as np
-    from treeguard._src.checkpoint import save
+    from treeguard import save
     path, tag = sys.argv[1], int(sys.argv[2])
     tree = {f"l{i:02d}": np.full((512, 1024), tag * 100 + i, np.float32) for i in range(32)}
     print("ready", flush=True)
@@ -219,7 +226,7 @@ _CONCURRENT_SAVER = textwrap.dedent(
     """
     import sys
     import numpy as np
-    from treeguard._src.checkpoint import save
+    from treeguard import save
     path, tag, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     tree = {f"l{i:02d}": np.full((128, 1024), tag * 100 + i, np.float32) for i in range(16)}
     print("ready", flush=True)

@@ -360,7 +360,7 @@ def test_atomic_write_leaves_no_temp_file_on_failure(tmp_path: Path) -> None:
 
 
 def test_a_failed_save_in_put_removes_the_version_dir_and_burns_its_name(tmp_path: Path) -> None:
-    from treeguard._src.errors import InvalidTreeError
+    from treeguard import InvalidTreeError
 
     store = ArtifactStore(tmp_path)
     with pytest.raises(InvalidTreeError):

@@ -11,9 +11,9 @@ CHILD = textwrap.dedent(
     """
     import jax, jax.numpy as jnp, numpy as np, optax
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-    from treeguard._src.errors import TreeMismatchError
-    from treeguard._src.optimizer import optax_step
-    from treeguard._src.update import apply_updates, updater
+    from treeguard import TreeMismatchError
+    from treeguard import optax_step
+    from treeguard import apply_updates, updater
 
     assert jax.device_count() == 8, jax.devices()
     mesh = Mesh(np.array(jax.devices()).reshape(2, 4), ("x", "y"))

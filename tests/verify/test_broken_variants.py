@@ -18,9 +18,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from treeguard._src.verify.run import record_references, run
 from treeguard.examples import mlp
-from treeguard.verify import CHECKS
+from treeguard.verify import CHECKS, record_references, run
 
 BASE = mlp.model
 

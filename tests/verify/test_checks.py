@@ -15,10 +15,7 @@ import numpy as np
 import pytest
 
 import treeguard
-from treeguard import LeafSpec, spec_of
-from treeguard._src.env import environment
-from treeguard._src.keys import trace_keys
-from treeguard._src.tolerance import Tolerance
+from treeguard import ConfigError, LeafSpec, environment, spec_of
 from treeguard._src.verify import refs
 from treeguard._src.verify.cases import generate
 from treeguard._src.verify.checks import (
@@ -28,10 +25,17 @@ from treeguard._src.verify.checks import (
     check_negative,
     example_hashes,
 )
-from treeguard._src.verify.compare import compare_trees, leaf_error
-from treeguard._src.verify.model import ConfigError, InvalidInput, Model
-from treeguard._src.verify.run import record_references, run
+from treeguard._src.verify.compare import leaf_error
 from treeguard.examples import mlp
+from treeguard.verify import (
+    InvalidInput,
+    Model,
+    Tolerance,
+    compare_trees,
+    record_references,
+    run,
+    trace_keys,
+)
 
 BASE = mlp.model
 
@@ -368,11 +372,9 @@ def test_compare_trees_compares_complex_leaves_as_complex() -> None:
 
 
 def _rewrite_manifest(src: Path, dst: Path, **changes: Any) -> Path:
-    from treeguard._src import checkpoint
-
-    meta = dict(checkpoint.read_header(src).metadata)
+    meta = dict(treeguard.read_header(src).metadata)
     meta.update(changes)
-    checkpoint.save(dst, checkpoint.load(src), metadata=meta)
+    treeguard.save(dst, treeguard.load(src), metadata=meta)
     return dst
 
 
@@ -381,7 +383,7 @@ def test_references_never_import_a_module_they_name(
 ) -> None:
     import sys
 
-    from treeguard._src.errors import FormatError
+    from treeguard import FormatError
 
     marker = tmp_path / "imported"
     (tmp_path / "tg_side_effect.py").write_text(
@@ -410,7 +412,7 @@ def _apply_refusing_rank3(params: Any, batch: Any) -> Any:
 
 
 def test_references_resolve_the_exceptions_the_model_declares(tmp_path: Path) -> None:
-    from treeguard._src.errors import FormatError, InvalidTreeError
+    from treeguard import FormatError, InvalidTreeError
 
     m = dataclasses.replace(
         BASE,
@@ -432,7 +434,7 @@ def test_references_resolve_the_exceptions_the_model_declares(tmp_path: Path) ->
 
 
 def test_references_with_a_malformed_format_are_a_format_error(tmp_path: Path) -> None:
-    from treeguard._src.errors import FormatError
+    from treeguard import FormatError
 
     src = record_references(BASE, tmp_path / "r.safetensors")
     bad = _rewrite_manifest(src, tmp_path / "bad.safetensors", format="treeguard.regression/one")
@@ -466,7 +468,7 @@ def test_trace_keys_refuses_a_cyclic_argument_first() -> None:
     out = _run_isolated(
         """
         import jax
-        from treeguard._src.errors import InvalidTreeError
+        from treeguard import InvalidTreeError
         from treeguard._src.keys import trace_keys
 
         cyclic = {"key": jax.random.key(0)}
@@ -488,7 +490,7 @@ def test_cyclic_data_is_refused_by_the_path_formatter() -> None:
     out = _run_isolated(
         """
         import numpy as np
-        from treeguard._src.errors import InvalidTreeError
+        from treeguard import InvalidTreeError
         from treeguard._src.verify.cases import Case
         from treeguard._src.verify.checks import example_hashes
 

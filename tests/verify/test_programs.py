@@ -13,8 +13,8 @@ import pytest
 
 from treeguard._src.verify.cases import generate
 from treeguard._src.verify.checks import Context
-from treeguard._src.verify.run import run
 from treeguard.examples import mlp
+from treeguard.verify import run
 
 BASE = mlp.model
 

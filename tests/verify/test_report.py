@@ -12,10 +12,9 @@ import jax
 import pytest
 from rich.console import Console
 
-from treeguard._src.verify.report import FORMAT, Report
-from treeguard._src.verify.run import run
+from treeguard._src.verify.report import FORMAT
 from treeguard.examples import mlp
-from treeguard.verify import CHECKS
+from treeguard.verify import CHECKS, Report, run
 
 _CACHE: dict[str, Report] = {}
 
