@@ -43,7 +43,7 @@ KILLS = 40 if FULL else 6
 STORE_KILLS = 30 if FULL else 4
 FLIPS = 5000 if FULL else 200
 CUTS = 1000 if FULL else 60
-ROOT = str(Path(__file__).resolve().parents[1])
+ROOT = str(Path(__file__).resolve().parents[2])
 
 _SAVER = textwrap.dedent(
     """

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 import treeguard as tg
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parents[1] / "data"
 #: A real model file from the chess-cv wheel on PyPI (see tests/data/README.md).
 CHESS = DATA / "chess_cv_pieces.safetensors"
 

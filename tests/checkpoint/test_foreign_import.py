@@ -21,7 +21,7 @@ from click.testing import CliRunner
 import treeguard as tg
 from treeguard._cli.main import main
 
-CHESS = Path(__file__).parent / "data" / "chess_cv_pieces.safetensors"
+CHESS = Path(__file__).parents[1] / "data" / "chess_cv_pieces.safetensors"
 
 
 def _run(*args: str) -> Any:
