@@ -13,7 +13,7 @@ CHILD = textwrap.dedent(
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
     from treeguard._src.errors import TreeMismatchError
     from treeguard._src.optimizer import optax_step
-    from treeguard._src.update import apply_updates, updater
+    from treeguard._src.updates import apply_updates, updater
 
     assert jax.device_count() == 8, jax.devices()
     mesh = Mesh(np.array(jax.devices()).reshape(2, 4), ("x", "y"))
