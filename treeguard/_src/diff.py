@@ -11,7 +11,15 @@ from .errors import TreeMismatchError
 from .keydtype import dtype_name
 from .mismatch import Mismatch
 from .paths import Path, keystr
-from .spec import Record, TreeSpec, record_of, spec_from_leaves, spec_of, summarize
+from .spec import (
+    Record,
+    TreeSpec,
+    record_of,
+    same_sharding,
+    spec_from_leaves,
+    spec_of,
+    summarize,
+)
 from .walk import Node, flatten_with_types, top_levels
 
 
@@ -173,7 +181,7 @@ class _Differ:
             self.add(path, "dtype", dtype_name(e_dtype), dtype_name(a_dtype))
         if a_weak is not None and e_weak is not None and a_weak != e_weak:
             self.add(path, "weak_type", e_weak, a_weak)
-        if a_sh is not None and e_sh is not None and a_sh != e_sh:
+        if a_sh is not None and e_sh is not None and not same_sharding(a_sh, e_sh):
             self.add(path, "sharding", e_sh, a_sh)
 
     def shape(self, a: tuple[Any, ...], e: tuple[Any, ...], path: Path) -> None:

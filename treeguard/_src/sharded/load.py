@@ -13,7 +13,7 @@ from ..diff import mismatches
 from ..errors import ConfigError, IntegrityError, TreeMismatchError
 from ..mismatch import Mismatch
 from ..paths import keystr
-from ..spec import LeafSpec, TreeSpec, describe_sharding, spec_of
+from ..spec import LeafSpec, TreeSpec, describe_sharding, same_sharding, spec_of
 from . import hosts
 from .digests import ShardChecker
 from .manifest import ArrayRecord, Manifest, read_with_digest
@@ -287,5 +287,6 @@ def shard_error(where: str, paths: Sequence[str]) -> IntegrityError:
 def _report_resharding(arrays: Sequence[ArrayRecord], restored: Sequence[Any]) -> None:
     for a, arr in zip(arrays, restored):
         now = describe_sharding(arr)
-        if a.sharding != now and hosts.process_index() == 0:
+        changed = a.sharding != now and not (a.sharding and now and same_sharding(a.sharding, now))
+        if changed and hosts.process_index() == 0:
             logger.info("%s: resharded from %s to %s", a.path or "<root>", a.sharding, now)

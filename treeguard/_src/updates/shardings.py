@@ -100,6 +100,8 @@ def plan_shardings(ref: Layout, others: Sequence[Layout]) -> list[Any] | None:
     ref_sh = [sharding_of(x) if getattr(x, "committed", True) else None for x in ref.leaves]
     found: list[tuple[int, Any, Any, str]] = []
     for lay in others:
+        if lay.treedef != ref.treedef:
+            continue  # the layout check names what differs
         for i, x in enumerate(lay.leaves):
             sh, want = sharding_of(x), ref_sh[i]
             if sh is None or want is None:
