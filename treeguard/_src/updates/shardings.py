@@ -14,6 +14,7 @@ out as an ``InvalidTreeError`` naming the leaf and its sharding.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Sequence
 from typing import Any
@@ -75,6 +76,33 @@ def axis_types(sharding: Any) -> tuple[str, ...]:
     mesh = getattr(sharding, "mesh", None)
     types = getattr(mesh, "axis_types", None)
     return tuple(t.name for t in types) if types is not None else ()
+
+
+def mesh_of(tree: Any) -> Any:
+    """The mesh of the first leaf placed on one with an axis that is not Auto,
+    or None: what eager code on such leaves needs as its context mesh."""
+    for x in jax.tree.leaves(tree):
+        sh = sharding_of(x) if not is_tracer(x) else None
+        if sh is not None and any(t != "Auto" for t in axis_types(sh)):
+            return sh.mesh
+    return None
+
+
+def on_mesh(tree: Any) -> contextlib.AbstractContextManager[Any]:
+    """The context in which eager code may compute on ``tree``: its mesh set
+    with ``jax.set_mesh`` (``jax.sharding.use_mesh`` where JAX has no
+    ``set_mesh``) when it has Explicit axes, else nothing.
+
+    JAX runs an eager operation on arrays sharded over Explicit axes only
+    with their mesh as the context mesh.
+    """
+    mesh = mesh_of(tree)
+    if mesh is None:
+        return contextlib.nullcontext()
+    set_mesh = getattr(jax, "set_mesh", None) or getattr(jax.sharding, "use_mesh", None)
+    if set_mesh is None:  # pragma: no cover - every JAX with axis types has one
+        return contextlib.nullcontext()
+    return set_mesh(mesh)  # type: ignore[no-any-return]
 
 
 def plan_shardings(ref: Layout, others: Sequence[Layout]) -> list[Any] | None:
