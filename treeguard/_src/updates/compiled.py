@@ -39,11 +39,12 @@ from ..spec import summarize
 from .layout import Layout, check_arrays, check_scalars, host_layouts, is_tracer
 from .policy import Cast, OnNonfinite
 from .shardings import (
-    about_sharding,
     from_jax,
     multi_device,
     plan_shardings,
     plan_shardings_all,
+    refuse_foreign,
+    refused_layout,
     sharded_leaves,
     sharding_of,
     sharding_refused,
@@ -271,10 +272,29 @@ def diagnose(
         raise InvalidTreeError(problems, hint=hint) from error
     if isinstance(error, ValueError) and "devices" in str(error):
         plan_shardings(lays[0], [lay for lay in lays[1:] if lay.treedef == lays[0].treedef])
-    if from_jax(error) and about_sharding(error):
+    if refused_layout(error):
+        refuse_foreign(lays[0], lays[1:], [sharding_of(x) for x in lays[0].leaves])
         sharded = sharded_leaves(lays)
         if sharded:
             raise sharding_refused(error, sharded) from error
+
+
+def _name_refused_leaves(
+    error: InvalidTreeError, cause: BaseException, lays: Sequence[Layout]
+) -> None:
+    """Raises a layout refusal found while tracing again, naming the leaves
+    by their concrete shardings (while tracing, only their types were known);
+    a tree on another mesh is named as such first, with both shardings."""
+    refuse_foreign(lays[0], lays[1:], [sharding_of(x) for x in lays[0].leaves])
+    named = {path for path, _ in error.problems}
+    where = [
+        (path, x, lay.label)
+        for lay in lays
+        for path, x in zip(lay.paths(), lay.leaves)
+        if path in named
+    ]
+    if where:
+        raise sharding_refused(cause, where) from cause
 
 
 def run_step(
@@ -292,6 +312,9 @@ def run_step(
         notes = getattr(e, "__notes__", None)
         if notes:
             notes[:] = [n for n in notes if "JAX has removed its internal frames" not in n]
+        cause = e.__cause__
+        if isinstance(e, InvalidTreeError) and cause is not None and refused_layout(cause):
+            _name_refused_leaves(e, cause, layouts())
         raise
     except Exception as e:
         if isinstance(e, (TypeError, ValueError, RuntimeError)) or from_jax(e):

@@ -14,7 +14,7 @@ from ..mismatch import Mismatch
 from ..paths import keystr
 from ..walk import flatten, structure_of
 from .layout import shape_of
-from .shardings import about_sharding, from_jax, sharding_refused
+from .shardings import refused_layout, sharding_refused
 
 _STRUCTURAL = frozenset(("missing", "unexpected", "node_type", "node_data"))
 
@@ -79,7 +79,7 @@ def tree_map(
         try:
             out.append(f(*xs))
         except Exception as e:
-            if not (from_jax(e) and about_sharding(e)):
+            if not refused_layout(e):
                 raise
             path = keystr(structure_of(tree, treedef).leaf_paths()[i])
             raise sharding_refused(e, [(path, x, f"tree {j}") for j, x in enumerate(xs)]) from e

@@ -126,6 +126,17 @@ def plan_shardings(ref: Layout, others: Sequence[Layout]) -> list[Any] | None:
         return None
     # an uncommitted array (jnp.zeros(()) in an optimizer state) may move freely
     ref_sh = [sharding_of(x) if getattr(x, "committed", True) else None for x in ref.leaves]
+    refuse_foreign(ref, others, ref_sh)
+    return ref_sh if any(s is not None for s in ref_sh) else None
+
+
+def refuse_foreign(ref: Layout, others: Sequence[Layout], ref_sh: Sequence[Any]) -> None:
+    """Refuses every leaf of ``others`` on other devices or mesh axis types
+    than its param's sharding in ``ref_sh``.
+
+    Raises:
+      TreeMismatchError: kind ``sharding``, naming both shardings.
+    """
     found: list[tuple[int, Any, Any, str]] = []
     for lay in others:
         if lay.treedef != ref.treedef:
@@ -148,7 +159,6 @@ def plan_shardings(ref: Layout, others: Sequence[Layout]) -> list[Any] | None:
             hint="the update lives on other devices or mesh axis types than its param; move "
             "it first with jax.device_put(updates, jax.tree.map(lambda p: p.sharding, params))",
         )
-    return ref_sh if any(s is not None for s in ref_sh) else None
 
 
 def _same_axis_types(a: Any, b: Any) -> bool:
@@ -214,7 +224,16 @@ def from_jax(error: BaseException) -> bool:
 
 def about_sharding(error: BaseException) -> bool:
     """Whether JAX's error is about a layout (its type or text speaks of shardings)."""
-    return "shard" in type(error).__name__.lower() or "shard" in str(error).lower()
+    text = str(error).lower()
+    return "shard" in type(error).__name__.lower() or "shard" in text or "mesh" in text
+
+
+def refused_layout(error: BaseException) -> bool:
+    """Whether ``error`` is JAX refusing a layout: a JAX error, or the
+    ``ValueError``/``TypeError`` JAX raises, whose text is about shardings
+    or meshes."""
+    jaxish = from_jax(error) or isinstance(error, (ValueError, TypeError))
+    return jaxish and about_sharding(error)
 
 
 def _jax_reason(error: BaseException) -> str:
@@ -244,11 +263,11 @@ def sharding_refused(
       where: ``(path, leaf, tree label)`` for each leaf involved.
     """
     reason = _jax_reason(error)
+    by_path: dict[str, list[str]] = {}
+    for path, x, label in where:
+        by_path.setdefault(path, []).append(f"{leaf_text(x)} in {label}")
     return InvalidTreeError(
-        [
-            (path, f"{leaf_text(x)} (in {label}): JAX refused it: {reason}")
-            for path, x, label in where
-        ]
+        [(path, f"{', '.join(texts)}: JAX refused it: {reason}") for path, texts in by_path.items()]
         or [("", f"JAX refused the layout: {reason}")],
         hint="put every tree on its params' shardings (jax.device_put(tree, jax.tree.map("
         "lambda p: p.sharding, params))); on a mesh with Explicit axes an operation must "
@@ -257,14 +276,14 @@ def sharding_refused(
 
 
 def sharded_leaves(lays: Sequence[Layout]) -> list[tuple[str, Any, str]]:
-    """``(path, leaf, label)`` for each leaf on more than one device, for a
-    refusal that cannot tell which leaf JAX meant."""
+    """``(path, leaf, label)`` for each leaf on a mesh, for a refusal that
+    cannot tell which leaf JAX meant."""
     out: list[tuple[str, Any, str]] = []
     for lay in lays:
         paths: list[str] | None = None
         for i, x in enumerate(lay.leaves):
             sh = sharding_of(x)
-            if sh is not None and len(sh.device_set) > 1:
+            if isinstance(sh, jax.sharding.NamedSharding):
                 paths = paths if paths is not None else lay.paths()
                 out.append((paths[i], x, lay.label))
     return out

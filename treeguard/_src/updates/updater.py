@@ -26,7 +26,7 @@ from .layout import (
     mismatch_error,
 )
 from .policy import TRACED_RAISE, Cast, DtypePolicy, OnNonfinite, StepOptions
-from .shardings import about_sharding, from_jax, pin, pin_leaf, sharding_refused
+from .shardings import pin, pin_leaf, refused_layout, sharding_refused
 
 
 class Updater:
@@ -160,7 +160,7 @@ class Updater:
                         args = [pin_leaf(a, pinned[i]) for a in args]
                     y = fn(p, *args, **hyper)
                 except Exception as e:
-                    if not (from_jax(e) and about_sharding(e)):
+                    if not refused_layout(e):
                         raise
                     where = [(paths()[i], o.leaves[i], o.label) for o in (ref, *others)]
                     raise sharding_refused(e, where) from e
