@@ -122,6 +122,28 @@ def test_an_old_spec_without_axis_types_still_loads_and_matches_auto() -> None:
         tg.check(moved, old)
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        "named(mesh[x=2,y=4], spec(" + "(" * 300 + ")" * 300 + "))",
+        "named(mesh[x=2,y=4], spec(" + "'x', " * 5000 + "))",
+        "named(mesh[x=2,y=4], spec(__import__('os').getcwd()))",
+        "named(mesh[x=2,y=4], spec('x\x1b[31m',))",
+    ],
+    ids=["deep", "huge", "code", "escape"],
+)
+def test_a_hostile_sharding_text_is_compared_as_written(text: str) -> None:
+    auto = jax.make_mesh((2, 4), ("x", "y"), axis_types=KINDS["auto"])
+    tree = {"w": jax.device_put(jnp.ones((8, 8)), NamedSharding(auto, P("x")))}
+    spec = tg.TreeSpec.from_json(
+        tg.spec_of({"w": tg.LeafSpec((8, 8), "float32", sharding=text)}).to_json()
+    )
+    with pytest.raises(tg.TreeMismatchError) as e:
+        tg.check(tree, spec)
+    assert [m.kind for m in e.value.mismatches] == ["sharding"]
+    assert e.value.mismatches[0].expected == text
+
+
 # -- maps and updates ------------------------------------------------------
 
 
