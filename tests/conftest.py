@@ -16,6 +16,10 @@ from corpus import CORPUS
 
 pytest_plugins = ["pytester"]
 
+# Eight CPU devices for the whole run, in process, as tests of meshes need:
+# set before any test touches a backend (JAX reads it once, at start).
+jax.config.update("jax_num_cpu_devices", 8)
+
 
 @pytest.fixture(params=[factory for _, factory in CORPUS], ids=[name for name, _ in CORPUS])
 def corpus_tree(request: pytest.FixtureRequest) -> Any:

@@ -48,13 +48,13 @@ if _typing.TYPE_CHECKING:
     from ._src.spec import LeafSpec as LeafSpec
     from ._src.spec import TreeSpec as TreeSpec
     from ._src.spec import spec_of as spec_of
-    from ._src.step import Cast as Cast
     from ._src.store import ArtifactStore as ArtifactStore
     from ._src.store import RetentionPolicy as RetentionPolicy
-    from ._src.update import Updater as Updater
-    from ._src.update import apply_updates as apply_updates
-    from ._src.update import tree_map as tree_map
-    from ._src.update import updater as updater
+    from ._src.updates import Cast as Cast
+    from ._src.updates import Updater as Updater
+    from ._src.updates import apply_updates as apply_updates
+    from ._src.updates import tree_map as tree_map
+    from ._src.updates import updater as updater
 
 __version__ = "0.1.0"
 
@@ -62,7 +62,7 @@ __version__ = "0.1.0"
 #: public surface (``__all__`` is its keys; a test holds the imports above to it).
 _EXPORTS: dict[str, str] = {
     "ArtifactStore": "._src.store",
-    "Cast": "._src.step",
+    "Cast": "._src.updates",
     "ConfigError": "._src.errors",
     "ForeignHeader": "._src.checkpoint",
     "FormatError": "._src.errors",
@@ -82,9 +82,9 @@ _EXPORTS: dict[str, str] = {
     "TreeguardError": "._src.errors",
     "UnknownVersionError": "._src.errors",
     "UnverifiedWeightsWarning": "._src.errors",
-    "Updater": "._src.update",
+    "Updater": "._src.updates",
     "VerificationError": "._src.errors",
-    "apply_updates": "._src.update",
+    "apply_updates": "._src.updates",
     "check": "._src.diff",
     "count_nonfinite": "._src.nonfinite",
     "environment": "._src.env",
@@ -99,9 +99,9 @@ _EXPORTS: dict[str, str] = {
     "save": "._src.checkpoint",
     "save_sharded": "._src.sharded.save",
     "spec_of": "._src.spec",
-    "tree_map": "._src.update",
+    "tree_map": "._src.updates",
     "unflatten": "._src.diff",
-    "updater": "._src.update",
+    "updater": "._src.updates",
     "verify_file": "._src.checkpoint",
 }
 

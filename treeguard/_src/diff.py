@@ -9,7 +9,7 @@ import numpy as np
 
 from .errors import TreeMismatchError
 from .keydtype import dtype_name
-from .leaf import Record, summarize
+from .leaf import Record, same_sharding, summarize
 from .mismatch import Mismatch
 from .paths import Path, keystr
 from .spec import TreeSpec, record_of, spec_from_leaves, spec_of
@@ -174,7 +174,7 @@ class _Differ:
             self.add(path, "dtype", dtype_name(e_dtype), dtype_name(a_dtype))
         if a_weak is not None and e_weak is not None and a_weak != e_weak:
             self.add(path, "weak_type", e_weak, a_weak)
-        if a_sh is not None and e_sh is not None and a_sh != e_sh:
+        if a_sh is not None and e_sh is not None and not same_sharding(a_sh, e_sh):
             self.add(path, "sharding", e_sh, a_sh)
 
     def shape(self, a: tuple[Any, ...], e: tuple[Any, ...], path: Path) -> None:

@@ -8,6 +8,8 @@ name, and JAX only to read a live array's sharding.
 
 from __future__ import annotations
 
+import ast
+import re
 from typing import Any, TypeAlias
 
 import numpy as np
@@ -96,12 +98,55 @@ def summarize(shape: Shape, dtype: np.dtype[Any]) -> str:
     return f"{short_dtype(dtype)}[{','.join(str(d) for d in shape)}]"
 
 
+def _trimmed(spec: tuple[Any, ...]) -> tuple[Any, ...]:
+    end = len(spec)
+    while end and spec[end - 1] is None:
+        end -= 1
+    return spec[:end]
+
+
+#: Longer sharding texts (from a hostile file) are compared as written.
+_MAX_SPEC_TEXT = 4096
+_SPEC_TEXT = re.compile(r"^(named\(mesh\[[^\]]*\], spec)(\(.*\))\)$")
+
+
+def same_sharding(a: str, b: str) -> bool:
+    """Whether two ``describe_sharding`` texts name one sharding, reading a
+    text written before trailing unsharded dimensions were left out
+    (``spec('x', None)``) as today's (``spec('x',)``).
+
+    Example:
+      >>> same_sharding("named(mesh[x=2], spec('x', None))", "named(mesh[x=2], spec('x',))")
+      True
+      >>> same_sharding("named(mesh[x=2], spec('x',))", "named(mesh[x=2:Explicit], spec('x',))")
+      False
+    """
+    return a == b or _canonical(a) == _canonical(b)
+
+
+def _canonical(text: str) -> str:
+    m = _SPEC_TEXT.match(text) if len(text) <= _MAX_SPEC_TEXT else None
+    if m is None:
+        return text
+    try:
+        spec = ast.literal_eval(m.group(2))
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return text
+    if not isinstance(spec, tuple):
+        return text
+    return f"{m.group(1)}{_trimmed(spec)})"
+
+
 def describe_sharding(x: Any) -> str | None:
     """A stable text form of an array's sharding, or None for no array.
 
     A named sharding is written with its mesh axes and partition spec; a
     single-device one as ``single``. Device ids are left out, so a spec
-    carries over to another host with the same mesh.
+    carries over to another host with the same mesh. A mesh with an axis
+    that is not Auto writes each axis's type (``mesh[x=2:Explicit,y=4:Auto]``);
+    an all-Auto mesh is written as before axis types existed. Trailing
+    unsharded dimensions are left out of the spec (``P('x', None)`` reads
+    ``spec('x',)``), as JAX treats them.
     """
     sharding = getattr(x, "sharding", None)
     if sharding is None:
@@ -111,8 +156,13 @@ def describe_sharding(x: Any) -> str | None:
     if isinstance(x, jax.core.Tracer):
         return None
     if isinstance(sharding, jax.sharding.NamedSharding):
-        mesh = ",".join(f"{n}={s}" for n, s in sharding.mesh.shape.items())
-        return f"named(mesh[{mesh}], spec{tuple(sharding.spec)})"
+        sizes = sharding.mesh.shape.items()
+        types = [t.name for t in getattr(sharding.mesh, "axis_types", ())]
+        if all(t == "Auto" for t in types):
+            mesh = ",".join(f"{n}={s}" for n, s in sizes)
+        else:
+            mesh = ",".join(f"{n}={s}:{t}" for (n, s), t in zip(sizes, types))
+        return f"named(mesh[{mesh}], spec{_trimmed(tuple(sharding.spec))})"
     if isinstance(sharding, jax.sharding.SingleDeviceSharding):
         return "single"
     return f"{type(sharding).__name__}({len(sharding.device_set)} devices)"

@@ -51,18 +51,32 @@ def all_finite(leaves: Sequence[Any]) -> jax.Array:
     """Whether every value of every leaf is finite, as one traceable bool.
 
     Leaves of one dtype are raveled and joined, so the check is one fused
-    reduction per dtype however many leaves there are.
+    reduction per dtype however many leaves there are. A leaf sharded over
+    Explicit mesh axes is reduced on its own: its sharding is part of its
+    type, and JAX refuses to ravel or join it with leaves laid out otherwise.
     """
     groups: dict[Any, list[Any]] = {}
+    ok = jnp.asarray(True)
     for x in leaves:
         dtype = jnp.result_type(x)
-        if is_inexact(dtype):
+        if not is_inexact(dtype):
+            continue
+        if _typed_sharding(x):
+            ok = jnp.logical_and(ok, jnp.all(jnp.isfinite(x)))
+        else:
             groups.setdefault(dtype, []).append(jnp.ravel(x))
-    ok = jnp.asarray(True)
     for xs in groups.values():
         joined = xs[0] if len(xs) == 1 else jnp.concatenate(xs)
         ok = jnp.logical_and(ok, jnp.all(jnp.isfinite(joined)))
     return ok
+
+
+def _typed_sharding(x: Any) -> bool:
+    """Whether a leaf's type names mesh axes (it is sharded over Explicit axes)."""
+    if not isinstance(x, jax.Array):  # numpy arrays and Python numbers
+        return False
+    spec = getattr(getattr(jax.typeof(x), "sharding", None), "spec", None)
+    return spec is not None and any(e is not None for e in spec)
 
 
 _all_finite = jax.jit(all_finite)

@@ -7,7 +7,7 @@ module does not import it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -15,32 +15,34 @@ import numpy as np
 
 from .diff import mismatches
 from .errors import TracedValueError
-from .step import (
-    TRACED_RAISE,
-    CheckedStep,
-    DtypePolicy,
+from .updates.casts import plan_casts
+from .updates.compiled import (
+    CompiledStep,
+    Recorder,
+    Shardings,
+    finish_step,
+    nonfinite_error,
+    run_step,
+)
+from .updates.layout import (
     Layout,
-    OnNonfinite,
     check_acyclic,
     check_arrays,
     check_layout,
     check_scalars,
-    finish_step,
     host_layouts,
     is_tracer,
     mismatch_error,
-    nonfinite_error,
-    pin,
-    plan_casts,
-    run_step,
 )
+from .updates.policy import TRACED_RAISE, Cast, DtypePolicy, OnNonfinite, StepOptions
+from .updates.shardings import pin, pin_leaf
 from .walk import flatten
 
 _DRIFT = frozenset(("missing", "unexpected", "node_type", "node_data", "shape", "dim", "dtype"))
 _UPDATES = "the updates from optimizer.update"
 
 
-class OptaxStep(CheckedStep):
+class OptaxStep:
     """A checked, compiled optax step built by ``optax_step``.
 
     ``state = step.init(params)``, then ``params, state = step(params, grads,
@@ -52,9 +54,9 @@ class OptaxStep(CheckedStep):
       compile_count: how many signatures have been traced and compiled.
       skipped: how many steps ``on_nonfinite="skip"`` skipped.
       casts: the casts done under ``dtype_policy="cast"``.
-    """
 
-    _donated = (0, 2)
+    It holds its options and a ``CompiledStep``; it subclasses nothing.
+    """
 
     def __init__(
         self,
@@ -64,7 +66,7 @@ class OptaxStep(CheckedStep):
         donate: bool = False,
         on_nonfinite: OnNonfinite = "raise",
     ) -> None:
-        super().__init__(dtype_policy=dtype_policy, donate=donate, on_nonfinite=on_nonfinite)
+        options = StepOptions(dtype_policy, donate, on_nonfinite)
         if not (
             callable(getattr(optimizer, "init", None))
             and callable(getattr(optimizer, "update", None))
@@ -74,11 +76,33 @@ class OptaxStep(CheckedStep):
                 f"not {type(optimizer).__name__}"
             )
         self.optimizer = optimizer
+        self.dtype_policy: DtypePolicy = options.dtype_policy
+        self.donate = options.donate
+        self.on_nonfinite: OnNonfinite = options.on_nonfinite
+        # the params (0) pinned with the grads (1) matched to them; the state (2) alone
+        self._step = CompiledStep(
+            self._body, donated=(0, 2), donate=self.donate, pinned=((0, (1,)), (2, ()))
+        )
+
+    @property
+    def compile_count(self) -> int:
+        """How many signatures have been traced and compiled."""
+        return self._step.compile_count
+
+    @property
+    def skipped(self) -> int:
+        """How many steps ``on_nonfinite="skip"`` skipped (waits for the device)."""
+        return self._step.skipped
+
+    @property
+    def casts(self) -> tuple[Cast, ...]:
+        """Every distinct cast done under ``dtype_policy="cast"``, first seen first."""
+        return self._step.casts
 
     def __repr__(self) -> str:
         return (
             f"OptaxStep(dtype_policy={self.dtype_policy!r}, donate={self.donate}, "
-            f"on_nonfinite={self.on_nonfinite!r}, compile_count={self._traces})"
+            f"on_nonfinite={self.on_nonfinite!r}, compile_count={self.compile_count})"
         )
 
     def init(self, params: Any, /) -> Any:
@@ -119,18 +143,15 @@ class OptaxStep(CheckedStep):
     def _labelled(params: Any, grads: Any, state: Any) -> list[tuple[str, Any]]:
         return [("the params", params), ("the grads", grads), ("the state passed in", state)]
 
-    def _pinned_groups(self) -> Sequence[tuple[int, Sequence[int]]]:
-        return ((0, (1,)), (2, ()))
-
     def __call__(self, params: Any, grads: Any, state: Any, /, **extra: Any) -> tuple[Any, Any]:
         """One step: ``(params, grads, state) -> (new_params, new_state)``."""
         check_acyclic((params, grads, state))
         labelled = self._labelled(params, grads, state)
-        fn = self._compiled(lambda: labelled, (params, grads, state))
+        fn = self._step.function(lambda: labelled, (params, grads, state))
         skip = self.on_nonfinite == "skip"
         out = run_step(
             fn,
-            (params, grads, state, extra, self._skip_in() if skip else None),
+            (params, grads, state, extra, self._step.skip_in() if skip else None),
             lambda: host_layouts(labelled),
             extra,
         )
@@ -138,7 +159,7 @@ class OptaxStep(CheckedStep):
             return out  # type: ignore[no-any-return]
         (new_params, new_state), flag = out
         if skip:
-            self._skip_out(flag)
+            self._step.skip_out(flag)
             return new_params, new_state
         if is_tracer(flag):
             raise TracedValueError(TRACED_RAISE)
@@ -157,7 +178,9 @@ class OptaxStep(CheckedStep):
             )
         return new_params, new_state
 
-    def _body(self, shardings: Sequence[list[Any] | None] | None) -> Callable[..., Any]:
+    def _body(self, shardings: Shardings, record: Recorder) -> Callable[..., Any]:
+        """The traced step: validation, ``optimizer.update`` on grads moved to
+        the params' shardings, the checked apply, the drift check, the NaN guard."""
         opt, policy, on, donate = self.optimizer, self.dtype_policy, self.on_nonfinite, self.donate
         p_pin, s_pin = (shardings[0], shardings[1]) if shardings else (None, None)
 
@@ -167,12 +190,16 @@ class OptaxStep(CheckedStep):
             plan_casts(ref, [g_lay], policy)  # refuses; grads reach the optimizer uncast
             check_scalars(extra)
             _check_state(s_lay, opt, params)
+            if p_pin is not None:
+                grads = g_lay.treedef.unflatten(
+                    [pin_leaf(g, s) for g, s in zip(g_lay.leaves, p_pin)]
+                )
             updates, new_state = opt.update(grads, state, params, **extra)
             u_leaves, u_def = flatten(updates)
             u_lay = Layout(_UPDATES, updates, u_leaves, u_def)
             check_layout(ref, [u_lay])
             plan, casts = plan_casts(ref, [u_lay], policy)
-            self._record(casts)
+            record(casts)
             new_p = [
                 p + (u if (0, i) not in plan else u.astype(plan[(0, i)]))
                 for i, (p, u) in enumerate(zip(ref.leaves, u_leaves))
@@ -189,7 +216,6 @@ class OptaxStep(CheckedStep):
                 ref.treedef.unflatten(pin(kept[:n], p_pin)),
                 s_lay.treedef.unflatten(pin(kept[n:], s_pin)),
             )
-            self._traces += 1
             return out if on == "ignore" else (out, flag)
 
         return step

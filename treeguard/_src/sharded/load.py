@@ -11,7 +11,7 @@ from typing import Any
 from ..checkpoint.migrate import match_stored
 from ..diff import mismatches
 from ..errors import ConfigError, IntegrityError, TreeMismatchError
-from ..leaf import describe_sharding
+from ..leaf import describe_sharding, same_sharding
 from ..mismatch import Mismatch
 from ..paths import keystr
 from ..spec import LeafSpec, TreeSpec, spec_of
@@ -288,5 +288,6 @@ def shard_error(where: str, paths: Sequence[str]) -> IntegrityError:
 def _report_resharding(arrays: Sequence[ArrayRecord], restored: Sequence[Any]) -> None:
     for a, arr in zip(arrays, restored):
         now = describe_sharding(arr)
-        if a.sharding != now and hosts.process_index() == 0:
+        changed = a.sharding != now and not (a.sharding and now and same_sharding(a.sharding, now))
+        if changed and hosts.process_index() == 0:
             logger.info("%s: resharded from %s to %s", a.path or "<root>", a.sharding, now)

@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..nonfinite import count_nonfinite
+from ..updates.shardings import on_mesh
 from .cases import Case
 from .model import Model
 
@@ -412,6 +413,7 @@ class Programs:
         key = (case.name, id(case.batch))
         if key not in self._eager:
             params, batch = self.params(), as_jax(case.batch)
-            value, grads = jax.value_and_grad(self.model.loss)(params, batch)
-            self._eager[key] = Evaluated(self.model.apply(params, batch), value, grads)
+            with on_mesh(params):
+                value, grads = jax.value_and_grad(self.model.loss)(params, batch)
+                self._eager[key] = Evaluated(self.model.apply(params, batch), value, grads)
         return self._eager[key]

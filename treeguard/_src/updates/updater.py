@@ -1,11 +1,9 @@
-"""Checked maps and updates over several trees: same structure, same shapes,
-the same dtypes, or an error naming every path that differs.
-
-``tree_map`` is ``jax.tree.map`` without prefix broadcasting. ``apply_updates``
-and ``updater`` apply a step to params: they validate a call's signature
-(structure, shapes, dtypes, shardings) once per distinct signature and
-compile the step once per signature with ``jax.jit``; a later call with that
-signature costs a cycle check per tree plus the compiled call (see ``step``).
+"""Checked updates of params: ``updater`` turns a per-leaf rule into a checked,
+compiled step, and ``apply_updates`` is ``params + updates`` under the same
+checks. Each ``Updater`` holds a ``CompiledStep``: it validates a call's
+signature (structure, shapes, dtypes, shardings) once and compiles the step
+once per signature with ``jax.jit``; a later call with that signature costs a
+cycle check per tree plus the compiled call.
 """
 
 from __future__ import annotations
@@ -13,125 +11,25 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import jax
 import numpy as np
 
-from .diff import mismatches
-from .errors import TracedValueError, TreeMismatchError
-from .mismatch import Mismatch
-from .step import (
-    TRACED_RAISE,
-    Cast,
-    CheckedStep,
-    DtypePolicy,
-    OnNonfinite,
+from ..errors import TracedValueError
+from ..mismatch import Mismatch
+from .casts import plan_casts, same_kind
+from .compiled import CompiledStep, Recorder, Shardings, finish_step, nonfinite_error, run_step
+from .layout import (
     check_acyclic,
     check_layout,
     check_scalars,
-    finish_step,
     host_layouts,
     is_tracer,
     mismatch_error,
-    nonfinite_error,
-    pin,
-    plan_casts,
-    run_step,
-    same_kind,
 )
-from .walk import flatten
-
-_STRUCTURAL = frozenset(("missing", "unexpected", "node_type", "node_data"))
-
-
-def _shape(x: Any) -> tuple[int, ...]:
-    shape = getattr(x, "shape", None)
-    return tuple(shape) if shape is not None else np.shape(x)
+from .policy import TRACED_RAISE, Cast, DtypePolicy, OnNonfinite, StepOptions
+from .shardings import pin, pin_leaf, refused_layout, sharding_refused
 
 
-def _dtype(x: Any) -> Any:
-    dtype = getattr(x, "dtype", None)
-    # JAX's rule for Python scalars (float -> float32 unless x64), as specs record them.
-    return dtype if dtype is not None else jax.numpy.result_type(x)
-
-
-def tree_map(
-    f: Callable[..., Any],
-    tree: Any,
-    /,
-    *rest: Any,
-    shapes: bool = True,
-    dtypes: bool = False,
-) -> Any:
-    """``jax.tree.map`` with a contract: every tree has exactly the first's
-    structure (no prefix broadcasting) and, by default, the same leaf shapes.
-
-    All trees are checked before ``f`` runs once, and every difference in
-    every tree is reported together.
-
-    Args:
-      f: called with one leaf of each tree, as in ``jax.tree.map``.
-      tree: the first tree; its structure is the contract.
-      *rest: the other trees.
-      shapes: require equal leaf shapes (default True).
-      dtypes: require equal leaf dtypes (default False).
-
-    Returns:
-      A tree of the first tree's structure holding ``f``'s results.
-
-    Raises:
-      TreeMismatchError: listing each mismatch; the paths name the tree by
-        its argument position.
-
-    Example:
-      >>> import jax.numpy as jnp
-      >>> params = {"w": jnp.ones((2, 3)), "b": jnp.zeros(3)}
-      >>> grads = {"w": jnp.ones((2, 3)), "b": jnp.ones((2, 3))}
-      >>> tree_map(lambda p, g: p - 0.01 * g, params, grads)
-      Traceback (most recent call last):
-      ...
-      treeguard.TreeMismatchError: 1 mismatch between tree 1 and tree 0:
-        ['b']: shape (3,) in tree 0, (2, 3) in tree 1
-      hint: an array of another shape would be broadcast or mis-assigned; fix it where it is built
-    """
-    leaves0, treedef = flatten(tree)
-    flat = [leaves0]
-    bad: list[int] = []
-    for i, other in enumerate(rest, start=1):
-        leaves, td = flatten(other)
-        flat.append(leaves)
-        if td != treedef or not _leaves_agree(leaves0, leaves, shapes=shapes, dtypes=dtypes):
-            bad.append(i)
-    if bad:
-        _raise_for(tree, rest, bad, shapes=shapes, dtypes=dtypes)
-    return treedef.unflatten([f(*xs) for xs in zip(*flat)])
-
-
-def _leaves_agree(a: list[Any], b: list[Any], *, shapes: bool, dtypes: bool) -> bool:
-    if shapes and any(_shape(x) != _shape(y) for x, y in zip(a, b)):
-        return False
-    return not (dtypes and any(_dtype(x) != _dtype(y) for x, y in zip(a, b)))
-
-
-def _raise_for(
-    tree: Any, rest: tuple[Any, ...], bad: list[int], *, shapes: bool, dtypes: bool
-) -> None:
-    keep = set(_STRUCTURAL)
-    if shapes:
-        keep |= {"shape", "dim"}
-    if dtypes:
-        keep.add("dtype")
-    found: list[Mismatch] = []
-    labels: list[str] = []
-    for i in bad:
-        ms = [m for m in mismatches(rest[i - 1], tree) if m.kind in keep]
-        if not ms:
-            ms = [Mismatch("", "node_data", "the first tree's treedef", "another treedef")]
-        found += ms
-        labels.append(f"tree {i}")
-    raise TreeMismatchError(found, expected_from="tree 0", actual_from=" and ".join(labels))
-
-
-class Updater(CheckedStep):
+class Updater:
     """A checked, compiled update step built by ``updater``.
 
     Call it as ``step(params, *trees, **hyper)``. Each tree must have the
@@ -140,10 +38,15 @@ class Updater(CheckedStep):
     hyperparameters (``lr=0.01``) passed unchanged to every leaf; being jit
     arguments, a new value does not recompile.
 
+    It holds its options and a ``CompiledStep`` (the jitted functions and the
+    counters); it subclasses nothing.
+
     Attributes:
+      fn: the per-leaf rule.
+      dtype_policy, donate, on_nonfinite: the options, as ``updater`` takes them.
       compile_count: how many signatures have been traced and compiled.
       skipped: how many steps ``on_nonfinite="skip"`` skipped.
-      casts: the casts the last call did under ``dtype_policy="cast"``.
+      casts: the casts done so far under ``dtype_policy="cast"``.
     """
 
     def __init__(
@@ -155,17 +58,42 @@ class Updater(CheckedStep):
         on_nonfinite: OnNonfinite = "raise",
         names: Sequence[str] | None = None,
     ) -> None:
-        super().__init__(dtype_policy=dtype_policy, donate=donate, on_nonfinite=on_nonfinite)
+        options = StepOptions(dtype_policy, donate, on_nonfinite)
         if not callable(fn):
             raise TypeError(f"fn must be callable, not {type(fn).__name__}")
         self.fn = fn
+        self.dtype_policy: DtypePolicy = options.dtype_policy
+        self.donate = options.donate
+        self.on_nonfinite: OnNonfinite = options.on_nonfinite
         self._names = tuple(names) if names is not None else None
+        self._step = CompiledStep(self._body, donated=(0,), donate=self.donate)
+
+    @property
+    def compile_count(self) -> int:
+        """How many times the step has been traced and compiled: once per
+        distinct signature (structure, shapes, dtypes, weak types, the x64
+        setting and, with several devices, shardings). It stays put over
+        steps with one signature."""
+        return self._step.compile_count
+
+    @property
+    def skipped(self) -> int:
+        """How many steps ``on_nonfinite="skip"`` has skipped. Counted on the
+        device, so reading it waits for the steps so far; calls made inside
+        an outer ``jit`` or ``vmap`` are not counted."""
+        return self._step.skipped
+
+    @property
+    def casts(self) -> tuple[Cast, ...]:
+        """Every distinct cast done under ``dtype_policy="cast"``, over all
+        signatures compiled so far, in the order first seen."""
+        return self._step.casts
 
     def __repr__(self) -> str:
         name = getattr(self.fn, "__name__", type(self.fn).__name__)
         return (
             f"Updater({name}, dtype_policy={self.dtype_policy!r}, donate={self.donate}, "
-            f"on_nonfinite={self.on_nonfinite!r}, compile_count={self._traces})"
+            f"on_nonfinite={self.on_nonfinite!r}, compile_count={self.compile_count})"
         )
 
     def _label(self, j: int, n: int) -> str:
@@ -180,11 +108,11 @@ class Updater(CheckedStep):
     def __call__(self, params: Any, /, *trees: Any, **hyper: Any) -> Any:
         """Applies the step; see ``updater``."""
         check_acyclic((params, *trees))
-        fn = self._compiled(lambda: self._labelled(params, trees), (params, *trees))
+        fn = self._step.function(lambda: self._labelled(params, trees), (params, *trees))
         skip = self.on_nonfinite == "skip"
         out = run_step(
             fn,
-            (params, trees, hyper, self._skip_in() if skip else None),
+            (params, trees, hyper, self._step.skip_in() if skip else None),
             lambda: host_layouts(self._labelled(params, trees)),
             hyper,
         )
@@ -192,7 +120,7 @@ class Updater(CheckedStep):
             return out
         new, extra = out
         if skip:
-            self._skip_out(extra)
+            self._step.skip_out(extra)
             return new
         if is_tracer(extra):
             raise TracedValueError(TRACED_RAISE)
@@ -206,9 +134,9 @@ class Updater(CheckedStep):
             )
         return new
 
-    def _body(self, shardings: Sequence[list[Any] | None] | None) -> Callable[..., Any]:
-        """The traced step: validation, ``fn`` per leaf, the result checks,
-        the NaN guard."""
+    def _body(self, shardings: Shardings, record: Recorder) -> Callable[..., Any]:
+        """The traced step: validation, ``fn`` per leaf (each update leaf moved
+        to its param's sharding first), the result checks, the NaN guard."""
         fn, policy, on, donate = self.fn, self.dtype_policy, self.on_nonfinite, self.donate
         pinned = shardings[0] if shardings else None
 
@@ -227,7 +155,15 @@ class Updater(CheckedStep):
                     o.leaves[i] if (j, i) not in plan else o.leaves[i].astype(plan[(j, i)])
                     for j, o in enumerate(others)
                 ]
-                y = fn(p, *args, **hyper)
+                try:
+                    if pinned is not None:
+                        args = [pin_leaf(a, pinned[i]) for a in args]
+                    y = fn(p, *args, **hyper)
+                except Exception as e:
+                    if not refused_layout(e):
+                        raise
+                    where = [(paths()[i], o.leaves[i], o.label) for o in (ref, *others)]
+                    raise sharding_refused(e, where) from e
                 outs.append(y)
                 if not (hasattr(y, "shape") and hasattr(y, "dtype")):
                     bad.append(Mismatch(paths()[i], "node_type", "leaf", type(y).__name__))
@@ -242,10 +178,9 @@ class Updater(CheckedStep):
                         outs[-1] = y.astype(want)
             if bad:
                 _raise_result(bad, policy)
-            self._record(casts + out_casts)
+            record(casts + out_casts)
             new, extra = finish_step(outs, ref.leaves, on, donate, skipped)
             tree = ref.treedef.unflatten(pin(new, pinned))
-            self._traces += 1
             return tree if on == "ignore" else (tree, extra)
 
         return step
