@@ -564,8 +564,13 @@ class TreeSpec:
         with open(path, "rb") as f:
             data = f.read(64 * 1024 * 1024 + 1)
         if len(data) > 64 * 1024 * 1024:
-            raise FormatError(f"{os.fspath(path)}: larger than 64 MiB, not a spec")
-        return cls.from_json(data)
+            raise FormatError("larger than 64 MiB, not a spec", context=os.fspath(path))
+        try:
+            return cls.from_json(data)
+        except FormatError as e:  # the same error, naming the file it came from
+            raise FormatError(
+                e.message, context=e.context or os.fspath(path), hint=e.hint, where=e.where
+            ) from e
 
     # -- the validated-signature cache used by ``check`` --------------------
 

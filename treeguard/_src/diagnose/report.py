@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ..display import printable
 from ..verify.report import error_plot
 from .ladder import Diagnosis, StageResult
 from .locate import Divergence
@@ -54,7 +55,8 @@ def to_json(d: Diagnosis) -> str:
 
 
 def _esc(text: str) -> str:
-    return text.replace("[", r"\[")
+    """Text from a model as rich markup: brackets escaped, control characters spelled out."""
+    return printable(text).replace("[", r"\[")
 
 
 def print_summary(d: Diagnosis, console: Any = None) -> None:

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from ..atomic import atomic_write
+from ..display import printable
 from .checks import CheckResult
 
 FORMAT = "treeguard.verify-report/1"
@@ -276,9 +277,11 @@ class Report:
 
 
 def _rich_escape(text: str) -> str:
+    """Text from a model (an exception's message) as rich markup: brackets
+    escaped and control characters spelled out."""
     from rich.markup import escape
 
-    return escape(text)
+    return escape(printable(text))
 
 
 def _md(text: str) -> str:
