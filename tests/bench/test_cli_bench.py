@@ -14,20 +14,11 @@ from click.testing import CliRunner
 from treeguard._cli.main import main
 
 TARGETS = """
-import time
-import jax, jax.numpy as jnp, numpy as np
-from jax.experimental import io_callback
+import jax.numpy as jnp
 from treeguard.bench import Target
 
-def _sleeper(seconds):
-    def host(x):
-        time.sleep(seconds)
-        return x
-    return jax.jit(lambda x: io_callback(host, jax.ShapeDtypeStruct(x.shape, x.dtype), x))
-
-fast = Target(_sleeper(0.001), (jnp.ones(2),), name="fast")
-slow = Target(_sleeper(0.006), (jnp.ones(2),), name="slow")
 sine = Target(jnp.sin, (jnp.ones(8),), name="sine")
+cosine = Target(jnp.cos, (jnp.ones(8),), name="cosine")
 not_a_target = 3
 """
 
@@ -163,15 +154,15 @@ def test_compare_usage_errors(tmp_path: Path) -> None:
 
 
 def test_ab_gives_the_verdict_and_its_exit_code(targets: Path, tmp_path: Path) -> None:
-    args = ("--rounds", "10", "--min-time", "0", "--clock", "wall")
-    code, out, _ = _bench(
-        "ab", "bench_targets:fast", "bench_targets:slow", *args, "--json", str(tmp_path / "ab.json")
-    )
-    assert code == 1 and "regression" in out and "ABBA" in out
+    # The verdict itself is tested on a fake clock (test_ab.py); here, that the
+    # command reports it, writes it, and exits with its code, whatever it is.
+    args = ("--rounds", "10", "--min-time", "0", "--json", str(tmp_path / "ab.json"))
+    code, out, _ = _bench("ab", "bench_targets:sine", "bench_targets:cosine", *args)
     doc = json.loads((tmp_path / "ab.json").read_text())
-    assert doc["ab"]["verdict"] == "regression" and len(doc["results"]) == 2
-    code, out, _ = _bench("ab", "bench_targets:slow", "bench_targets:fast", *args)
-    assert code == 0 and "improvement" in out
+    verdict = doc["ab"]["verdict"]
+    assert code == (1 if verdict in ("regression", "invalid") else 0), out
+    assert verdict in out and "ABBA" in out and len(doc["results"]) == 2
+    assert [r["name"] for r in doc["results"]] == ["bench_targets:sine", "bench_targets:cosine"]
 
 
 @pytest.mark.slow

@@ -26,6 +26,7 @@ from .._src.bench.report import save_html as save_html
 from .._src.bench.report import to_html as to_html
 from .._src.bench.run import BenchResult as BenchResult
 from .._src.bench.run import Target as Target
+from .._src.bench.run import Timer as Timer
 from .._src.bench.run import run as run
 from .._src.bench.stats import Stats as Stats
 from .._src.bench.stats import describe as describe
@@ -45,6 +46,7 @@ __all__ = [
     "MachineMismatchError",
     "Stats",
     "Target",
+    "Timer",
     "ab",
     "bench_model",
     "compare",
