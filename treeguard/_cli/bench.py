@@ -17,7 +17,11 @@ JAX is imported only inside the commands, so ``--help`` starts without it.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import subprocess
+import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -28,7 +32,7 @@ from rich.console import Console
 from rich.table import Table
 
 from .._src.display import fmt_bytes, fmt_range, fmt_seconds, fmt_si
-from .._src.errors import BenchError, ConfigError
+from .._src.errors import BenchError, ConfigError, FormatError
 from .console import console, shown
 from .failures import FAILED, PASSED, Group
 from .loader import load_target
@@ -59,6 +63,54 @@ def resolve(target: str) -> Any:
         command="bench",
         fix="wrap a function and its arguments in treeguard.bench.Target(fn, args)",
     )
+
+
+#: The most fresh processes one ``bench run --processes`` starts.
+MAX_PROCESSES = 100
+#: The most seconds one of them may take.
+PROCESS_TIMEOUT_S = 3600
+
+
+def _run_in_processes(
+    ctx: click.Context, target: str, processes: int, *, json_out: Path | None, html_out: Path | None
+) -> None:
+    """``bench run`` once in each of ``processes`` fresh interpreters, one
+    after another (pyperf's way: each process draws its own memory layout
+    and compiled code); every run's results are kept, under one name."""
+    from .._src.bench.report import load, save, save_html  # imports JAX
+
+    resolve(target)  # a target that cannot be loaded is named here, with its exit status
+    results = []
+    with tempfile.TemporaryDirectory(prefix="treeguard-bench-") as tmp:
+        for i in range(processes):
+            out = Path(tmp) / f"run{i}.json"
+            argv = [sys.executable, "-m", "treeguard", "bench", "run", target, "--json", str(out)]
+            for option in ("batch_sizes", "samples", "min_time"):
+                argv += [f"--{option.replace('_', '-')}", str(ctx.params[option])]
+            proc = subprocess.run(
+                argv, capture_output=True, text=True, timeout=PROCESS_TIMEOUT_S, check=False
+            )
+            if proc.returncode not in (PASSED, FAILED) or not out.is_file():
+                first = (proc.stderr.strip().splitlines() or ["(nothing on stderr)"])[0]
+                raise BenchError(
+                    f"run {i + 1} of {processes} exited {proc.returncode}: {first}",
+                    hint=f"run `treeguard bench run {target}` alone to see its whole output",
+                )
+            for r in load(out):
+                results.append(dataclasses.replace(r, meta={**r.meta, "process": i}))
+    out_console = console()
+    out_console.print(
+        result_table(results, f"treeguard bench {shown(target)} ({processes} processes)")
+    )
+    _print_invalid(out_console, results)
+    out_console.print(shown(conditions_line(results[0].conditions)), soft_wrap=True)
+    if json_out is not None:
+        out_console.print(f"results: {shown(save(json_out, results))}", soft_wrap=True)
+    if html_out is not None:
+        title = f"treeguard bench {target} ({processes} processes)"
+        path = save_html(html_out, results, title=title)
+        out_console.print(f"report: {shown(path)}", soft_wrap=True)
+    ctx.exit(PASSED if all(r.valid for r in results) else FAILED)
 
 
 def _sizes(text: str) -> tuple[int, ...]:
@@ -167,6 +219,14 @@ def bench() -> None:
 )
 @click.option("--samples", default=30, show_default=True, help="Timed samples per benchmark.")
 @click.option("--min-time", default=0.02, show_default=True, help="Least seconds one sample lasts.")
+@click.option(
+    "--processes",
+    type=click.IntRange(1, MAX_PROCESSES),
+    default=1,
+    show_default=True,
+    help="Run the benchmarks in this many fresh processes, one after another; each is a run "
+    "that `bench compare` weighs (9 or more per side for a verdict).",
+)
 @click.pass_context
 def run_command(  # noqa: PLR0917 - click passes each option by name
     ctx: click.Context,
@@ -176,6 +236,7 @@ def run_command(  # noqa: PLR0917 - click passes each option by name
     batch_sizes: str,
     samples: int,
     min_time: float,
+    processes: int,
 ) -> None:
     """Benchmark the Model (or Target) at MODULE:ATTR.
 
@@ -183,6 +244,9 @@ def run_command(  # noqa: PLR0917 - click passes each option by name
     when every result is valid, 1 when something compiled while it was
     timed, 2 for usage errors.
     """
+    if processes > 1:
+        _run_in_processes(ctx, target, processes, json_out=json_out, html_out=html_out)
+        return
     from rich.progress import Progress
 
     from .._src.bench.conditions import conditions
@@ -262,6 +326,31 @@ def _gate(comparisons: Sequence[Any]) -> int:
     return FAILED if any(c.verdict in ("regression", "invalid") for c in comparisons) else PASSED
 
 
+def load_runs(path: Path) -> dict[str, list[Any]]:
+    """The runs of each benchmark in ``path``: a results file (which may hold
+    several runs of a benchmark, one per process) or a directory of them
+    (its ``*.json`` files; links and other kinds are refused by ``load``).
+
+    Raises:
+      FormatError: for a file that is not a benchmark file, or a directory
+        without one.
+    """
+    from .._src.bench.report import load  # imports JAX: only once a file is read
+
+    files = sorted(path.glob("*.json")) if path.is_dir() else [path]
+    if not files:
+        raise FormatError(
+            "no *.json results in the directory",
+            context=str(path),
+            hint="write each run with treeguard bench run ... --json DIR/runN.json",
+        )
+    runs: dict[str, list[Any]] = {}
+    for f in files:
+        for r in load(f):
+            runs.setdefault(r.name, []).append(r)
+    return runs
+
+
 @bench.command("compare")
 @click.argument("base", type=click.Path(path_type=Path))
 @click.argument("candidate", type=click.Path(path_type=Path))
@@ -291,36 +380,38 @@ def compare_command(  # noqa: PLR0917 - click passes each option by name
     clock: str,
     as_json: bool,
 ) -> None:
-    """Compare CANDIDATE's results with BASE's, benchmark by benchmark.
+    """Compare CANDIDATE's runs with BASE's, benchmark by benchmark.
 
-    Exit 0 when nothing regressed, 1 for a regression or an invalid result,
-    2 for unreadable files, results from different machines (without
+    BASE and CANDIDATE are each a results file or a directory of them; each
+    run (a process: `bench run --processes N`, or one file per run) gives
+    one median, and the verdict compares the medians of the runs, so the
+    variance from one process to the next is in it. Fewer than 9 runs per
+    side give `inconclusive`, never a regression. Exit 0 when nothing
+    regressed, 1 for a regression or an invalid result, 2 for unreadable
+    files, results from different machines (without
     --allow-different-machines) or no benchmark in common.
     """
-    from .._src.bench.compare import compare
-    from .._src.bench.report import load
+    from .._src.bench.compare import compare_runs  # imports JAX: only once the command runs
 
-    a, b = load(base), load(candidate)
-    by_name = {r.name: r for r in a}
-    common = [r for r in b if r.name in by_name]
+    a, b = load_runs(base), load_runs(candidate)
+    common = [name for name in b if name in a]
     if not common:
         raise BenchError(
-            f"{base} and {candidate} share no benchmark name ({sorted(by_name)} and "
-            f"{sorted(r.name for r in b)})",
+            f"{base} and {candidate} share no benchmark name ({sorted(a)} and {sorted(b)})",
             hint="compare runs of the same target",
         )
     comparisons = [
-        compare(
-            by_name[r.name],
-            r,
+        compare_runs(
+            a[name],
+            b[name],
             alpha=alpha,
             min_effect=min_effect,
             allow_different_machines=allow_different_machines,
             clock=clock,
         )
-        for r in common
+        for name in common
     ]
-    only = sorted(set(by_name) ^ {r.name for r in b})
+    only = sorted(set(a) ^ set(b))
     if as_json:
         payload = {
             "format": "treeguard.bench-compare/1",
@@ -332,13 +423,13 @@ def compare_command(  # noqa: PLR0917 - click passes each option by name
         click.echo(json.dumps(payload, indent=1))
     else:
         out = console()
-        title = f"treeguard bench compare {shown(base)} {shown(candidate)}"
+        title = f"treeguard bench compare {shown(base)} {shown(candidate)} (runs per side)"
         out.print(comparison_table(comparisons, title))
         for c in comparisons:
-            if c.verdict == "invalid":
-                out.print(f"[bold red]{shown(c.name)}[/]: {shown(c.reason)}")
+            if c.verdict in ("invalid", "inconclusive"):
+                out.print(f"[bold]{shown(c.name)}[/]: {shown(c.reason)}")
         if only:
-            out.print(f"not in both files: {shown(', '.join(only))}")
+            out.print(f"not in both: {shown(', '.join(only))}")
     ctx.exit(_gate(comparisons))
 
 

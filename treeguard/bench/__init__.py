@@ -13,6 +13,7 @@ from .._src.bench.ab import ab as ab
 from .._src.bench.budget import Budgets as Budgets
 from .._src.bench.compare import Comparison as Comparison
 from .._src.bench.compare import compare as compare
+from .._src.bench.compare import compare_runs as compare_runs
 from .._src.bench.compare import compare_samples as compare_samples
 from .._src.bench.compare import hodges_lehmann as hodges_lehmann
 from .._src.bench.compare import mann_whitney_u as mann_whitney_u
@@ -50,6 +51,7 @@ __all__ = [
     "ab",
     "bench_model",
     "compare",
+    "compare_runs",
     "compare_samples",
     "conditions",
     "describe",
