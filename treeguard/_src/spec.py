@@ -23,7 +23,8 @@ import numpy as np
 from .atomic import atomic_write
 from .errors import FormatError, InvalidTreeError
 from .keydtype import array_dtype, dtype_name, key_dtype_or_none
-from .paths import Entry, Path, keystr, short_repr
+from .paths import Entry, Path, int_digits, keystr, short_repr
+from .strictjson import MAX_INT_DIGITS
 from .strictjson import loads as strict_loads
 from .walk import (
     LEAF,
@@ -454,7 +455,8 @@ class TreeSpec:
         more = f", ... {self.num_leaves - 6} more" if self.num_leaves > 6 else ""
         if self._root.kind == "dict" and all(len(p) == 1 for p in self.paths[:6]):
             inner = ", ".join(
-                f"{p[0][1]!r}: {leaf.summary()}" for p, leaf in zip(self.paths, self.leaves[:6])
+                f"{short_repr(p[0][1])}: {leaf.summary()}"
+                for p, leaf in zip(self.paths, self.leaves[:6])
             )
             return f"TreeSpec({{{inner}{more}}})"
         return f"TreeSpec({', '.join(parts)}{more})"
@@ -807,6 +809,11 @@ def _entry_to_json(entry: Entry, path: Path) -> list[Any]:
         raise InvalidTreeError(
             [(keystr(path), f"key {key!r} of type {type(key).__name__} has no JSON form")],
             hint="use str or int keys in trees you save",
+        )
+    if type(key) is int and int_digits(key) > MAX_INT_DIGITS:
+        raise InvalidTreeError(
+            [(keystr(path), f"{kind} {short_repr(key)} is too long for a spec to read back")],
+            hint=f"use str keys, or int keys of at most {MAX_INT_DIGITS} digits",
         )
     return [kind, key]
 
