@@ -8,6 +8,7 @@ from typing import Any
 
 import jax.numpy as jnp
 import pytest
+from subproc import run_python
 
 import treeguard as tg
 
@@ -53,3 +54,57 @@ def test_a_5000_digit_int_in_metadata_is_a_type_error_naming_it(tmp_path: Path) 
         "metadata['a'][1]['b']: an integer of 5001 digits is too long to read back\n"
         "hint: metadata holds JSON values only: str, finite numbers, bool, None, lists, dicts"
     )
+
+
+INDIVISIBLE = """
+import sys, jax, jax.numpy as jnp, numpy as np
+import treeguard as tg
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+mesh = Mesh(np.array(jax.devices()[:4]), ("data",))
+tg.save_sharded(sys.argv[1], {"w": jnp.arange(10.0), "b": jnp.ones(8)})
+like = {k: jax.ShapeDtypeStruct(s, jnp.float32, sharding=NamedSharding(mesh, P("data")))
+        for k, s in (("w", (10,)), ("b", (8,)))}
+try:
+    tg.load_sharded(sys.argv[1], like)
+except tg.InvalidTreeError as e:
+    print(e)
+"""
+
+
+def test_load_sharded_onto_a_sharding_that_does_not_divide_blames_like(tmp_path: Path) -> None:
+    proc = run_python(
+        INDIVISIBLE,
+        str(tmp_path / "ck"),
+        env={"XLA_FLAGS": "--xla_force_host_platform_device_count=4"},
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == f"{tmp_path / 'ck'}: 1 invalid leaf or node in the tree:"
+    assert lines[1].startswith(
+        "  ['w']: the sharding of `like` cannot hold f32[10]: Sharding NamedSharding("
+    )
+    assert "axis 0 is partitioned 4 times, but the dimension size is 10" in lines[1]
+    assert lines[2] == (
+        "hint: give each such leaf of `like` a sharding whose mesh axes divide its "
+        "dimensions (P() replicates it); the checkpoint itself is fine"
+    )
+    assert "IntegrityError" not in proc.stdout + proc.stderr
+
+
+def test_a_like_of_none_leaves_gets_the_filter_hint(tmp_path: Path) -> None:
+    import equinox as eqx
+    import jax
+
+    model = eqx.nn.Linear(2, 3, key=jax.random.key(0))
+    tg.save_sharded(tmp_path / "ck", eqx.filter(model, eqx.is_array))
+    shapes = eqx.filter_eval_shape(eqx.nn.Linear, 2, 3, key=jax.random.key(0))
+    message = _raises(
+        tg.TreeMismatchError, tg.load_sharded, tmp_path / "ck", eqx.filter(shapes, eqx.is_array)
+    )
+    assert message.splitlines()[-1] == (
+        "hint: `like` holds None where the checkpoint holds arrays: a filter dropped them "
+        "(eqx.filter(eqx.filter_eval_shape(...), eqx.is_array) keeps no jax.ShapeDtypeStruct, "
+        "so every leaf becomes None); keep the shapes with eqx.filter(shapes, lambda x: "
+        "isinstance(x, jax.ShapeDtypeStruct)), or pass the unfiltered tree"
+    )
+    assert ".weight: node type none in `like`, leaf f32[3,2] in the checkpoint" in message

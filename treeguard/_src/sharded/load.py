@@ -10,10 +10,10 @@ from typing import Any
 
 from ..checkpoint.migrate import match_stored
 from ..diff import mismatches
-from ..errors import ConfigError, IntegrityError, TreeMismatchError
+from ..errors import ConfigError, IntegrityError, InvalidTreeError, TreeMismatchError
 from ..mismatch import Mismatch
 from ..paths import keystr
-from ..spec import LeafSpec, TreeSpec, describe_sharding, spec_of
+from ..spec import LeafSpec, TreeSpec, describe_sharding, spec_of, summarize
 from . import hosts
 from .digests import ShardChecker
 from .manifest import ArrayRecord, Manifest, read_with_digest
@@ -68,6 +68,37 @@ def _target(leaf: Any, path: str) -> Any:
             hint="`jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, spec))`",
         )
     return sharding
+
+
+def _check_divides(where: str, manifest: Manifest, targets: Sequence[Any]) -> None:
+    """Refuses, before any array is read, every target sharding that cannot
+    hold its array: one whose mesh axes do not divide the array's dimensions.
+
+    Raises:
+      InvalidTreeError: naming every such leaf, its sharding and its shape.
+    """
+    problems = []
+    for record, sharding in zip(manifest.arrays, targets):
+        if sharding is None:
+            continue
+        try:
+            sharding.shard_shape(tuple(record.shape))
+        except ValueError as e:  # JAX's words for which axis does not divide
+            why = str(e).splitlines()[0] if str(e) else type(e).__name__
+            problems.append(
+                (
+                    record.path,
+                    f"the sharding of `like` cannot hold "
+                    f"{summarize(tuple(record.shape), record.dtype)}: {why[:300]}",
+                )
+            )
+    if problems:
+        raise InvalidTreeError(
+            problems,
+            context=where,
+            hint="give each such leaf of `like` a sharding whose mesh axes divide its "
+            "dimensions (P() replicates it); the checkpoint itself is fine",
+        )
 
 
 def group_names(paths: Sequence[str]) -> str:
@@ -199,6 +230,7 @@ def load_expecting(
     for i, src in enumerate(sources):
         if src is not None:
             targets[src] = _target(like_leaves[i], like_names[i])
+    _check_divides(where, manifest, targets)
     restored = _restore_checked(where, manifest, targets)
     out = [like_leaves[i] if src is None else restored[src] for i, src in enumerate(sources)]
     return jax.tree.unflatten(like_treedef, out)
