@@ -9,6 +9,7 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from ..checkpoint.migrate import match_stored
+from ..checkpoint.received import plain_tree, refuse_forged_claim
 from ..diff import mismatches
 from ..errors import ConfigError, IntegrityError, InvalidTreeError, TreeMismatchError
 from ..mismatch import Mismatch
@@ -171,7 +172,9 @@ def load_sharded(
       The tree, in ``like``'s structure, with ``like``'s shardings.
 
     Raises:
-      FormatError: for a directory without a well-formed manifest.
+      FormatError: for a directory without a well-formed manifest, one that
+        holds a link, a FIFO or another special file, or arrays that claim
+        far more bytes than its files hold.
       TreeMismatchError: listing every difference between the checkpoint and
         ``like`` (shape, dtype, missing or unexpected paths).
       IntegrityError: naming every array with a shard whose bytes do not
@@ -212,6 +215,10 @@ def load_expecting(
 
     where = os.path.abspath(os.fspath(directory))
     manifest, _ = read_with_digest(where, expect=digest)  # compared before it is parsed
+    # A checkpoint from elsewhere: no FIFO or link for tensorstore to block on or
+    # follow, and no shape claiming more than its files can hold, before any read.
+    on_disk = plain_tree(where, hint="copy the checkpoint again, without links or special files")
+    refuse_forged_claim(sum(a.nbytes for a in manifest.arrays), on_disk, where)
     like_leaves, like_treedef = jax.tree.flatten(like)
     like_spec = spec_of(like)
     like_names = [keystr(p) for p in like_spec.paths]
