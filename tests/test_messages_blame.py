@@ -3,14 +3,17 @@ leaf or key it concerns, and the fix."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
 import jax.numpy as jnp
 import pytest
+from click.testing import CliRunner
 from subproc import run_python
 
 import treeguard as tg
+from treeguard._cli.main import main
 
 BIG = 10**5000  # more digits than Python will turn into text
 
@@ -108,3 +111,70 @@ def test_a_like_of_none_leaves_gets_the_filter_hint(tmp_path: Path) -> None:
         "isinstance(x, jax.ShapeDtypeStruct)), or pass the unfiltered tree"
     )
     assert ".weight: node type none in `like`, leaf f32[3,2] in the checkpoint" in message
+
+
+WIDE = """
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from treeguard import LeafSpec, spec_of
+from treeguard.examples import mlp
+
+
+def init(key):
+    k1, k2 = jax.random.split(key)
+    return {
+        "dense1": {"w": jax.random.normal(k1, (3, 3)), "b": jnp.zeros(3)},
+        "dense2": {"w": jax.random.normal(k2, (3, 1)), "b": jnp.zeros(1)},
+    }
+
+
+def apply(params, batch):
+    x = batch["x"]
+    if x.shape[-1] != 3:
+        raise ValueError(f"batch['x'] must have shape (B, 3), got {tuple(x.shape)}")
+    h = jnp.tanh(x @ params["dense1"]["w"] + params["dense1"]["b"])
+    return h @ params["dense2"]["w"] + params["dense2"]["b"]
+
+
+def loss(params, batch):
+    return jnp.mean((apply(params, batch) - batch["y"]) ** 2)
+
+
+model = dataclasses.replace(
+    mlp.model,
+    init=init,
+    apply=apply,
+    loss=loss,
+    batch_spec=spec_of({"x": LeafSpec(("B", 3), "float32"), "y": LeafSpec(("B", 1), "float32")}),
+    references=None,
+    params_spec=None,
+)
+"""
+
+
+def test_diagnose_against_a_trace_of_another_input_width_is_a_typed_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tg_wide.py").write_text(WIDE)
+    path_before = list(sys.path)
+    try:
+        res = CliRunner().invoke(main, ["diagnose", "tg_wide:model", "--record", "t.safetensors"])
+        assert res.exit_code == 0, res.output
+        res = CliRunner().invoke(
+            main, ["diagnose", "treeguard.examples.mlp:model", "--against", "t.safetensors"]
+        )
+    finally:
+        sys.path[:] = path_before
+        sys.modules.pop("tg_wide", None)
+    assert res.exit_code == 2, res.output
+    assert res.stderr == (
+        "error: the function does not take the trace's 6 inputs (float32[3], float32[3, 3], "
+        "float32[1], float32[3, 1], float32[8, 3], float32[8, 1]): ValueError: batch['x'] must "
+        "have shape (B, 2), got (8, 3)\n"
+        "hint: compare with the function value_and_grad(loss) of tg_wide:model, on inputs of "
+        "the shapes it was recorded with\n"
+    )
