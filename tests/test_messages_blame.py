@@ -178,3 +178,36 @@ def test_diagnose_against_a_trace_of_another_input_width_is_a_typed_error(
         "hint: compare with the function value_and_grad(loss) of tg_wide:model, on inputs of "
         "the shapes it was recorded with\n"
     )
+
+
+def test_a_class_renamed_with_a_field_names_the_field_too(tmp_path: Path) -> None:
+    import equinox as eqx
+    from blame_classes import Dense, Layer
+
+    path = tmp_path / "a.safetensors"
+    tg.save(path, Layer(jnp.ones(2), jnp.zeros(2)))
+    message = _raises(tg.TreeMismatchError, tg.load, path, like=Dense(jnp.ones(2), jnp.zeros(2)))
+    assert message.splitlines()[:4] == [
+        f"{path}: 3 mismatches between the checkpoint and `like`:",
+        "  <root>: node type blame_classes.Dense in `like`, blame_classes.Layer in the checkpoint",
+        "  .bias: missing: f32[2] in `like`, absent in the checkpoint",
+        "  .b: unexpected: f32[2] in the checkpoint, absent in `like`",
+    ]
+    assert issubclass(Dense, eqx.Module)
+
+
+def test_optax_step_init_on_an_unfiltered_equinox_module_gets_the_equinox_hint() -> None:
+    import equinox as eqx
+    import jax
+    import optax
+
+    model = eqx.nn.MLP(2, 1, 4, 1, key=jax.random.key(0))
+    message = _raises(tg.InvalidTreeError, tg.optax_step(optax.adam(1e-3)).init, model)
+    assert message == (
+        "2 invalid leaves or nodes in the tree:\n"
+        "  .activation: leaf of type custom_jvp is not an array (in the params)\n"
+        "  .final_activation: leaf of type function is not an array (in the params)\n"
+        "hint: an equinox module holds config beside its arrays (activations, sizes, non-array "
+        "fields); take its arrays with `eqx.filter(model, eqx.is_array)` and check or save "
+        "those, or mark config fields `eqx.field(static=True)`"
+    )

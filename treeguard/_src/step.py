@@ -34,7 +34,7 @@ from .errors import InvalidTreeError, NonFiniteError, TreeguardError, TreeMismat
 from .mismatch import Mismatch
 from .nonfinite import all_finite, describe_counts, find_nonfinite, is_inexact
 from .paths import keystr
-from .spec import describe_sharding, summarize
+from .spec import describe_sharding, invalid_leaves_hint, summarize
 from .walk import assert_acyclic, flatten, invalid_leaves, structure_of
 
 DtypePolicy: TypeAlias = Literal["strict", "cast"]
@@ -193,9 +193,12 @@ def check_arrays(layouts: Sequence[Layout]) -> None:
         found = invalid_leaves(lay.leaves, functools.partial(_leaf_paths, lay))
         problems += [(p, f"{d} (in {lay.label})") for p, d in found]
     if problems:
+        hints = {invalid_leaves_hint(lay.tree) for lay in layouts}
+        eqx = next((h for h in hints if "equinox" in h), None)  # save's hint for a module
         raise InvalidTreeError(
             problems,
-            hint="pass arrays only; hold config and Python objects outside the trees you update",
+            hint=eqx
+            or "pass arrays only; hold config and Python objects outside the trees you update",
         )
 
 
