@@ -267,20 +267,7 @@ def run_of(rng: np.random.Generator, *, scale: float = 1.0, between: float = 0.0
     """One simulated process: its own offset (memory layout, compiled code,
     neighbours; log-normal, ``between``), then 30 samples with little noise."""
     offset = rng.lognormal(0.0, between)
-    samples = timings(rng, 30, noise=0.01) * scale * offset
-    return BenchResult(
-        name="f",
-        status="ok",
-        reason="",
-        samples_s=tuple(float(s) for s in samples),
-        loops=1,
-        warmup=0,
-        phases={},
-        compiles={},
-        memory=None,
-        cost=None,
-        conditions={"cpu_model": "Test CPU"},
-    )
+    return _result(timings(rng, 30, noise=0.01) * scale * offset)
 
 
 def test_one_run_per_side_is_never_a_verdict_though_its_samples_differ() -> None:
