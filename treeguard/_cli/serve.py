@@ -126,7 +126,13 @@ def run_command(  # noqa: PLR0917 - click passes every option
         memory_budget=memory_budget,
         watch_s=1.0 if watch else None,
     )
-    run_server(server, host=host, port=port)
+    try:
+        run_server(server, host=host, port=port)
+    except SystemExit as e:  # uvicorn's own exit (it logged why), not the model's
+        raise ServingError(
+            f"the server on {host}:{port} stopped: uvicorn exited with status {e.code!r}",
+            hint="its log above says why (a port in use, an address not on this machine)",
+        ) from e
 
 
 @serve.command("plan")
