@@ -29,7 +29,11 @@ if _typing.TYPE_CHECKING:
     from ._src.errors import FormatError as FormatError
     from ._src.errors import IntegrityError as IntegrityError
     from ._src.errors import InvalidTreeError as InvalidTreeError
+    from ._src.errors import ModelCodeError as ModelCodeError
+    from ._src.errors import ModelExitError as ModelExitError
     from ._src.errors import NonFiniteError as NonFiniteError
+    from ._src.errors import NotAStoreError as NotAStoreError
+    from ._src.errors import RunInterruptedError as RunInterruptedError
     from ._src.errors import SignatureError as SignatureError
     from ._src.errors import StoreError as StoreError
     from ._src.errors import TracedValueError as TracedValueError
@@ -71,9 +75,13 @@ _EXPORTS: dict[str, str] = {
     "InvalidTreeError": "._src.errors",
     "LeafSpec": "._src.spec",
     "Mismatch": "._src.mismatch",
+    "ModelCodeError": "._src.errors",
+    "ModelExitError": "._src.errors",
     "NonFiniteError": "._src.errors",
+    "NotAStoreError": "._src.errors",
     "OptaxStep": "._src.optimizer",
     "RetentionPolicy": "._src.store",
+    "RunInterruptedError": "._src.errors",
     "SignatureError": "._src.errors",
     "StoreError": "._src.errors",
     "TracedValueError": "._src.errors",

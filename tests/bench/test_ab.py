@@ -2,28 +2,31 @@
 
 from __future__ import annotations
 
-import time
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.experimental import io_callback
 
 import treeguard.bench as bench
-from treeguard.bench import BenchError, ab
+from treeguard.bench import BenchError, Timer, ab
 
 
-def _sleeper(seconds: float):  # type: ignore[no-untyped-def]
-    def host(x: np.ndarray) -> np.ndarray:
-        time.sleep(seconds)
-        return x
+class FakeDevice:
+    """A device whose calls take generated durations on a fake clock: each
+    call advances both clocks by its duration (lognormal noise around its
+    mean), so a verdict depends on the samples, never on the machine."""
 
-    @jax.jit
-    def device(x: jax.Array) -> jax.Array:
-        return io_callback(host, jax.ShapeDtypeStruct(x.shape, x.dtype), x)
+    def __init__(self, seed: int = 0) -> None:
+        self.now = 0.0
+        self.rng = np.random.default_rng(seed)
+        self.timer = Timer(wall=lambda: self.now, cpu=lambda: self.now)
 
-    return device
+    def function(self, mean_s: float, noise: float = 0.05):  # type: ignore[no-untyped-def]
+        def call() -> jax.Array:
+            self.now += mean_s * float(self.rng.lognormal(0.0, noise))
+            return jnp.ones(2)
+
+        return call
 
 
 def test_the_samples_alternate_abba() -> None:
@@ -45,17 +48,18 @@ def test_the_samples_alternate_abba() -> None:
 
 
 def test_a_known_difference_gets_the_right_verdict() -> None:
-    # A difference far above this shared machine's noise: the test is of the
-    # verdict's logic end to end, the benchmark script measures the hard case.
-    fast, slow = _sleeper(0.001), _sleeper(0.006)
-    x = jnp.ones(2)
-    r = ab(fast, slow, x, rounds=10, min_time=0.0, warmup=1, names=("fast", "slow"), clock="wall")
+    device = FakeDevice()
+    fast, slow = device.function(0.001), device.function(0.006)
+    kw = {"rounds": 10, "min_time": 0.0, "warmup": 1, "jit": False, "timer": device.timer}
+    r = ab(fast, slow, names=("fast", "slow"), clock="wall", **kw)
     assert r.verdict == "regression", r.comparison.describe()
-    assert min(r.b.samples_s) >= 0.006 and min(r.a.samples_s) >= 0.001
+    assert r.comparison.ratio == pytest.approx(6.0, rel=0.1)
     assert (r.a.name, r.b.name) == ("fast", "slow")
-    back = ab(slow, fast, x, rounds=10, min_time=0.0, warmup=1, clock="wall")
+    back = ab(slow, fast, clock="cpu", **kw)
     assert back.verdict == "improvement", back.comparison.describe()
     assert back.a.name.startswith("A ") and back.b.name.startswith("B ")
+    same = ab(fast, device.function(0.001), clock="wall", **kw)
+    assert same.verdict in ("no_change", "inconclusive"), same.comparison.describe()
 
 
 def test_a_compile_during_the_ab_window_invalidates_both() -> None:

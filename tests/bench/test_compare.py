@@ -17,6 +17,7 @@ from treeguard.bench import (
     BenchResult,
     MachineMismatchError,
     compare,
+    compare_runs,
     compare_samples,
     hodges_lehmann,
     mann_whitney_u,
@@ -257,3 +258,64 @@ def test_compare_on_the_cpu_clock() -> None:
         compare(_result(timings(rng, 30)), b, clock="cpu")
     with pytest.raises(BenchError, match=r"^clock='gpu'\nhint: 'wall' or 'cpu'$"):
         compare(a, b, clock="gpu")
+
+
+# -- across runs: the variance from one process to the next --------------------------
+
+
+def run_of(rng: np.random.Generator, *, scale: float = 1.0, between: float = 0.05) -> BenchResult:
+    """One simulated process: its own offset (memory layout, compiled code,
+    neighbours; log-normal, ``between``), then 30 samples with little noise."""
+    offset = rng.lognormal(0.0, between)
+    return _result(timings(rng, 30, noise=0.01) * scale * offset)
+
+
+def test_one_run_per_side_is_never_a_verdict_though_its_samples_differ() -> None:
+    rng = np.random.default_rng(11)
+    pairs = [(run_of(rng), run_of(rng)) for _ in range(40)]
+    # Within one process the offset is invisible, so the samples alone call
+    # most A/A pairs a regression or an improvement...
+    within = [compare(a, b).verdict for a, b in pairs]
+    assert sum(v in ("regression", "improvement") for v in within) >= 20
+    # ...and across runs one run per side says nothing either way.
+    for a, b in pairs:
+        c = compare_runs([a], [b])
+        assert c.verdict == "inconclusive" and c.test == "mann-whitney-runs"
+        assert c.reason == "too few samples to call (1 and 1; at least 9 runs per side)"
+        assert c.needed_samples is not None and c.needed_samples >= 9
+
+
+def test_aa_runs_never_call_a_regression_at_the_default_alpha() -> None:
+    rng = np.random.default_rng(12)
+    verdicts = [
+        compare_runs([run_of(rng) for _ in range(10)], [run_of(rng) for _ in range(10)]).verdict
+        for _ in range(100)
+    ]
+    assert verdicts.count("regression") == 0
+    assert verdicts.count("improvement") == 0
+
+
+def test_a_real_slowdown_across_runs_is_a_regression() -> None:
+    rng = np.random.default_rng(13)
+    hits = sum(
+        compare_runs(
+            [run_of(rng) for _ in range(10)], [run_of(rng, scale=1.3) for _ in range(10)]
+        ).verdict
+        == "regression"
+        for _ in range(20)
+    )
+    assert hits >= 18
+
+
+def test_runs_check_machines_and_validity() -> None:
+    rng = np.random.default_rng(14)
+    base = [run_of(rng) for _ in range(9)]
+    cand = [run_of(rng) for _ in range(8)]
+    other = dataclasses.replace(run_of(rng), conditions={"cpu_model": "Other CPU"})
+    with pytest.raises(MachineMismatchError, match="cpu_model: 'Test CPU' in the base"):
+        compare_runs(base, [*cand, other])
+    bad = dataclasses.replace(run_of(rng), status="invalid", reason="1 compile(s)")
+    c = compare_runs(base, [*cand, bad])
+    assert c.verdict == "invalid" and c.reason == "candidate 'f': 1 compile(s)"
+    with pytest.raises(BenchError, match=r"^9 base and 0 candidate runs\nhint: give each side"):
+        compare_runs(base, [])

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ast
 import json
 from pathlib import Path
 
@@ -57,16 +56,3 @@ def test_a_checkpoint_that_is_no_trace_exits_2(tmp_path: Path) -> None:
     save(tmp_path / "p.safetensors", {"w": jnp.ones(2)})
     code, out = _run("treeguard.examples.mlp:model", "--against", str(tmp_path / "p.safetensors"))
     assert code == 2 and "not a recorded trace" in out
-
-
-def test_the_command_module_imports_nothing_heavy_at_its_top_level() -> None:
-    import treeguard._cli.diagnose as cli
-
-    tree = ast.parse(Path(cli.__file__).read_text())
-    names = {
-        alias.name if isinstance(node, ast.Import) else (node.module or "")
-        for node in tree.body
-        if isinstance(node, (ast.Import, ast.ImportFrom))
-        for alias in node.names
-    }
-    assert names == {"__future__", "sys", "pathlib", "typing", "click"}

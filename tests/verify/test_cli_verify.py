@@ -107,7 +107,8 @@ def test_a_failing_check_exits_1(broken_module: Path) -> None:
         ("no_such_module_xyz:model", "cannot import module 'no_such_module_xyz'"),
         (
             "broken_mlp:nope",
-            "module 'broken_mlp' has no attribute 'nope'; the models in broken_mlp are ['model']",
+            "module 'broken_mlp' has no attribute 'nope' "
+            "hint: the treeguard.verify.Model objects in broken_mlp are ['model']",
         ),
         ("broken_mlp:not_a_model", "broken_mlp:not_a_model is a int, not a treeguard.verify.Model"),
     ],

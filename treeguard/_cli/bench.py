@@ -10,43 +10,35 @@
 
 Exit codes, as for every treeguard command: 0 when nothing regressed (and
 every result is valid), 1 for a regression or an invalid result (something
-compiled while it was timed), 2 for usage errors and unreadable files.
+compiled while it was timed), 2 for usage errors and unreadable files, 4
+when the model's own code fails to import, build, or raises ``SystemExit``.
 JAX is imported only inside the commands, so ``--help`` starts without it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import subprocess
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import click
 from rich import box
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
-from .._src.errors import FormatError, TreeguardError
-
-EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
-
-
-def _usage(message: str) -> NoReturn:
-    Console(stderr=True, highlight=False, soft_wrap=True).print(
-        f"[red]error:[/red] {escape(message)}"
-    )
-    sys.exit(EXIT_USAGE)
+from .._src.display import fmt_bytes, fmt_range, fmt_seconds, fmt_si
+from .._src.errors import BenchError, ConfigError, FormatError
+from .console import console, shown
+from .failures import FAILED, PASSED, Group
+from .loader import load_target
 
 
-def _console() -> Console:
-    from .console import console
-
-    return console()
-
-
-class _TargetFirstGroup(click.Group):
+class _TargetFirstGroup(Group):
     """A group whose first argument, when it names no command, is the target
     of ``run``: ``treeguard bench pkg.mod:model`` is ``treeguard bench run pkg.mod:model``."""
 
@@ -58,17 +50,13 @@ class _TargetFirstGroup(click.Group):
 
 def resolve(target: str) -> Any:
     """Imports ``MODULE:ATTR``: a ``treeguard.verify.Model``, a
-    ``treeguard.bench.Target``, or a function of no arguments returning one.
-
-    Raises:
-      ConfigError: for a malformed target, a module that cannot be imported,
-        a missing attribute or anything else.
-    """
+    ``treeguard.bench.Target``, or a function of no arguments returning one
+    (see ``treeguard._cli.loader.load_target``)."""
+    # Both modules import JAX: only once a target is asked for.
     from .._src.bench.run import Target
     from .._src.verify.model import Model
-    from .verify import import_target
 
-    return import_target(
+    return load_target(
         target,
         (Model, Target),
         what="treeguard.verify.Model or a treeguard.bench.Target",
@@ -77,13 +65,61 @@ def resolve(target: str) -> Any:
     )
 
 
+#: The most fresh processes one ``bench run --processes`` starts.
+MAX_PROCESSES = 100
+#: The most seconds one of them may take.
+PROCESS_TIMEOUT_S = 3600
+
+
+def _run_in_processes(
+    ctx: click.Context, target: str, processes: int, *, json_out: Path | None, html_out: Path | None
+) -> None:
+    """``bench run`` once in each of ``processes`` fresh interpreters, one
+    after another (pyperf's way: each process draws its own memory layout
+    and compiled code); every run's results are kept, under one name."""
+    from .._src.bench.report import load, save, save_html  # imports JAX
+
+    resolve(target)  # a target that cannot be loaded is named here, with its exit status
+    results = []
+    with tempfile.TemporaryDirectory(prefix="treeguard-bench-") as tmp:
+        for i in range(processes):
+            out = Path(tmp) / f"run{i}.json"
+            argv = [sys.executable, "-m", "treeguard", "bench", "run", target, "--json", str(out)]
+            for option in ("batch_sizes", "samples", "min_time"):
+                argv += [f"--{option.replace('_', '-')}", str(ctx.params[option])]
+            proc = subprocess.run(
+                argv, capture_output=True, text=True, timeout=PROCESS_TIMEOUT_S, check=False
+            )
+            if proc.returncode not in (PASSED, FAILED) or not out.is_file():
+                first = (proc.stderr.strip().splitlines() or ["(nothing on stderr)"])[0]
+                raise BenchError(
+                    f"run {i + 1} of {processes} exited {proc.returncode}: {first}",
+                    hint=f"run `treeguard bench run {target}` alone to see its whole output",
+                )
+            for r in load(out):
+                results.append(dataclasses.replace(r, meta={**r.meta, "process": i}))
+    out_console = console()
+    out_console.print(
+        result_table(results, f"treeguard bench {shown(target)} ({processes} processes)")
+    )
+    _print_invalid(out_console, results)
+    out_console.print(shown(conditions_line(results[0].conditions)), soft_wrap=True)
+    if json_out is not None:
+        out_console.print(f"results: {shown(save(json_out, results))}", soft_wrap=True)
+    if html_out is not None:
+        title = f"treeguard bench {target} ({processes} processes)"
+        path = save_html(html_out, results, title=title)
+        out_console.print(f"report: {shown(path)}", soft_wrap=True)
+    ctx.exit(PASSED if all(r.valid for r in results) else FAILED)
+
+
 def _sizes(text: str) -> tuple[int, ...]:
     try:
         sizes = tuple(int(p) for p in text.split(",") if p.strip())
     except ValueError:
         sizes = ()
     if not sizes or any(s < 1 for s in sizes):
-        _usage(f"--batch-sizes {text!r}: expected positive ints such as 1,8,64")
+        raise ConfigError(f"--batch-sizes {text!r}: expected positive ints such as 1,8,64")
     return sizes
 
 
@@ -92,8 +128,6 @@ def _sizes(text: str) -> tuple[int, ...]:
 
 def result_table(results: Sequence[Any], title: str) -> Table:
     """The compact table of benchmark results: distribution, phases, memory."""
-    from .._src.bench.units import fmt_bytes, fmt_range, fmt_seconds, fmt_si
-
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     for name, justify in (
         ("benchmark", "left"),
@@ -116,7 +150,7 @@ def result_table(results: Sequence[Any], title: str) -> Table:
     for r in results:
         s = r.stats
         table.add_row(
-            escape(r.name),
+            shown(r.name),
             fmt_seconds(s.median),
             fmt_range(*s.median_ci),
             fmt_seconds(s.mad),
@@ -137,8 +171,6 @@ def result_table(results: Sequence[Any], title: str) -> Table:
 
 def conditions_line(c: dict[str, Any]) -> str:
     """The machine's conditions in two lines."""
-    from .._src.bench.units import fmt_bytes
-
     load = c.get("load") or {}
     mem = c.get("memory") or {}
     quota = c.get("cgroup_cpu_quota")
@@ -162,7 +194,7 @@ def conditions_line(c: dict[str, Any]) -> str:
 def _print_invalid(console: Console, results: Sequence[Any]) -> None:
     for r in results:
         if not r.valid:
-            console.print(f"[bold red]{escape(r.name)}[/] invalid: {escape(r.reason)}")
+            console.print(f"[bold red]{shown(r.name)}[/] invalid: {shown(r.reason)}")
 
 
 # -- commands -----------------------------------------------------------------------
@@ -187,13 +219,24 @@ def bench() -> None:
 )
 @click.option("--samples", default=30, show_default=True, help="Timed samples per benchmark.")
 @click.option("--min-time", default=0.02, show_default=True, help="Least seconds one sample lasts.")
+@click.option(
+    "--processes",
+    type=click.IntRange(1, MAX_PROCESSES),
+    default=1,
+    show_default=True,
+    help="Run the benchmarks in this many fresh processes, one after another; each is a run "
+    "that `bench compare` weighs (9 or more per side for a verdict).",
+)
+@click.pass_context
 def run_command(  # noqa: PLR0917 - click passes each option by name
+    ctx: click.Context,
     target: str,
     json_out: Path | None,
     html_out: Path | None,
     batch_sizes: str,
     samples: int,
     min_time: float,
+    processes: int,
 ) -> None:
     """Benchmark the Model (or Target) at MODULE:ATTR.
 
@@ -201,6 +244,9 @@ def run_command(  # noqa: PLR0917 - click passes each option by name
     when every result is valid, 1 when something compiled while it was
     timed, 2 for usage errors.
     """
+    if processes > 1:
+        _run_in_processes(ctx, target, processes, json_out=json_out, html_out=html_out)
+        return
     from rich.progress import Progress
 
     from .._src.bench.conditions import conditions
@@ -210,50 +256,42 @@ def run_command(  # noqa: PLR0917 - click passes each option by name
     from .._src.verify.performance import model_targets
 
     sizes = _sizes(batch_sizes)
-    try:
-        obj = resolve(target)
-        conds = conditions()
-        targets = model_targets(obj, batch_sizes=sizes) if isinstance(obj, Model) else [obj]
-        results = []
-        with Progress(console=Console(stderr=True), transient=True) as progress:
-            task = progress.add_task("benchmarking", total=len(targets))
-            for t in targets:
-                assert isinstance(t, Target)
-                progress.update(task, description=t.label)
-                results.append(
-                    run(
-                        t.fn,
-                        *t.args,
-                        samples=samples,
-                        min_time=min_time,
-                        jit=t.jit,
-                        name=t.label,
-                        conditions=conds,
-                        meta={"target": target},
-                    )
+    obj = resolve(target)
+    conds = conditions()
+    targets = model_targets(obj, batch_sizes=sizes) if isinstance(obj, Model) else [obj]
+    results = []
+    with Progress(console=console(stderr=True), transient=True) as progress:
+        task = progress.add_task("benchmarking", total=len(targets))
+        for t in targets:
+            assert isinstance(t, Target)
+            progress.update(task, description=shown(t.label))
+            results.append(
+                run(
+                    t.fn,
+                    *t.args,
+                    samples=samples,
+                    min_time=min_time,
+                    jit=t.jit,
+                    name=t.label,
+                    conditions=conds,
+                    meta={"target": target},
                 )
-                progress.advance(task)
-    except TreeguardError as e:
-        _usage(str(e))
-    console = _console()
-    console.print(result_table(results, f"treeguard bench {target}"))
-    _print_invalid(console, results)
-    console.print(conditions_line(conds), soft_wrap=True)
-    try:
-        if json_out is not None:
-            console.print(f"results: {save(json_out, results)}", soft_wrap=True)
-        if html_out is not None:
-            title = f"treeguard bench {target}"
-            console.print(f"report: {save_html(html_out, results, title=title)}", soft_wrap=True)
-    except OSError as e:
-        _usage(f"cannot write the results: {e}")
-    sys.exit(EXIT_OK if all(r.valid for r in results) else EXIT_FAIL)
+            )
+            progress.advance(task)
+    out = console()
+    out.print(result_table(results, f"treeguard bench {shown(target)}"))
+    _print_invalid(out, results)
+    out.print(shown(conditions_line(conds)), soft_wrap=True)
+    if json_out is not None:
+        out.print(f"results: {shown(save(json_out, results))}", soft_wrap=True)
+    if html_out is not None:
+        title = f"treeguard bench {target}"
+        out.print(f"report: {shown(save_html(html_out, results, title=title))}", soft_wrap=True)
+    ctx.exit(PASSED if all(r.valid for r in results) else FAILED)
 
 
 def comparison_table(comparisons: Sequence[Any], title: str) -> Table:
     """One row per comparison: both medians, the change and its interval, p, verdict."""
-    from .._src.bench.units import fmt_seconds
-
     colour = {
         "regression": "bold red",
         "invalid": "bold red",
@@ -272,7 +310,7 @@ def comparison_table(comparisons: Sequence[Any], title: str) -> Table:
         if c.verdict == "inconclusive" and c.needed_samples:
             verdict += f" (~{c.needed_samples}/side)"
         table.add_row(
-            escape(c.name),
+            shown(c.name),
             fmt_seconds(c.base_median),
             fmt_seconds(c.cand_median),
             f"{c.change:+.1%}",
@@ -285,7 +323,32 @@ def comparison_table(comparisons: Sequence[Any], title: str) -> Table:
 
 
 def _gate(comparisons: Sequence[Any]) -> int:
-    return EXIT_FAIL if any(c.verdict in ("regression", "invalid") for c in comparisons) else 0
+    return FAILED if any(c.verdict in ("regression", "invalid") for c in comparisons) else PASSED
+
+
+def load_runs(path: Path) -> dict[str, list[Any]]:
+    """The runs of each benchmark in ``path``: a results file (which may hold
+    several runs of a benchmark, one per process) or a directory of them
+    (its ``*.json`` files; links and other kinds are refused by ``load``).
+
+    Raises:
+      FormatError: for a file that is not a benchmark file, or a directory
+        without one.
+    """
+    from .._src.bench.report import load  # imports JAX: only once a file is read
+
+    files = sorted(path.glob("*.json")) if path.is_dir() else [path]
+    if not files:
+        raise FormatError(
+            "no *.json results in the directory",
+            context=str(path),
+            hint="write each run with treeguard bench run ... --json DIR/runN.json",
+        )
+    runs: dict[str, list[Any]] = {}
+    for f in files:
+        for r in load(f):
+            runs.setdefault(r.name, []).append(r)
+    return runs
 
 
 @bench.command("compare")
@@ -306,7 +369,9 @@ def _gate(comparisons: Sequence[Any]) -> int:
     help="Compare wall time, or this process's CPU time.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the comparisons as JSON.")
+@click.pass_context
 def compare_command(  # noqa: PLR0917 - click passes each option by name
+    ctx: click.Context,
     base: Path,
     candidate: Path,
     alpha: float,
@@ -315,41 +380,38 @@ def compare_command(  # noqa: PLR0917 - click passes each option by name
     clock: str,
     as_json: bool,
 ) -> None:
-    """Compare CANDIDATE's results with BASE's, benchmark by benchmark.
+    """Compare CANDIDATE's runs with BASE's, benchmark by benchmark.
 
-    Exit 0 when nothing regressed, 1 for a regression or an invalid result,
-    2 for unreadable files, results from different machines (without
+    BASE and CANDIDATE are each a results file or a directory of them; each
+    run (a process: `bench run --processes N`, or one file per run) gives
+    one median, and the verdict compares the medians of the runs, so the
+    variance from one process to the next is in it. Fewer than 9 runs per
+    side give `inconclusive`, never a regression. Exit 0 when nothing
+    regressed, 1 for a regression or an invalid result, 2 for unreadable
+    files, results from different machines (without
     --allow-different-machines) or no benchmark in common.
     """
-    from .._src.bench.compare import compare
-    from .._src.bench.report import load
+    from .._src.bench.compare import compare_runs  # imports JAX: only once the command runs
 
-    try:
-        a, b = load(base), load(candidate)
-    except (FormatError, OSError) as e:
-        _usage(str(e))
-    by_name = {r.name: r for r in a}
-    common = [r for r in b if r.name in by_name]
+    a, b = load_runs(base), load_runs(candidate)
+    common = [name for name in b if name in a]
     if not common:
-        _usage(
-            f"{base} and {candidate} share no benchmark name ({sorted(by_name)} and "
-            f"{sorted(r.name for r in b)}); hint: compare runs of the same target"
+        raise BenchError(
+            f"{base} and {candidate} share no benchmark name ({sorted(a)} and {sorted(b)})",
+            hint="compare runs of the same target",
         )
-    try:
-        comparisons = [
-            compare(
-                by_name[r.name],
-                r,
-                alpha=alpha,
-                min_effect=min_effect,
-                allow_different_machines=allow_different_machines,
-                clock=clock,
-            )
-            for r in common
-        ]
-    except TreeguardError as e:
-        _usage(str(e))
-    only = sorted(set(by_name) ^ {r.name for r in b})
+    comparisons = [
+        compare_runs(
+            a[name],
+            b[name],
+            alpha=alpha,
+            min_effect=min_effect,
+            allow_different_machines=allow_different_machines,
+            clock=clock,
+        )
+        for name in common
+    ]
+    only = sorted(set(a) ^ set(b))
     if as_json:
         payload = {
             "format": "treeguard.bench-compare/1",
@@ -360,14 +422,15 @@ def compare_command(  # noqa: PLR0917 - click passes each option by name
         }
         click.echo(json.dumps(payload, indent=1))
     else:
-        console = _console()
-        console.print(comparison_table(comparisons, f"treeguard bench compare {base} {candidate}"))
+        out = console()
+        title = f"treeguard bench compare {shown(base)} {shown(candidate)} (runs per side)"
+        out.print(comparison_table(comparisons, title))
         for c in comparisons:
-            if c.verdict == "invalid":
-                console.print(f"[bold red]{escape(c.name)}[/]: {escape(c.reason)}")
+            if c.verdict in ("invalid", "inconclusive"):
+                out.print(f"[bold]{shown(c.name)}[/]: {shown(c.reason)}")
         if only:
-            console.print(f"not in both files: {', '.join(only)}")
-    sys.exit(_gate(comparisons))
+            out.print(f"not in both: {shown(', '.join(only))}")
+    ctx.exit(_gate(comparisons))
 
 
 @bench.command("ab")
@@ -388,7 +451,9 @@ def compare_command(  # noqa: PLR0917 - click passes each option by name
     help="What the verdict compares; auto is CPU time on JAX's CPU backend, else wall time.",
 )
 @click.option("--json", "json_out", type=click.Path(path_type=Path), help="Write both results.")
+@click.pass_context
 def ab_command(  # noqa: PLR0917 - click passes each option by name
+    ctx: click.Context,
     target_a: str,
     target_b: str,
     rounds: int,
@@ -421,43 +486,35 @@ def ab_command(  # noqa: PLR0917 - click passes each option by name
         batch = model_batch(obj, batch_size or obj.batch_size)
         return Target(obj.apply, (params, batch), name=f"{label} apply")
 
-    try:
-        ta, tb = (as_target(resolve(t), t) for t in (target_a, target_b))
-        with Progress(console=Console(stderr=True), transient=True) as progress:
-            task = progress.add_task("A/B", total=4 * rounds)
-            result = ab(
-                ta.fn,
-                tb.fn,
-                *ta.args,
-                args_b=tb.args,
-                rounds=rounds,
-                min_time=min_time,
-                jit=ta.jit and tb.jit,
-                alpha=alpha,
-                min_effect=min_effect,
-                names=(target_a, target_b),
-                clock=clock,
-                progress=lambda done, total: progress.update(task, completed=done),
-            )
-    except TreeguardError as e:
-        _usage(str(e))
-    console = _console()
-    console.print(result_table([result.a, result.b], f"treeguard bench ab (ABBA x {rounds})"))
+    ta, tb = (as_target(resolve(t), t) for t in (target_a, target_b))
+    with Progress(console=console(stderr=True), transient=True) as progress:
+        task = progress.add_task("A/B", total=4 * rounds)
+        result = ab(
+            ta.fn,
+            tb.fn,
+            *ta.args,
+            args_b=tb.args,
+            rounds=rounds,
+            min_time=min_time,
+            jit=ta.jit and tb.jit,
+            alpha=alpha,
+            min_effect=min_effect,
+            names=(target_a, target_b),
+            clock=clock,
+            progress=lambda done, total: progress.update(task, completed=done),
+        )
+    out = console()
+    out.print(result_table([result.a, result.b], f"treeguard bench ab (ABBA x {rounds})"))
     cmp = result.comparison
-    console.print(
-        comparison_table([cmp], f"B against A, paired by round, on the {cmp.clock} clock")
-    )
-    _print_invalid(console, [result.a, result.b])
-    console.print(escape(result.comparison.describe()), soft_wrap=True)
-    console.print(conditions_line(result.a.conditions), soft_wrap=True)
+    out.print(comparison_table([cmp], f"B against A, paired by round, on the {cmp.clock} clock"))
+    _print_invalid(out, [result.a, result.b])
+    out.print(shown(result.comparison.describe()), soft_wrap=True)
+    out.print(shown(conditions_line(result.a.conditions)), soft_wrap=True)
     if json_out is not None:
-        try:
-            extra = {"ab": {"order": "ABBA", "rounds": rounds, **result.comparison.to_dict()}}
-            path = save(json_out, [result.a, result.b], extra=extra)
-        except OSError as e:
-            _usage(f"cannot write the results: {e}")
-        console.print(f"results: {path}", soft_wrap=True)
-    sys.exit(_gate([result.comparison]))
+        extra = {"ab": {"order": "ABBA", "rounds": rounds, **result.comparison.to_dict()}}
+        path = save(json_out, [result.a, result.b], extra=extra)
+        out.print(f"results: {shown(path)}", soft_wrap=True)
+    ctx.exit(_gate([result.comparison]))
 
 
 if __name__ == "__main__":

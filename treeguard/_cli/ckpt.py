@@ -1,4 +1,4 @@
-"""The ``treeguard ckpt`` and ``treeguard store`` command groups.
+"""The ``treeguard ckpt`` command group.
 
 Exit codes, as for every treeguard command: 0 when the check passes, 1 when
 it fails (a corrupt tensor, a contract mismatch, a refused promotion), 2 for
@@ -10,65 +10,32 @@ hashes or contract to check its bytes against.
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import click
-from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
 from .._src.checkpoint import Header, read_header, spec_from_file, verify_file
-from .._src.errors import (
-    FormatError,
-    IntegrityError,
-    TreeguardError,
-    TreeMismatchError,
-)
+from .._src.display import fmt_bytes, printable
+from .._src.errors import TreeMismatchError
 from .._src.spec import TreeSpec
-from .console import console
-from .importing import foreign_or_none, inspect_foreign, shown, verify_foreign
+from .console import console, shown
+from .failures import Group
+from .importing import foreign_or_none, inspect_foreign, verify_foreign
 
-EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 #: Files smaller than this verify too fast for a progress bar to help.
 _PROGRESS_MIN_BYTES = 64 * 1024 * 1024
-
-
-def _out() -> Console:
-    return console()
-
-
-def _err() -> Console:
-    return console(stderr=True)
-
-
-def _exit(code: int, message: str | None = None) -> NoReturn:
-    if message:
-        label = "[red]error:[/red]" if code == EXIT_USAGE else "[red]failed:[/red]"
-        _err().print(label, end=" ")
-        _err().print(message, markup=False)
-    sys.exit(code)
-
-
-def _human(n: int | None) -> str:
-    if n is None:
-        return "?"
-    value, units = float(n), ["B", "KiB", "MiB", "GiB", "TiB"]
-    i = 0
-    while value >= 1024 and i < len(units) - 1:
-        value /= 1024
-        i += 1
-    return f"{int(value)} B" if i == 0 else f"{value:.1f} {units[i]}"
 
 
 @contextmanager
 def _progress(label: str, total: int) -> Iterator[Callable[[int, int], None] | None]:
     """A progress bar on stderr for long work; nothing for short work or a pipe."""
-    console = _err()
-    if total < _PROGRESS_MIN_BYTES or not console.is_terminal:
+    err = console(stderr=True)
+    if total < _PROGRESS_MIN_BYTES or not err.is_terminal:
         yield None
         return
     with Progress(
@@ -76,7 +43,7 @@ def _progress(label: str, total: int) -> Iterator[Callable[[int, int], None] | N
         BarColumn(),
         DownloadColumn(),
         TimeRemainingColumn(),
-        console=console,
+        console=err,
         transient=True,
     ) as bar:
         task = bar.add_task(label, total=total)
@@ -85,15 +52,6 @@ def _progress(label: str, total: int) -> Iterator[Callable[[int, int], None] | N
             bar.update(task, completed=done)
 
         yield update
-
-
-def _read_header_or_exit(file: Path) -> Header:
-    try:
-        return read_header(file)
-    except IntegrityError as e:
-        _exit(EXIT_FAIL, str(e))
-    except (FormatError, OSError) as e:
-        _exit(EXIT_USAGE, f"{file}: {e}" if isinstance(e, OSError) else str(e))
 
 
 def _header_json(h: Header) -> dict[str, Any]:
@@ -124,7 +82,7 @@ def _header_json(h: Header) -> dict[str, Any]:
     }
 
 
-@click.group("ckpt", context_settings={"help_option_names": ["-h", "--help"]})
+@click.group("ckpt", cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
 def ckpt() -> None:
     """Inspect and verify checkpoint files."""
 
@@ -145,15 +103,15 @@ def inspect_command(file: Path, as_json: bool) -> None:
     if foreign is not None:  # another tool's safetensors file: its tensors, and what it lacks
         inspect_foreign(foreign, as_json=as_json)
         return
-    h = _read_header_or_exit(file)
+    h = read_header(file)
     if as_json:
         click.echo(json.dumps(_header_json(h), indent=1, ensure_ascii=False))
         return
-    out = _out()
+    out = console()
     params = h.spec.num_params
     out.print(
         f"[bold]{shown(file)}[/bold]  {h.format}  {h.spec.num_leaves} tensors  "
-        f"{params:,} params  {_human(h.spec.nbytes)} of data  {_human(h.file_bytes)} file"
+        f"{params:,} params  {fmt_bytes(h.spec.nbytes)} of data  {fmt_bytes(h.file_bytes)} file"
     )
     table = Table(box=None, pad_edge=False, show_edge=False)
     for col, justify in (
@@ -166,31 +124,32 @@ def inspect_command(file: Path, as_json: bool) -> None:
         table.add_column(col, justify=justify, overflow="fold")  # type: ignore[arg-type]
     for t in h.tensors:
         table.add_row(
-            shown(t.name) or "<root>", t.summary(), f"{t.size:,}", _human(t.nbytes), t.digest[:16]
+            shown(t.name) or "<root>",
+            t.summary(),
+            f"{t.size:,}",
+            fmt_bytes(t.nbytes),
+            t.digest[:16],
         )
     out.print(table)
     env = Table(title="environment", box=None, show_header=False, title_justify="left")
     env.add_column("key", style="bold")
     env.add_column("value", overflow="fold")
     for k, v in h.env.items():
-        env.add_row(str(k), str(v))
+        env.add_row(shown(k), shown(v))
     out.print(env)
     if h.metadata:
         out.print("[bold]metadata[/bold]")
         out.print(
-            json.dumps(h.metadata, indent=1, sort_keys=True, ensure_ascii=False), markup=False
+            printable(json.dumps(h.metadata, indent=1, sort_keys=True, ensure_ascii=False)),
+            markup=False,
         )
     else:
         out.print("[bold]metadata[/bold] none")
 
 
-def _read_like(like: Path | None) -> TreeSpec | None:
-    if like is None:
-        return None
-    try:
-        return spec_from_file(like)
-    except (FormatError, OSError, TreeguardError) as e:
-        _exit(EXIT_USAGE, f"{like}: {e}")
+def read_like(like: Path | None) -> TreeSpec | None:
+    """The contract in ``--like`` (a spec JSON or a checkpoint), or None."""
+    return None if like is None else spec_from_file(like)
 
 
 @ckpt.command("verify")
@@ -211,25 +170,23 @@ def verify_command(file: Path, like: Path | None) -> None:
     (not 0, so `verify FILE && deploy FILE` stops); `treeguard import` makes
     a checkpoint of it that verifies.
     """
-    spec = _read_like(like)
+    spec = read_like(like)
     if file.is_dir():
         _sharded(file, verify=True, like=spec, like_name=str(like))
         return
     foreign = foreign_or_none(file)
     if foreign is not None:
         verify_foreign(foreign, like=like)
-    h = _read_header_or_exit(file)
+    h = read_header(file)
     try:
         with _progress("verifying", h.data_bytes) as progress:
             verify_file(file, like=spec, progress=progress)
-    except (TreeMismatchError, IntegrityError) as e:
-        _exit(EXIT_FAIL, str(e).replace("`like`", str(like)))
-    except (FormatError, OSError) as e:
-        _exit(EXIT_USAGE, str(e))
-    what = f", matches {like}" if like is not None else ""
-    _out().print(
-        f"[green]ok[/green]: {shown(file)}: {h.spec.num_leaves} tensors, {_human(h.spec.nbytes)}, "
-        f"every {h.hash_name} matches{what}"
+    except TreeMismatchError as e:
+        raise e.from_sources(expected_from=str(like)) from e
+    what = f", matches {shown(like)}" if like is not None else ""
+    console().print(
+        f"[green]ok[/green]: {shown(file)}: {h.spec.num_leaves} tensors, "
+        f"{fmt_bytes(h.spec.nbytes)}, every {h.hash_name} matches{what}"
     )
 
 
@@ -246,18 +203,16 @@ def _sharded(
 
     try:
         report = sharded.verify(directory, like=like) if verify else sharded.summary(directory)
-    except (TreeMismatchError, IntegrityError) as e:
-        _exit(EXIT_FAIL, str(e).replace("`like`", like_name))
-    except (FormatError, OSError) as e:
-        _exit(EXIT_USAGE, str(e))
+    except TreeMismatchError as e:
+        raise e.from_sources(expected_from=like_name) from e
     if as_json:
         click.echo(json.dumps(report, indent=1, ensure_ascii=False))
     elif verify:
         shards = sum(p["shards"] for p in report["processes"])
-        what = f", matches {like_name}" if like is not None else ""
-        _out().print(
-            f"[green]ok[/green]: {directory}: {report['num_leaves']} arrays, {shards} shards, "
-            f"{_human(report['nbytes'])}, every sha256 matches{what}"
+        what = f", matches {shown(like_name)}" if like is not None else ""
+        console().print(
+            f"[green]ok[/green]: {shown(directory)}: {report['num_leaves']} arrays, {shards} "
+            f"shards, {fmt_bytes(report['nbytes'])}, every sha256 matches{what}"
         )
     else:
-        _out().print(sharded.render(report), markup=False)
+        console().print(printable(sharded.render(report), newlines=True), markup=False)

@@ -2,33 +2,27 @@
 
 Exit codes: 0 no divergence, 1 a divergence located (a stage fails), 3 a
 divergence found that vanishes when the program is cut, 2 usage and
-unreadable input (a bad ``MODULE:ATTR``, a missing or foreign trace file).
+unreadable input (a bad ``MODULE:ATTR``, a missing or foreign trace file),
+4 the model's own code failed to import, build, or raised ``SystemExit``.
 
 Run it as ``treeguard diagnose ...`` or ``python -m treeguard diagnose ...``.
 """
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
-from typing import NoReturn
 
 import click
 
-EXIT_USAGE = 2
+from .._src.errors import ConfigError
+from .console import console
+from .failures import Command
+from .loader import load_model
+
 DEFAULT_REPORT_DIR = "treeguard-diagnosis"
 
 
-def _usage(message: str) -> NoReturn:
-    from rich.console import Console
-
-    Console(stderr=True, highlight=False, soft_wrap=True).print(
-        f"[red]error:[/red] {message.replace('[', chr(92) + '[')}"
-    )
-    sys.exit(EXIT_USAGE)
-
-
-@click.command("diagnose", context_settings={"help_option_names": ["-h", "--help"]})
+@click.command("diagnose", cls=Command, context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("target", metavar="MODULE:ATTR")
 @click.option(
     "--record",
@@ -53,7 +47,9 @@ def _usage(message: str) -> NoReturn:
     help="Where diagnosis.json, diagnosis.md and diagnosis.html go.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print diagnosis.json instead of the table.")
+@click.pass_context
 def diagnose(  # noqa: PLR0917 - click passes each option positionally
+    ctx: click.Context,
     target: str,
     record: Path | None,
     against: Path | None,
@@ -69,38 +65,29 @@ def diagnose(  # noqa: PLR0917 - click passes each option positionally
     but not reproducible when the program is cut, 2 usage.
     """
 
+    # The ladder imports JAX: only once the command runs, so --help starts without it.
     from .._src.diagnose import report as report_mod
     from .._src.diagnose.ladder import STAGES
     from .._src.diagnose.ladder import diagnose as run_ladder
-    from .._src.errors import ConfigError, FormatError, IntegrityError, TreeguardError
-    from .verify import resolve
 
     chosen = STAGES
     if stages is not None:
         chosen = tuple(s.strip() for s in stages.split(",") if s.strip())
     if record is not None and against is not None:
-        _usage(
-            "--record and --against exclude each other; record on one machine, compare on another"
+        raise ConfigError(
+            "--record and --against exclude each other",
+            hint="record on one machine, compare on another",
         )
     if against is not None and not against.is_file():
-        _usage(f"no trace file at {against}; hint: record one with --record {against}")
-    try:
-        model = resolve(target)
-        result = run_ladder(model, record=record, against=against, stages=chosen, name=target)
-        report_mod.write(result, report_dir)
-    except (ConfigError, FormatError, IntegrityError) as e:
-        _usage(str(e))
-    except TreeguardError as e:
-        _usage(f"{type(e).__name__}: {e}")
-    except OSError as e:
-        _usage(f"cannot write {e.filename or report_dir}: {e.strerror or e}")
+        raise ConfigError(f"no trace file at {against}", hint=f"record one with --record {against}")
+    model = load_model(target, command="diagnose")
+    result = run_ladder(model, record=record, against=against, stages=chosen, name=target)
+    report_mod.write(result, report_dir)
     if as_json:
         click.echo(report_mod.to_json(result))
     else:
-        from .console import console
-
         report_mod.print_summary(result, console())
-    sys.exit(result.exit_code)
+    ctx.exit(result.exit_code)
 
 
 if __name__ == "__main__":

@@ -8,44 +8,21 @@ library or a usage error.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import NoReturn
 
 import click
-from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
 from .._src.checkpoint import ForeignHeader, import_weights, spec_from_file
 from .._src.checkpoint.foreign import read_foreign_header
-from .._src.errors import FormatError, TreeguardError, TreeMismatchError
-from .console import console
-
-EXIT_OK, EXIT_MISMATCH, EXIT_USAGE = 0, 1, 2
-#: ``ckpt verify`` of a foreign file: its structure is sound, but no hash or
-#: contract could be checked. Not 0, so ``verify FILE && deploy FILE`` stops.
-EXIT_UNVERIFIED = 3
+from .._src.display import fmt_bytes, printable
+from .._src.errors import TreeMismatchError
+from .console import console, shown
+from .failures import PARTIAL, Command
 
 
-def shown(text: object) -> str:
-    """Text from a file (a tensor name, a path) made safe to print as rich markup:
-    brackets escaped, and control characters (escape sequences, newlines) spelled
-    out as Python does, so a name can neither restyle nor rewrite the terminal."""
-    s = str(text)
-    if not s.isprintable():
-        s = "".join(c if c.isprintable() else repr(c)[1:-1] for c in s)
-    return escape(s)
-
-
-def _exit(code: int, message: str) -> NoReturn:
-    err = Console(stderr=True, highlight=False, soft_wrap=True)
-    err.print("[red]error:[/red]" if code == EXIT_USAGE else "[red]failed:[/red]", end=" ")
-    err.print(message, markup=False)
-    sys.exit(code)
-
-
-@click.command("import", context_settings={"help_option_names": ["-h", "--help"]})
+@click.command("import", cls=Command, context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("src", type=click.Path(path_type=Path))
 @click.argument("dst", type=click.Path(path_type=Path))
 @click.option(
@@ -72,24 +49,17 @@ def import_command(src: Path, dst: Path, names: str, like: Path | None) -> None:
     sha256 per tensor and the tree's contract; its metadata records SRC and
     SRC's sha256.
     """
-    spec = None
-    if like is not None:
-        try:
-            spec = spec_from_file(like)
-        except (TreeguardError, OSError) as e:
-            _exit(EXIT_USAGE, f"{like}: {e}")
+    spec = None if like is None else spec_from_file(like)
     try:
         header = import_weights(src, dst, names=names, like=spec)  # type: ignore[arg-type]
     except TreeMismatchError as e:
-        _exit(EXIT_MISMATCH, str(e).replace("`like`", str(like)))
-    except (TreeguardError, ValueError, OSError) as e:
-        named = not isinstance(e, OSError) or e.filename is not None  # names its own file
-        _exit(EXIT_USAGE, str(e) if named else f"{src}: {e}")
+        raise e.from_sources(expected_from=str(like)) from e
     s = header.spec
     what = f", matches {shown(like)}" if like is not None else ""
-    Console(highlight=False, soft_wrap=True).print(
-        f"[green]imported[/green]: {shown(src)} ({header.metadata['imported_from']['format']}) "
-        f"-> {shown(dst)}: {s.num_leaves} tensors, {s.num_params:,} params, a sha256 for each{what}"
+    console().print(
+        f"[green]imported[/green]: {shown(src)} "
+        f"({shown(header.metadata['imported_from']['format'])}) -> {shown(dst)}: "
+        f"{s.num_leaves} tensors, {s.num_params:,} params, a sha256 for each{what}"
     )
 
 
@@ -102,20 +72,13 @@ _LACKS = (
 
 
 def foreign_or_none(file: Path) -> ForeignHeader | None:
-    """FILE's header if it is a foreign safetensors file; exits 2 if that header
-    does not describe the file; None for anything else (a checkpoint)."""
-    try:
-        return read_foreign_header(file)
-    except FormatError as e:
-        _exit(EXIT_USAGE, str(e))
+    """FILE's header if it is a foreign safetensors file; None for anything
+    else (a checkpoint).
 
-
-def _size(n: int) -> str:
-    value, units, i = float(n), ["B", "KiB", "MiB", "GiB", "TiB"], 0
-    while value >= 1024 and i < len(units) - 1:
-        value /= 1024
-        i += 1
-    return f"{int(value)} B" if i == 0 else f"{value:.1f} {units[i]}"
+    Raises:
+      FormatError: if FILE's header does not describe the file.
+    """
+    return read_foreign_header(file)
 
 
 def inspect_foreign(h: ForeignHeader, *, as_json: bool) -> None:
@@ -154,30 +117,33 @@ def inspect_foreign(h: ForeignHeader, *, as_json: bool) -> None:
     out = console()
     out.print(
         f"[bold]{shown(h.path)}[/bold]  safetensors (not a treeguard checkpoint)  {len(tensors)} "
-        f"tensors  {params:,} params  {_size(data)} of data  {_size(h.file_bytes)} file"
+        f"tensors  {params:,} params  {fmt_bytes(data)} of data  {fmt_bytes(h.file_bytes)} file"
     )
     table = Table(box=None, pad_edge=False, show_edge=False)
     for col, justify in (("name", "left"), ("array", "left"), ("params", "right")):
         table.add_column(col, justify=justify, overflow="fold")  # type: ignore[arg-type]
     table.add_column("bytes", justify="right")
     for t in tensors:
-        table.add_row(shown(t.name), t.summary(), f"{t.size:,}", _size(t.nbytes))
+        table.add_row(shown(t.name), t.summary(), f"{t.size:,}", fmt_bytes(t.nbytes))
     out.print(table)
     out.print(f"[yellow]lacks[/yellow]: {_LACKS}", markup=True)
     if h.metadata:
         out.print("[bold]metadata[/bold]")
         out.print(
-            json.dumps(h.metadata, indent=1, sort_keys=True, ensure_ascii=False), markup=False
+            printable(json.dumps(h.metadata, indent=1, sort_keys=True, ensure_ascii=False)),
+            markup=False,
         )
     out.print(
-        f"hint: treeguard import {h.path} OUT.safetensors [--like SPEC] makes a verified "
-        "checkpoint of it",
+        f"hint: treeguard import {printable(h.path)} OUT.safetensors [--like SPEC] makes a "
+        "verified checkpoint of it",
         markup=False,
     )
 
 
 def verify_foreign(h: ForeignHeader, *, like: Path | None) -> NoReturn:
-    """Reports what could and could not be checked; exits ``EXIT_UNVERIFIED``."""
+    """Reports what could and could not be checked; exits ``PARTIAL`` (3): its
+    structure is sound, but no hash or contract could be checked. Not 0, so
+    ``verify FILE && deploy FILE`` stops."""
     out = console()
     out.print(
         f"[yellow]structure only[/yellow]: {shown(h.path)}: "
@@ -187,19 +153,19 @@ def verify_foreign(h: ForeignHeader, *, like: Path | None) -> NoReturn:
         f"  checked: the header (its length inside the file, strict JSON), and for each of "
         f"{len(h.tensors)} tensors its dtype (a known safetensors dtype), shape, size "
         f"(shape x itemsize = its bytes) and offsets (inside the file, contiguous, no gap "
-        f"or overlap, {_size(h.data_bytes)} of data covered exactly)",
+        f"or overlap, {fmt_bytes(h.data_bytes)} of data covered exactly)",
         markup=False,
     )
     out.print(
         "  not checked: the bytes themselves (the file holds no hashes: any values of the "
         "right size pass) and the contract (it holds no spec)"
-        + (f"; --like {like} needs a naming rule, which import takes" if like else ""),
+        + (f"; --like {printable(like)} needs a naming rule, which import takes" if like else ""),
         markup=False,
     )
     out.print(
-        f"hint: treeguard import {h.path} OUT.safetensors"
-        + (f" --like {like}" if like else "")
+        f"hint: treeguard import {printable(h.path)} OUT.safetensors"
+        + (f" --like {printable(like)}" if like else "")
         + " makes a checkpoint that verifies",
         markup=False,
     )
-    sys.exit(EXIT_UNVERIFIED)
+    click.get_current_context().exit(PARTIAL)

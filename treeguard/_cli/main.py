@@ -1,7 +1,12 @@
 """The ``treeguard`` command line.
 
-Exit codes, for every command: 0 when the inputs match (or the check passes),
-1 when they differ (or it fails), 2 for usage errors and unreadable input.
+Exit codes, for every command, from the class of the error that ends it
+(``treeguard._cli.failures``): 0 when the inputs match (or the check
+passes), 1 when they differ (or it fails), 2 for usage errors and unreadable
+input, 3 for a check that could not be made in full (``ckpt verify`` of a
+file without hashes, ``diagnose`` of a divergence that vanishes when cut), 4
+when a model's own code fails to import, build, or raises ``SystemExit``,
+130 when interrupted.
 
 The command line starts without JAX: each command group's module is imported
 when the group is used, and commands that only read files (``spec``,
@@ -15,62 +20,37 @@ from __future__ import annotations
 import importlib
 import json
 import math
-import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from .console import console
+from .._src.display import fmt_bytes, printable
+from .console import console, shown
+from .failures import FAILED, PASSED, Group
 
 if TYPE_CHECKING:
-    from rich.console import Console
     from rich.tree import Tree
 
     from .._src.leaf import Record
     from .._src.spec import TreeSpec
     from .._src.walk import Node
 
-EXIT_OK, EXIT_DIFFER, EXIT_USAGE = 0, 1, 2
-
-
-def _out() -> Console:
-    return console()
-
-
-def _fail(message: str) -> NoReturn:
-    console(stderr=True).print(f"[red]error:[/red] {message}")
-    sys.exit(EXIT_USAGE)
-
 
 def read_spec(path: Path) -> TreeSpec:
     """Reads a spec from a spec JSON file or any format a reader understands.
 
-    Exits with code 2 and a message for a file that cannot be read.
+    Raises:
+      FormatError: for a file that is neither.
+      OSError: for a file that cannot be read.
     """
     from .._src.checkpoint import spec_reader
-    from .._src.errors import FormatError, TreeguardError
     from .._src.spec import TreeSpec
 
-    try:
-        spec = spec_reader(path)
-        if spec is not None:
-            return spec
-        return TreeSpec.load(path)
-    except (FormatError, OSError, TreeguardError) as e:
-        _fail(f"{path}: {e}")
-
-
-def _human_bytes(n: int | None) -> str:
-    if n is None:
-        return "? B"
-    units = ["B", "KiB", "MiB", "GiB", "TiB"]
-    i = 0
-    value = float(n)
-    while value >= 1024 and i < len(units) - 1:
-        value /= 1024
-        i += 1
-    return f"{int(value)} {units[i]}" if i == 0 else f"{value:.1f} {units[i]}"
+    spec = spec_reader(path)
+    if spec is not None:
+        return spec
+    return TreeSpec.load(path)
 
 
 def _size(record: Record) -> int | None:
@@ -86,7 +66,7 @@ def _render(node: Node, records: list[Record], start: int, branch: Tree) -> None
 
     off = start
     for entry, child in zip(node.entries, node.children):
-        label = entry_str(entry)
+        label = shown(entry_str(entry))
         if child.kind == "leaf":
             rec = records[off]
             n = _size(rec)
@@ -94,7 +74,7 @@ def _render(node: Node, records: list[Record], start: int, branch: Tree) -> None
             nbytes = n * rec[1].itemsize if n is not None else None
             branch.add(
                 f"[bold]{label}[/bold] [cyan]{summarize(rec[0], rec[1])}[/cyan]"
-                f"  {count} params  {_human_bytes(nbytes)}"
+                f"  {count} params  {fmt_bytes(nbytes)}"
             )
         else:
             sub = records[off : off + child.num_leaves]
@@ -117,7 +97,7 @@ def _sum_params(records: list[Record]) -> int | None:
     return None if any(s is None for s in sizes) else sum(s for s in sizes if s is not None)
 
 
-class _LazyGroup(click.Group):
+class _LazyGroup(Group):
     """A group whose subcommands live in modules imported on first use."""
 
     def __init__(self, *args: Any, lazy: dict[str, str], **kwargs: Any) -> None:
@@ -172,9 +152,9 @@ def spec_command(file: Path, as_json: bool) -> None:
         return
     params = spec.num_params
     head = (
-        f"[bold]{file}[/bold]  {spec.num_leaves} leaves  "
+        f"[bold]{shown(file)}[/bold]  {spec.num_leaves} leaves  "
         + (f"{params:,} params  " if params is not None else "symbolic dims  ")
-        + _human_bytes(spec.nbytes)
+        + fmt_bytes(spec.nbytes)
     )
     root = spec.structure
     tree = Tree(head)
@@ -183,14 +163,15 @@ def spec_command(file: Path, as_json: bool) -> None:
         tree.add(f"[cyan]{summarize(rec[0], rec[1])}[/cyan]")
     else:
         _render(root, spec.records, 0, tree)
-    _out().print(tree)
+    console().print(tree)
 
 
 @main.command("diff")
 @click.argument("expected", type=click.Path(path_type=Path))
 @click.argument("actual", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print the mismatches as JSON.")
-def diff_command(expected: Path, actual: Path, as_json: bool) -> None:
+@click.pass_context
+def diff_command(ctx: click.Context, expected: Path, actual: Path, as_json: bool) -> None:
     """Compare two contracts and print every mismatch (EXPECTED first)."""
     from .._src.diff import mismatches
     from .._src.mismatch import format_mismatches
@@ -214,13 +195,18 @@ def diff_command(expected: Path, actual: Path, as_json: bool) -> None:
         }
         click.echo(json.dumps(payload, indent=1))
     elif found:
-        _out().print(
-            format_mismatches(found, expected_from=str(expected), actual_from=str(actual)),
+        console().print(
+            printable(
+                format_mismatches(found, expected_from=str(expected), actual_from=str(actual)),
+                newlines=True,
+            ),
             markup=False,
         )
     else:
-        _out().print(f"[green]match[/green]: {actual} has the contract of {expected}")
-    sys.exit(EXIT_DIFFER if found else EXIT_OK)
+        console().print(
+            f"[green]match[/green]: {shown(actual)} has the contract of {shown(expected)}"
+        )
+    ctx.exit(FAILED if found else PASSED)
 
 
 def _jsonable(x: object) -> object:

@@ -7,39 +7,26 @@
 - ``treeguard serve swap URL VERSION`` asks a running server to hot-swap.
 
 Exit codes, as for every treeguard command: 0 ok, 1 a check failed (over the
-memory budget, a refused swap), 2 usage or unreadable input.
+memory budget, a refused swap), 2 usage or unreadable input, 4 the model's
+own code failed to import, build, or raised ``SystemExit``.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import click
-from rich.console import Console
 
-EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
-
-
-def _fail(code: int, message: str) -> NoReturn:
-    label = "[red]error:[/red]" if code == EXIT_USAGE else "[red]failed:[/red]"
-    err = Console(stderr=True, highlight=False, soft_wrap=True)
-    err.print(label, end=" ")
-    err.print(message, markup=False)
-    sys.exit(code)
-
-
-def _human(n: int) -> str:
-    value, units, i = float(n), ["B", "KiB", "MiB", "GiB", "TiB"], 0
-    while value >= 1024 and i < len(units) - 1:
-        value /= 1024
-        i += 1
-    return f"{int(value)} B" if i == 0 else f"{value:.1f} {units[i]}"
+from .._src.display import fmt_bytes
+from .._src.errors import ConfigError, ServingError
+from .console import console
+from .failures import Group
+from .loader import load_model
 
 
 def _spec(model: Any, spec_file: Path | None, inputs: tuple[str, ...]) -> Any:
@@ -47,7 +34,7 @@ def _spec(model: Any, spec_file: Path | None, inputs: tuple[str, ...]) -> Any:
 
     if spec_file is not None:
         if inputs:
-            _fail(EXIT_USAGE, "give --spec or --input, not both")
+            raise ConfigError("give --spec or --input, not both")
         return ServingSpec.load(spec_file)
     return ServingSpec.from_model(model, inputs=list(inputs) or None)
 
@@ -57,7 +44,7 @@ def _default_cache() -> str:
     return os.path.join(base, "treeguard", "jax")
 
 
-class _ServeGroup(click.Group):
+class _ServeGroup(Group):
     """``serve MODULE:ATTR ...`` runs the server; ``serve plan|swap ...`` the subcommands."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
@@ -123,27 +110,29 @@ def run_command(  # noqa: PLR0917 - click passes every option
     memory_budget: int | None,
 ) -> None:
     """Serve MODULE:ATTR's apply with the store's current verified version."""
-    from .._src.errors import TreeguardError
+    # The server imports JAX and starlette: only once the command runs.
     from .._src.serving.app import Server
     from .._src.serving.app import serve as run_server
-    from .verify import resolve
 
+    model = load_model(target, command="serve")
+    spec = _spec(model, spec_file, inputs)
+    if not store_root.is_dir():
+        raise ConfigError(f"{store_root}: no store there", hint="treeguard store put first")
+    server = Server(
+        model,
+        store_root,
+        spec=spec,
+        cache_dir=cache_dir or _default_cache(),
+        memory_budget=memory_budget,
+        watch_s=1.0 if watch else None,
+    )
     try:
-        model = resolve(target)
-        spec = _spec(model, spec_file, inputs)
-        if not store_root.is_dir():
-            _fail(EXIT_USAGE, f"{store_root}: no store there; hint: treeguard store put first")
-        server = Server(
-            model,
-            store_root,
-            spec=spec,
-            cache_dir=cache_dir or _default_cache(),
-            memory_budget=memory_budget,
-            watch_s=1.0 if watch else None,
-        )
-    except (TreeguardError, OSError) as e:
-        _fail(EXIT_USAGE, str(e))
-    run_server(server, host=host, port=port)
+        run_server(server, host=host, port=port)
+    except SystemExit as e:  # uvicorn's own exit (it logged why), not the model's
+        raise ServingError(
+            f"the server on {host}:{port} stopped: uvicorn exited with status {e.code!r}",
+            hint="its log above says why (a port in use, an address not on this machine)",
+        ) from e
 
 
 @serve.command("plan")
@@ -163,16 +152,11 @@ def plan_command(
 
     Exits 1 when the params plus the largest bucket exceed --budget.
     """
-    from .._src.errors import TreeguardError
-    from .._src.serving.plan import plan
-    from .verify import resolve
+    from .._src.serving.plan import plan  # imports JAX: only once the command runs
 
-    try:
-        model = resolve(target)
-        spec = _spec(model, spec_file, inputs)
-        result = plan(model, spec, budget=budget)
-    except (TreeguardError, OSError) as e:
-        _fail(EXIT_USAGE, str(e))
+    model = load_model(target, command="serve plan")
+    spec = _spec(model, spec_file, inputs)
+    result = plan(model, spec, budget=budget)
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=1))
     else:
@@ -183,26 +167,24 @@ def plan_command(
             table.add_row(
                 str(b.bucket),
                 f"{b.compile_s * 1000:.0f} ms",
-                _human(b.argument_bytes),
-                _human(b.output_bytes),
-                _human(b.temp_bytes),
-                _human(b.code_bytes),
+                fmt_bytes(b.argument_bytes),
+                fmt_bytes(b.output_bytes),
+                fmt_bytes(b.temp_bytes),
+                fmt_bytes(b.code_bytes),
             )
-        from .console import console
-
         out = console()
         out.print(table)
         out.print(
-            f"params {_human(result.params_bytes)}; params plus the largest bucket "
-            f"{_human(result.peak_bytes)}"
-            + (f" of a budget of {_human(budget)}" if budget else ""),
+            f"params {fmt_bytes(result.params_bytes)}; params plus the largest bucket "
+            f"{fmt_bytes(result.peak_bytes)}"
+            + (f" of a budget of {fmt_bytes(budget)}" if budget else ""),
             markup=False,
         )
     if not result.fits:
-        _fail(
-            EXIT_FAIL,
+        raise ServingError(
             f"params plus bucket {result.buckets[-1].bucket} need {result.peak_bytes} bytes, "
-            f"over the budget of {budget}; hint: drop the largest bucket or raise --budget",
+            f"over the budget of {budget}",
+            hint="drop the largest bucket or raise --budget",
         )
 
 
@@ -213,7 +195,7 @@ def plan_command(
 def swap_command(url: str, version: str, timeout: float) -> None:
     """Ask the server at URL to hot-swap to VERSION (verified, checked, then served)."""
     if not url.startswith(("http://", "https://")):
-        _fail(EXIT_USAGE, f"{url!r} is not an http(s) URL; hint: http://127.0.0.1:8000")
+        raise ConfigError(f"{url!r} is not an http(s) URL", hint="http://127.0.0.1:8000")
     req = urllib.request.Request(
         url.rstrip("/") + "/v2/treeguard/swap",
         data=json.dumps({"version": version}).encode(),
@@ -228,9 +210,9 @@ def swap_command(url: str, version: str, timeout: float) -> None:
             message = json.loads(e.read(1 << 20)).get("error", str(e))
         except (ValueError, AttributeError):
             message = str(e)
-        _fail(EXIT_FAIL, f"swap to {version} refused ({e.code}): {message}")
+        raise ServingError(f"swap to {version} refused ({e.code}): {message}") from e
     except (urllib.error.URLError, OSError, ValueError) as e:
-        _fail(EXIT_USAGE, f"cannot reach {url}: {e}")
+        raise ConfigError(f"cannot reach {url}: {e}") from e
     click.echo(
         f"serving {body.get('active')} (previous {body.get('previous')}); "
         f"{body.get('compiles')} compiles; checks: {', '.join(body.get('checks') or []) or '-'}"

@@ -7,19 +7,20 @@ directory that is not a store.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import click
 from rich.table import Table
 
-from .._src.errors import FormatError, IntegrityError, StoreError, UnknownVersionError
+from .._src.display import fmt_bytes
+from .._src.errors import StoreError
 from .._src.store import ArtifactStore, RetentionPolicy
-from .ckpt import EXIT_FAIL, EXIT_USAGE, _exit, _human, _out, _read_like
+from .ckpt import read_like
+from .console import console, shown
+from .failures import Group
 
 
-@click.group("store", context_settings={"help_option_names": ["-h", "--help"]})
+@click.group("store", cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
 def store() -> None:
     """Manage an artifact store: list, verify, promote, roll back, collect garbage.
 
@@ -32,13 +33,8 @@ def store() -> None:
 
 def _open_store(root: Path) -> ArtifactStore:
     """Opens an existing store; reads nothing and creates nothing."""
-    try:
-        s = ArtifactStore(root)
-        s.current()  # a directory that is not a store, or a damaged pointer, stops here
-    except StoreError as e:
-        _exit(EXIT_USAGE, str(e))
-    except OSError as e:
-        _exit(EXIT_USAGE, f"{root}: {e}")
+    s = ArtifactStore(root)
+    s.current()  # a directory that is not a store, or a damaged pointer, stops here
     return s
 
 
@@ -46,23 +42,8 @@ def _open_store(root: Path) -> ArtifactStore:
 @click.argument("root", type=click.Path(path_type=Path))
 def init_command(root: Path) -> None:
     """Make ROOT a store (created if absent; an existing store is left as it is)."""
-    try:
-        s = ArtifactStore.init(root)
-    except (StoreError, OSError) as e:
-        _exit(EXIT_USAGE, str(e))
-    _out().print(f"[green]store[/green]: {s.root}")
-
-
-@contextmanager
-def _store_errors() -> Iterator[None]:
-    try:
-        yield
-    except UnknownVersionError as e:
-        _exit(EXIT_USAGE, str(e))
-    except (StoreError, IntegrityError) as e:
-        _exit(EXIT_FAIL, str(e))
-    except (FormatError, OSError) as e:
-        _exit(EXIT_USAGE, str(e))
+    s = ArtifactStore.init(root)
+    console().print(f"[green]store[/green]: {shown(s.root)}")
 
 
 _STATUS_STYLE = {
@@ -80,9 +61,8 @@ _STATUS_STYLE = {
 def ls_command(root: Path, as_json: bool) -> None:
     """List ROOT's versions with their status; the current one is marked."""
     s = _open_store(root)
-    with _store_errors():
-        current, previous = s.current(), s.previous()
-        versions = s.versions()
+    current, previous = s.current(), s.previous()
+    versions = s.versions()
     if as_json:
         click.echo(
             json.dumps(
@@ -117,17 +97,18 @@ def ls_command(root: Path, as_json: bool) -> None:
         reason = (v.reason or "").splitlines()[0][:80] if v.reason else ""
         table.add_row(
             mark,
-            v.version,
-            f"[{style}]{v.status}[/{style}]" if style else v.status,
-            v.kind,
-            v.created,
+            shown(v.version),
+            f"[{style}]{shown(v.status)}[/{style}]" if style else shown(v.status),
+            shown(v.kind),
+            shown(v.created),
             f"{v.num_params:,}" if v.num_params is not None else "",
-            _human(v.nbytes) if v.nbytes is not None else "",
-            reason,
+            fmt_bytes(v.nbytes) if v.nbytes is not None else "",
+            shown(reason),
         )
-    out = _out()
+    out = console()
     out.print(
-        f"[bold]{s.root}[/bold]  current: {current or 'none'}  previous: {previous or 'none'}"
+        f"[bold]{shown(s.root)}[/bold]  current: {current or 'none'}  "
+        f"previous: {previous or 'none'}"
     )
     out.print(table)
 
@@ -141,13 +122,12 @@ def ls_command(root: Path, as_json: bool) -> None:
 def store_verify_command(root: Path, version: str, like: Path | None) -> None:
     """Verify VERSION (hashes and contract) and record verified or rejected."""
     s = _open_store(root)
-    spec = _read_like(like)
-    with _store_errors():
-        info = s.verify(version, like=spec)
+    spec = read_like(like)
+    info = s.verify(version, like=spec)
     if info.status == "verified":
-        _out().print(f"[green]verified[/green]: {version}")
+        console().print(f"[green]verified[/green]: {shown(version)}")
         return
-    _exit(EXIT_FAIL, f"{version} rejected: {info.reason}")
+    raise StoreError(f"{version} rejected: {info.reason}", version=version)
 
 
 @store.command("promote")
@@ -156,9 +136,8 @@ def store_verify_command(root: Path, version: str, like: Path | None) -> None:
 def promote_command(root: Path, version: str) -> None:
     """Make the verified VERSION current."""
     s = _open_store(root)
-    with _store_errors():
-        s.promote(version)
-    _out().print(f"[green]current[/green]: {version}")
+    s.promote(version)
+    console().print(f"[green]current[/green]: {shown(version)}")
 
 
 @store.command("rollback")
@@ -166,10 +145,9 @@ def promote_command(root: Path, version: str) -> None:
 def rollback_command(root: Path) -> None:
     """Return to the previous verified version."""
     s = _open_store(root)
-    with _store_errors():
-        before = s.current()
-        now = s.rollback()
-    _out().print(f"[green]rolled back[/green]: {before} -> {now}")
+    before = s.current()
+    now = s.rollback()
+    console().print(f"[green]rolled back[/green]: {shown(before)} -> {shown(now)}")
 
 
 @store.command("gc")
@@ -184,6 +162,5 @@ def rollback_command(root: Path) -> None:
 def gc_command(root: Path, keep: int) -> None:
     """Remove old versions; never the current or a former current one."""
     s = _open_store(root)
-    with _store_errors():
-        removed = s.gc(policy=RetentionPolicy(keep_last=keep))
-    _out().print(f"removed {len(removed)}: {', '.join(removed) or 'nothing'}")
+    removed = s.gc(policy=RetentionPolicy(keep_last=keep))
+    console().print(f"removed {len(removed)}: {shown(', '.join(removed)) or 'nothing'}")

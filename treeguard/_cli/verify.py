@@ -3,7 +3,8 @@
 Exit codes, as for every treeguard command: 0 when every check passes, 1
 when any fails, 2 for usage and configuration errors (a bad ``MODULE:ATTR``,
 an attribute that is no ``Model``, missing references without ``--record``,
-an unreadable references file).
+an unreadable references file), 4 when the model's own code fails to import,
+its factory raises, or it raises ``SystemExit``.
 
 With ``--no-bench`` every program, the eager reference's operations
 included, is compiled for a short compile rather than fast code
@@ -17,22 +18,18 @@ Run it as ``treeguard verify ...`` or ``python -m treeguard verify ...``.
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import re
-import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
-from rich.console import Console
 
-if TYPE_CHECKING:
-    from .._src.verify.model import Model
+from .console import console
+from .failures import Command
+from .loader import load_model
 
 DEFAULT_REPORT_DIR = "treeguard-report"
-EXIT_USAGE = 2
 #: Without LLVM's optimisations, with XLA's older elemental emitters on CPU
 #: (they compile a small operation in about two thirds of the time), and
 #: with each program's code generated in one piece instead of split across
@@ -42,11 +39,6 @@ FAST_COMPILE = {
     "xla_cpu_use_fusion_emitters": "false",
     "xla_cpu_parallel_codegen_split_count": "1",
 }
-
-
-def _usage(message: str) -> NoReturn:
-    Console(stderr=True, highlight=False, soft_wrap=True).print(f"[red]error:[/red] {message}")
-    sys.exit(EXIT_USAGE)
 
 
 #: The jaxlib release from which XLA no longer knows a flag of
@@ -82,84 +74,7 @@ def compile_fast() -> None:
     os.environ["XLA_FLAGS"] = " ".join([flags, *added]).strip()
 
 
-def resolve(target: str) -> Model:
-    """Imports ``MODULE:ATTR`` and returns the ``Model`` it names.
-
-    Args:
-      target: ``package.module:attribute``; the attribute may be dotted, and
-        may be a function of no arguments that returns a ``Model``.
-
-    Returns:
-      The model.
-
-    Raises:
-      ConfigError: for a malformed target, a module that cannot be imported,
-        a missing attribute or something that is no ``Model``.
-
-    Example:
-      >>> resolve("treeguard.examples.mlp:model").name
-      'treeguard.examples.mlp:model'
-      >>> resolve("treeguard.examples.mlp")
-      Traceback (most recent call last):
-      ...
-      treeguard.ConfigError: 'treeguard.examples.mlp' is not MODULE:ATTR...
-    """
-    from .._src.verify.model import Model
-
-    model: Model = import_target(
-        target,
-        (Model,),
-        what="treeguard.verify.Model",
-        command="verify",
-        fix="describe the model with treeguard.verify.Model(init=..., apply=..., ...)",
-    )
-    return model
-
-
-def import_target(
-    target: str, kinds: tuple[type, ...], *, what: str, command: str, fix: str
-) -> Any:
-    """Imports ``MODULE:ATTR`` and returns the object, which must be one of
-    ``kinds`` (or a function of no arguments returning one).
-
-    Args:
-      target: ``package.module:attribute``; the attribute may be dotted.
-      kinds: the types the object may have.
-      what: their public names, for the message (``"treeguard.verify.Model"``).
-      command: the command, for the usage hint (``"verify"``).
-      fix: the hint for an object of another type.
-
-    Raises:
-      ConfigError: for a malformed target, a module that cannot be imported,
-        a missing attribute or an object of another type.
-    """
-    from .._src.errors import ConfigError
-
-    module_name, sep, attr = target.partition(":")
-    if not sep or not module_name or not attr:
-        raise ConfigError(
-            f"{target!r} is not MODULE:ATTR; hint: treeguard {command} treeguard.examples.mlp:model"
-        )
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise ConfigError(f"cannot import module {module_name!r}: {e}") from e
-    obj: Any = module
-    for part in attr.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError:
-            names = sorted(n for n in dir(module) if isinstance(getattr(module, n, None), kinds))
-            hint = f"; the models in {module_name} are {names}" if names else ""
-            raise ConfigError(f"module {module_name!r} has no attribute {attr!r}{hint}") from None
-    if not isinstance(obj, kinds) and callable(obj):
-        obj = obj()
-    if not isinstance(obj, kinds):
-        raise ConfigError(f"{target} is a {type(obj).__name__}, not a {what}", hint=fix)
-    return obj
-
-
-@click.command("verify", context_settings={"help_option_names": ["-h", "--help"]})
+@click.command("verify", cls=Command, context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("target", metavar="MODULE:ATTR")
 @click.option(
     "--record", is_flag=True, help="(Re)write the references once every other check passes."
@@ -182,7 +97,9 @@ def import_target(
     help="The references file to compare with (or, with --record, to write) instead of the "
     "model's own.",
 )
+@click.pass_context
 def verify(
+    ctx: click.Context,
     target: str,
     *,
     record: bool,
@@ -199,32 +116,22 @@ def verify(
     """
     if no_bench:
         compile_fast()
-    from .._src.errors import ConfigError, FormatError, IntegrityError, TreeguardError
-    from .._src.verify.run import run
+    from .._src.verify.run import run  # imports JAX, after the XLA flags are set
 
-    try:
-        model = resolve(target)
-        report = run(
-            model,
-            record=record,
-            references=references,
-            report_dir=report_dir,
-            bench=not no_bench,
-            name=target,
-        )
-    except (ConfigError, FormatError, IntegrityError) as e:
-        _usage(str(e))
-    except TreeguardError as e:
-        _usage(f"{type(e).__name__}: {e}")
-    except OSError as e:
-        _usage(f"cannot write the report to {report_dir}: {e}")
+    model = load_model(target, command="verify")
+    report = run(
+        model,
+        record=record,
+        references=references,
+        report_dir=report_dir,
+        bench=not no_bench,
+        name=target,
+    )
     if as_json:
         click.echo(json.dumps(json.loads(report.to_json()), indent=1))
     else:
-        from .console import console
-
         report.print(console())
-    sys.exit(report.exit_code)
+    ctx.exit(report.exit_code)
 
 
 if __name__ == "__main__":

@@ -146,7 +146,12 @@ class _Differ:
             return
         if a.kind == "leaf" or e.kind == "leaf" or a.kind != e.kind or a.type_name != e.type_name:
             self.add(path, "node_type", _type_label(e, self.e, ei), _type_label(a, self.a, ai))
-            if a.kind == "leaf" or e.kind == "leaf" or a.entries != e.entries:
+            # Two classes of fields (a renamed class whose fields changed too): their
+            # fields are compared by name, so a field that moved is named as well.
+            fields = {"custom", "namedtuple"}
+            if a.kind == "leaf" or e.kind == "leaf":
+                return
+            if a.entries != e.entries and not (a.kind in fields and e.kind in fields):
                 return
         elif a.entries == e.entries and not _same_aux(a, e):
             self.add(path, "node_data", _aux_label(e), _aux_label(a))

@@ -12,12 +12,16 @@ existing ``except ValueError`` keeps working)::
     ├── NonFiniteError         [FloatingPointError] an update produced NaN or Inf
     ├── TracedValueError       [TypeError]         a concrete check under a transform
     ├── ConfigError            [ValueError]        a misconfigured model or command
+    ├── ModelCodeError         [RuntimeError]      the model's own code failed to import or build
+    │   └── ModelExitError                         the model's code raised SystemExit
+    ├── RunInterruptedError    [RuntimeError]      a run stopped by KeyboardInterrupt
     ├── DiagnosisError         [ValueError]        a diagnosis that cannot run as asked
     ├── ServingError           [RuntimeError]      the server refused a swap or rollback
     ├── InvalidRequestError    [ValueError]        a request refused before device work
     ├── BenchError             [ValueError]        a benchmark that cannot run or compare
     │   └── MachineMismatchError                   results from two different machines
     └── StoreError             [ValueError]        the store refused an operation
+        ├── NotAStoreError                         a directory that is not a store
         ├── UnknownVersionError [LookupError]      no such version
         └── SignatureError                         a verdict unsigned or wrongly signed
 
@@ -27,7 +31,10 @@ A message is rendered from the error's fields, never edited as a string:
 ``context`` (where: a file, a version), the message itself, and ``hint`` (the
 likely fix), always as a last line ``hint: ...``. Each class carries the exit
 code the command line uses for it (``exit_code``): 1 for a check that ran and
-failed, 2 for input that could not be used.
+failed (a mismatch, a hash that differs, a refused store operation), 2 for
+input that could not be used, 4 for a model whose own code failed or exited,
+130 for an interrupted run. The command line reads it from the class and
+never chooses another.
 
 Example:
   >>> e = FormatError("header is not JSON", context="model.safetensors", hint="re-save it")
@@ -41,7 +48,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Self
 
 from .mismatch import Mismatch, format_mismatches
 
@@ -122,11 +129,31 @@ class TreeMismatchError(TreeguardError, ValueError):
         self.mismatches: tuple[Mismatch, ...] = tuple(mismatches)
         self.expected_from = expected_from
         self.actual_from = actual_from
+        self.given_hint = hint
         # The hint line is part of the list's rendering: the one given, or a guess.
         text = format_mismatches(
             self.mismatches, expected_from=expected_from, actual_from=actual_from, hint=hint
         )
         super().__init__(text, context=context)
+
+    def from_sources(self, *, expected_from: str, actual_from: str | None = None) -> Self:
+        """The same mismatches rendered with other names for the two sides
+        (a file's name where the library said ``like``).
+
+        Example:
+          >>> err = TreeMismatchError([Mismatch("['b']", "shape", (3,), (2,))],
+          ...                         expected_from="`like`", actual_from="the file")
+          >>> print(err.from_sources(expected_from="spec.json"))
+          1 mismatch between the file and spec.json:
+            ['b']: shape (3,) in spec.json, (2,) in the file
+        """
+        return type(self)(
+            self.mismatches,
+            expected_from=expected_from,
+            actual_from=self.actual_from if actual_from is None else actual_from,
+            context=self.context,
+            hint=self.given_hint,
+        )
 
 
 class InvalidTreeError(TreeguardError, TypeError):
@@ -180,6 +207,8 @@ class IntegrityError(TreeguardError, ValueError):
       path: the key path (tensor name) whose bytes differ, when known.
       version: the store version whose file changed, when known.
     """
+
+    exit_code = 1
 
     def __init__(
         self,
@@ -288,6 +317,8 @@ class StoreError(TreeguardError, ValueError):
       version: the version concerned, when there is one.
     """
 
+    exit_code = 1
+
     def __init__(
         self,
         message: str = "",
@@ -300,9 +331,18 @@ class StoreError(TreeguardError, ValueError):
         super().__init__(message, context=context, hint=hint)
 
 
+class NotAStoreError(StoreError):
+    """A directory that is not a treeguard store (no ``STORE.json``), or a
+    store root that is no directory: nothing there can be used."""
+
+    exit_code = 2
+
+
 class UnknownVersionError(StoreError, LookupError):
     """No such version in the store, or a name that cannot be a version
     (one that would escape the store's root)."""
+
+    exit_code = 2
 
     def __str__(self) -> str:  # LookupError would quote the message
         return self._render()
@@ -320,6 +360,66 @@ class ConfigError(TreeguardError, ValueError):
     exits with status 2 on it."""
 
 
+class ModelCodeError(TreeguardError, RuntimeError):
+    """The model's own code failed where treeguard ran it to get the model:
+    importing its module raised (a ``SyntaxError``, a ``RuntimeError`` at
+    import, an import of its own that is missing), or the factory named by
+    ``MODULE:ATTR`` raised. The command line exits 4, never 0 or 1, so no
+    ``treeguard verify ... && deploy`` goes on.
+
+    Attributes:
+      target: the ``MODULE:ATTR`` concerned.
+      stage: ``"import"``, ``"factory"`` or ``"run"``.
+      cause: the exception's type name (``"SyntaxError"``).
+    """
+
+    exit_code = 4
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        target: str,
+        stage: str,
+        cause: str,
+        hint: str | None = None,
+    ) -> None:
+        self.target = target
+        self.stage = stage
+        self.cause = cause
+        super().__init__(message, hint=hint)
+
+
+class ModelExitError(ModelCodeError):
+    """Model code raised ``SystemExit`` (``sys.exit(0)`` in a helper, an
+    argparse parse at import) while a command ran: the run did not finish,
+    whatever the status it asked for.
+
+    Attributes:
+      code: the status the model code passed to ``sys.exit``.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        target: str,
+        stage: str,
+        code: object,
+        hint: str | None = None,
+    ) -> None:
+        self.code = code
+        super().__init__(message, target=target, stage=stage, cause="SystemExit", hint=hint)
+
+
+class RunInterruptedError(TreeguardError, RuntimeError):
+    """A run stopped by ``KeyboardInterrupt`` (Ctrl-C, or model code that
+    raised it): nothing was concluded. The command line exits 130, as a
+    shell does for an interrupted program."""
+
+    exit_code = 130
+
+
 class DiagnosisError(TreeguardError, ValueError):
     """A diagnosis cannot run as asked: an unknown candidate, a malformed
     tolerance rule, a recorded trace of another program. ``treeguard
@@ -333,6 +433,8 @@ class ServingError(TreeguardError, RuntimeError):
     Attributes:
       status: the HTTP status the refusal maps to.
     """
+
+    exit_code = 1
 
     def __init__(self, message: str, *, status: int = 409, hint: str | None = None) -> None:
         self.status = status
@@ -417,9 +519,13 @@ PUBLIC = (
     NonFiniteError,
     TracedValueError,
     StoreError,
+    NotAStoreError,
     UnknownVersionError,
     SignatureError,
     ConfigError,
+    ModelCodeError,
+    ModelExitError,
+    RunInterruptedError,
     DiagnosisError,
     ServingError,
     InvalidRequestError,

@@ -135,6 +135,19 @@ def hint_for(
                 "load without `like=` (they come back as dicts by key path) and build the new "
                 "class from them, or give the class its old name and module again"
             )
+    nones = [m for m in found if m.kind == "node_type" and "none" in (m.expected, m.actual)]
+    if nones and len(nones) == len(found):
+        m = nones[0]
+        side, other = (
+            (expected_from, actual_from) if m.expected == "none" else (actual_from, expected_from)
+        )
+        return (
+            f"{side} holds None where {other} holds arrays: a filter dropped them "
+            "(eqx.filter(eqx.filter_eval_shape(...), eqx.is_array) keeps no "
+            "jax.ShapeDtypeStruct, so every leaf becomes None); keep the shapes with "
+            "eqx.filter(shapes, lambda x: isinstance(x, jax.ShapeDtypeStruct)), or pass the "
+            "unfiltered tree"
+        )
     missing = [m.path for m in found if m.kind == "missing"]
     renames = []
     for m in found:

@@ -60,14 +60,34 @@ def entry_of(key: Any) -> Entry:
     raise TypeError(f"unknown key path entry {key!r} of type {type(key).__name__}")
 
 
+def int_digits(n: int) -> int:
+    """The decimal digits of ``abs(n)``, counted without ``str(n)`` (which
+    refuses an int of more than 4300 digits).
+
+    Example:
+      >>> int_digits(0), int_digits(-999), int_digits(10**5000)
+      (1, 3, 5001)
+    """
+    n = abs(n)
+    d = max(0, int((n.bit_length() - 1) * math.log10(2)))  # at most one short
+    while 10 ** (d + 1) <= n:
+        d += 1
+    return d + 1
+
+
 def entry_str(entry: Entry) -> str:
-    """Formats one entry as JAX's ``keystr`` does.
+    """Formats one entry as JAX's ``keystr`` does; an int key too long to
+    print names its length instead (``[<int of 5001 digits>]``).
 
     Example:
       >>> entry_str(("attr", "w")), entry_str(("key", "b")), entry_str(("index", 0))
       ('.w', "['b']", '[0]')
+      >>> entry_str(("key", 10**5000))
+      '[<int of 5001 digits>]'
     """
     kind, key = entry
+    if type(key) is int and int_digits(key) > MAX_INT_DIGITS:
+        return f"[<int of {int_digits(key)} digits>]"
     if kind == "key":
         return f"[{key!r}]"
     if kind == "attr":
@@ -215,8 +235,8 @@ def entry_problem(entry: Entry) -> str | None:
         return f"{what} {key!r} holds a lone surrogate, which has no UTF-8 form"
     if isinstance(key, float) and not math.isfinite(key):
         return f"key {key!r} of type float has no JSON form"
-    if type(key) is int and len(str(abs(key))) > MAX_INT_DIGITS:
-        return f"{kind} of {len(str(abs(key)))} digits is too long to read back from a spec"
+    if type(key) is int and int_digits(key) > MAX_INT_DIGITS:
+        return f"{kind} of {int_digits(key)} digits is too long to read back from a spec"
     text = entry_str(entry)
     shown = f"{kind} {short_repr(key)} of type {type(key).__name__} prints as {text[:60]!r}"
     try:
@@ -230,7 +250,14 @@ def entry_problem(entry: Entry) -> str | None:
 
 
 def short_repr(x: Any, limit: int = 60) -> str:
-    """``repr(x)`` cut to ``limit`` characters, for naming a key in a message."""
+    """``repr(x)`` cut to ``limit`` characters, for naming a key in a message.
+
+    Example:
+      >>> short_repr("w"), short_repr(10**5000)
+      ("'w'", '<int of 5001 digits>')
+    """
+    if type(x) is int and int_digits(x) > MAX_INT_DIGITS:
+        return f"<int of {int_digits(x)} digits>"
     try:
         text = repr(x)
     except Exception:  # noqa: BLE001 - a repr that fails still gets a message

@@ -27,7 +27,7 @@ from .atomic import atomic_write
 from .errors import FormatError, InvalidTreeError
 from .keydtype import array_dtype
 from .leaf import Record, Shape, describe_sharding, dtype_of, summarize
-from .paths import Path, keystr
+from .paths import Path, keystr, short_repr
 from .strictjson import loads as strict_loads
 from .walk import (
     Node,
@@ -346,7 +346,8 @@ class TreeSpec:
         more = f", ... {self.num_leaves - 6} more" if self.num_leaves > 6 else ""
         if self._root.kind == "dict" and all(len(p) == 1 for p in self.paths[:6]):
             inner = ", ".join(
-                f"{p[0][1]!r}: {leaf.summary()}" for p, leaf in zip(self.paths, self.leaves[:6])
+                f"{short_repr(p[0][1])}: {leaf.summary()}"
+                for p, leaf in zip(self.paths, self.leaves[:6])
             )
             return f"TreeSpec({{{inner}{more}}})"
         return f"TreeSpec({', '.join(parts)}{more})"
@@ -427,8 +428,13 @@ class TreeSpec:
         with open(path, "rb") as f:
             data = f.read(64 * 1024 * 1024 + 1)
         if len(data) > 64 * 1024 * 1024:
-            raise FormatError(f"{os.fspath(path)}: larger than 64 MiB, not a spec")
-        return cls.from_json(data)
+            raise FormatError("larger than 64 MiB, not a spec", context=os.fspath(path))
+        try:
+            return cls.from_json(data)
+        except FormatError as e:  # the same error, naming the file it came from
+            raise FormatError(
+                e.message, context=e.context or os.fspath(path), hint=e.hint, where=e.where
+            ) from e
 
     # -- the validated-signature cache used by ``check`` --------------------
 

@@ -12,7 +12,8 @@ from typing import Any
 from .errors import FormatError, InvalidTreeError
 from .keydtype import dtype_name
 from .leaf import Record, dtype_of
-from .paths import Entry, Path, keystr, short_repr
+from .paths import Entry, Path, int_digits, keystr, short_repr
+from .strictjson import MAX_INT_DIGITS
 from .walk import LEAF, MAX_DEPTH, Node, key_problems
 
 FORMAT = "treeguard.spec/1"
@@ -79,6 +80,11 @@ def _entry_to_json(entry: Entry, path: Path) -> list[Any]:
         raise InvalidTreeError(
             [(keystr(path), f"key {key!r} of type {type(key).__name__} has no JSON form")],
             hint="use str or int keys in trees you save",
+        )
+    if type(key) is int and int_digits(key) > MAX_INT_DIGITS:
+        raise InvalidTreeError(
+            [(keystr(path), f"{kind} {short_repr(key)} is too long for a spec to read back")],
+            hint=f"use str keys, or int keys of at most {MAX_INT_DIGITS} digits",
         )
     return [kind, key]
 

@@ -13,6 +13,7 @@ from .._src.bench.ab import ab as ab
 from .._src.bench.budget import Budgets as Budgets
 from .._src.bench.compare import Comparison as Comparison
 from .._src.bench.compare import compare as compare
+from .._src.bench.compare import compare_runs as compare_runs
 from .._src.bench.compare import compare_samples as compare_samples
 from .._src.bench.compare import hodges_lehmann as hodges_lehmann
 from .._src.bench.compare import mann_whitney_u as mann_whitney_u
@@ -26,6 +27,7 @@ from .._src.bench.report import save_html as save_html
 from .._src.bench.report import to_html as to_html
 from .._src.bench.run import BenchResult as BenchResult
 from .._src.bench.run import Target as Target
+from .._src.bench.run import Timer as Timer
 from .._src.bench.run import run as run
 from .._src.bench.stats import Stats as Stats
 from .._src.bench.stats import describe as describe
@@ -45,9 +47,11 @@ __all__ = [
     "MachineMismatchError",
     "Stats",
     "Target",
+    "Timer",
     "ab",
     "bench_model",
     "compare",
+    "compare_runs",
     "compare_samples",
     "conditions",
     "describe",

@@ -20,7 +20,16 @@ from ..errors import BenchError
 from .compare import Comparison, compare_paired
 from .compiles import CompileCounter
 from .conditions import conditions as current_conditions
-from .run import BenchResult, calibrate, check_options, prepare, result_from, timed
+from .run import (
+    SYSTEM_TIMER,
+    BenchResult,
+    Timer,
+    calibrate,
+    check_options,
+    prepare,
+    result_from,
+    timed,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,6 +95,7 @@ def ab(
     args_b: tuple[Any, ...] | None = None,
     progress: Callable[[int, int], None] | None = None,
     clock: str = "auto",
+    timer: Timer = SYSTEM_TIMER,
 ) -> ABResult:
     """Times ``fn_a(*args)`` and ``fn_b(*args)`` interleaved, and compares them.
 
@@ -107,6 +117,7 @@ def ab(
         backend, where the wall clock also counts the time other processes
         on a shared machine took, and wall time on accelerators, where the
         host's CPU time says nothing of the device's.
+      timer: the clocks the samples read (the real ones by default).
 
     Returns:
       The ``ABResult``; ``verdict`` is ``regression`` when B is slower.
@@ -129,7 +140,9 @@ def ab(
     prep_a = prepare(fn_a, args, jit=jit, warmup=warmup)
     prep_b = prepare(fn_b, args if args_b is None else args_b, jit=jit, warmup=warmup)
     with prep_a.warmup_compiles, prep_b.warmup_compiles:
-        loops = max(calibrate(prep_a.call, min_time), calibrate(prep_b.call, min_time))
+        loops = max(
+            calibrate(prep_a.call, min_time, timer), calibrate(prep_b.call, min_time, timer)
+        )
     times: dict[str, list[tuple[float, float]]] = {"a": [], "b": []}
     calls = {"a": prep_a.call, "b": prep_b.call}
     total = 4 * rounds
@@ -137,7 +150,7 @@ def ab(
         done = 0
         for _ in range(rounds):
             for side in ("a", "b", "b", "a"):
-                times[side].append(timed(calls[side], loops))
+                times[side].append(timed(calls[side], loops, timer))
                 done += 1
                 if progress is not None:
                     progress(done, total)

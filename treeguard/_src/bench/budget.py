@@ -6,9 +6,9 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from ..display import fmt_bytes, fmt_s, fmt_seconds
 from ..errors import BenchError
 from .run import BenchResult
-from .units import fmt_bytes, fmt_s, fmt_seconds
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -24,6 +24,14 @@ A power guard calls ``inconclusive`` whenever a side has fewer than
 
 ``compare_paired`` applies the same rules to paired times (the rounds of an
 interleaved A/B), with the Wilcoxon signed-rank test of the log ratios.
+
+``compare_runs`` gives the verdict across runs (each a fresh process, as
+pyperf runs them): the samples of one process share its memory layout, its
+compiled code and its neighbours, so two processes of identical code differ
+by more than their samples say. Each run's median is one observation, and
+the rules above apply to those medians, so the run-to-run variance is in
+the verdict; with fewer than ``MIN_SAMPLES`` runs per side it is
+``inconclusive``, whatever the samples within a run say.
 """
 
 from __future__ import annotations
@@ -323,6 +331,7 @@ def _check_levels(alpha: float, min_effect: float) -> None:
 
 
 def _too_few(evidence: Comparison, sizes: str, unit: str) -> Comparison:
+    """``inconclusive`` for too few samples, with the number that would do."""
     lo, hi = evidence.ratio_ci
     distance = abs(abs(evidence.ratio - 1.0) - evidence.min_effect)
     n = min(evidence.n_base, evidence.n_cand)
@@ -527,6 +536,87 @@ def compare(
     result = dataclasses.replace(result, clock=clock)
     bad = [f"{w} {r.name!r}: {r.reason}" for w, r in (("base", base), ("candidate", cand))]
     bad = [b for b, r in zip(bad, (base, cand)) if not r.valid]
+    if bad:
+        return dataclasses.replace(result, verdict="invalid", reason="; ".join(bad))
+    return result
+
+
+def compare_runs(
+    base: Sequence[BenchResult],
+    cand: Sequence[BenchResult],
+    /,
+    *,
+    alpha: float = 0.05,
+    min_effect: float = 0.02,
+    allow_different_machines: bool = False,
+    clock: str = "wall",
+) -> Comparison:
+    """The verdict across runs: ``cand``'s runs of one benchmark against ``base``'s.
+
+    Each run (one process: ``treeguard bench run``, once per file or per
+    process of ``--processes``) gives the median of its samples; the two
+    sides' medians are compared with the module's rules (the U test, the
+    bootstrap interval of the ratio of their medians, the power guard of
+    ``MIN_SAMPLES`` runs per side). The spread between runs of one side is
+    the run-to-run variance, so a busy machine or another memory layout in
+    another process does not make a verdict by itself: two runs of identical
+    code are at worst ``inconclusive``.
+
+    Args:
+      base: the base's runs of the benchmark.
+      cand: the candidate's runs.
+      alpha: the significance level.
+      min_effect: the smallest relative change of the median that counts.
+      allow_different_machines: compare runs whose machine fingerprints differ.
+      clock: ``"wall"`` or ``"cpu"``.
+
+    Returns:
+      The ``Comparison`` (``test`` is ``mann-whitney-runs``; ``n_base`` and
+      ``n_cand`` count runs, the medians are those of the runs' medians);
+      ``invalid`` when any run is.
+
+    Raises:
+      MachineMismatchError: if a run's fingerprint differs from the first
+        base run's and ``allow_different_machines`` is False.
+      BenchError: for no run on a side, ``alpha`` or ``min_effect`` out of
+        range, or a clock the runs lack.
+
+    Example:
+      >>> import numpy as np
+      >>> from treeguard.bench import BenchResult
+      >>> rng = np.random.default_rng(0)
+      >>> def runs(scale, n):  # each run of 20 samples is offset by up to 5%
+      ...     return [BenchResult("f", "ok", "", tuple(scale * rng.lognormal(0, 0.05)
+      ...             * rng.lognormal(0, 0.01, 20)), 1, 0, {}, {}, None, None, {})
+      ...             for _ in range(n)]
+      >>> compare_runs(runs(1.0, 1), runs(1.0, 1)).verdict
+      'inconclusive'
+      >>> compare_runs(runs(1.0, 12), runs(1.3, 12)).verdict
+      'regression'
+    """
+    _check_levels(alpha, min_effect)
+    if not base or not cand:
+        raise BenchError(
+            f"{len(base)} base and {len(cand)} candidate runs", hint="give each side a run"
+        )
+    first = base[0].conditions
+    for r in (*base, *cand):
+        diffs = fingerprint_diff(first, r.conditions)
+        if diffs and not allow_different_machines:
+            raise MachineMismatchError(diffs)
+    a = [float(np.median(r.samples(clock))) for r in base]
+    b = [float(np.median(r.samples(clock))) for r in cand]
+    name = cand[0].name
+    result = compare_samples(a, b, alpha=alpha, min_effect=min_effect, name=name)
+    if result.verdict == "inconclusive" and result.reason.startswith("too few samples"):
+        result = _too_few(result, f"{len(a)} and {len(b)}", "runs per side")
+    result = dataclasses.replace(result, test="mann-whitney-runs", clock=clock)
+    bad = [
+        f"{side} {r.name!r}: {r.reason}"
+        for side, runs in (("base", base), ("candidate", cand))
+        for r in runs
+        if not r.valid
+    ]
     if bad:
         return dataclasses.replace(result, verdict="invalid", reason="; ".join(bad))
     return result

@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from ..atomic import atomic_write
+from ..display import fmt_bytes, fmt_seconds
 from ..errors import FormatError
 from .run import BenchResult
-from .units import fmt_bytes, fmt_seconds
 
 FORMAT = "treeguard.bench/1"
 

@@ -51,6 +51,34 @@ _MEMORY_FIELDS = (
 
 
 @dataclasses.dataclass(frozen=True)
+class Timer:
+    """The clocks a measurement reads: wall seconds and process CPU seconds.
+
+    The default reads ``time.perf_counter`` and ``time.process_time``; a test
+    passes clocks that a fake device advances, so that no verdict it checks
+    depends on how busy the machine is.
+
+    Attributes:
+      wall: seconds on a monotonic wall clock.
+      cpu: seconds of CPU time of this process.
+
+    Example:
+      >>> t = {"now": 0.0}
+      >>> def tick():
+      ...     t["now"] += 0.5
+      >>> timed(tick, 2, Timer(wall=lambda: t["now"], cpu=lambda: t["now"]))
+      (0.5, 0.5)
+    """
+
+    wall: Callable[[], float] = time.perf_counter
+    cpu: Callable[[], float] = time.process_time
+
+
+#: The real clocks.
+SYSTEM_TIMER = Timer()
+
+
+@dataclasses.dataclass(frozen=True)
 class Target:
     """A function and the arguments to benchmark it on.
 
@@ -310,16 +338,16 @@ def check_options(samples: int, min_time: float, warmup: int) -> None:
         raise BenchError(f"warmup={warmup!r}", hint="pass an int >= 0")
 
 
-def timed(call: Callable[[], Any], loops: int) -> tuple[float, float]:
+def timed(call: Callable[[], Any], loops: int, timer: Timer = SYSTEM_TIMER) -> tuple[float, float]:
     """Wall and process CPU seconds per call over ``loops`` calls, each
     awaited inside the clocks."""
-    start, cpu = time.perf_counter(), time.process_time()
+    start, cpu = timer.wall(), timer.cpu()
     for _ in range(loops):
         jax.block_until_ready(call())  # type: ignore[no-untyped-call]
-    return (time.perf_counter() - start) / loops, (time.process_time() - cpu) / loops
+    return (timer.wall() - start) / loops, (timer.cpu() - cpu) / loops
 
 
-def calibrate(call: Callable[[], Any], min_time: float) -> int:
+def calibrate(call: Callable[[], Any], min_time: float, timer: Timer = SYSTEM_TIMER) -> int:
     """The number of calls that makes one sample last at least ``min_time``.
 
     Example:
@@ -330,7 +358,7 @@ def calibrate(call: Callable[[], Any], min_time: float) -> int:
         return 1
     loops = 1
     while True:
-        per_call = timed(call, loops)[0]
+        per_call = timed(call, loops, timer)[0]
         if per_call * loops >= min_time or loops >= MAX_LOOPS:
             return loops
         wanted = math.ceil(min_time / max(per_call, 1e-9) * 1.05)
@@ -401,7 +429,7 @@ def prepare(fn: Callable[..., Any], args: Sequence[Any], *, jit: bool, warmup: i
 
 
 def measure(
-    call: Callable[[], Any], *, samples: int, loops: int
+    call: Callable[[], Any], *, samples: int, loops: int, timer: Timer = SYSTEM_TIMER
 ) -> tuple[list[tuple[float, float]], Any]:
     """``samples`` timed samples of ``loops`` calls each, counting compiles.
 
@@ -412,7 +440,7 @@ def measure(
     out = []
     with CompileCounter() as counter:
         for _ in range(samples):
-            out.append(timed(call, loops))
+            out.append(timed(call, loops, timer))
     return out, counter
 
 
@@ -471,6 +499,7 @@ def run(
     name: str | None = None,
     conditions: dict[str, Any] | None = None,
     meta: dict[str, Any] | None = None,
+    timer: Timer = SYSTEM_TIMER,
 ) -> BenchResult:
     """Benchmarks ``fn(*args)``: phases apart, then calibrated, awaited samples.
 
@@ -490,6 +519,7 @@ def run(
       conditions: the machine's conditions, when the caller collected them
         already (``treeguard.bench.conditions()``).
       meta: labels stored with the result.
+      timer: the clocks the samples read (the real ones by default).
 
     Returns:
       The ``BenchResult``; ``status`` is ``"invalid"`` when anything was
@@ -510,8 +540,8 @@ def run(
     conds = current_conditions() if conditions is None else conditions
     prepared = prepare(fn, args, jit=jit, warmup=warmup)
     with prepared.warmup_compiles:
-        loops = calibrate(prepared.call, min_time)
-    times, counter = measure(prepared.call, samples=samples, loops=loops)
+        loops = calibrate(prepared.call, min_time, timer)
+    times, counter = measure(prepared.call, samples=samples, loops=loops, timer=timer)
     return result_from(
         prepared,
         times,

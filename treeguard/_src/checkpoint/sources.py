@@ -53,17 +53,12 @@ from .foreign import (
 )
 from .format import ALLOWED_DTYPES, MAX_HEADER_BYTES
 from .names import NamingRule, namer, nest
+from .received import DEFLATE_MAX_RATIO, plain_tree, refuse_forged_claim
 
 SourceKind = Literal["safetensors", "treeguard", "npz", "msgpack", "orbax"]
 
-#: Deflate cannot expand data by more than about this factor.
-_DEFLATE_MAX_RATIO = 1032
 _SHARDED_MANIFEST = "treeguard.sharded.json"
-#: The most files and directories an imported checkpoint directory may hold.
-_MAX_ORBAX_ENTRIES = 100_000
 #: The JSON files of an orbax checkpoint directory, read strictly before orbax reads them.
-#: An orbax checkpoint may claim this many bytes however few its files hold.
-_ORBAX_FLOOR = 1 << 30
 _ORBAX_JSON = ("_METADATA", "_CHECKPOINT_METADATA")
 
 
@@ -273,7 +268,7 @@ def _read_member(
     if info.compress_type == zipfile.ZIP_STORED:
         limit = size
     elif info.compress_type == zipfile.ZIP_DEFLATED:
-        limit = info.compress_size * _DEFLATE_MAX_RATIO + 1024
+        limit = info.compress_size * DEFLATE_MAX_RATIO + 1024
     else:
         raise FormatError(f"{where}: compression method {info.compress_type}", context=name)
     if info.file_size > limit:
@@ -333,38 +328,8 @@ def _read_msgpack(fd: int, name: str, names: NamingRule) -> dict[str, np.ndarray
     return _flat_names(tree, names, name)
 
 
-def _plain_tree(name: str) -> int:
-    """Refuses a checkpoint directory holding anything but directories and regular
-    files (tensorstore follows symbolic links and blocks forever opening a FIFO);
-    returns the bytes its files hold."""
-    seen = total = 0
-    todo = [name]
-    while todo:
-        with os.scandir(todo.pop()) as entries:
-            for entry in entries:
-                seen += 1
-                if seen > _MAX_ORBAX_ENTRIES:
-                    raise FormatError(f"holds more than {_MAX_ORBAX_ENTRIES:,} files", context=name)
-                st = entry.stat(follow_symlinks=False)
-                if stat.S_ISDIR(st.st_mode):
-                    todo.append(entry.path)
-                elif stat.S_ISREG(st.st_mode):
-                    total += st.st_size
-                else:
-                    raise FormatError(
-                        f"{os.path.relpath(entry.path, name)[:200]!r} is not a regular file "
-                        f"but {file_kind(st.st_mode)}; treeguard reads none of those",
-                        context=name,
-                        hint="pass a directory that StandardCheckpointer.save wrote, copied "
-                        "without links",
-                    )
-    return total
-
-
 def _claimed_bytes(tree_meta: Any, on_disk: int, name: str) -> None:
-    """Refuses array metadata that claims far more than the files can hold:
-    tensorstore fills missing chunks, so a few bytes of JSON can ask for
-    terabytes (and a failed allocation aborts the process)."""
+    """Refuses orbax array metadata that claims far more than the files hold."""
     import jax
 
     claimed = 0
@@ -372,14 +337,7 @@ def _claimed_bytes(tree_meta: Any, on_disk: int, name: str) -> None:
         shape, dtype = getattr(leaf, "shape", None), getattr(leaf, "dtype", None)
         if shape is not None and dtype is not None:
             claimed += math.prod(shape) * np.dtype(dtype).itemsize
-    limit = max(_ORBAX_FLOOR, on_disk * _DEFLATE_MAX_RATIO)
-    if claimed > limit:
-        raise FormatError(
-            f"its arrays claim {claimed:,} bytes, its files hold {on_disk:,}; "
-            f"more than {_DEFLATE_MAX_RATIO}x is a forged shape, not compression",
-            context=name,
-            hint="get a fresh copy of the checkpoint",
-        )
+    refuse_forged_claim(claimed, on_disk, name)
 
 
 def _strict_metadata(name: str) -> None:
@@ -411,7 +369,9 @@ def _strict_metadata(name: str) -> None:
 
 
 def _read_orbax(name: str, names: NamingRule) -> dict[str, np.ndarray[Any, Any]]:
-    on_disk = _plain_tree(name)
+    on_disk = plain_tree(
+        name, hint="pass a directory that StandardCheckpointer.save wrote, copied without links"
+    )
     _strict_metadata(name)
     try:
         import jax

@@ -23,7 +23,7 @@ from ..env import environment
 from ..errors import InvalidTreeError
 from ..keydtype import KEY_DTYPES, is_key_dtype, key_data
 from ..leaf import Record, summarize
-from ..paths import has_surrogate, keystr, short_repr
+from ..paths import has_surrogate, int_digits, keystr, short_repr
 from ..spec import TreeSpec, spec_of
 from ..strictjson import MAX_DEPTH, MAX_INT_DIGITS
 from ..walk import flatten, key_problems, structure_of
@@ -153,8 +153,8 @@ def _bad_metadata(value: Any, where: str) -> str | None:
             stack.extend((c, f"{at}[{i}]", depth + 1) for i, c in reversed(list(enumerate(v))))
         elif isinstance(v, float) and not math.isfinite(v):
             return f"{at}: {v!r} has no JSON form"
-        elif isinstance(v, int) and not isinstance(v, bool) and len(str(abs(v))) > MAX_INT_DIGITS:
-            return f"{at}: an integer of {len(str(abs(v)))} digits is too long to read back"
+        elif isinstance(v, int) and not isinstance(v, bool) and int_digits(v) > MAX_INT_DIGITS:
+            return f"{at}: an integer of {int_digits(v)} digits is too long to read back"
         elif isinstance(v, str):
             if has_surrogate(v):
                 return f"{at}: a string with a lone surrogate has no UTF-8 form"

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ..atomic import atomic_write
+from ..display import printable
 from ..htmlpage import error_plot, escape, page
 from ..verify.compare import LeafError
 from ..verify.context import by_name
@@ -156,7 +157,8 @@ def to_json(d: Diagnosis) -> str:
 
 
 def _esc(text: str) -> str:
-    return text.replace("[", r"\[")
+    """Text from a model as rich markup: brackets escaped, control characters spelled out."""
+    return printable(text).replace("[", r"\[")
 
 
 def print_summary(d: Diagnosis, console: Any = None) -> None:

@@ -285,10 +285,17 @@ def compare_flat(
     judge = Judge(tols, op_by_op)
     try:
         closed, _ = jx.as_closed(fn_flat, *trace.inputs)
-    except TypeError as e:
+    except Exception as e:  # the function refuses the recorded inputs (a model that
+        # validates its input raises its own error): the finding, typed
+        shapes = ", ".join(
+            f"{np.dtype(x.dtype).name}{list(np.shape(x))}" for x in trace.inputs[:8]
+        ) + (", ..." if len(trace.inputs) > 8 else "")
+        why = str(e).splitlines()[0][:300] if str(e) else ""
         raise DiagnosisError(
-            f"the function does not take the trace's {len(trace.inputs)} inputs: {e}",
-            hint=f"compare with the function {trace.label or 'that was recorded'}",
+            f"the function does not take the trace's {len(trace.inputs)} inputs ({shapes}): "
+            f"{type(e).__name__}: {why}",
+            hint=f"compare with the function {trace.label or 'that was recorded'}, on inputs "
+            "of the shapes it was recorded with",
         ) from e
     closed = jx.inline_calls(closed, trace.inputs)
     outs, values, eqns, _, objects = _tape(closed, trace.inputs, limit=2**62)

@@ -8,19 +8,11 @@ import json
 import os
 from typing import Any
 
+from ..display import fmt_bytes
 from ..errors import FormatError, InvalidTreeError, TreeMismatchError
 from ..leaf import dtype_of, summarize
 from ..spec import TreeSpec
 from .manifest import FORMAT, read, sharded_digest
-
-
-def _human(n: int) -> str:
-    value, units = float(n), ["B", "KiB", "MiB", "GiB", "TiB"]
-    i = 0
-    while value >= 1024 and i < len(units) - 1:
-        value /= 1024
-        i += 1
-    return f"{int(value)} B" if i == 0 else f"{value:.1f} {units[i]}"
 
 
 def summary(directory: str | os.PathLike[str], /) -> dict[str, Any]:
@@ -68,7 +60,7 @@ def render(report: dict[str, Any]) -> str:
     """``summary``'s report as plain text lines for the terminal."""
     lines = [
         f"{report['directory']}  {report['format']}  {report['num_leaves']} arrays  "
-        f"{report['num_params']:,} params  {_human(report['nbytes'])}  "
+        f"{report['num_params']:,} params  {fmt_bytes(report['nbytes'])}  "
         f"{report['process_count']} {'process' if report['process_count'] == 1 else 'processes'}"
         f"  sha256 {report['digest'][:16]}"
     ]
@@ -76,13 +68,15 @@ def render(report: dict[str, Any]) -> str:
     for a in report["arrays"]:
         arr = summarize(tuple(a["shape"]), dtype_of(a["dtype"]))
         lines.append(
-            f"  {(a['path'] or '<root>').ljust(width)}  {arr:<16} {_human(a['nbytes']):>10}  "
+            f"  {(a['path'] or '<root>').ljust(width)}  {arr:<16} {fmt_bytes(a['nbytes']):>10}  "
             f"{a['shards']} shard{'' if a['shards'] == 1 else 's'}  {a['sharding']}"
         )
     lines.append("processes:")
     for p in report["processes"]:
         n = p["shards"]
-        lines.append(f"  {p['process']}: {n} shard{'' if n == 1 else 's'}, {_human(p['nbytes'])}")
+        lines.append(
+            f"  {p['process']}: {n} shard{'' if n == 1 else 's'}, {fmt_bytes(p['nbytes'])}"
+        )
     lines.append("environment: " + ", ".join(f"{k}={v}" for k, v in report["env"].items()))
     meta = report["metadata"]
     lines.append(

@@ -9,9 +9,10 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from ..checkpoint.migrate import match_stored
+from ..checkpoint.received import plain_tree, refuse_forged_claim
 from ..diff import mismatches
-from ..errors import ConfigError, IntegrityError, TreeMismatchError
-from ..leaf import describe_sharding, same_sharding
+from ..errors import ConfigError, IntegrityError, InvalidTreeError, TreeMismatchError
+from ..leaf import describe_sharding, same_sharding, summarize
 from ..mismatch import Mismatch
 from ..paths import keystr
 from ..spec import LeafSpec, TreeSpec, spec_of
@@ -69,6 +70,37 @@ def _target(leaf: Any, path: str) -> Any:
             hint="`jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, spec))`",
         )
     return sharding
+
+
+def _check_divides(where: str, manifest: Manifest, targets: Sequence[Any]) -> None:
+    """Refuses, before any array is read, every target sharding that cannot
+    hold its array: one whose mesh axes do not divide the array's dimensions.
+
+    Raises:
+      InvalidTreeError: naming every such leaf, its sharding and its shape.
+    """
+    problems = []
+    for record, sharding in zip(manifest.arrays, targets):
+        if sharding is None:
+            continue
+        try:
+            sharding.shard_shape(tuple(record.shape))
+        except ValueError as e:  # JAX's words for which axis does not divide
+            why = str(e).splitlines()[0] if str(e) else type(e).__name__
+            problems.append(
+                (
+                    record.path,
+                    f"the sharding of `like` cannot hold "
+                    f"{summarize(tuple(record.shape), record.dtype)}: {why[:300]}",
+                )
+            )
+    if problems:
+        raise InvalidTreeError(
+            problems,
+            context=where,
+            hint="give each such leaf of `like` a sharding whose mesh axes divide its "
+            "dimensions (P() replicates it); the checkpoint itself is fine",
+        )
 
 
 def group_names(paths: Sequence[str]) -> str:
@@ -141,7 +173,9 @@ def load_sharded(
       The tree, in ``like``'s structure, with ``like``'s shardings.
 
     Raises:
-      FormatError: for a directory without a well-formed manifest.
+      FormatError: for a directory without a well-formed manifest, one that
+        holds a link, a FIFO or another special file, or arrays that claim
+        far more bytes than its files hold.
       TreeMismatchError: listing every difference between the checkpoint and
         ``like`` (shape, dtype, missing or unexpected paths).
       IntegrityError: naming every array with a shard whose bytes do not
@@ -182,6 +216,10 @@ def load_expecting(
 
     where = os.path.abspath(os.fspath(directory))
     manifest, _ = read_with_digest(where, expect=digest)  # compared before it is parsed
+    # A checkpoint from elsewhere: no FIFO or link for tensorstore to block on or
+    # follow, and no shape claiming more than its files can hold, before any read.
+    on_disk = plain_tree(where, hint="copy the checkpoint again, without links or special files")
+    refuse_forged_claim(sum(a.nbytes for a in manifest.arrays), on_disk, where)
     like_leaves, like_treedef = jax.tree.flatten(like)
     like_spec = spec_of(like)
     like_names = [keystr(p) for p in like_spec.paths]
@@ -200,6 +238,7 @@ def load_expecting(
     for i, src in enumerate(sources):
         if src is not None:
             targets[src] = _target(like_leaves[i], like_names[i])
+    _check_divides(where, manifest, targets)
     restored = _restore_checked(where, manifest, targets)
     out = [like_leaves[i] if src is None else restored[src] for i, src in enumerate(sources)]
     return jax.tree.unflatten(like_treedef, out)

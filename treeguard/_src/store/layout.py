@@ -33,7 +33,13 @@ from typing import Any
 
 from .. import strictjson
 from ..atomic import FILE_MODE, atomic_write, file_kind, fsync_dir, read_regular, temp_path
-from ..errors import FormatError, IntegrityError, StoreError, UnknownVersionError
+from ..errors import (
+    FormatError,
+    IntegrityError,
+    NotAStoreError,
+    StoreError,
+    UnknownVersionError,
+)
 
 STORE_FORMAT = "treeguard.store/1"
 MARKER_FILE = "STORE.json"
@@ -100,18 +106,21 @@ class Layout:
         """The marker, after checking that the root is a store.
 
         Raises:
-          StoreError: for a root that is missing, a link, not a directory,
-            or holds no marker; for a damaged marker; for a ``versions``
+          NotAStoreError: for a root that is missing, a link, not a directory,
+            or holds no marker.
+          StoreError: for a damaged marker; for a ``versions``
             that is not a real directory.
         """
         kind = _kind(self.root)
         if kind != "dir":
             what = "does not exist" if kind is None else f"is {kind}, not a directory"
-            raise StoreError(f"the store root {what}", context=self.root, hint=_NOT_A_STORE_HINT)
+            raise NotAStoreError(
+                f"the store root {what}", context=self.root, hint=_NOT_A_STORE_HINT
+            )
         if not self.exists():
             kind = _kind(self.path(MARKER_FILE))
             what = f" ({MARKER_FILE} is {kind})" if kind else f" (no {MARKER_FILE})"
-            raise StoreError(
+            raise NotAStoreError(
                 f"not a treeguard store{what}", context=self.root, hint=_NOT_A_STORE_HINT
             )
         marker = self._read_marker()

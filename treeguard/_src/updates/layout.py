@@ -16,6 +16,7 @@ from ..diff import mismatches
 from ..errors import InvalidTreeError, TreeMismatchError
 from ..mismatch import Mismatch
 from ..paths import keystr
+from ..spec import invalid_leaves_hint
 from ..walk import assert_acyclic, flatten, invalid_leaves, structure_of
 
 #: Mismatch kinds that make two trees incompatible for an update.
@@ -79,9 +80,12 @@ def check_arrays(layouts: Sequence[Layout]) -> None:
         found = invalid_leaves(lay.leaves, functools.partial(_leaf_paths, lay))
         problems += [(p, f"{d} (in {lay.label})") for p, d in found]
     if problems:
+        hints = {invalid_leaves_hint(lay.tree) for lay in layouts}
+        eqx = next((h for h in hints if "equinox" in h), None)  # save's hint for a module
         raise InvalidTreeError(
             problems,
-            hint="pass arrays only; hold config and Python objects outside the trees you update",
+            hint=eqx
+            or "pass arrays only; hold config and Python objects outside the trees you update",
         )
 
 

@@ -21,7 +21,7 @@ import numpy as np
 from ..bench.budget import Budgets
 from ..bench.conditions import conditions as current_conditions
 from ..bench.run import BenchResult, Target, run
-from ..bench.units import fmt_bytes, fmt_seconds
+from ..display import fmt_bytes, fmt_seconds
 from .cases import Case, _batch
 from .context import CheckResult, Context
 from .model import Model

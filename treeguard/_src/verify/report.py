@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..atomic import atomic_write
+from ..display import printable
 from ..errors import VerificationError
 from ..htmlpage import as_number, error_plot, escape, leaf_label, page
 from .context import CheckResult, by_name
@@ -306,9 +307,11 @@ class Report:
 
 
 def _rich_escape(text: str) -> str:
+    """Text from a model (an exception's message) as rich markup: brackets
+    escaped and control characters spelled out."""
     from rich.markup import escape  # lazy: import treeguard never imports rich
 
-    return escape(text)
+    return escape(printable(text))
 
 
 def _md(text: str) -> str:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..env import environment
-from ..errors import ConfigError
+from ..errors import ConfigError, IntegrityError
 from ..spec import spec_of
 from . import refs as refs_mod
 from .cases import Case, generate
@@ -105,9 +105,9 @@ def run(
 
     Raises:
       ConfigError: if ``model`` is not a ``Model``, or its references or
-        params spec file are missing and ``record`` is False.
+        params spec file are missing and ``record`` is False, or the
+        references' bytes do not match their hashes.
       FormatError: if the references file is not one, or of a newer format.
-      IntegrityError: if its bytes do not match their hashes.
 
     Example:
       >>> from treeguard.examples.mlp import model
@@ -130,7 +130,14 @@ def run(
     loaded: refs_mod.References | None = None
     if ref_path is not None:
         if ref_path.exists():
-            loaded = refs_mod.load(ref_path, exceptions=refs_mod.declared_exceptions(model))
+            try:
+                loaded = refs_mod.load(ref_path, exceptions=refs_mod.declared_exceptions(model))
+            except IntegrityError as e:  # the run's input is damaged: nothing was checked
+                raise ConfigError(
+                    e.message,
+                    context=e.context or str(ref_path),
+                    hint=e.hint or "record the references again with --record, or restore them",
+                ) from e
         elif not record:
             raise ConfigError(
                 f"no references at {ref_path}; hint: record them with "

@@ -1,0 +1,92 @@
+"""Gates on a checkpoint directory received from elsewhere, run before any
+library reads it (an orbax directory to import, a sharded checkpoint to
+load or verify):
+
+- it holds only directories and regular files: tensorstore follows symbolic
+  links and blocks forever opening a FIFO;
+- its arrays claim no more bytes than its files can hold: tensorstore fills
+  missing chunks, so a few bytes of JSON can ask for terabytes, and a failed
+  allocation aborts the process.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+
+from ..atomic import file_kind
+from ..errors import FormatError
+
+#: Deflate cannot expand data by more than about this factor.
+DEFLATE_MAX_RATIO = 1032
+#: Arrays may claim this many bytes however few the files hold.
+CLAIM_FLOOR = 1 << 30
+#: The most files and directories a received checkpoint directory may hold.
+MAX_ENTRIES = 100_000
+
+
+def plain_tree(name: str, *, hint: str) -> int:
+    """The bytes the regular files under ``name`` hold.
+
+    Args:
+      name: the directory.
+      hint: the fix for a directory that holds something else.
+
+    Raises:
+      FormatError: naming the first entry that is not a directory or a
+        regular file (a link, a FIFO, a device, a socket), or for more than
+        ``MAX_ENTRIES`` entries.
+
+    Example:
+      >>> import os, tempfile
+      >>> d = tempfile.mkdtemp()
+      >>> os.mkfifo(os.path.join(d, "pipe"))
+      >>> plain_tree(d, hint="copy it again")
+      Traceback (most recent call last):
+      ...
+      treeguard.FormatError: ...: 'pipe' is not a regular file but a FIFO; treeguard reads none...
+    """
+    seen = total = 0
+    todo = [name]
+    while todo:
+        with os.scandir(todo.pop()) as entries:
+            for entry in entries:
+                seen += 1
+                if seen > MAX_ENTRIES:
+                    raise FormatError(f"holds more than {MAX_ENTRIES:,} files", context=name)
+                st = entry.stat(follow_symlinks=False)
+                if stat.S_ISDIR(st.st_mode):
+                    todo.append(entry.path)
+                elif stat.S_ISREG(st.st_mode):
+                    total += st.st_size
+                else:
+                    raise FormatError(
+                        f"{os.path.relpath(entry.path, name)[:200]!r} is not a regular file "
+                        f"but {file_kind(st.st_mode)}; treeguard reads none of those",
+                        context=name,
+                        hint=hint,
+                    )
+    return total
+
+
+def refuse_forged_claim(claimed: int, on_disk: int, name: str) -> None:
+    """Refuses arrays that claim more than ``DEFLATE_MAX_RATIO`` times the
+    bytes their files hold (and more than ``CLAIM_FLOOR``).
+
+    Raises:
+      FormatError: naming both numbers.
+
+    Example:
+      >>> refuse_forged_claim(16 << 30, 796, "ck")
+      Traceback (most recent call last):
+      ...
+      treeguard.FormatError: ck: its arrays claim 17,179,869,184 bytes, its files hold 796; ...
+    """
+    limit = max(CLAIM_FLOOR, on_disk * DEFLATE_MAX_RATIO)
+    if claimed > limit:
+        raise FormatError(
+            f"its arrays claim {claimed:,} bytes, its files hold {on_disk:,}; "
+            f"more than {DEFLATE_MAX_RATIO}x is a forged shape, not compression",
+            context=name,
+            hint="get a fresh copy of the checkpoint",
+        )
