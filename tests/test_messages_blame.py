@@ -155,6 +155,7 @@ model = dataclasses.replace(
 """
 
 
+@pytest.mark.slow  # two diagnoses: the whole ladder once, to record the trace
 def test_diagnose_against_a_trace_of_another_input_width_is_a_typed_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -37,7 +37,7 @@ def shown(text: object) -> str:
 
     Example:
       >>> print(shown("[red]w\x1b[2J"))
-      \[red]w\x1b\[2J
+      \[red]w\x1b[2J
     """
     return escape(printable(text))
 

@@ -73,7 +73,7 @@ def _render(node: Node, records: list[Record], start: int, branch: Tree) -> None
             count = f"{n:,}" if n is not None else "symbolic"
             nbytes = n * rec[1].itemsize if n is not None else None
             branch.add(
-                f"[bold]{label}[/bold] [cyan]{summarize(rec[0], rec[1])}[/cyan]"
+                f"[bold]{label}[/bold] [cyan]{shown(summarize(rec[0], rec[1]))}[/cyan]"
                 f"  {count} params  {fmt_bytes(nbytes)}"
             )
         else:
@@ -85,7 +85,7 @@ def _render(node: Node, records: list[Record], start: int, branch: Tree) -> None
                 else child.kind
             )
             sub_branch = branch.add(
-                f"[bold]{label}[/bold] [magenta]{kind}[/magenta]  {child.num_leaves} leaves"
+                f"[bold]{label}[/bold] [magenta]{shown(kind)}[/magenta]  {child.num_leaves} leaves"
                 + (f"  {params:,} params" if params is not None else "")
             )
             _render(child, records, off, sub_branch)
@@ -160,7 +160,7 @@ def spec_command(file: Path, as_json: bool) -> None:
     tree = Tree(head)
     if root.kind == "leaf":
         rec = spec.records[0]
-        tree.add(f"[cyan]{summarize(rec[0], rec[1])}[/cyan]")
+        tree.add(f"[cyan]{shown(summarize(rec[0], rec[1]))}[/cyan]")
     else:
         _render(root, spec.records, 0, tree)
     console().print(tree)
