@@ -6,10 +6,10 @@ import sys
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 
-import jax  # noqa: E402 - after XLA_FLAGS
-import numpy as np  # noqa: E402
+import jax  # after XLA_FLAGS
+import numpy as np
 
-import treeguard  # noqa: E402
+import treeguard
 
 FIXTURES = ("checkpoint.safetensors", "store", "signed-store", "sharded")
 
