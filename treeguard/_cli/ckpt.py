@@ -257,7 +257,7 @@ def _sharded(
         what = f", matches {like_name}" if like is not None else ""
         _out().print(
             f"[green]ok[/green]: {directory}: {report['num_leaves']} arrays, {shards} shards, "
-            f"{_human(report['nbytes'])}, every sha256 matches{what}"
+            f"{_human(report['nbytes'])}, every {report['hash']} matches{what}"
         )
     else:
         _out().print(sharded.render(report), markup=False)

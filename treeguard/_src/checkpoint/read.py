@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import mmap
 import os
-import re
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import Any
 

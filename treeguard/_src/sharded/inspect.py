@@ -10,7 +10,7 @@ from typing import Any
 
 from ..errors import FormatError, InvalidTreeError, TreeMismatchError
 from ..spec import TreeSpec, dtype_of, summarize
-from .manifest import FORMAT, read, sharded_digest
+from .manifest import FORMAT, read, read_with_digest
 
 
 def _human(n: int) -> str:
@@ -29,7 +29,7 @@ def summary(directory: str | os.PathLike[str], /) -> dict[str, Any]:
       FormatError: for a directory without a well-formed manifest.
     """
     where = os.path.abspath(os.fspath(directory))
-    m = read(where)
+    m, found = read_with_digest(where)
     per_process = [{"process": p, "shards": 0, "nbytes": 0} for p in range(m.process_count)]
     arrays = []
     for a in m.arrays:
@@ -50,7 +50,8 @@ def summary(directory: str | os.PathLike[str], /) -> dict[str, Any]:
         "directory": where,
         "format": FORMAT,
         "data": m.data,
-        "digest": sharded_digest(where),
+        "hash": m.hash,
+        "digest": found,
         "process_count": m.process_count,
         "num_leaves": m.spec.num_leaves,
         "num_params": m.spec.num_params,
@@ -69,7 +70,7 @@ def render(report: dict[str, Any]) -> str:
         f"{report['directory']}  {report['format']}  {report['num_leaves']} arrays  "
         f"{report['num_params']:,} params  {_human(report['nbytes'])}  "
         f"{report['process_count']} {'process' if report['process_count'] == 1 else 'processes'}"
-        f"  sha256 {report['digest'][:16]}"
+        f"  {report['hash']} {report['digest'][:16]}"
     ]
     width = max([len(a["path"] or "<root>") for a in report["arrays"]] + [4])
     for a in report["arrays"]:

@@ -238,7 +238,7 @@ def _restore_checked(where: str, manifest: Manifest, targets: Sequence[Any]) -> 
     restored: list[Any] = [None] * len(manifest.arrays)
     data = os.path.join(where, manifest.data)
     struct: Any = jax.ShapeDtypeStruct
-    with ShardChecker(manifest.arrays) as checker:
+    with ShardChecker(manifest.arrays, algorithm=manifest.hash) as checker:
         for run in groups(manifest.arrays, wanted):
             chosen = set(run)
             leaves = [
@@ -254,7 +254,7 @@ def _restore_checked(where: str, manifest: Manifest, targets: Sequence[Any]) -> 
         _report_resharding([manifest.arrays[k] for k in wanted], [restored[k] for k in wanted])
         bad = checker.bad()
     if bad:
-        raise shard_error(where, [manifest.arrays[k].path for k in bad])
+        raise shard_error(where, [manifest.arrays[k].path for k in bad], manifest.hash)
     return restored
 
 
@@ -272,13 +272,13 @@ def picked(leaves: Sequence[Any], run: Sequence[int], where: str) -> list[Any]:
     )
 
 
-def shard_error(where: str, paths: Sequence[str]) -> IntegrityError:
-    """The error for arrays with a shard whose sha256 does not match."""
+def shard_error(where: str, paths: Sequence[str], algorithm: str) -> IntegrityError:
+    """The error for arrays with a shard whose digest does not match."""
     names = [p or "<root>" for p in paths]
     listed = ", ".join(names[:20]) + (f" and {len(names) - 20} more" if len(names) > 20 else "")
     return IntegrityError(
         f"{where}: {len(names)} {'array' if len(names) == 1 else 'arrays'} with a shard "
-        f"whose sha256 does not match the manifest: {listed}\n"
+        f"whose {algorithm} does not match the manifest: {listed}\n"
         "hint: the stored bytes changed after the save; load an earlier checkpoint",
         path=names[0],
     )

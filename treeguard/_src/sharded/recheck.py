@@ -51,7 +51,7 @@ def read_local(
     struct: Any = jax.ShapeDtypeStruct
     restored: list[Any] = [None] * len(manifest.arrays)
     data = os.path.join(where, manifest.data)
-    with ShardChecker(manifest.arrays, local=True) as checker:
+    with ShardChecker(manifest.arrays, local=True, algorithm=manifest.hash) as checker:
         for run in groups(manifest.arrays, range(len(manifest.arrays))):
             chosen = set(run)
             leaves = [
@@ -77,6 +77,6 @@ def read_local(
             del got
         bad = checker.bad()
     if bad:
-        raise shard_error(where, [manifest.arrays[k].path for k in bad])
+        raise shard_error(where, [manifest.arrays[k].path for k in bad], manifest.hash)
     tree = jax.tree.unflatten(manifest.spec.treedef, restored) if keep else None
     return manifest, found, tree
