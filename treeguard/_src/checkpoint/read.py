@@ -170,12 +170,15 @@ def _verify_spans(
 
 
 def _buffer(nbytes: int) -> np.ndarray[Any, Any]:
-    """A fresh byte buffer; a large one is an anonymous mapping, whose pages
-    the reading threads fault in in parallel (numpy would ask for huge pages,
-    which can stall a whole load while the kernel compacts memory)."""
+    """A fresh byte buffer; a large one is an anonymous mapping whose pages
+    the kernel fills in at once (``MAP_POPULATE``: measured 1.6x to 5x
+    faster here than faulting them in one by one during the reads; numpy
+    would ask for huge pages, which can stall a whole load while the kernel
+    compacts memory)."""
     if nbytes < _MAPPED:
         return np.empty(max(nbytes, 1), np.uint8)
-    return np.frombuffer(mmap.mmap(-1, nbytes), np.uint8)
+    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)
+    return np.frombuffer(mmap.mmap(-1, nbytes, flags=flags), np.uint8)
 
 
 def _integrity_error(
