@@ -298,24 +298,47 @@ def read_spans(
       (b'012', b'5678', True)
       >>> os.close(fd)
     """
+    ranges = [(s.offset, len(s.dest)) for s in spans]
+    return _read_hashed(
+        fd,
+        ranges,
+        algorithm,
+        chunk=chunk,
+        progress=progress,
+        target=lambda i, start, n: spans[i].dest[start : start + n],
+    )
+
+
+def _read_hashed(
+    fd: int,
+    ranges: Sequence[tuple[int, int]],
+    algorithm: Algorithm,
+    *,
+    chunk: int,
+    progress: Callable[[int, int], None] | None,
+    target: Callable[[int, int, int], memoryview],
+    pipeline: Pipeline | None = None,
+) -> list[str]:
+    """Reads each range chunk by chunk into ``target(i, start, length)`` and
+    feeds it to the pipeline (a fresh one unless given), then waits for
+    every digest."""
     if chunk < 1:
         raise ValueError(f"chunk must be at least 1 byte, got {chunk}")
-    total = sum(len(s.dest) for s in spans)
+    total = sum(n for _, n in ranges)
     done = 0
-    with Pipeline(algorithm, items=len(spans)) as p:
-        for i, s in enumerate(spans):
-            n = len(s.dest)
+    with pipeline or Pipeline(algorithm, items=len(ranges)) as p:
+        for i, (offset, n) in enumerate(ranges):
             p.feed(i, b"")
             for start in range(0, n, chunk):
-                view = s.dest[start : min(n, start + chunk)]
-                if _pread_into(fd, view, s.offset + start) != len(view):
+                buf = target(i, start, min(chunk, n - start))
+                if _pread_into(fd, buf, offset + start) != len(buf):
                     raise ShortRead(i)
-                p.feed(i, view)
-                done += len(view)
+                p.feed(i, buf)
+                done += len(buf)
                 if progress is not None:
                     progress(done, total)
         found = p.digests()
-    return [found[i] for i in range(len(spans))]
+    return [found[i] for i in range(len(ranges))]
 
 
 def mismatched(spans: Sequence[Span], found: Sequence[str]) -> list[int]:
@@ -387,27 +410,29 @@ def hash_ranges(
     """
     if chunk < 1:
         raise ValueError(f"chunk must be at least 1 byte, got {chunk}")
-    total = sum(n for _, n in ranges)
     size = max(1, min(chunk, max((n for _, n in ranges), default=1)))
-    with Pipeline(algorithm, items=len(ranges)) as p:
-        # per worker, in flight at once: _DEPTH queued, one being hashed, one being read
-        rings = [[memoryview(bytearray(size)) for _ in range(_DEPTH + 2)] for _ in range(p.workers)]
-        turns = [0] * p.workers
-        done = 0
-        for i, (offset, n) in enumerate(ranges):
-            w = p.lane(i)
-            p.feed(i, b"")
-            for start in range(0, n, size):
-                buf = rings[w][turns[w] % (_DEPTH + 2)][: min(size, n - start)]
-                turns[w] += 1
-                if _pread_into(fd, buf, offset + start) != len(buf):
-                    raise ShortRead(i)
-                p.feed(i, buf)
-                done += len(buf)
-                if progress is not None:
-                    progress(done, total)
-        found = p.digests()
-    return [found[i] for i in range(len(ranges))]
+    pipeline = Pipeline(algorithm, items=len(ranges))
+    # per worker, in flight at once: _DEPTH queued, one being hashed, one being read
+    rings: list[list[memoryview]] = [[] for _ in range(pipeline.workers)]
+    turns = [0] * pipeline.workers
+
+    def target(i: int, start: int, n: int) -> memoryview:
+        w = pipeline.lane(i)
+        if len(rings[w]) < _DEPTH + 2:
+            rings[w].append(memoryview(bytearray(size)))
+        buf = rings[w][turns[w] % (_DEPTH + 2)]
+        turns[w] += 1
+        return buf[:n]
+
+    return _read_hashed(
+        fd,
+        ranges,
+        algorithm,
+        chunk=size,
+        progress=progress,
+        target=target,
+        pipeline=pipeline,
+    )
 
 
 def hash_file(
