@@ -206,7 +206,7 @@ def _msgpack_load(path: str, like: dict[str, np.ndarray]) -> Any:
 
 
 _OPS: dict[str, tuple[Callable[..., None], Callable[..., Any], str]] = {
-    "raw": (_raw_save, _raw_load, "floor: write + fsync / readinto + sha256 on all cores"),
+    "raw": (_raw_save, _raw_load, "floor: write + fsync / readinto + BLAKE3 on all cores"),
     "treeguard": (_tg_save, _tg_load, "treeguard save / load(like=tree), hashed + fsync"),
     "safetensors": (_st_save, _st_load, "safetensors.numpy save_file / load_file"),
     "npz": (_npz_save, _npz_load, "np.savez / np.load"),

@@ -93,7 +93,7 @@ def render(report: dict[str, Any]) -> str:
 
 def verify(directory: str | os.PathLike[str], /, *, like: TreeSpec | None = None) -> dict[str, Any]:
     """Reads every array of a sharded checkpoint in this one process, onto its
-    first device, and checks every shard's sha256 (and, with ``like``, the
+    first device, and checks every shard's digest (and, with ``like``, the
     contract first). Needs the memory of the whole checkpoint.
 
     Returns:

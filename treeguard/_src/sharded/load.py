@@ -1,5 +1,5 @@
 """``load_sharded``: the manifest, then the contract, then the data, then
-every shard's sha256."""
+every shard's digest."""
 
 from __future__ import annotations
 
@@ -124,7 +124,7 @@ def load_sharded(
     array is read; orbax reads each process's part of the arrays onto the
     shardings of ``like`` (another mesh is fine: the restore reshards, and
     each resharded path is logged on the ``treeguard.sharded`` logger);
-    then the sha256 of every saved shard is checked against the manifest,
+    then the digest of every saved shard is checked against the manifest,
     and every process raises if any shard anywhere differs.
 
     Args:
@@ -144,7 +144,7 @@ def load_sharded(
       TreeMismatchError: listing every difference between the checkpoint and
         ``like`` (shape, dtype, missing or unexpected paths).
       IntegrityError: naming every array with a shard whose bytes do not
-        match its recorded sha256, or whose data could not be read.
+        match its recorded digest, or whose data could not be read.
       ValueError: for a ``like`` leaf without a sharding, or a ``rename`` or
         ``allow_missing`` path that names nothing.
 
@@ -175,7 +175,7 @@ def load_expecting(
     digest: str | None = None,
 ) -> Any:
     """``load_sharded``, refusing (before any array is read) a manifest whose
-    sha256 is not ``digest`` when one is given; the digest is taken over the
+    digest is not ``digest`` when one is given; the digest is taken over the
     very bytes that are parsed and used."""
     import jax
 
@@ -225,7 +225,7 @@ def groups(arrays: Sequence[ArrayRecord], wanted: Sequence[int]) -> list[list[in
 
 def _restore_checked(where: str, manifest: Manifest, targets: Sequence[Any]) -> list[Any]:
     """The arrays with a target sharding restored (None for the others),
-    every shard's sha256 checked; a collective.
+    every shard's digest checked; a collective.
 
     The arrays are read in a few groups, one orbax restore each; the shards
     of a group are hashed in threads while the next group is read, and the

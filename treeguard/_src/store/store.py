@@ -692,7 +692,7 @@ class ArtifactStore:
         return _judge(
             load,
             digests,
-            ("manifest valid", "manifest and every shard's sha256 match"),
+            ("manifest valid", "manifest and every shard's digest match"),
             contract_name,
             checks,
         )
@@ -888,7 +888,7 @@ class ArtifactStore:
         signed in a store with a key, and its whole file read again and
         matched with the digest its verdict was computed on. For a sharded
         version: its directory holds only regular files and directories,
-        its manifest's sha256 is the verdict's, and every shard is read
+        its manifest's digest is the verdict's, and every shard is read
         again in this process (a group of arrays at a time) and hashed.
 
         Args:
