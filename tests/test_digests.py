@@ -364,3 +364,19 @@ def test_a_legacy_sharded_checkpoint_loads_and_mixes_in_a_store(tmp_path: Path) 
     _assert_trees_equal(store.load_current(like), jax.tree.map(lambda x: x + 1, want))
     assert store.rollback() == old
     _assert_trees_equal(store.load_current(like), want)
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_a_failing_hashing_thread_raises_in_the_caller(algorithm: Any) -> None:
+    with pytest.raises(TypeError), hashing.Pipeline(algorithm, items=4) as p:
+        p.feed(0, b"fine")
+        p.feed(1, object())  # no buffer: the worker's update raises
+        for _ in range(100):  # bounded: the failure stops the next feed or digests()
+            p.feed(0, b"more")
+        p.digests()
+    assert not _hash_threads()
+    closed = hashing.Pipeline(algorithm)
+    closed.close()
+    with pytest.raises(RuntimeError, match="closed; its digests are incomplete"):
+        closed.digests()
+    assert not _hash_threads()

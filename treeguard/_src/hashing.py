@@ -23,7 +23,10 @@ The API:
   read any list of file ranges straight into their destination buffers and
   hash each, in one call; returns the digests found (``expected`` is for the
   caller's comparison, ``mismatched`` lists the spans whose digest differs);
-* ``Pipeline(algorithm)``: the streaming form used by ``save``: ``feed(key,
+* ``hash_ranges(fd, [(offset, length), ...], algorithm)``: the digest of
+  each range, keeping none of the bytes (a few reused chunk buffers);
+* ``write_hashed(fd, buffers, algorithm)``: write buffers while hashing them;
+* ``Pipeline(algorithm)``: the streaming form under all of these: ``feed(key,
   chunk)`` any number of chunks per key, in order, then ``digests()``;
 * ``hash_file(fd, algorithm)``: one digest over a whole file.
 """
@@ -54,7 +57,7 @@ HEX_RE = re.compile(r"^[0-9a-f]{64}$")
 CHUNK = 8 * 1024 * 1024
 #: The name prefix of the hashing threads (a test counts them by it).
 THREAD_PREFIX = "treeguard-hash"
-#: Chunks in flight per worker: the one being hashed and the next, already moved.
+#: Chunks queued per worker besides the one it is hashing.
 _DEPTH = 2
 
 
@@ -185,7 +188,7 @@ class Pipeline:
         while True:
             if self._stop.is_set():
                 self._raise_failed()
-                return
+                raise RuntimeError("the hashing pipeline was closed; its digests are incomplete")
             try:
                 q.put(item, timeout=0.05)
                 return
@@ -193,8 +196,9 @@ class Pipeline:
                 continue
 
     def _raise_failed(self) -> None:
+        """Raises, in the caller's thread, what a worker raised."""
         if self._failed:
-            raise RuntimeError("a hashing thread failed") from self._failed[0]
+            raise self._failed[0]
 
     @property
     def workers(self) -> int:
