@@ -21,8 +21,8 @@ The API:
 * ``digest(buf, algorithm)``: the hex digest of bytes already in memory;
 * ``Span(offset, dest, expected)`` and ``read_spans(fd, spans, algorithm)``:
   read any list of file ranges straight into their destination buffers and
-  hash each, in one call; returns the digests found (``expected`` is for the
-  caller's comparison, ``mismatched`` lists the spans whose digest differs);
+  hash each, in one call; returns the digests found; ``read_verified`` does
+  the same and returns the spans whose digest is not their ``expected``;
 * ``hash_ranges(fd, [(offset, length), ...], algorithm)``: the digest of
   each range, keeping none of the bytes (a few reused chunk buffers);
 * ``write_hashed(fd, buffers, algorithm)``: write buffers while hashing them;
@@ -254,7 +254,9 @@ class Span:
     expected: str | None = None
 
 
-def _pread_into(fd: int, buf: memoryview, offset: int) -> int:
+def pread_into(fd: int, buf: memoryview, offset: int) -> int:
+    """Fills ``buf`` from ``offset``; returns how many bytes were read (fewer
+    only where the file ends)."""
     done = 0
     while done < len(buf):
         n = os.preadv(fd, [buf[done:]], offset + done)
@@ -335,7 +337,7 @@ def _read_hashed(
             p.feed(i, b"")
             for start in range(0, n, chunk):
                 buf = target(i, start, min(chunk, n - start))
-                if _pread_into(fd, buf, offset + start) != len(buf):
+                if pread_into(fd, buf, offset + start) != len(buf):
                     raise ShortRead(i)
                 p.feed(i, buf)
                 done += len(buf)
@@ -352,6 +354,40 @@ def mismatched(spans: Sequence[Span], found: Sequence[str]) -> list[int]:
         for i, (s, d) in enumerate(zip(spans, found))
         if s.expected is not None and s.expected != d
     ]
+
+
+def read_verified(
+    fd: int,
+    spans: Sequence[Span],
+    algorithm: Algorithm,
+    *,
+    chunk: int = CHUNK,
+    progress: Callable[[int, int], None] | None = None,
+) -> list[tuple[int, str]]:
+    """Reads every span into its buffer, hashing as it goes, and compares each
+    digest with the span's ``expected``: one call for a whole load, or for a
+    partial one that reads only some tensors.
+
+    Returns:
+      ``(position, digest found)`` for every span whose digest differs from
+      its ``expected`` (empty when all match); the buffers are filled either
+      way, and must not be used unless the list is empty.
+
+    Raises:
+      ShortRead: if the file ends before a span.
+
+    Example:
+      >>> import os, tempfile
+      >>> fd, path = tempfile.mkstemp()
+      >>> _ = os.write(fd, b"0123456789")
+      >>> good = Span(0, memoryview(bytearray(4)), digest(b"0123", "blake3"))
+      >>> bad = Span(4, memoryview(bytearray(2)), digest(b"xx", "blake3"))
+      >>> [i for i, _ in read_verified(fd, [good, bad], "blake3")]
+      [1]
+      >>> os.close(fd)
+    """
+    found = read_spans(fd, spans, algorithm, chunk=chunk, progress=progress)
+    return [(i, found[i]) for i in mismatched(spans, found)]
 
 
 def write_hashed(

@@ -36,13 +36,13 @@ from ..errors import (
     TreeMismatchError,
     UnverifiedWeightsWarning,
 )
+from ..hashing import pread_into
 from ..keydtype import dtype_name
 from ..mismatch import Mismatch
 from ..paths import keystr, parse
 from ..spec import FORMAT as SPEC_FORMAT
 from ..spec import LeafSpec, TreeSpec, dtype_of, spec_of, summarize
 from ..walk import flatten
-from .files import pread_into
 from .format import FOREIGN, K_FORMAT, MAX_NDIM, StoredTensor
 from .migrate import parse_user_path, starts_with
 from .names import NamingRule, namer, nest, rule_label, style_of

@@ -18,13 +18,13 @@ import numpy as np
 
 from ..diff import mismatches
 from ..errors import FormatError, IntegrityError, InvalidTreeError, TreeMismatchError, cap_lines
-from ..hashing import HEX_RE, ShortRead, Span, hash_ranges, mismatched, read_spans
+from ..hashing import HEX_RE, ShortRead, Span, hash_ranges, pread_into, read_verified
 from ..keydtype import is_key_dtype, wrap_keys
 from ..mismatch import Mismatch
 from ..paths import keystr
 from ..spec import TreeSpec, spec_of
 from ..walk import Node, flatten
-from .files import open_checkpoint, pread_into, read_raw_header
+from .files import open_checkpoint, read_raw_header
 from .foreign import (
     Unverified,
     check_unverified,
@@ -157,14 +157,14 @@ def _verify_spans(
 ) -> None:
     """Reads and hashes the spans of ``todo``'s tensors; raises for every mismatch."""
     try:
-        found = read_spans(fd, spans, header.hash_name, progress=progress)
+        wrong = read_verified(fd, spans, header.hash_name, progress=progress)
     except ShortRead as e:
         raise FormatError(
             f"tensor {todo[e.index].name or '<root>'}: the file was truncated while it was read",
             context=header.path,
             hint=_RESTORE_HINT,
         ) from None
-    bad = [(todo[i], found[i]) for i in mismatched(spans, found)]
+    bad = [(todo[i], found) for i, found in wrong]
     if bad:
         raise _integrity_error(header.path, header.hash_name, bad)
 

@@ -35,12 +35,12 @@ import numpy as np
 
 from ..atomic import file_kind, open_regular
 from ..errors import ConfigError, FormatError
-from ..hashing import DEFAULT, Algorithm, ShortRead, check_algorithm, hash_file
+from ..hashing import DEFAULT, Algorithm, ShortRead, check_algorithm, hash_file, pread_into
 from ..paths import Path, keystr
 from ..strictjson import loads
 from ..walk import MAX_DEPTH
 from . import foreign
-from .files import pread_into, read_raw_header
+from .files import read_raw_header
 from .foreign import (
     ForeignHeader,
     ForeignTensor,
