@@ -15,7 +15,7 @@ against orbax measured in the same run, two ways:
 The memory figure is the peak resident set of the operation above the
 resident set just before it (the peak is reset before each run; the largest
 of the timed runs is shown), compared with one shard's bytes. ``verify`` is
-treeguard's sha256 check alone, on arrays orbax has already restored: its
+treeguard's digest check alone, on arrays orbax has already restored: its
 peak is the memory that verification adds to a plain orbax restore.
 
 ``cpu`` is the process's CPU time (every thread) for the same runs. A
@@ -182,7 +182,7 @@ def _child(op: str, tool: str, mib: int, leaves: int, repeats: int, root: str) -
         if op == "save":
             save(t, path)
         elif op == "verify":
-            assert bad_shards(pairs) == []
+            assert bad_shards(pairs, manifest.hash) == []
         else:
             out = jax.block_until_ready(load())
         elapsed = time.perf_counter() - start
@@ -347,9 +347,17 @@ def main() -> None:
         extra = results[(op, tool)]["peak_extra_bytes"] - results[(op, base)]["peak_extra_bytes"]
         ratio = results[(op, tool)]["median_s"] / results[(op, base)]["median_s"]
         cpu = results[(op, tool)]["cpu_s"] / results[(op, base)]["cpu_s"]
+        # the k-th timed run of each, paired: the spread over the runs
+        paired = [
+            x / y
+            for x, y in zip(results[(op, tool)]["times"], results[(op, base)]["times"], strict=True)
+        ]
+        goal = "  goal <= 1.3x: " + ("met" if ratio <= 1.3 else f"MISSED by {ratio / 1.3 - 1:.0%}")
         print(
-            f"{op}: {tool} vs {base}: {ratio:.2f}x the time, {cpu:.2f}x the CPU time, peak memory "
+            f"{op}: {tool} vs {base}: {ratio:.2f}x the time "
+            f"[{min(paired):.2f}, {max(paired):.2f}], {cpu:.2f}x the CPU time, peak memory "
             f"{extra / 2**20:+.1f} MiB = {extra / shard:+.2f} shards"
+            + (goal if op == "load" else "")
         )
 
 

@@ -328,4 +328,4 @@ def test_a_flipped_data_byte_names_the_tensor(good: Path) -> None:
     with pytest.raises(IntegrityError) as info:
         load(good)
     assert info.value.path == "['dense1']['w']"
-    assert "['dense1']['w']: f32[2,3]: sha256" in str(info.value)
+    assert "['dense1']['w']: f32[2,3]: blake3" in str(info.value)

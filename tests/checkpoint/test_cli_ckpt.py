@@ -43,7 +43,7 @@ def test_inspect_reads_no_array_data(ckpt_file: Path) -> None:
     assert CliRunner().invoke(main, ["ckpt", "inspect", str(ckpt_file)]).exit_code == 0
     res = CliRunner().invoke(main, ["ckpt", "verify", str(ckpt_file)])
     assert res.exit_code == 1
-    assert "corrupt" in res.output and "sha256" in res.output
+    assert "corrupt" in res.output and "blake3" in res.output
 
 
 def test_inspect_json(ckpt_file: Path) -> None:
@@ -56,7 +56,7 @@ def test_inspect_json(ckpt_file: Path) -> None:
 
 def test_verify_ok_and_contract(ckpt_file: Path, tmp_path: Path) -> None:
     res = CliRunner().invoke(main, ["ckpt", "verify", str(ckpt_file)])
-    assert res.exit_code == 0 and "every sha256 matches" in res.output
+    assert res.exit_code == 0 and "every blake3 matches" in res.output
     spec = tmp_path / "spec.json"
     spec_of(seed_params()).save(spec)
     assert (

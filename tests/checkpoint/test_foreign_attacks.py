@@ -3,7 +3,6 @@ names that restyle a terminal, and an import that would overwrite its own source
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import os
@@ -13,6 +12,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+import blake3
 import numpy as np
 import pytest
 from click.testing import CliRunner
@@ -223,7 +223,7 @@ def test_source_written_to_during_import_is_refused(tmp_path: Path) -> None:
     assert not (tmp_path / "o.safetensors").exists()
     src.write_bytes(serialization.msgpack_serialize({"w": np.ones(3, np.float32)}))
     h = tg.import_weights(src, tmp_path / "o.safetensors", like=like)
-    assert h.metadata["imported_from"]["sha256"] == hashlib.sha256(src.read_bytes()).hexdigest()
+    assert h.metadata["imported_from"]["blake3"] == blake3.blake3(src.read_bytes()).hexdigest()
 
 
 @pytest.mark.parametrize(

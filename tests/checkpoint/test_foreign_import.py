@@ -3,7 +3,6 @@ orbax sources into verified checkpoints; ``ckpt inspect``/``verify`` of foreign 
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import pickle
@@ -11,6 +10,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+import blake3
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
@@ -49,11 +49,12 @@ def test_real_file_import_verify_load(tmp_path: Path) -> None:
     assert "10 tensors, 156,461 params" in res.output
     res = _run("ckpt", "verify", str(dst))
     assert res.exit_code == 0, res.output
-    assert "every sha256 matches" in res.output
+    assert "every blake3 matches" in res.output
     h = tg.read_header(dst)
     source = h.metadata["imported_from"]
     assert source["format"] == "safetensors" and source["names"] == "dotted"
-    assert source["sha256"] == hashlib.sha256(CHESS.read_bytes()).hexdigest()
+    assert source["blake3"] == blake3.blake3(CHESS.read_bytes()).hexdigest()
+    assert h.hash_name == "blake3"
     # The imported checkpoint is verified and loads by key path into the model's tree.
     params = tg.load(dst, like=_chess_like())
     ref = safetensors.numpy.load_file(str(CHESS))
@@ -222,7 +223,7 @@ def test_orbax_directory_import(tmp_path: Path) -> None:
     like["step"] = np.zeros((), np.int64)
     h = tg.import_weights(tmp_path / "ck", tmp_path / "o.safetensors", like=like)
     assert h.metadata["imported_from"]["format"] == "orbax"
-    assert "sha256" not in h.metadata["imported_from"]
+    assert "blake3" not in h.metadata["imported_from"]
     out = tg.load(tmp_path / "o.safetensors", like=like)
     np.testing.assert_array_equal(out["enc"]["w"], np.ones((2, 3)))
     (tmp_path / "empty").mkdir()

@@ -104,7 +104,7 @@ def test_a_flipped_byte_names_the_array(copy: Path) -> None:
     with pytest.raises(treeguard.IntegrityError) as e:
         treeguard.load_sharded(copy, _abstract(_params()))
     assert str(e.value) == (
-        f"{copy}: 1 array with a shard whose sha256 does not match the manifest: ['dense1']['w']\n"
+        f"{copy}: 1 array with a shard whose blake3 does not match the manifest: ['dense1']['w']\n"
         "hint: the stored bytes changed after the save; load an earlier checkpoint"
     )
     assert e.value.path == "['dense1']['w']"
@@ -186,7 +186,7 @@ def test_cli_inspect_and_verify(saved: Path, tmp_path: Path) -> None:
     assert doc["digest"] == sharded_digest(saved)
     res = runner.invoke(ckpt, ["verify", str(saved)])
     assert res.exit_code == 0, res.output
-    assert "4 arrays, 4 shards, 2.1 KiB, every sha256 matches" in res.output
+    assert "4 arrays, 4 shards, 2.1 KiB, every blake3 matches" in res.output
     other = tmp_path / "other.json"
     spec = treeguard.spec_of(_params())
     treeguard.TreeSpec.from_json(spec.to_json().replace('"int8"', '"int16"')).save(other)

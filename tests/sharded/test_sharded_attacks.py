@@ -6,12 +6,12 @@ running."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import threading
 from pathlib import Path
 from typing import Any
 
+import blake3
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -280,7 +280,7 @@ def _with_shards(directory: Path, shards: list[tuple[tuple[int, int], ...]]) -> 
     """The manifest of ``directory`` (one array) with ``shards`` as its shard list."""
     doc = json.loads((directory / MANIFEST_NAME).read_text())
     doc["arrays"][0]["shards"] = [
-        {"index": [list(p) for p in index], "process": 0, "sha256": "0" * 64} for index in shards
+        {"index": [list(p) for p in index], "process": 0, "blake3": "0" * 64} for index in shards
     ]
     return json.dumps(doc)
 
@@ -317,7 +317,7 @@ def test_a_replaced_manifest_is_refused_by_its_digest_before_it_is_parsed(tmp_pa
     v1, v2 = _two(store)
     (Path(store.root) / "versions" / v2 / MANIFEST_NAME).write_text('{"arrays": [')
     for call in (lambda: store.load_current(_like()), lambda: store.promote(v2)):
-        with pytest.raises(IntegrityError, match=f"version {v2}: .*the manifest's sha256 is"):
+        with pytest.raises(IntegrityError, match=f"version {v2}: .*the manifest's digest is"):
             call()
     assert np.asarray(store.load_current(_like(), fallback=True)["w"]).tobytes() == W.tobytes()
     assert store.info(v1).status == "verified"
@@ -331,7 +331,7 @@ def _lie(store: ArtifactStore, version: str, edit: Any) -> None:
     edit(doc)
     (vdir / MANIFEST_NAME).write_text(json.dumps(doc))
     record = json.loads((vdir / "status.json").read_text())
-    record["digest"] = hashlib.sha256((vdir / MANIFEST_NAME).read_bytes()).hexdigest()
+    record["digest"] = blake3.blake3((vdir / MANIFEST_NAME).read_bytes()).hexdigest()
     (vdir / "status.json").write_text(json.dumps(record))
 
 
@@ -347,13 +347,13 @@ def _other_data(store: ArtifactStore, doc: dict[str, Any]) -> None:
         (lambda s, d: d.__setitem__("data", "../v000001/" + d["data"]), FormatError, "not a data"),
         (_other_data, IntegrityError, "could not be read"),
         (
-            lambda s, d: d["arrays"][0]["shards"][0].__setitem__("sha256", "0" * 64),
+            lambda s, d: d["arrays"][0]["shards"][0].__setitem__("blake3", "0" * 64),
             IntegrityError,
             r"\['b'\]",
         ),
         (lambda s, d: d["arrays"].append(d["arrays"][0]), FormatError, "3 arrays for a spec of 2"),
     ],
-    ids=["data-escapes", "another-versions-data", "shard-sha256", "duplicate-array"],
+    ids=["data-escapes", "another-versions-data", "shard-digest", "duplicate-array"],
 )
 def test_a_manifest_that_lies_with_its_digest_recomputed(
     tmp_path: Path, lie: Any, raised: type[Exception], text: str

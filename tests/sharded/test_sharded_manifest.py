@@ -135,15 +135,15 @@ HOSTILE = [
     ),
     (
         "digest",
-        ("arrays", 0, "shards", 0, "sha256"),
+        ("arrays", 0, "shards", 0, "blake3"),
         "AB" * 32,
-        "not a lowercase hex sha256 digest",
+        "not a lowercase hex blake3 digest",
     ),
     (
         "digest_type",
-        ("arrays", 0, "shards", 0, "sha256"),
+        ("arrays", 0, "shards", 0, "blake3"),
         None,
-        "sha256: expected a string, got NoneType",
+        "blake3: expected a string, got NoneType",
     ),
     (
         "dtype",
@@ -160,7 +160,7 @@ HOSTILE = [
         "['w'] is uint8[4, 2], the spec says int8[4, 2]",
     ),
     ("data_escape", ("data",), "../../etc", "data: '../../etc' is not a data directory name"),
-    ("hash", ("hash",), "md5", "hash: 'md5', expected 'sha256'"),
+    ("hash", ("hash",), "md5", "hash: 'md5', expected one of 'blake3', 'sha256'"),
     ("env", ("env",), [], "env: expected an object, got a list"),
     ("metadata", ("metadata",), "x", "metadata: expected an object, got a string"),
     ("spec", ("spec", "format"), "nope", "spec: not a treeguard spec"),
@@ -259,7 +259,7 @@ def test_digest_is_over_the_parsed_manifest(tmp_path: Path) -> None:
     first = sharded_digest(tmp_path)
     assert len(first) == 64 and first == sharded_digest(tmp_path)
     doc = _doc()
-    doc["arrays"][0]["shards"][0]["sha256"] = "cd" * 32
+    doc["arrays"][0]["shards"][0]["blake3"] = "cd" * 32
     (tmp_path / MANIFEST_NAME).write_text(json.dumps(doc))
     assert sharded_digest(tmp_path) != first
     (tmp_path / MANIFEST_NAME).write_text("{}")

@@ -174,10 +174,10 @@ def test_a_tampered_manifest_fails_the_digest_gate(tmp_path: Path) -> None:
     doc = json.loads(manifest.read_bytes())
     doc["metadata"] = {"step": 999}  # valid, consistent, and not what was verified
     manifest.write_text(json.dumps(doc))
-    with pytest.raises(IntegrityError, match="the manifest's sha256 is .* the verdict's") as e:
+    with pytest.raises(IntegrityError, match="the manifest's digest is .* the verdict's") as e:
         store.load_current(_like())
     assert e.value.version == v1
-    with pytest.raises(IntegrityError, match="manifest's sha256"):
+    with pytest.raises(IntegrityError, match="manifest's digest"):
         store.promote(v1)
     with pytest.raises(StoreError, match="no former version"):
         store.rollback()
@@ -318,7 +318,7 @@ def test_the_messages_of_the_sharded_gates(tmp_path: Path) -> None:
     assert digest is not None
     text = str(g.value)
     assert text.startswith(
-        "version v000001: its checkpoint changed since it was verified: the manifest's sha256 is "
+        "version v000001: its checkpoint changed since it was verified: the manifest's digest is "
     )
     assert text.endswith(
         f"the verdict's {digest[:16]}...: the checkpoint was replaced or edited\n"

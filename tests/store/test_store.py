@@ -327,7 +327,7 @@ def test_promote_rehashes_every_tensor(tmp_path: Path) -> None:
     with open(path, "r+b") as f:
         f.seek(h.data_start + t.begin + 2)
         f.write(b"\x7f")
-    with pytest.raises(IntegrityError, match=r"\['dense2'\]\['w'\]: f32\[3,1\]: sha256") as info:
+    with pytest.raises(IntegrityError, match=r"\['dense2'\]\['w'\]: f32\[3,1\]: blake3") as info:
         store.promote(v)
     assert f"version {v}: its checkpoint changed since it was verified" in str(info.value)
     assert isinstance(info.value.__cause__, IntegrityError)

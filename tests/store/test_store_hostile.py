@@ -204,7 +204,7 @@ def test_a_byte_flipped_after_verify_is_refused_by_every_gate(tmp_path: Path) ->
     _model(tmp_path, v2).write_bytes(bytes(raw))
     with pytest.raises(
         IntegrityError,
-        match=rf"(?s)version {v2}: its checkpoint changed.*\['w'\]: f32\[2,3\]: sha256",
+        match=rf"(?s)version {v2}: its checkpoint changed.*\['w'\]: f32\[2,3\]: blake3",
     ):
         store.load_current(_params())
 

@@ -163,7 +163,7 @@ def read_like(like: Path | None) -> TreeSpec | None:
 def verify_command(file: Path, like: Path | None) -> None:
     """Check FILE's header, every tensor's hash and (with --like) its contract.
 
-    FILE may also be a sharded checkpoint directory: every shard's sha256 is
+    FILE may also be a sharded checkpoint directory: every shard's digest is
     checked, reading the whole checkpoint in this process. A safetensors file
     another tool wrote has no hashes and no contract: its header's structure
     is checked, the report says what could not be, and the exit code is 3
@@ -212,7 +212,7 @@ def _sharded(
         what = f", matches {shown(like_name)}" if like is not None else ""
         console().print(
             f"[green]ok[/green]: {shown(directory)}: {report['num_leaves']} arrays, {shards} "
-            f"shards, {fmt_bytes(report['nbytes'])}, every sha256 matches{what}"
+            f"shards, {fmt_bytes(report['nbytes'])}, every {report['hash']} matches{what}"
         )
     else:
         console().print(printable(sharded.render(report), newlines=True), markup=False)

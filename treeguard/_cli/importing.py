@@ -46,8 +46,8 @@ def import_command(src: Path, dst: Path, names: str, like: Path | None) -> None:
     msgpack file or an orbax checkpoint directory. Without --like the tree is
     nested by the names, each component a string key (encoder.layer.0.w
     becomes ['encoder']['layer']['0']['w']). DST is written atomically with a
-    sha256 per tensor and the tree's contract; its metadata records SRC and
-    SRC's sha256.
+    BLAKE3 digest per tensor and the tree's contract; its metadata records SRC
+    and SRC's BLAKE3 digest.
     """
     spec = None if like is None else spec_from_file(like)
     try:
@@ -59,7 +59,8 @@ def import_command(src: Path, dst: Path, names: str, like: Path | None) -> None:
     console().print(
         f"[green]imported[/green]: {shown(src)} "
         f"({shown(header.metadata['imported_from']['format'])}) -> {shown(dst)}: "
-        f"{s.num_leaves} tensors, {s.num_params:,} params, a sha256 for each{what}"
+        f"{s.num_leaves} tensors, {s.num_params:,} params, "
+        f"a {header.hash_name} digest for each{what}"
     )
 
 

@@ -7,7 +7,6 @@ from .foreign import ForeignHeader as ForeignHeader
 from .format import ALLOWED_DTYPES as ALLOWED_DTYPES
 from .format import FORMAT as FORMAT
 from .format import FORMAT_VERSION as FORMAT_VERSION
-from .format import HASH_NAME as HASH_NAME
 from .format import MAX_HEADER_BYTES as MAX_HEADER_BYTES
 from .format import Header as Header
 from .format import TensorInfo as TensorInfo
@@ -28,7 +27,6 @@ __all__ = [
     "FORMAT",
     "FORMAT_VERSION",
     "ForeignHeader",
-    "HASH_NAME",
     "MAX_HEADER_BYTES",
     "Header",
     "TensorInfo",

@@ -13,6 +13,7 @@ from typing import Any
 
 from ..atomic import open_regular
 from ..errors import FormatError
+from ..hashing import pread_into
 from .format import MAX_HEADER_BYTES, strict_loads
 
 _PICKLE_HINT = (
@@ -30,18 +31,6 @@ def open_checkpoint(path: str | os.PathLike[str]) -> tuple[int, str]:
       FileNotFoundError: if nothing is there.
     """
     return open_regular(path, what="checkpoint"), os.fspath(path)
-
-
-def pread_into(fd: int, buf: memoryview, offset: int) -> int:
-    """Fills ``buf`` from ``offset``; returns how many bytes were read."""
-    done = 0
-    total = len(buf)
-    while done < total:
-        n = os.preadv(fd, [buf[done:]], offset + done)
-        if n == 0:
-            break
-        done += n
-    return done
 
 
 def _looks_pickled(head: bytes) -> bool:

@@ -36,6 +36,7 @@ from ..errors import (
     TreeMismatchError,
     UnverifiedWeightsWarning,
 )
+from ..hashing import pread_into
 from ..keydtype import dtype_name
 from ..leaf import dtype_of, summarize
 from ..mismatch import Mismatch
@@ -43,7 +44,6 @@ from ..paths import keystr, parse
 from ..spec import LeafSpec, TreeSpec, spec_of
 from ..specjson import FORMAT as SPEC_FORMAT
 from ..walk import flatten
-from .files import pread_into
 from .format import FOREIGN, K_FORMAT, MAX_NDIM, StoredTensor
 from .migrate import parse_user_path, starts_with
 from .names import NamingRule, namer, nest, rule_label, style_of

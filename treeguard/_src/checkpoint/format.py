@@ -11,12 +11,14 @@ and holds ``__metadata__``, a map of strings:
 
 * ``treeguard.format``: ``"treeguard.checkpoint/1"``;
 * ``treeguard.spec``: the ``TreeSpec`` JSON, the authority for the structure;
-* ``treeguard.hash`` and ``treeguard.hashes``: the hash algorithm and one hex
-  digest per tensor, keyed by tensor name;
+* ``treeguard.hash`` and ``treeguard.hashes``: the hash algorithm
+  (``"blake3"``, or ``"sha256"`` in files written before BLAKE3 or with
+  ``digest="sha256"``) and one hex digest per tensor, keyed by tensor name;
 * ``treeguard.env``: the environment fingerprint of the writer;
 * ``treeguard.metadata``: the caller's metadata, as JSON;
-* ``treeguard.digest``: a hash of all the above and of the tensor table, so a
-  changed header byte is caught even where the JSON still parses.
+* ``treeguard.digest``: a hash (by the same algorithm) of all the above and
+  of the tensor table, so a changed header byte is caught even where the
+  JSON still parses.
 
 Tensor names are key paths in ``keystr`` form (``['dense1']['w']``), which
 ``paths.parse`` reads back exactly; the names are exactly the stored spec's
@@ -36,7 +38,6 @@ size beyond the file is a ``FormatError`` that says where.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import math
 import re
@@ -46,6 +47,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import FormatError, IntegrityError
+from ..hashing import ALGORITHMS, HEX_LEN, HEX_RE, Algorithm, check_algorithm, digest
 from ..keydtype import impl_of, is_key_dtype
 from ..leaf import summarize
 from ..paths import keystr, parse
@@ -58,10 +60,7 @@ _FORMAT_RE = re.compile(r"^treeguard\.checkpoint/(\d{1,9})$")
 
 #: The largest header read, as in the safetensors reference reader.
 MAX_HEADER_BYTES = 100_000_000
-#: The hash of each tensor (sha256 measured faster than blake2b here, with SHA-NI).
-HASH_NAME = "sha256"
-HEX_LEN = 64
-_HEX_RE = re.compile(r"^[0-9a-f]{64}$")
+_HEX_RE = HEX_RE
 PLACEHOLDER = "0" * HEX_LEN
 MAX_NDIM = 64
 
@@ -172,7 +171,8 @@ class Header:
       tensors: one ``TensorInfo`` per leaf, in the spec's flatten order.
       env: the writer's environment fingerprint.
       metadata: the caller's metadata given to ``save``.
-      hash_name: the tensor hash algorithm.
+      hash_name: the hash algorithm of the tensors and the header digest
+        (``"blake3"`` or ``"sha256"``).
       digest: the header digest.
       header_bytes: the header's length in bytes (without the 8-byte prefix).
       file_bytes: the file's size.
@@ -184,7 +184,7 @@ class Header:
     tensors: tuple[TensorInfo, ...]
     env: dict[str, Any]
     metadata: dict[str, Any]
-    hash_name: str
+    hash_name: Algorithm
     digest: str
     header_bytes: int
     file_bytes: int
@@ -215,10 +215,12 @@ def stored_layout(shape: tuple[int, ...], dtype: np.dtype[Any]) -> tuple[str, li
 
 
 def header_digest(meta: Mapping[str, str], table: Mapping[str, Any]) -> str:
-    """The digest over the metadata (all but the digest itself) and the table."""
+    """The digest over the metadata (all but the digest itself) and the
+    table, by the algorithm the metadata names (``treeguard.hash``)."""
+    algorithm = check_algorithm(meta[K_HASH], what=K_HASH)
     body = {k: v for k, v in meta.items() if k != K_DIGEST}
     canon = json.dumps({"metadata": body, "tensors": table}, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(canon.encode("utf-8")).hexdigest()
+    return digest(canon.encode("utf-8"), algorithm)
 
 
 def encode_header(meta: Mapping[str, str], table: Mapping[str, Any]) -> bytes:
@@ -292,28 +294,30 @@ def header_from_doc(doc: dict[str, Any], header_bytes: int, size: int, name: str
     missing = [k for k in _REQUIRED if k not in meta]
     if missing:
         raise FormatError(f"the header lacks {', '.join(missing)}", context=name, hint=_NOT_OURS)
+    algorithm = meta[K_HASH]
+    if algorithm not in ALGORITHMS:
+        raise FormatError(
+            f"unknown tensor hash {algorithm[:80]!r}, expected one of "
+            + ", ".join(repr(a) for a in ALGORITHMS),
+            context=name,
+            hint=_NOT_OURS,
+        )
     # The digest covers everything below, so check it before interpreting any of it.
     digest = meta[K_DIGEST]
     if not _HEX_RE.match(digest):
         raise FormatError(
-            f"the header digest {digest[:80]!r} is not a {HASH_NAME} digest",
+            f"the header digest {digest[:80]!r} is not a {algorithm} digest",
             context=name,
             hint=_NOT_OURS,
         )
     actual_digest = header_digest(meta, doc)
     if actual_digest != digest:
         raise IntegrityError(
-            f"header: {HASH_NAME} digest {actual_digest[:12]}… of the header read, "
+            f"header: {algorithm} digest {actual_digest[:12]}… of the header read, "
             f"{digest[:12]}… recorded in it; the header was changed or is corrupt",
             path="__metadata__",
             context=name,
             hint=_RESTORE_HINT,
-        )
-    if meta[K_HASH] != HASH_NAME:
-        raise FormatError(
-            f"unknown tensor hash {meta[K_HASH][:80]!r}, expected {HASH_NAME!r}",
-            context=name,
-            hint=_NOT_OURS,
         )
     try:
         spec = TreeSpec.from_json(meta[K_SPEC])
@@ -339,7 +343,9 @@ def header_from_doc(doc: dict[str, Any], header_bytes: int, size: int, name: str
     tensors: list[TensorInfo] = []
     pos = 0
     for leaf_name, (shape, dtype, _, _) in zip(names, spec.records):
-        t = _tensor_info(leaf_name, shape, dtype, doc[leaf_name], hashes[leaf_name], name)
+        t = _tensor_info(
+            leaf_name, (shape, dtype), doc[leaf_name], hashes[leaf_name], algorithm, name
+        )
         if t.begin != pos:
             raise FormatError(
                 f"tensor {t.name or '<root>'} starts at byte {t.begin:,} of the data, "
@@ -370,7 +376,7 @@ def header_from_doc(doc: dict[str, Any], header_bytes: int, size: int, name: str
         tensors=tuple(tensors),
         env=env,
         metadata=user,
-        hash_name=HASH_NAME,
+        hash_name=algorithm,
         digest=digest,
         header_bytes=header_bytes,
         file_bytes=size,
@@ -437,13 +443,14 @@ def check_name(tensor: str, name: str) -> None:
 
 def _tensor_info(  # noqa: PLR0917 - one call site, every argument needed
     leaf_name: str,
-    shape: tuple[Any, ...],
-    dtype: np.dtype[Any],
+    record: tuple[tuple[Any, ...], np.dtype[Any]],
     entry: Any,
-    digest: Any,
+    recorded: Any,
+    algorithm: str,
     name: str,
 ) -> TensorInfo:
     where = f"tensor {leaf_name or '<root>'}"
+    shape, dtype = record
 
     def bad(message: str) -> FormatError:
         return FormatError(f"{where}: {message}", context=name, hint=_NOT_OURS)
@@ -479,6 +486,6 @@ def _tensor_info(  # noqa: PLR0917 - one call site, every argument needed
             f"{summarize(tuple(shape), dtype)} needs {nbytes:,} bytes, "
             f"data_offsets {offsets} give {end - begin:,}"
         )
-    if not isinstance(digest, str) or not _HEX_RE.match(digest):
-        raise bad(f"no valid {HASH_NAME} digest in {K_HASHES}")
-    return TensorInfo(leaf_name, tuple(shape), dtype, want_dtype, begin, end, digest)
+    if not isinstance(recorded, str) or not _HEX_RE.match(recorded):
+        raise bad(f"no valid {algorithm} digest in {K_HASHES}")
+    return TensorInfo(leaf_name, tuple(shape), dtype, want_dtype, begin, end, recorded)

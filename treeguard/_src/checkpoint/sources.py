@@ -24,7 +24,6 @@ Nested sources (msgpack, orbax) are named by the same rule as flat ones
 from __future__ import annotations
 
 import errno
-import hashlib
 import math
 import os
 import stat
@@ -36,11 +35,12 @@ import numpy as np
 
 from ..atomic import file_kind, open_regular
 from ..errors import ConfigError, FormatError
+from ..hashing import DEFAULT, Algorithm, ShortRead, check_algorithm, hash_file, pread_into
 from ..paths import Path, keystr
 from ..strictjson import loads
 from ..walk import MAX_DEPTH
 from . import foreign
-from .files import pread_into, read_raw_header
+from .files import read_raw_header
 from .foreign import (
     ForeignHeader,
     ForeignTensor,
@@ -512,14 +512,6 @@ def _tree(values: Any, flat: bool, names: NamingRule, like: Any, name: str) -> A
     return nest(values, names, name)
 
 
-def _file_digest(fd: int) -> str:
-    h, buf, pos = hashlib.sha256(), bytearray(1 << 20), 0
-    while n := pread_into(fd, memoryview(buf), pos):
-        h.update(memoryview(buf)[:n])
-        pos += n
-    return h.hexdigest()
-
-
 def _changed(before: os.stat_result, after: os.stat_result) -> bool:
     return (before.st_size, before.st_mtime_ns) != (after.st_size, after.st_mtime_ns)
 
@@ -563,6 +555,7 @@ def import_weights(
     names: NamingRule = "dotted",
     like: Any = None,
     metadata: Mapping[str, Any] | None = None,
+    digest: Algorithm = DEFAULT,
 ) -> Any:
     """Turns weights another tool wrote into a verified treeguard checkpoint.
 
@@ -570,7 +563,8 @@ def import_weights(
     into ``like``'s structure) and written with ``save``: atomically, with a
     hash per tensor and the tree's contract. The metadata records where they
     came from: ``imported_from`` holds the source's path, format, naming
-    rule and, for a file, the sha256 of its bytes.
+    rule and, for a file, the digest of its bytes, keyed by its algorithm
+    (``{"blake3": "..."}``).
 
     Args:
       src: a safetensors file, an ``.npz`` archive, a flax msgpack file or
@@ -580,6 +574,8 @@ def import_weights(
       like: a tree or ``TreeSpec`` the weights must match; the checkpoint
         then has its structure.
       metadata: more JSON metadata to keep in the checkpoint.
+      digest: the hash algorithm of the checkpoint and of the source's
+        digest: ``"blake3"`` (the default) or ``"sha256"``.
 
     Returns:
       The written checkpoint's ``Header``.
@@ -590,6 +586,7 @@ def import_weights(
         for a ``dst`` that is ``src``, lies inside it or exists but is not a
         regular file, and for a source written to while it is imported.
       TypeError: if ``metadata`` is not JSON.
+      ValueError: for a ``digest`` other than ``"blake3"`` and ``"sha256"``.
       OSError: if a file cannot be read or written (FileNotFoundError for
         a ``dst`` in a directory that does not exist, before reading).
 
@@ -605,22 +602,27 @@ def import_weights(
     from .write import save
 
     name = os.fspath(src)
+    algorithm = check_algorithm(digest)
     _refuse_overlap(name, os.fspath(dst))
     namer(names)
     kind, fd = _open_source(name)
-    digest = None
+    found = None
+    changed = FormatError(
+        f"the file changed while it was imported; its {algorithm} digest would not "
+        "be of the weights read",
+        context=name,
+        hint="import it again once nothing writes to it",
+    )
     try:
         if fd is not None:
             before = os.fstat(fd)
-            digest = _file_digest(fd)
+            try:
+                found = hash_file(fd, algorithm)
+            except ShortRead:
+                raise changed from None
         values, flat = _read(name, kind, fd, names)
         if fd is not None and _changed(before, os.fstat(fd)):
-            raise FormatError(
-                "the file changed while it was imported; its sha256 would not be of the "
-                "weights read",
-                context=name,
-                hint="import it again once nothing writes to it",
-            )
+            raise changed
     finally:
         if fd is not None:
             os.close(fd)
@@ -630,7 +632,9 @@ def import_weights(
         "format": kind,
         "names": names if isinstance(names, str) else "function",
     }
-    if digest is not None:
-        provenance["sha256"] = digest
-    save(dst, tree, metadata={**dict(metadata or {}), "imported_from": provenance})
+    if found is not None:
+        provenance[algorithm] = found
+    save(
+        dst, tree, metadata={**dict(metadata or {}), "imported_from": provenance}, digest=algorithm
+    )
     return read_header(dst)

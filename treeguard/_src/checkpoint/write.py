@@ -7,13 +7,10 @@ so a tensor name is never ambiguous and ``load`` never mis-assigns a leaf.
 
 from __future__ import annotations
 
-import concurrent.futures
-import hashlib
 import json
 import math
 import os
-from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -21,6 +18,7 @@ import numpy as np
 from ..atomic import atomic_write, remove_stale_temps, write_all
 from ..env import environment
 from ..errors import InvalidTreeError
+from ..hashing import DEFAULT, Algorithm, check_algorithm, write_hashed
 from ..keydtype import KEY_DTYPES, is_key_dtype, key_data
 from ..leaf import Record, summarize
 from ..paths import has_surrogate, int_digits, keystr, short_repr
@@ -30,7 +28,6 @@ from ..walk import flatten, key_problems, structure_of
 from .format import (
     ALLOWED_DTYPES,
     FORMAT,
-    HASH_NAME,
     K_DIGEST,
     K_ENV,
     K_FORMAT,
@@ -126,12 +123,6 @@ def bytes_of(arr: np.ndarray[Any, Any]) -> memoryview:
     return memoryview(flat)
 
 
-def hash_bytes(buf: memoryview) -> str:
-    """The hex digest of ``buf`` (hashlib releases the GIL for large buffers)."""
-    return hashlib.sha256(buf).hexdigest()
-
-
-_THREADS = "treeguard-hash"
 _META_HINT = "metadata holds JSON values only: str, finite numbers, bool, None, lists, dicts"
 
 
@@ -208,12 +199,14 @@ def save(
     /,
     *,
     metadata: Mapping[str, Any] | None = None,
+    digest: Algorithm = DEFAULT,
 ) -> None:
     """Writes a tree to one checkpoint file, atomically, with a hash per tensor.
 
     The bytes are streamed from each leaf's own buffer into a temp file in
-    the same directory while other threads hash them; the file is fsynced,
-    renamed over ``path`` and the directory fsynced. A crash at any moment
+    the same directory, chunk by chunk, while the hashing engine hashes the
+    chunk written last (one pass over the data); the file is fsynced once,
+    renamed over ``path`` and the directory fsynced once. A crash at any moment
     leaves the previous file at ``path`` untouched, and two savers to one
     path leave one whole file or the other, never a mix. Arrays on any
     device, and sharded arrays, are gathered one leaf at a time. Checkpoints
@@ -226,6 +219,9 @@ def save(
         nodes (flax.nnx State, equinox modules, namedtuples, dataclasses).
       metadata: JSON-serialisable data to keep in the header, read back by
         ``read_header(path).metadata``.
+      digest: the hash algorithm of the tensors and the header: ``"blake3"``
+        (the default) or ``"sha256"`` (for readers that predate BLAKE3
+        digests). Either is verified by ``load``.
 
     Raises:
       InvalidTreeError: for leaves that are not arrays or hold no values
@@ -235,6 +231,7 @@ def save(
         (enums, numpy scalars, lone surrogates, two keys that print alike),
         or arrays spread over several processes; each named by path.
       TypeError: if ``metadata`` is not JSON-serialisable, naming the key.
+      ValueError: for a ``digest`` other than ``"blake3"`` and ``"sha256"``.
       OSError: if the file cannot be written; ``path`` is then unchanged.
 
     Example:
@@ -246,6 +243,7 @@ def save(
       ["['dense1']['w']"]
     """
     target = os.fspath(path)
+    algorithm = check_algorithm(digest)
     leaves, _ = flatten(tree)
     # Walked afresh, not from the cache by treedef: treedefs compare dict keys by
     # equality, so {1: x} and {True: x} share one, but their keys print apart.
@@ -297,7 +295,7 @@ def save(
     meta: dict[str, str] = {
         K_FORMAT: FORMAT,
         K_SPEC: spec.to_json(indent=None).rstrip("\n"),
-        K_HASH: HASH_NAME,
+        K_HASH: algorithm,
         K_HASHES: json.dumps({n: PLACEHOLDER for n in names}, ensure_ascii=False),
         K_ENV: json.dumps(environment()),
         K_META: user,
@@ -307,7 +305,7 @@ def save(
 
     def write(fd: int) -> None:
         write_all(fd, len(draft).to_bytes(8, "little") + draft)
-        digests = _stream_leaves(fd, leaves, records, names)
+        digests = write_hashed(fd, _leaf_bytes(leaves, records, names), algorithm)
         meta[K_HASHES] = json.dumps(dict(zip(names, digests)), ensure_ascii=False)
         meta[K_DIGEST] = header_digest(meta, table)
         final = encode_header(meta, table)
@@ -320,28 +318,12 @@ def save(
     atomic_write(target, write)
 
 
-def _stream_leaves(
-    fd: int, leaves: Sequence[Any], records: Sequence[Record], names: Sequence[str]
-) -> list[str]:
-    """Writes each leaf's bytes while a pool of threads hashes them.
+def _leaf_bytes(
+    leaves: Sequence[Any], records: Sequence[Record], names: Sequence[str]
+) -> Iterator[memoryview]:
+    """Each leaf's bytes, brought to the host only when its turn comes.
 
-    Leaves already on the host (numpy, CPU jax arrays) are not copied, so
-    several may be hashed at once, one per core; at most that many converted
-    leaves are alive at once.
+    Leaves already on the host (numpy, CPU jax arrays) are not copied.
     """
-    workers = max(1, min(len(leaves), os.cpu_count() or 1))
-    futures: list[concurrent.futures.Future[str]] = []
-    pending: deque[concurrent.futures.Future[str]] = deque()
-    with concurrent.futures.ThreadPoolExecutor(
-        workers, thread_name_prefix="treeguard-hash"
-    ) as pool:
-        for x, record, leaf_name in zip(leaves, records, names):
-            while len(pending) > workers:
-                pending.popleft().result()
-            buf = bytes_of(_host_array(x, record, leaf_name))
-            fut = pool.submit(hash_bytes, buf)
-            futures.append(fut)
-            pending.append(fut)
-            write_all(fd, buf)
-            del buf
-        return [f.result() for f in futures]
+    for x, record, leaf_name in zip(leaves, records, names):
+        yield bytes_of(_host_array(x, record, leaf_name))

@@ -1,5 +1,6 @@
 """Sharded and multi-host checkpoints: orbax and tensorstore carry the data,
-treeguard's manifest carries the contract and a sha256 of every shard.
+treeguard's manifest carries the contract and a digest of every shard (BLAKE3,
+or sha256 in older manifests).
 
 ``manifest`` (the JSON file and its strict parser), ``hosts`` (the few
 collectives), ``digests`` (hashing at save, checking after a restore on any

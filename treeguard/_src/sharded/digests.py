@@ -1,8 +1,10 @@
-"""The sha256 of every stored shard: computed where each shard lives at save
+"""The digest of every stored shard: computed where each shard lives at save
 time, and checked after a restore onto any mesh.
 
-A shard's digest is the sha256 of its bytes in C order, so it does not depend
-on how tensorstore chunked or laid them out on disk. After a restore onto
+A shard's digest is the hash (BLAKE3, or sha256 in older manifests) of its
+bytes in C order, so it does not depend on how tensorstore chunked or laid
+them out on disk. The hashing engine (``hashing.Pipeline``) hashes in its
+own threads while the caller reads the next arrays. After a restore onto
 another sharding, the process that holds a saved shard's whole region among
 its own devices hashes it: in place when one of its pieces is exactly that
 shard (the same layout), or rebuilt from its pieces into one buffer, one
@@ -13,17 +15,14 @@ together (a copy of it on each device), and one process hashes it.
 
 from __future__ import annotations
 
-import concurrent.futures
-import hashlib
 import math
-import os
-import threading
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..errors import IntegrityError
+from ..hashing import DEFAULT, THREAD_PREFIX, Algorithm, Pipeline, digest
 from . import hosts
 from .manifest import ArrayRecord, Shard
 
@@ -34,17 +33,17 @@ Index = tuple[tuple[int, int], ...]
 
 #: The name prefix of the threads that hash shards (so a test, or a person
 #: reading a thread dump, can tell them from other pools).
-HASH_THREADS = "treeguard-shard-hash"
+HASH_THREADS = THREAD_PREFIX
 
 
-def _workers() -> int:
-    return max(1, min(8, os.cpu_count() or 1))
+def _bytes(arr: np.ndarray[Any, Any]) -> memoryview:
+    flat: Any = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
+    return memoryview(flat)
 
 
-def hash_host(arr: np.ndarray[Any, Any]) -> str:
-    """The sha256 of an array's bytes in C order."""
-    flat = np.ascontiguousarray(arr).reshape(-1)
-    return hashlib.sha256(flat.view(np.uint8).data).hexdigest()
+def hash_host(arr: np.ndarray[Any, Any], algorithm: Algorithm = DEFAULT) -> str:
+    """The digest of an array's bytes in C order."""
+    return digest(_bytes(arr), algorithm)
 
 
 def index_of(index: tuple[slice, ...], shape: tuple[int, ...]) -> Index:
@@ -60,13 +59,15 @@ def _host(data: Any) -> np.ndarray[Any, Any]:
     return np.asarray(data)
 
 
-def local_digests(arrays: Sequence[jax.Array]) -> Iterator[tuple[int, Index, str]]:
-    """``(leaf, index, sha256)`` for every shard this process writes.
+def local_digests(
+    arrays: Sequence[jax.Array], algorithm: Algorithm = DEFAULT
+) -> Iterator[tuple[int, Index, str]]:
+    """``(leaf, index, digest)`` for every shard this process writes.
 
     Of the replicas of one shard only the one with ``replica_id == 0`` is
-    hashed, as only it is written. The hashes run in threads (hashlib lets go
-    of the GIL), so they overlap with the caller's own work when the caller
-    iterates lazily; here they are consumed in order.
+    hashed, as only it is written. Each shard is brought to the host and
+    handed to the hashing engine, which hashes it while the next one is
+    brought over.
     """
     tasks = []
     for i, arr in enumerate(arrays):
@@ -74,10 +75,12 @@ def local_digests(arrays: Sequence[jax.Array]) -> Iterator[tuple[int, Index, str
         for shard in arr.addressable_shards:
             if shard.replica_id == 0:
                 tasks.append((i, index_of(shard.index, shape), shard.data))
-    with concurrent.futures.ThreadPoolExecutor(_workers(), thread_name_prefix=HASH_THREADS) as pool:
-        futures = [pool.submit(lambda d: hash_host(_host(d)), d) for _, _, d in tasks]
-        for (i, index, _), fut in zip(tasks, futures):
-            yield i, index, fut.result()
+    with Pipeline(algorithm, items=len(tasks)) as pipeline:
+        for n, (_, _, data) in enumerate(tasks):
+            pipeline.feed(n, _bytes(_host(data)))
+        found = pipeline.digests()
+    for n, (i, index, _) in enumerate(tasks):
+        yield i, index, found[n]
 
 
 def _intersect(a: Index, b: Index) -> Index | None:
@@ -179,8 +182,8 @@ def _unhashable(path: str, error: Exception) -> IntegrityError:
 
 
 class ShardChecker:
-    """Checks restored arrays against their recorded shard digests, hashing
-    each array's local shards in a thread pool as soon as it is added, so
+    """Checks restored arrays against their recorded shard digests: each
+    shard is handed to the hashing engine as soon as its array is added, so
     the hashing of one array overlaps the reading of the next.
 
     Use it as a context manager: ``add`` each restored array (in the same
@@ -191,21 +194,27 @@ class ShardChecker:
     Args:
       records: every array the checkpoint holds (to size the scratch buffer).
       local: check in this process alone, with no collective.
+      algorithm: the manifest's digest algorithm.
     """
 
-    def __init__(self, records: Sequence[ArrayRecord], *, local: bool = False) -> None:
+    def __init__(
+        self,
+        records: Sequence[ArrayRecord],
+        *,
+        local: bool = False,
+        algorithm: Algorithm = DEFAULT,
+    ) -> None:
         self._me = 0 if local else hosts.process_index()
         self._nproc = 1 if local else hosts.process_count()
+        self._algorithm = algorithm
         self._largest = max(
             (s.size * r.dtype.itemsize for r in records for s in r.shards), default=0
         )
-        self._assembling = threading.Lock()  # one scratch buffer, one rebuilt region at a time
         self._scratch: list[np.ndarray[Any, Any]] = []
-        self._pool = concurrent.futures.ThreadPoolExecutor(
-            _workers(), thread_name_prefix=HASH_THREADS
-        )
-        self._futures: list[concurrent.futures.Future[tuple[int, bool]]] = []
-        self._tasks: list[tuple[int, ArrayRecord]] = []
+        self._pipeline = Pipeline(algorithm, items=sum(len(r.shards) for r in records))
+        self._tasks: list[tuple[int, ArrayRecord, Shard]] = []
+        self._done: list[tuple[int, ArrayRecord, bool]] = []
+        self._failed: IntegrityError | None = None
         self._remote: list[tuple[int, ArrayRecord, Shard, Any]] = []
         self._count = 0
 
@@ -213,7 +222,7 @@ class ShardChecker:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._pipeline.close()
 
     def add(self, key: int, record: ArrayRecord, arr: jax.Array) -> None:
         """Starts hashing ``arr``'s shards (as ``key``) in the background."""
@@ -223,46 +232,56 @@ class ShardChecker:
         for shard in record.shards:
             owner = self._me if self._nproc == 1 else _holder(shard, pieces)
             if owner == self._me:
-                self._futures.append(self._pool.submit(self._check, key, record, shard, local))
-                self._tasks.append((key, record))
+                self._check(key, record, shard, local)
             elif owner is None:
                 self._remote.append((key, record, shard, arr))
 
     def _check(
         self, key: int, record: ArrayRecord, shard: Shard, local: list[tuple[Index, Any]]
-    ) -> tuple[int, bool]:
-        whole = _whole(shard, local)
-        if whole is not None:  # the same layout: hash the piece in place
-            return key, hash_host(_host(whole)) == shard.digest
-        with self._assembling:
+    ) -> None:
+        try:
+            whole = _whole(shard, local)
+            if whole is not None:  # the same layout: hash the piece in place
+                self._pipeline.feed(len(self._tasks), _bytes(_host(whole)))
+                self._tasks.append((key, record, shard))
+                return
             if not self._scratch:
                 self._scratch.append(np.empty(self._largest, dtype=np.uint8))
             region = _assemble(shard, local, record.dtype, self._scratch[0])
-            return key, hash_host(region) == shard.digest
+            # the scratch buffer is reused for the next region: hashed now
+            self._done.append((key, record, hash_host(region, self._algorithm) == shard.digest))
+        except Exception as e:  # noqa: BLE001 - numpy, jax and memory errors alike
+            self._done.append((key, record, False))
+            self._failed = self._failed or _unhashable(record.path, e)
 
     def bad(self) -> list[int]:
         """The keys of the arrays with a shard whose bytes differ from the
-        recorded sha256, agreed by every process (a collective unless local).
+        recorded digest, agreed by every process (a collective unless local).
 
         Every hash is waited for before it returns. A hash that fails counts
         as a mismatch for the other processes, and is raised here, after the
         exchange, as an ``IntegrityError`` naming its array.
         """
         flags = np.zeros(self._count, dtype=np.uint8)
-        failed: IntegrityError | None = None
-        for fut, (key, record) in zip(self._futures, self._tasks):
-            try:
-                ok = fut.result()[1]
-            except Exception as e:  # noqa: BLE001 - numpy, jax and memory errors alike
-                ok = False
-                failed = failed or _unhashable(record.path, e)
+        failed = self._failed
+        try:
+            found = self._pipeline.digests()
+        except Exception as e:  # noqa: BLE001 - the exchange below must still happen
+            found = {}
+            if self._tasks:
+                failed = failed or _unhashable(self._tasks[0][1].path, e)
+        for n, (key, _, shard) in enumerate(self._tasks):
+            if found.get(n) != shard.digest:
+                flags[key] = 1
+        for key, _, ok in self._done:
             if not ok:
                 flags[key] = 1
         for n, (key, record, shard, arr) in enumerate(self._remote):
             region = _slice_everywhere(arr, shard)
             if n % self._nproc == self._me:
                 try:
-                    ok = hash_host(_host(region.addressable_shards[0].data)) == shard.digest
+                    data = _host(region.addressable_shards[0].data)
+                    ok = hash_host(data, self._algorithm) == shard.digest
                 except Exception as e:  # noqa: BLE001 - the exchange below must still happen
                     ok = False
                     failed = failed or _unhashable(record.path, e)
@@ -275,14 +294,16 @@ class ShardChecker:
         return [i for i in range(self._count) if agreed[i]]
 
 
-def bad_shards(pairs: Sequence[tuple[ArrayRecord, jax.Array]]) -> list[int]:
+def bad_shards(
+    pairs: Sequence[tuple[ArrayRecord, jax.Array]], algorithm: Algorithm = DEFAULT
+) -> list[int]:
     """Which arrays (positions in ``pairs``) hold a shard whose bytes differ
-    from the recorded sha256, agreed by every process.
+    from the recorded digest, agreed by every process.
 
     Every process must call this with the same records and arrays: it is a
     collective in a multi-process job.
     """
-    with ShardChecker([r for r, _ in pairs]) as checker:
+    with ShardChecker([r for r, _ in pairs], algorithm=algorithm) as checker:
         for i, (record, arr) in enumerate(pairs):
             checker.add(i, record, arr)
         return checker.bad()

@@ -12,7 +12,7 @@ from ..display import fmt_bytes
 from ..errors import FormatError, InvalidTreeError, TreeMismatchError
 from ..leaf import dtype_of, summarize
 from ..spec import TreeSpec
-from .manifest import FORMAT, read, sharded_digest
+from .manifest import FORMAT, read, read_with_digest
 
 
 def summary(directory: str | os.PathLike[str], /) -> dict[str, Any]:
@@ -22,7 +22,7 @@ def summary(directory: str | os.PathLike[str], /) -> dict[str, Any]:
       FormatError: for a directory without a well-formed manifest.
     """
     where = os.path.abspath(os.fspath(directory))
-    m = read(where)
+    m, found = read_with_digest(where)
     per_process = [{"process": p, "shards": 0, "nbytes": 0} for p in range(m.process_count)]
     arrays = []
     for a in m.arrays:
@@ -43,7 +43,8 @@ def summary(directory: str | os.PathLike[str], /) -> dict[str, Any]:
         "directory": where,
         "format": FORMAT,
         "data": m.data,
-        "digest": sharded_digest(where),
+        "hash": m.hash,
+        "digest": found,
         "process_count": m.process_count,
         "num_leaves": m.spec.num_leaves,
         "num_params": m.spec.num_params,
@@ -62,7 +63,7 @@ def render(report: dict[str, Any]) -> str:
         f"{report['directory']}  {report['format']}  {report['num_leaves']} arrays  "
         f"{report['num_params']:,} params  {fmt_bytes(report['nbytes'])}  "
         f"{report['process_count']} {'process' if report['process_count'] == 1 else 'processes'}"
-        f"  sha256 {report['digest'][:16]}"
+        f"  {report['hash']} {report['digest'][:16]}"
     ]
     width = max([len(a["path"] or "<root>") for a in report["arrays"]] + [4])
     for a in report["arrays"]:
@@ -87,7 +88,7 @@ def render(report: dict[str, Any]) -> str:
 
 def verify(directory: str | os.PathLike[str], /, *, like: TreeSpec | None = None) -> dict[str, Any]:
     """Reads every array of a sharded checkpoint in this one process, onto its
-    first device, and checks every shard's sha256 (and, with ``like``, the
+    first device, and checks every shard's digest (and, with ``like``, the
     contract first). Needs the memory of the whole checkpoint.
 
     Returns:

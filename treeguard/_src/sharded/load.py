@@ -1,5 +1,5 @@
 """``load_sharded``: the manifest, then the contract, then the data, then
-every shard's sha256."""
+every shard's digest."""
 
 from __future__ import annotations
 
@@ -157,7 +157,7 @@ def load_sharded(
     array is read; orbax reads each process's part of the arrays onto the
     shardings of ``like`` (another mesh is fine: the restore reshards, and
     each resharded path is logged on the ``treeguard.sharded`` logger);
-    then the sha256 of every saved shard is checked against the manifest,
+    then the digest of every saved shard is checked against the manifest,
     and every process raises if any shard anywhere differs.
 
     Args:
@@ -179,7 +179,7 @@ def load_sharded(
       TreeMismatchError: listing every difference between the checkpoint and
         ``like`` (shape, dtype, missing or unexpected paths).
       IntegrityError: naming every array with a shard whose bytes do not
-        match its recorded sha256, or whose data could not be read.
+        match its recorded digest, or whose data could not be read.
       ValueError: for a ``like`` leaf without a sharding, or a ``rename`` or
         ``allow_missing`` path that names nothing.
 
@@ -210,7 +210,7 @@ def load_expecting(
     digest: str | None = None,
 ) -> Any:
     """``load_sharded``, refusing (before any array is read) a manifest whose
-    sha256 is not ``digest`` when one is given; the digest is taken over the
+    digest is not ``digest`` when one is given; the digest is taken over the
     very bytes that are parsed and used."""
     import jax  # lazy: reading files never imports jax
 
@@ -265,7 +265,7 @@ def groups(arrays: Sequence[ArrayRecord], wanted: Sequence[int]) -> list[list[in
 
 def _restore_checked(where: str, manifest: Manifest, targets: Sequence[Any]) -> list[Any]:
     """The arrays with a target sharding restored (None for the others),
-    every shard's sha256 checked; a collective.
+    every shard's digest checked; a collective.
 
     The arrays are read in a few groups, one orbax restore each; the shards
     of a group are hashed in threads while the next group is read, and the
@@ -278,7 +278,7 @@ def _restore_checked(where: str, manifest: Manifest, targets: Sequence[Any]) -> 
     restored: list[Any] = [None] * len(manifest.arrays)
     data = os.path.join(where, manifest.data)
     struct: Any = jax.ShapeDtypeStruct
-    with ShardChecker(manifest.arrays) as checker:
+    with ShardChecker(manifest.arrays, algorithm=manifest.hash) as checker:
         for run in groups(manifest.arrays, wanted):
             chosen = set(run)
             leaves = [
@@ -294,7 +294,7 @@ def _restore_checked(where: str, manifest: Manifest, targets: Sequence[Any]) -> 
         _report_resharding([manifest.arrays[k] for k in wanted], [restored[k] for k in wanted])
         bad = checker.bad()
     if bad:
-        raise shard_error(where, [manifest.arrays[k].path for k in bad])
+        raise shard_error(where, [manifest.arrays[k].path for k in bad], manifest.hash)
     return restored
 
 
@@ -312,13 +312,13 @@ def picked(leaves: Sequence[Any], run: Sequence[int], where: str) -> list[Any]:
     )
 
 
-def shard_error(where: str, paths: Sequence[str]) -> IntegrityError:
-    """The error for arrays with a shard whose sha256 does not match."""
+def shard_error(where: str, paths: Sequence[str], algorithm: str) -> IntegrityError:
+    """The error for arrays with a shard whose digest does not match."""
     names = [p or "<root>" for p in paths]
     listed = ", ".join(names[:20]) + (f" and {len(names) - 20} more" if len(names) > 20 else "")
     return IntegrityError(
         f"{where}: {len(names)} {'array' if len(names) == 1 else 'arrays'} with a shard "
-        f"whose sha256 does not match the manifest: {listed}\n"
+        f"whose {algorithm} does not match the manifest: {listed}\n"
         "hint: the stored bytes changed after the save; load an earlier checkpoint",
         path=names[0],
     )

@@ -15,10 +15,15 @@ and the previous data it names, untouched. It holds:
 * ``process_count``: how many processes wrote it;
 * ``env``: the environment fingerprint of process 0;
 * ``metadata``: the caller's metadata;
-* ``hash``: ``"sha256"``;
+* ``hash``: the digest algorithm, ``"blake3"`` (or ``"sha256"`` in
+  manifests written before BLAKE3, or with ``digest="sha256"``);
 * ``arrays``: for each leaf in flatten order, its path, shape, dtype,
   sharding and every stored shard: its index (``[start, stop]`` per axis),
-  the process that wrote it and the sha256 of its bytes in C order.
+  the process that wrote it and the digest of its bytes in C order, under
+  the algorithm's name (``"blake3": "..."``).
+
+The manifest's own digest (``sharded_digest``, what a store's verdict
+records) is taken by the same algorithm.
 
 Parsing is strict: duplicate keys, NaN, unknown fields, wrong types, a shard
 outside its array or shards that do not tile it exactly are a ``FormatError``
@@ -28,7 +33,6 @@ that says where.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import math
 import os
@@ -44,6 +48,7 @@ from .. import strictjson
 from ..atomic import atomic_write, read_regular
 from ..checkpoint import user_metadata_json
 from ..errors import FormatError, IntegrityError
+from ..hashing import ALGORITHMS, DEFAULT, HEX_RE, Algorithm, digest
 from ..leaf import dtype_of
 from ..paths import keystr
 from ..spec import TreeSpec
@@ -51,19 +56,18 @@ from ..spec import TreeSpec
 FORMAT = "treeguard.sharded/1"
 FORMAT_VERSION = 1
 MANIFEST_NAME = "treeguard.sharded.json"
-HASH_NAME = "sha256"
 #: The largest manifest read: it grows with the number of shards, not with data.
 MAX_MANIFEST_BYTES = 256 * 1024 * 1024
 _FORMAT_RE = re.compile(r"^treeguard\.sharded/(\d+)$")
 _DATA_RE = re.compile(r"^data-[0-9a-f]{16}$")
-_HEX_RE = re.compile(r"^[0-9a-f]{64}$")
+_HEX_RE = HEX_RE
 _MAX_INT = 2**62
 _MAX_NDIM = 64
 _TOP_KEYS = frozenset(
     ("format", "data", "spec", "process_count", "env", "metadata", "hash", "arrays")
 )
 _ARRAY_KEYS = frozenset(("path", "shape", "dtype", "sharding", "shards"))
-_SHARD_KEYS = frozenset(("index", "process", HASH_NAME))
+_SHARD_KEYS = {a: frozenset(("index", "process", a)) for a in ALGORITHMS}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,7 +77,8 @@ class Shard:
     Attributes:
       index: ``(start, stop)`` per axis, in the global array.
       process: the index of the process that wrote it.
-      digest: the sha256 hex digest of its bytes in C order.
+      digest: the hex digest of its bytes in C order (by the manifest's
+        algorithm).
     """
 
     index: tuple[tuple[int, int], ...]
@@ -117,13 +122,14 @@ class Manifest:
     env: dict[str, Any]
     metadata: dict[str, Any]
     arrays: tuple[ArrayRecord, ...]
+    hash: Algorithm = DEFAULT
 
     def to_json(self) -> str:
         """The manifest as canonical JSON text."""
         doc = {
             "format": FORMAT,
             "data": self.data,
-            "hash": HASH_NAME,
+            "hash": self.hash,
             "process_count": self.process_count,
             "spec": self.spec.to_dict(),
             "env": self.env,
@@ -138,7 +144,7 @@ class Manifest:
                         {
                             "index": [list(p) for p in s.index],
                             "process": s.process,
-                            HASH_NAME: s.digest,
+                            self.hash: s.digest,
                         }
                         for s in a.shards
                     ],
@@ -207,8 +213,10 @@ def _shape(value: Any, where: str) -> tuple[int, ...]:
     return tuple(_int(d, f"{where}[{i}]") for i, d in enumerate(dims))
 
 
-def _shard(value: Any, shape: tuple[int, ...], nproc: int, where: str) -> Shard:
-    d = _fields(value, _SHARD_KEYS, where)
+def _shard(
+    value: Any, shape: tuple[int, ...], nproc: int, algorithm: Algorithm, where: str
+) -> Shard:
+    d = _fields(value, _SHARD_KEYS[algorithm], where)
     index_list = _list(d["index"], f"{where}.index")
     if len(index_list) != len(shape):
         raise FormatError(f"{where}.index: {len(index_list)} axes for an array of {len(shape)}")
@@ -225,10 +233,10 @@ def _shard(value: Any, shape: tuple[int, ...], nproc: int, where: str) -> Shard:
     process = _int(d["process"], f"{where}.process")
     if process >= nproc:
         raise FormatError(f"{where}.process: {process} but only {nproc} processes wrote it")
-    digest = _str(d[HASH_NAME], f"{where}.{HASH_NAME}")
-    if not _HEX_RE.match(digest):
-        raise FormatError(f"{where}.{HASH_NAME}: not a lowercase hex sha256 digest")
-    return Shard(tuple(index), process, digest)
+    found = _str(d[algorithm], f"{where}.{algorithm}")
+    if not _HEX_RE.match(found):
+        raise FormatError(f"{where}.{algorithm}: not a lowercase hex {algorithm} digest")
+    return Shard(tuple(index), process, found)
 
 
 def _overlap(a: Shard, b: Shard) -> bool:
@@ -285,7 +293,7 @@ def _tiles_pairwise(nonempty: list[Shard], where: str) -> None:
                 raise FormatError(f"{where}: two shards overlap at {list(a.index)}")
 
 
-def _array(value: Any, nproc: int, where: str) -> ArrayRecord:
+def _array(value: Any, nproc: int, algorithm: Algorithm, where: str) -> ArrayRecord:
     d = _fields(value, _ARRAY_KEYS, where)
     path = _str(d["path"], f"{where}.path")
     shape = _shape(d["shape"], f"{where}.shape")
@@ -297,7 +305,9 @@ def _array(value: Any, nproc: int, where: str) -> ArrayRecord:
     if sharding is not None:
         sharding = _str(sharding, f"{where}.sharding")
     raw = _list(d["shards"], f"{where}.shards")
-    shards = tuple(_shard(s, shape, nproc, f"{where}.shards[{i}]") for i, s in enumerate(raw))
+    shards = tuple(
+        _shard(s, shape, nproc, algorithm, f"{where}.shards[{i}]") for i, s in enumerate(raw)
+    )
     _tiles(shards, shape, f"{where}.shards")
     return ArrayRecord(path, shape, dtype, sharding, shards)
 
@@ -341,8 +351,12 @@ def parse(text: str | bytes, *, where: str = MANIFEST_NAME) -> Manifest:
     data = _str(d["data"], f"{where}: data")
     if not is_data_name(data):
         raise FormatError(f"{where}: data: {data!r} is not a data directory name")
-    if d["hash"] != HASH_NAME:
-        raise FormatError(f"{where}: hash: {d['hash']!r}, expected {HASH_NAME!r}")
+    algorithm = d["hash"]
+    if algorithm not in ALGORITHMS:
+        shown = repr(algorithm[:40]) if isinstance(algorithm, str) else _kind(algorithm)
+        raise FormatError(
+            f"{where}: hash: {shown}, expected one of " + ", ".join(map(repr, ALGORITHMS))
+        )
     nproc = _int(d["process_count"], f"{where}: process_count", low=1)
     for key in ("env", "metadata"):
         if not isinstance(d[key], dict):
@@ -352,9 +366,9 @@ def parse(text: str | bytes, *, where: str = MANIFEST_NAME) -> Manifest:
     except FormatError as e:
         raise FormatError(f"{where}: spec: {e}") from None
     raw = _list(d["arrays"], f"{where}: arrays")
-    arrays = tuple(_array(a, nproc, f"{where}: arrays[{i}]") for i, a in enumerate(raw))
+    arrays = tuple(_array(a, nproc, algorithm, f"{where}: arrays[{i}]") for i, a in enumerate(raw))
     _agree(spec, arrays, where)
-    return Manifest(data, spec, nproc, d["env"], d["metadata"], arrays)
+    return Manifest(data, spec, nproc, d["env"], d["metadata"], arrays, algorithm)
 
 
 def _agree(spec: TreeSpec, arrays: tuple[ArrayRecord, ...], where: str) -> None:
@@ -425,32 +439,40 @@ def is_sharded(directory: str | os.PathLike[str], /) -> bool:
 def read_with_digest(
     directory: str | os.PathLike[str], /, *, expect: str | None = None
 ) -> tuple[Manifest, str]:
-    """Reads and parses ``directory``'s manifest, with the sha256 of the very
-    bytes parsed (``sharded_digest``).
+    """Reads and parses ``directory``'s manifest, with the digest of the very
+    bytes parsed (``sharded_digest``: by the manifest's own algorithm).
 
     Args:
       directory: a directory written by ``save_sharded``.
-      expect: the sha256 the manifest must have; another one is refused
-        before the bytes are parsed, so a replaced manifest costs no parse.
+      expect: the digest the manifest must have; bytes with another one are
+        refused before they are parsed, so a replaced manifest costs no
+        parse. It is compared as a BLAKE3 and as a sha256 digest (the
+        algorithm is known only after parsing; both are 64 hex digits).
 
     Raises:
       FormatError: if there is none, it is not a regular file, or it is malformed.
-      IntegrityError: if its sha256 is not ``expect``.
+      IntegrityError: if its digest is not ``expect``.
     """
     raw, path = _read_bytes(directory)
-    found = hashlib.sha256(raw).hexdigest()
-    if expect is not None and found != expect:
-        raise IntegrityError(
-            f"the manifest's sha256 is {found[:16]}..., the verdict's {expect[:16]}...: "
-            "the checkpoint was replaced or edited",
-            context=os.path.abspath(os.fspath(directory)),
-            hint="do not use it; restore it from a backup or verify it again",
-        )
-    return parse(raw, where=path), found
+    if expect is not None:
+        found = {a: digest(raw, a) for a in ALGORITHMS}
+        if expect not in found.values():
+            raise IntegrityError(
+                f"the manifest's digest is {found[DEFAULT][:16]}... ({DEFAULT}; "
+                f"{found['sha256'][:16]}... as sha256), the verdict's {expect[:16]}...: "
+                "the checkpoint was replaced or edited",
+                context=os.path.abspath(os.fspath(directory)),
+                hint="do not use it; restore it from a backup or verify it again",
+            )
+        manifest = parse(raw, where=path)
+        return manifest, found[manifest.hash]
+    manifest = parse(raw, where=path)
+    return manifest, digest(raw, manifest.hash)
 
 
 def sharded_digest(directory: str | os.PathLike[str], /) -> str:
-    """One sha256 over the manifest, which holds every shard's sha256.
+    """One digest over the manifest, which holds every shard's digest; by
+    the manifest's own algorithm.
 
     The manifest is parsed first, so a digest is only given for a well-formed
     checkpoint. Equal digests mean equal manifests, hence equal recorded data.
@@ -458,9 +480,7 @@ def sharded_digest(directory: str | os.PathLike[str], /) -> str:
     Raises:
       FormatError: for a directory that is not a sharded checkpoint.
     """
-    raw, path = _read_bytes(directory)
-    parse(raw, where=path)
-    return hashlib.sha256(raw).hexdigest()
+    return read_with_digest(directory)[1]
 
 
 def metadata_json(metadata: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -3,7 +3,7 @@
 orbax-checkpoint and tensorstore are imported here only, inside the calls,
 so ``import treeguard`` stays light. Both sides use the same handler
 settings: OCDBT, zarr3, and no compression, so that every stored byte of an
-array is an array byte that the manifest's sha256 covers, and a damaged
+array is an array byte that the manifest's digests cover, and a damaged
 chunk reads back as wrong bytes in every process alike (never as a decoder
 error in one process only, which would leave the others waiting).
 """

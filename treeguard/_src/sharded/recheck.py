@@ -1,4 +1,4 @@
-"""Reading a sharded checkpoint whole in one process, every shard's sha256
+"""Reading a sharded checkpoint whole in one process, every shard's digest
 checked there: for a check that must not wait on the rest of a job (the
 store's ``promote`` and ``rollback``, ``verify`` without a sharded
 ``like``).
@@ -24,17 +24,17 @@ def read_local(
     directory: str | os.PathLike[str], /, *, digest: str | None = None, keep: bool = True
 ) -> tuple[Manifest, str, Any]:
     """Every array of ``directory`` onto this process's first device, each
-    shard's sha256 checked before it returns.
+    shard's digest checked before it returns.
 
     Args:
       directory: a directory written by ``save_sharded``.
-      digest: the manifest's expected sha256; another one is refused before
+      digest: the manifest's expected digest; another one is refused before
         any array is read.
       keep: return the tree; with False each group is dropped once hashed,
         so the memory held is one group's, and None is returned for it.
 
     Returns:
-      ``(manifest, its sha256, the tree or None)``.
+      ``(manifest, its digest, the tree or None)``.
 
     Raises:
       FormatError: for a malformed manifest, or a saved tree with custom
@@ -51,7 +51,7 @@ def read_local(
     struct: Any = jax.ShapeDtypeStruct
     restored: list[Any] = [None] * len(manifest.arrays)
     data = os.path.join(where, manifest.data)
-    with ShardChecker(manifest.arrays, local=True) as checker:
+    with ShardChecker(manifest.arrays, local=True, algorithm=manifest.hash) as checker:
         for run in groups(manifest.arrays, range(len(manifest.arrays))):
             chosen = set(run)
             leaves = [
@@ -77,6 +77,6 @@ def read_local(
             del got
         bad = checker.bad()
     if bad:
-        raise shard_error(where, [manifest.arrays[k].path for k in bad])
+        raise shard_error(where, [manifest.arrays[k].path for k in bad], manifest.hash)
     tree = jax.tree.unflatten(manifest.spec.treedef, restored) if keep else None
     return manifest, found, tree

@@ -15,6 +15,7 @@ import jax
 
 from ..env import environment
 from ..errors import InvalidTreeError
+from ..hashing import DEFAULT, Algorithm, check_algorithm
 from ..leaf import describe_sharding
 from ..paths import keystr
 from ..spec import TreeSpec, spec_of
@@ -65,6 +66,7 @@ def save_sharded(
     /,
     *,
     metadata: Mapping[str, Any] | None = None,
+    digest: Algorithm = DEFAULT,
 ) -> None:
     """Writes a tree of sharded arrays as a verified multi-host checkpoint.
 
@@ -72,7 +74,8 @@ def save_sharded(
     arrays. The arrays go through orbax onto tensorstore (zarr3 in an OCDBT
     database, uncompressed), each into its own temporary directory that
     orbax renames into place when every process is done. Each process hashes
-    the shards it writes (sha256, one per stored shard); the digests are
+    the shards it writes (one digest per stored shard) while orbax writes
+    them; the digests are
     gathered to process 0, which writes ``treeguard.sharded.json`` (the
     spec with its shardings, the environment, the metadata and every
     digest) atomically, last, and then removes the data of the previous
@@ -84,11 +87,14 @@ def save_sharded(
         path in every process, on a file system all of them share.
       tree: a pytree whose leaves are ``jax.Array``s.
       metadata: JSON-ready facts to keep with it (step, data version...).
+      digest: the shards' and the manifest's hash algorithm, ``"blake3"``
+        (the default) or ``"sha256"``.
 
     Raises:
       InvalidTreeError: for a tree that contains itself, non-array leaves,
         typed PRNG keys or leaves that are not ``jax.Array``s (a TypeError).
       TypeError: for metadata that JSON cannot hold exactly.
+      ValueError: for a ``digest`` other than ``"blake3"`` and ``"sha256"``.
 
     Example:
       >>> import tempfile, jax.numpy as jnp, treeguard
@@ -97,6 +103,7 @@ def save_sharded(
       >>> treeguard.load_sharded(d, {"w": jnp.zeros((4, 2))})["w"].sum()
       Array(8., dtype=float32)
     """
+    algorithm = check_algorithm(digest)
     meta = metadata_json(metadata)
     spec = spec_of(tree, sharding=True)
     leaves = jax.tree.leaves(tree)
@@ -126,7 +133,7 @@ def save_sharded(
     os.makedirs(directory, exist_ok=True)
     data = hosts.broadcast_text(new_data_name())
     with concurrent.futures.ThreadPoolExecutor(1) as background:
-        hashing = background.submit(lambda: list(local_digests(leaves)))
+        hashing = background.submit(lambda: list(local_digests(leaves, algorithm)))
         write_arrays(os.path.join(directory, data), tree)
         digests = hashing.result()
     mine = [[i, [list(p) for p in index], h] for i, index, h in digests]
@@ -134,7 +141,7 @@ def save_sharded(
     failure = b""
     if hosts.process_index() == 0:
         try:
-            _commit(directory, data, spec, meta, paths, leaves, gathered)
+            _commit(directory, data, spec, meta, paths, leaves, gathered, algorithm)
         except Exception as e:  # noqa: BLE001 - every process must hear of it
             failure = f"{type(e).__name__}: {e}".encode("utf-8", "replace")[:500] or b"?"
             error: Exception = e
@@ -156,6 +163,7 @@ def _commit(  # noqa: PLR0917 - one call site
     paths: list[str],
     leaves: list[Any],
     gathered: list[bytes],
+    algorithm: Algorithm,
 ) -> None:
     """Process 0: the manifest from every process's digests, written last,
     then the previous save's data removed."""
@@ -173,6 +181,6 @@ def _commit(  # noqa: PLR0917 - one call site
         )
         for path, leaf, s in zip(paths, leaves, shards)
     )
-    manifest = Manifest(data, spec, hosts.process_count(), environment(), meta, arrays)
+    manifest = Manifest(data, spec, hosts.process_count(), environment(), meta, arrays, algorithm)
     write(directory, manifest)
     _remove_stale(directory, data)

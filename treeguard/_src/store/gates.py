@@ -4,7 +4,7 @@ and computed on the very bytes that are there now.
 
 Integrity and authenticity are different promises. Every store checks
 integrity: each verdict records the digest of the checkpoint it was computed
-on (the header digest, which covers every tensor's sha256), and each gate
+on (the header digest, which covers every tensor's digest), and each gate
 re-reads the file and compares. Anyone who can write the store's directory
 can still recompute hashes and edit ``status.json``; only a store opened
 with a key also gives authenticity. It signs each verdict with HMAC-SHA256
@@ -13,7 +13,7 @@ reason and the checks, and its gates refuse a verdict that is unsigned or
 whose signature does not match.
 
 A sharded version (``put_sharded``) is gated the same way. Its digest is the
-sha256 of its manifest, which holds the sha256 of every shard; since the
+digest of its manifest, which holds the digest of every shard; since the
 manifest alone does not prove the bytes, ``promote`` and ``rollback`` read
 every shard again and hash it (``recheck_sharded``), and every load checks
 each shard it returns. Its directory may hold only regular files and real
@@ -180,7 +180,7 @@ def verify_expecting(path: str, /, *, digest: str) -> Header:
 
 def load_sharded_expecting(directory: str, /, *, like: Any, digest: str | None) -> Any:
     """``load_sharded`` onto ``like``'s shardings with every shard hashed,
-    refusing a manifest whose sha256 is not ``digest`` (when given) before
+    refusing a manifest whose digest is not ``digest`` (when given) before
     any array is read (a collective in a multi-process job)."""
     from ..sharded.load import load_expecting
 
@@ -189,7 +189,7 @@ def load_sharded_expecting(directory: str, /, *, like: Any, digest: str | None) 
 
 def recheck_sharded(directory: str, /, *, digest: str) -> None:
     """Reads every shard of a sharded version in this process and checks
-    its sha256, refusing another manifest digest; holds one group of arrays
+    its digest, refusing another manifest digest; holds one group of arrays
     at a time, and waits on no other process."""
     from ..sharded.recheck import read_local
 

@@ -95,7 +95,7 @@ class VersionInfo:
       num_params: the element count.
       nbytes: the bytes of array data.
       digest: the digest of the checkpoint the verdict was computed on
-        (of a sharded version: the sha256 of its manifest).
+        (of a sharded version: the digest of its manifest).
       path: the checkpoint file, or a sharded version's directory.
       signed: whether the verdict carries a signature (whether it is a
         valid one is checked by the store that holds the key).

@@ -31,6 +31,7 @@ from ..errors import (
     TreeMismatchError,
     UnknownVersionError,
 )
+from ..hashing import DEFAULT, Algorithm, check_algorithm
 from ..sharded.manifest import MANIFEST_NAME, is_data_name, sharded_digest
 from ..sharded.manifest import read as read_manifest
 from ..spec import TreeSpec, spec_of
@@ -254,6 +255,7 @@ class ArtifactStore:
         *,
         metadata: Mapping[str, Any] | None = None,
         version: str | None = None,
+        digest: Algorithm = DEFAULT,
     ) -> str:
         """Saves a tree as a new candidate version.
 
@@ -266,6 +268,9 @@ class ArtifactStore:
           version: a name for it; by default the next ``v000001``,
             ``v000002``... A name is never handed out twice, even after
             ``gc`` removed its version.
+          digest: the checkpoint's hash algorithm, ``"blake3"`` (the
+            default) or ``"sha256"``; versions of both kinds live side by
+            side and are verified, promoted and loaded alike.
 
         Returns:
           The version's name.
@@ -279,6 +284,7 @@ class ArtifactStore:
             is created then.
         """
         user = json.loads(user_metadata_json(metadata))  # refuse bad metadata before any write
+        algorithm = check_algorithm(digest)
         if version is not None:
             check_name(version)
         self._open_for_put()
@@ -286,7 +292,7 @@ class ArtifactStore:
             version, path = self._reserve(version, user)
         try:
             model = os.path.join(path, MODEL_FILE)
-            save(model, tree, metadata=user)
+            save(model, tree, metadata=user, digest=algorithm)
             self._record_candidate(version, path, read_header(model).spec, {})
         except BaseException:
             self._discard(path)
@@ -370,6 +376,7 @@ class ArtifactStore:
         *,
         metadata: Mapping[str, Any] | None = None,
         version: str | None = None,
+        digest: Algorithm = DEFAULT,
     ) -> str:
         """Saves a tree of sharded ``jax.Array``s as a new candidate version,
         through ``save_sharded``, into the version's directory.
@@ -387,6 +394,7 @@ class ArtifactStore:
           tree: a pytree whose leaves are ``jax.Array``s.
           metadata: JSON-serialisable data kept with the version.
           version: a name for it (see ``put``).
+          digest: the shards' hash algorithm (see ``put``).
 
         Returns:
           The version's name.
@@ -412,6 +420,7 @@ class ArtifactStore:
         from ..sharded.save import save_sharded
 
         user = json.loads(user_metadata_json(metadata))  # refuse bad metadata before any write
+        algorithm = check_algorithm(digest)
         if version is not None:
             check_name(version)
         lead = hosts.process_index() == 0
@@ -438,7 +447,9 @@ class ArtifactStore:
         version = reply.decode("ascii")
         path = self._layout.version_dir(version)
         try:
-            save_sharded(path, tree, metadata=user)  # a collective that fails in every process
+            save_sharded(
+                path, tree, metadata=user, digest=algorithm
+            )  # a collective that fails in every process
             failure = b""
             if lead:
                 try:
@@ -681,7 +692,7 @@ class ArtifactStore:
         return _judge(
             load,
             digests,
-            ("manifest valid", "manifest and every shard's sha256 match"),
+            ("manifest valid", "manifest and every shard's digest match"),
             contract_name,
             checks,
         )
@@ -877,7 +888,7 @@ class ArtifactStore:
         signed in a store with a key, and its whole file read again and
         matched with the digest its verdict was computed on. For a sharded
         version: its directory holds only regular files and directories,
-        its manifest's sha256 is the verdict's, and every shard is read
+        its manifest's digest is the verdict's, and every shard is read
         again in this process (a group of arrays at a time) and hashed.
 
         Args:

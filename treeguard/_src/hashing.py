@@ -1,0 +1,499 @@
+"""The one hashing engine: BLAKE3 and sha256, chunked, threaded, overlapped
+with the reads and writes that move the bytes.
+
+Every digest treeguard records or checks is computed here. Two algorithms:
+
+* ``"blake3"`` (the default for everything written now): one hasher uses every
+  core (the ``blake3`` package's ``max_threads``), so one worker thread is
+  enough and a single large tensor is hashed in parallel;
+* ``"sha256"`` (files written before BLAKE3, and on request): a hasher runs on
+  one core, so one worker per core each takes whole items.
+
+The engine is a pipeline: the calling thread moves a chunk (``preadv`` into
+the array's final buffer, or a ``write`` of the leaf's own buffer) and hands
+the same memory to a worker, then moves the next chunk while the worker
+hashes the last one. No byte is copied after it is read. The workers are
+named ``treeguard-hash-N``; they are joined before any call here returns or
+raises, so no hashing thread outlives a failed load.
+
+The API:
+
+* ``digest(buf, algorithm)``: the hex digest of bytes already in memory;
+* ``Span(offset, dest, expected)`` and ``read_spans(fd, spans, algorithm)``:
+  read any list of file ranges straight into their destination buffers and
+  hash each, in one call; returns the digests found; ``read_verified`` does
+  the same and returns the spans whose digest is not their ``expected``;
+* ``hash_ranges(fd, [(offset, length), ...], algorithm)``: the digest of
+  each range, keeping none of the bytes (a few reused chunk buffers);
+* ``write_hashed(fd, buffers, algorithm)``: write buffers while hashing them;
+* ``Pipeline(algorithm)``: the streaming form under all of these: ``feed(key,
+  chunk)`` any number of chunks per key, in order, then ``digests()``;
+* ``hash_file(fd, algorithm)``: one digest over a whole file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import os
+import queue
+import re
+import threading
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from typing import Any, Literal
+
+import blake3
+
+Algorithm = Literal["blake3", "sha256"]
+#: Every algorithm a digest may be recorded in, newest first.
+ALGORITHMS: tuple[Algorithm, ...] = ("blake3", "sha256")
+#: The algorithm new files are written with.
+DEFAULT: Algorithm = "blake3"
+#: Both algorithms give 32 bytes, written as 64 lowercase hex digits.
+HEX_LEN = 64
+HEX_RE = re.compile(r"^[0-9a-f]{64}$")
+#: The bytes moved (read or written) and handed to a worker at a time.
+CHUNK = 8 * 1024 * 1024
+#: The name prefix of the hashing threads (a test counts them by it).
+THREAD_PREFIX = "treeguard-hash"
+#: Chunks queued per worker besides the one it is hashing.
+_DEPTH = 2
+
+
+class ShortRead(EOFError):
+    """A file ended before a span it was asked for (it shrank while read).
+
+    Attributes:
+      index: the position of the span in the list given to ``read_spans``.
+    """
+
+    def __init__(self, index: int) -> None:
+        super().__init__(f"span {index}: the file ended before it")
+        self.index = index
+
+
+def check_algorithm(name: Any, *, what: str = "digest") -> Algorithm:
+    """``name`` as an ``Algorithm``, or a ``ValueError`` naming the choices.
+
+    Example:
+      >>> check_algorithm("blake3")
+      'blake3'
+      >>> check_algorithm("md5")
+      Traceback (most recent call last):
+      ...
+      ValueError: digest must be one of 'blake3', 'sha256', got 'md5'
+    """
+    if name == "blake3":
+        return "blake3"
+    if name == "sha256":
+        return "sha256"
+    shown = repr(name[:40]) if isinstance(name, str) else type(name).__name__
+    raise ValueError(f"{what} must be one of 'blake3', 'sha256', got {shown}")
+
+
+def _new(algorithm: Algorithm) -> Any:
+    if algorithm == "blake3":
+        return blake3.blake3(max_threads=blake3.blake3.AUTO)
+    return hashlib.sha256()
+
+
+def digest(buf: Any, algorithm: Algorithm) -> str:
+    """The hex digest of bytes in memory (every core for BLAKE3; the GIL is
+    released either way).
+
+    Args:
+      buf: bytes, a memoryview or any C-contiguous buffer.
+      algorithm: ``"blake3"`` or ``"sha256"``.
+
+    Returns:
+      64 lowercase hex digits.
+
+    Example:
+      >>> digest(b"abc", "sha256")[:16]
+      'ba7816bf8f01cfea'
+      >>> digest(b"abc", "blake3")[:16]
+      '6437b3ac38465133'
+    """
+    h = _new(algorithm)
+    h.update(buf)
+    return str(h.hexdigest())
+
+
+def _workers(algorithm: Algorithm, items: int) -> int:
+    if algorithm == "blake3":  # one hasher already spreads over every core
+        return 1
+    return max(1, min(items, os.cpu_count() or 1))
+
+
+class Pipeline:
+    """Hashes chunks in worker threads while the caller moves the next ones.
+
+    Chunks of one key are hashed in the order fed. Use it as a context
+    manager: leaving it (normally or by an exception) stops and joins every
+    worker. A chunk's memory must stay unchanged until ``digests()`` returns
+    (the caller's arrays; nothing is copied).
+
+    Args:
+      algorithm: ``"blake3"`` or ``"sha256"``.
+      items: how many keys will be fed at most (bounds the worker count).
+
+    Example:
+      >>> with Pipeline("sha256", items=2) as p:
+      ...     p.feed("a", b"ab")
+      ...     p.feed("a", b"c")
+      ...     p.feed("b", b"")
+      ...     found = p.digests()
+      >>> found["a"] == digest(b"abc", "sha256"), len(found)
+      (True, 2)
+    """
+
+    def __init__(self, algorithm: Algorithm, *, items: int = 1) -> None:
+        self.algorithm = check_algorithm(algorithm)
+        n = _workers(self.algorithm, items)
+        self._queues: list[queue.Queue[tuple[Hashable, Any] | None]] = [
+            queue.Queue(_DEPTH) for _ in range(n)
+        ]
+        self._owner: dict[Hashable, int] = {}
+        self._hashers: dict[Hashable, Any] = {}
+        self._failed: list[BaseException] = []
+        self._stop = threading.Event()
+        self._threads = [
+            threading.Thread(target=self._work, args=(q,), name=f"{THREAD_PREFIX}-{i}", daemon=True)
+            for i, q in enumerate(self._queues)
+        ]
+        for t in self._threads:
+            t.start()
+
+    def __enter__(self) -> Pipeline:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _work(self, q: queue.Queue[tuple[Hashable, Any] | None]) -> None:
+        while True:
+            item = q.get()
+            if item is None or self._stop.is_set():
+                return
+            key, chunk = item
+            try:
+                self._hashers[key].update(chunk)
+            except BaseException as e:  # noqa: BLE001 - handed to the caller in digests()
+                self._failed.append(e)
+                self._stop.set()
+                return
+
+    def _put(self, q: queue.Queue[tuple[Hashable, Any] | None], item: Any) -> None:
+        while True:
+            if self._stop.is_set():
+                self._raise_failed()
+                raise RuntimeError("the hashing pipeline was closed; its digests are incomplete")
+            try:
+                q.put(item, timeout=0.05)
+                return
+            except queue.Full:
+                continue
+
+    def _raise_failed(self) -> None:
+        """Raises, in the caller's thread, what a worker raised."""
+        if self._failed:
+            raise self._failed[0]
+
+    @property
+    def workers(self) -> int:
+        """How many worker threads hash."""
+        return len(self._threads)
+
+    def lane(self, key: Hashable) -> int:
+        """The worker that hashes ``key`` (chosen on first use, in turn).
+        Each worker hashes its chunks in the order they were fed, so a
+        caller reusing buffers may reuse one per worker once ``_DEPTH + 1``
+        later chunks were fed to the same worker."""
+        if key not in self._owner:
+            self._owner[key] = len(self._owner) % len(self._queues)
+            self._hashers[key] = _new(self.algorithm)
+        return self._owner[key]
+
+    def feed(self, key: Hashable, chunk: Any) -> None:
+        """Hands ``chunk`` (the next bytes of ``key``) to its worker."""
+        self._put(self._queues[self.lane(key)], (key, chunk))
+
+    def digests(self) -> dict[Hashable, str]:
+        """Waits for every chunk fed; returns each key's hex digest."""
+        for q in self._queues:
+            self._put(q, None)
+        for t in self._threads:
+            t.join()
+        self._raise_failed()
+        return {k: str(h.hexdigest()) for k, h in self._hashers.items()}
+
+    def close(self) -> None:
+        """Stops the workers (dropping chunks not yet hashed) and joins them."""
+        self._stop.set()
+        for q in self._queues:
+            with contextlib.suppress(queue.Full):
+                q.put_nowait(None)
+        for t in self._threads:
+            t.join()
+
+
+@dataclasses.dataclass(frozen=True)
+class Span:
+    """One range of a file to read into memory and hash.
+
+    Attributes:
+      offset: the file offset of its first byte.
+      dest: the writable buffer it is read into (its length is the span's);
+        the array's final memory, so nothing is copied afterwards.
+      expected: the digest it should have, or None.
+    """
+
+    offset: int
+    dest: memoryview
+    expected: str | None = None
+
+
+def pread_into(fd: int, buf: memoryview, offset: int) -> int:
+    """Fills ``buf`` from ``offset``; returns how many bytes were read (fewer
+    only where the file ends)."""
+    done = 0
+    while done < len(buf):
+        n = os.preadv(fd, [buf[done:]], offset + done)
+        if n == 0:
+            break
+        done += n
+    return done
+
+
+def read_spans(
+    fd: int,
+    spans: Sequence[Span],
+    algorithm: Algorithm,
+    *,
+    chunk: int = CHUNK,
+    progress: Callable[[int, int], None] | None = None,
+) -> list[str]:
+    """Reads every span into its buffer while its chunks are hashed; returns
+    the digest of each span's bytes, in order.
+
+    The calling thread reads chunk k+1 while a worker hashes chunk k. Every
+    worker is joined before this returns or raises.
+
+    Args:
+      fd: a descriptor open for reading.
+      spans: the ranges, in any order (reading them in file order is fastest).
+      algorithm: ``"blake3"`` or ``"sha256"``.
+      chunk: the bytes read and handed over at a time.
+      progress: called as ``progress(bytes_read, bytes_total)`` after each chunk.
+
+    Returns:
+      One hex digest per span.
+
+    Raises:
+      ShortRead: if the file ends before a span (naming its position).
+      OSError: if a read fails.
+
+    Example:
+      >>> import os, tempfile
+      >>> fd, path = tempfile.mkstemp()
+      >>> _ = os.write(fd, b"0123456789")
+      >>> a, b = bytearray(3), bytearray(4)
+      >>> found = read_spans(fd, [Span(0, memoryview(a)), Span(5, memoryview(b))], "blake3")
+      >>> bytes(a), bytes(b), found[1] == digest(b"5678", "blake3")
+      (b'012', b'5678', True)
+      >>> os.close(fd)
+    """
+    ranges = [(s.offset, len(s.dest)) for s in spans]
+    return _read_hashed(
+        fd,
+        ranges,
+        algorithm,
+        chunk=chunk,
+        progress=progress,
+        target=lambda i, start, n: spans[i].dest[start : start + n],
+    )
+
+
+def _read_hashed(
+    fd: int,
+    ranges: Sequence[tuple[int, int]],
+    algorithm: Algorithm,
+    *,
+    chunk: int,
+    progress: Callable[[int, int], None] | None,
+    target: Callable[[int, int, int], memoryview],
+    pipeline: Pipeline | None = None,
+) -> list[str]:
+    """Reads each range chunk by chunk into ``target(i, start, length)`` and
+    feeds it to the pipeline (a fresh one unless given), then waits for
+    every digest."""
+    if chunk < 1:
+        raise ValueError(f"chunk must be at least 1 byte, got {chunk}")
+    total = sum(n for _, n in ranges)
+    done = 0
+    with pipeline or Pipeline(algorithm, items=len(ranges)) as p:
+        for i, (offset, n) in enumerate(ranges):
+            p.feed(i, b"")
+            for start in range(0, n, chunk):
+                buf = target(i, start, min(chunk, n - start))
+                if pread_into(fd, buf, offset + start) != len(buf):
+                    raise ShortRead(i)
+                p.feed(i, buf)
+                done += len(buf)
+                if progress is not None:
+                    progress(done, total)
+        found = p.digests()
+    return [found[i] for i in range(len(ranges))]
+
+
+def mismatched(spans: Sequence[Span], found: Sequence[str]) -> list[int]:
+    """The positions of the spans whose digest is not the expected one."""
+    return [
+        i
+        for i, (s, d) in enumerate(zip(spans, found))
+        if s.expected is not None and s.expected != d
+    ]
+
+
+def read_verified(
+    fd: int,
+    spans: Sequence[Span],
+    algorithm: Algorithm,
+    *,
+    chunk: int = CHUNK,
+    progress: Callable[[int, int], None] | None = None,
+) -> list[tuple[int, str]]:
+    """Reads every span into its buffer, hashing as it goes, and compares each
+    digest with the span's ``expected``: one call for a whole load, or for a
+    partial one that reads only some tensors.
+
+    Returns:
+      ``(position, digest found)`` for every span whose digest differs from
+      its ``expected`` (empty when all match); the buffers are filled either
+      way, and must not be used unless the list is empty.
+
+    Raises:
+      ShortRead: if the file ends before a span.
+
+    Example:
+      >>> import os, tempfile
+      >>> fd, path = tempfile.mkstemp()
+      >>> _ = os.write(fd, b"0123456789")
+      >>> good = Span(0, memoryview(bytearray(4)), digest(b"0123", "blake3"))
+      >>> bad = Span(4, memoryview(bytearray(2)), digest(b"xx", "blake3"))
+      >>> [i for i, _ in read_verified(fd, [good, bad], "blake3")]
+      [1]
+      >>> os.close(fd)
+    """
+    found = read_spans(fd, spans, algorithm, chunk=chunk, progress=progress)
+    return [(i, found[i]) for i in mismatched(spans, found)]
+
+
+def write_hashed(
+    fd: int, buffers: Iterable[memoryview], algorithm: Algorithm, *, chunk: int = CHUNK
+) -> list[str]:
+    """Writes each buffer to ``fd`` (at its current position) while its
+    chunks are hashed; returns one digest per buffer. ``buffers`` may be a
+    generator (a leaf copied to the host only when its turn comes).
+
+    Example:
+      >>> import os, tempfile
+      >>> fd, path = tempfile.mkstemp()
+      >>> found = write_hashed(fd, [memoryview(b"ab"), memoryview(b"")], "sha256")
+      >>> found[0] == digest(b"ab", "sha256"), os.path.getsize(path)
+      (True, 2)
+      >>> os.close(fd)
+    """
+    with Pipeline(algorithm, items=os.cpu_count() or 1) as p:
+        count = 0
+        for i, buf in enumerate(buffers):
+            count += 1
+            p.feed(i, b"")
+            for start in range(0, len(buf), chunk):
+                view = buf[start : start + chunk]
+                _write_all(fd, view)
+                p.feed(i, view)
+        found = p.digests()
+    return [found[i] for i in range(count)]
+
+
+def _write_all(fd: int, buf: memoryview) -> None:
+    while len(buf):
+        n = os.write(fd, buf)
+        buf = buf[n:]
+
+
+def hash_ranges(
+    fd: int,
+    ranges: Sequence[tuple[int, int]],
+    algorithm: Algorithm,
+    *,
+    chunk: int = CHUNK,
+    progress: Callable[[int, int], None] | None = None,
+) -> list[str]:
+    """The digest of each ``(offset, length)`` range of a file, keeping none
+    of the bytes: they pass through a few reused chunk buffers (the next
+    chunk is read while the last ones are hashed), so memory stays at a few
+    chunks per worker whatever the file's size.
+
+    Raises:
+      ShortRead: if the file ends before a range (naming its position).
+
+    Example:
+      >>> import os, tempfile
+      >>> fd, path = tempfile.mkstemp()
+      >>> _ = os.write(fd, b"0123456789")
+      >>> hash_ranges(fd, [(2, 3)], "blake3") == [digest(b"234", "blake3")]
+      True
+      >>> os.close(fd)
+    """
+    if chunk < 1:
+        raise ValueError(f"chunk must be at least 1 byte, got {chunk}")
+    size = max(1, min(chunk, max((n for _, n in ranges), default=1)))
+    pipeline = Pipeline(algorithm, items=len(ranges))
+    # per worker, in flight at once: _DEPTH queued, one being hashed, one being read
+    rings: list[list[memoryview]] = [[] for _ in range(pipeline.workers)]
+    turns = [0] * pipeline.workers
+
+    def target(i: int, start: int, n: int) -> memoryview:
+        w = pipeline.lane(i)
+        if len(rings[w]) < _DEPTH + 2:
+            rings[w].append(memoryview(bytearray(size)))
+        buf = rings[w][turns[w] % (_DEPTH + 2)]
+        turns[w] += 1
+        return buf[:n]
+
+    return _read_hashed(
+        fd,
+        ranges,
+        algorithm,
+        chunk=size,
+        progress=progress,
+        target=target,
+        pipeline=pipeline,
+    )
+
+
+def hash_file(
+    fd: int,
+    algorithm: Algorithm,
+    *,
+    chunk: int = CHUNK,
+    progress: Callable[[int, int], None] | None = None,
+) -> str:
+    """One digest over a whole file (its size when called), as ``hash_ranges``.
+
+    Raises:
+      ShortRead: if the file shrinks while it is read.
+
+    Example:
+      >>> import os, tempfile
+      >>> fd, path = tempfile.mkstemp()
+      >>> _ = os.write(fd, b"abc")
+      >>> hash_file(fd, "sha256") == digest(b"abc", "sha256")
+      True
+      >>> os.close(fd)
+    """
+    size = os.fstat(fd).st_size
+    return hash_ranges(fd, [(0, size)], algorithm, chunk=chunk, progress=progress)[0]
