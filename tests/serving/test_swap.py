@@ -160,7 +160,7 @@ async def test_another_spec_is_warmed_before_it_takes_traffic(mlp_store, tmp_pat
         assert r.status_code == 200, r.text
         assert r.json()["compiles"] == 3  # one per bucket, before the switch
         assert r.json()["checks"][0] == "finite"  # no contract to check, none claimed
-        assert server.status()["compiles"] == {"warmup": 3, "serving": 0, "swap": 3}
+        assert server.status()["compiles"] == {"warmup": 3, "serving": 0, "swap": 3, "shadow": 0}
         r = await c.post("/v2/models/mlp/infer", json=request(4))
         assert r.json()["model_version"] == w
         assert server.status()["compiles"]["serving"] == 0

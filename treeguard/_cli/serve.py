@@ -111,6 +111,12 @@ _input_opt = click.option(
     help="The persistent compilation cache (default ~/.cache/treeguard/jax).",
 )
 @click.option("--memory-budget", type=click.IntRange(1), default=None, metavar="BYTES")
+@click.option(
+    "--control-token-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="A file holding the bearer token swap and rollback require (needed off loopback).",
+)
 def run_command(  # noqa: PLR0917 - click passes every option
     target: str,
     store_root: Path,
@@ -121,10 +127,11 @@ def run_command(  # noqa: PLR0917 - click passes every option
     watch: bool,
     cache_dir: Path | None,
     memory_budget: int | None,
+    control_token_file: Path | None,
 ) -> None:
     """Serve MODULE:ATTR's apply with the store's current verified version."""
     from .._src.errors import TreeguardError
-    from .._src.serving.app import Server
+    from .._src.serving.app import Server, read_token
     from .._src.serving.app import serve as run_server
     from .verify import resolve
 
@@ -141,9 +148,13 @@ def run_command(  # noqa: PLR0917 - click passes every option
             memory_budget=memory_budget,
             watch_s=1.0 if watch else None,
         )
+        token = read_token(control_token_file) if control_token_file else None
     except (TreeguardError, OSError) as e:
         _fail(EXIT_USAGE, str(e))
-    run_server(server, host=host, port=port)
+    try:
+        run_server(server, host=host, port=port, control_token=token)
+    except TreeguardError as e:
+        _fail(e.exit_code, str(e))
 
 
 @serve.command("plan")

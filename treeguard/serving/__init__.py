@@ -14,6 +14,7 @@ only when a server is built.
 from .._src.errors import InvalidRequestError as InvalidRequestError
 from .._src.errors import ServingError as ServingError
 from .._src.serving.app import Server as Server
+from .._src.serving.engine import Engine as Engine
 from .._src.serving.app import serve as serve
 from .._src.serving.buckets import Admission as Admission
 from .._src.serving.buckets import admit as admit
@@ -34,6 +35,7 @@ __all__ = [
     "BucketPlan",
     "CompileGuard",
     "CompilePolicy",
+    "Engine",
     "InvalidRequestError",
     "Limits",
     "Overflow",
