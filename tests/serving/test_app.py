@@ -9,7 +9,7 @@ import logging
 import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from serving_support import client, infer_body, mlp_reference, mlp_spec, request, rows_of
+from serving_support import client, infer_body, metric, mlp_reference, mlp_spec, request, rows_of
 
 from treeguard.examples import mlp
 from treeguard.serving import Limits, Server
@@ -17,14 +17,6 @@ from treeguard.serving import Limits, Server
 pytestmark = pytest.mark.anyio
 
 URL = "/v2/models/mlp/infer"
-
-
-def metric(text: str, name: str, **labels: str) -> float:
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
-                return float(s.value)
-    return 0.0
 
 
 async def test_health_model_and_inference_match_apply(mlp_store, mlp_server):

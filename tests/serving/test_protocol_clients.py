@@ -88,7 +88,7 @@ def test_tritonclient_http_json_and_binary(tmp_path, which):
 def test_curl_reaches_every_route(tmp_path):
     if shutil.which("curl") is None:
         pytest.skip("no curl")
-    model, store, v = _store(tmp_path, "treeguard.examples.mlp")
+    _, store, v = _store(tmp_path, "treeguard.examples.mlp")
     args = ["treeguard.examples.mlp:model", "--store", str(store.root), "--input", "['x']"]
     body = {
         "id": "c1",
