@@ -22,6 +22,7 @@ from .._src.serving.buckets import bucket_for as bucket_for
 from .._src.serving.buckets import pad_rows as pad_rows
 from .._src.serving.compile_guard import CompileGuard as CompileGuard
 from .._src.serving.plan import BucketPlan as BucketPlan
+from .._src.serving.protocol import datatype_of as datatype_of
 from .._src.serving.plan import Plan as Plan
 from .._src.serving.plan import plan as plan
 from .._src.serving.slots import WatchdogPolicy as WatchdogPolicy
@@ -46,6 +47,7 @@ __all__ = [
     "WatchdogPolicy",
     "admit",
     "bucket_for",
+    "datatype_of",
     "pad_rows",
     "plan",
     "serve",

@@ -47,6 +47,7 @@ from .protocol import (
     InferRequest,
     InferResult,
     TensorMeta,
+    all_finite,
     datatype_of,
     plain_name,
     refuse,
@@ -348,11 +349,7 @@ class Engine:
             raise ServingError(
                 f"the model failed on this batch ({type(e).__name__})", status=500
             ) from None
-        bad = [
-            self._output_names.get(p, p or "output")
-            for p, x in outputs
-            if x.dtype.kind in "fcV" and not np.isfinite(x.astype(np.float32)).all()
-        ]
+        bad = [self._output_names.get(p, p or "output") for p, x in outputs if not all_finite(x)]
         if bad:
             await self._nonfinite(served, leaves, bad)
         else:
@@ -401,7 +398,7 @@ class Engine:
                 slot, [x[start : start + n] for x in leaves], n, phase="shadow"
             )
             for _, x in outs:
-                if x.dtype.kind in "fcV" and not np.isfinite(x.astype(np.float32)).all():
+                if not all_finite(x):
                     return False
         return True
 

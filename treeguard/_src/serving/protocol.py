@@ -330,6 +330,21 @@ class Decoder:
         return out
 
 
+def all_finite(x: np.ndarray[Any, Any]) -> bool:
+    """Whether every element of a float (or bfloat16, or complex) array is finite;
+    True for other kinds.
+
+    Example:
+      >>> all_finite(np.array([1.0, np.inf])), all_finite(np.array([1, 2]))
+      (False, True)
+    """
+    if x.dtype.kind in "fc":
+        return bool(np.isfinite(x).all())
+    if x.dtype.kind == "V":  # bfloat16 and the other ml_dtypes floats
+        return bool(np.isfinite(x.astype(np.float32)).all())
+    return True
+
+
 def _within(arr: np.ndarray[Any, Any], bounds: tuple[float, float]) -> bool:
     lo, hi = bounds
     return bool(float(arr.min()) >= lo and float(arr.max()) <= hi)
@@ -377,7 +392,7 @@ def _decode_one(item: RawInput, entry: _Input) -> np.ndarray[Any, Any]:
             raise refuse(f"input {entry.path}: a BOOL byte is neither 0 nor 1", "dtype")
     else:
         arr = _from_json(item.data, entry, n, shown_shape).reshape(shape)
-    if dtype.kind in "fV" and arr.size and not np.isfinite(arr.astype(np.float32)).all():
+    if dtype.kind in "fV" and not all_finite(arr):
         raise refuse(f"input {entry.path}: a value is beyond the range of {name}", "nonfinite")
     return arr
 
