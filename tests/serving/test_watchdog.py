@@ -17,7 +17,7 @@ POLICY = WatchdogPolicy(window=10, min_requests=4, max_nonfinite_rate=0.2)
 
 
 async def test_an_input_that_overflows_a_good_model_never_counts_against_it(tiny_store):
-    store, v = tiny_store
+    store, _ = tiny_store
     better = put_verified(store, tinymodel.params(eps=2.0))
     server = Server(tinymodel.model, store, spec=tiny_spec(), watchdog=POLICY)
     async with client(server) as c:
