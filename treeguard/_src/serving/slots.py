@@ -414,7 +414,7 @@ class Slots:
                 self.warm(slot, phase="warmup")
                 self.fast_checks(slot)
             except Exception as e:  # noqa: BLE001 - any failure of a version is its reason
-                text = str(e).splitlines()[0] if str(e) else type(e).__name__
+                text = reason_of(e)
                 reasons[candidate] = text
                 log.warning("version %s cannot be served: %s", candidate, text)
                 continue
@@ -603,6 +603,23 @@ class Slots:
             "compile_policy": self.spec.compile_policy.value,
             "compiles": dict(self.guard.counts),
         }
+
+
+def reason_of(error: BaseException, *, limit: int = 2000) -> str:
+    r"""An error as one line for a log or a refusal: its lines but the hint
+    joined by ``; ``, control characters spelled out, at most ``limit``
+    characters.
+
+    Example:
+      >>> reason_of(ValueError("2 mismatches:\n  ['a']: shape\nhint: fix it"))
+      "2 mismatches:; ['a']: shape"
+      >>> print(reason_of(RuntimeError("\x1b[31mred")))
+      \x1b[31mred
+    """
+    lines = [ln.strip() for ln in str(error).splitlines() if not ln.startswith("hint: ")]
+    text = "; ".join(ln for ln in lines if ln) or type(error).__name__
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def quarantined_in(events: Sequence[Any]) -> set[str]:
