@@ -39,14 +39,16 @@ class Live:
 
 
 @contextlib.contextmanager
-def live_server(*args: str, ready_s: float = 180, grpc: bool = False) -> Iterator[Live]:
+def live_server(
+    *args: str, ready_s: float = 180, grpc: bool = False, env: dict[str, str] | None = None
+) -> Iterator[Live]:
     """``treeguard serve ARGS --port P`` until the block ends (then stopped by pid).
 
     ``live.log`` holds the server's stderr once the block has ended.
     """
     port = free_port()
     extra = ["--grpc-port", str(grpc_port := free_port())] if grpc else []
-    proc = start_python(SERVER, *args, "--port", str(port), *extra)
+    proc = start_python(SERVER, *args, "--port", str(port), *extra, env=env)
     live = Live(f"http://127.0.0.1:{port}", port, proc, grpc_port if grpc else None)
     try:
         with httpx.Client(base_url=live.url, timeout=10) as c:
