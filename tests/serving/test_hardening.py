@@ -28,7 +28,12 @@ def hardened(mlp_store, tmp_path):
     spec = tmp_path / "spec.json"
     mlp_spec(limits=LIMITS).save(spec)
     with live_server(
-        "treeguard.examples.mlp:model", "--store", str(store.root), "--spec", str(spec)
+        "treeguard.examples.mlp:model",
+        "--store",
+        str(store.root),
+        "--spec",
+        str(spec),
+        "--allow-unchecked",
     ) as live:
         yield live
     assert "Traceback" not in live.log, live.log[-3000:]
@@ -141,7 +146,7 @@ def test_a_server_with_nothing_to_serve_exits_non_zero_naming_each_version(tmp_p
     assert store.verify(b, like=narrow).status == "verified"
     proc = start_python(
         SERVER, "treeguard.examples.mlp:model", "--store", str(store.root),
-        "--input", "['x']", "--port", str(free_port()),
+        "--input", "['x']", "--port", str(free_port()), "--allow-unchecked",
     )  # fmt: skip
     try:
         proc.wait(timeout=120)

@@ -107,7 +107,7 @@ def test_sigkill_mid_swap_and_after_an_automatic_rollback_then_restart(tiny_stor
     tiny_spec().save(spec)
     here = os.path.dirname(__file__)
     env = {"PYTHONPATH": os.pathsep.join([here, child_env()["PYTHONPATH"]])}
-    args = ["tinymodel:model", "--store", str(store.root), "--spec", str(spec)]
+    args = ["tinymodel:model", "--store", str(store.root), "--spec", str(spec), "--allow-unchecked"]
     body = {"inputs": [{"name": "x", "shape": [1, 2], "datatype": "FP32", "data": [0.5, 0.5]}]}
     for delay in (0.0, 0.05, 0.2):  # the kill lands at several points of the swap
         with live_server(*args, env=env) as live:

@@ -117,6 +117,11 @@ _input_opt = click.option(
     default=None,
     help="A file holding the bearer token swap and rollback require (needed off loopback).",
 )
+@click.option(
+    "--allow-unchecked",
+    is_flag=True,
+    help="Serve versions verified with no model check (store verify without --model).",
+)
 def run_command(  # noqa: PLR0917 - click passes every option
     target: str,
     store_root: Path,
@@ -128,6 +133,7 @@ def run_command(  # noqa: PLR0917 - click passes every option
     cache_dir: Path | None,
     memory_budget: int | None,
     control_token_file: Path | None,
+    allow_unchecked: bool,
 ) -> None:
     """Serve MODULE:ATTR's apply with the store's current verified version."""
     from .._src.errors import TreeguardError
@@ -147,6 +153,7 @@ def run_command(  # noqa: PLR0917 - click passes every option
             cache_dir=cache_dir or _default_cache(),
             memory_budget=memory_budget,
             watch_s=1.0 if watch else None,
+            allow_unchecked=allow_unchecked,
         )
         token = read_token(control_token_file) if control_token_file else None
     except (TreeguardError, OSError) as e:

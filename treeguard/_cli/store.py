@@ -10,11 +10,19 @@ import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import click
 from rich.table import Table
 
-from .._src.errors import FormatError, IntegrityError, StoreError, UnknownVersionError
+from .._src.errors import (
+    FormatError,
+    IntegrityError,
+    StoreError,
+    TreeguardError,
+    UnknownVersionError,
+)
+from .._src.serving.verdicts import model_checks
 from .._src.store import ArtifactStore, RetentionPolicy
 from .ckpt import EXIT_FAIL, EXIT_USAGE, _exit, _human, _out, _read_like
 
@@ -100,6 +108,7 @@ def ls_command(root: Path, as_json: bool) -> None:
                             "num_params": v.num_params,
                             "nbytes": v.nbytes,
                             "metadata": v.metadata,
+                            "checks": model_checks(v.checks),  # the model's release checks
                         }
                         for v in versions
                     ],
@@ -109,7 +118,7 @@ def ls_command(root: Path, as_json: bool) -> None:
         )
         return
     table = Table(box=None, pad_edge=False)
-    for col in ("", "version", "status", "kind", "created", "params", "size", "reason"):
+    for col in ("", "version", "status", "kind", "created", "params", "size", "checks", "reason"):
         table.add_column(col, overflow="fold")
     for v in versions:
         mark = "*" if v.version == current else ("<" if v.version == previous else "")
@@ -123,6 +132,7 @@ def ls_command(root: Path, as_json: bool) -> None:
             v.created,
             f"{v.num_params:,}" if v.num_params is not None else "",
             _human(v.nbytes) if v.nbytes is not None else "",
+            _checks_cell(v),
             reason,
         )
     out = _out()
@@ -132,18 +142,54 @@ def ls_command(root: Path, as_json: bool) -> None:
     out.print(table)
 
 
+def _checks_cell(v: Any) -> str:
+    """The model's release checks a verdict ran; ``[]`` for none."""
+    if v.status not in ("verified", "rejected"):
+        return ""
+    names = model_checks(v.checks)
+    return ", ".join(n.removeprefix("model.") for n in names) if names else "[]"
+
+
 @store.command("verify")
 @click.argument("root", type=click.Path(path_type=Path))
 @click.argument("version")
 @click.option(
     "--like", type=click.Path(path_type=Path), default=None, help="The contract to match."
 )
-def store_verify_command(root: Path, version: str, like: Path | None) -> None:
-    """Verify VERSION (hashes and contract) and record verified or rejected."""
+# -- the model's release checks (serving) --
+@click.option(
+    "--model",
+    "model_target",
+    metavar="MODULE:ATTR",
+    default=None,
+    help="Also run the model's checks (contract, finite, outputs) before the verdict.",
+)
+def store_verify_command(
+    root: Path, version: str, like: Path | None, model_target: str | None
+) -> None:
+    """Verify VERSION (hashes and contract) and record verified or rejected.
+
+    With --model, the model's release checks run too; a verdict without them
+    records no model check, and `treeguard serve` refuses it unless
+    --allow-unchecked.
+    """
     s = _open_store(root)
     spec = _read_like(like)
+    checks: list[Any] = []
+    if model_target is not None:
+        from .._src.serving.release import params_like, release_checks
+        from .verify import resolve
+
+        try:
+            model = resolve(model_target)
+            checks = release_checks(model)
+            if spec is None:  # the model's structure, so framework params keep their types
+                spec = params_like(model)
+        except TreeguardError as e:
+            _exit(e.exit_code, str(e))
     with _store_errors():
-        info = s.verify(version, like=spec)
+        info = s.verify(version, like=spec, checks=checks)
+    # -- end of the model's release checks --
     if info.status == "verified":
         _out().print(f"[green]verified[/green]: {version}")
         return

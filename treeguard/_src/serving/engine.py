@@ -76,6 +76,8 @@ class Engine:
       watchdog: the ``WatchdogPolicy`` of automatic rollback.
       watch_s: poll the store's current pointer this often and swap to a
         new current version; None not to watch.
+      allow_unchecked: serve versions verified with no model check
+        (``treeguard serve`` passes False unless ``--allow-unchecked``).
     """
 
     def __init__(
@@ -89,6 +91,7 @@ class Engine:
         memory_budget: int | None = None,
         watchdog: WatchdogPolicy | None = None,
         watch_s: float | None = None,
+        allow_unchecked: bool = True,
     ) -> None:
         if not hasattr(store, "load_verified"):
             from ..store import ArtifactStore
@@ -105,6 +108,7 @@ class Engine:
             metrics=self.metrics,
             memory_budget=memory_budget,
             watchdog=watchdog,
+            allow_unchecked=allow_unchecked,
         )
         self.decoder = Decoder(self.spec)
         self.version = version

@@ -25,12 +25,14 @@ import jax
 import numpy as np
 
 from ..errors import FormatError, IntegrityError, ServingError, TreeguardError, TreeMismatchError
-from ..spec import LeafSpec, TreeSpec, spec_of
+from ..spec import TreeSpec, spec_of
 from ..verify.model import BATCH, Model
 from .buckets import pad_rows
 from .compile_guard import CompileGuard, Signature, explain, signature
 from .metrics import Metrics
+from .release import params_like
 from .spec import CompilePolicy, ServingSpec
+from .verdicts import model_checks
 
 log = logging.getLogger("treeguard.serving")
 
@@ -84,6 +86,9 @@ class Slots:
         previous and a version being loaded); None for the device's free
         memory when it reports one.
       watchdog: the ``WatchdogPolicy``.
+      allow_unchecked: serve versions whose verdict ran no model check
+        (``release.release_checks``); ``treeguard serve`` refuses them unless
+        ``--allow-unchecked``.
     """
 
     def __init__(
@@ -95,8 +100,10 @@ class Slots:
         metrics: Metrics,
         memory_budget: int | None = None,
         watchdog: WatchdogPolicy | None = None,
+        allow_unchecked: bool = True,
     ) -> None:
         self.model = model
+        self.allow_unchecked = allow_unchecked
         self.spec = spec
         self.store = store
         self.metrics = metrics
@@ -134,31 +141,10 @@ class Slots:
         return self.model.stored_params_spec()
 
     def params_like(self) -> Any:
-        """The structure every version is loaded into, so equinox modules,
-        ``nnx.State`` and any registered node come back with their types:
-        the model's stored params spec, else the structure and dtypes of
-        ``model.init``'s params with every size left free (a model that pins
-        no params contract may change its widths between versions), else
-        None (plain containers)."""
+        """The structure every version is loaded into (see ``release.params_like``)."""
         if not self._like_made:
             self._like_made = True
-            self._like = self._params_spec()
-            if self._like is None:
-                try:
-                    shapes = jax.eval_shape(self.model.init, self.model.key())
-                except Exception as e:  # noqa: BLE001 - a model whose init cannot be traced
-                    log.warning(
-                        "the params' structure cannot be taken from init (%s); loading as "
-                        "plain containers",
-                        type(e).__name__,
-                    )
-                else:
-                    flat, treedef = jax.tree.flatten(shapes)
-                    free = [
-                        LeafSpec(tuple(f"_{i}_{j}" for j in range(x.ndim)), x.dtype)
-                        for i, x in enumerate(flat)
-                    ]
-                    self._like = spec_of(jax.tree.unflatten(treedef, free))
+            self._like = params_like(self.model)
         return self._like
 
     def _load(self, version: str, *, contract: TreeSpec | None) -> Slot:
@@ -171,6 +157,12 @@ class Slots:
             raise ServingError(str(e), status=404) from e
         except TreeguardError as e:
             raise ServingError(f"version {version} cannot be served: {e}") from e
+        if not self.allow_unchecked and not model_checks(info.checks):
+            raise ServingError(
+                f"version {version} was verified with no model check (checks: [])",
+                hint=f"run the model's checks: treeguard store verify STORE {version} --model "
+                "MODULE:ATTR; or serve it as it is with --allow-unchecked",
+            )
         if info.kind != "file":
             raise ServingError(
                 f"version {version} cannot be served: it is a {info.kind} checkpoint, and the "
