@@ -128,3 +128,44 @@ def test_curl_reaches_every_route(tmp_path):
             want = np.tanh(np.array([[0.5, -0.5]]) @ p["dense1"]["w"] + p["dense1"]["b"])
             want = want @ p["dense2"]["w"] + p["dense2"]["b"]
             np.testing.assert_allclose(doc["outputs"][0]["data"], want.ravel(), rtol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("which", ["mlp", "eqx_mlp"])
+def test_tritonclient_grpc_every_call(tmp_path, which):
+    grpcclient = pytest.importorskip("tritonclient.grpc")
+    module, path, name, tail = MODELS[which]
+    model, store, v = _store(tmp_path, module)
+    args = [f"{module}:model", "--store", str(store.root), "--input", path]
+    x = np.random.default_rng(1).uniform(-1, 1, (5, *tail)).astype(np.float32)
+    want = np.asarray(model.apply(store.load_version(v, like=model.init(model.key())), {name: x}))
+    with live_server(*args, grpc=True) as live:
+        c = grpcclient.InferenceServerClient(f"127.0.0.1:{live.grpc_port}")
+        served = treeguard.serving.ServingSpec.from_model(model).name
+        assert c.is_server_live() and c.is_server_ready()
+        assert c.is_model_ready(served) and c.is_model_ready(served, v)
+        assert not c.is_model_ready(served, "v999999")
+        meta = c.get_server_metadata()
+        assert meta.name == "treeguard" and "binary_tensor_data" in meta.extensions
+        mm = c.get_model_metadata(served)
+        assert [(t.name, t.datatype, list(t.shape)) for t in mm.inputs] == [
+            (name, "FP32", [-1, *tail])
+        ]
+        assert [(t.name, t.datatype, list(t.shape)) for t in mm.outputs] == [
+            ("output", "FP32", [-1, 1])
+        ]
+        inp = grpcclient.InferInput(name, list(x.shape), "FP32")
+        inp.set_data_from_numpy(x)
+        r = c.infer(
+            served, [inp], request_id="g1", outputs=[grpcclient.InferRequestedOutput("output")]
+        )
+        np.testing.assert_allclose(r.as_numpy("output"), want, rtol=1e-5, atol=1e-5)
+        assert r.get_response().id == "g1" and r.get_response().model_version == v
+        bad = grpcclient.InferInput(name, [5, tail[0] + 1], "FP32")
+        bad.set_data_from_numpy(np.zeros((5, tail[0] + 1), np.float32))
+        with pytest.raises(Exception, match="in the request, f32") as e:
+            c.infer(served, [bad])
+        assert "INVALID_ARGUMENT" in str(e.value)
+        with pytest.raises(Exception, match="no model of that name"):
+            c.infer("other", [inp])
+        c.close()

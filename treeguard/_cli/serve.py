@@ -103,6 +103,12 @@ _input_opt = click.option(
 @_input_opt
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535))
+@click.option(
+    "--grpc-port",
+    type=click.IntRange(0, 65535),
+    default=None,
+    help="Also serve the Open Inference Protocol over gRPC on this port.",
+)
 @click.option("--watch", is_flag=True, help="Swap when the store's current version changes.")
 @click.option(
     "--cache-dir",
@@ -129,6 +135,7 @@ def run_command(  # noqa: PLR0917 - click passes every option
     inputs: tuple[str, ...],
     host: str,
     port: int,
+    grpc_port: int | None,
     watch: bool,
     cache_dir: Path | None,
     memory_budget: int | None,
@@ -159,7 +166,7 @@ def run_command(  # noqa: PLR0917 - click passes every option
     except (TreeguardError, OSError) as e:
         _fail(EXIT_USAGE, str(e))
     try:
-        run_server(server, host=host, port=port, control_token=token)
+        run_server(server, host=host, port=port, control_token=token, grpc_port=grpc_port)
     except TreeguardError as e:
         _fail(e.exit_code, str(e))
 

@@ -156,10 +156,19 @@ def serve(
     host: str = "127.0.0.1",
     port: int = 8000,
     control_token: bytes | None = None,
+    grpc_port: int | None = None,
 ) -> None:
     """Runs ``server`` under uvicorn, one process, one worker (JAX owns the device).
 
     Scale out with replicas of this process, one per device set.
+
+    Args:
+      server: the ``Server``.
+      host: the address REST (and gRPC) bind.
+      port: the REST port.
+      control_token: the bearer token swap and rollback require; needed
+        for any host but loopback.
+      grpc_port: also serve ``inference.GRPCInferenceService`` on this port.
 
     Raises:
       ConfigError: for a non-loopback ``host`` without a control token.
@@ -189,6 +198,11 @@ def serve(
         timeout_keep_alive=5,
         timeout_graceful_shutdown=5,
     )
+    if grpc_port is not None:
+        # grpcio and protobuf are imported only when gRPC is served (the grpc extra)
+        from .grpc_transport import grpc_transport
+
+        server.transports.append(grpc_transport(server, host=host, port=grpc_port))
     runner = uvicorn.Server(config)
 
     def fatal(_: ServingError) -> None:

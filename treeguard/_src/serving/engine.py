@@ -120,6 +120,9 @@ class Engine:
         self.on_fatal: Callable[[ServingError], None] | None = None
         self._seen_current: str | None = None
         self._outputs: list[TensorMeta] | None = None
+        #: More transports to run beside the one that runs the engine (gRPC
+        #: beside REST): contexts entered while ``running`` is open.
+        self.transports: list[Callable[[], contextlib.AbstractAsyncContextManager[Any]]] = []
         self._output_names: dict[str, str] = {}
 
     # -- lifecycle -------------------------------------------------------------
@@ -172,7 +175,10 @@ class Engine:
         if self.watch_s is not None:
             tasks.append(asyncio.create_task(self._watch()))
         try:
-            yield
+            async with contextlib.AsyncExitStack() as stack:
+                for transport in self.transports:
+                    await stack.enter_async_context(transport())
+                yield
         finally:
             for t in tasks:
                 t.cancel()

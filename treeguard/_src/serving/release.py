@@ -30,7 +30,6 @@ from .verdicts import PREFIX
 log = logging.getLogger("treeguard.serving")
 
 
-
 def params_like(model: Model) -> Any:
     """The structure every version of ``model`` is loaded into, so equinox
     modules, ``nnx.State`` and any registered node come back with their types.
