@@ -353,15 +353,16 @@ def _within(arr: np.ndarray[Any, Any], bounds: tuple[float, float]) -> bool:
 def _shape_of(item: RawInput, entry: _Input) -> tuple[int, ...]:
     shape = item.shape
     leaf = entry.leaf
-    want = summarize(leaf.shape, leaf.dtype)
     if (
         not isinstance(shape, (list, tuple))
         or len(shape) > MAX_AXES
         or not all(isinstance(d, int) and not isinstance(d, bool) for d in shape)
         or any(d < 0 or d > 1 << 40 for d in shape)
     ):
+        want = summarize(leaf.shape, leaf.dtype)
         raise refuse(f"input {entry.path}: shape must be a list of sizes; expected {want}", "shape")
     if len(shape) != len(leaf.shape) or tuple(shape[1:]) != entry.tail:
+        want = summarize(leaf.shape, leaf.dtype)
         got = f"[{','.join(map(str, shape))}]"
         raise refuse(f"input {entry.path}: shape {got} in the request, {want} in the spec", "shape")
     return tuple(shape)
@@ -377,7 +378,7 @@ def _decode_one(item: RawInput, entry: _Input) -> np.ndarray[Any, Any]:
             f"input {entry.path}: datatype {shown} in the request, {name} in the spec", "dtype"
         )
     n = math.prod(shape)
-    shown_shape = f"[{','.join(map(str, shape))}]"
+    shown_shape = "[" + ",".join(map(str, shape)) + "]"
     dtype = entry.dtype
     if isinstance(item.data, (bytes, bytearray, memoryview)):
         raw = memoryview(item.data)
