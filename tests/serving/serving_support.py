@@ -138,6 +138,17 @@ def infer_body(x: np.ndarray[Any, Any], name: str = "x") -> dict[str, Any]:
 Factory = Callable[..., Server]
 
 
+def metric(text: str, name: str, **labels: str) -> float:
+    """One sample's value from the Prometheus text, 0 if it is absent."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                return float(s.value)
+    return 0.0
+
+
 def mlp_reference(params: Any, x: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     """The bundled model's forward pass in numpy (no compile per shape)."""
     p = jax.tree.map(np.asarray, params)

@@ -9,7 +9,7 @@ import logging
 import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from serving_support import client, infer_body, mlp_reference, mlp_spec, request, rows_of
+from serving_support import client, infer_body, metric, mlp_reference, mlp_spec, request, rows_of
 
 from treeguard.examples import mlp
 from treeguard.serving import Limits, Server
@@ -19,14 +19,6 @@ pytestmark = pytest.mark.anyio
 URL = "/v2/models/mlp/infer"
 
 
-def metric(text: str, name: str, **labels: str) -> float:
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
-                return float(s.value)
-    return 0.0
-
-
 async def test_health_model_and_inference_match_apply(mlp_store, mlp_server):
     store, v = mlp_store
     server = mlp_server
@@ -34,7 +26,12 @@ async def test_health_model_and_inference_match_apply(mlp_store, mlp_server):
         assert (await c.get("/v2/health/live")).json() == {"live": True}
         assert (await c.get("/v2/health/ready")).status_code == 200
         meta = (await c.get("/v2/models/mlp")).json()
-        assert meta["inputs"] == [{"name": "['x']", "datatype": "FP32", "shape": [-1, 2]}]
+        assert meta["inputs"] == [
+            {"name": "x", "datatype": "FP32", "shape": [-1, 2], "parameters": {"key_path": "['x']"}}
+        ]
+        assert meta["outputs"] == [
+            {"name": "output", "datatype": "FP32", "shape": [-1, 1], "parameters": {"key_path": ""}}
+        ]
         assert (await c.get("/v2/models/other")).status_code == 404
         x = rows_of(np.random.default_rng(0), 3)
         r = await c.post(URL, json=infer_body(x))
@@ -47,7 +44,7 @@ async def test_health_model_and_inference_match_apply(mlp_store, mlp_server):
         np.testing.assert_allclose(np.reshape(out["data"], (3, 1)), want, rtol=1e-5, atol=1e-6)
         status = (await c.get("/v2/treeguard/status")).json()
         assert status["active"] == v["v1"] and status["buckets"] == [1, 4, 16]
-        assert status["compiles"] == {"warmup": 3, "serving": 0, "swap": 0}
+        assert status["compiles"] == {"warmup": 3, "serving": 0, "swap": 0, "shadow": 0}
 
 
 async def test_not_ready_until_warm(mlp_store):
@@ -180,7 +177,7 @@ BAD = [
     (
         json.dumps(request(1, name="secret_name")).encode(),
         422,
-        "inputs[0] has an unknown name\nhint: the inputs are ['x']",
+        "inputs[0] has an unknown name\nhint: the inputs are x",
     ),
     (json.dumps({"inputs": request(1)["inputs"] * 2}).encode(), 422, "input ['x'] is given twice"),
     (

@@ -167,6 +167,7 @@ def test_uvicorn_end_to_end_with_the_cli(mlp_store, tmp_path):
         str(port),
         "--cache-dir",
         str(cache),
+        "--allow-unchecked",
     )
     base = f"http://127.0.0.1:{port}"
     try:

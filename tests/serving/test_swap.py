@@ -10,22 +10,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import tinymodel
-from prometheus_client.parser import text_string_to_metric_families
-from serving_support import client, mlp_params, mlp_spec, put_verified, request, tiny_spec
+from serving_support import client, metric, mlp_params, mlp_spec, put_verified, request, tiny_spec
 
 import treeguard
 from treeguard.examples import mlp
 from treeguard.serving import Server, ServingError, WatchdogPolicy
 
 pytestmark = pytest.mark.anyio
-
-
-def sample(text: str, name: str, **labels: str) -> float:
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
-                return float(s.value)
-    return 0.0
 
 
 async def test_swap_same_spec_reuses_executables_and_refuses_what_cannot_be_served(mlp_store):
@@ -61,11 +52,11 @@ async def test_swap_same_spec_reuses_executables_and_refuses_what_cannot_be_serv
         r = await c.post("/v2/treeguard/rollback")
         assert r.json()["active"] == v["v1"] and r.json()["previous"] == v["v2"]
         text = (await c.get("/metrics")).text
-    assert sample(text, "treeguard_swaps_total", result="ok") == 1
-    assert sample(text, "treeguard_swaps_total", result="refused") == 4
-    assert sample(text, "treeguard_rollbacks_total", trigger="manual") == 1
-    assert sample(text, "treeguard_model_info", version=v["v1"]) == 1
-    assert sample(text, "treeguard_model_info", version=v["v2"]) == 0
+    assert metric(text, "treeguard_swaps_total", result="ok") == 1
+    assert metric(text, "treeguard_swaps_total", result="refused") == 4
+    assert metric(text, "treeguard_rollbacks_total", trigger="manual") == 1
+    assert metric(text, "treeguard_model_info", version=v["v1"]) == 1
+    assert metric(text, "treeguard_model_info", version=v["v2"]) == 0
     actions = [(e.action, e.version) for e in store.history()]
     assert ("serve_swap", v["v2"]) in actions and ("serve_rollback", v["v1"]) in actions
 
@@ -105,8 +96,8 @@ async def test_nan_version_is_rolled_back_automatically_without_flapping(tiny_st
         text = (await c.get("/metrics")).text
     assert codes[:4] == [500] * 4 and set(codes[4:]) == {200}
     assert status["active"] == v["good"] and status["quarantined"] == [v["nan"]]
-    assert sample(text, "treeguard_rollbacks_total", trigger="nonfinite") == 1
-    assert sample(text, "treeguard_nonfinite_outputs_total", version=v["nan"]) == 4
+    assert metric(text, "treeguard_rollbacks_total", trigger="nonfinite") == 1
+    assert metric(text, "treeguard_nonfinite_outputs_total", version=v["nan"]) == 4
     rollbacks = [e for e in store.history() if e.action == "serve_rollback"]
     assert [(e.version, e.detail["trigger"]) for e in rollbacks] == [(v["good"], "nonfinite")]
     assert not server.slots.auto_rollback("5xx")  # never back onto the quarantined version
@@ -160,7 +151,7 @@ async def test_another_spec_is_warmed_before_it_takes_traffic(mlp_store, tmp_pat
         assert r.status_code == 200, r.text
         assert r.json()["compiles"] == 3  # one per bucket, before the switch
         assert r.json()["checks"][0] == "finite"  # no contract to check, none claimed
-        assert server.status()["compiles"] == {"warmup": 3, "serving": 0, "swap": 3}
+        assert server.status()["compiles"] == {"warmup": 3, "serving": 0, "swap": 3, "shadow": 0}
         r = await c.post("/v2/models/mlp/infer", json=request(4))
         assert r.json()["model_version"] == w
         assert server.status()["compiles"]["serving"] == 0

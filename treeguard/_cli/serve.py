@@ -90,6 +90,12 @@ _input_opt = click.option(
 @_input_opt
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535))
+@click.option(
+    "--grpc-port",
+    type=click.IntRange(0, 65535),
+    default=None,
+    help="Also serve the Open Inference Protocol over gRPC on this port.",
+)
 @click.option("--watch", is_flag=True, help="Swap when the store's current version changes.")
 @click.option(
     "--cache-dir",
@@ -98,6 +104,17 @@ _input_opt = click.option(
     help="The persistent compilation cache (default ~/.cache/treeguard/jax).",
 )
 @click.option("--memory-budget", type=click.IntRange(1), default=None, metavar="BYTES")
+@click.option(
+    "--control-token-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="A file holding the bearer token swap and rollback require (needed off loopback).",
+)
+@click.option(
+    "--allow-unchecked",
+    is_flag=True,
+    help="Serve versions verified with no model check (store verify without --model).",
+)
 def run_command(  # noqa: PLR0917 - click passes every option
     target: str,
     store_root: Path,
@@ -105,13 +122,16 @@ def run_command(  # noqa: PLR0917 - click passes every option
     inputs: tuple[str, ...],
     host: str,
     port: int,
+    grpc_port: int | None,
     watch: bool,
     cache_dir: Path | None,
     memory_budget: int | None,
+    control_token_file: Path | None,
+    allow_unchecked: bool,
 ) -> None:
     """Serve MODULE:ATTR's apply with the store's current verified version."""
     # The server imports JAX and starlette: only once the command runs.
-    from .._src.serving.app import Server
+    from .._src.serving.app import Server, read_token
     from .._src.serving.app import serve as run_server
 
     model = load_model(target, command="serve")
@@ -125,9 +145,11 @@ def run_command(  # noqa: PLR0917 - click passes every option
         cache_dir=cache_dir or _default_cache(),
         memory_budget=memory_budget,
         watch_s=1.0 if watch else None,
+        allow_unchecked=allow_unchecked,
     )
+    token = read_token(control_token_file) if control_token_file else None
     try:
-        run_server(server, host=host, port=port)
+        run_server(server, host=host, port=port, control_token=token, grpc_port=grpc_port)
     except SystemExit as e:  # uvicorn's own exit (it logged why), not the model's
         raise ServingError(
             f"the server on {host}:{port} stopped: uvicorn exited with status {e.code!r}",

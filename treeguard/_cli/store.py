@@ -8,16 +8,19 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import click
 from rich.table import Table
 
 from .._src.display import fmt_bytes
 from .._src.errors import StoreError
+from .._src.serving.verdicts import model_checks
 from .._src.store import ArtifactStore, RetentionPolicy
 from .ckpt import read_like
 from .console import console, shown
 from .failures import Group
+from .loader import load_model
 
 
 @click.group("store", cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -80,6 +83,7 @@ def ls_command(root: Path, as_json: bool) -> None:
                             "num_params": v.num_params,
                             "nbytes": v.nbytes,
                             "metadata": v.metadata,
+                            "checks": model_checks(v.checks),  # the model's release checks
                         }
                         for v in versions
                     ],
@@ -89,7 +93,7 @@ def ls_command(root: Path, as_json: bool) -> None:
         )
         return
     table = Table(box=None, pad_edge=False)
-    for col in ("", "version", "status", "kind", "created", "params", "size", "reason"):
+    for col in ("", "version", "status", "kind", "created", "params", "size", "checks", "reason"):
         table.add_column(col, overflow="fold")
     for v in versions:
         mark = "*" if v.version == current else ("<" if v.version == previous else "")
@@ -103,6 +107,7 @@ def ls_command(root: Path, as_json: bool) -> None:
             shown(v.created),
             f"{v.num_params:,}" if v.num_params is not None else "",
             fmt_bytes(v.nbytes) if v.nbytes is not None else "",
+            _checks_cell(v),
             shown(reason),
         )
     out = console()
@@ -113,17 +118,50 @@ def ls_command(root: Path, as_json: bool) -> None:
     out.print(table)
 
 
+def _checks_cell(v: Any) -> str:
+    """The model's release checks a verdict ran; ``[]`` for none."""
+    if v.status not in ("verified", "rejected"):
+        return ""
+    names = model_checks(v.checks)
+    return ", ".join(n.removeprefix("model.") for n in names) if names else "[]"
+
+
 @store.command("verify")
 @click.argument("root", type=click.Path(path_type=Path))
 @click.argument("version")
 @click.option(
     "--like", type=click.Path(path_type=Path), default=None, help="The contract to match."
 )
-def store_verify_command(root: Path, version: str, like: Path | None) -> None:
-    """Verify VERSION (hashes and contract) and record verified or rejected."""
+# -- the model's release checks (serving) --
+@click.option(
+    "--model",
+    "model_target",
+    metavar="MODULE:ATTR",
+    default=None,
+    help="Also run the model's checks (contract, finite, outputs) before the verdict.",
+)
+def store_verify_command(
+    root: Path, version: str, like: Path | None, model_target: str | None
+) -> None:
+    """Verify VERSION (hashes and contract) and record verified or rejected.
+
+    With --model, the model's release checks run too; a verdict without them
+    records no model check, and `treeguard serve` refuses it unless
+    --allow-unchecked.
+    """
     s = _open_store(root)
     spec = read_like(like)
-    info = s.verify(version, like=spec)
+    checks: list[Any] = []
+    if model_target is not None:
+        # The release checks import JAX: only once a model is asked for.
+        from .._src.serving.release import params_like, release_checks
+
+        model = load_model(model_target, command="store verify")
+        checks = release_checks(model)
+        if spec is None:  # the model's structure, so framework params keep their types
+            spec = params_like(model)
+    info = s.verify(version, like=spec, checks=checks)
+    # -- end of the model's release checks --
     if info.status == "verified":
         console().print(f"[green]verified[/green]: {shown(version)}")
         return

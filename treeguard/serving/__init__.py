@@ -3,12 +3,15 @@
 A ``ServingSpec`` bounds what a request may hold (inputs from the model's
 batch spec, batch buckets, limits) and what may compile after warm-up. A
 ``Server`` serves a ``treeguard.verify.Model``'s ``apply`` with the params of
-a store's verified version over the KServe V2 protocol, batching concurrent
-requests into padded buckets, with private Prometheus metrics and hot swap
-with verification and automatic rollback. ``treeguard serve`` runs it.
+a store's verified version over the Open Inference Protocol (KServe V2: REST
+with JSON or binary tensors, and gRPC), batching concurrent requests into
+padded buckets, with private Prometheus metrics, hot swap with verification,
+and a watchdog that rolls back and quarantines a version only when the
+version is to blame. ``Engine`` is its data plane, apart from any transport.
+``treeguard serve`` runs it.
 
-starlette, uvicorn and prometheus_client (the ``serve`` extra) are imported
-only when a server is built.
+starlette, uvicorn and prometheus_client (the ``serve`` extra), and grpcio
+and protobuf (the ``grpc`` extra), are imported only when a server is built.
 """
 
 from .._src.errors import InvalidRequestError as InvalidRequestError
@@ -20,9 +23,11 @@ from .._src.serving.buckets import admit as admit
 from .._src.serving.buckets import bucket_for as bucket_for
 from .._src.serving.buckets import pad_rows as pad_rows
 from .._src.serving.compile_guard import CompileGuard as CompileGuard
+from .._src.serving.engine import Engine as Engine
 from .._src.serving.plan import BucketPlan as BucketPlan
 from .._src.serving.plan import Plan as Plan
 from .._src.serving.plan import plan as plan
+from .._src.serving.protocol import datatype_of as datatype_of
 from .._src.serving.slots import WatchdogPolicy as WatchdogPolicy
 from .._src.serving.spec import CompilePolicy as CompilePolicy
 from .._src.serving.spec import Limits as Limits
@@ -34,6 +39,7 @@ __all__ = [
     "BucketPlan",
     "CompileGuard",
     "CompilePolicy",
+    "Engine",
     "InvalidRequestError",
     "Limits",
     "Overflow",
@@ -44,6 +50,7 @@ __all__ = [
     "WatchdogPolicy",
     "admit",
     "bucket_for",
+    "datatype_of",
     "pad_rows",
     "plan",
     "serve",

@@ -29,7 +29,7 @@ from ..leaf import short_dtype
 #: The monitoring event JAX records once for each executable it builds
 #: (a fresh compile or one read from the persistent cache).
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
-PHASES = ("warmup", "serving", "swap")
+PHASES = ("warmup", "serving", "swap", "shadow")
 
 log = logging.getLogger("treeguard.serving")
 

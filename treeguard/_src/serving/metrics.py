@@ -11,8 +11,10 @@ from typing import Any
 
 _LATENCY = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
 #: The fixed label values.
-INVALID_REASONS = ("shape", "dtype", "size", "schema", "nonfinite")
-ROLLBACK_TRIGGERS = ("manual", "nonfinite", "5xx", "compile")
+INVALID_REASONS = ("shape", "dtype", "size", "schema", "nonfinite", "bounds", "nonfinite_output")
+ROLLBACK_TRIGGERS = ("manual", "nonfinite", "5xx", "compile", "warmup")
+#: Why the transport dropped a connection or a request before the engine saw it.
+DROP_REASONS = ("disconnect", "header_timeout", "body_timeout", "connections", "bodies")
 SWAP_RESULTS = ("ok", "refused", "failed")
 
 
@@ -85,8 +87,8 @@ class Metrics:
         )
         self.nonfinite_outputs = Counter(
             "treeguard_nonfinite_outputs_total",
-            "Responses whose outputs held NaN or Inf.",
-            ["model", "version"],
+            "Responses whose outputs held NaN or Inf, by who is to blame (version or input).",
+            ["model", "version", "blame"],
             registry=r,
         )
         self.queue_depth = Gauge(
@@ -106,7 +108,15 @@ class Metrics:
         )
         for reason in INVALID_REASONS:
             self.invalid_inputs.labels(model=model, reason=reason)
-        for phase in ("warmup", "serving", "swap"):
+        self.dropped = Counter(
+            "treeguard_dropped_requests_total",
+            "Connections or requests dropped before the engine saw them, by reason.",
+            ["model", "reason"],
+            registry=r,
+        )
+        for reason in DROP_REASONS:
+            self.dropped.labels(model=model, reason=reason)
+        for phase in ("warmup", "serving", "swap", "shadow"):
             self.compiles.labels(model=model, phase=phase)
         self._served: str | None = None
         # children bound once: the hot path pays no label lookup

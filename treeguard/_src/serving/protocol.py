@@ -1,13 +1,18 @@
-"""The KServe V2 (Open Inference Protocol) request and response bodies.
+"""The Open Inference Protocol (KServe V2) data model, apart from any wire.
 
-A request is ``{"inputs": [{"name", "shape", "datatype", "data"}, ...]}``,
-each input named by its key path in the serving spec (``['x']``, or ``x``
-for a top-level key). Decoding is strict and refuses, before any device
-work: JSON that is hostile as JSON (deep nesting, NaN or Infinity, huge
-numbers, duplicate keys), unknown, missing or repeated inputs, shapes that
-disagree with the spec or the data, datatypes other than the spec's, and
-values the dtype cannot hold. Every refusal names the input's path and the
-expected and actual shape or dtype, and never holds a request value.
+A transport (REST with JSON or binary tensors, gRPC) turns its message into
+an ``InferRequest`` whose inputs hold their data as received: a JSON list or
+raw little-endian bytes. ``Decoder`` validates it against the serving spec
+and makes the arrays, in bounded memory: every input's name, datatype and
+shape are checked first, then the element count and each element's type,
+and only then is an array allocated, of exactly the size the shape needs (a
+request never costs more than a small multiple of its size). Every refusal
+names the input and the expected and actual shape or datatype, and never
+holds a request value.
+
+Inputs and outputs have plain names (``x``, ``output``, ``a.b``); the key
+path each stands for is in the model metadata's ``parameters``. A request
+may also name an input by its key path (``['x']``).
 """
 
 from __future__ import annotations
@@ -15,17 +20,19 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Sequence
 from typing import Any
 
+import jax
+import ml_dtypes
 import numpy as np
 
 from ..errors import InvalidRequestError
 from ..leaf import summarize
 from ..spec import LeafSpec
-from .buckets import Admission, admit
 from .spec import ServingSpec
 
-#: V2 datatype names by numpy dtype name.
+#: Open Inference Protocol datatype names by numpy dtype name.
 DATATYPES = {
     "bool": "BOOL",
     "uint8": "UINT8",
@@ -41,17 +48,52 @@ DATATYPES = {
     "float32": "FP32",
     "float64": "FP64",
 }
+#: numpy dtypes by datatype name.
+DTYPES = {v: np.dtype(ml_dtypes.bfloat16 if k == "bfloat16" else k) for k, v in DATATYPES.items()}
+#: Bounds on a request's own fields, checked before they are used.
+MAX_AXES = 32
+MAX_ID = 256
+MAX_PARAMETERS = 64
 
 
 def datatype_of(dtype: Any) -> str:
-    """The V2 datatype name of a dtype (``FP32`` for float32)."""
+    """The protocol's datatype name of a dtype.
+
+    Example:
+      >>> datatype_of("float32"), datatype_of(ml_dtypes.bfloat16)
+      ('FP32', 'BF16')
+    """
     name = str(np.dtype(dtype).name)
     return DATATYPES.get(name, name.upper())
 
 
-def _refuse(
+def plain_name(path: Sequence[Any]) -> str:
+    """The plain tensor name of a key path: its keys joined by ``.``, and
+    ``output`` for the root.
+
+    Example:
+      >>> plain_name((jax.tree_util.DictKey("x"),)), plain_name(())
+      ('x', 'output')
+      >>> plain_name((jax.tree_util.DictKey("a"), jax.tree_util.SequenceKey(0)))
+      'a.0'
+    """
+    parts = []
+    for entry in path:
+        if isinstance(entry, jax.tree_util.DictKey):
+            parts.append(str(entry.key))
+        elif isinstance(entry, jax.tree_util.SequenceKey):
+            parts.append(str(entry.idx))
+        elif isinstance(entry, jax.tree_util.GetAttrKey):
+            parts.append(entry.name)
+        else:
+            parts.append(str(entry).strip(".[]'\""))
+    return ".".join(parts) or "output"
+
+
+def refuse(
     message: str, reason: str = "schema", status: int = 422, *, hint: str | None = None
 ) -> InvalidRequestError:
+    """The ``InvalidRequestError`` a refused request raises."""
     return InvalidRequestError(message, status=status, reason=reason, hint=hint)
 
 
@@ -83,26 +125,116 @@ def parse_json(body: bytes) -> Any:
       treeguard.InvalidRequestError: the body is not valid JSON: NaN is not ...
     """
     try:
-        return json.loads(
-            body,
-            object_pairs_hook=_no_duplicates,
-            parse_constant=_no_constant,
-        )
+        return json.loads(body, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
     except RecursionError:
-        raise _refuse("the body nests too deep to be a request", status=400) from None
+        raise refuse("the body nests too deep to be a request", status=400) from None
     except UnicodeDecodeError as e:  # its text quotes the byte: never echo the body
-        raise _refuse(
+        raise refuse(
             f"the body is not UTF-8 (at byte {e.start})",
             status=400,
-            hint="send a KServe V2 inference request",
+            hint="send an Open Inference Protocol request; binary tensors need the "
+            "Inference-Header-Content-Length header",
         ) from None
     except ValueError as e:
         text = e.msg if isinstance(e, json.JSONDecodeError) else str(e)
-        raise _refuse(
+        raise refuse(
             f"the body is not valid JSON: {text}",
             status=400,
-            hint="send a KServe V2 inference request",
+            hint="send an Open Inference Protocol request",
         ) from None
+
+
+# -- the data model ---------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class RawInput:
+    """One input as a transport received it.
+
+    Attributes:
+      name: the name the client gave (unchecked).
+      datatype: the datatype the client gave (unchecked).
+      shape: the shape the client gave (unchecked).
+      data: a JSON list of elements, or the raw little-endian bytes.
+    """
+
+    name: Any
+    datatype: Any
+    shape: Any
+    data: Any
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class InferRequest:
+    """One inference request, apart from its wire.
+
+    Attributes:
+      inputs: the ``RawInput``s.
+      id: the client's request id, echoed in the response.
+      outputs: the output names asked for, or None for every output.
+      binary: per asked output name, whether to send it as raw bytes;
+        ``binary_default`` for the others.
+      binary_default: whether outputs go as raw bytes unless asked otherwise.
+    """
+
+    inputs: list[RawInput]
+    id: str | None = None
+    outputs: list[str] | None = None
+    binary: dict[str, bool] = dataclasses.field(default_factory=dict)
+    binary_default: bool = False
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Output:
+    """One output tensor of a response."""
+
+    name: str
+    array: np.ndarray[Any, Any]
+    binary: bool = False
+
+    @property
+    def datatype(self) -> str:
+        return datatype_of(self.array.dtype)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class InferResult:
+    """The response to one request: the outputs asked for, in order."""
+
+    model: str
+    version: str
+    outputs: list[Output]
+    id: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorMeta:
+    """A tensor's metadata: plain name, key path, datatype, shape (-1 for the batch)."""
+
+    name: str
+    path: str
+    datatype: str
+    shape: tuple[int, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "datatype": self.datatype,
+            "shape": list(self.shape),
+            "parameters": {"key_path": self.path},
+        }
+
+
+# -- decoding and validation -------------------------------------------------------
+
+
+_PYTYPES: dict[str, tuple[type, ...]] = {
+    "b": (bool,),
+    "i": (int,),
+    "u": (int,),
+    "f": (int, float),
+    "V": (int, float),  # bfloat16
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,156 +242,247 @@ class _Input:
     """What decoding one input needs, computed once per spec."""
 
     leaf: LeafSpec
+    name: str
     tail: tuple[int, ...]
     datatype: str
-    accepts: str  # the numpy kinds of JSON data the dtype takes without loss
+    dtype: np.dtype[Any]
 
-    @classmethod
-    def of(cls, leaf: LeafSpec) -> _Input:
-        kind = leaf.dtype.kind
-        accepts = {"b": "b", "i": "iu", "u": "iu", "f": "iuf", "c": "iuf"}.get(kind, "")
-        return cls(leaf, tuple(int(d) for d in leaf.shape[1:]), datatype_of(leaf.dtype), accepts)
+    @property
+    def path(self) -> str:
+        return self.leaf.path
 
 
 class Decoder:
-    """Decodes requests for one ``ServingSpec`` (see ``decode``)."""
-
-    def __init__(self, spec: ServingSpec) -> None:
-        self.spec = spec
-        self.paths = spec.input_paths
-        self.names: dict[str, _Input] = {}
-        for leaf in spec.inputs.leaves:
-            entry = _Input.of(leaf)
-            self.names[leaf.path] = entry
-            p = leaf.path
-            if p.startswith("['") and p.count("[") == 1 and p.endswith("']"):
-                self.names[p[2:-2]] = entry
-        self.expected = ", ".join(self.paths)
-
-    def decode(self, doc: Any) -> tuple[list[np.ndarray[Any, Any]], Admission]:
-        """See ``decode``."""
-        if not isinstance(doc, dict) or not isinstance(doc.get("inputs"), list):
-            raise _refuse('the body has no "inputs" list', hint='{"inputs": [{"name": ...}]}')
-        got: dict[str, np.ndarray[Any, Any]] = {}
-        rows: int | None = None
-        for i, item in enumerate(doc["inputs"]):
-            if not isinstance(item, dict):
-                raise _refuse(f"inputs[{i}] is a JSON {type(item).__name__}, not an object")
-            name = item.get("name")
-            entry = self.names.get(name) if isinstance(name, str) else None
-            if entry is None:
-                raise _refuse(
-                    f"inputs[{i}] has an unknown name", hint=f"the inputs are {self.expected}"
-                )
-            path = entry.leaf.path
-            if path in got:
-                raise _refuse(f"input {path} is given twice")
-            arr = _decode_one(item, entry)
-            if rows is not None and arr.shape[0] != rows:
-                raise _refuse(
-                    f"input {path}: {arr.shape[0]} rows, while the other inputs have {rows}",
-                    "shape",
-                    hint="every input needs the same batch size",
-                )
-            rows = arr.shape[0]
-            got[path] = arr
-        if len(got) != len(self.paths):
-            missing = ", ".join(p for p in self.paths if p not in got)
-            raise _refuse(f"missing input(s) {missing}", hint=f"the inputs are {self.expected}")
-        assert rows is not None
-        spec = self.spec
-        adm = admit(rows, spec.buckets, max_rows=spec.limits.max_rows, overflow=spec.overflow)
-        if not adm.ok:
-            raise _refuse(adm.detail, "size", 413 if adm.reason != "empty" else 422)
-        return [got[p] for p in self.paths], adm
-
-
-def decode(doc: Any, spec: ServingSpec) -> tuple[list[np.ndarray[Any, Any]], Admission]:
-    """Decodes a parsed request into one array per spec input, in spec order.
-
-    Returns:
-      The arrays, and the request's ``Admission`` (its rows and chunks).
-
-    Raises:
-      InvalidRequestError: 422 for wrong inputs (reason ``schema``, ``shape``,
-        ``dtype``, ``nonfinite``), 413 for more rows than allowed (``size``).
+    """Validates ``InferRequest``s for one ``ServingSpec`` and makes their arrays.
 
     Example:
       >>> from treeguard.examples.mlp import model
       >>> spec = ServingSpec.from_model(model, inputs=["['x']"], buckets=(1, 4))
-      >>> doc = {"inputs": [{"name": "x", "shape": [3, 2], "datatype": "FP32", "data": [0] * 6}]}
-      >>> arrays, admission = decode(doc, spec)
-      >>> arrays[0].shape, admission.chunks
-      ((3, 2), (3,))
+      >>> req = InferRequest([RawInput("x", "FP32", [3, 2], [0] * 6)])
+      >>> [a.shape for a in Decoder(spec).decode(req)]
+      [(3, 2)]
     """
-    return Decoder(spec).decode(doc)
+
+    def __init__(self, spec: ServingSpec) -> None:
+        self.spec = spec
+        self.paths = spec.input_paths
+        self.entries: list[_Input] = []
+        self.by_name: dict[str, _Input] = {}
+        skeleton = jax.tree.unflatten(spec.inputs.treedef, [0] * spec.inputs.num_leaves)
+        treedef_paths = [p for p, _ in jax.tree.leaves_with_path(skeleton)]
+        for leaf, kp in zip(spec.inputs.leaves, treedef_paths, strict=True):
+            dtype = np.dtype(leaf.dtype)
+            entry = _Input(
+                leaf,
+                plain_name(kp),
+                tuple(int(d) for d in leaf.shape[1:]),
+                datatype_of(dtype),
+                dtype,
+            )
+            self.entries.append(entry)
+            self.by_name[entry.name] = entry
+            self.by_name.setdefault(leaf.path, entry)
+        self.expected = ", ".join(e.name for e in self.entries)
+
+    def metadata(self) -> list[TensorMeta]:
+        """The inputs' metadata, in spec order."""
+        return [TensorMeta(e.name, e.path, e.datatype, (-1, *e.tail)) for e in self.entries]
+
+    def decode(self, request: InferRequest) -> list[np.ndarray[Any, Any]]:
+        """Validates ``request``'s inputs and returns one array per spec input, in spec order.
+
+        Raises:
+          InvalidRequestError: 422 for wrong inputs (reason ``schema``,
+            ``shape``, ``dtype``, ``nonfinite``, ``bounds``).
+        """
+        got: dict[str, np.ndarray[Any, Any]] = {}
+        rows: int | None = None
+        for i, item in enumerate(request.inputs):
+            entry = self.by_name.get(item.name) if isinstance(item.name, str) else None
+            if entry is None:
+                raise refuse(
+                    f"inputs[{i}] has an unknown name", hint=f"the inputs are {self.expected}"
+                )
+            if entry.path in got:
+                raise refuse(f"input {entry.path} is given twice")
+            arr = _decode_one(item, entry)
+            if rows is not None and arr.shape[0] != rows:
+                raise refuse(
+                    f"input {entry.path}: {arr.shape[0]} rows, while the other inputs have {rows}",
+                    "shape",
+                    hint="every input needs the same batch size",
+                )
+            rows = arr.shape[0]
+            got[entry.path] = arr
+        if len(got) != len(self.paths):
+            missing = ", ".join(e.name for e in self.entries if e.path not in got)
+            raise refuse(f"missing input(s) {missing}", hint=f"the inputs are {self.expected}")
+        out = [got[p] for p in self.paths]
+        bounds = self.spec.bounds
+        if bounds is not None:
+            for entry, arr in zip(self.entries, out):
+                if arr.dtype.kind in "fiu" and arr.size and not _within(arr, bounds):
+                    raise refuse(
+                        f"input {entry.path}: a value lies outside the served bounds "
+                        f"[{bounds[0]:g}, {bounds[1]:g}]",
+                        "bounds",
+                        hint="send inputs within the bounds the serving spec declares",
+                    )
+        return out
 
 
-def _decode_one(item: dict[str, Any], entry: _Input) -> np.ndarray[Any, Any]:
-    leaf, path, name = entry.leaf, entry.leaf.path, entry.datatype
-    shape = item.get("shape")
+def all_finite(x: np.ndarray[Any, Any]) -> bool:
+    """Whether every element of a float (or bfloat16, or complex) array is finite;
+    True for other kinds.
+
+    Example:
+      >>> all_finite(np.array([1.0, np.inf])), all_finite(np.array([1, 2]))
+      (False, True)
+    """
+    if x.dtype.kind in "fc":
+        return bool(np.isfinite(x).all())
+    if x.dtype.kind == "V":  # bfloat16 and the other ml_dtypes floats
+        return bool(np.isfinite(x.astype(np.float32)).all())
+    return True
+
+
+def _within(arr: np.ndarray[Any, Any], bounds: tuple[float, float]) -> bool:
+    lo, hi = bounds
+    return bool(float(arr.min()) >= lo and float(arr.max()) <= hi)
+
+
+def _shape_of(item: RawInput, entry: _Input) -> tuple[int, ...]:
+    shape = item.shape
+    leaf = entry.leaf
     if (
-        not isinstance(shape, list)
+        not isinstance(shape, (list, tuple))
+        or len(shape) > MAX_AXES
         or not all(isinstance(d, int) and not isinstance(d, bool) for d in shape)
         or any(d < 0 or d > 1 << 40 for d in shape)
     ):
         want = summarize(leaf.shape, leaf.dtype)
-        raise _refuse(f"input {path}: shape must be a list of sizes; expected {want}", "shape")
+        raise refuse(f"input {entry.path}: shape must be a list of sizes; expected {want}", "shape")
     if len(shape) != len(leaf.shape) or tuple(shape[1:]) != entry.tail:
         want = summarize(leaf.shape, leaf.dtype)
-        got = f"[{','.join(map(str, shape))}]" if len(shape) <= 8 else f"{len(shape)} axes"
-        raise _refuse(f"input {path}: shape {got} in the request, {want} in the spec", "shape")
-    dt = item.get("datatype")
-    if dt != name:
-        shown = dt if isinstance(dt, str) and dt in DATATYPES.values() else "another datatype"
-        raise _refuse(f"input {path}: datatype {shown} in the request, {name} in the spec", "dtype")
-    data = item.get("data")
+        got = f"[{','.join(map(str, shape))}]"
+        raise refuse(f"input {entry.path}: shape {got} in the request, {want} in the spec", "shape")
+    return tuple(shape)
+
+
+def _decode_one(item: RawInput, entry: _Input) -> np.ndarray[Any, Any]:
+    name = entry.datatype
+    shape = _shape_of(item, entry)
+    if item.datatype != name:
+        dt = item.datatype
+        shown = dt if isinstance(dt, str) and dt in DTYPES else "another datatype"
+        raise refuse(
+            f"input {entry.path}: datatype {shown} in the request, {name} in the spec", "dtype"
+        )
     n = math.prod(shape)
-    if not isinstance(data, list):
-        raise _refuse(f"input {path}: data must be a JSON list of {n} numbers")
-    try:
-        raw = np.asarray(data)
-    except ValueError:
-        raise _refuse(
-            f"input {path}: data is ragged", hint=f"send a flat list of {n} numbers"
-        ) from None
-    kind = raw.dtype.kind
-    if raw.size and kind not in entry.accepts:
-        what = {"U": "text", "O": "mixed or non-numeric values", "b": "booleans", "f": "floats"}
-        raise _refuse(
-            f"input {path}: data holds {what.get(kind, 'values')} for datatype {name}", "dtype"
-        )
-    if raw.size != n:
-        raise _refuse(
-            f"input {path}: data has {raw.size} values, shape [{','.join(map(str, shape))}] "
-            f"needs {n}",
-            "shape",
-        )
-    target = leaf.dtype
-    if target.kind in "iu" and raw.size:
-        info = np.iinfo(target)
-        if raw.min() < info.min or raw.max() > info.max:
-            raise _refuse(f"input {path}: a value is out of range for {name}", "dtype")
-    arr = raw.astype(target, copy=False).reshape(shape)
-    if target.kind in "fc" and not np.isfinite(arr).all():
-        raise _refuse(f"input {path}: a value is beyond the range of {name}", "nonfinite")
+    shown_shape = "[" + ",".join(map(str, shape)) + "]"
+    dtype = entry.dtype
+    if isinstance(item.data, (bytes, bytearray, memoryview)):
+        raw = memoryview(item.data)
+        if raw.nbytes != n * dtype.itemsize:
+            raise refuse(
+                f"input {entry.path}: {raw.nbytes} bytes of binary data, shape {shown_shape} "
+                f"of {name} needs {n * dtype.itemsize}",
+                "shape",
+            )
+        arr = np.frombuffer(raw, dtype=dtype.newbyteorder("<")).reshape(shape)
+        if dtype.kind == "b" and n and int(arr.view(np.uint8).max()) > 1:
+            raise refuse(f"input {entry.path}: a BOOL byte is neither 0 nor 1", "dtype")
+    else:
+        arr = _from_json(item.data, entry, n, shown_shape).reshape(shape)
+    if dtype.kind in "fV" and not all_finite(arr):
+        raise refuse(f"input {entry.path}: a value is beyond the range of {name}", "nonfinite")
     return arr
 
 
-def encode(
-    outputs: list[tuple[str, np.ndarray[Any, Any]]], model: str, version: str
-) -> dict[str, Any]:
-    """The V2 response body of one request's outputs."""
-    return {
-        "model_name": model,
-        "model_version": version,
-        "outputs": [
-            {
-                "name": path or "output",
-                "shape": list(x.shape),
-                "datatype": datatype_of(x.dtype),
-                "data": x.reshape(-1).tolist(),
-            }
-            for path, x in outputs
-        ],
-    }
+def _from_json(data: Any, entry: _Input, n: int, shown_shape: str) -> np.ndarray[Any, Any]:
+    name, dtype = entry.datatype, entry.dtype
+    if not isinstance(data, list):
+        raise refuse(f"input {entry.path}: data must be a JSON list of {n} numbers")
+    if len(data) != n:
+        nested = any(isinstance(v, list) for v in data[:64])
+        if nested:
+            raise refuse(
+                f"input {entry.path}: data is ragged", hint=f"send a flat list of {n} numbers"
+            )
+        raise refuse(
+            f"input {entry.path}: data has {len(data)} values, shape {shown_shape} needs {n}",
+            "shape",
+        )
+    accepted = _PYTYPES.get(dtype.kind, ())
+    # every element's type before anything is allocated: a long string among
+    # numbers must never reach numpy, which pads every element to the longest
+    kinds = set(map(type, data))
+    if not kinds <= set(accepted):
+        if list in kinds:
+            raise refuse(
+                f"input {entry.path}: data is ragged", hint=f"send a flat list of {n} numbers"
+            )
+        what = (
+            "text"
+            if str in kinds
+            else "booleans"
+            if bool in kinds
+            else "floats"
+            if float in kinds
+            else "mixed or non-numeric values"
+        )
+        raise refuse(f"input {entry.path}: data holds {what} for datatype {name}", "dtype")
+    if dtype.kind in "iu" and n:
+        info = np.iinfo(dtype)
+        if min(data) < info.min or max(data) > info.max:
+            raise refuse(f"input {entry.path}: a value is out of range for {name}", "dtype")
+        return np.array(data, dtype=dtype)
+    if dtype.kind in "fV":
+        wide = np.array(data, dtype=np.float64) if n else np.zeros(0, np.float64)
+        with np.errstate(over="ignore"):
+            return wide.astype(dtype)
+    return np.array(data, dtype=dtype)
+
+
+# -- encoding -------------------------------------------------------------------
+
+
+def select_outputs(
+    request: InferRequest, outputs: list[tuple[str, np.ndarray[Any, Any]]], names: dict[str, str]
+) -> list[Output]:
+    """The outputs a request asked for, in its order (all, in model order, by default).
+
+    Args:
+      request: the request.
+      outputs: ``(key path, rows)`` as the model computed them.
+      names: plain name by key path.
+
+    Raises:
+      InvalidRequestError: 422 naming an output the model does not have.
+    """
+    by_name = {names.get(p, p): x for p, x in outputs}
+    wanted = list(by_name) if request.outputs is None else request.outputs
+    out = []
+    for want in wanted:
+        if want not in by_name:
+            raise refuse(
+                "the request asks for an unknown output",
+                hint=f"the outputs are {', '.join(by_name)}",
+            )
+        binary = request.binary.get(want, request.binary_default)
+        out.append(Output(want, by_name[want], binary))
+    return out
+
+
+def json_data(x: np.ndarray[Any, Any]) -> list[Any]:
+    """An array's elements as a flat JSON list (bf16 and fp16 as floats)."""
+    flat = x.reshape(-1)
+    if flat.dtype.kind == "V" or flat.dtype == np.float16:
+        flat = flat.astype(np.float32)
+    out: list[Any] = flat.tolist()
+    return out
+
+
+def raw_bytes(x: np.ndarray[Any, Any]) -> bytes:
+    """An array's elements as raw little-endian bytes, in row-major order."""
+    return np.ascontiguousarray(x, dtype=x.dtype.newbyteorder("<")).tobytes()

@@ -30,7 +30,9 @@ from ..verify.model import BATCH, Model
 from .buckets import pad_rows
 from .compile_guard import CompileGuard, Signature, explain, signature
 from .metrics import Metrics
+from .release import params_like
 from .spec import CompilePolicy, ServingSpec
+from .verdicts import model_checks
 
 log = logging.getLogger("treeguard.serving")
 
@@ -84,6 +86,9 @@ class Slots:
         previous and a version being loaded); None for the device's free
         memory when it reports one.
       watchdog: the ``WatchdogPolicy``.
+      allow_unchecked: serve versions whose verdict ran no model check
+        (``release.release_checks``); ``treeguard serve`` refuses them unless
+        ``--allow-unchecked``.
     """
 
     def __init__(
@@ -95,8 +100,10 @@ class Slots:
         metrics: Metrics,
         memory_budget: int | None = None,
         watchdog: WatchdogPolicy | None = None,
+        allow_unchecked: bool = True,
     ) -> None:
         self.model = model
+        self.allow_unchecked = allow_unchecked
         self.spec = spec
         self.store = store
         self.metrics = metrics
@@ -119,6 +126,11 @@ class Slots:
         self._out_paths: dict[Any, list[str]] = {}
         self._refs: Any = None
         self._refs_loaded = False
+        self._like: Any = None
+        self._like_made = False
+        self._tripped: str | None = None  # a trigger the running batch set (a forbidden compile)
+        #: ``{"from", "to", "reasons"}`` when warm-up fell back from the current version.
+        self.fallback: dict[str, Any] | None = None
 
     def _on_compile(self, phase: str) -> None:
         self.metrics.compiles.labels(model=self.metrics.model, phase=phase).inc()
@@ -127,6 +139,13 @@ class Slots:
 
     def _params_spec(self) -> TreeSpec | None:
         return self.model.stored_params_spec()
+
+    def params_like(self) -> Any:
+        """The structure every version is loaded into (see ``release.params_like``)."""
+        if not self._like_made:
+            self._like_made = True
+            self._like = params_like(self.model)
+        return self._like
 
     def _load(self, version: str, *, contract: TreeSpec | None) -> Slot:
         # the store's errors by their bases (every one is a TreeguardError, an
@@ -138,6 +157,12 @@ class Slots:
             raise ServingError(str(e), status=404) from e
         except TreeguardError as e:
             raise ServingError(f"version {version} cannot be served: {e}") from e
+        if not self.allow_unchecked and not model_checks(info.checks):
+            raise ServingError(
+                f"version {version} was verified with no model check (checks: [])",
+                hint=f"run the model's checks: treeguard store verify STORE {version} --model "
+                "MODULE:ATTR; or serve it as it is with --allow-unchecked",
+            )
         if info.kind != "file":
             raise ServingError(
                 f"version {version} cannot be served: it is a {info.kind} checkpoint, and the "
@@ -149,7 +174,12 @@ class Slots:
         self._check_room(version, nbytes)
         try:
             digest = self.store.check_verified(version)
-            stored = self.store.load_verified(version)
+            stored = self.store.load_verified(version, like=self.params_like())
+        except TreeMismatchError as e:
+            raise ServingError(
+                f"version {version} fails the contract check (the model's params): {e}",
+                status=409,
+            ) from e
         except (TreeguardError, OSError) as e:  # not verified, changed, unsigned, unreadable
             raise ServingError(f"version {version} cannot be served: {e}") from e
         if contract is not None:
@@ -295,7 +325,7 @@ class Slots:
             log.warning("compile after warm-up (policy %s): %s", policy.value, why)
             if policy is CompilePolicy.FORBID:
                 if self.watchdog.on_forbidden_compile:
-                    self.auto_rollback("compile")
+                    self._tripped = "compile"
                 raise ServingError(
                     f"this request needed a compile after warm-up, which the policy forbids: {why}",
                     hint="send inputs of the served dtypes; see /v2/treeguard/status",
@@ -332,28 +362,89 @@ class Slots:
 
     # -- lifecycle -------------------------------------------------------------
 
+    def _record_event(self, action: str, version: str, **detail: Any) -> None:
+        """Appends to the store's log, or raises ``ServingError`` (507) saying why not."""
+        try:
+            self.store.log_event(action, version, **detail)
+        except (TreeguardError, OSError) as e:
+            raise ServingError(
+                f"the store cannot record the {action.removeprefix('serve_')} to {version}: "
+                f"{str(e).splitlines()[0]}; nothing was changed",
+                hint="serve from a store this process may write, or swap by promoting "
+                "and restarting",
+                status=507,
+            ) from e
+
+    def _candidates(self, first: str | None) -> list[str]:
+        """``first``, then every other verified version, newest first."""
+        verified = [
+            i for i in self.store.versions() if i.status == "verified" and i.version != first
+        ]
+        verified.sort(key=lambda i: (i.created, i.version), reverse=True)
+        return ([first] if first else []) + [i.version for i in verified]
+
     def start(self, version: str | None = None) -> Slot:
-        """Loads ``version`` (default: the store's current), checks it against
-        the model's params spec and the fast checks, and warms every bucket."""
-        version = version or self.store.current()
-        if version is None:
+        """Loads, checks and warms ``version`` (default: the store's current).
+
+        A quarantined version is skipped, and one that fails to load, warm
+        or pass the fast checks falls back to the newest verified version
+        that passes; the fallback is recorded in the store as an automatic
+        rollback (``trigger="warmup"``) and kept in ``fallback``.
+
+        Raises:
+          ServingError: 503 when no version passes, naming each and why.
+        """
+        current = version or self.store.current()
+        self.quarantined = quarantined_in(self.store.history())
+        reasons: dict[str, str] = {}
+        for candidate in self._candidates(current):
+            if candidate in self.quarantined:
+                reasons[candidate] = "quarantined by the watchdog"
+                continue
+            try:
+                slot = self._load(candidate, contract=self._params_spec())
+                self.warm(slot, phase="warmup")
+                self.fast_checks(slot)
+            except Exception as e:  # noqa: BLE001 - any failure of a version is its reason
+                text = reason_of(e)
+                reasons[candidate] = text
+                log.warning("version %s cannot be served: %s", candidate, text)
+                continue
+            with self._switch_lock:
+                self.active = slot
+            self.metrics.set_version(slot.version)
+            if candidate != current:
+                self.fallback = {"from": current, "to": candidate, "reasons": dict(reasons)}
+                self.metrics.rollbacks.labels(model=self.metrics.model, trigger="warmup").inc()
+                try:
+                    self.store.log_event(
+                        "serve_rollback", candidate, previous=current, trigger="warmup"
+                    )
+                except (TreeguardError, OSError) as e:
+                    log.warning("the fallback could not be recorded in the store: %s", e)
+                log.warning(
+                    "fell back from %s to %s: %s", current, candidate, reasons.get(current or "")
+                )
+            self.ready = True
+            log.info(
+                "serving version %s after warm-up of %d buckets", candidate, len(self.spec.buckets)
+            )
+            return slot
+        if not reasons:
             raise ServingError(
                 f"the store {self.store.root} has no current version",
                 hint="put, verify and promote one first",
                 status=503,
             )
-        slot = self._load(version, contract=self._params_spec())
-        self.warm(slot, phase="warmup")
-        self.fast_checks(slot)
-        with self._switch_lock:
-            self.active = slot
-        self.metrics.set_version(slot.version)
-        self.ready = True
-        log.info("serving version %s after warm-up of %d buckets", version, len(self.spec.buckets))
-        return slot
+        raise ServingError(
+            "no version can be served: " + "; ".join(f"{v}: {why}" for v, why in reasons.items()),
+            hint="verify and promote a version that passes the model's checks",
+            status=503,
+        )
 
     def swap(self, version: str) -> dict[str, Any]:
-        """Loads, checks and (for a new spec) warms ``version``, then serves it.
+        """Loads, checks and (for a new spec) warms ``version``, records the
+        swap in the store, then serves it.
 
         Returns:
           ``{"active", "previous", "compiles", "checks"}``.
@@ -361,7 +452,8 @@ class Slots:
         Raises:
           ServingError: if the version is unknown (404), not verified,
             rejected or changed since it was verified (409), fails a fast
-            check (409), there is no room for it (507), or another swap is
+            check (409), there is no room for it (507), the store cannot
+            record the swap (507, nothing changed), or another swap is
             running (409).
         """
         if not self._swap_lock.acquire(blocking=False):
@@ -373,39 +465,25 @@ class Slots:
                 return self._swap_result([], 0)
             before = self.guard.total
             prev = self.previous
-            if prev is not None and prev.version == version:
-                return self._back_to_previous(version)
             try:
-                slot = self._load(version, contract=self._params_spec())
-                if active is not None and slot.spec != active.spec:
-                    self.warm(slot, phase="swap")
-                checks = self.fast_checks(slot)
+                if prev is not None and prev.version == version:
+                    self._still_servable(prev)
+                    slot, checks = prev, ["reused"]
+                else:
+                    slot = self._load(version, contract=self._params_spec())
+                    if active is not None and slot.spec != active.spec:
+                        self.warm(slot, phase="swap")
+                    checks = self.fast_checks(slot)
+                self._record_event("serve_swap", version, previous=active and active.version)
             except ServingError:
                 self.metrics.swaps.labels(model=self.metrics.model, result="refused").inc()
                 raise
             self._switch(slot)
             self.quarantined.discard(version)
             self.metrics.swaps.labels(model=self.metrics.model, result="ok").inc()
-            self.store.log_event("serve_swap", version, previous=active and active.version)
             return self._swap_result(checks, self.guard.total - before)
         finally:
             self._swap_lock.release()
-
-    def _back_to_previous(self, version: str) -> dict[str, Any]:
-        """Swaps to the loaded, checked and warm previous version, if the store
-        still marks it verified (no second copy is loaded)."""
-        assert self.previous is not None
-        try:
-            self._still_servable(self.previous)
-        except ServingError:
-            self.metrics.swaps.labels(model=self.metrics.model, result="refused").inc()
-            raise
-        active = self.active
-        self._switch(self.previous)
-        self.quarantined.discard(version)
-        self.metrics.swaps.labels(model=self.metrics.model, result="ok").inc()
-        self.store.log_event("serve_swap", version, previous=active and active.version)
-        return self._swap_result(["reused"], 0)
 
     def _swap_result(self, checks: list[str], compiles: int) -> dict[str, Any]:
         return {
@@ -425,26 +503,40 @@ class Slots:
     def rollback(self, trigger: str = "manual") -> dict[str, Any]:
         """Serves the previous version again (instant: it is loaded and warm).
 
+        A manual rollback is recorded in the store first (if it cannot be,
+        nothing changes); an automatic one also quarantines the version it
+        leaves, in the store, so a restart never serves it again. It
+        happens even when the store cannot record it (a warning says so).
+
         Raises:
-          ServingError: if there is no previous version.
+          ServingError: if there is no previous version, or the store no
+            longer lets it be served, or (manual only) cannot record it.
         """
-        prev = self.previous
-        if prev is not None:
-            self._still_servable(prev)  # the store's gate, outside the switch lock
-        with self._switch_lock:
+        with self._swap_lock:
             prev, bad = self.previous, self.active
             if prev is None or bad is None:
                 raise ServingError(
                     "no previous version to roll back to", hint="swap to a verified version"
                 )
-            self.active, self.previous = prev, bad
-            self._outcomes.clear()
-            self._bad = [0, 0]
-            if trigger != "manual":
-                self.quarantined.add(bad.version)
+            self._still_servable(prev)
+            try:
+                self._record_event(
+                    "serve_rollback", prev.version, previous=bad.version, trigger=trigger
+                )
+                if trigger != "manual":
+                    self._record_event("serve_quarantine", bad.version, trigger=trigger)
+            except ServingError as e:
+                if trigger == "manual":
+                    raise
+                log.warning("%s", str(e).splitlines()[0])
+            with self._switch_lock:
+                self.active, self.previous = prev, bad
+                self._outcomes.clear()
+                self._bad = [0, 0]
+                if trigger != "manual":
+                    self.quarantined.add(bad.version)
         self.metrics.set_version(prev.version)
         self.metrics.rollbacks.labels(model=self.metrics.model, trigger=trigger).inc()
-        self.store.log_event("serve_rollback", prev.version, previous=bad.version, trigger=trigger)
         log.warning("rolled back from %s to %s (trigger %s)", bad.version, prev.version, trigger)
         return self._swap_result([], 0)
 
@@ -455,15 +547,25 @@ class Slots:
             return False
         try:
             self.rollback(trigger)
-        except ServingError:
+        except ServingError as e:
+            log.warning("automatic rollback (%s) refused: %s", trigger, str(e).splitlines()[0])
             return False
         return True
 
-    def record(self, version: str, *, nonfinite: bool, error: bool) -> None:
-        """Feeds one response to the watchdog; it may roll back."""
+    def record(self, version: str, *, nonfinite: bool, error: bool) -> str | None:
+        """Feeds one response to the watchdog.
+
+        Returns:
+          The trigger of the rollback the watchdog asks for (``nonfinite``,
+          ``5xx``, ``compile``), or None; the caller runs ``auto_rollback``
+          off the event loop (it writes to the store).
+        """
+        tripped, self._tripped = self._tripped, None
+        if tripped is not None:
+            return tripped
         active = self.active
         if active is None or active.version != version:
-            return
+            return None
         window = self._outcomes
         if len(window) == window.maxlen:
             old_nonfinite, old_error = window[0]
@@ -474,12 +576,12 @@ class Slots:
         self._bad[1] += error
         n = len(window)
         if n < self.watchdog.min_requests:
-            return
-        nonfinite_rate, error_rate = self._bad[0] / n, self._bad[1] / n
-        if nonfinite_rate > self.watchdog.max_nonfinite_rate:
-            self.auto_rollback("nonfinite")
-        elif error_rate > self.watchdog.max_error_rate:
-            self.auto_rollback("5xx")
+            return None
+        if self._bad[0] / n > self.watchdog.max_nonfinite_rate:
+            return "nonfinite"
+        if self._bad[1] / n > self.watchdog.max_error_rate:
+            return "5xx"
+        return None
 
     def status(self) -> dict[str, Any]:
         """What ``/v2/treeguard/status`` shows."""
@@ -488,10 +590,40 @@ class Slots:
             "active": self.active and self.active.version,
             "previous": self.previous and self.previous.version,
             "quarantined": sorted(self.quarantined),
+            "fallback": self.fallback,
             "buckets": list(self.spec.buckets),
             "compile_policy": self.spec.compile_policy.value,
             "compiles": dict(self.guard.counts),
         }
+
+
+def reason_of(error: BaseException, *, limit: int = 2000) -> str:
+    r"""An error as one line for a log or a refusal: its lines but the hint
+    joined by ``; ``, control characters spelled out, at most ``limit``
+    characters.
+
+    Example:
+      >>> reason_of(ValueError("2 mismatches:\n  ['a']: shape\nhint: fix it"))
+      "2 mismatches:; ['a']: shape"
+      >>> print(reason_of(RuntimeError("\x1b[31mred")))
+      \x1b[31mred
+    """
+    lines = [ln.strip() for ln in str(error).splitlines() if not ln.startswith("hint: ")]
+    text = "; ".join(ln for ln in lines if ln) or type(error).__name__
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def quarantined_in(events: Sequence[Any]) -> set[str]:
+    """The versions the store's log holds quarantined: each ``serve_quarantine``
+    not followed by an explicit ``serve_swap`` to the same version."""
+    out: set[str] = set()
+    for event in events:
+        if event.action == "serve_quarantine" and event.version:
+            out.add(event.version)
+        elif event.action == "serve_swap" and event.version:
+            out.discard(event.version)
+    return out
 
 
 def _check_finite(version: str, tree: Any) -> None:

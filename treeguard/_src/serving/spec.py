@@ -68,6 +68,13 @@ class Limits:
       max_queue: the most requests waiting; one more gets 429.
       max_delay_ms: how long the batcher waits to gather a batch.
       timeout_s: a request's deadline, from arrival to response.
+      header_timeout_s: how long a connection may take to send a request's
+        headers (a slow client is cut off).
+      body_timeout_s: how long a request's body may take to arrive.
+      max_connections: the most open connections; one more is answered 503
+        and closed.
+      max_bodies: the most request bodies being read at once; one more is
+        answered 503.
 
     Example:
       >>> Limits(max_rows=8).max_rows
@@ -79,13 +86,22 @@ class Limits:
     max_queue: int = 1024
     max_delay_ms: float = 2.0
     timeout_s: float = 10.0
+    header_timeout_s: float = 5.0
+    body_timeout_s: float = 10.0
+    max_connections: int = 256
+    max_bodies: int = 64
 
     def __post_init__(self) -> None:
-        for name in ("max_request_bytes", "max_rows", "max_queue"):
+        for name in ("max_request_bytes", "max_rows", "max_queue", "max_connections", "max_bodies"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 1 << 40:
                 raise ConfigError(f"limits.{name} is {v!r}", hint="an int from 1 to 2**40")
-        for name, hi in (("max_delay_ms", 10_000.0), ("timeout_s", 3600.0)):
+        for name, hi in (
+            ("max_delay_ms", 10_000.0),
+            ("timeout_s", 3600.0),
+            ("header_timeout_s", 3600.0),
+            ("body_timeout_s", 3600.0),
+        ):
             v = getattr(self, name)
             if (
                 isinstance(v, bool)
@@ -94,8 +110,9 @@ class Limits:
                 or not 0 <= v <= hi
             ):
                 raise ConfigError(f"limits.{name} is {v!r}", hint=f"a number from 0 to {hi:g}")
-        if self.timeout_s <= 0:
-            raise ConfigError("limits.timeout_s is 0", hint="a positive number of seconds")
+        for name in ("timeout_s", "header_timeout_s", "body_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"limits.{name} is 0", hint="a positive number of seconds")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
@@ -110,6 +127,10 @@ class ServingSpec:
       overflow: ``Overflow.REJECT`` or ``Overflow.SPLIT``.
       compile_policy: ``CompilePolicy.FORBID``, ``WARN`` or ``ALLOW``.
       name: the model name in URLs and metrics.
+      bounds: the input domain ``(low, high)`` every numeric input value must
+        lie in (a request outside it is refused with 422), or None. Within
+        declared bounds, a NaN or Inf output is the version's fault and
+        counts against it; see ``WatchdogPolicy``.
 
     Example:
       >>> from treeguard.examples.mlp import model
@@ -126,8 +147,22 @@ class ServingSpec:
     overflow: Overflow = Overflow.REJECT
     compile_policy: CompilePolicy = CompilePolicy.FORBID
     name: str = "model"
+    bounds: tuple[float, float] | None = None
 
     def __post_init__(self) -> None:
+        if self.bounds is not None:
+            bounds = self.bounds
+            if (
+                not isinstance(bounds, (tuple, list))
+                or len(bounds) != 2
+                or not all(
+                    isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                    for v in bounds
+                )
+                or not bounds[0] < bounds[1]
+            ):
+                raise ConfigError(f"bounds is {bounds!r}", hint="two finite numbers, low < high")
+            object.__setattr__(self, "bounds", (float(bounds[0]), float(bounds[1])))
         if not isinstance(self.inputs, TreeSpec):
             raise ConfigError(f"inputs is a {type(self.inputs).__name__}, not a TreeSpec")
         if self.inputs.num_leaves == 0:
@@ -244,6 +279,7 @@ class ServingSpec:
             "limits": dataclasses.asdict(self.limits),
             "overflow": self.overflow.value,
             "compile_policy": self.compile_policy.value,
+            "bounds": None if self.bounds is None else list(self.bounds),
         }
 
     def to_json(self) -> str:
@@ -281,7 +317,16 @@ class ServingSpec:
                 f"serving spec format is {str(data.get('format'))[:40]!r}, not {FORMAT!r}",
                 hint="write it with ServingSpec.save",
             )
-        allowed = {"format", "name", "inputs", "buckets", "limits", "overflow", "compile_policy"}
+        allowed = {
+            "format",
+            "name",
+            "inputs",
+            "buckets",
+            "limits",
+            "overflow",
+            "compile_policy",
+            "bounds",
+        }
         extra = sorted(set(data) - allowed)
         if extra:
             raise FormatError(
@@ -301,6 +346,8 @@ class ServingSpec:
             if unknown:
                 raise FormatError(f"serving spec limits has unknown field(s) {unknown}")
             kwargs["limits"] = Limits(**limits)
+        if data.get("bounds") is not None:
+            kwargs["bounds"] = tuple(_typed(data["bounds"], list, "bounds"))
         for name in ("overflow", "compile_policy"):
             if name in data:
                 kwargs[name] = _typed(data[name], str, name)

@@ -1,0 +1,68 @@
+"""A real ``treeguard serve`` process on 127.0.0.1 for the tests: started
+through the command line, polled until ready (bounded), stopped by pid."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import httpx
+from subproc import start_python, stop
+
+SERVER = """
+import sys
+from treeguard._cli.serve import serve
+sys.argv = ["treeguard", *sys.argv[1:]]
+serve()
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Live:
+    """A running server: its base URL, its port, its process."""
+
+    url: str
+    port: int
+    proc: subprocess.Popen[str]
+    grpc_port: int | None = None
+    log: str = ""
+
+
+@contextlib.contextmanager
+def live_server(
+    *args: str, ready_s: float = 180, grpc: bool = False, env: dict[str, str] | None = None
+) -> Iterator[Live]:
+    """``treeguard serve ARGS --port P`` until the block ends (then stopped by pid).
+
+    ``live.log`` holds the server's stderr once the block has ended.
+    """
+    port = free_port()
+    extra = ["--grpc-port", str(grpc_port := free_port())] if grpc else []
+    proc = start_python(SERVER, *args, "--port", str(port), *extra, env=env)
+    live = Live(f"http://127.0.0.1:{port}", port, proc, grpc_port if grpc else None)
+    try:
+        with httpx.Client(base_url=live.url, timeout=10) as c:
+            end = time.monotonic() + ready_s
+            while time.monotonic() < end and proc.poll() is None:
+                with contextlib.suppress(httpx.TransportError):
+                    if c.get("/v2/health/ready").status_code == 200:
+                        break
+                time.sleep(0.1)
+            else:
+                proc.terminate()
+                raise AssertionError(f"the server never became ready: {stop(proc)[1][-3000:]}")
+        yield live
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+        live.log = stop(proc)[1]

@@ -1,0 +1,158 @@
+"""A real server under hostile clients: slow headers, slow and abandoned
+bodies, more connections than allowed; and a server that finds nothing to
+serve exits non-zero, naming each version. Every wait is bounded."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import time
+
+import httpx
+import numpy as np
+import pytest
+from live import SERVER, free_port, live_server
+from serving_support import metric, mlp_spec, request
+from subproc import start_python, stop
+
+import treeguard
+from treeguard.serving import Limits
+
+pytestmark = pytest.mark.slow
+LIMITS = Limits(header_timeout_s=1.0, body_timeout_s=1.0, max_connections=6, max_bodies=2)
+
+
+@pytest.fixture
+def hardened(mlp_store, tmp_path):
+    store, _ = mlp_store
+    spec = tmp_path / "spec.json"
+    mlp_spec(limits=LIMITS).save(spec)
+    with live_server(
+        "treeguard.examples.mlp:model",
+        "--store",
+        str(store.root),
+        "--spec",
+        str(spec),
+        "--allow-unchecked",
+    ) as live:
+        yield live
+    assert "Traceback" not in live.log, live.log[-3000:]
+
+
+def _connect(port: int) -> socket.socket:
+    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    s.settimeout(10)
+    return s
+
+
+def _closed_within(s: socket.socket, seconds: float) -> bool:
+    """Whether the server closes ``s`` within ``seconds`` (one byte sent per 0.2 s)."""
+    end = time.monotonic() + seconds
+    s.settimeout(0.2)
+    while time.monotonic() < end:
+        try:
+            s.sendall(b"X")
+        except OSError:
+            return True
+        with contextlib.suppress(TimeoutError):
+            if s.recv(4096) == b"":
+                return True
+    return False
+
+
+def test_slow_headers_are_cut_off_and_others_still_served(hardened):
+    slow = _connect(hardened.port)
+    slow.sendall(b"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+    with httpx.Client(base_url=hardened.url, timeout=10) as c:
+        assert c.post("/v2/models/mlp/infer", json=request(1)).status_code == 200
+        assert _closed_within(slow, 8)
+        slow.close()
+        text = c.get("/metrics").text
+    assert metric(text, "treeguard_dropped_requests_total", reason="header_timeout") >= 1
+
+
+def test_a_second_slow_request_on_a_kept_alive_connection_is_cut_off_too(hardened):
+    s = _connect(hardened.port)
+    s.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert s.recv(4096).startswith(b"HTTP/1.1 200")
+    s.sendall(b"GET /v2/health/live HTTP/1.1\r\nX-Slow: ")
+    assert _closed_within(s, 8)
+    s.close()
+
+
+def test_a_slow_body_gets_408_and_an_abandoned_one_a_metric_and_one_line(hardened):
+    s = _connect(hardened.port)
+    s.sendall(
+        b"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b'Content-Length: 1000\r\n\r\n{"inputs": '
+    )
+    s.settimeout(10)
+    assert s.recv(4096).startswith(b"HTTP/1.1 408")
+    s.close()
+    s = _connect(hardened.port)
+    s.sendall(b'POST /v2/models/mlp/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{"in')
+    time.sleep(0.3)
+    s.close()
+    with httpx.Client(base_url=hardened.url, timeout=10) as c:
+        end = time.monotonic() + 10
+        while time.monotonic() < end:
+            text = c.get("/metrics").text
+            if metric(text, "treeguard_dropped_requests_total", reason="disconnect") >= 1:
+                break
+            time.sleep(0.1)
+        assert metric(text, "treeguard_dropped_requests_total", reason="body_timeout") == 1
+        assert metric(text, "treeguard_dropped_requests_total", reason="disconnect") == 1
+        assert c.post("/v2/models/mlp/infer", json=request(1)).status_code == 200
+
+
+def test_connections_over_the_cap_get_503(hardened):
+    held = []
+    try:
+        for _ in range(LIMITS.max_connections + 2):
+            s = _connect(hardened.port)
+            s.sendall(b"GET /v2/health/live HTTP/1.1\r\n")  # headers never finished
+            held.append(s)
+        time.sleep(0.2)
+        extra = _connect(hardened.port)
+        extra.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert extra.recv(4096).startswith(b"HTTP/1.1 503")
+        extra.close()
+    finally:
+        for s in held:
+            s.close()
+    with httpx.Client(base_url=hardened.url, timeout=10) as c:
+        end = time.monotonic() + 10
+        while time.monotonic() < end:  # the held ones closed: room again
+            if c.get("/v2/health/live").status_code == 200:
+                break
+            time.sleep(0.1)
+        assert c.get("/v2/health/live").status_code == 200
+
+
+def test_a_server_with_nothing_to_serve_exits_non_zero_naming_each_version(tmp_path):
+    store = treeguard.ArtifactStore(tmp_path / "s")
+    wide = {
+        "dense1": {"w": np.ones((2, 5), np.float32), "b": np.ones(5, np.float32)},
+        "dense2": {"w": np.ones((5, 1), np.float32), "b": np.ones(1, np.float32)},
+    }
+    a = store.put(wide)
+    assert store.verify(a, like=wide).status == "verified"
+    store.promote(a)
+    narrow = {
+        "dense1": {"w": np.ones((2, 4), np.float32), "b": np.ones(4, np.float32)},
+        "dense2": {"w": np.ones((4, 1), np.float32), "b": np.ones(1, np.float32)},
+    }
+    b = store.put(narrow)
+    assert store.verify(b, like=narrow).status == "verified"
+    proc = start_python(
+        SERVER, "treeguard.examples.mlp:model", "--store", str(store.root),
+        "--input", "['x']", "--port", str(free_port()), "--allow-unchecked",
+    )  # fmt: skip
+    try:
+        proc.wait(timeout=120)
+    finally:
+        _, err = stop(proc)
+    assert proc.returncode == 2, err[-3000:]
+    assert f"no version can be served: {a}: version {a} fails the contract check" in err
+    assert f"; {b}: " in err
+    assert "['dense1']['w']: shape (2, 3) in `like`, (2, 5) in the checkpoint" in err

@@ -1,0 +1,72 @@
+"""The release check from the command line: ``store verify --model`` runs the
+model's checks before the verdict; a verdict without them says so, and
+``serve`` refuses it unless ``--allow-unchecked``."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from serving_support import mlp_params, tiny_spec
+
+import treeguard
+from treeguard._cli.main import main
+from treeguard.serving import Server, ServingError
+
+
+def _verify(root, version, *extra):
+    return CliRunner().invoke(main, ["store", "verify", str(root), version, *extra])
+
+
+@pytest.mark.parametrize("which", ["mlp", "eqx_mlp"])
+def test_verify_with_the_model_runs_its_checks_and_ls_shows_them(tmp_path, which):
+    import importlib
+
+    model = importlib.import_module(f"treeguard.examples.{which}").model
+    store = treeguard.ArtifactStore(tmp_path / "s")
+    checked = store.put(model.init(model.key()))
+    out = _verify(store.root, checked, "--model", f"treeguard.examples.{which}:model")
+    assert out.exit_code == 0, out.output
+    unchecked = store.put(model.init(model.key()))
+    assert _verify(store.root, unchecked).exit_code == 0
+    ls = json.loads(CliRunner().invoke(main, ["store", "ls", str(store.root), "--json"]).output)
+    by = {v["version"]: v["checks"] for v in ls["versions"]}
+    assert by == {
+        checked: ["model.contract", "model.finite", "model.outputs"],
+        unchecked: [],
+    }
+    table = CliRunner().invoke(main, ["store", "ls", str(store.root)]).output
+    assert "contract, finite, outputs" in table and "[]" in table
+
+
+def test_a_version_whose_outputs_are_nan_is_rejected_by_the_model_check(tmp_path):
+    store = treeguard.ArtifactStore(tmp_path / "s")
+    bad = mlp_params(0)
+    bad["dense2"]["w"] = np.full((3, 1), 3e38, np.float32)  # finite params, Inf outputs
+    bad["dense2"]["b"] = np.full((1,), -3e38, np.float32)
+    v = store.put(bad)
+    out = _verify(store.root, v, "--model", "treeguard.examples.mlp:model")
+    assert out.exit_code == 1, out.output
+    assert "check model.outputs raised ValueError: output <root> is NaN or Inf on the case" in (
+        " ".join(out.output.split())
+    )
+    assert store.info(v).status == "rejected"
+
+
+def test_serve_refuses_an_unchecked_verdict_unless_allowed(tmp_path):
+    import tinymodel
+
+    store = treeguard.ArtifactStore(tmp_path / "s")
+    v = store.put(tinymodel.params())
+    store.verify(v)
+    store.promote(v)
+    strict = Server(tinymodel.model, store, spec=tiny_spec(), allow_unchecked=False)
+    with pytest.raises(ServingError) as e:
+        strict.start()
+    assert str(e.value) == (
+        f"no version can be served: {v}: version {v} was verified with no model check "
+        "(checks: [])\nhint: verify and promote a version that passes the model's checks"
+    )
+    Server(tinymodel.model, store, spec=tiny_spec(), allow_unchecked=True).start()

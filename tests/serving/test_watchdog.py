@@ -1,0 +1,130 @@
+"""The watchdog no client can trigger, a quarantine that survives a restart,
+and a warm-up that falls back instead of hanging."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tinymodel
+from serving_support import client, metric, put_verified, request, tiny_spec
+
+import treeguard
+from treeguard.serving import Server, ServingError, WatchdogPolicy
+
+pytestmark = pytest.mark.anyio
+URL = "/v2/models/tiny/infer"
+POLICY = WatchdogPolicy(window=10, min_requests=4, max_nonfinite_rate=0.2)
+
+
+async def test_an_input_that_overflows_a_good_model_never_counts_against_it(tiny_store):
+    store, _ = tiny_store
+    better = put_verified(store, tinymodel.params(eps=2.0))
+    server = Server(tinymodel.model, store, spec=tiny_spec(), watchdog=POLICY)
+    async with client(server) as c:
+        assert (await c.post("/v2/treeguard/swap", json={"version": better})).status_code == 200
+        for _ in range(12):  # finite, but x**2 overflows float32 in both versions
+            r = await c.post(URL, json=request(1, value=3e38))
+            assert r.status_code == 422, r.text
+            assert r.json()["error"].startswith(
+                "the outputs output are NaN or Inf for this input, and no other version shows"
+            )
+        assert (await c.post(URL, json=request(2))).status_code == 200
+        text = (await c.get("/metrics")).text
+    status = server.status()
+    assert status["active"] == better and status["quarantined"] == []
+    assert metric(text, "treeguard_rollbacks_total", trigger="nonfinite") == 0
+    assert metric(text, "treeguard_nonfinite_outputs_total", blame="input") == 12
+    assert metric(text, "treeguard_invalid_inputs_total", reason="nonfinite_output") == 12
+    assert not [e for e in store.history() if e.action == "serve_quarantine"]
+
+
+async def test_declared_bounds_refuse_inputs_outside_and_blame_the_version_inside(tiny_store):
+    store, v = tiny_store
+    spec = tiny_spec(bounds=(-10.0, 10.0))
+    server = Server(tinymodel.model, store, spec=spec, version=v["nan"], watchdog=POLICY)
+    async with client(server) as c:
+        r = await c.post(URL, json=request(1, value=3e38))
+        assert r.status_code == 422
+        assert r.json()["error"].startswith(
+            "input ['x']: a value lies outside the served bounds [-10, 10]"
+        )
+        r = await c.post(URL, json=request(1, value=0.5))  # within bounds: the version's fault
+        assert r.status_code == 500
+        assert r.json()["error"].startswith(f"version {v['nan']} gave NaN or Inf in output output")
+        text = (await c.get("/metrics")).text
+    assert metric(text, "treeguard_invalid_inputs_total", reason="bounds") == 1
+    assert metric(text, "treeguard_nonfinite_outputs_total", blame="version") == 1
+
+
+async def test_a_quarantine_is_recorded_and_a_restart_never_serves_it(tiny_store, caplog):
+    store, v = tiny_store
+    server = Server(tinymodel.model, store, spec=tiny_spec(), watchdog=POLICY)
+    async with client(server) as c:
+        assert (await c.post("/v2/treeguard/swap", json={"version": v["nan"]})).status_code == 200
+        for _ in range(6):
+            await c.post(URL, json=request(2, value=0.5))
+    assert server.status()["active"] == v["good"]
+    quarantines = [e for e in store.history() if e.action == "serve_quarantine"]
+    assert [(e.version, e.detail["trigger"]) for e in quarantines] == [(v["nan"], "nonfinite")]
+    store.promote(v["nan"])  # CURRENT now names the quarantined version
+    restarted = Server(tinymodel.model, store, spec=tiny_spec())
+    async with client(restarted) as c:
+        ready = (await c.get("/v2/health/ready")).json()
+        r = await c.post(URL, json=request(1))
+    assert ready == {
+        "ready": True,
+        "fallback": {
+            "from": v["nan"],
+            "to": v["good"],
+            "reasons": {v["nan"]: "quarantined by the watchdog"},
+        },
+    }
+    assert r.json()["model_version"] == v["good"]
+    last = store.history()[-1]
+    assert (last.action, last.version, last.detail["trigger"]) == (
+        "serve_rollback",
+        v["good"],
+        "warmup",
+    )
+    assert f"fell back from {v['nan']} to {v['good']}" in caplog.text
+
+
+async def test_an_explicit_swap_lifts_the_quarantine(tiny_store):
+    store, v = tiny_store
+    store.log_event("serve_quarantine", v["nan"], trigger="nonfinite")
+    server = Server(tinymodel.model, store, spec=tiny_spec())
+    server.start()
+    assert server.status()["quarantined"] == [v["nan"]]
+    server.slots.swap(v["nan"])
+    assert server.status()["quarantined"] == []
+    fresh = Server(tinymodel.model, store, spec=tiny_spec(), version=v["nan"])
+    fresh.start()
+    assert fresh.status()["active"] == v["nan"] and fresh.status()["fallback"] is None
+
+
+def test_warm_up_falls_back_past_a_version_that_cannot_run(tmp_path):
+    store = treeguard.ArtifactStore(tmp_path / "s")
+    good = put_verified(store, tinymodel.params())
+    wrong = put_verified(store, {"w": np.ones((3, 1), np.float32), "eps": np.float32(1)})
+    store.promote(wrong)
+    server = Server(tinymodel.model, store, spec=tiny_spec())
+    server.start()
+    status = server.status()
+    assert status["active"] == good
+    assert status["fallback"]["from"] == wrong and list(status["fallback"]["reasons"]) == [wrong]
+
+
+def test_warm_up_with_no_version_that_passes_names_each_and_why(tmp_path):
+    store = treeguard.ArtifactStore(tmp_path / "s")
+    wrong = {"w": np.ones((3, 1), np.float32), "eps": np.float32(1)}
+    a = put_verified(store, wrong)
+    b = put_verified(store, {"w": np.ones((4, 1), np.float32), "eps": np.float32(1)})
+    store.promote(a)
+    server = Server(tinymodel.model, store, spec=tiny_spec())
+    with pytest.raises(ServingError) as e:
+        server.start()
+    text = str(e.value)
+    assert e.value.status == 503
+    assert text.startswith(f"no version can be served: {a}: ")
+    assert f"; {b}: " in text
+    assert not server.slots.ready

@@ -1,0 +1,115 @@
+"""The model's release checks: what a version must pass, with the model in
+hand, before its verdict may be recorded, and the structure it is loaded into.
+
+``release_checks(model)`` are the checks ``treeguard store verify STORE V
+--model MODULE:ATTR`` hands to ``ArtifactStore.verify``: ``model.contract``
+(the params match the model's stored params spec, when it declares one),
+``model.finite`` (no NaN or Inf in the params) and ``model.outputs``
+(``apply`` gives finite outputs on the model's generated positive cases and
+its stored reference batches). A verdict whose checks hold none of these was
+recorded with no model check; ``verdicts.model_checks`` says which it ran, and
+``treeguard serve`` refuses such a version unless ``--allow-unchecked``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import jax
+import numpy as np
+
+from ..diff import check
+from ..spec import LeafSpec, spec_of
+from ..verify.cases import generate
+from ..verify.model import Model
+from ..verify.refs import load as load_refs
+from .protocol import all_finite
+from .verdicts import PREFIX
+
+log = logging.getLogger("treeguard.serving")
+
+
+def params_like(model: Model) -> Any:
+    """The structure every version of ``model`` is loaded into, so equinox
+    modules, ``nnx.State`` and any registered node come back with their types.
+
+    Returns:
+      The model's stored params spec; else the structure and dtypes of
+      ``model.init``'s params with every size left free (a model that pins
+      no params contract may change its widths between versions); else None
+      (plain containers) when ``init`` cannot be traced.
+
+    Example:
+      >>> from treeguard.examples import eqx_mlp
+      >>> like = params_like(eqx_mlp.model)
+      >>> like.leaves[0].dtype.name, len(like.leaves[0].shape)
+      ('float32', 2)
+    """
+    declared = model.stored_params_spec()
+    if declared is not None:
+        return declared
+    try:
+        shapes = jax.eval_shape(model.init, model.key())
+    except Exception as e:  # noqa: BLE001 - a model whose init cannot be traced
+        log.warning(
+            "the params' structure cannot be taken from init (%s); loading as plain containers",
+            type(e).__name__,
+        )
+        return None
+    flat, treedef = jax.tree.flatten(shapes)
+    free = [
+        LeafSpec(tuple(f"_{i}_{j}" for j in range(x.ndim)), x.dtype) for i, x in enumerate(flat)
+    ]
+    return spec_of(jax.tree.unflatten(treedef, free))
+
+
+def _batches(model: Model) -> list[tuple[str, Any]]:
+    invalid = {"invalid_shape", *(inv.name for inv in model.invalid_inputs)}
+    out = [(c.name, c.batch) for c in generate(model) if not c.negative and c.name not in invalid]
+    if model.references is not None:
+        refs = load_refs(model.references)
+        out += [(f"reference {c.name}", c.batch) for c in refs.cases if c.name in refs.expected]
+    return out
+
+
+def release_checks(model: Model) -> list[tuple[str, Any]]:
+    """The model's checks, as ``(name, check)`` pairs for ``ArtifactStore.verify``.
+
+    Example:
+      >>> from treeguard.examples import mlp
+      >>> [name for name, _ in release_checks(mlp.model)]
+      ['model.contract', 'model.finite', 'model.outputs']
+    """
+    declared = model.stored_params_spec()
+
+    def contract(tree: Any) -> bool:
+        if declared is not None:
+            check(tree, declared)
+        return True
+
+    def finite(tree: Any) -> bool:
+        bad = [
+            jax.tree_util.keystr(p)
+            for p, x in jax.tree.leaves_with_path(tree)
+            if not all_finite(np.asarray(x))
+        ]
+        if bad:
+            raise ValueError(f"NaN or Inf in {', '.join(bad[:5])}")
+        return True
+
+    def outputs(tree: Any) -> bool:
+        fn = jax.jit(model.apply)
+        for name, batch in _batches(model):
+            out = fn(tree, batch)
+            for p, x in jax.tree.leaves_with_path(out):
+                if not all_finite(np.asarray(x)):
+                    path = jax.tree_util.keystr(p) or "<root>"
+                    raise ValueError(f"output {path} is NaN or Inf on the case {name!r}")
+        return True
+
+    return [
+        (f"{PREFIX}contract", contract),
+        (f"{PREFIX}finite", finite),
+        (f"{PREFIX}outputs", outputs),
+    ]

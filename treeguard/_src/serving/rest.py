@@ -1,0 +1,343 @@
+"""The REST transport: the Open Inference Protocol over HTTP, on the engine.
+
+Routes (``{m}`` the model, ``{v}`` a version):
+  ``GET /v2`` (server metadata), ``GET /v2/health/live``, ``GET /v2/health/ready``,
+  ``GET /v2/models/{m}[/versions/{v}]`` (metadata), ``.../ready``,
+  ``POST .../infer``; treeguard's ``POST /v2/treeguard/swap`` ``{"version": V}``,
+  ``POST /v2/treeguard/rollback`` (both behind the control token when one is
+  set), ``GET /v2/treeguard/status`` and ``GET /metrics``.
+
+A request body is JSON, or, with the ``Inference-Header-Content-Length``
+header, a JSON header followed by the binary tensor data of the inputs that
+carry ``parameters.binary_data_size`` (the binary tensor data extension).
+Outputs go back as binary the same way when asked (``binary_data`` on an
+output, or ``binary_data_output`` on the request). A body is read under the
+spec's size limit and body deadline, with at most ``max_bodies`` read at
+once. Errors are ``{"error": message}``; each typed error maps to its status
+in one place (``exception_handlers``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+from typing import Any
+
+from ..errors import InvalidRequestError, ServingError
+from .engine import Engine
+from .protocol import InferRequest, InferResult, RawInput, json_data, parse_json, raw_bytes, refuse
+
+log = logging.getLogger("treeguard.serving")
+
+HEADER_LENGTH = "inference-header-content-length"
+
+
+class Unauthorized(Exception):
+    """A control request without the right bearer token (401)."""
+
+
+class Dropped(Exception):
+    """The transport gave up on a request before the engine saw it."""
+
+    def __init__(self, reason: str, status: int, message: str) -> None:
+        self.reason = reason
+        self.status = status
+        super().__init__(message)
+
+
+# -- the binary tensor data extension -------------------------------------------
+
+
+def _parameters(obj: dict[str, Any], where: str) -> dict[str, Any]:
+    params = obj.get("parameters", {})
+    if not isinstance(params, dict) or len(params) > 64:
+        raise refuse(f"{where}: parameters must be a JSON object of at most 64 entries")
+    return params
+
+
+def read_request(body: bytes, header_length: str | None) -> InferRequest:
+    """Parses a REST inference body (JSON, or JSON then binary tensors).
+
+    Raises:
+      InvalidRequestError: 400 for a body that is not a request, 422 for
+        binary sizes that disagree with the body.
+
+    Example:
+      >>> req = read_request(b'{"id": "7", "inputs": [{"name": "x", "shape": [1], '
+      ...                    b'"datatype": "FP32", "data": [1.5]}]}', None)
+      >>> req.id, req.inputs[0].data
+      ('7', [1.5])
+    """
+    tail = b""
+    if header_length is not None:
+        if not header_length.isdigit() or int(header_length) > len(body):
+            raise refuse(
+                f"{HEADER_LENGTH} is not a size within the body's {len(body)} bytes",
+                status=400,
+                hint="set it to the byte length of the JSON header",
+            )
+        n = int(header_length)
+        body, tail = body[:n], body[n:]
+    doc = parse_json(body)
+    if not isinstance(doc, dict) or not isinstance(doc.get("inputs"), list):
+        raise refuse('the body has no "inputs" list', hint='{"inputs": [{"name": ...}]}')
+    rid = doc.get("id")
+    if rid is not None and (not isinstance(rid, str) or len(rid) > 256):
+        raise refuse("the request id must be a string of at most 256 characters")
+    request_params = _parameters(doc, "the request")
+    view = memoryview(tail)
+    offset = 0
+    inputs = []
+    for i, item in enumerate(doc["inputs"]):
+        if not isinstance(item, dict):
+            raise refuse(f"inputs[{i}] is a JSON {type(item).__name__}, not an object")
+        size = _parameters(item, f"inputs[{i}]").get("binary_data_size")
+        if size is None:
+            data = item.get("data")
+        else:
+            if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+                raise refuse(f"inputs[{i}]: binary_data_size must be a size", "shape")
+            if offset + size > len(view):
+                raise refuse(
+                    f"inputs[{i}]: binary_data_size {size} runs past the body's "
+                    f"{len(view) - offset} remaining bytes of binary data",
+                    "shape",
+                )
+            data = view[offset : offset + size]
+            offset += size
+        inputs.append(RawInput(item.get("name"), item.get("datatype"), item.get("shape"), data))
+    if offset != len(view):
+        raise refuse(
+            f"the body holds {len(view) - offset} bytes of binary data no input claims",
+            "shape",
+            hint="give each binary input its binary_data_size",
+        )
+    outputs = doc.get("outputs")
+    names: list[str] | None = None
+    binary: dict[str, bool] = {}
+    if outputs is not None:
+        if not isinstance(outputs, list) or len(outputs) > 1024:
+            raise refuse('"outputs" must be a list of {"name": ...} objects')
+        names = []
+        for j, out in enumerate(outputs):
+            if not isinstance(out, dict) or not isinstance(out.get("name"), str):
+                raise refuse(f"outputs[{j}] must be an object with a name")
+            names.append(out["name"])
+            flag = _parameters(out, f"outputs[{j}]").get("binary_data")
+            if flag is not None:
+                binary[out["name"]] = bool(flag)
+    default = bool(request_params.get("binary_data_output", False))
+    return InferRequest(inputs, rid, names, binary, default)
+
+
+def write_result(result: InferResult) -> tuple[bytes, dict[str, str]]:
+    """The response body and headers of a result (binary outputs after the JSON)."""
+    blobs = []
+    outputs = []
+    for out in result.outputs:
+        entry: dict[str, Any] = {
+            "name": out.name,
+            "datatype": out.datatype,
+            "shape": list(out.array.shape),
+        }
+        if out.binary:
+            blob = raw_bytes(out.array)
+            blobs.append(blob)
+            entry["parameters"] = {"binary_data_size": len(blob)}
+        else:
+            entry["data"] = json_data(out.array)
+        outputs.append(entry)
+    doc: dict[str, Any] = {
+        "model_name": result.model,
+        "model_version": result.version,
+        "outputs": outputs,
+    }
+    if result.id is not None:
+        doc["id"] = result.id
+    header = json.dumps(doc, separators=(",", ":")).encode()
+    if not blobs:
+        return header, {"content-type": "application/json"}
+    return header + b"".join(blobs), {
+        "content-type": "application/octet-stream",
+        "inference-header-content-length": str(len(header)),
+    }
+
+
+# -- the app ------------------------------------------------------------------------
+
+
+def build_app(engine: Engine, *, control_token: bytes | None = None) -> Any:
+    """The starlette ASGI app of ``engine`` (see the module's docstring).
+
+    Args:
+      engine: the ``Engine``.
+      control_token: the bearer token ``swap`` and ``rollback`` require;
+        None to leave them open (a loopback-only server).
+    """
+    # starlette is imported only when an app is built (the serve extra)
+    from starlette.applications import Starlette
+    from starlette.requests import ClientDisconnect, Request
+    from starlette.responses import JSONResponse, Response
+    from starlette.routing import Route
+
+    spec = engine.spec
+    limits = spec.limits
+    metrics = engine.metrics
+    bodies = asyncio.Semaphore(limits.max_bodies)
+
+    async def read_body(request: Request) -> bytes:
+        announced = request.headers.get("content-length")
+        if announced is not None:
+            if not announced.isdigit():
+                raise refuse("content-length is not a size", status=400)
+            if int(announced) > limits.max_request_bytes:
+                raise refuse(
+                    f"the body announces {int(announced)} bytes, over the limit of "
+                    f"{limits.max_request_bytes}",
+                    "size",
+                    413,
+                    hint="send fewer rows per request",
+                )
+        if bodies.locked():
+            raise Dropped("bodies", 503, f"{limits.max_bodies} request bodies are being read")
+        async with bodies:
+            chunks = []
+            size = 0
+            try:
+                async with asyncio.timeout(limits.body_timeout_s):
+                    async for chunk in request.stream():
+                        size += len(chunk)
+                        if size > limits.max_request_bytes:
+                            raise refuse(
+                                f"the body is over the limit of {limits.max_request_bytes} bytes",
+                                "size",
+                                413,
+                                hint="send fewer rows per request",
+                            )
+                        chunks.append(chunk)
+            except TimeoutError:
+                raise Dropped(
+                    "body_timeout",
+                    408,
+                    f"the body did not arrive within {limits.body_timeout_s:g} s",
+                ) from None
+            return b"".join(chunks)
+
+    async def live(_: Request) -> Response:
+        return JSONResponse({"live": True})
+
+    async def ready(_: Request) -> Response:
+        state = engine.readiness()
+        return JSONResponse(state, status_code=200 if state["ready"] else 503)
+
+    async def server_meta(_: Request) -> Response:
+        return JSONResponse(engine.server_metadata())
+
+    async def model_meta(request: Request) -> Response:
+        p = request.path_params
+        return JSONResponse(engine.model_metadata(p["name"], p.get("version")))
+
+    async def model_ready(request: Request) -> Response:
+        p = request.path_params
+        ok = engine.model_ready(p["name"], p.get("version"))
+        return JSONResponse({"name": p["name"], "ready": ok}, status_code=200 if ok else 503)
+
+    async def infer(request: Request) -> Response:
+        p = request.path_params
+
+        async def parsed() -> InferRequest:
+            body = await read_body(request)
+            return read_request(body, request.headers.get(HEADER_LENGTH))
+
+        result = await engine.infer(parsed, p["name"], p.get("version"))
+        content, headers = write_result(result)
+        return Response(content, headers=headers)
+
+    def authorize(request: Request) -> None:
+        if control_token is None:
+            return
+        given = request.headers.get("authorization", "")
+        scheme, _, token = given.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(
+            token.strip().encode(), control_token
+        ):
+            raise Unauthorized()
+
+    async def swap(request: Request) -> Response:
+        authorize(request)
+        doc = parse_json(await read_body(request))
+        version = doc.get("version") if isinstance(doc, dict) else None
+        if not isinstance(version, str):
+            raise refuse('the body must be {"version": "<version>"}')
+        return JSONResponse(await engine.swap(version))
+
+    async def rollback(request: Request) -> Response:
+        authorize(request)
+        return JSONResponse(await engine.rollback())
+
+    async def status(_: Request) -> Response:
+        return JSONResponse(engine.status())
+
+    async def prometheus(_: Request) -> Response:
+        if engine.batcher is not None:
+            metrics.depth(engine.batcher.depth)
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    def error(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
+        return JSONResponse({"error": message}, status_code=status, headers=headers)
+
+    async def on_invalid(_: Request, e: Exception) -> Response:
+        assert isinstance(e, InvalidRequestError)
+        return error(e.status, str(e))
+
+    async def on_serving(_: Request, e: Exception) -> Response:
+        assert isinstance(e, ServingError)
+        headers = {"retry-after": "1"} if e.status in (429, 503) else None
+        return error(e.status, str(e), headers)
+
+    async def on_unauthorized(_: Request, e: Exception) -> Response:
+        return error(
+            401,
+            "this control request needs the server's bearer token\n"
+            "hint: send Authorization: Bearer <the token in --control-token-file>",
+            {"www-authenticate": "Bearer"},
+        )
+
+    async def on_dropped(_: Request, e: Exception) -> Response:
+        assert isinstance(e, Dropped)
+        metrics.dropped.labels(model=spec.name, reason=e.reason).inc()
+        log.info("request dropped (%s): %s", e.reason, e)
+        return error(e.status, str(e), {"connection": "close"})
+
+    async def on_disconnect(_: Request, e: Exception) -> Response:
+        metrics.dropped.labels(model=spec.name, reason="disconnect").inc()
+        log.info("client disconnected before its request body was complete")
+        return Response(status_code=499)
+
+    return Starlette(
+        routes=[
+            Route("/v2", server_meta),
+            Route("/v2/health/live", live),
+            Route("/v2/health/ready", ready),
+            Route("/v2/models/{name}", model_meta),
+            Route("/v2/models/{name}/ready", model_ready),
+            Route("/v2/models/{name}/infer", infer, methods=["POST"]),
+            Route("/v2/models/{name}/versions/{version}", model_meta),
+            Route("/v2/models/{name}/versions/{version}/ready", model_ready),
+            Route("/v2/models/{name}/versions/{version}/infer", infer, methods=["POST"]),
+            Route("/v2/treeguard/swap", swap, methods=["POST"]),
+            Route("/v2/treeguard/rollback", rollback, methods=["POST"]),
+            Route("/v2/treeguard/status", status),
+            Route("/metrics", prometheus),
+        ],
+        exception_handlers={
+            InvalidRequestError: on_invalid,
+            ServingError: on_serving,
+            Unauthorized: on_unauthorized,
+            Dropped: on_dropped,
+            ClientDisconnect: on_disconnect,
+        },
+        lifespan=lambda _app: engine.running(),
+    )
