@@ -51,7 +51,7 @@ shardings = jax.tree.map(lambda s: NamedSharding(mesh, s), specs)
 like = jax.tree.map(lambda h, s: jax.ShapeDtypeStruct(np.shape(h), np.asarray(h).dtype, sharding=s), host, shardings)
 flat = dict(jax.tree_util.tree_flatten_with_path(shardings)[0])
 check(treeguard.load_sharded(d, like), lambda p: flat[p])
-assert any("['dense1']['w']: resharded from named(mesh[x=2,y=4], spec('x', 'y')) to named(mesh[x=4,y=2], spec('x', 'y'))" in r for r in records), records
+assert any("['dense1']['w']: resharded from named(mesh[x=2:Explicit,y=4:Explicit], spec('x', 'y')) to named(mesh[x=4:Explicit,y=2:Explicit], spec('x', 'y'))" in r for r in records), records
 one = SingleDeviceSharding(jax.devices()[3])
 single = jax.tree.map(lambda h: jax.ShapeDtypeStruct(np.shape(h), np.asarray(h).dtype, sharding=one), host)
 check(treeguard.load_sharded(d, single), lambda p: one)

@@ -243,6 +243,18 @@ def test_a_nan_is_found_and_refused(mesh: jax.sharding.Mesh) -> None:
     _same_shardings(kept, params)
 
 
+def test_a_tree_over_two_kinds_of_mesh_is_searched_leaf_by_leaf() -> None:
+    explicit = jax.make_mesh((2, 4), ("x", "y"), axis_types=KINDS["explicit"])
+    auto = jax.make_mesh((2, 4), ("x", "y"), axis_types=KINDS["auto"])
+    tree = {
+        "a": jax.device_put(jnp.full((8, 8), jnp.nan), NamedSharding(explicit, P("x", "y"))),
+        "b": jax.device_put(jnp.ones((8, 8)), NamedSharding(auto, P("x", "y"))),
+    }
+    assert tg.find_nonfinite(tree) == {"['a']": 64}
+    finite = jax.device_put(jnp.ones((8, 8)), NamedSharding(explicit, P("x", "y")))
+    assert tg.find_nonfinite({"b": tree["b"], "c": finite}) == {}
+
+
 @pytest.mark.parametrize("context", list(CONTEXTS))
 def test_optax_steps_keep_shardings_and_compile_once(mesh: jax.sharding.Mesh, context: str) -> None:
     params, grads = _params(mesh), _grads(mesh)

@@ -153,7 +153,12 @@ def find_nonfinite(tree: Any, /) -> dict[str, int]:
     leaves, treedef = _leaves_of(tree)
     if not leaves:
         return {}
-    ok = _all_finite(leaves)
+    try:
+        ok = _all_finite(leaves)
+    except (ValueError, TypeError):
+        # leaves on meshes JAX will not combine in one program (axes of other
+        # types): count them one by one below, which needs no combining
+        ok = False
     if isinstance(ok, jax.core.Tracer):
         raise TracedValueError(
             "find_nonfinite needs concrete arrays but was called inside a JAX transformation; "
@@ -164,7 +169,8 @@ def find_nonfinite(tree: Any, /) -> dict[str, int]:
     paths = structure_of(tree, treedef).leaf_paths()
     found: dict[str, int] = {}
     for start in range(0, len(leaves), _CHUNK):
-        chunk = np.asarray(jnp.stack(_count_each(leaves[start : start + _CHUNK])))
+        # one transfer per chunk, without joining counts that may live on different meshes
+        chunk = np.asarray(jax.device_get(_count_each(leaves[start : start + _CHUNK])))
         for i in np.flatnonzero(chunk):
             found[keystr(paths[start + i])] = int(chunk[i])
     return found

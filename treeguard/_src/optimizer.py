@@ -200,6 +200,8 @@ class OptaxStep:
             check_layout(ref, [u_lay])
             plan, casts = plan_casts(ref, [u_lay], policy)
             record(casts)
+            if p_pin is not None:  # an optimizer may lay its updates out otherwise
+                u_leaves = [pin_leaf(u, s) for u, s in zip(u_leaves, p_pin)]
             new_p = [
                 p + (u if (0, i) not in plan else u.astype(plan[(0, i)]))
                 for i, (p, u) in enumerate(zip(ref.leaves, u_leaves))
