@@ -40,7 +40,9 @@ def _console_script() -> click.Command:
     (script,) = entry_points(group="console_scripts", name="treeguard")
     command = script.load()
     if not isinstance(command, click.Command):
-        raise TypeError(f"the treeguard console script is {type(command).__name__}, not a click command")
+        raise TypeError(
+            f"the treeguard console script is {type(command).__name__}, not a click command"
+        )
     return command
 
 

@@ -109,7 +109,9 @@ def parse(page: Path) -> list[Block]:
                 if stripped.startswith(marker[0] * len(marker)) and set(stripped) <= {marker[0]}:
                     closed = True
                     break
-                body_lines.append(lines[i][indent:] if lines[i][:indent].strip() == "" else lines[i])
+                body_lines.append(
+                    lines[i][indent:] if lines[i][:indent].strip() == "" else lines[i]
+                )
                 i += 1
             error = None if closed else "the fence is never closed"
             skip_reason = None

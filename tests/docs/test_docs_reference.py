@@ -60,9 +60,12 @@ def entries() -> dict[str, Path]:
 
 
 def test_the_subnamespaces_are_found() -> None:
-    assert {"treeguard.verify", "treeguard.serving", "treeguard.bench", "treeguard.diagnose"} <= set(
-        namespaces()
-    )
+    assert {
+        "treeguard.verify",
+        "treeguard.serving",
+        "treeguard.bench",
+        "treeguard.diagnose",
+    } <= set(namespaces())
 
 
 @pytest.mark.parametrize("name", public_names())
