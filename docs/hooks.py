@@ -57,7 +57,7 @@ def cli_reference() -> str:
 def _command(
     command: click.Command, path: str, parent: click.Context | None, parts: list[str], depth: int
 ) -> None:
-    ctx = click.Context(command, info_name=path.split()[-1], parent=parent)
+    ctx = click.Context(command, info_name=path.rsplit(maxsplit=1)[-1], parent=parent)
     anchor = path.replace(" ", "-")
     parts.append(f"{'#' * depth} `{path}` {{#{anchor}}}\n")
     usage = command.get_usage(ctx).removeprefix("Usage: ").strip()
@@ -153,7 +153,6 @@ def errors_reference() -> str:
         bases = ", ".join(f"`{b.__name__}`" for b in cls.__bases__)
         code = getattr(cls, "exit_code", None)
         summary = (inspect.getdoc(cls) or "").split("\n\n")[0]
-        rows.append(
-            f"| {_public_link(cls)} | {bases} | {'' if code is None else code} | {_cell(_text(summary))} |"
-        )
+        exit_code = "" if code is None else str(code)
+        rows.append(f"| {_public_link(cls)} | {bases} | {exit_code} | {_cell(_text(summary))} |")
     return "\n".join(rows) + "\n"
