@@ -17,7 +17,9 @@ The convention every page follows:
   ``$ ``, ...) is not run;
 - a block whose preceding line is ``<!-- docs: skip (REASON) -->`` is skipped
   with that reason; a skip marker without a reason, or one that precedes no
-  block, is an error.
+  block, is an error;
+- a page holding the line ``<!-- docs: slow -->`` runs all its blocks only
+  under ``-m slow`` (for pages whose Python blocks compile whole models).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ CONSOLE = "console"
 _FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})[ \t]*(?P<info>[^`]*?)[ \t]*$")
 _SKIP = re.compile(r"^\s*<!--\s*docs:\s*skip\b(?P<rest>.*?)-->\s*$")
 _SKIP_REASON = re.compile(r"^\s*\((?P<reason>.*\S.*)\)\s*$")
+_SLOW = re.compile(r"^\s*<!--\s*docs:\s*slow\s*-->\s*$", re.MULTILINE)
 _EXIT = re.compile(r"\s{2,}#\s*exit\s+(?P<code>\d+)\s*$")
 
 #: The longest one console command may run, in seconds.
@@ -134,6 +137,11 @@ def parse(page: Path) -> list[Block]:
 
 def _orphan(page: Path, line: int) -> Block:
     return Block(page, line, "", "", None, "a skip marker that precedes no code block")
+
+
+def is_slow(page: Path) -> bool:
+    """Whether the page asks for all its blocks to run only under ``-m slow``."""
+    return _SLOW.search(page.read_text(encoding="utf-8")) is not None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -4,8 +4,8 @@ One test per block, named ``page:line``. The convention is in
 ``docblocks.py``. A page's blocks depend on the blocks before them, so a test
 first runs (once) each earlier block of its page that has not run yet.
 Console blocks start processes (2 to 4 s each for ``treeguard``), so they,
-and every block after the first console block of a page, run with
-``-m slow``.
+every block after the first console block of a page, and every block of a
+page marked ``<!-- docs: slow -->`` run with ``-m slow``.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from docblocks import Block, commands, output_matches, parse, run_command
+from docblocks import Block, commands, is_slow, output_matches, parse, run_command
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -39,12 +39,12 @@ def _runnable(block: Block) -> bool:
 def _collect() -> list[Any]:
     params = []
     for page in pages():
-        seen_console = False
+        slow = is_slow(page)
         for index, block in enumerate(parse(page)):
             if not _runnable(block):
                 continue
-            seen_console = seen_console or (block.kind == "console" and block.skip is None)
-            marks = [pytest.mark.slow] if seen_console else []
+            slow = slow or (block.kind == "console" and block.skip is None)
+            marks = [pytest.mark.slow] if slow else []
             name = f"{page.relative_to(ROOT)}:{block.line}"
             params.append(pytest.param(page, index, id=name, marks=marks))
     return params
