@@ -84,7 +84,7 @@ def _param_row(param: click.Parameter, ctx: click.Context) -> str | None:
         if param.hidden:
             return None
         names = ", ".join(f"`{o}`" for o in [*param.opts, *param.secondary_opts])
-        meaning = param.help or ""
+        meaning = ("Required. " if param.required else "") + (param.help or "")
         default = "" if param.is_flag or param.default is None else _default(param, ctx)
     else:
         names = f"`{param.human_readable_name}`"
