@@ -4,9 +4,9 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.treeguard-installed
-SRC    := treeguard tests benchmarks
+SRC    := treeguard tests benchmarks docs
 
-.PHONY: demo tour test lint typecheck unit bench bench-update bench-checkpoint reliability clean
+.PHONY: demo tour test lint typecheck unit docs bench bench-update bench-checkpoint reliability clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -20,7 +20,7 @@ demo: $(STAMP)
 tour: $(STAMP)
 	$(BIN)/python -m treeguard.examples.tour
 
-test: lint typecheck unit
+test: lint typecheck unit docs
 
 lint: $(STAMP)
 	$(BIN)/ruff check $(SRC)
@@ -34,6 +34,12 @@ typecheck: $(STAMP)
 unit: $(STAMP)
 	$(BIN)/python -m pytest -q
 	$(BIN)/python -m pytest -q -m slow
+
+# The docs site, offline, into build/site; any warning (a broken link, a
+# missing reference) fails it. Not --quiet: it hides the warnings from
+# --strict, which then passes.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/tree.py
