@@ -13,10 +13,10 @@ from .format import Header as Header
 from .format import TensorInfo as TensorInfo
 from .format import encode_header as encode_header
 from .format import header_digest as header_digest
-from .read import load as load
+from .load import load as load
+from .load import spec_from_file as spec_from_file
+from .load import spec_reader as spec_reader
 from .read import read_header as read_header
-from .read import spec_from_file as spec_from_file
-from .read import spec_reader as spec_reader
 from .read import verify_file as verify_file
 from .sources import import_weights as import_weights
 from .sources import read_foreign as read_foreign

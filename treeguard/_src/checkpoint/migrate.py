@@ -21,7 +21,6 @@ from ..mismatch import Mismatch
 from ..paths import Path, keystr, parse
 from ..spec import LeafSpec, TreeSpec, spec_of
 from ..walk import Node
-from .format import Header
 
 
 def starts_with(path: Path, prefix: Path) -> bool:
@@ -195,39 +194,37 @@ def match_stored(  # noqa: PLR0917 - two call sites, all positional data
 
 
 def migrate(  # noqa: PLR0917 - one call site
-    header: Header,
+    stored: TreeSpec,
+    where: str,
     like_spec: TreeSpec,
-    like_names: list[str],
     like_leaves: list[Any] | None,
     rename: Mapping[str, str],
     allow_missing: Sequence[str],
-) -> list[str | None]:
-    """Leaf-level matching for a deliberate migration.
+) -> list[int | None]:
+    """Leaf-level matching for a deliberate migration of a stored tree (a
+    whole checkpoint's spec, or the part a partial load selected).
 
     Returns:
-      For each leaf of ``like`` in flatten order, the stored tensor name to
-      take its value from, or None to keep ``like``'s value.
+      For each leaf of ``like`` in flatten order, the index of the stored
+      leaf to take its value from, or None to keep ``like``'s value.
 
     Raises:
       TreeMismatchError: for every difference the options do not name.
       ValueError: for an option path that names nothing.
     """
-    import jax
+    import jax  # a reader of headers alone never imports JAX
 
     has_value = [
         ref is not None and not isinstance(ref, (LeafSpec, jax.ShapeDtypeStruct))
-        for ref in (like_leaves if like_leaves is not None else [None] * len(like_names))
+        for ref in (like_leaves if like_leaves is not None else [None] * like_spec.num_leaves)
     ]
-    sources = match_stored(
-        [t.name for t in header.tensors],
-        [LeafSpec(t.shape, t.dtype) for t in header.tensors],
+    return match_stored(
+        [keystr(p) for p in stored.paths],
+        list(stored.leaves),
         like_spec,
         has_value,
         rename,
         allow_missing,
-        header.path,
-        extra=lambda renames: _node_type_mismatches(
-            header.spec.structure, like_spec.structure, renames
-        ),
+        where,
+        extra=lambda renames: _node_type_mismatches(stored.structure, like_spec.structure, renames),
     )
-    return [None if k is None else header.tensors[k].name for k in sources]

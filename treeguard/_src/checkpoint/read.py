@@ -1,66 +1,56 @@
-"""Reading checkpoints: ``read_header``, ``verify_file`` and ``load``.
+"""Reading treeguard checkpoints: ``read_header``, ``verify_file`` and the
+native half of ``load`` (``load.py`` opens a file and dispatches here or to
+the foreign reader).
 
 Each reader opens the file once and reads everything through that one
 descriptor: the header, the optional ``expect_digest`` comparison, the
-contract check against ``like`` and only then the tensors, each straight
-into its final numpy buffer while a pool of threads (one per core) hashes
-the buffers already read. No tree is returned before every hash matched.
+contract check against ``like`` (of the selected part, for a partial load)
+and only then the selected tensors, each straight into its final numpy
+buffer while a pool of threads (one per core) hashes the buffers already
+read. No tree is returned before every hash matched.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import hashlib
-import mmap
 import os
 import re
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from ..diff import mismatches
-from ..errors import FormatError, IntegrityError, InvalidTreeError, TreeMismatchError, cap_lines
+from ..errors import FormatError, IntegrityError, TreeMismatchError
 from ..keydtype import is_key_dtype, wrap_keys
 from ..mismatch import Mismatch
-from ..paths import keystr
 from ..spec import TreeSpec, spec_of
-from ..walk import Node, flatten
+from ..walk import flatten
 from .files import open_checkpoint, pread_into, read_raw_header
-from .foreign import (
-    Unverified,
-    check_unverified,
-    foreign_header,
-    is_foreign,
-    load_foreign,
-)
-from .format import (
-    HASH_NAME,
-    K_FORMAT,
-    MAX_HEADER_BYTES,
-    Header,
-    TensorInfo,
-    header_from_doc,
-)
+from .format import HASH_NAME, Header, TensorInfo, header_from_doc
 from .migrate import migrate
-from .names import NamingRule
+from .restore import (
+    RESTORE_HINT,
+    THREADS,
+    as_like,
+    build_like,
+    integrity_error,
+    plain,
+    read_ranges,
+)
+from .select import select
 
-_THREADS = "treeguard-hash"
 _CHUNK = 16 * 1024 * 1024
-#: Each loaded array starts at a multiple of this in the shared buffer.
-_ALIGN = 64
-#: Loads of at least this many bytes go into an anonymous mapping.
-_MAPPED = 64 * 1024 * 1024
 _HEX_RE = re.compile(r"^[0-9a-f]{64}$")
-_RESTORE_HINT = "restore the file from a verified copy (ArtifactStore.rollback) or save it again"
 
 
 def _parse_header(fd: int, name: str, expect_digest: str | None = None) -> Header:
     doc, header_bytes, size = read_raw_header(fd, name)
-    return _checked_header(doc, header_bytes, size, name, expect_digest)
+    return checked_header(doc, header_bytes, size, name, expect_digest)
 
 
-def _checked_header(
+def checked_header(
     doc: dict[str, Any], header_bytes: int, size: int, name: str, expect_digest: str | None
 ) -> Header:
     header = header_from_doc(doc, header_bytes, size, name)
@@ -70,12 +60,12 @@ def _checked_header(
             f"{header.digest[:12]}… in the file, {expect_digest[:12]}… recorded",
             context=name,
             path="__metadata__",
-            hint=_RESTORE_HINT,
+            hint=RESTORE_HINT,
         )
     return header
 
 
-def _check_expect_digest(expect_digest: Any) -> None:
+def check_expect_digest(expect_digest: Any) -> None:
     if expect_digest is None:
         return
     if not isinstance(expect_digest, str) or not _HEX_RE.match(expect_digest):
@@ -115,101 +105,6 @@ def read_header(path: str | os.PathLike[str], /) -> Header:
         return _parse_header(fd, name)
     finally:
         os.close(fd)
-
-
-def _read_tensors(
-    fd: int,
-    header: Header,
-    wanted: Collection[str],
-    progress: Callable[[int, int], None] | None = None,
-) -> dict[str, np.ndarray[Any, Any]]:
-    """Reads the wanted tensors and verifies every hash.
-
-    All tensors land in one buffer allocated at once, each at a 64-byte
-    aligned offset and viewed as its own array (so the arrays of one load
-    share one allocation, freed when the last of them is). One thread per core takes a tensor
-    at a time and reads it in chunks, hashing each chunk while it is still
-    in the CPU's cache; ``pread`` and ``sha256`` both release the GIL.
-
-    Raises:
-      IntegrityError: naming every tensor whose bytes differ from its hash.
-      FormatError: if the file shrinks while it is read.
-    """
-    todo = [t for t in header.tensors if t.name in wanted]
-    total = sum(t.nbytes for t in todo)
-    offsets: list[int] = []
-    pos = 0
-    for t in todo:
-        pos = (pos + _ALIGN - 1) // _ALIGN * _ALIGN
-        offsets.append(pos)
-        pos += t.nbytes
-    base = _buffer(pos)
-    whole = memoryview(base.data)
-
-    def read_one(i: int) -> str | None:
-        t, off = todo[i], offsets[i]
-        view = whole[off : off + t.nbytes]
-        h = hashlib.sha256()
-        done = 0
-        while done < t.nbytes:
-            step = min(_CHUNK, t.nbytes - done)
-            chunk = view[done : done + step]
-            if pread_into(fd, chunk, header.data_start + t.begin + done) != step:
-                return None
-            h.update(chunk)
-            done += step
-        return h.hexdigest()
-
-    workers = max(1, min(len(todo), os.cpu_count() or 1))
-    bad: list[tuple[TensorInfo, str]] = []
-    done = 0
-    with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix=_THREADS) as pool:
-        for t, actual in zip(todo, pool.map(read_one, range(len(todo)))):
-            if actual is None:
-                raise FormatError(
-                    f"tensor {t.name or '<root>'}: the file was truncated while it was read",
-                    context=header.path,
-                    hint=_RESTORE_HINT,
-                )
-            if actual != t.digest:
-                bad.append((t, actual))
-            done += t.nbytes
-            if progress is not None:
-                progress(done, total)
-    if bad:
-        raise _integrity_error(header.path, bad)
-    out: dict[str, Any] = {}
-    for t, off in zip(todo, offsets):
-        arr = base[off : off + t.nbytes].view(t.dtype).reshape(t.shape)
-        out[t.name] = wrap_keys(arr) if is_key_dtype(t.dtype) else arr
-    return out
-
-
-def _buffer(nbytes: int) -> np.ndarray[Any, Any]:
-    """A fresh byte buffer; a large one is an anonymous mapping, whose pages
-    the reading threads fault in in parallel (numpy would ask for huge pages,
-    which can stall a whole load while the kernel compacts memory)."""
-    if nbytes < _MAPPED:
-        return np.empty(max(nbytes, 1), np.uint8)
-    return np.frombuffer(mmap.mmap(-1, nbytes), np.uint8)
-
-
-def _integrity_error(name: str, bad: Sequence[tuple[TensorInfo, str]]) -> IntegrityError:
-    n = len(bad)
-    lines = [f"{n} tensor{'s' if n > 1 else ''} corrupt ({HASH_NAME} mismatch):"]
-    lines += cap_lines(
-        [
-            f"  {t.name or '<root>'}: {t.summary()}: {HASH_NAME} {actual[:12]}… of the bytes "
-            f"read, {t.digest[:12]}… recorded in the header"
-            for t, actual in bad
-        ]
-    )
-    return IntegrityError(
-        "\n".join(lines),
-        path=bad[0][0].name,
-        context=name,
-        hint="the file was changed after it was saved; " + _RESTORE_HINT,
-    )
 
 
 def verify_file(
@@ -252,7 +147,7 @@ def verify_file(
       >>> verify_file(path, like={"w": np.zeros(3, np.float32)}).spec.num_leaves
       1
     """
-    _check_expect_digest(expect_digest)
+    check_expect_digest(expect_digest)
     fd, name = open_checkpoint(path)
     try:
         header = _parse_header(fd, name, expect_digest)
@@ -277,25 +172,23 @@ def verify_file(
                     raise FormatError(
                         "the file was truncated while it was verified",
                         context=name,
-                        hint=_RESTORE_HINT,
+                        hint=RESTORE_HINT,
                     )
                 h.update(buf[:step])
                 pos += step
             return h.hexdigest()
 
-        bad: list[tuple[TensorInfo, str]] = []
+        bad: list[tuple[TensorInfo, str, str]] = []
         workers = max(1, min(len(header.tensors), os.cpu_count() or 1))
-        with concurrent.futures.ThreadPoolExecutor(
-            workers, thread_name_prefix="treeguard-hash"
-        ) as pool:
+        with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix=THREADS) as pool:
             for t, actual in zip(header.tensors, pool.map(digest_of, header.tensors)):
                 if actual != t.digest:
-                    bad.append((t, actual))
+                    bad.append((t, actual, t.digest))
                 done += t.nbytes
                 if progress is not None:
                     progress(done, total)
         if bad:
-            raise _integrity_error(name, bad)
+            raise integrity_error(name, bad)
         return header
     finally:
         os.close(fd)
@@ -307,288 +200,84 @@ def _contract_mismatches(stored: TreeSpec, like: TreeSpec) -> list[Mismatch]:
     return [m for m in mismatches(stored, like) if m.kind != "weak_type"]
 
 
-def load(
-    path: str | os.PathLike[str],
-    *,
-    like: Any = None,
-    rename: Mapping[str, str] | None = None,
-    allow_missing: Collection[str] = (),
-    expect_digest: str | None = None,
-    names: NamingRule | None = None,
-    unverified: Unverified = "refuse",
-) -> Any:
-    """Reads a checkpoint, verified: header, then contract, then every hash.
-
-    In order: the header is read and validated against the file's size (and
-    its digest compared with ``expect_digest`` when given); the stored spec
-    is compared with ``like`` and every mismatch is reported before any
-    array data is read; every tensor is read and its hash checked; only then
-    is the tree built. Leaves are matched by key path, never by position,
-    and nothing is cast.
-
-    Each returned leaf takes the kind of ``like``'s leaf at its path: a
-    ``jax.Array`` is placed with that leaf's sharding (and weak type); a
-    ``jax.ShapeDtypeStruct`` with a sharding is placed with it; a numpy
-    scalar or Python number comes back as one; anything else is a numpy
-    array. With ``like=None`` the leaves are numpy arrays, dicts, lists,
-    tuples and None are rebuilt as stored, and namedtuples and registered
-    classes come back as dicts keyed by attribute name or index: classes
-    named in a file are never imported.
-
-    Args:
-      path: a file written by ``save``.
-      like: the tree (or ``TreeSpec``) whose structure the result takes.
-      rename: ``{old path: new path}`` for a deliberate migration; a path
-        names a leaf or a whole subtree in ``keystr`` form. Needs ``like``.
-      allow_missing: paths (leaves or subtrees) of ``like`` that may be
-        absent from the checkpoint; those leaves keep ``like``'s values.
-        Neither option relaxes anything else: leaf shapes and dtypes and the
-        type of every container on both sides are still compared.
-      expect_digest: the header digest recorded when the file was verified
-        (``Header.digest``); the file read must carry exactly this digest,
-        checked on the same open file before any array is read.
-      names: for a safetensors file another tool wrote (a *foreign* file),
-        how a key path of ``like`` names its tensor: ``"keypath"`` (the
-        default, ``['encoder']['layer'][0]['weight']``), ``"dotted"``
-        (``encoder.layer.0.weight``), ``"slashed"``
-        (``encoder/layer/0/weight``) or a function from the leaf's keys (a
-        tuple of str and int) to the name. With ``like=None`` the tree is
-        nested by the names (numeric components become string keys). Not
-        used for a treeguard checkpoint, whose names are its key paths.
-      unverified: what to do with a foreign file, which holds no hashes:
-        ``"refuse"`` (the default) raises ``FormatError``; ``"warn"`` loads it
-        and emits ``UnverifiedWeightsWarning`` naming the file; ``"allow"``
-        loads it on purpose, silently. The header's structure (offsets,
-        sizes, dtypes) and the match of names, shapes and dtypes with
-        ``like`` are checked either way, before any tensor is read.
-
-    Returns:
-      The tree.
+def read_verified(fd: int, header: Header, todo: Sequence[TensorInfo]) -> list[Any]:
+    """Reads these tensors and verifies every hash: the one function a load
+    reads checkpoint bytes with; each comes back as an array of its dtype.
 
     Raises:
-      FormatError: for a file that is not a treeguard checkpoint (a foreign
-        safetensors file unless ``unverified`` lets it through), is a
-        symbolic link, truncated, oversized or malformed.
-      TreeMismatchError: listing every difference between the checkpoint
-        and ``like`` (for a foreign file: every missing and unexpected
-        tensor name, shape and dtype), raised before any array data is read.
-      IntegrityError: naming every tensor whose bytes do not match its
-        hash, or if the header digest is not ``expect_digest``.
-      ValueError: for a ``rename`` or ``allow_missing`` path that names
-        nothing, ``rename`` without ``like``, or a malformed ``expect_digest``.
-
-    Example:
-      >>> import os, tempfile, jax.numpy as jnp
-      >>> from treeguard import save
-      >>> path = os.path.join(tempfile.mkdtemp(), "p.safetensors")
-      >>> params = {"dense2": {"w": jnp.ones((3, 1)), "b": jnp.zeros(1)}}
-      >>> save(path, params)
-      >>> load(path, like=params)["dense2"]["w"].shape
-      (3, 1)
-      >>> load(path, like={"dense2": {"w": jnp.ones((3, 2)), "b": jnp.zeros(1)}})
-      Traceback (most recent call last):
-      ...
-      treeguard.TreeMismatchError: ...: 1 mismatch between the checkpoint and `like`:
-        ['dense2']['w']: shape (3, 2) in `like`, (3, 1) in the checkpoint
-      hint: ...
-
-      A safetensors file another tool wrote, matched by dotted names:
-
-      >>> import numpy as np, safetensors.numpy
-      >>> hf = os.path.join(os.path.dirname(path), "hf.safetensors")
-      >>> safetensors.numpy.save_file({"dense2.w": np.ones((3, 1), np.float32)}, hf)
-      >>> like = {"dense2": {"w": jnp.zeros((3, 1))}}
-      >>> load(hf, like=like, names="dotted", unverified="allow")["dense2"]["w"].shape
-      (3, 1)
+      IntegrityError: naming every tensor whose bytes differ from its hash.
+      FormatError: if the file shrinks while it is read.
     """
-    if (rename or allow_missing) and like is None:
-        raise ValueError("rename and allow_missing need `like`, the tree to migrate into")
-    _check_expect_digest(expect_digest)
-    fd, name = open_checkpoint(path)
-    try:
-        doc, header_bytes, size = read_raw_header(fd, name)
-        if is_foreign(doc):
-            fh = foreign_header(doc, header_bytes, size, name)
-            check_unverified(unverified, name, stacklevel=2, expect_digest=expect_digest)
-            return load_foreign(
-                fd, fh, like, names or "keypath", rename or {}, allow_missing, expect_digest
-            )
-        header = _checked_header(doc, header_bytes, size, name, expect_digest)
-        plan = _plan(header, like, rename or {}, tuple(allow_missing))
-        arrays = _read_tensors(fd, header, {t.name for t in header.tensors})
-    finally:
-        os.close(fd)
-    return plan(arrays)
+    raw = read_ranges(fd, todo, header.data_start, header.path, [t.digest for t in todo])
+    out: list[Any] = []
+    for t, b in zip(todo, raw):
+        arr = b.view(t.dtype).reshape(t.shape)
+        out.append(wrap_keys(arr) if is_key_dtype(t.dtype) else arr)
+    return out
 
 
-_Builder = Callable[[dict[str, np.ndarray[Any, Any]]], Any]
+def load_native(  # noqa: PLR0917 - one call site, in ``load``
+    fd: int,
+    header: Header,
+    like: Any,
+    rename: Mapping[str, str],
+    allow_missing: Collection[str],
+    subtree: str | None,
+    ignore: Collection[str],
+) -> Any:
+    """``load`` of a treeguard checkpoint whose header was checked: the
+    selection, then the contract, then the selected tensors, verified."""
+    if subtree is not None or ignore:
+        sel = select(header.spec, subtree=subtree, ignore=ignore, where=header.path)
+        stored, tensors = sel.spec, [header.tensors[i] for i in sel.indices]
+    else:
+        stored, tensors = header.spec, list(header.tensors)
+    sources, build = _plan(stored, header.path, like, rename, tuple(allow_missing))
+    wanted = sorted({k for k in sources if k is not None})
+    arrays = dict(zip(wanted, read_verified(fd, header, [tensors[k] for k in wanted])))
+    return build(arrays)
+
+
+_Builder = Callable[[dict[int, np.ndarray[Any, Any]]], Any]
 
 
 def _plan(
-    header: Header, like: Any, rename: Mapping[str, str], allow_missing: Sequence[str]
-) -> _Builder:
-    """Checks the contract and returns how to build the tree from the arrays."""
-    stored = header.spec
+    stored: TreeSpec,
+    where: str,
+    like: Any,
+    rename: Mapping[str, str],
+    allow_missing: Sequence[str],
+) -> tuple[list[int | None], _Builder]:
+    """Checks the contract; returns for each leaf of the result the stored
+    leaf it is read from (None: it keeps ``like``'s value), and how to build
+    the tree from the arrays read."""
     if like is None:
         root = stored.structure
 
-        def build_plain(arrays: dict[str, np.ndarray[Any, Any]]) -> Any:
-            return _plain(root, iter([arrays[t.name] for t in header.tensors]))
+        def build_plain(arrays: dict[int, np.ndarray[Any, Any]]) -> Any:
+            return plain(root, iter([arrays[k] for k in range(stored.num_leaves)]))
 
-        return build_plain
+        return list(range(stored.num_leaves)), build_plain
     if isinstance(like, TreeSpec):
         like_spec, like_leaves, like_treedef = like, None, None
     else:
         like_spec = spec_of(like)
         like_leaves, like_treedef = flatten(like)
-    like_names = [keystr(p) for p in like_spec.paths]
     if not rename and not allow_missing:
         found = _contract_mismatches(stored, like_spec)
         if found:
             raise TreeMismatchError(
-                found, expected_from="`like`", actual_from="the checkpoint", context=header.path
+                found, expected_from="`like`", actual_from="the checkpoint", context=where
             )
-        sources: list[str | None] = list(like_names)
+        sources: list[int | None] = list(range(stored.num_leaves))
     else:
-        sources = migrate(header, like_spec, like_names, like_leaves, rename, allow_missing)
+        sources = migrate(stored, where, like_spec, like_leaves, rename, allow_missing)
 
-    def build(arrays: dict[str, np.ndarray[Any, Any]]) -> Any:
-        import jax
-
+    def build(arrays: dict[int, np.ndarray[Any, Any]]) -> Any:
         out: list[Any] = []
         for i, src in enumerate(sources):
             ref = like_leaves[i] if like_leaves is not None else None
-            if src is None:
-                out.append(ref)
-                continue
-            out.append(_as_like(arrays.pop(src), ref))
-        if like_treedef is not None:
-            return jax.tree.unflatten(like_treedef, out)
-        try:
-            treedef = like_spec.treedef
-        except InvalidTreeError:
-            return _plain(like_spec.structure, iter(out))
-        return jax.tree.unflatten(treedef, out)
+            out.append(ref if src is None else as_like(arrays[src], ref))
+        return build_like(like_spec, like_treedef, out)
 
-    return build
-
-
-def _plain(node: Node, leaves: Iterator[Any]) -> Any:
-    """Plain containers of a stored structure; custom nodes become dicts.
-
-    The leaves are taken in flatten order, the order the tensor names were
-    matched in; a stored structure nests no deeper than ``walk.MAX_DEPTH``.
-    """
-    if node.kind == "leaf":
-        return next(leaves)
-    if node.kind == "none":
-        return None
-    kids = [(e, _plain(c, leaves)) for e, c in zip(node.entries, node.children)]
-    if node.kind == "list":
-        return [k for _, k in kids]
-    if node.kind == "tuple":
-        return tuple(k for _, k in kids)
-    return {e[1]: k for e, k in kids}
-
-
-def _as_like(arr: np.ndarray[Any, Any], ref: Any) -> Any:
-    """A loaded array in the form of ``like``'s leaf at the same path."""
-    import jax
-
-    if isinstance(ref, jax.Array):
-        if getattr(ref, "weak_type", False):
-            return _weak(arr, ref.sharding)
-        return jax.device_put(arr, ref.sharding)
-    if isinstance(ref, jax.ShapeDtypeStruct) and ref.sharding is not None:
-        return jax.device_put(arr, ref.sharding)
-    if isinstance(ref, np.generic):
-        return arr[()]
-    if isinstance(ref, (bool, int, float, complex)):
-        return type(ref)(arr.item())
-    return arr
-
-
-def _weak(arr: np.ndarray[Any, Any], sharding: Any) -> Any:
-    """A weakly typed jax array with ``arr``'s value (JAX's scalar promotion type)."""
-    import jax
-
-    if arr.ndim == 0:
-        candidate = jax.numpy.asarray(arr.item())
-        if candidate.dtype == arr.dtype and candidate.weak_type:
-            return jax.device_put(candidate, sharding)
-    placed = jax.device_put(arr, sharding)
-    try:  # JAX has no public way to make a weakly typed array of a given value
-        from jax._src.lax.lax import _convert_element_type
-
-        return _convert_element_type(placed, placed.dtype, weak_type=True)
-    except (ImportError, TypeError, AttributeError):  # pragma: no cover - JAX moved it
-        return placed
-
-
-# -- specs from files -------------------------------------------------------
-
-
-def spec_reader(path: str | os.PathLike[str], /) -> TreeSpec | None:
-    """The spec in a checkpoint or any safetensors file; None for other files.
-
-    Registered with the CLI so that ``treeguard spec`` and ``treeguard diff``
-    read checkpoints as well as spec JSON.
-
-    Raises:
-      FormatError: for a file that looks like safetensors but is broken.
-    """
-    try:
-        fd, name = open_checkpoint(path)
-    except FormatError:
-        raise
-    except OSError:
-        return None
-    try:
-        size = os.fstat(fd).st_size
-        head = bytearray(9)
-        if size < 10 or pread_into(fd, memoryview(head), 0) != 9 or head[8:9] != b"{":
-            return None
-        n = int.from_bytes(head[:8], "little")
-        if n > MAX_HEADER_BYTES or 8 + n > size:
-            return None
-        doc, header_bytes, size = read_raw_header(fd, name)
-        meta = doc.get("__metadata__")
-        if isinstance(meta, dict) and K_FORMAT in meta:
-            return header_from_doc(doc, header_bytes, size, name).spec
-        return foreign_header(doc, header_bytes, size, name).spec
-    finally:
-        os.close(fd)
-
-
-def spec_from_file(path: str | os.PathLike[str], /) -> TreeSpec:
-    """Reads a contract from a spec JSON file, a checkpoint's header or any
-    safetensors file (whose tensors become a flat dict keyed by name).
-
-    Args:
-      path: the file.
-
-    Returns:
-      The ``TreeSpec``.
-
-    Raises:
-      FormatError: if the file is none of these.
-      OSError: if it cannot be read.
-
-    Example:
-      >>> import os, tempfile, numpy as np
-      >>> from treeguard import save
-      >>> d = tempfile.mkdtemp()
-      >>> save(os.path.join(d, "c.safetensors"), {"w": np.ones(2, np.int8)})
-      >>> spec_from_file(os.path.join(d, "c.safetensors"))
-      TreeSpec({'w': i8[2]})
-    """
-    spec = spec_reader(path)
-    if spec is not None:
-        return spec
-    if os.path.islink(os.fspath(path)):
-        raise FormatError(
-            "is a symbolic link; treeguard never follows links",
-            context=os.fspath(path),
-            hint="pass the link's target path if you trust it",
-        )
-    return TreeSpec.load(path)
+    return sources, build

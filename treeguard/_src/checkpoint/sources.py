@@ -52,7 +52,10 @@ from .foreign import (
     read_tensors,
 )
 from .format import ALLOWED_DTYPES, MAX_HEADER_BYTES
+from .load import load
 from .names import NamingRule, namer, nest
+from .read import read_header
+from .write import save
 
 SourceKind = Literal["safetensors", "treeguard", "npz", "msgpack", "orbax"]
 
@@ -202,8 +205,6 @@ def _too_many(name: str) -> FormatError:
 def _read_safetensors(
     fd: int, name: str
 ) -> tuple[dict[str, np.ndarray[Any, Any]], ForeignHeader | None]:
-    from .read import load
-
     doc, header_bytes, size = read_raw_header(fd, name)
     if not is_foreign(doc):
         return {"": load(name)}, None  # ours: verified, nested as stored
@@ -641,9 +642,6 @@ def import_weights(
       >>> h.spec, h.metadata["imported_from"]["format"]
       (TreeSpec(['dense']['w']: f32[2,2]), 'npz')
     """
-    from .read import read_header
-    from .write import save
-
     name = os.fspath(src)
     _refuse_overlap(name, os.fspath(dst))
     namer(names)
