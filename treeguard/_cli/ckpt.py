@@ -9,6 +9,7 @@ hashes or contract to check its bytes against.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from collections.abc import Callable, Iterator
@@ -22,7 +23,9 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeR
 from rich.table import Table
 
 from .._src.checkpoint import Header, read_header, spec_from_file, verify_file
+from .._src.checkpoint.select import select
 from .._src.errors import (
+    ConfigError,
     FormatError,
     IntegrityError,
     TreeguardError,
@@ -132,12 +135,22 @@ def ckpt() -> None:
 @ckpt.command("inspect")
 @click.argument("file", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print the header as JSON.")
-def inspect_command(file: Path, as_json: bool) -> None:
+@click.option(
+    "--subtree",
+    metavar="PATH",
+    default=None,
+    help="List only the part below this key path, e.g. \"['encoder']\" (what "
+    "`load(..., subtree=PATH)` reads).",
+)
+def inspect_command(file: Path, as_json: bool, subtree: str | None) -> None:
     """Print FILE's tree, shapes, dtypes, sizes, environment and metadata.
 
     Reads the header only, never the array data. FILE may also be a sharded
     checkpoint directory: then its spec, shardings and sizes per process.
     """
+    if subtree is not None:
+        _inspect_part(file, subtree, as_json=as_json)
+        return
     if file.is_dir():
         _sharded(file, as_json=as_json)
         return
@@ -182,6 +195,45 @@ def inspect_command(file: Path, as_json: bool) -> None:
         )
     else:
         out.print("[bold]metadata[/bold] none")
+
+
+# -- ckpt inspect --subtree: one part of a checkpoint ------------------------------
+
+
+def _inspect_part(file: Path, subtree: str, *, as_json: bool) -> None:
+    """Lists the part of a checkpoint below ``subtree``, from its header alone."""
+    if file.is_dir() or foreign_or_none(file) is not None:
+        _exit(
+            EXIT_USAGE,
+            f"{shown(file)}: --subtree lists a part of a treeguard checkpoint file; "
+            "this is a sharded directory or another tool's file",
+        )
+    h = _read_header_or_exit(file)
+    try:
+        sel = select(h.spec, subtree=subtree, ignore=(), where=h.path)
+    except ConfigError as e:
+        _exit(EXIT_USAGE, str(e))
+    tensors = [h.tensors[i] for i in sel.indices]
+    if as_json:
+        doc = _header_json(dataclasses.replace(h, spec=sel.spec, tensors=tuple(tensors)))
+        doc["subtree"] = subtree
+        click.echo(json.dumps(doc, indent=1, ensure_ascii=False))
+        return
+    out = _out()
+    nbytes = sum(t.nbytes for t in tensors)
+    out.print(
+        f"[bold]{shown(file)}[/bold] {shown(subtree)}: {len(tensors)} of {h.spec.num_leaves} "
+        f"tensors, {_human(nbytes)} of {_human(h.spec.nbytes)}"
+    )
+    table = Table(box=None, pad_edge=False, show_edge=False)
+    for col, justify in (("path", "left"), ("array", "left"), ("bytes", "right")):
+        table.add_column(col, justify=justify, overflow="fold")  # type: ignore[arg-type]
+    for t in tensors:
+        table.add_row(shown(t.name) or "<root>", t.summary(), _human(t.nbytes))
+    out.print(table)
+
+
+# -- end of ckpt inspect --subtree --------------------------------------------------
 
 
 def _read_like(like: Path | None) -> TreeSpec | None:

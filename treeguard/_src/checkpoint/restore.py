@@ -29,6 +29,8 @@ _CHUNK = 16 * 1024 * 1024
 _ALIGN = 64
 #: Loads of at least this many bytes go into an anonymous mapping.
 _MAPPED = 64 * 1024 * 1024
+#: The reading threads of one load at most (looked up once: glibc reads a file for it).
+_CORES = os.cpu_count() or 1
 RESTORE_HINT = "restore the file from a verified copy (ArtifactStore.rollback) or save it again"
 
 
@@ -102,7 +104,7 @@ def read_ranges(  # noqa: PLR0917 - every argument is needed, all positional dat
             done += step
         return h.hexdigest() if h is not None else ""
 
-    workers = max(1, min(len(todo), os.cpu_count() or 1))
+    workers = max(1, min(len(todo), _CORES))
     bad: list[tuple[StoredTensor, str, str]] = []
     with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix=THREADS) as pool:
         for i, actual in enumerate(pool.map(read_one, range(len(todo)))):

@@ -18,7 +18,7 @@ import os
 import secrets
 import socket
 import stat
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from ..atomic import pid_alive, remove_stale_temps, stale_temp
@@ -739,7 +739,16 @@ class ArtifactStore:
         """
         return self._gate(version, full=False)[1]
 
-    def _load(self, version: str, model: str, sharded: bool, like: Any, digest: str | None) -> Any:
+    def _load(  # noqa: PLR0917 - the one loader behind three public ones
+        self,
+        version: str,
+        model: str,
+        sharded: bool,
+        like: Any,
+        digest: str | None,
+        subtree: str | None = None,
+        ignore: Collection[str] = (),
+    ) -> Any:
         try:
             if sharded:
                 if not _shardable(like):
@@ -749,8 +758,12 @@ class ArtifactStore:
                         "hint: `jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, "
                         "spec))` for each leaf"
                     )
-                return gates.load_sharded_expecting(model, like=like, digest=digest)
-            return gates.load_expecting(model, like=like, digest=digest)
+                return gates.load_sharded_expecting(
+                    model, like=like, digest=digest, subtree=subtree, ignore=ignore
+                )
+            return gates.load_expecting(
+                model, like=like, digest=digest, subtree=subtree, ignore=ignore
+            )
         except IntegrityError as e:
             raise _changed(version, e) from e
         except OSError as e:  # removed or replaced while it was read
@@ -762,7 +775,15 @@ class ArtifactStore:
                 "version from a backup",
             ) from e
 
-    def load_verified(self, version: str, /, like: Any = None) -> Any:
+    def load_verified(
+        self,
+        version: str,
+        /,
+        like: Any = None,
+        *,
+        subtree: str | None = None,
+        ignore: Collection[str] = (),
+    ) -> Any:
         """Loads a version only if it passes every gate.
 
         The version must be verified, signed in a store with a key, and its
@@ -776,6 +797,9 @@ class ArtifactStore:
             for a sharded version, a tree of ``jax.Array``s or
             ``jax.ShapeDtypeStruct``s with the shardings to restore onto
             (every process of a job calls it).
+          subtree: the key path of the one stored subtree to load (``like``
+            then describes it alone); only its tensors are read and hashed.
+          ignore: key paths of stored subtrees to leave unread.
 
         Returns:
           The tree.
@@ -790,11 +814,20 @@ class ArtifactStore:
           ValueError: for a sharded version and a ``like`` without shardings.
         """
         model, digest, sharded = self._gate(version, full=False)
-        return self._load(version, model, sharded, like, digest)
+        return self._load(version, model, sharded, like, digest, subtree, ignore)
 
-    def load_version(self, version: str, /, like: Any = None) -> Any:
+    def load_version(
+        self,
+        version: str,
+        /,
+        like: Any = None,
+        *,
+        subtree: str | None = None,
+        ignore: Collection[str] = (),
+    ) -> Any:
         """Loads any version with every hash checked; a verified one is also
         checked against its verdict's digest (a candidate has none yet).
+        ``subtree`` and ``ignore`` select a part, as for ``load_verified``.
 
         Raises:
           UnknownVersionError: for an unknown version.
@@ -816,9 +849,18 @@ class ArtifactStore:
                     "removes it",
                 )
             self._layout.plain_tree(path, version=version)
-        return self._load(version, checkpoint_path(path, data), is_sharded(data), like, digest)
+        return self._load(
+            version, checkpoint_path(path, data), is_sharded(data), like, digest, subtree, ignore
+        )
 
-    def load_current(self, like: Any = None, *, fallback: bool = False) -> Any:
+    def load_current(
+        self,
+        like: Any = None,
+        *,
+        fallback: bool = False,
+        subtree: str | None = None,
+        ignore: Collection[str] = (),
+    ) -> Any:
         """Loads the current version through every gate (see ``load_verified``).
 
         Args:
@@ -829,6 +871,9 @@ class ArtifactStore:
           fallback: if the current version fails a gate, load the most
             recent former current version that passes them all instead (the
             fall back is logged).
+          subtree: the key path of the one stored subtree to load (``like``
+            then describes it alone); only its tensors are read and hashed.
+          ignore: key paths of stored subtrees to leave unread.
 
         Returns:
           The tree.
@@ -848,13 +893,13 @@ class ArtifactStore:
                 hint="promote a verified version first: store.promote(version)",
             )
         try:
-            return self.load_verified(ptr.current, like)
+            return self.load_verified(ptr.current, like, subtree=subtree, ignore=ignore)
         except (IntegrityError, FormatError, OSError, StoreError) as first:
             if not fallback:
                 raise
             for v in ptr.previous:
                 try:
-                    tree = self.load_verified(v, like)
+                    tree = self.load_verified(v, like, subtree=subtree, ignore=ignore)
                 except (IntegrityError, FormatError, OSError, StoreError):
                     continue
                 with self._layout.locked():
