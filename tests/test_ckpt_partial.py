@@ -144,7 +144,10 @@ def test_a_foreign_file_refuses_a_selection(tmp_path: Path) -> None:
     safetensors_numpy = pytest.importorskip("safetensors.numpy")
     f = tmp_path / "hf.safetensors"
     safetensors_numpy.save_file({"enc.w": np.ones(2, np.float32)}, str(f))
-    with pytest.raises(tg.ConfigError, match="subtree and ignore select by the key paths"):
+    with pytest.raises(
+        tg.ConfigError,
+        match="subtree, ignore, missing, unexpected and report work on the key paths",
+    ):
         tg.load(f, unverified="allow", subtree="['enc']")
 
 

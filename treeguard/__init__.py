@@ -17,6 +17,7 @@ if _typing.TYPE_CHECKING:
     from ._src.checkpoint import Header as Header
     from ._src.checkpoint import import_weights as import_weights
     from ._src.checkpoint import load as load
+    from ._src.checkpoint import load_with_report as load_with_report
     from ._src.checkpoint import read_foreign as read_foreign
     from ._src.checkpoint import read_header as read_header
     from ._src.checkpoint import save as save
@@ -51,6 +52,7 @@ if _typing.TYPE_CHECKING:
     from ._src.step import Cast as Cast
     from ._src.store import ArtifactStore as ArtifactStore
     from ._src.store import RetentionPolicy as RetentionPolicy
+    from ._src.surgery import Surgery as Surgery
     from ._src.update import Updater as Updater
     from ._src.update import apply_updates as apply_updates
     from ._src.update import tree_map as tree_map
@@ -75,6 +77,7 @@ _EXPORTS: dict[str, str] = {
     "RetentionPolicy": "._src.store",
     "SignatureError": "._src.errors",
     "StoreError": "._src.errors",
+    "Surgery": "._src.surgery",
     "TracedValueError": "._src.errors",
     "TreeMismatchError": "._src.errors",
     "TreeSpec": "._src.spec",
@@ -90,6 +93,7 @@ _EXPORTS: dict[str, str] = {
     "find_nonfinite": "._src.nonfinite",
     "import_weights": "._src.checkpoint",
     "load": "._src.checkpoint",
+    "load_with_report": "._src.checkpoint",
     "load_sharded": "._src.sharded.load",
     "mismatches": "._src.diff",
     "optax_step": "._src.optimizer",
@@ -136,6 +140,7 @@ __all__ = [
     "RetentionPolicy",
     "SignatureError",
     "StoreError",
+    "Surgery",
     "TracedValueError",
     "TreeMismatchError",
     "TreeSpec",
@@ -152,6 +157,7 @@ __all__ = [
     "import_weights",
     "load",
     "load_sharded",
+    "load_with_report",
     "mismatches",
     "optax_step",
     "read_foreign",

@@ -22,7 +22,14 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from .._src.checkpoint import Header, read_header, spec_from_file, verify_file
+from .._src.checkpoint import (
+    Header,
+    load_with_report,
+    read_header,
+    save,
+    spec_from_file,
+    verify_file,
+)
 from .._src.checkpoint.select import select
 from .._src.errors import (
     ConfigError,
@@ -31,9 +38,12 @@ from .._src.errors import (
     TreeguardError,
     TreeMismatchError,
 )
+from .._src.paths import parse
 from .._src.spec import TreeSpec
+from .._src.surgery import METADATA_KEY as SURGERY_KEY
 from .console import console
 from .importing import foreign_or_none, inspect_foreign, shown, verify_foreign
+from .verify import import_target
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 #: Files smaller than this verify too fast for a progress bar to help.
@@ -313,3 +323,104 @@ def _sharded(
         )
     else:
         _out().print(sharded.render(report), markup=False)
+
+
+# -- ckpt migrate: a checkpoint carried over to a changed model ---------------------
+
+
+def _split_rename(text: str) -> tuple[str, str]:
+    """``A=B`` with A and B key paths; the split is the first ``=`` at which
+    both sides read as key paths (a key may itself hold ``=``)."""
+    for i, c in enumerate(text):
+        if c != "=":
+            continue
+        old, new = text[:i], text[i + 1 :]
+        try:
+            parse(old)
+            parse(new)
+        except ValueError:
+            continue
+        return old, new
+    _exit(EXIT_USAGE, f"--rename {shown(text)}: expected OLD=NEW, two key paths like ['a']=['b']")
+
+
+@ckpt.command("migrate")
+@click.argument("old", type=click.Path(path_type=Path))
+@click.argument("new", type=click.Path(path_type=Path))
+@click.option(
+    "--like",
+    "like_path",
+    type=click.Path(path_type=Path),
+    required=True,
+    help="A spec JSON or checkpoint: the changed model's contract.",
+)
+@click.option(
+    "--init",
+    "init_target",
+    metavar="MODULE:ATTR",
+    default=None,
+    help="The new leaves' values: a tree of arrays matched by key path, or a function "
+    "from a key path to its array.",
+)
+@click.option(
+    "--rename", "renames", multiple=True, metavar="OLD=NEW", help="Read OLD's leaves at NEW."
+)
+@click.option(
+    "--drop", "drops", multiple=True, metavar="PATH", help="Leave the stored PATH unused."
+)
+def migrate_command(  # noqa: PLR0917 - click passes every option
+    old: Path,
+    new: Path,
+    like_path: Path,
+    init_target: str | None,
+    renames: tuple[str, ...],
+    drops: tuple[str, ...],
+) -> None:
+    """Write NEW, OLD carried over to the contract --like, verified, and print
+    what changed: each path initialised, renamed or dropped.
+
+    Without options every difference between OLD and --like is listed and
+    the exit code is 1; --init, --rename and --drop name the differences
+    that are meant. NEW's metadata keeps OLD's, the surgery report and where
+    it came from.
+    """
+    spec = _read_like(like_path)
+    init: Any = None
+    if init_target is not None:
+        try:
+            init = import_target(
+                init_target,
+                (object,),
+                what="tree or function",
+                command="ckpt migrate OLD NEW --like SPEC --init",
+                fix="point --init at the new model's params, or a function of the key path",
+            )
+        except ConfigError as e:
+            _exit(EXIT_USAGE, str(e))
+    h = _read_header_or_exit(old)
+    try:
+        tree, report = load_with_report(
+            old,
+            like=spec,
+            expect_digest=h.digest,
+            rename=dict(_split_rename(r) for r in renames),
+            missing="init" if init is not None else "error",
+            init=init,
+            unexpected=list(drops) or "error",
+        )
+    except (TreeMismatchError, IntegrityError) as e:
+        _exit(EXIT_FAIL, str(e))
+    except (ConfigError, FormatError, ValueError, OSError) as e:
+        _exit(EXIT_USAGE, str(e))
+    meta = {k: v for k, v in h.metadata.items() if k != SURGERY_KEY}
+    meta["migrated_from"] = {"file": str(old), "digest": h.digest}
+    try:
+        save(new, tree, metadata=meta, surgery=report)
+        verify_file(new, like=spec)
+    except (TreeguardError, OSError) as e:
+        _exit(EXIT_USAGE, f"{new}: {e}")
+    _out().print(str(report), markup=False, highlight=False)
+    _out().print(f"[green]ok[/green]: {shown(new)}: written and verified")
+
+
+# -- end of ckpt migrate ------------------------------------------------------------

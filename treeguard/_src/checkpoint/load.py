@@ -8,15 +8,16 @@ from __future__ import annotations
 
 import os
 from collections.abc import Collection, Mapping
-from typing import Any
+from typing import Any, Literal
 
 from ..errors import ConfigError, FormatError
 from ..spec import TreeSpec
+from ..surgery import Surgery
 from .files import open_checkpoint, pread_into, read_raw_header
 from .foreign import Unverified, check_unverified, foreign_header, is_foreign, load_foreign
 from .format import K_FORMAT, MAX_HEADER_BYTES, header_from_doc
 from .names import NamingRule
-from .read import check_expect_digest, checked_header, load_native
+from .read import SurgeryOptions, check_expect_digest, checked_header, load_native
 
 
 def load(
@@ -31,6 +32,10 @@ def load(
     unverified: Unverified = "refuse",
     subtree: str | None = None,
     ignore: Collection[str] = (),
+    missing: Literal["error", "init"] = "error",
+    init: Any = None,
+    unexpected: Literal["error", "drop"] | Collection[str] = "error",
+    report: bool = False,
 ) -> Any:
     """Reads a checkpoint, verified: header, then contract, then every hash.
 
@@ -83,9 +88,22 @@ def load(
         optimizer state, a head); ``like`` then describes the rest. Both are
         checked like a whole load: every mismatch of the selected part is
         listed, before any tensor is read.
+      missing: ``"error"`` (the default): a leaf of ``like`` the file lacks
+        is a mismatch; ``"init"``: it takes its value from ``init``.
+      init: with ``missing="init"``, the new leaves' values: a tree matched
+        by key path (the new model's params) or a function from a leaf's
+        key path (``"['head']['w']"``) to its array. Each must have
+        ``like``'s shape and dtype.
+      unexpected: ``"error"`` (the default): a stored leaf ``like`` lacks is
+        a mismatch; ``"drop"``: it is left unused; a list of stored key
+        paths: the leaves under them are left unread (as ``ignore``) and
+        reported as dropped, and any other stored leaf ``like`` lacks is
+        still a mismatch. A rename may then reuse a dropped path.
+      report: return ``(tree, Surgery)``, the report of every path
+        initialised, renamed or dropped (``load_with_report`` does this).
 
     Returns:
-      The tree.
+      The tree, or ``(tree, Surgery)`` with ``report=True``.
 
     Raises:
       FormatError: for a file that is not a treeguard checkpoint (a foreign
@@ -99,6 +117,9 @@ def load(
       ConfigError: for a ``subtree`` or ``ignore`` path that names nothing
         stored (the hint names the nearest stored path), or either of them on
         a foreign file.
+      ConfigError: for ``missing="init"`` without ``init``, or an unknown
+        ``missing`` or ``unexpected``; ``init`` lacking a leaf or giving one
+        of another shape or dtype is a ``TreeMismatchError`` naming each.
       ValueError: for a ``rename`` or ``allow_missing`` path that names
         nothing, ``rename`` without ``like``, or a malformed ``expect_digest``.
 
@@ -136,16 +157,18 @@ def load(
     if (rename or allow_missing) and like is None:
         raise ValueError("rename and allow_missing need `like`, the tree to migrate into")
     check_expect_digest(expect_digest)
+    surgery = SurgeryOptions(missing, init, unexpected)
+    surgery.check(like)
     fd, name = open_checkpoint(path)
     try:
         doc, header_bytes, size = read_raw_header(fd, name)
         if is_foreign(doc):
             fh = foreign_header(doc, header_bytes, size, name)
             check_unverified(unverified, name, stacklevel=2, expect_digest=expect_digest)
-            if subtree is not None or ignore:
+            if subtree is not None or ignore or surgery.active or report:
                 raise ConfigError(
-                    "subtree and ignore select by the key paths a treeguard checkpoint "
-                    "records; this file was written by another tool",
+                    "subtree, ignore, missing, unexpected and report work on the key paths "
+                    "a treeguard checkpoint records; this file was written by another tool",
                     context=name,
                     hint="import it once with `treeguard import SRC DST` and load DST",
                 )
@@ -153,9 +176,50 @@ def load(
                 fd, fh, like, names or "keypath", rename or {}, allow_missing, expect_digest
             )
         header = checked_header(doc, header_bytes, size, name, expect_digest)
-        return load_native(fd, header, like, rename or {}, allow_missing, subtree, ignore)
+        tree, changes = load_native(
+            fd, header, like, rename or {}, allow_missing, subtree, ignore, surgery
+        )
     finally:
         os.close(fd)
+    return (tree, changes) if report else tree
+
+
+def load_with_report(path: str | os.PathLike[str], /, **options: Any) -> tuple[Any, Surgery]:
+    """``load(path, report=True, **options)``: the tree and the ``Surgery``
+    report of every path initialised, renamed or dropped on the way.
+
+    Args:
+      path: a file written by ``save``.
+      **options: ``load``'s options (``like``, ``missing``, ``init``,
+        ``unexpected``, ``rename``, ``subtree``, ...).
+
+    Returns:
+      ``(tree, Surgery)``.
+
+    Raises:
+      TreeMismatchError, ConfigError, FormatError, IntegrityError: as ``load``.
+
+    Example:
+      A model that gained a head and lost a layer:
+
+      >>> import os, tempfile, numpy as np
+      >>> from treeguard import save
+      >>> path = os.path.join(tempfile.mkdtemp(), "old.safetensors")
+      >>> save(path, {"body": np.ones(3, np.float32), "old": np.ones(2, np.float32)})
+      >>> new = {"body": np.zeros(3, np.float32), "head": np.full(4, 0.5, np.float32)}
+      >>> tree, report = load_with_report(
+      ...     path, like=new, missing="init", init=new, unexpected="drop")
+      >>> tree["body"], tree["head"]
+      (array([1., 1., 1.], dtype=float32), array([0.5, 0.5, 0.5, 0.5], dtype=float32))
+      >>> print(report)  # doctest: +ELLIPSIS
+      /...old.safetensors: 2 changes
+        initialised ['head'] f32[4]
+        dropped ['old'] f32[2]
+    """
+    if "report" in options:
+        raise ConfigError("load_with_report always reports; drop report=")
+    tree, changes = load(path, report=True, **options)
+    return tree, changes
 
 
 def spec_reader(path: str | os.PathLike[str], /) -> TreeSpec | None:

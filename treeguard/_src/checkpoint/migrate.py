@@ -82,6 +82,8 @@ def match_stored(  # noqa: PLR0917 - two call sites, all positional data
     where: str,
     *,
     extra: Callable[[Sequence[tuple[Path, Path, str]]], list[Mismatch]] | None = None,
+    init_missing: bool = False,
+    drop: Callable[[Path], bool] | None = None,
 ) -> list[int | None]:
     """The one leaf matching behind ``rename`` and ``allow_missing``, for
     every stored format (a single file's tensors, a sharded manifest's arrays).
@@ -102,6 +104,10 @@ def match_stored(  # noqa: PLR0917 - two call sites, all positional data
       where: the stored checkpoint's name for messages.
       extra: given the parsed renames, more mismatches to report with the
         leaf ones (the container types a single file records).
+      init_missing: a leaf of ``like`` with no stored leaf is not a mismatch
+        (its source is None: the caller initialises it).
+      drop: given a stored leaf's path (before any rename), whether it may
+        be left unused when no leaf of ``like`` takes it.
 
     Returns:
       For each leaf of ``like`` in flatten order, the index of the stored
@@ -165,6 +171,8 @@ def match_stored(  # noqa: PLR0917 - two call sites, all positional data
             sources.append(k)
             stored_flat[lname] = LeafSpec(stored_leaves[k].shape, stored_leaves[k].dtype)
             like_flat[lname] = LeafSpec(rec[0], rec[1])
+        elif init_missing and not any(starts_with(lpath, p) for p in optional):
+            sources.append(None)
         elif any(starts_with(lpath, p) for p in optional):
             if not like_has_value[i]:
                 raise ValueError(
@@ -176,7 +184,7 @@ def match_stored(  # noqa: PLR0917 - two call sites, all positional data
             sources.append(None)
             like_flat[lname] = LeafSpec(rec[0], rec[1])
     for n, k in by_new.items():
-        if n not in like_flat:
+        if n not in like_flat and not (drop is not None and drop(stored_paths[k])):
             stored_flat[n] = LeafSpec(stored_leaves[k].shape, stored_leaves[k].dtype)
     found = extra(renames) if extra is not None else []
     found += [
@@ -200,9 +208,13 @@ def migrate(  # noqa: PLR0917 - one call site
     like_leaves: list[Any] | None,
     rename: Mapping[str, str],
     allow_missing: Sequence[str],
+    *,
+    init_missing: bool = False,
+    drop: Callable[[Path], bool] | None = None,
 ) -> list[int | None]:
     """Leaf-level matching for a deliberate migration of a stored tree (a
-    whole checkpoint's spec, or the part a partial load selected).
+    whole checkpoint's spec, or the part a partial load selected); the
+    options are ``match_stored``'s.
 
     Returns:
       For each leaf of ``like`` in flatten order, the index of the stored
@@ -227,4 +239,6 @@ def migrate(  # noqa: PLR0917 - one call site
         allow_missing,
         where,
         extra=lambda renames: _node_type_mismatches(stored.structure, like_spec.structure, renames),
+        init_missing=init_missing,
+        drop=drop,
     )
