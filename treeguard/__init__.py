@@ -44,6 +44,7 @@ if _typing.TYPE_CHECKING:
     from ._src.nonfinite import find_nonfinite as find_nonfinite
     from ._src.optimizer import OptaxStep as OptaxStep
     from ._src.optimizer import optax_step as optax_step
+    from ._src.optstate import migrate_opt_state as migrate_opt_state
     from ._src.sharded.load import load_sharded as load_sharded
     from ._src.sharded.save import save_sharded as save_sharded
     from ._src.spec import LeafSpec as LeafSpec
@@ -95,6 +96,7 @@ _EXPORTS: dict[str, str] = {
     "load": "._src.checkpoint",
     "load_with_report": "._src.checkpoint",
     "load_sharded": "._src.sharded.load",
+    "migrate_opt_state": "._src.optstate",
     "mismatches": "._src.diff",
     "optax_step": "._src.optimizer",
     "read_foreign": "._src.checkpoint",
@@ -158,6 +160,7 @@ __all__ = [
     "load",
     "load_sharded",
     "load_with_report",
+    "migrate_opt_state",
     "mismatches",
     "optax_step",
     "read_foreign",

@@ -15,6 +15,7 @@ import numpy as np
 
 from .diff import mismatches
 from .errors import TracedValueError
+from .optstate import migrate_opt_state
 from .step import (
     TRACED_RAISE,
     CheckedStep,
@@ -34,6 +35,7 @@ from .step import (
     plan_casts,
     run_step,
 )
+from .surgery import Surgery
 from .walk import flatten
 
 _DRIFT = frozenset(("missing", "unexpected", "node_type", "node_data", "shape", "dim", "dtype"))
@@ -74,6 +76,12 @@ class OptaxStep(CheckedStep):
                 f"not {type(optimizer).__name__}"
             )
         self.optimizer = optimizer
+
+    def migrate_opt_state(
+        self, old_state: Any, old_params: Any, new_params: Any, /, **options: Any
+    ) -> tuple[Any, Surgery]:
+        """``treeguard.migrate_opt_state`` with this step's optimizer."""
+        return migrate_opt_state(self.optimizer, old_state, old_params, new_params, **options)
 
     def __repr__(self) -> str:
         return (

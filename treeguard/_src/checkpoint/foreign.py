@@ -36,13 +36,12 @@ from ..errors import (
 )
 from ..keydtype import dtype_name
 from ..mismatch import Mismatch
-from ..paths import keystr, parse
+from ..paths import keystr, parse, parse_user_path, starts_with
 from ..spec import FORMAT as SPEC_FORMAT
 from ..spec import LeafSpec, TreeSpec, dtype_of, spec_of, summarize
 from ..walk import flatten
 from .files import open_checkpoint, read_raw_header
 from .format import FOREIGN, K_FORMAT, MAX_NDIM, StoredTensor
-from .migrate import parse_user_path, starts_with
 from .names import NamingRule, namer, nest, rule_label, style_of
 from .restore import as_like, build_like, read_ranges
 

@@ -18,22 +18,9 @@ from typing import Any
 from ..diff import mismatches
 from ..errors import TreeMismatchError
 from ..mismatch import Mismatch
-from ..paths import Path, keystr, parse
+from ..paths import Path, keystr, parse, parse_user_path, starts_with
 from ..spec import LeafSpec, TreeSpec, spec_of
 from ..walk import Node
-
-
-def starts_with(path: Path, prefix: Path) -> bool:
-    return path[: len(prefix)] == prefix
-
-
-def parse_user_path(text: Any, what: str) -> Path:
-    if not isinstance(text, str):
-        raise ValueError(f"{what} paths are key-path strings, got {type(text).__name__}")
-    try:
-        return parse(text)
-    except ValueError as e:
-        raise ValueError(f"{what}: {e}; write paths as \"['dense1']['w']\"") from None
 
 
 def _nodes(root: Node) -> Iterator[tuple[Path, Node]]:

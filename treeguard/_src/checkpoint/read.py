@@ -26,13 +26,13 @@ from ..diff import mismatches
 from ..errors import ConfigError, FormatError, IntegrityError, InvalidTreeError, TreeMismatchError
 from ..keydtype import dtype_name, is_key_dtype, wrap_keys
 from ..mismatch import Mismatch
-from ..paths import keystr, parse
+from ..paths import keystr, parse, starts_with
 from ..spec import TreeSpec, spec_of, summarize
 from ..surgery import Change, Surgery
 from ..walk import flatten
 from .files import open_checkpoint, pread_into, read_raw_header
 from .format import HASH_NAME, Header, TensorInfo, header_from_doc
-from .migrate import migrate, starts_with
+from .migrate import migrate
 from .restore import (
     RESTORE_HINT,
     THREADS,

@@ -16,10 +16,9 @@ import difflib
 from collections.abc import Collection, Sequence
 
 from ..errors import ConfigError
-from ..paths import Path, keystr
+from ..paths import Path, keystr, parse_user_path, starts_with
 from ..spec import TreeSpec
 from ..walk import Node
-from .migrate import parse_user_path, starts_with
 
 
 @dataclasses.dataclass(frozen=True)
