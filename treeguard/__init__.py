@@ -15,13 +15,16 @@ import typing as _typing
 if _typing.TYPE_CHECKING:
     from ._src.checkpoint import ForeignHeader as ForeignHeader
     from ._src.checkpoint import Header as Header
+    from ._src.checkpoint import SaveHandle as SaveHandle
     from ._src.checkpoint import import_weights as import_weights
     from ._src.checkpoint import load as load
     from ._src.checkpoint import load_with_report as load_with_report
     from ._src.checkpoint import read_foreign as read_foreign
     from ._src.checkpoint import read_header as read_header
     from ._src.checkpoint import save as save
+    from ._src.checkpoint import save_async as save_async
     from ._src.checkpoint import verify_file as verify_file
+    from ._src.checkpoint import wait_all as wait_all
     from ._src.diff import check as check
     from ._src.diff import mismatches as mismatches
     from ._src.diff import unflatten as unflatten
@@ -76,6 +79,7 @@ _EXPORTS: dict[str, str] = {
     "NonFiniteError": "._src.errors",
     "OptaxStep": "._src.optimizer",
     "RetentionPolicy": "._src.store",
+    "SaveHandle": "._src.checkpoint",
     "SignatureError": "._src.errors",
     "StoreError": "._src.errors",
     "Surgery": "._src.surgery",
@@ -102,12 +106,14 @@ _EXPORTS: dict[str, str] = {
     "read_foreign": "._src.checkpoint",
     "read_header": "._src.checkpoint",
     "save": "._src.checkpoint",
+    "save_async": "._src.checkpoint",
     "save_sharded": "._src.sharded.save",
     "spec_of": "._src.spec",
     "tree_map": "._src.update",
     "unflatten": "._src.diff",
     "updater": "._src.update",
     "verify_file": "._src.checkpoint",
+    "wait_all": "._src.checkpoint",
 }
 
 
@@ -140,6 +146,7 @@ __all__ = [
     "NonFiniteError",
     "OptaxStep",
     "RetentionPolicy",
+    "SaveHandle",
     "SignatureError",
     "StoreError",
     "Surgery",
@@ -166,10 +173,12 @@ __all__ = [
     "read_foreign",
     "read_header",
     "save",
+    "save_async",
     "save_sharded",
     "spec_of",
     "tree_map",
     "unflatten",
     "updater",
     "verify_file",
+    "wait_all",
 ]

@@ -2,6 +2,9 @@
 README.md)."""
 
 from ..atomic import remove_stale_temps as remove_stale_temps
+from .asyncsave import SaveHandle as SaveHandle
+from .asyncsave import save_async as save_async
+from .asyncsave import wait_all as wait_all
 from .files import open_checkpoint as open_checkpoint
 from .foreign import ForeignHeader as ForeignHeader
 from .format import ALLOWED_DTYPES as ALLOWED_DTYPES
@@ -32,6 +35,7 @@ __all__ = [
     "HASH_NAME",
     "MAX_HEADER_BYTES",
     "Header",
+    "SaveHandle",
     "TensorInfo",
     "encode_header",
     "header_digest",
@@ -43,8 +47,10 @@ __all__ = [
     "read_header",
     "remove_stale_temps",
     "save",
+    "save_async",
     "spec_from_file",
     "spec_reader",
     "user_metadata_json",
     "verify_file",
+    "wait_all",
 ]
