@@ -19,7 +19,7 @@ from .errors import cap_lines
 from .spec import dtype_of, summarize
 
 Action = Literal["initialised", "dropped", "renamed", "reinitialised"]
-_ACTIONS: tuple[Action, ...] = ("initialised", "dropped", "renamed", "reinitialised")
+_ACTIONS: tuple[Action, ...] = ("initialised", "renamed", "reinitialised", "dropped")
 #: The metadata key a saved checkpoint keeps its surgery report under.
 METADATA_KEY = "treeguard.surgery"
 
