@@ -261,7 +261,7 @@ def test_ckpt_inspect_lists_a_subtree(cnn_ckpt: Any) -> None:
     path, _ = cnn_ckpt
     result = CliRunner().invoke(main, ["ckpt", "inspect", str(path), "--subtree", "['params']"])
     assert result.exit_code == 0, result.output
-    assert "['params']: 8 of" in result.output
+    assert " 8 tensors " in result.output
     assert "opt_state" not in result.output
     result = CliRunner().invoke(main, ["ckpt", "inspect", str(path), "--subtree", "['parms']"])
     assert result.exit_code == 2

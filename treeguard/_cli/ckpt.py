@@ -158,17 +158,14 @@ def inspect_command(file: Path, as_json: bool, subtree: str | None) -> None:
     Reads the header only, never the array data. FILE may also be a sharded
     checkpoint directory: then its spec, shardings and sizes per process.
     """
-    if subtree is not None:
-        _inspect_part(file, subtree, as_json=as_json)
-        return
-    if file.is_dir():
+    if file.is_dir() and subtree is None:
         _sharded(file, as_json=as_json)
         return
-    foreign = foreign_or_none(file)
-    if foreign is not None:  # another tool's safetensors file: its tensors, and what it lacks
+    foreign = foreign_or_none(file) if not file.is_dir() else None
+    if foreign is not None and subtree is None:  # another tool's file: its tensors, what it lacks
         inspect_foreign(foreign, as_json=as_json)
         return
-    h = _read_header_or_exit(file)
+    h = _read_header_or_exit(file) if subtree is None else _part(file, subtree, foreign is None)
     if as_json:
         click.echo(json.dumps(_header_json(h), indent=1, ensure_ascii=False))
         return
@@ -210,9 +207,10 @@ def inspect_command(file: Path, as_json: bool, subtree: str | None) -> None:
 # -- ckpt inspect --subtree: one part of a checkpoint ------------------------------
 
 
-def _inspect_part(file: Path, subtree: str, *, as_json: bool) -> None:
-    """Lists the part of a checkpoint below ``subtree``, from its header alone."""
-    if file.is_dir() or foreign_or_none(file) is not None:
+def _part(file: Path, subtree: str, ours: bool) -> Header:
+    """The header of ``file`` cut to the part below ``subtree`` (its spec and
+    tensors; the rest as stored), from the header alone."""
+    if file.is_dir() or not ours:
         _exit(
             EXIT_USAGE,
             f"{shown(file)}: --subtree lists a part of a treeguard checkpoint file; "
@@ -223,24 +221,7 @@ def _inspect_part(file: Path, subtree: str, *, as_json: bool) -> None:
         sel = select(h.spec, subtree=subtree, ignore=(), where=h.path)
     except ConfigError as e:
         _exit(EXIT_USAGE, str(e))
-    tensors = [h.tensors[i] for i in sel.indices]
-    if as_json:
-        doc = _header_json(dataclasses.replace(h, spec=sel.spec, tensors=tuple(tensors)))
-        doc["subtree"] = subtree
-        click.echo(json.dumps(doc, indent=1, ensure_ascii=False))
-        return
-    out = _out()
-    nbytes = sum(t.nbytes for t in tensors)
-    out.print(
-        f"[bold]{shown(file)}[/bold] {shown(subtree)}: {len(tensors)} of {h.spec.num_leaves} "
-        f"tensors, {_human(nbytes)} of {_human(h.spec.nbytes)}"
-    )
-    table = Table(box=None, pad_edge=False, show_edge=False)
-    for col, justify in (("path", "left"), ("array", "left"), ("bytes", "right")):
-        table.add_column(col, justify=justify, overflow="fold")  # type: ignore[arg-type]
-    for t in tensors:
-        table.add_row(shown(t.name) or "<root>", t.summary(), _human(t.nbytes))
-    out.print(table)
+    return dataclasses.replace(h, spec=sel.spec, tensors=tuple(h.tensors[i] for i in sel.indices))
 
 
 # -- end of ckpt inspect --subtree --------------------------------------------------
