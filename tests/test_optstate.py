@@ -217,3 +217,31 @@ def test_moments_follow_a_renamed_layer_of_the_equinox_mlp(tmp_path: Path) -> No
         "[0].nu.layers[1].bias",
         "[0].nu.layers[1].weight",
     )
+
+
+def test_an_nnx_optimizer_state_follows_a_head_added_to_the_cnn() -> None:
+    model = cnn.CNN(rngs=nnx.Rngs(0))
+    old_opt = nnx.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)
+    old_params = nnx.state(model, nnx.Param)
+    grads = jax.tree.map(jnp.ones_like, old_params)
+    old_opt.update(model, grads)
+    bigger = CNNWithHead(rngs=nnx.Rngs(1))
+    new_opt = nnx.Optimizer(bigger, optax.adam(1e-2), wrt=nnx.Param)
+    state, report = tg.migrate_opt_state(
+        new_opt, nnx.state(old_opt), old_params, nnx.state(bigger, nnx.Param)
+    )
+    assert report.initialised == (
+        "['opt_state'][0]['mu']['aux']['bias'].value",
+        "['opt_state'][0]['mu']['aux']['kernel'].value",
+        "['opt_state'][0]['nu']['aux']['bias'].value",
+        "['opt_state'][0]['nu']['aux']['kernel'].value",
+    )
+    nnx.update(new_opt, state)
+    old_mu = nnx.state(old_opt)["opt_state"][0]["mu"]["linear1"]["kernel"][...]
+    _same(nnx.state(new_opt)["opt_state"][0]["mu"]["linear1"]["kernel"][...], old_mu)
+    assert int(nnx.state(new_opt)["step"][...]) == 1
+
+
+def test_an_optimizer_of_another_kind_is_refused() -> None:
+    with pytest.raises(tg.ConfigError, match="an optax GradientTransformation or an nnx"):
+        tg.migrate_opt_state(object(), {}, OLD, NEW)

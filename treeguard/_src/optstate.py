@@ -70,7 +70,10 @@ def migrate_opt_state(
 
     Args:
       optimizer: the optax ``GradientTransformation`` (anything with
-        ``init``) the state belongs to, as configured for the new params.
+        ``init``) the state belongs to, as configured for the new params;
+        or an ``nnx.Optimizer`` built for the new model, whose
+        ``nnx.state`` gives the new state's structure (pass the old one's
+        ``nnx.state`` as ``old_state``, and ``nnx.update`` the result in).
       old_state: the state trained with ``old_params``.
       old_params: the params ``old_state`` was built for.
       new_params: the changed params.
@@ -88,7 +91,8 @@ def migrate_opt_state(
       TreeMismatchError: listing every state leaf that cannot be mapped by
         path (a leaf of one state with no counterpart in the other, a param
         whose shape changed) before anything is built.
-      ConfigError: for an unknown ``reinit``.
+      ConfigError: for an unknown ``reinit``, or an ``optimizer`` that is
+        neither an optax transform nor an ``nnx.Optimizer``.
 
     Example:
       >>> import jax.numpy as jnp, optax
@@ -130,7 +134,7 @@ def migrate_opt_state(
     old_p = {moved_to[n]: orig[n] for n in order}
     was = {moved_to[n]: n for n in order}
     new_p = {keystr(p): r for p, r in zip(spec_of(new_params).paths, spec_of(new_params).records)}
-    fresh = optimizer.init(new_params)
+    fresh = _fresh_state(optimizer, new_params)
     f_paths, f_leaves, f_records = _leaves(fresh)
     o_paths, o_leaves, o_records = _leaves(old_state)
     old_mirror: dict[tuple[str, str], int] = {}
@@ -203,6 +207,25 @@ def migrate_opt_state(
         )
     state = jax.tree.unflatten(jax.tree.structure(fresh), out)
     return state, Surgery.of(changes, _SOURCE)
+
+
+def _fresh_state(optimizer: Any, new_params: Any) -> Any:
+    """The optimizer's state for the new params: ``init(new_params)`` of an
+    optax transform, or the state of an ``nnx.Optimizer`` built for the new
+    model."""
+    init = getattr(optimizer, "init", None)
+    if callable(init):
+        return init(new_params)
+    if type(optimizer).__module__.startswith("flax.nnx"):
+        from flax import nnx  # flax is optional: only an nnx.Optimizer brings it here
+
+        return nnx.state(optimizer)
+    raise ConfigError(
+        f"optimizer: an optax GradientTransformation or an nnx.Optimizer, got "
+        f"{type(optimizer).__name__}",
+        hint="pass the optax transform the state was made with, or an nnx.Optimizer built "
+        "for the new model",
+    )
 
 
 def _shown(rec: Record) -> str:
