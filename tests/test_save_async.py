@@ -135,3 +135,16 @@ def test_a_kill_during_save_async_leaves_the_previous_file_whole(tmp_path: Path)
         # a killed writer can leave only its own temporary file beside the target
         leftover = [p.name for p in tmp_path.iterdir() if p.name != target.name]
         assert all(target.name in name and name != target.name for name in leftover)
+
+
+def test_a_store_put_that_does_not_block_returns_a_handle(tmp_path: Path) -> None:
+    store = tg.ArtifactStore(tmp_path / "store")
+    params = {"w": np.arange(3, dtype=np.float32)}
+    handle = store.put(params, metadata={"step": 1}, block=False)
+    params["w"][:] = 0
+    version = handle.result(timeout=60)
+    assert store.verify(version).status == "verified"
+    np.testing.assert_array_equal(store.load_version(version)["w"], np.arange(3, dtype=np.float32))
+    again = store.put(params, version=version, block=False)
+    with pytest.raises(tg.StoreError, match=version):
+        again.result(timeout=60)

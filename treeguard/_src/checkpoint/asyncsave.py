@@ -15,7 +15,7 @@ import atexit
 import concurrent.futures.thread  # noqa: F401 - its exit hook is registered before ours
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -33,16 +33,17 @@ _in_flight: list[SaveHandle] = []
 
 
 class SaveHandle:
-    """A checkpoint being written in the background by ``save_async``.
+    """A checkpoint being written in the background by ``save_async`` (or
+    ``ArtifactStore.put(..., block=False)``).
 
     Attributes:
-      path: the checkpoint's path.
+      path: the checkpoint's path (or the store's root).
     """
 
     def __init__(self, path: str) -> None:
         self.path = path
         self._finished = threading.Event()
-        self._header: Header | None = None
+        self._header: Any = None
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
 
@@ -50,14 +51,15 @@ class SaveHandle:
         """Whether the save has finished (written, or failed)."""
         return self._finished.is_set()
 
-    def result(self, timeout: float | None = None) -> Header:
-        """Waits for the save; returns the written file's header.
+    def result(self, timeout: float | None = None) -> Any:
+        """Waits for the save; returns the written file's header (for a
+        store's ``put``, the new version's name).
 
         Args:
           timeout: seconds to wait at most; None waits as long as it takes.
 
         Returns:
-          The ``Header`` of the file written.
+          The ``Header`` of the file written, or the version's name.
 
         Raises:
           TimeoutError: if the save has not finished within ``timeout``.
@@ -67,17 +69,15 @@ class SaveHandle:
             raise TimeoutError(f"{self.path}: the save is still being written")
         if self._error is not None:
             raise self._error
-        assert self._header is not None
         return self._header
 
     def __repr__(self) -> str:
         state = "done" if self.done() else "writing"
         return f"SaveHandle({self.path!r}, {state})"
 
-    def _run(self, tree: Any, metadata: Mapping[str, Any] | None, surgery: Surgery | None) -> None:
+    def _run(self, work: Callable[[], Any]) -> None:
         try:
-            save(self.path, tree, metadata=metadata, surgery=surgery)
-            self._header = read_header(self.path)
+            self._header = work()
         except BaseException as e:  # noqa: BLE001 - handed to whoever calls result()
             self._error = e
         finally:
@@ -87,7 +87,7 @@ class SaveHandle:
             self._finished.set()
 
 
-def _host_copy(tree: Any) -> Any:
+def host_copy(tree: Any) -> Any:
     """The tree with every array copied to host memory (typed PRNG keys stay
     jax arrays: JAX never donates a buffer a key array shares)."""
     import jax  # only a tree holding jax arrays needs it; it is imported by then
@@ -145,8 +145,6 @@ def save_async(
       >>> handle.result().spec
       TreeSpec({'w': f32[3]})
     """
-    if not isinstance(max_in_flight, int) or max_in_flight < 1:
-        raise ConfigError(f"max_in_flight must be an int of at least 1, got {max_in_flight!r}")
     target = os.path.abspath(os.fspath(path))
     with _lock:
         busy = [h for h in _in_flight if h.path == target]
@@ -156,22 +154,30 @@ def save_async(
             context=target,
             hint="wait for its handle (handle.result()), or save to another path",
         )
-    while True:
-        with _lock:
-            oldest = _in_flight[0] if len(_in_flight) >= max_in_flight else None
-        if oldest is None:
-            break
-        oldest._finished.wait()
-    host = _host_copy(tree)
+    wait_for_slot(max_in_flight)
+    host = host_copy(tree)
+
+    def work() -> Header:
+        save(target, host, metadata=metadata, surgery=surgery)
+        return read_header(target)
+
+    return start(target, work, exclusive=True)
+
+
+def start(target: str, work: Callable[[], Any], *, exclusive: bool) -> SaveHandle:
+    """Runs ``work`` on a background thread behind a new handle (the caller
+    has waited for a slot and copied what ``work`` reads).
+
+    Raises:
+      ConfigError: with ``exclusive``, if a save is still writing ``target``.
+    """
     handle = SaveHandle(target)
     thread = threading.Thread(
-        target=handle._run,
-        args=(host, metadata, surgery),
-        name=f"treeguard-save-{os.path.basename(target)[:40]}",
+        target=handle._run, args=(work,), name=f"treeguard-save-{os.path.basename(target)[:40]}"
     )
     handle._thread = thread
     with _lock:
-        if any(h.path == target for h in _in_flight):  # started while this one waited
+        if exclusive and any(h.path == target for h in _in_flight):  # started meanwhile
             raise ConfigError(
                 "another save is still writing this path",
                 context=target,
@@ -180,6 +186,22 @@ def save_async(
         _in_flight.append(handle)
     thread.start()
     return handle
+
+
+def wait_for_slot(max_in_flight: int) -> None:
+    """Waits until fewer than ``max_in_flight`` saves run (oldest first).
+
+    Raises:
+      ConfigError: for a ``max_in_flight`` below 1.
+    """
+    if not isinstance(max_in_flight, int) or max_in_flight < 1:
+        raise ConfigError(f"max_in_flight must be an int of at least 1, got {max_in_flight!r}")
+    while True:
+        with _lock:
+            oldest = _in_flight[0] if len(_in_flight) >= max_in_flight else None
+        if oldest is None:
+            return
+        oldest._finished.wait()
 
 
 def wait_all() -> list[Header]:

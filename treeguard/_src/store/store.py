@@ -22,7 +22,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from ..atomic import pid_alive, remove_stale_temps, stale_temp
-from ..checkpoint import read_header, save, user_metadata_json
+from ..checkpoint import asyncsave, read_header, save, user_metadata_json
 from ..env import environment
 from ..errors import (
     FormatError,
@@ -254,7 +254,8 @@ class ArtifactStore:
         *,
         metadata: Mapping[str, Any] | None = None,
         version: str | None = None,
-    ) -> str:
+        block: bool = True,
+    ) -> Any:
         """Saves a tree as a new candidate version.
 
         The first ``put`` into a directory that does not exist, or is empty,
@@ -266,9 +267,12 @@ class ArtifactStore:
           version: a name for it; by default the next ``v000001``,
             ``v000002``... A name is never handed out twice, even after
             ``gc`` removed its version.
+          block: False copies the tree's arrays to host memory and returns a
+            ``SaveHandle`` at once (as ``save_async`` does, one at a time);
+            its ``result()`` is the version's name or the error.
 
         Returns:
-          The version's name.
+          The version's name (a ``SaveHandle`` with ``block=False``).
 
         Raises:
           StoreError: if the named version exists or existed, or the root is
@@ -281,6 +285,12 @@ class ArtifactStore:
         user = json.loads(user_metadata_json(metadata))  # refuse bad metadata before any write
         if version is not None:
             check_name(version)
+        if not block:  # the same put, on a background thread, from a host copy
+            asyncsave.wait_for_slot(1)
+            host = asyncsave.host_copy(tree)
+            return asyncsave.start(
+                self.root, lambda: self.put(host, metadata=user, version=version), exclusive=False
+            )
         self._open_for_put()
         with self._layout.locked():
             version, path = self._reserve(version, user)
