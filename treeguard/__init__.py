@@ -15,12 +15,16 @@ import typing as _typing
 if _typing.TYPE_CHECKING:
     from ._src.checkpoint import ForeignHeader as ForeignHeader
     from ._src.checkpoint import Header as Header
+    from ._src.checkpoint import SaveHandle as SaveHandle
     from ._src.checkpoint import import_weights as import_weights
     from ._src.checkpoint import load as load
+    from ._src.checkpoint import load_with_report as load_with_report
     from ._src.checkpoint import read_foreign as read_foreign
     from ._src.checkpoint import read_header as read_header
     from ._src.checkpoint import save as save
+    from ._src.checkpoint import save_async as save_async
     from ._src.checkpoint import verify_file as verify_file
+    from ._src.checkpoint import wait_all as wait_all
     from ._src.diff import check as check
     from ._src.diff import mismatches as mismatches
     from ._src.diff import unflatten as unflatten
@@ -47,6 +51,7 @@ if _typing.TYPE_CHECKING:
     from ._src.nonfinite import find_nonfinite as find_nonfinite
     from ._src.optimizer import OptaxStep as OptaxStep
     from ._src.optimizer import optax_step as optax_step
+    from ._src.optstate import migrate_opt_state as migrate_opt_state
     from ._src.sharded.load import load_sharded as load_sharded
     from ._src.sharded.save import save_sharded as save_sharded
     from ._src.spec import LeafSpec as LeafSpec
@@ -54,6 +59,7 @@ if _typing.TYPE_CHECKING:
     from ._src.spec import spec_of as spec_of
     from ._src.store import ArtifactStore as ArtifactStore
     from ._src.store import RetentionPolicy as RetentionPolicy
+    from ._src.surgery import Surgery as Surgery
     from ._src.updates import Cast as Cast
     from ._src.updates import Updater as Updater
     from ._src.updates import apply_updates as apply_updates
@@ -82,8 +88,10 @@ _EXPORTS: dict[str, str] = {
     "OptaxStep": "._src.optimizer",
     "RetentionPolicy": "._src.store",
     "RunInterruptedError": "._src.errors",
+    "SaveHandle": "._src.checkpoint",
     "SignatureError": "._src.errors",
     "StoreError": "._src.errors",
+    "Surgery": "._src.surgery",
     "TracedValueError": "._src.errors",
     "TreeMismatchError": "._src.errors",
     "TreeSpec": "._src.spec",
@@ -99,18 +107,22 @@ _EXPORTS: dict[str, str] = {
     "find_nonfinite": "._src.nonfinite",
     "import_weights": "._src.checkpoint",
     "load": "._src.checkpoint",
+    "load_with_report": "._src.checkpoint",
     "load_sharded": "._src.sharded.load",
+    "migrate_opt_state": "._src.optstate",
     "mismatches": "._src.diff",
     "optax_step": "._src.optimizer",
     "read_foreign": "._src.checkpoint",
     "read_header": "._src.checkpoint",
     "save": "._src.checkpoint",
+    "save_async": "._src.checkpoint",
     "save_sharded": "._src.sharded.save",
     "spec_of": "._src.spec",
     "tree_map": "._src.updates",
     "unflatten": "._src.diff",
     "updater": "._src.updates",
     "verify_file": "._src.checkpoint",
+    "wait_all": "._src.checkpoint",
 }
 
 

@@ -9,6 +9,7 @@ hashes or contract to check its bytes against.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -19,13 +20,24 @@ import click
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from .._src.checkpoint import Header, read_header, spec_from_file, verify_file
+from .._src.checkpoint import (
+    Header,
+    load_with_report,
+    read_header,
+    save,
+    spec_from_file,
+    verify_file,
+)
+from .._src.checkpoint.select import select
 from .._src.display import fmt_bytes, printable
-from .._src.errors import TreeMismatchError
+from .._src.errors import ConfigError, TreeMismatchError
+from .._src.paths import parse
 from .._src.spec import TreeSpec
+from .._src.surgery import METADATA_KEY as SURGERY_KEY
 from .console import console, shown
 from .failures import Group
 from .importing import foreign_or_none, inspect_foreign, verify_foreign
+from .loader import load_target
 
 #: Files smaller than this verify too fast for a progress bar to help.
 _PROGRESS_MIN_BYTES = 64 * 1024 * 1024
@@ -90,20 +102,27 @@ def ckpt() -> None:
 @ckpt.command("inspect")
 @click.argument("file", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print the header as JSON.")
-def inspect_command(file: Path, as_json: bool) -> None:
+@click.option(
+    "--subtree",
+    metavar="PATH",
+    default=None,
+    help="List only the part below this key path, e.g. \"['encoder']\" (what "
+    "`load(..., subtree=PATH)` reads).",
+)
+def inspect_command(file: Path, as_json: bool, subtree: str | None) -> None:
     """Print FILE's tree, shapes, dtypes, sizes, environment and metadata.
 
     Reads the header only, never the array data. FILE may also be a sharded
     checkpoint directory: then its spec, shardings and sizes per process.
     """
-    if file.is_dir():
+    if file.is_dir() and subtree is None:
         _sharded(file, as_json=as_json)
         return
-    foreign = foreign_or_none(file)
-    if foreign is not None:  # another tool's safetensors file: its tensors, and what it lacks
+    foreign = foreign_or_none(file) if not file.is_dir() else None
+    if foreign is not None and subtree is None:  # another tool's file: its tensors, what it lacks
         inspect_foreign(foreign, as_json=as_json)
         return
-    h = read_header(file)
+    h = read_header(file) if subtree is None else _part(file, subtree, foreign is None)
     if as_json:
         click.echo(json.dumps(_header_json(h), indent=1, ensure_ascii=False))
         return
@@ -150,6 +169,27 @@ def inspect_command(file: Path, as_json: bool) -> None:
 def read_like(like: Path | None) -> TreeSpec | None:
     """The contract in ``--like`` (a spec JSON or a checkpoint), or None."""
     return None if like is None else spec_from_file(like)
+
+
+# -- ckpt inspect --subtree: one part of a checkpoint ------------------------------
+
+
+def _part(file: Path, subtree: str, ours: bool) -> Header:
+    """The header of ``file`` cut to the part below ``subtree`` (its spec and
+    tensors; the rest as stored), from the header alone."""
+    if file.is_dir() or not ours:
+        raise ConfigError(
+            "--subtree lists a part of a treeguard checkpoint file; "
+            "this is a sharded directory or another tool's file",
+            context=str(file),
+            hint="import the file first: treeguard import SRC DST",
+        )
+    h = read_header(file)
+    sel = select(h.spec, subtree=subtree, ignore=(), where=h.path)
+    return dataclasses.replace(h, spec=sel.spec, tensors=tuple(h.tensors[i] for i in sel.indices))
+
+
+# -- end of ckpt inspect --subtree --------------------------------------------------
 
 
 @ckpt.command("verify")
@@ -216,3 +256,96 @@ def _sharded(
         )
     else:
         console().print(printable(sharded.render(report), newlines=True), markup=False)
+
+
+# -- ckpt migrate: a checkpoint carried over to a changed model ---------------------
+
+
+def _split_rename(text: str) -> tuple[str, str]:
+    """``A=B`` with A and B key paths; the split is the first ``=`` at which
+    both sides read as key paths (a key may itself hold ``=``)."""
+    for i, c in enumerate(text):
+        if c != "=":
+            continue
+        old, new = text[:i], text[i + 1 :]
+        try:
+            parse(old)
+            parse(new)
+        except ValueError:
+            continue
+        return old, new
+    raise ConfigError(
+        f"--rename {printable(text)}: expected OLD=NEW, two key paths",
+        hint="write it as ['a']=['b']",
+    )
+
+
+@ckpt.command("migrate")
+@click.argument("old", type=click.Path(path_type=Path))
+@click.argument("new", type=click.Path(path_type=Path))
+@click.option(
+    "--like",
+    "like_path",
+    type=click.Path(path_type=Path),
+    required=True,
+    help="A spec JSON or checkpoint: the changed model's contract.",
+)
+@click.option(
+    "--init",
+    "init_target",
+    metavar="MODULE:ATTR",
+    default=None,
+    help="The new leaves' values: a tree of arrays matched by key path, or a function "
+    "from a key path to its array.",
+)
+@click.option(
+    "--rename", "renames", multiple=True, metavar="OLD=NEW", help="Read OLD's leaves at NEW."
+)
+@click.option(
+    "--drop", "drops", multiple=True, metavar="PATH", help="Leave the stored PATH unused."
+)
+def migrate_command(  # noqa: PLR0917 - click passes every option
+    old: Path,
+    new: Path,
+    like_path: Path,
+    init_target: str | None,
+    renames: tuple[str, ...],
+    drops: tuple[str, ...],
+) -> None:
+    """Write NEW, OLD carried over to the contract --like, verified, and print
+    what changed: each path initialised, renamed or dropped.
+
+    Without options every difference between OLD and --like is listed and
+    the exit code is 1; --init, --rename and --drop name the differences
+    that are meant. NEW's metadata keeps OLD's, the surgery report and where
+    it came from.
+    """
+    spec = read_like(like_path)
+    init: Any = None
+    if init_target is not None:
+        init = load_target(
+            init_target,
+            (object,),
+            what="tree or function",
+            command="ckpt migrate OLD NEW --like SPEC --init",
+            fix="point --init at the new model's params, or a function of the key path",
+        )
+    h = read_header(old)
+    tree, report = load_with_report(
+        old,
+        like=spec,
+        expect_digest=h.digest,
+        rename=dict(_split_rename(r) for r in renames),
+        missing="init" if init is not None else "error",
+        init=init,
+        unexpected=list(drops) or "error",
+    )
+    meta = {k: v for k, v in h.metadata.items() if k != SURGERY_KEY}
+    meta["migrated_from"] = {"file": str(old), "digest": h.digest}
+    save(new, tree, metadata=meta, surgery=report)
+    verify_file(new, like=spec)
+    console().print(printable(str(report), newlines=True), markup=False, highlight=False)
+    console().print(f"[green]ok[/green]: {shown(new)}: written and verified")
+
+
+# -- end of ckpt migrate ------------------------------------------------------------

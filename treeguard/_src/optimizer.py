@@ -15,6 +15,8 @@ import numpy as np
 
 from .diff import mismatches
 from .errors import TracedValueError
+from .optstate import migrate_opt_state
+from .surgery import Surgery
 from .updates.casts import plan_casts
 from .updates.compiled import (
     CompiledStep,
@@ -98,6 +100,12 @@ class OptaxStep:
     def casts(self) -> tuple[Cast, ...]:
         """Every distinct cast done under ``dtype_policy="cast"``, first seen first."""
         return self._step.casts
+
+    def migrate_opt_state(
+        self, old_state: Any, old_params: Any, new_params: Any, /, **options: Any
+    ) -> tuple[Any, Surgery]:
+        """``treeguard.migrate_opt_state`` with this step's optimizer."""
+        return migrate_opt_state(self.optimizer, old_state, old_params, new_params, **options)
 
     def __repr__(self) -> str:
         return (

@@ -272,3 +272,22 @@ def has_surrogate(text: str) -> bool:
     except UnicodeEncodeError:
         return True
     return False
+
+
+def starts_with(path: Path, prefix: Path) -> bool:
+    """Whether ``path`` lies at or below ``prefix``."""
+    return path[: len(prefix)] == prefix
+
+
+def parse_user_path(text: Any, what: str) -> Path:
+    """A key path a caller gave for option ``what``, parsed.
+
+    Raises:
+      ValueError: for text that is no key path, naming the option.
+    """
+    if not isinstance(text, str):
+        raise ValueError(f"{what} paths are key-path strings, got {type(text).__name__}")
+    try:
+        return parse(text)
+    except ValueError as e:
+        raise ValueError(f"{what}: {e}; write paths as \"['dense1']['w']\"") from None

@@ -2,6 +2,9 @@
 README.md)."""
 
 from ..atomic import remove_stale_temps as remove_stale_temps
+from .asyncsave import SaveHandle as SaveHandle
+from .asyncsave import save_async as save_async
+from .asyncsave import wait_all as wait_all
 from .files import open_checkpoint as open_checkpoint
 from .foreign import ForeignHeader as ForeignHeader
 from .format import ALLOWED_DTYPES as ALLOWED_DTYPES
@@ -12,10 +15,11 @@ from .format import Header as Header
 from .format import TensorInfo as TensorInfo
 from .format import encode_header as encode_header
 from .format import header_digest as header_digest
-from .read import load as load
+from .load import load as load
+from .load import load_with_report as load_with_report
+from .load import spec_from_file as spec_from_file
+from .load import spec_reader as spec_reader
 from .read import read_header as read_header
-from .read import spec_from_file as spec_from_file
-from .read import spec_reader as spec_reader
 from .read import verify_file as verify_file
 from .sources import import_weights as import_weights
 from .sources import read_foreign as read_foreign
@@ -29,18 +33,22 @@ __all__ = [
     "ForeignHeader",
     "MAX_HEADER_BYTES",
     "Header",
+    "SaveHandle",
     "TensorInfo",
     "encode_header",
     "header_digest",
     "import_weights",
     "load",
+    "load_with_report",
     "open_checkpoint",
     "read_foreign",
     "read_header",
     "remove_stale_temps",
     "save",
+    "save_async",
     "spec_from_file",
     "spec_reader",
     "user_metadata_json",
     "verify_file",
+    "wait_all",
 ]

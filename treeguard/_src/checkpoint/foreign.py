@@ -17,7 +17,6 @@ difference is listed before any tensor is read.
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import difflib
 import math
@@ -32,21 +31,20 @@ from ..diff import mismatches
 from ..errors import (
     FormatError,
     IntegrityError,
-    InvalidTreeError,
     TreeMismatchError,
     UnverifiedWeightsWarning,
 )
-from ..hashing import pread_into
 from ..keydtype import dtype_name
 from ..leaf import dtype_of, summarize
 from ..mismatch import Mismatch
-from ..paths import keystr, parse
+from ..paths import keystr, parse, parse_user_path, starts_with
 from ..spec import LeafSpec, TreeSpec, spec_of
 from ..specjson import FORMAT as SPEC_FORMAT
 from ..walk import flatten
+from .files import open_checkpoint, read_raw_header
 from .format import FOREIGN, K_FORMAT, MAX_NDIM, StoredTensor
-from .migrate import parse_user_path, starts_with
 from .names import NamingRule, namer, nest, rule_label, style_of
+from .restore import as_like, build_like, read_ranges
 
 Unverified: TypeAlias = Literal["refuse", "warn", "allow"]
 
@@ -64,7 +62,6 @@ _UNVERIFIED_HINT = (
     '(unverified="warn" to be warned each time), or turn it into a hashed checkpoint '
     "once with `treeguard import SRC DST` and load that"
 )
-_THREADS = "treeguard-read"
 #: The most bytes numpy lets an array's axes span, counting a 0 axis as 1.
 MAX_ARRAY_BYTES = 2**63 - 1
 #: The most tensors a foreign file may hold (a large mixture of experts holds about 10**5);
@@ -377,34 +374,11 @@ def read_tensors(
     Raises:
       FormatError: if the file shrinks while it is read.
     """
-    from .read import _buffer
-
     todo = [t for t in header.tensors if t.name in wanted]
-    offsets, pos = [], 0
-    for t in todo:
-        pos = (pos + 63) // 64 * 64
-        offsets.append(pos)
-        pos += t.nbytes
-    base = _buffer(pos)
-    whole = memoryview(base.data)
-
-    def read_one(i: int) -> bool:
-        t, off = todo[i], offsets[i]
-        return pread_into(fd, whole[off : off + t.nbytes], header.data_start + t.begin) == t.nbytes
-
-    workers = max(1, min(len(todo), os.cpu_count() or 1))
-    with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix=_THREADS) as pool:
-        for t, ok in zip(todo, pool.map(read_one, range(len(todo)))):
-            if not ok:
-                raise FormatError(
-                    f"tensor {t.name[:200]!r}: the file was truncated while it was read",
-                    context=header.path,
-                    hint=_BAD_FILE_HINT,
-                )
-    out = {
-        t.name: base[off : off + t.nbytes].view(t.dtype.newbyteorder("<")).reshape(t.shape)
-        for t, off in zip(todo, offsets)
-    }
+    raw = read_ranges(
+        fd, todo, header.data_start, header.path, None, truncated_hint=_BAD_FILE_HINT, quote=True
+    )
+    out = {t.name: b.view(t.dtype.newbyteorder("<")).reshape(t.shape) for t, b in zip(todo, raw)}
     for t in todo:
         check_bools(out[t.name], f"tensor {t.name[:200]!r}", header.path)
     return out
@@ -481,21 +455,11 @@ def load_foreign(  # noqa: PLR0917 - one call site, in ``load``
 
 def build(m: _Match, arrays: dict[str, np.ndarray[Any, Any]]) -> Any:
     """The tree in ``like``'s structure, each leaf in the form of ``like``'s leaf."""
-    import jax
-
-    from .read import _as_like, _plain
-
     out = []
     for i, src in enumerate(m.sources):
         ref = m.like_leaves[i] if m.like_leaves is not None else None
-        out.append(ref if src is None else _as_like(arrays[src], ref))
-    treedef = m.like_treedef
-    if treedef is None:
-        try:
-            treedef = m.like_spec.treedef
-        except InvalidTreeError:  # a spec read from JSON with custom nodes: plain containers
-            return _plain(m.like_spec.structure, iter(out))
-    return jax.tree.unflatten(treedef, out)
+        out.append(ref if src is None else as_like(arrays[src], ref))
+    return build_like(m.like_spec, m.like_treedef, out)
 
 
 def read_foreign_header(path: str | os.PathLike[str], /) -> ForeignHeader | None:
@@ -505,8 +469,6 @@ def read_foreign_header(path: str | os.PathLike[str], /) -> ForeignHeader | None
     Raises:
       FormatError: for a foreign header that does not describe its file.
     """
-    from .files import open_checkpoint, read_raw_header
-
     try:
         fd, name = open_checkpoint(path)
     except (FormatError, OSError):

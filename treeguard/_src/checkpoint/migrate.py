@@ -18,23 +18,9 @@ from typing import Any
 from ..diff import mismatches
 from ..errors import TreeMismatchError
 from ..mismatch import Mismatch
-from ..paths import Path, keystr, parse
+from ..paths import Path, keystr, parse, parse_user_path, starts_with
 from ..spec import LeafSpec, TreeSpec, spec_of
 from ..walk import Node
-from .format import Header
-
-
-def starts_with(path: Path, prefix: Path) -> bool:
-    return path[: len(prefix)] == prefix
-
-
-def parse_user_path(text: Any, what: str) -> Path:
-    if not isinstance(text, str):
-        raise ValueError(f"{what} paths are key-path strings, got {type(text).__name__}")
-    try:
-        return parse(text)
-    except ValueError as e:
-        raise ValueError(f"{what}: {e}; write paths as \"['dense1']['w']\"") from None
 
 
 def _nodes(root: Node) -> Iterator[tuple[Path, Node]]:
@@ -83,6 +69,8 @@ def match_stored(  # noqa: PLR0917 - two call sites, all positional data
     where: str,
     *,
     extra: Callable[[Sequence[tuple[Path, Path, str]]], list[Mismatch]] | None = None,
+    init_missing: bool = False,
+    drop: Callable[[Path], bool] | None = None,
 ) -> list[int | None]:
     """The one leaf matching behind ``rename`` and ``allow_missing``, for
     every stored format (a single file's tensors, a sharded manifest's arrays).
@@ -103,6 +91,10 @@ def match_stored(  # noqa: PLR0917 - two call sites, all positional data
       where: the stored checkpoint's name for messages.
       extra: given the parsed renames, more mismatches to report with the
         leaf ones (the container types a single file records).
+      init_missing: a leaf of ``like`` with no stored leaf is not a mismatch
+        (its source is None: the caller initialises it).
+      drop: given a stored leaf's path (before any rename), whether it may
+        be left unused when no leaf of ``like`` takes it.
 
     Returns:
       For each leaf of ``like`` in flatten order, the index of the stored
@@ -166,6 +158,8 @@ def match_stored(  # noqa: PLR0917 - two call sites, all positional data
             sources.append(k)
             stored_flat[lname] = LeafSpec(stored_leaves[k].shape, stored_leaves[k].dtype)
             like_flat[lname] = LeafSpec(rec[0], rec[1])
+        elif init_missing and not any(starts_with(lpath, p) for p in optional):
+            sources.append(None)
         elif any(starts_with(lpath, p) for p in optional):
             if not like_has_value[i]:
                 raise ValueError(
@@ -177,7 +171,7 @@ def match_stored(  # noqa: PLR0917 - two call sites, all positional data
             sources.append(None)
             like_flat[lname] = LeafSpec(rec[0], rec[1])
     for n, k in by_new.items():
-        if n not in like_flat:
+        if n not in like_flat and not (drop is not None and drop(stored_paths[k])):
             stored_flat[n] = LeafSpec(stored_leaves[k].shape, stored_leaves[k].dtype)
     found = extra(renames) if extra is not None else []
     found += [
@@ -195,39 +189,43 @@ def match_stored(  # noqa: PLR0917 - two call sites, all positional data
 
 
 def migrate(  # noqa: PLR0917 - one call site
-    header: Header,
+    stored: TreeSpec,
+    where: str,
     like_spec: TreeSpec,
-    like_names: list[str],
     like_leaves: list[Any] | None,
     rename: Mapping[str, str],
     allow_missing: Sequence[str],
-) -> list[str | None]:
-    """Leaf-level matching for a deliberate migration.
+    *,
+    init_missing: bool = False,
+    drop: Callable[[Path], bool] | None = None,
+) -> list[int | None]:
+    """Leaf-level matching for a deliberate migration of a stored tree (a
+    whole checkpoint's spec, or the part a partial load selected); the
+    options are ``match_stored``'s.
 
     Returns:
-      For each leaf of ``like`` in flatten order, the stored tensor name to
-      take its value from, or None to keep ``like``'s value.
+      For each leaf of ``like`` in flatten order, the index of the stored
+      leaf to take its value from, or None to keep ``like``'s value.
 
     Raises:
       TreeMismatchError: for every difference the options do not name.
       ValueError: for an option path that names nothing.
     """
-    import jax
+    import jax  # a reader of headers alone never imports JAX
 
     has_value = [
         ref is not None and not isinstance(ref, (LeafSpec, jax.ShapeDtypeStruct))
-        for ref in (like_leaves if like_leaves is not None else [None] * len(like_names))
+        for ref in (like_leaves if like_leaves is not None else [None] * like_spec.num_leaves)
     ]
-    sources = match_stored(
-        [t.name for t in header.tensors],
-        [LeafSpec(t.shape, t.dtype) for t in header.tensors],
+    return match_stored(
+        [keystr(p) for p in stored.paths],
+        list(stored.leaves),
         like_spec,
         has_value,
         rename,
         allow_missing,
-        header.path,
-        extra=lambda renames: _node_type_mismatches(
-            header.spec.structure, like_spec.structure, renames
-        ),
+        where,
+        extra=lambda renames: _node_type_mismatches(stored.structure, like_spec.structure, renames),
+        init_missing=init_missing,
+        drop=drop,
     )
-    return [None if k is None else header.tensors[k].name for k in sources]

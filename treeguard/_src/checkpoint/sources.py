@@ -52,8 +52,11 @@ from .foreign import (
     read_tensors,
 )
 from .format import ALLOWED_DTYPES, MAX_HEADER_BYTES
+from .load import load
 from .names import NamingRule, namer, nest
+from .read import read_header
 from .received import DEFLATE_MAX_RATIO, plain_tree, refuse_forged_claim
+from .write import save
 
 SourceKind = Literal["safetensors", "treeguard", "npz", "msgpack", "orbax"]
 
@@ -197,8 +200,6 @@ def _too_many(name: str) -> FormatError:
 def _read_safetensors(
     fd: int, name: str
 ) -> tuple[dict[str, np.ndarray[Any, Any]], ForeignHeader | None]:
-    from .read import load
-
     doc, header_bytes, size = read_raw_header(fd, name)
     if not is_foreign(doc):
         return {"": load(name)}, None  # ours: verified, nested as stored
@@ -598,9 +599,6 @@ def import_weights(
       >>> h.spec, h.metadata["imported_from"]["format"]
       (TreeSpec(['dense']['w']: f32[2,2]), 'npz')
     """
-    from .read import read_header
-    from .write import save
-
     name = os.fspath(src)
     algorithm = check_algorithm(digest)
     _refuse_overlap(name, os.fspath(dst))

@@ -24,6 +24,7 @@ from ..leaf import Record, summarize
 from ..paths import has_surrogate, int_digits, keystr, short_repr
 from ..spec import TreeSpec, spec_of
 from ..strictjson import MAX_DEPTH, MAX_INT_DIGITS
+from ..surgery import METADATA_KEY, Surgery
 from ..walk import flatten, key_problems, structure_of
 from .format import (
     ALLOWED_DTYPES,
@@ -154,6 +155,19 @@ def _bad_metadata(value: Any, where: str) -> str | None:
     return None
 
 
+def with_surgery(metadata: Mapping[str, Any] | None, surgery: Surgery | None) -> Any:
+    """The caller's metadata with a surgery report added under its key.
+
+    Raises:
+      ValueError: if the metadata already holds that key.
+    """
+    if surgery is None:
+        return metadata
+    if metadata is not None and METADATA_KEY in metadata:
+        raise ValueError(f"metadata already holds {METADATA_KEY!r}; pass the report once")
+    return {**(metadata or {}), METADATA_KEY: surgery.to_json()}
+
+
 def user_metadata_json(metadata: Mapping[str, Any] | None) -> str:
     """The caller's metadata as canonical JSON text, validated.
 
@@ -200,6 +214,7 @@ def save(
     *,
     metadata: Mapping[str, Any] | None = None,
     digest: Algorithm = DEFAULT,
+    surgery: Surgery | None = None,
 ) -> None:
     """Writes a tree to one checkpoint file, atomically, with a hash per tensor.
 
@@ -222,6 +237,9 @@ def save(
       digest: the hash algorithm of the tensors and the header: ``"blake3"``
         (the default) or ``"sha256"`` (for readers that predate BLAKE3
         digests). Either is verified by ``load``.
+      surgery: the ``Surgery`` report of the load the tree came from; it is
+        kept in the metadata under ``"treeguard.surgery"``, so the file
+        records which of its leaves were initialised, renamed or dropped.
 
     Raises:
       InvalidTreeError: for leaves that are not arrays or hold no values
@@ -280,7 +298,7 @@ def save(
             hint="store numeric arrays with values (jax.random.key_data(k) for typed keys, "
             "np.int64 arrays for large ints)",
         )
-    user = user_metadata_json(metadata)
+    user = user_metadata_json(with_surgery(metadata, surgery))
     table: dict[str, Any] = {}
     pos = 0
     for leaf_name, (shape, dtype, _, _) in zip(names, records):

@@ -10,6 +10,7 @@ from typing import Any
 
 from ..checkpoint.migrate import match_stored
 from ..checkpoint.received import plain_tree, refuse_forged_claim
+from ..checkpoint.select import select
 from ..diff import mismatches
 from ..errors import ConfigError, IntegrityError, InvalidTreeError, TreeMismatchError
 from ..leaf import describe_sharding, same_sharding, summarize
@@ -30,7 +31,7 @@ _MIN_GROUP_BYTES = 16 * 1024 * 1024
 
 
 def migrate(  # noqa: PLR0917 - one call site
-    manifest: Manifest,
+    stored: TreeSpec,
     like_spec: TreeSpec,
     like_leaves: Sequence[Any],
     rename: Mapping[str, str],
@@ -39,12 +40,13 @@ def migrate(  # noqa: PLR0917 - one call site
 ) -> list[int | None]:
     """For each leaf of ``like``, the stored array it takes (or None: it keeps
     ``like``'s value), under a deliberate migration: ``match_stored``, the
-    one matching ``treeguard.load`` uses too, over the manifest's arrays."""
+    one matching ``treeguard.load`` uses too, over the stored arrays (all of
+    the manifest's, or the part a partial load selected)."""
     import jax  # lazy: reading files never imports jax
 
     return match_stored(
-        [a.path for a in manifest.arrays],
-        [LeafSpec(a.shape, a.dtype) for a in manifest.arrays],
+        [keystr(p) for p in stored.paths],
+        [LeafSpec(r[0], r[1]) for r in stored.records],
         like_spec,
         [isinstance(leaf, jax.Array) for leaf in like_leaves],
         rename,
@@ -148,6 +150,8 @@ def load_sharded(
     *,
     rename: Mapping[str, str] | None = None,
     allow_missing: Collection[str] = (),
+    subtree: str | None = None,
+    ignore: Collection[str] = (),
 ) -> Any:
     """Restores a sharded checkpoint onto ``like``'s shardings, verified.
 
@@ -168,6 +172,10 @@ def load_sharded(
         leaves or subtrees in ``keystr`` form.
       allow_missing: paths of ``like`` that may be absent from the
         checkpoint; those leaves keep ``like``'s arrays.
+      subtree: the key path of the one stored subtree to restore; ``like``
+        then describes that subtree alone. Only its arrays are read.
+      ignore: key paths of stored subtrees to leave unread; ``like`` then
+        describes the rest.
 
     Returns:
       The tree, in ``like``'s structure, with ``like``'s shardings.
@@ -180,6 +188,8 @@ def load_sharded(
         ``like`` (shape, dtype, missing or unexpected paths).
       IntegrityError: naming every array with a shard whose bytes do not
         match its recorded digest, or whose data could not be read.
+      ConfigError: for a ``subtree`` or ``ignore`` path that names nothing
+        stored (the hint names the nearest stored path).
       ValueError: for a ``like`` leaf without a sharding, or a ``rename`` or
         ``allow_missing`` path that names nothing.
 
@@ -197,7 +207,14 @@ def load_sharded(
         ['dense2']['w']: shape (3, 2) in `like`, (3, 1) in the checkpoint
       hint: ...
     """
-    return load_expecting(directory, like, rename=rename, allow_missing=allow_missing)
+    return load_expecting(
+        directory,
+        like,
+        rename=rename,
+        allow_missing=allow_missing,
+        subtree=subtree,
+        ignore=ignore,
+    )
 
 
 def load_expecting(
@@ -208,6 +225,8 @@ def load_expecting(
     rename: Mapping[str, str] | None = None,
     allow_missing: Collection[str] = (),
     digest: str | None = None,
+    subtree: str | None = None,
+    ignore: Collection[str] = (),
 ) -> Any:
     """``load_sharded``, refusing (before any array is read) a manifest whose
     digest is not ``digest`` when one is given; the digest is taken over the
@@ -223,24 +242,26 @@ def load_expecting(
     like_leaves, like_treedef = jax.tree.flatten(like)
     like_spec = spec_of(like)
     like_names = [keystr(p) for p in like_spec.paths]
+    stored, index = manifest.spec, list(range(len(manifest.arrays)))
+    if subtree is not None or ignore:
+        sel = select(manifest.spec, subtree=subtree, ignore=ignore, where=where)
+        stored, index = sel.spec, sel.indices
     if not rename and not allow_missing:
-        found = contract_mismatches(manifest.spec, like_spec)
+        found = contract_mismatches(stored, like_spec)
         if found:
             raise TreeMismatchError(
                 found, expected_from="`like`", actual_from="the checkpoint", context=where
             )
         sources: list[int | None] = list(range(len(like_leaves)))
     else:
-        sources = migrate(
-            manifest, like_spec, like_leaves, rename or {}, tuple(allow_missing), where
-        )
+        sources = migrate(stored, like_spec, like_leaves, rename or {}, tuple(allow_missing), where)
     targets: list[Any] = [None] * len(manifest.arrays)
     for i, src in enumerate(sources):
         if src is not None:
-            targets[src] = _target(like_leaves[i], like_names[i])
+            targets[index[src]] = _target(like_leaves[i], like_names[i])
     _check_divides(where, manifest, targets)
     restored = _restore_checked(where, manifest, targets)
-    out = [like_leaves[i] if src is None else restored[src] for i, src in enumerate(sources)]
+    out = [like_leaves[i] if src is None else restored[index[src]] for i, src in enumerate(sources)]
     return jax.tree.unflatten(like_treedef, out)
 
 

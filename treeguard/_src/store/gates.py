@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
+from collections.abc import Collection
 from typing import Any
 
 from .. import strictjson
@@ -167,10 +168,19 @@ def require_kind(version: str, version_dir: str, record: dict[str, Any]) -> None
     )
 
 
-def load_expecting(path: str, /, *, like: Any, digest: str | None) -> Any:
+def load_expecting(
+    path: str,
+    /,
+    *,
+    like: Any,
+    digest: str | None,
+    subtree: str | None = None,
+    ignore: Collection[str] = (),
+) -> Any:
     """``load`` with every hash checked, refusing a file whose header digest
-    is not ``digest`` (when given) before any array is read, on the same read."""
-    return load(path, like=like, expect_digest=digest)
+    is not ``digest`` (when given) before any array is read, on the same read
+    (of the part ``subtree`` and ``ignore`` select)."""
+    return load(path, like=like, expect_digest=digest, subtree=subtree, ignore=ignore)
 
 
 def verify_expecting(path: str, /, *, digest: str) -> Header:
@@ -178,13 +188,21 @@ def verify_expecting(path: str, /, *, digest: str) -> Header:
     return verify_file(path, expect_digest=digest)
 
 
-def load_sharded_expecting(directory: str, /, *, like: Any, digest: str | None) -> Any:
+def load_sharded_expecting(
+    directory: str,
+    /,
+    *,
+    like: Any,
+    digest: str | None,
+    subtree: str | None = None,
+    ignore: Collection[str] = (),
+) -> Any:
     """``load_sharded`` onto ``like``'s shardings with every shard hashed,
     refusing a manifest whose digest is not ``digest`` (when given) before
     any array is read (a collective in a multi-process job)."""
     from ..sharded.load import load_expecting
 
-    return load_expecting(directory, like, digest=digest)
+    return load_expecting(directory, like, digest=digest, subtree=subtree, ignore=ignore)
 
 
 def recheck_sharded(directory: str, /, *, digest: str) -> None:

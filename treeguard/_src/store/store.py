@@ -18,11 +18,11 @@ import os
 import secrets
 import socket
 import stat
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from ..atomic import pid_alive, remove_stale_temps, stale_temp
-from ..checkpoint import read_header, save, user_metadata_json
+from ..checkpoint import asyncsave, read_header, save, user_metadata_json
 from ..env import environment
 from ..errors import (
     FormatError,
@@ -256,7 +256,8 @@ class ArtifactStore:
         metadata: Mapping[str, Any] | None = None,
         version: str | None = None,
         digest: Algorithm = DEFAULT,
-    ) -> str:
+        block: bool = True,
+    ) -> Any:
         """Saves a tree as a new candidate version.
 
         The first ``put`` into a directory that does not exist, or is empty,
@@ -271,9 +272,12 @@ class ArtifactStore:
           digest: the checkpoint's hash algorithm, ``"blake3"`` (the
             default) or ``"sha256"``; versions of both kinds live side by
             side and are verified, promoted and loaded alike.
+          block: False copies the tree's arrays to host memory and returns a
+            ``SaveHandle`` at once (as ``save_async`` does, one at a time);
+            its ``result()`` is the version's name or the error.
 
         Returns:
-          The version's name.
+          The version's name (a ``SaveHandle`` with ``block=False``).
 
         Raises:
           StoreError: if the named version exists or existed, or the root is
@@ -287,6 +291,14 @@ class ArtifactStore:
         algorithm = check_algorithm(digest)
         if version is not None:
             check_name(version)
+        if not block:  # the same put, on a background thread, from a host copy
+            asyncsave.wait_for_slot(1)
+            host = asyncsave.host_copy(tree)
+            return asyncsave.start(
+                self.root,
+                lambda: self.put(host, metadata=user, version=version, digest=algorithm),
+                exclusive=False,
+            )
         self._open_for_put()
         with self._layout.locked():
             version, path = self._reserve(version, user)
@@ -750,7 +762,16 @@ class ArtifactStore:
         """
         return self._gate(version, full=False)[1]
 
-    def _load(self, version: str, model: str, sharded: bool, like: Any, digest: str | None) -> Any:
+    def _load(  # noqa: PLR0917 - the one loader behind three public ones
+        self,
+        version: str,
+        model: str,
+        sharded: bool,
+        like: Any,
+        digest: str | None,
+        subtree: str | None = None,
+        ignore: Collection[str] = (),
+    ) -> Any:
         try:
             if sharded:
                 if not _shardable(like):
@@ -760,8 +781,12 @@ class ArtifactStore:
                         "hint: `jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, "
                         "spec))` for each leaf"
                     )
-                return gates.load_sharded_expecting(model, like=like, digest=digest)
-            return gates.load_expecting(model, like=like, digest=digest)
+                return gates.load_sharded_expecting(
+                    model, like=like, digest=digest, subtree=subtree, ignore=ignore
+                )
+            return gates.load_expecting(
+                model, like=like, digest=digest, subtree=subtree, ignore=ignore
+            )
         except IntegrityError as e:
             raise _changed(version, e) from e
         except OSError as e:  # removed or replaced while it was read
@@ -773,7 +798,15 @@ class ArtifactStore:
                 "version from a backup",
             ) from e
 
-    def load_verified(self, version: str, /, like: Any = None) -> Any:
+    def load_verified(
+        self,
+        version: str,
+        /,
+        like: Any = None,
+        *,
+        subtree: str | None = None,
+        ignore: Collection[str] = (),
+    ) -> Any:
         """Loads a version only if it passes every gate.
 
         The version must be verified, signed in a store with a key, and its
@@ -787,6 +820,9 @@ class ArtifactStore:
             for a sharded version, a tree of ``jax.Array``s or
             ``jax.ShapeDtypeStruct``s with the shardings to restore onto
             (every process of a job calls it).
+          subtree: the key path of the one stored subtree to load (``like``
+            then describes it alone); only its tensors are read and hashed.
+          ignore: key paths of stored subtrees to leave unread.
 
         Returns:
           The tree.
@@ -801,11 +837,20 @@ class ArtifactStore:
           ValueError: for a sharded version and a ``like`` without shardings.
         """
         model, digest, sharded = self._gate(version, full=False)
-        return self._load(version, model, sharded, like, digest)
+        return self._load(version, model, sharded, like, digest, subtree, ignore)
 
-    def load_version(self, version: str, /, like: Any = None) -> Any:
+    def load_version(
+        self,
+        version: str,
+        /,
+        like: Any = None,
+        *,
+        subtree: str | None = None,
+        ignore: Collection[str] = (),
+    ) -> Any:
         """Loads any version with every hash checked; a verified one is also
         checked against its verdict's digest (a candidate has none yet).
+        ``subtree`` and ``ignore`` select a part, as for ``load_verified``.
 
         Raises:
           UnknownVersionError: for an unknown version.
@@ -827,9 +872,18 @@ class ArtifactStore:
                     "removes it",
                 )
             self._layout.plain_tree(path, version=version)
-        return self._load(version, checkpoint_path(path, data), is_sharded(data), like, digest)
+        return self._load(
+            version, checkpoint_path(path, data), is_sharded(data), like, digest, subtree, ignore
+        )
 
-    def load_current(self, like: Any = None, *, fallback: bool = False) -> Any:
+    def load_current(
+        self,
+        like: Any = None,
+        *,
+        fallback: bool = False,
+        subtree: str | None = None,
+        ignore: Collection[str] = (),
+    ) -> Any:
         """Loads the current version through every gate (see ``load_verified``).
 
         Args:
@@ -840,6 +894,9 @@ class ArtifactStore:
           fallback: if the current version fails a gate, load the most
             recent former current version that passes them all instead (the
             fall back is logged).
+          subtree: the key path of the one stored subtree to load (``like``
+            then describes it alone); only its tensors are read and hashed.
+          ignore: key paths of stored subtrees to leave unread.
 
         Returns:
           The tree.
@@ -859,13 +916,13 @@ class ArtifactStore:
                 hint="promote a verified version first: store.promote(version)",
             )
         try:
-            return self.load_verified(ptr.current, like)
+            return self.load_verified(ptr.current, like, subtree=subtree, ignore=ignore)
         except (IntegrityError, FormatError, OSError, StoreError) as first:
             if not fallback:
                 raise
             for v in ptr.previous:
                 try:
-                    tree = self.load_verified(v, like)
+                    tree = self.load_verified(v, like, subtree=subtree, ignore=ignore)
                 except (IntegrityError, FormatError, OSError, StoreError):
                     continue
                 with self._layout.locked():

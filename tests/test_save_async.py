@@ -1,0 +1,150 @@
+"""``save_async``: the arrays copied before it returns, the file written
+atomically in the background, at most ``max_in_flight`` saves at once, and
+a kill at any moment leaving the previous file whole."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import treeguard as tg
+from tests.subproc import run_python, start_python
+from treeguard.examples import eqx_mlp
+
+
+def test_the_arrays_are_copied_before_save_async_returns(tmp_path: Path) -> None:
+    params = {"w": np.arange(4, dtype=np.float32), "b": jnp.ones(2)}
+    handle = tg.save_async(tmp_path / "a.safetensors", params)
+    params["w"][:] = -1
+    header = handle.result(timeout=60)
+    assert handle.done()
+    assert header.spec == tg.spec_of({"w": np.zeros(4, np.float32), "b": np.zeros(2, np.float32)})
+    got = tg.load(tmp_path / "a.safetensors")
+    np.testing.assert_array_equal(got["w"], np.arange(4, dtype=np.float32))
+
+
+def test_a_donated_training_step_may_run_while_the_save_writes(tmp_path: Path) -> None:
+    params = eqx_mlp.init(jax.random.key(0))
+    step = tg.optax_step(optax.adam(1e-2), donate=True)
+    state = step.init(params)
+    expected = [np.asarray(x).copy() for x in jax.tree.leaves(params)]
+    handle = tg.save_async(tmp_path / "p.safetensors", params)
+    grads = jax.tree.map(jnp.ones_like, params)
+    params, state = step(params, grads, state)  # the saved buffers are donated
+    handle.result(timeout=60)
+    saved = tg.load(tmp_path / "p.safetensors", like=params)
+    for a, b in zip(jax.tree.leaves(saved), expected):
+        np.testing.assert_array_equal(np.asarray(a), b)
+
+
+def test_a_second_save_to_a_path_being_written_is_refused(tmp_path: Path) -> None:
+    big = {"w": np.ones(32 * 1024 * 1024 // 4, np.float32)}
+    first = tg.save_async(tmp_path / "x.safetensors", big, max_in_flight=2)
+    try:
+        if not first.done():
+            with pytest.raises(tg.ConfigError) as info:
+                tg.save_async(tmp_path / "x.safetensors", big, max_in_flight=2)
+            assert str(info.value).endswith(
+                "x.safetensors: another save is still writing this path\n"
+                "hint: wait for its handle (handle.result()), or save to another path"
+            )
+    finally:
+        first.result(timeout=120)
+
+
+def test_at_most_max_in_flight_saves_run_and_wait_all_returns_every_header(
+    tmp_path: Path,
+) -> None:
+    handles = [
+        tg.save_async(tmp_path / f"{i}.safetensors", {"w": np.full(1000, i, np.int32)})
+        for i in range(4)
+    ]
+    # with one save in flight, each call waited for the one before it
+    assert all(h.done() for h in handles[:-1])
+    headers = tg.wait_all()
+    assert all(h.done() for h in handles)
+    assert len(headers) <= 1
+    for i in range(4):
+        assert int(tg.load(tmp_path / f"{i}.safetensors")["w"][0]) == i
+
+
+def test_an_error_of_the_save_is_raised_by_result(tmp_path: Path) -> None:
+    handle = tg.save_async(tmp_path / "m.safetensors", {"w": np.ones(2)}, metadata={"a": {1, 2}})
+    with pytest.raises(TypeError, match="metadata"):
+        handle.result(timeout=60)
+    assert not (tmp_path / "m.safetensors").exists()
+    with pytest.raises(tg.ConfigError, match="max_in_flight must be an int of at least 1"):
+        tg.save_async(tmp_path / "n.safetensors", {"w": np.ones(2)}, max_in_flight=0)
+
+
+def test_an_interpreter_that_exits_finishes_its_pending_save(tmp_path: Path) -> None:
+    target = tmp_path / "exit.safetensors"
+    code = (
+        "import sys, numpy as np, treeguard as tg\n"
+        "tg.save_async(sys.argv[1], {'w': np.ones(8 * 1024 * 1024, np.float32)})\n"
+    )
+    result = run_python(code, str(target), timeout=120)
+    assert result.returncode == 0, result.stderr
+    tg.verify_file(target)
+
+
+_WRITER = """
+import sys, numpy as np, treeguard as tg
+path = sys.argv[1]
+n = 0
+while True:
+    n += 1
+    tg.save_async(path, {"w": np.full(4 * 1024 * 1024, n, np.float32)}).result()
+    print(n, flush=True)
+"""
+
+
+@pytest.mark.reliability
+def test_a_kill_during_save_async_leaves_the_previous_file_whole(tmp_path: Path) -> None:
+    target = tmp_path / "ckpt.safetensors"
+    rng = random.Random(1234)
+    for _ in range(5):
+        proc = start_python(_WRITER, str(target))
+        try:
+            assert proc.stdout is not None
+            first = proc.stdout.readline()  # one save completed
+            assert first.strip(), proc.stderr.read() if proc.stderr else ""
+            time.sleep(rng.uniform(0.0, 0.3))
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=30)
+            for pipe in (proc.stdout, proc.stderr):
+                if pipe is not None:
+                    pipe.close()
+        header = tg.verify_file(target)  # whole, and every hash matches
+        value = int(tg.load(target)["w"][0])
+        assert value >= 1
+        assert header.spec.num_leaves == 1
+        # a killed writer can leave only its own temporary file beside the target
+        leftover = [p.name for p in tmp_path.iterdir() if p.name != target.name]
+        assert all(target.name in name and name != target.name for name in leftover)
+
+
+def test_a_store_put_that_does_not_block_returns_a_handle(tmp_path: Path) -> None:
+    store = tg.ArtifactStore(tmp_path / "store")
+    params = {"w": np.arange(3, dtype=np.float32)}
+    handle = store.put(params, metadata={"step": 1}, block=False)
+    params["w"][:] = 0
+    version = handle.result(timeout=60)
+    assert store.verify(version).status == "verified"
+    np.testing.assert_array_equal(store.load_version(version)["w"], np.arange(3, dtype=np.float32))
+    again = store.put(params, version=version, block=False)
+    with pytest.raises(tg.StoreError, match=version):
+        again.result(timeout=60)

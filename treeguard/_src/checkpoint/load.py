@@ -1,0 +1,289 @@
+"""``load``: opens a safetensors file once and dispatches on what it holds,
+to the native reader (``read.py``) for a treeguard checkpoint, or to the
+foreign reader (``foreign.py``) for a file another tool wrote; and the
+readers of a contract from any such file (``spec_reader``, ``spec_from_file``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Collection, Mapping
+from typing import Any, Literal
+
+from ..errors import ConfigError, FormatError
+from ..hashing import pread_into
+from ..spec import TreeSpec
+from ..surgery import Surgery
+from .files import open_checkpoint, read_raw_header
+from .foreign import Unverified, check_unverified, foreign_header, is_foreign, load_foreign
+from .format import K_FORMAT, MAX_HEADER_BYTES, header_from_doc
+from .names import NamingRule
+from .read import SurgeryOptions, check_expect_digest, checked_header, load_native
+
+
+def load(
+    path: str | os.PathLike[str],
+    /,
+    *,
+    like: Any = None,
+    rename: Mapping[str, str] | None = None,
+    allow_missing: Collection[str] = (),
+    expect_digest: str | None = None,
+    names: NamingRule | None = None,
+    unverified: Unverified = "refuse",
+    subtree: str | None = None,
+    ignore: Collection[str] = (),
+    missing: Literal["error", "init"] = "error",
+    init: Any = None,
+    unexpected: Literal["error", "drop"] | Collection[str] = "error",
+    report: bool = False,
+) -> Any:
+    """Reads a checkpoint, verified: header, then contract, then every hash.
+
+    In order: the header is read and validated against the file's size (and
+    its digest compared with ``expect_digest`` when given); the stored spec
+    is compared with ``like`` and every mismatch is reported before any
+    array data is read; every tensor is read and its hash checked; only then
+    is the tree built. Leaves are matched by key path, never by position,
+    and nothing is cast.
+
+    Each returned leaf takes the kind of ``like``'s leaf at its path: a
+    ``jax.Array`` is placed with that leaf's sharding (and weak type); a
+    ``jax.ShapeDtypeStruct`` with a sharding is placed with it; a numpy
+    scalar or Python number comes back as one; anything else is a numpy
+    array. With ``like=None`` the leaves are numpy arrays, dicts, lists,
+    tuples and None are rebuilt as stored, and namedtuples and registered
+    classes come back as dicts keyed by attribute name or index: classes
+    named in a file are never imported.
+
+    Args:
+      path: a file written by ``save``.
+      like: the tree (or ``TreeSpec``) whose structure the result takes.
+      rename: ``{old path: new path}`` for a deliberate migration; a path
+        names a leaf or a whole subtree in ``keystr`` form. Needs ``like``.
+      allow_missing: paths (leaves or subtrees) of ``like`` that may be
+        absent from the checkpoint; those leaves keep ``like``'s values.
+        Neither option relaxes anything else: leaf shapes and dtypes and the
+        type of every container on both sides are still compared.
+      expect_digest: the header digest recorded when the file was verified
+        (``Header.digest``); the file read must carry exactly this digest,
+        checked on the same open file before any array is read.
+      names: for a safetensors file another tool wrote (a *foreign* file),
+        how a key path of ``like`` names its tensor: ``"keypath"`` (the
+        default, ``['encoder']['layer'][0]['weight']``), ``"dotted"``
+        (``encoder.layer.0.weight``), ``"slashed"``
+        (``encoder/layer/0/weight``) or a function from the leaf's keys (a
+        tuple of str and int) to the name. With ``like=None`` the tree is
+        nested by the names (numeric components become string keys). Not
+        used for a treeguard checkpoint, whose names are its key paths.
+      unverified: what to do with a foreign file, which holds no hashes:
+        ``"refuse"`` (the default) raises ``FormatError``; ``"warn"`` loads it
+        and emits ``UnverifiedWeightsWarning`` naming the file; ``"allow"``
+        loads it on purpose, silently. The header's structure (offsets,
+        sizes, dtypes) and the match of names, shapes and dtypes with
+        ``like`` are checked either way, before any tensor is read.
+      subtree: the key path (``keystr`` form, ``"['encoder']"``) of the one
+        stored subtree to load; ``like`` then describes that subtree alone.
+        Only its tensors are read and hashed.
+      ignore: key paths of stored subtrees or leaves to leave unread (an
+        optimizer state, a head); ``like`` then describes the rest. Both are
+        checked like a whole load: every mismatch of the selected part is
+        listed, before any tensor is read.
+      missing: ``"error"`` (the default): a leaf of ``like`` the file lacks
+        is a mismatch; ``"init"``: it takes its value from ``init``.
+      init: with ``missing="init"``, the new leaves' values: a tree matched
+        by key path (the new model's params) or a function from a leaf's
+        key path (``"['head']['w']"``) to its array. Each must have
+        ``like``'s shape and dtype.
+      unexpected: ``"error"`` (the default): a stored leaf ``like`` lacks is
+        a mismatch; ``"drop"``: it is left unused; a list of stored key
+        paths: the leaves under them are left unread (as ``ignore``) and
+        reported as dropped, and any other stored leaf ``like`` lacks is
+        still a mismatch. A rename may then reuse a dropped path.
+      report: return ``(tree, Surgery)``, the report of every path
+        initialised, renamed or dropped (``load_with_report`` does this).
+
+    Returns:
+      The tree, or ``(tree, Surgery)`` with ``report=True``.
+
+    Raises:
+      FormatError: for a file that is not a treeguard checkpoint (a foreign
+        safetensors file unless ``unverified`` lets it through), is a
+        symbolic link, truncated, oversized or malformed.
+      TreeMismatchError: listing every difference between the checkpoint
+        and ``like`` (for a foreign file: every missing and unexpected
+        tensor name, shape and dtype), raised before any array data is read.
+      IntegrityError: naming every tensor whose bytes do not match its
+        hash, or if the header digest is not ``expect_digest``.
+      ConfigError: for a ``subtree`` or ``ignore`` path that names nothing
+        stored (the hint names the nearest stored path), or either of them on
+        a foreign file.
+      ConfigError: for ``missing="init"`` without ``init``, or an unknown
+        ``missing`` or ``unexpected``; ``init`` lacking a leaf or giving one
+        of another shape or dtype is a ``TreeMismatchError`` naming each.
+      ValueError: for a ``rename`` or ``allow_missing`` path that names
+        nothing, ``rename`` without ``like``, or a malformed ``expect_digest``.
+
+    Example:
+      >>> import os, tempfile, jax.numpy as jnp
+      >>> from treeguard import save
+      >>> path = os.path.join(tempfile.mkdtemp(), "p.safetensors")
+      >>> params = {"dense2": {"w": jnp.ones((3, 1)), "b": jnp.zeros(1)}}
+      >>> save(path, params)
+      >>> load(path, like=params)["dense2"]["w"].shape
+      (3, 1)
+      >>> load(path, like={"dense2": {"w": jnp.ones((3, 2)), "b": jnp.zeros(1)}})
+      Traceback (most recent call last):
+      ...
+      treeguard.TreeMismatchError: ...: 1 mismatch between the checkpoint and `like`:
+        ['dense2']['w']: shape (3, 2) in `like`, (3, 1) in the checkpoint
+      hint: ...
+
+      A safetensors file another tool wrote, matched by dotted names:
+
+      >>> import numpy as np, safetensors.numpy
+      >>> hf = os.path.join(os.path.dirname(path), "hf.safetensors")
+      >>> safetensors.numpy.save_file({"dense2.w": np.ones((3, 1), np.float32)}, hf)
+      >>> like = {"dense2": {"w": jnp.zeros((3, 1))}}
+      >>> load(hf, like=like, names="dotted", unverified="allow")["dense2"]["w"].shape
+      (3, 1)
+
+      One subtree, and everything but one subtree:
+
+      >>> load(path, like=params["dense2"], subtree="['dense2']")["w"].shape
+      (3, 1)
+      >>> load(path, like={"dense2": {"b": jnp.zeros(1)}}, ignore=["['dense2']['w']"])
+      {'dense2': {'b': Array([0.], dtype=float32)}}
+    """
+    if (rename or allow_missing) and like is None:
+        raise ValueError("rename and allow_missing need `like`, the tree to migrate into")
+    check_expect_digest(expect_digest)
+    surgery = SurgeryOptions(missing, init, unexpected)
+    surgery.check(like)
+    fd, name = open_checkpoint(path)
+    try:
+        doc, header_bytes, size = read_raw_header(fd, name)
+        if is_foreign(doc):
+            fh = foreign_header(doc, header_bytes, size, name)
+            check_unverified(unverified, name, stacklevel=2, expect_digest=expect_digest)
+            if subtree is not None or ignore or surgery.active or report:
+                raise ConfigError(
+                    "subtree, ignore, missing, unexpected and report work on the key paths "
+                    "a treeguard checkpoint records; this file was written by another tool",
+                    context=name,
+                    hint="import it once with `treeguard import SRC DST` and load DST",
+                )
+            return load_foreign(
+                fd, fh, like, names or "keypath", rename or {}, allow_missing, expect_digest
+            )
+        header = checked_header(doc, header_bytes, size, name, expect_digest)
+        tree, changes = load_native(
+            fd, header, like, rename or {}, allow_missing, subtree, ignore, surgery
+        )
+    finally:
+        os.close(fd)
+    return (tree, changes) if report else tree
+
+
+def load_with_report(path: str | os.PathLike[str], /, **options: Any) -> tuple[Any, Surgery]:
+    """``load(path, report=True, **options)``: the tree and the ``Surgery``
+    report of every path initialised, renamed or dropped on the way.
+
+    Args:
+      path: a file written by ``save``.
+      **options: ``load``'s options (``like``, ``missing``, ``init``,
+        ``unexpected``, ``rename``, ``subtree``, ...).
+
+    Returns:
+      ``(tree, Surgery)``.
+
+    Raises:
+      TreeMismatchError, ConfigError, FormatError, IntegrityError: as ``load``.
+
+    Example:
+      A model that gained a head and lost a layer:
+
+      >>> import os, tempfile, numpy as np
+      >>> from treeguard import save
+      >>> path = os.path.join(tempfile.mkdtemp(), "old.safetensors")
+      >>> save(path, {"body": np.ones(3, np.float32), "old": np.ones(2, np.float32)})
+      >>> new = {"body": np.zeros(3, np.float32), "head": np.full(4, 0.5, np.float32)}
+      >>> tree, report = load_with_report(
+      ...     path, like=new, missing="init", init=new, unexpected="drop")
+      >>> tree["body"], tree["head"]
+      (array([1., 1., 1.], dtype=float32), array([0.5, 0.5, 0.5, 0.5], dtype=float32))
+      >>> print(report)  # doctest: +ELLIPSIS
+      /...old.safetensors: 2 changes
+        initialised ['head'] f32[4]
+        dropped ['old'] f32[2]
+    """
+    if "report" in options:
+        raise ConfigError("load_with_report always reports; drop report=")
+    tree, changes = load(path, report=True, **options)
+    return tree, changes
+
+
+def spec_reader(path: str | os.PathLike[str], /) -> TreeSpec | None:
+    """The spec in a checkpoint or any safetensors file; None for other files.
+
+    Registered with the CLI so that ``treeguard spec`` and ``treeguard diff``
+    read checkpoints as well as spec JSON.
+
+    Raises:
+      FormatError: for a file that looks like safetensors but is broken.
+    """
+    try:
+        fd, name = open_checkpoint(path)
+    except FormatError:
+        raise
+    except OSError:
+        return None
+    try:
+        size = os.fstat(fd).st_size
+        head = bytearray(9)
+        if size < 10 or pread_into(fd, memoryview(head), 0) != 9 or head[8:9] != b"{":
+            return None
+        n = int.from_bytes(head[:8], "little")
+        if n > MAX_HEADER_BYTES or 8 + n > size:
+            return None
+        doc, header_bytes, size = read_raw_header(fd, name)
+        meta = doc.get("__metadata__")
+        if isinstance(meta, dict) and K_FORMAT in meta:
+            return header_from_doc(doc, header_bytes, size, name).spec
+        return foreign_header(doc, header_bytes, size, name).spec
+    finally:
+        os.close(fd)
+
+
+def spec_from_file(path: str | os.PathLike[str], /) -> TreeSpec:
+    """Reads a contract from a spec JSON file, a checkpoint's header or any
+    safetensors file (whose tensors become a flat dict keyed by name).
+
+    Args:
+      path: the file.
+
+    Returns:
+      The ``TreeSpec``.
+
+    Raises:
+      FormatError: if the file is none of these.
+      OSError: if it cannot be read.
+
+    Example:
+      >>> import os, tempfile, numpy as np
+      >>> from treeguard import save
+      >>> d = tempfile.mkdtemp()
+      >>> save(os.path.join(d, "c.safetensors"), {"w": np.ones(2, np.int8)})
+      >>> spec_from_file(os.path.join(d, "c.safetensors"))
+      TreeSpec({'w': i8[2]})
+    """
+    spec = spec_reader(path)
+    if spec is not None:
+        return spec
+    if os.path.islink(os.fspath(path)):
+        raise FormatError(
+            "is a symbolic link; treeguard never follows links",
+            context=os.fspath(path),
+            hint="pass the link's target path if you trust it",
+        )
+    return TreeSpec.load(path)

@@ -1,0 +1,160 @@
+"""Partial loads: ``subtree=`` and ``ignore=`` pick the part of a stored tree
+a load reads.
+
+A selection is made on the stored spec alone, before any tensor is read:
+``ignore`` prunes named subtrees (leaves or containers) from the stored
+structure, then ``subtree`` takes the part below one path as the new root.
+What remains is compared with ``like`` exactly as a whole checkpoint is,
+and only its tensors are read and hashed. Used by the single-file reader
+and by ``load_sharded`` alike.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from collections.abc import Collection, Sequence
+
+from ..errors import ConfigError
+from ..paths import Path, keystr, parse_user_path, starts_with
+from ..spec import TreeSpec
+from ..walk import Node
+
+
+@dataclasses.dataclass(frozen=True)
+class Selection:
+    """The part of a stored tree a load reads.
+
+    Attributes:
+      spec: the selected part's spec, with paths relative to ``subtree``.
+      indices: for each leaf of ``spec`` in flatten order, the index of the
+        stored leaf (in the stored spec's flatten order) it is.
+    """
+
+    spec: TreeSpec
+    indices: list[int]
+
+
+def _all_paths(root: Node) -> list[Path]:
+    """Every node's path below ``root`` (containers and leaves, root excluded)."""
+    out: list[Path] = []
+    stack: list[tuple[Path, Node]] = [((), root)]
+    while stack:
+        path, node = stack.pop()
+        if path:
+            out.append(path)
+        stack.extend(((*path, e), c) for e, c in zip(node.entries, node.children))
+    return out
+
+
+def _find(root: Node, path: Path) -> Node | None:
+    node = root
+    for entry in path:
+        for e, c in zip(node.entries, node.children):
+            if e == entry:
+                node = c
+                break
+        else:
+            return None
+    return node
+
+
+def _names_nothing(what: str, text: str, root: Node, where: str) -> ConfigError:
+    known = [keystr(p) for p in _all_paths(root)]
+    close = difflib.get_close_matches(text, known, n=1, cutoff=0.5)
+    hint = (
+        f"did you mean {close[0]}?"
+        if close
+        else "list the stored paths with `treeguard ckpt inspect FILE`"
+    )
+    return ConfigError(
+        f"{what}: {text[:200]} names no leaf or subtree of the checkpoint",
+        context=where,
+        hint=hint,
+    )
+
+
+def _prune(node: Node, path: Path, cut: Sequence[Path]) -> Node:
+    if node.kind == "leaf" or not any(starts_with(c, path) and c != path for c in cut):
+        return node
+    entries, children = [], []
+    for e, c in zip(node.entries, node.children):
+        p = (*path, e)
+        if p in cut:
+            continue
+        entries.append(e)
+        children.append(_prune(c, p, cut))
+    return dataclasses.replace(
+        node,
+        entries=tuple(entries),
+        children=tuple(children),
+        num_leaves=sum(c.num_leaves for c in children),
+    )
+
+
+def select(
+    stored: TreeSpec, *, subtree: str | None, ignore: Collection[str], where: str
+) -> Selection:
+    """The part of ``stored`` that ``subtree`` and ``ignore`` pick.
+
+    Args:
+      stored: the stored spec.
+      subtree: the path (``keystr`` form) of the one subtree to load, or None
+        for the whole tree.
+      ignore: paths of stored subtrees or leaves to leave unread.
+      where: the checkpoint's name for messages.
+
+    Returns:
+      The ``Selection``.
+
+    Raises:
+      ConfigError: for a path that names nothing in the checkpoint (with the
+        nearest stored path as the hint), a malformed path, ``ignore`` of
+        the whole tree, or a ``subtree`` that lies inside an ignored part.
+
+    Example:
+      >>> from treeguard import spec_of, LeafSpec
+      >>> s = spec_of({"enc": {"w": LeafSpec((2,), "float32")}, "head": LeafSpec((1,), "int8")})
+      >>> sel = select(s, subtree="['enc']", ignore=(), where="ckpt")
+      >>> sel.spec, sel.indices
+      (TreeSpec({'w': f32[2]}), [0])
+    """
+    if isinstance(ignore, str):
+        raise ConfigError(
+            "ignore: a collection of key paths, got one string",
+            hint=f'pass ignore=["{ignore[:80]}"]',
+        )
+    root = stored.structure
+    try:
+        cut = [parse_user_path(t, "ignore") for t in ignore]
+        sub = parse_user_path(subtree, "subtree") if subtree is not None else ()
+    except ValueError as e:
+        raise ConfigError(str(e), context=where) from None
+    for text, p in zip(ignore, cut):
+        if not p:
+            raise ConfigError(
+                "ignore: the root names the whole tree; nothing would be loaded",
+                context=where,
+                hint="name the subtrees to leave unread",
+            )
+        if _find(root, p) is None:
+            raise _names_nothing("ignore", text, root, where)
+    if subtree is not None and _find(root, sub) is None:
+        raise _names_nothing("subtree", subtree, root, where)
+    inside = [t for t, p in zip(ignore, cut) if starts_with(sub, p)]
+    if inside:
+        raise ConfigError(
+            f"subtree: {subtree} lies inside {inside[0]}, which `ignore` leaves unread",
+            context=where,
+            hint="drop that path from ignore, or pick another subtree",
+        )
+    kept = _prune(root, (), cut)
+    node = _find(kept, sub)
+    assert node is not None  # found above, and not inside a pruned part
+    indices = [
+        i
+        for i, p in enumerate(stored.paths)
+        if starts_with(p, sub) and not any(starts_with(p, c) for c in cut)
+    ]
+    records = stored.records
+    return Selection(TreeSpec(node, [records[i] for i in indices]), indices)

@@ -1,0 +1,237 @@
+"""Optimizer state that follows the params: ``migrate_opt_state``.
+
+An optax state holds trees that mirror the params (adam's ``mu`` and
+``nu``, momentum's trace; inside ``chain``, ``multi_transform``,
+``inject_hyperparams`` and ``masked`` states alike) beside leaves that do
+not (``count``, injected hyperparameters). After the params change, each
+leaf of the optimizer's fresh state for the new params is matched by key
+path: a leaf inside a mirror is found by the param path it ends with, and
+keeps its old value when that param kept its path, shape and dtype; every
+other leaf keeps the old state's leaf at the same path. Nothing is matched
+by position, and a leaf that cannot be matched is refused by name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from .errors import ConfigError, TreeMismatchError
+from .keydtype import dtype_name
+from .leaf import Record, summarize
+from .mismatch import Mismatch
+from .paths import Path, keystr, parse_user_path, starts_with
+from .spec import spec_of
+from .surgery import Change, Surgery
+
+_SOURCE = "optimizer state"
+
+
+def _split(path: Path, params: dict[str, Record]) -> tuple[str, str] | None:
+    """``(mirror prefix, param path)`` for a state leaf inside a tree that
+    mirrors the params (the shortest prefix whose rest is a param's path)."""
+    for j in range(len(path) + 1):
+        rest = keystr(path[j:])
+        if rest in params and (j < len(path) or len(params) == 1):
+            return keystr(path[:j]), rest
+    return None
+
+
+def _leaves(tree: Any) -> tuple[list[Path], list[Any], list[Record]]:
+    import jax  # this module is imported with the optimizer, which needs JAX anyway
+
+    spec = spec_of(tree)
+    return spec.paths, jax.tree.leaves(tree), spec.records
+
+
+def _same(a: Record, b: Record) -> bool:
+    return tuple(a[0]) == tuple(b[0]) and a[1] == b[1]
+
+
+def migrate_opt_state(
+    optimizer: Any,
+    old_state: Any,
+    old_params: Any,
+    new_params: Any,
+    /,
+    *,
+    reinit: Literal["changed"] | None = None,
+    rename: Mapping[str, str] | None = None,
+) -> tuple[Any, Surgery]:
+    """Carries an optax state over to changed params, by key path.
+
+    The optimizer's own ``init(new_params)`` gives the new state's structure.
+    Each of its leaves that lies in a tree mirroring the params (a moment:
+    adam's ``mu``/``nu``, momentum's trace) keeps the old state's value where
+    the param kept its path, shape and dtype; a new param's leaves keep the
+    optimizer's init; a removed param's leaves are dropped. Every other leaf
+    (``count``, injected hyperparameters) keeps the old state's leaf at the
+    same path. ``optax.chain``, ``multi_transform``, ``inject_hyperparams``
+    and ``masked`` states are walked the same way.
+
+    Args:
+      optimizer: the optax ``GradientTransformation`` (anything with
+        ``init``) the state belongs to, as configured for the new params;
+        or an ``nnx.Optimizer`` built for the new model, whose
+        ``nnx.state`` gives the new state's structure (pass the old one's
+        ``nnx.state`` as ``old_state``, and ``nnx.update`` the result in).
+      old_state: the state trained with ``old_params``.
+      old_params: the params ``old_state`` was built for.
+      new_params: the changed params.
+      reinit: ``"changed"``: a param whose shape or dtype changed gets the
+        optimizer's init for its leaves (reported as reinitialised); by
+        default such a change is refused.
+      rename: ``{old path: new path}`` as given to ``load`` for the params
+        (a leaf or a subtree): the moments of a renamed param follow it.
+
+    Returns:
+      ``(new_state, Surgery)``: the state, and each state leaf initialised,
+      reinitialised or dropped, by path.
+
+    Raises:
+      TreeMismatchError: listing every state leaf that cannot be mapped by
+        path (a leaf of one state with no counterpart in the other, a param
+        whose shape changed) before anything is built.
+      ConfigError: for an unknown ``reinit``, or an ``optimizer`` that is
+        neither an optax transform nor an ``nnx.Optimizer``.
+
+    Example:
+      >>> import jax.numpy as jnp, optax
+      >>> old = {"w": jnp.ones(2)}
+      >>> opt = optax.adam(0.1)
+      >>> state = opt.update(old, opt.init(old), old)[1]
+      >>> new = {"w": jnp.ones(2), "head": jnp.zeros(3)}
+      >>> state2, report = migrate_opt_state(opt, state, old, new)
+      >>> state2[0].mu["w"] is state[0].mu["w"], int(state2[0].count)
+      (True, 1)
+      >>> print(report)
+      optimizer state: 2 changes
+        initialised [0].mu['head'] f32[3]
+        initialised [0].nu['head'] f32[3]
+    """
+    import jax  # this module is imported with the optimizer, which needs JAX anyway
+
+    if reinit not in (None, "changed"):
+        raise ConfigError(
+            f"reinit must be None or 'changed', got {reinit!r}",
+            hint='reinit="changed" gives a param whose shape changed a fresh state',
+        )
+    moves = [
+        (parse_user_path(a, "rename"), parse_user_path(b, "rename"))
+        for a, b in (rename or {}).items()
+    ]
+
+    def moved(path: Path) -> str:
+        best = max(
+            (m for m in moves if starts_with(path, m[0])), key=lambda m: len(m[0]), default=None
+        )
+        return keystr(path if best is None else (*best[1], *path[len(best[0]) :]))
+
+    old_spec = spec_of(old_params)
+    orig = {keystr(p): r for p, r in zip(old_spec.paths, old_spec.records)}
+    moved_to = {keystr(p): moved(p) for p in old_spec.paths}
+    # a renamed param takes its new path over a param that was stored there
+    order = sorted(orig, key=lambda n: moved_to[n] != n)
+    old_p = {moved_to[n]: orig[n] for n in order}
+    was = {moved_to[n]: n for n in order}
+    new_p = {keystr(p): r for p, r in zip(spec_of(new_params).paths, spec_of(new_params).records)}
+    fresh = _fresh_state(optimizer, new_params)
+    f_paths, f_leaves, f_records = _leaves(fresh)
+    o_paths, o_leaves, o_records = _leaves(old_state)
+    old_mirror: dict[tuple[str, str], int] = {}
+    old_plain: dict[str, int] = {}
+    renamed_leaves: list[tuple[tuple[str, str], int]] = []
+    for k, p in enumerate(o_paths):
+        split = _split(p, orig)
+        if split is None:
+            old_plain[keystr(p)] = k
+        elif moved_to[split[1]] == split[1]:
+            old_mirror[split] = k
+        else:
+            renamed_leaves.append(((split[0], moved_to[split[1]]), k))
+    old_mirror.update(renamed_leaves)
+    prefixes = {q for q, _ in old_mirror}
+    out: list[Any] = []
+    changes: list[Change] = []
+    found: list[Mismatch] = []
+    used: set[int] = set()
+    for path, leaf, rec in zip(f_paths, f_leaves, f_records):
+        name = keystr(path)
+        split = _split(path, new_p)
+        if split is None:
+            src = old_plain.get(name)
+            if src is None:
+                found.append(Mismatch(name, "missing", summarize(rec[0], rec[1]), None))
+            elif not _same(o_records[src], rec):
+                found.append(Mismatch(name, "shape", _shown(rec), _shown(o_records[src])))
+            else:
+                used.add(src)
+                out.append(o_leaves[src])
+            continue
+        prefix, param = split
+        if prefix not in prefixes:
+            found.append(Mismatch(name, "missing", summarize(rec[0], rec[1]), None))
+            continue
+        src = old_mirror.get(split)
+        if param not in old_p or src is None:
+            changes.append(_change("initialised", name, rec))
+            out.append(leaf)
+            continue
+        used.add(src)
+        if _same(old_p[param], new_p[param]) and _same(o_records[src], rec):
+            out.append(o_leaves[src])
+            if was[param] != param:
+                changes.append(_change("renamed", name, rec, keystr(o_paths[src])))
+        elif reinit == "changed":
+            changes.append(_change("reinitialised", name, rec))
+            out.append(leaf)
+        else:
+            found.append(Mismatch(name, "shape", _shown(rec), _shown(o_records[src])))
+    new_prefixes = {s[0] for s in (_split(p, new_p) for p in f_paths) if s is not None}
+    for k, path in enumerate(o_paths):
+        if k in used:
+            continue
+        split = _split(path, orig)
+        if split is None or split[0] not in new_prefixes:
+            found.append(Mismatch(keystr(path), "unexpected", None, _shown(o_records[k])))
+        else:
+            changes.append(_change("dropped", keystr(path), o_records[k]))
+    if found:
+        raise TreeMismatchError(
+            found,
+            expected_from="the optimizer's state for the new params",
+            actual_from="the old state",
+            context=_SOURCE,
+            hint="each state leaf is matched by key path; a moment follows its param, "
+            "anything else must keep its path. Pass the optimizer the old state was made "
+            'with, or reinit="changed" for a param whose shape changed',
+        )
+    state = jax.tree.unflatten(jax.tree.structure(fresh), out)
+    return state, Surgery.of(changes, _SOURCE)
+
+
+def _fresh_state(optimizer: Any, new_params: Any) -> Any:
+    """The optimizer's state for the new params: ``init(new_params)`` of an
+    optax transform, or the state of an ``nnx.Optimizer`` built for the new
+    model."""
+    init = getattr(optimizer, "init", None)
+    if callable(init):
+        return init(new_params)
+    if type(optimizer).__module__.startswith("flax.nnx"):
+        from flax import nnx  # flax is optional: only an nnx.Optimizer brings it here
+
+        return nnx.state(optimizer)
+    raise ConfigError(
+        f"optimizer: an optax GradientTransformation or an nnx.Optimizer, got "
+        f"{type(optimizer).__name__}",
+        hint="pass the optax transform the state was made with, or an nnx.Optimizer built "
+        "for the new model",
+    )
+
+
+def _shown(rec: Record) -> str:
+    return summarize(rec[0], rec[1])
+
+
+def _change(action: Any, path: str, rec: Record, source: str | None = None) -> Change:
+    return Change(action, path, tuple(int(d) for d in rec[0]), dtype_name(rec[1]), source)
