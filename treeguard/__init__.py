@@ -26,11 +26,13 @@ if _typing.TYPE_CHECKING:
     from ._src.diff import unflatten as unflatten
     from ._src.env import environment as environment
     from ._src.errors import ConfigError as ConfigError
+    from ._src.errors import ConflictError as ConflictError
     from ._src.errors import FormatError as FormatError
     from ._src.errors import IntegrityError as IntegrityError
     from ._src.errors import InvalidTreeError as InvalidTreeError
     from ._src.errors import NonFiniteError as NonFiniteError
     from ._src.errors import SignatureError as SignatureError
+    from ._src.errors import StorageError as StorageError
     from ._src.errors import StoreError as StoreError
     from ._src.errors import TracedValueError as TracedValueError
     from ._src.errors import TreeguardError as TreeguardError
@@ -63,6 +65,7 @@ _EXPORTS: dict[str, str] = {
     "ArtifactStore": "._src.store",
     "Cast": "._src.step",
     "ConfigError": "._src.errors",
+    "ConflictError": "._src.errors",
     "ForeignHeader": "._src.checkpoint",
     "FormatError": "._src.errors",
     "Header": "._src.checkpoint",
@@ -74,6 +77,7 @@ _EXPORTS: dict[str, str] = {
     "OptaxStep": "._src.optimizer",
     "RetentionPolicy": "._src.store",
     "SignatureError": "._src.errors",
+    "StorageError": "._src.errors",
     "StoreError": "._src.errors",
     "TracedValueError": "._src.errors",
     "TreeMismatchError": "._src.errors",
@@ -124,6 +128,7 @@ __all__ = [
     "ArtifactStore",
     "Cast",
     "ConfigError",
+    "ConflictError",
     "ForeignHeader",
     "FormatError",
     "Header",
@@ -135,6 +140,7 @@ __all__ = [
     "OptaxStep",
     "RetentionPolicy",
     "SignatureError",
+    "StorageError",
     "StoreError",
     "TracedValueError",
     "TreeMismatchError",

@@ -119,8 +119,13 @@ class VersionInfo:
     kind: str = "file"
 
 
-def read(version_dir: str) -> dict[str, Any]:
+def read(version_dir: str, *, dir_fd: int | None = None) -> dict[str, Any]:
     """The record in ``version_dir``, validated field by field.
+
+    Args:
+      version_dir: the version's directory (named in messages).
+      dir_fd: that directory's descriptor, when it is open: the record is
+        then read through it, never through the path.
 
     Raises:
       StoreError: for a record that is not a regular file, not strict JSON,
@@ -130,7 +135,12 @@ def read(version_dir: str) -> dict[str, Any]:
     path = os.path.join(version_dir, STATUS_FILE)
     try:
         data = strictjson.loads(
-            read_regular(path, limit=SMALL_FILE_LIMIT, what="status file"),
+            read_regular(
+                STATUS_FILE if dir_fd is not None else path,
+                limit=SMALL_FILE_LIMIT,
+                what="status file",
+                dir_fd=dir_fd,
+            ),
             "the status file",
             context=path,
         )

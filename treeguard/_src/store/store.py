@@ -17,32 +17,30 @@ import json
 import os
 import secrets
 import socket
-import stat
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..atomic import pid_alive, remove_stale_temps, stale_temp
+from ..atomic import pid_alive, remove_stale_temps
 from ..checkpoint import read_header, save, user_metadata_json
 from ..env import environment
 from ..errors import (
     FormatError,
     IntegrityError,
     StoreError,
-    TreeMismatchError,
     UnknownVersionError,
 )
-from ..sharded.manifest import MANIFEST_NAME, is_data_name, sharded_digest
 from ..sharded.manifest import read as read_manifest
-from ..spec import TreeSpec, spec_of
-from . import gates, log, pointer, records
-from .checks import Check, run_checks
+from ..spec import TreeSpec
+from . import deleter, gates, log, payload, pointer, records
+from .checks import Check
 from .layout import AUTO_RE, MODEL_FILE, STATUS_FILE, Layout, check_name
-from .records import CheckResult, VersionInfo, checkpoint_path, is_sharded
+from .lead import lead_acts
+from .payload import shardable
+from .records import CheckResult, VersionInfo
 from .retention import RetentionPolicy
 
 #: How many former current versions the pointer remembers (and gc keeps).
 POINTER_DEPTH = 16
-_TRASH = ".trash-"
 
 
 class ArtifactStore:
@@ -191,7 +189,7 @@ class ArtifactStore:
 
     def _pointer(self) -> pointer.Pointer:
         marker = self._layout.require()
-        return pointer.read(self.root, promoted=bool(marker.get("promoted")))
+        return pointer.read(self._layout.storage, promoted=bool(marker.get("promoted")))
 
     def current(self) -> str | None:
         """The current version's name, or None before the first promotion.
@@ -415,55 +413,41 @@ class ArtifactStore:
         if version is not None:
             check_name(version)
         lead = hosts.process_index() == 0
-        error: BaseException | None = None
-        reply = b""
-        if lead:
-            try:
-                self._open_for_put()
-                with self._layout.locked():
-                    version, path = self._reserve(version, user, "sharded")
-                reply = version.encode("ascii")
-            except Exception as e:  # noqa: BLE001 - every process must hear of it
-                error = e
-                reply = b"!" + f"{type(e).__name__}: {e}".encode("utf-8", "replace")[:500]
-        reply = hosts.allgather_bytes(reply)[0]
-        if error is not None:
-            raise error
-        if reply.startswith(b"!"):
-            raise StoreError(
-                f"process 0 could not make the version: {reply[1:].decode('utf-8', 'replace')}",
+
+        def reserve() -> bytes:
+            self._open_for_put()
+            with self._layout.locked():
+                return self._reserve(version, user, "sharded")[0].encode("ascii")
+
+        version = lead_acts(
+            reserve,
+            failed=lambda why: StoreError(
+                f"process 0 could not make the version: {why}",
                 context=self.root,
                 hint="see process 0's error; nothing was written",
-            )
-        version = reply.decode("ascii")
+            ),
+        ).decode("ascii")
         path = self._layout.version_dir(version)
         try:
             save_sharded(path, tree, metadata=user)  # a collective that fails in every process
-            failure = b""
-            if lead:
-                try:
-                    self._finish_sharded(version, path)
-                except Exception as e:  # noqa: BLE001 - every process must hear of it
-                    error = e
-                    failure = f"{type(e).__name__}: {e}".encode("utf-8", "replace")[:500] or b"?"
-            outcome = hosts.allgather_bytes(failure)[0]  # also the barrier after the record
-            if error is not None:
-                raise error
-            if outcome:
-                raise StoreError(
-                    f"process 0 could not record version {version}: {outcome.decode()}",
+            lead_acts(  # also the barrier after the record
+                lambda: self._finish_sharded(version, path),
+                failed=lambda why: StoreError(
+                    f"process 0 could not record version {version}: {why}",
                     version=version,
                     context=self.root,
                     hint="see process 0's error; the version stays unfinished until gc",
-                )
+                ),
+            )
         except BaseException:
             if lead:
                 self._discard(path)
             raise
         return version
 
-    def _finish_sharded(self, version: str, path: str) -> None:
+    def _finish_sharded(self, version: str, path: str) -> bytes:
         self._record_candidate(version, path, read_manifest(path).spec, {"kind": "sharded"})
+        return b""
 
     def _record_candidate(
         self, version: str, path: str, spec: TreeSpec, detail: dict[str, Any]
@@ -484,7 +468,7 @@ class ArtifactStore:
 
     def _discard(self, path: str) -> None:
         """Removes a version directory put itself created (its files only)."""
-        _remove_version_files(path)
+        deleter.remove_version(os.path.dirname(path), os.path.basename(path))
 
     # -- verify ----------------------------------------------------------
 
@@ -543,14 +527,15 @@ class ArtifactStore:
             )
         contract, contract_name = self._contract_for(version, like)
         gates.require_kind(version, path, before)  # a lying record: no verdict at all
-        if is_sharded(before):
-            results, reason, digest = self._run_sharded_verdict(
-                path, version, contract, contract_name, checks
-            )
-            if _shardable(like):
-                return self._record_agreed(version, before, results, reason, digest, contract_name)
-        else:
-            results, reason, digest = self._run_verdict(path, contract, contract_name, checks)
+        kind = payload.of(before)
+        results, reason, digest = payload.judge(
+            lambda digests: kind.read_for_verdict(self._layout, path, version, contract, digests),
+            kind.evidence,
+            contract_name,
+            checks,
+        )
+        if kind.collective and shardable(like):
+            return self._record_agreed(version, before, results, reason, digest, contract_name)
         return self._record_verdict(version, before, results, reason, digest, contract_name)
 
     def _record_agreed(  # noqa: PLR0917 - one call site
@@ -564,7 +549,7 @@ class ArtifactStore:
     ) -> VersionInfo:
         """In a multi-process job: the verdict agreed by every process (the
         first reason any gives), recorded by process 0, read by every one."""
-        from ..sharded import hosts
+        from ..sharded import hosts  # lazy: jax's multi-process utilities
 
         if hosts.process_count() == 1:
             return self._record_verdict(version, before, results, reason, digest, contract_name)
@@ -573,23 +558,19 @@ class ArtifactStore:
         if first is not None and reason is None:
             reason = first
             results = [*results, CheckResult("other processes", False, first)]
-        failure = b""
-        error: BaseException | None = None
-        if hosts.process_index() == 0:
-            try:
-                self._record_verdict(version, before, results, reason, digest, contract_name)
-            except Exception as e:  # noqa: BLE001 - every process must hear of it
-                error = e
-                failure = f"{type(e).__name__}: {e}".encode("utf-8", "replace")[:500] or b"?"
-        outcome = hosts.allgather_bytes(failure)[0]
-        if error is not None:
-            raise error
-        if outcome:
-            raise StoreError(
-                f"process 0 could not record the verdict on {version}: {outcome.decode()}",
+
+        def record() -> bytes:
+            self._record_verdict(version, before, results, reason, digest, contract_name)
+            return b""
+
+        lead_acts(
+            record,
+            failed=lambda why: StoreError(
+                f"process 0 could not record the verdict on {version}: {why}",
                 version=version,
                 hint=f"verify it again: store.verify({version!r})",
-            )
+            ),
+        )
         return self.info(version)
 
     def _record_verdict(  # noqa: PLR0917 - two call sites
@@ -604,7 +585,7 @@ class ArtifactStore:
         with self._layout.locked():
             path, data = self._record(version)
             if data.get("uid") != before.get("uid") or (
-                digest is not None and _digest_now(path, data) != digest
+                digest is not None and payload.digest_now(path, data) != digest
             ):
                 raise StoreError(
                     f"version {version} was replaced while it was verified; no verdict recorded",
@@ -631,85 +612,27 @@ class ArtifactStore:
             return like, "`like`"
         cur = self.current()
         if cur is not None and cur != version:
-            return _stored_spec(*self._record(cur)), f"version {cur} (current)"
+            return spec_of_version(self, cur), f"version {cur} (current)"
         return None, "its own stored spec"
-
-    def _run_verdict(
-        self, path: str, contract: Any, contract_name: str, checks: Sequence[Check]
-    ) -> tuple[list[CheckResult], str | None, str | None]:
-        model = os.path.join(path, MODEL_FILE)
-        digests: list[str] = []
-
-        def load() -> Any:
-            digests.append(read_header(model).digest)
-            return gates.load_expecting(model, like=contract, digest=digests[0])
-
-        return _judge(
-            load,
-            digests,
-            ("header valid", "header and every tensor hash match"),
-            contract_name,
-            checks,
-        )
-
-    def _run_sharded_verdict(
-        self, path: str, version: str, contract: Any, contract_name: str, checks: Sequence[Check]
-    ) -> tuple[list[CheckResult], str | None, str | None]:
-        """``_run_verdict`` for a sharded version: onto ``like``'s shardings
-        when it has them (every process of a job calls verify then), else
-        whole onto this process's first device."""
-        from ..sharded.load import contract_mismatches
-        from ..sharded.recheck import read_local
-
-        digests: list[str] = []
-
-        def load() -> Any:
-            self._layout.plain_tree(path, version=version)
-            digests.append(sharded_digest(path))
-            if _shardable(contract):
-                return gates.load_sharded_expecting(path, like=contract, digest=digests[0])
-            manifest = read_manifest(path)
-            if contract is not None:
-                want = contract if isinstance(contract, TreeSpec) else spec_of(contract)
-                found = contract_mismatches(manifest.spec, want)
-                if found:
-                    raise TreeMismatchError(
-                        found, expected_from="`like`", actual_from="the checkpoint"
-                    )
-            return read_local(path, digest=digests[0])[2]
-
-        return _judge(
-            load,
-            digests,
-            ("manifest valid", "manifest and every shard's sha256 match"),
-            contract_name,
-            checks,
-        )
 
     def _store_id(self) -> str:
         return str(self._layout.require()["id"])
 
     # -- the gates -------------------------------------------------------
 
-    def _gate(self, version: str, *, full: bool) -> tuple[str, str, bool]:
+    def _gate(self, version: str, *, full: bool) -> tuple[str, str, payload.Payload]:
         """Checks that ``version`` may be used: verified, signed when the
-        store has a key and (``full``) its file's every byte matches the
-        verdict's digest. Returns its checkpoint path (a sharded version's
-        directory), recorded digest and whether it is sharded."""
+        store has a key and (``full``) its every byte matches the verdict's
+        digest. Returns its directory, recorded digest and payload."""
         path, data = self._record(version)
         digest = gates.require_verified(version, data)
         gates.check_signature(self._key, self._store_id(), version, data)
         gates.require_kind(version, path, data)
-        model = checkpoint_path(path, data)
-        sharded = is_sharded(data)
-        if sharded:
-            self._layout.plain_tree(path, version=version)
+        kind = payload.of(data)
+        kind.check_plain(self._layout, path, version)
         if full:
             try:
-                if sharded:
-                    gates.recheck_sharded(model, digest=digest)
-                else:
-                    gates.verify_expecting(model, digest=digest)
+                kind.recheck(path, digest)
             except IntegrityError as e:
                 raise _changed(version, e) from e
             except (FormatError, OSError) as e:
@@ -718,7 +641,7 @@ class ArtifactStore:
                     version=version,
                     hint="restore the file from a backup, or put the weights again",
                 ) from e
-        return model, digest, sharded
+        return path, digest, kind
 
     def check_verified(self, version: str, /) -> str:
         """Checks, without reading the weights, that ``version`` may still be
@@ -739,18 +662,11 @@ class ArtifactStore:
         """
         return self._gate(version, full=False)[1]
 
-    def _load(self, version: str, model: str, sharded: bool, like: Any, digest: str | None) -> Any:
+    def _load(
+        self, version: str, path: str, kind: payload.Payload, like: Any, digest: str | None
+    ) -> Any:
         try:
-            if sharded:
-                if not _shardable(like):
-                    raise ValueError(
-                        f"version {version} is sharded: `like` must be a tree of jax.Arrays or "
-                        "jax.ShapeDtypeStructs with shardings, the layout to restore onto\n"
-                        "hint: `jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, "
-                        "spec))` for each leaf"
-                    )
-                return gates.load_sharded_expecting(model, like=like, digest=digest)
-            return gates.load_expecting(model, like=like, digest=digest)
+            return kind.load(version, path, like, digest)
         except IntegrityError as e:
             raise _changed(version, e) from e
         except OSError as e:  # removed or replaced while it was read
@@ -789,8 +705,8 @@ class ArtifactStore:
           TreeMismatchError: if it does not match ``like``.
           ValueError: for a sharded version and a ``like`` without shardings.
         """
-        model, digest, sharded = self._gate(version, full=False)
-        return self._load(version, model, sharded, like, digest)
+        path, digest, kind = self._gate(version, full=False)
+        return self._load(version, path, kind, like, digest)
 
     def load_version(self, version: str, /, like: Any = None) -> Any:
         """Loads any version with every hash checked; a verified one is also
@@ -806,17 +722,16 @@ class ArtifactStore:
         digest = data.get("digest") if data["status"] == "verified" else None
         if data["status"] != "writing":
             gates.require_kind(version, path, data)
-        if is_sharded(data):
-            if data["status"] == "writing":
-                raise StoreError(
-                    f"version {version} is still being written; there is no complete "
-                    "checkpoint to load yet",
-                    version=version,
-                    hint="load it once its put returns; if that process died, store.gc() "
-                    "removes it",
-                )
-            self._layout.plain_tree(path, version=version)
-        return self._load(version, checkpoint_path(path, data), is_sharded(data), like, digest)
+        kind = payload.of(data)
+        if data["status"] == "writing" and kind.kind == "sharded":
+            raise StoreError(
+                f"version {version} is still being written; there is no complete "
+                "checkpoint to load yet",
+                version=version,
+                hint="load it once its put returns; if that process died, store.gc() removes it",
+            )
+        kind.check_plain(self._layout, path, version)
+        return self._load(version, path, kind, like, digest)
 
     def load_current(self, like: Any = None, *, fallback: bool = False) -> Any:
         """Loads the current version through every gate (see ``load_verified``).
@@ -902,7 +817,11 @@ class ArtifactStore:
             stack = [v for v in ptr.previous if v != version]
             if ptr.current is not None:
                 stack.insert(0, ptr.current)
-            pointer.write(self.root, pointer.Pointer(version, tuple(stack[:POINTER_DEPTH])))
+            pointer.write(
+                self._layout.storage,
+                pointer.Pointer(version, tuple(stack[:POINTER_DEPTH])),
+                replacing=ptr,
+            )
             log.append(self.root, "promote", version, {"previous": ptr.current})
 
     def rollback(self) -> str:
@@ -925,7 +844,9 @@ class ArtifactStore:
                 except (StoreError, IntegrityError, FormatError, OSError) as e:
                     skipped.append(f"{v}: {str(e).splitlines()[0]}")
                     continue
-                pointer.write(self.root, pointer.Pointer(v, ptr.previous[i + 1 :]))
+                pointer.write(
+                    self._layout.storage, pointer.Pointer(v, ptr.previous[i + 1 :]), replacing=ptr
+                )
                 log.append(self.root, "rollback", v, {"previous": ptr.current, "skipped": skipped})
                 return v
             raise StoreError(
@@ -960,24 +881,32 @@ class ArtifactStore:
         policy = policy or RetentionPolicy()
         removed: list[str] = []
         with self._layout.locked():
-            marker = self._layout.require()
             ptr = self._pointer()
             protect = {ptr.current, *ptr.previous} | self._kept(policy)
             base = self._layout.versions_dir()
             for name in self._layout.version_names():
-                path = os.path.join(base, name)
-                if name in protect or not self._collectable(path):
+                if name in protect:
                     continue
-                reserved = not os.path.lexists(os.path.join(path, STATUS_FILE))
-                if _remove_version_files(path, temps_only=reserved):
+
+                def may_remove(fd: int, name: str = name) -> bool:
+                    return self._collectable(os.path.join(base, name), fd) and self._retire(name)
+
+                if deleter.remove_version(base, name, may_remove=may_remove):
                     removed.append(name)
-            self._clean_trash(base)
+            deleter.clean(base)
             remove_stale_temps(self.root)
             if removed:
-                marker["retired"] = sorted(set(marker["retired"]) | set(removed))
-                self._layout.write_marker(marker)
                 log.append(self.root, "gc", None, {"removed": removed, "keep": policy.keep_last})
         return removed
+
+    def _retire(self, name: str) -> bool:
+        """Records that ``name`` is never handed out again, before anything
+        of it is deleted (so a kill mid-removal leaves it retired)."""
+        marker = self._layout.require()
+        if name not in marker["retired"]:
+            marker["retired"] = sorted({*marker["retired"], name})
+            self._layout.write_marker(marker)
+        return True
 
     def _kept(self, policy: RetentionPolicy) -> set[str]:
         finished = [v for v in self.versions() if v.status not in ("writing", records.UNREADABLE)]
@@ -988,13 +917,16 @@ class ArtifactStore:
             kept.update(verified[-policy.keep_verified :])
         return kept
 
-    def _collectable(self, path: str) -> bool:
-        """Whether gc may remove this version directory (not protected)."""
-        if not os.path.lexists(os.path.join(path, STATUS_FILE)):
-            return True  # reserved by a put that died before its record; only files we know go
+    def _collectable(self, path: str, fd: int) -> bool:
+        """Whether gc may remove the version directory open at ``fd`` (not
+        protected); its record is read through ``fd``, never through ``path``."""
         try:
-            data = records.read(path)
-        except StoreError:
+            os.stat(STATUS_FILE, dir_fd=fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return True  # reserved by a put that died before its record; only its temps go
+        try:
+            data = records.read(path, dir_fd=fd)
+        except (StoreError, FileNotFoundError):
             return False  # never delete what cannot be read: a person must look
         if data["status"] != "writing":
             return True
@@ -1003,155 +935,6 @@ class ArtifactStore:
             return False  # its writer's pid means nothing here: gc on the writer's host takes it
         pid = data.get("pid")
         return not (isinstance(pid, int) and pid_alive(pid))
-
-    def _clean_trash(self, base: str) -> None:
-        """Finishes removals a crash interrupted, and reclaims dead writers' temps."""
-        for name in os.listdir(base):
-            path = os.path.join(base, name)
-            if os.path.islink(path) or not os.path.isdir(path):
-                continue
-            if name.startswith(_TRASH):
-                _remove_version_files(path, rename=False)
-            else:
-                remove_stale_temps(path)
-
-
-#: The only files a version directory holds that the store wrote: the
-#: checkpoint, the record, and a sharded version's manifest.
-_OWN_FILES = (MODEL_FILE, STATUS_FILE, MANIFEST_NAME)
-
-
-def _own_file(name: str) -> bool:
-    """Whether a file in a version directory is one the store writes: the
-    checkpoint, the record, the manifest, or a temp of one of them left by a
-    dead writer."""
-    if name in _OWN_FILES:
-        return True
-    temp = stale_temp(name)
-    return temp is not None and temp in _OWN_FILES
-
-
-def _orbax_dir(name: str) -> bool:
-    """Whether a directory in a version directory is one ``save_sharded``
-    writes: a data directory, or orbax's temporary directory of one."""
-    head = name.split(".", 1)[0]
-    return is_data_name(name) or (is_data_name(head) and ".orbax-checkpoint-tmp" in name)
-
-
-def _plain(path: str) -> bool:
-    """Whether everything under ``path`` is a regular file or a real
-    directory (no link, FIFO, socket or device), followed nowhere."""
-    stack = [path]
-    while stack:
-        with os.scandir(stack.pop()) as entries:
-            for entry in entries:
-                if entry.is_dir(follow_symlinks=False):
-                    stack.append(entry.path)
-                elif not entry.is_file(follow_symlinks=False):
-                    return False
-    return True
-
-
-def _remove_tree(path: str) -> None:
-    """Removes a directory of regular files and directories, bottom up,
-    following no link (a link that appeared since is unlinked, never followed)."""
-    with os.scandir(path) as entries:
-        for entry in list(entries):
-            if entry.is_dir(follow_symlinks=False):
-                _remove_tree(entry.path)
-            else:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(entry.path)
-    os.rmdir(path)
-
-
-def _removable(path: str, name: str, *, temps_only: bool) -> bool:
-    full = os.path.join(path, name)
-    if temps_only:
-        return stale_temp(name) in _OWN_FILES and os.path.isfile(full) and not os.path.islink(full)
-    if _orbax_dir(name):
-        try:
-            return stat.S_ISDIR(os.lstat(full).st_mode) and _plain(full)
-        except OSError:
-            return False
-    return _own_file(name) and not os.path.islink(full) and os.path.isfile(full)
-
-
-def _remove_version_files(path: str, *, rename: bool = True, temps_only: bool = False) -> bool:
-    """Removes a version directory if it holds only what the store wrote.
-
-    The directory is first renamed out of sight (atomic), so a crash leaves
-    either the whole version or a trash directory that the next gc clears.
-    Only the store's own file names are unlinked, and of a sharded version
-    the data directories ``save_sharded`` and orbax wrote, only if they hold
-    nothing but regular files and directories; a link, a FIFO, a foreign
-    file or another subdirectory keeps the version where it is.
-
-    Returns:
-      Whether it was removed.
-    """
-    try:
-        names = os.listdir(path)
-    except OSError:
-        return False
-    if not all(_removable(path, n, temps_only=temps_only) for n in names):
-        return False
-    target = path
-    if rename:
-        target = os.path.join(
-            os.path.dirname(path), _TRASH + os.path.basename(path) + "-" + secrets.token_hex(4)
-        )
-        try:
-            os.rename(path, target)
-        except OSError:
-            return False
-    for n in names:
-        full = os.path.join(target, n)
-        try:
-            if _orbax_dir(n) and stat.S_ISDIR(os.lstat(full).st_mode):
-                _remove_tree(full)
-            else:
-                os.unlink(full)
-        except FileNotFoundError:
-            continue
-        except OSError:
-            return False
-    try:
-        os.rmdir(target)
-    except OSError:
-        return False
-    return True
-
-
-def _shardable(like: Any) -> bool:
-    """Whether ``like`` is a tree whose every leaf carries a sharding to
-    restore onto (a ``jax.Array`` or a ``jax.ShapeDtypeStruct`` with one)."""
-    if like is None or isinstance(like, TreeSpec):
-        return False
-    import jax
-
-    leaves = jax.tree.leaves(like)
-    return bool(leaves) and all(
-        isinstance(x, (jax.Array, jax.ShapeDtypeStruct)) and getattr(x, "sharding", None)
-        for x in leaves
-    )
-
-
-def _stored_spec(path: str, data: dict[str, Any]) -> TreeSpec:
-    """A version's stored spec, from its header or manifest only."""
-    if is_sharded(data):
-        return read_manifest(path).spec
-    return read_header(os.path.join(path, MODEL_FILE)).spec
-
-
-def _digest_now(path: str, data: dict[str, Any]) -> str | None:
-    """The digest of the checkpoint there now (header or manifest), or None."""
-    try:
-        if is_sharded(data):
-            return sharded_digest(path)
-        return read_header(os.path.join(path, MODEL_FILE)).digest
-    except (FormatError, OSError):
-        return None
 
 
 def _changed(version: str, e: IntegrityError) -> IntegrityError:
@@ -1163,56 +946,10 @@ def _changed(version: str, e: IntegrityError) -> IntegrityError:
     )
 
 
-def format_contract(e: TreeMismatchError, contract_name: str) -> str:
-    """A contract failure's text with the contract named (no file path)."""
-    return str(
-        TreeMismatchError(e.mismatches, expected_from=contract_name, actual_from=e.actual_from)
-    )
-
-
 Event = log.Event
 
 
 def spec_of_version(store: ArtifactStore, version: str) -> TreeSpec:
     """The stored spec of one version, from its header (or manifest) only."""
-    return _stored_spec(*store._record(version))
-
-
-def _judge(
-    load: Callable[[], Any],
-    digests: list[str],
-    evidence: tuple[str, str],
-    contract_name: str,
-    checks: Sequence[Check],
-) -> tuple[list[CheckResult], str | None, str | None]:
-    """Loads a version for its verdict and runs the checks on it.
-
-    Args:
-      load: reads the version against the contract; appends the digest it
-        read under to ``digests`` before it reads any array.
-      digests: where ``load`` leaves that digest.
-      evidence: the integrity check's evidence when the contract fails (the
-        header or manifest was valid) and when every hash matched.
-      contract_name: how the contract is named in the evidence.
-      checks: the caller's checks, run on the loaded tree.
-
-    Returns:
-      The check results, the reason for a rejection (None when every check
-      passed), and the digest the verdict was computed on (None when the
-      version could not be read).
-    """
-    valid, verified = evidence
-    try:
-        tree = load()
-    except TreeMismatchError as e:
-        text = format_contract(e, contract_name)
-        results = [CheckResult("integrity", True, valid), CheckResult("contract", False, text)]
-        return results, f"contract: {text}", digests[0] if digests else None
-    except (IntegrityError, FormatError, OSError) as e:
-        return [CheckResult("integrity", False, str(e))], f"integrity: {e}", None
-    results = [
-        CheckResult("integrity", True, verified),
-        CheckResult("contract", True, f"matches {contract_name}"),
-    ]
-    more, reason = run_checks(tree, checks)
-    return results + more, reason, digests[0]
+    path, data = store._record(version)
+    return payload.of(data).stored_spec(path)
