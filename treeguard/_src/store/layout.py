@@ -144,6 +144,9 @@ class Layout:
             or not isinstance(data.get("retired", []), list)
             or not all(isinstance(n, str) for n in data.get("retired", []))
             or not isinstance(data.get("promoted", False), bool)
+            or not isinstance(data.get("signed", False), bool)
+            or not isinstance(data.get("seq", 0), int)
+            or isinstance(data.get("seq", 0), bool)
         ):
             raise StoreError(
                 f"the store marker is not a {STORE_FORMAT} marker",

@@ -53,6 +53,7 @@ _FIELDS: dict[str, tuple[type, ...]] = {
     "version": (str,),
     "kind": (str,),
     "host": (str,),
+    "seq": (int,),
 }
 
 
@@ -100,6 +101,8 @@ class VersionInfo:
       signed: whether the verdict carries a signature (whether it is a
         valid one is checked by the store that holds the key).
       kind: ``file`` (one checkpoint file) or ``sharded`` (``save_sharded``).
+      seq: its place in the order of puts, from the store's own counter
+        (never the clock); None for a version put by an older treeguard.
     """
 
     version: str
@@ -117,6 +120,7 @@ class VersionInfo:
     path: str
     signed: bool = False
     kind: str = "file"
+    seq: int | None = None
 
 
 def read(version_dir: str, *, dir_fd: int | None = None) -> dict[str, Any]:
@@ -231,6 +235,7 @@ def info(version: str, version_dir: str, data: dict[str, Any]) -> VersionInfo:
         path=checkpoint_path(version_dir, data),
         signed=isinstance(data.get("signature"), str),
         kind=data.get("kind", "file"),
+        seq=data.get("seq"),
     )
 
 

@@ -84,7 +84,7 @@ class ArtifactStore:
     def __init__(self, root: str | os.PathLike[str], /, *, key: bytes | str | None = None):
         self._layout = Layout(root)
         self.root = self._layout.root
-        self._key = gates.resolve_key(key)
+        self._key = gates.resolve_key(key, root=self.root)
 
     @classmethod
     def init(
@@ -185,11 +185,32 @@ class ArtifactStore:
                 out.append(records.info(name, path, records.read(path)))
             except StoreError as e:
                 out.append(records.unreadable(name, str(e), path))
-        return sorted(out, key=lambda v: (v.status == records.UNREADABLE, v.created, v.version))
+        return sorted(
+            out,
+            key=lambda v: (
+                v.status == records.UNREADABLE,
+                -1 if v.seq is None else v.seq,  # an older store's versions come first
+                v.created,
+                v.version,
+            ),
+        )
 
     def _pointer(self) -> pointer.Pointer:
         marker = self._layout.require()
-        return pointer.read(self._layout.storage, promoted=bool(marker.get("promoted")))
+        ptr = pointer.read(self._layout.storage, promoted=False)
+        if ptr.tag is None and marker.get("promoted") and self._ever_moved():
+            return pointer.read(self._layout.storage, promoted=True)  # raises: damaged
+        # marked promoted but never moved: a first promote killed between the
+        # marker and the pointer (as older versions wrote them); nothing is current
+        return ptr
+
+    def _ever_moved(self) -> bool:
+        """Whether the log records a promote or a rollback (a pointer was written)."""
+        try:
+            events = log.read(self.root)
+        except StoreError:
+            return True  # cannot tell: the missing pointer is a damaged one
+        return any(e.action in ("promote", "rollback") for e in events)
 
     def current(self) -> str | None:
         """The current version's name, or None before the first promotion.
@@ -315,6 +336,7 @@ class ArtifactStore:
     ) -> tuple[str, str]:
         """Picks the name, creates its directory and its ``writing`` record (under the lock)."""
         marker = self._layout.require()
+        marker["seq"] = seq = int(marker.get("seq", 0)) + 1  # the order of puts, not the clock
         if version is None:
             existing = [
                 int(m.group(1))
@@ -323,7 +345,6 @@ class ArtifactStore:
             ]
             number = max([marker["counter"], *existing]) + 1
             marker["counter"] = number
-            self._layout.write_marker(marker)
             version = f"v{number:06d}"
         elif version in marker["retired"]:
             raise StoreError(
@@ -332,6 +353,7 @@ class ArtifactStore:
                 context=self.root,
                 hint="pick another name",
             )
+        self._layout.write_marker(marker)
         path = self._layout.version_dir(version)
         try:
             os.mkdir(path)
@@ -354,6 +376,7 @@ class ArtifactStore:
                     "created": records.now(),
                     "metadata": user,
                     "kind": kind,
+                    "seq": seq,
                 },
             )
         except BaseException:
@@ -525,8 +548,20 @@ class ArtifactStore:
                 version=version,
                 hint="verify it once its put returns; if that process died, store.gc() removes it",
             )
+        if self._key is None and self._layout.require().get("signed"):
+            raise gates.unkeyed(version)
         contract, contract_name = self._contract_for(version, like)
-        gates.require_kind(version, path, before)  # a lying record: no verdict at all
+        try:
+            gates.require_kind(version, path, before)  # a lying record: no verdict at all
+        except IntegrityError:
+            if not os.path.lexists(path):  # gc removed it since its record was read
+                raise UnknownVersionError(
+                    f"version {version} was removed while it was verified",
+                    version=version,
+                    context=self.root,
+                    hint="`treeguard store ls ROOT` lists the versions",
+                ) from None
+            raise
         kind = payload.of(before)
         results, reason, digest = payload.judge(
             lambda digests: kind.read_for_verdict(self._layout, path, version, contract, digests),
@@ -602,7 +637,13 @@ class ArtifactStore:
                 signature=None,
             )
             if self._key is not None:
-                data["signature"] = gates.sign(self._key, self._store_id(), version, data)
+                marker = self._layout.require()
+                if not marker.get("signed"):
+                    marker["signed"] = True  # from now on it refuses to be used without the key
+                    self._layout.write_marker(marker)
+                data["signature"] = gates.sign(self._key, str(marker["id"]), version, data)
+            elif self._layout.require().get("signed"):
+                raise gates.unkeyed(version)
             records.write(path, version, data)
             log.append(self.root, "verify", version, {"status": data["status"], "reason": reason})
         return records.info(version, path, data)
@@ -615,9 +656,6 @@ class ArtifactStore:
             return spec_of_version(self, cur), f"version {cur} (current)"
         return None, "its own stored spec"
 
-    def _store_id(self) -> str:
-        return str(self._layout.require()["id"])
-
     # -- the gates -------------------------------------------------------
 
     def _gate(self, version: str, *, full: bool) -> tuple[str, str, payload.Payload]:
@@ -626,7 +664,10 @@ class ArtifactStore:
         digest. Returns its directory, recorded digest and payload."""
         path, data = self._record(version)
         digest = gates.require_verified(version, data)
-        gates.check_signature(self._key, self._store_id(), version, data)
+        marker = self._layout.require()
+        gates.check_signature(
+            self._key, str(marker["id"]), version, data, signed=bool(marker.get("signed"))
+        )
         gates.require_kind(version, path, data)
         kind = payload.of(data)
         kind.check_plain(self._layout, path, version)
@@ -810,10 +851,6 @@ class ArtifactStore:
             ptr = self._pointer()
             if ptr.current == version:
                 return
-            marker = self._layout.require()
-            if not marker.get("promoted"):
-                marker["promoted"] = True  # from now on a missing pointer is a damaged one
-                self._layout.write_marker(marker)
             stack = [v for v in ptr.previous if v != version]
             if ptr.current is not None:
                 stack.insert(0, ptr.current)
@@ -822,6 +859,12 @@ class ArtifactStore:
                 pointer.Pointer(version, tuple(stack[:POINTER_DEPTH])),
                 replacing=ptr,
             )
+            marker = self._layout.require()
+            if not marker.get("promoted"):
+                # after the pointer: a kill between the two leaves a pointer and an
+                # unmarked store, which reads as it is
+                marker["promoted"] = True  # from now on a missing pointer is a damaged one
+                self._layout.write_marker(marker)
             log.append(self.root, "promote", version, {"previous": ptr.current})
 
     def rollback(self) -> str:
