@@ -11,6 +11,8 @@ import json
 import os
 import shutil
 import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +20,7 @@ import numpy as np
 import pytest
 
 import treeguard as tg
-from tests.subproc import run_python
+from tests.subproc import child_env, run_python
 from treeguard import ArtifactStore, ConfigError, RetentionPolicy, StoreError, UnknownVersionError
 from treeguard._src.store import records
 
@@ -180,3 +182,58 @@ def test_two_promoters_one_wins_and_the_other_hears_who(tmp_path: Path) -> None:
     with pytest.raises(tg.ConflictError, match=f"version {v2} is current") as e:
         pointer.write(storage, pointer.Pointer(v1, ()), replacing=seen)
     assert e.value.version == v2 and store.current() == v2
+
+
+_FILL_DISK = """
+import os, sys
+import jax.numpy as jnp
+from treeguard import ArtifactStore, StorageError
+store = ArtifactStore(sys.argv[1])
+for put in (store.put, store.put_sharded):
+    try:
+        put({"w": jnp.ones((1024, 1024))}, version=put.__name__)
+    except StorageError as e:
+        print(type(e).__name__, e.version, str(e).splitlines()[0].split(": ", 1)[1])
+print(sorted(os.listdir(os.path.join(sys.argv[1], "versions"))))
+"""
+
+
+@pytest.mark.slow
+def test_a_full_disk_during_put_is_a_storage_error_naming_the_version(tmp_path: Path) -> None:
+    if shutil.which("unshare") is None or shutil.which("mount") is None:
+        pytest.skip("needs unshare(1) and mount(8) to make a small file system")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    script = tmp_path / "fill.py"
+    script.write_text(_FILL_DISK)
+    probe = subprocess.run(
+        ["unshare", "--user", "--map-root-user", "--mount", "true"],
+        capture_output=True,
+        check=False,
+        timeout=30,
+    )
+    if probe.returncode != 0:
+        pytest.skip("user namespaces are not allowed here")
+    done = subprocess.run(
+        [
+            "unshare",
+            "--user",
+            "--map-root-user",
+            "--mount",
+            "sh",
+            "-c",
+            f'mount -t tmpfs -o size=1m tmpfs "{disk}" && exec "{sys.executable}" "{script}" '
+            f'"{disk}/store"',
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=180,
+        env=child_env(),
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines() == [
+        "StorageError put writing version put failed: no space left on the device",
+        "StorageError put_sharded writing version put_sharded failed: no space left on the device",
+        "[]",
+    ]

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import json
 import os
 import secrets
 import socket
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from ..atomic import pid_alive, remove_stale_temps
@@ -26,6 +27,7 @@ from ..env import environment
 from ..errors import (
     FormatError,
     IntegrityError,
+    StorageError,
     StoreError,
     UnknownVersionError,
 )
@@ -293,6 +295,8 @@ class ArtifactStore:
           StoreError: if the named version exists or existed, or the root is
             a directory with other content that is not a store.
           UnknownVersionError: for a name that is not allowed.
+          StorageError: for a disk that filled up while it was written,
+            naming the version; nothing of it is kept.
           InvalidTreeError: for a tree that cannot be saved.
           TypeError: for metadata that is not JSON, naming the key; nothing
             is created then.
@@ -305,7 +309,8 @@ class ArtifactStore:
             version, path = self._reserve(version, user)
         try:
             model = os.path.join(path, MODEL_FILE)
-            save(model, tree, metadata=user)
+            with _out_of_space_is_typed(version, path):
+                save(model, tree, metadata=user)
             self._record_candidate(version, path, read_header(model).spec, {})
         except BaseException:
             self._discard(path)
@@ -416,6 +421,8 @@ class ArtifactStore:
           StoreError: as ``put`` does, or if process 0 could not record the
             version (in every process).
           UnknownVersionError: for a name that is not allowed.
+          StorageError: for a disk that filled up while it was written,
+            naming the version; nothing of it is kept.
           InvalidTreeError, TypeError: for a tree ``save_sharded`` refuses,
             or metadata that is not JSON; nothing is kept then.
 
@@ -452,7 +459,8 @@ class ArtifactStore:
         ).decode("ascii")
         path = self._layout.version_dir(version)
         try:
-            save_sharded(path, tree, metadata=user)  # a collective that fails in every process
+            with _out_of_space_is_typed(version, path):
+                save_sharded(path, tree, metadata=user)  # a collective failing in every process
             lead_acts(  # also the barrier after the record
                 lambda: self._finish_sharded(version, path),
                 failed=lambda why: StoreError(
@@ -978,6 +986,30 @@ class ArtifactStore:
             return False  # its writer's pid means nothing here: gc on the writer's host takes it
         pid = data.get("pid")
         return not (isinstance(pid, int) and pid_alive(pid))
+
+
+@contextlib.contextmanager
+def _out_of_space_is_typed(version: str, path: str) -> Iterator[None]:
+    """Turns a full disk or quota while a version is written (an ``OSError``,
+    or tensorstore's ``ValueError('RESOURCE_EXHAUSTED: ...')``) into a
+    ``StorageError`` naming the version; the caller removes what was written."""
+    try:
+        yield
+    except (OSError, ValueError) as e:
+        full = (
+            e.errno in (errno.ENOSPC, errno.EDQUOT)
+            if isinstance(e, OSError)
+            else str(e).startswith("RESOURCE_EXHAUSTED")
+        )
+        if not full:
+            raise
+        raise StorageError(
+            f"writing version {version} failed: no space left on the device",
+            version=version,
+            context=path,
+            hint="free space (store.gc() removes old versions) and put it again; nothing of "
+            "this version was kept",
+        ) from None
 
 
 def _changed(version: str, e: IntegrityError) -> IntegrityError:
