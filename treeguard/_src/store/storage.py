@@ -95,7 +95,8 @@ def open_dir(name: str, *, dir_fd: int | None = None) -> int:
     return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
 
 
-def _check(name: str) -> str:
+def check_object_name(name: str) -> str:
+    """``name`` if it can name an object inside a store, else ``ValueError``."""
     parts = name.split("/")
     if not name or any(p in ("", ".", "..") for p in parts):
         raise ValueError(f"{name!r} is not an object name inside a store")
@@ -113,7 +114,7 @@ class LocalStorage:
         self.root = root
 
     def where(self, name: str) -> str:
-        return os.path.join(self.root, *_check(name).split("/"))
+        return os.path.join(self.root, *check_object_name(name).split("/"))
 
     def _failed(self, operation: str, name: str, e: OSError) -> StorageError:
         return StorageError(
@@ -203,7 +204,7 @@ class LocalStorage:
     def delete(self, name: str) -> None:
         """Unlinks ``name`` through descriptors of its real parent
         directories (a link on the way is never followed)."""
-        *dirs, leaf = _check(name).split("/")
+        *dirs, leaf = check_object_name(name).split("/")
         try:
             fd = open_dir(self.root)
         except OSError as e:
