@@ -237,3 +237,14 @@ def test_a_full_disk_during_put_is_a_storage_error_naming_the_version(tmp_path: 
         "StorageError put_sharded writing version put_sharded failed: no space left on the device",
         "[]",
     ]
+
+
+def test_a_bucket_url_is_refused_and_never_taken_for_a_local_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    for url in ("s3://models/mlp", "gs://models"):
+        with pytest.raises(StoreError, match="a store in a bucket is not supported") as e:
+            ArtifactStore(url)
+        assert url in str(e.value)
+    assert os.listdir(tmp_path) == []

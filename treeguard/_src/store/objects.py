@@ -23,7 +23,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..errors import StorageError, StoreError
 from .storage import Conflict, check_object_name
@@ -36,6 +36,9 @@ _PAUSE = 0.2
 _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.\-_]{1,220}$")
 _STATUS_RE = re.compile(r"status code: (\d{3})")
 _T = TypeVar("_T")
+
+if TYPE_CHECKING:
+    from obstore.store import RetryConfig
 
 
 def is_url(root: object) -> bool:
@@ -81,7 +84,7 @@ class ObjectStorage:
         scheme, bucket, prefix = split_url(url)
         self.url = f"{scheme}://{bucket}" + (f"/{prefix}" if prefix else "")
         self._s3 = scheme == "s3"
-        once = {"max_retries": 0}  # every retry is ours, and only of idempotent requests
+        once: RetryConfig = {"max_retries": 0}  # every retry is ours, and only of idempotent requests
         try:
             if self._s3:
                 self._store: Any = S3Store(

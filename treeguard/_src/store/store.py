@@ -33,7 +33,7 @@ from ..errors import (
 )
 from ..sharded.manifest import read as read_manifest
 from ..spec import TreeSpec
-from . import deleter, gates, log, payload, pointer, records
+from . import deleter, gates, log, objects, payload, pointer, records
 from .checks import Check
 from .layout import AUTO_RE, MODEL_FILE, STATUS_FILE, Layout, check_name
 from .lead import lead_acts
@@ -60,7 +60,11 @@ class ArtifactStore:
         key file named by ``$TREEGUARD_STORE_KEY_FILE`` is used if set.
 
     Raises:
-      StoreError: for a key that is too short or a key file that cannot be read.
+      StoreError: for a key that is too short, a key file that cannot be
+        read, others may rewrite or lies inside the store; for an
+        ``s3://`` or ``gs://`` URL (a local directory only, never taken for
+        a relative path).
+      ConfigError: for ``$TREEGUARD_STORE_KEY_FILE`` set but empty.
 
     Example:
       >>> import tempfile, numpy as np
@@ -84,6 +88,13 @@ class ArtifactStore:
     """
 
     def __init__(self, root: str | os.PathLike[str], /, *, key: bytes | str | None = None):
+        if objects.is_url(root):
+            raise StoreError(
+                "a store in a bucket is not supported by this version: the lifecycle runs on "
+                "a local directory only",
+                context=str(root),
+                hint="pass a local directory; nothing was created",
+            )
         self._layout = Layout(root)
         self.root = self._layout.root
         self._key = gates.resolve_key(key, root=self.root)
