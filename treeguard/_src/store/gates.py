@@ -30,7 +30,7 @@ import stat
 from typing import Any
 
 from .. import strictjson
-from ..atomic import open_regular, read_regular
+from ..atomic import open_regular
 from ..checkpoint import Header, load, verify_file
 from ..errors import ConfigError, FormatError, IntegrityError, SignatureError, StoreError
 from ..sharded.manifest import MANIFEST_NAME
@@ -40,6 +40,7 @@ from .layout import MODEL_FILE
 KEY_ENV = "TREEGUARD_STORE_KEY_FILE"
 _PREFIX = "hmac-sha256:"
 _MIN_KEY = 16
+_KEY_FILE_LIMIT = 4096
 
 
 def resolve_key(key: bytes | str | None, *, root: str) -> bytes | None:
@@ -92,31 +93,31 @@ def _read_key_file(path: str, source: str, root: str) -> bytes:
         )
     try:
         fd = open_regular(path, what="key file")
+        try:
+            st = os.fstat(fd)
+            raw = os.read(fd, _KEY_FILE_LIMIT + 1)
+        finally:
+            os.close(fd)
     except (FormatError, OSError) as e:
         raise StoreError(
             f"cannot read the key file: {e}",
             context=source,
             hint="point the variable at a regular file of at least 16 random bytes",
         ) from None
-    try:
-        mode = os.fstat(fd).st_mode
-    finally:
-        os.close(fd)
-    if mode & (stat.S_IWGRP | stat.S_IWOTH):
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         raise StoreError(
-            f"the key file is writable by others (mode {stat.S_IMODE(mode):04o}), so anyone "
-            "may replace the key and sign verdicts",
+            f"the key file is writable by others (mode {stat.S_IMODE(st.st_mode):04o}), so "
+            "anyone may replace the key and sign verdicts",
             context=source,
             hint="chmod 600 the key file",
         )
-    try:
-        return read_regular(path, limit=4096, what="key file").strip()
-    except (FormatError, OSError) as e:
+    if len(raw) > _KEY_FILE_LIMIT:
         raise StoreError(
-            f"cannot read the key file: {e}",
+            f"the key file is more than {_KEY_FILE_LIMIT} bytes",
             context=source,
-            hint="point the variable at a regular file of at least 16 random bytes",
-        ) from None
+            hint="point the variable at a file holding only the key",
+        )
+    return raw.strip()
 
 
 def _message(store_id: str, version: str, record: dict[str, Any]) -> bytes:

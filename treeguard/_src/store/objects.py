@@ -84,7 +84,7 @@ class ObjectStorage:
         scheme, bucket, prefix = split_url(url)
         self.url = f"{scheme}://{bucket}" + (f"/{prefix}" if prefix else "")
         self._s3 = scheme == "s3"
-        once: RetryConfig = {"max_retries": 0}  # every retry is ours, and only of idempotent requests
+        once: RetryConfig = {"max_retries": 0}  # retries are ours, of idempotent requests only
         try:
             if self._s3:
                 self._store: Any = S3Store(
