@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import random
 import shutil
 import signal
 import subprocess
@@ -20,9 +21,9 @@ import numpy as np
 import pytest
 
 import treeguard as tg
-from tests.subproc import child_env, run_python
+from tests.subproc import child_env, run_python, start_python, stop
 from treeguard import ArtifactStore, ConfigError, RetentionPolicy, StoreError, UnknownVersionError
-from treeguard._src.store import records
+from treeguard._src.store import pointer, records
 
 KEY = b"k" * 32
 
@@ -174,7 +175,6 @@ def test_two_promoters_one_wins_and_the_other_hears_who(tmp_path: Path) -> None:
     store = ArtifactStore(tmp_path)
     v1, v2 = _verified(store, 1.0), _verified(store, 2.0)
     store.promote(v1)
-    from treeguard._src.store import pointer
 
     storage = store._layout.storage
     seen = pointer.read(storage, promoted=True)
@@ -248,3 +248,57 @@ def test_a_bucket_url_is_refused_and_never_taken_for_a_local_path(
             ArtifactStore(url)
         assert url in str(e.value)
     assert os.listdir(tmp_path) == []
+
+
+_WRITER = """
+import sys
+import numpy as np
+from treeguard import ArtifactStore, RetentionPolicy
+store = ArtifactStore(sys.argv[1])
+print("ready", flush=True)
+for i in range(200):
+    v = store.put({"w": np.full((64, 64), float(i), np.float32)}, metadata={"i": i})
+    store.verify(v)
+    store.promote(v)
+    if i % 3 == 2:
+        store.rollback()
+    if i % 4 == 3:
+        store.gc(policy=RetentionPolicy(keep_last=2))
+"""
+
+
+def _consistent(root: Path) -> None:
+    """What a kill at any moment must leave: a store every operation reads."""
+    store = ArtifactStore(root)
+    listed = store.versions()
+    assert not [v for v in listed if v.status == "unreadable"], listed
+    names = [v.version for v in listed]
+    assert len(names) == len(set(names))
+    retired = set(json.loads((root / "STORE.json").read_text())["retired"])
+    assert not retired & {v.version for v in listed if v.status != "writing"}
+    current = store.current()
+    if current is not None:
+        assert store.load_current()["w"].shape == (64, 64)
+    store.gc(policy=RetentionPolicy(keep_last=2))
+    assert store.current() == current
+
+
+@pytest.mark.reliability
+def test_a_writer_killed_at_random_moments_leaves_a_consistent_store(tmp_path: Path) -> None:
+    rng = random.Random(20261203)
+    ArtifactStore.init(tmp_path)
+    kills = 0
+    for _ in range(40):
+        proc = start_python(_WRITER, str(tmp_path))
+        try:
+            assert proc.stdout is not None
+            assert proc.stdout.readline().strip() == "ready"
+            try:
+                proc.wait(timeout=rng.uniform(0.05, 1.5))
+            except subprocess.TimeoutExpired:
+                proc.send_signal(signal.SIGKILL)
+                kills += 1
+        finally:
+            stop(proc)
+        _consistent(tmp_path)
+    assert kills >= 30
