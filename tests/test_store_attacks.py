@@ -247,6 +247,16 @@ def test_a_bucket_url_is_refused_and_never_taken_for_a_local_path(
         with pytest.raises(StoreError, match="a store in a bucket is not supported") as e:
             ArtifactStore(url)
         assert url in str(e.value)
+        with pytest.raises(StoreError, match="a store in a bucket is not supported"):
+            ArtifactStore.init(Path(url))  # a Path of a URL collapses its // to /
+    done = run_python(
+        "from treeguard._cli.main import main; main()",
+        "store",
+        "init",
+        "s3://models/mlp",
+        cwd=tmp_path,
+    )
+    assert done.returncode == 2 and "a store in a bucket is not supported" in done.stderr
     assert os.listdir(tmp_path) == []
 
 

@@ -14,7 +14,13 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from .._src.errors import FormatError, IntegrityError, StoreError, UnknownVersionError
+from .._src.errors import (
+    ConfigError,
+    FormatError,
+    IntegrityError,
+    StoreError,
+    UnknownVersionError,
+)
 from .._src.store import ArtifactStore, RetentionPolicy
 from .ckpt import EXIT_FAIL, EXIT_USAGE, _exit, _human, _out, _read_like
 
@@ -35,7 +41,7 @@ def _open_store(root: Path) -> ArtifactStore:
     try:
         s = ArtifactStore(root)
         s.current()  # a directory that is not a store, or a damaged pointer, stops here
-    except StoreError as e:
+    except (StoreError, ConfigError) as e:
         _exit(EXIT_USAGE, str(e))
     except OSError as e:
         _exit(EXIT_USAGE, f"{root}: {e}")
@@ -48,7 +54,7 @@ def init_command(root: Path) -> None:
     """Make ROOT a store (created if absent; an existing store is left as it is)."""
     try:
         s = ArtifactStore.init(root)
-    except (StoreError, OSError) as e:
+    except (StoreError, ConfigError, OSError) as e:
         _exit(EXIT_USAGE, str(e))
     _out().print(f"[green]store[/green]: {s.root}")
 

@@ -20,6 +20,7 @@ after a lost answer would report the writer's own success as a conflict.
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from collections.abc import Callable
@@ -34,6 +35,7 @@ SCHEMES = ("s3", "gs")
 _TRIES = 3
 _PAUSE = 0.2
 _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.\-_]{1,220}$")
+_URL_RE = re.compile(r"^(s3|gs):/")
 _STATUS_RE = re.compile(r"status code: (\d{3})")
 _T = TypeVar("_T")
 
@@ -42,8 +44,11 @@ if TYPE_CHECKING:
 
 
 def is_url(root: object) -> bool:
-    """Whether ``root`` names a store in a bucket (``s3://`` or ``gs://``)."""
-    return isinstance(root, str) and root.split("://", 1)[0] in SCHEMES and "://" in root
+    """Whether ``root`` names a store in a bucket (``s3://`` or ``gs://``),
+    also as a ``pathlib.Path`` made of one, which collapses ``//`` to ``/``."""
+    if not isinstance(root, (str, os.PathLike)):
+        return False
+    return _URL_RE.match(str(os.fspath(root))) is not None
 
 
 def split_url(url: str) -> tuple[str, str, str]:
