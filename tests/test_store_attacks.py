@@ -312,3 +312,22 @@ def test_a_writer_killed_at_random_moments_leaves_a_consistent_store(tmp_path: P
             stop(proc)
         _consistent(tmp_path)
     assert kills >= 30
+
+
+def test_gc_unlinks_a_trash_link_and_keeps_a_trash_directory_with_foreign_files(
+    tmp_path: Path,
+) -> None:
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "model.safetensors").write_bytes(b"theirs")
+    store = ArtifactStore(tmp_path / "s")
+    store.put(_params(1.0))
+    versions = tmp_path / "s" / "versions"
+    (versions / ".trash-v000009-0123abcd").symlink_to(victim)
+    foreign = versions / ".trash-v000008-0123abcd"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("not the store's")
+    store.gc()
+    assert (victim / "model.safetensors").read_bytes() == b"theirs"
+    assert not (versions / ".trash-v000009-0123abcd").is_symlink()
+    assert (foreign / "notes.txt").is_file()
