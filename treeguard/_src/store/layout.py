@@ -28,6 +28,7 @@ import os
 import re
 import secrets
 import stat
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -88,7 +89,15 @@ class Layout:
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = os.path.abspath(os.fspath(root))
         self.storage = LocalStorage(self.root)
-        self._marker_tag: str | None = None
+        self._seen = threading.local()  # the marker's tag as each thread last read it
+
+    @property
+    def _marker_tag(self) -> str | None:
+        return getattr(self._seen, "tag", None)
+
+    @_marker_tag.setter
+    def _marker_tag(self, tag: str | None) -> None:
+        self._seen.tag = tag
 
     def path(self, *parts: str) -> str:
         return os.path.join(self.root, *parts)
