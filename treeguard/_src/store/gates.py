@@ -43,12 +43,13 @@ _MIN_KEY = 16
 _KEY_FILE_LIMIT = 4096
 
 
-def resolve_key(key: bytes | str | None, *, root: str) -> bytes | None:
+def resolve_key(key: bytes | str | None, *, root: str | None) -> bytes | None:
     """The key to sign with: ``key``, else the file ``$TREEGUARD_STORE_KEY_FILE`` names.
 
     Args:
       key: the key given to the store, or None.
-      root: the store's directory (a key file may not lie inside it).
+      root: the store's directory (a key file may not lie inside it), or
+        None for a store in a bucket.
 
     Raises:
       StoreError: for a key shorter than 16 bytes, or a key file that cannot
@@ -81,10 +82,10 @@ def resolve_key(key: bytes | str | None, *, root: str) -> bytes | None:
     return raw
 
 
-def _read_key_file(path: str, source: str, root: str) -> bytes:
+def _read_key_file(path: str, source: str, root: str | None) -> bytes:
     real = os.path.realpath(path)
-    store = os.path.realpath(root)
-    if os.path.commonpath([real, store]) == store:
+    store = os.path.realpath(root) if root is not None else None
+    if store is not None and os.path.commonpath([real, store]) == store:
         raise StoreError(
             "the key file lies inside the store's directory, where anyone who can write "
             "the store can read or replace it",
@@ -185,6 +186,16 @@ def unkeyed(version: str | None) -> SignatureError:
         "can be trusted or written",
         version=version,
         hint=f"open it with its key (key=..., or ${KEY_ENV} naming the key file)",
+    )
+
+
+def changed(version: str, e: IntegrityError) -> IntegrityError:
+    """The error of a version whose checkpoint no longer matches its verdict."""
+    return IntegrityError(
+        f"version {version}: its checkpoint changed since it was verified: {e.message}",
+        path=e.path,
+        version=version,
+        hint="do not use it; restore the file from a backup or verify it again",
     )
 
 

@@ -51,6 +51,11 @@ def is_url(root: object) -> bool:
     return _URL_RE.match(str(os.fspath(root))) is not None
 
 
+def normal_url(root: str | os.PathLike[str]) -> str:
+    """A store URL with the ``//`` a ``pathlib.Path`` collapsed put back."""
+    return re.sub(r"^(s3|gs):/+", r"\1://", str(os.fspath(root)))
+
+
 def split_url(url: str) -> tuple[str, str, str]:
     """``(scheme, bucket, prefix)`` of a store URL.
 

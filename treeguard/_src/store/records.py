@@ -54,6 +54,7 @@ _FIELDS: dict[str, tuple[type, ...]] = {
     "kind": (str,),
     "host": (str,),
     "seq": (int,),
+    "stored_digest": (str,),
 }
 
 
@@ -138,16 +139,26 @@ def read(version_dir: str, *, dir_fd: int | None = None) -> dict[str, Any]:
     """
     path = os.path.join(version_dir, STATUS_FILE)
     try:
-        data = strictjson.loads(
-            read_regular(
-                STATUS_FILE if dir_fd is not None else path,
-                limit=SMALL_FILE_LIMIT,
-                what="status file",
-                dir_fd=dir_fd,
-            ),
-            "the status file",
-            context=path,
+        raw = read_regular(
+            STATUS_FILE if dir_fd is not None else path,
+            limit=SMALL_FILE_LIMIT,
+            what="status file",
+            dir_fd=dir_fd,
         )
+    except FormatError as e:
+        raise StoreError(e.message, context=path, hint=_HINT) from e
+    return parse(raw, path)
+
+
+def parse(raw: bytes, path: str) -> dict[str, Any]:
+    """A record's bytes (read from ``path``, named in messages), validated
+    field by field.
+
+    Raises:
+      StoreError: as ``read`` does.
+    """
+    try:
+        data = strictjson.loads(raw, "the status file", context=path)
     except FormatError as e:
         raise StoreError(e.message, context=path, hint=_HINT) from e
     if not isinstance(data, dict) or data.get("status") not in STATUSES:

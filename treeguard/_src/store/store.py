@@ -34,6 +34,7 @@ from ..errors import (
 from ..sharded.manifest import read as read_manifest
 from ..spec import TreeSpec
 from . import deleter, gates, log, objects, payload, pointer, records
+from .bucket import BucketLifecycle
 from .checks import Check
 from .layout import AUTO_RE, MODEL_FILE, STATUS_FILE, Layout, check_name
 from .lead import lead_acts
@@ -53,7 +54,9 @@ class ArtifactStore:
     operation refuses a directory that is not one.
 
     Args:
-      root: the store's directory.
+      root: the store's directory, or ``s3://BUCKET/PREFIX`` /
+        ``gs://BUCKET/PREFIX`` for a store in a bucket (made by ``init``;
+        file versions only, every write conditional; see bucket.py).
       key: a secret of at least 16 bytes. With a key, each verdict is signed
         and ``promote``, ``rollback``, ``load_current`` and ``load_verified``
         refuse a verdict that is unsigned or wrongly signed. Without one, the
@@ -61,9 +64,8 @@ class ArtifactStore:
 
     Raises:
       StoreError: for a key that is too short, a key file that cannot be
-        read, others may rewrite or lies inside the store; for an
-        ``s3://`` or ``gs://`` URL (a local directory only, never taken for
-        a relative path).
+        read, others may rewrite or lies inside the store; for a bucket URL
+        without a valid bucket name.
       ConfigError: for ``$TREEGUARD_STORE_KEY_FILE`` set but empty.
 
     Example:
@@ -88,13 +90,14 @@ class ArtifactStore:
     """
 
     def __init__(self, root: str | os.PathLike[str], /, *, key: bytes | str | None = None):
+        #: the seam: a store in a bucket runs its lifecycle over the storage
+        #: protocol (bucket.py); a local one still walks its directory here
+        self._bucket: BucketLifecycle | None = None
         if objects.is_url(root):
-            raise StoreError(
-                "a store in a bucket is not supported by this version: the lifecycle runs on "
-                "a local directory only",
-                context=str(root),
-                hint="pass a local directory; nothing was created",
-            )
+            self._bucket = BucketLifecycle(objects.normal_url(root), key)
+            self.root = self._bucket.root
+            self._key = self._bucket.key
+            return
         self._layout = Layout(root)
         self.root = self._layout.root
         self._key = gates.resolve_key(key, root=self.root)
@@ -113,6 +116,9 @@ class ArtifactStore:
           StoreError: for a root or ``versions/`` that is a link or not a directory.
         """
         store = cls(root, key=key)
+        if store._bucket is not None:
+            store._bucket.init()
+            return store
         with contextlib.suppress(FileNotFoundError):
             if store._layout.exists():
                 store._layout.require()
@@ -168,6 +174,8 @@ class ArtifactStore:
           >>> info.status, info.metadata, info.num_params
           ('candidate', {'step': 1}, 3)
         """
+        if self._bucket is not None:
+            return self._bucket.info(version)
         path, data = self._record(version)
         return records.info(version, path, data)
 
@@ -188,6 +196,8 @@ class ArtifactStore:
           >>> [(v.version, v.status) for v in store.versions()]
           [('v000001', 'candidate')]
         """
+        if self._bucket is not None:
+            return self._bucket.versions()
         self._layout.require()
         out: list[VersionInfo] = []
         for name in self._layout.version_names():
@@ -209,6 +219,8 @@ class ArtifactStore:
         )
 
     def _pointer(self) -> pointer.Pointer:
+        if self._bucket is not None:
+            return self._bucket.read_pointer()
         marker = self._layout.require()
         ptr = pointer.read(self._layout.storage, promoted=False)
         if ptr.tag is None and marker.get("promoted") and self._ever_moved():
@@ -236,6 +248,8 @@ class ArtifactStore:
     def previous(self) -> str | None:
         """The version ``rollback`` would try first: the most recent formerly
         current version whose record says verified; None if there is none."""
+        if self._bucket is not None:
+            return self._bucket.previous_verified(self._pointer())
         return self._previous_verified(self._pointer())[0]
 
     def _previous_verified(self, ptr: pointer.Pointer) -> tuple[str | None, tuple[str, ...]]:
@@ -254,6 +268,8 @@ class ArtifactStore:
           StoreError: if the root is not a store, or the log is not a
             regular file.
         """
+        if self._bucket is not None:
+            return self._bucket.history()
         self._layout.require()
         return log.read(self.root)
 
@@ -273,9 +289,16 @@ class ArtifactStore:
             raise ValueError(f"action must be a short identifier, not {str(action)[:40]!r}")
         if version is not None:
             check_name(version)
+        self._log(action, version, dict(detail))
+
+    def _log(self, action: str, version: str | None, detail: dict[str, Any]) -> None:
+        if self._bucket is not None:
+            self._bucket.require()
+            self._bucket.append(action, version, detail)
+            return
         self._layout.require()
         with self._layout.locked():
-            log.append(self.root, action, version, dict(detail))
+            log.append(self.root, action, version, detail)
 
     # -- put -------------------------------------------------------------
 
@@ -312,6 +335,8 @@ class ArtifactStore:
           TypeError: for metadata that is not JSON, naming the key; nothing
             is created then.
         """
+        if self._bucket is not None:
+            return self._bucket.put(tree, metadata, version)
         user = json.loads(user_metadata_json(metadata))  # refuse bad metadata before any write
         if version is not None:
             check_name(version)
@@ -447,6 +472,14 @@ class ArtifactStore:
           >>> store.load_current({"w": jnp.zeros((4, 2))})["w"].sum()
           Array(8., dtype=float32)
         """
+        if self._bucket is not None:
+            raise StoreError(
+                "a sharded version cannot be kept in a bucket yet: orbax does not write to "
+                "s3:// URLs; nothing was written",
+                context=self.root,
+                hint="put the tree whole with store.put(tree), or keep sharded versions in a "
+                "local store",
+            )
         from ..sharded import hosts
         from ..sharded.save import save_sharded
 
@@ -559,6 +592,8 @@ class ArtifactStore:
           IntegrityError: for a record whose kind (``file`` or ``sharded``)
             is not what the version's directory holds.
         """
+        if self._bucket is not None:
+            return self._bucket.verify(version, like, checks, self.current())
         path, before = self._record(version)
         if before["status"] == "writing":
             raise StoreError(
@@ -694,7 +729,7 @@ class ArtifactStore:
             try:
                 kind.recheck(path, digest)
             except IntegrityError as e:
-                raise _changed(version, e) from e
+                raise gates.changed(version, e) from e
             except (FormatError, OSError) as e:
                 raise IntegrityError(
                     f"version {version}: its checkpoint no longer reads: {e}",
@@ -720,6 +755,8 @@ class ArtifactStore:
             signed with it.
           UnknownVersionError: for an unknown version.
         """
+        if self._bucket is not None:
+            return self._bucket.gate(version, full=False)[1]
         return self._gate(version, full=False)[1]
 
     def _load(
@@ -728,7 +765,7 @@ class ArtifactStore:
         try:
             return kind.load(version, path, like, digest)
         except IntegrityError as e:
-            raise _changed(version, e) from e
+            raise gates.changed(version, e) from e
         except OSError as e:  # removed or replaced while it was read
             raise IntegrityError(
                 f"version {version}: its checkpoint could not be read: "
@@ -765,6 +802,8 @@ class ArtifactStore:
           TreeMismatchError: if it does not match ``like``.
           ValueError: for a sharded version and a ``like`` without shardings.
         """
+        if self._bucket is not None:
+            return self._bucket.load(version, self._bucket.gate(version, full=False)[0], like)
         path, digest, kind = self._gate(version, full=False)
         return self._load(version, path, kind, like, digest)
 
@@ -778,6 +817,8 @@ class ArtifactStore:
           TreeMismatchError: if it does not match ``like``.
           ValueError: for a sharded version and a ``like`` without shardings.
         """
+        if self._bucket is not None:
+            return self._bucket.load(version, self._bucket.record(version), like)
         path, data = self._record(version)
         digest = data.get("digest") if data["status"] == "verified" else None
         if data["status"] != "writing":
@@ -832,13 +873,9 @@ class ArtifactStore:
                     tree = self.load_verified(v, like)
                 except (IntegrityError, FormatError, OSError, StoreError):
                     continue
-                with self._layout.locked():
-                    log.append(
-                        self.root,
-                        "fallback",
-                        v,
-                        {"current": ptr.current, "reason": str(first).splitlines()[0]},
-                    )
+                self._log(
+                    "fallback", v, {"current": ptr.current, "reason": str(first).splitlines()[0]}
+                )
                 return tree
             raise
 
@@ -864,6 +901,9 @@ class ArtifactStore:
           IntegrityError: if its file changed since it was verified.
           UnknownVersionError: for an unknown version.
         """
+        if self._bucket is not None:
+            self._bucket.promote(version)
+            return
         check_name(version)
         with self._layout.locked():
             self._gate(version, full=True)
@@ -897,6 +937,8 @@ class ArtifactStore:
         Raises:
           StoreError: if no former version passes; the pointer is unchanged.
         """
+        if self._bucket is not None:
+            return self._bucket.rollback()
         with self._layout.locked():
             ptr = self._pointer()
             skipped: list[str] = []
@@ -941,6 +983,8 @@ class ArtifactStore:
           StoreError: if the root is not a store or the pointer is damaged.
         """
         policy = policy or RetentionPolicy()
+        if self._bucket is not None:
+            return self._bucket.gc(policy, self._kept(policy))
         removed: list[str] = []
         with self._layout.locked():
             ptr = self._pointer()
@@ -1023,19 +1067,12 @@ def _out_of_space_is_typed(version: str, path: str) -> Iterator[None]:
         ) from None
 
 
-def _changed(version: str, e: IntegrityError) -> IntegrityError:
-    return IntegrityError(
-        f"version {version}: its checkpoint changed since it was verified: {e.message}",
-        path=e.path,
-        version=version,
-        hint="do not use it; restore the file from a backup or verify it again",
-    )
-
-
 Event = log.Event
 
 
 def spec_of_version(store: ArtifactStore, version: str) -> TreeSpec:
     """The stored spec of one version, from its header (or manifest) only."""
+    if store._bucket is not None:
+        return store._bucket.spec_of(version)  # type: ignore[no-any-return]
     path, data = store._record(version)
     return payload.of(data).stored_spec(path)
