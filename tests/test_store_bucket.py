@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 from typing import Any
 
@@ -9,6 +10,7 @@ import jax
 import numpy as np
 import obstore
 import pytest
+from click.testing import CliRunner, Result
 from obstore.store import S3Store
 
 from treeguard import (
@@ -19,6 +21,7 @@ from treeguard import (
     SignatureError,
     StoreError,
 )
+from treeguard._cli.main import main
 from treeguard.examples import mlp
 
 KEY = b"k" * 32
@@ -160,8 +163,7 @@ def test_a_signed_store_refuses_a_forged_unsigned_verdict(s3_url: str) -> None:
     obstore.put(
         _raw(s3_url),
         f"versions/{v2}/verdict.json",
-        b'{"status": "verified", "digest": "%s", "checks": [], "reason": null}'
-        % signed.info(v2).__dict__["version"].encode(),
+        json.dumps({"status": "verified", "digest": signed.info(v1).digest}).encode(),
     )
     with pytest.raises(SignatureError, match="is not signed, and this store has a key"):
         signed.promote(v2)
@@ -251,3 +253,30 @@ def test_put_sharded_to_a_bucket_refuses_before_writing(s3_url: str) -> None:
     with pytest.raises(StoreError, match="a sharded version cannot be kept in a bucket yet"):
         store.put_sharded({"w": jnp.ones((4, 2))})
     assert _names(s3_url) == before
+
+
+def _cli(*args: str) -> Result:
+    return CliRunner().invoke(main, ["store", *args])
+
+
+def test_the_store_commands_on_a_bucket(s3_url: str) -> None:
+    assert _cli("ls", s3_url).exit_code == 2  # not a store yet
+    done = _cli("init", s3_url)
+    assert done.exit_code == 0 and s3_url in done.output
+    store = ArtifactStore(s3_url)
+    v1, v2 = store.put(_params(0)), store.put(_params(1))
+    assert _cli("promote", s3_url, v1).exit_code == 1  # a candidate
+    for v in (v1, v2):
+        assert _cli("verify", s3_url, v).exit_code == 0
+    assert _cli("promote", s3_url, v1).exit_code == 0
+    assert _cli("promote", s3_url, v2).exit_code == 0
+    listed = json.loads(_cli("ls", s3_url, "--json").output)
+    assert (listed["root"], listed["current"], listed["previous"]) == (s3_url, v2, v1)
+    assert [v["status"] for v in listed["versions"]] == ["verified", "verified"]
+    done = _cli("rollback", s3_url)
+    assert done.exit_code == 0 and f"{v2} -> {v1}" in done.output
+    v3 = store.put(_params(2))
+    store.put(_params(3))
+    done = _cli("gc", s3_url, "--keep", "1")
+    assert done.exit_code == 0 and f"removed 2: {v2}, {v3}" in done.output
+    assert store.current() == v1
