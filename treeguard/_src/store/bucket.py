@@ -64,6 +64,10 @@ from .retention import RetentionPolicy
 from .storage import Conflict
 
 VERDICT_FILE = "verdict.json"
+#: What a verdict object may set in a version's record (never its uid or sizes).
+VERDICT_FIELDS = frozenset(
+    ("status", "reason", "checks", "contract", "digest", "verified_env", "signature", "updated")
+)
 #: The objects a version holds; gc leaves a version holding anything else.
 OWN_OBJECTS = (STATUS_FILE, VERDICT_FILE, MODEL_FILE)
 #: The most bytes of one checkpoint object a load stages.
@@ -255,7 +259,8 @@ class BucketLifecycle:
                     context=where,
                     hint="the store writes verdicts itself; put the weights again",
                 )
-            data = records.parse(_dumps({**data, **given}), where)
+            verdict_fields = {k: v for k, v in given.items() if k in VERDICT_FIELDS}
+            data = records.parse(_dumps({**data, **verdict_fields}), where)
         return data
 
     def info(self, version: str) -> VersionInfo:
