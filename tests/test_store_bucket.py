@@ -280,3 +280,19 @@ def test_the_store_commands_on_a_bucket(s3_url: str) -> None:
     done = _cli("gc", s3_url, "--keep", "1")
     assert done.exit_code == 0 and f"removed 2: {v2}, {v3}" in done.output
     assert store.current() == v1
+
+
+def test_a_verdict_object_cannot_change_what_was_recorded_at_put(s3_url: str) -> None:
+    store = ArtifactStore.init(s3_url)
+    v1, v2 = store.put(_params(0)), store.put(_params(1))
+    store.verify(v2)
+    raw = _raw(s3_url)
+    obstore.put(
+        raw,
+        f"versions/{v1}/model.safetensors",
+        bytes(obstore.get(raw, f"versions/{v2}/model.safetensors").bytes()),
+    )
+    forged = {"status": "rejected", "stored_digest": store.info(v2).digest, "uid": "x"}
+    obstore.put(raw, f"versions/{v1}/verdict.json", json.dumps(forged).encode())
+    with pytest.raises(IntegrityError, match="version v000001: its checkpoint object was changed"):
+        store.load_version(v1)
