@@ -57,6 +57,7 @@ from .layout import (
     check_name,
 )
 from .log import Event
+from .log import parse as parse_event
 from .objects import ObjectStorage
 from .payload import judge
 from .records import VersionInfo
@@ -205,20 +206,9 @@ class BucketLifecycle:
         out: list[Event] = []
         for name in self.storage.list("log"):
             found = self.storage.read(f"log/{name}", limit=SMALL_FILE_LIMIT, what="log event")
-            if found is None:
-                continue
-            try:
-                d = strictjson.loads(found[0], "a log event")
-            except FormatError:
-                continue
-            if (
-                isinstance(d, dict)
-                and isinstance(d.get("time"), str)
-                and isinstance(d.get("action"), str)
-                and isinstance(d.get("version"), (str, type(None)))
-                and isinstance(d.get("detail", {}), dict)
-            ):
-                out.append(Event(d["time"], d["action"], d.get("version"), d.get("detail") or {}))
+            event = parse_event(found[0]) if found is not None else None
+            if event is not None:
+                out.append(event)
         return sorted(out, key=lambda e: e.time)
 
     # -- records ---------------------------------------------------------
@@ -542,10 +532,7 @@ class BucketLifecycle:
         ptr = self.read_pointer()
         if ptr.current == version:
             return
-        stack = [v for v in ptr.previous if v != version]
-        if ptr.current is not None:
-            stack.insert(0, ptr.current)
-        pointer.write(self.storage, pointer.Pointer(version, tuple(stack[:_DEPTH])), replacing=ptr)
+        pointer.write(self.storage, ptr.promoting(version, _DEPTH), replacing=ptr)
         self.append("promote", version, {"previous": ptr.current})
 
     def rollback(self) -> str:
@@ -560,12 +547,7 @@ class BucketLifecycle:
             pointer.write(self.storage, pointer.Pointer(v, ptr.previous[i + 1 :]), replacing=ptr)
             self.append("rollback", v, {"previous": ptr.current, "skipped": skipped})
             return v
-        raise StoreError(
-            f"no former version to roll back to passes the gates (current: {ptr.current})"
-            + "".join(f"\n  skipped {s}" for s in skipped),
-            context=self.root,
-            hint="verify and promote a version explicitly",
-        )
+        raise pointer.nothing_to_roll_back_to(ptr, skipped, self.root)
 
     def gc(self, policy: RetentionPolicy, kept: set[str]) -> list[str]:
         ptr = self.read_pointer()  # raises on a damaged pointer: nothing is deleted then

@@ -27,6 +27,24 @@ class Pointer:
     #: the storage tag of the pointer this was read from (None: there was none)
     tag: str | None = dataclasses.field(default=None, compare=False)
 
+    def promoting(self, version: str, depth: int) -> Pointer:
+        """The pointer that makes ``version`` current: the current one goes on
+        top of the former ones (``version`` taken out), ``depth`` kept."""
+        stack = [v for v in self.previous if v != version]
+        if self.current is not None:
+            stack.insert(0, self.current)
+        return Pointer(version, tuple(stack[:depth]))
+
+
+def nothing_to_roll_back_to(ptr: Pointer, skipped: list[str], root: str) -> StoreError:
+    """The error of a rollback that found no former version passing the gates."""
+    return StoreError(
+        f"no former version to roll back to passes the gates (current: {ptr.current})"
+        + "".join(f"\n  skipped {s}" for s in skipped),
+        context=root,
+        hint="verify and promote a version explicitly",
+    )
+
 
 def _damaged(path: str, why: str) -> StoreError:
     return StoreError(

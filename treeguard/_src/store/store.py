@@ -910,13 +910,8 @@ class ArtifactStore:
             ptr = self._pointer()
             if ptr.current == version:
                 return
-            stack = [v for v in ptr.previous if v != version]
-            if ptr.current is not None:
-                stack.insert(0, ptr.current)
             pointer.write(
-                self._layout.storage,
-                pointer.Pointer(version, tuple(stack[:POINTER_DEPTH])),
-                replacing=ptr,
+                self._layout.storage, ptr.promoting(version, POINTER_DEPTH), replacing=ptr
             )
             marker = self._layout.require()
             if not marker.get("promoted"):
@@ -953,12 +948,7 @@ class ArtifactStore:
                 )
                 log.append(self.root, "rollback", v, {"previous": ptr.current, "skipped": skipped})
                 return v
-            raise StoreError(
-                f"no former version to roll back to passes the gates (current: {ptr.current})"
-                + "".join(f"\n  skipped {s}" for s in skipped),
-                context=self.root,
-                hint="verify and promote a version explicitly",
-            )
+            raise pointer.nothing_to_roll_back_to(ptr, skipped, self.root)
 
     # -- gc --------------------------------------------------------------
 
