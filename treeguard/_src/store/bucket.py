@@ -186,8 +186,9 @@ class BucketLifecycle:
             "seq": 0,
             "signed": False,
         }
-        self.storage.create(MARKER_FILE, _dumps(marker))  # lost to another init: that one stands
-        self.require()
+        if isinstance(self.storage.create(MARKER_FILE, _dumps(marker)), Conflict):
+            self.require()  # another init made it first: that one stands
+            return
         self.append("init", None, {})
 
     # -- the log ---------------------------------------------------------
