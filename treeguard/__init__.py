@@ -30,6 +30,7 @@ if _typing.TYPE_CHECKING:
     from ._src.diff import unflatten as unflatten
     from ._src.env import environment as environment
     from ._src.errors import ConfigError as ConfigError
+    from ._src.errors import ConflictError as ConflictError
     from ._src.errors import FormatError as FormatError
     from ._src.errors import IntegrityError as IntegrityError
     from ._src.errors import InvalidTreeError as InvalidTreeError
@@ -39,6 +40,7 @@ if _typing.TYPE_CHECKING:
     from ._src.errors import NotAStoreError as NotAStoreError
     from ._src.errors import RunInterruptedError as RunInterruptedError
     from ._src.errors import SignatureError as SignatureError
+    from ._src.errors import StorageError as StorageError
     from ._src.errors import StoreError as StoreError
     from ._src.errors import TracedValueError as TracedValueError
     from ._src.errors import TreeguardError as TreeguardError
@@ -74,6 +76,7 @@ _EXPORTS: dict[str, str] = {
     "ArtifactStore": "._src.store",
     "Cast": "._src.updates",
     "ConfigError": "._src.errors",
+    "ConflictError": "._src.errors",
     "ForeignHeader": "._src.checkpoint",
     "FormatError": "._src.errors",
     "Header": "._src.checkpoint",
@@ -90,6 +93,7 @@ _EXPORTS: dict[str, str] = {
     "RunInterruptedError": "._src.errors",
     "SaveHandle": "._src.checkpoint",
     "SignatureError": "._src.errors",
+    "StorageError": "._src.errors",
     "StoreError": "._src.errors",
     "Surgery": "._src.surgery",
     "TracedValueError": "._src.errors",

@@ -323,7 +323,7 @@ def test_hostile_status_json_is_reported_not_trusted(tmp_path: Path) -> None:
 # -- 8. integrity is not authenticity: signed verdicts ----------------------
 
 
-def test_a_forged_verdict_is_accepted_without_a_key_and_refused_with_one(tmp_path: Path) -> None:
+def test_a_forged_verdict_is_refused_with_the_key_and_without_it(tmp_path: Path) -> None:
     store = ArtifactStore(tmp_path, key=KEY)
     good = _verified(store, 1.0)
     store.promote(good)
@@ -335,8 +335,12 @@ def test_a_forged_verdict_is_accepted_without_a_key_and_refused_with_one(tmp_pat
         status="verified", reason=None, digest=tg.read_header(_model(tmp_path, bad)).digest
     )
     _status(tmp_path, bad).write_text(json.dumps(record))
-    ArtifactStore(tmp_path).promote(bad)  # without the key: integrity only, and it passes
-    ArtifactStore(tmp_path).rollback()
+    unkeyed = ArtifactStore(tmp_path)  # a signed store opened without its key
+    for use in (unkeyed.promote, unkeyed.load_verified, unkeyed.verify):
+        with pytest.raises(SignatureError, match="opened without its key: no verdict can be"):
+            use(bad)
+    with pytest.raises(SignatureError, match="opened without its key"):
+        unkeyed.load_current()
     with pytest.raises(SignatureError, match=f"version {bad}'s verdict signature does not match"):
         store.promote(bad)
     with pytest.raises(SignatureError):

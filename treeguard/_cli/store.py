@@ -31,6 +31,10 @@ def store() -> None:
     bad signature, no version to roll back to, a rejected verify); 2 usage or
     a directory that is not a store. With $TREEGUARD_STORE_KEY_FILE set,
     verdicts are signed and unsigned ones refused.
+
+    ROOT is a directory or a bucket URL (s3://BUCKET/PREFIX, gs://BUCKET/PREFIX);
+    the client reads AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
+    AWS_REGION and AWS_ALLOW_HTTP from the environment.
     """
 
 
@@ -44,7 +48,8 @@ def _open_store(root: Path) -> ArtifactStore:
 @store.command("init")
 @click.argument("root", type=click.Path(path_type=Path))
 def init_command(root: Path) -> None:
-    """Make ROOT a store (created if absent; an existing store is left as it is)."""
+    """Make ROOT a store (created if absent; an existing store is left as it is;
+    a bucket prefix must be empty)."""
     s = ArtifactStore.init(root)
     console().print(f"[green]store[/green]: {shown(s.root)}")
 

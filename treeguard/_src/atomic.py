@@ -200,7 +200,9 @@ def remove_stale_temps(dirname: str, base: str | None = None) -> list[str]:
     return removed
 
 
-def open_regular(path: str | os.PathLike[str], /, *, what: str = "file") -> int:
+def open_regular(
+    path: str | os.PathLike[str], /, *, what: str = "file", dir_fd: int | None = None
+) -> int:
     """Opens a regular file for reading and returns its descriptor.
 
     A symbolic link (also one swapped in after a check), a directory, a FIFO,
@@ -209,6 +211,7 @@ def open_regular(path: str | os.PathLike[str], /, *, what: str = "file") -> int:
     Args:
       path: the file.
       what: what the file is, for the message (``"checkpoint"``).
+      dir_fd: a directory descriptor ``path`` is relative to.
 
     Raises:
       FormatError: for anything that is not a regular file, naming its kind.
@@ -224,7 +227,7 @@ def open_regular(path: str | os.PathLike[str], /, *, what: str = "file") -> int:
     """
     name = os.fspath(path)
     try:
-        fd = os.open(name, os.O_RDONLY | _NOFOLLOW | _CLOEXEC | _NONBLOCK)
+        fd = os.open(name, os.O_RDONLY | _NOFOLLOW | _CLOEXEC | _NONBLOCK, dir_fd=dir_fd)
     except OSError as e:
         if e.errno in (errno.ELOOP, errno.EMLINK):
             raise _not_regular(name, what, stat.S_IFLNK) from None
@@ -247,8 +250,16 @@ def _not_regular(name: str, what: str, mode: int) -> FormatError:
     )
 
 
-def read_regular(path: str | os.PathLike[str], /, *, limit: int, what: str = "file") -> bytes:
-    """Reads a whole regular file of at most ``limit`` bytes (see :func:`open_regular`).
+def read_regular(
+    path: str | os.PathLike[str],
+    /,
+    *,
+    limit: int,
+    what: str = "file",
+    dir_fd: int | None = None,
+) -> bytes:
+    """Reads a whole regular file of at most ``limit`` bytes (see :func:`open_regular`;
+    ``dir_fd`` is a directory descriptor ``path`` is relative to).
 
     Raises:
       FormatError: for a file that is not regular, or larger than ``limit``.
@@ -261,7 +272,7 @@ def read_regular(path: str | os.PathLike[str], /, *, limit: int, what: str = "fi
       >>> read_regular(p, limit=3)
       b'abc'
     """
-    fd = open_regular(path, what=what)
+    fd = open_regular(path, what=what, dir_fd=dir_fd)
     try:
         size = os.fstat(fd).st_size
         if size > limit:

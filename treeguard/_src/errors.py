@@ -23,7 +23,9 @@ existing ``except ValueError`` keeps working)::
     └── StoreError             [ValueError]        the store refused an operation
         ├── NotAStoreError                         a directory that is not a store
         ├── UnknownVersionError [LookupError]      no such version
-        └── SignatureError                         a verdict unsigned or wrongly signed
+        ├── SignatureError                         a verdict unsigned or wrongly signed
+        ├── ConflictError                          another process changed it first
+        └── StorageError                           the disk or the bucket failed
 
     UnverifiedWeightsWarning   [UserWarning]       weights loaded that no hash checked
 
@@ -354,6 +356,22 @@ class SignatureError(StoreError):
     is not trusted, whatever its status says."""
 
 
+class ConflictError(StoreError):
+    """Another process changed the store first: a promote or rollback that
+    lost the race for the pointer, which is left as the winner made it.
+
+    Attributes:
+      version: the version the winner made current, when known.
+    """
+
+
+class StorageError(StoreError):
+    """The storage under a store failed: a full disk, a refused or timed-out
+    connection, a server error. The message names the operation and the
+    object, never credentials; the store is left as it was before the
+    operation."""
+
+
 class ConfigError(TreeguardError, ValueError):
     """The model or the command is misconfigured: a bad ``MODULE:ATTR``, a
     batch spec without a batch axis, missing references. ``treeguard verify``
@@ -522,6 +540,8 @@ PUBLIC = (
     NotAStoreError,
     UnknownVersionError,
     SignatureError,
+    ConflictError,
+    StorageError,
     ConfigError,
     ModelCodeError,
     ModelExitError,

@@ -26,13 +26,14 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
+import stat
 from collections.abc import Collection
 from typing import Any
 
 from .. import strictjson
-from ..atomic import read_regular
+from ..atomic import open_regular
 from ..checkpoint import Header, load, verify_file
-from ..errors import FormatError, IntegrityError, SignatureError, StoreError
+from ..errors import ConfigError, FormatError, IntegrityError, SignatureError, StoreError
 from ..sharded.manifest import MANIFEST_NAME
 from .layout import MODEL_FILE
 
@@ -40,29 +41,38 @@ from .layout import MODEL_FILE
 KEY_ENV = "TREEGUARD_STORE_KEY_FILE"
 _PREFIX = "hmac-sha256:"
 _MIN_KEY = 16
+_KEY_FILE_LIMIT = 4096
 
 
-def resolve_key(key: bytes | str | None) -> bytes | None:
+def resolve_key(key: bytes | str | None, *, root: str | None) -> bytes | None:
     """The key to sign with: ``key``, else the file ``$TREEGUARD_STORE_KEY_FILE`` names.
 
+    Args:
+      key: the key given to the store, or None.
+      root: the store's directory (a key file may not lie inside it), or
+        None for a store in a bucket.
+
     Raises:
-      StoreError: for a key shorter than 16 bytes or a key file that cannot
-        be read.
+      StoreError: for a key shorter than 16 bytes, or a key file that cannot
+        be read, that others may rewrite (group- or world-writable) or that
+        lies inside the store.
+      ConfigError: for ``$TREEGUARD_STORE_KEY_FILE`` set to the empty string
+        (an unset shell variable expanded), which would silently mean "no key".
     """
     source = "key="
     if key is None:
         path = os.environ.get(KEY_ENV)
-        if not path:
+        if path is None:
             return None
+        if not path.strip():
+            raise ConfigError(
+                f"{KEY_ENV} is set but empty, so no key file is named",
+                context=KEY_ENV,
+                hint=f"set it to the key file's path, or unset it (`unset {KEY_ENV}`) to run "
+                "the store unsigned on purpose",
+            )
         source = f"{KEY_ENV}={path}"
-        try:
-            key = read_regular(path, limit=4096, what="key file").strip()
-        except (FormatError, OSError) as e:
-            raise StoreError(
-                f"cannot read the key file: {e}",
-                context=source,
-                hint="point the variable at a regular file of at least 16 random bytes",
-            ) from None
+        key = _read_key_file(path, source, root)
     raw = key.encode("utf-8") if isinstance(key, str) else bytes(key)
     if len(raw) < _MIN_KEY:
         raise StoreError(
@@ -71,6 +81,45 @@ def resolve_key(key: bytes | str | None) -> bytes | None:
             hint="make one with `python -c 'import secrets; print(secrets.token_hex(32))'`",
         )
     return raw
+
+
+def _read_key_file(path: str, source: str, root: str | None) -> bytes:
+    real = os.path.realpath(path)
+    store = os.path.realpath(root) if root is not None else None
+    if store is not None and os.path.commonpath([real, store]) == store:
+        raise StoreError(
+            "the key file lies inside the store's directory, where anyone who can write "
+            "the store can read or replace it",
+            context=source,
+            hint="keep the key outside the store, readable only by its owner (chmod 600)",
+        )
+    try:
+        fd = open_regular(path, what="key file")
+        try:
+            st = os.fstat(fd)
+            raw = os.read(fd, _KEY_FILE_LIMIT + 1)
+        finally:
+            os.close(fd)
+    except (FormatError, OSError) as e:
+        raise StoreError(
+            f"cannot read the key file: {e}",
+            context=source,
+            hint="point the variable at a regular file of at least 16 random bytes",
+        ) from None
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise StoreError(
+            f"the key file is writable by others (mode {stat.S_IMODE(st.st_mode):04o}), so "
+            "anyone may replace the key and sign verdicts",
+            context=source,
+            hint="chmod 600 the key file",
+        )
+    if len(raw) > _KEY_FILE_LIMIT:
+        raise StoreError(
+            f"the key file is more than {_KEY_FILE_LIMIT} bytes",
+            context=source,
+            hint="point the variable at a file holding only the key",
+        )
+    return raw.strip()
 
 
 def _message(store_id: str, version: str, record: dict[str, Any]) -> bytes:
@@ -93,14 +142,27 @@ def sign(key: bytes, store_id: str, version: str, record: dict[str, Any]) -> str
     return _PREFIX + hmac.new(key, _message(store_id, version, record), hashlib.sha256).hexdigest()
 
 
-def check_signature(key: bytes | None, store_id: str, version: str, record: dict[str, Any]) -> None:
-    """Refuses a verdict that a store with a key did not sign.
+def check_signature(
+    key: bytes | None, store_id: str, version: str, record: dict[str, Any], *, signed: bool
+) -> None:
+    """Refuses a verdict that a store with a key did not sign, and any
+    verdict of a signed store opened without its key.
+
+    Args:
+      key: the store's key, or None.
+      store_id: the store's id (signed with each verdict).
+      version: the version.
+      record: its record.
+      signed: whether the store has ever signed a verdict (its marker says so).
 
     Raises:
       SignatureError: if ``key`` is set and the record is unsigned or its
-        signature does not match what it claims.
+        signature does not match what it claims; if ``key`` is None and the
+        store is signed or the verdict carries a signature.
     """
     if key is None:
+        if signed or isinstance(record.get("signature"), str):
+            raise unkeyed(version)
         return
     got = record.get("signature")
     if not isinstance(got, str):
@@ -116,6 +178,26 @@ def check_signature(key: bytes | None, store_id: str, version: str, record: dict
             version=version,
             hint="do not trust this version; verify it again with the right key",
         )
+
+
+def unkeyed(version: str | None) -> SignatureError:
+    """The error of a signed store opened without its key."""
+    return SignatureError(
+        "this store signs its verdicts, and it was opened without its key: no verdict "
+        "can be trusted or written",
+        version=version,
+        hint=f"open it with its key (key=..., or ${KEY_ENV} naming the key file)",
+    )
+
+
+def changed(version: str, e: IntegrityError) -> IntegrityError:
+    """The error of a version whose checkpoint no longer matches its verdict."""
+    return IntegrityError(
+        f"version {version}: its checkpoint changed since it was verified: {e.message}",
+        path=e.path,
+        version=version,
+        hint="do not use it; restore the file from a backup or verify it again",
+    )
 
 
 def require_verified(version: str, record: dict[str, Any]) -> str:

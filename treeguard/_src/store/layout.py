@@ -28,18 +28,21 @@ import os
 import re
 import secrets
 import stat
+import threading
 from collections.abc import Iterator
 from typing import Any
 
 from .. import strictjson
-from ..atomic import FILE_MODE, atomic_write, file_kind, fsync_dir, read_regular, temp_path
+from ..atomic import FILE_MODE, file_kind
 from ..errors import (
+    ConflictError,
     FormatError,
     IntegrityError,
     NotAStoreError,
     StoreError,
     UnknownVersionError,
 )
+from .storage import Conflict, LocalStorage
 
 STORE_FORMAT = "treeguard.store/1"
 MARKER_FILE = "STORE.json"
@@ -92,6 +95,16 @@ class Layout:
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = os.path.abspath(os.fspath(root))
+        self.storage = LocalStorage(self.root)
+        self._seen = threading.local()  # the marker's tag as each thread last read it
+
+    @property
+    def _marker_tag(self) -> str | None:
+        return getattr(self._seen, "tag", None)
+
+    @_marker_tag.setter
+    def _marker_tag(self, tag: str | None) -> None:
+        self._seen.tag = tag
 
     def path(self, *parts: str) -> str:
         return os.path.join(self.root, *parts)
@@ -130,11 +143,15 @@ class Layout:
     def _read_marker(self) -> dict[str, Any]:
         path = self.path(MARKER_FILE)
         try:
-            data = strictjson.loads(
-                read_regular(path, limit=SMALL_FILE_LIMIT, what="store marker"),
-                "the store marker",
-                context=path,
-            )
+            found = self.storage.read(MARKER_FILE, limit=SMALL_FILE_LIMIT, what="store marker")
+            if found is None:
+                raise StoreError(
+                    f"not a treeguard store (no {MARKER_FILE})",
+                    context=self.root,
+                    hint=_NOT_A_STORE_HINT,
+                )
+            raw, self._marker_tag = found
+            data = strictjson.loads(raw, "the store marker", context=path)
         except FormatError as e:
             raise StoreError(e.message, context=path, hint=e.hint) from e
         if (
@@ -146,6 +163,9 @@ class Layout:
             or not isinstance(data.get("retired", []), list)
             or not all(isinstance(n, str) for n in data.get("retired", []))
             or not isinstance(data.get("promoted", False), bool)
+            or not isinstance(data.get("signed", False), bool)
+            or not isinstance(data.get("seq", 0), int)
+            or isinstance(data.get("seq", 0), bool)
         ):
             raise StoreError(
                 f"the store marker is not a {STORE_FORMAT} marker",
@@ -155,7 +175,21 @@ class Layout:
         return data
 
     def write_marker(self, marker: dict[str, Any]) -> None:
-        atomic_write(self.path(MARKER_FILE), (strictjson.dumps(marker) + "\n").encode())
+        """Replaces the marker read last, only if it is still that one.
+
+        Raises:
+          ConflictError: if another process changed it since.
+        """
+        got = self.storage.swap(
+            MARKER_FILE, (strictjson.dumps(marker) + "\n").encode(), self._marker_tag
+        )
+        if isinstance(got, Conflict):
+            raise ConflictError(
+                "the store marker changed under this process",
+                context=self.path(MARKER_FILE),
+                hint="another process changed the store at the same time; retry",
+            )
+        self._marker_tag = got
 
     def init(self) -> dict[str, Any]:
         """Makes the root a store (creating it if absent); a no-op on a store.
@@ -195,19 +229,12 @@ class Layout:
             "counter": counter,
             "retired": [],
         }
-        # Created only if absent (link(2) fails on an existing name): of two
-        # processes making the same store at once, one marker wins and both use it.
-        target = self.path(MARKER_FILE)
-        tmp = temp_path(target)
-        try:
-            atomic_write(tmp, (strictjson.dumps(marker) + "\n").encode())
-            os.link(tmp, target)
-        except FileExistsError:
+        # Created only if absent: of two processes making the same store at
+        # once, one marker wins and both use it.
+        got = self.storage.create(MARKER_FILE, (strictjson.dumps(marker) + "\n").encode())
+        if isinstance(got, Conflict):
             return self.require()
-        finally:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-        fsync_dir(self.root)
+        self._marker_tag = got
         return marker
 
     # -- directories -----------------------------------------------------

@@ -101,16 +101,25 @@ def read(root: str) -> list[Event]:
     for line in raw.split(b"\n"):
         if not line.strip():
             continue
-        try:
-            d = strictjson.loads(line, "a log line")
-        except FormatError:
-            continue  # a line torn by a crash
-        if (
-            isinstance(d, dict)
-            and isinstance(d.get("time"), str)
-            and isinstance(d.get("action"), str)
-            and isinstance(d.get("version"), (str, type(None)))
-            and isinstance(d.get("detail", {}), dict)
-        ):
-            out.append(Event(d["time"], d["action"], d.get("version"), d.get("detail") or {}))
+        event = parse(line)  # None: a line torn by a crash
+        if event is not None:
+            out.append(event)
     return out
+
+
+def parse(raw: bytes) -> Event | None:
+    """The event one log line (or one log object) holds, or None if it is
+    not a whole event."""
+    try:
+        d = strictjson.loads(raw, "a log line")
+    except FormatError:
+        return None
+    if (
+        isinstance(d, dict)
+        and isinstance(d.get("time"), str)
+        and isinstance(d.get("action"), str)
+        and isinstance(d.get("version"), (str, type(None)))
+        and isinstance(d.get("detail", {}), dict)
+    ):
+        return Event(d["time"], d["action"], d.get("version"), d.get("detail") or {})
+    return None

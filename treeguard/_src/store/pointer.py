@@ -9,13 +9,12 @@ rather than being taken for an empty store.
 from __future__ import annotations
 
 import dataclasses
-import os
 
 from .. import strictjson
-from ..atomic import atomic_write, read_regular
-from ..errors import FormatError, StoreError
+from ..errors import ConflictError, FormatError, StoreError
 from .layout import NAME_RE, POINTER_FILE, SMALL_FILE_LIMIT, STORE_FORMAT
 from .records import now
+from .storage import Conflict, Storage
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,6 +24,26 @@ class Pointer:
 
     current: str | None
     previous: tuple[str, ...]
+    #: the storage tag of the pointer this was read from (None: there was none)
+    tag: str | None = dataclasses.field(default=None, compare=False)
+
+    def promoting(self, version: str, depth: int) -> Pointer:
+        """The pointer that makes ``version`` current: the current one goes on
+        top of the former ones (``version`` taken out), ``depth`` kept."""
+        stack = [v for v in self.previous if v != version]
+        if self.current is not None:
+            stack.insert(0, self.current)
+        return Pointer(version, tuple(stack[:depth]))
+
+
+def nothing_to_roll_back_to(ptr: Pointer, skipped: list[str], root: str) -> StoreError:
+    """The error of a rollback that found no former version passing the gates."""
+    return StoreError(
+        f"no former version to roll back to passes the gates (current: {ptr.current})"
+        + "".join(f"\n  skipped {s}" for s in skipped),
+        context=root,
+        hint="verify and promote a version explicitly",
+    )
 
 
 def _damaged(path: str, why: str) -> StoreError:
@@ -36,11 +55,11 @@ def _damaged(path: str, why: str) -> StoreError:
     )
 
 
-def read(root: str, *, promoted: bool) -> Pointer:
-    """The pointer of the store at ``root``.
+def read(storage: Storage, *, promoted: bool) -> Pointer:
+    """The pointer of a store.
 
     Args:
-      root: the store's directory.
+      storage: the store's storage.
       promoted: whether the store has promoted a version before (its marker
         says so); then a missing pointer is a damaged one, not an empty one.
 
@@ -48,17 +67,15 @@ def read(root: str, *, promoted: bool) -> Pointer:
       StoreError: for a pointer that cannot be read, is malformed, or is
         missing after a promotion.
     """
-    path = os.path.join(root, POINTER_FILE)
-    if not os.path.lexists(path):
-        if promoted:
-            raise _damaged(path, "it is missing, but the store has promoted versions")
-        return Pointer(None, ())
+    path = storage.where(POINTER_FILE)
     try:
-        data = strictjson.loads(
-            read_regular(path, limit=SMALL_FILE_LIMIT, what="pointer"),
-            "the pointer",
-            context=path,
-        )
+        found = storage.read(POINTER_FILE, limit=SMALL_FILE_LIMIT, what="pointer")
+        if found is None:
+            if promoted:
+                raise _damaged(path, "it is missing, but the store has promoted versions")
+            return Pointer(None, ())
+        raw, tag = found
+        data = strictjson.loads(raw, "the pointer", context=path)
     except FormatError as e:
         raise _damaged(path, e.message) from e
     if not isinstance(data, dict):
@@ -70,15 +87,33 @@ def read(root: str, *, promoted: bool) -> Pointer:
         isinstance(v, str) and NAME_RE.match(v) for v in previous
     ):
         raise _damaged(path, "previous is not a list of version names")
-    return Pointer(current, tuple(previous))
+    return Pointer(current, tuple(previous), tag)
 
 
-def write(root: str, pointer: Pointer) -> None:
-    """Replaces the pointer atomically."""
+def write(storage: Storage, pointer: Pointer, *, replacing: Pointer) -> None:
+    """Replaces the pointer ``replacing`` was read from, only if it is still
+    that one (compare and swap on its tag).
+
+    Raises:
+      ConflictError: if another process moved the pointer since, naming
+        the version it made current.
+    """
     data = {
         "format": STORE_FORMAT,
         "current": pointer.current,
         "previous": list(pointer.previous),
         "updated": now(),
     }
-    atomic_write(os.path.join(root, POINTER_FILE), (strictjson.dumps(data) + "\n").encode())
+    got = storage.swap(POINTER_FILE, (strictjson.dumps(data) + "\n").encode(), replacing.tag)
+    if isinstance(got, Conflict):
+        try:
+            winner = read(storage, promoted=False).current
+        except StoreError:
+            winner = None
+        raise ConflictError(
+            f"another process moved the pointer first; version {winner} is current",
+            version=winner,
+            context=storage.where(POINTER_FILE),
+            hint="nothing was lost: look at `treeguard store ls`, and promote or roll back "
+            "again if you still want to",
+        )

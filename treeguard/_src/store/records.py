@@ -53,6 +53,8 @@ _FIELDS: dict[str, tuple[type, ...]] = {
     "version": (str,),
     "kind": (str,),
     "host": (str,),
+    "seq": (int,),
+    "stored_digest": (str,),
 }
 
 
@@ -100,6 +102,8 @@ class VersionInfo:
       signed: whether the verdict carries a signature (whether it is a
         valid one is checked by the store that holds the key).
       kind: ``file`` (one checkpoint file) or ``sharded`` (``save_sharded``).
+      seq: its place in the order of puts, from the store's own counter
+        (never the clock); None for a version put by an older treeguard.
     """
 
     version: str
@@ -117,10 +121,16 @@ class VersionInfo:
     path: str
     signed: bool = False
     kind: str = "file"
+    seq: int | None = None
 
 
-def read(version_dir: str) -> dict[str, Any]:
+def read(version_dir: str, *, dir_fd: int | None = None) -> dict[str, Any]:
     """The record in ``version_dir``, validated field by field.
+
+    Args:
+      version_dir: the version's directory (named in messages).
+      dir_fd: that directory's descriptor, when it is open: the record is
+        then read through it, never through the path.
 
     Raises:
       StoreError: for a record that is not a regular file, not strict JSON,
@@ -129,11 +139,26 @@ def read(version_dir: str) -> dict[str, Any]:
     """
     path = os.path.join(version_dir, STATUS_FILE)
     try:
-        data = strictjson.loads(
-            read_regular(path, limit=SMALL_FILE_LIMIT, what="status file"),
-            "the status file",
-            context=path,
+        raw = read_regular(
+            STATUS_FILE if dir_fd is not None else path,
+            limit=SMALL_FILE_LIMIT,
+            what="status file",
+            dir_fd=dir_fd,
         )
+    except FormatError as e:
+        raise StoreError(e.message, context=path, hint=_HINT) from e
+    return parse(raw, path)
+
+
+def parse(raw: bytes, path: str) -> dict[str, Any]:
+    """A record's bytes (read from ``path``, named in messages), validated
+    field by field.
+
+    Raises:
+      StoreError: as ``read`` does.
+    """
+    try:
+        data = strictjson.loads(raw, "the status file", context=path)
     except FormatError as e:
         raise StoreError(e.message, context=path, hint=_HINT) from e
     if not isinstance(data, dict) or data.get("status") not in STATUSES:
@@ -221,6 +246,7 @@ def info(version: str, version_dir: str, data: dict[str, Any]) -> VersionInfo:
         path=checkpoint_path(version_dir, data),
         signed=isinstance(data.get("signature"), str),
         kind=data.get("kind", "file"),
+        seq=data.get("seq"),
     )
 
 

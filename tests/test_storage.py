@@ -1,0 +1,117 @@
+"""The storage protocol under a store, on a local disk and in a real S3
+bucket (SeaweedFS): create-only writes, compare-and-swap, reads, ranged
+reads, listing and deletion, with the same typed outcomes on both."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from pathlib import Path
+
+import pytest
+
+from treeguard import StorageError
+from treeguard._src.store.objects import ObjectStorage, is_url, split_url
+from treeguard._src.store.storage import Conflict, LocalStorage, Storage
+
+LIMIT = 1 << 20
+
+
+@pytest.fixture(params=["local", "s3"])
+def storage(request: pytest.FixtureRequest, tmp_path: Path) -> Storage:
+    if request.param == "local":
+        (tmp_path / "versions").mkdir()
+        return LocalStorage(str(tmp_path))
+    return ObjectStorage(request.getfixturevalue("s3_url"))
+
+
+def test_create_writes_once_and_reports_an_existing_name(storage: Storage) -> None:
+    tag = storage.create("versions/a", b"first")
+    assert isinstance(tag, str)
+    assert storage.create("versions/a", b"second") is Conflict.EXISTS
+    assert storage.read("versions/a", limit=LIMIT, what="object") == (b"first", tag)
+    assert storage.read("versions/missing", limit=LIMIT, what="object") is None
+
+
+def test_swap_replaces_only_what_was_read(storage: Storage) -> None:
+    assert storage.swap("POINTER", b"one", "not-a-tag") is Conflict.CHANGED  # absent
+    first = storage.swap("POINTER", b"one", None)
+    assert isinstance(first, str)
+    assert storage.swap("POINTER", b"two", None) is Conflict.CHANGED  # present now
+    second = storage.swap("POINTER", b"two", first)
+    assert isinstance(second, str) and second != first
+    assert storage.swap("POINTER", b"three", first) is Conflict.CHANGED  # stale
+    assert storage.read("POINTER", limit=LIMIT, what="object") == (b"two", second)
+
+
+def test_of_many_racing_swappers_on_a_bucket_exactly_one_wins(s3_url: str) -> None:
+    storage = ObjectStorage(s3_url)
+    tag = storage.create("POINTER", b"start")
+    assert isinstance(tag, str)
+    outcomes: list[str | Conflict] = []
+    barrier = threading.Barrier(6)
+
+    def promote(i: int) -> None:
+        barrier.wait(timeout=30)
+        outcomes.append(storage.swap("POINTER", f"winner {i}".encode(), tag))
+
+    threads = [threading.Thread(target=promote, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert sum(isinstance(o, str) for o in outcomes) == 1
+    assert outcomes.count(Conflict.CHANGED) == 5
+
+
+def test_ranged_reads_listing_and_deletion(storage: Storage) -> None:
+    storage.create("versions/b", bytes(range(256)))
+    storage.create("versions/a", b"x")
+    assert storage.read_range("versions/b", 10, 5) == bytes(range(10, 15))
+    assert storage.read_range("versions/b", 250, 100) == bytes(range(250, 256))
+    assert storage.list("versions") == ["a", "b"]
+    storage.delete("versions/a")
+    storage.delete("versions/a")  # absent: nothing happens
+    assert storage.list("versions") == ["b"]
+    with pytest.raises(ValueError, match="is not an object name inside a store"):
+        storage.read("../escape", limit=LIMIT, what="object")
+
+
+def test_an_object_over_the_limit_is_refused_by_name(storage: Storage) -> None:
+    storage.create("big", b"x" * 100)
+    with pytest.raises(Exception, match="the marker is 100 bytes, more than the 10 allowed"):
+        storage.read("big", limit=10, what="marker")
+
+
+def test_an_unreachable_server_is_a_storage_error_naming_the_object_never_the_key(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDVISIBLEID")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "very-secret-key")
+    monkeypatch.setenv("AWS_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_ALLOW_HTTP", "true")
+    storage = ObjectStorage("s3://treeguard/nowhere")
+    for call in (
+        lambda: storage.read("STORE.json", limit=LIMIT, what="marker"),
+        lambda: storage.create("versions/v1/status.json", b"{}"),
+        lambda: storage.list("versions"),
+    ):
+        with pytest.raises(StorageError, match="failed: the connection failed") as e:
+            call()
+        text = str(e.value)
+        assert "s3://treeguard/nowhere/" in text
+        assert "very-secret-key" not in text and "AKIDVISIBLEID" not in text
+
+
+def test_store_urls_are_parsed_strictly() -> None:
+    assert is_url("s3://bucket/a/b") and is_url("gs://bucket") and not is_url("/tmp/s3:")
+    assert split_url("s3://models/mlp/") == ("s3", "models", "mlp")
+    for bad in ("s3://", "s3://B/x", "s3://bucket/a//b", "gs://bucket/../x"):
+        with pytest.raises(Exception, match="not a store URL"):
+            split_url(bad)
+    assert os.sep not in split_url("gs://bucket")[2]

@@ -1,0 +1,298 @@
+"""The store in a bucket, against a real SeaweedFS S3 server."""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any
+
+import jax
+import numpy as np
+import obstore
+import pytest
+from click.testing import CliRunner, Result
+from obstore.store import S3Store
+
+from treeguard import (
+    ArtifactStore,
+    ConflictError,
+    IntegrityError,
+    RetentionPolicy,
+    SignatureError,
+    StoreError,
+)
+from treeguard._cli.main import main
+from treeguard.examples import mlp
+
+KEY = b"k" * 32
+
+
+def _params(seed: int = 0) -> Any:
+    return mlp.init(jax.random.key(seed))
+
+
+def _raw(url: str) -> S3Store:
+    """The bucket under the store, as a client that bypasses it."""
+    _, rest = url.split("://", 1)
+    bucket, _, prefix = rest.partition("/")
+    return S3Store(bucket, prefix=prefix, config={"conditional_put": "etag"})
+
+
+def _names(url: str) -> set[str]:
+    return {o["path"] for batch in obstore.list(_raw(url)) for o in batch}
+
+
+def test_the_lifecycle_in_a_bucket(s3_url: str) -> None:
+    store = ArtifactStore.init(s3_url)
+    assert store.root == s3_url and store.current() is None
+    p1, p2 = _params(0), _params(1)
+    v1 = store.put(p1, metadata={"step": 1})
+    assert store.info(v1).status == "candidate" and store.info(v1).metadata == {"step": 1}
+    assert store.verify(v1).status == "verified"
+    store.promote(v1)
+    got = store.load_current(p1)
+    assert all(
+        np.array_equal(a, b) for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(p1), strict=True)
+    )
+    v2 = store.put(p2)
+    assert store.verify(v2).status == "verified"
+    store.promote(v2)
+    assert (store.current(), store.previous()) == (v2, v1)
+    assert store.rollback() == v1 and store.current() == v1
+    v3 = store.put(p2)
+    v4 = store.put(p2)
+    removed = store.gc(policy=RetentionPolicy(keep_last=1))
+    # v1 is current (rolled back to, so the stack above it is gone), v4 the newest
+    assert removed == [v2, v3]
+    assert [v.version for v in store.versions()] == [v1, v4]
+    with pytest.raises(StoreError, match="never reused"):
+        store.put(p1, version=v3)
+    assert store.put(p1) == "v000005"  # the retired name is skipped
+    actions = [e.action for e in store.history()]
+    assert actions[0] == "init" and actions.count("promote") == 2 and "gc" in actions
+    assert not any(n.startswith("versions/v000003/") for n in _names(s3_url))
+
+
+def test_a_verdict_is_never_replaced(s3_url: str) -> None:
+    store = ArtifactStore.init(s3_url)
+    v = store.put(_params())
+    store.verify(v)
+    with pytest.raises(StoreError, match="a verdict in a bucket is never replaced"):
+        store.verify(v)
+
+
+def test_two_putters_of_one_name_one_wins(s3_url: str) -> None:
+    stores = [ArtifactStore.init(s3_url), ArtifactStore(s3_url)]
+    outcomes: list[str] = []
+    start = threading.Barrier(2)
+
+    def put(s: ArtifactStore) -> None:
+        start.wait(timeout=30)
+        try:
+            outcomes.append(s.put(_params(), version="release"))
+        except StoreError as e:
+            outcomes.append(e.message)
+
+    threads = [threading.Thread(target=put, args=(s,)) for s in stores]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert sorted(outcomes) == ["release", "version release already exists"]
+
+
+def test_racing_promoters_never_both_win(s3_url: str) -> None:
+    first = ArtifactStore.init(s3_url)
+    versions = [first.put(_params(i)) for i in range(4)]
+    for v in versions:
+        first.verify(v)
+    stores = [ArtifactStore(s3_url) for _ in versions]
+    won: list[str] = []
+    lost: list[ConflictError] = []
+    start = threading.Barrier(len(versions))
+
+    def promote(s: ArtifactStore, v: str) -> None:
+        start.wait(timeout=30)
+        try:
+            s.promote(v)
+            won.append(v)
+        except ConflictError as e:
+            lost.append(e)
+
+    threads = [
+        threading.Thread(target=promote, args=(s, v)) for s, v in zip(stores, versions, strict=True)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert len(won) + len(lost) == len(versions)
+    # every promote that returned is in the history, in the order the pointer took
+    promoted = [e.version for e in first.history() if e.action == "promote"]
+    assert sorted(promoted) == sorted(won)
+    assert first.current() in won
+    for e in lost:
+        assert e.version in versions and "another process moved the pointer first" in str(e)
+
+
+def test_a_promote_on_a_stale_pointer_is_a_conflict_naming_the_winner(s3_url: str) -> None:
+    a = ArtifactStore.init(s3_url)
+    b = ArtifactStore(s3_url)
+    v1, v2 = a.put(_params(0)), a.put(_params(1))
+    a.verify(v1)
+    a.verify(v2)
+    stale = a._bucket.read_pointer()  # type: ignore[union-attr]  # the race's first read
+    b.promote(v2)
+    from treeguard._src.store import pointer  # the compare-and-swap itself, on purpose
+
+    with pytest.raises(ConflictError, match="version v000002 is current") as e:
+        pointer.write(a._bucket.storage, pointer.Pointer(v1, ()), replacing=stale)  # type: ignore[union-attr]
+    assert e.value.version == v2 and a.current() == v2
+
+
+def test_a_signed_store_refuses_a_forged_unsigned_verdict(s3_url: str) -> None:
+    signed = ArtifactStore.init(s3_url, key=KEY)
+    v1 = signed.put(_params(0))
+    signed.verify(v1)
+    signed.promote(v1)
+    v2 = signed.put(_params(1))
+    forged = ArtifactStore(s3_url)  # no key: it may not write a verdict
+    with pytest.raises(SignatureError, match="opened without its key"):
+        forged.verify(v2)
+    # a verdict object written behind the store, unsigned
+    obstore.put(
+        _raw(s3_url),
+        f"versions/{v2}/verdict.json",
+        json.dumps({"status": "verified", "digest": signed.info(v1).digest}).encode(),
+    )
+    with pytest.raises(SignatureError, match="is not signed, and this store has a key"):
+        signed.promote(v2)
+    with pytest.raises(SignatureError, match="opened without its key"):
+        forged.load_current(_params(0))
+    assert signed.current() == v1
+
+
+def test_an_object_replaced_behind_the_store_is_an_integrity_error(s3_url: str) -> None:
+    store = ArtifactStore.init(s3_url)
+    v1 = store.put(_params(0))
+    store.verify(v1)
+    store.promote(v1)
+    v2 = store.put(_params(1))
+    store.verify(v2)
+    raw = _raw(s3_url)
+    other = bytes(obstore.get(raw, f"versions/{v2}/model.safetensors").bytes())
+    obstore.put(raw, f"versions/{v1}/model.safetensors", other)
+    with pytest.raises(IntegrityError, match="version v000001: its checkpoint") as e:
+        store.load_current(_params(0))
+    assert e.value.version == v1
+    with pytest.raises(IntegrityError, match="version v000001"):
+        store.load_version(v1)
+    store.promote(v2)
+    with pytest.raises(
+        StoreError,
+        match=r"skipped v000001: \S+/versions/v000001/model.safetensors: version v000001: its chec",
+    ):
+        store.rollback()
+    assert store.current() == v2
+    obstore.put(raw, f"versions/{v2}/model.safetensors", b"not a checkpoint")
+    with pytest.raises(IntegrityError, match="version v000002: its checkpoint object no longer"):
+        store.load_current(_params(1))
+
+
+def test_a_candidate_replaced_before_verify_is_rejected(s3_url: str) -> None:
+    store = ArtifactStore.init(s3_url)
+    v1, v2 = store.put(_params(0)), store.put(_params(1))
+    raw = _raw(s3_url)
+    obstore.put(
+        raw,
+        f"versions/{v1}/model.safetensors",
+        bytes(obstore.get(raw, f"versions/{v2}/model.safetensors").bytes()),
+    )
+    info = store.verify(v1)
+    assert info.status == "rejected" and "not the one recorded at put" in (info.reason or "")
+
+
+def test_a_prefix_that_is_not_a_store_is_refused_and_nothing_created(s3_url: str) -> None:
+    store = ArtifactStore(s3_url)
+    for call in (
+        store.current,
+        store.versions,
+        store.history,
+        lambda: store.put(_params()),
+        lambda: store.gc(),
+        lambda: store.promote("v000001"),
+    ):
+        with pytest.raises(StoreError, match="not a store: the prefix holds no STORE.json"):
+            call()
+    assert _names(s3_url) == set()
+    obstore.put(_raw(s3_url), "someone-elses.txt", b"x")
+    with pytest.raises(StoreError, match="holds objects but no store marker"):
+        ArtifactStore.init(s3_url)
+    assert _names(s3_url) == {s3_url.split("/", 3)[3] + "/someone-elses.txt"} or _names(s3_url) == {
+        "someone-elses.txt"
+    }
+
+
+def test_gc_refuses_a_missing_pointer_and_keeps_foreign_objects(s3_url: str) -> None:
+    store = ArtifactStore.init(s3_url)
+    versions = [store.put(_params(i)) for i in range(3)]
+    store.verify(versions[0])
+    store.promote(versions[0])
+    obstore.put(_raw(s3_url), f"versions/{versions[1]}/notes.txt", b"mine")
+    assert store.gc(policy=RetentionPolicy(keep_last=0)) == [versions[2]]
+    obstore.delete(_raw(s3_url), "CURRENT.json")
+    with pytest.raises(StoreError, match="the pointer is damaged: it is missing"):
+        store.gc(policy=RetentionPolicy(keep_last=0))
+    assert {v.version for v in store.versions()} == set(versions[:2])
+
+
+def test_put_sharded_to_a_bucket_refuses_before_writing(s3_url: str) -> None:
+    jnp = pytest.importorskip("jax.numpy")
+    store = ArtifactStore.init(s3_url)
+    before = _names(s3_url)
+    with pytest.raises(StoreError, match="a sharded version cannot be kept in a bucket yet"):
+        store.put_sharded({"w": jnp.ones((4, 2))})
+    assert _names(s3_url) == before
+
+
+def _cli(*args: str) -> Result:
+    return CliRunner().invoke(main, ["store", *args])
+
+
+def test_the_store_commands_on_a_bucket(s3_url: str) -> None:
+    assert _cli("ls", s3_url).exit_code == 2  # not a store yet
+    done = _cli("init", s3_url)
+    assert done.exit_code == 0 and s3_url in done.output
+    store = ArtifactStore(s3_url)
+    v1, v2 = store.put(_params(0)), store.put(_params(1))
+    assert _cli("promote", s3_url, v1).exit_code == 1  # a candidate
+    for v in (v1, v2):
+        assert _cli("verify", s3_url, v).exit_code == 0
+    assert _cli("promote", s3_url, v1).exit_code == 0
+    assert _cli("promote", s3_url, v2).exit_code == 0
+    listed = json.loads(_cli("ls", s3_url, "--json").output)
+    assert (listed["root"], listed["current"], listed["previous"]) == (s3_url, v2, v1)
+    assert [v["status"] for v in listed["versions"]] == ["verified", "verified"]
+    done = _cli("rollback", s3_url)
+    assert done.exit_code == 0 and f"{v2} -> {v1}" in done.output
+    v3 = store.put(_params(2))
+    store.put(_params(3))
+    done = _cli("gc", s3_url, "--keep", "1")
+    assert done.exit_code == 0 and f"removed 2: {v2}, {v3}" in done.output
+    assert store.current() == v1
+
+
+def test_a_verdict_object_cannot_change_what_was_recorded_at_put(s3_url: str) -> None:
+    store = ArtifactStore.init(s3_url)
+    v1, v2 = store.put(_params(0)), store.put(_params(1))
+    store.verify(v2)
+    raw = _raw(s3_url)
+    obstore.put(
+        raw,
+        f"versions/{v1}/model.safetensors",
+        bytes(obstore.get(raw, f"versions/{v2}/model.safetensors").bytes()),
+    )
+    forged = {"status": "rejected", "stored_digest": store.info(v2).digest, "uid": "x"}
+    obstore.put(raw, f"versions/{v1}/verdict.json", json.dumps(forged).encode())
+    with pytest.raises(IntegrityError, match="version v000001: its checkpoint object was changed"):
+        store.load_version(v1)
