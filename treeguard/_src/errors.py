@@ -369,7 +369,10 @@ class StorageError(StoreError):
     """The storage under a store failed: a full disk, a refused or timed-out
     connection, a server error. The message names the operation and the
     object, never credentials; the store is left as it was before the
-    operation."""
+    operation. Exit code 2: what failed is the machine or the network, not
+    a check of the version."""
+
+    exit_code = 2
 
 
 class ConfigError(TreeguardError, ValueError):

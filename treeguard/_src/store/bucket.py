@@ -42,6 +42,7 @@ from ..env import environment
 from ..errors import (
     FormatError,
     IntegrityError,
+    NotAStoreError,
     StoreError,
     UnknownVersionError,
 )
@@ -135,11 +136,12 @@ class BucketLifecycle:
         """The marker, after checking that the prefix is a store.
 
         Raises:
-          StoreError: for a prefix without a marker, or a damaged marker.
+          NotAStoreError: for a prefix without a marker.
+          StoreError: for a damaged marker.
         """
         found = self._read_marker()
         if found is None:
-            raise StoreError(
+            raise NotAStoreError(
                 "not a store: the prefix holds no STORE.json marker",
                 context=self.root,
                 hint=_NOT_A_STORE_HINT,
