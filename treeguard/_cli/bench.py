@@ -103,7 +103,10 @@ def _run_in_processes(
         result_table(results, f"treeguard bench {shown(target)} ({processes} processes)")
     )
     _print_invalid(out_console, results)
-    out_console.print(shown(conditions_line(results[0].conditions)), soft_wrap=True)
+    out_console.print(
+        "\n".join(shown(line) for line in conditions_line(results[0].conditions).splitlines()),
+        soft_wrap=True,
+    )
     if json_out is not None:
         out_console.print(f"results: {shown(save(json_out, results))}", soft_wrap=True)
     if html_out is not None:
@@ -281,7 +284,9 @@ def run_command(  # noqa: PLR0917 - click passes each option by name
     out = console()
     out.print(result_table(results, f"treeguard bench {shown(target)}"))
     _print_invalid(out, results)
-    out.print(shown(conditions_line(conds)), soft_wrap=True)
+    out.print(
+        "\n".join(shown(line) for line in conditions_line(conds).splitlines()), soft_wrap=True
+    )
     if json_out is not None:
         out.print(f"results: {shown(save(json_out, results))}", soft_wrap=True)
     if html_out is not None:
@@ -509,7 +514,10 @@ def ab_command(  # noqa: PLR0917 - click passes each option by name
     out.print(comparison_table([cmp], f"B against A, paired by round, on the {cmp.clock} clock"))
     _print_invalid(out, [result.a, result.b])
     out.print(shown(result.comparison.describe()), soft_wrap=True)
-    out.print(shown(conditions_line(result.a.conditions)), soft_wrap=True)
+    out.print(
+        "\n".join(shown(line) for line in conditions_line(result.a.conditions).splitlines()),
+        soft_wrap=True,
+    )
     if json_out is not None:
         extra = {"ab": {"order": "ABBA", "rounds": rounds, **result.comparison.to_dict()}}
         path = save(json_out, [result.a, result.b], extra=extra)

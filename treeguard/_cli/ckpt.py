@@ -159,7 +159,9 @@ def inspect_command(file: Path, as_json: bool, subtree: str | None) -> None:
     if h.metadata:
         out.print("[bold]metadata[/bold]")
         out.print(
-            printable(json.dumps(h.metadata, indent=1, sort_keys=True, ensure_ascii=False)),
+            printable(
+                json.dumps(h.metadata, indent=1, sort_keys=True, ensure_ascii=False), newlines=True
+            ),
             markup=False,
         )
     else:
