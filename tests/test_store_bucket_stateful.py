@@ -49,6 +49,7 @@ class BucketMachine(RuleBasedStateMachine):
         self.store = ArtifactStore(self.url, key=KEY)
         self.scales: dict[str, float] = {}
         self.replaced: set[str] = set()
+        self.holds: dict[str, str] = {}  # version -> the version whose bytes its object holds
         self.names: list[str] = []
 
     @initialize()
@@ -109,13 +110,18 @@ class BucketMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def replace_behind_the_store(self, data: st.DataObject) -> None:
         a, b = data.draw(st.permutations(sorted(self.scales)))[:2]
-        if self.scales[a] == self.scales[b] or (
-            np.isnan(self.scales[a]) and np.isnan(self.scales[b])
+        source = self.holds.get(b, b)  # b's object may hold another version's bytes by now
+        if self.scales[self.holds.get(a, a)] == self.scales[source] or (
+            np.isnan(self.scales[self.holds.get(a, a)]) and np.isnan(self.scales[source])
         ):
             return  # the same bytes but the metadata: not a change a reader must see
         other = bytes(obstore.get(self.raw, f"versions/{b}/model.safetensors").bytes())
         obstore.put(self.raw, f"versions/{a}/model.safetensors", other)
-        self.replaced.add(a)
+        self.holds[a] = source
+        if source == a:  # its own bytes put back: nothing a reader can tell
+            self.replaced.discard(a)
+        else:
+            self.replaced.add(a)
 
     @invariant()
     def current_loads_or_is_refused(self) -> None:
