@@ -83,10 +83,10 @@ def test_load_sharded_onto_a_sharding_that_does_not_divide_blames_like(tmp_path:
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[0] == f"{tmp_path / 'ck'}: 1 invalid leaf or node in the tree:"
-    assert lines[1].startswith(
-        "  ['w']: the sharding of `like` cannot hold f32[10]: Sharding NamedSharding("
-    )
-    assert "axis 0 is partitioned 4 times, but the dimension size is 10" in lines[1]
+    # after the prefix, JAX's own words, which differ between jax versions
+    assert lines[1].startswith("  ['w']: the sharding of `like` cannot hold f32[10]: ")
+    assert "NamedSharding(" in lines[1]
+    assert "the dimension size is 10" in lines[1]
     assert lines[2] == (
         "hint: give each such leaf of `like` a sharding whose mesh axes divide its "
         "dimensions (P() replicates it); the checkpoint itself is fine"

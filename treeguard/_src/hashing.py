@@ -158,12 +158,23 @@ class Pipeline:
         self._hashers: dict[Hashable, Any] = {}
         self._failed: list[BaseException] = []
         self._stop = threading.Event()
-        self._threads = [
-            threading.Thread(target=self._work, args=(q,), name=f"{THREAD_PREFIX}-{i}", daemon=True)
-            for i, q in enumerate(self._queues)
-        ]
-        for t in self._threads:
-            t.start()
+        self._threads: list[threading.Thread] = []
+        #: Hash in the caller's thread: set when no thread can be started,
+        #: as while the interpreter shuts down (Python 3.12 refuses new
+        #: threads then; a save finishing at exit still hashes its bytes).
+        self._inline = False
+        try:
+            for i, q in enumerate(self._queues):
+                t = threading.Thread(
+                    target=self._work, args=(q,), name=f"{THREAD_PREFIX}-{i}", daemon=True
+                )
+                t.start()
+                self._threads.append(t)
+        except RuntimeError:  # "can't create new thread at interpreter shutdown"
+            self.close()
+            self._stop.clear()
+            self._threads = []
+            self._inline = True
 
     def __enter__(self) -> Pipeline:
         return self
@@ -217,12 +228,17 @@ class Pipeline:
 
     def feed(self, key: Hashable, chunk: Any) -> None:
         """Hands ``chunk`` (the next bytes of ``key``) to its worker."""
-        self._put(self._queues[self.lane(key)], (key, chunk))
+        lane = self.lane(key)
+        if self._inline:
+            self._hashers[key].update(chunk)
+            return
+        self._put(self._queues[lane], (key, chunk))
 
     def digests(self) -> dict[Hashable, str]:
         """Waits for every chunk fed; returns each key's hex digest."""
-        for q in self._queues:
-            self._put(q, None)
+        if not self._inline:
+            for q in self._queues:
+                self._put(q, None)
         for t in self._threads:
             t.join()
         self._raise_failed()
