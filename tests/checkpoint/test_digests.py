@@ -26,7 +26,7 @@ import treeguard as tg
 from treeguard._cli.main import main
 from treeguard._src import hashing
 
-LEGACY = Path(__file__).parent / "data" / "legacy"
+LEGACY = Path(__file__).parents[1] / "data" / "legacy"
 KEY = "legacy-fixture-key-0123456789abcdef"
 ALGORITHMS = ["blake3", "sha256"]
 
