@@ -44,6 +44,7 @@ def _equal(a: Any, b: Any) -> None:
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
+@pytest.mark.slow
 def test_subtree_loads_the_params_of_a_training_checkpoint(cnn_ckpt: Any) -> None:
     path, tree = cnn_ckpt
     fresh = cnn.init(jax.random.key(1))
@@ -67,6 +68,7 @@ def test_subtree_without_like_rebuilds_the_stored_part(cnn_ckpt: Any) -> None:
     )
 
 
+@pytest.mark.slow
 def test_subtree_and_ignore_together_on_the_equinox_mlp(tmp_path: Path) -> None:
     tree = _trained(eqx_mlp.init)
     path = tmp_path / "eqx.safetensors"

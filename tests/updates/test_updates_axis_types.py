@@ -304,6 +304,7 @@ def _replicated(tree: Any, mesh: jax.sharding.Mesh) -> Any:
     return jax.tree.map(lambda x: jax.device_put(x, NamedSharding(mesh, spec(x))), tree)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("example", [cnn, eqx_mlp], ids=["nnx-cnn", "eqx-mlp"])
 def test_the_bundled_models_train_on_every_mesh(mesh: jax.sharding.Mesh, example: Any) -> None:
     host = example.init(jax.random.key(0))

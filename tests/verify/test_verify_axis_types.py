@@ -22,6 +22,7 @@ KINDS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_verify_passes_with_params_on_every_axis_type(kind: str) -> None:
     mesh = jax.make_mesh((2, 4), ("x", "y"), axis_types=KINDS[kind])
