@@ -94,13 +94,20 @@ def test_an_already_jitted_function_is_used_as_it_is() -> None:
 
 
 def test_calibration_stops_once_a_sample_lasts_min_time() -> None:
-    from treeguard._src.bench.run import calibrate
+    from treeguard._src.bench.run import Timer, calibrate  # the calibration loop on its own
 
-    def two_ms() -> None:
-        time.sleep(0.002)  # at least 2 ms: 6 calls always reach 10 ms
+    clock = {"now": 0.0, "calls": 0}
 
-    assert calibrate(two_ms, 0.0) == 1
-    assert 1 <= calibrate(two_ms, 0.01) <= 6
+    def two_ms() -> None:  # a fake clock: each call lasts exactly 2 ms
+        clock["now"] += 0.002
+        clock["calls"] += 1
+
+    timer = Timer(wall=lambda: clock["now"], cpu=lambda: clock["now"])
+    assert calibrate(two_ms, 0.0, timer) == 1
+    assert clock["calls"] == 0
+    loops = calibrate(two_ms, 0.01, timer)
+    assert loops * 0.002 >= 0.01  # one sample of that many calls lasts min_time
+    assert loops == 6  # 5 calls reach 10 ms exactly; the 5% margin asks one more
 
 
 @pytest.mark.parametrize(
