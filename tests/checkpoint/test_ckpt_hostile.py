@@ -279,6 +279,7 @@ def test_edited_header_without_new_digest(good: Path) -> None:
         read_header(good)
 
 
+@pytest.mark.slow
 def test_truncated_at_every_byte(good: Path, tmp_path: Path) -> None:
     raw = good.read_bytes()
     cut = tmp_path / "cut.safetensors"
@@ -291,6 +292,7 @@ def test_truncated_at_every_byte(good: Path, tmp_path: Path) -> None:
         load(cut)
 
 
+@pytest.mark.slow
 def test_a_flip_of_every_byte_is_caught_or_harmless(good: Path, tmp_path: Path) -> None:
     raw = good.read_bytes()
     ref = load(good)

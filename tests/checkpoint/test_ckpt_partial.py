@@ -21,12 +21,13 @@ from treeguard.examples import cnn, eqx_mlp
 
 
 def _trained(init: Any) -> dict[str, Any]:
-    """A training checkpoint's tree: params and adam's state after one step
-    (eager, with the params as their own grads: nothing to compile)."""
+    """A training checkpoint's tree: params and adam's state after one step,
+    with the params as their own grads (one compiled update: eager optax
+    dispatches each leaf's ops one by one)."""
     params = init(jax.random.key(0))
     opt = optax.adam(1e-2)
     state = opt.init(params)
-    updates, state = opt.update(params, state, params)
+    updates, state = jax.jit(lambda p, s: opt.update(p, s, p))(params, state)
     return {"params": optax.apply_updates(params, updates), "opt_state": state}
 
 

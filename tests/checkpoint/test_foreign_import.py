@@ -42,6 +42,7 @@ def _chess_like() -> dict[str, Any]:
 # -- the real third-party file, end to end ---------------------------------------------
 
 
+@pytest.mark.slow
 def test_real_file_import_verify_load(tmp_path: Path) -> None:
     dst = tmp_path / "chess.safetensors"
     res = _run("import", str(CHESS), str(dst))

@@ -32,6 +32,7 @@ def test_the_arrays_are_copied_before_save_async_returns(tmp_path: Path) -> None
     np.testing.assert_array_equal(got["w"], np.arange(4, dtype=np.float32))
 
 
+@pytest.mark.slow
 def test_a_donated_training_step_may_run_while_the_save_writes(tmp_path: Path) -> None:
     params = eqx_mlp.init(jax.random.key(0))
     step = tg.optax_step(optax.adam(1e-2), donate=True)
@@ -86,6 +87,7 @@ def test_an_error_of_the_save_is_raised_by_result(tmp_path: Path) -> None:
         tg.save_async(tmp_path / "n.safetensors", {"w": np.ones(2)}, max_in_flight=0)
 
 
+@pytest.mark.slow
 def test_an_interpreter_that_exits_finishes_its_pending_save(tmp_path: Path) -> None:
     target = tmp_path / "exit.safetensors"
     code = (

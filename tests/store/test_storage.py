@@ -18,7 +18,7 @@ from treeguard._src.store.storage import Conflict, LocalStorage, Storage
 LIMIT = 1 << 20
 
 
-@pytest.fixture(params=["local", "s3"])
+@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.slow)])
 def storage(request: pytest.FixtureRequest, tmp_path: Path) -> Storage:
     if request.param == "local":
         (tmp_path / "versions").mkdir()
@@ -45,6 +45,7 @@ def test_swap_replaces_only_what_was_read(storage: Storage) -> None:
     assert storage.read("POINTER", limit=LIMIT, what="object") == (b"two", second)
 
 
+@pytest.mark.slow
 def test_of_many_racing_swappers_on_a_bucket_exactly_one_wins(s3_url: str) -> None:
     storage = ObjectStorage(s3_url)
     tag = storage.create("POINTER", b"start")

@@ -24,6 +24,9 @@ from treeguard import (
 from treeguard._cli.main import main
 from treeguard.examples import mlp
 
+# Every test here talks to a SeaweedFS server: the slow run starts it.
+pytestmark = pytest.mark.slow
+
 KEY = b"k" * 32
 
 
