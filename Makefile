@@ -29,8 +29,9 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-# The default run, then the slow tests. pytest's exit code 5 (no test ran)
-# fails the target: a selection that matches nothing is a broken suite.
+# The default run, then the slow tests, each on two workers (pyproject.toml's
+# addopts). pytest's exit code 5 (no test ran) fails the target: a selection
+# that matches nothing is a broken suite.
 unit: $(STAMP)
 	$(BIN)/python -m pytest -q
 	$(BIN)/python -m pytest -q -m slow
@@ -51,7 +52,7 @@ bench-checkpoint: $(STAMP)
 	$(BIN)/python benchmarks/checkpoint.py
 
 reliability: $(STAMP)
-	TREEGUARD_RELIABILITY=1 $(BIN)/python -m pytest -q -m reliability
+	TREEGUARD_RELIABILITY=1 $(BIN)/python -m pytest -q -n 0 -m reliability
 
 clean:
 	rm -rf $(VENV) .venv-* build dist *.egg-info

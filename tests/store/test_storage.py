@@ -18,7 +18,10 @@ from treeguard._src.store.storage import Conflict, LocalStorage, Storage
 LIMIT = 1 << 20
 
 
-@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.slow)])
+S3 = (pytest.mark.slow, pytest.mark.xdist_group("s3"))  # the session's SeaweedFS server
+
+
+@pytest.fixture(params=["local", pytest.param("s3", marks=S3)])
 def storage(request: pytest.FixtureRequest, tmp_path: Path) -> Storage:
     if request.param == "local":
         (tmp_path / "versions").mkdir()
@@ -46,6 +49,7 @@ def test_swap_replaces_only_what_was_read(storage: Storage) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("s3")
 def test_of_many_racing_swappers_on_a_bucket_exactly_one_wins(s3_url: str) -> None:
     storage = ObjectStorage(s3_url)
     tag = storage.create("POINTER", b"start")

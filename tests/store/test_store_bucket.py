@@ -24,8 +24,9 @@ from treeguard import (
 from treeguard._cli.main import main
 from treeguard.examples import mlp
 
-# Every test here talks to a SeaweedFS server: the slow run starts it.
-pytestmark = pytest.mark.slow
+# Every test here talks to the session's SeaweedFS server: the slow run starts
+# it, on the one worker that runs the group.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("s3")]
 
 KEY = b"k" * 32
 

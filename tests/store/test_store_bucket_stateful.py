@@ -147,6 +147,7 @@ class BucketMachine(RuleBasedStateMachine):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("s3")
 def test_bucket_store_state_machine(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> None:
     for name, value in s3_server.env().items():
         monkeypatch.setenv(name, value)
