@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import safetensors.numpy
 from flax import nnx
+from forge import forge
 
 import treeguard as tg
-from treeguard._src import checkpoint as ck
 
 IMPLS = ["threefry2x32", "rbg", "unsafe_rbg"]
 
@@ -109,14 +109,11 @@ def test_foreign_raw_keys_against_typed_like(tmp_path: Path) -> None:
 
 def _forge_spec(path: Path, old: str, new: str) -> None:
     """Rewrites the stored spec with a consistent digest, as an attacker could."""
-    raw = path.read_bytes()
-    n = int.from_bytes(raw[:8], "little")
-    doc = json.loads(raw[8 : 8 + n])
-    meta = doc.pop("__metadata__")
-    meta["treeguard.spec"] = meta["treeguard.spec"].replace(old, new)
-    meta["treeguard.digest"] = ck.header_digest(meta, doc)
-    header = ck.encode_header(meta, doc)
-    path.write_bytes(len(header).to_bytes(8, "little") + header + raw[8 + n :])
+
+    def mutate(meta: dict[str, str], table: dict[str, Any]) -> None:
+        meta["treeguard.spec"] = meta["treeguard.spec"].replace(old, new)
+
+    forge(path, mutate)
 
 
 def test_unknown_impl_in_a_hostile_file_is_a_format_error(tmp_path: Path) -> None:
