@@ -155,6 +155,7 @@ def test_file_only_commands_never_import_jax(tmp_path: Path) -> None:
 def test_the_dtypes_a_header_may_name_cover_every_ml_dtypes_type() -> None:
     import ml_dtypes
 
+    # The table itself on purpose: a file naming each dtype would need a writer for each.
     from treeguard._src.checkpoint import ALLOWED_DTYPES
 
     numeric = {

@@ -156,7 +156,7 @@ def test_key_of_a_custom_impl_refused_on_save(tmp_path: Path) -> None:
 
 def test_the_impl_table_matches_jax() -> None:
     """treeguard's table of key implementations is JAX's: fails loudly if JAX renames one."""
-    from treeguard._src.keydtype import IMPLS, KEY_DTYPES
+    from treeguard._src.keydtype import IMPLS, KEY_DTYPES  # the private table on purpose
 
     for tag, (impl, key_shape) in IMPLS.items():
         key = jax.random.key(0, impl=impl)

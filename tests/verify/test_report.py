@@ -144,6 +144,7 @@ def test_getitem_names_the_checks() -> None:
 
 
 def test_plots_draw_the_worst_leaves_and_sum_up_the_rest() -> None:
+    # The plot alone on purpose: a model of 500 leaves would cost a verify run.
     from treeguard._src.htmlpage import PLOT_ROWS, error_plot, plot_rows
 
     rows = [
