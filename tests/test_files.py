@@ -14,6 +14,9 @@ from hypothesis import strategies as st
 
 import treeguard as tg
 from treeguard import FormatError
+
+# The shared primitives themselves, on purpose: every reader and writer of a file
+# goes through them, and here they meet links, FIFOs and hostile JSON directly.
 from treeguard._src import strictjson
 from treeguard._src.atomic import atomic_write, open_regular, read_regular, remove_stale_temps
 
@@ -139,3 +142,15 @@ def test_metadata_that_could_not_be_read_back_is_refused_by_save(tmp_path: Path)
     assert not (tmp_path / "a.safetensors").exists()
     tg.save(tmp_path / "a.safetensors", {"w": jnp.ones(2)}, metadata={"n": 2**64})
     assert tg.read_header(tmp_path / "a.safetensors").metadata == {"n": 2**64}
+
+
+def test_atomic_write_leaves_no_temp_file_on_failure(tmp_path: Path) -> None:
+    def fail(fd: int) -> None:
+        os.write(fd, b"half")
+        raise OSError(28, "No space left on device")
+
+    target = tmp_path / "x.json"
+    target.write_bytes(b"old")
+    with pytest.raises(OSError, match="No space"):
+        atomic_write(target, fail)
+    assert os.listdir(tmp_path) == ["x.json"] and target.read_bytes() == b"old"

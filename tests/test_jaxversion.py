@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from subproc import ROOT, run_python
 
+# The version gate on purpose: ``import treeguard`` runs it once, with the installed jax.
 from treeguard._src.jaxversion import check_jax_version, installed_jax
 
 MESSAGE = (

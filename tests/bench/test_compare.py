@@ -12,6 +12,9 @@ import scipy.stats
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+# The paired test behind ``ab`` on purpose: ``ab`` times real functions, and a
+# verdict on generated samples is what stays the same at any machine speed.
+from treeguard._src.bench.compare import compare_paired, wilcoxon_signed_rank
 from treeguard.bench import (
     BenchError,
     BenchResult,
@@ -202,8 +205,6 @@ def test_an_invalid_result_makes_the_comparison_invalid() -> None:
 
 @pytest.mark.parametrize("seed", range(12))
 def test_wilcoxon_signed_rank_agrees_with_scipy(seed: int) -> None:
-    from treeguard._src.bench.compare import wilcoxon_signed_rank
-
     rng = np.random.default_rng(100 + seed)
     d = rng.normal(rng.uniform(-0.5, 0.5), 1.0, int(rng.integers(10, 60)))
     if seed % 3 == 0:  # ties, zeros dropped
@@ -214,8 +215,6 @@ def test_wilcoxon_signed_rank_agrees_with_scipy(seed: int) -> None:
 
 
 def test_pairing_cancels_a_drift_that_hides_the_difference_unpaired() -> None:
-    from treeguard._src.bench.compare import compare_paired
-
     rng = np.random.default_rng(15)
     drift = np.linspace(1.0, 2.0, 30) * rng.lognormal(0, 0.01, 30)  # the machine slows down
     base, cand = drift, drift * 1.06 * rng.lognormal(0, 0.01, 30)
@@ -232,8 +231,6 @@ def test_pairing_cancels_a_drift_that_hides_the_difference_unpaired() -> None:
 
 @pytest.mark.slow
 def test_the_paired_aa_false_positive_rate_is_at_most_alpha_plus_one_percent() -> None:
-    from treeguard._src.bench.compare import compare_paired
-
     rng = np.random.default_rng(16)
     called = 0
     for _ in range(1000):

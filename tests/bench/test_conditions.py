@@ -9,6 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+# The readers behind ``conditions`` on purpose: each is held to one fixture file
+# (``conditions`` itself also runs git and falls back on the running machine).
 from treeguard._src.bench import conditions as cond
 from treeguard.bench import conditions, fingerprint
 

@@ -6,8 +6,10 @@ from __future__ import annotations
 import dataclasses
 import re
 
+import jax
 import jax.numpy as jnp
 import pytest
+from onecheck import one_check
 
 from treeguard.bench import BenchError, Budgets, run
 from treeguard.examples.mlp import model
@@ -16,13 +18,8 @@ from treeguard.verify import run as verify
 
 
 def _check(m: object, bench_result: object = None) -> object:
-    """The performance check alone, on the model's generated cases (a private
-    helper on purpose: a whole verify run costs seconds)."""
-    from treeguard._src.verify.checks import Context, run_check
-
-    ctx = Context(model=m, cases=generate_cases(m), references=None)  # type: ignore[arg-type]
-    ctx.bench_result = bench_result
-    return run_check("performance", ctx)
+    """The performance check alone, on the model's generated cases."""
+    return one_check("performance", m, bench_result=bench_result)  # type: ignore[arg-type]
 
 
 def test_a_model_without_budgets_skips_the_check() -> None:
@@ -34,11 +31,11 @@ def test_a_model_without_budgets_skips_the_check() -> None:
 
 
 def test_the_check_holds_the_benchmark_to_the_budgets() -> None:
-    from treeguard._src.verify.performance import benchmark_apply
-
-    r = benchmark_apply(
-        model, model.init(model.key()), generate_cases(model)[0].batch, samples=3, min_time=0.0
+    batch = jax.tree.map(jnp.asarray, generate_cases(model)[0].batch)
+    measured = run(
+        model.apply, model.init(model.key()), batch, samples=3, min_time=0.0, name="jit(apply)"
     )
+    r = dataclasses.replace(measured, samples_s=(1e-3, 2e-3, 3e-3))  # the same verdict at any speed
     ok = _check(dataclasses.replace(model, performance=Budgets(p95_s=60.0)), r)
     assert ok.status == "pass" and ok.summary == "within p95 <= 60 s"  # type: ignore[attr-defined]
     bad = _check(dataclasses.replace(model, performance=Budgets(temp_bytes=1)), r)
@@ -77,7 +74,9 @@ def test_exceeded_budgets_fail_a_verify_run_with_evidence() -> None:
 
 
 def test_generous_budgets_pass() -> None:
-    r = run(jnp.sin, jnp.ones(8), samples=3, min_time=0.0)
+    measured = run(jnp.sin, jnp.ones(8), samples=3, min_time=0.0)
+    phases = {"trace_s": 0.1, "lower_s": 0.1, "compile_s": 0.3, "first_call_s": 0.1}
+    r = dataclasses.replace(measured, samples_s=(1e-3, 2e-3, 3e-3), phases=phases)
     assert Budgets(compile_s=600.0, p95_s=60.0, temp_bytes=2**40).violations(r) == []
 
 

@@ -17,23 +17,11 @@ from typing import Any
 import jax
 import numpy as np
 import pytest
+from forge import forge as _forge
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import treeguard as tg
-from treeguard._src import checkpoint as ck
-
-
-def _forge(path: Path, mutate: Callable[[dict[str, str], dict[str, Any]], None]) -> None:
-    """Rewrites a checkpoint's header with a consistent digest."""
-    raw = path.read_bytes()
-    n = int.from_bytes(raw[:8], "little")
-    doc = json.loads(raw[8 : 8 + n])
-    meta = doc.pop("__metadata__")
-    mutate(meta, doc)
-    meta["treeguard.digest"] = ck.header_digest(meta, doc)
-    header = ck.encode_header(meta, doc)
-    path.write_bytes(len(header).to_bytes(8, "little") + header + raw[8 + n :])
 
 
 def _edit_spec(path: Path, edit: Callable[[dict[str, Any]], None]) -> None:

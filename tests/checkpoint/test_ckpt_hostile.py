@@ -11,16 +11,16 @@ import subprocess
 import sys
 import tracemalloc
 import zipfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from forge import forge as _forge
 
 from treeguard import FormatError, IntegrityError, load, read_header, save, verify_file
-from treeguard._src import checkpoint as ck
 
 _MARKER = "treeguard-pickle-ran"
 
@@ -58,21 +58,6 @@ def good(tmp_path: Path) -> Path:
     path = tmp_path / "good.safetensors"
     save(path, _tree(), metadata={"step": 1})
     return path
-
-
-def _forge(
-    path: Path, mutate: Callable[[dict[str, str], dict[str, Any]], None], data: bytes | None = None
-) -> None:
-    """Rewrites a checkpoint's header with a consistent digest, as an attacker could."""
-    raw = path.read_bytes()
-    n = int.from_bytes(raw[:8], "little")
-    doc = json.loads(raw[8 : 8 + n])
-    meta = doc.pop("__metadata__")
-    mutate(meta, doc)
-    meta["treeguard.digest"] = ck.header_digest(meta, doc)
-    header = ck.encode_header(meta, doc)
-    body = raw[8 + n :] if data is None else data
-    path.write_bytes(len(header).to_bytes(8, "little") + header + body)
 
 
 def _raw_file(path: Path, header: bytes, data: bytes = b"") -> None:

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 from click.testing import CliRunner
 from corpus import seed_params
+from forge import forge
 
 from treeguard import ArtifactStore, read_header, save, spec_of
 from treeguard._cli.main import main
@@ -147,16 +149,10 @@ def test_store_ls_reports_a_malformed_status_file(tmp_path: Path) -> None:
 
 
 def test_a_forged_header_exits_2_naming_the_fault(ckpt_file: Path) -> None:
-    from treeguard._src.checkpoint import encode_header, header_digest
+    def mutate(meta: dict[str, str], table: dict[str, Any]) -> None:
+        meta["treeguard.spec"] = meta["treeguard.spec"].replace('"float32"', '">f4"', 1)
 
-    raw = ckpt_file.read_bytes()
-    n = int.from_bytes(raw[:8], "little")
-    doc = json.loads(raw[8 : 8 + n])
-    meta = doc.pop("__metadata__")
-    meta["treeguard.spec"] = meta["treeguard.spec"].replace('"float32"', '">f4"', 1)
-    meta["treeguard.digest"] = header_digest(meta, doc)
-    header = encode_header(meta, doc)
-    ckpt_file.write_bytes(len(header).to_bytes(8, "little") + header + raw[8 + n :])
+    forge(ckpt_file, mutate)
     for command in ("inspect", "verify"):
         res = CliRunner().invoke(main, ["ckpt", command, str(ckpt_file)])
         assert res.exit_code == 2, res.output

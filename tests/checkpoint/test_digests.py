@@ -24,6 +24,8 @@ from hypothesis import strategies as st
 
 import treeguard as tg
 from treeguard._cli.main import main
+
+# The hashing engine on purpose: its spans, ranges and threads against a plain hashlib.
 from treeguard._src import hashing
 
 LEGACY = Path(__file__).parents[1] / "data" / "legacy"

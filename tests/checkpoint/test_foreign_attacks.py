@@ -186,6 +186,7 @@ def test_import_refuses_to_overwrite_its_source(tmp_path: Path) -> None:
 
 
 def test_file_truncated_between_header_and_data_read(tmp_path: Path) -> None:
+    # The reader's steps on purpose: the file shrinks between two of them.
     from treeguard._src.checkpoint.files import open_checkpoint, read_raw_header
     from treeguard._src.checkpoint.foreign import foreign_header, read_tensors
 
@@ -256,7 +257,7 @@ def test_too_many_tensors_is_refused_before_arrays_are_made(
     two bytes of msgpack) is refused by count, in every format."""
     import msgpack
 
-    from treeguard._src.checkpoint import foreign
+    from treeguard._src.checkpoint import foreign  # its limit, lowered to keep the files small
 
     monkeypatch.setattr(foreign, "MAX_TENSORS", 50)
     wide = tmp_path / "wide.msgpack"

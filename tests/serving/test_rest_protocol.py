@@ -233,7 +233,7 @@ def test_serve_refuses_to_bind_beyond_loopback_without_a_token(mlp_server, tmp_p
     loose = tmp_path / "token"
     loose.write_text("x" * 32)
     os.chmod(loose, 0o644)
-    from treeguard._src.serving.app import read_token
+    from treeguard._src.serving.app import read_token  # the file check alone, on purpose
 
     with pytest.raises(treeguard.ConfigError, match="others may read it"):
         read_token(loose)
@@ -243,6 +243,8 @@ def test_serve_refuses_to_bind_beyond_loopback_without_a_token(mlp_server, tmp_p
 
 def test_64_bit_datatypes_decode_exactly_and_refuse_what_they_cannot_hold():
     from treeguard import LeafSpec, spec_of
+
+    # The decoder alone on purpose: values at the edges of 64 bits, no server needed.
     from treeguard._src.serving.protocol import Decoder, InferRequest, RawInput
 
     inputs = spec_of({k: LeafSpec(("B", 1), k) for k in ("int64", "uint64", "float64")})

@@ -185,12 +185,12 @@ async def test_watch_follows_the_store_pointer_and_swapping_back_reuses_the_prev
     server = Server(mlp.model, store, spec=mlp_spec(), watch_s=0.02)
     async with client(server) as c:
         store.promote(second)
-        for _ in range(250):
+        for _ in range(3_000):  # a bound, not a verdict: it stops once the watcher swapped
             if server.status()["active"] == second:
                 break
             await asyncio.sleep(0.02)
         assert server.status()["active"] == second
-        for _ in range(250):  # the watcher's swap may still be finishing
+        for _ in range(3_000):  # the watcher's swap may still be finishing
             r = await c.post("/v2/treeguard/swap", json={"version": first})
             if "another swap is in progress" not in r.text:
                 break

@@ -1,4 +1,5 @@
-"""Helpers of the sharded checkpoint tests: damage stored bytes, free ports."""
+"""Helpers of the sharded checkpoint tests: read the manifest, damage stored
+bytes, free ports."""
 
 from __future__ import annotations
 
@@ -6,7 +7,19 @@ import os
 import socket
 from pathlib import Path
 
-from treeguard._src.sharded.manifest import read
+# The manifest's own reader on purpose: the tests look at and damage what a save
+# wrote, which no public call hands out.
+from treeguard._src.sharded.manifest import MANIFEST_NAME, is_sharded, read, sharded_digest
+
+__all__ = [
+    "MANIFEST_NAME",
+    "data_dir",
+    "flip_byte",
+    "free_port",
+    "is_sharded",
+    "read",
+    "sharded_digest",
+]
 
 
 def data_dir(directory: str | os.PathLike[str]) -> Path:

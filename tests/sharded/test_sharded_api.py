@@ -15,12 +15,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from shardtools import data_dir, flip_byte
+from shardtools import MANIFEST_NAME, data_dir, flip_byte, is_sharded, read, sharded_digest
 
 import treeguard
 from treeguard._cli.ckpt import ckpt
-from treeguard._src.sharded import is_sharded, sharded_digest
-from treeguard._src.sharded.manifest import MANIFEST_NAME, read
 
 #: More than 1 KiB, so OCDBT stores it in a data file rather than inline in its index.
 W = (np.arange(512, dtype=np.float32).reshape(32, 16) * 1.5 + 0.25).astype(np.float32)

@@ -17,6 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from shardtools import MANIFEST_NAME
+from shardtools import read as read_manifest
 from subproc import run_python, start_python, stop
 
 from treeguard import (
@@ -29,10 +31,12 @@ from treeguard import (
     save_sharded,
 )
 from treeguard._cli.store import store as store_cli
+
+# The parts under attack on purpose: a shard checker fed forged records, its hashing
+# threads, the grouping of reads and the manifest parser's limits have no public name.
 from treeguard._src.sharded.digests import HASH_THREADS, ShardChecker, hash_host
 from treeguard._src.sharded.load import groups
-from treeguard._src.sharded.manifest import MANIFEST_NAME, ArrayRecord, Shard, parse
-from treeguard._src.sharded.manifest import read as read_manifest
+from treeguard._src.sharded.manifest import ArrayRecord, Shard, parse
 from treeguard._src.sharded.recheck import read_local
 
 W = (np.arange(512, dtype=np.float32).reshape(32, 16) * 1.5 + 0.25).astype(np.float32)

@@ -13,6 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import treeguard
+
+# The manifest's parser on purpose: it meets hostile JSON here, and no public call
+# hands a manifest out.
 from treeguard._src.sharded.manifest import (
     MANIFEST_NAME,
     ArrayRecord,

@@ -15,11 +15,10 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from shardtools import free_port
+from shardtools import free_port, read
 from subproc import start_python, stop
 
 import treeguard
-from treeguard._src.sharded.manifest import read
 
 HERE = Path(__file__).parent
 WORKER = (HERE / "worker.py").read_text()

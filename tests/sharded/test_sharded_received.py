@@ -70,3 +70,20 @@ def test_a_shape_claiming_far_more_than_the_files_hold_is_refused_first(tmp_path
     )
     res = CliRunner().invoke(main, ["ckpt", "verify", str(d)])
     assert res.exit_code == 2 and "is a forged shape, not compression" in res.stderr
+
+
+def test_a_link_or_a_deep_nest_in_the_data_directory_is_refused_by_name(tmp_path: Path) -> None:
+    d = tmp_path / "ck"
+    tg.save_sharded(d, {"w": jnp.ones(4)})
+    data = next(e for e in os.listdir(d) if e.startswith("data-"))
+    link = d / data / "d" / "elsewhere"
+    os.symlink(tmp_path, link)
+    with pytest.raises(tg.FormatError) as info:
+        tg.load_sharded(d, {"w": jnp.ones(4)})
+    why = f"'{data}/d/elsewhere' is not a regular file but a symbolic link"
+    assert str(info.value).startswith(f"{d}: {why}; treeguard reads none of those")
+    link.unlink()
+    deep = d / data / "d" / "/".join(["n"] * 65)
+    deep.mkdir(parents=True)
+    with pytest.raises(tg.FormatError, match="holds directories nested more than 64 deep"):
+        tg.load_sharded(d, {"w": jnp.ones(4)})

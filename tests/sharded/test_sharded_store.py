@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from shardtools import data_dir, flip_byte
+from shardtools import MANIFEST_NAME, data_dir, flip_byte
 
 from treeguard import (
     ArtifactStore,
@@ -28,7 +28,6 @@ from treeguard import (
     spec_of,
 )
 from treeguard._cli.store import store as store_cli
-from treeguard._src.sharded.manifest import MANIFEST_NAME
 
 #: More than 1 KiB, so OCDBT stores it in a data file rather than inline in its index.
 W = (np.arange(512, dtype=np.float32).reshape(32, 16) * 1.5 + 0.25).astype(np.float32)

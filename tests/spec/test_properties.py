@@ -5,12 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 import jax
+import jax.tree_util as jtu
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import treeguard as tg
-from treeguard._src.paths import keystr
 
 DTYPES = [np.float32, np.int8, np.bool_, np.float16, jax.numpy.bfloat16]
 
@@ -46,6 +46,12 @@ def test_json_round_trip(tree: Any) -> None:
 @given(trees)
 def test_a_tree_matches_its_own_spec(tree: Any) -> None:
     assert tg.mismatches(tree, tg.spec_of(tree)) == []
+
+
+def keystr(path: tuple[Any, ...]) -> str:
+    """A path of ``("key", k)`` and ``("index", i)`` entries in JAX's own text form."""
+    keys = [jtu.DictKey(k) if kind == "key" else jtu.SequenceKey(k) for kind, k in path]
+    return jtu.keystr(tuple(keys))
 
 
 def _containers(tree: Any, path: tuple[Any, ...] = ()) -> list[tuple[tuple[Any, ...], Any]]:

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 
 from treeguard import StorageError
+
+# The storage protocol and its backends on purpose: the layer under the store.
 from treeguard._src.store.objects import ObjectStorage, is_url, split_url
 from treeguard._src.store.storage import Conflict, LocalStorage, Storage
 

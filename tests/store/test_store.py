@@ -345,20 +345,6 @@ def test_put_with_bad_metadata_leaves_nothing(tmp_path: Path) -> None:
     assert store.put(_params()) == "v000001"
 
 
-def test_atomic_write_leaves_no_temp_file_on_failure(tmp_path: Path) -> None:
-    from treeguard._src.atomic import atomic_write
-
-    def fail(fd: int) -> None:
-        os.write(fd, b"half")
-        raise OSError(28, "No space left on device")
-
-    target = tmp_path / "x.json"
-    target.write_bytes(b"old")
-    with pytest.raises(OSError, match="No space"):
-        atomic_write(target, fail)
-    assert os.listdir(tmp_path) == ["x.json"] and target.read_bytes() == b"old"
-
-
 def test_a_failed_save_in_put_removes_the_version_dir_and_burns_its_name(tmp_path: Path) -> None:
     from treeguard import InvalidTreeError
 

@@ -24,7 +24,7 @@ import pytest
 import treeguard as tg
 from tests.subproc import child_env, run_python, start_python, stop
 from treeguard import ArtifactStore, ConfigError, RetentionPolicy, StoreError, UnknownVersionError
-from treeguard._src.store import pointer, records
+from treeguard._src.store import pointer, records  # raced and forged on purpose
 
 KEY = b"k" * 32
 

@@ -33,8 +33,7 @@ from hypothesis.stateful import (
 
 import treeguard as tg
 from treeguard import ArtifactStore, IntegrityError, RetentionPolicy, StoreError
-from treeguard._src.sharded import sharded_digest
-from treeguard._src.sharded.manifest import MANIFEST_NAME
+from treeguard._src.sharded.manifest import MANIFEST_NAME, sharded_digest  # what a version holds
 
 DEAD_PID = 2**22 + 4321  # above the default pid_max: no such process
 KEY = b"s" * 32

@@ -13,25 +13,20 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
+from onecheck import check, context, example_hashes
 
 import treeguard
 from treeguard import ConfigError, LeafSpec, environment, spec_of
-from treeguard._src.verify import refs
-from treeguard._src.verify.cases import generate
-from treeguard._src.verify.checks import (
-    NAMES,
-    Context,
-    check_environment,
-    check_negative,
-    example_hashes,
-)
-from treeguard._src.verify.compare import leaf_error
 from treeguard.examples import mlp
 from treeguard.verify import (
+    CHECKS,
     InvalidInput,
+    LeafError,
     Model,
     Tolerance,
     compare_trees,
+    generate_cases,
+    load_references,
     record_references,
     run,
     trace_keys,
@@ -41,7 +36,7 @@ BASE = mlp.model
 
 
 def test_check_names_are_stable() -> None:
-    assert NAMES == (
+    assert CHECKS == (
         "contract",
         "keys",
         "finite",
@@ -91,7 +86,7 @@ def test_per_dtype_tolerance() -> None:
 
 
 def test_cases_are_deterministic_and_cover_the_protocol() -> None:
-    a, b = generate(BASE), generate(BASE)
+    a, b = generate_cases(BASE), generate_cases(BASE)
     assert [c.name for c in a] == ["standard", "single", "zeros", "boundary", "invalid_shape"]
     for x, y in zip(a, b):
         jax.tree.map(np.testing.assert_array_equal, x.batch, y.batch)
@@ -105,14 +100,14 @@ def test_cases_are_deterministic_and_cover_the_protocol() -> None:
 
 
 def test_cases_follow_the_seed() -> None:
-    other = generate(dataclasses.replace(BASE, seed=1))[0].batch["x"]
-    assert not np.array_equal(other, generate(BASE)[0].batch["x"])
+    other = generate_cases(dataclasses.replace(BASE, seed=1))[0].batch["x"]
+    assert not np.array_equal(other, generate_cases(BASE)[0].batch["x"])
 
 
 def test_cases_for_int_and_bf16_leaves() -> None:
     spec = spec_of({"ids": LeafSpec(("B", 3), "int32"), "h": LeafSpec(("B",), "bfloat16")})
     m = dataclasses.replace(BASE, batch_spec=spec, output_spec=None, bounds=(0.0, 9.0))
-    by = {c.name: c for c in generate(m)}
+    by = {c.name: c for c in generate_cases(m)}
     assert by["standard"].batch["ids"].dtype == np.int32
     assert by["standard"].batch["h"].dtype == ml_dtypes.bfloat16
     assert set(np.unique(by["boundary"].batch["ids"])) == {0, 9}
@@ -180,6 +175,13 @@ def test_trace_keys_follows_cond_branches() -> None:
 # -- compare --------------------------------------------------------------------
 
 
+def leaf_error(actual: Any, expected: Any, tol: Tolerance) -> LeafError:
+    """The error of one leaf, through ``compare_trees``."""
+    found, (err,) = compare_trees({"x": actual}, {"x": expected}, tolerance=lambda d: tol)
+    assert found == []
+    return err
+
+
 def test_leaf_error_numbers() -> None:
     err = leaf_error(np.float32([1.0, 2.0, 4.0]), np.float32([1.0, 2.0, 5.0]), Tolerance(0.1, 0.0))
     assert (err.bad, err.size, err.max_abs) == (1, 3, 1.0)
@@ -210,15 +212,14 @@ def test_compare_trees_reports_structure() -> None:
 # -- checks the variants do not reach ---------------------------------------------
 
 
-def _ctx(model: Model, references: Any = None) -> Context:
-    return Context(model=model, cases=generate(model), references=references)
+_ctx = context
 
 
 def test_environment_fails_when_x64_differs(tmp_path: Path) -> None:
-    loaded = refs.load(record_references(BASE, tmp_path / "r.safetensors"))
-    assert check_environment(_ctx(BASE, loaded)).status == "pass"
+    loaded = load_references(record_references(BASE, tmp_path / "r.safetensors"))
+    assert check("environment", _ctx(BASE, loaded)).status == "pass"
     changed = dataclasses.replace(loaded, environment={**loaded.environment, "x64": True})
-    result = check_environment(_ctx(BASE, changed))
+    result = check("environment", _ctx(BASE, changed))
     assert result.status == "fail"
     assert result.evidence[0].startswith(
         "x64: True in the references, False in this run; the references were computed with other dtypes"
@@ -226,18 +227,18 @@ def test_environment_fails_when_x64_differs(tmp_path: Path) -> None:
 
 
 def test_environment_does_not_block_a_rerecord(tmp_path: Path) -> None:
-    loaded = refs.load(record_references(BASE, tmp_path / "r.safetensors"))
+    loaded = load_references(record_references(BASE, tmp_path / "r.safetensors"))
     changed = dataclasses.replace(loaded, environment={**loaded.environment, "x64": True})
-    ctx = Context(model=BASE, cases=generate(BASE), references=changed, record=True)
-    result = check_environment(ctx)
+    ctx = context(BASE, changed, record=True)
+    result = check("environment", ctx)
     assert result.status == "pass"
     assert "x64: True in the old references, False in this run; re-recording" in result.evidence[-1]
 
 
 def test_environment_tolerates_a_version_change(tmp_path: Path) -> None:
-    loaded = refs.load(record_references(BASE, tmp_path / "r.safetensors"))
+    loaded = load_references(record_references(BASE, tmp_path / "r.safetensors"))
     changed = dataclasses.replace(loaded, environment={**loaded.environment, "jax": "0.0.1"})
-    result = check_environment(_ctx(BASE, changed))
+    result = check("environment", _ctx(BASE, changed))
     assert result.status == "pass"
     assert any(e.startswith("jax differs: '0.0.1' in the references") for e in result.evidence)
     assert f"jax: {environment()['jax']}" in result.evidence
@@ -248,7 +249,7 @@ def test_negative_names_the_wrong_exception() -> None:
         BASE,
         invalid_inputs=[InvalidInput("rank3", {"x": np.ones((2, 2, 2), np.float32)}, KeyError)],
     )
-    result = check_negative(_ctx(m))
+    result = check("negative", _ctx(m))
     assert result.status == "fail"
     assert result.evidence[0].startswith(
         "invalid case 'rank3' (declared by the model): raised ValueError (batch['x'] must have "
@@ -353,7 +354,7 @@ def test_public_namespace() -> None:
     # pytest may rewrite an installed plugin's package and add "@py_builtins" names.
     public = {n for n in dir(v) if n.isidentifier() and not n.startswith("_")}
     assert public == set(v.__all__)
-    assert v.Model is Model and v.run is run and v.CHECKS == NAMES
+    assert v.Model is Model and v.run is run and v.CHECKS == CHECKS
 
 
 # -- review fixes -----------------------------------------------------------------
@@ -391,13 +392,13 @@ def test_references_never_import_a_module_they_name(
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     src = record_references(BASE, tmp_path / "r.safetensors")
-    cases = refs.load(src).manifest["cases"]
+    cases = load_references(src).manifest["cases"]
     cases[-1]["raises"] = ["tg_side_effect.Boom"]
     hostile = _rewrite_manifest(src, tmp_path / "hostile.safetensors", cases=cases)
     with pytest.raises(
         FormatError, match=r"name the exception .tg_side_effect.Boom., which is neither"
     ):
-        refs.load(hostile, exceptions=refs.declared_exceptions(BASE))
+        load_references(hostile, exceptions=[ValueError])  # what BASE declares
     assert not marker.exists() and "tg_side_effect" not in sys.modules
 
 
@@ -422,13 +423,13 @@ def test_references_resolve_the_exceptions_the_model_declares(tmp_path: Path) ->
         ],
     )
     path = record_references(m, tmp_path / "r.safetensors")
-    loaded = refs.load(path, exceptions=refs.declared_exceptions(m))
+    loaded = load_references(path, exceptions=[ValueError, BadBatchError])  # m declares them
     assert [c.raises for c in loaded.cases if c.negative] == [(ValueError,), (BadBatchError,)]
     with pytest.raises(FormatError, match=r"BadBatchError'.*hint: declare it in"):
-        refs.load(path)  # the model's own exception is resolved only when declared
+        load_references(path)  # the model's own exception is resolved only when declared
     # treeguard's own errors resolve without being declared.
     m2 = dataclasses.replace(BASE, invalid_raises=(InvalidTreeError, ValueError))
-    again = refs.load(record_references(m2, tmp_path / "r2.safetensors"))
+    again = load_references(record_references(m2, tmp_path / "r2.safetensors"))
     assert again.cases[-1].raises == (InvalidTreeError, ValueError)
     assert run(dataclasses.replace(m, references=path), bench=False).passed
 
@@ -439,10 +440,10 @@ def test_references_with_a_malformed_format_are_a_format_error(tmp_path: Path) -
     src = record_references(BASE, tmp_path / "r.safetensors")
     bad = _rewrite_manifest(src, tmp_path / "bad.safetensors", format="treeguard.regression/one")
     with pytest.raises(FormatError, match=r"format 'treeguard.regression/one' is not 'treeguard"):
-        refs.load(bad)
+        load_references(bad)
     newer = _rewrite_manifest(src, tmp_path / "new.safetensors", format="treeguard.regression/2")
     with pytest.raises(FormatError, match="newer than this treeguard reads"):
-        refs.load(newer)
+        load_references(newer)
 
 
 def _run_isolated(code: str) -> str:
@@ -469,7 +470,7 @@ def test_trace_keys_refuses_a_cyclic_argument_first() -> None:
         """
         import jax
         from treeguard import InvalidTreeError
-        from treeguard._src.keys import trace_keys
+        from treeguard.verify import trace_keys
 
         cyclic = {"key": jax.random.key(0)}
         cyclic["self"] = cyclic
@@ -491,8 +492,8 @@ def test_cyclic_data_is_refused_by_the_path_formatter() -> None:
         """
         import numpy as np
         from treeguard import InvalidTreeError
-        from treeguard._src.verify.cases import Case
-        from treeguard._src.verify.checks import example_hashes
+        from treeguard.verify import Case
+        from treeguard._src.verify.checks import example_hashes  # no public name
 
         cyclic = {"x": np.ones((2, 1))}
         cyclic["self"] = cyclic
@@ -524,8 +525,6 @@ class _Rebuilt:
 
 
 def test_contract_does_not_claim_grads_match_when_they_do_not() -> None:
-    from treeguard._src.verify.checks import check_contract
-
     m = dataclasses.replace(
         BASE,
         init=lambda key: _Rebuilt(jax.random.normal(key, (2, 1))),
@@ -534,20 +533,18 @@ def test_contract_does_not_claim_grads_match_when_they_do_not() -> None:
         params_spec=None,
         update=None,
     )
-    result = check_contract(_ctx(m))
+    result = check("contract", _ctx(m))
     assert result.status == "fail"
     assert any(e.startswith("case 'standard' grads: <root>: node data ") for e in result.evidence)
     assert "grads match the params' spec" not in result.evidence
-    assert "grads match the params' spec" in check_contract(_ctx(BASE)).evidence
+    assert "grads match the params' spec" in check("contract", _ctx(BASE)).evidence
 
 
 def test_finite_names_each_non_finite_leaf() -> None:
-    from treeguard._src.verify.checks import check_finite
-
     def loss(params: Any, batch: Any) -> jax.Array:
         return mlp.loss(params, batch) * jnp.where(params["dense2"]["b"][0] == 0, jnp.nan, 1.0)
 
-    result = check_finite(_ctx(dataclasses.replace(BASE, loss=loss)))
+    result = check("finite", _ctx(dataclasses.replace(BASE, loss=loss)))
     assert result.status == "fail"
     assert "case 'standard' loss is non-finite: nan" in result.evidence
     assert "case 'standard' grads ['dense1']['b'] f32[3]: 3 of 3 non-finite (nan)" in (

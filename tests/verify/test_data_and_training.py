@@ -13,24 +13,15 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from onecheck import check, context, example_hashes
 
-from treeguard._src.verify.cases import generate
-from treeguard._src.verify.checks import (
-    Context,
-    check_contract,
-    check_negative,
-    check_splits,
-    check_training,
-    example_hashes,
-)
 from treeguard.examples import mlp
-from treeguard.verify import ConfigError, Model
+from treeguard.verify import ConfigError
 
 BASE = mlp.model
 
 
-def _ctx(model: Model) -> Context:
-    return Context(model=model, cases=generate(model), references=None)
+_ctx = context
 
 
 def _splits(**changes: dict[str, np.ndarray]) -> dict[str, dict[str, np.ndarray]]:
@@ -45,7 +36,7 @@ def test_a_float64_case_is_refused_by_name_path_and_both_dtypes() -> None:
     m = dataclasses.replace(BASE, cases={"mine": {"x": x, "y": np.zeros((4, 1), np.float32)}})
     ctx = _ctx(m)
     assert [c.name for c in ctx.positive] == ["standard", "single", "zeros", "boundary"]
-    result = check_contract(ctx)
+    result = check("contract", ctx)
     assert result.status == "fail"
     assert result.evidence[:2] == [
         "case 'mine': ['x']: dtype float32 in the batch spec, float64 in the case",
@@ -57,7 +48,7 @@ def test_a_float64_case_is_refused_by_name_path_and_both_dtypes() -> None:
 def test_a_wrong_width_split_is_named() -> None:
     rng = np.random.default_rng(0)
     val = {"x": rng.random((16, 3), np.float32), "y": rng.random((16, 1), np.float32)}
-    result = check_splits(_ctx(dataclasses.replace(BASE, splits=_splits(val=val))))
+    result = check("splits", _ctx(dataclasses.replace(BASE, splits=_splits(val=val))))
     assert result.status == "fail"
     assert result.summary == "1 split(s) do not match the batch spec"
     assert result.evidence == [
@@ -69,7 +60,7 @@ def test_a_wrong_width_split_is_named() -> None:
 
 def test_unequal_row_counts_name_the_split_and_both_sizes() -> None:
     val = {"x": np.zeros((15, 2), np.float32), "y": np.zeros((16, 1), np.float32)}
-    result = check_splits(_ctx(dataclasses.replace(BASE, splits=_splits(val=val))))
+    result = check("splits", _ctx(dataclasses.replace(BASE, splits=_splits(val=val))))
     assert result.evidence[0] == (
         "split 'val': ['y']: dim B=15 (bound at ['x']) in the batch spec, B=16 in the split"
     )
@@ -92,7 +83,7 @@ def _apply_without_a_check(params: Any, batch: Any) -> Any:
 
 
 def test_a_type_error_points_to_invalid_raises() -> None:
-    result = check_negative(_ctx(dataclasses.replace(BASE, apply=_apply_without_a_check)))
+    result = check("negative", _ctx(dataclasses.replace(BASE, apply=_apply_without_a_check)))
     assert result.status == "fail"
     (line,) = result.evidence
     assert line.startswith(
@@ -106,7 +97,7 @@ def test_a_type_error_points_to_invalid_raises() -> None:
     ok = dataclasses.replace(
         BASE, apply=_apply_without_a_check, invalid_raises=(ValueError, TypeError)
     )
-    assert check_negative(_ctx(ok)).status == "pass"
+    assert check("negative", _ctx(ok)).status == "pass"
 
 
 # -- training with an optimizer state --------------------------------------------
@@ -114,7 +105,7 @@ def test_a_type_error_points_to_invalid_raises() -> None:
 
 def test_adam_trains_and_keeps_the_state_contract() -> None:
     m = dataclasses.replace(BASE, update=None, optimizer=optax.adam(0.05))
-    result = check_training(_ctx(m))
+    result = check("training", _ctx(m))
     assert result.status == "pass", result.evidence
     assert result.summary.endswith("params and optimizer state keep their specs")
     assert result.evidence[1] == "optimizer state: 9 leaves, 27 values"
@@ -131,7 +122,7 @@ def test_a_drifting_optimizer_state_is_named_by_path() -> None:
         update=_drifting_update,
         opt_init=lambda p: {"count": jnp.zeros((), jnp.int32), "m": jnp.zeros(3)},
     )
-    result = check_training(_ctx(m))
+    result = check("training", _ctx(m))
     assert result.status == "fail"
     assert result.evidence[0] == (
         "step 1 optimizer state: ['m']: dtype float32 in the initial state, bfloat16 in the "
@@ -151,7 +142,7 @@ class _HalfPrecisionUpdates:
 
 def test_updates_of_another_dtype_are_named_before_they_are_added() -> None:
     m = dataclasses.replace(BASE, update=None, optimizer=_HalfPrecisionUpdates())
-    result = check_training(_ctx(m))
+    result = check("training", _ctx(m))
     assert result.status == "fail"
     assert result.evidence[0] == (
         "step 1 updates: ['dense1']['b']: dtype float32 in the params, bfloat16 in the "

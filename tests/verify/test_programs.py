@@ -10,9 +10,8 @@ from typing import Any
 
 import jax
 import pytest
+from onecheck import context
 
-from treeguard._src.verify.cases import generate
-from treeguard._src.verify.checks import Context
 from treeguard.examples import mlp
 from treeguard.verify import run
 
@@ -27,9 +26,7 @@ def test_prepare_leaves_the_checks_nothing_to_compile(caplog: pytest.LogCaptureF
             concrete_calls.append(batch["x"].shape)
         return mlp.apply(params, batch)
 
-    ctx = Context(
-        model=dataclasses.replace(BASE, apply=apply), cases=generate(BASE), references=None
-    )
+    ctx = context(dataclasses.replace(BASE, apply=apply))
     ctx.prepare()
     assert concrete_calls == [(8, 2)]  # the eager reference, on the standard case
     with caplog.at_level(logging.WARNING), jax.log_compiles(True):
@@ -57,6 +54,8 @@ def test_a_failure_while_preparing_fails_the_check_that_needs_it() -> None:
 
 
 def test_only_options_this_xla_knows_are_passed(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The compiler options alone, on purpose: an option this XLA lacks cannot be
+    # made to appear through a public call.
     from treeguard._src.verify import programs
 
     programs._known_cpu_options.cache_clear()

@@ -22,6 +22,7 @@ from typing import Any
 
 import click
 
+from .._src import strictjson
 from .._src.display import fmt_bytes
 from .._src.errors import ConfigError, ServingError
 from .console import console
@@ -226,10 +227,11 @@ def swap_command(url: str, version: str, timeout: float) -> None:
     )
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
-            body = json.loads(resp.read(1 << 20))
+            body = strictjson.loads(resp.read(1 << 20), "the server's answer", context=url)
     except urllib.error.HTTPError as e:
         try:
-            message = json.loads(e.read(1 << 20)).get("error", str(e))
+            refusal = strictjson.loads(e.read(1 << 20), "the server's refusal", context=url)
+            message = refusal.get("error", str(e))
         except (ValueError, AttributeError):
             message = str(e)
         raise ServingError(f"swap to {version} refused ({e.code}): {message}") from e

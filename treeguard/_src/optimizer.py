@@ -27,13 +27,13 @@ from .updates.compiled import (
     run_step,
 )
 from .updates.layout import (
-    Layout,
+    LabelledTree,
     check_acyclic,
     check_arrays,
     check_layout,
     check_scalars,
-    host_layouts,
     is_tracer,
+    labelled_trees,
     mismatch_error,
 )
 from .updates.policy import TRACED_RAISE, Cast, DtypePolicy, OnNonfinite, StepOptions
@@ -123,7 +123,7 @@ class OptaxStep:
         Raises:
           InvalidTreeError: for a cyclic tree or a leaf that is not an array.
         """
-        check_arrays(host_layouts([("the params", params)]))
+        check_arrays(labelled_trees([("the params", params)]))
         state = self.optimizer.init(params)
         mesh = next(
             (
@@ -160,7 +160,7 @@ class OptaxStep:
         out = run_step(
             fn,
             (params, grads, state, extra, self._step.skip_in() if skip else None),
-            lambda: host_layouts(labelled),
+            lambda: labelled_trees(labelled),
             extra,
         )
         if self.on_nonfinite == "ignore":
@@ -173,9 +173,9 @@ class OptaxStep:
             raise TracedValueError(TRACED_RAISE)
         if not flag:
             if self.donate:
-                checked = host_layouts([("the grads", grads)])
+                checked = labelled_trees([("the grads", grads)])
             else:
-                checked = host_layouts(
+                checked = labelled_trees(
                     [("the updated params", new_params), ("the updated state", new_state)]
                 )
             raise nonfinite_error(
@@ -193,7 +193,7 @@ class OptaxStep:
         p_pin, s_pin = (shardings[0], shardings[1]) if shardings else (None, None)
 
         def step(params: Any, grads: Any, state: Any, extra: dict[str, Any], skipped: Any) -> Any:
-            ref, g_lay, s_lay = host_layouts(self._labelled(params, grads, state))
+            ref, g_lay, s_lay = labelled_trees(self._labelled(params, grads, state))
             check_layout(ref, [g_lay])
             plan_casts(ref, [g_lay], policy)  # refuses; grads reach the optimizer uncast
             check_scalars(extra)
@@ -204,7 +204,7 @@ class OptaxStep:
                 )
             updates, new_state = opt.update(grads, state, params, **extra)
             u_leaves, u_def = flatten(updates)
-            u_lay = Layout(_UPDATES, updates, u_leaves, u_def)
+            u_lay = LabelledTree(_UPDATES, updates, u_leaves, u_def)
             check_layout(ref, [u_lay])
             plan, casts = plan_casts(ref, [u_lay], policy)
             record(casts)
@@ -216,7 +216,8 @@ class OptaxStep:
             ]
             ns_leaves, ns_def = flatten(new_state)
             _check_drift(
-                s_lay, Layout("the state optimizer.update returned", new_state, ns_leaves, ns_def)
+                s_lay,
+                LabelledTree("the state optimizer.update returned", new_state, ns_leaves, ns_def),
             )
             n = len(new_p)
             kept, flag = finish_step(
@@ -238,7 +239,7 @@ def _abstract(tree: Any) -> Any:
     )
 
 
-def _check_state(s_lay: Layout, optimizer: Any, params: Any) -> None:
+def _check_state(s_lay: LabelledTree, optimizer: Any, params: Any) -> None:
     """The state passed in must look like ``optimizer.init(params)``."""
     expected = jax.eval_shape(optimizer.init, _abstract(params))
     found = [m for m in mismatches(s_lay.tree, expected) if m.kind in _DRIFT]
@@ -252,7 +253,7 @@ def _check_state(s_lay: Layout, optimizer: Any, params: Any) -> None:
         )
 
 
-def _check_drift(before: Layout, after: Layout) -> None:
+def _check_drift(before: LabelledTree, after: LabelledTree) -> None:
     """The state returned must keep the structure, shapes and dtypes it came in with."""
     same = after.treedef == before.treedef and all(
         np.shape(a) == np.shape(b) and jax.numpy.result_type(a) == jax.numpy.result_type(b)

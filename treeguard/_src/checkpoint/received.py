@@ -11,10 +11,8 @@ load or verify):
 
 from __future__ import annotations
 
-import os
-import stat
-
 from ..atomic import file_kind
+from ..dirtree import plain_tree as _plain_tree
 from ..errors import FormatError
 
 #: Deflate cannot expand data by more than about this factor.
@@ -34,8 +32,9 @@ def plain_tree(name: str, *, hint: str) -> int:
 
     Raises:
       FormatError: naming the first entry that is not a directory or a
-        regular file (a link, a FIFO, a device, a socket), or for more than
-        ``MAX_ENTRIES`` entries.
+        regular file (a link, a FIFO, a device, a socket), for more than
+        ``MAX_ENTRIES`` entries, or for directories nested deeper than
+        ``dirtree.MAX_DEPTH``.
 
     Example:
       >>> import os, tempfile
@@ -46,27 +45,19 @@ def plain_tree(name: str, *, hint: str) -> int:
       ...
       treeguard.FormatError: ...: 'pipe' is not a regular file but a FIFO; treeguard reads none...
     """
-    seen = total = 0
-    todo = [name]
-    while todo:
-        with os.scandir(todo.pop()) as entries:
-            for entry in entries:
-                seen += 1
-                if seen > MAX_ENTRIES:
-                    raise FormatError(f"holds more than {MAX_ENTRIES:,} files", context=name)
-                st = entry.stat(follow_symlinks=False)
-                if stat.S_ISDIR(st.st_mode):
-                    todo.append(entry.path)
-                elif stat.S_ISREG(st.st_mode):
-                    total += st.st_size
-                else:
-                    raise FormatError(
-                        f"{os.path.relpath(entry.path, name)[:200]!r} is not a regular file "
-                        f"but {file_kind(st.st_mode)}; treeguard reads none of those",
-                        context=name,
-                        hint=hint,
-                    )
-    return total
+
+    def refuse(path: str, mode: int) -> FormatError:
+        return FormatError(
+            f"{path[:200]!r} is not a regular file but {file_kind(mode)}; "
+            "treeguard reads none of those",
+            context=name,
+            hint=hint,
+        )
+
+    def too_big(what: str) -> FormatError:
+        return FormatError(f"holds {what}", context=name, hint=hint)
+
+    return _plain_tree(name, max_entries=MAX_ENTRIES, refuse=refuse, too_big=too_big)
 
 
 def refuse_forged_claim(claimed: int, on_disk: int, name: str) -> None:

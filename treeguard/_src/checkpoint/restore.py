@@ -8,6 +8,7 @@ use these; neither imports the other.
 
 from __future__ import annotations
 
+import functools
 import mmap
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -188,8 +189,23 @@ def as_like(arr: np.ndarray[Any, Any], ref: Any) -> Any:
     return arr
 
 
+@functools.lru_cache(maxsize=64)
+def _weak_identity(shape: tuple[int, ...], dtype: np.dtype[Any], sharding: Any) -> Any:
+    """The identity compiled for a weakly typed argument: it returns its
+    argument's value with JAX's weak type (public API only:
+    ``ShapeDtypeStruct(weak_type=True)`` and ahead-of-time compilation)."""
+    import jax  # a reader of headers alone never imports JAX
+
+    weak = jax.ShapeDtypeStruct(shape, dtype, weak_type=True, sharding=sharding)  # type: ignore[no-untyped-call]
+    return jax.jit(lambda a: a, out_shardings=sharding).lower(weak).compile()
+
+
 def _weak(arr: np.ndarray[Any, Any], sharding: Any) -> Any:
-    """A weakly typed jax array with ``arr``'s value (JAX's scalar promotion type)."""
+    """A weakly typed jax array with ``arr``'s value (JAX's scalar promotion type).
+
+    tests/checkpoint/test_checkpoint.py fails loudly if a JAX release stops
+    giving the weak type this way.
+    """
     import jax  # a reader of headers alone never imports JAX
 
     if arr.ndim == 0:
@@ -197,9 +213,4 @@ def _weak(arr: np.ndarray[Any, Any], sharding: Any) -> Any:
         if candidate.dtype == arr.dtype and candidate.weak_type:
             return jax.device_put(candidate, sharding)
     placed = jax.device_put(arr, sharding)
-    try:  # JAX has no public way to make a weakly typed array of a given value
-        from jax._src.lax.lax import _convert_element_type
-
-        return _convert_element_type(placed, placed.dtype, weak_type=True)
-    except (ImportError, TypeError, AttributeError):  # pragma: no cover - JAX moved it
-        return placed
+    return _weak_identity(arr.shape, arr.dtype, sharding)(placed)

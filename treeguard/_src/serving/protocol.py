@@ -97,6 +97,9 @@ def refuse(
     return InvalidRequestError(message, status=status, reason=reason, hint=hint)
 
 
+# Not ``strictjson``: a request's fault is a 400 ``InvalidRequestError`` that quotes
+# nothing the client sent (``strictjson`` names a duplicate key and a bad byte), and
+# the decoder bounds each number against the datatype the input declares.
 def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON number")
 

@@ -23,8 +23,10 @@ import stat
 from collections.abc import Callable, Iterator
 
 from ..atomic import stale_temp
+from ..dirtree import plain_tree
+from ..errors import StoreError
 from ..sharded.manifest import MANIFEST_NAME, is_data_name
-from .layout import MODEL_FILE, STATUS_FILE
+from .layout import MAX_TREE_ENTRIES, MODEL_FILE, STATUS_FILE
 from .storage import open_dir
 
 #: The prefix of a version directory being removed.
@@ -66,21 +68,17 @@ def _orbax_dir(name: str) -> bool:
     return is_data_name(name) or (is_data_name(head) and ".orbax-checkpoint-tmp" in name)
 
 
+def _not_plain(*what: object) -> StoreError:
+    return StoreError("not a directory the store wrote")  # caught below, never shown
+
+
 def _plain(fd: int) -> bool:
     """Whether the directory open at ``fd`` holds only regular files and
     real directories, at every depth (followed nowhere)."""
-    for name in os.listdir(fd):
-        mode = _mode(name, fd)
-        if mode is None or stat.S_ISREG(mode):
-            continue
-        if not stat.S_ISDIR(mode):
-            return False
-        try:
-            with opened_dir(name, dir_fd=fd) as sub:
-                if not _plain(sub):
-                    return False
-        except OSError:
-            return False
+    try:
+        plain_tree(fd, max_entries=MAX_TREE_ENTRIES, refuse=_not_plain, too_big=_not_plain)
+    except (StoreError, OSError):
+        return False
     return True
 
 

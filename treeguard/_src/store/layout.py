@@ -32,7 +32,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from .. import strictjson
+from .. import dirtree, strictjson
 from ..atomic import FILE_MODE, file_kind
 from ..errors import (
     ConflictError,
@@ -308,32 +308,25 @@ class Layout:
             ) from e
 
     def _plain_tree(self, directory: str, *, version: str) -> None:
-        stack = [directory]
-        seen = 0
-        while stack:
-            here = stack.pop()
-            with os.scandir(here) as entries:
-                for entry in entries:
-                    seen += 1
-                    mode = entry.stat(follow_symlinks=False).st_mode
-                    if stat.S_ISDIR(mode):
-                        stack.append(entry.path)
-                    elif not stat.S_ISREG(mode):
-                        raise IntegrityError(
-                            f"version {version}: {os.path.relpath(entry.path, directory)} is "
-                            f"{file_kind(mode)}, not a file the store or orbax wrote; refused",
-                            version=version,
-                            context=directory,
-                            hint="the store never follows links; remove it, or restore the "
-                            "version from a backup",
-                        )
-            if seen > MAX_TREE_ENTRIES:
-                raise IntegrityError(
-                    f"version {version}: more than {MAX_TREE_ENTRIES} entries; refused",
-                    version=version,
-                    context=directory,
-                    hint="restore the version from a backup",
-                )
+        def refuse(path: str, mode: int) -> IntegrityError:
+            return IntegrityError(
+                f"version {version}: {path} is {file_kind(mode)}, not a file the store or "
+                "orbax wrote; refused",
+                version=version,
+                context=directory,
+                hint="the store never follows links; remove it, or restore the version "
+                "from a backup",
+            )
+
+        def too_big(what: str) -> IntegrityError:
+            return IntegrityError(
+                f"version {version}: {what}; refused",
+                version=version,
+                context=directory,
+                hint="restore the version from a backup",
+            )
+
+        dirtree.plain_tree(directory, max_entries=MAX_TREE_ENTRIES, refuse=refuse, too_big=too_big)
 
     # -- the lock --------------------------------------------------------
 

@@ -11,7 +11,7 @@ import numpy as np
 
 from ..mismatch import Mismatch
 from ..nonfinite import is_inexact
-from .layout import Layout, mismatch_error
+from .layout import LabelledTree, mismatch_error
 from .policy import Cast, DtypePolicy
 
 _CAST_HINT = (
@@ -36,7 +36,7 @@ def same_kind(source: np.dtype[Any], target: np.dtype[Any]) -> bool:
 
 
 def plan_casts(
-    ref: Layout, others: Sequence[Layout], policy: DtypePolicy
+    ref: LabelledTree, others: Sequence[LabelledTree], policy: DtypePolicy
 ) -> tuple[dict[tuple[int, int], np.dtype[Any]], list[Cast]]:
     """Compares every leaf's dtype with its param's under ``policy``.
 

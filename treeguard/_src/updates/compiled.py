@@ -36,7 +36,7 @@ import numpy as np
 from ..errors import InvalidTreeError, NonFiniteError, TreeguardError
 from ..leaf import summarize
 from ..nonfinite import all_finite, describe_counts, find_nonfinite
-from .layout import Layout, check_arrays, check_scalars, host_layouts, is_tracer
+from .layout import LabelledTree, check_arrays, check_scalars, is_tracer, labelled_trees
 from .policy import Cast, OnNonfinite
 from .shardings import (
     from_jax,
@@ -125,7 +125,7 @@ class CompiledStep:
         key = tuple(tuple(map(sharding_of, jax.tree.leaves(t))) for t in trees)
         fn = self._by_sharding.get(key)
         if fn is None:
-            shardings = plan_shardings_all(host_layouts(labelled()), self._pinned)
+            shardings = plan_shardings_all(labelled_trees(labelled()), self._pinned)
             fn = self._make(shardings)
             if len(self._by_sharding) >= MAX_SHARDINGS:
                 self._by_sharding.pop(next(iter(self._by_sharding)))
@@ -183,7 +183,7 @@ def finish_step(
 
 
 def nonfinite_error(
-    checked: Sequence[Layout],
+    checked: Sequence[LabelledTree],
     *,
     params: Any,
     state: Any = None,
@@ -225,7 +225,7 @@ def nonfinite_error(
     )
 
 
-def _deleted_or_leaked(error: Exception, lays: Sequence[Layout]) -> tuple[list[Any], str]:
+def _deleted_or_leaked(error: Exception, lays: Sequence[LabelledTree]) -> tuple[list[Any], str]:
     problems: list[tuple[str, str]] = []
     hint = "with donate=True, pass the params the previous step returned, not the old ones"
     for lay in lays:
@@ -255,7 +255,7 @@ def _deleted_or_leaked(error: Exception, lays: Sequence[Layout]) -> tuple[list[A
 
 
 def diagnose(
-    error: Exception, layouts: Callable[[], Sequence[Layout]], hyper: dict[str, Any]
+    error: Exception, layouts: Callable[[], Sequence[LabelledTree]], hyper: dict[str, Any]
 ) -> None:
     """Turns JAX's complaint about a step's arguments into an error that names
     the key path; returns (so the caller re-raises) when it finds nothing."""
@@ -280,7 +280,7 @@ def diagnose(
 
 
 def _name_refused_leaves(
-    error: InvalidTreeError, cause: BaseException, lays: Sequence[Layout]
+    error: InvalidTreeError, cause: BaseException, lays: Sequence[LabelledTree]
 ) -> None:
     """Raises a layout refusal found while tracing again, naming the leaves
     by their concrete shardings (while tracing, only their types were known);
@@ -300,7 +300,7 @@ def _name_refused_leaves(
 def run_step(
     fn: Callable[..., Any],
     args: tuple[Any, ...],
-    layouts: Callable[[], Sequence[Layout]],
+    layouts: Callable[[], Sequence[LabelledTree]],
     hyper: dict[str, Any],
 ) -> Any:
     """Calls a compiled step. A treeguard error raised while tracing comes out

@@ -42,7 +42,7 @@ def mismatch_error(
 
 
 @dataclasses.dataclass(frozen=True)
-class Layout:
+class LabelledTree:
     """The parts of one call the checks need: a label and the flat leaves."""
 
     label: str
@@ -54,12 +54,12 @@ class Layout:
         return [keystr(p) for p in structure_of(self.tree, self.treedef).leaf_paths()]
 
 
-def host_layouts(labelled: Sequence[tuple[str, Any]]) -> list[Layout]:
+def labelled_trees(labelled: Sequence[tuple[str, Any]]) -> list[LabelledTree]:
     """Flattens each ``(label, tree)`` for a check on the host."""
     out = []
     for label, tree in labelled:
         leaves, treedef = flatten(tree)
-        out.append(Layout(label, tree, leaves, treedef))
+        out.append(LabelledTree(label, tree, leaves, treedef))
     return out
 
 
@@ -69,11 +69,11 @@ def check_acyclic(trees: Sequence[Any]) -> None:
         assert_acyclic(t)
 
 
-def _leaf_paths(lay: Layout) -> list[Any]:
+def _leaf_paths(lay: LabelledTree) -> list[Any]:
     return structure_of(lay.tree, lay.treedef).leaf_paths()
 
 
-def check_arrays(layouts: Sequence[Layout]) -> None:
+def check_arrays(layouts: Sequence[LabelledTree]) -> None:
     """Refuses leaves that are not arrays, in every tree at once."""
     problems: list[tuple[str, str]] = []
     for lay in layouts:
@@ -89,10 +89,10 @@ def check_arrays(layouts: Sequence[Layout]) -> None:
         )
 
 
-def check_layout(ref: Layout, others: Sequence[Layout]) -> None:
+def check_layout(ref: LabelledTree, others: Sequence[LabelledTree]) -> None:
     """Refuses trees whose structure or leaf shapes differ from ``ref``'s,
     listing every path in every tree before any arithmetic."""
-    bad: list[Layout] = []
+    bad: list[LabelledTree] = []
     for lay in others:
         if lay.treedef != ref.treedef or any(
             shape_of(a) != shape_of(b) for a, b in zip(ref.leaves, lay.leaves)

@@ -25,7 +25,7 @@ import numpy as np
 from ..errors import InvalidTreeError
 from ..leaf import describe_sharding, summarize
 from ..mismatch import Mismatch
-from .layout import Layout, is_tracer, mismatch_error
+from .layout import LabelledTree, is_tracer, mismatch_error
 
 #: How much of JAX's own message a refusal quotes.
 _QUOTED = 240
@@ -105,7 +105,7 @@ def on_mesh(tree: Any) -> contextlib.AbstractContextManager[Any]:
     return set_mesh(mesh)  # type: ignore[no-any-return]
 
 
-def plan_shardings(ref: Layout, others: Sequence[Layout]) -> list[Any] | None:
+def plan_shardings(ref: LabelledTree, others: Sequence[LabelledTree]) -> list[Any] | None:
     """The params' shardings, to pin every result leaf to its param's sharding.
 
     An update leaf on the same devices and mesh axis types as its param but
@@ -130,7 +130,9 @@ def plan_shardings(ref: Layout, others: Sequence[Layout]) -> list[Any] | None:
     return ref_sh if any(s is not None for s in ref_sh) else None
 
 
-def refuse_foreign(ref: Layout, others: Sequence[Layout], ref_sh: Sequence[Any]) -> None:
+def refuse_foreign(
+    ref: LabelledTree, others: Sequence[LabelledTree], ref_sh: Sequence[Any]
+) -> None:
     """Refuses every leaf of ``others`` on other devices or mesh axis types
     than its param's sharding in ``ref_sh``.
 
@@ -169,7 +171,7 @@ def _same_axis_types(a: Any, b: Any) -> bool:
 
 
 def plan_shardings_all(
-    lays: Sequence[Layout], groups: Sequence[tuple[int, Sequence[int]]]
+    lays: Sequence[LabelledTree], groups: Sequence[tuple[int, Sequence[int]]]
 ) -> list[list[Any] | None]:
     """For each group ``(ref, matched)``: checks the matched trees' devices
     against the ref tree's and returns the ref tree's shardings to pin."""
@@ -275,7 +277,7 @@ def sharding_refused(
     )
 
 
-def sharded_leaves(lays: Sequence[Layout]) -> list[tuple[str, Any, str]]:
+def sharded_leaves(lays: Sequence[LabelledTree]) -> list[tuple[str, Any, str]]:
     """``(path, leaf, label)`` for each leaf on a mesh, for a refusal that
     cannot tell which leaf JAX meant."""
     out: list[tuple[str, Any, str]] = []

@@ -21,8 +21,8 @@ from .layout import (
     check_acyclic,
     check_layout,
     check_scalars,
-    host_layouts,
     is_tracer,
+    labelled_trees,
     mismatch_error,
 )
 from .policy import TRACED_RAISE, Cast, DtypePolicy, OnNonfinite, StepOptions
@@ -113,7 +113,7 @@ class Updater:
         out = run_step(
             fn,
             (params, trees, hyper, self._step.skip_in() if skip else None),
-            lambda: host_layouts(self._labelled(params, trees)),
+            lambda: labelled_trees(self._labelled(params, trees)),
             hyper,
         )
         if self.on_nonfinite == "ignore":
@@ -126,9 +126,9 @@ class Updater:
             raise TracedValueError(TRACED_RAISE)
         if not extra:
             if self.donate:  # the results are gone; name what went in
-                checked = host_layouts(self._labelled(params, trees))[1:]
+                checked = labelled_trees(self._labelled(params, trees))[1:]
             else:
-                checked = host_layouts([("the updated params", new)])
+                checked = labelled_trees([("the updated params", new)])
             raise nonfinite_error(
                 checked, params=new if self.donate else params, donate=self.donate
             )
@@ -141,7 +141,7 @@ class Updater:
         pinned = shardings[0] if shardings else None
 
         def step(params: Any, trees: tuple[Any, ...], hyper: dict[str, Any], skipped: Any) -> Any:
-            lays = host_layouts(self._labelled(params, trees))
+            lays = labelled_trees(self._labelled(params, trees))
             ref, others = lays[0], lays[1:]
             check_layout(ref, others)
             plan, casts = plan_casts(ref, others, policy)
@@ -347,5 +347,5 @@ def apply_updates(
     new = step(params, updates)
     if not report:
         return new
-    lays = host_layouts([("the params", params), ("the updates", updates)])
+    lays = labelled_trees([("the params", params), ("the updates", updates)])
     return new, tuple(plan_casts(lays[0], lays[1:], dtype_policy)[1])

@@ -1,0 +1,40 @@
+"""One check of the acceptance protocol alone, on a model's generated cases.
+
+``treeguard.verify.run`` runs every check and compiles the model for each
+transform (seconds a run); a test of one check's verdict runs that check alone.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# The check table, its context and the per-example hash on purpose: they have
+# no public name, and going through ``run`` would make each test cost a whole run.
+from treeguard._src.verify.checks import CHECKS, Context, example_hashes
+from treeguard.verify import CheckResult, Model, References, generate_cases
+
+__all__ = ["check", "context", "example_hashes", "one_check"]
+
+
+def context(model: Model, references: References | None = None, *, record: bool = False) -> Any:
+    """What the checks share, for ``model`` and its generated cases."""
+    return Context(model=model, cases=generate_cases(model), references=references, record=record)
+
+
+def check(name: str, ctx: Any) -> CheckResult:
+    """Runs the check ``name`` on ``ctx``; an exception inside it propagates."""
+    return CHECKS[name](ctx)
+
+
+def one_check(
+    name: str,
+    model: Model,
+    references: References | None = None,
+    *,
+    record: bool = False,
+    bench_result: Any = None,
+) -> CheckResult:
+    """Runs the check ``name`` alone; an exception inside it propagates."""
+    ctx = context(model, references, record=record)
+    ctx.bench_result = bench_result
+    return check(name, ctx)
