@@ -169,9 +169,9 @@ def test_compare_usage_errors(tmp_path: Path) -> None:
     base = _save(tmp_path / "a.json")
     (tmp_path / "junk.json").write_text("{")
     code, _, err = _bench("compare", str(base), str(tmp_path / "junk.json"))
-    assert code == 2 and "not a treeguard benchmark file" in err
+    assert code == 2 and "the benchmark file is not valid JSON" in err
     code, _, err = _bench("compare", str(base), str(tmp_path / "missing.json"))
-    assert code == 2 and "not a regular file" in err
+    assert code == 2 and "missing.json: no such file" in err
     other = _save(tmp_path / "n.json", name="g")
     code, _, err = _bench("compare", str(base), str(other))
     assert code == 2 and "share no benchmark name" in err

@@ -150,7 +150,7 @@ def _doc(tmp_path: Path) -> dict[str, Any]:
 @pytest.mark.parametrize(
     ("edit", "message"),
     [
-        (lambda d: "not json", "not a treeguard benchmark file"),
+        (lambda d: "not json", "the benchmark file is not valid JSON"),
         (lambda d: [1, 2], "a JSON list, not a benchmark document"),
         (lambda d: {**d, "format": "treeguard.bench/9"}, "is newer than 'treeguard.bench/1'"),
         (lambda d: {**d, "format": "other"}, "format 'other', expected 'treeguard.bench/1'"),
@@ -193,10 +193,10 @@ def test_hostile_files_are_refused(tmp_path: Path, edit: Any, message: str) -> N
 def test_nan_deep_nesting_and_non_files_are_refused(tmp_path: Path) -> None:
     p = tmp_path / "nan.json"
     p.write_text('{"format": "treeguard.bench/1", "x": NaN}')
-    with pytest.raises(FormatError, match="NaN is not JSON"):
+    with pytest.raises(FormatError, match="the benchmark file: NaN is not a JSON number"):
         load(p)
     p.write_text("[" * 100_000 + "]" * 100_000)
-    with pytest.raises(FormatError, match="not a treeguard benchmark file"):
+    with pytest.raises(FormatError, match="the benchmark file: it nests deeper than 512"):
         load(p)
     with pytest.raises(FormatError, match="not a regular file"):
         load(tmp_path)

@@ -16,7 +16,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..atomic import atomic_write
+from .. import strictjson
+from ..atomic import atomic_write, read_regular
 from ..display import fmt_bytes, fmt_seconds
 from ..errors import FormatError
 from .run import BenchResult
@@ -92,10 +93,6 @@ def save(
     return target
 
 
-def _refuse_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
 def load(path: str | os.PathLike[str], /) -> list[BenchResult]:
     """Reads the results of a ``treeguard.bench/1`` file.
 
@@ -113,17 +110,12 @@ def load(path: str | os.PathLike[str], /) -> list[BenchResult]:
       OSError: if the file cannot be read.
     """
     p = Path(path)
-    if not p.is_file():
-        raise FormatError(
-            "not a regular file", context=str(p), hint="pass a file written by --json"
-        )
-    if p.stat().st_size > MAX_BYTES:
-        raise FormatError(f"{p}: {p.stat().st_size} bytes, over the {MAX_BYTES} byte limit")
-    raw = p.read_bytes()
+    hint = "pass a file written by `treeguard bench MODULE:ATTR --json FILE`"
     try:
-        doc = json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant)
-    except (ValueError, RecursionError) as e:
-        raise FormatError(f"{p}: not a treeguard benchmark file: {e}") from None
+        raw = read_regular(p, limit=MAX_BYTES, what="benchmark file")
+    except FileNotFoundError:
+        raise FormatError("no such file", context=str(p), hint=hint) from None
+    doc = strictjson.loads(raw, "the benchmark file", context=str(p), hint=hint)
     return from_document(doc, where=str(p))
 
 
