@@ -261,6 +261,21 @@ def save(
       >>> list(safetensors.numpy.load_file(path))
       ["['dense1']['w']"]
     """
+    write_checkpoint(path, tree, metadata=metadata, digest=digest, surgery=surgery)
+
+
+def write_checkpoint(
+    path: str | os.PathLike[str],
+    tree: Any,
+    /,
+    *,
+    metadata: Mapping[str, Any] | None = None,
+    digest: Algorithm = DEFAULT,
+    surgery: Surgery | None = None,
+    threads: int | None = None,
+) -> None:
+    """``save``, with ``threads`` bounding the threads that hash (None: every
+    core; a background save passes 1)."""
     target = os.fspath(path)
     algorithm = check_algorithm(digest)
     leaves, _ = flatten(tree)
@@ -324,7 +339,7 @@ def save(
 
     def write(fd: int) -> None:
         write_all(fd, len(draft).to_bytes(8, "little") + draft)
-        digests = write_hashed(fd, _leaf_bytes(leaves, records, names), algorithm)
+        digests = write_hashed(fd, _leaf_bytes(leaves, records, names), algorithm, threads=threads)
         meta[K_HASHES] = json.dumps(dict(zip(names, digests)), ensure_ascii=False)
         meta[K_DIGEST] = header_digest(meta, table)
         final = encode_header(meta, table)
