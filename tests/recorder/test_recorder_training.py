@@ -85,11 +85,9 @@ def test_a_nan_at_step_k_is_recorded_and_located_at_its_line(
     stored = bundle.load_state("params", jax.eval_shape(model.init, jax.random.key(0)))
     for a, b in zip(jax.tree.leaves(stored), jax.tree.leaves(before)):
         np.testing.assert_array_equal(np.asarray(a), b)  # the params from before step K
-    result = CliRunner().invoke(
-        main, ["diagnose", "--bundle", e.bundle, f"recorder.nanmodels:{attr}"]
-    )
-    assert result.exit_code == 1, result.output
-    lines = result.output.splitlines()
+    code, out = _replay(e.bundle, attr)
+    assert code == 1, out
+    lines = out.splitlines()
     assert lines[0] == f"bundle {e.bundle}: step {K}, recorded first in the loss"
     fn = loss.__name__
     assert lines[1].startswith("first non-finite value: forward equation ")
@@ -100,32 +98,19 @@ def test_a_digest_only_bundle_is_replayed_with_the_batch_saved_apart(tmp_path: P
     e, _, bad = _train_until_nan(nm.eqx_model, nm.eqx_loss, _poison_x, tmp_path / "nan", "digest")
     batch_file = tmp_path / "step4-batch.safetensors"
     tg.save(batch_file, bad)
-    result = CliRunner().invoke(
-        main,
-        [
-            "diagnose",
-            "--bundle",
-            str(e.bundle),
-            "recorder.nanmodels:eqx_model",
-            "--batch",
-            str(batch_file),
-        ],
-    )
-    assert result.exit_code == 1 and nm.marked_line("eqx_loss") in result.output
+    code, out = _replay(str(e.bundle), "eqx_model", "--batch", str(batch_file))
+    assert code == 1 and nm.marked_line("eqx_loss") in out
     tg.save(batch_file, _poison_x({**bad, "y": bad["y"] + 1.0}))
+    code, out = _replay(str(e.bundle), "eqx_model", "--batch", str(batch_file))
+    assert code == 1
+    assert "1 batch leaf differs from the digest the bundle recorded: ['y']" in out
+
+
+def _replay(bundle: str, attr: str, *options: str) -> tuple[int, str]:
     result = CliRunner().invoke(
-        main,
-        [
-            "diagnose",
-            "--bundle",
-            str(e.bundle),
-            "recorder.nanmodels:eqx_model",
-            "--batch",
-            str(batch_file),
-        ],
+        main, ["diagnose", "--bundle", bundle, f"recorder.nanmodels:{attr}", *options]
     )
-    assert result.exit_code == 1
-    assert "1 batch leaf differs from the digest the bundle recorded: ['y']" in result.output
+    return result.exit_code, result.output
 
 
 _ON_A_SMALL_DISK = textwrap.dedent(

@@ -215,17 +215,9 @@ def write_bundle(
 
 
 def _write_in(  # noqa: PLR0917 - one call site, in ``write_bundle``
-    fd: int,
-    directory: str,
-    step: int,
-    params: Any,
-    opt_state: Any,
-    key: Any,
-    batch: Any,
-    mode: BatchMode,
-    found: Sequence[Found],
-    keep: int,
-) -> str:
+    fd: int, directory: str, step: int, params: Any, opt_state: Any, key: Any, batch: Any,
+    mode: BatchMode, found: Sequence[Found], keep: int,
+) -> str:  # fmt: skip
     try:
         existing = bundles_in(fd)
     except OSError as e:
