@@ -5,7 +5,8 @@ how long ``save_async`` blocks its caller, and what a subtree load saves.
     .venv/bin/python benchmarks/resume.py --mib 1024
 
 Every ratio is measured in this one run against a baseline measured in the
-same run (medians, after a warm-up):
+same run, the baseline and the measured side alternating (medians, after a
+warm-up):
 
 * step during save: the median time of a jitted training-sized step (a
   ``tanh(x @ w)`` chain on 1024x1024 f32) while ``save_async`` writes the
@@ -74,18 +75,24 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "ckpt.safetensors"
         tg.save_async(path, tree).result()  # warm-up: every module imported, the file cached
-        base = statistics.median(_time(one_step, 30))
 
+        # the baseline and the saves alternate, so a load that comes and goes hits both
+        alone: list[float] = []
         during: list[float] = []
         blocks: list[float] = []
+        copies: list[float] = []
         for _ in range(3):
+            alone.extend(_time(one_step, 10))
+            copies.extend(
+                _time(lambda: jax.tree.map(lambda a: np.array(jax.device_get(a)), tree), 1)
+            )
             t = time.perf_counter()
             handle = tg.save_async(path, tree)
             blocks.append(time.perf_counter() - t)
             while not handle.done():
                 during.extend(_time(one_step, 1))
             handle.result()
-        copies = _time(lambda: jax.tree.map(lambda a: np.array(jax.device_get(a)), tree), 3)
+        base = statistics.median(alone)
 
         like = jax.tree.map(np.asarray, tree["block3"])
         whole_like = jax.tree.map(np.asarray, tree)

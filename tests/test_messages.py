@@ -256,3 +256,13 @@ def test_non_native_byte_order_message() -> None:
         "tree['w']: dtype '>f4' has non-native byte order; a spec names dtypes by name "
         "(float32), stored in native order"
     )
+
+
+def test_flight_recorder_without_a_batch_choice_message(tmp_path: Any) -> None:
+    assert _message(tg.FlightRecorder, tmp_path) == (
+        "FlightRecorder needs batch=\n"
+        'hint: pass batch="record" to keep the raw batch in the bundle (it can then be '
+        'replayed as is), or batch="digest" to keep only its spec and digest (the batch '
+        "stays out of the files; replaying then needs the batch itself, checked against the "
+        "digest); a batch may hold personal data, so this is a choice written in the code"
+    )

@@ -38,6 +38,7 @@ if _typing.TYPE_CHECKING:
     from ._src.errors import ModelExitError as ModelExitError
     from ._src.errors import NonFiniteError as NonFiniteError
     from ._src.errors import NotAStoreError as NotAStoreError
+    from ._src.errors import RecorderError as RecorderError
     from ._src.errors import RunInterruptedError as RunInterruptedError
     from ._src.errors import SignatureError as SignatureError
     from ._src.errors import StorageError as StorageError
@@ -54,6 +55,10 @@ if _typing.TYPE_CHECKING:
     from ._src.optimizer import OptaxStep as OptaxStep
     from ._src.optimizer import optax_step as optax_step
     from ._src.optstate import migrate_opt_state as migrate_opt_state
+    from ._src.recorder import Bundle as Bundle
+    from ._src.recorder import FlightRecorder as FlightRecorder
+    from ._src.recorder import RecordedStep as RecordedStep
+    from ._src.recorder import read_bundle as read_bundle
     from ._src.sharded.load import load_sharded as load_sharded
     from ._src.sharded.save import save_sharded as save_sharded
     from ._src.spec import LeafSpec as LeafSpec
@@ -74,9 +79,11 @@ __version__ = "0.1.0"
 #: public surface (``__all__`` is its keys; a test holds the imports above to it).
 _EXPORTS: dict[str, str] = {
     "ArtifactStore": "._src.store",
+    "Bundle": "._src.recorder",
     "Cast": "._src.updates",
     "ConfigError": "._src.errors",
     "ConflictError": "._src.errors",
+    "FlightRecorder": "._src.recorder",
     "ForeignHeader": "._src.checkpoint",
     "FormatError": "._src.errors",
     "Header": "._src.checkpoint",
@@ -89,6 +96,8 @@ _EXPORTS: dict[str, str] = {
     "NonFiniteError": "._src.errors",
     "NotAStoreError": "._src.errors",
     "OptaxStep": "._src.optimizer",
+    "RecordedStep": "._src.recorder",
+    "RecorderError": "._src.errors",
     "RetentionPolicy": "._src.store",
     "RunInterruptedError": "._src.errors",
     "SaveHandle": "._src.checkpoint",
@@ -116,6 +125,7 @@ _EXPORTS: dict[str, str] = {
     "migrate_opt_state": "._src.optstate",
     "mismatches": "._src.diff",
     "optax_step": "._src.optimizer",
+    "read_bundle": "._src.recorder",
     "read_foreign": "._src.checkpoint",
     "read_header": "._src.checkpoint",
     "save": "._src.checkpoint",

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import random
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -18,6 +19,7 @@ import pytest
 
 import treeguard as tg
 from tests.subproc import run_python, start_python
+from treeguard._src.checkpoint import asyncsave
 from treeguard.examples import eqx_mlp
 
 
@@ -150,3 +152,29 @@ def test_a_store_put_that_does_not_block_returns_a_handle(tmp_path: Path) -> Non
     again = store.put(params, version=version, block=False)
     with pytest.raises(tg.StoreError, match=version):
         again.result(timeout=60)
+
+
+def test_a_background_save_hashes_on_one_core_at_a_lower_priority(tmp_path: Path) -> None:
+    # the private helper on purpose: no public handle reaches the writer's thread
+    seen: list[int] = []
+
+    def probe() -> None:
+        tid = threading.get_native_id()
+        before = os.getpriority(os.PRIO_PROCESS, tid)
+        asyncsave.yield_cpu()
+        seen.append(os.getpriority(os.PRIO_PROCESS, tid) - before)
+
+    t = threading.Thread(target=probe)
+    t.start()
+    t.join()
+    assert seen == [min(asyncsave.NICER, 19 - os.getpriority(os.PRIO_PROCESS, 0))]
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == os.getpriority(
+        os.PRIO_PROCESS, 0
+    )  # the caller's own priority is untouched
+    tree = {"w": np.arange(3_000_000, dtype=np.float32)}
+    handle = tg.save_async(tmp_path / "a.safetensors", tree)
+    tg.save(tmp_path / "b.safetensors", tree)  # every core, the caller's priority
+    assert (
+        handle.result().tensors[0].digest
+        == tg.read_header(tmp_path / "b.safetensors").tensors[0].digest
+    )

@@ -128,6 +128,41 @@ def test_rename_and_allow_missing(saved: Path) -> None:
         treeguard.load_sharded(saved, grown, rename={"['dense1']": "['encoder']"})
 
 
+def test_surgery_options_work_as_for_load_and_report_the_same(saved: Path, tmp_path: Path) -> None:
+    one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    new = _abstract({k: v for k, v in _params().items() if k != "dense2"})
+    new["head"] = {"w": jax.ShapeDtypeStruct((2,), jnp.float32, sharding=one)}
+    init = {"head": {"w": jnp.full((2,), 0.5)}}
+    out, report = treeguard.load_sharded(
+        saved, new, missing="init", init=init, unexpected=["['dense2']"], report=True
+    )
+    assert np.asarray(out["head"]["w"]).tolist() == [0.5, 0.5]
+    assert out["head"]["w"].sharding == one
+    np.testing.assert_array_equal(np.asarray(out["dense1"]["w"]), W)
+    assert [(c.action, c.path) for c in report.changes] == [
+        ("initialised", "['head']['w']"),
+        ("dropped", "['dense2']['b']"),
+        ("dropped", "['dense2']['w']"),
+    ]
+    # one implementation: a single-file checkpoint of the same tree reports the same
+    treeguard.save(tmp_path / "p.safetensors", _params())
+    _, same = treeguard.load_with_report(
+        tmp_path / "p.safetensors", like=new, missing="init", init=init, unexpected=["['dense2']"]
+    )
+    assert same.changes == report.changes
+    dropped = treeguard.load_sharded(saved, new, missing="init", init=init, unexpected="drop")
+    _same(dropped, out)
+    with pytest.raises(treeguard.ConfigError, match='missing="init" needs init='):
+        treeguard.load_sharded(saved, new, missing="init")
+    with pytest.raises(treeguard.TreeMismatchError) as info:
+        treeguard.load_sharded(saved, new, unexpected="drop")  # the head still has no value
+    assert [m.path for m in info.value.mismatches] == ["['head']['w']"]
+    with pytest.raises(treeguard.TreeMismatchError, match=r"\['head'\]\['w'\]: shape"):
+        treeguard.load_sharded(
+            saved, new, missing="init", init={"head": {"w": jnp.ones(3)}}, unexpected="drop"
+        )
+
+
 def test_refusals(saved: Path, tmp_path: Path) -> None:
     like = jax.tree.map(np.asarray, _params())
     with pytest.raises(ValueError, match=r"\['dense1'\]\['b'\]: `like` needs a jax.Array or"):

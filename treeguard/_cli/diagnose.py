@@ -1,7 +1,9 @@
 """The ``treeguard diagnose MODULE:ATTR`` command.
 
-Exit codes: 0 no divergence, 1 a divergence located (a stage fails), 3 a
-divergence found that vanishes when the program is cut, 2 usage and
+Exit codes: 0 no divergence, 1 a divergence located (a stage fails, or a
+bundle's NaN located; a bundle or batch that differs from its digests), 3 a
+divergence found that vanishes when the program is cut (or a bundle whose
+replay stays finite), 2 usage and
 unreadable input (a bad ``MODULE:ATTR``, a missing or foreign trace file),
 4 the model's own code failed to import, build, or raised ``SystemExit``.
 
@@ -10,10 +12,12 @@ Run it as ``treeguard diagnose ...`` or ``python -m treeguard diagnose ...``.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import click
 
+from .._src.display import printable
 from .._src.errors import ConfigError
 from .console import console
 from .failures import Command
@@ -46,6 +50,18 @@ DEFAULT_REPORT_DIR = "treeguard-diagnosis"
     show_default=True,
     help="Where diagnosis.json, diagnosis.md and diagnosis.html go.",
 )
+@click.option(
+    "--bundle",
+    type=click.Path(path_type=Path),
+    help="Replay this flight-recorder bundle on the model and name the equation where "
+    "its NaN or Inf was born.",
+)
+@click.option(
+    "--batch",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="With --bundle: the step's batch (saved with treeguard.save), for a bundle that "
+    "kept only its digest; checked against the digest.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print diagnosis.json instead of the table.")
 @click.pass_context
 def diagnose(  # noqa: PLR0917 - click passes each option positionally
@@ -55,6 +71,8 @@ def diagnose(  # noqa: PLR0917 - click passes each option positionally
     against: Path | None,
     stages: str | None,
     report_dir: Path,
+    bundle: Path | None,
+    batch: Path | None,
     as_json: bool,
 ) -> None:
     """Localise a divergence on the Model at MODULE:ATTR, stage by stage.
@@ -63,6 +81,11 @@ def diagnose(  # noqa: PLR0917 - click passes each option positionally
     grad; the ladder stops at the first failing one and goes to leaf and
     equation level there. Exit status 0 no divergence, 1 located, 3 found
     but not reproducible when the program is cut, 2 usage.
+
+    With --bundle DIR, replays a flight-recorder bundle instead: its digests
+    are checked, then the step is run op by op and the first equation that
+    made a NaN or Inf is named with its source line. Exit status 1 located
+    (or a bundle or batch that differs from its digests), 3 not reproduced.
     """
 
     # The ladder imports JAX: only once the command runs, so --help starts without it.
@@ -70,6 +93,17 @@ def diagnose(  # noqa: PLR0917 - click passes each option positionally
     from .._src.diagnose.ladder import STAGES
     from .._src.diagnose.ladder import diagnose as run_ladder
 
+    if batch is not None and bundle is None:
+        raise ConfigError("--batch goes with --bundle", hint="treeguard diagnose --bundle DIR ...")
+    if bundle is not None:
+        if record is not None or against is not None or stages is not None:
+            raise ConfigError(
+                "--bundle replays a recorded step; --record, --against and --stages run the "
+                "stage ladder",
+                hint="run them apart",
+            )
+        _replay(ctx, target, bundle, batch, as_json)
+        return
     chosen = STAGES
     if stages is not None:
         chosen = tuple(s.strip() for s in stages.split(",") if s.strip())
@@ -87,6 +121,25 @@ def diagnose(  # noqa: PLR0917 - click passes each option positionally
         click.echo(report_mod.to_json(result))
     else:
         report_mod.print_summary(result, console())
+    ctx.exit(result.exit_code)
+
+
+def _replay(
+    ctx: click.Context, target: str, bundle: Path, batch: Path | None, as_json: bool
+) -> None:
+    """``--bundle``: the replay's lines (or JSON), and its exit status."""
+    # replaying imports JAX: only once the command runs
+    from .._src.diagnose.replay import replay_bundle
+    from .._src.recorder import read_bundle
+
+    found = read_bundle(bundle)
+    model = load_model(target, command="diagnose")
+    result = replay_bundle(found, model, batch=batch)
+    if as_json:
+        click.echo(json.dumps(result.to_dict(), indent=1, sort_keys=True))
+    else:
+        for line in result.lines():
+            click.echo(printable(line))
     ctx.exit(result.exit_code)
 
 

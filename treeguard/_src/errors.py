@@ -10,6 +10,7 @@ existing ``except ValueError`` keeps working)::
     ├── IntegrityError         [ValueError]        bytes that do not match their hash
     ├── VerificationError      [AssertionError]    an acceptance check failed
     ├── NonFiniteError         [FloatingPointError] an update produced NaN or Inf
+    ├── RecorderError          [RuntimeError]      a flight-recorder bundle not written
     ├── TracedValueError       [TypeError]         a concrete check under a transform
     ├── ConfigError            [ValueError]        a misconfigured model or command
     ├── ModelCodeError         [RuntimeError]      the model's own code failed to import or build
@@ -272,7 +273,8 @@ class VerificationError(TreeguardError, AssertionError):
 
 
 class NonFiniteError(TreeguardError, FloatingPointError):
-    """An update produced NaN or Inf, and ``on_nonfinite="raise"`` refused it.
+    """An update produced NaN or Inf, and ``on_nonfinite="raise"`` (or a
+    ``FlightRecorder``) refused it.
 
     The step is not applied: ``params`` (and ``state`` for an optimizer step)
     hold the values from before the step, bit for bit, even with donated
@@ -284,6 +286,19 @@ class NonFiniteError(TreeguardError, FloatingPointError):
       state_counts: the same for the optimizer state, if any.
       params: the params as they were before the step.
       state: the optimizer state as it was before the step, or None.
+      path: the key path of the first leaf that holds NaN or Inf, when known.
+      where: the tree that leaf is in (``"the grads"``), when known.
+      bundle: the directory of the flight recorder's bundle of the step, or None.
+      bundle_error: the ``RecorderError`` that kept the bundle from being
+        written, or None; the error is also chained as ``__cause__``.
+
+    Example:
+      >>> e = NonFiniteError("1 leaf holds NaN or Inf in the grads:", counts={"['w']": 1},
+      ...                    bundle="nan/000001-step7", hint="see the bundle")
+      >>> print(e)
+      1 leaf holds NaN or Inf in the grads:
+      flight recorder bundle: nan/000001-step7
+      hint: see the bundle
     """
 
     exit_code = 1
@@ -296,13 +311,60 @@ class NonFiniteError(TreeguardError, FloatingPointError):
         state_counts: Mapping[str, int] | None = None,
         params: Any = None,
         state: Any = None,
+        path: str | None = None,
+        where: str | None = None,
+        bundle: str | None = None,
+        bundle_error: RecorderError | None = None,
         hint: str | None = None,
     ) -> None:
         self.counts = dict(counts)
         self.state_counts = dict(state_counts or {})
         self.params = params
         self.state = state
+        self.path = path
+        self.where = where
+        self.bundle = bundle
+        self.bundle_error = bundle_error
         super().__init__(message, hint=hint)
+
+    def _render(self) -> str:
+        text = self.message
+        if self.bundle is not None:
+            text += f"\nflight recorder bundle: {self.bundle}"
+        if self.bundle_error is not None:
+            e = self.bundle_error
+            reason = f"{e.context}: {e.message}" if e.context else e.message
+            text += f"\nthe flight recorder wrote no bundle: {reason}"
+            if self.bundle_error.hint:
+                text += f"\n  ({self.bundle_error.hint})"
+        if self.hint:
+            text += f"\nhint: {self.hint}"
+        return text
+
+
+class RecorderError(TreeguardError, RuntimeError):
+    """The flight recorder could not write its bundle of a step that produced
+    NaN or Inf: a recorder directory that is a symbolic link or no
+    directory, a full disk, a directory it may not write, a batch it cannot
+    store. It travels with the ``NonFiniteError`` of the step
+    (``.bundle_error``, and chained), which is raised either way.
+
+    Attributes:
+      directory: the recorder's directory.
+      reason: the short cause (``"ENOSPC"``, ``"a symbolic link"``).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        directory: str,
+        reason: str,
+        hint: str | None = None,
+    ) -> None:
+        self.directory = directory
+        self.reason = reason
+        super().__init__(message, context=directory, hint=hint)
 
 
 class TracedValueError(TreeguardError, TypeError):
@@ -538,6 +600,7 @@ PUBLIC = (
     IntegrityError,
     VerificationError,
     NonFiniteError,
+    RecorderError,
     TracedValueError,
     StoreError,
     NotAStoreError,

@@ -92,9 +92,9 @@ def check_algorithm(name: Any, *, what: str = "digest") -> Algorithm:
     raise ValueError(f"{what} must be one of 'blake3', 'sha256', got {shown}")
 
 
-def _new(algorithm: Algorithm) -> Any:
+def _new(algorithm: Algorithm, threads: int | None = None) -> Any:
     if algorithm == "blake3":
-        return blake3.blake3(max_threads=blake3.blake3.AUTO)
+        return blake3.blake3(max_threads=threads or blake3.blake3.AUTO)
     return hashlib.sha256()
 
 
@@ -120,10 +120,10 @@ def digest(buf: Any, algorithm: Algorithm) -> str:
     return str(h.hexdigest())
 
 
-def _workers(algorithm: Algorithm, items: int) -> int:
+def _workers(algorithm: Algorithm, items: int, threads: int | None = None) -> int:
     if algorithm == "blake3":  # one hasher already spreads over every core
         return 1
-    return max(1, min(items, os.cpu_count() or 1))
+    return max(1, min(items, threads or os.cpu_count() or 1))
 
 
 class Pipeline:
@@ -137,6 +137,8 @@ class Pipeline:
     Args:
       algorithm: ``"blake3"`` or ``"sha256"``.
       items: how many keys will be fed at most (bounds the worker count).
+      threads: how many threads may hash at once (None: one per core); a
+        background save passes 1, leaving the other cores to the caller.
 
     Example:
       >>> with Pipeline("sha256", items=2) as p:
@@ -148,9 +150,10 @@ class Pipeline:
       (True, 2)
     """
 
-    def __init__(self, algorithm: Algorithm, *, items: int = 1) -> None:
+    def __init__(self, algorithm: Algorithm, *, items: int = 1, threads: int | None = None) -> None:
         self.algorithm = check_algorithm(algorithm)
-        n = _workers(self.algorithm, items)
+        self._threads_per_hasher = threads
+        n = _workers(self.algorithm, items, threads)
         self._queues: list[queue.Queue[tuple[Hashable, Any] | None]] = [
             queue.Queue(_DEPTH) for _ in range(n)
         ]
@@ -223,7 +226,7 @@ class Pipeline:
         later chunks were fed to the same worker."""
         if key not in self._owner:
             self._owner[key] = len(self._owner) % len(self._queues)
-            self._hashers[key] = _new(self.algorithm)
+            self._hashers[key] = _new(self.algorithm, self._threads_per_hasher)
         return self._owner[key]
 
     def feed(self, key: Hashable, chunk: Any) -> None:
@@ -407,11 +410,17 @@ def read_verified(
 
 
 def write_hashed(
-    fd: int, buffers: Iterable[memoryview], algorithm: Algorithm, *, chunk: int = CHUNK
+    fd: int,
+    buffers: Iterable[memoryview],
+    algorithm: Algorithm,
+    *,
+    chunk: int = CHUNK,
+    threads: int | None = None,
 ) -> list[str]:
     """Writes each buffer to ``fd`` (at its current position) while its
     chunks are hashed; returns one digest per buffer. ``buffers`` may be a
     generator (a leaf copied to the host only when its turn comes).
+    ``threads`` bounds the hashing threads, as for ``Pipeline``.
 
     Example:
       >>> import os, tempfile
@@ -421,7 +430,7 @@ def write_hashed(
       (True, 2)
       >>> os.close(fd)
     """
-    with Pipeline(algorithm, items=os.cpu_count() or 1) as p:
+    with Pipeline(algorithm, items=os.cpu_count() or 1, threads=threads) as p:
         count = 0
         for i, buf in enumerate(buffers):
             count += 1

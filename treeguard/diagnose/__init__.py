@@ -5,7 +5,8 @@ and down to the first jaxpr equation; find where a NaN is born.
 differs between the eager reference and a candidate; ``nan_origin(fn,
 *args)`` lists every equation that turns finite inputs into NaN or Inf;
 ``diagnose(model)`` runs the stage ladder on a ``treeguard.verify.Model``;
-``record_trace`` and ``load_trace`` carry a reference run to another machine.
+``record_trace`` and ``load_trace`` carry a reference run to another machine;
+``replay_bundle(bundle, model)`` replays a flight-recorder bundle.
 ``treeguard diagnose MODULE:ATTR`` does it from the shell.
 """
 
@@ -18,6 +19,8 @@ from .._src.diagnose.locate import Candidate as Candidate
 from .._src.diagnose.locate import locate as locate
 from .._src.diagnose.nan import NanSite as NanSite
 from .._src.diagnose.nan import nan_origin as nan_origin
+from .._src.diagnose.replay import Replay as Replay
+from .._src.diagnose.replay import replay_bundle as replay_bundle
 from .._src.diagnose.report import Diagnosis as Diagnosis
 from .._src.diagnose.report import StageResult as StageResult
 from .._src.diagnose.trace import Trace as Trace
@@ -37,6 +40,7 @@ __all__ = [
     "DiagnosisError",
     "Divergence",
     "NanSite",
+    "Replay",
     "STAGES",
     "Site",
     "StageResult",
@@ -49,4 +53,5 @@ __all__ = [
     "locate",
     "nan_origin",
     "record_trace",
+    "replay_bundle",
 ]

@@ -2,7 +2,9 @@
 thread while training goes on.
 
 The arrays are copied to host memory before ``save_async`` returns, so the
-caller may donate or overwrite them at once. The write is ``save``'s, so it
+caller may donate or overwrite them at once. The background thread hashes
+with one core and at a lower CPU priority (``NICER``), so that a training
+step running meanwhile keeps the cores it needs. The write is ``save``'s, so it
 is atomic: a crash or a kill at any instant leaves the previous file at the
 path intact, and never a half file under the final name. Each save runs on
 its own non-daemon thread, so an interpreter that exits normally first lets
@@ -13,7 +15,9 @@ from __future__ import annotations
 
 import atexit
 import concurrent.futures.thread  # noqa: F401 - its exit hook is registered before ours
+import contextlib
 import os
+import sys
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -25,7 +29,12 @@ from ..keydtype import is_key_dtype
 from ..surgery import Surgery
 from .format import Header
 from .read import read_header
-from .write import save
+from .write import write_checkpoint
+
+#: How much lower than the caller's the priority of a background save's
+#: threads is (``nice``): the training step keeps the cores it needs, the
+#: save takes what is left.
+NICER = 10
 
 _lock = threading.Lock()
 #: Every save not yet finished, oldest first.
@@ -76,6 +85,7 @@ class SaveHandle:
         return f"SaveHandle({self.path!r}, {state})"
 
     def _run(self, work: Callable[[], Any]) -> None:
+        yield_cpu()
         try:
             self._header = work()
         except BaseException as e:  # noqa: BLE001 - handed to whoever calls result()
@@ -85,6 +95,18 @@ class SaveHandle:
                 if self in _in_flight:
                     _in_flight.remove(self)
             self._finished.set()
+
+
+def yield_cpu() -> None:
+    """Lowers the calling thread's CPU priority by ``NICER`` where the
+    system sets priorities per thread (Linux); threads it starts (the
+    hashing workers) inherit it. Elsewhere, and where it is not allowed,
+    nothing changes."""
+    if not sys.platform.startswith("linux"):
+        return
+    with contextlib.suppress(OSError):
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + NICER))
 
 
 def host_copy(tree: Any) -> Any:
@@ -158,7 +180,7 @@ def save_async(
     host = host_copy(tree)
 
     def work() -> Header:
-        save(target, host, metadata=metadata, surgery=surgery)
+        write_checkpoint(target, host, metadata=metadata, surgery=surgery, threads=1)
         return read_header(target)
 
     return start(target, work, exclusive=True)

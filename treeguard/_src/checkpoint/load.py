@@ -18,7 +18,8 @@ from .files import open_checkpoint, read_raw_header
 from .foreign import Unverified, check_unverified, foreign_header, is_foreign, load_foreign
 from .format import K_FORMAT, MAX_HEADER_BYTES, header_from_doc
 from .names import NamingRule
-from .read import SurgeryOptions, check_expect_digest, checked_header, load_native
+from .plan import SurgeryOptions
+from .read import check_expect_digest, checked_header, load_native
 
 
 def load(

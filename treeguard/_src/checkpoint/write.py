@@ -19,6 +19,7 @@ from ..atomic import atomic_write, remove_stale_temps, write_all
 from ..env import environment
 from ..errors import InvalidTreeError
 from ..hashing import DEFAULT, Algorithm, check_algorithm, write_hashed
+from ..hashing import digest as digest_of
 from ..keydtype import KEY_DTYPES, is_key_dtype, key_data
 from ..leaf import Record, summarize
 from ..paths import has_surrogate, int_digits, keystr, short_repr
@@ -260,6 +261,21 @@ def save(
       >>> list(safetensors.numpy.load_file(path))
       ["['dense1']['w']"]
     """
+    write_checkpoint(path, tree, metadata=metadata, digest=digest, surgery=surgery)
+
+
+def write_checkpoint(
+    path: str | os.PathLike[str],
+    tree: Any,
+    /,
+    *,
+    metadata: Mapping[str, Any] | None = None,
+    digest: Algorithm = DEFAULT,
+    surgery: Surgery | None = None,
+    threads: int | None = None,
+) -> None:
+    """``save``, with ``threads`` bounding the threads that hash (None: every
+    core; a background save passes 1)."""
     target = os.fspath(path)
     algorithm = check_algorithm(digest)
     leaves, _ = flatten(tree)
@@ -323,7 +339,7 @@ def save(
 
     def write(fd: int) -> None:
         write_all(fd, len(draft).to_bytes(8, "little") + draft)
-        digests = write_hashed(fd, _leaf_bytes(leaves, records, names), algorithm)
+        digests = write_hashed(fd, _leaf_bytes(leaves, records, names), algorithm, threads=threads)
         meta[K_HASHES] = json.dumps(dict(zip(names, digests)), ensure_ascii=False)
         meta[K_DIGEST] = header_digest(meta, table)
         final = encode_header(meta, table)
@@ -345,3 +361,41 @@ def _leaf_bytes(
     """
     for x, record, leaf_name in zip(leaves, records, names):
         yield bytes_of(_host_array(x, record, leaf_name))
+
+
+def leaf_digests(tree: Any, /, *, digest: Algorithm = DEFAULT) -> tuple[TreeSpec, dict[str, str]]:
+    """The spec of a tree and the digest of each leaf's bytes, exactly as
+    ``save`` would record them in a checkpoint's header, without writing.
+
+    Args:
+      tree: a pytree of arrays.
+      digest: ``"blake3"`` or ``"sha256"``.
+
+    Returns:
+      ``(spec, {tensor name: hex digest})``, in flatten order.
+
+    Raises:
+      InvalidTreeError: for a leaf that is not an array or holds no values.
+
+    Example:
+      >>> import numpy as np
+      >>> spec, found = leaf_digests({"x": np.zeros(2, np.float32)})
+      >>> spec, list(found), len(found["['x']"])
+      (TreeSpec({'x': f32[2]}), ["['x']"], 64)
+    """
+    algorithm = check_algorithm(digest)
+    leaves, _ = flatten(tree)
+    spec = spec_of(tree)
+    names = [keystr(p) for p in spec.paths]
+    problems = [
+        (n, problem)
+        for x, n, r in zip(leaves, names, spec.records)
+        if (problem := _leaf_problem(x, r)) is not None
+    ]
+    if problems:
+        raise InvalidTreeError(problems, hint="keep only numeric arrays in the tree")
+    found = {
+        n: digest_of(bytes_of(_host_array(x, r, n)), algorithm)
+        for x, n, r in zip(leaves, names, spec.records)
+    }
+    return spec, found

@@ -6,59 +6,34 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Collection, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
-from ..checkpoint.migrate import match_stored
+from ..checkpoint.plan import SurgeryOptions, plan_load, select_part
 from ..checkpoint.received import plain_tree, refuse_forged_claim
-from ..checkpoint.select import select
 from ..diff import mismatches
-from ..errors import ConfigError, IntegrityError, InvalidTreeError, TreeMismatchError
+from ..errors import ConfigError, IntegrityError, InvalidTreeError
 from ..leaf import describe_sharding, same_sharding, summarize
 from ..mismatch import Mismatch
 from ..paths import keystr
-from ..spec import LeafSpec, TreeSpec, spec_of
+from ..spec import TreeSpec, spec_of
+from ..surgery import Surgery
 from . import hosts
 from .digests import ShardChecker
 from .manifest import ArrayRecord, Manifest, read_with_digest
 from .orbax_io import read_arrays
 
 logger = logging.getLogger("treeguard.sharded")
-_IGNORED_KINDS = frozenset(("weak_type", "sharding"))
+IGNORED_KINDS = frozenset(("weak_type", "sharding"))
 #: How many restores a load is split into, so that hashing the arrays of one
 #: overlaps reading the next; a group holds at least ``_MIN_GROUP_BYTES``.
 _GROUPS = 8
 _MIN_GROUP_BYTES = 16 * 1024 * 1024
 
 
-def migrate(  # noqa: PLR0917 - one call site
-    stored: TreeSpec,
-    like_spec: TreeSpec,
-    like_leaves: Sequence[Any],
-    rename: Mapping[str, str],
-    allow_missing: Sequence[str],
-    where: str,
-) -> list[int | None]:
-    """For each leaf of ``like``, the stored array it takes (or None: it keeps
-    ``like``'s value), under a deliberate migration: ``match_stored``, the
-    one matching ``treeguard.load`` uses too, over the stored arrays (all of
-    the manifest's, or the part a partial load selected)."""
-    import jax  # lazy: reading files never imports jax
-
-    return match_stored(
-        [keystr(p) for p in stored.paths],
-        [LeafSpec(r[0], r[1]) for r in stored.records],
-        like_spec,
-        [isinstance(leaf, jax.Array) for leaf in like_leaves],
-        rename,
-        allow_missing,
-        where,
-    )
-
-
 def contract_mismatches(stored: TreeSpec, like: TreeSpec) -> list[Mismatch]:
     """Mismatches between the saved spec and ``like``'s. Shardings may differ
     (a restore reshards) and weak types are not kept, so neither counts."""
-    return [m for m in mismatches(stored, like) if m.kind not in _IGNORED_KINDS]
+    return [m for m in mismatches(stored, like) if m.kind not in IGNORED_KINDS]
 
 
 def _target(leaf: Any, path: str) -> Any:
@@ -152,6 +127,10 @@ def load_sharded(
     allow_missing: Collection[str] = (),
     subtree: str | None = None,
     ignore: Collection[str] = (),
+    missing: Literal["error", "init"] = "error",
+    init: Any = None,
+    unexpected: Literal["error", "drop"] | Collection[str] = "error",
+    report: bool = False,
 ) -> Any:
     """Restores a sharded checkpoint onto ``like``'s shardings, verified.
 
@@ -176,9 +155,20 @@ def load_sharded(
         then describes that subtree alone. Only its arrays are read.
       ignore: key paths of stored subtrees to leave unread; ``like`` then
         describes the rest.
+      missing: ``"error"`` (the default) or ``"init"``: a leaf of ``like``
+        the checkpoint lacks takes its value from ``init``, placed on that
+        leaf's sharding.
+      init: with ``missing="init"``, a tree matched by key path or a
+        function of the key path, as for ``load``.
+      unexpected: ``"error"`` (the default), ``"drop"`` (stored arrays
+        ``like`` lacks are left unread) or a list of stored key paths to
+        leave unread and report as dropped, as for ``load``.
+      report: return ``(tree, Surgery)``, the report of every path
+        initialised, renamed or dropped.
 
     Returns:
-      The tree, in ``like``'s structure, with ``like``'s shardings.
+      The tree, in ``like``'s structure, with ``like``'s shardings; or
+      ``(tree, Surgery)`` with ``report=True``.
 
     Raises:
       FormatError: for a directory without a well-formed manifest, one that
@@ -189,7 +179,8 @@ def load_sharded(
       IntegrityError: naming every array with a shard whose bytes do not
         match its recorded digest, or whose data could not be read.
       ConfigError: for a ``subtree`` or ``ignore`` path that names nothing
-        stored (the hint names the nearest stored path).
+        stored (the hint names the nearest stored path), ``missing="init"``
+        without ``init``, or an unknown ``missing`` or ``unexpected``.
       ValueError: for a ``like`` leaf without a sharding, or a ``rename`` or
         ``allow_missing`` path that names nothing.
 
@@ -207,14 +198,18 @@ def load_sharded(
         ['dense2']['w']: shape (3, 2) in `like`, (3, 1) in the checkpoint
       hint: ...
     """
-    return load_expecting(
+    surgery = SurgeryOptions(missing, init, unexpected)
+    surgery.check(like)
+    tree, changes = load_planned(
         directory,
         like,
         rename=rename,
         allow_missing=allow_missing,
         subtree=subtree,
         ignore=ignore,
+        surgery=surgery,
     )
+    return (tree, changes) if report else tree
 
 
 def load_expecting(
@@ -231,6 +226,33 @@ def load_expecting(
     """``load_sharded``, refusing (before any array is read) a manifest whose
     digest is not ``digest`` when one is given; the digest is taken over the
     very bytes that are parsed and used."""
+    tree, _ = load_planned(
+        directory,
+        like,
+        rename=rename,
+        allow_missing=allow_missing,
+        digest=digest,
+        subtree=subtree,
+        ignore=ignore,
+        surgery=SurgeryOptions(),
+    )
+    return tree
+
+
+def load_planned(
+    directory: str | os.PathLike[str],
+    like: Any,
+    /,
+    *,
+    rename: Mapping[str, str] | None,
+    allow_missing: Collection[str],
+    subtree: str | None,
+    ignore: Collection[str],
+    surgery: SurgeryOptions,
+    digest: str | None = None,
+) -> tuple[Any, Surgery]:
+    """The one body of ``load_sharded`` and ``load_expecting``: the manifest,
+    the plan ``load`` makes too (``checkpoint.plan``), then the arrays."""
     import jax  # lazy: reading files never imports jax
 
     where = os.path.abspath(os.fspath(directory))
@@ -242,27 +264,33 @@ def load_expecting(
     like_leaves, like_treedef = jax.tree.flatten(like)
     like_spec = spec_of(like)
     like_names = [keystr(p) for p in like_spec.paths]
-    stored, index = manifest.spec, list(range(len(manifest.arrays)))
-    if subtree is not None or ignore:
-        sel = select(manifest.spec, subtree=subtree, ignore=ignore, where=where)
-        stored, index = sel.spec, sel.indices
-    if not rename and not allow_missing:
-        found = contract_mismatches(stored, like_spec)
-        if found:
-            raise TreeMismatchError(
-                found, expected_from="`like`", actual_from="the checkpoint", context=where
-            )
-        sources: list[int | None] = list(range(len(like_leaves)))
-    else:
-        sources = migrate(stored, like_spec, like_leaves, rename or {}, tuple(allow_missing), where)
+    part = select_part(manifest.spec, subtree=subtree, ignore=ignore, surgery=surgery, where=where)
+    plan = plan_load(
+        part,
+        where,
+        like_spec,
+        like_leaves,
+        rename or {},
+        tuple(allow_missing),
+        surgery,
+        ignored=IGNORED_KINDS,
+    )
+    index = part.indices
     targets: list[Any] = [None] * len(manifest.arrays)
-    for i, src in enumerate(sources):
+    for i, src in enumerate(plan.sources):
         if src is not None:
             targets[index[src]] = _target(like_leaves[i], like_names[i])
     _check_divides(where, manifest, targets)
     restored = _restore_checked(where, manifest, targets)
-    out = [like_leaves[i] if src is None else restored[index[src]] for i, src in enumerate(sources)]
-    return jax.tree.unflatten(like_treedef, out)
+    out = []
+    for i, src in enumerate(plan.sources):
+        if src is not None:
+            out.append(restored[index[src]])
+        elif i in plan.values:  # initialised: placed as `like` lays the leaf out
+            out.append(jax.device_put(plan.values[i], _target(like_leaves[i], like_names[i])))
+        else:
+            out.append(like_leaves[i])
+    return jax.tree.unflatten(like_treedef, out), plan.surgery
 
 
 def groups(arrays: Sequence[ArrayRecord], wanted: Sequence[int]) -> list[list[int]]:

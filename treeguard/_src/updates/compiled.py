@@ -182,6 +182,23 @@ def finish_step(
     return new, ok
 
 
+def nonfinite_sections(checked: Sequence[Layout]) -> tuple[list[str], list[dict[str, int]]]:
+    """The lines naming the leaves that hold NaN or Inf in each tree of
+    ``checked`` (one section per tree that holds any), and each tree's
+    ``{path: count}``; run on the error path only."""
+    sections: list[str] = []
+    found_all: list[dict[str, int]] = []
+    for lay in checked:
+        found = find_nonfinite(lay.tree)
+        found_all.append(found)
+        if found:
+            text = describe_counts(found, lay.leaves, lay.paths(), where=lay.label, hint="")
+            sections.append(text.removesuffix("\nhint: "))
+    if not sections:
+        sections.append("the step produced NaN or Inf from finite inputs")
+    return sections, found_all
+
+
 def nonfinite_error(
     checked: Sequence[LabelledTree],
     *,
@@ -199,16 +216,7 @@ def nonfinite_error(
       state: the optimizer state from before the step, if any.
       donate: whether the caller's buffers were donated.
     """
-    sections: list[str] = []
-    found_all: list[dict[str, int]] = []
-    for lay in checked:
-        found = find_nonfinite(lay.tree)
-        found_all.append(found)
-        if found:
-            text = describe_counts(found, lay.leaves, lay.paths(), where=lay.label, hint="")
-            sections.append(text.removesuffix("\nhint: "))
-    if not sections:
-        sections.append("the step produced NaN or Inf from finite inputs")
+    sections, found_all = nonfinite_sections(checked)
     kept = "the error's .params hold" if donate else "your params hold"
     text = "\n".join(sections)
     text += (

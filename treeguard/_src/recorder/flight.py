@@ -1,0 +1,353 @@
+"""``FlightRecorder``: a training step that, on the first NaN or Inf, leaves
+behind everything needed to replay it.
+
+The check is traced into the step when the step is jitted (one reduction
+per leaf of the loss, the grads, the new params and the new state, each
+fused by XLA into the computation that makes the leaf; past ``PER_LEAF``
+leaves, one fused reduction per dtype over the joined leaves), and one
+scalar read per step. Which leaves hold what is worked out on the host, on
+the error path only. The params and the state from before the step are the
+call's own arguments, kept alive until the flag is read; nothing is copied
+while the step is finite.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from ..errors import ConfigError, NonFiniteError, RecorderError
+from ..nonfinite import all_finite, is_inexact
+from ..optimizer import OptaxStep
+from ..updates.compiled import nonfinite_sections
+from ..updates.layout import host_layouts
+from .bundle import BATCH_MODES, BatchMode, Found, write_bundle
+
+_BATCH_HINT = (
+    'pass batch="record" to keep the raw batch in the bundle (it can then be replayed as '
+    'is), or batch="digest" to keep only its spec and digest (the batch stays out of the '
+    "files; replaying then needs the batch itself, checked against the digest); a batch "
+    "may hold personal data, so this is a choice written in the code"
+)
+
+#: Up to this many leaves, each leaf is reduced on its own: XLA fuses such a
+#: reduction into the computation that produces the leaf, where joining the
+#: leaves first (``all_finite``) copies them; beyond it, joining compiles faster.
+PER_LEAF = 256
+
+
+def finite_flag(leaves: list[Any]) -> jax.Array:
+    """Whether every value of every leaf is finite, as one traceable bool.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> bool(finite_flag([jnp.ones(3), jnp.array(jnp.nan), jnp.arange(2)]))
+      False
+    """
+    if len(leaves) > PER_LEAF:
+        return all_finite(leaves)
+    ok = jnp.asarray(True)
+    for x in leaves:
+        if is_inexact(jnp.result_type(x)):
+            ok = jnp.logical_and(ok, jnp.all(jnp.isfinite(x)))
+    return ok
+
+
+_check = jax.jit(finite_flag)
+
+
+def _is_jitted(fn: Any) -> bool:
+    return callable(fn) and hasattr(fn, "lower") and hasattr(fn, "trace")
+
+
+class FlightRecorder:
+    """Writes a replayable bundle of the first training step that produces
+    NaN or Inf, then raises.
+
+    ``step = recorder.wrap(step)`` returns the step to call instead. On a
+    step whose loss, grads, new params or new optimizer state hold NaN or
+    Inf, it writes a bundle (see ``read_bundle``) into ``directory`` and
+    raises ``NonFiniteError`` naming the first non-finite leaf and the
+    bundle's path. ``treeguard diagnose --bundle DIR MODULE:ATTR`` replays it.
+
+    Args:
+      directory: where bundles go (created when the first one is written).
+        It must be a real directory: a link there is refused when a bundle
+        is written, and reported with the step's error.
+      batch: ``"record"`` keeps the raw batch in the bundle; ``"digest"``
+        keeps only its spec and the digest of each leaf. Required: a batch
+        may hold personal data, so the choice is written in the code.
+      keep: how many bundles the directory keeps; the oldest (by the
+        recorder's own sequence number) are removed beyond it.
+
+    Raises:
+      ConfigError: for a missing or unknown ``batch``, or a ``keep`` below 1.
+
+    Example:
+      >>> import jax.numpy as jnp, optax, tempfile
+      >>> import treeguard as tg
+      >>> recorder = tg.FlightRecorder(tempfile.mkdtemp(), batch="digest", keep=2)
+      >>> train = recorder.wrap(tg.optax_step(optax.sgd(0.1)),
+      ...                       loss=lambda p, b: jnp.sum(jnp.log(b["x"]) * p["w"]))
+      >>> params = {"w": jnp.ones(2)}
+      >>> state = train.init(params)
+      >>> params, state, loss = train(params, state, {"x": jnp.array([1.0, 2.0])})
+      >>> params, state, loss = train(params, state, {"x": jnp.array([1.0, -2.0])})
+      Traceback (most recent call last):
+      ...
+      treeguard.NonFiniteError: step 1: 1 leaf holds NaN or Inf in the loss:
+        <root>: 1 of 1 value (f32[])
+      ...
+      flight recorder bundle: .../000001-step1
+      hint: ...
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        /,
+        *,
+        batch: BatchMode | None = None,
+        keep: int = 3,
+    ) -> None:
+        if batch is None:
+            raise ConfigError("FlightRecorder needs batch=", hint=_BATCH_HINT)
+        if batch not in BATCH_MODES:
+            shown = repr(batch[:40]) if isinstance(batch, str) else type(batch).__name__
+            raise ConfigError(
+                f"FlightRecorder's batch must be 'record' or 'digest', got {shown}",
+                hint=_BATCH_HINT,
+            )
+        if not isinstance(keep, int) or isinstance(keep, bool) or keep < 1:
+            raise ConfigError(
+                f"FlightRecorder's keep must be an int of at least 1, got {keep!r}",
+                hint="keep=3 keeps the three newest bundles",
+            )
+        self.directory = os.path.abspath(os.fspath(directory))
+        self.batch: BatchMode = batch
+        self.keep = keep
+
+    def __repr__(self) -> str:
+        return f"FlightRecorder({self.directory!r}, batch={self.batch!r}, keep={self.keep})"
+
+    def wrap(
+        self, step: Any, /, *, loss: Callable[..., Any] | None = None, start: int = 0
+    ) -> RecordedStep:
+        """The step to call instead of ``step``, recorded.
+
+        Two kinds of step:
+
+        * an ``OptaxStep`` (``treeguard.optax_step(...)``) with ``loss``:
+          the recorded step is ``train(params, opt_state, batch, key=None)
+          -> (params, opt_state, loss)``; it computes ``loss(params, batch)``
+          (``loss(params, batch, key)`` with a key) and its grads, and
+          applies the optimizer with the ``OptaxStep``'s checks, all in one
+          compiled program that also checks the loss, the grads, the new
+          params and the new state;
+        * a function ``step(params, opt_state, batch)`` (or with a fourth
+          argument, the PRNG key) returning a tuple whose first two items
+          are the new params and the new optimizer state (the rest, such as
+          the loss, is checked too). A jitted function gets the check
+          compiled into it; the recorder calls it inside its own ``jax.jit``,
+          so the params from before the step stay alive (donation is off).
+
+        Args:
+          step: the ``OptaxStep`` or the step function.
+          loss: ``loss(params, batch) -> scalar``, with an ``OptaxStep`` only.
+          start: the number of the first step (a resumed run's step).
+
+        Returns:
+          The ``RecordedStep``.
+
+        Raises:
+          ConfigError: for an ``OptaxStep`` without ``loss`` (or ``loss``
+            with a function), an ``OptaxStep`` whose ``on_nonfinite`` is not
+            ``"raise"``, or a step that is not callable.
+        """
+        return RecordedStep(self, step, loss=loss, start=start)
+
+
+class RecordedStep:
+    """A training step wrapped by ``FlightRecorder.wrap``.
+
+    Attributes:
+      recorder: the ``FlightRecorder``.
+      step_number: the number the next call gets.
+    """
+
+    def __init__(
+        self,
+        recorder: FlightRecorder,
+        step: Any,
+        *,
+        loss: Callable[..., Any] | None,
+        start: int,
+    ) -> None:
+        if not isinstance(start, int) or isinstance(start, bool) or start < 0:
+            raise ConfigError(f"start must be a step number (an int >= 0), got {start!r}")
+        self.recorder = recorder
+        self.step_number = start
+        self._optax: OptaxStep | None = None
+        if isinstance(step, OptaxStep):
+            if not callable(loss):
+                raise ConfigError(
+                    "an OptaxStep is recorded with the loss it is trained on",
+                    hint="recorder.wrap(step, loss=model_loss), loss(params, batch) -> scalar",
+                )
+            if step.on_nonfinite != "raise":
+                raise ConfigError(
+                    f"the OptaxStep has on_nonfinite={step.on_nonfinite!r}; the recorder raises "
+                    "on the first non-finite step",
+                    hint='record an optax_step with on_nonfinite="raise" (the default)',
+                )
+            # the same optimizer and checks, traced inside the recorder's program,
+            # which does the one finiteness check itself
+            self._optax = OptaxStep(
+                step.optimizer, dtype_policy=step.dtype_policy, on_nonfinite="ignore"
+            )
+            self._loss = loss
+            self._fn: Callable[..., Any] = jax.jit(self._traced_optax)
+        elif callable(step):
+            if loss is not None:
+                raise ConfigError(
+                    "loss= goes with an OptaxStep; a step function computes its own loss",
+                    hint="recorder.wrap(step) for a function step(params, opt_state, batch)",
+                )
+            self._user = step
+            self._fn = jax.jit(self._traced_plain) if _is_jitted(step) else self._eager_plain
+        else:
+            raise ConfigError(
+                f"the step to record is a {type(step).__name__}, not a function or an OptaxStep",
+                hint="recorder.wrap(train_step) or recorder.wrap(tg.optax_step(opt), loss=loss)",
+            )
+
+    def __repr__(self) -> str:
+        return f"RecordedStep({self.recorder!r}, step_number={self.step_number})"
+
+    def init(self, params: Any, /) -> Any:
+        """The optimizer's first state (``OptaxStep.init``), for an ``OptaxStep``.
+
+        Raises:
+          ConfigError: for a recorded step function, which has no optimizer.
+        """
+        if self._optax is None:
+            raise ConfigError("a recorded step function has no optimizer to init")
+        return self._optax.init(params)
+
+    # -- the traced programs ------------------------------------------------------------
+
+    def _traced_optax(self, params: Any, opt_state: Any, batch: Any, key: Any) -> Any:
+        assert self._optax is not None
+        args = (batch,) if key is None else (batch, key)
+        value, grads = jax.value_and_grad(self._loss)(params, *args)
+        new_params, new_state = self._optax(params, grads, opt_state)
+        trees = (value, grads, new_params, new_state)
+        return trees, finite_flag(jax.tree.leaves(trees))
+
+    def _traced_plain(self, params: Any, opt_state: Any, batch: Any, key: Any) -> Any:
+        out = self._call_user(params, opt_state, batch, key)
+        return out, finite_flag(jax.tree.leaves(out))
+
+    def _eager_plain(self, params: Any, opt_state: Any, batch: Any, key: Any) -> Any:
+        out = self._call_user(params, opt_state, batch, key)
+        return out, _check(jax.tree.leaves(out))
+
+    def _call_user(self, params: Any, opt_state: Any, batch: Any, key: Any) -> Any:
+        out = (
+            self._user(params, opt_state, batch)
+            if key is None
+            else self._user(params, opt_state, batch, key)
+        )
+        if not isinstance(out, tuple) or len(out) < 2:
+            raise ConfigError(
+                f"the recorded step returned {type(out).__name__}, not a tuple "
+                "(new_params, new_opt_state, ...)",
+                hint="return (params, opt_state, loss) from the step",
+            )
+        return out
+
+    # -- a call -------------------------------------------------------------------------
+
+    def __call__(self, params: Any, opt_state: Any, batch: Any, /, key: Any = None) -> Any:
+        """One step; see ``FlightRecorder.wrap``.
+
+        Raises:
+          NonFiniteError: if the loss, the grads, the new params or the new
+            state hold NaN or Inf, after the bundle is written (its path in
+            ``.bundle``; a bundle that could not be written is in
+            ``.bundle_error`` and chained).
+        """
+        out, ok = self._fn(params, opt_state, batch, key)
+        if bool(ok):  # the one host sync: a scalar
+            self.step_number += 1
+            if self._optax is not None:
+                value, _, new_params, new_state = out
+                return new_params, new_state, value
+            return out
+        raise self._refuse(out, params, opt_state, batch, key)
+
+    def _labelled(self, out: Any) -> list[tuple[str, Any]]:
+        if self._optax is not None:
+            value, grads, new_params, new_state = out
+            return [
+                ("the loss", value),
+                ("the grads", grads),
+                ("the updated params", new_params),
+                ("the updated state", new_state),
+            ]
+        named = [("the updated params", out[0]), ("the updated state", out[1])]
+        for i, extra in enumerate(out[2:], start=3):
+            named.append(("the loss" if i == 3 else f"the step's output {i}", extra))
+        # the loss is looked at first: it comes before the params in the step
+        return named[2:3] + named[:2] + named[3:]
+
+    def _refuse(
+        self, out: Any, params: Any, opt_state: Any, batch: Any, key: Any
+    ) -> NonFiniteError:
+        checked = host_layouts(self._labelled(out))
+        sections, found_all = nonfinite_sections(checked)
+        found = [Found(lay.label, f) for lay, f in zip(checked, found_all) if f]
+        rec = self.recorder
+        bundle: str | None = None
+        failure: RecorderError | None = None
+        try:
+            bundle = write_bundle(
+                rec.directory,
+                step=self.step_number,
+                params=params,
+                opt_state=opt_state,
+                key=key,
+                batch=batch,
+                mode=rec.batch,
+                found=found,
+                keep=rec.keep,
+            )
+        except RecorderError as e:
+            failure = e
+        by_label = {lay.label: f for lay, f in zip(checked, found_all)}
+        first = found[0] if found else None
+        hint = (
+            f"the step was not applied (your params hold the values from before it); replay it "
+            f"with `treeguard diagnose --bundle {bundle} MODULE:ATTR`"
+            if bundle is not None
+            else "the step was not applied (your params hold the values from before it); fix "
+            "the recorder's directory to keep a bundle next time"
+        )
+        error = NonFiniteError(
+            f"step {self.step_number}: " + "\n".join(sections),
+            counts=by_label.get("the updated params", {}),
+            state_counts=by_label.get("the updated state", {}),
+            params=params,
+            state=opt_state,
+            path=next(iter(first.leaves)) if first else None,
+            where=first.tree if first else None,
+            bundle=bundle,
+            bundle_error=failure,
+            hint=hint,
+        )
+        error.__cause__ = failure
+        return error
