@@ -196,7 +196,8 @@ def describe_counts(
             shape, dtype, *_ = record_of(x)
             what = f" ({summarize(shape, dtype)})"
         of = f" of {size}" if size is not None else ""
-        lines.append(f"  {path or '<root>'}: {c}{of} {'value' if c == 1 else 'values'}{what}")
+        noun = "value" if (size if size is not None else c) == 1 else "values"  # 1 of 2 values
+        lines.append(f"  {path or '<root>'}: {c}{of} {noun}{what}")
     if n > _LISTED:
         lines.append(f"  ... and {n - _LISTED} more")
     lines.append(f"hint: {hint}")

@@ -24,7 +24,7 @@ from ..errors import ConfigError, NonFiniteError, RecorderError
 from ..nonfinite import all_finite, is_inexact
 from ..optimizer import OptaxStep
 from ..updates.compiled import nonfinite_sections
-from ..updates.layout import host_layouts
+from ..updates.layout import labelled_trees
 from .bundle import BATCH_MODES, BatchMode, Found, write_bundle
 
 _BATCH_HINT = (
@@ -308,7 +308,7 @@ class RecordedStep:
     def _refuse(
         self, out: Any, params: Any, opt_state: Any, batch: Any, key: Any
     ) -> NonFiniteError:
-        checked = host_layouts(self._labelled(out))
+        checked = labelled_trees(self._labelled(out))
         sections, found_all = nonfinite_sections(checked)
         found = [Found(lay.label, f) for lay, f in zip(checked, found_all) if f]
         rec = self.recorder

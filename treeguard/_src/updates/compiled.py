@@ -182,7 +182,7 @@ def finish_step(
     return new, ok
 
 
-def nonfinite_sections(checked: Sequence[Layout]) -> tuple[list[str], list[dict[str, int]]]:
+def nonfinite_sections(checked: Sequence[LabelledTree]) -> tuple[list[str], list[dict[str, int]]]:
     """The lines naming the leaves that hold NaN or Inf in each tree of
     ``checked`` (one section per tree that holds any), and each tree's
     ``{path: count}``; run on the error path only."""
