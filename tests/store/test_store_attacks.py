@@ -177,7 +177,7 @@ def test_two_promoters_one_wins_and_the_other_hears_who(tmp_path: Path) -> None:
     v1, v2 = _verified(store, 1.0), _verified(store, 2.0)
     store.promote(v1)
 
-    storage = store._layout.storage
+    storage = store._backend.storage
     seen = pointer.read(storage, promoted=True)
     store.promote(v2)  # another process moves the pointer after ours was read
     with pytest.raises(tg.ConflictError, match=f"version {v2} is current") as e:

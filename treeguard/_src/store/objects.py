@@ -20,10 +20,11 @@ after a lost answer would report the writer's own success as a conflict.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..errors import StorageError, StoreError
@@ -36,6 +37,8 @@ _TRIES = 3
 _PAUSE = 0.2
 _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.\-_]{1,220}$")
 _URL_RE = re.compile(r"^(s3|gs):/")
+#: The least bytes a streamed read hands over at a time.
+_STREAM_CHUNK = 8 << 20
 _STATUS_RE = re.compile(r"status code: (\d{3})")
 _T = TypeVar("_T")
 
@@ -210,6 +213,51 @@ class ObjectStorage:
             name,
             lambda: bytes(obstore.get_range(self._store, name, start=start, length=length)),
         )
+
+    def copy_into(
+        self, name: str, fd: int, ranges: Sequence[tuple[int, int]] | None = None
+    ) -> int | None:
+        """Streams ``name`` (or only its ``(offset, length)`` ranges, one
+        ranged GET each) into the file open at ``fd``, each byte at its own
+        offset, a chunk at a time: the object is never whole in memory.
+
+        Returns:
+          The object's size, or None if there is no such object.
+
+        Raises:
+          StorageError: for a failing server, or an object shorter than a range.
+        """
+        import obstore  # lazy: the optional [s3] extra
+
+        check_object_name(name)
+        size: int | None = None
+
+        def copy(start: int, length: int | None) -> int | None:
+            options: Any = {} if length is None else {"range": (start, start + length)}
+            try:
+                result = obstore.get(self._store, name, options=options)
+            except FileNotFoundError:
+                return None
+            at = start
+            for chunk in result.stream(min_chunk_size=_STREAM_CHUNK):
+                view = memoryview(chunk)
+                while view:
+                    n = os.pwrite(fd, view, at)
+                    view, at = view[n:], at + n
+            if length is not None and at != start + length:
+                raise StorageError(
+                    f"reading {name} failed: the object ended at byte {at}, before the "
+                    f"{length} bytes asked for from byte {start}",
+                    context=self.where(name),
+                    hint="something replaced the object behind the store",
+                )
+            return int(result.meta["size"])
+
+        for start, length in ranges if ranges is not None else [(0, None)]:
+            size = self._idempotent("reading", name, functools.partial(copy, start, length))
+            if size is None:
+                return None
+        return size
 
     def list(self, prefix: str) -> list[str]:
         import obstore  # lazy: the optional [s3] extra
