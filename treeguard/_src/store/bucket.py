@@ -18,10 +18,11 @@ primitives a bucket offers, conditional writes, so it needs no lock:
       versions/NAME/verdict.json    the verdict, create-only: never replaced
 
 Nothing the store wrote is overwritten, but the marker and the pointer,
-and those only by compare-and-swap. Every read of a checkpoint streams the
-object's bytes (a partial load: its header and the selected tensors only,
-by ranged GETs) into a private temporary file and goes through the
-checkpoint reader, which checks every hash before anything is returned; its digest is
+and those only by compare-and-swap. Every read of a checkpoint goes
+through the checkpoint reader on an ``ObjectReader``: the bytes are hashed
+as they download, into the arrays' own memory (a partial load fetches its
+header and the selected tensors only, by ranged GETs), and every hash is
+checked before anything is returned; its digest is
 compared with the one recorded at put and, for a verified version, with the
 verdict's. Only file versions are kept in a bucket.
 """
@@ -37,7 +38,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from .. import strictjson
-from ..checkpoint import read_header, save
+from ..checkpoint import Header, read_header, save
+from ..checkpoint.files import read_raw_header
+from ..checkpoint.read import checked_header, load_source, verify_source
 from ..checkpoint.select import select
 from ..errors import (
     FormatError,
@@ -48,7 +51,7 @@ from ..errors import (
 )
 from ..hashing import Algorithm
 from ..spec import TreeSpec
-from . import gates, records
+from . import records
 from .backend import Wanted
 from .layout import (
     AUTO_RE,
@@ -61,7 +64,7 @@ from .layout import (
 )
 from .log import Event
 from .log import parse as parse_event
-from .objects import ObjectStorage
+from .objects import ObjectReader, ObjectStorage
 from .storage import Conflict
 
 VERDICT_FILE = "verdict.json"
@@ -354,38 +357,33 @@ class BucketBackend:
 
     # -- reading a checkpoint --------------------------------------------
 
+    def _model(self, version: str) -> str:
+        return self.storage.where(_version_object(version, MODEL_FILE))
+
     @contextlib.contextmanager
-    def staged(
-        self, version: str, *, part: Wanted | None = None, header_only: bool = False
-    ) -> Iterator[str]:
-        """The version's checkpoint object, streamed into a private temporary
-        file of its size: whole, or (for the ``subtree``/``ignore`` of
-        ``part``, or ``header_only``) its header and then only the tensors
-        that part selects, by ranged GETs; the rest of the file is a hole.
-        The checkpoint reader then checks every hash of what it reads."""
+    def _reader(self, version: str) -> Iterator[ObjectReader]:
+        """The version's checkpoint object, read as it downloads, with the
+        errors of reading it naming the version."""
         name = _version_object(version, MODEL_FILE)
-        whole = not header_only and (part is None or (part.subtree is None and not part.ignore))
-        with tempfile.TemporaryDirectory(prefix="treeguard-load-") as tmp:
-            path = os.path.join(tmp, MODEL_FILE)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        with self._reading(version):
+            reader = self.storage.reader(name)
+            if reader is None:
+                raise IntegrityError(
+                    f"version {version}: its checkpoint object is missing",
+                    version=version,
+                    context=self.storage.where(name),
+                    hint="do not use it; put the weights again",
+                )
             try:
-                size = self.storage.copy_into(name, fd, None if whole else [(0, 8)])
-                if size is None:
-                    raise IntegrityError(
-                        f"version {version}: its checkpoint object is missing",
-                        version=version,
-                        context=self.storage.where(name),
-                        hint="do not use it; put the weights again",
-                    )
-                if not whole:
-                    os.ftruncate(fd, size)
-                    length = int.from_bytes(os.pread(fd, 8, 0), "little")
-                    self.storage.copy_into(name, fd, [(8, min(length, max(0, size - 8)))])
-                    if not header_only:
-                        self.storage.copy_into(name, fd, _selected(path, part))
+                yield reader
             finally:
-                os.close(fd)
-            yield path
+                reader.close()
+
+    def _header(self, version: str, reader: ObjectReader) -> Header:
+        """The checkpoint's header, fetched alone."""
+        reader.plan([])
+        where = self._model(version)
+        return checked_header(*read_raw_header(reader, where), where, None)
 
     @contextlib.contextmanager
     def _reading(self, version: str) -> Iterator[None]:
@@ -415,21 +413,23 @@ class BucketBackend:
     def load(self, version: str, location: str, record: dict[str, Any], want: Wanted) -> Any:
         # a candidate has no verdict yet: the digest recorded at put is the one to find
         expected = want.digest or record.get("stored_digest")
-        with self._reading(version), self.staged(version, part=want) as path:
-            return gates.load_expecting(
-                path, like=want.like, digest=expected, subtree=want.subtree, ignore=want.ignore
+        with self._reader(version) as reader:
+            if want.subtree is not None or want.ignore:
+                reader.plan(_selected(self._header(version, reader), want))
+            return load_source(
+                reader, self._model(version), want.like, expected, want.subtree, want.ignore
             )
 
     def stored_spec(self, version: str, location: str, record: dict[str, Any]) -> TreeSpec:
-        with self._reading(version), self.staged(version, header_only=True) as path:
-            return read_header(path).spec
+        with self._reader(version) as reader:
+            return self._header(version, reader).spec
 
     def check_payload(self, version: str, location: str, record: dict[str, Any]) -> None:
         """Nothing to look at: a bucket keeps file versions only, read by name."""
 
     def recheck(self, version: str, location: str, record: dict[str, Any], digest: str) -> None:
-        with self._reading(version), self.staged(version) as path:
-            gates.verify_expecting(path, digest=digest)
+        with self._reader(version) as reader:
+            verify_source(reader, self._model(version), expect_digest=digest)
 
     # -- verify ----------------------------------------------------------
 
@@ -451,8 +451,8 @@ class BucketBackend:
         contract: Any,
         digests: list[str],
     ) -> Any:
-        with self._reading(version), self.staged(version) as path:
-            digests.append(read_header(path).digest)
+        with self._reader(version) as reader:
+            digests.append(self._header(version, reader).digest)
             if digests[0] != record.get("stored_digest"):
                 raise IntegrityError(
                     f"version {version}: its checkpoint object was changed behind the store: "
@@ -462,7 +462,8 @@ class BucketBackend:
                     hint="do not use it; restore the object from a backup, or put the weights "
                     "again",
                 )
-            return gates.load_expecting(path, like=contract, digest=digests[0])
+            reader.plan(None)
+            return load_source(reader, self._model(version), contract, digests[0], None, ())
 
     def digest_now(self, version: str, location: str, record: dict[str, Any]) -> str | None:
         """The digest recorded at put: the object under it is create-only, and
@@ -504,16 +505,10 @@ class BucketBackend:
         """Nothing: gc deletes whole versions, and leaves no temporary objects."""
 
 
-def _selected(path: str, part: Wanted | None) -> list[tuple[int, int]]:
-    """The ``(offset, length)`` ranges of the tensors ``part`` selects, in
-    file order, neighbours merged, from the header staged at ``path``."""
-    header = read_header(path)
-    sel = select(
-        header.spec,
-        subtree=part.subtree if part else None,
-        ignore=part.ignore if part else (),
-        where=header.path,
-    )
+def _selected(header: Header, want: Wanted) -> list[tuple[int, int]]:
+    """The ``(offset, length)`` ranges of the tensors ``want`` selects, in
+    file order, neighbours merged into one."""
+    sel = select(header.spec, subtree=want.subtree, ignore=want.ignore, where=header.path)
     out: list[tuple[int, int]] = []
     for t in sorted((header.tensors[i] for i in sel.indices), key=lambda t: t.begin):
         start = header.data_start + t.begin
