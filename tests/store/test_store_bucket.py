@@ -367,3 +367,24 @@ def test_a_partial_load_fetches_the_header_and_the_selected_ranges_only(
         assert reader.fetched <= (1 << 16) + b.nbytes + c.nbytes  # none of a or d
     got = store.load_version(v, {"c": tree["c"]}, ignore=["['a']", "['b']", "['d']"])
     assert np.array_equal(got["c"], tree["c"])
+
+
+def test_a_put_killed_between_its_data_and_its_record_leaves_nothing_visible(
+    s3_url: str,
+) -> None:
+    store = ArtifactStore.init(s3_url)
+    v1 = store.put(_params(0))
+    raw = _raw(s3_url)
+    data = bytes(obstore.get(raw, f"versions/{v1}/model.safetensors").bytes())
+    # what a put killed after its checkpoint object and before its record leaves
+    obstore.put(raw, "versions/v000002/model.safetensors", data)
+    assert [v.version for v in store.versions()] == [v1]  # never a candidate
+    with pytest.raises(StoreError, match="version v000002 already exists"):
+        store.put(_params(1), version="v000002")
+    assert store.put(_params(1)) == "v000003"
+    # the first gc removes it, whatever the policy keeps, and retires its name
+    assert store.gc(policy=RetentionPolicy(keep_last=10)) == ["v000002"]
+    assert not any(n.startswith("versions/v000002/") for n in _names(s3_url))
+    with pytest.raises(StoreError, match="never reused"):
+        store.put(_params(1), version="v000002")
+    assert [v.version for v in store.versions()] == [v1, "v000003"]

@@ -287,20 +287,26 @@ class BucketBackend:
             "nbytes": spec.nbytes,
             "stored_digest": header.digest,
         }
-        version = self._reserve(version, record)
-        model = _version_object(version, MODEL_FILE)
-        try:
-            if isinstance(self.storage.create(model, data), Conflict):
-                raise StoreError(
-                    f"version {version}'s checkpoint object already exists, though its "
-                    "record was just made: something else writes under this prefix",
-                    version=version,
-                    context=self.storage.where(model),
-                    hint="keep other writers out of the store's prefix",
-                )
-        except BaseException:
-            self.storage.delete(_version_object(version, STATUS_FILE))  # our own record only
-            raise
+        version, seq = self._reserve(version, data)
+        name = _version_object(version, STATUS_FILE)
+        body = _dumps(record | {"seq": seq, "format": STORE_FORMAT, "version": version})
+        if isinstance(self.storage.create(name, body), Conflict):
+            raise StoreError(
+                f"version {version}'s record already exists, though its checkpoint object "
+                "was just made: something else writes under this prefix",
+                version=version,
+                context=self.storage.where(name),
+                hint="keep other writers out of the store's prefix",
+            )
+        if self._retired(version):  # gc took the data for a dead put's: undo, refuse
+            for leaf in (STATUS_FILE, MODEL_FILE):
+                self.storage.delete(_version_object(version, leaf))
+            raise StoreError(
+                f"version {version} was removed by gc while it was put; nothing of it is kept",
+                version=version,
+                context=self.root,
+                hint="put it again",
+            )
         self.append("put", version, {"status": "candidate"})
         return version
 
@@ -315,8 +321,13 @@ class BucketBackend:
             "local store",
         )
 
-    def _reserve(self, version: str | None, record: dict[str, Any]) -> str:
-        """Creates the record, which reserves the name (create-only)."""
+    def _retired(self, version: str) -> bool:
+        return self.storage.read(f"retired/{version}", limit=1024, what="retired name") is not None
+
+    def _reserve(self, version: str | None, data: bytes) -> tuple[str, int]:
+        """Writes the checkpoint object, which reserves the name (create-only),
+        before the record: a record is never seen without its data. Returns
+        the name and the put's place in the marker's order."""
         for _ in range(_NAME_TRIES):
             marker = self._bump(lambda m: m | {"seq": int(m.get("seq", 0)) + 1})
             name = version
@@ -328,7 +339,7 @@ class BucketBackend:
                 ]
                 number = max([int(marker.get("counter", 0)), *taken]) + 1
                 name = f"v{number:06d}"
-            if self.storage.read("retired/" + name, limit=1024, what="retired name") is not None:
+            if self._retired(name):
                 if version is None:
                     continue
                 raise StoreError(
@@ -337,18 +348,16 @@ class BucketBackend:
                     context=self.root,
                     hint="pick another name",
                 )
-            body = _dumps(record | {"seq": marker["seq"], "format": STORE_FORMAT, "version": name})
-            if not isinstance(
-                self.storage.create(_version_object(name, STATUS_FILE), body), Conflict
+            if version is not None and set(self.storage.list(f"versions/{name}")) & set(
+                OWN_OBJECTS
             ):
-                return name
+                raise _exists(name, self.root)  # before the upload
+            if not isinstance(
+                self.storage.create(_version_object(name, MODEL_FILE), data), Conflict
+            ):
+                return name, int(marker["seq"])
             if version is not None:
-                raise StoreError(
-                    f"version {name} already exists",
-                    version=name,
-                    context=self.root,
-                    hint="pick another name, or leave version= out to number it",
-                )
+                raise _exists(name, self.root)
         raise StoreError(
             f"no free version name after {_NAME_TRIES} tries",
             context=self.root,
@@ -487,22 +496,47 @@ class BucketBackend:
     # -- gc --------------------------------------------------------------
 
     def remove(self, version: str) -> bool:
+        held = set(self.storage.list(f"versions/{version}"))
+        if not held <= set(OWN_OBJECTS):
+            return False  # objects the store did not write: a person must look
         try:
             self._record(version)
         except UnknownVersionError:
-            return False  # a put that has not written its record yet
+            if held != {MODEL_FILE}:
+                return False  # nothing there, or a verdict without a record: a person must look
+            return self._remove_unrecorded(version)
         except (StoreError, FormatError):
             return False  # never delete what cannot be read: a person must look
-        held = self.storage.list(f"versions/{version}")
-        if not set(held) <= set(OWN_OBJECTS):
-            return False  # objects the store did not write: a person must look
         self.storage.create(f"retired/{version}", b"")  # retired before anything is deleted
         for leaf in (MODEL_FILE, VERDICT_FILE, STATUS_FILE):  # the record goes last
             self.storage.delete(_version_object(version, leaf))
         return True
 
+    def _remove_unrecorded(self, version: str) -> bool:
+        """Removes the checkpoint object of a put that died before its record.
+
+        The name is retired first; a put still running checks for that after
+        writing its record, and undoes itself. If its record appeared
+        meanwhile, that put finished first: its version is kept."""
+        self.storage.create(f"retired/{version}", b"")
+        if self.storage.read(
+            _version_object(version, STATUS_FILE), limit=SMALL_FILE_LIMIT, what="status file"
+        ):
+            return False
+        self.storage.delete(_version_object(version, MODEL_FILE))
+        return True
+
     def after_gc(self) -> None:
         """Nothing: gc deletes whole versions, and leaves no temporary objects."""
+
+
+def _exists(version: str, root: str) -> StoreError:
+    return StoreError(
+        f"version {version} already exists",
+        version=version,
+        context=root,
+        hint="pick another name, or leave version= out to number it",
+    )
 
 
 def _selected(header: Header, want: Wanted) -> list[tuple[int, int]]:
