@@ -5,35 +5,13 @@ version is ever visible, and gc leaves nothing of the dead puts behind."""
 
 from __future__ import annotations
 
-import random
-import signal
-import subprocess
-
 import numpy as np
 import obstore
 import pytest
 from obstore.store import S3Store
 
-from tests.subproc import child_env, start_python, stop
+from tests.store.storm import storm
 from treeguard import ArtifactStore, RetentionPolicy
-
-_WRITER = """
-import sys
-import numpy as np
-from treeguard import ArtifactStore, RetentionPolicy
-store = ArtifactStore(sys.argv[1])
-print("ready", flush=True)
-for i in range(200):
-    v = store.put({"w": np.full((64, 64), float(i), np.float32)}, metadata={"i": i})
-    store.verify(v)
-    store.promote(v)
-    print("promoted", v, flush=True)
-    if i % 3 == 2:
-        print("rolling back", flush=True)
-        store.rollback()
-    if i % 4 == 3:
-        store.gc(policy=RetentionPolicy(keep_last=2))
-"""
 
 
 def _objects(url: str) -> set[str]:
@@ -82,23 +60,12 @@ def _consistent(url: str, acknowledged: str | None) -> None:
 def test_a_writer_killed_at_random_moments_leaves_a_bucket_store_consistent(
     s3_url: str,
 ) -> None:
-    rng = random.Random(20261203)
     ArtifactStore.init(s3_url)
-    kills = 0
-    acknowledged = None
-    for _ in range(40):
-        proc = start_python(_WRITER, s3_url, env=child_env())
-        try:
-            assert proc.stdout is not None
-            assert proc.stdout.readline().strip() == "ready"
-            try:
-                proc.wait(timeout=rng.uniform(0.1, 3.0))
-            except subprocess.TimeoutExpired:
-                proc.send_signal(signal.SIGKILL)
-                kills += 1
-        finally:
-            printed, _ = stop(proc)
-        acknowledged = _acknowledged(printed, acknowledged)
-        _consistent(s3_url, acknowledged)
-    assert kills >= 30
+    acknowledged: list[str | None] = [None]
+
+    def check(printed: str) -> None:
+        acknowledged[0] = _acknowledged(printed, acknowledged[0])
+        _consistent(s3_url, acknowledged[0])
+
+    assert storm(s3_url, check, longest=3.0) >= 30
     assert np.isfinite(ArtifactStore(s3_url).load_current()["w"]).all()

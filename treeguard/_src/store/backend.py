@@ -46,6 +46,10 @@ class Wanted:
     ignore: Collection[str] = ()
 
 
+#: A version's validated record.
+Record = dict[str, Any]
+
+
 class Backend(Protocol):
     """The primitives of one kind of store (see the module's docstring)."""
 
@@ -109,12 +113,7 @@ class Backend(Protocol):
         ...
 
     def read_for_verdict(
-        self,
-        version: str,
-        location: str,
-        record: dict[str, Any],
-        contract: Any,
-        digests: list[str],
+        self, version: str, record: Record, contract: Any, digests: list[str]
     ) -> Any:
         """Loads the version against ``contract`` with every hash checked,
         leaving the digest it read under in ``digests`` first."""

@@ -52,7 +52,7 @@ from ..errors import (
 from ..hashing import Algorithm
 from ..spec import TreeSpec
 from . import records
-from .backend import Wanted
+from .backend import Record, Wanted
 from .layout import (
     AUTO_RE,
     MARKER_FILE,
@@ -453,12 +453,7 @@ class BucketBackend:
             )
 
     def read_for_verdict(
-        self,
-        version: str,
-        location: str,
-        record: dict[str, Any],
-        contract: Any,
-        digests: list[str],
+        self, version: str, record: Record, contract: Any, digests: list[str]
     ) -> Any:
         with self._reader(version) as reader:
             digests.append(self._header(version, reader).digest)

@@ -26,7 +26,7 @@ from ..hashing import Algorithm
 from ..sharded.manifest import read as read_manifest
 from ..spec import TreeSpec
 from . import deleter, gates, log, payload, records
-from .backend import Wanted
+from .backend import Record, Wanted
 from .layout import AUTO_RE, MODEL_FILE, STATUS_FILE, Layout
 from .lead import lead_acts
 from .log import Event
@@ -270,15 +270,11 @@ class LocalBackend:
             raise
 
     def read_for_verdict(
-        self,
-        version: str,
-        location: str,
-        record: dict[str, Any],
-        contract: Any,
-        digests: list[str],
+        self, version: str, record: Record, contract: Any, digests: list[str]
     ) -> Any:
         kind = payload.of(record)
-        return kind.read_for_verdict(self.layout, location, version, contract, digests)
+        path = self.layout.version_dir(version)
+        return kind.read_for_verdict(self.layout, path, version, contract, digests)
 
     def digest_now(self, version: str, location: str, record: dict[str, Any]) -> str | None:
         return payload.digest_now(location, record)

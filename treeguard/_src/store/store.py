@@ -422,9 +422,7 @@ class ArtifactStore:
         contract, contract_name = self._contract_for(version, like)
         kind = payload.of(before)
         results, reason, digest = payload.judge(
-            lambda digests: self._backend.read_for_verdict(
-                version, location, before, contract, digests
-            ),
+            lambda digests: self._backend.read_for_verdict(version, before, contract, digests),
             kind.evidence,
             contract_name,
             checks,
