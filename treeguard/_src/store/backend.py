@@ -86,7 +86,8 @@ class Backend(Protocol):
         ...
 
     def record(self, version: str) -> tuple[str, dict[str, Any]]:
-        """The location and validated record (with its verdict) of a version."""
+        """The location and validated record (with its verdict) of a version
+        (the lifecycle has checked that the root is a store)."""
         ...
 
     def version_names(self) -> list[str]:

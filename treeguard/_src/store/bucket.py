@@ -227,7 +227,6 @@ class BucketBackend:
           UnknownVersionError: for a version that does not exist.
           StoreError: for a damaged record or verdict.
         """
-        self.require()
         return self._location(version), self._record(version)
 
     def _record(self, version: str) -> dict[str, Any]:

@@ -77,7 +77,6 @@ class LocalBackend:
     # -- records ---------------------------------------------------------
 
     def record(self, version: str) -> tuple[str, dict[str, Any]]:
-        self.layout.require()
         path = self.layout.existing_version(version)
         try:
             return path, records.read(path)

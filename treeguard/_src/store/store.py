@@ -120,8 +120,11 @@ class ArtifactStore:
 
     # -- reading ---------------------------------------------------------
     def _record(self, version: str) -> tuple[str, dict[str, Any]]:
-        """The location and validated record of a version."""
-        return self._backend.record(check_name(version))
+        """The location and validated record of a version, after checking
+        that the root is a store."""
+        check_name(version)
+        self._backend.require()
+        return self._backend.record(version)
 
     def info(self, version: str, /) -> VersionInfo:
         """The record of one version.
@@ -522,9 +525,10 @@ class ArtifactStore:
         """Checks that ``version`` may be used: verified, signed when the
         store has a key and (``full``) its every byte matches the verdict's
         digest. Returns its location, record and recorded digest."""
-        location, data = self._record(version)
-        digest = gates.require_verified(version, data)
+        check_name(version)
         marker = self._backend.require()
+        location, data = self._backend.record(version)
+        digest = gates.require_verified(version, data)
         gates.check_signature(
             self._key, str(marker["id"]), version, data, signed=bool(marker.get("signed"))
         )
