@@ -8,7 +8,7 @@ on the same server and the same bytes (one float32 leaf of ``--mib`` MiB):
 
 - ``put`` through ``ArtifactStore("s3://...")`` against one plain
   ``obstore.put`` of the checkpoint's bytes;
-- ``load_current`` (download, stage, every hash checked) against one plain
+- ``load_current`` (streamed, every hash checked as it arrives) against one plain
   ``obstore.get`` of them;
 - ``promote`` (the whole object read again and re-hashed) against one
   ranged read of the whole object.

@@ -9,7 +9,6 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import random
 import shutil
 import signal
 import socket
@@ -22,7 +21,8 @@ import numpy as np
 import pytest
 
 import treeguard as tg
-from tests.subproc import child_env, run_python, start_python, stop
+from tests.store.storm import storm
+from tests.subproc import child_env, run_python
 from treeguard import ArtifactStore, ConfigError, RetentionPolicy, StoreError, UnknownVersionError
 from treeguard._src.store import pointer, records  # raced and forged on purpose
 
@@ -177,7 +177,7 @@ def test_two_promoters_one_wins_and_the_other_hears_who(tmp_path: Path) -> None:
     v1, v2 = _verified(store, 1.0), _verified(store, 2.0)
     store.promote(v1)
 
-    storage = store._layout.storage
+    storage = store._backend.storage
     seen = pointer.read(storage, promoted=True)
     store.promote(v2)  # another process moves the pointer after ours was read
     with pytest.raises(tg.ConflictError, match=f"version {v2} is current") as e:
@@ -270,23 +270,6 @@ def test_a_bucket_url_is_never_taken_for_a_local_path(
     assert os.listdir(tmp_path) == []
 
 
-_WRITER = """
-import sys
-import numpy as np
-from treeguard import ArtifactStore, RetentionPolicy
-store = ArtifactStore(sys.argv[1])
-print("ready", flush=True)
-for i in range(200):
-    v = store.put({"w": np.full((64, 64), float(i), np.float32)}, metadata={"i": i})
-    store.verify(v)
-    store.promote(v)
-    if i % 3 == 2:
-        store.rollback()
-    if i % 4 == 3:
-        store.gc(policy=RetentionPolicy(keep_last=2))
-"""
-
-
 def _consistent(root: Path) -> None:
     """What a kill at any moment must leave: a store every operation reads."""
     store = ArtifactStore(root)
@@ -305,23 +288,8 @@ def _consistent(root: Path) -> None:
 
 @pytest.mark.reliability
 def test_a_writer_killed_at_random_moments_leaves_a_consistent_store(tmp_path: Path) -> None:
-    rng = random.Random(20261203)
     ArtifactStore.init(tmp_path)
-    kills = 0
-    for _ in range(40):
-        proc = start_python(_WRITER, str(tmp_path))
-        try:
-            assert proc.stdout is not None
-            assert proc.stdout.readline().strip() == "ready"
-            try:
-                proc.wait(timeout=rng.uniform(0.05, 1.5))
-            except subprocess.TimeoutExpired:
-                proc.send_signal(signal.SIGKILL)
-                kills += 1
-        finally:
-            stop(proc)
-        _consistent(tmp_path)
-    assert kills >= 30
+    assert storm(str(tmp_path), lambda _printed: _consistent(tmp_path)) >= 30
 
 
 def test_gc_unlinks_a_trash_link_and_keeps_a_trash_directory_with_foreign_files(

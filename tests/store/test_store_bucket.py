@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -20,6 +21,7 @@ from treeguard import (
     RetentionPolicy,
     SignatureError,
     StoreError,
+    read_header,
 )
 from treeguard._cli.main import main
 from treeguard.examples import mlp
@@ -145,12 +147,12 @@ def test_a_promote_on_a_stale_pointer_is_a_conflict_naming_the_winner(s3_url: st
     v1, v2 = a.put(_params(0)), a.put(_params(1))
     a.verify(v1)
     a.verify(v2)
-    stale = a._bucket.read_pointer()  # type: ignore[union-attr]  # the race's first read
+    stale = a._pointer()  # the race's first read
     b.promote(v2)
     from treeguard._src.store import pointer  # the compare-and-swap itself, on purpose
 
     with pytest.raises(ConflictError, match="version v000002 is current") as e:
-        pointer.write(a._bucket.storage, pointer.Pointer(v1, ()), replacing=stale)  # type: ignore[union-attr]
+        pointer.write(a._backend.storage, pointer.Pointer(v1, ()), replacing=stale)
     assert e.value.version == v2 and a.current() == v2
 
 
@@ -198,9 +200,12 @@ def test_an_object_replaced_behind_the_store_is_an_integrity_error(s3_url: str) 
     ):
         store.rollback()
     assert store.current() == v2
-    obstore.put(raw, f"versions/{v2}/model.safetensors", b"not a checkpoint")
-    with pytest.raises(IntegrityError, match="version v000002: its checkpoint object no longer"):
-        store.load_current(_params(1))
+    for junk in (b"not a checkpoint", b""):
+        obstore.put(raw, f"versions/{v2}/model.safetensors", junk)
+        with pytest.raises(
+            IntegrityError, match="version v000002: its checkpoint object no longer"
+        ):
+            store.load_current(_params(1))
 
 
 def test_a_candidate_replaced_before_verify_is_rejected(s3_url: str) -> None:
@@ -300,3 +305,90 @@ def test_a_verdict_object_cannot_change_what_was_recorded_at_put(s3_url: str) ->
     obstore.put(raw, f"versions/{v1}/verdict.json", json.dumps(forged).encode())
     with pytest.raises(IntegrityError, match="version v000001: its checkpoint object was changed"):
         store.load_version(v1)
+
+
+def _flip_tensor(s3_url: str, version: str, tensor: str, tmp_path: Path) -> None:
+    """Replaces the version's object behind the store by one whose bytes of
+    ``tensor`` are changed (its header, and so its digest, unchanged)."""
+    raw = _raw(s3_url)
+    name = f"versions/{version}/model.safetensors"
+    data = bytearray(bytes(obstore.get(raw, name).bytes()))
+    local = tmp_path / "copy.safetensors"
+    local.write_bytes(data)
+    header = read_header(local)
+    t = next(t for t in header.tensors if t.name == tensor)
+    data[header.data_start + t.begin] ^= 0xFF
+    obstore.put(raw, name, bytes(data))
+
+
+def test_a_partial_load_from_a_bucket_reads_only_what_it_selects(
+    s3_url: str, tmp_path: Path
+) -> None:
+    store = ArtifactStore.init(s3_url)
+    params = _params(0)
+    v = store.put(params)
+    store.verify(v)
+    store.promote(v)
+    _flip_tensor(s3_url, v, "['dense1']['w']", tmp_path)
+    got = store.load_current(params["dense2"], subtree="['dense2']")
+    assert np.array_equal(got["w"], params["dense2"]["w"])
+    kept = {"dense2": params["dense2"]}
+    got = store.load_version(v, kept, ignore=["['dense1']"])
+    assert np.array_equal(got["dense2"]["b"], params["dense2"]["b"])
+    with pytest.raises(IntegrityError, match=r"(?s)version v000001: .*\['dense1'\]\['w'\]"):
+        store.load_current(params)
+    with pytest.raises(IntegrityError, match=r"(?s)version v000001: .*\['dense1'\]\['w'\]"):
+        store.load_verified(v, params["dense1"], subtree="['dense1']")
+
+
+def test_a_partial_load_fetches_the_header_and_the_selected_ranges_only(
+    s3_url: str,
+) -> None:
+    # the reader and the ranges a partial load plans, on purpose
+    from treeguard._src.store import bucket
+
+    store = ArtifactStore.init(s3_url)
+    tree = {name: np.full(1 << 18, i, np.float32) for i, name in enumerate("abcd")}
+    v = store.put(tree)
+    backend = store._backend
+    assert isinstance(backend, bucket.BucketBackend)
+    want = bucket.Wanted({"b": tree["b"], "c": tree["c"]}, None, ignore=["['a']", "['d']"])
+    with backend._reader(v) as reader:
+        header = backend._header(v, reader)
+        assert reader.fetched < header.data_start + (1 << 16)  # the header alone
+        by_name = {t.name: t for t in header.tensors}
+        ranges = bucket._selected(header, want)
+        b, c = by_name["['b']"], by_name["['c']"]
+        assert ranges == [(header.data_start + b.begin, b.nbytes + c.nbytes)]  # one ranged GET
+    got = backend.load(v, "", backend.record(v)[1], want)
+    assert np.array_equal(got["b"], tree["b"]) and np.array_equal(got["c"], tree["c"])
+    with backend._reader(v) as reader:
+        reader.plan(ranges)
+        assert bucket.load_source(reader, "x", want.like, None, None, want.ignore).keys() == {
+            "b",
+            "c",
+        }
+        assert reader.fetched <= (1 << 16) + b.nbytes + c.nbytes  # none of a or d
+    got = store.load_version(v, {"c": tree["c"]}, ignore=["['a']", "['b']", "['d']"])
+    assert np.array_equal(got["c"], tree["c"])
+
+
+def test_a_put_killed_between_its_data_and_its_record_leaves_nothing_visible(
+    s3_url: str,
+) -> None:
+    store = ArtifactStore.init(s3_url)
+    v1 = store.put(_params(0))
+    raw = _raw(s3_url)
+    data = bytes(obstore.get(raw, f"versions/{v1}/model.safetensors").bytes())
+    # what a put killed after its checkpoint object and before its record leaves
+    obstore.put(raw, "versions/v000002/model.safetensors", data)
+    assert [v.version for v in store.versions()] == [v1]  # never a candidate
+    with pytest.raises(StoreError, match="version v000002 already exists"):
+        store.put(_params(1), version="v000002")
+    assert store.put(_params(1)) == "v000003"
+    # the first gc removes it, whatever the policy keeps, and retires its name
+    assert store.gc(policy=RetentionPolicy(keep_last=10)) == ["v000002"]
+    assert not any(n.startswith("versions/v000002/") for n in _names(s3_url))
+    with pytest.raises(StoreError, match="never reused"):
+        store.put(_params(1), version="v000002")
+    assert [v.version for v in store.versions()] == [v1, "v000003"]

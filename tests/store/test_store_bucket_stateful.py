@@ -141,7 +141,7 @@ class BucketMachine(RuleBasedStateMachine):
     def remembered_versions_are_kept(self) -> None:
         if not self.names:
             return
-        ptr = self.store._bucket.read_pointer()  # type: ignore[union-attr]
+        ptr = self.store._pointer()
         listed = {v.version for v in self.store.versions()}
         assert {ptr.current, *ptr.previous} - {None} <= listed
 

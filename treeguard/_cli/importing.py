@@ -8,16 +8,19 @@ library or a usage error.
 from __future__ import annotations
 
 import json
+import tempfile
 from pathlib import Path
 from typing import NoReturn
 
 import click
 from rich.table import Table
 
-from .._src.checkpoint import ForeignHeader, import_weights, spec_from_file
+from .._src.checkpoint import ForeignHeader, import_weights, load, spec_from_file
 from .._src.checkpoint.foreign import read_foreign_header
 from .._src.display import fmt_bytes, printable
 from .._src.errors import TreeMismatchError
+from .._src.store import ArtifactStore
+from .._src.store.objects import is_url
 from .console import console, shown
 from .failures import PARTIAL, Command
 
@@ -47,18 +50,29 @@ def import_command(src: Path, dst: Path, names: str, like: Path | None) -> None:
     nested by the names, each component a string key (encoder.layer.0.w
     becomes ['encoder']['layer']['0']['w']). DST is written atomically with a
     BLAKE3 digest per tensor and the tree's contract; its metadata records SRC
-    and SRC's BLAKE3 digest.
+    and SRC's BLAKE3 digest. A DST that is a store in a bucket
+    (s3://BUCKET/PREFIX, gs://BUCKET/PREFIX) gets the weights as a new
+    candidate version instead: verify and promote it with `treeguard store`.
     """
     spec = None if like is None else spec_from_file(like)
+    store = ArtifactStore(dst) if is_url(dst) else None
+    target = shown(dst)
+    if store is not None:
+        store.current()  # a prefix that is not a store is refused before SRC is read
     try:
-        header = import_weights(src, dst, names=names, like=spec)  # type: ignore[arg-type]
+        with tempfile.TemporaryDirectory(prefix="treeguard-import-") as tmp:
+            out = Path(tmp) / "model.safetensors" if store is not None else dst
+            header = import_weights(src, out, names=names, like=spec)  # type: ignore[arg-type]
+            if store is not None:  # a new candidate version of the store in the bucket
+                version = store.put(load(out), metadata=header.metadata)
+                target = f"{shown(store.root)} version {version} (a candidate)"
     except TreeMismatchError as e:
         raise e.from_sources(expected_from=str(like)) from e
     s = header.spec
     what = f", matches {shown(like)}" if like is not None else ""
     console().print(
         f"[green]imported[/green]: {shown(src)} "
-        f"({shown(header.metadata['imported_from']['format'])}) -> {shown(dst)}: "
+        f"({shown(header.metadata['imported_from']['format'])}) -> {target}: "
         f"{s.num_leaves} tensors, {s.num_params:,} params, "
         f"a {header.hash_name} digest for each{what}"
     )

@@ -25,6 +25,7 @@ import click
 from .._src import strictjson
 from .._src.display import fmt_bytes
 from .._src.errors import ConfigError, ServingError
+from .._src.store.objects import is_url
 from .console import console
 from .failures import Group
 from .loader import load_model
@@ -85,7 +86,11 @@ _input_opt = click.option(
 @serve.command("run")
 @_target
 @click.option(
-    "--store", "store_root", required=True, type=click.Path(file_okay=False, path_type=Path)
+    "--store",
+    "store_root",
+    required=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="The store: a directory, or a bucket URL (s3://BUCKET/PREFIX, gs://BUCKET/PREFIX).",
 )
 @_spec_opt
 @_input_opt
@@ -137,7 +142,7 @@ def run_command(  # noqa: PLR0917 - click passes every option
 
     model = load_model(target, command="serve")
     spec = _spec(model, spec_file, inputs)
-    if not store_root.is_dir():
+    if not is_url(store_root) and not store_root.is_dir():  # a bucket URL: the store checks it
         raise ConfigError(f"{store_root}: no store there", hint="treeguard store put first")
     server = Server(
         model,

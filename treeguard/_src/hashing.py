@@ -29,6 +29,10 @@ The API:
 * ``Pipeline(algorithm)``: the streaming form under all of these: ``feed(key,
   chunk)`` any number of chunks per key, in order, then ``digests()``;
 * ``hash_file(fd, algorithm)``: one digest over a whole file.
+
+Where a function reads, its ``fd`` may also be a ``RangeReader``: bytes at
+offsets that are not a file (an object in a bucket, fetched as it is read),
+so a download is hashed while it arrives, into the arrays' final memory.
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ import queue
 import re
 import threading
 from collections.abc import Callable, Hashable, Iterable, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import blake3
 
@@ -59,6 +63,28 @@ CHUNK = 8 * 1024 * 1024
 THREAD_PREFIX = "treeguard-hash"
 #: Chunks queued per worker besides the one it is hashing.
 _DEPTH = 2
+
+
+class RangeReader(Protocol):
+    """Bytes at any offset of something that is not a file descriptor."""
+
+    def size(self) -> int:
+        """How many bytes there are."""
+        ...
+
+    def pread_into(self, buf: memoryview, offset: int) -> int:
+        """Fills ``buf`` from ``offset``; how many bytes were read (fewer
+        only at the end)."""
+        ...
+
+
+#: What the reading functions read from: a file descriptor or a ``RangeReader``.
+Source = int | RangeReader
+
+
+def source_size(src: Source) -> int:
+    """The size of a file descriptor's file, or of a ``RangeReader``'s bytes."""
+    return os.fstat(src).st_size if isinstance(src, int) else src.size()
 
 
 class ShortRead(EOFError):
@@ -273,9 +299,11 @@ class Span:
     expected: str | None = None
 
 
-def pread_into(fd: int, buf: memoryview, offset: int) -> int:
+def pread_into(fd: Source, buf: memoryview, offset: int) -> int:
     """Fills ``buf`` from ``offset``; returns how many bytes were read (fewer
     only where the file ends)."""
+    if not isinstance(fd, int):
+        return fd.pread_into(buf, offset)
     done = 0
     while done < len(buf):
         n = os.preadv(fd, [buf[done:]], offset + done)
@@ -286,7 +314,7 @@ def pread_into(fd: int, buf: memoryview, offset: int) -> int:
 
 
 def read_spans(
-    fd: int,
+    fd: Source,
     spans: Sequence[Span],
     algorithm: Algorithm,
     *,
@@ -335,7 +363,7 @@ def read_spans(
 
 
 def _read_hashed(
-    fd: int,
+    fd: Source,
     ranges: Sequence[tuple[int, int]],
     algorithm: Algorithm,
     *,
@@ -376,7 +404,7 @@ def mismatched(spans: Sequence[Span], found: Sequence[str]) -> list[int]:
 
 
 def read_verified(
-    fd: int,
+    fd: Source,
     spans: Sequence[Span],
     algorithm: Algorithm,
     *,
@@ -450,7 +478,7 @@ def _write_all(fd: int, buf: memoryview) -> None:
 
 
 def hash_ranges(
-    fd: int,
+    fd: Source,
     ranges: Sequence[tuple[int, int]],
     algorithm: Algorithm,
     *,

@@ -13,7 +13,7 @@ from typing import Any
 
 from ..atomic import open_regular
 from ..errors import FormatError
-from ..hashing import pread_into
+from ..hashing import Source, pread_into, source_size
 from .format import MAX_HEADER_BYTES, strict_loads
 
 _PICKLE_HINT = (
@@ -37,14 +37,14 @@ def _looks_pickled(head: bytes) -> bool:
     return head[:1] == b"\x80" or head[:2] == b"PK"
 
 
-def read_raw_header(fd: int, name: str) -> tuple[dict[str, Any], int, int]:
+def read_raw_header(fd: Source, name: str) -> tuple[dict[str, Any], int, int]:
     """The parsed JSON header (strictly parsed), its length and the file size.
 
     Raises:
       FormatError: for a file too short, a header too long or beyond the
         file, bytes that are not UTF-8 JSON of one object.
     """
-    size = os.fstat(fd).st_size
+    size = source_size(fd)
     if size < 8:
         raise FormatError(
             f"{size} bytes; a checkpoint starts with an 8-byte header length "

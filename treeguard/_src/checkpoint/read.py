@@ -18,7 +18,7 @@ from typing import Any
 
 from ..diff import mismatches
 from ..errors import FormatError, IntegrityError, TreeMismatchError
-from ..hashing import HEX_RE, ShortRead, hash_ranges
+from ..hashing import HEX_RE, ShortRead, Source, hash_ranges
 from ..keydtype import is_key_dtype, wrap_keys
 from ..mismatch import Mismatch
 from ..spec import TreeSpec, spec_of
@@ -37,7 +37,7 @@ from .restore import (
 )
 
 
-def _parse_header(fd: int, name: str, expect_digest: str | None = None) -> Header:
+def _parse_header(fd: Source, name: str, expect_digest: str | None = None) -> Header:
     doc, header_bytes, size = read_raw_header(fd, name)
     return checked_header(doc, header_bytes, size, name, expect_digest)
 
@@ -140,27 +140,59 @@ def verify_file(
     check_expect_digest(expect_digest)
     fd, name = open_checkpoint(path)
     try:
-        header = _parse_header(fd, name, expect_digest)
-        if like is not None:
-            like_spec = like if isinstance(like, TreeSpec) else spec_of(like)
-            found = _contract_mismatches(header.spec, like_spec)
-            if found:
-                raise TreeMismatchError(
-                    found, expected_from="`like`", actual_from="the checkpoint", context=name
-                )
-        ranges = [(header.data_start + t.begin, t.nbytes) for t in header.tensors]
-        try:
-            digests = hash_ranges(fd, ranges, header.hash_name, progress=progress)
-        except ShortRead:
-            raise FormatError(
-                "the file was truncated while it was verified", context=name, hint=RESTORE_HINT
-            ) from None
-        bad = [(t, d, t.digest) for t, d in zip(header.tensors, digests) if d != t.digest]
-        if bad:
-            raise integrity_error(name, header.hash_name, bad)
-        return header
+        return verify_source(fd, name, like=like, progress=progress, expect_digest=expect_digest)
     finally:
         os.close(fd)
+
+
+def verify_source(
+    src: Source,
+    name: str,
+    *,
+    like: Any = None,
+    progress: Callable[[int, int], None] | None = None,
+    expect_digest: str | None = None,
+) -> Header:
+    """``verify_file`` of a checkpoint read from ``src``: an open descriptor,
+    or a ``RangeReader`` (an object in a bucket, hashed as it downloads);
+    ``name`` is how messages name it."""
+    header = _parse_header(src, name, expect_digest)
+    if like is not None:
+        like_spec = like if isinstance(like, TreeSpec) else spec_of(like)
+        found = _contract_mismatches(header.spec, like_spec)
+        if found:
+            raise TreeMismatchError(
+                found, expected_from="`like`", actual_from="the checkpoint", context=name
+            )
+    ranges = [(header.data_start + t.begin, t.nbytes) for t in header.tensors]
+    try:
+        digests = hash_ranges(src, ranges, header.hash_name, progress=progress)
+    except ShortRead:
+        raise FormatError(
+            "the file was truncated while it was verified", context=name, hint=RESTORE_HINT
+        ) from None
+    bad = [(t, d, t.digest) for t, d in zip(header.tensors, digests) if d != t.digest]
+    if bad:
+        raise integrity_error(name, header.hash_name, bad)
+    return header
+
+
+def load_source(  # noqa: PLR0917 - one call site, all positional data
+    src: Source,
+    name: str,
+    like: Any,
+    expect_digest: str | None,
+    subtree: str | None,
+    ignore: Collection[str],
+) -> Any:
+    """``load`` of a treeguard checkpoint read from ``src`` (a descriptor or
+    a ``RangeReader``), without surgery: the header and its digest, the
+    selection and the contract, then the selected tensors, every hash checked
+    as they arrive."""
+    check_expect_digest(expect_digest)
+    header = _parse_header(src, name, expect_digest)
+    surgery = SurgeryOptions("error", None, "error")
+    return load_native(src, header, like, {}, (), subtree, ignore, surgery)[0]
 
 
 def _contract_mismatches(stored: TreeSpec, like: TreeSpec) -> list[Mismatch]:
@@ -169,7 +201,7 @@ def _contract_mismatches(stored: TreeSpec, like: TreeSpec) -> list[Mismatch]:
     return [m for m in mismatches(stored, like) if m.kind != "weak_type"]
 
 
-def read_verified(fd: int, header: Header, todo: Sequence[TensorInfo]) -> list[Any]:
+def read_verified(fd: Source, header: Header, todo: Sequence[TensorInfo]) -> list[Any]:
     """Reads these tensors and verifies every hash: the one function a load
     reads checkpoint bytes with; each comes back as an array of its dtype.
 
@@ -187,8 +219,8 @@ def read_verified(fd: int, header: Header, todo: Sequence[TensorInfo]) -> list[A
     return out
 
 
-def load_native(  # noqa: PLR0917 - one call site, in ``load``
-    fd: int,
+def load_native(  # noqa: PLR0917 - two call sites, all positional data
+    fd: Source,
     header: Header,
     like: Any,
     rename: Mapping[str, str],

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import FormatError, IntegrityError, InvalidTreeError, cap_lines
-from ..hashing import Algorithm, ShortRead, Span, pread_into, read_verified
+from ..hashing import Algorithm, ShortRead, Source, Span, pread_into, read_verified
 from ..spec import TreeSpec
 from ..walk import Node
 from .format import StoredTensor
@@ -42,7 +42,7 @@ def buffer(nbytes: int) -> np.ndarray[Any, Any]:
 
 
 def read_ranges(  # noqa: PLR0917 - every argument is needed, all positional data
-    fd: int,
+    fd: Source,
     todo: Sequence[StoredTensor],
     data_start: int,
     where: str,

@@ -1,7 +1,7 @@
-"""The store's lifecycle on object storage, over the ``Storage`` protocol.
+"""The store's primitives on object storage (see backend.py), over ``ObjectStorage``.
 
-``ArtifactStore("s3://bucket/prefix")`` hands every operation to
-``BucketLifecycle``. It keeps the local store's rules with the only
+``ArtifactStore("s3://bucket/prefix")`` runs its one lifecycle over
+``BucketBackend``, which keeps the local store's rules with the only
 primitives a bucket offers, conditional writes, so it needs no lock:
 
 ::
@@ -18,9 +18,11 @@ primitives a bucket offers, conditional writes, so it needs no lock:
       versions/NAME/verdict.json    the verdict, create-only: never replaced
 
 Nothing the store wrote is overwritten, but the marker and the pointer,
-and those only by compare-and-swap. Every read of a checkpoint stages the
-object's bytes to a private temporary file and goes through the checkpoint
-reader, which checks every hash before anything is returned; its digest is
+and those only by compare-and-swap. Every read of a checkpoint goes
+through the checkpoint reader on an ``ObjectReader``: the bytes are hashed
+as they download, into the arrays' own memory (a partial load fetches its
+header and the selected tensors only, by ranged GETs), and every hash is
+checked before anything is returned; its digest is
 compared with the one recorded at put and, for a verified version, with the
 verdict's. Only file versions are kept in a bucket.
 """
@@ -28,17 +30,18 @@ verdict's. Only file versions are kept in a bucket.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import os
 import secrets
 import tempfile
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from .. import strictjson
-from ..checkpoint import read_header, save, user_metadata_json
-from ..env import environment
+from ..checkpoint import Header, read_header, save
+from ..checkpoint.files import read_raw_header
+from ..checkpoint.read import checked_header, load_source, verify_source
+from ..checkpoint.select import select
 from ..errors import (
     FormatError,
     IntegrityError,
@@ -46,9 +49,10 @@ from ..errors import (
     StoreError,
     UnknownVersionError,
 )
-from ..hashing import DEFAULT, Algorithm
-from . import gates, pointer, records
-from .checks import Check
+from ..hashing import Algorithm
+from ..spec import TreeSpec
+from . import records
+from .backend import Record, Wanted
 from .layout import (
     AUTO_RE,
     MARKER_FILE,
@@ -60,10 +64,7 @@ from .layout import (
 )
 from .log import Event
 from .log import parse as parse_event
-from .objects import ObjectStorage
-from .payload import judge
-from .records import VersionInfo
-from .retention import RetentionPolicy
+from .objects import ObjectReader, ObjectStorage
 from .storage import Conflict
 
 VERDICT_FILE = "verdict.json"
@@ -73,13 +74,10 @@ VERDICT_FIELDS = frozenset(
 )
 #: The objects a version holds; gc leaves a version holding anything else.
 OWN_OBJECTS = (STATUS_FILE, VERDICT_FILE, MODEL_FILE)
-#: The most bytes of one checkpoint object a load stages.
-CHECKPOINT_LIMIT = 1 << 40
 #: How many times a compare-and-swap of the marker is tried before giving up.
 _MARKER_TRIES = 64
 #: How many auto-numbered names a put tries when each is taken.
 _NAME_TRIES = 64
-_DEPTH = 16
 _NOT_A_STORE_HINT = (
     "pass the URL given to `treeguard store init`, or make this prefix a store with "
     "`treeguard store init URL` (ArtifactStore.init(url))"
@@ -94,18 +92,16 @@ def _version_object(version: str, leaf: str) -> str:
     return f"versions/{version}/{leaf}"
 
 
-class BucketLifecycle:
-    """Verify, promote, rollback and gc of file versions under a bucket URL.
+class BucketBackend:
+    """The store's primitives under a bucket URL (see backend.py).
 
     Args:
       url: ``s3://bucket/prefix`` or ``gs://bucket/prefix``.
-      key: as ``ArtifactStore``'s.
     """
 
-    def __init__(self, url: str, key: bytes | str | None) -> None:
+    def __init__(self, url: str) -> None:
         self.storage = ObjectStorage(url)
         self.root = self.storage.url
-        self.key = gates.resolve_key(key, root=None)
 
     # -- the marker ------------------------------------------------------
 
@@ -159,6 +155,8 @@ class BucketLifecycle:
                 continue
             marker, tag = found
             new = change(dict(marker))
+            if new == marker:
+                return marker
             if not isinstance(self.storage.swap(MARKER_FILE, _dumps(new), tag), Conflict):
                 return new
         raise StoreError(
@@ -166,6 +164,12 @@ class BucketLifecycle:
             context=self.storage.where(MARKER_FILE),
             hint="too many writers at once; try again",
         )
+
+    def mark(self, flag: str) -> dict[str, Any]:
+        return self._bump(lambda m: m | {flag: True})
+
+    def locked(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()  # every write is conditional: no lock
 
     def init(self) -> None:
         """Creates the marker; an existing store is left as it is.
@@ -206,7 +210,6 @@ class BucketLifecycle:
 
     def history(self) -> list[Event]:
         """Every readable event, oldest first; a foreign object is skipped."""
-        self.require()
         out: list[Event] = []
         for name in self.storage.list("log"):
             found = self.storage.read(f"log/{name}", limit=SMALL_FILE_LIMIT, what="log event")
@@ -217,16 +220,14 @@ class BucketLifecycle:
 
     # -- records ---------------------------------------------------------
 
-    def record(self, version: str) -> dict[str, Any]:
+    def record(self, version: str) -> tuple[str, dict[str, Any]]:
         """A version's record merged with its verdict, validated.
 
         Raises:
-          UnknownVersionError: for a bad name or a version that does not exist.
+          UnknownVersionError: for a version that does not exist.
           StoreError: for a damaged record or verdict.
         """
-        check_name(version)
-        self.require()
-        return self._record(version)
+        return self._location(version), self._record(version)
 
     def _record(self, version: str) -> dict[str, Any]:
         name = _version_object(version, STATUS_FILE)
@@ -257,62 +258,15 @@ class BucketLifecycle:
             data = records.parse(_dumps({**data, **verdict_fields}), where)
         return data
 
-    def info(self, version: str) -> VersionInfo:
-        data = self.record(version)
-        return records.info(version, self._location(version), data)
-
     def _location(self, version: str) -> str:
         return self.storage.where(f"versions/{version}")
 
-    def versions(self) -> list[VersionInfo]:
-        self.require()
-        out: list[VersionInfo] = []
-        for name in self.storage.list("versions"):
-            if check_name_or_none(name) is None:
-                continue
-            try:
-                out.append(records.info(name, self._location(name), self._record(name)))
-            except UnknownVersionError:
-                continue  # a put that has not written its record, or a version gc removed
-            except (StoreError, FormatError) as e:
-                out.append(records.unreadable(name, str(e), self._location(name)))
-        return sorted(
-            out,
-            key=lambda v: (v.status == records.UNREADABLE, v.seq or 0, v.created, v.version),
-        )
-
-    # -- the pointer -----------------------------------------------------
-
-    def read_pointer(self) -> pointer.Pointer:
-        """The pointer; a missing one after a logged promote is a damaged one."""
-        self.require()
-        ptr = pointer.read(self.storage, promoted=False)
-        if ptr.tag is None and self._ever_moved():
-            return pointer.read(self.storage, promoted=True)  # raises: damaged
-        return ptr
-
-    def _ever_moved(self) -> bool:
-        return any(e.action in ("promote", "rollback") for e in self.history())
-
-    def previous_verified(self, ptr: pointer.Pointer) -> str | None:
-        for v in ptr.previous:
-            with contextlib.suppress(StoreError):
-                if self._record(v)["status"] == "verified":
-                    return str(v)
-        return None
+    def version_names(self) -> list[str]:
+        return [n for n in self.storage.list("versions") if check_name_or_none(n) is not None]
 
     # -- put -------------------------------------------------------------
 
-    def put(
-        self,
-        tree: Any,
-        metadata: Mapping[str, Any] | None,
-        version: str | None,
-        digest: Algorithm = DEFAULT,
-    ) -> str:
-        user = json.loads(user_metadata_json(metadata))  # refuse bad metadata before any write
-        if version is not None:
-            check_name(version)
+    def put(self, tree: Any, user: dict[str, Any], version: str | None, digest: Algorithm) -> str:
         self.require()
         with tempfile.TemporaryDirectory(prefix="treeguard-put-") as tmp:
             path = os.path.join(tmp, MODEL_FILE)
@@ -332,25 +286,47 @@ class BucketLifecycle:
             "nbytes": spec.nbytes,
             "stored_digest": header.digest,
         }
-        version = self._reserve(version, record)
-        model = _version_object(version, MODEL_FILE)
-        try:
-            if isinstance(self.storage.create(model, data), Conflict):
-                raise StoreError(
-                    f"version {version}'s checkpoint object already exists, though its "
-                    "record was just made: something else writes under this prefix",
-                    version=version,
-                    context=self.storage.where(model),
-                    hint="keep other writers out of the store's prefix",
-                )
-        except BaseException:
-            self.storage.delete(_version_object(version, STATUS_FILE))  # our own record only
-            raise
+        version, seq = self._reserve(version, data)
+        name = _version_object(version, STATUS_FILE)
+        body = _dumps(record | {"seq": seq, "format": STORE_FORMAT, "version": version})
+        if isinstance(self.storage.create(name, body), Conflict):
+            raise StoreError(
+                f"version {version}'s record already exists, though its checkpoint object "
+                "was just made: something else writes under this prefix",
+                version=version,
+                context=self.storage.where(name),
+                hint="keep other writers out of the store's prefix",
+            )
+        if self._retired(version):  # gc took the data for a dead put's: undo, refuse
+            for leaf in (STATUS_FILE, MODEL_FILE):
+                self.storage.delete(_version_object(version, leaf))
+            raise StoreError(
+                f"version {version} was removed by gc while it was put; nothing of it is kept",
+                version=version,
+                context=self.root,
+                hint="put it again",
+            )
         self.append("put", version, {"status": "candidate"})
         return version
 
-    def _reserve(self, version: str | None, record: dict[str, Any]) -> str:
-        """Creates the record, which reserves the name (create-only)."""
+    def put_sharded(
+        self, tree: Any, user: dict[str, Any], version: str | None, digest: Algorithm
+    ) -> str:
+        raise StoreError(
+            "a sharded version cannot be kept in a bucket yet: orbax does not write to "
+            "s3:// URLs; nothing was written",
+            context=self.root,
+            hint="put the tree whole with store.put(tree), or keep sharded versions in a "
+            "local store",
+        )
+
+    def _retired(self, version: str) -> bool:
+        return self.storage.read(f"retired/{version}", limit=1024, what="retired name") is not None
+
+    def _reserve(self, version: str | None, data: bytes) -> tuple[str, int]:
+        """Writes the checkpoint object, which reserves the name (create-only),
+        before the record: a record is never seen without its data. Returns
+        the name and the put's place in the marker's order."""
         for _ in range(_NAME_TRIES):
             marker = self._bump(lambda m: m | {"seq": int(m.get("seq", 0)) + 1})
             name = version
@@ -362,7 +338,7 @@ class BucketLifecycle:
                 ]
                 number = max([int(marker.get("counter", 0)), *taken]) + 1
                 name = f"v{number:06d}"
-            if self.storage.read("retired/" + name, limit=1024, what="retired name") is not None:
+            if self._retired(name):
                 if version is None:
                     continue
                 raise StoreError(
@@ -371,18 +347,16 @@ class BucketLifecycle:
                     context=self.root,
                     hint="pick another name",
                 )
-            body = _dumps(record | {"seq": marker["seq"], "format": STORE_FORMAT, "version": name})
-            if not isinstance(
-                self.storage.create(_version_object(name, STATUS_FILE), body), Conflict
+            if version is not None and set(self.storage.list(f"versions/{name}")) & set(
+                OWN_OBJECTS
             ):
-                return name
+                raise _exists(name, self.root)  # before the upload
+            if not isinstance(
+                self.storage.create(_version_object(name, MODEL_FILE), data), Conflict
+            ):
+                return name, int(marker["seq"])
             if version is not None:
-                raise StoreError(
-                    f"version {name} already exists",
-                    version=name,
-                    context=self.root,
-                    hint="pick another name, or leave version= out to number it",
-                )
+                raise _exists(name, self.root)
         raise StoreError(
             f"no free version name after {_NAME_TRIES} tries",
             context=self.root,
@@ -391,138 +365,118 @@ class BucketLifecycle:
 
     # -- reading a checkpoint --------------------------------------------
 
+    def _model(self, version: str) -> str:
+        return self.storage.where(_version_object(version, MODEL_FILE))
+
     @contextlib.contextmanager
-    def staged(self, version: str) -> Iterator[str]:
-        """The version's checkpoint object, copied to a private temporary file."""
+    def _reader(self, version: str) -> Iterator[ObjectReader]:
+        """The version's checkpoint object, read as it downloads, with the
+        errors of reading it naming the version."""
         name = _version_object(version, MODEL_FILE)
-        found = self.storage.read(name, limit=CHECKPOINT_LIMIT, what="checkpoint")
-        if found is None:
-            raise IntegrityError(
-                f"version {version}: its checkpoint object is missing",
-                version=version,
-                context=self.storage.where(name),
-                hint="do not use it; put the weights again",
-            )
-        with tempfile.TemporaryDirectory(prefix="treeguard-load-") as tmp:
-            path = os.path.join(tmp, MODEL_FILE)
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "wb") as f:
-                f.write(found[0])
-            yield path
-
-    def _unreadable(self, version: str, e: FormatError) -> IntegrityError:
-        return IntegrityError(
-            f"version {version}: its checkpoint object no longer reads: {e.message}",
-            version=version,
-            context=self.storage.where(_version_object(version, MODEL_FILE)),
-            hint="do not use it; something replaced the object behind the store; put the "
-            "weights again",
-        )
-
-    def _expected(self, version: str, data: dict[str, Any]) -> str | None:
-        """The digest a load must find: the verdict's, else the one recorded at put."""
-        if data["status"] == "verified":
-            return data.get("digest")
-        return data.get("stored_digest")
-
-    def load(self, version: str, data: dict[str, Any], like: Any) -> Any:
-        digest = self._expected(version, data)
-        with self.staged(version) as path:
+        with self._reading(version):
+            reader = self.storage.reader(name)
+            if reader is None:
+                raise IntegrityError(
+                    f"version {version}: its checkpoint object is missing",
+                    version=version,
+                    context=self.storage.where(name),
+                    hint="do not use it; put the weights again",
+                )
             try:
-                return gates.load_expecting(path, like=like, digest=digest)
-            except IntegrityError as e:
-                raise self._replaced(version, e) from e
-            except FormatError as e:
-                raise self._unreadable(version, e) from e
+                yield reader
+            finally:
+                reader.close()
 
-    def _replaced(self, version: str, e: IntegrityError) -> IntegrityError:
-        return IntegrityError(
-            f"version {version}: its checkpoint object was changed behind the store: {e.message}",
-            version=version,
-            context=self.storage.where(_version_object(version, MODEL_FILE)),
-            hint="do not use it; restore the object from a backup, or put the weights again",
-        )
+    def _header(self, version: str, reader: ObjectReader) -> Header:
+        """The checkpoint's header, fetched alone."""
+        reader.plan([])
+        where = self._model(version)
+        return checked_header(*read_raw_header(reader, where), where, None)
 
-    def spec_of(self, version: str) -> Any:
-        with self.staged(version) as path:
-            return read_header(path).spec
+    @contextlib.contextmanager
+    def _reading(self, version: str) -> Iterator[None]:
+        """Names the version in the errors of reading its checkpoint object."""
+        where = self.storage.where(_version_object(version, MODEL_FILE))
+        try:
+            yield
+        except IntegrityError as e:
+            if e.version == version:
+                raise
+            raise IntegrityError(
+                f"version {version}: its checkpoint object was changed behind the store: "
+                f"{e.message}",
+                version=version,
+                context=where,
+                hint="do not use it; restore the object from a backup, or put the weights again",
+            ) from e
+        except FormatError as e:
+            raise IntegrityError(
+                f"version {version}: its checkpoint object no longer reads: {e.message}",
+                version=version,
+                context=where,
+                hint="do not use it; something replaced the object behind the store; put the "
+                "weights again",
+            ) from e
 
-    # -- the gates -------------------------------------------------------
+    def load(self, version: str, location: str, record: dict[str, Any], want: Wanted) -> Any:
+        # a candidate has no verdict yet: the digest recorded at put is the one to find
+        expected = want.digest or record.get("stored_digest")
+        with self._reader(version) as reader:
+            if want.subtree is not None or want.ignore:
+                reader.plan(_selected(self._header(version, reader), want))
+            return load_source(
+                reader, self._model(version), want.like, expected, want.subtree, want.ignore
+            )
 
-    def gate(self, version: str, *, full: bool) -> tuple[dict[str, Any], str]:
-        """The record and digest of a version that may be used (see ``ArtifactStore._gate``)."""
-        data = self.record(version)
-        digest = gates.require_verified(version, data)
-        marker = self.require()
-        gates.check_signature(
-            self.key, str(marker["id"]), version, data, signed=bool(marker.get("signed"))
-        )
-        if full:
-            with self.staged(version) as path:
-                try:
-                    gates.verify_expecting(path, digest=digest)
-                except IntegrityError as e:
-                    raise self._replaced(version, e) from e
-                except FormatError as e:
-                    raise self._unreadable(version, e) from e
-        return data, digest
+    def stored_spec(self, version: str, location: str, record: dict[str, Any]) -> TreeSpec:
+        with self._reader(version) as reader:
+            return self._header(version, reader).spec
+
+    def check_payload(self, version: str, location: str, record: dict[str, Any]) -> None:
+        """Nothing to look at: a bucket keeps file versions only, read by name."""
+
+    def recheck(self, version: str, location: str, record: dict[str, Any], digest: str) -> None:
+        with self._reader(version) as reader:
+            verify_source(reader, self._model(version), expect_digest=digest)
 
     # -- verify ----------------------------------------------------------
 
-    def verify(
-        self, version: str, like: Any, checks: Sequence[Check], current: str | None
-    ) -> VersionInfo:
-        before = self.record(version)
-        if before["status"] != "candidate":
+    def verifiable(self, version: str, location: str, record: dict[str, Any]) -> None:
+        if record["status"] != "candidate":
             raise StoreError(
-                f"version {version} already has a verdict ({before['status']}); a verdict in a "
+                f"version {version} already has a verdict ({record['status']}); a verdict in a "
                 "bucket is never replaced",
                 version=version,
                 context=self.storage.where(_version_object(version, VERDICT_FILE)),
                 hint="put the weights again as a new version to verify them again",
             )
-        marker = self.require()
-        if self.key is None and marker.get("signed"):
-            raise gates.unkeyed(version)
-        if like is not None:
-            contract, contract_name = like, "`like`"
-        elif current is not None and current != version:
-            contract, contract_name = self.spec_of(current), f"version {current} (current)"
-        else:
-            contract, contract_name = None, "its own stored spec"
-        with self.staged(version) as path:
 
-            def read(digests: list[str]) -> Any:
-                digests.append(read_header(path).digest)
-                if digests[0] != before.get("stored_digest"):
-                    raise self._replaced(
-                        version,
-                        IntegrityError("its digest is not the one recorded at put"),
-                    )
-                return gates.load_expecting(path, like=contract, digest=digests[0])
+    def read_for_verdict(
+        self, version: str, record: Record, contract: Any, digests: list[str]
+    ) -> Any:
+        with self._reader(version) as reader:
+            digests.append(self._header(version, reader).digest)
+            if digests[0] != record.get("stored_digest"):
+                raise IntegrityError(
+                    f"version {version}: its checkpoint object was changed behind the store: "
+                    "its digest is not the one recorded at put",
+                    version=version,
+                    context=self.storage.where(_version_object(version, MODEL_FILE)),
+                    hint="do not use it; restore the object from a backup, or put the weights "
+                    "again",
+                )
+            reader.plan(None)
+            return load_source(reader, self._model(version), contract, digests[0], None, ())
 
-            results, reason, digest = judge(
-                read,
-                ("header valid", "header and every tensor hash match"),
-                contract_name,
-                checks,
-            )
-        verdict: dict[str, Any] = {
-            "status": "rejected" if reason else "verified",
-            "reason": reason,
-            "checks": [dataclasses.asdict(r) for r in results],
-            "contract": contract_name,
-            "digest": digest,
-            "verified_env": environment(),
-            "signature": None,
-            "updated": records.now(),
-        }
-        if self.key is not None:
-            if not marker.get("signed"):
-                marker = self._bump(lambda m: m | {"signed": True})
-            verdict["signature"] = gates.sign(
-                self.key, str(marker["id"]), version, {**before, **verdict}
-            )
+    def digest_now(self, version: str, location: str, record: dict[str, Any]) -> str | None:
+        """The digest recorded at put: the object under it is create-only, and
+        every read of it checks the digest it finds against this one."""
+        digest = record.get("stored_digest")
+        return digest if isinstance(digest, str) else None
+
+    def save_verdict(
+        self, version: str, record: dict[str, Any], verdict: dict[str, Any]
+    ) -> dict[str, Any]:
         name = _version_object(version, VERDICT_FILE)
         if isinstance(self.storage.create(name, _dumps(verdict)), Conflict):
             raise StoreError(
@@ -531,57 +485,66 @@ class BucketLifecycle:
                 context=self.storage.where(name),
                 hint=f"read it: store.info({version!r})",
             )
-        self.append("verify", version, {"status": verdict["status"], "reason": reason})
-        return self.info(version)
+        return records.parse(_dumps(record | verdict), self.storage.where(name))
 
-    # -- promote, rollback, gc ------------------------------------------
+    # -- gc --------------------------------------------------------------
 
-    def promote(self, version: str) -> None:
-        check_name(version)
-        self.gate(version, full=True)
-        ptr = self.read_pointer()
-        if ptr.current == version:
-            return
-        pointer.write(self.storage, ptr.promoting(version, _DEPTH), replacing=ptr)
-        self.append("promote", version, {"previous": ptr.current})
+    def remove(self, version: str) -> bool:
+        held = set(self.storage.list(f"versions/{version}"))
+        if not held <= set(OWN_OBJECTS):
+            return False  # objects the store did not write: a person must look
+        try:
+            self._record(version)
+        except UnknownVersionError:
+            if held != {MODEL_FILE}:
+                return False  # nothing there, or a verdict without a record: a person must look
+            return self._remove_unrecorded(version)
+        except (StoreError, FormatError):
+            return False  # never delete what cannot be read: a person must look
+        self.storage.create(f"retired/{version}", b"")  # retired before anything is deleted
+        for leaf in (MODEL_FILE, VERDICT_FILE, STATUS_FILE):  # the record goes last
+            self.storage.delete(_version_object(version, leaf))
+        return True
 
-    def rollback(self) -> str:
-        ptr = self.read_pointer()
-        skipped: list[str] = []
-        for i, v in enumerate(ptr.previous):
-            try:
-                self.gate(v, full=True)
-            except (StoreError, IntegrityError, FormatError) as e:
-                skipped.append(f"{v}: {str(e).splitlines()[0]}")
-                continue
-            pointer.write(self.storage, pointer.Pointer(v, ptr.previous[i + 1 :]), replacing=ptr)
-            self.append("rollback", v, {"previous": ptr.current, "skipped": skipped})
-            return v
-        raise pointer.nothing_to_roll_back_to(ptr, skipped, self.root)
+    def _remove_unrecorded(self, version: str) -> bool:
+        """Removes the checkpoint object of a put that died before its record.
 
-    def gc(self, policy: RetentionPolicy, kept: set[str]) -> list[str]:
-        ptr = self.read_pointer()  # raises on a damaged pointer: nothing is deleted then
-        protect = {ptr.current, *ptr.previous} | kept
-        removed: list[str] = []
-        for name in self.storage.list("versions"):
-            if name in protect or check_name_or_none(name) is None:
-                continue
-            try:
-                self._record(name)
-            except UnknownVersionError:
-                continue  # a put that has not written its record yet
-            except (StoreError, FormatError):
-                continue  # never delete what cannot be read: a person must look
-            held = self.storage.list(f"versions/{name}")
-            if not set(held) <= set(OWN_OBJECTS):
-                continue  # objects the store did not write: a person must look
-            self.storage.create(f"retired/{name}", b"")  # retired before anything is deleted
-            for leaf in (MODEL_FILE, VERDICT_FILE, STATUS_FILE):  # the record goes last
-                self.storage.delete(_version_object(name, leaf))
-            removed.append(name)
-        if removed:
-            self.append("gc", None, {"removed": removed, "keep": policy.keep_last})
-        return removed
+        The name is retired first; a put still running checks for that after
+        writing its record, and undoes itself. If its record appeared
+        meanwhile, that put finished first: its version is kept."""
+        self.storage.create(f"retired/{version}", b"")
+        if self.storage.read(
+            _version_object(version, STATUS_FILE), limit=SMALL_FILE_LIMIT, what="status file"
+        ):
+            return False
+        self.storage.delete(_version_object(version, MODEL_FILE))
+        return True
+
+    def after_gc(self) -> None:
+        """Nothing: gc deletes whole versions, and leaves no temporary objects."""
+
+
+def _exists(version: str, root: str) -> StoreError:
+    return StoreError(
+        f"version {version} already exists",
+        version=version,
+        context=root,
+        hint="pick another name, or leave version= out to number it",
+    )
+
+
+def _selected(header: Header, want: Wanted) -> list[tuple[int, int]]:
+    """The ``(offset, length)`` ranges of the tensors ``want`` selects, in
+    file order, neighbours merged into one."""
+    sel = select(header.spec, subtree=want.subtree, ignore=want.ignore, where=header.path)
+    out: list[tuple[int, int]] = []
+    for t in sorted((header.tensors[i] for i in sel.indices), key=lambda t: t.begin):
+        start = header.data_start + t.begin
+        if out and out[-1][0] + out[-1][1] == start:
+            out[-1] = (out[-1][0], out[-1][1] + t.nbytes)
+        elif t.nbytes:
+            out.append((start, t.nbytes))
+    return out
 
 
 def check_name_or_none(name: str) -> str | None:

@@ -23,10 +23,10 @@ from __future__ import annotations
 import os
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ..errors import StorageError, StoreError
+from ..errors import FormatError, StorageError, StoreError
 from .storage import Conflict, check_object_name
 
 #: The URL schemes this backend serves.
@@ -36,6 +36,11 @@ _TRIES = 3
 _PAUSE = 0.2
 _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.\-_]{1,220}$")
 _URL_RE = re.compile(r"^(s3|gs):/")
+#: The least bytes a streamed read hands over at a time.
+_STREAM_CHUNK = 4 << 20
+#: The first bytes of an object fetched (and kept) on its first read: a
+#: checkpoint's header, parsed more than once, in one request.
+_HEAD_BYTES = 64 << 10
 _STATUS_RE = re.compile(r"status code: (\d{3})")
 _T = TypeVar("_T")
 
@@ -211,6 +216,31 @@ class ObjectStorage:
             lambda: bytes(obstore.get_range(self._store, name, start=start, length=length)),
         )
 
+    def reader(self, name: str) -> ObjectReader | None:
+        """A ``RangeReader`` of one object, or None if there is no such
+        object. Its first bytes, size and etag come in one ranged GET."""
+        import obstore  # lazy: the optional [s3] extra
+        from obstore.exceptions import GenericError
+
+        check_object_name(name)
+
+        def first() -> tuple[Any, bytes] | None:
+            try:
+                result = obstore.get(self._store, name, options={"range": (0, _HEAD_BYTES)})
+                return result.meta, bytes(result.bytes())
+            except FileNotFoundError:
+                return None
+            except GenericError as e:
+                if "416" not in str(e):
+                    raise
+            try:  # an empty object has no first byte to ask for
+                return obstore.head(self._store, name), b""
+            except FileNotFoundError:
+                return None
+
+        found = self._idempotent("reading", name, first)
+        return None if found is None else ObjectReader(self, name, *found)
+
     def list(self, prefix: str) -> list[str]:
         import obstore  # lazy: the optional [s3] extra
 
@@ -229,3 +259,120 @@ class ObjectStorage:
 
         check_object_name(name)
         self._idempotent("deleting", name, lambda: obstore.delete(self._store, name))
+
+
+class ObjectReader:
+    """One object's bytes at any offset, for the hashing engine and the
+    checkpoint reader (a ``hashing.RangeReader``), fetched as they are read.
+
+    Its first bytes come with its size and etag, in the one request that
+    makes it (``ObjectStorage.reader``), and are kept: a header is parsed
+    more than once. A read elsewhere is served by a streamed GET, each
+    chunk copied once into the caller's buffer as it arrives, and a read
+    that continues where the last one ended continues the same stream: a
+    whole checkpoint is one GET of its data. A GET runs to the end of the
+    planned range it starts in (``plan``), to the end of the object when
+    there is no plan, or covers only the bytes asked for when the read lies
+    outside every planned range. Every GET carries ``If-Match`` with the
+    etag read when the reader was made, so an object replaced meanwhile
+    fails the read (``FormatError``) instead of mixing two objects.
+    """
+
+    def __init__(self, storage: ObjectStorage, name: str, meta: Any, head: bytes) -> None:
+        self._storage = storage
+        self._name = name
+        self._size = int(meta["size"])
+        self._etag = meta.get("e_tag")
+        self._head = head
+        self._plan: Sequence[tuple[int, int]] | None = None
+        self._stream: Iterator[Any] | None = None
+        self._pos = 0
+        self._left = memoryview(b"")
+        #: how many bytes the server sent so far, in every request
+        self.fetched = len(head)
+
+    def size(self) -> int:
+        return self._size
+
+    def plan(self, ranges: Sequence[tuple[int, int]] | None) -> None:
+        """The ``(offset, length)`` ranges the next reads will cover (None:
+        read to the end of the object; empty: fetch only what each read asks)."""
+        self._plan = ranges
+        self.close()
+
+    def close(self) -> None:
+        """Drops the open stream, if any (its connection is closed)."""
+        self._stream, self._left = None, memoryview(b"")
+
+    def pread_into(self, buf: memoryview, offset: int) -> int:
+        want = max(0, min(len(buf), self._size - offset))
+        if offset + want <= len(self._head):
+            buf[:want] = self._head[offset : offset + want]
+            return want
+        if self._stream is None or offset != self._pos:
+            self._open(offset, want)
+        done = 0
+        while done < want:
+            if not self._left:
+                chunk = self._next()
+                if chunk is None:
+                    break
+                self._left = memoryview(chunk)
+                self.fetched += len(self._left)
+            n = min(len(self._left), want - done)
+            buf[done : done + n] = self._left[:n]
+            self._left = self._left[n:]
+            done += n
+        self._pos = offset + done
+        return done
+
+    def _stop(self, offset: int, want: int) -> int:
+        if self._plan is None:
+            return self._size
+        for start, length in self._plan:
+            if start <= offset < start + length:
+                return max(start + length, offset + want)
+        return offset + want
+
+    def _options(self, start: int, stop: int) -> Any:
+        options: Any = {"range": (start, stop)}
+        if self._etag:
+            options["if_match"] = self._etag
+        return options
+
+    def _open(self, offset: int, want: int) -> None:
+        import obstore  # lazy: the optional [s3] extra
+
+        self.close()
+        stop = self._stop(offset, want)
+        if stop <= offset:
+            return
+        result = self._call(
+            lambda: obstore.get(
+                self._storage._store, self._name, options=self._options(offset, stop)
+            )
+        )
+        self._stream = iter(result.stream(min_chunk_size=_STREAM_CHUNK))
+        self._pos = offset
+
+    def _next(self) -> Any:
+        if self._stream is None:
+            return None
+        stream = self._stream
+        return self._call(lambda: next(stream, None))
+
+    def _call(self, call: Callable[[], _T]) -> _T:
+        """One request (not retried: a stream cannot be resumed in place);
+        an object replaced since the reader was made is a ``FormatError``."""
+        from obstore.exceptions import BaseError, PreconditionError  # lazy: the [s3] extra
+
+        try:
+            return call()
+        except PreconditionError:
+            raise FormatError(
+                "the object was replaced while it was read",
+                context=self._storage.where(self._name),
+                hint="something else writes under the store's prefix; read it again",
+            ) from None
+        except (BaseError, OSError) as e:
+            raise self._storage._failed("reading", self._name, e) from None

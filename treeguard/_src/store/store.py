@@ -1,45 +1,39 @@
-"""``ArtifactStore``: the lifecycle of a model's weights on one host.
+"""``ArtifactStore``: the lifecycle of a model's weights, in a directory or a bucket.
 
 A version moves candidate -> verified or rejected by ``verify``; only a
 verified version is promoted to current, and ``rollback`` returns to the
-previous verified one. Each step is a short method over the parts beside
-this module: ``layout`` (paths, the marker, the lock), ``records`` (status
-files), ``pointer`` (``CURRENT.json``), ``log`` (``log.jsonl``), ``gates``
-(verdict, signature and digest checks), ``checks`` (the caller's checks) and
+previous verified one. The lifecycle is written once, here, over a
+``Backend`` (backend.py): ``LocalBackend`` (local.py) for a directory,
+``BucketBackend`` (bucket.py) for ``s3://`` and ``gs://``. The backends
+differ only in their primitives (the lock, how a record, a verdict and a
+log event are written, how a version's bytes are read and removed); which
+version may be used, what the pointer may say and what gc keeps are
+decided here, with the parts beside this module: ``pointer``
+(``CURRENT.json``), ``gates`` (verdict, signature and digest checks),
+``payload`` (the verdict's evidence), ``checks`` (the caller's checks) and
 ``retention`` (what ``gc`` keeps).
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import errno
 import json
 import os
-import secrets
-import socket
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-from ..atomic import pid_alive, remove_stale_temps
-from ..checkpoint import asyncsave, read_header, save, user_metadata_json
+from ..checkpoint import asyncsave, user_metadata_json
 from ..env import environment
-from ..errors import (
-    ConfigError,
-    FormatError,
-    IntegrityError,
-    StorageError,
-    StoreError,
-    UnknownVersionError,
-)
+from ..errors import FormatError, IntegrityError, StoreError, UnknownVersionError
 from ..hashing import DEFAULT, Algorithm, check_algorithm
-from ..sharded.manifest import read as read_manifest
 from ..spec import TreeSpec
-from . import deleter, gates, log, objects, payload, pointer, records
-from .bucket import BucketLifecycle
+from . import gates, log, objects, payload, pointer, records
+from .backend import Backend, Wanted
+from .bucket import BucketBackend
 from .checks import Check
-from .layout import AUTO_RE, MODEL_FILE, STATUS_FILE, Layout, check_name
+from .layout import check_name
 from .lead import lead_acts
+from .local import LocalBackend
 from .payload import shardable
 from .records import CheckResult, VersionInfo
 from .retention import RetentionPolicy
@@ -92,17 +86,12 @@ class ArtifactStore:
     """
 
     def __init__(self, root: str | os.PathLike[str], /, *, key: bytes | str | None = None):
-        #: the seam: a store in a bucket runs its lifecycle over the storage
-        #: protocol (bucket.py); a local one still walks its directory here
-        self._bucket: BucketLifecycle | None = None
-        if objects.is_url(root):
-            self._bucket = BucketLifecycle(objects.normal_url(root), key)
-            self.root = self._bucket.root
-            self._key = self._bucket.key
-            return
-        self._layout = Layout(root)
-        self.root = self._layout.root
-        self._key = gates.resolve_key(key, root=self.root)
+        bucket = objects.is_url(root)
+        self._backend: Backend = (
+            BucketBackend(objects.normal_url(root)) if bucket else LocalBackend(root)
+        )
+        self.root = self._backend.root
+        self._key = gates.resolve_key(key, root=None if bucket else self.root)
 
     @classmethod
     def init(
@@ -118,16 +107,7 @@ class ArtifactStore:
           StoreError: for a root or ``versions/`` that is a link or not a directory.
         """
         store = cls(root, key=key)
-        if store._bucket is not None:
-            store._bucket.init()
-            return store
-        with contextlib.suppress(FileNotFoundError):
-            if store._layout.exists():
-                store._layout.require()
-                return store
-        store._layout.init()
-        with store._layout.locked():
-            log.append(store.root, "init", None, {})
+        store._backend.init()
         return store
 
     @property
@@ -139,20 +119,12 @@ class ArtifactStore:
         return f"ArtifactStore({self.root!r}{', signed' if self.signed else ''})"
 
     # -- reading ---------------------------------------------------------
-
     def _record(self, version: str) -> tuple[str, dict[str, Any]]:
+        """The location and validated record of a version, after checking
+        that the root is a store."""
         check_name(version)
-        self._layout.require()
-        path = self._layout.existing_version(version)
-        try:
-            return path, records.read(path)
-        except FileNotFoundError as e:  # removed between the look and the read
-            raise UnknownVersionError(
-                f"version {version} was removed while it was read",
-                version=version,
-                context=self.root,
-                hint="`treeguard store ls ROOT` lists the versions",
-            ) from e
+        self._backend.require()
+        return self._backend.record(version)
 
     def info(self, version: str, /) -> VersionInfo:
         """The record of one version.
@@ -176,10 +148,8 @@ class ArtifactStore:
           >>> info.status, info.metadata, info.num_params
           ('candidate', {'step': 1}, 3)
         """
-        if self._bucket is not None:
-            return self._bucket.info(version)
-        path, data = self._record(version)
-        return records.info(version, path, data)
+        location, data = self._record(version)
+        return records.info(version, location, data)
 
     def versions(self) -> list[VersionInfo]:
         """Every version with a status record, oldest first.
@@ -198,18 +168,18 @@ class ArtifactStore:
           >>> [(v.version, v.status) for v in store.versions()]
           [('v000001', 'candidate')]
         """
-        if self._bucket is not None:
-            return self._bucket.versions()
-        self._layout.require()
+        self._backend.require()
         out: list[VersionInfo] = []
-        for name in self._layout.version_names():
-            path = os.path.join(self._layout.versions_dir(), name)
-            if not os.path.lexists(os.path.join(path, STATUS_FILE)):
-                continue
+        for name in self._backend.version_names():
             try:
-                out.append(records.info(name, path, records.read(path)))
-            except StoreError as e:
-                out.append(records.unreadable(name, str(e), path))
+                location, data = self._backend.record(name)
+            except UnknownVersionError:
+                continue  # a put that has not written its record, or a version gc removed
+            except (StoreError, FormatError) as e:
+                location = self._backend.storage.where(f"versions/{name}")
+                out.append(records.unreadable(name, str(e), location))
+                continue
+            out.append(records.info(name, location, data))
         return sorted(
             out,
             key=lambda v: (
@@ -221,12 +191,10 @@ class ArtifactStore:
         )
 
     def _pointer(self) -> pointer.Pointer:
-        if self._bucket is not None:
-            return self._bucket.read_pointer()
-        marker = self._layout.require()
-        ptr = pointer.read(self._layout.storage, promoted=False)
+        marker = self._backend.require()
+        ptr = pointer.read(self._backend.storage, promoted=False)
         if ptr.tag is None and marker.get("promoted") and self._ever_moved():
-            return pointer.read(self._layout.storage, promoted=True)  # raises: damaged
+            return pointer.read(self._backend.storage, promoted=True)  # raises: damaged
         # marked promoted but never moved: a first promote killed between the
         # marker and the pointer (as older versions wrote them); nothing is current
         return ptr
@@ -234,7 +202,7 @@ class ArtifactStore:
     def _ever_moved(self) -> bool:
         """Whether the log records a promote or a rollback (a pointer was written)."""
         try:
-            events = log.read(self.root)
+            events = self._backend.history()
         except StoreError:
             return True  # cannot tell: the missing pointer is a damaged one
         return any(e.action in ("promote", "rollback") for e in events)
@@ -250,8 +218,6 @@ class ArtifactStore:
     def previous(self) -> str | None:
         """The version ``rollback`` would try first: the most recent formerly
         current version whose record says verified; None if there is none."""
-        if self._bucket is not None:
-            return self._bucket.previous_verified(self._pointer())
         return self._previous_verified(self._pointer())[0]
 
     def _previous_verified(self, ptr: pointer.Pointer) -> tuple[str | None, tuple[str, ...]]:
@@ -270,10 +236,8 @@ class ArtifactStore:
           StoreError: if the root is not a store, or the log is not a
             regular file.
         """
-        if self._bucket is not None:
-            return self._bucket.history()
-        self._layout.require()
-        return log.read(self.root)
+        self._backend.require()
+        return self._backend.history()
 
     def log_event(self, action: str, version: str | None, /, **detail: Any) -> None:
         """Appends an event to the store's log (a server records its swaps here).
@@ -294,15 +258,8 @@ class ArtifactStore:
         self._log(action, version, dict(detail))
 
     def _log(self, action: str, version: str | None, detail: dict[str, Any]) -> None:
-        if self._bucket is not None:
-            self._bucket.require()
-            self._bucket.append(action, version, detail)
-            return
-        self._layout.require()
-        with self._layout.locked():
-            log.append(self.root, action, version, detail)
-
-    # -- put -------------------------------------------------------------
+        with self._backend.locked():
+            self._backend.append(action, version, detail)
 
     def put(
         self,
@@ -349,8 +306,6 @@ class ArtifactStore:
         algorithm = check_algorithm(digest)
         if version is not None:
             check_name(version)
-        if self._bucket is not None and block:
-            return self._bucket.put(tree, user, version, algorithm)
         if not block:  # the same put, on a background thread, from a host copy
             asyncsave.wait_for_slot(1)
             host = asyncsave.host_copy(tree)
@@ -359,90 +314,7 @@ class ArtifactStore:
                 lambda: self.put(host, metadata=user, version=version, digest=algorithm),
                 exclusive=False,
             )
-        self._open_for_put()
-        with self._layout.locked():
-            version, path = self._reserve(version, user)
-        try:
-            model = os.path.join(path, MODEL_FILE)
-            with _out_of_space_is_typed(version, path):
-                save(model, tree, metadata=user, digest=algorithm)
-            self._record_candidate(version, path, read_header(model).spec, {})
-        except BaseException:
-            self._discard(path)
-            raise
-        return version
-
-    def _open_for_put(self) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            if self._layout.exists():
-                self._layout.require()
-                return
-        if os.path.isdir(self.root) and not os.path.islink(self.root):
-            content = set(os.listdir(self.root))
-            versions = os.path.join(self.root, "versions")
-            # what another first put leaves while it makes the store: versions/ (empty)
-            # and the marker's temp file; anything else is content that is not a store
-            being_made = content <= {"versions"} | {
-                n for n in content if "STORE.json" in n and n.endswith(".tmp")
-            }
-            if content and not (
-                being_made and (not os.path.isdir(versions) or not os.listdir(versions))
-            ):
-                self._layout.require()  # raises: a directory with content that is not a store
-        self._layout.init()
-
-    def _reserve(
-        self, version: str | None, user: dict[str, Any], kind: str = "file"
-    ) -> tuple[str, str]:
-        """Picks the name, creates its directory and its ``writing`` record (under the lock)."""
-        marker = self._layout.require()
-        marker["seq"] = seq = int(marker.get("seq", 0)) + 1  # the order of puts, not the clock
-        if version is None:
-            existing = [
-                int(m.group(1))
-                for n in [*self._layout.version_names(), *marker["retired"]]
-                if (m := AUTO_RE.match(n))
-            ]
-            number = max([marker["counter"], *existing]) + 1
-            marker["counter"] = number
-            version = f"v{number:06d}"
-        elif version in marker["retired"]:
-            raise StoreError(
-                f"version {version} existed and was removed by gc; a name is never reused",
-                version=version,
-                context=self.root,
-                hint="pick another name",
-            )
-        self._layout.write_marker(marker)
-        path = self._layout.version_dir(version)
-        try:
-            os.mkdir(path)
-        except FileExistsError:
-            raise StoreError(
-                f"version {version} already exists",
-                version=version,
-                context=self.root,
-                hint="pick another name, or leave version= out to number it",
-            ) from None
-        try:
-            records.write(
-                path,
-                version,
-                {
-                    "status": "writing",
-                    "pid": os.getpid(),
-                    "host": socket.gethostname(),
-                    "uid": secrets.token_hex(16),
-                    "created": records.now(),
-                    "metadata": user,
-                    "kind": kind,
-                    "seq": seq,
-                },
-            )
-        except BaseException:
-            self._discard(path)
-            raise
-        return version, path
+        return self._backend.put(tree, user, version, algorithm)
 
     def put_sharded(
         self,
@@ -493,81 +365,11 @@ class ArtifactStore:
           >>> store.load_current({"w": jnp.zeros((4, 2))})["w"].sum()
           Array(8., dtype=float32)
         """
-        if self._bucket is not None:
-            raise StoreError(
-                "a sharded version cannot be kept in a bucket yet: orbax does not write to "
-                "s3:// URLs; nothing was written",
-                context=self.root,
-                hint="put the tree whole with store.put(tree), or keep sharded versions in a "
-                "local store",
-            )
-        from ..sharded import hosts
-        from ..sharded.save import save_sharded
-
         user = json.loads(user_metadata_json(metadata))  # refuse bad metadata before any write
         algorithm = check_algorithm(digest)
         if version is not None:
             check_name(version)
-        lead = hosts.process_index() == 0
-
-        def reserve() -> bytes:
-            self._open_for_put()
-            with self._layout.locked():
-                return self._reserve(version, user, "sharded")[0].encode("ascii")
-
-        version = lead_acts(
-            reserve,
-            failed=lambda why: StoreError(
-                f"process 0 could not make the version: {why}",
-                context=self.root,
-                hint="see process 0's error; nothing was written",
-            ),
-        ).decode("ascii")
-        path = self._layout.version_dir(version)
-        try:
-            with _out_of_space_is_typed(version, path):
-                save_sharded(  # a collective failing in every process
-                    path, tree, metadata=user, digest=algorithm
-                )
-            lead_acts(  # also the barrier after the record
-                lambda: self._finish_sharded(version, path),
-                failed=lambda why: StoreError(
-                    f"process 0 could not record version {version}: {why}",
-                    version=version,
-                    context=self.root,
-                    hint="see process 0's error; the version stays unfinished until gc",
-                ),
-            )
-        except BaseException:
-            if lead:
-                self._discard(path)
-            raise
-        return version
-
-    def _finish_sharded(self, version: str, path: str) -> bytes:
-        self._record_candidate(version, path, read_manifest(path).spec, {"kind": "sharded"})
-        return b""
-
-    def _record_candidate(
-        self, version: str, path: str, spec: TreeSpec, detail: dict[str, Any]
-    ) -> None:
-        """Turns a reserved version whose data is written into a candidate,
-        with the sizes of its ``spec``, and logs the put (with ``detail``)."""
-        with self._layout.locked():
-            data = records.read(path)
-            data.update(
-                status="candidate",
-                pid=None,
-                num_leaves=spec.num_leaves,
-                num_params=spec.num_params,
-                nbytes=spec.nbytes,
-            )
-            records.write(path, version, data)
-            log.append(self.root, "put", version, {"status": "candidate", **detail})
-
-    def _discard(self, path: str) -> None:
-        """Removes a version directory put itself created (its files only)."""
-        deleter.remove_version(os.path.dirname(path), os.path.basename(path))
+        return self._backend.put_sharded(tree, user, version, algorithm)
 
     # -- verify ----------------------------------------------------------
 
@@ -616,33 +418,14 @@ class ArtifactStore:
           IntegrityError: for a record whose kind (``file`` or ``sharded``)
             is not what the version's directory holds.
         """
-        if self._bucket is not None:
-            return self._bucket.verify(version, like, checks, self.current())
-        path, before = self._record(version)
-        if before["status"] == "writing":
-            raise StoreError(
-                f"version {version} is still being written (by process {before.get('pid')}); "
-                "there is no complete checkpoint to verify yet",
-                version=version,
-                hint="verify it once its put returns; if that process died, store.gc() removes it",
-            )
-        if self._key is None and self._layout.require().get("signed"):
+        location, before = self._record(version)
+        self._backend.verifiable(version, location, before)
+        if self._key is None and self._backend.require().get("signed"):
             raise gates.unkeyed(version)
         contract, contract_name = self._contract_for(version, like)
-        try:
-            gates.require_kind(version, path, before)  # a lying record: no verdict at all
-        except IntegrityError:
-            if not os.path.lexists(path):  # gc removed it since its record was read
-                raise UnknownVersionError(
-                    f"version {version} was removed while it was verified",
-                    version=version,
-                    context=self.root,
-                    hint="`treeguard store ls ROOT` lists the versions",
-                ) from None
-            raise
         kind = payload.of(before)
         results, reason, digest = payload.judge(
-            lambda digests: kind.read_for_verdict(self._layout, path, version, contract, digests),
+            lambda digests: self._backend.read_for_verdict(version, before, contract, digests),
             kind.evidence,
             contract_name,
             checks,
@@ -695,36 +478,38 @@ class ArtifactStore:
         digest: str | None,
         contract_name: str,
     ) -> VersionInfo:
-        with self._layout.locked():
-            path, data = self._record(version)
+        verdict: dict[str, Any] = {
+            "status": "rejected" if reason else "verified",
+            "reason": reason,
+            "checks": [dataclasses.asdict(r) for r in results],
+            "contract": contract_name,
+            "digest": digest,
+            "verified_env": environment(),
+            "signature": None,
+            "updated": records.now(),
+        }
+        with self._backend.locked():
+            location, data = self._record(version)
             if data.get("uid") != before.get("uid") or (
-                digest is not None and payload.digest_now(path, data) != digest
+                digest is not None and self._backend.digest_now(version, location, data) != digest
             ):
                 raise StoreError(
                     f"version {version} was replaced while it was verified; no verdict recorded",
                     version=version,
                     hint=f"verify it again: store.verify({version!r})",
                 )
-            data.update(
-                status="rejected" if reason else "verified",
-                reason=reason,
-                checks=[dataclasses.asdict(r) for r in results],
-                contract=contract_name,
-                digest=digest,
-                verified_env=environment(),
-                signature=None,
-            )
+            marker = self._backend.require()
             if self._key is not None:
-                marker = self._layout.require()
-                if not marker.get("signed"):
-                    marker["signed"] = True  # from now on it refuses to be used without the key
-                    self._layout.write_marker(marker)
-                data["signature"] = gates.sign(self._key, str(marker["id"]), version, data)
-            elif self._layout.require().get("signed"):
+                # from now on the store refuses to be used without the key
+                marker = self._backend.mark("signed")
+                verdict["signature"] = gates.sign(
+                    self._key, str(marker["id"]), version, data | verdict
+                )
+            elif marker.get("signed"):
                 raise gates.unkeyed(version)
-            records.write(path, version, data)
-            log.append(self.root, "verify", version, {"status": data["status"], "reason": reason})
-        return records.info(version, path, data)
+            data = self._backend.save_verdict(version, data, verdict)
+            self._backend.append("verify", version, {"status": verdict["status"], "reason": reason})
+        return records.info(version, location, data)
 
     def _contract_for(self, version: str, like: Any) -> tuple[Any, str]:
         if like is not None:
@@ -736,31 +521,21 @@ class ArtifactStore:
 
     # -- the gates -------------------------------------------------------
 
-    def _gate(self, version: str, *, full: bool) -> tuple[str, str, payload.Payload]:
+    def _gate(self, version: str, *, full: bool) -> tuple[str, dict[str, Any], str]:
         """Checks that ``version`` may be used: verified, signed when the
         store has a key and (``full``) its every byte matches the verdict's
-        digest. Returns its directory, recorded digest and payload."""
-        path, data = self._record(version)
+        digest. Returns its location, record and recorded digest."""
+        check_name(version)
+        marker = self._backend.require()
+        location, data = self._backend.record(version)
         digest = gates.require_verified(version, data)
-        marker = self._layout.require()
         gates.check_signature(
             self._key, str(marker["id"]), version, data, signed=bool(marker.get("signed"))
         )
-        gates.require_kind(version, path, data)
-        kind = payload.of(data)
-        kind.check_plain(self._layout, path, version)
+        self._backend.check_payload(version, location, data)
         if full:
-            try:
-                kind.recheck(path, digest)
-            except IntegrityError as e:
-                raise gates.changed(version, e) from e
-            except (FormatError, OSError) as e:
-                raise IntegrityError(
-                    f"version {version}: its checkpoint no longer reads: {e}",
-                    version=version,
-                    hint="restore the file from a backup, or put the weights again",
-                ) from e
-        return path, digest, kind
+            self._backend.recheck(version, location, data, digest)
+        return location, data, digest
 
     def check_verified(self, version: str, /) -> str:
         """Checks, without reading the weights, that ``version`` may still be
@@ -779,32 +554,7 @@ class ArtifactStore:
             signed with it.
           UnknownVersionError: for an unknown version.
         """
-        if self._bucket is not None:
-            return self._bucket.gate(version, full=False)[1]
-        return self._gate(version, full=False)[1]
-
-    def _load(  # noqa: PLR0917 - the one loader behind three public ones
-        self,
-        version: str,
-        path: str,
-        kind: payload.Payload,
-        like: Any,
-        digest: str | None,
-        subtree: str | None = None,
-        ignore: Collection[str] = (),
-    ) -> Any:
-        try:
-            return kind.load(version, path, like, digest, subtree=subtree, ignore=ignore)
-        except IntegrityError as e:
-            raise gates.changed(version, e) from e
-        except OSError as e:  # removed or replaced while it was read
-            raise IntegrityError(
-                f"version {version}: its checkpoint could not be read: "
-                f"{e.strerror or type(e).__name__}: {e.filename}",
-                version=version,
-                hint="something else is removing or replacing it; retry, or restore the "
-                "version from a backup",
-            ) from e
+        return self._gate(version, full=False)[2]
 
     def load_verified(
         self,
@@ -844,15 +594,8 @@ class ArtifactStore:
           TreeMismatchError: if it does not match ``like``.
           ValueError: for a sharded version and a ``like`` without shardings.
         """
-        if self._bucket is not None:
-            if subtree is not None or ignore:
-                raise ConfigError(
-                    "a bucket store loads whole versions",
-                    hint="load the version whole, then take the part you need",
-                )
-            return self._bucket.load(version, self._bucket.gate(version, full=False)[0], like)
-        path, digest, kind = self._gate(version, full=False)
-        return self._load(version, path, kind, like, digest, subtree, ignore)
+        location, data, digest = self._gate(version, full=False)
+        return self._backend.load(version, location, data, Wanted(like, digest, subtree, ignore))
 
     def load_version(
         self,
@@ -873,22 +616,10 @@ class ArtifactStore:
           TreeMismatchError: if it does not match ``like``.
           ValueError: for a sharded version and a ``like`` without shardings.
         """
-        if self._bucket is not None:
-            return self._bucket.load(version, self._bucket.record(version), like)
-        path, data = self._record(version)
+        location, data = self._record(version)
         digest = data.get("digest") if data["status"] == "verified" else None
-        if data["status"] != "writing":
-            gates.require_kind(version, path, data)
-        kind = payload.of(data)
-        if data["status"] == "writing" and kind.kind == "sharded":
-            raise StoreError(
-                f"version {version} is still being written; there is no complete "
-                "checkpoint to load yet",
-                version=version,
-                hint="load it once its put returns; if that process died, store.gc() removes it",
-            )
-        kind.check_plain(self._layout, path, version)
-        return self._load(version, path, kind, like, digest, subtree, ignore)
+        self._backend.check_payload(version, location, data)
+        return self._backend.load(version, location, data, Wanted(like, digest, subtree, ignore))
 
     def load_current(
         self,
@@ -967,25 +698,19 @@ class ArtifactStore:
           IntegrityError: if its file changed since it was verified.
           UnknownVersionError: for an unknown version.
         """
-        if self._bucket is not None:
-            self._bucket.promote(version)
-            return
         check_name(version)
-        with self._layout.locked():
+        with self._backend.locked():
             self._gate(version, full=True)
             ptr = self._pointer()
             if ptr.current == version:
                 return
             pointer.write(
-                self._layout.storage, ptr.promoting(version, POINTER_DEPTH), replacing=ptr
+                self._backend.storage, ptr.promoting(version, POINTER_DEPTH), replacing=ptr
             )
-            marker = self._layout.require()
-            if not marker.get("promoted"):
-                # after the pointer: a kill between the two leaves a pointer and an
-                # unmarked store, which reads as it is
-                marker["promoted"] = True  # from now on a missing pointer is a damaged one
-                self._layout.write_marker(marker)
-            log.append(self.root, "promote", version, {"previous": ptr.current})
+            # after the pointer: from now on a missing pointer is a damaged one (for
+            # readers that look at the marker); a kill between the two reads as it is
+            self._backend.mark("promoted")
+            self._backend.append("promote", version, {"previous": ptr.current})
 
     def rollback(self) -> str:
         """Makes the most recent former current version that passes every
@@ -998,9 +723,7 @@ class ArtifactStore:
         Raises:
           StoreError: if no former version passes; the pointer is unchanged.
         """
-        if self._bucket is not None:
-            return self._bucket.rollback()
-        with self._layout.locked():
+        with self._backend.locked():
             ptr = self._pointer()
             skipped: list[str] = []
             for i, v in enumerate(ptr.previous):
@@ -1010,9 +733,11 @@ class ArtifactStore:
                     skipped.append(f"{v}: {str(e).splitlines()[0]}")
                     continue
                 pointer.write(
-                    self._layout.storage, pointer.Pointer(v, ptr.previous[i + 1 :]), replacing=ptr
+                    self._backend.storage,
+                    pointer.Pointer(v, ptr.previous[i + 1 :]),
+                    replacing=ptr,
                 )
-                log.append(self.root, "rollback", v, {"previous": ptr.current, "skipped": skipped})
+                self._backend.append("rollback", v, {"previous": ptr.current, "skipped": skipped})
                 return v
             raise pointer.nothing_to_roll_back_to(ptr, skipped, self.root)
 
@@ -1039,36 +764,17 @@ class ArtifactStore:
           StoreError: if the root is not a store or the pointer is damaged.
         """
         policy = policy or RetentionPolicy()
-        if self._bucket is not None:
-            return self._bucket.gc(policy, self._kept(policy))
         removed: list[str] = []
-        with self._layout.locked():
-            ptr = self._pointer()
+        with self._backend.locked():
+            ptr = self._pointer()  # raises on a damaged pointer: nothing is deleted then
             protect = {ptr.current, *ptr.previous} | self._kept(policy)
-            base = self._layout.versions_dir()
-            for name in self._layout.version_names():
-                if name in protect:
-                    continue
-
-                def may_remove(fd: int, name: str = name) -> bool:
-                    return self._collectable(os.path.join(base, name), fd) and self._retire(name)
-
-                if deleter.remove_version(base, name, may_remove=may_remove):
+            for name in self._backend.version_names():
+                if name not in protect and self._backend.remove(name):
                     removed.append(name)
-            deleter.clean(base)
-            remove_stale_temps(self.root)
+            self._backend.after_gc()
             if removed:
-                log.append(self.root, "gc", None, {"removed": removed, "keep": policy.keep_last})
+                self._backend.append("gc", None, {"removed": removed, "keep": policy.keep_last})
         return removed
-
-    def _retire(self, name: str) -> bool:
-        """Records that ``name`` is never handed out again, before anything
-        of it is deleted (so a kill mid-removal leaves it retired)."""
-        marker = self._layout.require()
-        if name not in marker["retired"]:
-            marker["retired"] = sorted({*marker["retired"], name})
-            self._layout.write_marker(marker)
-        return True
 
     def _kept(self, policy: RetentionPolicy) -> set[str]:
         finished = [v for v in self.versions() if v.status not in ("writing", records.UNREADABLE)]
@@ -1079,56 +785,11 @@ class ArtifactStore:
             kept.update(verified[-policy.keep_verified :])
         return kept
 
-    def _collectable(self, path: str, fd: int) -> bool:
-        """Whether gc may remove the version directory open at ``fd`` (not
-        protected); its record is read through ``fd``, never through ``path``."""
-        try:
-            os.stat(STATUS_FILE, dir_fd=fd, follow_symlinks=False)
-        except FileNotFoundError:
-            return True  # reserved by a put that died before its record; only its temps go
-        try:
-            data = records.read(path, dir_fd=fd)
-        except (StoreError, FileNotFoundError):
-            return False  # never delete what cannot be read: a person must look
-        if data["status"] != "writing":
-            return True
-        host = data.get("host")
-        if host is not None and host != socket.gethostname():
-            return False  # its writer's pid means nothing here: gc on the writer's host takes it
-        pid = data.get("pid")
-        return not (isinstance(pid, int) and pid_alive(pid))
-
-
-@contextlib.contextmanager
-def _out_of_space_is_typed(version: str, path: str) -> Iterator[None]:
-    """Turns a full disk or quota while a version is written (an ``OSError``,
-    or tensorstore's ``ValueError('RESOURCE_EXHAUSTED: ...')``) into a
-    ``StorageError`` naming the version; the caller removes what was written."""
-    try:
-        yield
-    except (OSError, ValueError) as e:
-        full = (
-            e.errno in (errno.ENOSPC, errno.EDQUOT)
-            if isinstance(e, OSError)
-            else str(e).startswith("RESOURCE_EXHAUSTED")
-        )
-        if not full:
-            raise
-        raise StorageError(
-            f"writing version {version} failed: no space left on the device",
-            version=version,
-            context=path,
-            hint="free space (store.gc() removes old versions) and put it again; nothing of "
-            "this version was kept",
-        ) from None
-
 
 Event = log.Event
 
 
 def spec_of_version(store: ArtifactStore, version: str) -> TreeSpec:
     """The stored spec of one version, from its header (or manifest) only."""
-    if store._bucket is not None:
-        return store._bucket.spec_of(version)  # type: ignore[no-any-return]
-    path, data = store._record(version)
-    return payload.of(data).stored_spec(path)
+    location, data = store._record(version)
+    return store._backend.stored_spec(version, location, data)

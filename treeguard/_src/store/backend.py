@@ -1,0 +1,152 @@
+"""What the store's one lifecycle asks of the place its versions live.
+
+``ArtifactStore`` (store.py) runs put, verify, promote, rollback, gc and
+every load once, over a ``Backend``. Two backends implement it:
+``LocalBackend`` (local.py: a directory, a ``flock`` around each change,
+records rewritten in place) and ``BucketBackend`` (bucket.py: a bucket
+prefix, no lock, every object create-only but the marker and the pointer,
+which move by compare-and-swap). They differ in these primitives only;
+every rule about which version may be used, what gc keeps and what the
+pointer may say lives in the lifecycle.
+
+Each method that changes the store is called by the lifecycle inside
+``locked()`` (a no-op in a bucket, where every write is conditional).
+A version's ``location`` is what ``VersionInfo.path`` shows: its directory,
+or its URL prefix in a bucket.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Collection
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
+
+from ..hashing import Algorithm
+from ..spec import TreeSpec
+from .log import Event
+from .storage import Storage
+
+
+@dataclasses.dataclass(frozen=True)
+class Wanted:
+    """What a load asks for.
+
+    Attributes:
+      like: the tree or ``TreeSpec`` whose structure the result takes, or None.
+      digest: the digest the version's verdict was computed on (None for a
+        version without one).
+      subtree: the key path of the one stored subtree to load.
+      ignore: key paths of stored subtrees to leave unread.
+    """
+
+    like: Any
+    digest: str | None
+    subtree: str | None = None
+    ignore: Collection[str] = ()
+
+
+#: A version's validated record.
+Record = dict[str, Any]
+
+
+class Backend(Protocol):
+    """The primitives of one kind of store (see the module's docstring)."""
+
+    #: the store's directory or URL
+    root: str
+
+    @property
+    def storage(self) -> Storage:
+        """The store's small objects: the marker and the pointer."""
+        ...
+
+    def init(self) -> None:
+        """Makes the root a store; an existing one is left as it is."""
+        ...
+
+    def locked(self) -> AbstractContextManager[None]:
+        """Holds the store's lock, where it has one."""
+        ...
+
+    def require(self) -> dict[str, Any]:
+        """The marker, after checking that the root is a store."""
+        ...
+
+    def mark(self, flag: str) -> dict[str, Any]:
+        """Sets ``flag`` in the marker (compare-and-swap); the marker written."""
+        ...
+
+    def append(self, action: str, version: str | None, detail: dict[str, Any]) -> None:
+        """Logs one event."""
+        ...
+
+    def history(self) -> list[Event]:
+        """Every whole logged event, oldest first."""
+        ...
+
+    def record(self, version: str) -> tuple[str, dict[str, Any]]:
+        """The location and validated record (with its verdict) of a version
+        (the lifecycle has checked that the root is a store)."""
+        ...
+
+    def version_names(self) -> list[str]:
+        """The names that may be versions (foreign entries left out)."""
+        ...
+
+    def put(self, tree: Any, user: dict[str, Any], version: str | None, digest: Algorithm) -> str:
+        """Writes a file version as a candidate; its name."""
+        ...
+
+    def put_sharded(
+        self, tree: Any, user: dict[str, Any], version: str | None, digest: Algorithm
+    ) -> str:
+        """Writes a sharded version as a candidate; its name."""
+        ...
+
+    def verifiable(self, version: str, location: str, record: dict[str, Any]) -> None:
+        """Refuses a version that cannot be given a verdict now."""
+        ...
+
+    def check_payload(self, version: str, location: str, record: dict[str, Any]) -> None:
+        """Refuses a version whose data is not what its record says it is,
+        looking at names only."""
+        ...
+
+    def read_for_verdict(
+        self, version: str, record: Record, contract: Any, digests: list[str]
+    ) -> Any:
+        """Loads the version against ``contract`` with every hash checked,
+        leaving the digest it read under in ``digests`` first."""
+        ...
+
+    def digest_now(self, version: str, location: str, record: dict[str, Any]) -> str | None:
+        """The digest of the data there now, or None if it does not read."""
+        ...
+
+    def save_verdict(
+        self, version: str, record: dict[str, Any], verdict: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Records the verdict; the record with it."""
+        ...
+
+    def recheck(self, version: str, location: str, record: dict[str, Any], digest: str) -> None:
+        """Reads every byte again, refusing another digest (``IntegrityError``)."""
+        ...
+
+    def load(self, version: str, location: str, record: dict[str, Any], want: Wanted) -> Any:
+        """The version's tree (or the part selected), every hash read checked."""
+        ...
+
+    def stored_spec(self, version: str, location: str, record: dict[str, Any]) -> TreeSpec:
+        """The version's stored spec, from its header or manifest only."""
+        ...
+
+    def remove(self, version: str) -> bool:
+        """Removes a version gc does not protect, retiring its name first;
+        whether it was removed (never what cannot be read or is foreign)."""
+        ...
+
+    def after_gc(self) -> None:
+        """Clears what gc leaves behind (trash, stale temporary files)."""
+        ...

@@ -1,0 +1,396 @@
+"""The store's primitives on a local directory (see backend.py).
+
+Every change is made under the store's ``flock`` (``Layout.locked``): the
+marker and the pointer through ``LocalStorage``'s compare-and-swap, a
+version's ``status.json`` rewritten whole by ``atomic_write``, the log
+appended line by line, and a version removed through directory
+descriptors (deleter.py). A put's counter is taken before its directory,
+and gc retires a name in the marker before it deletes anything of it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import secrets
+import socket
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
+from typing import Any
+
+from ..atomic import pid_alive, remove_stale_temps
+from ..checkpoint import read_header, save
+from ..errors import FormatError, IntegrityError, StorageError, StoreError, UnknownVersionError
+from ..hashing import Algorithm
+from ..sharded.manifest import read as read_manifest
+from ..spec import TreeSpec
+from . import deleter, gates, log, payload, records
+from .backend import Record, Wanted
+from .layout import AUTO_RE, MODEL_FILE, STATUS_FILE, Layout
+from .lead import lead_acts
+from .log import Event
+
+
+class LocalBackend:
+    """A store in a local directory.
+
+    Args:
+      root: the store's directory.
+    """
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.layout = Layout(root)
+        self.root = self.layout.root
+        self.storage = self.layout.storage
+
+    # -- the marker and the log ------------------------------------------
+
+    def init(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            if self.layout.exists():
+                self.layout.require()
+                return
+        self.layout.init()
+        with self.layout.locked():
+            log.append(self.root, "init", None, {})
+
+    def locked(self) -> AbstractContextManager[None]:
+        return self.layout.locked()
+
+    def require(self) -> dict[str, Any]:
+        return self.layout.require()
+
+    def mark(self, flag: str) -> dict[str, Any]:
+        marker = self.layout.require()
+        if not marker.get(flag):
+            marker[flag] = True
+            self.layout.write_marker(marker)
+        return marker
+
+    def append(self, action: str, version: str | None, detail: dict[str, Any]) -> None:
+        log.append(self.root, action, version, detail)
+
+    def history(self) -> list[Event]:
+        return log.read(self.root)
+
+    # -- records ---------------------------------------------------------
+
+    def record(self, version: str) -> tuple[str, dict[str, Any]]:
+        path = self.layout.existing_version(version)
+        try:
+            return path, records.read(path)
+        except FileNotFoundError as e:  # removed between the look and the read
+            raise UnknownVersionError(
+                f"version {version} was removed while it was read",
+                version=version,
+                context=self.root,
+                hint="`treeguard store ls ROOT` lists the versions",
+            ) from e
+
+    def version_names(self) -> list[str]:
+        return self.layout.version_names()
+
+    # -- put -------------------------------------------------------------
+
+    def put(self, tree: Any, user: dict[str, Any], version: str | None, digest: Algorithm) -> str:
+        self._open_for_put()
+        with self.layout.locked():
+            version, path = self._reserve(version, user)
+        try:
+            model = os.path.join(path, MODEL_FILE)
+            with _out_of_space_is_typed(version, path):
+                save(model, tree, metadata=user, digest=digest)
+            self._record_candidate(version, path, read_header(model).spec, {})
+        except BaseException:
+            self._discard(path)
+            raise
+        return version
+
+    def put_sharded(
+        self, tree: Any, user: dict[str, Any], version: str | None, digest: Algorithm
+    ) -> str:
+        from ..sharded import hosts  # lazy: jax's multi-process utilities
+        from ..sharded.save import save_sharded  # lazy: orbax and tensorstore
+
+        lead = hosts.process_index() == 0
+
+        def reserve() -> bytes:
+            self._open_for_put()
+            with self.layout.locked():
+                return self._reserve(version, user, "sharded")[0].encode("ascii")
+
+        version = lead_acts(
+            reserve,
+            failed=lambda why: StoreError(
+                f"process 0 could not make the version: {why}",
+                context=self.root,
+                hint="see process 0's error; nothing was written",
+            ),
+        ).decode("ascii")
+        path = self.layout.version_dir(version)
+        try:
+            with _out_of_space_is_typed(version, path):
+                save_sharded(  # a collective failing in every process
+                    path, tree, metadata=user, digest=digest
+                )
+            lead_acts(  # also the barrier after the record
+                lambda: self._finish_sharded(version, path),
+                failed=lambda why: StoreError(
+                    f"process 0 could not record version {version}: {why}",
+                    version=version,
+                    context=self.root,
+                    hint="see process 0's error; the version stays unfinished until gc",
+                ),
+            )
+        except BaseException:
+            if lead:
+                self._discard(path)
+            raise
+        return version
+
+    def _open_for_put(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            if self.layout.exists():
+                self.layout.require()
+                return
+        if os.path.isdir(self.root) and not os.path.islink(self.root):
+            content = set(os.listdir(self.root))
+            versions = os.path.join(self.root, "versions")
+            # what another first put leaves while it makes the store: versions/ (empty)
+            # and the marker's temp file; anything else is content that is not a store
+            being_made = content <= {"versions"} | {
+                n for n in content if "STORE.json" in n and n.endswith(".tmp")
+            }
+            if content and not (
+                being_made and (not os.path.isdir(versions) or not os.listdir(versions))
+            ):
+                self.layout.require()  # raises: a directory with content that is not a store
+        self.layout.init()
+
+    def _reserve(
+        self, version: str | None, user: dict[str, Any], kind: str = "file"
+    ) -> tuple[str, str]:
+        """Picks the name, creates its directory and its ``writing`` record (under the lock)."""
+        marker = self.layout.require()
+        marker["seq"] = seq = int(marker.get("seq", 0)) + 1  # the order of puts, not the clock
+        if version is None:
+            existing = [
+                int(m.group(1))
+                for n in [*self.layout.version_names(), *marker["retired"]]
+                if (m := AUTO_RE.match(n))
+            ]
+            number = max([marker["counter"], *existing]) + 1
+            marker["counter"] = number
+            version = f"v{number:06d}"
+        elif version in marker["retired"]:
+            raise StoreError(
+                f"version {version} existed and was removed by gc; a name is never reused",
+                version=version,
+                context=self.root,
+                hint="pick another name",
+            )
+        self.layout.write_marker(marker)
+        path = self.layout.version_dir(version)
+        try:
+            os.mkdir(path)
+        except FileExistsError:
+            raise StoreError(
+                f"version {version} already exists",
+                version=version,
+                context=self.root,
+                hint="pick another name, or leave version= out to number it",
+            ) from None
+        try:
+            records.write(
+                path,
+                version,
+                {
+                    "status": "writing",
+                    "pid": os.getpid(),
+                    "host": socket.gethostname(),
+                    "uid": secrets.token_hex(16),
+                    "created": records.now(),
+                    "metadata": user,
+                    "kind": kind,
+                    "seq": seq,
+                },
+            )
+        except BaseException:
+            self._discard(path)
+            raise
+        return version, path
+
+    def _finish_sharded(self, version: str, path: str) -> bytes:
+        self._record_candidate(version, path, read_manifest(path).spec, {"kind": "sharded"})
+        return b""
+
+    def _record_candidate(
+        self, version: str, path: str, spec: TreeSpec, detail: dict[str, Any]
+    ) -> None:
+        """Turns a reserved version whose data is written into a candidate,
+        with the sizes of its ``spec``, and logs the put (with ``detail``)."""
+        with self.layout.locked():
+            data = records.read(path)
+            data.update(
+                status="candidate",
+                pid=None,
+                num_leaves=spec.num_leaves,
+                num_params=spec.num_params,
+                nbytes=spec.nbytes,
+            )
+            records.write(path, version, data)
+            log.append(self.root, "put", version, {"status": "candidate", **detail})
+
+    def _discard(self, path: str) -> None:
+        """Removes a version directory put itself created (its files only)."""
+        deleter.remove_version(os.path.dirname(path), os.path.basename(path))
+
+    # -- verify ----------------------------------------------------------
+
+    def verifiable(self, version: str, location: str, record: dict[str, Any]) -> None:
+        if record["status"] == "writing":
+            raise StoreError(
+                f"version {version} is still being written (by process {record.get('pid')}); "
+                "there is no complete checkpoint to verify yet",
+                version=version,
+                hint="verify it once its put returns; if that process died, store.gc() removes it",
+            )
+        try:
+            gates.require_kind(version, location, record)  # a lying record: no verdict at all
+        except IntegrityError:
+            if not os.path.lexists(location):  # gc removed it since its record was read
+                raise UnknownVersionError(
+                    f"version {version} was removed while it was verified",
+                    version=version,
+                    context=self.root,
+                    hint="`treeguard store ls ROOT` lists the versions",
+                ) from None
+            raise
+
+    def read_for_verdict(
+        self, version: str, record: Record, contract: Any, digests: list[str]
+    ) -> Any:
+        kind = payload.of(record)
+        path = self.layout.version_dir(version)
+        return kind.read_for_verdict(self.layout, path, version, contract, digests)
+
+    def digest_now(self, version: str, location: str, record: dict[str, Any]) -> str | None:
+        return payload.digest_now(location, record)
+
+    def save_verdict(
+        self, version: str, record: dict[str, Any], verdict: dict[str, Any]
+    ) -> dict[str, Any]:
+        data = records.write(self.layout.version_dir(version), version, record | verdict)
+        return data
+
+    # -- the gates and loads ---------------------------------------------
+
+    def check_payload(self, version: str, location: str, record: dict[str, Any]) -> None:
+        if record["status"] == "writing" and payload.of(record).kind == "sharded":
+            raise StoreError(
+                f"version {version} is still being written; there is no complete "
+                "checkpoint to load yet",
+                version=version,
+                hint="load it once its put returns; if that process died, store.gc() removes it",
+            )
+        if record["status"] != "writing":
+            gates.require_kind(version, location, record)
+        payload.of(record).check_plain(self.layout, location, version)
+
+    def recheck(self, version: str, location: str, record: dict[str, Any], digest: str) -> None:
+        try:
+            payload.of(record).recheck(location, digest)
+        except IntegrityError as e:
+            raise gates.changed(version, e) from e
+        except (FormatError, OSError) as e:
+            raise IntegrityError(
+                f"version {version}: its checkpoint no longer reads: {e}",
+                version=version,
+                hint="restore the file from a backup, or put the weights again",
+            ) from e
+
+    def load(self, version: str, location: str, record: dict[str, Any], want: Wanted) -> Any:
+        try:
+            return payload.of(record).load(
+                version, location, want.like, want.digest, subtree=want.subtree, ignore=want.ignore
+            )
+        except IntegrityError as e:
+            raise gates.changed(version, e) from e
+        except OSError as e:  # removed or replaced while it was read
+            raise IntegrityError(
+                f"version {version}: its checkpoint could not be read: "
+                f"{e.strerror or type(e).__name__}: {e.filename}",
+                version=version,
+                hint="something else is removing or replacing it; retry, or restore the "
+                "version from a backup",
+            ) from e
+
+    def stored_spec(self, version: str, location: str, record: dict[str, Any]) -> TreeSpec:
+        return payload.of(record).stored_spec(location)
+
+    # -- gc --------------------------------------------------------------
+
+    def remove(self, version: str) -> bool:
+        base = self.layout.versions_dir()
+
+        def may_remove(fd: int) -> bool:
+            return self._collectable(os.path.join(base, version), fd) and self._retire(version)
+
+        return deleter.remove_version(base, version, may_remove=may_remove)
+
+    def after_gc(self) -> None:
+        deleter.clean(self.layout.versions_dir())
+        remove_stale_temps(self.root)
+
+    def _retire(self, name: str) -> bool:
+        """Records that ``name`` is never handed out again, before anything
+        of it is deleted (so a kill mid-removal leaves it retired)."""
+        marker = self.layout.require()
+        if name not in marker["retired"]:
+            marker["retired"] = sorted({*marker["retired"], name})
+            self.layout.write_marker(marker)
+        return True
+
+    def _collectable(self, path: str, fd: int) -> bool:
+        """Whether gc may remove the version directory open at ``fd`` (not
+        protected); its record is read through ``fd``, never through ``path``."""
+        try:
+            os.stat(STATUS_FILE, dir_fd=fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return True  # reserved by a put that died before its record; only its temps go
+        try:
+            data = records.read(path, dir_fd=fd)
+        except (StoreError, FileNotFoundError):
+            return False  # never delete what cannot be read: a person must look
+        if data["status"] != "writing":
+            return True
+        host = data.get("host")
+        if host is not None and host != socket.gethostname():
+            return False  # its writer's pid means nothing here: gc on the writer's host takes it
+        pid = data.get("pid")
+        return not (isinstance(pid, int) and pid_alive(pid))
+
+
+@contextlib.contextmanager
+def _out_of_space_is_typed(version: str, path: str) -> Iterator[None]:
+    """Turns a full disk or quota while a version is written (an ``OSError``,
+    or tensorstore's ``ValueError('RESOURCE_EXHAUSTED: ...')``) into a
+    ``StorageError`` naming the version; the caller removes what was written."""
+    try:
+        yield
+    except (OSError, ValueError) as e:
+        full = (
+            e.errno in (errno.ENOSPC, errno.EDQUOT)
+            if isinstance(e, OSError)
+            else str(e).startswith("RESOURCE_EXHAUSTED")
+        )
+        if not full:
+            raise
+        raise StorageError(
+            f"writing version {version} failed: no space left on the device",
+            version=version,
+            context=path,
+            hint="free space (store.gc() removes old versions) and put it again; nothing of "
+            "this version was kept",
+        ) from None
