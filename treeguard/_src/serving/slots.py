@@ -27,7 +27,7 @@ import numpy as np
 from ..errors import FormatError, IntegrityError, ServingError, TreeguardError, TreeMismatchError
 from ..spec import TreeSpec, spec_of
 from ..verify.model import BATCH, Model
-from .buckets import pad_rows
+from .buckets import bucket_for, pad_rows
 from .compile_guard import CompileGuard, Signature, explain, signature
 from .metrics import Metrics
 from .release import params_like
@@ -304,10 +304,8 @@ class Slots:
         Raises:
           ServingError: 503 for a compile under ``forbid`` after warm-up.
         """
-        from .buckets import bucket_for
-
         size = bucket or bucket_for(rows, self.spec.buckets) or rows
-        padded = [pad_rows(np.asarray(x), size) for x in leaves]
+        padded = [pad_rows(x, size) for x in leaves]
         batch = jax.tree.unflatten(self._treedef, padded)
         before = self.guard.counts[phase]
         start = time.perf_counter()
