@@ -35,10 +35,12 @@ def params_like(model: Model) -> Any:
     modules, ``nnx.State`` and any registered node come back with their types.
 
     Returns:
-      The model's stored params spec; else the structure and dtypes of
-      ``model.init``'s params with every size left free (a model that pins
-      no params contract may change its widths between versions); else None
-      (plain containers) when ``init`` cannot be traced.
+      The structure and dtypes of ``model.init``'s params with every size
+      left free (a model that pins no params contract may change its widths
+      between versions; one that declares ``params_spec`` has its contract
+      checked on the loaded tree). A declared spec read back from its JSON
+      names its custom nodes but cannot rebuild them, so it is the structure
+      only when ``init`` cannot be traced; else None (plain containers).
 
     Example:
       >>> from treeguard.examples import eqx_mlp
@@ -46,17 +48,16 @@ def params_like(model: Model) -> Any:
       >>> like.leaves[0].dtype.name, len(like.leaves[0].shape)
       ('float32', 2)
     """
-    declared = model.stored_params_spec()
-    if declared is not None:
-        return declared
     try:
         shapes = jax.eval_shape(model.init, model.key())
     except Exception as e:  # noqa: BLE001 - a model whose init cannot be traced
+        declared = model.stored_params_spec()
         log.warning(
-            "the params' structure cannot be taken from init (%s); loading as plain containers",
+            "the params' structure cannot be taken from init (%s); loading as %s",
             type(e).__name__,
+            "the declared params spec" if declared is not None else "plain containers",
         )
-        return None
+        return declared
     flat, treedef = jax.tree.flatten(shapes)
     free = [
         LeafSpec(tuple(f"_{i}_{j}" for j in range(x.ndim)), x.dtype) for i, x in enumerate(flat)
