@@ -6,7 +6,9 @@ in this one process (apps driven in process through ``httpx.ASGITransport``).
 2. Throughput at 32 concurrent one-row clients on a 4-layer, 1024-wide MLP:
    the dynamic batcher against one ``jit`` call per request, and its
    batching efficiency: against full 32-row batches run back to back, the
-   ideal a batcher can approach (goal >= 0.8x).
+   ideal a batcher can approach (goal >= 0.8x). Through real sockets,
+   ``hey`` (Debian's load generator, a separate process) with 32 concurrent
+   one-row clients: the batcher against the same server with batch size 1.
 3. Guard overhead (decoding, validation, bucketing, queue, judging, metrics)
    against a bare starlette + jit endpoint on the same bucket, sequential
    requests, median of several rounds (goal: p50 <= 1.10x).
@@ -24,6 +26,9 @@ import argparse
 import asyncio
 import itertools
 import json
+import re
+import shutil
+import socket
 import statistics
 import tempfile
 import time
@@ -320,23 +325,96 @@ async def overhead(rounds: int, n: int) -> tuple[list[tuple[float, float]], dict
     return pairs, table
 
 
+# -- 2b. batching through real sockets, driven by hey ------------------------------
+
+
+def port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def hey_rate(server: Server, body_file: str, n: int, clients: int) -> float:
+    """Requests per second that ``hey`` (a separate process) gets from ``server``
+    under uvicorn in this process; every response must be a 200."""
+    import uvicorn
+
+    n -= n % clients  # hey gives each client n // clients requests
+    http_port = port()
+    config = uvicorn.Config(
+        server.app(), host="127.0.0.1", port=http_port, log_level="error", access_log=False
+    )
+    runner = uvicorn.Server(config)
+    task = asyncio.create_task(runner.serve())
+    try:
+        for _ in range(3000):
+            if runner.started:
+                break
+            await asyncio.sleep(0.01)
+        url = f"http://127.0.0.1:{http_port}/v2/models/{server.spec.name}/infer"
+        hey = ["hey", "-n", str(n), "-c", str(clients), "-t", "30", "-m", "POST",
+               "-T", "application/json", "-D", body_file, url]  # fmt: skip
+        proc = await asyncio.create_subprocess_exec(*hey, stdout=asyncio.subprocess.PIPE)
+        out, _ = await asyncio.wait_for(proc.communicate(), 120)
+        text = out.decode()
+        codes = dict(re.findall(r"\[(\d+)\]\s+(\d+) responses", text))
+        assert codes == {"200": str(n)}, text
+        found = re.search(r"Requests/sec:\s+([\d.]+)", text)
+        assert found, text
+        return float(found.group(1))
+    finally:
+        runner.should_exit = True
+        await task
+
+
+async def batching_http(n: int, rounds: int) -> tuple[float, float] | None:
+    """hey with 32 concurrent one-row clients: the batcher (buckets up to 32)
+    against the same server with batch size 1, alternating, median of rounds."""
+    if shutil.which("hey") is None:
+        return None
+    store = treeguard.ArtifactStore(tempfile.mkdtemp())
+    v = store.put(wide_params())
+    store.verify(v)
+    store.promote(v)
+    limits = Limits(max_delay_ms=2)
+    batched = Server(
+        WIDE, store, spec=ServingSpec.from_model(WIDE, buckets=(1, 2, 4, 8, 16, 32),
+                                                 name="wide", limits=limits)
+    )  # fmt: skip
+    single = Server(
+        WIDE, store, spec=ServingSpec.from_model(WIDE, buckets=(1,), name="wide", limits=limits)
+    )
+    batched.start()
+    single.start()
+    x = np.random.default_rng(1).uniform(-1, 1, (1, IN)).astype(np.float32)
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(body(x), f)
+    await hey_rate(batched, f.name, 200, 32)
+    await hey_rate(single, f.name, 200, 32)
+    rates: list[tuple[float, float]] = []
+    for i in range(rounds):
+        if i % 2:
+            b = await hey_rate(single, f.name, n, 32)
+            a = await hey_rate(batched, f.name, n, 32)
+        else:
+            a = await hey_rate(batched, f.name, n, 32)
+            b = await hey_rate(single, f.name, n, 32)
+        rates.append((a, b))
+    return statistics.median(a for a, _ in rates), statistics.median(b for _, b in rates)
+
+
 # -- 5. the wire -----------------------------------------------------------------
 
 
 async def wires(rounds: int, n: int) -> dict[str, float]:
-    import socket
-
     import grpc
     import uvicorn
 
+    from treeguard._src.serving import messages
     from treeguard._src.serving.grpc_transport import grpc_transport
-    from treeguard._src.serving.proto import inference_pb2 as pb
     from treeguard.examples import cnn
 
-    def port() -> int:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            return int(s.getsockname()[1])
+    pb = messages.load()
 
     store = treeguard.ArtifactStore(tempfile.mkdtemp())
     v = store.put(cnn.init(jax.random.key(0)))
@@ -421,6 +499,7 @@ async def main() -> None:
     ap.add_argument("--requests", type=int, default=1000)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--per-client", type=int, default=10)
+    ap.add_argument("--hey-requests", type=int, default=2000)
     args = ap.parse_args()
     jax.monitoring.register_event_duration_secs_listener(_count)
     print(f"jax {jax.__version__} on {jax.devices()[0].platform}")
@@ -444,6 +523,15 @@ async def main() -> None:
         f"   batching efficiency: full 32-row batches back to back {ideal:.0f} rows/s; "
         f"batcher API {api_mine / ideal:.2f}x, through HTTP {mine / ideal:.2f}x (goal >= 0.8x)"
     )
+
+    hey = await batching_http(args.hey_requests, 3)
+    if hey is None:
+        print("   through sockets with hey: hey is not installed (apt-get install hey), skipped")
+    else:
+        batched, single = hey
+        print(f"   through sockets, hey -c 32 (a separate process): batcher {batched:.0f} req/s, "
+              f"batch size 1 {single:.0f} req/s, ratio {batched / single:.2f}x; "
+              f"efficiency {batched / ideal:.2f}x of full batches")  # fmt: skip
 
     pairs, table = await overhead(args.rounds, 100)
     ratios = [a / b for a, b in pairs]

@@ -1,17 +1,23 @@
 """A real ``treeguard serve`` process on 127.0.0.1 for the tests: started
-through the command line, polled until ready (bounded), stopped by pid."""
+through the command line, polled until ready (bounded), stopped by pid.
+
+The server's output is drained while it runs: its access log under a load
+generator outgrows a pipe's buffer, and a server blocked writing its log
+answers nothing."""
 
 from __future__ import annotations
 
 import contextlib
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
-from subproc import start_python, stop
+from subproc import start_python
 
 SERVER = """
 import sys
@@ -50,6 +56,26 @@ def live_server(
     extra = ["--grpc-port", str(grpc_port := free_port())] if grpc else []
     proc = start_python(SERVER, *args, "--port", str(port), *extra, env=env)
     live = Live(f"http://127.0.0.1:{port}", port, proc, grpc_port if grpc else None)
+    err: list[str] = []
+    readers = [
+        threading.Thread(target=_drain, args=(stream, sink), daemon=True)
+        for stream, sink in ((proc.stdout, []), (proc.stderr, err))
+    ]
+    for r in readers:
+        r.start()
+
+    def stop() -> str:
+        if proc.poll() is None:
+            proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=30)
+        for r in readers:
+            r.join(timeout=30)
+        return "".join(err)
+
     try:
         with httpx.Client(base_url=live.url, timeout=10) as c:
             end = time.monotonic() + ready_s
@@ -59,10 +85,14 @@ def live_server(
                         break
                 time.sleep(0.1)
             else:
-                proc.terminate()
-                raise AssertionError(f"the server never became ready: {stop(proc)[1][-3000:]}")
+                raise AssertionError(f"the server never became ready: {stop()[-3000:]}")
         yield live
     finally:
-        if proc.poll() is None:
-            proc.terminate()
-        live.log = stop(proc)[1]
+        live.log = stop()
+
+
+def _drain(stream: Any, sink: list[str]) -> None:
+    """Reads ``stream`` to its end into ``sink`` (then closes it)."""
+    with stream:
+        for line in stream:
+            sink.append(line)

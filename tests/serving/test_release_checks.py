@@ -70,3 +70,41 @@ def test_serve_refuses_an_unchecked_verdict_unless_allowed(tmp_path):
         "(checks: [])\nhint: verify and promote a version that passes the model's checks"
     )
     Server(tinymodel.model, store, spec=tiny_spec(), allow_unchecked=True).start()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("which", "path", "kind"), [("cnn", "['image']", "State"),
+                                                     ("eqx_mlp", "['x']", "MLP")])  # fmt: skip
+def test_framework_models_that_declare_a_params_spec_verify_and_serve(
+    tmp_path, monkeypatch, which, path, kind
+):
+    import importlib
+
+    import jax
+
+    base = importlib.import_module(f"treeguard.examples.{which}").model
+    params = base.init(base.key())
+    treeguard.spec_of(params).save(tmp_path / "params.spec.json")
+    (tmp_path / f"declared_{which}.py").write_text(
+        "import dataclasses\n"
+        f"from treeguard.examples.{which} import model as base\n"
+        f"model = dataclasses.replace(base, params_spec={str(tmp_path / 'params.spec.json')!r})\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    model = importlib.import_module(f"declared_{which}").model
+    store = treeguard.ArtifactStore(tmp_path / "s")
+    v = store.put(params)
+    out = _verify(store.root, v, "--model", f"declared_{which}:model")
+    assert out.exit_code == 0, out.output
+    store.promote(v)
+    spec = treeguard.serving.ServingSpec.from_model(model, inputs=[path], buckets=(1, 4))
+    server = Server(model, store, spec=spec)
+    server.start()
+    served = server.slots.active.params
+    assert type(served).__name__ == kind  # loaded into the model's own structure
+    leaf = spec.inputs.leaves[0]
+    x = np.random.default_rng(0).uniform(0, 1, (3, *leaf.shape[1:])).astype(np.float32)
+    outs, version = server.slots.run(server.slots.active, [x], 3)
+    want = np.asarray(model.apply(params, jax.tree.unflatten(spec.inputs.treedef, [x])))
+    assert version == v
+    np.testing.assert_allclose(outs[0][1], want, rtol=1e-5, atol=1e-5)

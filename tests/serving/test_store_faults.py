@@ -124,12 +124,13 @@ def test_sigkill_mid_swap_and_after_an_automatic_rollback_then_restart(tiny_stor
     # the version is now swapped in for real, misbehaves and is rolled back...
     with live_server(*args, env=env) as live, httpx.Client(base_url=live.url, timeout=30) as c:
         assert c.post("/v2/treeguard/swap", json={"version": v["nan"]}).status_code == 200
+        store.promote(v["nan"])  # CURRENT names it, as a release would
         codes = [c.post("/v2/models/tiny/infer", json=body).status_code for _ in range(40)]
         assert 500 in codes and codes[-1] == 200
         live.proc.send_signal(signal.SIGKILL)
         live.proc.wait(timeout=30)
     # ...and a restart never serves it, even when CURRENT names it
-    store.promote(v["nan"])
+    assert store.current() == v["nan"] and store.info(v["nan"]).status == "rejected"
     with live_server(*args, env=env) as live, httpx.Client(base_url=live.url, timeout=30) as c:
         ready = c.get("/v2/health/ready").json()
         assert ready["fallback"]["to"] == v["good"]

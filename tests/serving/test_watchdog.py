@@ -3,6 +3,8 @@ and a warm-up that falls back instead of hanging."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import tinymodel
@@ -58,7 +60,8 @@ async def test_declared_bounds_refuse_inputs_outside_and_blame_the_version_insid
 
 async def test_a_quarantine_is_recorded_and_a_restart_never_serves_it(tiny_store, caplog):
     store, v = tiny_store
-    server = Server(tinymodel.model, store, spec=tiny_spec(), watchdog=POLICY)
+    store.promote(v["nan"])  # CURRENT names the version the watchdog will quarantine
+    server = Server(tinymodel.model, store, spec=tiny_spec(), version=v["good"], watchdog=POLICY)
     async with client(server) as c:
         assert (await c.post("/v2/treeguard/swap", json={"version": v["nan"]})).status_code == 200
         for _ in range(6):
@@ -66,7 +69,14 @@ async def test_a_quarantine_is_recorded_and_a_restart_never_serves_it(tiny_store
     assert server.status()["active"] == v["good"]
     quarantines = [e for e in store.history() if e.action == "serve_quarantine"]
     assert [(e.version, e.detail["trigger"]) for e in quarantines] == [(v["nan"], "nonfinite")]
-    store.promote(v["nan"])  # CURRENT now names the quarantined version
+    info = store.info(v["nan"])  # the quarantine is a verdict of the store
+    assert info.status == "rejected"
+    assert info.reason == (
+        "check serve.quarantine raised ServingError: the watchdog quarantined it "
+        "(trigger nonfinite)"
+    )
+    with pytest.raises(treeguard.StoreError, match="is rejected, not verified"):
+        store.promote(v["nan"])
     restarted = Server(tinymodel.model, store, spec=tiny_spec())
     async with client(restarted) as c:
         ready = (await c.get("/v2/health/ready")).json()
@@ -89,17 +99,46 @@ async def test_a_quarantine_is_recorded_and_a_restart_never_serves_it(tiny_store
     assert f"fell back from {v['nan']} to {v['good']}" in caplog.text
 
 
-async def test_an_explicit_swap_lifts_the_quarantine(tiny_store):
+def test_only_a_new_verdict_lifts_the_quarantine(tiny_store):
     store, v = tiny_store
-    store.log_event("serve_quarantine", v["nan"], trigger="nonfinite")
     server = Server(tinymodel.model, store, spec=tiny_spec())
     server.start()
-    assert server.status()["quarantined"] == [v["nan"]]
-    server.slots.swap(v["nan"])
-    assert server.status()["quarantined"] == []
+    assert server.slots.quarantine(v["nan"], "nonfinite")
+    restarted = Server(tinymodel.model, store, spec=tiny_spec())
+    restarted.start()
+    assert restarted.status()["quarantined"] == [v["nan"]]
+    with pytest.raises(ServingError, match=f"version {v['nan']} cannot be served: .*rejected"):
+        server.slots.swap(v["nan"])
+    assert store.verify(v["nan"]).status == "verified"  # a release check run again
     fresh = Server(tinymodel.model, store, spec=tiny_spec(), version=v["nan"])
     fresh.start()
-    assert fresh.status()["active"] == v["nan"] and fresh.status()["fallback"] is None
+    assert fresh.status()["active"] == v["nan"] and fresh.status()["quarantined"] == []
+    assert fresh.status()["fallback"] is None
+
+
+def test_an_edited_quarantine_is_refused_by_the_store_signature(tmp_path):
+    store = treeguard.ArtifactStore(tmp_path / "signed", key=b"a key of sixteen bytes or more")
+    good = put_verified(store, tinymodel.params(eps=1.0))
+    store.promote(good)
+    nan = put_verified(store, tinymodel.params(eps=-1.0))
+    server = Server(tinymodel.model, store, spec=tiny_spec())
+    server.start()
+    assert server.slots.quarantine(nan, "nonfinite")
+    info = store.info(nan)
+    assert info.status == "rejected" and info.signed
+    # an edit that lifts the quarantine by hand: the verdict says verified again
+    status = tmp_path / "signed" / "versions" / nan / "status.json"
+    record = json.loads(status.read_text())
+    record.update(status="verified", reason=None, checks=record["checks"][:2])
+    status.write_text(json.dumps(record))
+    with pytest.raises(treeguard.SignatureError, match="verdict signature does not match"):
+        store.check_verified(nan)
+    restarted = Server(tinymodel.model, store, spec=tiny_spec(), version=nan)
+    restarted.start()
+    assert restarted.status()["active"] == good
+    fallback = restarted.status()["fallback"]
+    assert fallback["from"] == nan
+    assert "verdict signature does not match" in fallback["reasons"][nan]
 
 
 def test_warm_up_falls_back_past_a_version_that_cannot_run(tmp_path):

@@ -14,11 +14,10 @@ count apart.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -123,21 +122,33 @@ class CompileGuard:
         if self._on_compile is not None:
             self._on_compile(phase)
 
-    @contextlib.contextmanager
-    def phase(self, name: str) -> Iterator[None]:
+    def phase(self, name: str) -> _Phase:
         """Attributes the compiles this thread triggers inside to ``name``."""
         if name not in PHASES:
             raise ValueError(f"phase {name!r} is not one of {PHASES}")
-        prev = getattr(_local, "guard", None), getattr(_local, "phase", None)
-        _local.guard, _local.phase = self, name
-        try:
-            yield
-        finally:
-            _local.guard, _local.phase = prev
+        return _Phase(self, name)
 
     @property
     def total(self) -> int:
         return sum(self.counts.values())
+
+
+class _Phase:
+    """The context of ``CompileGuard.phase``: a plain class, as it is entered
+    once per batch (a generator-based context manager costs twice as much)."""
+
+    __slots__ = ("guard", "name", "prev")
+
+    def __init__(self, guard: CompileGuard, name: str) -> None:
+        self.guard, self.name = guard, name
+        self.prev: tuple[Any, Any] = (None, None)
+
+    def __enter__(self) -> None:
+        self.prev = getattr(_local, "guard", None), getattr(_local, "phase", None)
+        _local.guard, _local.phase = self.guard, self.name
+
+    def __exit__(self, *exc: object) -> None:
+        _local.guard, _local.phase = self.prev
 
 
 def enable_persistent_cache(directory: str | os.PathLike[str]) -> None:

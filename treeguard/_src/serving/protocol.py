@@ -56,6 +56,10 @@ MAX_ID = 256
 MAX_PARAMETERS = 64
 
 
+#: Datatype names by numpy dtype, for the hot path (a dtype's ``name`` is slow to build).
+_BY_DTYPE = {dtype: name for name, dtype in DTYPES.items()}
+
+
 def datatype_of(dtype: Any) -> str:
     """The protocol's datatype name of a dtype.
 
@@ -63,6 +67,9 @@ def datatype_of(dtype: Any) -> str:
       >>> datatype_of("float32"), datatype_of(ml_dtypes.bfloat16)
       ('FP32', 'BF16')
     """
+    found = _BY_DTYPE.get(dtype) if isinstance(dtype, np.dtype) else None
+    if found is not None:
+        return found
     name = str(np.dtype(dtype).name)
     return DATATYPES.get(name, name.upper())
 
@@ -113,6 +120,10 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
+#: One strict decoder for every request (``json.loads`` with options builds a new one per call).
+_DECODER = json.JSONDecoder(object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
+
+
 def parse_json(body: bytes) -> Any:
     """Parses a request body strictly.
 
@@ -128,7 +139,7 @@ def parse_json(body: bytes) -> Any:
       treeguard.InvalidRequestError: the body is not valid JSON: NaN is not ...
     """
     try:
-        return json.loads(body, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
+        return _DECODER.decode(body.decode("utf-8"))
     except RecursionError:
         raise refuse("the body nests too deep to be a request", status=400) from None
     except UnicodeDecodeError as e:  # its text quotes the byte: never echo the body
@@ -231,12 +242,12 @@ class TensorMeta:
 # -- decoding and validation -------------------------------------------------------
 
 
-_PYTYPES: dict[str, tuple[type, ...]] = {
-    "b": (bool,),
-    "i": (int,),
-    "u": (int,),
-    "f": (int, float),
-    "V": (int, float),  # bfloat16
+_PYTYPES: dict[str, frozenset[type]] = {
+    "b": frozenset({bool}),
+    "i": frozenset({int}),
+    "u": frozenset({int}),
+    "f": frozenset({int, float}),
+    "V": frozenset({int, float}),  # bfloat16
 }
 
 
@@ -249,10 +260,8 @@ class _Input:
     tail: tuple[int, ...]
     datatype: str
     dtype: np.dtype[Any]
-
-    @property
-    def path(self) -> str:
-        return self.leaf.path
+    wire: np.dtype[Any]  # the dtype of its raw bytes: little-endian
+    path: str
 
 
 class Decoder:
@@ -281,6 +290,8 @@ class Decoder:
                 tuple(int(d) for d in leaf.shape[1:]),
                 datatype_of(dtype),
                 dtype,
+                dtype.newbyteorder("<"),
+                leaf.path,
             )
             self.entries.append(entry)
             self.by_name[entry.name] = entry
@@ -360,16 +371,23 @@ def _shape_of(item: RawInput, entry: _Input) -> tuple[int, ...]:
     if (
         not isinstance(shape, (list, tuple))
         or len(shape) > MAX_AXES
-        or not all(isinstance(d, int) and not isinstance(d, bool) for d in shape)
+        or not all(type(d) is int for d in shape)  # bool and int subclasses are not sizes
         or any(d < 0 or d > 1 << 40 for d in shape)
     ):
         want = summarize(leaf.shape, leaf.dtype)
         raise refuse(f"input {entry.path}: shape must be a list of sizes; expected {want}", "shape")
     if len(shape) != len(leaf.shape) or tuple(shape[1:]) != entry.tail:
         want = summarize(leaf.shape, leaf.dtype)
-        got = f"[{','.join(map(str, shape))}]"
-        raise refuse(f"input {entry.path}: shape {got} in the request, {want} in the spec", "shape")
+        raise refuse(
+            f"input {entry.path}: shape {_shown(shape)} in the request, {want} in the spec",
+            "shape",
+        )
     return tuple(shape)
+
+
+def _shown(shape: Sequence[int]) -> str:
+    """A shape as the refusals print it, ``[8,2]`` (built only for a refusal)."""
+    return "[" + ",".join(map(str, shape)) + "]"
 
 
 def _decode_one(item: RawInput, entry: _Input) -> np.ndarray[Any, Any]:
@@ -382,27 +400,26 @@ def _decode_one(item: RawInput, entry: _Input) -> np.ndarray[Any, Any]:
             f"input {entry.path}: datatype {shown} in the request, {name} in the spec", "dtype"
         )
     n = math.prod(shape)
-    shown_shape = "[" + ",".join(map(str, shape)) + "]"
     dtype = entry.dtype
     if isinstance(item.data, (bytes, bytearray, memoryview)):
         raw = memoryview(item.data)
         if raw.nbytes != n * dtype.itemsize:
             raise refuse(
-                f"input {entry.path}: {raw.nbytes} bytes of binary data, shape {shown_shape} "
+                f"input {entry.path}: {raw.nbytes} bytes of binary data, shape {_shown(shape)} "
                 f"of {name} needs {n * dtype.itemsize}",
                 "shape",
             )
-        arr = np.frombuffer(raw, dtype=dtype.newbyteorder("<")).reshape(shape)
+        arr = np.frombuffer(raw, dtype=entry.wire).reshape(shape)
         if dtype.kind == "b" and n and int(arr.view(np.uint8).max()) > 1:
             raise refuse(f"input {entry.path}: a BOOL byte is neither 0 nor 1", "dtype")
     else:
-        arr = _from_json(item.data, entry, n, shown_shape).reshape(shape)
+        arr = _from_json(item.data, entry, n, shape).reshape(shape)
     if dtype.kind in "fV" and not all_finite(arr):
         raise refuse(f"input {entry.path}: a value is beyond the range of {name}", "nonfinite")
     return arr
 
 
-def _from_json(data: Any, entry: _Input, n: int, shown_shape: str) -> np.ndarray[Any, Any]:
+def _from_json(data: Any, entry: _Input, n: int, shape: tuple[int, ...]) -> np.ndarray[Any, Any]:
     name, dtype = entry.datatype, entry.dtype
     if not isinstance(data, list):
         raise refuse(f"input {entry.path}: data must be a JSON list of {n} numbers")
@@ -413,14 +430,14 @@ def _from_json(data: Any, entry: _Input, n: int, shown_shape: str) -> np.ndarray
                 f"input {entry.path}: data is ragged", hint=f"send a flat list of {n} numbers"
             )
         raise refuse(
-            f"input {entry.path}: data has {len(data)} values, shape {shown_shape} needs {n}",
+            f"input {entry.path}: data has {len(data)} values, shape {_shown(shape)} needs {n}",
             "shape",
         )
-    accepted = _PYTYPES.get(dtype.kind, ())
+    accepted = _PYTYPES.get(dtype.kind, frozenset())
     # every element's type before anything is allocated: a long string among
     # numbers must never reach numpy, which pads every element to the longest
     kinds = set(map(type, data))
-    if not kinds <= set(accepted):
+    if not kinds <= accepted:
         if list in kinds:
             raise refuse(
                 f"input {entry.path}: data is ragged", hint=f"send a flat list of {n} numbers"

@@ -35,10 +35,13 @@ def params_like(model: Model) -> Any:
     modules, ``nnx.State`` and any registered node come back with their types.
 
     Returns:
-      The model's stored params spec; else the structure and dtypes of
-      ``model.init``'s params with every size left free (a model that pins
-      no params contract may change its widths between versions); else None
-      (plain containers) when ``init`` cannot be traced.
+      The model's declared params spec, in the structure traced from
+      ``model.init`` (a spec read back from its JSON names nnx and equinox
+      nodes but cannot rebuild them); without a declared spec, the traced
+      structure and dtypes with every size left free (a model that pins no
+      params contract may change its widths between versions); the declared
+      spec as read when ``init`` cannot be traced or its key paths differ;
+      else None (plain containers).
 
     Example:
       >>> from treeguard.examples import eqx_mlp
@@ -47,19 +50,25 @@ def params_like(model: Model) -> Any:
       ('float32', 2)
     """
     declared = model.stored_params_spec()
-    if declared is not None:
-        return declared
     try:
         shapes = jax.eval_shape(model.init, model.key())
     except Exception as e:  # noqa: BLE001 - a model whose init cannot be traced
         log.warning(
-            "the params' structure cannot be taken from init (%s); loading as plain containers",
+            "the params' structure cannot be taken from init (%s); loading as %s",
             type(e).__name__,
+            "the declared params spec" if declared is not None else "plain containers",
         )
-        return None
-    flat, treedef = jax.tree.flatten(shapes)
+        return declared
+    traced, treedef = jax.tree.flatten_with_path(shapes)
+    if declared is not None:
+        # the declared leaves (the contract checked before any array is read)
+        # in the traced nodes, when both name the same key paths in one order
+        if [lf.path for lf in declared.leaves] != [jax.tree_util.keystr(p) for p, _ in traced]:
+            return declared
+        return spec_of(jax.tree.unflatten(treedef, list(declared.leaves)))
     free = [
-        LeafSpec(tuple(f"_{i}_{j}" for j in range(x.ndim)), x.dtype) for i, x in enumerate(flat)
+        LeafSpec(tuple(f"_{i}_{j}" for j in range(x.ndim)), x.dtype)
+        for i, (_, x) in enumerate(traced)
     ]
     return spec_of(jax.tree.unflatten(treedef, free))
 

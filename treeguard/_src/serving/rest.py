@@ -32,6 +32,8 @@ from .protocol import InferRequest, InferResult, RawInput, json_data, parse_json
 log = logging.getLogger("treeguard.serving")
 
 HEADER_LENGTH = "inference-header-content-length"
+#: One compact encoder for every response (``json.dumps`` with options builds one per call).
+_ENCODE = json.JSONEncoder(separators=(",", ":")).encode
 
 
 class Unauthorized(Exception):
@@ -156,7 +158,7 @@ def write_result(result: InferResult) -> tuple[bytes, dict[str, str]]:
     }
     if result.id is not None:
         doc["id"] = result.id
-    header = json.dumps(doc, separators=(",", ":")).encode()
+    header = _ENCODE(doc).encode()
     if not blobs:
         return header, {"content-type": "application/json"}
     return header + b"".join(blobs), {
@@ -318,15 +320,16 @@ def build_app(engine: Engine, *, control_token: bytes | None = None) -> Any:
 
     return Starlette(
         routes=[
+            # inference first: starlette tries the routes in order on every request
+            Route("/v2/models/{name}/infer", infer, methods=["POST"]),
+            Route("/v2/models/{name}/versions/{version}/infer", infer, methods=["POST"]),
             Route("/v2", server_meta),
             Route("/v2/health/live", live),
             Route("/v2/health/ready", ready),
             Route("/v2/models/{name}", model_meta),
             Route("/v2/models/{name}/ready", model_ready),
-            Route("/v2/models/{name}/infer", infer, methods=["POST"]),
             Route("/v2/models/{name}/versions/{version}", model_meta),
             Route("/v2/models/{name}/versions/{version}/ready", model_ready),
-            Route("/v2/models/{name}/versions/{version}/infer", infer, methods=["POST"]),
             Route("/v2/treeguard/swap", swap, methods=["POST"]),
             Route("/v2/treeguard/rollback", rollback, methods=["POST"]),
             Route("/v2/treeguard/status", status),

@@ -9,6 +9,13 @@ another spec is warmed on every bucket first. The switch is one reference
 assignment read once per batch, so a batch already running finishes on the
 params it started with. The old active becomes ``previous`` for an instant
 rollback, and a ``Watchdog`` rolls back on its own when a version misbehaves.
+
+A version the watchdog rolls back from is quarantined by a verdict of the
+store: ``store.verify`` records it as rejected by the check ``QUARANTINE``,
+signed with the store's key like every verdict. A restart never serves it
+(it is no longer verified), an edit that turns it back into ``verified`` is
+refused by the store's signature check (``SignatureError``), and only a new
+``store verify`` of the version lifts the quarantine.
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ import numpy as np
 from ..errors import FormatError, IntegrityError, ServingError, TreeguardError, TreeMismatchError
 from ..spec import TreeSpec, spec_of
 from ..verify.model import BATCH, Model
-from .buckets import pad_rows
+from .buckets import bucket_for, pad_rows
 from .compile_guard import CompileGuard, Signature, explain, signature
 from .metrics import Metrics
 from .release import params_like
@@ -35,6 +42,9 @@ from .spec import CompilePolicy, ServingSpec
 from .verdicts import model_checks
 
 log = logging.getLogger("treeguard.serving")
+
+#: The name of the check a quarantine verdict fails (``store ls`` shows it).
+QUARANTINE = "serve.quarantine"
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -304,10 +314,8 @@ class Slots:
         Raises:
           ServingError: 503 for a compile under ``forbid`` after warm-up.
         """
-        from .buckets import bucket_for
-
         size = bucket or bucket_for(rows, self.spec.buckets) or rows
-        padded = [pad_rows(np.asarray(x), size) for x in leaves]
+        padded = [pad_rows(x, size) for x in leaves]
         batch = jax.tree.unflatten(self._treedef, padded)
         before = self.guard.counts[phase]
         start = time.perf_counter()
@@ -395,7 +403,7 @@ class Slots:
           ServingError: 503 when no version passes, naming each and why.
         """
         current = version or self.store.current()
-        self.quarantined = quarantined_in(self.store.history())
+        self.quarantined = quarantined_in(self.store.versions())
         reasons: dict[str, str] = {}
         for candidate in self._candidates(current):
             if candidate in self.quarantined:
@@ -505,8 +513,9 @@ class Slots:
 
         A manual rollback is recorded in the store first (if it cannot be,
         nothing changes); an automatic one also quarantines the version it
-        leaves, in the store, so a restart never serves it again. It
-        happens even when the store cannot record it (a warning says so).
+        leaves (``quarantine``: a rejected verdict, signed where the store
+        has a key), before it switches, so a restart never serves it again.
+        It happens even when the store cannot record it (a warning says so).
 
         Raises:
           ServingError: if there is no previous version, or the store no
@@ -529,6 +538,9 @@ class Slots:
                 if trigger == "manual":
                     raise
                 log.warning("%s", str(e).splitlines()[0])
+            if trigger != "manual":
+                # the verdict before the switch: a crash in between never serves it again
+                self.quarantine(bad.version, trigger)
             with self._switch_lock:
                 self.active, self.previous = prev, bad
                 self._outcomes.clear()
@@ -539,6 +551,30 @@ class Slots:
         self.metrics.rollbacks.labels(model=self.metrics.model, trigger=trigger).inc()
         log.warning("rolled back from %s to %s (trigger %s)", bad.version, prev.version, trigger)
         return self._swap_result([], 0)
+
+    def quarantine(self, version: str, trigger: str) -> bool:
+        """Records ``version`` as quarantined in the store: a rejected verdict
+        whose failed check is ``QUARANTINE`` (signed where the store has a
+        key). It reads and hashes the version, so it runs off the event loop.
+
+        Returns:
+          Whether the store recorded it (when it cannot, a warning says why,
+          and the quarantine holds in this process only).
+        """
+
+        def quarantined(_tree: Any) -> bool:
+            raise ServingError(f"the watchdog quarantined it (trigger {trigger})")
+
+        try:
+            info = self.store.verify(
+                version, like=self.params_like(), checks=[(QUARANTINE, quarantined)]
+            )
+        except (TreeguardError, OSError) as e:
+            log.warning(
+                "the quarantine of %s could not be recorded in the store: %s", version, reason_of(e)
+            )
+            return False
+        return bool(info.status == "rejected")
 
     def auto_rollback(self, trigger: str) -> bool:
         """Rolls back for ``trigger`` unless there is nothing safe to return to."""
@@ -614,16 +650,22 @@ def reason_of(error: BaseException, *, limit: int = 2000) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def quarantined_in(events: Sequence[Any]) -> set[str]:
-    """The versions the store's log holds quarantined: each ``serve_quarantine``
-    not followed by an explicit ``serve_swap`` to the same version."""
-    out: set[str] = set()
-    for event in events:
-        if event.action == "serve_quarantine" and event.version:
-            out.add(event.version)
-        elif event.action == "serve_swap" and event.version:
-            out.discard(event.version)
-    return out
+def quarantined_in(versions: Sequence[Any]) -> set[str]:
+    """The versions whose verdict is a quarantine: rejected by the check ``QUARANTINE``.
+
+    Example:
+      >>> from treeguard._src.store.records import CheckResult
+      >>> class Info:
+      ...     version, status = "v000002", "rejected"
+      ...     checks = [CheckResult("integrity", True), CheckResult(QUARANTINE, False)]
+      >>> quarantined_in([Info()])
+      {'v000002'}
+    """
+    return {
+        info.version
+        for info in versions
+        if info.status == "rejected" and any(c.name == QUARANTINE and not c.ok for c in info.checks)
+    }
 
 
 def _check_finite(version: str, tree: Any) -> None:
