@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import re
 import threading
 import time
 from pathlib import Path
@@ -144,3 +145,23 @@ def wait_until(predicate: Any, deadline_s: float = 180.0) -> None:
         if time.monotonic() > stop:
             raise AssertionError("the condition never held")
         time.sleep(0.2)
+
+
+def deploy(cluster: Any, versions: Versions, name: str, target: str) -> dict[str, int]:
+    """Runs ``target`` as the application ``name`` (2 replicas), the only one on the proxy."""
+    return cluster.call(  # type: ignore[no-any-return]
+        "deploy",
+        target=target,
+        store=str(versions.store.root),
+        name=name,
+        replicas=2,
+        inputs=["['x']"],
+    )
+
+
+def served_requests(metrics_text: str) -> float:
+    """The 200 responses a replica's metrics count."""
+    found = re.findall(
+        r'^treeguard_requests_total\{model="mlp",status="200"\} (\S+)$', metrics_text, re.M
+    )
+    return sum(float(v) for v in found)

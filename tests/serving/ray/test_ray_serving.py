@@ -10,20 +10,9 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from fleet import Load, Versions, body, checked_store, wait_until
+from fleet import Load, body, checked_store, deploy, served_requests, wait_until
 
 pytestmark = pytest.mark.slow
-
-
-def deploy(cluster, versions: Versions, name: str, target: str) -> dict[str, int]:
-    return cluster.call(
-        "deploy",
-        target=target,
-        store=str(versions.store.root),
-        name=name,
-        replicas=2,
-        inputs=["['x']"],
-    )
 
 
 @pytest.fixture(scope="module")
@@ -75,12 +64,7 @@ def test_each_replica_serves_its_metrics_with_bounded_labels(cluster, mlp_fleet)
         assert url.startswith("http://127.0.0.1:")
         text = httpx.get(url).text
         assert f'treeguard_model_info{{model="mlp",version="{mlp_fleet.names[0]}"}} 1.0' in text
-        served += sum(
-            float(v)
-            for v in re.findall(
-                r'^treeguard_requests_total\{model="mlp",status="200"\} (\S+)$', text, re.M
-            )
-        )
+        served += served_requests(text)
         labels = set(re.findall(r'(\w+)="', text))
         assert labels <= {
             "model",
