@@ -116,7 +116,7 @@ def test_a_version_that_fails_on_one_replica_switches_none(cluster, tmp_path_fac
         Path(cluster.picky_pids).write_text("")
     assert refused["status"] == 409
     assert (
-        f"swap to {v2} refused: 1 of the replicas failed its check, and none switched"
+        f"swap to {v2} refused: the check failed on 1 replica(s), and none switched"
         in refused["error"]
     )
     assert f"replica {odd_one}: version {v2} fails the contract check" in refused["error"]

@@ -9,16 +9,109 @@ costs nothing until an application is built or swapped.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
+from collections.abc import Callable
 from typing import Any, cast
 
-from ...errors import ServingError
+from ...errors import ConfigError, ServingError
 from ...store import ArtifactStore
 from ...verify.model import Model
 from ..slots import WatchdogPolicy
 from ..spec import ServingSpec
 from .rollout import Decision, decide, refusal
+
+#: The application's name when none is given.
+DEFAULT_NAME = "treeguard"
+
+
+def _ray() -> Any:
+    """The ``ray`` module, imported with a local node kept on 127.0.0.1."""
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    # ray is imported only when a cluster is used (see the module docstring)
+    import ray
+
+    return ray
+
+
+def connect(address: str | None) -> Any:
+    """Connects this process to the Ray cluster at ``address``, or starts a
+    local one on 127.0.0.1 (``None``); returns the ``ray`` module.
+
+    Ray replaces a local node's loopback address with the machine's outside
+    one unless ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` is set before it is
+    imported, so it is set here first.
+    """
+    ray = _ray()
+    if not ray.is_initialized():
+        if address is None:
+            ray.init(include_dashboard=False, _node_ip_address="127.0.0.1")
+            return ray
+        try:
+            ray.init(address=address)
+        except ConnectionError as e:
+            raise ConfigError(
+                f"cannot connect to the Ray cluster at {address}: {str(e).splitlines()[0]}",
+                hint="a cluster with token authentication (Ray's default) needs "
+                "RAY_AUTH_MODE=token and its token (~/.ray/auth_token or $RAY_AUTH_TOKEN)",
+            ) from e
+    return ray
+
+
+def run(
+    application: Any,
+    *,
+    name: str = DEFAULT_NAME,
+    address: str | None = None,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    on_ready: Callable[[dict[str, int | None], str], None] | None = None,
+) -> None:
+    """Runs ``application`` (from ``app``) on the cluster at ``address`` (a
+    local one on 127.0.0.1 when None) behind Ray's proxy on ``host:port``,
+    until interrupted (Ctrl-C or SIGTERM); then deletes it, and stops the
+    local cluster it started. ``on_ready`` is called with the running
+    replicas (``replicas(name)``) and the cluster's address once every one
+    is warm.
+
+    Raises:
+      ServingError: 503 when the replicas cannot start (Ray's reason).
+    """
+    import signal
+
+    ray = connect(address)
+    from ray import serve  # see the module docstring
+
+    def stop(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    try:
+        serve.start(http_options={"host": host, "port": port})
+        try:
+            serve.run(application, name=name, route_prefix="/")
+        except RuntimeError as e:  # Serve's "deploying ... failed" with the replicas' reason
+            raise ServingError(
+                f"the Ray Serve application {name!r} did not start: {str(e).splitlines()[0]}",
+                hint="the replicas' logs under Ray's session folder say why",
+                status=503,
+            ) from e
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+        if on_ready is not None:
+            on_ready(replicas(name), ray.get_runtime_context().gcs_address)
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        with contextlib.suppress(Exception):  # best effort: the cluster may be gone
+            if address is None:
+                serve.shutdown()  # type: ignore[no-untyped-call]
+            else:
+                serve.delete(name)
+        if address is None:
+            ray.shutdown()
 
 
 def app(
@@ -78,10 +171,10 @@ def app(
       >>> from treeguard.examples import mlp  # doctest: +SKIP
       >>> serve.run(app(mlp.model, "store"), name="mlp")  # doctest: +SKIP
     """
-    # ray is imported only when an application is built (see the module docstring)
-    from .replica import Replica
+    _ray()
+    from .replica import Replica  # imports ray (see the module docstring)
 
-    root = str(getattr(store, "root", store))
+    root = store_location(store)
     options = {
         "allow_unchecked": allow_unchecked,
         "memory_budget": memory_budget,
@@ -98,13 +191,29 @@ def app(
     return deployment.bind(model, root, spec or ServingSpec.from_model(model), options)
 
 
-def replicas(name: str = "default") -> dict[str, int | None]:
+def store_location(store: Any) -> str:
+    """Where every replica opens ``store``: a bucket URL, or an absolute path
+    (a replica's working directory is not the driver's).
+
+    Example:
+      >>> import os
+      >>> store_location("s3://models/mlp"), store_location("store") == os.path.abspath("store")
+      ('s3://models/mlp', True)
+    """
+    if isinstance(store, (str, os.PathLike)):
+        where = os.fspath(store)
+        return where if "://" in where else os.path.abspath(where)
+    return store_location(store.root)
+
+
+def replicas(name: str = DEFAULT_NAME) -> dict[str, int | None]:
     """The running replicas of application ``name``: ``{replica id: pid}``.
 
     Raises:
       ServingError: 404 when no such application runs on the connected cluster.
     """
-    # Serve's client (ray) is imported only when it is asked (see the module docstring)
+    _ray()
+    # Serve's client, for the replicas' ids and pids (no public call gives them)
     from ray.serve.context import _get_global_client
 
     from .replica import DEPLOYMENT
@@ -127,12 +236,10 @@ def replicas(name: str = "default") -> dict[str, int | None]:
     }
 
 
-def metrics_targets(name: str = "default") -> dict[str, str]:
+def metrics_targets(name: str = DEFAULT_NAME) -> dict[str, str]:
     """Where each running replica of ``name`` serves its Prometheus metrics:
     ``{replica id: URL}`` (for a Prometheus ``file_sd`` or ``static_configs``)."""
-    # ray is imported only when it is asked (see the module docstring)
-    import ray
-
+    ray = _ray()
     from .replica import NAMESPACE, coordinator_name
 
     live = replicas(name)
@@ -141,7 +248,7 @@ def metrics_targets(name: str = "default") -> dict[str, str]:
     return {rid: url for rid, url in urls.items() if rid in live}
 
 
-def swap(version: str, *, name: str = "default", timeout_s: float = 600.0) -> dict[str, Any]:
+def swap(version: str, *, name: str = DEFAULT_NAME, timeout_s: float = 600.0) -> dict[str, Any]:
     """Swaps every replica of application ``name`` to ``version``, verified.
 
     First every live replica loads ``version`` (its digest re-checked) and
@@ -164,9 +271,7 @@ def swap(version: str, *, name: str = "default", timeout_s: float = 600.0) -> di
         (none switched); 504 naming the replicas that did not answer in
         time; 404 for an unknown application.
     """
-    # ray is imported only when a swap runs (see the module docstring)
-    import ray
-
+    ray = _ray()
     from .replica import NAMESPACE, coordinator_name
 
     live = replicas(name)
@@ -201,8 +306,7 @@ def _round(
 ) -> Decision:
     """Waits until every live replica answered round ``seq`` (re-reading
     which are alive, so a dead one is not waited for)."""
-    import ray  # see the module docstring
-
+    ray = _ray()
     while True:
         live = sorted(replicas(name))
         reports = ray.get(coord.reports.remote(seq, live, 1.0))

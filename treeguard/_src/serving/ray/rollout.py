@@ -152,11 +152,11 @@ def refusal(version: str, failed: Mapping[str, str]) -> str:
 
     Example:
       >>> print(refusal("v000002", {"r1": "version v000002 fails the finite check"}))
-      swap to v000002 refused: 1 of the replicas failed its check, and none switched:
+      swap to v000002 refused: the check failed on 1 replica(s), and none switched:
         replica r1: version v000002 fails the finite check
     """
     lines = [f"  replica {rid}: {why}" for rid, why in failed.items()]
     return (
-        f"swap to {version} refused: {len(failed)} of the replicas failed its check, "
+        f"swap to {version} refused: the check failed on {len(failed)} replica(s), "
         "and none switched:\n" + "\n".join(lines)
     )
