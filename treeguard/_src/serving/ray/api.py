@@ -128,6 +128,8 @@ def app(
     metrics_host: str = "127.0.0.1",
     ray_actor_options: dict[str, Any] | None = None,
     health_check_period_s: float = 2.0,
+    max_ongoing_requests: int = 64,
+    access_log: bool = False,
 ) -> Any:
     """A Ray Serve application of ``num_replicas`` replicas of the engine.
 
@@ -158,6 +160,10 @@ def app(
       ray_actor_options: Ray's options for each replica (``num_cpus``,
         ``num_gpus``, ``runtime_env``); default one CPU.
       health_check_period_s: how often Ray calls each replica's ``check_health``.
+      max_ongoing_requests: how many requests Ray lets one replica hold at
+        once (Ray's default of 5 would starve the batcher of rows to batch).
+      access_log: whether each replica logs every request (Ray's default;
+        off here, as it costs a write per request).
 
     Returns:
       The bound application, for ``serve.run(app, name=...)``.
@@ -187,6 +193,8 @@ def app(
         num_replicas=num_replicas,
         ray_actor_options=ray_actor_options or {"num_cpus": 1},
         health_check_period_s=health_check_period_s,
+        max_ongoing_requests=max_ongoing_requests,
+        logging_config={"enable_access_log": access_log},
     )
     return deployment.bind(model, root, spec or ServingSpec.from_model(model), options)
 
