@@ -235,9 +235,9 @@ def _run_ray(
 
     application = app(model, store_root, spec, num_replicas=replicas, **options)
 
-    def ready(live: dict[str, int | None], cluster: str) -> None:
+    def ready(live: dict[str, int | None], cluster: str, proxy: str) -> None:
         console().print(
-            f"serving {name!r} on http://{host}:{port} with {len(live)} replicas; swap them "
+            f"serving {name!r} on {proxy} with {len(live)} replicas; swap them "
             f"with: treeguard serve swap --ray VERSION --ray-address {cluster}; Ctrl-C stops it",
             markup=False,
             soft_wrap=True,

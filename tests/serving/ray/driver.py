@@ -8,7 +8,8 @@ reaps it by pid. Usage: ``python driver.py TEMP_DIR HTTP_PORT``.
 Commands (``op``): ``deploy`` (``target`` MODULE:ATTR, ``store``, ``name``,
 ``replicas``, ``inputs``, ``buckets``, ``allow_unchecked``), ``swap`` (``version``,
 ``name``), ``replicas``, ``metrics``, ``wait_replicas`` (``n``, ``not_pids``:
-until ``n`` replicas run, none of these pids), ``delete``, ``stop``.
+until ``n`` replicas run, none of these pids), ``address`` (the cluster's),
+``clear`` (delete every application), ``delete``, ``stop``.
 """
 
 from __future__ import annotations
@@ -73,6 +74,12 @@ def handle(cmd: dict[str, Any]) -> Any:
                 return live
             time.sleep(0.5)
         return {"error": f"replicas never settled: {tg_ray.replicas(name)}"}
+    if op == "address":
+        return ray.get_runtime_context().gcs_address
+    if op == "clear":
+        for other in list(serve.status().applications):
+            serve.delete(other)
+        return True
     if op == "delete":
         serve.delete(name)
         return True

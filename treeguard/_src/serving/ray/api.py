@@ -66,14 +66,15 @@ def run(
     address: str | None = None,
     host: str = "127.0.0.1",
     port: int = 8000,
-    on_ready: Callable[[dict[str, int | None], str], None] | None = None,
+    on_ready: Callable[[dict[str, int | None], str, str], None] | None = None,
 ) -> None:
     """Runs ``application`` (from ``app``) on the cluster at ``address`` (a
     local one on 127.0.0.1 when None) behind Ray's proxy on ``host:port``,
     until interrupted (Ctrl-C or SIGTERM); then deletes it, and stops the
     local cluster it started. ``on_ready`` is called with the running
-    replicas (``replicas(name)``) and the cluster's address once every one
-    is warm.
+    replicas (``replicas(name)``), the cluster's address and the proxy's URL
+    once every one is warm (on a cluster whose Serve already runs, the
+    proxy keeps its own host and port).
 
     Raises:
       ServingError: 503 when the replicas cannot start (Ray's reason).
@@ -99,7 +100,12 @@ def run(
         signal.signal(signal.SIGTERM, stop)
         signal.signal(signal.SIGINT, stop)
         if on_ready is not None:
-            on_ready(replicas(name), ray.get_runtime_context().gcs_address)
+            from ray.serve.context import _get_global_client  # the proxy's address
+
+            client = _get_global_client()
+            http = client.http_config if client is not None else None
+            proxy = f"http://{http.host}:{http.port}" if http else f"http://{host}:{port}"
+            on_ready(replicas(name), ray.get_runtime_context().gcs_address, proxy)
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:
