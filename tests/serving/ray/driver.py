@@ -46,6 +46,7 @@ def handle(cmd: dict[str, Any]) -> Any:
         )
         for other in list(serve.status().applications):
             serve.delete(other)
+            tg_ray.forget(other)
         application = tg_ray.app(
             model,
             cmd["store"],
@@ -79,6 +80,7 @@ def handle(cmd: dict[str, Any]) -> Any:
     if op == "clear":
         for other in list(serve.status().applications):
             serve.delete(other)
+            tg_ray.forget(other)
         return True
     if op == "delete":
         serve.delete(name)

@@ -116,6 +116,7 @@ def run(
                 serve.shutdown()  # type: ignore[no-untyped-call]
             else:
                 serve.delete(name)
+                forget(name)
         if address is None:
             ray.shutdown()
 
@@ -220,6 +221,16 @@ def store_location(store: Any) -> str:
     return store_location(store.root)
 
 
+def forget(name: str = DEFAULT_NAME) -> None:
+    """Ends the swap coordinator of application ``name`` (a detached actor
+    that outlives the application) once the application is deleted."""
+    ray = _ray()
+    from .replica import NAMESPACE, coordinator_name
+
+    with contextlib.suppress(ValueError):  # there is none
+        ray.kill(ray.get_actor(coordinator_name(name), namespace=NAMESPACE))
+
+
 def replicas(name: str = DEFAULT_NAME) -> dict[str, int | None]:
     """The running replicas of application ``name``: ``{replica id: pid}``.
 
@@ -311,6 +322,7 @@ def swap(version: str, *, name: str = DEFAULT_NAME, timeout_s: float = 600.0) ->
         )
     _, _, _, root = ray.get(coord.snapshot.remote())
     ArtifactStore(root).promote(version)
+    ray.get(coord.settle.remote(version))
     live = replicas(name)
     return {"version": version, "replicas": sorted(live)}
 

@@ -100,6 +100,10 @@ class Coordinator:
                 await asyncio.wait_for(cond.wait_for(answered), wake_s)
             return dict(self.state.reports) if self.state.seq == seq else {}
 
+    async def settle(self, version: str) -> None:
+        """Records that the store's pointer names ``version`` now."""
+        self.state.settle(version)
+
     async def register_metrics(self, replica: str, url: str) -> None:
         """Records where a replica serves its metrics."""
         self.state.metrics[replica] = url
@@ -162,7 +166,15 @@ class Replica:
         context = serve.get_replica_context()
         self.replica = context.replica_id.unique_id
         self.coordinator = coordinator(context.app_name, store_root)
-        seq, committed, pending, _ = await self.coordinator.snapshot.remote()
+        seq, committed, pending, root = await self.coordinator.snapshot.remote()
+        if root != store_root:
+            raise ServingError(
+                f"the application {context.app_name!r} on this cluster swaps versions of the "
+                f"store {root}, not {store_root}",
+                hint=f"serve this store under another application name, or end the old one's "
+                f"coordinator: ray.kill(ray.get_actor({coordinator_name(context.app_name)!r}, "
+                f"namespace={NAMESPACE!r}))",
+            )
         engine_options = {k: v for k, v in options.items() if k in _ENGINE_OPTIONS}
         self.engine = Server(model, store_root, spec=spec, version=committed, **engine_options)
         self.control_token: bytes | None = options.get("control_token")

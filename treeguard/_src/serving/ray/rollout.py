@@ -113,13 +113,16 @@ class Rollout:
       True
       >>> r.publish("commit", "v000002").seq, r.committed
       (2, 'v000002')
+      >>> r.settle("v000002"); r.committed is None
+      True
     """
 
     def __init__(self) -> None:
         self.seq = 0
         self.command: Command | None = None
         self.reports: dict[str, Report] = {}
-        #: the version the last commit moved the fleet to, for replicas that start later
+        #: the version a commit moved the fleet to while the store's pointer
+        #: does not name it yet, for replicas that start in between
         self.committed: str | None = None
         #: ``{replica: metrics URL}``
         self.metrics: dict[str, str] = {}
@@ -134,6 +137,12 @@ class Rollout:
         if action == "commit":
             self.committed = version
         return self.command
+
+    def settle(self, version: str) -> None:
+        """The store's pointer now names ``version``: replicas that start from
+        now on read it there (so a later rollback in the store is obeyed)."""
+        if self.committed == version:
+            self.committed = None
 
     def report(self, report: Report) -> None:
         """Records an answer to the round in force (others are dropped)."""
