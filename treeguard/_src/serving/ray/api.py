@@ -179,7 +179,8 @@ def app(
       ImportError: when Ray Serve is not installed (``pip install 'treeguard[ray]'``).
 
     Example:
-      <!-- needs a Ray cluster; run by the slow tests -->
+      On a running cluster (the Ray tests run this):
+
       >>> from ray import serve  # doctest: +SKIP
       >>> from treeguard.examples import mlp  # doctest: +SKIP
       >>> serve.run(app(mlp.model, "store"), name="mlp")  # doctest: +SKIP
@@ -223,7 +224,14 @@ def store_location(store: Any) -> str:
 
 def forget(name: str = DEFAULT_NAME) -> None:
     """Ends the swap coordinator of application ``name`` (a detached actor
-    that outlives the application) once the application is deleted."""
+    that outlives the application) once the application is deleted.
+
+    Args:
+      name: the Ray Serve application's name.
+
+    Example:
+      >>> serve.delete("mlp"); forget("mlp")  # doctest: +SKIP
+    """
     ray = _ray()
     from .replica import NAMESPACE, coordinator_name
 
@@ -234,8 +242,18 @@ def forget(name: str = DEFAULT_NAME) -> None:
 def replicas(name: str = DEFAULT_NAME) -> dict[str, int | None]:
     """The running replicas of application ``name``: ``{replica id: pid}``.
 
+    Args:
+      name: the Ray Serve application's name.
+
+    Returns:
+      The id and process id of each replica Ray reports running.
+
     Raises:
       ServingError: 404 when no such application runs on the connected cluster.
+
+    Example:
+      >>> replicas("mlp")  # doctest: +SKIP
+      {'2jngy7ph': 30756, 'gg18dioi': 30757}
     """
     _ray()
     # Serve's client, for the replicas' ids and pids (no public call gives them)
@@ -262,8 +280,21 @@ def replicas(name: str = DEFAULT_NAME) -> dict[str, int | None]:
 
 
 def metrics_targets(name: str = DEFAULT_NAME) -> dict[str, str]:
-    """Where each running replica of ``name`` serves its Prometheus metrics:
-    ``{replica id: URL}`` (for a Prometheus ``file_sd`` or ``static_configs``)."""
+    """Where each running replica of ``name`` serves its Prometheus metrics.
+
+    Args:
+      name: the Ray Serve application's name.
+
+    Returns:
+      ``{replica id: URL}``, for a Prometheus ``file_sd`` or ``static_configs``.
+
+    Raises:
+      ServingError: 404 when no such application runs on the connected cluster.
+
+    Example:
+      >>> metrics_targets("mlp")  # doctest: +SKIP
+      {'2jngy7ph': 'http://127.0.0.1:41877/metrics', 'gg18dioi': 'http://127.0.0.1:40211/metrics'}
+    """
     ray = _ray()
     from .replica import NAMESPACE, coordinator_name
 
@@ -295,6 +326,10 @@ def swap(version: str, *, name: str = DEFAULT_NAME, timeout_s: float = 600.0) ->
       ServingError: 409 naming each replica that failed its check and why
         (none switched); 504 naming the replicas that did not answer in
         time; 404 for an unknown application.
+
+    Example:
+      >>> swap("v000002", name="mlp")  # doctest: +SKIP
+      {'version': 'v000002', 'replicas': ['2jngy7ph', 'gg18dioi']}
     """
     ray = _ray()
     from .replica import NAMESPACE, coordinator_name
