@@ -24,19 +24,13 @@ def unhealthy(engine: Engine, quarantined_at_start: frozenset[str]) -> str | Non
         store's record), which it skipped and are no fault of its own.
 
     Example:
-      >>> import tempfile, jax
+      >>> import tempfile
       >>> import treeguard
       >>> from treeguard.examples import mlp
-      >>> from treeguard.serving import Engine, ServingSpec
-      >>> store = treeguard.ArtifactStore(tempfile.mkdtemp())
-      >>> v = store.put(mlp.init(jax.random.key(0)))
-      >>> _ = store.verify(v); store.promote(v)
-      >>> engine = Engine(mlp.model, store, spec=ServingSpec.from_model(mlp.model, buckets=(1,)))
-      >>> print(unhealthy(engine, frozenset()))
+      >>> from treeguard.serving import Engine
+      >>> engine = Engine(mlp.model, treeguard.ArtifactStore.init(tempfile.mkdtemp()))
+      >>> print(unhealthy(engine, frozenset()))  # before ``start``
       not warm: no version is loaded yet
-      >>> engine.start()
-      >>> print(unhealthy(engine, frozenset()))
-      None
     """
     if engine.start_error is not None:
         return f"warm-up failed: {str(engine.start_error).splitlines()[0]}"
