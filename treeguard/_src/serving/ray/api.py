@@ -325,7 +325,7 @@ def swap(version: str, *, name: str = DEFAULT_NAME, timeout_s: float = 600.0) ->
     Raises:
       ServingError: 409 naming each replica that failed its check and why
         (none switched); 504 naming the replicas that did not answer in
-        time; 404 for an unknown application.
+        time; 503 when no replica runs; 404 for an unknown application.
 
     Example:
       >>> swap("v000002", name="mlp")  # doctest: +SKIP
@@ -334,7 +334,12 @@ def swap(version: str, *, name: str = DEFAULT_NAME, timeout_s: float = 600.0) ->
     ray = _ray()
     from .replica import NAMESPACE, coordinator_name
 
-    live = replicas(name)
+    if not replicas(name):
+        raise ServingError(
+            f"no replica of {name!r} is running to check {version}",
+            hint="wait until Ray has started them (serve.status()), then swap",
+            status=503,
+        )
     coord = ray.get_actor(coordinator_name(name), namespace=NAMESPACE)
     deadline = time.monotonic() + timeout_s
     seq = cast(int, ray.get(coord.publish.remote("prepare", version)))
