@@ -26,7 +26,8 @@ _DIRECTIVE = re.compile(r"^:::\s+(?P<name>treeguard(?:\.\w+)+)\s*$", re.MULTILIN
 
 
 def namespaces() -> list[str]:
-    """``treeguard`` and each public subpackage that declares ``__all__``."""
+    """``treeguard``, each public subpackage that declares ``__all__``, and
+    each public module inside one that declares it too (``treeguard.serving.ray``)."""
     found = ["treeguard"]
     for info in pkgutil.iter_modules(treeguard.__path__):
         if info.name.startswith("_") or not info.ispkg:
@@ -34,6 +35,12 @@ def namespaces() -> list[str]:
         module = importlib.import_module(f"treeguard.{info.name}")
         if hasattr(module, "__all__"):
             found.append(module.__name__)
+            for sub in pkgutil.iter_modules(module.__path__):
+                if sub.name.startswith("_") or sub.ispkg:
+                    continue
+                inner = importlib.import_module(f"{module.__name__}.{sub.name}")
+                if hasattr(inner, "__all__"):
+                    found.append(inner.__name__)
     return found
 
 
@@ -65,6 +72,7 @@ def test_the_subnamespaces_are_found() -> None:
         "treeguard.serving",
         "treeguard.bench",
         "treeguard.diagnose",
+        "treeguard.serving.ray",
     } <= set(namespaces())
 
 

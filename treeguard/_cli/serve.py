@@ -5,6 +5,9 @@
 - ``treeguard serve plan MODULE:ATTR [--spec FILE] [--budget BYTES]`` compiles
   every bucket ahead of time and prints its compile time and memory.
 - ``treeguard serve swap URL VERSION`` asks a running server to hot-swap.
+- ``treeguard serve MODULE:ATTR --store ROOT --ray --replicas N [--ray-address A]``
+  runs N replicas under Ray Serve; ``treeguard serve swap --ray VERSION``
+  swaps every one of them, each checking VERSION before any switches.
 
 Exit codes, as for every treeguard command: 0 ok, 1 a check failed (over the
 memory budget, a refused swap), 2 usage or unreadable input, 4 the model's
@@ -13,6 +16,7 @@ own code failed to import, build, or raised ``SystemExit``.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import urllib.error
@@ -121,6 +125,22 @@ _input_opt = click.option(
     is_flag=True,
     help="Serve versions verified with no model check (store verify without --model).",
 )
+@click.option("--ray", "use_ray", is_flag=True, help="Run replicas with Ray Serve (the ray extra).")
+@click.option(
+    "--replicas", default=2, show_default=True, type=click.IntRange(1), help="With --ray."
+)
+@click.option(
+    "--ray-address",
+    default=None,
+    metavar="ADDRESS",
+    help="With --ray: the running Ray cluster (default: a local one on 127.0.0.1).",
+)
+@click.option(
+    "--ray-app",
+    default="treeguard",
+    show_default=True,
+    help="With --ray: the Ray Serve application's name.",
+)
 def run_command(  # noqa: PLR0917 - click passes every option
     target: str,
     store_root: Path,
@@ -134,8 +154,17 @@ def run_command(  # noqa: PLR0917 - click passes every option
     memory_budget: int | None,
     control_token_file: Path | None,
     allow_unchecked: bool,
+    use_ray: bool,
+    replicas: int,
+    ray_address: str | None,
+    ray_app: str,
 ) -> None:
-    """Serve MODULE:ATTR's apply with the store's current verified version."""
+    """Serve MODULE:ATTR's apply with the store's current verified version.
+
+    With --ray, --replicas replicas of the server run under Ray Serve behind
+    its proxy on --host:--port (gRPC is not served there); swap them with
+    `treeguard serve swap --ray VERSION`.
+    """
     # The server imports JAX and starlette: only once the command runs.
     from .._src.serving.app import Server, read_token
     from .._src.serving.app import serve as run_server
@@ -144,6 +173,30 @@ def run_command(  # noqa: PLR0917 - click passes every option
     spec = _spec(model, spec_file, inputs)
     if not is_url(store_root) and not store_root.is_dir():  # a bucket URL: the store checks it
         raise ConfigError(f"{store_root}: no store there", hint="treeguard store put first")
+    token = read_token(control_token_file) if control_token_file else None
+    if use_ray:
+        if grpc_port is not None or watch:
+            raise ConfigError(
+                "--grpc-port and --watch are not served with --ray",
+                hint="swap every replica with: treeguard serve swap --ray VERSION",
+            )
+        _run_ray(
+            model,
+            store_root,
+            spec,
+            replicas=replicas,
+            address=ray_address,
+            name=ray_app,
+            host=host,
+            port=port,
+            options={
+                "allow_unchecked": allow_unchecked,
+                "memory_budget": memory_budget,
+                "cache_dir": cache_dir or _default_cache(),
+                "control_token": token,
+            },
+        )
+        return
     server = Server(
         model,
         store_root,
@@ -153,7 +206,6 @@ def run_command(  # noqa: PLR0917 - click passes every option
         watch_s=1.0 if watch else None,
         allow_unchecked=allow_unchecked,
     )
-    token = read_token(control_token_file) if control_token_file else None
     try:
         run_server(server, host=host, port=port, control_token=token, grpc_port=grpc_port)
     except SystemExit as e:  # uvicorn's own exit (it logged why), not the model's
@@ -161,6 +213,43 @@ def run_command(  # noqa: PLR0917 - click passes every option
             f"the server on {host}:{port} stopped: uvicorn exited with status {e.code!r}",
             hint="its log above says why (a port in use, an address not on this machine)",
         ) from e
+
+
+def _require_ray() -> None:
+    if importlib.util.find_spec("ray") is None:
+        raise ConfigError(
+            "--ray needs Ray Serve, which is not installed",
+            hint="pip install 'treeguard[ray]'",
+        )
+
+
+def _run_ray(
+    model: Any,
+    store_root: Path,
+    spec: Any,
+    *,
+    replicas: int,
+    address: str | None,
+    name: str,
+    host: str,
+    port: int,
+    options: dict[str, Any],
+) -> None:
+    _require_ray()
+    # the deployment imports JAX, and Ray once the application is built
+    from .._src.serving.ray.api import app, run
+
+    application = app(model, store_root, spec, num_replicas=replicas, **options)
+
+    def ready(live: dict[str, int | None], cluster: str, proxy: str) -> None:
+        console().print(
+            f"serving {name!r} on {proxy} with {len(live)} replicas; swap them "
+            f"with: treeguard serve swap --ray VERSION --ray-address {cluster}; Ctrl-C stops it",
+            markup=False,
+            soft_wrap=True,
+        )
+
+    run(application, name=name, address=address, host=host, port=port, on_ready=ready)
 
 
 @serve.command("plan")
@@ -217,11 +306,34 @@ def plan_command(
 
 
 @serve.command("swap")
-@click.argument("url")
-@click.argument("version")
+@click.argument("words", nargs=-1, required=True, metavar="URL VERSION | --ray VERSION")
 @click.option("--timeout", default=120.0, show_default=True, help="Seconds to wait.")
-def swap_command(url: str, version: str, timeout: float) -> None:
-    """Ask the server at URL to hot-swap to VERSION (verified, checked, then served)."""
+@click.option(
+    "--ray",
+    "use_ray",
+    is_flag=True,
+    help="Swap every replica of a Ray Serve application (checked on each first).",
+)
+@click.option("--ray-address", default="auto", show_default=True, metavar="ADDRESS")
+@click.option("--ray-app", default="treeguard", show_default=True)
+def swap_command(
+    words: tuple[str, ...], timeout: float, use_ray: bool, ray_address: str, ray_app: str
+) -> None:
+    """Ask the server at URL to hot-swap to VERSION (verified, checked, then served).
+
+    With --ray, every replica of the Ray Serve application checks VERSION
+    first; they switch only if all pass, then the store's current version moves.
+    """
+    if use_ray:
+        if len(words) != 1:
+            raise ConfigError("serve swap --ray takes one VERSION", hint="serve swap --ray v000002")
+        _swap_ray(words[0], address=ray_address, name=ray_app, timeout=timeout)
+        return
+    if len(words) != 2:
+        raise ConfigError(
+            "serve swap takes URL VERSION", hint="serve swap http://127.0.0.1:8000 v2"
+        )
+    url, version = words
     if not url.startswith(("http://", "https://")):
         raise ConfigError(f"{url!r} is not an http(s) URL", hint="http://127.0.0.1:8000")
     req = urllib.request.Request(
@@ -246,6 +358,18 @@ def swap_command(url: str, version: str, timeout: float) -> None:
         f"serving {body.get('active')} (previous {body.get('previous')}); "
         f"{body.get('compiles')} compiles; checks: {', '.join(body.get('checks') or []) or '-'}"
     )
+
+
+def _swap_ray(version: str, *, address: str, name: str, timeout: float) -> None:
+    _require_ray()
+    from .._src.serving.ray.api import connect, swap  # Ray only with --ray
+
+    ray = connect(address)
+    try:
+        result = swap(version, name=name, timeout_s=timeout)
+    finally:
+        ray.shutdown()
+    click.echo(f"serving {result['version']} on {len(result['replicas'])} replicas")
 
 
 if __name__ == "__main__":  # pragma: no cover

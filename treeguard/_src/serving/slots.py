@@ -450,9 +450,31 @@ class Slots:
             status=503,
         )
 
-    def swap(self, version: str) -> dict[str, Any]:
+    def prepare(self, version: str) -> tuple[Slot, list[str]]:
+        """Loads, checks and (for a new spec) warms ``version`` without serving it.
+
+        Returns:
+          The loaded slot, for ``swap(version, prepared=slot)``, and the
+          names of the checks it passed.
+
+        Raises:
+          ServingError: as ``swap`` does for a version that cannot be served.
+        """
+        active = self.active
+        slot = self._load(version, contract=self._params_spec())
+        if active is not None and slot.spec != active.spec:
+            self.warm(slot, phase="swap")
+        return slot, self.fast_checks(slot)
+
+    def swap(self, version: str, *, prepared: Slot | None = None) -> dict[str, Any]:
         """Loads, checks and (for a new spec) warms ``version``, records the
         swap in the store, then serves it.
+
+        Args:
+          version: the version to serve.
+          prepared: the slot ``prepare(version)`` returned, served without
+            loading it again once the store still passes it with the same
+            digest.
 
         Returns:
           ``{"active", "previous", "compiles", "checks"}``.
@@ -477,11 +499,11 @@ class Slots:
                 if prev is not None and prev.version == version:
                     self._still_servable(prev)
                     slot, checks = prev, ["reused"]
+                elif prepared is not None and prepared.version == version:
+                    self._still_servable(prepared)
+                    slot, checks = prepared, ["prepared"]
                 else:
-                    slot = self._load(version, contract=self._params_spec())
-                    if active is not None and slot.spec != active.spec:
-                        self.warm(slot, phase="swap")
-                    checks = self.fast_checks(slot)
+                    slot, checks = self.prepare(version)
                 self._record_event("serve_swap", version, previous=active and active.version)
             except ServingError:
                 self.metrics.swaps.labels(model=self.metrics.model, result="refused").inc()

@@ -1,0 +1,122 @@
+"""A Ray cluster on 127.0.0.1 run in a child process of the tests, driven by
+JSON lines on stdin; each answer is one line on stdout starting with ``@@ ``.
+
+Ray takes over its driver's SIGTERM and starts many processes, so the test
+process never imports ray: it starts this script, sends it commands, and
+reaps it by pid. Usage: ``python driver.py TEMP_DIR HTTP_PORT``.
+
+Commands (``op``): ``deploy`` (``target`` MODULE:ATTR, ``store``, ``name``,
+``replicas``, ``inputs``, ``buckets``, ``allow_unchecked``), ``swap`` (``version``,
+``name``), ``replicas``, ``metrics``, ``wait_replicas`` (``n``, ``not_pids``:
+until ``n`` replicas run, none of these pids), ``address`` (the cluster's),
+``clear`` (delete every application), ``delete``, ``stop``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import sys
+import time
+import traceback
+from typing import Any
+
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # keep Ray on 127.0.0.1, before `import ray`
+
+import ray
+from ray import serve
+
+from treeguard.serving import ServingError, ServingSpec
+from treeguard.serving import ray as tg_ray
+
+
+def _load(target: str) -> Any:
+    module, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def handle(cmd: dict[str, Any]) -> Any:
+    op = cmd["op"]
+    name = cmd.get("name", "default")
+    if op == "deploy":
+        model = _load(cmd["target"])
+        spec = ServingSpec.from_model(
+            model, inputs=cmd.get("inputs"), buckets=tuple(cmd.get("buckets", (1, 4, 8)))
+        )
+        for other in list(serve.status().applications):
+            serve.delete(other)
+            tg_ray.forget(other)
+        application = tg_ray.app(
+            model,
+            cmd["store"],
+            spec,
+            num_replicas=cmd.get("replicas", 2),
+            allow_unchecked=cmd.get("allow_unchecked", False),
+            health_check_period_s=1.0,
+        )
+        serve.run(application, name=name, route_prefix="/")
+        return tg_ray.replicas(name)
+    if op == "swap":
+        try:
+            return tg_ray.swap(cmd["version"], name=name, timeout_s=cmd.get("timeout_s", 300.0))
+        except ServingError as e:
+            return {"error": str(e), "status": e.status}
+    if op == "replicas":
+        return tg_ray.replicas(name)
+    if op == "metrics":
+        return tg_ray.metrics_targets(name)
+    if op == "wait_replicas":
+        stop = time.monotonic() + cmd.get("deadline_s", 240.0)  # a safety stop, not a verdict
+        bad = set(cmd.get("not_pids", []))
+        while time.monotonic() < stop:
+            live = tg_ray.replicas(name)
+            if len(live) == cmd["n"] and not bad & set(live.values()):
+                return live
+            time.sleep(0.5)
+        return {"error": f"replicas never settled: {tg_ray.replicas(name)}"}
+    if op == "address":
+        return ray.get_runtime_context().gcs_address
+    if op == "clear":
+        for other in list(serve.status().applications):
+            serve.delete(other)
+            tg_ray.forget(other)
+        return True
+    if op == "delete":
+        serve.delete(name)
+        return True
+    raise ValueError(f"unknown op {op!r}")
+
+
+def main() -> None:
+    temp_dir, port = sys.argv[1], int(sys.argv[2])
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        _temp_dir=temp_dir,
+        _node_ip_address="127.0.0.1",
+        log_to_driver=False,
+        runtime_env={"env_vars": {"PYTHONPATH": os.path.dirname(os.path.abspath(__file__))}},
+    )
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    print("@@ " + json.dumps({"ok": True}), flush=True)
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        if cmd["op"] == "stop":
+            break
+        try:
+            out = {"ok": True, "result": handle(cmd)}
+        except Exception as e:  # every failure goes back to the test as text
+            out = {
+                "ok": False,
+                "error": f"{type(e).__name__}: {e}",
+                "trace": traceback.format_exc(),
+            }
+        print("@@ " + json.dumps(out), flush=True)
+    serve.shutdown()
+    ray.shutdown()
+    print("@@ " + json.dumps({"ok": True, "stopped": True}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

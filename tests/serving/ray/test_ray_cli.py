@@ -1,0 +1,87 @@
+"""``treeguard serve ... --ray`` and ``treeguard serve swap --ray``."""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+
+import httpx
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from fleet import body, checked_store, wait_until
+
+from treeguard._cli.main import main
+
+SERVE = [sys.executable, "-m", "treeguard", "serve"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["serve", "swap", "--ray", "http://127.0.0.1:8000", "v1"],
+            "serve swap --ray takes one VERSION",
+        ),
+        (["serve", "swap", "v1"], "serve swap takes URL VERSION"),
+        (
+            ["serve", "treeguard.examples.mlp:model", "--store", ".", "--ray", "--grpc-port", "9"],
+            "--grpc-port and --watch are not served with --ray",
+        ),
+    ],
+)
+def test_ray_usage_errors(args, message, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    out = CliRunner().invoke(main, args)
+    assert out.exit_code == 2, out.output
+    assert message in out.output
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("ray")  # the session's cluster
+def test_serve_ray_and_swap_ray_on_a_running_cluster(cluster, tmp_path):
+    versions = checked_store(tmp_path, "mlp")
+    v1, v2 = versions.names
+    cluster.call("clear")
+    address = cluster.call("address")
+    env = dict(os.environ, RAY_AUTH_MODE="token")  # Ray's token authentication, on by default
+    args = ["treeguard.examples.mlp:model", "--store", str(versions.store.root), "--input", "['x']"]
+    proc = subprocess.Popen(
+        [*SERVE, *args, "--ray", "--replicas", "2", "--ray-address", address, "--ray-app", "cli"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env=env,
+        start_new_session=True,
+    )
+    lines: queue.Queue[bytes] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout], daemon=True).start()
+    try:
+        first = lines.get(timeout=300).decode()  # a safety stop
+        assert first.startswith(
+            f"serving 'cli' on http://{cluster.url} with 2 replicas; swap them with: "
+        )
+        assert f"--ray-address {address}" in first
+        x = np.full((1, 2), 0.5, np.float32)
+        url = f"http://{cluster.url}/v2/models/mlp/infer"
+        assert httpx.post(url, json=body(x)).json()["model_version"] == v1
+        swap = subprocess.run(
+            [*SERVE, "swap", "--ray", v2, "--ray-address", address, "--ray-app", "cli"],
+            capture_output=True,
+            env=env,
+            timeout=300,
+        )
+        assert swap.returncode == 0, swap.stderr.decode()[-2000:]
+        assert swap.stdout.decode().strip().endswith(f"serving {v2} on 2 replicas")
+        assert httpx.post(url, json=body(x)).json()["model_version"] == v2
+        assert versions.store.current() == v2
+    finally:
+        os.kill(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=120)
+        proc.stdout.close()
+    assert proc.returncode == 0
+    # the application is gone from the cluster it ran on; the cluster stays
+    wait_until(lambda: httpx.post(url, json=body(x)).status_code == 404)

@@ -1,0 +1,389 @@
+"""The driver side of the Ray Serve deployment: build the application, swap
+every replica to a verified version, list the replicas and their metrics.
+
+Ray is imported inside these functions, never at the top: it is an
+optional dependency (the ``ray`` extra), large, and it starts threads and
+reads its environment as it is imported, so ``import treeguard.serving.ray``
+costs nothing until an application is built or swapped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Callable
+from typing import Any, cast
+
+from ...errors import ConfigError, ServingError
+from ...store import ArtifactStore
+from ...verify.model import Model
+from ..slots import WatchdogPolicy
+from ..spec import ServingSpec
+from .rollout import Decision, decide, refusal
+
+#: The application's name when none is given.
+DEFAULT_NAME = "treeguard"
+
+
+def _ray() -> Any:
+    """The ``ray`` module, imported with a local node kept on 127.0.0.1."""
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    # ray is imported only when a cluster is used (see the module docstring)
+    import ray
+
+    return ray
+
+
+def connect(address: str | None) -> Any:
+    """Connects this process to the Ray cluster at ``address``, or starts a
+    local one on 127.0.0.1 (``None``); returns the ``ray`` module.
+
+    Ray replaces a local node's loopback address with the machine's outside
+    one unless ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` is set before it is
+    imported, so it is set here first.
+    """
+    ray = _ray()
+    if not ray.is_initialized():
+        if address is None:
+            ray.init(include_dashboard=False, _node_ip_address="127.0.0.1")
+            return ray
+        try:
+            ray.init(address=address)
+        except ConnectionError as e:
+            raise ConfigError(
+                f"cannot connect to the Ray cluster at {address}: {str(e).splitlines()[0]}",
+                hint="a cluster with token authentication (Ray's default) needs "
+                "RAY_AUTH_MODE=token and its token (~/.ray/auth_token or $RAY_AUTH_TOKEN)",
+            ) from e
+    return ray
+
+
+def run(
+    application: Any,
+    *,
+    name: str = DEFAULT_NAME,
+    address: str | None = None,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    on_ready: Callable[[dict[str, int | None], str, str], None] | None = None,
+) -> None:
+    """Runs ``application`` (from ``app``) on the cluster at ``address`` (a
+    local one on 127.0.0.1 when None) behind Ray's proxy on ``host:port``,
+    until interrupted (Ctrl-C or SIGTERM); then deletes it, and stops the
+    local cluster it started. ``on_ready`` is called with the running
+    replicas (``replicas(name)``), the cluster's address and the proxy's URL
+    once every one is warm (on a cluster whose Serve already runs, the
+    proxy keeps its own host and port).
+
+    Raises:
+      ServingError: 503 when the replicas cannot start (Ray's reason).
+    """
+    import signal
+
+    ray = connect(address)
+    from ray import serve  # see the module docstring
+
+    def stop(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    try:
+        serve.start(http_options={"host": host, "port": port})
+        try:
+            serve.run(application, name=name, route_prefix="/")
+        except RuntimeError as e:  # Serve's "deploying ... failed" with the replicas' reason
+            raise ServingError(
+                f"the Ray Serve application {name!r} did not start: {str(e).splitlines()[0]}",
+                hint="the replicas' logs under Ray's session folder say why",
+                status=503,
+            ) from e
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+        if on_ready is not None:
+            from ray.serve.context import _get_global_client  # the proxy's address
+
+            client = _get_global_client()
+            http = client.http_config if client is not None else None
+            proxy = f"http://{http.host}:{http.port}" if http else f"http://{host}:{port}"
+            on_ready(replicas(name), ray.get_runtime_context().gcs_address, proxy)
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        with contextlib.suppress(Exception):  # best effort: the cluster may be gone
+            if address is None:
+                serve.shutdown()  # type: ignore[no-untyped-call]
+            else:
+                serve.delete(name)
+                forget(name)
+        if address is None:
+            ray.shutdown()
+
+
+def app(
+    model: Model,
+    store: Any,
+    spec: ServingSpec | None = None,
+    *,
+    num_replicas: int = 2,
+    allow_unchecked: bool = True,
+    memory_budget: int | None = None,
+    watchdog: WatchdogPolicy | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+    control_token: bytes | None = None,
+    metrics_host: str = "127.0.0.1",
+    ray_actor_options: dict[str, Any] | None = None,
+    health_check_period_s: float = 2.0,
+    max_ongoing_requests: int = 64,
+    access_log: bool = False,
+) -> Any:
+    """A Ray Serve application of ``num_replicas`` replicas of the engine.
+
+    Each replica is a ``treeguard.serving.Server``: buckets and the padding
+    batcher, the compile guard, input limits, the watchdog and its private
+    metrics, behind Ray's HTTP proxy with the same Open Inference Protocol
+    routes (so ``tritonclient.http`` and curl work unchanged). A replica
+    warms every bucket and loads the fleet's version (the store's current
+    verified one, its digest re-checked) before Ray routes to it, and its
+    ``check_health`` fails after a forbidden compile or a quarantine, so Ray
+    replaces it. Swap the fleet with ``swap``; the proxy refuses the
+    single-replica ``/v2/treeguard/swap`` and ``rollback`` routes.
+
+    Args:
+      model: the ``treeguard.verify.Model`` (it travels to the replicas by
+        pickle: a module-level model such as ``treeguard.examples.mlp.model``).
+      store: the ``ArtifactStore`` (or its root or bucket URL) every replica
+        opens; a signed store's key comes from ``$TREEGUARD_STORE_KEY_FILE``.
+      spec: the ``ServingSpec``; default every batch input of the model.
+      num_replicas: how many replicas Ray keeps running.
+      allow_unchecked: serve versions verified with no model check.
+      memory_budget: see ``Server``.
+      watchdog: see ``Server``.
+      cache_dir: the persistent compilation cache every replica shares.
+      control_token: the bearer token of the control routes.
+      metrics_host: the address each replica serves its ``/metrics`` on
+        (``metrics_targets`` lists them).
+      ray_actor_options: Ray's options for each replica (``num_cpus``,
+        ``num_gpus``, ``runtime_env``); default one CPU.
+      health_check_period_s: how often Ray calls each replica's ``check_health``.
+      max_ongoing_requests: how many requests Ray lets one replica hold at
+        once (Ray's default of 5 would starve the batcher of rows to batch).
+      access_log: whether each replica logs every request (Ray's default;
+        off here, as it costs a write per request).
+
+    Returns:
+      The bound application, for ``serve.run(app, name=...)``.
+
+    Raises:
+      ImportError: when Ray Serve is not installed (``pip install 'treeguard[ray]'``).
+
+    Example:
+      On a running cluster (the Ray tests run this):
+
+      >>> from ray import serve  # doctest: +SKIP
+      >>> from treeguard.examples import mlp  # doctest: +SKIP
+      >>> serve.run(app(mlp.model, "store"), name="mlp")  # doctest: +SKIP
+    """
+    _ray()
+    from .replica import Replica  # imports ray (see the module docstring)
+
+    root = store_location(store)
+    options = {
+        "allow_unchecked": allow_unchecked,
+        "memory_budget": memory_budget,
+        "watchdog": watchdog,
+        "cache_dir": None if cache_dir is None else os.fspath(cache_dir),
+        "control_token": control_token,
+        "metrics_host": metrics_host,
+    }
+    deployment = cast(Any, Replica).options(
+        num_replicas=num_replicas,
+        ray_actor_options=ray_actor_options or {"num_cpus": 1},
+        health_check_period_s=health_check_period_s,
+        max_ongoing_requests=max_ongoing_requests,
+        logging_config={"enable_access_log": access_log},
+    )
+    return deployment.bind(model, root, spec or ServingSpec.from_model(model), options)
+
+
+def store_location(store: Any) -> str:
+    """Where every replica opens ``store``: a bucket URL, or an absolute path
+    (a replica's working directory is not the driver's).
+
+    Example:
+      >>> import os
+      >>> store_location("s3://models/mlp"), store_location("store") == os.path.abspath("store")
+      ('s3://models/mlp', True)
+    """
+    if isinstance(store, (str, os.PathLike)):
+        where = os.fspath(store)
+        return where if "://" in where else os.path.abspath(where)
+    return store_location(store.root)
+
+
+def forget(name: str = DEFAULT_NAME) -> None:
+    """Ends the swap coordinator of application ``name`` (a detached actor
+    that outlives the application) once the application is deleted.
+
+    Args:
+      name: the Ray Serve application's name.
+
+    Example:
+      >>> serve.delete("mlp"); forget("mlp")  # doctest: +SKIP
+    """
+    ray = _ray()
+    from .replica import NAMESPACE, coordinator_name
+
+    with contextlib.suppress(ValueError):  # there is none
+        ray.kill(ray.get_actor(coordinator_name(name), namespace=NAMESPACE))
+
+
+def replicas(name: str = DEFAULT_NAME) -> dict[str, int | None]:
+    """The running replicas of application ``name``: ``{replica id: pid}``.
+
+    Args:
+      name: the Ray Serve application's name.
+
+    Returns:
+      The id and process id of each replica Ray reports running.
+
+    Raises:
+      ServingError: 404 when no such application runs on the connected cluster.
+
+    Example:
+      >>> replicas("mlp")  # doctest: +SKIP
+      {'2jngy7ph': 30756, 'gg18dioi': 30757}
+    """
+    _ray()
+    # Serve's client, for the replicas' ids and pids (no public call gives them)
+    from ray.serve.context import _get_global_client
+
+    from .replica import DEPLOYMENT
+
+    client = _get_global_client()
+    assert client is not None  # it raises when Serve is not running
+    details = client.get_serve_details()
+    application = details.get("applications", {}).get(name)
+    if application is None:
+        raise ServingError(
+            f"no Ray Serve application named {name!r} runs here",
+            hint="serve.run(treeguard.serving.ray.app(...), name=NAME) first, or pass its name",
+            status=404,
+        )
+    deployment = application["deployments"].get(DEPLOYMENT, {})
+    return {
+        r["replica_id"]: r.get("pid")
+        for r in deployment.get("replicas", [])
+        if r.get("state") == "RUNNING"
+    }
+
+
+def metrics_targets(name: str = DEFAULT_NAME) -> dict[str, str]:
+    """Where each running replica of ``name`` serves its Prometheus metrics.
+
+    Args:
+      name: the Ray Serve application's name.
+
+    Returns:
+      ``{replica id: URL}``, for a Prometheus ``file_sd`` or ``static_configs``.
+
+    Raises:
+      ServingError: 404 when no such application runs on the connected cluster.
+
+    Example:
+      >>> metrics_targets("mlp")  # doctest: +SKIP
+      {'2jngy7ph': 'http://127.0.0.1:41877/metrics', 'gg18dioi': 'http://127.0.0.1:40211/metrics'}
+    """
+    ray = _ray()
+    from .replica import NAMESPACE, coordinator_name
+
+    live = replicas(name)
+    coord = ray.get_actor(coordinator_name(name), namespace=NAMESPACE)
+    urls = cast(dict[str, str], ray.get(coord.metrics.remote()))
+    return {rid: url for rid, url in urls.items() if rid in live}
+
+
+def swap(version: str, *, name: str = DEFAULT_NAME, timeout_s: float = 600.0) -> dict[str, Any]:
+    """Swaps every replica of application ``name`` to ``version``, verified.
+
+    First every live replica loads ``version`` (its digest re-checked) and
+    runs the release checks on it without serving it; only when all pass
+    does each switch, between two batches, and then the store's current
+    pointer moves to ``version``. If any replica fails, none switches.
+    Every response names the version that computed it (``model_version``).
+
+    Args:
+      version: the verified version to serve.
+      name: the Ray Serve application's name.
+      timeout_s: a safety stop for replicas that never answer.
+
+    Returns:
+      ``{"version", "replicas"}``: the version now served and the replicas
+      that switched.
+
+    Raises:
+      ServingError: 409 naming each replica that failed its check and why
+        (none switched); 504 naming the replicas that did not answer in
+        time; 503 when no replica runs; 404 for an unknown application.
+
+    Example:
+      >>> swap("v000002", name="mlp")  # doctest: +SKIP
+      {'version': 'v000002', 'replicas': ['2jngy7ph', 'gg18dioi']}
+    """
+    ray = _ray()
+    from .replica import NAMESPACE, coordinator_name
+
+    if not replicas(name):
+        raise ServingError(
+            f"no replica of {name!r} is running to check {version}",
+            hint="wait until Ray has started them (serve.status()), then swap",
+            status=503,
+        )
+    coord = ray.get_actor(coordinator_name(name), namespace=NAMESPACE)
+    deadline = time.monotonic() + timeout_s
+    seq = cast(int, ray.get(coord.publish.remote("prepare", version)))
+    prepared = _round(coord, seq, name, deadline, version=version, what="check")
+    if not prepared.passed:
+        seq = ray.get(coord.publish.remote("abort", version))
+        _round(coord, seq, name, deadline, version=version, what="abort")
+        raise ServingError(
+            refusal(version, prepared.failed),
+            hint="fix or reject the version; the fleet still serves what it served",
+        )
+    seq = ray.get(coord.publish.remote("commit", version))
+    committed = _round(coord, seq, name, deadline, version=version, what="switch")
+    if committed.failed:
+        lines = "; ".join(f"replica {r}: {why}" for r, why in committed.failed.items())
+        raise ServingError(
+            f"swap to {version}: every replica passed its check, but {lines} could not switch",
+            hint=f"Ray replaces an unhealthy replica; run the swap to {version} again",
+            status=500,
+        )
+    _, _, _, root = ray.get(coord.snapshot.remote())
+    ArtifactStore(root).promote(version)
+    ray.get(coord.settle.remote(version))
+    live = replicas(name)
+    return {"version": version, "replicas": sorted(live)}
+
+
+def _round(
+    coord: Any, seq: int, name: str, deadline: float, *, version: str, what: str
+) -> Decision:
+    """Waits until every live replica answered round ``seq`` (re-reading
+    which are alive, so a dead one is not waited for)."""
+    ray = _ray()
+    while True:
+        live = sorted(replicas(name))
+        reports = ray.get(coord.reports.remote(seq, live, 1.0))
+        decision = decide(live, reports)
+        if decision.done:
+            return decision
+        if time.monotonic() > deadline:
+            raise ServingError(
+                f"swap to {version}: replicas {', '.join(sorted(decision.waiting))} did not "
+                f"answer the {what} in time; "
+                + ("none switched" if what != "switch" else "some may have switched"),
+                hint="look at those replicas' logs, then run the swap again",
+                status=504,
+            )
