@@ -44,8 +44,11 @@ def _collect() -> list[Any]:
             if not _runnable(block):
                 continue
             slow = slow or (block.kind == "console" and block.skip is None)
-            marks = [pytest.mark.slow] if slow else []
             name = f"{page.relative_to(ROOT)}:{block.line}"
+            # A page's blocks share a namespace: one worker runs them in order
+            # (another would run the earlier blocks again to get there).
+            marks = [pytest.mark.xdist_group(str(page.relative_to(ROOT)))]
+            marks += [pytest.mark.slow] if slow else []
             params.append(pytest.param(page, index, id=name, marks=marks))
     return params
 

@@ -14,10 +14,12 @@ import importlib.util
 import json
 import os
 import queue
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -72,8 +74,11 @@ class Cluster:
         env = dict(os.environ, TREEGUARD_PICKY_PIDS=str(folder / "picky-pids"))
         env["PYTHONPATH"] = os.pathsep.join([str(HERE), env.get("PYTHONPATH", "")])
         self.picky_pids = folder / "picky-pids"
+        # Ray's sockets live under its temp dir, and a Unix socket's path is at
+        # most 107 bytes: pytest's folders (deeper under xdist) are too long.
+        self.ray_dir = tempfile.mkdtemp(prefix="tgray-", dir="/tmp")
         self.proc = subprocess.Popen(
-            [sys.executable, str(HERE / "driver.py"), str(folder / "ray"), str(self.port)],
+            [sys.executable, str(HERE / "driver.py"), self.ray_dir, str(self.port)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self.log,
@@ -126,6 +131,7 @@ class Cluster:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         self.log.close()
+        shutil.rmtree(self.ray_dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
