@@ -3,15 +3,14 @@ with files missing or garbled (as in containers)."""
 
 from __future__ import annotations
 
+import platform
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-# The readers behind ``conditions`` on purpose: each is held to one fixture file
-# (``conditions`` itself also runs git and falls back on the running machine).
-from treeguard._src.bench import conditions as cond
 from treeguard.bench import conditions, fingerprint
 
 CPUINFO_X86 = """processor\t: 0
@@ -29,6 +28,12 @@ Features\t: fp asimd
 
 Hardware\t: Graviton
 """
+
+
+def _read(root: Path) -> dict[str, Any]:
+    """The conditions under ``root``, for a git directory that does not exist
+    (git is not even started)."""
+    return conditions(root, repo=root / "no-such-directory")
 
 
 def _tree(root: Path, files: dict[str, str]) -> Path:
@@ -79,8 +84,8 @@ def test_cgroup_v1_quota_and_an_unlimited_v2(tmp_path: Path) -> None:
             "sys/fs/cgroup/cpu/cpu.cfs_period_us": "100000\n",
         },
     )
-    assert cond.cgroup_cpu_quota(v1) == 3.0
-    assert cond.usable_cores(v1) == 3
+    c = _read(v1)
+    assert (c["cgroup_cpu_quota"], c["usable_cores"], c["affinity_cores"]) == (3.0, 3, None)
     unlimited = _tree(
         tmp_path / "v1u",
         {
@@ -88,16 +93,16 @@ def test_cgroup_v1_quota_and_an_unlimited_v2(tmp_path: Path) -> None:
             "sys/fs/cgroup/cpu/cpu.cfs_period_us": "100000\n",
         },
     )
-    assert cond.cgroup_cpu_quota(unlimited) is None
+    assert _read(unlimited)["cgroup_cpu_quota"] is None
     v2 = _tree(tmp_path / "v2", {"sys/fs/cgroup/cpu.max": "max 100000\n"})
-    assert cond.cgroup_cpu_quota(v2) is None
+    assert _read(v2)["cgroup_cpu_quota"] is None
 
 
 def test_arm_cpuinfo_and_the_mhz_fallback(tmp_path: Path) -> None:
     root = _tree(tmp_path, {"proc/cpuinfo": CPUINFO_ARM})
-    assert cond.cpu_model(root) == "Graviton"
-    x86 = _tree(tmp_path / "x", {"proc/cpuinfo": CPUINFO_X86})
-    assert cond.cpu_frequency(x86) == {"governor": None, "mhz": 2449.998, "max_mhz": None}
+    assert _read(root)["cpu_model"] == "Graviton"
+    c = _read(_tree(tmp_path / "x", {"proc/cpuinfo": CPUINFO_X86}))
+    assert (c["governor"], c["mhz"], c["max_mhz"]) == (None, 2449.998, None)
 
 
 def test_nothing_readable_gives_nones(tmp_path: Path) -> None:
@@ -118,7 +123,9 @@ def test_nothing_readable_gives_nones(tmp_path: Path) -> None:
 def test_a_directory_where_a_file_should_be(tmp_path: Path) -> None:
     (tmp_path / "proc" / "loadavg").mkdir(parents=True)
     (tmp_path / "proc" / "cpuinfo").mkdir(parents=True)
-    assert cond.load_average(tmp_path) is None and cond.cpu_model(tmp_path) is None
+    c = _read(tmp_path)
+    # no model in the fixture: the running machine's processor name, if it has one
+    assert c["load"] is None and c["cpu_model"] == (platform.processor() or None)
 
 
 FILES = [
@@ -137,24 +144,21 @@ FILES = [
 def test_garbled_files_never_crash(
     tmp_path_factory: pytest.TempPathFactory, rel: str, text: str
 ) -> None:
-    root = _tree(tmp_path_factory.mktemp("g"), {rel: text})
-    cond.cpu_model(root)
-    cond.usable_cores(root)
-    cond.cpu_frequency(root)
-    cond.load_average(root)
-    cond.memory(root)
+    _read(_tree(tmp_path_factory.mktemp("g"), {rel: text}))
 
 
 @pytest.mark.parametrize(
     ("text", "count"),
     [("0", 1), ("0-3", 4), ("0-3,8,10-11", 7), ("", None), ("3-1", None), ("a-b", None)],
 )
-def test_cpu_lists(text: str, count: int | None) -> None:
-    assert cond.parse_cpu_list(text) == count
+def test_cpu_lists(tmp_path: Path, text: str, count: int | None) -> None:
+    root = _tree(tmp_path, {"proc/self/status": f"Name:\tpython\nCpus_allowed_list:\t{text}\n"})
+    assert _read(root)["affinity_cores"] == count
 
 
 def test_git_state_outside_a_repository(tmp_path: Path) -> None:
-    assert cond.git_state(tmp_path) == {"commit": None, "dirty": None}
+    c = conditions(tmp_path, repo=tmp_path)  # git runs there and finds no repository
+    assert (c["git_commit"], c["git_dirty"]) == (None, None)
 
 
 def test_the_fingerprint_keeps_identity_not_load(machine: Path) -> None:

@@ -163,24 +163,20 @@ async def test_a_bool_byte_that_is_neither_0_nor_1_is_refused(dtype_server):
     )
 
 
-def test_one_long_string_costs_no_more_than_a_small_multiple_of_the_body():
-    spec = mlp_spec()
-    decoder = treeguard._src.serving.protocol.Decoder(spec)  # the decoder on purpose
-    read = treeguard._src.serving.rest.read_request
+async def test_one_long_string_costs_no_more_than_a_small_multiple_of_the_body(mlp_store):
+    server = Server(mlp.model, mlp_store[0], spec=mlp_spec(buckets=(1,)))  # default limits
     n = 40_000
     data = [0.0] * (n * 2 - 1) + ["x" * 190_000]
     body = json.dumps({"inputs": [{"name": "x", "shape": [n, 2], "datatype": "FP32",
                                    "data": data}]}).encode()  # fmt: skip
-    tracemalloc.start()
-    try:
-        req = read(body, None)
-        with pytest.raises(
-            treeguard.serving.InvalidRequestError, match="data holds text for datatype"
-        ):
-            decoder.decode(req)
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
+    async with client(server) as c:
+        tracemalloc.start()
+        try:
+            r = await c.post(URL, content=body, headers={"Content-Type": "application/json"})
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+    assert r.status_code == 422 and "data holds text for datatype" in r.json()["error"]
     assert peak < 20 * len(body), (peak, len(body))
 
 

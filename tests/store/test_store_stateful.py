@@ -32,8 +32,8 @@ from hypothesis.stateful import (
 )
 
 import treeguard as tg
+from tests.sharded.shardtools import MANIFEST_NAME, sharded_digest  # what a version holds
 from treeguard import ArtifactStore, IntegrityError, RetentionPolicy, StoreError
-from treeguard._src.sharded.manifest import MANIFEST_NAME, sharded_digest  # what a version holds
 
 DEAD_PID = 2**22 + 4321  # above the default pid_max: no such process
 KEY = b"s" * 32

@@ -13,7 +13,7 @@ import pytest
 from rich.console import Console
 
 from treeguard.examples import mlp
-from treeguard.verify import CHECKS, Report, run
+from treeguard.verify import CHECKS, CheckResult, Report, run
 
 _CACHE: dict[str, Report] = {}
 
@@ -143,10 +143,15 @@ def test_getitem_names_the_checks() -> None:
         _report("passing")["kyes"]
 
 
-def test_plots_draw_the_worst_leaves_and_sum_up_the_rest() -> None:
-    # The plot alone on purpose: a model of 500 leaves would cost a verify run.
-    from treeguard._src.htmlpage import PLOT_ROWS, error_plot, plot_rows
+def _plot(rows: list[dict[str, Any]]) -> str:
+    """The error plot of a report whose one check has these rows (no run needed)."""
+    check = CheckResult("transforms", "fail", "", rows=rows)
+    html = Report("m", [check], environment={}, tolerances={}, cases=[]).to_html()
+    start = html.index("<h2>Transforms")
+    return html[start : html.index("<details>", start)]
 
+
+def test_plots_draw_the_worst_leaves_and_sum_up_the_rest() -> None:
     rows = [
         {
             "case": "standard",
@@ -157,11 +162,13 @@ def test_plots_draw_the_worst_leaves_and_sum_up_the_rest() -> None:
         }
         for i, r in enumerate([0.0] * 300 + [1e-3 * (i + 1) for i in range(199)] + [5.0])
     ]
-    drawn, rest = plot_rows(rows)
-    assert len(drawn) == PLOT_ROWS == 20
-    assert drawn[0]["ratio"] == 5.0 and drawn[1]["ratio"] == pytest.approx(0.199)
-    assert rest == "180 more within tolerance (the worst at 0.18 of its tolerance); 300 exact"
-    svg = error_plot(rows, "t")
-    assert svg.count("<rect") == 20 and "not drawn: 180 more within tolerance" in svg
-    exact = [{"path": f"['p{i}']", "ratio": 0.0} for i in range(500)]
-    assert error_plot(exact, "t") == '<p class="meta">500 exact: nothing to draw</p>'
+    svg = _plot(rows)
+    drawn = list(dict.fromkeys(re.findall(r"layer\d+", svg)))  # each leaf labelled once
+    assert drawn == [f"layer{i}" for i in range(499, 479, -1)]  # the worst first, 20 of them
+    assert svg.count("<rect") == 20
+    assert (
+        "not drawn: 180 more within tolerance (the worst at 0.18 of its tolerance); 300 exact"
+        in svg
+    )
+    exact = [{"path": f"['p{i}']", "ratio": 0.0, "ok": True} for i in range(500)]
+    assert '<p class="meta">500 exact: nothing to draw</p>' in _plot(exact)

@@ -14,6 +14,9 @@ import tinymodel
 from serving_support import client, request, tiny_spec
 
 import treeguard
+
+# The replica's health verdict on purpose: Ray calls it in a replica, and these
+# tests hold it to a server in this process without a Ray cluster.
 from treeguard._src.serving.ray.health import unhealthy
 from treeguard.serving import Server, ServingError, WatchdogPolicy
 
