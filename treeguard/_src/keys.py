@@ -27,7 +27,7 @@ import jax
 import jax.extend.core as jex
 import numpy as np
 
-from .equation import bind
+from .equation import bind, site
 from .paths import keystr
 from .walk import flatten, structure_of
 
@@ -97,23 +97,8 @@ class KeyTrace:
 
 
 def _site_of(eqn: Any, fallback: str) -> str:
-    try:
-        from jax._src import source_info_util  # private API, lazy: reading files never imports jax
-
-        text = str(source_info_util.summarize(eqn.source_info))
-    except Exception:  # noqa: BLE001 - private API; the fallback still names the caller
-        return fallback
-    if not text or text.startswith("<"):
-        return fallback
-    return _short(text)
-
-
-def _short(site: str) -> str:
-    """``/long/path/mlp.py:29:13 (init)`` as ``mlp.py:29 (init)``."""
-    head, _, func = site.partition(" ")
-    parts = head.rsplit("/", 1)[-1].split(":")
-    where = ":".join(parts[:2]) if len(parts) >= 2 else parts[0]
-    return f"{where} {func}".strip()
+    where = site(eqn)[0]
+    return fallback if where == "unknown" or where.startswith("<") else where
 
 
 def _is_key(x: Any) -> bool:

@@ -38,52 +38,6 @@ CALLS = {
 }
 
 
-def site(eqn: Any) -> tuple[str, str]:
-    """Where an equation came from, and the transformations it went through.
-
-    Returns ``("model.py:88 (apply)", "transpose(jvp())")``: the user frame
-    that bound the equation, as verify's key messages write it, and its
-    name stack. Both come from ``eqn.source_info``, read through the public
-    ``jax.extend.source_info_util.summarize`` and the ``name_stack`` field of
-    ``jax.extend.source_info_util.SourceInfo``. This is the one place that
-    reads them; ``tests/diagnose/test_jaxpr.py`` fails loudly if JAX changes
-    either.
-
-    Example:
-      >>> import jax.numpy as jnp
-      >>> def f(x):
-      ...     return jnp.sin(x)
-      >>> site(jax.make_jaxpr(f)(1.0).jaxpr.eqns[0])
-      ('<doctest treeguard._src.diagnose.jaxpr.site[1]>:2 (f)', '')
-    """
-    text = str(jsi.summarize(eqn.source_info))
-    where = short_site(text) if text and not text.startswith("<unknown") else ""
-    return where or "unknown", str(eqn.source_info.name_stack)
-
-
-def short_site(text: str) -> str:
-    """``/long/path/model.py:88:13 (apply)`` as ``model.py:88 (apply)``.
-
-    Example:
-      >>> short_site("/a/b/model.py:88:13 (apply)")
-      'model.py:88 (apply)'
-      >>> short_site("<doctest x[1]>:2:11 (f)")
-      '<doctest x[1]>:2 (f)'
-    """
-    where, sep, func = text.rpartition(" (")
-    if not sep:
-        where, func = text, ""
-    else:
-        func = f"({func}"
-    parts = where.split(":")
-    if len(parts) >= 3 and parts[-1].isdigit() and parts[-2].isdigit():
-        parts = parts[:-1]  # drop the column
-    head = ":".join(parts)
-    if not head.startswith("<"):
-        head = head.rsplit("/", 1)[-1]
-    return f"{head} {func}".strip()
-
-
 def eqn_text(eqn: Any, limit: int = 100) -> str:
     """The equation as ``sin(f32[5]) -> f32[5]``: its primitive and the types
     of its inputs and outputs, capped at ``limit`` characters."""

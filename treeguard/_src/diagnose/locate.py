@@ -38,6 +38,7 @@ import jax
 import jax.extend.core as jex
 import numpy as np
 
+from ..equation import site
 from ..errors import DiagnosisError
 from ..tolerance import TolerancePolicy
 from ..verify.compare import LeafError, leaves_with_paths
@@ -152,7 +153,7 @@ def _comparable(vs: Sequence[Any]) -> list[Any]:
 
 
 def _site(eqn: Any, index: str, role: Role, errors: tuple[LeafError, ...], it: int | None) -> Site:
-    source, stack = jx.site(eqn)
+    source, stack = site(eqn)
     return Site(index, eqn.primitive.name, source, stack, role, it, errors, jx.eqn_text(eqn))
 
 
@@ -532,7 +533,7 @@ def _narrowing_casts(closed: Any) -> list[str]:
         if src.kind == "f" and dst.kind in "fV" and dst.itemsize < src.itemsize:
             out.append(
                 f"the traced program casts {src.name} to {dst.name} at equation {where}, "
-                f"{jx.site(eqn)[0]}"
+                f"{site(eqn)[0]}"
             )
 
     jx.walk(closed, hook)

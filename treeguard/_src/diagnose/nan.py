@@ -19,6 +19,7 @@ from typing import Any, Literal
 import jax
 import numpy as np
 
+from ..equation import site
 from ..leaf import summarize
 from . import jaxpr as jx
 
@@ -124,7 +125,7 @@ def _sites(
             NanSite(
                 where,
                 eqn.primitive.name,
-                jx.site(eqn)[0],
+                site(eqn)[0],
                 phase,
                 kind,
                 nan + inf,

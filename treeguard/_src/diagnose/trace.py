@@ -29,6 +29,7 @@ import numpy as np
 
 from .. import checkpoint
 from ..env import environment_diff
+from ..equation import site
 from ..errors import DiagnosisError
 from ..tolerance import TolerancePolicy
 from ..verify.compare import LeafError, leaves_with_paths
@@ -99,7 +100,7 @@ def _tape(
     def hook(eqn: Any, invals: list[Any], outs: list[Any], where: str, stack: str) -> None:
         if jx.has_body(eqn):
             return
-        eqns[where] = (eqn.primitive.name, jx.site(eqn)[0])
+        eqns[where] = (eqn.primitive.name, site(eqn)[0])
         objects[where] = eqn
         kept: list[Any] = []
         for x in outs:
@@ -394,7 +395,7 @@ def _isolate(
             [g for g, r in zip(here[label], rec_out) if r is not None and g is not None],
             [r for g, r in zip(here[label], rec_out) if r is not None and g is not None],
         )
-    source, stack = jx.site(eqn)
+    source, stack = site(eqn)
     it = _iteration(label)
     return Site(label, eqn.primitive.name, source, stack, role, it, errs, jx.eqn_text(eqn))
 
