@@ -21,6 +21,7 @@ from treeguard import (
     RetentionPolicy,
     SignatureError,
     StoreError,
+    UnknownVersionError,
     read_header,
 )
 from treeguard._cli.main import main
@@ -392,3 +393,42 @@ def test_a_put_killed_between_its_data_and_its_record_leaves_nothing_visible(
     with pytest.raises(StoreError, match="never reused"):
         store.put(_params(1), version="v000002")
     assert [v.version for v in store.versions()] == [v1, "v000003"]
+
+
+def test_a_gc_killed_between_its_deletes_leaves_no_half_version(s3_url: str) -> None:
+    store = ArtifactStore.init(s3_url)
+    v1, v2, v3 = (store.put(_params(i)) for i in range(3))
+    store.verify(v2)
+    store.verify(v3)
+    store.promote(v3)
+    raw = _raw(s3_url)
+    # a remove of v2 killed after its record went: its verdict and data remain
+    obstore.put(raw, f"retired/{v2}", b"")
+    obstore.delete(raw, f"versions/{v2}/status.json")
+    # a remove of v1 killed after it retired the name, before any delete
+    obstore.put(raw, f"retired/{v1}", b"")
+    assert [v.version for v in store.versions()] == [v1, v3]  # v1 is whole, v2 is gone
+    assert store.load_version(v1)["dense1"]["w"].shape == _params()["dense1"]["w"].shape
+    with pytest.raises(UnknownVersionError, match=f"version {v2} does not exist"):
+        store.load_version(v2)
+    assert sorted(store.gc(policy=RetentionPolicy(keep_last=0))) == [v1, v2]
+    assert {n.split("/")[1] for n in _names(s3_url) if n.startswith("versions/")} == {v3}
+    assert [v.version for v in store.versions()] == [v3]
+
+
+def test_a_version_gc_removes_while_it_is_read_is_unknown_not_damaged(s3_url: str) -> None:
+    store = ArtifactStore.init(s3_url)
+    v1 = store.put(_params(0))
+    raw = _raw(s3_url)
+    # the record was read, then gc retired the name and deleted the data
+    record = store.info(v1)
+    obstore.put(raw, f"retired/{v1}", b"")
+    obstore.delete(raw, f"versions/{v1}/model.safetensors")
+    with pytest.raises(
+        UnknownVersionError, match=f"version {v1} was removed by gc while it was read"
+    ):
+        store.load_version(v1)
+    assert record.status == "candidate"
+    obstore.delete(raw, f"retired/{v1}")  # the data gone and the name never retired: damage
+    with pytest.raises(IntegrityError, match="its checkpoint object is missing"):
+        store.load_version(v1)

@@ -375,6 +375,13 @@ class BucketBackend:
         name = _version_object(version, MODEL_FILE)
         with self._reading(version):
             reader = self.storage.reader(name)
+            if reader is None and self._retired(version):
+                raise UnknownVersionError(
+                    f"version {version} was removed by gc while it was read",
+                    version=version,
+                    context=self.root,
+                    hint=f"`treeguard store ls {self.root}` lists the versions",
+                )
             if reader is None:
                 raise IntegrityError(
                     f"version {version}: its checkpoint object is missing",
@@ -490,20 +497,29 @@ class BucketBackend:
     # -- gc --------------------------------------------------------------
 
     def remove(self, version: str) -> bool:
+        """Retires the name, then deletes the record first: the version is
+        gone from the moment its record is, and a remove killed after that
+        leaves objects under a retired name, which the next gc deletes."""
         held = set(self.storage.list(f"versions/{version}"))
         if not held <= set(OWN_OBJECTS):
             return False  # objects the store did not write: a person must look
         try:
             self._record(version)
         except UnknownVersionError:
+            if held and STATUS_FILE not in held and self._retired(version):
+                return self._delete(version, held)  # a remove killed after the record went
             if held != {MODEL_FILE}:
                 return False  # nothing there, or a verdict without a record: a person must look
             return self._remove_unrecorded(version)
         except (StoreError, FormatError):
             return False  # never delete what cannot be read: a person must look
         self.storage.create(f"retired/{version}", b"")  # retired before anything is deleted
-        for leaf in (MODEL_FILE, VERDICT_FILE, STATUS_FILE):  # the record goes last
-            self.storage.delete(_version_object(version, leaf))
+        return self._delete(version, set(OWN_OBJECTS))
+
+    def _delete(self, version: str, held: set[str]) -> bool:
+        for leaf in OWN_OBJECTS:  # the record first: a version never lacks its data
+            if leaf in held:
+                self.storage.delete(_version_object(version, leaf))
         return True
 
     def _remove_unrecorded(self, version: str) -> bool:
