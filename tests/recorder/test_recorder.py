@@ -82,7 +82,8 @@ def test_the_first_nonfinite_step_leaves_a_bundle_and_names_its_first_leaf(
     assert f"flight recorder bundle: {e.bundle}" in lines
     assert lines[-1].startswith("hint: the step was not applied")
     assert f"treeguard diagnose --bundle {e.bundle} MODULE:ATTR" in lines[-1]
-    assert "-4" not in str(e)  # no value of the batch or the params
+    # no value of the batch or the params (the temporary path may hold any digits)
+    assert "-4" not in str(e).replace(e.bundle, "")
     assert train.step_number == 3  # the step was not taken
     bundle = tg.read_bundle(e.bundle)
     assert (bundle.step, bundle.first, bundle.batch_mode) == (3, ("the loss", ""), "record")
