@@ -180,3 +180,26 @@ def test_a_server_with_nothing_to_serve_exits_non_zero_naming_each_version(tmp_p
     assert f"no version can be served: {a}: version {a} fails the contract check" in err
     assert f"; {b}: " in err
     assert "['dense1']['w']: shape (2, 3) in `like`, (2, 5) in the checkpoint" in err
+
+
+@pytest.mark.parametrize(("flag", "logged"), [((), False), (("--access-log",), True)])
+def test_the_access_log_is_off_unless_asked_for(mlp_store, tmp_path, flag, logged):
+    store, _ = mlp_store
+    spec = tmp_path / "spec.json"
+    mlp_spec().save(spec)
+    with (
+        live_server(
+            "treeguard.examples.mlp:model",
+            "--store",
+            str(store.root),
+            "--spec",
+            str(spec),
+            "--allow-unchecked",
+            *flag,
+        ) as live,
+        httpx.Client(base_url=live.url, timeout=PATIENCE_S) as c,
+    ):
+        assert c.post("/v2/models/mlp/infer", json=request(1)).status_code == 200
+    line = '"POST /v2/models/mlp/infer HTTP/1.1" 200'
+    assert (line in live.out + live.log) is logged, live.out[-2000:]
+    assert "Traceback" not in live.log, live.log[-3000:]

@@ -108,6 +108,12 @@ _input_opt = click.option(
 )
 @click.option("--watch", is_flag=True, help="Swap when the store's current version changes.")
 @click.option(
+    "--access-log/--no-access-log",
+    default=False,
+    show_default=True,
+    help="Log one line per request (off: /metrics counts every request by status).",
+)
+@click.option(
     "--cache-dir",
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
@@ -150,6 +156,7 @@ def run_command(  # noqa: PLR0917 - click passes every option
     port: int,
     grpc_port: int | None,
     watch: bool,
+    access_log: bool,
     cache_dir: Path | None,
     memory_budget: int | None,
     control_token_file: Path | None,
@@ -175,6 +182,11 @@ def run_command(  # noqa: PLR0917 - click passes every option
         raise ConfigError(f"{store_root}: no store there", hint="treeguard store put first")
     token = read_token(control_token_file) if control_token_file else None
     if use_ray:
+        if access_log:
+            raise ConfigError(
+                "--access-log is not served with --ray",
+                hint="Ray Serve's proxy keeps its own request logs",
+            )
         if grpc_port is not None or watch:
             raise ConfigError(
                 "--grpc-port and --watch are not served with --ray",
@@ -207,7 +219,14 @@ def run_command(  # noqa: PLR0917 - click passes every option
         allow_unchecked=allow_unchecked,
     )
     try:
-        run_server(server, host=host, port=port, control_token=token, grpc_port=grpc_port)
+        run_server(
+            server,
+            host=host,
+            port=port,
+            control_token=token,
+            grpc_port=grpc_port,
+            access_log=access_log,
+        )
     except SystemExit as e:  # uvicorn's own exit (it logged why), not the model's
         raise ServingError(
             f"the server on {host}:{port} stopped: uvicorn exited with status {e.code!r}",
