@@ -246,12 +246,12 @@ def build_app(engine: Engine, *, control_token: bytes | None = None) -> Any:
                 )
         if reading[0] >= limits.max_bodies:
             raise Dropped("bodies", 503, f"{limits.max_bodies} request bodies are being read")
-        reading[0] += 1
         # the deadline is one timer that cancels this task (``asyncio.timeout``
         # costs several times as much per request)
         deadline = _Deadline()
         loop = asyncio.get_running_loop()
         timer = loop.call_at(loop.time() + limits.body_timeout_s, deadline.expire)
+        reading[0] += 1
         try:
             chunks = []
             size = 0
@@ -286,10 +286,10 @@ def build_app(engine: Engine, *, control_token: bytes | None = None) -> Any:
         # errors raised here reach the app's exception handlers as from any route
         p = scope["path_params"]
         announced = header_length = None
-        for key, value in scope["headers"]:
-            if key == b"content-length":
+        for key, value in scope["headers"]:  # the first of each, as starlette reads them
+            if key == b"content-length" and announced is None:
                 announced = value.decode("latin-1")
-            elif key == b"inference-header-content-length":
+            elif key == b"inference-header-content-length" and header_length is None:
                 header_length = value.decode("latin-1")
 
         async def parsed() -> InferRequest:
