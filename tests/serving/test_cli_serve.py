@@ -41,10 +41,6 @@ def test_plan_prints_every_bucket_and_fails_over_the_budget(tmp_path):
         (["serve", "swap", "ftp://x", "v1"], "is not an http(s) URL"),
         (["serve", "swap", "http://127.0.0.1:9", "v1"], "cannot reach http://127.0.0.1:9"),
         (["serve", "treeguard.examples.mlp:model", "--store", "/nonexistent/x"], "no store there"),
-        (
-            ["serve", "treeguard.examples.mlp:model", "--store", ".", "--ray", "--access-log"],
-            "--access-log is not served with --ray",
-        ),
     ],
 )
 def test_usage_errors_exit_2(args, message):

@@ -182,11 +182,6 @@ def run_command(  # noqa: PLR0917 - click passes every option
         raise ConfigError(f"{store_root}: no store there", hint="treeguard store put first")
     token = read_token(control_token_file) if control_token_file else None
     if use_ray:
-        if access_log:
-            raise ConfigError(
-                "--access-log is not served with --ray",
-                hint="Ray Serve's proxy keeps its own request logs",
-            )
         if grpc_port is not None or watch:
             raise ConfigError(
                 "--grpc-port and --watch are not served with --ray",
@@ -206,6 +201,7 @@ def run_command(  # noqa: PLR0917 - click passes every option
                 "memory_budget": memory_budget,
                 "cache_dir": cache_dir or _default_cache(),
                 "control_token": token,
+                "access_log": access_log,
             },
         )
         return
