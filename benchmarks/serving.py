@@ -11,7 +11,8 @@ in this one process (apps driven in process through ``httpx.ASGITransport``).
    one-row clients: the batcher against the same server with batch size 1.
 3. Guard overhead (decoding, validation, bucketing, queue, judging, metrics)
    against a bare starlette + jit endpoint on the same bucket, sequential
-   requests, median of several rounds (goal: p50 <= 1.10x).
+   requests, median of several rounds (goal: p50 <= 1.10x); and the same two
+   apps called directly as ASGI (no client), the server's own time alone.
 4. p50 and p99 latency per bucket, and AOT compile time per bucket.
 5. The wire: the nnx CNN on 32 images through real sockets on 127.0.0.1
    (uvicorn and gRPC in this process): REST with JSON tensors, REST with
@@ -273,6 +274,55 @@ async def throughput(per_client: int) -> tuple[float, float, float, float, float
 # -- 3 and 4. overhead and latency per bucket ------------------------------------
 
 
+async def asgi_call(app: Any, path: str, raw: bytes) -> None:
+    """One POST straight into an ASGI app: no client, no socket."""
+    scope = {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+        "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"",
+        "root_path": "", "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80),
+        "headers": [(b"host", b"bench"), (b"content-type", b"application/json"),
+                    (b"content-length", b"%d" % len(raw))],
+    }  # fmt: skip
+    messages = [{"type": "http.request", "body": raw, "more_body": False}]
+    status = []
+
+    async def receive() -> Any:
+        return messages.pop() if messages else {"type": "http.disconnect"}
+
+    async def send(message: Any) -> None:
+        if message["type"] == "http.response.start":
+            status.append(message["status"])
+
+    await app(scope, receive, send)
+    assert status == [200], status
+
+
+async def server_side(app: Any, bare: Any, rounds: int, n: int) -> list[tuple[float, float]]:
+    """Median µs per request of each app called directly, alternating, per round."""
+    payload = body(np.random.default_rng(8).uniform(-1, 1, (8, 2)).astype(np.float32))
+    raw = json.dumps(payload).encode()
+    url = "/v2/models/mlp/infer"
+
+    async def run(a: Any, k: int) -> float:
+        t = []
+        for _ in range(k):
+            t0 = time.perf_counter()
+            await asgi_call(a, url, raw)
+            t.append(time.perf_counter() - t0)
+        return statistics.median(t) * 1e6
+
+    await run(app, 50)
+    await run(bare, 50)
+    out = []
+    for i in range(rounds):
+        if i % 2:
+            b, a = await run(bare, n), await run(app, n)
+        else:
+            a, b = await run(app, n), await run(bare, n)
+        out.append((a, b))
+    return out
+
+
 async def latencies(c: httpx.AsyncClient, url: str, rows: int, n: int) -> list[float]:
     rng = np.random.default_rng(rows)
     payload = body(rng.uniform(-1, 1, (rows, 2)).astype(np.float32))
@@ -287,7 +337,9 @@ async def latencies(c: httpx.AsyncClient, url: str, rows: int, n: int) -> list[f
     return out
 
 
-async def overhead(rounds: int, n: int) -> tuple[list[tuple[float, float]], dict[int, Any]]:
+async def overhead(
+    rounds: int, n: int
+) -> tuple[list[tuple[float, float]], dict[int, Any], list[tuple[float, float]]]:
     store = treeguard.ArtifactStore(tempfile.mkdtemp())
     v = store.put(mlp.init(jax.random.key(0)))
     store.verify(v)
@@ -303,9 +355,10 @@ async def overhead(rounds: int, n: int) -> tuple[list[tuple[float, float]], dict
     jax.block_until_ready(fn(params, {"x": np.zeros((8, 2), np.float32)}))
     pairs = []
     per_bucket: dict[int, list[float]] = {b: [] for b in spec.buckets}
+    ours_app, bare_app_ = server.app(), bare_app(fn, params, "mlp")
     async with (
-        Running(server.app(), True) as ours,
-        Running(bare_app(fn, params, "mlp"), False) as bare,
+        Running(ours_app, True) as ours,
+        Running(bare_app_, False) as bare,
     ):
         for i in range(rounds):
             if i % 2:
@@ -317,12 +370,13 @@ async def overhead(rounds: int, n: int) -> tuple[list[tuple[float, float]], dict
             pairs.append((statistics.median(a), statistics.median(b)))
         for bucket in spec.buckets:
             per_bucket[bucket] = await latencies(ours, "/v2/models/mlp/infer", bucket, n)
+        direct = await server_side(ours_app, bare_app_, rounds, n * 3)
     compile_s = {p.bucket: p.compile_s for p in plan(mlp.model, spec).buckets}
     table = {
         b: (pct(per_bucket[b], 50) * 1e3, pct(per_bucket[b], 99) * 1e3, compile_s[b] * 1e3)
         for b in spec.buckets
     }
-    return pairs, table
+    return pairs, table, direct
 
 
 # -- 2b. batching through real sockets, driven by hey ------------------------------
@@ -334,9 +388,16 @@ def port() -> int:
         return int(s.getsockname()[1])
 
 
+#: CPU seconds (this process, then hey) and requests of every ``hey_rate`` run.
+CPU: dict[str, list[float]] = {"server": [], "hey": [], "requests": []}
+
+
 async def hey_rate(server: Server, body_file: str, n: int, clients: int) -> float:
     """Requests per second that ``hey`` (a separate process) gets from ``server``
-    under uvicorn in this process; every response must be a 200."""
+    under uvicorn in this process; every response must be a 200. The CPU time
+    each side spent goes to ``CPU``."""
+    import resource
+
     import uvicorn
 
     n -= n % clients  # hey gives each client n // clients requests
@@ -354,8 +415,13 @@ async def hey_rate(server: Server, body_file: str, n: int, clients: int) -> floa
         url = f"http://127.0.0.1:{http_port}/v2/models/{server.spec.name}/infer"
         hey = ["hey", "-n", str(n), "-c", str(clients), "-t", "30", "-m", "POST",
                "-T", "application/json", "-D", body_file, url]  # fmt: skip
+        mine, theirs = time.process_time(), resource.getrusage(resource.RUSAGE_CHILDREN)
         proc = await asyncio.create_subprocess_exec(*hey, stdout=asyncio.subprocess.PIPE)
         out, _ = await asyncio.wait_for(proc.communicate(), 120)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        CPU["server"].append(time.process_time() - mine)
+        CPU["hey"].append(after.ru_utime + after.ru_stime - theirs.ru_utime - theirs.ru_stime)
+        CPU["requests"].append(n)
         text = out.decode()
         codes = dict(re.findall(r"\[(\d+)\]\s+(\d+) responses", text))
         assert codes == {"200": str(n)}, text
@@ -391,6 +457,8 @@ async def batching_http(n: int, rounds: int) -> tuple[float, float] | None:
         json.dump(body(x), f)
     await hey_rate(batched, f.name, 200, 32)
     await hey_rate(single, f.name, 200, 32)
+    for column in CPU.values():
+        column.clear()
     rates: list[tuple[float, float]] = []
     for i in range(rounds):
         if i % 2:
@@ -532,8 +600,16 @@ async def main() -> None:
         print(f"   through sockets, hey -c 32 (a separate process): batcher {batched:.0f} req/s, "
               f"batch size 1 {single:.0f} req/s, ratio {batched / single:.2f}x; "
               f"efficiency {batched / ideal:.2f}x of full batches")  # fmt: skip
+        requests = sum(CPU["requests"])
+        server_us = sum(CPU["server"]) / requests * 1e6
+        hey_us = sum(CPU["hey"]) / requests * 1e6
+        row_us = batch_ms * 1000 / 32
+        print(f"   CPU per request under hey (both servers): server process {server_us:.0f} us, "
+              f"hey {hey_us:.0f} us; one row of a full batch {row_us:.0f} us of wall time. "
+              f"0.8x of full batches is {0.8 * ideal:.0f} req/s, "
+              f"{2e6 / (0.8 * ideal):.0f} us of CPU per request on 2 cores")  # fmt: skip
 
-    pairs, table = await overhead(args.rounds, 100)
+    pairs, table, direct = await overhead(args.rounds, 100)
     ratios = [a / b for a, b in pairs]
     ours_p50 = statistics.median(a for a, _ in pairs) * 1e3
     bare_p50 = statistics.median(b for _, b in pairs) * 1e3
@@ -542,6 +618,12 @@ async def main() -> None:
     print(
         f"   ratio {statistics.median(ratios):.2f}x of p50 "
         f"(rounds: {', '.join(f'{r:.2f}x' for r in ratios)}; goal <= 1.10x)"
+    )
+    d_ours = statistics.median(a for a, _ in direct)
+    d_bare = statistics.median(b for _, b in direct)
+    print(
+        f"   the apps called directly (no client): treeguard {d_ours:.0f} us, bare {d_bare:.0f} us"
+        f", {d_ours - d_bare:.0f} us more per request, ratio {d_ours / d_bare:.2f}x"
     )
     print("\n4. per bucket: latency through the app, AOT compile time")
     print("   bucket    p50 ms    p99 ms   compile ms")

@@ -42,6 +42,7 @@ class Live:
     proc: subprocess.Popen[str]
     grpc_port: int | None = None
     log: str = ""
+    out: str = ""
 
 
 @contextlib.contextmanager
@@ -50,16 +51,18 @@ def live_server(
 ) -> Iterator[Live]:
     """``treeguard serve ARGS --port P`` until the block ends (then stopped by pid).
 
-    ``live.log`` holds the server's stderr once the block has ended.
+    ``live.log`` holds the server's stderr once the block has ended, and
+    ``live.out`` its stdout (uvicorn's access log, when it writes one).
     """
     port = free_port()
     extra = ["--grpc-port", str(grpc_port := free_port())] if grpc else []
     proc = start_python(SERVER, *args, "--port", str(port), *extra, env=env)
     live = Live(f"http://127.0.0.1:{port}", port, proc, grpc_port if grpc else None)
+    out: list[str] = []
     err: list[str] = []
     readers = [
         threading.Thread(target=_drain, args=(stream, sink), daemon=True)
-        for stream, sink in ((proc.stdout, []), (proc.stderr, err))
+        for stream, sink in ((proc.stdout, out), (proc.stderr, err))
     ]
     for r in readers:
         r.start()
@@ -74,6 +77,7 @@ def live_server(
             proc.wait(timeout=30)
         for r in readers:
             r.join(timeout=30)
+        live.out = "".join(out)
         return "".join(err)
 
     try:

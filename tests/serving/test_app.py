@@ -126,6 +126,13 @@ BAD = [
         422,
         "input ['x']: a value is beyond the range of FP32",
     ),
+    (  # an integer no float holds: refused by name, never a 500
+        b'{"inputs": [{"name": "x", "shape": [1, 2], "datatype": "FP32", "data": [1, 1'
+        + b"0" * 400
+        + b"]}]}",
+        422,
+        "input ['x']: a value is beyond the range of FP32",
+    ),
     (
         b'{"inputs": [{"name": "x", "shape": [1, 2], "datatype": "FP32", "data": [1, '
         + b"9" * 5000

@@ -27,17 +27,20 @@ PATIENCE_S = 60
 
 @pytest.fixture
 def hardened(mlp_store, tmp_path):
-    yield from _served(mlp_store, tmp_path, LIMITS)
+    with _served(mlp_store, tmp_path, LIMITS) as live:
+        yield live
 
 
 @pytest.fixture
 def capped(mlp_store, tmp_path):
     """A server whose unfinished headers are never cut off while a test runs."""
     limits = Limits(header_timeout_s=600.0, max_connections=LIMITS.max_connections)
-    yield from _served(mlp_store, tmp_path, limits)
+    with _served(mlp_store, tmp_path, limits) as live:
+        yield live
 
 
-def _served(mlp_store, tmp_path, limits):
+@contextlib.contextmanager
+def _served(mlp_store, tmp_path, limits, *args):
     store, _ = mlp_store
     spec = tmp_path / "spec.json"
     mlp_spec(limits=limits).save(spec)
@@ -48,6 +51,7 @@ def _served(mlp_store, tmp_path, limits):
         "--spec",
         str(spec),
         "--allow-unchecked",
+        *args,
     ) as live:
         yield live
     assert "Traceback" not in live.log, live.log[-3000:]
@@ -180,3 +184,14 @@ def test_a_server_with_nothing_to_serve_exits_non_zero_naming_each_version(tmp_p
     assert f"no version can be served: {a}: version {a} fails the contract check" in err
     assert f"; {b}: " in err
     assert "['dense1']['w']: shape (2, 3) in `like`, (2, 5) in the checkpoint" in err
+
+
+@pytest.mark.parametrize(("flag", "logged"), [((), False), (("--access-log",), True)])
+def test_the_access_log_is_off_unless_asked_for(mlp_store, tmp_path, flag, logged):
+    with (
+        _served(mlp_store, tmp_path, Limits(), *flag) as live,
+        httpx.Client(base_url=live.url, timeout=PATIENCE_S) as c,
+    ):
+        assert c.post("/v2/models/mlp/infer", json=request(1)).status_code == 200
+    line = '"POST /v2/models/mlp/infer HTTP/1.1" 200'
+    assert (line in live.out + live.log) is logged, live.out[-2000:]

@@ -264,3 +264,33 @@ def test_64_bit_datatypes_decode_exactly_and_refuse_what_they_cannot_hold():
             treeguard.serving.InvalidRequestError, match=message.replace("[", r"\[")
         ):
             decoder.decode(bad)
+
+
+def test_float_values_are_refused_beyond_the_range_and_as_nan_wherever_they_sit():
+    from treeguard import LeafSpec, spec_of
+
+    # The decoder alone: typed contents (gRPC) may hold a NaN, which JSON cannot.
+    from treeguard._src.serving.protocol import Decoder, InferRequest, RawInput
+
+    spec = ServingSpec(inputs=spec_of({"x": LeafSpec(("B", 2), "float32")}), buckets=(1,))
+    decoder = Decoder(spec)
+
+    def req(a, b):
+        return InferRequest([RawInput("x", "FP32", [1, 2], [a, b])])
+
+    top = float(np.finfo(np.float32).max)
+    (x,) = decoder.decode(req(-top, 3.4028235e38))  # the largest float32, as written
+    assert x.tolist() == [[-top, top]]
+    for a, b, reason in (
+        (1.0, float("nan"), "nonfinite"),
+        (float("nan"), 1.0, "nonfinite"),
+        (1.0, 3.5e38, "nonfinite"),
+        (-(10**400), 1.0, "nonfinite"),
+        (float("inf"), float("-inf"), "nonfinite"),
+    ):
+        with pytest.raises(treeguard.serving.InvalidRequestError) as e:
+            decoder.decode(req(a, b))
+        assert (e.value.reason, str(e.value)) == (
+            reason,
+            "input ['x']: a value is beyond the range of FP32",
+        )

@@ -108,6 +108,12 @@ _input_opt = click.option(
 )
 @click.option("--watch", is_flag=True, help="Swap when the store's current version changes.")
 @click.option(
+    "--access-log/--no-access-log",
+    default=False,
+    show_default=True,
+    help="Log one line per request (off: /metrics counts every request by status).",
+)
+@click.option(
     "--cache-dir",
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
@@ -150,6 +156,7 @@ def run_command(  # noqa: PLR0917 - click passes every option
     port: int,
     grpc_port: int | None,
     watch: bool,
+    access_log: bool,
     cache_dir: Path | None,
     memory_budget: int | None,
     control_token_file: Path | None,
@@ -194,6 +201,7 @@ def run_command(  # noqa: PLR0917 - click passes every option
                 "memory_budget": memory_budget,
                 "cache_dir": cache_dir or _default_cache(),
                 "control_token": token,
+                "access_log": access_log,
             },
         )
         return
@@ -207,7 +215,14 @@ def run_command(  # noqa: PLR0917 - click passes every option
         allow_unchecked=allow_unchecked,
     )
     try:
-        run_server(server, host=host, port=port, control_token=token, grpc_port=grpc_port)
+        run_server(
+            server,
+            host=host,
+            port=port,
+            control_token=token,
+            grpc_port=grpc_port,
+            access_log=access_log,
+        )
     except SystemExit as e:  # uvicorn's own exit (it logged why), not the model's
         raise ServingError(
             f"the server on {host}:{port} stopped: uvicorn exited with status {e.code!r}",

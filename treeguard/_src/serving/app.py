@@ -100,15 +100,24 @@ def read_token(path: str | os.PathLike[str]) -> bytes:
 
 
 def _hardened_protocol(header_timeout_s: float, on_drop: Any) -> type:
-    """uvicorn's h11 protocol with a deadline on each request's headers.
+    """uvicorn's HTTP protocol with a deadline on each request's headers:
+    httptools' (its parser is in C) when it is installed, else h11's.
 
     uvicorn's keep-alive timeout stops once a byte arrives, so a client that
     trickles its headers would hold its connection for ever; this closes a
     connection whose request headers are not whole within the deadline.
     """
-    from uvicorn.protocols.http.h11_impl import H11Protocol
+    base: type
+    try:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-    class Protocol(H11Protocol):  # type: ignore[misc]
+        base, h11 = HttpToolsProtocol, False
+    except ImportError:  # httptools is not installed: the pure-Python parser
+        from uvicorn.protocols.http.h11_impl import H11Protocol
+
+        base, h11 = H11Protocol, True
+
+    class Protocol(base):  # type: ignore[misc,valid-type]
         _deadline: asyncio.TimerHandle | None = None
         _cycles = 0
 
@@ -127,6 +136,10 @@ def _hardened_protocol(header_timeout_s: float, on_drop: Any) -> type:
                 log.info("connection closed: its request headers took over %g s", header_timeout_s)
                 self.transport.close()
 
+        def _headers_whole(self) -> None:
+            self._cycles += 1
+            self._disarm()
+
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
             self._arm()
@@ -135,12 +148,19 @@ def _hardened_protocol(header_timeout_s: float, on_drop: Any) -> type:
             self._disarm()
             super().connection_lost(exc)
 
-        def handle_events(self) -> None:
-            before = self.cycle
-            super().handle_events()
-            if self.cycle is not before:  # a request's headers are whole
-                self._cycles += 1
-                self._disarm()
+        if h11:  # the parser hands over events; a new cycle means whole headers
+
+            def handle_events(self) -> None:
+                before = self.cycle
+                super().handle_events()
+                if self.cycle is not before:
+                    self._headers_whole()
+
+        else:  # httptools calls this once a request's headers are whole
+
+            def on_headers_complete(self) -> None:
+                super().on_headers_complete()
+                self._headers_whole()
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
@@ -157,6 +177,7 @@ def serve(
     port: int = 8000,
     control_token: bytes | None = None,
     grpc_port: int | None = None,
+    access_log: bool = False,
 ) -> None:
     """Runs ``server`` under uvicorn, one process, one worker (JAX owns the device).
 
@@ -169,6 +190,8 @@ def serve(
       control_token: the bearer token swap and rollback require; needed
         for any host but loopback.
       grpc_port: also serve ``inference.GRPCInferenceService`` on this port.
+      access_log: log one line per request (uvicorn's access log); off by
+        default, as ``/metrics`` counts every request by status.
 
     Raises:
       ConfigError: for a non-loopback ``host`` without a control token.
@@ -193,6 +216,7 @@ def serve(
         port=port,
         workers=1,
         log_level="info",
+        access_log=access_log,
         http=_hardened_protocol(limits.header_timeout_s, dropped),
         limit_concurrency=limits.max_connections,
         timeout_keep_alive=5,

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ServingError
-from .slots import Slots
+from .slots import Slot, Slots
 
 Outputs = list[tuple[str, np.ndarray[Any, Any]]]
 
@@ -99,7 +99,7 @@ class Batcher:
             # through the queue and the worker (a batch runs synchronously on
             # this thread either way, so none is running now)
             self.metrics.queued(0.0)
-            return self._run([Pending(leaves, rows, chunks, _DONE, 0.0)])[0]
+            return self._run_alone(leaves, rows, chunks)
         loop = asyncio.get_running_loop()
         timeout = self.spec.limits.timeout_s
         pending = Pending(leaves, rows, chunks, loop.create_future(), time.monotonic() + timeout)
@@ -174,27 +174,12 @@ class Batcher:
 
     def _run(self, batch: Sequence[Pending]) -> list[tuple[Outputs, str]]:
         """Runs one batch on one snapshot of the active slot."""
-        slot = self.slots.active
-        if slot is None:
-            raise ServingError("no version is loaded yet", status=503)
-        if len(batch) == 1 and len(batch[0].chunks) > 1:
+        if len(batch) == 1:
             p = batch[0]
-            parts: list[Outputs] = []
-            start = 0
-            for n in p.chunks:
-                outs, _ = self.slots.run(slot, [x[start : start + n] for x in p.leaves], n)
-                parts.append(outs)
-                start += n
-            joined = [
-                (path, np.concatenate([part[i][1] for part in parts]))
-                for i, (path, _) in enumerate(parts[0])
-            ]
-            return [(joined, slot.version)]
+            return [self._run_alone(p.leaves, p.rows, p.chunks)]
+        slot = self._active()
         rows = sum(p.rows for p in batch)
-        leaves = [
-            np.concatenate([p.leaves[i] for p in batch]) if len(batch) > 1 else batch[0].leaves[i]
-            for i in range(len(batch[0].leaves))
-        ]
+        leaves = [np.concatenate([p.leaves[i] for p in batch]) for i in range(len(batch[0].leaves))]
         outs, version = self.slots.run(slot, leaves, rows)
         results = []
         start = 0
@@ -204,9 +189,30 @@ class Batcher:
             results.append((mine, version))
         return results
 
+    def _run_alone(
+        self, leaves: list[np.ndarray[Any, Any]], rows: int, chunks: tuple[int, ...]
+    ) -> tuple[Outputs, str]:
+        """Runs one request as its own batch, or (split) as several on one slot."""
+        slot = self._active()
+        if len(chunks) == 1:
+            return self.slots.run(slot, leaves, rows)
+        parts: list[Outputs] = []
+        start = 0
+        for n in chunks:
+            outs, _ = self.slots.run(slot, [x[start : start + n] for x in leaves], n)
+            parts.append(outs)
+            start += n
+        joined = [
+            (path, np.concatenate([part[i][1] for part in parts]))
+            for i, (path, _) in enumerate(parts[0])
+        ]
+        return joined, slot.version
 
-#: The future of a request run at once (never awaited).
-_DONE: Any = None
+    def _active(self) -> Slot:
+        slot = self.slots.active
+        if slot is None:
+            raise ServingError("no version is loaded yet", status=503)
+        return slot
 
 
 def _expire(future: asyncio.Future[Any]) -> None:

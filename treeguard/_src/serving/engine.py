@@ -39,7 +39,7 @@ import numpy as np
 from ..errors import InvalidRequestError, ServingError, TreeguardError
 from ..verify.model import BATCH, Model
 from .batcher import Batcher
-from .buckets import admit
+from .buckets import Admission, admit
 from .compile_guard import enable_persistent_cache
 from .metrics import Metrics
 from .protocol import (
@@ -124,6 +124,7 @@ class Engine:
         #: beside REST): contexts entered while ``running`` is open.
         self.transports: list[Callable[[], contextlib.AbstractAsyncContextManager[Any]]] = []
         self._output_names: dict[str, str] = {}
+        self._admissions: dict[int, Admission] = {}
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -337,7 +338,11 @@ class Engine:
         leaves = self.decoder.decode(request)
         rows = int(leaves[0].shape[0])
         spec = self.spec
-        adm = admit(rows, spec.buckets, max_rows=spec.limits.max_rows, overflow=spec.overflow)
+        adm = self._admissions.get(rows)
+        if adm is None:
+            adm = admit(rows, spec.buckets, max_rows=spec.limits.max_rows, overflow=spec.overflow)
+            if adm.ok and rows <= spec.largest:
+                self._admissions[rows] = adm  # bounded: one per row count a bucket holds
         if not adm.ok:
             raise refuse(adm.detail, "size", 413 if adm.reason != "empty" else 422)
         served = self.slots.active.version if self.slots.active else "?"

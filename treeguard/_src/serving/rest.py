@@ -36,6 +36,9 @@ HEADER_LENGTH = "inference-header-content-length"
 _ENCODE = json.JSONEncoder(separators=(",", ":")).encode
 
 
+_JSON = (b"content-type", b"application/json")
+
+
 class Unauthorized(Exception):
     """A control request without the right bearer token (401)."""
 
@@ -47,6 +50,32 @@ class Dropped(Exception):
         self.reason = reason
         self.status = status
         super().__init__(message)
+
+
+class _Deadline:
+    """Cancels the task that made it when its timer fires (see ``read_body``)."""
+
+    __slots__ = ("expired", "task")
+
+    def __init__(self) -> None:
+        self.task = asyncio.current_task()
+        self.expired = False
+
+    def expire(self) -> None:
+        if self.task is not None:
+            self.expired = True
+            self.task.cancel()
+
+
+class _Endpoint:
+    """A plain ASGI callable as a route's endpoint: starlette runs an object
+    that is not a function as ASGI, with no ``Request`` or ``Response``."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await self.app(scope, receive, send)
 
 
 # -- the binary tensor data extension -------------------------------------------
@@ -134,8 +163,19 @@ def read_request(body: bytes, header_length: str | None) -> InferRequest:
     return InferRequest(inputs, rid, names, binary, default)
 
 
-def write_result(result: InferResult) -> tuple[bytes, dict[str, str]]:
-    """The response body and headers of a result (binary outputs after the JSON)."""
+def write_result(result: InferResult) -> tuple[bytes, list[tuple[bytes, bytes]]]:
+    """The response body and its ASGI headers (binary outputs after the JSON).
+
+    Example:
+      >>> import numpy as np
+      >>> from treeguard._src.serving.protocol import Output
+      >>> out = Output("output", np.array([[0.5]], np.float32))
+      >>> content, headers = write_result(InferResult("mlp", "v000001", [out], "7"))
+      >>> json.loads(content)["outputs"][0]["data"], json.loads(content)["id"]
+      ([0.5], '7')
+      >>> headers
+      [(b'content-length', b'130'), (b'content-type', b'application/json')]
+    """
     blobs = []
     outputs = []
     for out in result.outputs:
@@ -160,11 +200,13 @@ def write_result(result: InferResult) -> tuple[bytes, dict[str, str]]:
         doc["id"] = result.id
     header = _ENCODE(doc).encode()
     if not blobs:
-        return header, {"content-type": "application/json"}
-    return header + b"".join(blobs), {
-        "content-type": "application/octet-stream",
-        "inference-header-content-length": str(len(header)),
-    }
+        return header, [(b"content-length", b"%d" % len(header)), _JSON]
+    content = header + b"".join(blobs)
+    return content, [
+        (b"content-length", b"%d" % len(content)),
+        (b"content-type", b"application/octet-stream"),
+        (b"inference-header-content-length", b"%d" % len(header)),
+    ]
 
 
 # -- the app ------------------------------------------------------------------------
@@ -187,10 +229,10 @@ def build_app(engine: Engine, *, control_token: bytes | None = None) -> Any:
     spec = engine.spec
     limits = spec.limits
     metrics = engine.metrics
-    bodies = asyncio.Semaphore(limits.max_bodies)
+    reading = [0]  # bodies being read now: over the cap a request is refused, never queued
 
-    async def read_body(request: Request) -> bytes:
-        announced = request.headers.get("content-length")
+    async def read_body(announced: str | None, receive: Any) -> bytes:
+        """The whole body, under the size limit and the body deadline."""
         if announced is not None:
             if not announced.isdigit():
                 raise refuse("content-length is not a size", status=400)
@@ -202,30 +244,61 @@ def build_app(engine: Engine, *, control_token: bytes | None = None) -> Any:
                     413,
                     hint="send fewer rows per request",
                 )
-        if bodies.locked():
+        if reading[0] >= limits.max_bodies:
             raise Dropped("bodies", 503, f"{limits.max_bodies} request bodies are being read")
-        async with bodies:
+        # the deadline is one timer that cancels this task (``asyncio.timeout``
+        # costs several times as much per request)
+        deadline = _Deadline()
+        loop = asyncio.get_running_loop()
+        timer = loop.call_at(loop.time() + limits.body_timeout_s, deadline.expire)
+        reading[0] += 1
+        try:
             chunks = []
             size = 0
-            try:
-                async with asyncio.timeout(limits.body_timeout_s):
-                    async for chunk in request.stream():
-                        size += len(chunk)
-                        if size > limits.max_request_bytes:
-                            raise refuse(
-                                f"the body is over the limit of {limits.max_request_bytes} bytes",
-                                "size",
-                                413,
-                                hint="send fewer rows per request",
-                            )
-                        chunks.append(chunk)
-            except TimeoutError:
-                raise Dropped(
-                    "body_timeout",
-                    408,
-                    f"the body did not arrive within {limits.body_timeout_s:g} s",
-                ) from None
-            return b"".join(chunks)
+            while True:
+                message = await receive()
+                if message["type"] != "http.request":
+                    raise ClientDisconnect()
+                chunk = message.get("body", b"")
+                size += len(chunk)
+                if size > limits.max_request_bytes:
+                    raise refuse(
+                        f"the body is over the limit of {limits.max_request_bytes} bytes",
+                        "size",
+                        413,
+                        hint="send fewer rows per request",
+                    )
+                chunks.append(chunk)
+                if not message.get("more_body", False):
+                    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        except asyncio.CancelledError:
+            if not deadline.expired or deadline.task is None or deadline.task.uncancel() > 0:
+                raise  # someone else's cancel, not the deadline's
+            raise Dropped(
+                "body_timeout", 408, f"the body did not arrive within {limits.body_timeout_s:g} s"
+            ) from None
+        finally:
+            timer.cancel()
+            reading[0] -= 1
+
+    async def infer(scope: Any, receive: Any, send: Any) -> None:
+        # a plain ASGI endpoint: no Request or Response objects on the hot path;
+        # errors raised here reach the app's exception handlers as from any route
+        p = scope["path_params"]
+        announced = header_length = None
+        for key, value in scope["headers"]:  # the first of each, as starlette reads them
+            if key == b"content-length" and announced is None:
+                announced = value.decode("latin-1")
+            elif key == b"inference-header-content-length" and header_length is None:
+                header_length = value.decode("latin-1")
+
+        async def parsed() -> InferRequest:
+            return read_request(await read_body(announced, receive), header_length)
+
+        result = await engine.infer(parsed, p["name"], p.get("version"))
+        content, headers = write_result(result)
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": content})
 
     async def live(_: Request) -> Response:
         return JSONResponse({"live": True})
@@ -246,17 +319,6 @@ def build_app(engine: Engine, *, control_token: bytes | None = None) -> Any:
         ok = engine.model_ready(p["name"], p.get("version"))
         return JSONResponse({"name": p["name"], "ready": ok}, status_code=200 if ok else 503)
 
-    async def infer(request: Request) -> Response:
-        p = request.path_params
-
-        async def parsed() -> InferRequest:
-            body = await read_body(request)
-            return read_request(body, request.headers.get(HEADER_LENGTH))
-
-        result = await engine.infer(parsed, p["name"], p.get("version"))
-        content, headers = write_result(result)
-        return Response(content, headers=headers)
-
     def authorize(request: Request) -> None:
         if control_token is None:
             return
@@ -269,7 +331,7 @@ def build_app(engine: Engine, *, control_token: bytes | None = None) -> Any:
 
     async def swap(request: Request) -> Response:
         authorize(request)
-        doc = parse_json(await read_body(request))
+        doc = parse_json(await read_body(request.headers.get("content-length"), request.receive))
         version = doc.get("version") if isinstance(doc, dict) else None
         if not isinstance(version, str):
             raise refuse('the body must be {"version": "<version>"}')
@@ -321,8 +383,8 @@ def build_app(engine: Engine, *, control_token: bytes | None = None) -> Any:
     return Starlette(
         routes=[
             # inference first: starlette tries the routes in order on every request
-            Route("/v2/models/{name}/infer", infer, methods=["POST"]),
-            Route("/v2/models/{name}/versions/{version}/infer", infer, methods=["POST"]),
+            Route("/v2/models/{name}/infer", _Endpoint(infer), methods=["POST"]),
+            Route("/v2/models/{name}/versions/{version}/infer", _Endpoint(infer), methods=["POST"]),
             Route("/v2", server_meta),
             Route("/v2/health/live", live),
             Route("/v2/health/ready", ready),

@@ -316,16 +316,17 @@ class Slots:
         """
         size = bucket or bucket_for(rows, self.spec.buckets) or rows
         padded = [pad_rows(x, size) for x in leaves]
-        batch = jax.tree.unflatten(self._treedef, padded)
+        batch = self._treedef.unflatten(padded)
         before = self.guard.counts[phase]
         start = time.perf_counter()
         with self.guard.phase(phase):
             out = self.fn(slot.params, batch)
-            flat, treedef = jax.tree.flatten(out)
+            flat, treedef = jax.tree_util.tree_flatten(out)
             host = list(zip(self._output_paths(treedef), map(np.asarray, flat)))
-        if phase == "serving":
+        serving = phase == "serving"
+        if serving:
             self.metrics.batch(rows, size, time.perf_counter() - start)
-        if phase == "serving" and self.guard.counts[phase] > before:
+        if serving and self.guard.counts[phase] > before:
             sig = signature([*padded, *jax.tree.leaves(slot.params)])
             paths = [*self.spec.input_paths, *(f"params{lf.path}" for lf in slot.spec.leaves)]
             why = explain(sig, self.warmed, paths)
@@ -346,6 +347,8 @@ class Slots:
                     hint=f"apply must return outputs with axis {BATCH!r} first",
                     status=500,
                 )
+        if rows == size:
+            return host, slot.version
         return [(p, x[:rows]) for p, x in host], slot.version
 
     def _output_paths(self, treedef: Any) -> list[str]:
