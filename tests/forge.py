@@ -4,17 +4,31 @@ the way."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-# The writer's own header encoder and digest, on purpose: a forger who edits a
-# header recomputes its digest, and a digest treeguard would refuse tests nothing.
-from treeguard._src.checkpoint import encode_header, header_digest
+import blake3
 
 #: Edits the header in place: ``(metadata, tensor table)``.
 Mutate = Callable[[dict[str, str], dict[str, Any]], None]
+
+
+def header_digest(meta: dict[str, str], table: dict[str, Any]) -> str:
+    """The header's digest as the format defines it (docs/reference/formats.md),
+    computed here with the reference hashers: a forger needs no treeguard code,
+    and a digest treeguard would refuse tests nothing."""
+    body = {k: v for k, v in meta.items() if k != "treeguard.digest"}
+    canonical = json.dumps(
+        {"metadata": body, "tensors": table}, sort_keys=True, separators=(",", ":")
+    ).encode("utf-8")
+    algorithm = meta["treeguard.hash"]
+    if algorithm == "blake3":
+        return str(blake3.blake3(canonical).hexdigest())
+    assert algorithm == "sha256", algorithm
+    return hashlib.sha256(canonical).hexdigest()
 
 
 def forge(path: Path, mutate: Mutate, data: bytes | None = None) -> None:
@@ -26,6 +40,8 @@ def forge(path: Path, mutate: Mutate, data: bytes | None = None) -> None:
     meta = doc.pop("__metadata__")
     mutate(meta, doc)
     meta["treeguard.digest"] = header_digest(meta, doc)
-    header = encode_header(meta, doc)
+    header = json.dumps({"__metadata__": meta, **doc}, separators=(",", ":"), ensure_ascii=False)
+    padded = header.encode("utf-8")
+    padded += b" " * (-len(padded) % 8)  # safetensors pads its header to 8 bytes
     body = raw[8 + n :] if data is None else data
-    path.write_bytes(len(header).to_bytes(8, "little") + header + body)
+    path.write_bytes(len(padded).to_bytes(8, "little") + padded + body)

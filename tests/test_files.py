@@ -1,5 +1,6 @@
-"""The shared file primitives and the strict JSON reader, attacked directly:
-modes, links, FIFOs, sizes, and JSON that is hostile as JSON."""
+"""The shared file primitives through the readers and writers that use them,
+and the strict JSON reader attacked directly: modes, links, FIFOs, sizes, and
+JSON that is hostile as JSON."""
 
 from __future__ import annotations
 
@@ -15,10 +16,9 @@ from hypothesis import strategies as st
 import treeguard as tg
 from treeguard import FormatError
 
-# The shared primitives themselves, on purpose: every reader and writer of a file
-# goes through them, and here they meet links, FIFOs and hostile JSON directly.
+# The strict JSON reader itself, on purpose: every JSON file goes through it, and
+# here it meets hostile JSON with its own labels and a round trip over any document.
 from treeguard._src import strictjson
-from treeguard._src.atomic import atomic_write, open_regular, read_regular, remove_stale_temps
 
 
 def _mode(p: Path) -> int:
@@ -34,27 +34,36 @@ def test_specs_and_checkpoints_get_the_same_mode(tmp_path: Path) -> None:
     assert _mode(tmp_path / "a.spec.json") == _mode(tmp_path / "a.safetensors") == 0o666 & ~mask
 
 
-def test_atomic_write_replaces_a_link_and_never_writes_through_it(tmp_path: Path) -> None:
-    victim = tmp_path / "victim"
-    victim.write_text("untouched")
-    (tmp_path / "target").symlink_to(victim)
-    atomic_write(tmp_path / "target", b"new")
-    assert victim.read_text() == "untouched"
-    assert not (tmp_path / "target").is_symlink() and (tmp_path / "target").read_bytes() == b"new"
+def test_a_write_replaces_a_link_and_never_writes_through_it(tmp_path: Path) -> None:
+    tree = {"w": jnp.ones(2)}
+    for name, write in (("ckpt", lambda p: tg.save(p, tree)), ("spec", tg.spec_of(tree).save)):
+        victim = tmp_path / f"{name}-victim"
+        victim.write_text("untouched")
+        target = tmp_path / name
+        target.symlink_to(victim)
+        write(target)
+        assert victim.read_text() == "untouched"
+        assert not target.is_symlink() and target.is_file()
+    assert tg.read_header(tmp_path / "ckpt").spec == tg.spec_of(tree)
+    assert tg.TreeSpec.load(tmp_path / "spec") == tg.spec_of(tree)
 
 
 def test_stale_temps_of_dead_writers_are_reclaimed_and_live_ones_kept(tmp_path: Path) -> None:
-    dead = tmp_path / f".x.json.{2**22 + 99}.0123abcd.tmp"
-    live = tmp_path / f".x.json.{os.getpid()}.0123abcd.tmp"
-    dead.write_bytes(b"half")
-    live.write_bytes(b"half")
-    (tmp_path / f".dir.{2**22 + 98}.0123abcd.tmp").mkdir()  # not a file: never removed
-    assert remove_stale_temps(str(tmp_path)) == [dead.name]
-    assert live.exists() and (tmp_path / f".dir.{2**22 + 98}.0123abcd.tmp").is_dir()
+    dead = tmp_path / f".x.safetensors.{2**22 + 99}.0123abcd.tmp"
+    live = tmp_path / f".x.safetensors.{os.getpid()}.0123abcd.tmp"
+    other = tmp_path / f".y.safetensors.{2**22 + 99}.0123abcd.tmp"  # another file's
+    for p in (dead, live, other):
+        p.write_bytes(b"half")
+    folder = tmp_path / f".x.safetensors.{2**22 + 98}.0123abcd.tmp"
+    folder.mkdir()  # not a file: never removed
+    tg.save(tmp_path / "x.safetensors", {"w": jnp.ones(2)})  # reclaims its own target's temps
+    assert sorted(os.listdir(tmp_path)) == sorted(
+        ["x.safetensors", live.name, other.name, folder.name]
+    )
 
 
 @pytest.mark.parametrize("kind", ["fifo", "dir", "symlink", "missing"])
-def test_open_regular_refuses_what_is_not_a_regular_file(tmp_path: Path, kind: str) -> None:
+def test_a_reader_refuses_what_is_not_a_regular_file(tmp_path: Path, kind: str) -> None:
     p = tmp_path / "f"
     if kind == "fifo":
         os.mkfifo(p)
@@ -65,19 +74,27 @@ def test_open_regular_refuses_what_is_not_a_regular_file(tmp_path: Path, kind: s
         p.symlink_to(tmp_path / "real")
     if kind == "missing":
         with pytest.raises(FileNotFoundError):
-            open_regular(p)
+            tg.read_header(p)
         return
     names = {"fifo": "a FIFO", "dir": "a directory", "symlink": "a symbolic link"}
-    with pytest.raises(FormatError, match=f"the file is not a regular file but {names[kind]}"):
-        open_regular(p)
+    with pytest.raises(
+        FormatError, match=f"{p}: the checkpoint is not a regular file but {names[kind]}"
+    ):
+        tg.read_header(p)
 
 
-def test_read_regular_is_bounded(tmp_path: Path) -> None:
-    p = tmp_path / "big"
-    p.write_bytes(b"x" * 101)
-    with pytest.raises(FormatError, match="the pointer is 101 bytes, more than the 100 allowed"):
-        read_regular(p, limit=100, what="pointer")
-    assert read_regular(p, limit=101) == b"x" * 101
+def test_a_read_is_bounded(tmp_path: Path) -> None:
+    limit = 4 * 1024 * 1024  # a flight-recorder bundle's manifest
+    manifest = tmp_path / "BUNDLE.json"
+    with manifest.open("wb") as f:
+        f.truncate(limit + 1)  # sparse: nothing is written
+    with pytest.raises(
+        FormatError, match=f"the manifest is {limit + 1} bytes, more than the {limit} allowed"
+    ):
+        tg.read_bundle(tmp_path)
+    os.truncate(manifest, limit)  # at the limit: read whole, then refused as JSON
+    with pytest.raises(FormatError, match="the manifest is not valid JSON: Expecting value"):
+        tg.read_bundle(tmp_path)
 
 
 @pytest.mark.parametrize(
@@ -144,13 +161,11 @@ def test_metadata_that_could_not_be_read_back_is_refused_by_save(tmp_path: Path)
     assert tg.read_header(tmp_path / "a.safetensors").metadata == {"n": 2**64}
 
 
-def test_atomic_write_leaves_no_temp_file_on_failure(tmp_path: Path) -> None:
-    def fail(fd: int) -> None:
-        os.write(fd, b"half")
-        raise OSError(28, "No space left on device")
-
-    target = tmp_path / "x.json"
+def test_a_write_that_fails_half_way_leaves_no_temp_file(tmp_path: Path) -> None:
+    gone = jnp.ones(1000)
+    gone.delete()  # its bytes cannot be fetched: the write fails after the header and ['a']
+    target = tmp_path / "x.safetensors"
     target.write_bytes(b"old")
-    with pytest.raises(OSError, match="No space"):
-        atomic_write(target, fail)
-    assert os.listdir(tmp_path) == ["x.json"] and target.read_bytes() == b"old"
+    with pytest.raises(RuntimeError, match="Array has been deleted"):
+        tg.save(target, {"a": jnp.ones(3), "w": gone})
+    assert os.listdir(tmp_path) == ["x.safetensors"] and target.read_bytes() == b"old"

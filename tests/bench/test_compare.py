@@ -12,18 +12,17 @@ import scipy.stats
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-# The paired test behind ``ab`` on purpose: ``ab`` times real functions, and a
-# verdict on generated samples is what stays the same at any machine speed.
-from treeguard._src.bench.compare import compare_paired, wilcoxon_signed_rank
 from treeguard.bench import (
     BenchError,
     BenchResult,
     MachineMismatchError,
     compare,
+    compare_paired,
     compare_runs,
     compare_samples,
     hodges_lehmann,
     mann_whitney_u,
+    wilcoxon_signed_rank,
 )
 
 

@@ -94,22 +94,25 @@ def test_an_already_jitted_function_is_used_as_it_is() -> None:
 
 
 def test_calibration_stops_once_a_sample_lasts_min_time() -> None:
-    # The calibration loop on its own: ``run`` jits what it times, and a fake
-    # clock that advances with each call needs a plain Python call.
-    from treeguard._src.bench.run import calibrate
-
+    # A fake clock that advances with each call: with ``jit=False`` the runner
+    # calls the plain Python function as given, so the clock sees every call.
     clock = {"now": 0.0, "calls": 0}
 
-    def two_ms() -> None:  # a fake clock: each call lasts exactly 2 ms
+    def two_ms() -> None:  # each call lasts exactly 2 ms
         clock["now"] += 0.002
         clock["calls"] += 1
 
     timer = Timer(wall=lambda: clock["now"], cpu=lambda: clock["now"])
-    assert calibrate(two_ms, 0.0, timer) == 1
-    assert clock["calls"] == 0
-    loops = calibrate(two_ms, 0.01, timer)
-    assert loops * 0.002 >= 0.01  # one sample of that many calls lasts min_time
-    assert loops == 6  # 5 calls reach 10 ms exactly; the 5% margin asks one more
+    once = {"backend": "cpu"}  # the machine's conditions are not what is tested here
+    r = run(two_ms, jit=False, samples=2, min_time=0.0, warmup=0, timer=timer, conditions=once)
+    assert r.loops == 1
+    assert clock["calls"] == 1 + 2  # the first call and the samples: none to calibrate
+    clock["calls"] = 0
+    r = run(two_ms, jit=False, samples=2, min_time=0.01, warmup=0, timer=timer, conditions=once)
+    assert r.loops * 0.002 >= 0.01  # one sample of that many calls lasts min_time
+    assert r.loops == 6  # 5 calls reach 10 ms exactly; the 5% margin asks one more
+    assert clock["calls"] == 1 + (1 + 6) + 2 * 6  # first call, the two calibration rounds, samples
+    assert r.samples_s == pytest.approx((0.002, 0.002))
 
 
 @pytest.mark.parametrize(

@@ -20,6 +20,11 @@ from click.testing import CliRunner
 import treeguard as tg
 from treeguard._cli.main import main
 
+# The foreign reader's own steps and limit, on purpose: a file shrinks between two
+# of its steps, and its tensor limit is lowered to keep the files small.
+from treeguard._src.checkpoint import foreign
+from treeguard._src.checkpoint.files import open_checkpoint, read_raw_header
+
 
 def _run(*args: str) -> Any:
     return CliRunner().invoke(main, list(args))
@@ -186,10 +191,6 @@ def test_import_refuses_to_overwrite_its_source(tmp_path: Path) -> None:
 
 
 def test_file_truncated_between_header_and_data_read(tmp_path: Path) -> None:
-    # The reader's steps on purpose: the file shrinks between two of them.
-    from treeguard._src.checkpoint.files import open_checkpoint, read_raw_header
-    from treeguard._src.checkpoint.foreign import foreign_header, read_tensors
-
     f = _st(
         tmp_path / "t.safetensors",
         {"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}},
@@ -197,10 +198,10 @@ def test_file_truncated_between_header_and_data_read(tmp_path: Path) -> None:
     )
     fd, name = open_checkpoint(f)
     try:
-        header = foreign_header(*read_raw_header(fd, name), name)
+        header = foreign.foreign_header(*read_raw_header(fd, name), name)
         os.truncate(f, f.stat().st_size - 8)
         with pytest.raises(tg.FormatError, match="tensor 'a': the file was truncated while"):
-            read_tensors(fd, header, {"a"})
+            foreign.read_tensors(fd, header, {"a"})
     finally:
         os.close(fd)
 
@@ -256,8 +257,6 @@ def test_too_many_tensors_is_refused_before_arrays_are_made(
     """A small file of many tiny leaves (each a numpy array of ~100 bytes from
     two bytes of msgpack) is refused by count, in every format."""
     import msgpack
-
-    from treeguard._src.checkpoint import foreign  # its limit, lowered to keep the files small
 
     monkeypatch.setattr(foreign, "MAX_TENSORS", 50)
     wide = tmp_path / "wide.msgpack"

@@ -1,30 +1,49 @@
-"""Helpers of the sharded checkpoint tests: read the manifest, damage stored
-bytes, free ports."""
+"""Helpers of the sharded checkpoint tests: read what a save wrote (its
+manifest, as any JSON reader sees it), damage stored bytes, free ports."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import socket
 from pathlib import Path
+from typing import Any
 
-# The manifest's own reader on purpose: the tests look at and damage what a save
-# wrote, which no public call hands out.
-from treeguard._src.sharded.manifest import MANIFEST_NAME, is_sharded, read, sharded_digest
+import blake3
 
 __all__ = [
     "MANIFEST_NAME",
     "data_dir",
     "flip_byte",
     "free_port",
-    "is_sharded",
     "read",
     "sharded_digest",
 ]
 
+#: The manifest's name in a sharded checkpoint directory (part of the format).
+MANIFEST_NAME = "treeguard.sharded.json"
+
+
+def read(directory: str | os.PathLike[str]) -> dict[str, Any]:
+    """The manifest of ``directory`` as plain JSON (``data``, ``metadata``, ...)."""
+    doc = json.loads((Path(directory) / MANIFEST_NAME).read_bytes())
+    assert isinstance(doc, dict) and doc["format"] == "treeguard.sharded/1", doc.get("format")
+    return doc
+
+
+def sharded_digest(directory: str | os.PathLike[str]) -> str:
+    """The digest of the manifest's bytes, by its own algorithm, computed here
+    with the reference implementations (the store's and the CLI's digest)."""
+    raw = (Path(directory) / MANIFEST_NAME).read_bytes()
+    if json.loads(raw)["hash"] == "blake3":
+        return str(blake3.blake3(raw).hexdigest())
+    return hashlib.sha256(raw).hexdigest()
+
 
 def data_dir(directory: str | os.PathLike[str]) -> Path:
     """The data directory the manifest of ``directory`` names."""
-    return Path(directory) / read(directory).data
+    return Path(directory) / read(directory)["data"]
 
 
 def flip_byte(directory: str | os.PathLike[str], needle: bytes) -> Path:

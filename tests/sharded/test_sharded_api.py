@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import shutil
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from shardtools import MANIFEST_NAME, data_dir, flip_byte, is_sharded, read, sharded_digest
+from shardtools import MANIFEST_NAME, data_dir, flip_byte, read, sharded_digest
 
 import treeguard
 from treeguard._cli.ckpt import ckpt
@@ -64,8 +65,8 @@ def test_round_trip_bit_exact(saved: Path) -> None:
     assert isinstance(out["dense2"]["b"], jax.Array)
     live = treeguard.load_sharded(saved, _params())
     _same(live, _params())
-    assert read(saved).metadata == {"step": 7}
-    assert sorted(os.listdir(saved)) == sorted([MANIFEST_NAME, read(saved).data])
+    assert read(saved)["metadata"] == {"step": 7}
+    assert sorted(os.listdir(saved)) == sorted([MANIFEST_NAME, read(saved)["data"]])
 
 
 def test_contract_is_checked_before_any_read(copy: Path) -> None:
@@ -190,11 +191,11 @@ def test_a_manifest_that_cannot_be_written_fails_the_save(tmp_path: Path) -> Non
     with pytest.raises(OSError):
         treeguard.save_sharded(tmp_path, {"w": jnp.zeros(2)})
     assert not [n for n in os.listdir(tmp_path) if n.endswith(".tmp")]
-    assert not is_sharded(tmp_path)
+    assert (tmp_path / MANIFEST_NAME).is_dir()  # left as it was: no manifest written
 
 
 def test_a_new_save_replaces_the_old_and_clears_leftovers(copy: Path) -> None:
-    old = read(copy).data
+    old = read(copy)["data"]
     digest = sharded_digest(copy)
     (copy / f"{old[:-1]}0.orbax-checkpoint-tmp-123").mkdir()
     (copy / f".{MANIFEST_NAME}.abcd.tmp").write_text("{")
@@ -202,8 +203,9 @@ def test_a_new_save_replaces_the_old_and_clears_leftovers(copy: Path) -> None:
     newer = _params()
     newer["dense1"]["b"] = newer["dense1"]["b"] + 1
     treeguard.save_sharded(copy, newer, metadata={"step": 8})
-    assert is_sharded(copy) and sharded_digest(copy) != digest
-    assert sorted(os.listdir(copy)) == sorted([MANIFEST_NAME, read(copy).data, "notes.txt"])
+    assert stat.S_ISREG(os.lstat(copy / MANIFEST_NAME).st_mode)  # a regular file, never a link
+    assert sharded_digest(copy) != digest
+    assert sorted(os.listdir(copy)) == sorted([MANIFEST_NAME, read(copy)["data"], "notes.txt"])
     _same(treeguard.load_sharded(copy, _abstract(newer)), newer)
 
 

@@ -128,7 +128,7 @@ def _kill_mid_save(directory: Path, delay: float, victim: int = 1) -> int:
             for pipe in (p.stdout, p.stderr):
                 if pipe is not None:
                     pipe.close()
-    version = int(read(directory).metadata["version"])
+    version = int(read(directory)["metadata"]["version"])
     one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     rng = np.random.default_rng(version)
     rows = 1 << 15

@@ -1,7 +1,8 @@
 """The local store against the attacks and faults that used to get through:
 a link swapped into gc's path, gc killed mid-removal, a signed store opened
 without its key, a first promote killed half-way, unsafe key files, a clock
-that steps back, and verify racing gc. Each test shows the refusal (or the
+that steps back, verify racing gc, and two promoters racing (on a disk and
+in a bucket). Each test shows the refusal (or the
 recovery) and then the invariant."""
 
 from __future__ import annotations
@@ -172,17 +173,28 @@ def test_verify_racing_gc_that_removed_the_version_is_an_unknown_version(
         store.verify(v)
 
 
-def test_two_promoters_one_wins_and_the_other_hears_who(tmp_path: Path) -> None:
-    store = ArtifactStore(tmp_path)
+S3 = (pytest.mark.slow, pytest.mark.xdist_group("s3"))  # the session's SeaweedFS server
+
+
+@pytest.mark.parametrize("where", ["local", pytest.param("s3", marks=S3)])
+@pytest.mark.parametrize("first", [True, False], ids=["first-promote", "later-promote"])
+def test_two_promoters_one_wins_and_the_other_hears_who(
+    tmp_path: Path, request: pytest.FixtureRequest, where: str, first: bool
+) -> None:
+    root = str(tmp_path) if where == "local" else request.getfixturevalue("s3_url")
+    store = ArtifactStore.init(root)
+    other = ArtifactStore(root)  # another process's view of the same store
     v1, v2 = _verified(store, 1.0), _verified(store, 2.0)
-    store.promote(v1)
+    if not first:
+        store.promote(v1)
 
     storage = store._backend.storage
-    seen = pointer.read(storage, promoted=True)
-    store.promote(v2)  # another process moves the pointer after ours was read
+    seen = pointer.read(storage, promoted=not first)  # the race's first read
+    assert seen.tag is None if first else seen.tag is not None
+    other.promote(v2)  # another process moves the pointer after ours was read
     with pytest.raises(tg.ConflictError, match=f"version {v2} is current") as e:
         pointer.write(storage, pointer.Pointer(v1, ()), replacing=seen)
-    assert e.value.version == v2 and store.current() == v2
+    assert e.value.version == v2 and store.current() == v2 == other.current()
 
 
 _FILL_DISK = """

@@ -13,10 +13,12 @@ from .._src.bench.ab import ab as ab
 from .._src.bench.budget import Budgets as Budgets
 from .._src.bench.compare import Comparison as Comparison
 from .._src.bench.compare import compare as compare
+from .._src.bench.compare import compare_paired as compare_paired
 from .._src.bench.compare import compare_runs as compare_runs
 from .._src.bench.compare import compare_samples as compare_samples
 from .._src.bench.compare import hodges_lehmann as hodges_lehmann
 from .._src.bench.compare import mann_whitney_u as mann_whitney_u
+from .._src.bench.compare import wilcoxon_signed_rank as wilcoxon_signed_rank
 from .._src.bench.compiles import CompileCounter as CompileCounter
 from .._src.bench.conditions import conditions as conditions
 from .._src.bench.conditions import fingerprint as fingerprint
@@ -51,6 +53,7 @@ __all__ = [
     "ab",
     "bench_model",
     "compare",
+    "compare_paired",
     "compare_runs",
     "compare_samples",
     "conditions",
@@ -64,4 +67,5 @@ __all__ = [
     "save",
     "save_html",
     "to_html",
+    "wilcoxon_signed_rank",
 ]

@@ -381,6 +381,10 @@ def wilcoxon_signed_rank(d: Sequence[float] | np.ndarray[Any, Any], /) -> tuple[
     without continuity correction (as ``scipy.stats.wilcoxon`` with
     ``method="asymptotic", correction=False``).
 
+    Args:
+      d: the differences, one for each pair (``compare_paired`` passes the
+        log ratios of the pairs' times).
+
     Returns:
       ``(the smaller of the signed-rank sums, two-sided p)``; ``p`` is 1.0
       when every difference is 0.
