@@ -32,6 +32,14 @@ SERVE = [sys.executable, "-m", "treeguard", "serve"]
             ["serve", "treeguard.examples.mlp:model", "--store", ".", "--ray", "--grpc-port", "9"],
             "--grpc-port and --watch are not served with --ray",
         ),
+        (
+            [
+                *("serve", "treeguard.examples.mlp:model", "--store", ".", "--ray"),
+                *("--ray-ingress", "haproxy", "--ray-address", "127.0.0.1:6379"),
+            ],
+            "--ray-ingress haproxy starts a local cluster; the cluster at 127.0.0.1:6379 keeps "
+            "the ingress it was started with",
+        ),
     ],
 )
 def test_ray_usage_errors(args, message, tmp_path, monkeypatch):

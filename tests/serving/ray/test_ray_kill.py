@@ -15,7 +15,8 @@ pytestmark = pytest.mark.reliability
 # What Ray's proxy answers a request that was on a replica when it died (or
 # was routed to it before the proxy learned of its death): a bare 500. The
 # request never reached an answer, so it is safe to retry; Ray's proxy gives
-# no way to answer it with a 503 instead.
+# no way to answer it with a 503 instead. Behind HAProxy it is sent to
+# another replica (test_ray_haproxy.py).
 RAY_DIED = (500, "Internal Server Error")
 
 
