@@ -151,7 +151,8 @@ def main() -> None:
     from treeguard.serving import ray as tg_ray
 
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # a local node on 127.0.0.1
-    os.environ.update(tg_ray.haproxy_environment(folder / "hap"))  # before Ray starts
+    hap = tempfile.mkdtemp(prefix="tghap-", dir="/tmp")  # short: HAProxy's sockets go there
+    os.environ.update(tg_ray.haproxy_environment(hap))  # before Ray starts
     import ray
     from ray import serve
 
@@ -210,6 +211,7 @@ def main() -> None:
         os.killpg(single.pid, signal.SIGTERM)
         single.wait(timeout=30)
         shutil.rmtree(folder, ignore_errors=True)
+        shutil.rmtree(hap, ignore_errors=True)
 
 
 if __name__ == "__main__":

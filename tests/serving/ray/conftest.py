@@ -126,7 +126,9 @@ class Cluster:
         if not line:
             self.log.flush()
             tail = Path(self.log.name).read_bytes()[-3000:].decode(errors="replace")
-            raise AssertionError(f"the Ray driver exited ({self.proc.poll()}); its log ends:\n{tail}")
+            raise AssertionError(
+                f"the Ray driver exited ({self.proc.poll()}); its log ends:\n{tail}"
+            )
         out = json.loads(line)
         if not out["ok"]:
             raise AssertionError(out["trace"])

@@ -61,11 +61,15 @@ def haproxy_environment(folder: str | os.PathLike[str]) -> dict[str, str]:
     HAProxy in front of it stops routing to it within a second.
 
     Args:
-      folder: where HAProxy's configuration, sockets and state go (a path
-        short enough for a Unix socket: about 40 characters at most).
+      folder: where HAProxy's configuration, sockets and state go, at most
+        27 characters long: Ray adds its node id (56 characters) and HAProxy
+        takes socket paths of at most 97.
 
     Returns:
       The variables, ``{name: value}``; set the ones not set already.
+
+    Raises:
+      ConfigError: when ``folder`` is too long for HAProxy's socket paths.
 
     Example:
       >>> env = haproxy_environment("/tmp/tg-haproxy")
@@ -73,6 +77,14 @@ def haproxy_environment(folder: str | os.PathLike[str]) -> dict[str, str]:
       ('1', 'conn-failure empty-response')
     """
     root = os.fspath(folder)
+    longest = len(os.path.join(root, "0" * 56, "metrics.sock"))
+    if longest > _HAPROXY_MAX_SOCKET_PATH:
+        raise ConfigError(
+            f"HAProxy's folder {root!r} is {len(root)} characters long: its socket paths "
+            f"would be {longest}, and HAProxy takes at most {_HAPROXY_MAX_SOCKET_PATH}",
+            hint="pick a shorter folder, such as one made by "
+            "tempfile.mkdtemp(prefix='tghap-', dir='/tmp')",
+        )
     return {
         "RAY_SERVE_ENABLE_HA_PROXY": "1",
         "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": os.path.join(root, "haproxy.cfg"),
@@ -86,6 +98,10 @@ def haproxy_environment(folder: str | os.PathLike[str]) -> dict[str, str]:
         "RAY_SERVE_HAPROXY_RETRY_ON": "conn-failure empty-response",
         "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "2",
     }
+
+
+#: The longest Unix socket path HAProxy 2.8 accepts.
+_HAPROXY_MAX_SOCKET_PATH = 97
 
 
 def _free_port() -> int:
@@ -153,7 +169,7 @@ def connect(address: str | None, *, ingress: str = "proxy") -> Any:
     """
     check_ingress(address, ingress)
     if ingress == "haproxy" and "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC" not in os.environ:
-        # a short path: Unix sockets go under it, and Ray adds the node id (57 characters)
+        # a short path: Unix sockets go under it (see haproxy_environment)
         folder = tempfile.mkdtemp(prefix="tghap-", dir="/tmp")
         for key, value in haproxy_environment(folder).items():
             os.environ.setdefault(key, value)
