@@ -12,6 +12,8 @@ clients nobody here wrote (tritonclient, httpx) reach HAProxy unchanged.
 from __future__ import annotations
 
 import contextlib
+import os
+import shutil
 import socket
 import threading
 from collections.abc import Callable
@@ -85,3 +87,13 @@ def tcp_connector(port: int) -> Callable[[], socket.socket]:
         return s
 
     return connect
+
+
+def can_isolate() -> str | None:
+    """Why a cluster cannot run in a network namespace of its own, or None."""
+    if os.geteuid() != 0:
+        return "a network namespace of its own (unshare --net) needs root"
+    missing = [tool for tool in ("unshare", "ip") if shutil.which(tool) is None]
+    if missing:
+        return f"{' and '.join(missing)} not found"
+    return None

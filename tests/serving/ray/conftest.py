@@ -32,12 +32,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from bridge import forward, tcp_listener, unix_connector
+from bridge import can_isolate, forward, tcp_listener, unix_connector
 
 HERE = Path(__file__).resolve().parent
 
 # the child process imports these (and ray); the test process never does
-collect_ignore = ["driver.py", "picky.py", "bridge.py"]
+collect_ignore = ["driver.py", "picky.py", "bridge.py", "isolated_cli.py"]
 
 if importlib.util.find_spec("ray") is None:
     pytest.skip("ray is not installed (pip install 'treeguard[ray]')", allow_module_level=True)
@@ -168,16 +168,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         yield c
     finally:
         c.close()
-
-
-def can_isolate() -> str | None:
-    """Why a cluster cannot run in a network namespace of its own, or None."""
-    if os.geteuid() != 0:
-        return "a network namespace of its own (unshare --net) needs root"
-    missing = [tool for tool in ("unshare", "ip") if shutil.which(tool) is None]
-    if missing:
-        return f"{' and '.join(missing)} not found"
-    return None
 
 
 @pytest.fixture(scope="module")

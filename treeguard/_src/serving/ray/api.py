@@ -115,7 +115,7 @@ def _check_haproxy_mode() -> None:
     # Ray keeps its feature flags in a private module; no public call tells
     from ray.serve._private import constants
 
-    if not getattr(constants, "RAY_SERVE_ENABLE_HA_PROXY", False):
+    if not hasattr(constants, "RAY_SERVE_ENABLE_HA_PROXY"):
         raise ConfigError(
             "the installed Ray Serve has no HAProxy ingress "
             "(RAY_SERVE_ENABLE_HA_PROXY is not one of its settings)",
@@ -168,15 +168,16 @@ def connect(address: str | None, *, ingress: str = "proxy") -> Any:
         has no HAProxy mode.
     """
     check_ingress(address, ingress)
+    ray = _ray()
+    if ingress == "haproxy":
+        _check_haproxy_mode()
     if ingress == "haproxy" and "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC" not in os.environ:
+        # the cluster's processes read these as they start, after ray.init below;
         # a short path: Unix sockets go under it (see haproxy_environment)
         folder = tempfile.mkdtemp(prefix="tghap-", dir="/tmp")
         for key, value in haproxy_environment(folder).items():
             os.environ.setdefault(key, value)
         _owned_folders.append(folder)
-    ray = _ray()
-    if ingress == "haproxy":
-        _check_haproxy_mode()
     if not ray.is_initialized():
         if address is None:
             ray.init(include_dashboard=False, _node_ip_address="127.0.0.1")
