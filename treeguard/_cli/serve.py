@@ -6,8 +6,9 @@
   every bucket ahead of time and prints its compile time and memory.
 - ``treeguard serve swap URL VERSION`` asks a running server to hot-swap.
 - ``treeguard serve MODULE:ATTR --store ROOT --ray --replicas N [--ray-address A]``
-  runs N replicas under Ray Serve; ``treeguard serve swap --ray VERSION``
-  swaps every one of them, each checking VERSION before any switches.
+  runs N replicas under Ray Serve (on a local cluster, behind HAProxy with
+  ``--ray-ingress haproxy``); ``treeguard serve swap --ray VERSION`` swaps
+  every one of them, each checking VERSION before any switches.
 
 Exit codes, as for every treeguard command: 0 ok, 1 a check failed (over the
 memory budget, a refused swap), 2 usage or unreadable input, 4 the model's

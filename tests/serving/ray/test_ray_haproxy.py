@@ -7,15 +7,21 @@ its own; see conftest.py."""
 
 from __future__ import annotations
 
-import os
 import re
-import signal
 from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
-from fleet import Load, body, checked_store, deploy, served_requests, wait_until
+from fleet import (
+    Load,
+    body,
+    checked_store,
+    deploy,
+    infer_with_tritonclient,
+    kill_one_under_load,
+    wait_until,
+)
 
 pytestmark = pytest.mark.xdist_group("ray")
 
@@ -37,23 +43,10 @@ def fleet(haproxy_cluster, tmp_path_factory):
 
 @pytest.mark.slow
 def test_tritonclient_through_haproxy_reaches_each_replica_directly(haproxy_cluster, fleet):
-    httpclient = pytest.importorskip("tritonclient.http")
     versions, live = fleet
     v1 = versions.names[0]
     assert {s.rsplit("-", 1)[1] for s in haproxy_servers(haproxy_cluster)} == set(live)
-    c = httpclient.InferenceServerClient(haproxy_cluster.url)
-    assert c.is_server_live() and c.is_server_ready() and c.is_model_ready("mlp", v1)
-    x = np.random.default_rng(3).uniform(-1, 1, (3, 2)).astype(np.float32)
-    for binary in (False, True):
-        inp = httpclient.InferInput("x", list(x.shape), "FP32")
-        inp.set_data_from_numpy(x, binary_data=binary)
-        out = httpclient.InferRequestedOutput("output", binary_data=binary)
-        result = c.infer("mlp", [inp], outputs=[out], request_id="r-9")
-        np.testing.assert_allclose(
-            result.as_numpy("output"), versions.expected(v1, x), rtol=1e-5, atol=1e-6
-        )
-        assert result.get_response()["model_version"] == v1
-        assert result.get_response()["id"] == "r-9"
+    infer_with_tritonclient(haproxy_cluster.url, versions, v1)
     # the single-replica control routes stay refused behind HAProxy too
     r = httpx.post(f"http://{haproxy_cluster.url}/v2/treeguard/swap", json={"version": v1})
     assert r.status_code == 409
@@ -81,23 +74,16 @@ def test_a_swap_through_haproxy_fails_no_request_and_never_mixes_versions(haprox
 
 @pytest.mark.reliability
 def test_a_killed_replica_behind_haproxy_fails_no_request(haproxy_cluster, fleet):
-    versions, live = fleet
+    versions, _ = fleet
     v2 = versions.names[1]
     if versions.store.current() != v2:  # run alone: the swap test has not run
         assert haproxy_cluster.call("swap", name="hap", version=v2)["version"] == v2
-    live = haproxy_cluster.call("replicas", name="hap")
-    victim_id, victim = sorted(live.items())[0]
-    with Load(haproxy_cluster.url, "mlp", versions) as load:
-        wait_until(lambda: load.count() >= 20)
-        os.kill(victim, signal.SIGKILL)
-        now = haproxy_cluster.call("wait_replicas", name="hap", n=2, not_pids=[victim])
-        assert "error" not in now, now
-        (fresh,) = set(now) - set(live)
-        wait_until(lambda: any(s.endswith(fresh) for s in haproxy_servers(haproxy_cluster)))
-        url = haproxy_cluster.call("metrics", name="hap")[fresh]
-        load.phase.set()
-        wait_until(lambda: served_requests(haproxy_cluster.fetch(url)) >= 5)
-    text = haproxy_cluster.fetch(url)
+    load, victim_id, text = kill_one_under_load(
+        haproxy_cluster,
+        versions,
+        "hap",
+        routed=lambda fresh: any(s.endswith(fresh) for s in haproxy_servers(haproxy_cluster)),
+    )
     assert f'treeguard_model_info{{model="mlp",version="{v2}"}} 1.0' in text
     assert not any(s.endswith(victim_id) for s in haproxy_servers(haproxy_cluster))
     answered = [o for o in load.outcomes if o.status == 200]
