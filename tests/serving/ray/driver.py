@@ -33,6 +33,10 @@ from treeguard.serving import ServingError, ServingSpec
 from treeguard.serving import ray as tg_ray
 
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # keep Ray on 127.0.0.1, before `import ray`
+# Serve restarts a proxy that is not ready within 5 s (Ray's default), and gives
+# up after three; on a loaded 2-core machine a proxy (and HAProxy's manager
+# with its fallback proxy) can take longer than that to start.
+os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "30")
 INGRESS = sys.argv[3] if len(sys.argv) > 3 else "proxy"
 if INGRESS == "haproxy":  # Ray reads these as its processes start
     for key, value in tg_ray.haproxy_environment(os.path.join(sys.argv[1], "hap")).items():
