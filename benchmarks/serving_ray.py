@@ -1,16 +1,24 @@
-"""What Ray Serve's proxy costs: the bundled model served by replicas of the
-engine behind Ray's HTTP proxy, against the single-process ``treeguard
-serve`` in this same run.
+"""What Ray Serve's ingress costs: the bundled model served by replicas of
+the engine behind HAProxy (``--ray-ingress haproxy``) and behind Ray's HTTP
+proxy, against the single-process ``treeguard serve`` in this same run.
+
+One local cluster in Ray Serve's HAProxy mode serves both ingresses: HAProxy
+on its HTTP port, forwarding to each replica's own HTTP port, and Ray's
+Python proxy, which that mode keeps on the head node as HAProxy's fallback
+and which reaches the replicas through Ray's RPC as in Ray's default mode.
 
 1. Latency: sequential one-row requests over one keep-alive connection,
-   p50 and p99, the two servers interleaved round by round (median of the
-   rounds' p50s; p99 over every request). Goal: the proxy's p50 at most
+   p50 and p99, the three servers interleaved round by round (median of the
+   rounds' p50s; p99 over every request). Goal: the ingress's p50 at most
    1.5x the single process's.
 2. Throughput: one-row requests from concurrent clients, with 1 and then
-   2 replicas behind the proxy, and the single process.
+   2 replicas behind each ingress, and the single process.
 
-Everything binds 127.0.0.1; the Ray cluster is local, started and stopped
-here, and the single-process server is a child process stopped by pid.
+HAProxy binds its stats page and Prometheus exporter on every interface, so
+the benchmark re-runs itself in a network namespace of its own (``unshare
+--net``, as root), where nothing but loopback exists; everything else binds
+127.0.0.1. The cluster is local, started and stopped here, and the
+single-process server is a child process stopped by pid.
 
     python benchmarks/serving_ray.py [--requests 200] [--rounds 5] [--clients 8]
 """
@@ -19,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import socket
 import statistics
@@ -91,12 +100,31 @@ def pct(xs: list[float], q: float) -> float:
     return float(np.percentile(np.asarray(xs) * 1000, q))
 
 
+ISOLATED = "TREEGUARD_BENCH_ISOLATED"
+
+
+def isolate() -> None:
+    """Runs this script again in a network namespace of its own (see the docstring)."""
+    if os.environ.get(ISOLATED) == "1":
+        return
+    if os.geteuid() != 0 or not (shutil.which("unshare") and shutil.which("ip")):
+        raise SystemExit(
+            "HAProxy binds every interface: this benchmark runs in a network namespace "
+            "of its own, which needs root, unshare and ip"
+        )
+    os.environ[ISOLATED] = "1"
+    script = 'ip link set lo up && exec "$@"'
+    argv = [sys.executable, os.path.abspath(__file__), *sys.argv[1:]]
+    os.execvp("unshare", ["unshare", "--net", "sh", "-c", script, "-", *argv])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--clients", type=int, default=8)
     args = parser.parse_args()
+    isolate()
 
     c = conditions()
     load = c.get("load") or {}
@@ -120,11 +148,13 @@ def main() -> None:
          "--allow-unchecked", "--cache-dir", str(folder / "cache")],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )  # fmt: skip
+    from treeguard.serving import ray as tg_ray
+
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # a local node on 127.0.0.1
+    hap = tempfile.mkdtemp(prefix="tghap-", dir="/tmp")  # short: HAProxy's sockets go there
+    os.environ.update(tg_ray.haproxy_environment(hap))  # before Ray starts
     import ray
     from ray import serve
-
-    from treeguard.serving import ray as tg_ray
 
     ray.init(
         num_cpus=2,
@@ -133,43 +163,55 @@ def main() -> None:
         _temp_dir=str(folder / "ray"),
     )
     try:
-        ray_port = free_port()
-        serve.start(http_options={"host": "127.0.0.1", "port": ray_port})
+        hap_port = free_port()
+        proxy_port = int(os.environ["RAY_SERVE_FALLBACK_PROXY_HTTP_PORT"])
+        serve.start(http_options={"host": "127.0.0.1", "port": hap_port})
         serve.run(
             tg_ray.app(mlp.model, store, spec, num_replicas=1), name="bench", route_prefix="/"
         )
-        wait_ready(single_port)
-        wait_ready(ray_port)
-        for port in (single_port, ray_port):
+        servers = {"single": single_port, "HAProxy": hap_port, "Ray proxy": proxy_port}
+        for port in servers.values():
+            wait_ready(port)
             sequential(port, 30)  # warm-up
-        p50s: dict[str, list[float]] = {"single": [], "ray": []}
-        every: dict[str, list[float]] = {"single": [], "ray": []}
+        p50s: dict[str, list[float]] = {name: [] for name in servers}
+        every: dict[str, list[float]] = {name: [] for name in servers}
         for _ in range(args.rounds):
-            for name, port in (("single", single_port), ("ray", ray_port)):
+            for name, port in servers.items():
                 xs = sequential(port, args.requests)
                 p50s[name].append(pct(xs, 50))
                 every[name] += xs
-        single_p50, ray_p50 = statistics.median(p50s["single"]), statistics.median(p50s["ray"])
+        base = statistics.median(p50s["single"])
         print(f"latency, one-row requests, {args.rounds} rounds of {args.requests}, 1 replica:")
-        print(f"  single process  p50 {single_p50:.2f} ms  p99 {pct(every['single'], 99):.2f} ms")
-        print(f"  Ray proxy       p50 {ray_p50:.2f} ms  p99 {pct(every['ray'], 99):.2f} ms")
-        print(f"  Ray / single p50: {ray_p50 / single_p50:.2f}x (goal <= 1.5x)")
+        for name in servers:
+            p50 = statistics.median(p50s[name])
+            print(
+                f"  {name:15s} p50 {p50:6.2f} ms  p99 {pct(every[name], 99):6.2f} ms  "
+                f"{p50 / base:.2f}x" + ("" if name == "single" else " (goal <= 1.5x)")
+            )
         each = max(args.requests // 4, 10)
         rates = {"single process": throughput(single_port, args.clients, each)}
-        rates["Ray, 1 replica"] = throughput(ray_port, args.clients, each)
-        serve.run(
-            tg_ray.app(mlp.model, store, spec, num_replicas=2), name="bench", route_prefix="/"
-        )
-        wait_ready(ray_port)
-        rates["Ray, 2 replicas"] = throughput(ray_port, args.clients, each)
+        for replicas in (1, 2):
+            if replicas == 2:
+                serve.run(
+                    tg_ray.app(mlp.model, store, spec, num_replicas=2),
+                    name="bench",
+                    route_prefix="/",
+                )
+                wait_ready(hap_port)
+            for name in ("HAProxy", "Ray proxy"):
+                rates[f"{name}, {replicas} replica(s)"] = throughput(
+                    servers[name], args.clients, each
+                )
         print(f"throughput, {args.clients} clients x {each} one-row requests:")
         for name, rate in rates.items():
-            print(f"  {name:16s} {rate:8.0f} req/s  ({rate / rates['single process']:.2f}x)")
+            print(f"  {name:22s} {rate:8.0f} req/s  ({rate / rates['single process']:.2f}x)")
     finally:
         serve.shutdown()
         ray.shutdown()
         os.killpg(single.pid, signal.SIGTERM)
         single.wait(timeout=30)
+        shutil.rmtree(folder, ignore_errors=True)
+        shutil.rmtree(hap, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -6,8 +6,9 @@
   every bucket ahead of time and prints its compile time and memory.
 - ``treeguard serve swap URL VERSION`` asks a running server to hot-swap.
 - ``treeguard serve MODULE:ATTR --store ROOT --ray --replicas N [--ray-address A]``
-  runs N replicas under Ray Serve; ``treeguard serve swap --ray VERSION``
-  swaps every one of them, each checking VERSION before any switches.
+  runs N replicas under Ray Serve (on a local cluster, behind HAProxy with
+  ``--ray-ingress haproxy``); ``treeguard serve swap --ray VERSION`` swaps
+  every one of them, each checking VERSION before any switches.
 
 Exit codes, as for every treeguard command: 0 ok, 1 a check failed (over the
 memory budget, a refused swap), 2 usage or unreadable input, 4 the model's
@@ -147,6 +148,14 @@ _input_opt = click.option(
     show_default=True,
     help="With --ray: the Ray Serve application's name.",
 )
+@click.option(
+    "--ray-ingress",
+    type=click.Choice(["proxy", "haproxy"]),
+    default="proxy",
+    show_default=True,
+    help="With --ray, on the local cluster it starts: Ray's HTTP proxy, or HAProxy in "
+    "front of replicas that serve HTTP themselves (one hop less; see the Ray guide).",
+)
 def run_command(  # noqa: PLR0917 - click passes every option
     target: str,
     store_root: Path,
@@ -165,12 +174,13 @@ def run_command(  # noqa: PLR0917 - click passes every option
     replicas: int,
     ray_address: str | None,
     ray_app: str,
+    ray_ingress: str,
 ) -> None:
     """Serve MODULE:ATTR's apply with the store's current verified version.
 
     With --ray, --replicas replicas of the server run under Ray Serve behind
-    its proxy on --host:--port (gRPC is not served there); swap them with
-    `treeguard serve swap --ray VERSION`.
+    its proxy (or HAProxy: --ray-ingress haproxy) on --host:--port (gRPC is
+    not served there); swap them with `treeguard serve swap --ray VERSION`.
     """
     # The server imports JAX and starlette: only once the command runs.
     from .._src.serving.app import Server, read_token
@@ -187,6 +197,10 @@ def run_command(  # noqa: PLR0917 - click passes every option
                 "--grpc-port and --watch are not served with --ray",
                 hint="swap every replica with: treeguard serve swap --ray VERSION",
             )
+        # the Ray deployment's module (its model and store imports load JAX): only with --ray
+        from .._src.serving.ray.api import check_ingress
+
+        check_ingress(ray_address, ray_ingress)
         _run_ray(
             model,
             store_root,
@@ -196,6 +210,7 @@ def run_command(  # noqa: PLR0917 - click passes every option
             name=ray_app,
             host=host,
             port=port,
+            ingress=ray_ingress,
             options={
                 "allow_unchecked": allow_unchecked,
                 "memory_budget": memory_budget,
@@ -248,6 +263,7 @@ def _run_ray(
     name: str,
     host: str,
     port: int,
+    ingress: str,
     options: dict[str, Any],
 ) -> None:
     _require_ray()
@@ -264,7 +280,15 @@ def _run_ray(
             soft_wrap=True,
         )
 
-    run(application, name=name, address=address, host=host, port=port, on_ready=ready)
+    run(
+        application,
+        name=name,
+        address=address,
+        host=host,
+        port=port,
+        ingress=ingress,
+        on_ready=ready,
+    )
 
 
 @serve.command("plan")

@@ -5,6 +5,12 @@ starts a dozen processes): ``driver.py`` runs the cluster on 127.0.0.1 and
 answers commands; the tests load it through Ray's HTTP proxy with clients
 of their own. Teardown stops Serve and Ray, then kills by pid whatever the
 child left behind. Without ray installed, these tests skip.
+
+The ``haproxy_cluster`` fixture runs Ray Serve's HAProxy ingress instead of
+Ray's proxy. Its HAProxy binds a stats page and an exporter on every
+interface, so its driver runs in a network namespace of its own (``unshare
+--net``, as root) and ``bridge.py`` carries the ingress port out to this
+process's 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -26,11 +32,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from bridge import can_isolate, forward, tcp_listener, unix_connector
 
 HERE = Path(__file__).resolve().parent
 
 # the child process imports these (and ray); the test process never does
-collect_ignore = ["driver.py", "picky.py"]
+collect_ignore = ["driver.py", "picky.py", "bridge.py", "isolated_cli.py"]
 
 if importlib.util.find_spec("ray") is None:
     pytest.skip("ray is not installed (pip install 'treeguard[ray]')", allow_module_level=True)
@@ -65,9 +72,10 @@ def descendants(pid: int) -> set[int]:
 
 
 class Cluster:
-    """The child process that runs the cluster, and the proxy's URL."""
+    """The child process that runs the cluster, and its ingress's URL
+    (``ingress``: ``"proxy"``, Ray's; ``"haproxy"``, in a namespace of its own)."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, ingress: str = "proxy") -> None:
         self.port = free_port()
         self.url = f"127.0.0.1:{self.port}"
         self.log = open(folder / "driver.log", "wb")  # noqa: SIM115 - closed in close()
@@ -77,8 +85,16 @@ class Cluster:
         # Ray's sockets live under its temp dir, and a Unix socket's path is at
         # most 107 bytes: pytest's folders (deeper under xdist) are too long.
         self.ray_dir = tempfile.mkdtemp(prefix="tgray-", dir="/tmp")
+        command = [sys.executable, str(HERE / "driver.py"), self.ray_dir, str(self.port), ingress]
+        self._bridge: Any = None
+        if ingress == "haproxy":
+            # the driver's own network namespace, its loopback up; the URL is a bridge's
+            command = ["unshare", "--net", "sh", "-c", 'ip link set lo up && exec "$@"', "-"]
+            command += [sys.executable, str(HERE / "driver.py"), self.ray_dir, "8000", ingress]
+            self._bridge = tcp_listener(self.port)
+            forward(self._bridge, unix_connector(os.path.join(self.ray_dir, "ingress.sock")))
         self.proc = subprocess.Popen(
-            [sys.executable, str(HERE / "driver.py"), self.ray_dir, str(self.port)],
+            command,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self.log,
@@ -88,6 +104,11 @@ class Cluster:
         self._lines: queue.Queue[str] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
         self._answer(240.0)
+
+    def fetch(self, url: str) -> str:
+        """The body of a GET of ``url``, sent from the driver (which sees the
+        replicas' own ports even from its own network namespace)."""
+        return str(self.call("fetch", url=url))
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
@@ -103,7 +124,11 @@ class Cluster:
         except queue.Empty:
             raise AssertionError(f"the Ray driver did not answer in {deadline_s} s") from None
         if not line:
-            raise AssertionError(f"the Ray driver exited ({self.proc.poll()}); see driver.log")
+            self.log.flush()
+            tail = Path(self.log.name).read_bytes()[-3000:].decode(errors="replace")
+            raise AssertionError(
+                f"the Ray driver exited ({self.proc.poll()}); its log ends:\n{tail}"
+            )
         out = json.loads(line)
         if not out["ok"]:
             raise AssertionError(out["trace"])
@@ -130,6 +155,8 @@ class Cluster:
         for pid in below | descendants(self.proc.pid):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+        if self._bridge is not None:
+            self._bridge.close()
         self.log.close()
         shutil.rmtree(self.ray_dir, ignore_errors=True)
 
@@ -137,6 +164,18 @@ class Cluster:
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     c = Cluster(tmp_path_factory.mktemp("ray"))
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+@pytest.fixture(scope="module")
+def haproxy_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    why = can_isolate()
+    if why is not None:
+        pytest.skip(f"the HAProxy cluster binds every interface, so it runs isolated: {why}")
+    c = Cluster(tmp_path_factory.mktemp("haproxy"), ingress="haproxy")
     try:
         yield c
     finally:

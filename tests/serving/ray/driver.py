@@ -3,13 +3,17 @@ JSON lines on stdin; each answer is one line on stdout starting with ``@@ ``.
 
 Ray takes over its driver's SIGTERM and starts many processes, so the test
 process never imports ray: it starts this script, sends it commands, and
-reaps it by pid. Usage: ``python driver.py TEMP_DIR HTTP_PORT``.
+reaps it by pid. Usage: ``python driver.py TEMP_DIR HTTP_PORT [INGRESS]``
+(``proxy``, Ray's, the default; or ``haproxy``, whose port is also served on
+the Unix socket ``TEMP_DIR/ingress.sock`` for a test process outside this
+one's network namespace).
 
 Commands (``op``): ``deploy`` (``target`` MODULE:ATTR, ``store``, ``name``,
 ``replicas``, ``inputs``, ``buckets``, ``allow_unchecked``), ``swap`` (``version``,
 ``name``), ``replicas``, ``metrics``, ``wait_replicas`` (``n``, ``not_pids``:
 until ``n`` replicas run, none of these pids), ``address`` (the cluster's),
-``clear`` (delete every application), ``delete``, ``stop``.
+``clear`` (delete every application), ``delete``, ``fetch`` (``url``: the body
+of a GET from here), ``stop``.
 """
 
 from __future__ import annotations
@@ -22,13 +26,24 @@ import time
 import traceback
 from typing import Any
 
-os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # keep Ray on 127.0.0.1, before `import ray`
-
-import ray
-from ray import serve
+import httpx
+from bridge import forward, tcp_connector, unix_listener
 
 from treeguard.serving import ServingError, ServingSpec
 from treeguard.serving import ray as tg_ray
+
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # keep Ray on 127.0.0.1, before `import ray`
+# Serve restarts a proxy that is not ready within 5 s (Ray's default), and gives
+# up after three; on a loaded 2-core machine a proxy (and HAProxy's manager
+# with its fallback proxy) can take longer than that to start.
+os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "30")
+INGRESS = sys.argv[3] if len(sys.argv) > 3 else "proxy"
+if INGRESS == "haproxy":  # Ray reads these as its processes start
+    for key, value in tg_ray.haproxy_environment(os.path.join(sys.argv[1], "hap")).items():
+        os.environ.setdefault(key, value)
+
+import ray  # noqa: E402 - after the environment above
+from ray import serve  # noqa: E402
 
 
 def _load(target: str) -> Any:
@@ -85,6 +100,8 @@ def handle(cmd: dict[str, Any]) -> Any:
     if op == "delete":
         serve.delete(name)
         return True
+    if op == "fetch":
+        return httpx.get(cmd["url"], timeout=30).text
     raise ValueError(f"unknown op {op!r}")
 
 
@@ -99,6 +116,8 @@ def main() -> None:
         runtime_env={"env_vars": {"PYTHONPATH": os.path.dirname(os.path.abspath(__file__))}},
     )
     serve.start(http_options={"host": "127.0.0.1", "port": port})
+    if INGRESS == "haproxy":
+        forward(unix_listener(os.path.join(temp_dir, "ingress.sock")), tcp_connector(port))
     print("@@ " + json.dumps({"ok": True}), flush=True)
     for line in sys.stdin:
         cmd = json.loads(line)

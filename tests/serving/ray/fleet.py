@@ -5,15 +5,19 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import os
 import re
+import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 import jax
 import numpy as np
+import pytest
 from click.testing import CliRunner
 
 import treeguard
@@ -165,3 +169,51 @@ def served_requests(metrics_text: str) -> float:
         r'^treeguard_requests_total\{model="mlp",status="200"\} (\S+)$', metrics_text, re.M
     )
     return sum(float(v) for v in found)
+
+
+def infer_with_tritonclient(url: str, versions: Versions, version: str) -> None:
+    """tritonclient.http against ``url``: readiness, then one request with
+    JSON and one with binary tensors, each answered by ``version``'s params."""
+    httpclient = pytest.importorskip("tritonclient.http")
+    c = httpclient.InferenceServerClient(url)
+    assert c.is_server_live() and c.is_server_ready()
+    assert c.is_model_ready("mlp") and c.is_model_ready("mlp", version)
+    meta = c.get_model_metadata("mlp")
+    assert [i["name"] for i in meta["inputs"]] == ["x"] and meta["outputs"][0]["name"] == "output"
+    x = np.random.default_rng(3).uniform(-1, 1, (3, 2)).astype(np.float32)
+    for binary in (False, True):
+        inp = httpclient.InferInput("x", list(x.shape), "FP32")
+        inp.set_data_from_numpy(x, binary_data=binary)
+        out = httpclient.InferRequestedOutput("output", binary_data=binary)
+        result = c.infer("mlp", [inp], outputs=[out], request_id="r-7")
+        np.testing.assert_allclose(
+            result.as_numpy("output"), versions.expected(version, x), rtol=1e-5, atol=1e-6
+        )
+        assert result.get_response()["model_version"] == version
+        assert result.get_response()["id"] == "r-7"
+
+
+def kill_one_under_load(
+    cluster: Any,
+    versions: Versions,
+    name: str,
+    routed: Callable[[str], bool] | None = None,
+) -> tuple[Load, str, str]:
+    """SIGKILLs one replica of ``name`` while a ``Load`` runs, waits until Ray
+    has replaced it (and ``routed(new replica id)`` holds) and the new replica
+    has served 5 requests. Returns the load, the killed replica's id and the
+    new replica's metrics text."""
+    live = cluster.call("replicas", name=name)
+    victim_id, victim = sorted(live.items())[0]
+    with Load(cluster.url, "mlp", versions) as load:
+        wait_until(lambda: load.count() >= 20)
+        os.kill(victim, signal.SIGKILL)
+        now = cluster.call("wait_replicas", name=name, n=2, not_pids=[victim])
+        assert "error" not in now, now
+        (fresh,) = set(now) - set(live)
+        if routed is not None:
+            wait_until(lambda: routed(fresh))
+        url = cluster.call("metrics", name=name)[fresh]
+        load.phase.set()
+        wait_until(lambda: served_requests(cluster.fetch(url)) >= 5)
+    return load, victim_id, cluster.fetch(url)

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import signal
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
+from bridge import can_isolate
 from click.testing import CliRunner
 from fleet import body, checked_store, wait_until
 
@@ -31,6 +34,14 @@ SERVE = [sys.executable, "-m", "treeguard", "serve"]
         (
             ["serve", "treeguard.examples.mlp:model", "--store", ".", "--ray", "--grpc-port", "9"],
             "--grpc-port and --watch are not served with --ray",
+        ),
+        (
+            [
+                *("serve", "treeguard.examples.mlp:model", "--store", ".", "--ray"),
+                *("--ray-ingress", "haproxy", "--ray-address", "127.0.0.1:6379"),
+            ],
+            "--ray-ingress haproxy starts a local cluster; the cluster at 127.0.0.1:6379 keeps "
+            "the ingress it was started with",
         ),
     ],
 )
@@ -85,3 +96,27 @@ def test_serve_ray_and_swap_ray_on_a_running_cluster(cluster, tmp_path):
     assert proc.returncode == 0
     # the application is gone from the cluster it ran on; the cluster stays
     wait_until(lambda: httpx.post(url, json=body(x)).status_code == 404)
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("ray")  # one cluster at a time
+def test_serve_ray_behind_haproxy_starts_serves_and_cleans_up(tmp_path):
+    why = can_isolate()
+    if why is not None:
+        pytest.skip(f"HAProxy binds every interface, so the command runs isolated: {why}")
+    versions = checked_store(tmp_path, "mlp")
+    script = 'ip link set lo up && exec "$@"'
+    here = Path(__file__).parent
+    child = [sys.executable, str(here / "isolated_cli.py"), str(versions.store.root), "8000"]
+    done = subprocess.run(
+        ["unshare", "--net", "sh", "-c", script, "-", *child],
+        capture_output=True,
+        timeout=400,  # a safety stop
+        start_new_session=True,
+    )
+    assert done.returncode == 0, done.stderr.decode()[-3000:]
+    out = json.loads(done.stdout.decode().splitlines()[-1])
+    assert out["first"].startswith("serving 'treeguard' on http://127.0.0.1:8000 with 2 replicas")
+    assert out["config"]  # Ray wrote an HAProxy configuration under the command's folder
+    assert out["status"] == 200 and out["response"]["model_version"] == versions.names[0]
+    assert out["exit"] == 0 and out["left"] == []

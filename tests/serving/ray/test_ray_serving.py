@@ -10,7 +10,15 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from fleet import Load, body, checked_store, deploy, served_requests, wait_until
+from fleet import (
+    Load,
+    body,
+    checked_store,
+    deploy,
+    infer_with_tritonclient,
+    served_requests,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]  # one cluster
 
@@ -24,24 +32,7 @@ def mlp_fleet(cluster, tmp_path_factory):
 
 
 def test_tritonclient_and_curl_speak_to_the_proxy(cluster, mlp_fleet):
-    httpclient = pytest.importorskip("tritonclient.http")
-    v1 = mlp_fleet.names[0]
-    c = httpclient.InferenceServerClient(cluster.url)
-    assert c.is_server_live() and c.is_server_ready()
-    assert c.is_model_ready("mlp") and c.is_model_ready("mlp", v1)
-    meta = c.get_model_metadata("mlp")
-    assert [i["name"] for i in meta["inputs"]] == ["x"] and meta["outputs"][0]["name"] == "output"
-    x = np.random.default_rng(3).uniform(-1, 1, (3, 2)).astype(np.float32)
-    for binary in (False, True):
-        inp = httpclient.InferInput("x", list(x.shape), "FP32")
-        inp.set_data_from_numpy(x, binary_data=binary)
-        out = httpclient.InferRequestedOutput("output", binary_data=binary)
-        result = c.infer("mlp", [inp], outputs=[out], request_id="r-7")
-        np.testing.assert_allclose(
-            result.as_numpy("output"), mlp_fleet.expected(v1, x), rtol=1e-5, atol=1e-6
-        )
-        assert result.get_response()["model_version"] == v1
-        assert result.get_response()["id"] == "r-7"
+    infer_with_tritonclient(cluster.url, mlp_fleet, mlp_fleet.names[0])
 
 
 def test_a_single_replica_swap_through_the_proxy_is_refused(cluster, mlp_fleet):

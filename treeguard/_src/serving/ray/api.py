@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
+import socket
+import tempfile
 import time
 from collections.abc import Callable
 from typing import Any, cast
@@ -24,6 +27,9 @@ from .rollout import Decision, decide, refusal
 
 #: The application's name when none is given.
 DEFAULT_NAME = "treeguard"
+#: The ingresses a local cluster can put in front of the replicas: Ray's
+#: HTTP proxy (Ray's default) or HAProxy (Ray Serve's HAProxy mode).
+INGRESSES = ("proxy", "haproxy")
 
 
 def _ray() -> Any:
@@ -35,15 +41,143 @@ def _ray() -> Any:
     return ray
 
 
-def connect(address: str | None) -> Any:
+def haproxy_environment(folder: str | os.PathLike[str]) -> dict[str, str]:
+    """The environment that makes a Ray cluster serve through HAProxy.
+
+    In Ray Serve's HAProxy mode each replica serves HTTP on a port of its
+    own and an HAProxy process on every node balances the cluster's HTTP
+    port over them, so a request makes one HTTP hop to the replica instead
+    of going through Ray's Python proxy and Ray's RPC. These variables must
+    be in the environment of the process that starts the cluster (before
+    ``ray.init`` or ``ray start``, and before ``import ray``): Ray reads them
+    as its processes start. HAProxy's files go under ``folder``; its stats
+    page, its Prometheus exporter and Ray's fallback proxy get free ports
+    instead of Ray's fixed 8404, 9101 and 8500 (HAProxy binds the first two
+    on every interface); a request that a replica dropped unanswered
+    (killed, or its connection refused) is sent again to another replica
+    (``retry-on conn-failure empty-response``); an inference is a pure
+    function of its inputs and the version, so sending it twice is safe.
+    A replica that stops is drained for 2 s rather than Ray's 30 s: the
+    HAProxy in front of it stops routing to it within a second.
+
+    Args:
+      folder: where HAProxy's configuration, sockets and state go, at most
+        27 characters long: Ray adds its node id (56 characters) and HAProxy
+        takes socket paths of at most 97.
+
+    Returns:
+      The variables, ``{name: value}``; set the ones not set already.
+
+    Raises:
+      ConfigError: when ``folder`` is too long for HAProxy's socket paths.
+
+    Example:
+      >>> env = haproxy_environment("/tmp/tg-haproxy")
+      >>> env["RAY_SERVE_ENABLE_HA_PROXY"], env["RAY_SERVE_HAPROXY_RETRY_ON"]
+      ('1', 'conn-failure empty-response')
+    """
+    root = os.fspath(folder)
+    longest = len(os.path.join(root, "0" * 56, "metrics.sock"))
+    if longest > _HAPROXY_MAX_SOCKET_PATH:
+        raise ConfigError(
+            f"HAProxy's folder {root!r} is {len(root)} characters long: its socket paths "
+            f"would be {longest}, and HAProxy takes at most {_HAPROXY_MAX_SOCKET_PATH}",
+            hint="pick a shorter folder, such as one made by "
+            "tempfile.mkdtemp(prefix='tghap-', dir='/tmp')",
+        )
+    return {
+        "RAY_SERVE_ENABLE_HA_PROXY": "1",
+        "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": os.path.join(root, "haproxy.cfg"),
+        "RAY_SERVE_HAPROXY_SOCKET_PATH": os.path.join(root, "admin.sock"),
+        "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": root,
+        "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": os.path.join(root, "server-state"),
+        "RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH": os.path.join(root, "metrics.sock"),
+        "RAY_SERVE_HAPROXY_STATS_PORT": str(_free_port()),
+        "RAY_SERVE_HAPROXY_METRICS_PORT": str(_free_port()),
+        "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT": str(_free_port()),
+        "RAY_SERVE_HAPROXY_RETRY_ON": "conn-failure empty-response",
+        "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "2",
+    }
+
+
+#: The longest Unix socket path HAProxy 2.8 accepts.
+_HAPROXY_MAX_SOCKET_PATH = 97
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _check_haproxy_mode() -> None:
+    """Raises unless the installed Ray Serve has its HAProxy mode."""
+    # Ray keeps its feature flags in a private module; no public call tells
+    from ray.serve._private import constants
+
+    if not hasattr(constants, "RAY_SERVE_ENABLE_HA_PROXY"):
+        raise ConfigError(
+            "the installed Ray Serve has no HAProxy ingress "
+            "(RAY_SERVE_ENABLE_HA_PROXY is not one of its settings)",
+            hint="pip install -U 'treeguard[ray]' (a Ray Serve with its HAProxy mode), "
+            "or serve through Ray's proxy: --ray-ingress proxy",
+        )
+
+
+def check_ingress(address: str | None, ingress: str) -> None:
+    """Raises unless ``ingress`` can front the cluster at ``address``.
+
+    Raises:
+      ConfigError: for an unknown ``ingress``, or ``"haproxy"`` with an
+        ``address`` (a running cluster's ingress is set when it starts).
+
+    Example:
+      >>> check_ingress(None, "haproxy")
+      >>> check_ingress("127.0.0.1:6379", "haproxy")
+      Traceback (most recent call last):
+      ...
+      treeguard.ConfigError: --ray-ingress haproxy starts a local cluster; ...
+    """
+    if ingress not in INGRESSES:
+        raise ConfigError(
+            f"unknown Ray ingress {ingress!r}: expected one of {', '.join(INGRESSES)}",
+            hint="--ray-ingress proxy (Ray's HTTP proxy) or --ray-ingress haproxy",
+        )
+    if ingress == "haproxy" and address is not None:
+        raise ConfigError(
+            f"--ray-ingress haproxy starts a local cluster; the cluster at {address} "
+            "keeps the ingress it was started with",
+            hint="start that cluster with RAY_SERVE_ENABLE_HA_PROXY=1 in the environment of "
+            "`ray start` (see the Ray guide), or drop --ray-address",
+        )
+
+
+def connect(address: str | None, *, ingress: str = "proxy") -> Any:
     """Connects this process to the Ray cluster at ``address``, or starts a
-    local one on 127.0.0.1 (``None``); returns the ``ray`` module.
+    local one on 127.0.0.1 (``None``) with ``ingress`` in front of its
+    replicas (``"proxy"``: Ray's HTTP proxy; ``"haproxy"``: Ray Serve's
+    HAProxy mode, with ``haproxy_environment`` in a temporary folder that
+    ``disconnect`` removes); returns the ``ray`` module.
 
     Ray replaces a local node's loopback address with the machine's outside
     one unless ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` is set before it is
     imported, so it is set here first.
+
+    Raises:
+      ConfigError: see ``check_ingress``, or when the installed Ray Serve
+        has no HAProxy mode.
     """
+    check_ingress(address, ingress)
     ray = _ray()
+    if ingress == "haproxy":
+        _check_haproxy_mode()
+    if ingress == "haproxy" and "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC" not in os.environ:
+        # the cluster's processes read these as they start, after ray.init below;
+        # a short path: Unix sockets go under it (see haproxy_environment)
+        folder = tempfile.mkdtemp(prefix="tghap-", dir="/tmp")
+        for key, value in haproxy_environment(folder).items():
+            os.environ.setdefault(key, value)
+        _owned_folders.append(folder)
     if not ray.is_initialized():
         if address is None:
             ray.init(include_dashboard=False, _node_ip_address="127.0.0.1")
@@ -59,6 +193,18 @@ def connect(address: str | None) -> Any:
     return ray
 
 
+#: The HAProxy folders ``connect`` made, for ``disconnect`` to remove.
+_owned_folders: list[str] = []
+
+
+def disconnect() -> None:
+    """Ends this process's connection to Ray (stopping a local cluster it
+    started) and removes the HAProxy folders ``connect`` made."""
+    _ray().shutdown()
+    while _owned_folders:
+        shutil.rmtree(_owned_folders.pop(), ignore_errors=True)
+
+
 def run(
     application: Any,
     *,
@@ -66,22 +212,25 @@ def run(
     address: str | None = None,
     host: str = "127.0.0.1",
     port: int = 8000,
+    ingress: str = "proxy",
     on_ready: Callable[[dict[str, int | None], str, str], None] | None = None,
 ) -> None:
     """Runs ``application`` (from ``app``) on the cluster at ``address`` (a
-    local one on 127.0.0.1 when None) behind Ray's proxy on ``host:port``,
-    until interrupted (Ctrl-C or SIGTERM); then deletes it, and stops the
-    local cluster it started. ``on_ready`` is called with the running
+    local one on 127.0.0.1 when None) behind its ingress on ``host:port``
+    (a local cluster's is ``ingress``: see ``connect``), until interrupted
+    (Ctrl-C or SIGTERM); then deletes it, and stops the local cluster it
+    started. ``on_ready`` is called with the running
     replicas (``replicas(name)``), the cluster's address and the proxy's URL
     once every one is warm (on a cluster whose Serve already runs, the
     proxy keeps its own host and port).
 
     Raises:
       ServingError: 503 when the replicas cannot start (Ray's reason).
+      ConfigError: see ``connect``.
     """
     import signal
 
-    ray = connect(address)
+    ray = connect(address, ingress=ingress)
     from ray import serve  # see the module docstring
 
     def stop(signum: int, frame: Any) -> None:
@@ -118,7 +267,7 @@ def run(
                 serve.delete(name)
                 forget(name)
         if address is None:
-            ray.shutdown()
+            disconnect()
 
 
 def app(
