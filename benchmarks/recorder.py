@@ -1,18 +1,26 @@
 """What the NaN flight recorder costs a training step that stays finite.
 
     .venv/bin/python benchmarks/recorder.py
-    .venv/bin/python benchmarks/recorder.py --width 1024 --steps 300
+    .venv/bin/python benchmarks/recorder.py --width 1024 --rounds 40
 
-One run, every ratio against a baseline measured in the same run, the two
-sides interleaved step by step (so a load that comes and goes hits both),
-medians after a warm-up:
+One run, every ratio against a baseline measured in the same run by
+``treeguard.bench.ab``: after a warm-up (the compiles), the two sides in ABBA
+rounds (neither always runs right after the other), each sample a few steps
+long; the ratio is of the medians, with its 95% interval over the rounds.
+The verdict's clock is this process's CPU time on JAX's CPU backend (the
+wall clock also counts what other processes on a shared machine took); the
+wall-clock ratio is printed beside it. Each side keeps its own params and
+reads its loss every step (as a loop that logs it does), so both wait for
+every step; the recorded side also reads its finiteness flag, which is part
+of what the recorder costs.
 
 * a jitted step function: ``recorder.wrap(step)`` over the bare jitted
-  ``step(params, opt_state, batch) -> (params, opt_state, loss)`` whose loss
-  is read every step (as a loop that logs it does), target <= 1.05;
-* an ``OptaxStep``: ``recorder.wrap(optax_step(adam), loss=loss)`` over the
-  same ``optax_step`` called after a jitted ``value_and_grad``, its loss
-  read every step.
+  ``step(params, opt_state, batch) -> (params, opt_state, loss)``, target
+  <= 1.05;
+* an ``OptaxStep``: ``recorder.wrap(optax_step(adam), loss=loss)`` (one
+  program: grads, update and the check of the loss, grads, params and
+  state) over a jitted ``value_and_grad`` then the same ``optax_step``
+  (which checks the new params and state itself).
 
 The step is an MLP of four ``width x width`` layers on a batch of 256 with
 ``optax.adam``.
@@ -24,8 +32,6 @@ import argparse
 import statistics
 import sys
 import tempfile
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +42,7 @@ import jax.numpy as jnp
 import optax
 
 import treeguard as tg
+from treeguard.bench import ABResult, ab, conditions
 
 
 def _params(width: int) -> dict[str, dict[str, jax.Array]]:
@@ -56,22 +63,22 @@ def _loss(params: Any, batch: Any) -> jax.Array:
     return jnp.mean((x - batch["y"]) ** 2)
 
 
-def _interleaved(a: Callable[[], None], b: Callable[[], None], steps: int) -> tuple[float, float]:
-    """The median time of ``a`` and of ``b``, called in turn ``steps`` times each."""
-    ta: list[float] = []
-    tb: list[float] = []
-    for _ in range(steps):
-        for fn, out in ((a, ta), (b, tb)):
-            t = time.perf_counter()
-            fn()
-            out.append(time.perf_counter() - t)
-    return statistics.median(ta), statistics.median(tb)
+def _line(name: str, r: ABResult) -> str:
+    """The ratio of one A/B on both clocks, its interval and verdict."""
+    c = r.comparison
+    wall_a, wall_b = (statistics.median(x.samples("wall")) for x in (r.a, r.b))
+    return (
+        f"{name}: {c.ratio:.3f}x CPU time [{c.ratio_ci[0]:.3f}, {c.ratio_ci[1]:.3f}] "
+        f"({c.cand_median * 1e3:.2f} ms / {c.base_median * 1e3:.2f} ms; {c.verdict}), "
+        f"{wall_b / wall_a:.3f}x wall ({wall_b * 1e3:.2f} ms / {wall_a * 1e3:.2f} ms)"
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--width", type=int, default=512)
-    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=30, help="ABBA rounds of each A/B")
+    parser.add_argument("--min-time", type=float, default=0.1, help="seconds of one sample")
     args = parser.parse_args()
     opt = optax.adam(1e-3)
     batch = {
@@ -119,21 +126,21 @@ def main() -> None:
             s[0], s[1], loss = recorded_optax(s[0], s[1], batch)
             float(loss)
 
-        for fn in (bare, with_recorder, optax_alone, optax_recorded):  # warm-up: compiled
-            for _ in range(5):
-                fn()
-        base, rec = _interleaved(bare, with_recorder, args.steps)
-        obase, orec = _interleaved(optax_alone, optax_recorded, args.steps)
+        jitted, optaxed = (
+            ab(a, b, names=names, rounds=args.rounds, min_time=args.min_time, jit=False, warmup=5)
+            for a, b, names in (
+                (bare, with_recorder, ("bare", "recorded")),
+                (optax_alone, optax_recorded, ("grad+optax", "recorded")),
+            )
+        )
 
-    print(f"MLP of 4 layers {args.width}x{args.width}, batch 256, adam; {args.steps} steps a side")
+    load = conditions().get("load") or {}
     print(
-        f"jitted step, recorded / bare: {rec / base:.3f}x "
-        f"({rec * 1e3:.2f} ms / {base * 1e3:.2f} ms; target <= 1.05)"
+        f"MLP of 4 layers {args.width}x{args.width}, batch 256, adam; {args.rounds} ABBA "
+        f"rounds; load {load.get('1m')}/{load.get('5m')}/{load.get('15m')}"
     )
-    print(
-        f"optax_step, recorded / grad + optax_step: {orec / obase:.3f}x "
-        f"({orec * 1e3:.2f} ms / {obase * 1e3:.2f} ms)"
-    )
+    print(_line("jitted step, recorded / bare (target <= 1.05)", jitted))
+    print(_line("optax_step, recorded / grad + optax_step", optaxed))
 
 
 if __name__ == "__main__":

@@ -1,14 +1,13 @@
 """``FlightRecorder``: a training step that, on the first NaN or Inf, leaves
 behind everything needed to replay it.
 
-The check is traced into the step when the step is jitted (one reduction
-per leaf of the loss, the grads, the new params and the new state, each
-fused by XLA into the computation that makes the leaf; past ``PER_LEAF``
-leaves, one fused reduction per dtype over the joined leaves), and one
-scalar read per step. Which leaves hold what is worked out on the host, on
-the error path only. The params and the state from before the step are the
-call's own arguments, kept alive until the flag is read; nothing is copied
-while the step is finite.
+The check is traced into the step when the step is jitted: one reduction
+per leaf of the loss, the grads, the new params and the new state (past
+``PER_LEAF`` leaves, one per dtype over the joined leaves), each reading its
+leaf once, and one scalar read per step. Which leaves hold what is worked
+out on the host, on the error path only. The params and the state from
+before the step are the call's own arguments, kept alive until the flag is
+read; nothing is copied while the step is finite.
 """
 
 from __future__ import annotations
@@ -34,10 +33,24 @@ _BATCH_HINT = (
     "may hold personal data, so this is a choice written in the code"
 )
 
-#: Up to this many leaves, each leaf is reduced on its own: XLA fuses such a
-#: reduction into the computation that produces the leaf, where joining the
-#: leaves first (``all_finite``) copies them; beyond it, joining compiles faster.
+#: Up to this many leaves, each leaf is reduced on its own; beyond it, the
+#: leaves of a dtype are joined first (``all_finite``), which compiles faster.
 PER_LEAF = 256
+
+
+def _finite_sum(x: Any) -> jax.Array:
+    """0 when every value of ``x`` is finite, NaN otherwise, in one pass.
+
+    ``x - x`` is exactly 0 for a finite value and NaN for NaN or an
+    infinity, and a sum of zeros stays 0 while a NaN stays NaN, so the
+    sum is exact where a sum of ``x`` itself could overflow. It is one
+    reduction reading ``x``; ``all(isfinite(x))`` compiles on the CPU to a
+    boolean array written out, then reduced in two more passes.
+    """
+    x = jnp.asarray(x)
+    dtype = x.dtype
+    wide = jnp.issubdtype(dtype, jnp.complexfloating) or dtype.itemsize > 4
+    return jnp.sum(x - x, dtype=dtype if wide else jnp.float32)
 
 
 def finite_flag(leaves: list[Any]) -> jax.Array:
@@ -47,13 +60,15 @@ def finite_flag(leaves: list[Any]) -> jax.Array:
       >>> import jax.numpy as jnp
       >>> bool(finite_flag([jnp.ones(3), jnp.array(jnp.nan), jnp.arange(2)]))
       False
+      >>> bool(finite_flag([jnp.full(4, jnp.finfo(jnp.float32).max), jnp.arange(2)]))
+      True
     """
     if len(leaves) > PER_LEAF:
         return all_finite(leaves)
     ok = jnp.asarray(True)
     for x in leaves:
         if is_inexact(jnp.result_type(x)):
-            ok = jnp.logical_and(ok, jnp.all(jnp.isfinite(x)))
+            ok = jnp.logical_and(ok, jnp.isfinite(_finite_sum(x)))
     return ok
 
 
