@@ -137,6 +137,8 @@ class ObjectStorage:
             why = "the connection failed"
         elif "timed out" in text:
             why = "it timed out"
+        elif "body error" in text:
+            why = "the connection broke during the answer"
         else:
             why = type(e).__name__
         return StorageError(
