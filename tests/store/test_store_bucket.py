@@ -342,6 +342,7 @@ def test_a_partial_load_from_a_bucket_reads_only_what_it_selects(
         store.load_current(params)
     with pytest.raises(IntegrityError, match=r"(?s)version v000001: .*\['dense1'\]\['w'\]"):
         store.load_verified(v, params["dense1"], subtree="['dense1']")
+    assert not _fetch_threads()  # joined on the way out of a failed load
 
 
 def test_a_partial_load_fetches_the_header_and_the_selected_ranges_only(
