@@ -13,8 +13,9 @@ on the same server and the same bytes (one float32 leaf of ``--mib`` MiB):
 - ``promote`` (the whole object read again and re-hashed) against one
   ranged read of the whole object.
 
-Each figure is the median of ``--runs`` runs after one warm-up; the ratio
-is the store's over the baseline's, measured in the same run.
+Each figure is the median of ``--runs`` runs after one warm-up, the store's
+and the baseline's runs alternating; the ratio is the store's over the
+baseline's, measured in the same run.
 """
 
 from __future__ import annotations
@@ -38,14 +39,18 @@ from tests.s3server import seaweedfs
 from treeguard import ArtifactStore
 
 
-def _median(call: Callable[[], object], runs: int) -> float:
-    call()  # warm-up
-    times = []
+def _medians(ours: Callable[[], object], base: Callable[[], object], runs: int) -> list[float]:
+    """The median time of each call, the two alternating run by run (so a
+    change in the machine's load reaches both alike), after one warm-up each."""
+    ours()
+    base()
+    times: list[list[float]] = [[], []]
     for _ in range(runs):
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        for call, out in ((ours, times[0]), (base, times[1])):
+            start = time.perf_counter()
+            call()
+            out.append(time.perf_counter() - start)
+    return [statistics.median(t) for t in times]
 
 
 def main() -> None:
@@ -88,7 +93,7 @@ def main() -> None:
         print(f"{args.mib} MiB tree ({size / 2**20:.1f} MiB object), median of {args.runs} runs")
         print(f"{'operation':<14}{'store s':>10}{'baseline s':>12}{'ratio':>8}")
         for name, ours, base in rows:
-            t_ours, t_base = _median(ours, args.runs), _median(base, args.runs)
+            t_ours, t_base = _medians(ours, base, args.runs)
             print(f"{name:<14}{t_ours:>10.3f}{t_base:>12.3f}{t_ours / t_base:>8.2f}")
 
 

@@ -12,16 +12,19 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import re
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 #: How long the server may take to answer on its S3 port.
 START_TIMEOUT = 60.0
@@ -127,3 +130,82 @@ def _wait_ready(server: S3Server, proc: subprocess.Popen[bytes]) -> None:
         except (urllib.error.URLError, OSError):
             time.sleep(0.25)
     raise RuntimeError(f"weed server did not answer on {server.endpoint} in {START_TIMEOUT} s")
+
+
+class CuttingProxy:
+    """A TCP proxy on 127.0.0.1 in front of a server that breaks the first
+    ``cuts`` connections whose answers pass ``after`` bytes: the network
+    failing in the middle of a download, with the real server behind it.
+
+    Attributes:
+      endpoint: the URL clients use instead of the server's.
+      ranges: the ``(start, stop)`` byte range of every ranged request seen.
+      cut: how many connections were broken.
+    """
+
+    _RANGE = re.compile(rb"range: bytes=(\d+)-(\d+)", re.IGNORECASE)
+
+    def __init__(self, target: str, *, after: int, cuts: int) -> None:
+        host, port = target.removeprefix("http://").split(":")
+        self._target = (host, int(port))
+        self._after = after
+        self._cuts = cuts
+        self.cut = 0
+        self.ranges: list[tuple[int, int]] = []
+        self._lock = threading.Lock()
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.endpoint = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
+        self._sockets: list[socket.socket] = []
+        self._threads: list[threading.Thread] = []
+        self._closed = False
+
+    def __enter__(self) -> CuttingProxy:
+        self._spawn(self._accept)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._closed = True
+        self._listener.close()
+        with self._lock:
+            for s in self._sockets:
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+                s.close()
+        for t in self._threads:
+            t.join(timeout=10)
+
+    def _spawn(self, target: Any, *args: Any) -> None:
+        t = threading.Thread(target=target, args=args, daemon=True)
+        self._threads.append(t)
+        t.start()
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return  # closed
+            server = socket.create_connection(self._target, timeout=30)
+            with self._lock:
+                self._sockets += [client, server]
+            self._spawn(self._pipe, client, server, False)
+            self._spawn(self._pipe, server, client, True)
+
+    def _pipe(self, src: socket.socket, dst: socket.socket, answers: bool) -> None:
+        sent = 0
+        with contextlib.suppress(OSError):
+            while data := src.recv(1 << 16):
+                if not answers:
+                    with self._lock:
+                        self.ranges += [(int(a), int(b) + 1) for a, b in self._RANGE.findall(data)]
+                sent += len(data)
+                if answers and sent > self._after:
+                    with self._lock:
+                        cut = self.cut < self._cuts
+                        self.cut += cut
+                    if cut:
+                        break
+                dst.sendall(data)
+        for s in (src, dst):
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)

@@ -14,12 +14,14 @@ import pytest
 from click.testing import CliRunner, Result
 from obstore.store import S3Store
 
+from tests.s3server import CuttingProxy, S3Server
 from treeguard import (
     ArtifactStore,
     ConflictError,
     IntegrityError,
     RetentionPolicy,
     SignatureError,
+    StorageError,
     StoreError,
     UnknownVersionError,
     read_header,
@@ -325,6 +327,7 @@ def test_a_partial_load_from_a_bucket_reads_only_what_it_selects(
         store.load_current(params)
     with pytest.raises(IntegrityError, match=r"(?s)version v000001: .*\['dense1'\]\['w'\]"):
         store.load_verified(v, params["dense1"], subtree="['dense1']")
+    assert not _fetch_threads()  # joined on the way out of a failed load
 
 
 def test_a_partial_load_fetches_the_header_and_the_selected_ranges_only(
@@ -417,3 +420,49 @@ def test_a_version_gc_removes_while_it_is_read_is_unknown_not_damaged(s3_url: st
     obstore.delete(raw, f"retired/{v1}")  # the data gone and the name never retired: damage
     with pytest.raises(IntegrityError, match="its checkpoint object is missing"):
         store.load_version(v1)
+
+
+def _fetch_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "treeguard-fetch"]
+
+
+def test_a_download_the_network_breaks_resumes_where_it_stopped(
+    s3_server: S3Server, s3_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tree = {"w": np.arange(3 << 20, dtype=np.float32)}  # 12 MiB: three streamed chunks
+    store = ArtifactStore.init(s3_url)
+    v = store.put(tree)
+    store.verify(v)
+    store.promote(v)
+    size = obstore.head(_raw(s3_url), f"versions/{v}/model.safetensors")["size"]
+    with CuttingProxy(s3_server.endpoint, after=5 << 20, cuts=2) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+        got = ArtifactStore(s3_url).load_current(tree)
+    assert np.array_equal(got["w"], tree["w"])
+    assert proxy.cut == 2
+    # the data's GET, then one GET per break, each from where the last one stopped
+    starts = [start for start, stop in proxy.ranges if stop == size]
+    assert len(starts) == 3 and starts == sorted(set(starts)) and starts[0] > 0
+    assert not _fetch_threads()
+
+
+def test_a_download_broken_again_and_again_is_a_storage_error_naming_the_object(
+    s3_server: S3Server, s3_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tree = {"w": np.arange(3 << 20, dtype=np.float32)}
+    store = ArtifactStore.init(s3_url)
+    v = store.put(tree)
+    store.verify(v)
+    store.promote(v)
+    with CuttingProxy(s3_server.endpoint, after=1 << 20, cuts=100) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+        with pytest.raises(
+            StorageError,
+            match=r"reading versions/v000001/model\.safetensors failed: the connection broke "
+            "during the answer",
+        ):
+            ArtifactStore(s3_url).load_current(tree)
+    assert proxy.cut == 3  # three tries, then no more
+    assert not _fetch_threads()
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server.endpoint)
+    assert np.array_equal(store.load_current(tree)["w"], tree["w"])  # nothing was changed

@@ -26,13 +26,15 @@ The API:
 * ``hash_ranges(fd, [(offset, length), ...], algorithm)``: the digest of
   each range, keeping none of the bytes (a few reused chunk buffers);
 * ``write_hashed(fd, buffers, algorithm)``: write buffers while hashing them;
+  ``copy_hashed(dest, buffers, algorithm)`` copies them into memory instead;
 * ``Pipeline(algorithm)``: the streaming form under all of these: ``feed(key,
   chunk)`` any number of chunks per key, in order, then ``digests()``;
 * ``hash_file(fd, algorithm)``: one digest over a whole file.
 
 Where a function reads, its ``fd`` may also be a ``RangeReader``: bytes at
 offsets that are not a file (an object in a bucket, fetched as it is read),
-so a download is hashed while it arrives, into the arrays' final memory.
+so a download is hashed while it arrives, into the arrays' final memory
+(``BytesReader`` serves bytes already in memory the same way).
 """
 
 from __future__ import annotations
@@ -76,6 +78,27 @@ class RangeReader(Protocol):
         """Fills ``buf`` from ``offset``; how many bytes were read (fewer
         only at the end)."""
         ...
+
+
+class BytesReader:
+    """Bytes already in memory as a ``RangeReader``.
+
+    Example:
+      >>> buf = bytearray(2)
+      >>> BytesReader(b"abc").pread_into(memoryview(buf), 2), bytes(buf)
+      (1, b'c\\x00')
+    """
+
+    def __init__(self, data: Any) -> None:
+        self._data = memoryview(data).cast("B")
+
+    def size(self) -> int:
+        return len(self._data)
+
+    def pread_into(self, buf: memoryview, offset: int) -> int:
+        n = max(0, min(len(buf), len(self._data) - offset))
+        buf[:n] = self._data[offset : offset + n]
+        return n
 
 
 #: What the reading functions read from: a file descriptor or a ``RangeReader``.
@@ -458,6 +481,56 @@ def write_hashed(
       (True, 2)
       >>> os.close(fd)
     """
+    return _moved_hashed(
+        lambda view: _write_all(fd, view), buffers, algorithm, chunk=chunk, threads=threads
+    )
+
+
+def copy_hashed(
+    dest: memoryview,
+    buffers: Iterable[memoryview],
+    algorithm: Algorithm,
+    *,
+    chunk: int = CHUNK,
+) -> list[str]:
+    """Copies the buffers one after another into ``dest`` while their
+    chunks are hashed, as ``write_hashed`` writes them to a file; returns one
+    digest per buffer.
+
+    Raises:
+      ValueError: if the buffers do not fill ``dest`` exactly.
+
+    Example:
+      >>> dest = memoryview(bytearray(3))
+      >>> found = copy_hashed(dest, [memoryview(b"ab"), memoryview(b"c")], "blake3")
+      >>> bytes(dest), found[1] == digest(b"c", "blake3")
+      (b'abc', True)
+    """
+    pos = 0
+
+    def copy(view: memoryview) -> None:
+        nonlocal pos
+        if pos + len(view) > len(dest):
+            raise ValueError(f"the buffers hold more than the {len(dest)} bytes of dest")
+        dest[pos : pos + len(view)] = view
+        pos += len(view)
+
+    found = _moved_hashed(copy, buffers, algorithm, chunk=chunk, threads=None)
+    if pos != len(dest):
+        raise ValueError(f"the buffers hold {pos} bytes, dest {len(dest)}")
+    return found
+
+
+def _moved_hashed(
+    move: Callable[[memoryview], None],
+    buffers: Iterable[memoryview],
+    algorithm: Algorithm,
+    *,
+    chunk: int,
+    threads: int | None,
+) -> list[str]:
+    """Moves each buffer chunk by chunk with ``move`` while a worker hashes
+    the chunks moved before; one digest per buffer."""
     with Pipeline(algorithm, items=os.cpu_count() or 1, threads=threads) as p:
         count = 0
         for i, buf in enumerate(buffers):
@@ -465,7 +538,7 @@ def write_hashed(
             p.feed(i, b"")
             for start in range(0, len(buf), chunk):
                 view = buf[start : start + chunk]
-                _write_all(fd, view)
+                move(view)
                 p.feed(i, view)
         found = p.digests()
     return [found[i] for i in range(count)]

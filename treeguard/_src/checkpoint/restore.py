@@ -29,15 +29,20 @@ _MAPPED = 64 * 1024 * 1024
 RESTORE_HINT = "restore the file from a verified copy (ArtifactStore.rollback) or save it again"
 
 
-def buffer(nbytes: int) -> np.ndarray[Any, Any]:
+def buffer(nbytes: int, *, populate: bool = True) -> np.ndarray[Any, Any]:
     """A fresh byte buffer; a large one is an anonymous mapping whose pages
     the kernel fills in at once (``MAP_POPULATE``: measured 1.6x to 5x
-    faster here than faulting them in one by one during the reads; numpy
-    would ask for huge pages, which can stall a whole load while the kernel
-    compacts memory)."""
+    faster here than faulting them in one by one during the reads of a
+    file; numpy would ask for huge pages, which can stall a whole load while
+    the kernel compacts memory). ``populate=False`` leaves them to be
+    faulted in as they are first written: for bytes that arrive over the
+    network, where that overlaps with the download (measured 1.3x faster
+    for a load from a bucket than filling them in first)."""
     if nbytes < _MAPPED:
         return np.empty(max(nbytes, 1), np.uint8)
-    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)
+    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
+    if populate:
+        flags |= getattr(mmap, "MAP_POPULATE", 0)
     return np.frombuffer(mmap.mmap(-1, nbytes, flags=flags), np.uint8)
 
 
@@ -85,7 +90,7 @@ def read_ranges(  # noqa: PLR0917 - every argument is needed, all positional dat
         pos = (pos + _ALIGN - 1) // _ALIGN * _ALIGN
         offsets.append(pos)
         pos += t.nbytes
-    base = buffer(pos)
+    base = buffer(pos, populate=isinstance(fd, int))  # a download faults them in as it goes
     whole = memoryview(base.data)
     views = [whole[off : off + t.nbytes] for t, off in zip(todo, offsets)]
 

@@ -7,6 +7,7 @@ so a tensor name is never ambiguous and ``load`` never mis-assigns a leaf.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -18,7 +19,7 @@ import numpy as np
 from ..atomic import atomic_write, remove_stale_temps, write_all
 from ..env import environment
 from ..errors import InvalidTreeError
-from ..hashing import DEFAULT, Algorithm, check_algorithm, write_hashed
+from ..hashing import DEFAULT, Algorithm, check_algorithm, copy_hashed, write_hashed
 from ..hashing import digest as digest_of
 from ..keydtype import KEY_DTYPES, is_key_dtype, key_data
 from ..leaf import Record, summarize
@@ -42,6 +43,7 @@ from .format import (
     header_digest,
     stored_layout,
 )
+from .restore import buffer
 
 _KEY_HINT = (
     "use str or int dict keys (not enums, numpy scalars or other objects) and attribute "
@@ -277,6 +279,88 @@ def write_checkpoint(
     """``save``, with ``threads`` bounding the threads that hash (None: every
     core; a background save passes 1)."""
     target = os.fspath(path)
+    draft = _draft(tree, metadata, digest, surgery)
+
+    def write(fd: int) -> None:
+        write_all(fd, draft.start())
+        digests = write_hashed(fd, draft.leaf_bytes(), draft.algorithm, threads=threads)
+        os.pwrite(fd, draft.header(digests), 8)
+
+    dirname, base = os.path.split(os.path.abspath(target))
+    remove_stale_temps(dirname, base)
+    atomic_write(target, write)
+
+
+def checkpoint_bytes(
+    tree: Any, /, *, metadata: Mapping[str, Any] | None = None, digest: Algorithm = DEFAULT
+) -> memoryview:
+    """The bytes ``save`` would write, built in memory: each leaf is copied
+    once, chunk by chunk, into one buffer while the hashing engine hashes
+    the chunks copied before (for an upload, which needs the whole object).
+
+    Args:
+      tree: a pytree of arrays, as for ``save``.
+      metadata: JSON-serialisable data to keep in the header.
+      digest: the hash algorithm, ``"blake3"`` or ``"sha256"``.
+
+    Returns:
+      The checkpoint's bytes.
+
+    Raises:
+      InvalidTreeError, TypeError, ValueError: as ``save``.
+
+    Example:
+      >>> import numpy as np
+      >>> data = checkpoint_bytes({"w": np.ones(4, np.float32)})
+      >>> bytes(data[-16:]) == np.ones(4, np.float32).tobytes()
+      True
+    """
+    draft = _draft(tree, metadata, digest, None)
+    start = draft.start()
+    out = memoryview(buffer(len(start) + draft.nbytes).data)
+    out[: len(start)] = start
+    digests = copy_hashed(out[len(start) :], draft.leaf_bytes(), draft.algorithm)
+    final = draft.header(digests)
+    out[8 : 8 + len(final)] = final
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class _Draft:
+    """A checked tree laid out as a checkpoint: its header with placeholder
+    digests, and each leaf's bytes still in the leaf."""
+
+    leaves: Sequence[Any]
+    records: Sequence[Record]
+    names: Sequence[str]
+    meta: Mapping[str, str]
+    table: Mapping[str, Any]
+    algorithm: Algorithm
+    draft: bytes
+    nbytes: int
+
+    def start(self) -> bytes:
+        """The header's length and the header, digests left blank."""
+        return len(self.draft).to_bytes(8, "little") + self.draft
+
+    def leaf_bytes(self) -> Iterator[memoryview]:
+        return _leaf_bytes(self.leaves, self.records, self.names)
+
+    def header(self, digests: Sequence[str]) -> bytes:
+        """The header with every leaf's digest and the header's own."""
+        meta = dict(self.meta)
+        meta[K_HASHES] = json.dumps(dict(zip(self.names, digests)), ensure_ascii=False)
+        meta[K_DIGEST] = header_digest(meta, dict(self.table))
+        final = encode_header(meta, dict(self.table))
+        if len(final) != len(self.draft):  # pragma: no cover - hex digests have fixed length
+            raise AssertionError("header length changed while saving")
+        return final
+
+
+def _draft(
+    tree: Any, metadata: Mapping[str, Any] | None, digest: Algorithm, surgery: Surgery | None
+) -> _Draft:
+    """Checks a tree for ``save`` (every problem at once) and lays it out."""
     algorithm = check_algorithm(digest)
     leaves, _ = flatten(tree)
     # Walked afresh, not from the cache by treedef: treedefs compare dict keys by
@@ -336,20 +420,7 @@ def write_checkpoint(
         K_DIGEST: PLACEHOLDER,
     }
     draft = encode_header(meta, table)
-
-    def write(fd: int) -> None:
-        write_all(fd, len(draft).to_bytes(8, "little") + draft)
-        digests = write_hashed(fd, _leaf_bytes(leaves, records, names), algorithm, threads=threads)
-        meta[K_HASHES] = json.dumps(dict(zip(names, digests)), ensure_ascii=False)
-        meta[K_DIGEST] = header_digest(meta, table)
-        final = encode_header(meta, table)
-        if len(final) != len(draft):  # pragma: no cover - hex digests have fixed length
-            raise AssertionError("header length changed while saving")
-        os.pwrite(fd, final, 8)
-
-    dirname, base = os.path.split(os.path.abspath(target))
-    remove_stale_temps(dirname, base)
-    atomic_write(target, write)
+    return _Draft(leaves, records, names, meta, table, algorithm, draft, pos)
 
 
 def _leaf_bytes(

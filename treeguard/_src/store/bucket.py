@@ -31,17 +31,16 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import secrets
-import tempfile
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from .. import strictjson
-from ..checkpoint import Header, read_header, save
+from ..checkpoint import Header
 from ..checkpoint.files import read_raw_header
 from ..checkpoint.read import checked_header, load_source, verify_source
 from ..checkpoint.select import select
+from ..checkpoint.write import checkpoint_bytes
 from ..errors import (
     FormatError,
     IntegrityError,
@@ -49,7 +48,7 @@ from ..errors import (
     StoreError,
     UnknownVersionError,
 )
-from ..hashing import Algorithm
+from ..hashing import Algorithm, BytesReader
 from ..spec import TreeSpec
 from . import records
 from .backend import Record, Wanted
@@ -268,12 +267,8 @@ class BucketBackend:
 
     def put(self, tree: Any, user: dict[str, Any], version: str | None, digest: Algorithm) -> str:
         self.require()
-        with tempfile.TemporaryDirectory(prefix="treeguard-put-") as tmp:
-            path = os.path.join(tmp, MODEL_FILE)
-            save(path, tree, metadata=user, digest=digest)
-            header = read_header(path)
-            with open(path, "rb") as f:
-                data = f.read()
+        data = checkpoint_bytes(tree, metadata=user, digest=digest)  # the one upload needs it all
+        header = checked_header(*read_raw_header(BytesReader(data), self.root), self.root, None)
         spec = header.spec
         record = {
             "status": "candidate",
@@ -323,7 +318,7 @@ class BucketBackend:
     def _retired(self, version: str) -> bool:
         return self.storage.read(f"retired/{version}", limit=1024, what="retired name") is not None
 
-    def _reserve(self, version: str | None, data: bytes) -> tuple[str, int]:
+    def _reserve(self, version: str | None, data: memoryview) -> tuple[str, int]:
         """Writes the checkpoint object, which reserves the name (create-only),
         before the record: a record is never seen without its data. Returns
         the name and the put's place in the marker's order."""
@@ -431,6 +426,8 @@ class BucketBackend:
         with self._reader(version) as reader:
             if want.subtree is not None or want.ignore:
                 reader.plan(_selected(self._header(version, reader), want))
+            else:
+                reader.plan(None)  # the whole object: its download starts now
             return load_source(
                 reader, self._model(version), want.like, expected, want.subtree, want.ignore
             )
@@ -444,6 +441,7 @@ class BucketBackend:
 
     def recheck(self, version: str, location: str, record: dict[str, Any], digest: str) -> None:
         with self._reader(version) as reader:
+            reader.plan(None)  # the whole object: its download starts now
             verify_source(reader, self._model(version), expect_digest=digest)
 
     # -- verify ----------------------------------------------------------

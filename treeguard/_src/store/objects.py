@@ -21,12 +21,14 @@ after a lost answer would report the writer's own success as a conflict.
 from __future__ import annotations
 
 import os
+import queue
 import re
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ..errors import FormatError, StorageError, StoreError
+from ..errors import FormatError, StorageError, StoreError, TreeguardError
 from .storage import Conflict, check_object_name
 
 #: The URL schemes this backend serves.
@@ -38,6 +40,12 @@ _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.\-_]{1,220}$")
 _URL_RE = re.compile(r"^(s3|gs):/")
 #: The least bytes a streamed read hands over at a time.
 _STREAM_CHUNK = 4 << 20
+#: How many streamed chunks are downloaded ahead of the reader at most.
+_AHEAD = 4
+#: The name of the thread that downloads ahead of a reader.
+FETCH_THREAD = "treeguard-fetch"
+#: How often a thread waiting on a full queue checks whether it was stopped.
+_POLL = 0.05
 #: The first bytes of an object fetched (and kept) on its first read: a
 #: checkpoint's header, parsed more than once, in one request.
 _HEAD_BYTES = 64 << 10
@@ -129,6 +137,8 @@ class ObjectStorage:
             why = "the connection failed"
         elif "timed out" in text:
             why = "it timed out"
+        elif "body error" in text:
+            why = "the connection broke during the answer"
         else:
             why = type(e).__name__
         return StorageError(
@@ -158,7 +168,9 @@ class ObjectStorage:
     def _tag(meta: Any) -> str:
         return f"{meta.get('e_tag') or ''}|{meta.get('version') or ''}"
 
-    def _put(self, name: str, data: bytes, mode: Any, lost: Conflict) -> str | Conflict:
+    def _put(
+        self, name: str, data: bytes | memoryview, mode: Any, lost: Conflict
+    ) -> str | Conflict:
         import obstore  # lazy: the optional [s3] extra
         from obstore.exceptions import AlreadyExistsError, PreconditionError
 
@@ -174,7 +186,7 @@ class ObjectStorage:
             raise self._failed("writing", name, e) from None
         return self._tag(got)
 
-    def create(self, name: str, data: bytes) -> str | Conflict:
+    def create(self, name: str, data: bytes | memoryview) -> str | Conflict:
         return self._put(check_object_name(name), data, "create", Conflict.EXISTS)
 
     def swap(self, name: str, data: bytes, expected: str | None) -> str | Conflict:
@@ -267,15 +279,18 @@ class ObjectReader:
 
     Its first bytes come with its size and etag, in the one request that
     makes it (``ObjectStorage.reader``), and are kept: a header is parsed
-    more than once. A read elsewhere is served by a streamed GET, each
-    chunk copied once into the caller's buffer as it arrives, and a read
-    that continues where the last one ended continues the same stream: a
-    whole checkpoint is one GET of its data. A GET runs to the end of the
-    planned range it starts in (``plan``), to the end of the object when
-    there is no plan, or covers only the bytes asked for when the read lies
-    outside every planned range. Every GET carries ``If-Match`` with the
-    etag read when the reader was made, so an object replaced meanwhile
-    fails the read (``FormatError``) instead of mixing two objects.
+    more than once. A read elsewhere is served by a streamed GET that a
+    thread of its own (``_Download``) pulls ahead of the reader, so the
+    next chunks arrive while the last ones are copied into the caller's
+    buffer and hashed; a read that continues where the last one ended
+    continues the same stream: a whole checkpoint is one GET of its data.
+    A GET runs to the end of the planned range it starts in (``plan``, which
+    also starts the first one), to the end of the object when there is no
+    plan, or covers only the bytes asked for when the read lies outside
+    every planned range. Every GET carries ``If-Match`` with the etag read
+    when the reader was made, so an object replaced meanwhile fails the read
+    (``FormatError``) instead of mixing two objects; for the same reason a
+    stream broken by the network or a 5xx is resumed where it stopped.
     """
 
     def __init__(self, storage: ObjectStorage, name: str, meta: Any, head: bytes) -> None:
@@ -285,8 +300,9 @@ class ObjectReader:
         self._etag = meta.get("e_tag")
         self._head = head
         self._plan: Sequence[tuple[int, int]] | None = None
-        self._stream: Iterator[Any] | None = None
+        self._download: _Download | None = None
         self._pos = 0
+        self._until = 0  # where the download under way ends
         self._left = memoryview(b"")
         #: how many bytes the server sent so far, in every request
         self.fetched = len(head)
@@ -296,34 +312,48 @@ class ObjectReader:
 
     def plan(self, ranges: Sequence[tuple[int, int]] | None) -> None:
         """The ``(offset, length)`` ranges the next reads will cover (None:
-        read to the end of the object; empty: fetch only what each read asks)."""
+        read to the end of the object; empty: fetch only what each read
+        asks). The download of the first range beyond the kept first bytes
+        starts at once."""
         self._plan = ranges
         self.close()
+        start = len(self._head)
+        if ranges is None:
+            self._open(start, self._size - start)
+            return
+        for offset, length in ranges:
+            if offset + length > start:
+                self._open(max(offset, start), offset + length - max(offset, start))
+                return
 
     def close(self) -> None:
-        """Drops the open stream, if any (its connection is closed)."""
-        self._stream, self._left = None, memoryview(b"")
+        """Stops the download under way, if any, and joins its thread."""
+        if self._download is not None:
+            self._download.close()
+        self._download, self._left = None, memoryview(b"")
 
     def pread_into(self, buf: memoryview, offset: int) -> int:
         want = max(0, min(len(buf), self._size - offset))
-        if offset + want <= len(self._head):
-            buf[:want] = self._head[offset : offset + want]
-            return want
-        if self._stream is None or offset != self._pos:
-            self._open(offset, want)
-        done = 0
+        done = max(0, min(want, len(self._head) - offset))
+        buf[:done] = self._head[offset : offset + done]
+        if done == want:
+            return done
+        if self._download is None or offset + done != self._pos:
+            self._open(offset + done, want - done)
         while done < want:
             if not self._left:
-                chunk = self._next()
+                chunk = self._download.next() if self._download is not None else None
+                if chunk is None and self._pos == self._until < self._size:
+                    self._open(self._pos, want - done)  # a GET ended where it was planned to
+                    continue
                 if chunk is None:
-                    break
+                    break  # the object ended early
                 self._left = memoryview(chunk)
-                self.fetched += len(self._left)
             n = min(len(self._left), want - done)
             buf[done : done + n] = self._left[:n]
             self._left = self._left[n:]
             done += n
-        self._pos = offset + done
+            self._pos += n
         return done
 
     def _stop(self, offset: int, want: int) -> int:
@@ -334,45 +364,121 @@ class ObjectReader:
                 return max(start + length, offset + want)
         return offset + want
 
-    def _options(self, start: int, stop: int) -> Any:
-        options: Any = {"range": (start, stop)}
-        if self._etag:
-            options["if_match"] = self._etag
-        return options
-
     def _open(self, offset: int, want: int) -> None:
-        import obstore  # lazy: the optional [s3] extra
-
         self.close()
-        stop = self._stop(offset, want)
-        if stop <= offset:
-            return
-        result = self._call(
-            lambda: obstore.get(
-                self._storage._store, self._name, options=self._options(offset, stop)
-            )
-        )
-        self._stream = iter(result.stream(min_chunk_size=_STREAM_CHUNK))
         self._pos = offset
+        stop = self._until = min(self._stop(offset, want), self._size)
+        if stop > offset:
+            self._download = _Download(lambda stopped: self._chunks(offset, stop, stopped))
 
-    def _next(self) -> Any:
-        if self._stream is None:
-            return None
-        stream = self._stream
-        return self._call(lambda: next(stream, None))
+    def _chunks(self, start: int, stop: int, stopped: threading.Event) -> Iterator[Any]:
+        """The bytes of ``[start, stop)`` in chunks, by one streamed GET,
+        resumed from the offset reached when the network or the server
+        fails (after a pause; ``_TRIES`` failures in a row end it)."""
+        import obstore  # lazy: the optional [s3] extra
+        from obstore.exceptions import GenericError
 
-    def _call(self, call: Callable[[], _T]) -> _T:
-        """One request (not retried: a stream cannot be resumed in place);
-        an object replaced since the reader was made is a ``FormatError``."""
-        from obstore.exceptions import BaseError, PreconditionError  # lazy: the [s3] extra
+        pos, stream, failures, pause = start, None, 0, _PAUSE
+        while pos < stop:
+            try:
+                if stream is None:
+                    options: Any = {"range": (pos, stop)}
+                    if self._etag:
+                        options["if_match"] = self._etag
+                    result = obstore.get(self._storage._store, self._name, options=options)
+                    stream = iter(result.stream(min_chunk_size=_STREAM_CHUNK))
+                chunk = next(stream, None)
+            except GenericError as e:  # the network or a 5xx: resume where it stopped
+                failures += 1
+                if failures == _TRIES:
+                    raise self._failed(e) from None
+                stream = None
+                if stopped.wait(pause):
+                    return
+                pause *= 2
+                continue
+            except Exception as e:  # noqa: BLE001 - typed by _failed
+                raise self._failed(e) from None
+            if chunk is None:
+                return  # the object ended early: the reader reports a short read
+            failures, pause = 0, _PAUSE
+            pos += len(chunk)
+            self.fetched += len(chunk)
+            yield chunk
 
-        try:
-            return call()
-        except PreconditionError:
-            raise FormatError(
+    def _failed(self, e: BaseException) -> TreeguardError:
+        """A failed read as the store's error; an object replaced since the
+        reader was made is a ``FormatError``."""
+        from obstore.exceptions import PreconditionError  # lazy: the optional [s3] extra
+
+        if isinstance(e, PreconditionError):
+            return FormatError(
                 "the object was replaced while it was read",
                 context=self._storage.where(self._name),
                 hint="something else writes under the store's prefix; read it again",
-            ) from None
-        except (BaseError, OSError) as e:
-            raise self._storage._failed("reading", self._name, e) from None
+            )
+        return self._storage._failed("reading", self._name, e)
+
+
+class _Download:
+    """Chunks pulled by a thread of their own (``FETCH_THREAD``), at most
+    ``_AHEAD`` of them ahead of the reader.
+
+    ``next`` hands them over in order, then None, and raises in the
+    reader's thread what the pulling raised. ``close`` stops the thread and
+    joins it: it ends once the request in flight answers (every request has
+    the client's timeout). Where no thread can be started (the interpreter
+    shutting down), the chunks are pulled in the reader's thread.
+
+    Args:
+      chunks: given the event that ``close`` sets, yields the chunks.
+    """
+
+    def __init__(self, chunks: Callable[[threading.Event], Iterator[Any]]) -> None:
+        self._queue: queue.Queue[Any] = queue.Queue(_AHEAD)
+        self._stopped = threading.Event()
+        self._ended = False
+        self._inline: Iterator[Any] | None = None
+        self._thread: threading.Thread | None = threading.Thread(
+            target=self._pull, args=(chunks,), name=FETCH_THREAD, daemon=True
+        )
+        try:
+            self._thread.start()
+        except RuntimeError:  # "can't create new thread at interpreter shutdown"
+            self._thread, self._inline = None, chunks(self._stopped)
+
+    def _pull(self, chunks: Callable[[threading.Event], Iterator[Any]]) -> None:
+        try:
+            for chunk in chunks(self._stopped):
+                if not self._hand(chunk):
+                    return
+        except BaseException as e:  # noqa: BLE001 - raised again in the reader's thread
+            self._hand(e)
+            return
+        self._hand(None)
+
+    def _hand(self, item: Any) -> bool:
+        """Queues ``item``; False once ``close`` was called."""
+        while not self._stopped.is_set():
+            try:
+                self._queue.put(item, timeout=_POLL)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def next(self) -> Any:
+        """The next chunk, or None at the end."""
+        if self._ended:
+            return None
+        item = next(self._inline, None) if self._inline is not None else self._queue.get()
+        if isinstance(item, BaseException):
+            self._ended = True
+            raise item
+        self._ended = item is None
+        return item
+
+    def close(self) -> None:
+        self._stopped.set()
+        if self._thread is not None:
+            self._thread.join()
