@@ -140,6 +140,7 @@ class CuttingProxy:
     Attributes:
       endpoint: the URL clients use instead of the server's.
       ranges: the ``(start, stop)`` byte range of every ranged request seen.
+      answered: the bytes of every answer passed on to the clients.
       cut: how many connections were broken.
     """
 
@@ -151,6 +152,7 @@ class CuttingProxy:
         self._after = after
         self._cuts = cuts
         self.cut = 0
+        self.answered = 0
         self.ranges: list[tuple[int, int]] = []
         self._lock = threading.Lock()
         self._listener = socket.create_server(("127.0.0.1", 0))
@@ -206,6 +208,9 @@ class CuttingProxy:
                     if cut:
                         break
                 dst.sendall(data)
+                if answers:
+                    with self._lock:
+                        self.answered += len(data)
         for s in (src, dst):
             with contextlib.suppress(OSError):
                 s.shutdown(socket.SHUT_RDWR)

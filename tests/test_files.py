@@ -1,24 +1,21 @@
-"""The shared file primitives through the readers and writers that use them,
-and the strict JSON reader attacked directly: modes, links, FIFOs, sizes, and
-JSON that is hostile as JSON."""
+"""The shared file primitives through the readers and writers that use them:
+modes, links, FIFOs, sizes, and JSON that is hostile as JSON."""
 
 from __future__ import annotations
 
 import os
 import stat
+import tempfile
 from pathlib import Path
 
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 import treeguard as tg
 from treeguard import FormatError
-
-# The strict JSON reader itself, on purpose: every JSON file goes through it, and
-# here it meets hostile JSON with its own labels and a round trip over any document.
-from treeguard._src import strictjson
 
 
 def _mode(p: Path) -> int:
@@ -110,16 +107,19 @@ def test_a_read_is_bounded(tmp_path: Path) -> None:
         ('{"a": ', "is not valid JSON: Expecting value"),
     ],
 )
-def test_strict_json_refuses_hostile_documents(text: str, why: str) -> None:
+def test_strict_json_refuses_hostile_documents(tmp_path: Path, text: str, why: str) -> None:
+    spec = tmp_path / "spec.json"  # one of the JSON files every reader parses strictly
+    spec.write_text(text, errors="surrogatepass")
     with pytest.raises(FormatError, match=why) as info:
-        strictjson.loads(text, "the status file", context="s.json", hint="write it again")
-    assert str(info.value).startswith("s.json: the status file")
-    assert str(info.value).endswith("\nhint: write it again")
+        tg.TreeSpec.load(spec)
+    assert str(info.value).startswith(f"{spec}: spec")
 
 
-def test_strict_json_refuses_invalid_utf8() -> None:
+def test_strict_json_refuses_invalid_utf8(tmp_path: Path) -> None:
+    spec = tmp_path / "spec.json"
+    spec.write_bytes(b'{"a": "\xff"}')
     with pytest.raises(FormatError, match="not valid JSON: 'utf-8' codec"):
-        strictjson.loads(b'{"a": "\xff"}', "the pointer")
+        tg.TreeSpec.load(spec)
 
 
 json_values = st.recursive(
@@ -135,7 +135,11 @@ json_values = st.recursive(
 
 @given(json_values)
 def test_strict_json_round_trips_every_plain_document(value: object) -> None:
-    assert strictjson.loads(strictjson.dumps(value), "the doc") == value
+    # a checkpoint's header is written and read back as strict JSON
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "f.safetensors"
+        tg.save(path, {"w": np.zeros(1, np.float32)}, metadata={"value": value})
+        assert tg.read_header(path).metadata["value"] == value
 
 
 def test_errors_render_from_their_fields_and_show_as_treeguard_names() -> None:

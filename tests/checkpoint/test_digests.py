@@ -27,7 +27,6 @@ from treeguard._cli.main import main
 
 # The hashing engine on purpose: its spans, ranges and threads against a plain hashlib.
 from treeguard._src import hashing
-from treeguard._src.checkpoint.write import checkpoint_bytes
 
 LEGACY = Path(__file__).parents[1] / "data" / "legacy"
 KEY = "legacy-fixture-key-0123456789abcdef"
@@ -134,18 +133,6 @@ def test_a_copy_that_does_not_fill_its_destination_exactly_is_refused() -> None:
         hashing.copy_hashed(memoryview(bytearray(4)), views, "blake3")
     with pytest.raises(ValueError, match="the buffers hold 5 bytes, dest 6"):
         hashing.copy_hashed(memoryview(bytearray(6)), views, "blake3")
-    assert not _hash_threads()
-
-
-@pytest.mark.parametrize("algorithm", ALGORITHMS)
-def test_a_checkpoint_built_in_memory_is_the_file_save_writes(
-    tmp_path: Path, algorithm: Any
-) -> None:
-    # the in-memory form of save, which a bucket's put uploads
-    tree = {"a": np.arange(6, dtype=np.int8).reshape(2, 3), "b": [jnp.ones(3), np.float32(2)]}
-    tg.save(tmp_path / "f.safetensors", tree, metadata={"m": 1}, digest=algorithm)
-    data = checkpoint_bytes(tree, metadata={"m": 1}, digest=algorithm)
-    assert bytes(data) == (tmp_path / "f.safetensors").read_bytes()
     assert not _hash_threads()
 
 

@@ -4,6 +4,7 @@ public surface of ``treeguard.serving``."""
 from __future__ import annotations
 
 import json
+import os
 import types
 
 import pytest
@@ -47,6 +48,36 @@ def test_usage_errors_exit_2(args, message):
     out = CliRunner().invoke(main, args)
     assert out.exit_code == 2, out.output
     assert message in out.output
+
+
+@pytest.mark.parametrize(
+    ("mode", "text", "message"),
+    [
+        (0o644, "x" * 32, "others may read it (mode 644)"),
+        (0o600, "too-short", "the token has 9 characters, not 16 to 4096"),
+        (0o600, "a-token-with-\x1b-in-it", "the token holds a character other than"),
+    ],
+    ids=["loose-mode", "short", "escape"],
+)
+def test_a_control_token_file_is_refused_before_anything_is_served_or_sent(
+    tmp_path, mode, text, message
+):
+    token = tmp_path / "token"
+    token.write_text(text)
+    os.chmod(token, mode)
+    (tmp_path / "s").mkdir()
+    for args in (
+        ["serve", "treeguard.examples.mlp:model", "--store", str(tmp_path / "s")],
+        ["serve", "swap", "http://127.0.0.1:9", "v000001"],
+    ):
+        out = CliRunner().invoke(main, [*args, "--control-token-file", str(token)])
+        assert out.exit_code == 2, out.output
+        assert f"control token file {token}: {message}" in out.output
+        assert "\x1b" not in out.output
+    out = CliRunner().invoke(
+        main, ["serve", "swap", "--ray", "v000001", "--control-token-file", str(token)]
+    )
+    assert out.exit_code == 2 and "--control-token-file goes with a URL" in out.output
 
 
 def test_serving_all_matches_the_exports():

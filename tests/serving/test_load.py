@@ -159,9 +159,14 @@ def test_uvicorn_end_to_end_with_the_cli(mlp_store, tmp_path):
     store, v = mlp_store
     port = _free_port()
     cache = tmp_path / "cache"
+    token = tmp_path / "token"
+    token.write_text("a-control-token-for-the-test\n")
+    token.chmod(0o600)
     proc = start_python(
         SERVER,
         "treeguard.examples.mlp:model",
+        "--control-token-file",
+        str(token),
         "--store",
         store.root,
         "--input",
@@ -194,9 +199,12 @@ def test_uvicorn_end_to_end_with_the_cli(mlp_store, tmp_path):
             from treeguard._cli.main import main
 
             out = CliRunner().invoke(main, ["serve", "swap", base, v["v2"]])
+            assert out.exit_code == 1 and "refused (401)" in out.output  # no token sent
+            with_token = ["--control-token-file", str(token)]
+            out = CliRunner().invoke(main, ["serve", "swap", base, v["v2"], *with_token])
             assert out.exit_code == 0, out.output
             assert out.output.startswith(f"serving {v['v2']} (previous {v['v1']}); 0 compiles")
-            out = CliRunner().invoke(main, ["serve", "swap", base, v["tampered"]])
+            out = CliRunner().invoke(main, ["serve", "swap", base, v["tampered"], *with_token])
             assert out.exit_code == 1 and "refused (409)" in out.output
             assert c.post(URL, json=request(1)).json()["model_version"] == v["v2"]
             assert "treeguard_model_info" in c.get("/metrics").text

@@ -7,6 +7,7 @@ running."""
 from __future__ import annotations
 
 import json
+import re
 import threading
 from pathlib import Path
 from typing import Any
@@ -37,7 +38,6 @@ from treeguard._cli.store import store as store_cli
 from treeguard._src.sharded.digests import HASH_THREADS, ShardChecker, hash_host
 from treeguard._src.sharded.load import groups
 from treeguard._src.sharded.manifest import ArrayRecord, Shard, parse
-from treeguard._src.sharded.recheck import read_local
 
 W = (np.arange(512, dtype=np.float32).reshape(32, 16) * 1.5 + 0.25).astype(np.float32)
 KEY = b"k" * 32
@@ -244,23 +244,23 @@ def test_a_group_whose_restore_fails_is_a_typed_error_and_no_thread_is_left(
     # file holding b's bytes is cut where they start, which leaves a whole
     # only where a's bytes lie elsewhere or before them (else save again)
     for attempt in range(8):
-        ck = tmp_path / f"ck{attempt}"
-        save_sharded(ck, tree)
+        store = ArtifactStore(tmp_path / f"s{attempt}")
+        v = store.put_sharded(tree)
+        ck = tmp_path / f"s{attempt}" / "versions" / v
         if _cut_where_b_starts(ck, tree):
             break
     else:
         raise AssertionError("orbax wrote b's bytes before a's in one file eight times")
     assert len(groups(parse((ck / MANIFEST_NAME).read_bytes()).arrays, [0, 1])) == 2
-    for call in (
-        lambda: load_sharded(ck, tree),
-        lambda: read_local(ck),
-    ):
-        with pytest.raises(
-            IntegrityError, match=r"the stored arrays \['b'\] could not be read"
-        ) as e:
-            call()
-        assert e.value.path == "['b']"
-        assert not _threads()
+    message = "the stored arrays ['b'] could not be read"
+    with pytest.raises(IntegrityError, match=re.escape(message)) as e:
+        load_sharded(ck, tree)
+    assert e.value.path == "['b']"
+    assert not _threads()
+    # the store's own check reads every shard in this process, a group at a time
+    info = store.verify(v)
+    assert info.status == "rejected" and message in (info.reason or "")
+    assert not _threads()
 
 
 def _cut_where_b_starts(ck: Path, tree: dict[str, Any]) -> bool:

@@ -331,35 +331,45 @@ def test_a_partial_load_from_a_bucket_reads_only_what_it_selects(
 
 
 def test_a_partial_load_fetches_the_header_and_the_selected_ranges_only(
-    s3_url: str,
+    s3_server: S3Server, s3_url: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    # the reader and the ranges a partial load plans, on purpose
-    from treeguard._src.store import bucket
-
     store = ArtifactStore.init(s3_url)
     tree = {name: np.full(1 << 18, i, np.float32) for i, name in enumerate("abcd")}
     v = store.put(tree)
-    backend = store._backend
-    assert isinstance(backend, bucket.BucketBackend)
-    want = bucket.Wanted({"b": tree["b"], "c": tree["c"]}, None, ignore=["['a']", "['d']"])
-    with backend._reader(v) as reader:
-        header = backend._header(v, reader)
-        assert reader.fetched < header.data_start + (1 << 16)  # the header alone
-        by_name = {t.name: t for t in header.tensors}
-        ranges = bucket._selected(header, want)
-        b, c = by_name["['b']"], by_name["['c']"]
-        assert ranges == [(header.data_start + b.begin, b.nbytes + c.nbytes)]  # one ranged GET
-    got = backend.load(v, "", backend.record(v)[1], want)
+    local = tmp_path / "v.safetensors"
+    local.write_bytes(bytes(obstore.get(_raw(s3_url), f"versions/{v}/model.safetensors").bytes()))
+    header = read_header(local)
+    by_name = {t.name: t for t in header.tensors}
+    b, c = by_name["['b']"], by_name["['c']"]
+    data = [(header.data_start + t.begin, header.data_start + t.end) for t in header.tensors]
+
+    def through_proxy(load: Any) -> tuple[Any, list[tuple[int, int]], int]:
+        """What ``load`` returns, the ranges past the header's first read it
+        asked for, and the bytes the server answered (every object)."""
+        with CuttingProxy(s3_server.endpoint, after=1 << 40, cuts=0) as proxy:
+            monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+            got = load(ArtifactStore(s3_url))
+        monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server.endpoint)
+        # the header's first bytes (one range from 0), then the data's ranges
+        assert [r for r in proxy.ranges if r[0] == 0] == [(0, 1 << 16)]
+        return got, [r for r in proxy.ranges if r[0] > 0], proxy.answered
+
+    want = {"b": tree["b"], "c": tree["c"]}
+    got, ranges, answered = through_proxy(
+        lambda s: s.load_version(v, want, ignore=["['a']", "['d']"])
+    )
     assert np.array_equal(got["b"], tree["b"]) and np.array_equal(got["c"], tree["c"])
-    with backend._reader(v) as reader:
-        reader.plan(ranges)
-        assert bucket.load_source(reader, "x", want.like, None, None, want.ignore).keys() == {
-            "b",
-            "c",
-        }
-        assert reader.fetched <= (1 << 16) + b.nbytes + c.nbytes  # none of a or d
-    got = store.load_version(v, {"c": tree["c"]}, ignore=["['a']", "['b']", "['d']"])
-    assert np.array_equal(got["c"], tree["c"])
+    # b and c lie side by side: one ranged GET of exactly their bytes, none of a or d
+    assert ranges == [(header.data_start + b.begin, header.data_start + c.end)]
+    # plus the header's first read and the small objects' answers, HTTP headers included
+    assert answered < b.nbytes + c.nbytes + (1 << 16) + (1 << 15)
+    got, ranges, answered = through_proxy(lambda s: s.load_version(v, tree["c"], subtree="['c']"))
+    assert np.array_equal(got, tree["c"])
+    assert ranges == [(header.data_start + c.begin, header.data_start + c.end)]
+    assert answered < c.nbytes + (1 << 16) + (1 << 15)
+    # the whole load, for scale: every tensor's bytes
+    _, _, whole = through_proxy(lambda s: s.load_version(v, tree))
+    assert whole >= sum(stop - start for start, stop in data)
 
 
 def test_a_put_killed_between_its_data_and_its_record_leaves_nothing_visible(

@@ -30,6 +30,7 @@ import click
 from .._src import strictjson
 from .._src.display import fmt_bytes
 from .._src.errors import ConfigError, ServingError
+from .._src.serving.token import read_token
 from .._src.store.objects import is_url
 from .console import console
 from .failures import Group
@@ -183,7 +184,7 @@ def run_command(  # noqa: PLR0917 - click passes every option
     not served there); swap them with `treeguard serve swap --ray VERSION`.
     """
     # The server imports JAX and starlette: only once the command runs.
-    from .._src.serving.app import Server, read_token
+    from .._src.serving.app import Server
     from .._src.serving.app import serve as run_server
 
     model = load_model(target, command="serve")
@@ -355,17 +356,36 @@ def plan_command(
 )
 @click.option("--ray-address", default="auto", show_default=True, metavar="ADDRESS")
 @click.option("--ray-app", default="treeguard", show_default=True)
-def swap_command(
-    words: tuple[str, ...], timeout: float, use_ray: bool, ray_address: str, ray_app: str
+@click.option(
+    "--control-token-file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="The file holding the server's control token (its --control-token-file).",
+)
+def swap_command(  # noqa: PLR0917 - click passes every option
+    words: tuple[str, ...],
+    timeout: float,
+    use_ray: bool,
+    ray_address: str,
+    ray_app: str,
+    control_token_file: Path | None,
 ) -> None:
     """Ask the server at URL to hot-swap to VERSION (verified, checked, then served).
 
-    With --ray, every replica of the Ray Serve application checks VERSION
-    first; they switch only if all pass, then the store's current version moves.
+    A server started with --control-token-file takes the swap only with the
+    same file's token. With --ray, every replica of the Ray Serve application
+    checks VERSION first; they switch only if all pass, then the store's
+    current version moves.
     """
     if use_ray:
         if len(words) != 1:
             raise ConfigError("serve swap --ray takes one VERSION", hint="serve swap --ray v000002")
+        if control_token_file is not None:
+            raise ConfigError(
+                "--control-token-file goes with a URL: serve swap --ray reaches the replicas "
+                "through Ray, not over HTTP",
+                hint="serve swap --ray VERSION",
+            )
         _swap_ray(words[0], address=ray_address, name=ray_app, timeout=timeout)
         return
     if len(words) != 2:
@@ -375,10 +395,13 @@ def swap_command(
     url, version = words
     if not url.startswith(("http://", "https://")):
         raise ConfigError(f"{url!r} is not an http(s) URL", hint="http://127.0.0.1:8000")
+    headers = {"Content-Type": "application/json"}
+    if control_token_file is not None:
+        headers["Authorization"] = "Bearer " + read_token(control_token_file).decode("ascii")
     req = urllib.request.Request(
         url.rstrip("/") + "/v2/treeguard/swap",
         data=json.dumps({"version": version}).encode(),
-        headers={"Content-Type": "application/json"},
+        headers=headers,
         method="POST",
     )
     try:

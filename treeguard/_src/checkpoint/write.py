@@ -310,9 +310,17 @@ def checkpoint_bytes(
       InvalidTreeError, TypeError, ValueError: as ``save``.
 
     Example:
-      >>> import numpy as np
-      >>> data = checkpoint_bytes({"w": np.ones(4, np.float32)})
-      >>> bytes(data[-16:]) == np.ones(4, np.float32).tobytes()
+      >>> import os, tempfile
+      >>> import jax.numpy as jnp, numpy as np
+      >>> from treeguard import save
+      >>> tree = {"a": np.arange(6, dtype=np.int8).reshape(2, 3), "b": [jnp.ones(3), np.float32(2)]}
+      >>> path = os.path.join(tempfile.mkdtemp(), "f.safetensors")
+      >>> for algorithm in ("blake3", "sha256"):  # byte for byte the file save writes
+      ...     _ = save(path, tree, metadata={"m": 1}, digest=algorithm)
+      ...     data = checkpoint_bytes(tree, metadata={"m": 1}, digest=algorithm)
+      ...     with open(path, "rb") as f:
+      ...         print(bytes(data) == f.read())
+      True
       True
     """
     draft = _draft(tree, metadata, digest, None)

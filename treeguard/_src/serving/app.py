@@ -11,14 +11,13 @@ transport runs beside it on the same engine.
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import logging
-import os
 from typing import Any
 
 from ..errors import ConfigError, ServingError
 from .engine import Engine
 from .rest import build_app
+from .token import is_loopback
 
 log = logging.getLogger("treeguard.serving")
 
@@ -50,53 +49,6 @@ class Server(Engine):
           control_token: the bearer token ``swap`` and ``rollback`` require.
         """
         return build_app(self, control_token=control_token)
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` names only this machine (``127.0.0.1``, ``::1``, ``localhost``).
-
-    Example:
-      >>> is_loopback("127.0.0.1"), is_loopback("localhost"), is_loopback("0.0.0.0")
-      (True, True, False)
-    """
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def read_token(path: str | os.PathLike[str]) -> bytes:
-    """Reads a control token from a file (one line; surrounding space dropped).
-
-    Raises:
-      ConfigError: for a file that cannot be read, anyone may read or
-        write, or that holds fewer than 16 characters.
-    """
-    try:
-        st = os.stat(path)
-        with open(path, "rb") as f:
-            token = f.read(4097).strip()
-    except OSError as e:
-        raise ConfigError(
-            f"control token file {os.fspath(path)}: {e.strerror}",
-            hint="write a random token there: python -c 'import secrets; "
-            "print(secrets.token_urlsafe())' > FILE; chmod 600 FILE",
-        ) from e
-    if st.st_mode & 0o077:
-        raise ConfigError(
-            f"control token file {os.fspath(path)}: others may read it "
-            f"(mode {st.st_mode & 0o777:o})",
-            hint=f"chmod 600 {os.fspath(path)}",
-        )
-    if len(token) < 16 or len(token) > 4096:
-        raise ConfigError(
-            f"control token file {os.fspath(path)}: the token has {len(token)} characters, "
-            "not 16 to 4096",
-            hint="python -c 'import secrets; print(secrets.token_urlsafe())' > FILE",
-        )
-    return token
 
 
 def _hardened_protocol(header_timeout_s: float, on_drop: Any) -> type:
