@@ -260,6 +260,7 @@ def test_a_group_whose_restore_fails_is_a_typed_error_and_no_thread_is_left(
     # the store's own check reads every shard in this process, a group at a time
     info = store.verify(v)
     assert info.status == "rejected" and message in (info.reason or "")
+    assert "TensorStore" not in (info.reason or "")  # the reader's noise is cut
     assert not _threads()
 
 

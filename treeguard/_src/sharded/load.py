@@ -88,7 +88,9 @@ def group_names(paths: Sequence[str]) -> str:
 
 def unreadable(where: str, paths: Sequence[str], error: BaseException) -> IntegrityError:
     """The error for a group of arrays whose restore failed, naming them."""
-    text = str(error).splitlines()[0][:300] if str(error) else type(error).__name__
+    text = str(error).splitlines()[0] if str(error) else type(error).__name__
+    # tensorstore appends the repr of a bound method and its spec: noise, and paths
+    text = text.split(" See full TensorStore details", 1)[0][:300]
     return IntegrityError(
         f"{where}: the stored arrays {group_names(paths)} could not be read: {text}\n"
         "hint: the data directory is damaged or incomplete; load an earlier checkpoint",
