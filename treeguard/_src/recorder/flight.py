@@ -1,11 +1,12 @@
 """``FlightRecorder``: a training step that, on the first NaN or Inf, leaves
 behind everything needed to replay it.
 
-The check is traced into the step when the step is jitted: one reduction
-per leaf of the loss, the grads, the new params and the new state (past
-``PER_LEAF`` leaves, one per dtype over the joined leaves), each reading its
-leaf once, and one scalar read per step. Which leaves hold what is worked
-out on the host, on the error path only. The params and the state from
+The check is traced into the step when the step is jitted: it reads each
+leaf of the loss, the grads, the new params and the new state once (a large
+f32 or complex leaf through a product with zeros, which XLA on the CPU runs
+as a matrix-vector product; past ``PER_LEAF`` leaves, one reduction per
+dtype over the joined leaves), and one scalar is read per step. Which
+leaves hold what is worked out on the host, on the error path only. The params and the state from
 before the step are the call's own arguments, kept alive until the flag is
 read; nothing is copied while the step is finite.
 """
