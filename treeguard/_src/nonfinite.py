@@ -61,7 +61,7 @@ def all_finite(leaves: Sequence[Any]) -> jax.Array:
         dtype = jnp.result_type(x)
         if not is_inexact(dtype):
             continue
-        if _typed_sharding(x):
+        if typed_sharding(x):
             ok = jnp.logical_and(ok, jnp.all(jnp.isfinite(x)))
         else:
             groups.setdefault(dtype, []).append(jnp.ravel(x))
@@ -71,7 +71,7 @@ def all_finite(leaves: Sequence[Any]) -> jax.Array:
     return ok
 
 
-def _typed_sharding(x: Any) -> bool:
+def typed_sharding(x: Any) -> bool:
     """Whether a leaf's type names mesh axes (it is sharded over Explicit axes)."""
     if not isinstance(x, jax.Array):  # numpy arrays and Python numbers
         return False
