@@ -166,6 +166,44 @@ def test_a_signed_store_refuses_a_forged_unsigned_verdict(s3_url: str) -> None:
     assert signed.current() == v1
 
 
+def test_a_signed_store_refuses_a_forged_rejected_verdict_as_forged(s3_url: str) -> None:
+    signed = ArtifactStore.init(s3_url, key=KEY)
+    v1 = signed.put(_params(0))
+    signed.verify(v1)
+    signed.promote(v1)
+    v2 = signed.put(_params(1))
+    raw = _raw(s3_url)
+    # an unsigned rejected verdict written behind the store, on a candidate
+    obstore.put(
+        raw,
+        f"versions/{v2}/verdict.json",
+        json.dumps({"status": "rejected", "reason": "forged"}).encode(),
+    )
+    with pytest.raises(
+        SignatureError, match=f"version {v2}'s verdict is not signed, .*never replaced"
+    ) as e:
+        signed.verify(v2)
+    assert e.value.version == v2
+    with pytest.raises(SignatureError, match=f"version {v2}'s verdict is not signed"):
+        signed.promote(v2)
+    # the current version's signed verdict turned into a rejected one, its signature kept
+    verdict = json.loads(bytes(obstore.get(raw, f"versions/{v1}/verdict.json").bytes()))
+    obstore.put(
+        raw, f"versions/{v1}/verdict.json", json.dumps(verdict | {"status": "rejected"}).encode()
+    )
+    forged = f"version {v1}'s verdict signature does not match"
+    with pytest.raises(SignatureError, match=forged):
+        signed.load_current(_params(0))
+    with pytest.raises(SignatureError, match=forged):
+        signed.check_verified(v1)
+    # listed as the objects say, never a crash
+    assert [(v.version, v.status) for v in signed.versions()] == [
+        (v1, "rejected"),
+        (v2, "rejected"),
+    ]
+    assert signed.current() == v1
+
+
 def test_an_object_replaced_behind_the_store_is_an_integrity_error(s3_url: str) -> None:
     store = ArtifactStore.init(s3_url)
     v1 = store.put(_params(0))
