@@ -378,6 +378,27 @@ def test_a_forged_rejected_verdict_is_refused_as_forged_not_obeyed(tmp_path: Pat
     assert store.current() == v2
 
 
+def test_gc_with_a_key_counts_only_signed_verdicts_and_keeps_forged_ones(tmp_path: Path) -> None:
+    store = ArtifactStore(tmp_path, key=KEY)
+    real = _verified(store, 1.0)
+    junk = store.put(_params(3.0))
+    spare = _verified(store, 2.0)
+    # a newer candidate forged "verified" (unsigned), and a signed verdict turned "rejected"
+    record = json.loads(_status(tmp_path, junk).read_text())
+    record.update(status="verified", digest=tg.read_header(_model(tmp_path, junk)).digest)
+    _status(tmp_path, junk).write_text(json.dumps(record))
+    record = json.loads(_status(tmp_path, spare).read_text())
+    _status(tmp_path, spare).write_text(json.dumps(record | {"status": "rejected"}))
+    # the newest verified version is the real one; neither forged verdict is deleted
+    assert store.gc(policy=RetentionPolicy(keep_last=0, keep_verified=1)) == []
+    assert store.load_verified(real)["w"][0, 0] == 1.0
+    # without a key nothing can be told apart: the newest that says verified is kept
+    plain = ArtifactStore(tmp_path / "plain")
+    old, new = _verified(plain, 1.0), _verified(plain, 2.0)
+    assert plain.gc(policy=RetentionPolicy(keep_last=0, keep_verified=1)) == [old]
+    assert [v.version for v in plain.versions()] == [new]
+
+
 def test_an_unkeyed_store_reads_its_rejected_verdicts_as_before(tmp_path: Path) -> None:
     store = ArtifactStore(tmp_path)
     good = _verified(store, 1.0)

@@ -778,8 +778,10 @@ class ArtifactStore:
         pointer remembers (whatever their status files say), the newest
         versions the policy keeps, a version being written by a live
         process (or by one on another host, whose pid means nothing here), a
-        version whose record cannot be read, or a directory that holds files
-        the store did not write. It refuses to run when the
+        version whose record cannot be read, in a store with a key a version
+        whose verdict is unsigned or wrongly signed (which ``keep_verified``
+        never counts as verified), or a directory that holds files the store
+        did not write. It refuses to run when the
         pointer is damaged, since it cannot then tell what is current.
 
         Args:
@@ -807,11 +809,31 @@ class ArtifactStore:
     def _kept(self, policy: RetentionPolicy) -> set[str]:
         finished = [v for v in self.versions() if v.status not in ("writing", records.UNREADABLE)]
         newest = finished[max(0, len(finished) - policy.keep_last) :] if policy.keep_last else []
-        kept = {v.version for v in newest}
-        verified = [v.version for v in finished if v.status == "verified"]
+        forged = self._forged(finished)  # kept, and never counted as verified
+        kept = {v.version for v in newest} | forged
+        verified = [
+            v.version for v in finished if v.status == "verified" and v.version not in forged
+        ]
         if policy.keep_verified:
             kept.update(verified[-policy.keep_verified :])
         return kept
+
+    def _forged(self, infos: list[VersionInfo]) -> set[str]:
+        """In a store with a key: the versions whose verdict, of either
+        status, is unsigned or wrongly signed (a person must look at them)."""
+        if self._key is None:
+            return set()
+        marker = self._backend.require()
+        out: set[str] = set()
+        for info in infos:
+            if info.status in gates.VERDICTS:
+                try:
+                    self._check_verdict(marker, info.version, self._backend.record(info.version)[1])
+                except SignatureError:
+                    out.add(info.version)
+                except StoreError:
+                    continue  # changed since it was listed: remove() reads it again
+        return out
 
 
 Event = log.Event
