@@ -22,7 +22,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -137,20 +137,42 @@ class CuttingProxy:
     ``cuts`` connections whose answers pass ``after`` bytes: the network
     failing in the middle of a download, with the real server behind it.
 
+    Args:
+      target: the server's endpoint.
+      after: how many bytes of a connection's answers pass before it is cut.
+      cuts: how many connections are cut.
+      stall: hold a cut connection open, sending nothing more, instead of
+        breaking it: a server that stops answering.
+      rewrite: applied to the bytes of every request before they are sent on.
+      on_cut: called at each cut, before the connection is broken or stalled.
+
     Attributes:
       endpoint: the URL clients use instead of the server's.
-      ranges: the ``(start, stop)`` byte range of every ranged request seen.
+      ranges: the ``(start, stop)`` byte range of every ranged request the
+        clients sent (before ``rewrite``).
       answered: the bytes of every answer passed on to the clients.
       cut: how many connections were broken.
     """
 
     _RANGE = re.compile(rb"range: bytes=(\d+)-(\d+)", re.IGNORECASE)
 
-    def __init__(self, target: str, *, after: int, cuts: int) -> None:
+    def __init__(
+        self,
+        target: str,
+        *,
+        after: int,
+        cuts: int,
+        stall: bool = False,
+        rewrite: Callable[[bytes], bytes] | None = None,
+        on_cut: Callable[[], object] | None = None,
+    ) -> None:
         host, port = target.removeprefix("http://").split(":")
         self._target = (host, int(port))
         self._after = after
         self._cuts = cuts
+        self._stall = stall
+        self._rewrite = rewrite
+        self._on_cut = on_cut
         self.cut = 0
         self.answered = 0
         self.ranges: list[tuple[int, int]] = []
@@ -159,14 +181,16 @@ class CuttingProxy:
         self.endpoint = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
         self._sockets: list[socket.socket] = []
         self._threads: list[threading.Thread] = []
-        self._closed = False
+        self._closed = threading.Event()
 
     def __enter__(self) -> CuttingProxy:
         self._spawn(self._accept)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._closed = True
+        self._closed.set()
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accept (a close does not)
         self._listener.close()
         with self._lock:
             for s in self._sockets:
@@ -182,7 +206,7 @@ class CuttingProxy:
         t.start()
 
     def _accept(self) -> None:
-        while not self._closed:
+        while not self._closed.is_set():
             try:
                 client, _ = self._listener.accept()
             except OSError:
@@ -198,13 +222,18 @@ class CuttingProxy:
         with contextlib.suppress(OSError):
             while data := src.recv(1 << 16):
                 if not answers:
-                    with self._lock:
+                    with self._lock:  # as the client asked
                         self.ranges += [(int(a), int(b) + 1) for a, b in self._RANGE.findall(data)]
+                    data = self._rewrite(data) if self._rewrite is not None else data
                 sent += len(data)
                 if answers and sent > self._after:
                     with self._lock:
                         cut = self.cut < self._cuts
                         self.cut += cut
+                    if cut and self._on_cut is not None:
+                        self._on_cut()
+                    if cut and self._stall:
+                        self._closed.wait()  # sends nothing more until the proxy closes
                     if cut:
                         break
                 dst.sendall(data)

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import re
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +30,7 @@ from treeguard import (
     read_header,
 )
 from treeguard._cli.main import main
+from treeguard._src.store.objects import _AHEAD, _STREAM_CHUNK, ObjectStorage
 from treeguard.examples import mlp
 
 # Every test here talks to the session's SeaweedFS server: the slow run starts
@@ -163,6 +167,44 @@ def test_a_signed_store_refuses_a_forged_unsigned_verdict(s3_url: str) -> None:
         signed.promote(v2)
     with pytest.raises(SignatureError, match="opened without its key"):
         forged.load_current(_params(0))
+    assert signed.current() == v1
+
+
+def test_a_signed_store_refuses_a_forged_rejected_verdict_as_forged(s3_url: str) -> None:
+    signed = ArtifactStore.init(s3_url, key=KEY)
+    v1 = signed.put(_params(0))
+    signed.verify(v1)
+    signed.promote(v1)
+    v2 = signed.put(_params(1))
+    raw = _raw(s3_url)
+    # an unsigned rejected verdict written behind the store, on a candidate
+    obstore.put(
+        raw,
+        f"versions/{v2}/verdict.json",
+        json.dumps({"status": "rejected", "reason": "forged"}).encode(),
+    )
+    with pytest.raises(
+        SignatureError, match=f"version {v2}'s verdict is not signed, .*never replaced"
+    ) as e:
+        signed.verify(v2)
+    assert e.value.version == v2
+    with pytest.raises(SignatureError, match=f"version {v2}'s verdict is not signed"):
+        signed.promote(v2)
+    # the current version's signed verdict turned into a rejected one, its signature kept
+    verdict = json.loads(bytes(obstore.get(raw, f"versions/{v1}/verdict.json").bytes()))
+    obstore.put(
+        raw, f"versions/{v1}/verdict.json", json.dumps(verdict | {"status": "rejected"}).encode()
+    )
+    forged = f"version {v1}'s verdict signature does not match"
+    with pytest.raises(SignatureError, match=forged):
+        signed.load_current(_params(0))
+    with pytest.raises(SignatureError, match=forged):
+        signed.check_verified(v1)
+    # listed as the objects say, never a crash
+    assert [(v.version, v.status) for v in signed.versions()] == [
+        (v1, "rejected"),
+        (v2, "rejected"),
+    ]
     assert signed.current() == v1
 
 
@@ -436,14 +478,38 @@ def _fetch_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name == "treeguard-fetch"]
 
 
-def test_a_download_the_network_breaks_resumes_where_it_stopped(
-    s3_server: S3Server, s3_url: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    tree = {"w": np.arange(3 << 20, dtype=np.float32)}  # 12 MiB: three streamed chunks
+def _big_promoted(s3_url: str) -> tuple[ArtifactStore, str, dict[str, Any]]:
+    """A store whose current version is 12 MiB: three streamed chunks."""
+    tree = {"w": np.arange(3 << 20, dtype=np.float32)}
     store = ArtifactStore.init(s3_url)
     v = store.put(tree)
     store.verify(v)
     store.promote(v)
+    return store, v, tree
+
+
+def _fails_through(
+    proxy: CuttingProxy,
+    s3_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    tree: Any,
+    error: type[Exception],
+    match: str,
+) -> Exception:
+    """Loads the current version through ``proxy``: it must fail with
+    ``error`` and leave no download thread behind."""
+    with proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+        with pytest.raises(error, match=match) as e:
+            ArtifactStore(s3_url).load_current(tree)
+    assert not _fetch_threads()
+    return e.value
+
+
+def test_a_download_the_network_breaks_resumes_where_it_stopped(
+    s3_server: S3Server, s3_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, v, tree = _big_promoted(s3_url)
     size = obstore.head(_raw(s3_url), f"versions/{v}/model.safetensors")["size"]
     with CuttingProxy(s3_server.endpoint, after=5 << 20, cuts=2) as proxy:
         monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
@@ -459,20 +525,118 @@ def test_a_download_the_network_breaks_resumes_where_it_stopped(
 def test_a_download_broken_again_and_again_is_a_storage_error_naming_the_object(
     s3_server: S3Server, s3_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    tree = {"w": np.arange(3 << 20, dtype=np.float32)}
-    store = ArtifactStore.init(s3_url)
-    v = store.put(tree)
-    store.verify(v)
-    store.promote(v)
-    with CuttingProxy(s3_server.endpoint, after=1 << 20, cuts=100) as proxy:
-        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
-        with pytest.raises(
-            StorageError,
-            match=r"reading versions/v000001/model\.safetensors failed: the connection broke "
-            "during the answer",
-        ):
-            ArtifactStore(s3_url).load_current(tree)
+    store, _, tree = _big_promoted(s3_url)
+    proxy = CuttingProxy(s3_server.endpoint, after=1 << 20, cuts=100)
+    why = (
+        r"reading versions/v000001/model\.safetensors failed: the connection broke during the "
+        "answer"
+    )
+    _fails_through(proxy, s3_url, monkeypatch, tree, StorageError, why)
     assert proxy.cut == 3  # three tries, then no more
-    assert not _fetch_threads()
     monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server.endpoint)
     assert np.array_equal(store.load_current(tree)["w"], tree["w"])  # nothing was changed
+
+
+def test_a_download_the_server_stalls_times_out_and_resumes(
+    s3_server: S3Server, s3_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AWS_TIMEOUT", "2s")  # the client's limit on one request, answer included
+    _, _, tree = _big_promoted(s3_url)
+    with CuttingProxy(s3_server.endpoint, after=5 << 20, cuts=2, stall=True) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+        got = ArtifactStore(s3_url).load_current(tree)
+    assert np.array_equal(got["w"], tree["w"])
+    assert proxy.cut == 2
+    starts = [start for start, _ in proxy.ranges if start > 0]
+    assert len(starts) >= 3 and starts == sorted(set(starts))
+    assert not _fetch_threads()
+    # a server that never answers again: three tries, each ended by the timeout
+    proxy = CuttingProxy(s3_server.endpoint, after=1 << 20, cuts=100, stall=True)
+    why = r"reading versions/v000001/model\.safetensors failed: it timed out"
+    _fails_through(proxy, s3_url, monkeypatch, tree, StorageError, why)
+    assert proxy.cut == 3
+
+
+def _data_range(rewrite: Callable[[int, int], bytes]) -> Callable[[bytes], bytes]:
+    """Rewrites the Range header of every request past the first bytes."""
+    return lambda request: re.sub(
+        rb"(?i)range: bytes=([1-9]\d*)-(\d+)\r\n",
+        lambda m: rewrite(int(m.group(1)), int(m.group(2))),
+        request,
+    )
+
+
+@pytest.mark.parametrize(
+    "rewrite",
+    [
+        _data_range(lambda start, end: b""),  # the whole object, 200 instead of 206
+        _data_range(lambda start, end: b"range: bytes=%d-%d\r\n" % (start + 1, end)),
+        _data_range(lambda start, end: b"range: bytes=%d-%d\r\n" % (start, end - 1)),
+    ],
+    ids=["no-range", "one-byte-later", "one-byte-short"],
+)
+def test_a_server_that_answers_other_bytes_than_the_range_is_a_storage_error(
+    s3_server: S3Server,
+    s3_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    rewrite: Callable[[bytes], bytes],
+) -> None:
+    _, _, tree = _big_promoted(s3_url)
+    proxy = CuttingProxy(s3_server.endpoint, after=1 << 40, cuts=0, rewrite=rewrite)
+    why = (
+        r"reading versions/v000001/model\.safetensors failed: the server did not answer with "
+        "the byte range asked for"
+    )
+    _fails_through(proxy, s3_url, monkeypatch, tree, StorageError, why)
+    assert len(proxy.ranges) > 1  # the first bytes, then the data's ranged GETs it rewrote
+
+
+def test_an_object_replaced_between_a_break_and_its_resume_is_an_integrity_error(
+    s3_server: S3Server, s3_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store, v, tree = _big_promoted(s3_url)
+    other = store.put({"w": tree["w"] + 1})
+    raw = _raw(s3_url)
+    data = bytes(obstore.get(raw, f"versions/{other}/model.safetensors").bytes())
+
+    def replace() -> None:
+        obstore.put(raw, f"versions/{v}/model.safetensors", data)
+
+    proxy = CuttingProxy(s3_server.endpoint, after=5 << 20, cuts=1, on_cut=replace)
+    why = (
+        f"version {v}: its checkpoint object no longer reads: the object was replaced while "
+        "it was read"
+    )
+    e = _fails_through(proxy, s3_url, monkeypatch, tree, IntegrityError, why)
+    assert isinstance(e, IntegrityError) and e.version == v and proxy.cut == 1
+
+
+def test_a_reader_that_stops_early_holds_a_bounded_download_and_joins_its_thread(
+    s3_url: str,
+) -> None:
+    storage = ObjectStorage(s3_url)
+    data = np.arange(12 << 20, dtype=np.uint32).tobytes()  # 48 MiB: twelve streamed chunks
+    storage.create("big", data)
+    reader = storage.reader("big")
+    assert reader is not None
+    reader.plan(None)  # the whole object, pulled ahead by the thread
+    buf = memoryview(bytearray(1 << 20))
+    assert (
+        reader.pread_into(buf, 1 << 16) == len(buf) and buf == data[1 << 16 : (1 << 16) + len(buf)]
+    )
+    fetched, still = -1, 0
+    for _ in range(400):  # until it stops pulling: its queue is full
+        still = still + 1 if reader.fetched == fetched else 0
+        if still == 10:
+            break
+        fetched = reader.fetched
+        time.sleep(0.05)
+    assert still == 10
+    # the first bytes, the chunks queued ahead, one waiting to be queued and the one being read
+    assert fetched <= (1 << 16) + (_AHEAD + 2) * (_STREAM_CHUNK + (1 << 20)) < len(data)
+    reader.close()
+    reader.close()
+    assert not _fetch_threads()
+    assert reader.pread_into(buf, len(data) - len(buf)) == len(buf) and buf == data[-len(buf) :]
+    reader.close()
+    assert not _fetch_threads()

@@ -348,6 +348,77 @@ def test_a_forged_verdict_is_refused_with_the_key_and_without_it(tmp_path: Path)
     assert store.current() == good
 
 
+def test_a_forged_rejected_verdict_is_refused_as_forged_not_obeyed(tmp_path: Path) -> None:
+    store, v1, v2 = _promoted_pair(tmp_path, key=KEY)
+    # Someone with write access marks both good versions rejected: v2 keeps
+    # its signature, v1's is dropped.
+    for v, keep in ((v2, True), (v1, False)):
+        record = json.loads(_status(tmp_path, v).read_text())
+        record.update(status="rejected", reason="forged")
+        if not keep:
+            del record["signature"]
+        _status(tmp_path, v).write_text(json.dumps(record))
+    forged = f"version {v2}'s verdict signature does not match"
+    for use in (store.promote, store.check_verified, store.load_verified):
+        with pytest.raises(SignatureError, match=forged) as e:
+            use(v2)
+        assert e.value.version == v2
+    with pytest.raises(SignatureError, match=forged):
+        store.load_current()
+    with pytest.raises(StoreError, match=f"skipped {v1}: version {v1}'s verdict is not signed"):
+        store.rollback()
+    # listed as the record says, never a crash
+    assert [(v.version, v.status, v.signed) for v in store.versions()] == [
+        (v1, "rejected", False),
+        (v2, "rejected", True),
+    ]
+    # verifying again with the key replaces the forged verdict with a signed one
+    assert store.verify(v2).status == "verified"
+    assert store.load_current()["w"][0, 0] == 2.0
+    assert store.current() == v2
+
+
+def test_gc_with_a_key_counts_only_signed_verdicts_and_keeps_forged_ones(tmp_path: Path) -> None:
+    store = ArtifactStore(tmp_path, key=KEY)
+    real = _verified(store, 1.0)
+    junk = store.put(_params(3.0))
+    spare = _verified(store, 2.0)
+    # a newer candidate forged "verified" (unsigned), and a signed verdict turned "rejected"
+    record = json.loads(_status(tmp_path, junk).read_text())
+    record.update(status="verified", digest=tg.read_header(_model(tmp_path, junk)).digest)
+    _status(tmp_path, junk).write_text(json.dumps(record))
+    record = json.loads(_status(tmp_path, spare).read_text())
+    _status(tmp_path, spare).write_text(json.dumps(record | {"status": "rejected"}))
+    # the newest verified version is the real one; neither forged verdict is deleted
+    assert store.gc(policy=RetentionPolicy(keep_last=0, keep_verified=1)) == []
+    assert store.load_verified(real)["w"][0, 0] == 1.0
+    # without a key nothing can be told apart: the newest that says verified is kept
+    plain = ArtifactStore(tmp_path / "plain")
+    old, new = _verified(plain, 1.0), _verified(plain, 2.0)
+    assert plain.gc(policy=RetentionPolicy(keep_last=0, keep_verified=1)) == [old]
+    assert [v.version for v in plain.versions()] == [new]
+
+
+def test_an_unkeyed_store_reads_its_rejected_verdicts_as_before(tmp_path: Path) -> None:
+    store = ArtifactStore(tmp_path)
+    good = _verified(store, 1.0)
+    bad = store.put(_params(np.nan))
+    assert store.verify(bad, checks=[_finite]).status == "rejected"
+    with pytest.raises(StoreError, match=f"version {bad} is rejected, not verified") as e:
+        store.promote(bad)
+    assert not isinstance(e.value, SignatureError)
+    store.promote(good)
+    with pytest.raises(SignatureError, match=f"version {bad}'s verdict is not signed"):
+        ArtifactStore(tmp_path, key=KEY).promote(bad)
+    signed = ArtifactStore(tmp_path, key=KEY)
+    assert signed.verify(bad, checks=[_finite]).status == "rejected"
+    with pytest.raises(StoreError, match=f"version {bad} is rejected, not verified") as e:
+        signed.promote(bad)
+    assert not isinstance(e.value, SignatureError)
+    with pytest.raises(SignatureError, match="opened without its key"):
+        store.promote(bad)
+
+
 def test_a_store_with_a_key_refuses_unsigned_and_wrongly_signed_verdicts(tmp_path: Path) -> None:
     plain = ArtifactStore(tmp_path)
     v = _verified(plain, 1.0)

@@ -9,8 +9,9 @@ re-reads the file and compares. Anyone who can write the store's directory
 can still recompute hashes and edit ``status.json``; only a store opened
 with a key also gives authenticity. It signs each verdict with HMAC-SHA256
 over the store's id, the version, its uid, the file digest, the status, the
-reason and the checks, and its gates refuse a verdict that is unsigned or
-whose signature does not match.
+reason and the checks, and its gates refuse a verdict, ``verified`` or
+``rejected`` alike, that is unsigned or whose signature does not match: a
+forged rejection is reported as forged, before its status is read.
 
 A sharded version (``put_sharded``) is gated the same way. Its digest is the
 digest of its manifest, which holds the digest of every shard; since the
@@ -37,6 +38,8 @@ from ..errors import ConfigError, FormatError, IntegrityError, SignatureError, S
 from ..sharded.manifest import MANIFEST_NAME
 from .layout import MODEL_FILE
 
+#: The statuses a verdict records; each is signed, and checked, alike.
+VERDICTS = ("verified", "rejected")
 #: The environment variable naming a key file, used when no ``key=`` is given.
 KEY_ENV = "TREEGUARD_STORE_KEY_FILE"
 _PREFIX = "hmac-sha256:"

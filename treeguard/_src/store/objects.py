@@ -11,9 +11,12 @@ under a prefix. Every write is conditional, so no lock server is needed:
 Credentials, region and endpoint come from the standard environment
 (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
 ``AWS_REGION``, ``AWS_ALLOW_HTTP``; ``GOOGLE_*`` for GCS), read by the
-client; they are never put in a message. A failure of the network or the
-server (refused, timed out, 5xx) is a ``StorageError`` naming the
-operation and the object. Only idempotent operations (reads, lists,
+client; they are never put in a message, nor is any byte of an answer. A
+failure of the network or the server (refused, timed out, 5xx, an answer
+that is not the byte range asked for) is a ``StorageError`` naming the
+operation, the object and which of these it was. Every request, its answer
+included, ends within the client's timeout (``AWS_TIMEOUT``, 30 s by
+default), so a server that stalls never hangs a reader. Only idempotent operations (reads, lists,
 deletes) are retried; a conditional write is tried once, since a retry
 after a lost answer would report the writer's own success as a conflict.
 """
@@ -50,6 +53,11 @@ _POLL = 0.05
 #: checkpoint's header, parsed more than once, in one request.
 _HEAD_BYTES = 64 << 10
 _STATUS_RE = re.compile(r"status code: (\d{3})")
+#: The client's words for a request that ran past its timeout (``AWS_TIMEOUT``,
+#: 30 s by default, for the whole answer), and for an answer to a ranged GET
+#: that is not the range asked for (a 200, another range, no Content-Range).
+_TIMEOUT_RE = re.compile(r"timed out|kind: Timeout")
+_RANGE_RE = re.compile(r"NotPartial|UnexpectedRange|ContentRange")
 _T = TypeVar("_T")
 
 if TYPE_CHECKING:
@@ -135,8 +143,10 @@ class ObjectStorage:
             why = f"the server answered {status.group(1)}"
         elif "error sending request" in text or "onnection refused" in text:
             why = "the connection failed"
-        elif "timed out" in text:
+        elif _TIMEOUT_RE.search(text):
             why = "it timed out"
+        elif _RANGE_RE.search(text):
+            why = "the server did not answer with the byte range asked for"
         elif "body error" in text:
             why = "the connection broke during the answer"
         else:

@@ -24,7 +24,7 @@ from typing import Any
 
 from ..checkpoint import asyncsave, user_metadata_json
 from ..env import environment
-from ..errors import FormatError, IntegrityError, StoreError, UnknownVersionError
+from ..errors import FormatError, IntegrityError, SignatureError, StoreError, UnknownVersionError
 from ..hashing import DEFAULT, Algorithm, check_algorithm
 from ..spec import TreeSpec
 from . import gates, log, objects, payload, pointer, records
@@ -417,9 +417,16 @@ class ArtifactStore:
             it was checked, or whose ``status.json`` is malformed.
           IntegrityError: for a record whose kind (``file`` or ``sharded``)
             is not what the version's directory holds.
+          SignatureError: in a signed store opened without its key; in a
+            store with a key, for a verdict that may not be replaced (in a
+            bucket) and is unsigned or forged, of either status.
         """
         location, before = self._record(version)
-        self._backend.verifiable(version, location, before)
+        try:
+            self._backend.verifiable(version, location, before)
+        except StoreError as refused:  # by the verdict it holds (a bucket's): is that one forged?
+            self._check_refusing_verdict(version, before, refused)
+            raise
         if self._key is None and self._backend.require().get("signed"):
             raise gates.unkeyed(version)
         contract, contract_name = self._contract_for(version, like)
@@ -433,6 +440,20 @@ class ArtifactStore:
         if kind.collective and shardable(like):
             return self._record_agreed(version, before, results, reason, digest, contract_name)
         return self._record_verdict(version, before, results, reason, digest, contract_name)
+
+    def _check_refusing_verdict(
+        self, version: str, before: dict[str, Any], refused: StoreError
+    ) -> None:
+        """Names a forged verdict that stands in the way of a new one as forged."""
+        try:
+            self._check_verdict(self._backend.require(), version, before)
+        except SignatureError as e:
+            raise SignatureError(
+                f"{e.message}; {refused.message}",
+                version=version,
+                context=refused.context,
+                hint=refused.hint,
+            ) from e
 
     def _record_agreed(  # noqa: PLR0917 - one call site
         self,
@@ -528,14 +549,21 @@ class ArtifactStore:
         check_name(version)
         marker = self._backend.require()
         location, data = self._backend.record(version)
+        self._check_verdict(marker, version, data)
         digest = gates.require_verified(version, data)
-        gates.check_signature(
-            self._key, str(marker["id"]), version, data, signed=bool(marker.get("signed"))
-        )
         self._backend.check_payload(version, location, data)
         if full:
             self._backend.recheck(version, location, data, digest)
         return location, data, digest
+
+    def _check_verdict(self, marker: dict[str, Any], version: str, data: dict[str, Any]) -> None:
+        """Checks the signature of a version's verdict, whatever its status,
+        before the status is trusted: a forged ``rejected`` is refused as
+        forged, as a forged ``verified`` is. A candidate has no verdict."""
+        if data["status"] in gates.VERDICTS:
+            gates.check_signature(
+                self._key, str(marker["id"]), version, data, signed=bool(marker.get("signed"))
+            )
 
     def check_verified(self, version: str, /) -> str:
         """Checks, without reading the weights, that ``version`` may still be
@@ -750,8 +778,10 @@ class ArtifactStore:
         pointer remembers (whatever their status files say), the newest
         versions the policy keeps, a version being written by a live
         process (or by one on another host, whose pid means nothing here), a
-        version whose record cannot be read, or a directory that holds files
-        the store did not write. It refuses to run when the
+        version whose record cannot be read, in a store with a key a version
+        whose verdict is unsigned or wrongly signed (which ``keep_verified``
+        never counts as verified), or a directory that holds files the store
+        did not write. It refuses to run when the
         pointer is damaged, since it cannot then tell what is current.
 
         Args:
@@ -779,11 +809,31 @@ class ArtifactStore:
     def _kept(self, policy: RetentionPolicy) -> set[str]:
         finished = [v for v in self.versions() if v.status not in ("writing", records.UNREADABLE)]
         newest = finished[max(0, len(finished) - policy.keep_last) :] if policy.keep_last else []
-        kept = {v.version for v in newest}
-        verified = [v.version for v in finished if v.status == "verified"]
+        forged = self._forged(finished)  # kept, and never counted as verified
+        kept = {v.version for v in newest} | forged
+        verified = [
+            v.version for v in finished if v.status == "verified" and v.version not in forged
+        ]
         if policy.keep_verified:
             kept.update(verified[-policy.keep_verified :])
         return kept
+
+    def _forged(self, infos: list[VersionInfo]) -> set[str]:
+        """In a store with a key: the versions whose verdict, of either
+        status, is unsigned or wrongly signed (a person must look at them)."""
+        if self._key is None:
+            return set()
+        marker = self._backend.require()
+        out: set[str] = set()
+        for info in infos:
+            if info.status in gates.VERDICTS:
+                try:
+                    self._check_verdict(marker, info.version, self._backend.record(info.version)[1])
+                except SignatureError:
+                    out.add(info.version)
+                except StoreError:
+                    continue  # changed since it was listed: remove() reads it again
+        return out
 
 
 Event = log.Event
