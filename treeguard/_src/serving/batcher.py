@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import dataclasses
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -27,16 +26,22 @@ from .slots import Slot, Slots
 Outputs = list[tuple[str, np.ndarray[Any, Any]]]
 
 
-@dataclasses.dataclass(eq=False)
 class Pending:
-    """One request waiting for its batch."""
+    """One request waiting for its batch (a plain class with slots: one is
+    made per request)."""
 
-    leaves: list[np.ndarray[Any, Any]]
-    rows: int
-    chunks: tuple[int, ...]
-    future: asyncio.Future[tuple[Outputs, str]]
-    deadline: float
-    enqueued: float = dataclasses.field(default_factory=time.monotonic)
+    __slots__ = ("chunks", "enqueued", "future", "leaves", "rows")
+
+    def __init__(
+        self,
+        leaves: list[np.ndarray[Any, Any]],
+        rows: int,
+        chunks: tuple[int, ...],
+        future: asyncio.Future[tuple[Outputs, str]],
+        enqueued: float,
+    ) -> None:
+        self.leaves, self.rows, self.chunks = leaves, rows, chunks
+        self.future, self.enqueued = future, enqueued
 
 
 class Batcher:
@@ -70,10 +75,11 @@ class Batcher:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+        error = ServingError("the server is stopping", status=503)
         while self._queue:
             p = self._queue.popleft()
             if not p.future.done():
-                p.future.set_exception(ServingError("the server is stopping", status=503))
+                p.future.set_exception(error)
 
     async def submit(
         self, leaves: list[np.ndarray[Any, Any]], rows: int, chunks: tuple[int, ...]
@@ -84,33 +90,34 @@ class Batcher:
           ``[(output path, rows)]`` and the version that computed them.
 
         Raises:
-          ServingError: 429 when the queue is full.
-          TimeoutError: when the request's deadline passes first.
+          ServingError: 429 when the queue is full, 503 when the worker is
+            not running or stops.
+          TimeoutError: when the request's deadline passes before its batch runs.
           ServingError: when its batch fails.
         """
-        if len(self._queue) >= self.spec.limits.max_queue:
+        limits = self.spec.limits
+        queue = self._queue
+        if len(queue) >= limits.max_queue:
             raise ServingError(
-                f"the queue is full ({len(self._queue)} requests waiting)",
+                f"the queue is full ({len(queue)} requests waiting)",
                 status=429,
                 hint="retry after a short wait",
             )
-        if not self._queue and self.spec.limits.max_delay_ms == 0:
+        if self._task is None or self._task.done():
+            raise ServingError("the batcher is not running", status=503)
+        if not queue and limits.max_delay_ms == 0:
             # nothing waiting and nothing to wait for: run it here, with no hop
             # through the queue and the worker (a batch runs synchronously on
             # this thread either way, so none is running now)
             self.metrics.queued(0.0)
             return self._run_alone(leaves, rows, chunks)
-        loop = asyncio.get_running_loop()
-        timeout = self.spec.limits.timeout_s
-        pending = Pending(leaves, rows, chunks, loop.create_future(), time.monotonic() + timeout)
-        self._queue.append(pending)
-        self.metrics.depth(len(self._queue))
+        # no timer per request: deadlines grow in queue order, so the worker
+        # reaches every expired request before it runs another batch, and
+        # fails it there; a worker that ends fails all that wait (``_work``)
+        future: asyncio.Future[tuple[Outputs, str]] = asyncio.get_running_loop().create_future()
+        queue.append(Pending(leaves, rows, chunks, future, time.monotonic()))
         self._wake.set()
-        expiry = loop.call_later(timeout, _expire, pending.future)
-        try:
-            return await pending.future
-        finally:
-            expiry.cancel()
+        return await future
 
     async def _next(self, until: float | None) -> Pending | None:
         while not self._queue:
@@ -128,36 +135,51 @@ class Batcher:
         return self._queue[0]
 
     async def _work(self) -> None:
+        try:
+            await self._gather_and_run()
+        finally:  # cancelled by ``stop``, or failed: nobody waits for nothing
+            error = ServingError("the batcher stopped", status=503)
+            while self._queue:
+                p = self._queue.popleft()
+                if not p.future.done():
+                    p.future.set_exception(error)
+
+    async def _gather_and_run(self) -> None:
         largest = self.spec.largest
         delay = self.spec.limits.max_delay_ms / 1000
+        timeout = self.spec.limits.timeout_s
+        queue = self._queue
         while True:
             first = await self._next(None)
             assert first is not None
-            self._queue.popleft()
+            queue.popleft()
             batch = [first]
             if len(first.chunks) == 1:
                 rows = first.rows
                 until = first.enqueued + delay
                 while rows < largest:
-                    nxt = await self._next(until)
+                    # those already waiting are taken with no await
+                    nxt = queue[0] if queue else await self._next(until)
                     if nxt is None or len(nxt.chunks) != 1 or rows + nxt.rows > largest:
                         break
-                    self._queue.popleft()
+                    queue.popleft()
                     batch.append(nxt)
                     rows += nxt.rows
-            self.metrics.depth(len(self._queue))
+            self.metrics.depth(len(queue))
             now = time.monotonic()
             live = []
+            waits = []
             for p in batch:
                 if p.future.done():
                     continue
-                if now > p.deadline:
+                if now - p.enqueued > timeout:
                     p.future.set_exception(TimeoutError())
                     continue
-                self.metrics.queued(now - p.enqueued)
+                waits.append(now - p.enqueued)
                 live.append(p)
             if not live:
                 continue
+            self.metrics.queued_many(waits)
             try:
                 # on the loop's thread: a hop to a worker thread costs more than a
                 # small batch (measured in benchmarks/serving.py); swaps and their
@@ -213,8 +235,3 @@ class Batcher:
         if slot is None:
             raise ServingError("no version is loaded yet", status=503)
         return slot
-
-
-def _expire(future: asyncio.Future[Any]) -> None:
-    if not future.done():
-        future.set_exception(TimeoutError())
