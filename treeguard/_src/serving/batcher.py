@@ -56,7 +56,8 @@ class Batcher:
         self.spec = slots.spec
         self.metrics = slots.metrics
         self._queue: collections.deque[Pending] = collections.deque()
-        self._wake = asyncio.Event()
+        #: The worker's wait for the queue to fill, while it waits.
+        self._waiter: asyncio.Future[None] | None = None
         self._task: asyncio.Task[None] | None = None
 
     @property
@@ -116,22 +117,29 @@ class Batcher:
         # fails it there; a worker that ends fails all that wait (``_work``)
         future: asyncio.Future[tuple[Outputs, str]] = asyncio.get_running_loop().create_future()
         queue.append(Pending(leaves, rows, chunks, future, time.monotonic()))
-        self._wake.set()
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
         return await future
 
     async def _next(self, until: float | None) -> Pending | None:
+        """The oldest waiting request, waited for until ``until`` (on the
+        ``time.monotonic`` clock) or for ever; None when ``until`` passes.
+        One future per wait, woken by ``submit`` or by one timer (``wait_for``
+        would make a task and a timeout for each)."""
+        loop = asyncio.get_running_loop()
         while not self._queue:
-            self._wake.clear()
-            if until is None:
-                await self._wake.wait()
-                continue
-            left = until - time.monotonic()
-            if left <= 0:
+            left = None if until is None else until - time.monotonic()
+            if left is not None and left <= 0:
                 return None
+            waiter = self._waiter = loop.create_future()
+            timer = None if left is None else loop.call_later(left, _wake, waiter)
             try:
-                await asyncio.wait_for(self._wake.wait(), left)
-            except TimeoutError:
-                return None
+                await waiter
+            finally:
+                self._waiter = None
+                if timer is not None:
+                    timer.cancel()
         return self._queue[0]
 
     async def _work(self) -> None:
@@ -235,3 +243,8 @@ class Batcher:
         if slot is None:
             raise ServingError("no version is loaded yet", status=503)
         return slot
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
