@@ -115,3 +115,19 @@ async def test_a_batcher_that_does_not_run_refuses_at_once(mlp_store):
         with pytest.raises(ServingError) as e:
             await asyncio.wait_for(batcher.submit(leaves, 1, (1,)), 5)
         assert e.value.status == 503
+
+
+async def test_a_worker_that_fails_fails_those_waiting_and_refuses_the_next(mlp_store, caplog):
+    server = Server(mlp.model, mlp_store[0], spec=mlp_spec(limits=Limits(max_delay_ms=1)))
+    server.start()
+
+    def broken(_: object) -> None:
+        raise RuntimeError("metrics store broke")
+
+    async with client(server) as c:
+        server.metrics.queued_many = broken  # type: ignore[method-assign]
+        r = await asyncio.wait_for(c.post(URL, json=request(1)), 5)
+        assert r.status_code == 503 and r.json()["error"].startswith("the batcher stopped")
+        r = await asyncio.wait_for(c.post(URL, json=request(1)), 5)
+        assert r.status_code == 503 and "not running" in r.json()["error"]
+    assert "worker failed: RuntimeError" in caplog.text

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import logging
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -24,6 +25,8 @@ from ..errors import ServingError
 from .slots import Slot, Slots
 
 Outputs = list[tuple[str, np.ndarray[Any, Any]]]
+
+log = logging.getLogger("treeguard.serving")
 
 
 class Pending:
@@ -56,6 +59,8 @@ class Batcher:
         self.spec = slots.spec
         self.metrics = slots.metrics
         self._queue: collections.deque[Pending] = collections.deque()
+        #: The requests the worker took off the queue for the batch it makes.
+        self._taken: list[Pending] = []
         #: The worker's wait for the queue to fill, while it waits.
         self._waiter: asyncio.Future[None] | None = None
         self._task: asyncio.Task[None] | None = None
@@ -73,7 +78,8 @@ class Batcher:
         """Stops the worker; waiting requests fail with 503."""
         if self._task is not None:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
+            # a worker that failed was logged when it did
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
             self._task = None
         error = ServingError("the server is stopping", status=503)
@@ -145,12 +151,18 @@ class Batcher:
     async def _work(self) -> None:
         try:
             await self._gather_and_run()
+        except Exception as e:
+            log.error("the batcher's worker failed: %s", type(e).__name__)
+            raise
         finally:  # cancelled by ``stop``, or failed: nobody waits for nothing
-            error = ServingError("the batcher stopped", status=503)
-            while self._queue:
-                p = self._queue.popleft()
+            error = ServingError(
+                "the batcher stopped", status=503, hint="the server is stopping or failed"
+            )
+            for p in (*self._taken, *self._queue):
                 if not p.future.done():
                     p.future.set_exception(error)
+            self._taken = []
+            self._queue.clear()
 
     async def _gather_and_run(self) -> None:
         largest = self.spec.largest
@@ -161,7 +173,7 @@ class Batcher:
             first = await self._next(None)
             assert first is not None
             queue.popleft()
-            batch = [first]
+            batch = self._taken = [first]  # taken off the queue, not answered yet
             if len(first.chunks) == 1:
                 rows = first.rows
                 until = first.enqueued + delay
