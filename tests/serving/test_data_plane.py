@@ -127,7 +127,7 @@ async def test_a_worker_that_fails_fails_those_waiting_and_refuses_the_next(mlp_
     async with client(server) as c:
         server.metrics.queued_many = broken  # type: ignore[method-assign]
         r = await asyncio.wait_for(c.post(URL, json=request(1)), 5)
-        assert r.status_code == 503 and r.json()["error"].startswith("the batcher stopped")
+        assert r.status_code == 503 and r.json()["error"].startswith("the batcher failed")
         r = await asyncio.wait_for(c.post(URL, json=request(1)), 5)
         assert r.status_code == 503 and "not running" in r.json()["error"]
     assert "worker failed: RuntimeError" in caplog.text

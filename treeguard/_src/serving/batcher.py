@@ -149,15 +149,14 @@ class Batcher:
         return self._queue[0]
 
     async def _work(self) -> None:
+        error = ServingError("the server is stopping", status=503)
         try:
             await self._gather_and_run()
         except Exception as e:
             log.error("the batcher's worker failed: %s", type(e).__name__)
+            error = ServingError("the batcher failed", status=503, hint="see the server's log")
             raise
         finally:  # cancelled by ``stop``, or failed: nobody waits for nothing
-            error = ServingError(
-                "the batcher stopped", status=503, hint="the server is stopping or failed"
-            )
             for p in (*self._taken, *self._queue):
                 if not p.future.done():
                     p.future.set_exception(error)

@@ -14,7 +14,9 @@ Outputs go back as binary the same way when asked (``binary_data`` on an
 output, or ``binary_data_output`` on the request). A body is read under the
 spec's size limit and body deadline, with at most ``max_bodies`` read at
 once. Errors are ``{"error": message}``; each typed error maps to its status
-in one place (``exception_handlers``).
+in one place (``handlers``). An inference request goes straight to its
+endpoint, past starlette's middleware and router, and its errors to the same
+handlers; every other request (and any under a root path) takes the router.
 """
 
 from __future__ import annotations
