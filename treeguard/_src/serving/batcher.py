@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import dataclasses
+import logging
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -26,17 +26,25 @@ from .slots import Slot, Slots
 
 Outputs = list[tuple[str, np.ndarray[Any, Any]]]
 
+log = logging.getLogger("treeguard.serving")
 
-@dataclasses.dataclass(eq=False)
+
 class Pending:
-    """One request waiting for its batch."""
+    """One request waiting for its batch (a plain class with slots: one is
+    made per request)."""
 
-    leaves: list[np.ndarray[Any, Any]]
-    rows: int
-    chunks: tuple[int, ...]
-    future: asyncio.Future[tuple[Outputs, str]]
-    deadline: float
-    enqueued: float = dataclasses.field(default_factory=time.monotonic)
+    __slots__ = ("chunks", "enqueued", "future", "leaves", "rows")
+
+    def __init__(
+        self,
+        leaves: list[np.ndarray[Any, Any]],
+        rows: int,
+        chunks: tuple[int, ...],
+        future: asyncio.Future[tuple[Outputs, str]],
+        enqueued: float,
+    ) -> None:
+        self.leaves, self.rows, self.chunks = leaves, rows, chunks
+        self.future, self.enqueued = future, enqueued
 
 
 class Batcher:
@@ -51,7 +59,10 @@ class Batcher:
         self.spec = slots.spec
         self.metrics = slots.metrics
         self._queue: collections.deque[Pending] = collections.deque()
-        self._wake = asyncio.Event()
+        #: The requests the worker took off the queue for the batch it makes.
+        self._taken: list[Pending] = []
+        #: The worker's wait for the queue to fill, while it waits.
+        self._waiter: asyncio.Future[None] | None = None
         self._task: asyncio.Task[None] | None = None
 
     @property
@@ -67,13 +78,15 @@ class Batcher:
         """Stops the worker; waiting requests fail with 503."""
         if self._task is not None:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
+            # a worker that failed was logged when it did
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
             self._task = None
+        error = ServingError("the server is stopping", status=503)
         while self._queue:
             p = self._queue.popleft()
             if not p.future.done():
-                p.future.set_exception(ServingError("the server is stopping", status=503))
+                p.future.set_exception(error)
 
     async def submit(
         self, leaves: list[np.ndarray[Any, Any]], rows: int, chunks: tuple[int, ...]
@@ -84,80 +97,108 @@ class Batcher:
           ``[(output path, rows)]`` and the version that computed them.
 
         Raises:
-          ServingError: 429 when the queue is full.
-          TimeoutError: when the request's deadline passes first.
+          ServingError: 429 when the queue is full, 503 when the worker is
+            not running or stops.
+          TimeoutError: when the request's deadline passes before its batch runs.
           ServingError: when its batch fails.
         """
-        if len(self._queue) >= self.spec.limits.max_queue:
+        limits = self.spec.limits
+        queue = self._queue
+        if len(queue) >= limits.max_queue:
             raise ServingError(
-                f"the queue is full ({len(self._queue)} requests waiting)",
+                f"the queue is full ({len(queue)} requests waiting)",
                 status=429,
                 hint="retry after a short wait",
             )
-        if not self._queue and self.spec.limits.max_delay_ms == 0:
+        if self._task is None or self._task.done():
+            raise ServingError("the batcher is not running", status=503)
+        if not queue and limits.max_delay_ms == 0:
             # nothing waiting and nothing to wait for: run it here, with no hop
             # through the queue and the worker (a batch runs synchronously on
             # this thread either way, so none is running now)
             self.metrics.queued(0.0)
             return self._run_alone(leaves, rows, chunks)
-        loop = asyncio.get_running_loop()
-        timeout = self.spec.limits.timeout_s
-        pending = Pending(leaves, rows, chunks, loop.create_future(), time.monotonic() + timeout)
-        self._queue.append(pending)
-        self.metrics.depth(len(self._queue))
-        self._wake.set()
-        expiry = loop.call_later(timeout, _expire, pending.future)
-        try:
-            return await pending.future
-        finally:
-            expiry.cancel()
+        # no timer per request: deadlines grow in queue order, so the worker
+        # reaches every expired request before it runs another batch, and
+        # fails it there; a worker that ends fails all that wait (``_work``)
+        future: asyncio.Future[tuple[Outputs, str]] = asyncio.get_running_loop().create_future()
+        queue.append(Pending(leaves, rows, chunks, future, time.monotonic()))
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+        return await future
 
     async def _next(self, until: float | None) -> Pending | None:
+        """The oldest waiting request, waited for until ``until`` (on the
+        ``time.monotonic`` clock) or for ever; None when ``until`` passes.
+        One future per wait, woken by ``submit`` or by one timer (``wait_for``
+        would make a task and a timeout for each)."""
+        loop = asyncio.get_running_loop()
         while not self._queue:
-            self._wake.clear()
-            if until is None:
-                await self._wake.wait()
-                continue
-            left = until - time.monotonic()
-            if left <= 0:
+            left = None if until is None else until - time.monotonic()
+            if left is not None and left <= 0:
                 return None
+            waiter = self._waiter = loop.create_future()
+            timer = None if left is None else loop.call_later(left, _wake, waiter)
             try:
-                await asyncio.wait_for(self._wake.wait(), left)
-            except TimeoutError:
-                return None
+                await waiter
+            finally:
+                self._waiter = None
+                if timer is not None:
+                    timer.cancel()
         return self._queue[0]
 
     async def _work(self) -> None:
+        error = ServingError("the server is stopping", status=503)
+        try:
+            await self._gather_and_run()
+        except Exception as e:
+            log.error("the batcher's worker failed: %s", type(e).__name__)
+            error = ServingError("the batcher failed", status=503, hint="see the server's log")
+            raise
+        finally:  # cancelled by ``stop``, or failed: nobody waits for nothing
+            for p in (*self._taken, *self._queue):
+                if not p.future.done():
+                    p.future.set_exception(error)
+            self._taken = []
+            self._queue.clear()
+
+    async def _gather_and_run(self) -> None:
         largest = self.spec.largest
         delay = self.spec.limits.max_delay_ms / 1000
+        timeout = self.spec.limits.timeout_s
+        queue = self._queue
         while True:
             first = await self._next(None)
             assert first is not None
-            self._queue.popleft()
-            batch = [first]
+            queue.popleft()
+            batch = self._taken = [first]  # taken off the queue, not answered yet
             if len(first.chunks) == 1:
                 rows = first.rows
                 until = first.enqueued + delay
                 while rows < largest:
-                    nxt = await self._next(until)
+                    # those already waiting are taken with no await
+                    nxt = queue[0] if queue else await self._next(until)
                     if nxt is None or len(nxt.chunks) != 1 or rows + nxt.rows > largest:
                         break
-                    self._queue.popleft()
+                    queue.popleft()
                     batch.append(nxt)
                     rows += nxt.rows
-            self.metrics.depth(len(self._queue))
+            self.metrics.depth(len(queue))
             now = time.monotonic()
             live = []
+            waits = []
             for p in batch:
                 if p.future.done():
                     continue
-                if now > p.deadline:
+                if now - p.enqueued > timeout:
                     p.future.set_exception(TimeoutError())
                     continue
-                self.metrics.queued(now - p.enqueued)
+                waits.append(now - p.enqueued)
                 live.append(p)
             if not live:
                 continue
+            self.metrics.queued_many(waits)
             try:
                 # on the loop's thread: a hop to a worker thread costs more than a
                 # small batch (measured in benchmarks/serving.py); swaps and their
@@ -215,6 +256,6 @@ class Batcher:
         return slot
 
 
-def _expire(future: asyncio.Future[Any]) -> None:
-    if not future.done():
-        future.set_exception(TimeoutError())
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)

@@ -79,6 +79,15 @@ class _HistogramChild:
             self._counts[i] += 1
             self._sum += value
 
+    def observe_many(self, values: Sequence[float]) -> None:
+        """``observe`` each value, under one lock."""
+        bounds, counts = self._bounds, self._counts
+        found = [bisect.bisect_left(bounds, v) for v in values]
+        with self._lock:
+            for i in found:
+                counts[i] += 1
+            self._sum += sum(values)
+
     def snapshot(self) -> tuple[list[int], float]:
         with self._lock:
             return list(self._counts), self._sum
@@ -225,6 +234,10 @@ class Metrics:
     def queued(self, seconds: float) -> None:
         """Records how long one request waited for its batch."""
         self._queue_duration.observe(seconds)
+
+    def queued_many(self, seconds: Sequence[float]) -> None:
+        """Records how long each request of one batch waited for it."""
+        self._queue_duration.observe_many(seconds)
 
     def depth(self, n: int) -> None:
         """Sets the queue depth."""

@@ -14,7 +14,9 @@ Outputs go back as binary the same way when asked (``binary_data`` on an
 output, or ``binary_data_output`` on the request). A body is read under the
 spec's size limit and body deadline, with at most ``max_bodies`` read at
 once. Errors are ``{"error": message}``; each typed error maps to its status
-in one place (``exception_handlers``).
+in one place (``handlers``). An inference request goes straight to its
+endpoint, past starlette's middleware and router, and its errors to the same
+handlers; every other request (and any under a root path) takes the router.
 """
 
 from __future__ import annotations
@@ -223,7 +225,7 @@ def build_app(engine: Engine, *, control_token: bytes | None = None) -> Any:
     # starlette is imported only when an app is built (the serve extra)
     from starlette.applications import Starlette
     from starlette.requests import ClientDisconnect, Request
-    from starlette.responses import JSONResponse, Response
+    from starlette.responses import JSONResponse, PlainTextResponse, Response
     from starlette.routing import Route
 
     spec = engine.spec
@@ -281,10 +283,10 @@ def build_app(engine: Engine, *, control_token: bytes | None = None) -> Any:
             timer.cancel()
             reading[0] -= 1
 
-    async def infer(scope: Any, receive: Any, send: Any) -> None:
-        # a plain ASGI endpoint: no Request or Response objects on the hot path;
-        # errors raised here reach the app's exception handlers as from any route
-        p = scope["path_params"]
+    async def respond(
+        scope: Any, receive: Any, name: str, version: str | None
+    ) -> tuple[bytes, list[tuple[bytes, bytes]]]:
+        """One inference request's response body and headers."""
         announced = header_length = None
         for key, value in scope["headers"]:  # the first of each, as starlette reads them
             if key == b"content-length" and announced is None:
@@ -295,8 +297,13 @@ def build_app(engine: Engine, *, control_token: bytes | None = None) -> Any:
         async def parsed() -> InferRequest:
             return read_request(await read_body(announced, receive), header_length)
 
-        result = await engine.infer(parsed, p["name"], p.get("version"))
-        content, headers = write_result(result)
+        return write_result(await engine.infer(parsed, name, version))
+
+    async def infer(scope: Any, receive: Any, send: Any) -> None:
+        # a plain ASGI endpoint: no Request or Response objects; errors raised
+        # here reach the app's exception handlers as from any route
+        p = scope["path_params"]
+        content, headers = await respond(scope, receive, p["name"], p.get("version"))
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": content})
 
@@ -380,7 +387,15 @@ def build_app(engine: Engine, *, control_token: bytes | None = None) -> Any:
         log.info("client disconnected before its request body was complete")
         return Response(status_code=499)
 
-    return Starlette(
+    handlers: dict[Any, Any] = {
+        InvalidRequestError: on_invalid,
+        ServingError: on_serving,
+        Unauthorized: on_unauthorized,
+        Dropped: on_dropped,
+        ClientDisconnect: on_disconnect,
+    }
+
+    app = Starlette(
         routes=[
             # inference first: starlette tries the routes in order on every request
             Route("/v2/models/{name}/infer", _Endpoint(infer), methods=["POST"]),
@@ -397,12 +412,56 @@ def build_app(engine: Engine, *, control_token: bytes | None = None) -> Any:
             Route("/v2/treeguard/status", status),
             Route("/metrics", prometheus),
         ],
-        exception_handlers={
-            InvalidRequestError: on_invalid,
-            ServingError: on_serving,
-            Unauthorized: on_unauthorized,
-            Dropped: on_dropped,
-            ClientDisconnect: on_disconnect,
-        },
+        exception_handlers=handlers,
         lifespan=lambda _app: engine.running(),
     )
+    stack = app.build_middleware_stack()
+
+    async def dispatch(scope: Any, receive: Any, send: Any) -> None:
+        """Inference straight to its endpoint, every other request through
+        starlette's middleware and router: the same handlers answer the same
+        errors, without the layers between them on every request."""
+        target = _infer_target(scope)
+        if target is None:
+            await stack(scope, receive, send)
+            return
+        try:
+            content, headers = await respond(scope, receive, *target)
+        except Exception as e:
+            handler = next((handlers[c] for c in type(e).__mro__ if c in handlers), None)
+            if handler is None:  # as starlette's ServerErrorMiddleware: a 500, then raise
+                await PlainTextResponse("Internal Server Error", 500)(scope, receive, send)
+                raise
+            response = await handler(Request(scope, receive), e)
+            await response(scope, receive, send)
+            return
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": content})
+
+    app.middleware_stack = dispatch
+    return app
+
+
+def _infer_target(scope: Any) -> tuple[str, str | None] | None:
+    """The model name and version of an inference request
+    (``POST /v2/models/{m}[/versions/{v}]/infer``), or None for any other.
+
+    Example:
+      >>> _infer_target({"type": "http", "method": "POST", "path": "/v2/models/m/infer"})
+      ('m', None)
+      >>> _infer_target({"type": "http", "method": "POST",
+      ...                "path": "/v2/models/m/versions/v2/infer"})
+      ('m', 'v2')
+      >>> _infer_target({"type": "http", "method": "GET", "path": "/v2/models/m/infer"})
+    """
+    if scope["type"] != "http" or scope["method"] != "POST" or scope.get("root_path"):
+        return None
+    path: str = scope["path"]
+    if not (path.startswith("/v2/models/") and path.endswith("/infer")):
+        return None
+    parts = path[11:-6].split("/")
+    if len(parts) == 1 and parts[0]:
+        return parts[0], None
+    if len(parts) == 3 and parts[0] and parts[1] == "versions" and parts[2]:
+        return parts[0], parts[2]
+    return None

@@ -1,0 +1,133 @@
+"""The data plane's short cuts keep every guard: inference answered past
+starlette's router, and the batcher's queue without a timer per request."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import numpy as np
+import pytest
+from serving_support import client, infer_body, mlp_spec, request, rows_of
+
+from treeguard.examples import mlp
+from treeguard.serving import Limits, Server, ServingError
+
+pytestmark = pytest.mark.anyio
+
+URL = "/v2/models/mlp/infer"
+SENTINEL = 123456.789
+
+
+async def test_inference_past_the_router_answers_as_through_it(mlp_store, mlp_server):
+    _, v = mlp_store
+    x = rows_of(np.random.default_rng(3), 3)
+    app = mlp_server.app()
+    async with app.router.lifespan_context(app):
+        direct = httpx.ASGITransport(app)
+        # a root path sends every request through starlette's middleware and router
+        routed = httpx.ASGITransport(app, root_path="/api")
+        async with (
+            httpx.AsyncClient(transport=direct, base_url="http://t") as c,
+            httpx.AsyncClient(transport=routed, base_url="http://t") as r,
+        ):
+            fast = await c.post(URL, json=infer_body(x))
+            slow = await r.post("/api" + URL, json=infer_body(x))
+            assert fast.status_code == slow.status_code == 200, (fast.text, slow.text)
+            assert fast.json() == slow.json()
+            assert fast.headers["content-type"] == slow.headers["content-type"]
+            pinned = await c.post(f"/v2/models/mlp/versions/{v['v1']}/infer", json=infer_body(x))
+            assert pinned.json() == fast.json()
+            # what is not an inference request still goes through the router
+            assert (await c.get(URL)).status_code == 405
+            assert (await c.post("/v2/models/mlp/infer/")).status_code in (307, 404)
+
+
+async def test_refusals_past_the_router_are_typed_and_quote_nothing(mlp_server):
+    async with client(mlp_server) as c:
+        bad = request(2, value=SENTINEL, name="nope")
+        r = await c.post(URL, json=bad)
+        assert r.status_code == 422 and "unknown name" in r.json()["error"]
+        assert str(SENTINEL) not in r.text
+        r = await c.post(URL, json=request(2, value=SENTINEL, cols=3))
+        assert r.status_code == 422 and "shape" in r.json()["error"]
+        assert str(SENTINEL) not in r.text
+        r = await c.post(URL, content=b'{"inputs": [1, 2', headers={"content-type": "x"})
+        assert r.status_code == 400 and "not valid JSON" in r.json()["error"]
+        r = await c.post("/v2/models/other/infer", json=request(1))
+        assert r.status_code == 404
+        r = await c.post("/v2/models/mlp/versions/v999/infer", json=request(1))
+        assert r.status_code == 404 and "not the one served" in r.json()["error"]
+        r = await c.post(URL, content=b"{}", headers={"content-length": "x"})
+        assert r.status_code == 400
+
+
+async def test_an_unexpected_error_past_the_router_is_a_bare_500(mlp_server, monkeypatch):
+    async def broken(*_: object) -> None:
+        raise RuntimeError(f"internal detail {SENTINEL}")
+
+    app = mlp_server.app()
+    async with app.router.lifespan_context(app):
+        monkeypatch.setattr(mlp_server, "infer", broken)
+        transport = httpx.ASGITransport(app, raise_app_exceptions=False)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+            r = await c.post(URL, json=request(1))
+        assert r.status_code == 500 and r.text == "Internal Server Error"
+        with pytest.raises(RuntimeError):
+            async with httpx.AsyncClient(
+                transport=httpx.ASGITransport(app), base_url="http://t"
+            ) as c:
+                await c.post(URL, json=request(1))
+
+
+async def test_a_request_whose_deadline_passes_in_the_queue_never_runs(mlp_store, monkeypatch):
+    spec = mlp_spec(buckets=(1,), limits=Limits(max_delay_ms=1, timeout_s=0.05))
+    server = Server(mlp.model, mlp_store[0], spec=spec)
+    server.start()
+    slots = server.slots
+    real_run = slots.run
+    calls = []
+
+    def slow_run(*args: object, **kw: object) -> object:
+        calls.append(args[2])
+        time.sleep(0.2)  # on the loop's thread, as every batch runs: the next one expires
+        return real_run(*args, **kw)  # type: ignore[arg-type]
+
+    async with client(server) as c:
+        monkeypatch.setattr(slots, "run", slow_run)
+        first, second = await asyncio.gather(
+            c.post(URL, json=request(1)), c.post(URL, json=request(1))
+        )
+    assert sorted([first.status_code, second.status_code]) == [200, 504]
+    assert calls == [1]  # the expired request never reached the device
+
+
+async def test_a_batcher_that_does_not_run_refuses_at_once(mlp_store):
+    server = Server(mlp.model, mlp_store[0], spec=mlp_spec())
+    server.start()
+    app = server.app()
+    async with app.router.lifespan_context(app):
+        batcher = server.batcher
+        assert batcher is not None
+        await batcher.stop()
+        leaves = [np.zeros((1, 2), np.float32)]
+        with pytest.raises(ServingError) as e:
+            await asyncio.wait_for(batcher.submit(leaves, 1, (1,)), 5)
+        assert e.value.status == 503
+
+
+async def test_a_worker_that_fails_fails_those_waiting_and_refuses_the_next(mlp_store, caplog):
+    server = Server(mlp.model, mlp_store[0], spec=mlp_spec(limits=Limits(max_delay_ms=1)))
+    server.start()
+
+    def broken(_: object) -> None:
+        raise RuntimeError("metrics store broke")
+
+    async with client(server) as c:
+        server.metrics.queued_many = broken  # type: ignore[method-assign]
+        r = await asyncio.wait_for(c.post(URL, json=request(1)), 5)
+        assert r.status_code == 503 and r.json()["error"].startswith("the batcher failed")
+        r = await asyncio.wait_for(c.post(URL, json=request(1)), 5)
+        assert r.status_code == 503 and "not running" in r.json()["error"]
+    assert "worker failed: RuntimeError" in caplog.text
