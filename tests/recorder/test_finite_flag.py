@@ -145,3 +145,25 @@ def test_a_recorded_adam_step_refuses_one_nan_or_inf_in_a_large_leaf(
             train(params, state, {"x": x, "poison": poison})
     assert (info.value.where, info.value.path) == ("the updated params", "['w']")
     assert info.value.counts == {"['w']": 1}
+
+
+_DTYPES = {"bf16": jnp.bfloat16, "f16": jnp.float16, "f32": jnp.float32, "c64": jnp.complex64}
+
+
+def test_the_check_finds_one_nan_or_inf_in_any_float_dtype_and_passes_the_largest_values() -> None:
+    # every float value at its dtype's largest: a sum of the values would overflow;
+    # leaves large enough for a vectorised reduction, which a max would let a NaN slip
+    leaves = [np.full((64, 64), jnp.finfo(d).max, d) for d in _DTYPES.values()]
+    leaves.append(np.arange(4))
+    check = jax.jit(finite_flag)
+    assert bool(check(leaves))
+    for i, dtype in enumerate(_DTYPES.values()):
+        poisons = [np.nan, np.inf, -np.inf]
+        if dtype == jnp.complex64:
+            poisons += [complex(0.0, np.inf), complex(np.nan, 0.0)]
+        for bad in poisons:
+            for at in [(0, 0), (32, 0), (63, 63)]:
+                poisoned = list(leaves)
+                poisoned[i] = leaves[i].copy()
+                poisoned[i][at] = bad
+                assert not bool(check(poisoned)), (dtype, bad, at)

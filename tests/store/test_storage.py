@@ -7,14 +7,16 @@ from __future__ import annotations
 import os
 import socket
 import threading
+import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from treeguard import StorageError
 
 # The storage protocol and its backends on purpose: the layer under the store.
-from treeguard._src.store.objects import ObjectStorage, is_url, split_url
+from treeguard._src.store.objects import _AHEAD, _STREAM_CHUNK, ObjectStorage, is_url, split_url
 from treeguard._src.store.storage import Conflict, LocalStorage, Storage
 
 LIMIT = 1 << 20
@@ -122,3 +124,36 @@ def test_store_urls_are_parsed_strictly() -> None:
         with pytest.raises(Exception, match="not a store URL"):
             split_url(bad)
     assert os.sep not in split_url("gs://bucket")[2]
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("s3")
+def test_a_reader_that_stops_early_holds_a_bounded_download_and_joins_its_thread(
+    s3_url: str,
+) -> None:
+    storage = ObjectStorage(s3_url)
+    data = np.arange(12 << 20, dtype=np.uint32).tobytes()  # 48 MiB: twelve streamed chunks
+    storage.create("big", data)
+    reader = storage.reader("big")
+    assert reader is not None
+    reader.plan(None)  # the whole object, pulled ahead by the thread
+    buf = memoryview(bytearray(1 << 20))
+    assert (
+        reader.pread_into(buf, 1 << 16) == len(buf) and buf == data[1 << 16 : (1 << 16) + len(buf)]
+    )
+    fetched, still = -1, 0
+    for _ in range(400):  # until it stops pulling: its queue is full
+        still = still + 1 if reader.fetched == fetched else 0
+        if still == 10:
+            break
+        fetched = reader.fetched
+        time.sleep(0.05)
+    assert still == 10
+    # the first bytes, the chunks queued ahead, one waiting to be queued and the one being read
+    assert fetched <= (1 << 16) + (_AHEAD + 2) * (_STREAM_CHUNK + (1 << 20)) < len(data)
+    reader.close()
+    reader.close()
+    assert not [t for t in threading.enumerate() if t.name == "treeguard-fetch"]
+    assert reader.pread_into(buf, len(data) - len(buf)) == len(buf) and buf == data[-len(buf) :]
+    reader.close()
+    assert not [t for t in threading.enumerate() if t.name == "treeguard-fetch"]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import re
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -30,7 +29,6 @@ from treeguard import (
     read_header,
 )
 from treeguard._cli.main import main
-from treeguard._src.store.objects import _AHEAD, _STREAM_CHUNK, ObjectStorage
 from treeguard.examples import mlp
 
 # Every test here talks to the session's SeaweedFS server: the slow run starts
@@ -609,34 +607,3 @@ def test_an_object_replaced_between_a_break_and_its_resume_is_an_integrity_error
     )
     e = _fails_through(proxy, s3_url, monkeypatch, tree, IntegrityError, why)
     assert isinstance(e, IntegrityError) and e.version == v and proxy.cut == 1
-
-
-def test_a_reader_that_stops_early_holds_a_bounded_download_and_joins_its_thread(
-    s3_url: str,
-) -> None:
-    storage = ObjectStorage(s3_url)
-    data = np.arange(12 << 20, dtype=np.uint32).tobytes()  # 48 MiB: twelve streamed chunks
-    storage.create("big", data)
-    reader = storage.reader("big")
-    assert reader is not None
-    reader.plan(None)  # the whole object, pulled ahead by the thread
-    buf = memoryview(bytearray(1 << 20))
-    assert (
-        reader.pread_into(buf, 1 << 16) == len(buf) and buf == data[1 << 16 : (1 << 16) + len(buf)]
-    )
-    fetched, still = -1, 0
-    for _ in range(400):  # until it stops pulling: its queue is full
-        still = still + 1 if reader.fetched == fetched else 0
-        if still == 10:
-            break
-        fetched = reader.fetched
-        time.sleep(0.05)
-    assert still == 10
-    # the first bytes, the chunks queued ahead, one waiting to be queued and the one being read
-    assert fetched <= (1 << 16) + (_AHEAD + 2) * (_STREAM_CHUNK + (1 << 20)) < len(data)
-    reader.close()
-    reader.close()
-    assert not _fetch_threads()
-    assert reader.pread_into(buf, len(data) - len(buf)) == len(buf) and buf == data[-len(buf) :]
-    reader.close()
-    assert not _fetch_threads()
