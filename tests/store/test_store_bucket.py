@@ -146,12 +146,17 @@ def test_racing_promoters_never_both_win(s3_url: str) -> None:
         assert e.version in versions and "another process moved the pointer first" in str(e)
 
 
-def test_a_signed_store_refuses_a_forged_unsigned_verdict(s3_url: str) -> None:
+def _signed_with_a_candidate(s3_url: str) -> tuple[ArtifactStore, str, str]:
+    """A store with a key: v1 verified and current, v2 put and not verified."""
     signed = ArtifactStore.init(s3_url, key=KEY)
     v1 = signed.put(_params(0))
     signed.verify(v1)
     signed.promote(v1)
-    v2 = signed.put(_params(1))
+    return signed, v1, signed.put(_params(1))
+
+
+def test_a_signed_store_refuses_a_forged_unsigned_verdict(s3_url: str) -> None:
+    signed, v1, v2 = _signed_with_a_candidate(s3_url)
     forged = ArtifactStore(s3_url)  # no key: it may not write a verdict
     with pytest.raises(SignatureError, match="opened without its key"):
         forged.verify(v2)
@@ -169,11 +174,7 @@ def test_a_signed_store_refuses_a_forged_unsigned_verdict(s3_url: str) -> None:
 
 
 def test_a_signed_store_refuses_a_forged_rejected_verdict_as_forged(s3_url: str) -> None:
-    signed = ArtifactStore.init(s3_url, key=KEY)
-    v1 = signed.put(_params(0))
-    signed.verify(v1)
-    signed.promote(v1)
-    v2 = signed.put(_params(1))
+    signed, v1, v2 = _signed_with_a_candidate(s3_url)
     raw = _raw(s3_url)
     # an unsigned rejected verdict written behind the store, on a candidate
     obstore.put(
