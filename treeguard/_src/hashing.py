@@ -63,6 +63,11 @@ HEX_RE = re.compile(r"^[0-9a-f]{64}$")
 CHUNK = 8 * 1024 * 1024
 #: The name prefix of the hashing threads (a test counts them by it).
 THREAD_PREFIX = "treeguard-hash"
+#: The most bytes one ``write`` call copies into the kernel. A shorter copy is
+#: a shorter stretch of kernel time no other thread can preempt: a background
+#: save's writes then leave the cores to a training step at once (and a
+#: write of this size is no slower than a whole chunk's).
+WRITE_PIECE = 256 * 1024
 #: Chunks queued per worker besides the one it is hashing.
 _DEPTH = 2
 
@@ -546,7 +551,7 @@ def _moved_hashed(
 
 def _write_all(fd: int, buf: memoryview) -> None:
     while len(buf):
-        n = os.write(fd, buf)
+        n = os.write(fd, buf[:WRITE_PIECE])
         buf = buf[n:]
 
 

@@ -3,8 +3,9 @@ thread while training goes on.
 
 The arrays are copied to host memory before ``save_async`` returns, so the
 caller may donate or overwrite them at once. The background thread hashes
-with one core and at a lower CPU priority (``NICER``), so that a training
-step running meanwhile keeps the cores it needs. The write is ``save``'s, so it
+with one core in the idle scheduling class (``yield_cpu``), so that a
+training step running meanwhile keeps the cores it needs: the save takes
+only the CPU time nothing else wants. The write is ``save``'s, so it
 is atomic: a crash or a kill at any instant leaves the previous file at the
 path intact, and never a half file under the final name. Each save runs on
 its own non-daemon thread, so an interpreter that exits normally first lets
@@ -31,9 +32,8 @@ from .format import Header
 from .read import read_header
 from .write import write_checkpoint
 
-#: How much lower than the caller's the priority of a background save's
-#: threads is (``nice``): the training step keeps the cores it needs, the
-#: save takes what is left.
+#: Where the idle scheduling class is refused: how much lower than the
+#: caller's the priority of a background save's threads is (``nice``).
 NICER = 10
 
 _lock = threading.Lock()
@@ -98,15 +98,21 @@ class SaveHandle:
 
 
 def yield_cpu() -> None:
-    """Lowers the calling thread's CPU priority by ``NICER`` where the
-    system sets priorities per thread (Linux); threads it starts (the
-    hashing workers) inherit it. Elsewhere, and where it is not allowed,
-    nothing changes."""
+    """Moves the calling thread to Linux's idle scheduling class
+    (``SCHED_IDLE``): it runs only on a core no other thread of the machine
+    wants, and gives way at once to one that does. Where that is refused, its
+    priority is lowered by ``NICER`` instead (a niced thread still takes a
+    share of a busy core). Threads it starts (the hashing workers) inherit
+    either. Off Linux nothing changes."""
     if not sys.platform.startswith("linux"):
         return
-    with contextlib.suppress(OSError):
-        tid = threading.get_native_id()
-        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + NICER))
+    tid = threading.get_native_id()
+    try:
+        os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+    except OSError:
+        with contextlib.suppress(OSError):
+            lower = min(19, os.getpriority(os.PRIO_PROCESS, tid) + NICER)
+            os.setpriority(os.PRIO_PROCESS, tid, lower)
 
 
 def host_copy(tree: Any) -> Any:
