@@ -4,6 +4,8 @@ starlette's router, and the batcher's queue without a timer per request."""
 from __future__ import annotations
 
 import asyncio
+import re
+import threading
 import time
 
 import httpx
@@ -131,3 +133,39 @@ async def test_a_worker_that_fails_fails_those_waiting_and_refuses_the_next(mlp_
         r = await asyncio.wait_for(c.post(URL, json=request(1)), 5)
         assert r.status_code == 503 and "not running" in r.json()["error"]
     assert "worker failed: RuntimeError" in caplog.text
+
+
+def test_metrics_recorded_from_several_threads_are_each_counted_once(mlp_store):
+    # the hot path appends; a scrape (or a full queue) folds, beside threads still recording
+    metrics = Server(mlp.model, mlp_store[0], spec=mlp_spec()).metrics
+    per_thread = 6000  # over the fold threshold, so folds run while others record
+
+    def record() -> None:
+        for i in range(per_thread):
+            metrics.request(200 if i % 3 else 422, 0.002)
+            metrics.batch(3, 4, 0.001)
+            metrics.queued(0.0)
+            if i % 1000 == 0:
+                metrics.render()
+
+    threads = [threading.Thread(target=record) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    text = metrics.render().decode()
+
+    def value(pattern: str) -> float:
+        found = re.search(pattern + r" (\S+)", text)
+        assert found, pattern
+        return float(found.group(1))
+
+    total = 3 * per_thread
+    ok = value(r'treeguard_requests_total\{model="mlp",status="200"\}')
+    refused = value(r'treeguard_requests_total\{model="mlp",status="422"\}')
+    assert (ok, refused) == (total - 3 * 2000, 3 * 2000)
+    assert value(r'treeguard_request_duration_seconds_count\{model="mlp"\}') == total
+    assert value(r'treeguard_compute_duration_seconds_count\{bucket="4",model="mlp"\}') == total
+    assert value(r'treeguard_batch_size_count\{model="mlp"\}') == total
+    assert value(r'treeguard_padding_ratio_sum\{model="mlp"\}') == pytest.approx(total * 0.25)
+    assert value(r'treeguard_queue_duration_seconds_count\{model="mlp"\}') == total

@@ -43,9 +43,9 @@ def _on_event(event: str, duration_secs: float, **_: str | int) -> None:
     duration = duration_secs
     if event != COMPILE_EVENT:
         return
-    guard: CompileGuard | None = getattr(_local, "guard", None)
-    if guard is not None:
-        guard._count(_local.phase, duration)
+    current: tuple[CompileGuard, str] | None = getattr(_local, "current", None)
+    if current is not None:
+        current[0]._count(current[1], duration)
 
 
 def _register() -> None:
@@ -128,6 +128,30 @@ class CompileGuard:
             raise ValueError(f"phase {name!r} is not one of {PHASES}")
         return _Phase(self, name)
 
+    def enter(self, name: str) -> tuple[CompileGuard, str] | None:
+        """``phase`` without a context object, for the path each batch
+        takes: attributes this thread's compiles to ``name`` (one of
+        ``PHASES``, unchecked) until ``leave`` is given what this returned.
+
+        Example:
+          >>> guard = CompileGuard()
+          >>> token = guard.enter("serving")
+          >>> try:
+          ...     _ = jax.jit(lambda x: x + 1)(np.ones(2, np.float32))
+          ... finally:
+          ...     guard.leave(token)
+          >>> guard.counts["serving"]
+          1
+        """
+        prev: tuple[CompileGuard, str] | None = getattr(_local, "current", None)
+        _local.current = (self, name)
+        return prev
+
+    @staticmethod
+    def leave(token: tuple[CompileGuard, str] | None) -> None:
+        """Ends what ``enter`` began: the thread's phase before it again."""
+        _local.current = token
+
     @property
     def total(self) -> int:
         return sum(self.counts.values())
@@ -141,14 +165,13 @@ class _Phase:
 
     def __init__(self, guard: CompileGuard, name: str) -> None:
         self.guard, self.name = guard, name
-        self.prev: tuple[Any, Any] = (None, None)
+        self.prev: tuple[CompileGuard, str] | None = None
 
     def __enter__(self) -> None:
-        self.prev = getattr(_local, "guard", None), getattr(_local, "phase", None)
-        _local.guard, _local.phase = self.guard, self.name
+        self.prev = self.guard.enter(self.name)
 
     def __exit__(self, *exc: object) -> None:
-        _local.guard, _local.phase = self.prev
+        self.guard.leave(self.prev)
 
 
 def enable_persistent_cache(directory: str | os.PathLike[str]) -> None:

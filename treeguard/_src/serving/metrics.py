@@ -3,15 +3,24 @@
 Labels are bounded: the model name, the version (a store name), the bucket
 (one of the spec's), an HTTP status code, a reason, phase, result or trigger
 from a fixed list. No metric ever holds a value from a request.
+
+What the hot path records (each request's status and latency, each batch's
+rows and device time, each wait in the queue) is appended to a queue as it
+happens and folded into the series when ``/metrics`` is scraped, or once
+``FOLD_AT`` observations wait: a scrape always sees every one recorded before
+it.
 """
 
 from __future__ import annotations
 
 import bisect
+import collections
 import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+#: How many observations of one kind may wait before the next one folds them.
+FOLD_AT = 4096
 _LATENCY = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
 #: The fixed label values.
 INVALID_REASONS = ("shape", "dtype", "size", "schema", "nonfinite", "bounds", "nonfinite_output")
@@ -211,33 +220,76 @@ class Metrics:
         self._queue_depth = self.queue_depth.labels(model=model)
         self._by_status: dict[int, Any] = {}
         self._by_bucket: dict[int, Any] = {}
+        # observations waiting to be folded (deques: appended and taken off
+        # from several threads without a lock)
+        self._requests: collections.deque[tuple[int, float]] = collections.deque()
+        self._batches: collections.deque[tuple[int, int, float]] = collections.deque()
+        self._waits: collections.deque[float] = collections.deque()
+        self._fold_lock = threading.Lock()
 
     def request(self, status: int, seconds: float) -> None:
         """Counts one answered request."""
-        child = self._by_status.get(status)
-        if child is None:
-            child = self._by_status[status] = self.requests.labels(
-                model=self.model, status=str(status)
-            )
-        child.inc()
-        self._request_duration.observe(seconds)
+        waiting = self._requests
+        waiting.append((status, seconds))
+        if len(waiting) >= FOLD_AT:
+            self.fold()
 
     def batch(self, rows: int, bucket: int, seconds: float) -> None:
         """Records one batch: its real rows, its bucket and its device time."""
-        child = self._by_bucket.get(bucket)
-        if child is None:
-            child = self._by_bucket[bucket] = self.compute_duration.child((self.model, str(bucket)))
-        child.observe(seconds)
-        self._batch_size.observe(rows)
-        self._padding_ratio.observe((bucket - rows) / bucket)
+        waiting = self._batches
+        waiting.append((rows, bucket, seconds))
+        if len(waiting) >= FOLD_AT:
+            self.fold()
 
     def queued(self, seconds: float) -> None:
         """Records how long one request waited for its batch."""
-        self._queue_duration.observe(seconds)
+        waiting = self._waits
+        waiting.append(seconds)
+        if len(waiting) >= FOLD_AT:
+            self.fold()
 
     def queued_many(self, seconds: Sequence[float]) -> None:
         """Records how long each request of one batch waited for it."""
-        self._queue_duration.observe_many(seconds)
+        waiting = self._waits
+        waiting.extend(seconds)
+        if len(waiting) >= FOLD_AT:
+            self.fold()
+
+    def fold(self) -> None:
+        """Folds every waiting observation into its series (``render`` does
+        it first). Safe beside threads that record: each is taken off its
+        queue once."""
+        with self._fold_lock:
+            requests = _drain(self._requests)
+            batches = _drain(self._batches)
+            waits = _drain(self._waits)
+            if requests:
+                by_status = collections.Counter(status for status, _ in requests)
+                for status, n in by_status.items():
+                    child = self._by_status.get(status)
+                    if child is None:
+                        child = self._by_status[status] = self.requests.labels(
+                            model=self.model, status=str(status)
+                        )
+                    child.inc(n)
+                self._request_duration.observe_many([s for _, s in requests])
+            if batches:
+                by_bucket: dict[int, list[float]] = {}
+                for _, bucket, seconds in batches:
+                    by_bucket.setdefault(bucket, []).append(seconds)
+                for bucket, seconds in by_bucket.items():
+                    child = self._by_bucket.get(bucket)
+                    if child is None:
+                        child = self._by_bucket[bucket] = self.compute_duration.child(
+                            (self.model, str(bucket))
+                        )
+                    child.observe_many(seconds)
+                self._batch_size.observe_many([float(rows) for rows, _, _ in batches])
+                self._padding_ratio.observe_many(
+                    [(bucket - rows) / bucket for rows, bucket, _ in batches]
+                )
+            if waits:
+                self._queue_duration.observe_many(waits)
 
     def depth(self, n: int) -> None:
         """Sets the queue depth."""
@@ -254,5 +306,16 @@ class Metrics:
         """The text exposition format."""
         from prometheus_client import generate_latest
 
+        self.fold()
         out: Any = generate_latest(self.registry)
         return bytes(out)
+
+
+def _drain(waiting: collections.deque[Any]) -> list[Any]:
+    """Takes every item off ``waiting``, oldest first (``popleft`` is atomic,
+    so an item appended meanwhile is taken now or by the next drain)."""
+    out = []
+    pop = waiting.popleft
+    for _ in range(len(waiting)):
+        out.append(pop())
+    return out
