@@ -5,6 +5,7 @@ serve exits non-zero, naming each version. Every wait is bounded."""
 from __future__ import annotations
 
 import contextlib
+import json
 import socket
 import time
 
@@ -35,6 +36,14 @@ def hardened(mlp_store, tmp_path):
 def capped(mlp_store, tmp_path):
     """A server whose unfinished headers are never cut off while a test runs."""
     limits = Limits(header_timeout_s=600.0, max_connections=LIMITS.max_connections)
+    with _served(mlp_store, tmp_path, limits) as live:
+        yield live
+
+
+@pytest.fixture
+def patient(mlp_store, tmp_path):
+    """A server that waits long for bodies and reads at most two at once."""
+    limits = Limits(body_timeout_s=600.0, max_bodies=2)
     with _served(mlp_store, tmp_path, limits) as live:
         yield live
 
@@ -111,15 +120,89 @@ def test_a_slow_body_gets_408_and_an_abandoned_one_a_metric_and_one_line(hardene
     time.sleep(0.3)
     s.close()
     with httpx.Client(base_url=hardened.url, timeout=PATIENCE_S) as c:
-        end = time.monotonic() + PATIENCE_S
-        while time.monotonic() < end:
-            text = c.get("/metrics").text
-            if metric(text, "treeguard_dropped_requests_total", reason="disconnect") >= 1:
-                break
-            time.sleep(0.1)
+        text = _metrics_once_disconnects(c, 1)
         assert metric(text, "treeguard_dropped_requests_total", reason="body_timeout") == 1
         assert metric(text, "treeguard_dropped_requests_total", reason="disconnect") == 1
         assert c.post("/v2/models/mlp/infer", json=request(1)).status_code == 200
+
+
+def _metrics_once_disconnects(c: httpx.Client, n: int) -> str:
+    """``/metrics`` once the server counted ``n`` disconnects (or PATIENCE_S passed)."""
+    end = time.monotonic() + PATIENCE_S
+    while True:
+        text = c.get("/metrics").text
+        seen = metric(text, "treeguard_dropped_requests_total", reason="disconnect")
+        if seen >= n or time.monotonic() > end:
+            return text
+        time.sleep(0.1)
+
+
+def _response(s: socket.socket) -> bytes:
+    """One whole response from ``s``: its head, then content-length bytes."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = s.recv(65536)
+        if not chunk:
+            return data
+        data += chunk
+    head, _, rest = data.partition(b"\r\n\r\n")
+    length = int(
+        next(ln for ln in head.split(b"\r\n") if ln.lower().startswith(b"content-length:")).split(
+            b":"
+        )[1]
+    )
+    while len(rest) < length:
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        rest += chunk
+    return head + b"\r\n\r\n" + rest
+
+
+def _infer_head(length: int) -> bytes:
+    return (
+        b"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n" % length
+    )
+
+
+def test_a_body_that_arrives_in_parts_is_read_whole(patient):
+    body = json.dumps(request(2)).encode()
+    s = _connect(patient.port)
+    s.sendall(_infer_head(len(body)) + body[:7])
+    assert _ask_live(patient.port).startswith(b"HTTP/1.1 200")  # the server is waiting for it
+    s.sendall(body[7:])
+    answer = _response(s)
+    s.close()
+    assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+    assert b'"outputs"' in answer
+
+
+def test_bodies_over_the_cap_on_those_read_at_once_get_503(patient):
+    held = [_connect(patient.port) for _ in range(2)]
+    try:
+        for s in held:
+            s.sendall(_infer_head(1000) + b'{"inputs": ')
+        # answered after the server took up both: their bodies are being read now
+        assert _ask_live(patient.port).startswith(b"HTTP/1.1 200")
+        third = _connect(patient.port)
+        third.sendall(_infer_head(1000) + b'{"in')
+        answer = _response(third)
+        third.close()
+        assert answer.startswith(b"HTTP/1.1 503"), answer[:200]
+        assert b"2 request bodies are being read" in answer
+        body = json.dumps(request(1)).encode()
+        whole = _connect(patient.port)  # a whole body is never held, so it is not refused
+        whole.sendall(_infer_head(len(body)) + body)
+        assert _response(whole).startswith(b"HTTP/1.1 200")
+        whole.close()
+    finally:
+        for s in held:
+            s.close()
+    with httpx.Client(base_url=patient.url, timeout=PATIENCE_S) as c:
+        text = _metrics_once_disconnects(c, 2)
+        assert metric(text, "treeguard_dropped_requests_total", reason="bodies") == 1
+        assert metric(text, "treeguard_dropped_requests_total", reason="disconnect") == 2
 
 
 def _ask_live(port: int) -> bytes:

@@ -12,11 +12,13 @@ header, a JSON header followed by the binary tensor data of the inputs that
 carry ``parameters.binary_data_size`` (the binary tensor data extension).
 Outputs go back as binary the same way when asked (``binary_data`` on an
 output, or ``binary_data_output`` on the request). A body is read under the
-spec's size limit and body deadline, with at most ``max_bodies`` read at
-once. Errors are ``{"error": message}``; each typed error maps to its status
-in one place (``handlers``). An inference request goes straight to its
-endpoint, past starlette's middleware and router, and its errors to the same
-handlers; every other request (and any under a root path) takes the router.
+spec's size limit; a body not yet whole when its request runs is waited for
+under the body deadline, with at most ``max_bodies`` waited for at once (a
+whole body needs neither a timer nor a place among them). Errors are
+``{"error": message}``; each typed error maps to its status in one place
+(``handlers``). An inference request goes straight to its endpoint, past
+starlette's middleware and router, and its errors to the same handlers;
+every other request (and any under a root path) takes the router.
 """
 
 from __future__ import annotations
@@ -45,6 +47,10 @@ class Unauthorized(Exception):
     """A control request without the right bearer token (401)."""
 
 
+class Disconnected(Exception):
+    """The client went away before its request body was whole (499)."""
+
+
 class Dropped(Exception):
     """The transport gave up on a request before the engine saw it."""
 
@@ -67,6 +73,77 @@ class _Deadline:
         if self.task is not None:
             self.expired = True
             self.task.cancel()
+
+
+class _Body:
+    """A request body as its messages arrive, under a size limit."""
+
+    __slots__ = ("chunks", "limit", "size")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.chunks: list[bytes] = []
+        self.size = 0
+
+    def take(self, message: Any) -> bool:
+        """Adds one ``receive`` message's bytes; whether it was the last.
+
+        Raises:
+          Disconnected: for a disconnect instead of body bytes.
+          InvalidRequestError: 413 once the body is over the limit.
+        """
+        if message["type"] != "http.request":
+            raise Disconnected()
+        chunk = message.get("body", b"")
+        self.size += len(chunk)
+        if self.size > self.limit:
+            raise refuse(
+                f"the body is over the limit of {self.limit} bytes",
+                "size",
+                413,
+                hint="send fewer rows per request",
+            )
+        self.chunks.append(chunk)
+        return not message.get("more_body", False)
+
+    def joined(self) -> bytes:
+        chunks = self.chunks
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+class _Rest:
+    """The rest of a coroutine already run up to its first wait (``waits_for``,
+    what it yielded there): awaiting this goes on from that wait, passing
+    what the task sends or throws in (a cancel) on to the coroutine, as
+    ``await`` of it would have."""
+
+    __slots__ = ("coro", "waits_for")
+
+    def __init__(self, coro: Any, waits_for: Any) -> None:
+        self.coro, self.waits_for = coro, waits_for
+
+    def close(self) -> None:
+        """Abandons the coroutine (it is never resumed)."""
+        self.coro.close()
+
+    def __await__(self) -> Any:
+        coro, signal = self.coro, self.waits_for
+        while True:
+            try:
+                sent = yield signal
+            except GeneratorExit:
+                coro.close()
+                raise
+            except BaseException as thrown:  # noqa: BLE001 - a cancel goes on to the coroutine
+                try:
+                    signal = coro.throw(thrown)
+                except StopIteration as done:
+                    return done.value
+                continue
+            try:
+                signal = coro.send(sent)
+            except StopIteration as done:
+                return done.value
 
 
 class _Endpoint:
@@ -246,7 +323,25 @@ def build_app(engine: Engine, *, control_token: bytes | None = None) -> Any:
                     413,
                     hint="send fewer rows per request",
                 )
+        # most bodies are whole by the time their request runs: then every
+        # receive returns without a wait, and nothing needs a deadline or a
+        # place among the bodies being read
+        body = _Body(limits.max_request_bytes)
+        while True:
+            step = receive()
+            try:
+                waits_for = step.send(None)
+            except StopIteration as done:
+                if body.take(done.value):
+                    return body.joined()
+                continue
+            return await read_rest(body, _Rest(step, waits_for), receive)
+
+    async def read_rest(body: _Body, pending: _Rest, receive: Any) -> bytes:
+        """The rest of a body from a receive that waits on, under the
+        deadline and the cap on bodies read at once."""
         if reading[0] >= limits.max_bodies:
+            pending.close()
             raise Dropped("bodies", 503, f"{limits.max_bodies} request bodies are being read")
         # the deadline is one timer that cancels this task (``asyncio.timeout``
         # costs several times as much per request)
@@ -255,24 +350,11 @@ def build_app(engine: Engine, *, control_token: bytes | None = None) -> Any:
         timer = loop.call_at(loop.time() + limits.body_timeout_s, deadline.expire)
         reading[0] += 1
         try:
-            chunks = []
-            size = 0
-            while True:
-                message = await receive()
-                if message["type"] != "http.request":
-                    raise ClientDisconnect()
-                chunk = message.get("body", b"")
-                size += len(chunk)
-                if size > limits.max_request_bytes:
-                    raise refuse(
-                        f"the body is over the limit of {limits.max_request_bytes} bytes",
-                        "size",
-                        413,
-                        hint="send fewer rows per request",
-                    )
-                chunks.append(chunk)
-                if not message.get("more_body", False):
-                    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+            if body.take(await pending):
+                return body.joined()
+            while not body.take(await receive()):
+                pass
+            return body.joined()
         except asyncio.CancelledError:
             if not deadline.expired or deadline.task is None or deadline.task.uncancel() > 0:
                 raise  # someone else's cancel, not the deadline's
@@ -392,6 +474,7 @@ def build_app(engine: Engine, *, control_token: bytes | None = None) -> Any:
         ServingError: on_serving,
         Unauthorized: on_unauthorized,
         Dropped: on_dropped,
+        Disconnected: on_disconnect,
         ClientDisconnect: on_disconnect,
     }
 

@@ -70,11 +70,13 @@ class Limits:
       timeout_s: a request's deadline, from arrival to response.
       header_timeout_s: how long a connection may take to send a request's
         headers (a slow client is cut off).
-      body_timeout_s: how long a request's body may take to arrive.
+      body_timeout_s: how long a request's body may take to arrive, from
+        the first time its request waits for more of it.
       max_connections: the most open connections; one more is answered 503
         and closed.
-      max_bodies: the most request bodies being read at once; one more is
-        answered 503.
+      max_bodies: the most request bodies being waited for at once; one
+        more is answered 503 (a body already whole when its request runs
+        is never waited for).
 
     Example:
       >>> Limits(max_rows=8).max_rows
