@@ -88,6 +88,25 @@ class Batcher:
             if not p.future.done():
                 p.future.set_exception(error)
 
+    def run_now(
+        self, leaves: list[np.ndarray[Any, Any]], rows: int, chunks: tuple[int, ...]
+    ) -> tuple[Outputs, str] | None:
+        """Runs one request at once, on the calling thread, when nothing waits
+        and the spec gives no delay to gather a batch in; None otherwise (then
+        ``submit`` it). A batch runs synchronously on the event loop's thread
+        either way, so none is running now, and the queue and the worker are
+        no hop worth making.
+
+        Raises:
+          ServingError: when its batch fails (as ``submit``).
+        """
+        if self._queue or self.spec.limits.max_delay_ms != 0:
+            return None
+        if self._task is None or self._task.done():
+            return None  # ``submit`` refuses it, saying why
+        self.metrics.queued(0.0)
+        return self._run_alone(leaves, rows, chunks)
+
     async def submit(
         self, leaves: list[np.ndarray[Any, Any]], rows: int, chunks: tuple[int, ...]
     ) -> tuple[Outputs, str]:
@@ -112,12 +131,6 @@ class Batcher:
             )
         if self._task is None or self._task.done():
             raise ServingError("the batcher is not running", status=503)
-        if not queue and limits.max_delay_ms == 0:
-            # nothing waiting and nothing to wait for: run it here, with no hop
-            # through the queue and the worker (a batch runs synchronously on
-            # this thread either way, so none is running now)
-            self.metrics.queued(0.0)
-            return self._run_alone(leaves, rows, chunks)
         # no timer per request: deadlines grow in queue order, so the worker
         # reaches every expired request before it runs another batch, and
         # fails it there; a worker that ends fails all that wait (``_work``)

@@ -347,7 +347,9 @@ class Engine:
             raise refuse(adm.detail, "size", 413 if adm.reason != "empty" else 422)
         served = self.slots.active.version if self.slots.active else "?"
         try:
-            outputs, served = await self.batcher.submit(leaves, adm.rows, adm.chunks)
+            batcher = self.batcher
+            ran = batcher.run_now(leaves, adm.rows, adm.chunks)
+            outputs, served = ran or await batcher.submit(leaves, adm.rows, adm.chunks)
         except TimeoutError:
             raise ServingError(
                 f"no result within {spec.limits.timeout_s:g} s",
@@ -367,8 +369,10 @@ class Engine:
         bad = [self._output_names.get(p, p or "output") for p, x in outputs if not all_finite(x)]
         if bad:
             await self._nonfinite(served, leaves, bad)
-        else:
-            await self._judge(served, nonfinite=False, error=False)
+        else:  # ``_judge`` of a good response, with no coroutine unless it trips
+            trigger = self.slots.record(served, nonfinite=False, error=False)
+            if trigger is not None:
+                await self._roll_back(trigger)
         return InferResult(
             spec.name, served, select_outputs(request, outputs, self._output_names), request.id
         )
@@ -420,7 +424,11 @@ class Engine:
     async def _judge(self, version: str, *, nonfinite: bool, error: bool) -> None:
         trigger = self.slots.record(version, nonfinite=nonfinite, error=error)
         if trigger is not None:
-            await asyncio.to_thread(self.slots.auto_rollback, trigger)
+            await self._roll_back(trigger)
+
+    async def _roll_back(self, trigger: str) -> None:
+        """The watchdog's rollback, off the event loop (it writes to the store)."""
+        await asyncio.to_thread(self.slots.auto_rollback, trigger)
 
     # -- control ----------------------------------------------------------------------
 
