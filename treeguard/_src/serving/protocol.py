@@ -164,7 +164,7 @@ def parse_json(body: bytes) -> Any:
 # -- the data model ---------------------------------------------------------------
 
 
-@dataclasses.dataclass(frozen=True, eq=False)
+@dataclasses.dataclass(eq=False, slots=True)  # made per request: no frozen __init__
 class RawInput:
     """One input as a transport received it.
 
@@ -181,7 +181,7 @@ class RawInput:
     data: Any
 
 
-@dataclasses.dataclass(frozen=True, eq=False)
+@dataclasses.dataclass(eq=False, slots=True)  # made per request: no frozen __init__
 class InferRequest:
     """One inference request, apart from its wire.
 
@@ -201,7 +201,7 @@ class InferRequest:
     binary_default: bool = False
 
 
-@dataclasses.dataclass(frozen=True, eq=False)
+@dataclasses.dataclass(eq=False, slots=True)  # made per request: no frozen __init__
 class Output:
     """One output tensor of a response."""
 
@@ -214,7 +214,7 @@ class Output:
         return datatype_of(self.array.dtype)
 
 
-@dataclasses.dataclass(frozen=True, eq=False)
+@dataclasses.dataclass(eq=False, slots=True)  # made per request: no frozen __init__
 class InferResult:
     """The response to one request: the outputs asked for, in order."""
 
