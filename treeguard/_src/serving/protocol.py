@@ -115,11 +115,9 @@ def _no_constant(name: str) -> Any:
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in pairs:
-        if k in out:
-            raise ValueError("a duplicate key")
-        out[k] = v
+    out = dict(pairs)
+    if len(out) != len(pairs):  # a key given twice is kept once
+        raise ValueError("a duplicate key")
     return out
 
 
@@ -543,7 +541,7 @@ def select_outputs(
 def json_data(x: np.ndarray[Any, Any]) -> list[Any]:
     """An array's elements as a flat JSON list (bf16 and fp16 as floats)."""
     flat = x.reshape(-1)
-    if flat.dtype.kind == "V" or flat.dtype == np.float16:
+    if flat.dtype.kind == "V" or flat.dtype.char == "e":  # "e": float16
         flat = flat.astype(np.float32)
     out: list[Any] = flat.tolist()
     return out
