@@ -81,7 +81,7 @@ def main() -> None:
         during: list[float] = []
         blocks: list[float] = []
         copies: list[float] = []
-        for _ in range(3):
+        for _ in range(5):
             alone.extend(_time(one_step, 10))
             copies.extend(
                 _time(lambda: jax.tree.map(lambda a: np.array(jax.device_get(a)), tree), 1)

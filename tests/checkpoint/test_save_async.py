@@ -201,3 +201,24 @@ def test_where_the_idle_class_is_refused_a_background_save_is_niced(
     t.start()
     t.join()
     assert seen == [min(asyncsave.NICER, 19 - os.getpriority(os.PRIO_PROCESS, 0))]
+
+
+def test_a_background_save_syncs_what_it_wrote_as_it_goes(tmp_path, monkeypatch) -> None:
+    synced: list[int] = []
+    real = os.fdatasync
+
+    def counted(fd: int) -> None:
+        synced.append(os.fstat(fd).st_size)
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", counted)
+    monkeypatch.setattr(asyncsave, "FLUSH_EVERY", 1 << 20)
+    tree = {k: np.full(1 << 19, i, np.float32) for i, k in enumerate("abcd")}  # 2 MiB each
+    tg.save_async(tmp_path / "c.safetensors", tree).result(timeout=60)
+    # a sync once a MiB or more was written since the last, the sizes growing
+    assert len(synced) >= 3 and synced == sorted(synced)
+    loaded = tg.load(tmp_path / "c.safetensors", like=tree)
+    np.testing.assert_array_equal(loaded["a"], tree["a"])
+    synced.clear()
+    tg.save(tmp_path / "d.safetensors", tree)  # a save in the foreground syncs once, at the end
+    assert synced == []

@@ -472,11 +472,16 @@ def write_hashed(
     *,
     chunk: int = CHUNK,
     threads: int | None = None,
+    flush_every: int | None = None,
 ) -> list[str]:
     """Writes each buffer to ``fd`` (at its current position) while its
     chunks are hashed; returns one digest per buffer. ``buffers`` may be a
     generator (a leaf copied to the host only when its turn comes).
     ``threads`` bounds the hashing threads, as for ``Pipeline``.
+    ``flush_every``: after each that many bytes, the written data is synced
+    to disk by the writing thread itself (``fdatasync``), rather than later by
+    the kernel's writeback threads: a writer at idle priority then does that
+    work at idle priority too.
 
     Example:
       >>> import os, tempfile
@@ -486,9 +491,27 @@ def write_hashed(
       (True, 2)
       >>> os.close(fd)
     """
-    return _moved_hashed(
-        lambda view: _write_all(fd, view), buffers, algorithm, chunk=chunk, threads=threads
-    )
+    if flush_every is None:
+        return _moved_hashed(
+            lambda view: _write_all(fd, view), buffers, algorithm, chunk=chunk, threads=threads
+        )
+    unsynced = 0
+
+    def write_and_sync(view: memoryview) -> None:
+        nonlocal unsynced
+        _write_all(fd, view)
+        unsynced += len(view)
+        if unsynced >= flush_every:
+            unsynced = 0
+            _datasync(fd)
+
+    return _moved_hashed(write_and_sync, buffers, algorithm, chunk=chunk, threads=threads)
+
+
+def _datasync(fd: int) -> None:
+    """``fdatasync`` where the system has it (not macOS), else ``fsync``."""
+    sync = getattr(os, "fdatasync", None) or os.fsync
+    sync(fd)
 
 
 def copy_hashed(

@@ -5,7 +5,9 @@ The arrays are copied to host memory before ``save_async`` returns, so the
 caller may donate or overwrite them at once. The background thread hashes
 with one core in the idle scheduling class (``yield_cpu``), so that a
 training step running meanwhile keeps the cores it needs: the save takes
-only the CPU time nothing else wants. The write is ``save``'s, so it
+only the CPU time nothing else wants. It syncs what it wrote every
+``FLUSH_EVERY`` bytes itself, so that pushing the pages to disk is idle work
+too. The write is ``save``'s, so it
 is atomic: a crash or a kill at any instant leaves the previous file at the
 path intact, and never a half file under the final name. Each save runs on
 its own non-daemon thread, so an interpreter that exits normally first lets
@@ -32,6 +34,10 @@ from .format import Header
 from .read import read_header
 from .write import write_checkpoint
 
+#: A background save syncs what it wrote after each this many bytes, so its
+#: own thread (in the idle class) pushes the pages to disk, not the kernel's
+#: writeback threads at the training step's priority.
+FLUSH_EVERY = 64 * 1024 * 1024
 #: Where the idle scheduling class is refused: how much lower than the
 #: caller's the priority of a background save's threads is (``nice``).
 NICER = 10
@@ -186,7 +192,9 @@ def save_async(
     host = host_copy(tree)
 
     def work() -> Header:
-        write_checkpoint(target, host, metadata=metadata, surgery=surgery, threads=1)
+        write_checkpoint(
+            target, host, metadata=metadata, surgery=surgery, threads=1, flush_every=FLUSH_EVERY
+        )
         return read_header(target)
 
     return start(target, work, exclusive=True)

@@ -275,15 +275,19 @@ def write_checkpoint(
     digest: Algorithm = DEFAULT,
     surgery: Surgery | None = None,
     threads: int | None = None,
+    flush_every: int | None = None,
 ) -> None:
     """``save``, with ``threads`` bounding the threads that hash (None: every
-    core; a background save passes 1)."""
+    core; a background save passes 1) and ``flush_every`` as for
+    ``write_hashed`` (a background save syncs as it goes)."""
     target = os.fspath(path)
     draft = _draft(tree, metadata, digest, surgery)
 
     def write(fd: int) -> None:
         write_all(fd, draft.start())
-        digests = write_hashed(fd, draft.leaf_bytes(), draft.algorithm, threads=threads)
+        digests = write_hashed(
+            fd, draft.leaf_bytes(), draft.algorithm, threads=threads, flush_every=flush_every
+        )
         os.pwrite(fd, draft.header(digests), 8)
 
     dirname, base = os.path.split(os.path.abspath(target))
