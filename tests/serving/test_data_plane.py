@@ -10,6 +10,7 @@ import time
 
 import httpx
 import numpy as np
+import prometheus_client
 import pytest
 from serving_support import client, infer_body, mlp_spec, request, rows_of
 
@@ -169,3 +170,7 @@ def test_metrics_recorded_from_several_threads_are_each_counted_once(mlp_store):
     assert value(r'treeguard_batch_size_count\{model="mlp"\}') == total
     assert value(r'treeguard_padding_ratio_sum\{model="mlp"\}') == pytest.approx(total * 0.25)
     assert value(r'treeguard_queue_duration_seconds_count\{model="mlp"\}') == total
+    # an exporter of the registry's own (as each Ray replica runs) folds too
+    metrics.request(200, 0.002)
+    text = prometheus_client.generate_latest(metrics.registry).decode()
+    assert value(r'treeguard_request_duration_seconds_count\{model="mlp"\}') == total + 1

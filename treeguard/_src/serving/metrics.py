@@ -6,9 +6,9 @@ from a fixed list. No metric ever holds a value from a request.
 
 What the hot path records (each request's status and latency, each batch's
 rows and device time, each wait in the queue) is appended to a queue as it
-happens and folded into the series when ``/metrics`` is scraped, or once
-``FOLD_AT`` observations wait: a scrape always sees every one recorded before
-it.
+happens and folded into the series when the registry is collected (a scrape
+of ``/metrics``, or a replica's own exporter), or once ``FOLD_AT``
+observations wait: a scrape always sees every one recorded before it.
 """
 
 from __future__ import annotations
@@ -125,6 +125,10 @@ class Metrics:
         self.model = model
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
+        # first in the registry: whoever collects it (``render``, or a
+        # replica's own exporter) folds the waiting observations before any
+        # series is read
+        r.register(_Folding(self))  # type: ignore[arg-type]
         self.requests = Counter(
             "treeguard_requests_total",
             "Inference requests by HTTP status.",
@@ -306,9 +310,22 @@ class Metrics:
         """The text exposition format."""
         from prometheus_client import generate_latest
 
-        self.fold()
         out: Any = generate_latest(self.registry)
         return bytes(out)
+
+
+class _Folding:
+    """A collector with no series of its own: collecting it folds what waits."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> Iterator[Any]:
+        self.metrics.fold()
+        return iter(())
 
 
 def _drain(waiting: collections.deque[Any]) -> list[Any]:

@@ -120,7 +120,7 @@ class Slots:
         self.memory_budget = memory_budget
         self.watchdog = watchdog or WatchdogPolicy()
         self.guard = CompileGuard(on_compile=self._on_compile)
-        self.fn = jax.jit(_served(model.apply))
+        self.fn = jax.jit(_served(model.apply, spec.inputs.treedef))
         self.active: Slot | None = None
         self.previous: Slot | None = None
         self.quarantined: set[str] = set()
@@ -131,7 +131,6 @@ class Slots:
         self._outcomes: collections.deque[tuple[bool, bool]] = collections.deque(
             maxlen=self.watchdog.window
         )
-        self._treedef = spec.inputs.treedef
         self._bad = [0, 0]  # non-finite and 5xx responses in the window
         self._out_paths: dict[Any, list[str]] = {}
         self._refs: Any = None
@@ -317,13 +316,12 @@ class Slots:
         size = bucket or bucket_for(rows, self.spec.buckets) or rows
         # every input holds the same rows (the decoder saw to it)
         padded = leaves if rows == size else [pad_rows(x, size) for x in leaves]
-        batch = self._treedef.unflatten(padded)
         before = self.guard.counts[phase]
         start = time.perf_counter()
         guard = self.guard
         token = guard.enter(phase)
         try:
-            out = self.fn(slot.params, batch)
+            out = self.fn(slot.params, *padded)
             if isinstance(out, jax.Array):  # one output, the root: no tree to walk
                 host = [("", np.asarray(out))]
             else:
@@ -715,11 +713,13 @@ def _check_finite(version: str, tree: Any) -> None:
         )
 
 
-def _served(apply: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
-    """A function of this server's own, so its compile cache and counts are its own."""
+def _served(apply: Callable[[Any, Any], Any], inputs: Any) -> Callable[..., Any]:
+    """A function of this server's own, so its compile cache and counts are
+    its own; it takes the inputs' leaves as arguments (``inputs`` is their
+    tree's structure), so no batch tree is built for each call."""
 
-    def served(params: Any, batch: Any) -> Any:
-        return apply(params, batch)
+    def served(params: Any, *leaves: Any) -> Any:
+        return apply(params, inputs.unflatten(leaves))
 
     return served
 
