@@ -4,9 +4,14 @@ starlette's router, and the batcher's queue without a timer per request."""
 from __future__ import annotations
 
 import asyncio
+import gc
+import json
 import re
 import threading
 import time
+import tracemalloc
+import weakref
+from typing import Any
 
 import httpx
 import numpy as np
@@ -133,6 +138,14 @@ async def test_a_worker_that_fails_fails_those_waiting_and_refuses_the_next(mlp_
         assert r.status_code == 503 and r.json()["error"].startswith("the batcher failed")
         r = await asyncio.wait_for(c.post(URL, json=request(1)), 5)
         assert r.status_code == 503 and "not running" in r.json()["error"]
+        # the batcher's failure is no version's: no rollback, however many are refused
+        served = server.status()["active"]
+        for _ in range(12):
+            assert (await c.post(URL, json=request(1))).status_code == 503
+        assert server.status()["active"] == served
+        assert server.slots.fallback is None and "rolled back" not in caplog.text
+        ready = await c.get("/v2/health/ready")
+        assert ready.status_code == 503 and "batcher is not running" in ready.json()["error"]
     assert "worker failed: RuntimeError" in caplog.text
 
 
@@ -174,3 +187,58 @@ def test_metrics_recorded_from_several_threads_are_each_counted_once(mlp_store):
     metrics.request(200, 0.002)
     text = prometheus_client.generate_latest(metrics.registry).decode()
     assert value(r'treeguard_request_duration_seconds_count\{model="mlp"\}') == total + 1
+
+
+async def test_an_idle_batcher_holds_nothing_of_the_last_batch(mlp_store):
+    server = Server(mlp.model, mlp_store[0], spec=mlp_spec(limits=Limits(max_delay_ms=1)))
+    server.start()
+    app = server.app()
+    async with app.router.lifespan_context(app):
+        batcher = server.batcher
+        assert batcher is not None
+        leaves = [np.zeros((1, 2), np.float32)]
+        gone = weakref.ref(leaves[0])
+        outputs, _ = await asyncio.wait_for(batcher.submit(leaves, 1, (1,)), 5)
+        assert outputs[0][1].shape == (1, 1)
+        del leaves, outputs
+        await asyncio.sleep(0)  # the worker waits for the next request by now
+        gc.collect()
+        assert gone() is None
+
+
+async def test_a_body_in_tiny_pieces_costs_a_small_multiple_of_its_size(mlp_server):
+    head = json.dumps(request(1)).encode()
+    room = min(200_000, mlp_server.spec.limits.max_request_bytes - len(head))
+    body = head + b" " * room  # trailing blanks are JSON
+    pieces = [body[i : i + 2] for i in range(0, len(body), 2)]
+    pieces.reverse()
+    sent: list[int] = []
+
+    async def receive() -> dict[str, Any]:
+        chunk = pieces.pop()
+        return {"type": "http.request", "body": chunk, "more_body": bool(pieces)}
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            sent.append(message["status"])
+
+    scope = {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+        "scheme": "http", "path": URL, "raw_path": URL.encode(), "query_string": b"",
+        "root_path": "", "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80),
+        "headers": [(b"content-length", b"%d" % len(body))],
+    }  # fmt: skip
+    app = mlp_server.app()
+    async with app.router.lifespan_context(app):
+        tracemalloc.start()
+        try:
+            tracemalloc.reset_peak()
+            before = tracemalloc.get_traced_memory()[0]
+            await app(scope, receive, send)
+            peak = tracemalloc.get_traced_memory()[1] - before
+        finally:
+            tracemalloc.stop()
+    assert sent == [200]
+    # the body held once, the buffer it grows in and one copy: not a list of
+    # 200,000 objects of 2 bytes each (about 20 times the body)
+    assert peak < 5 * len(body), peak

@@ -137,6 +137,9 @@ async def test_binary_bodies_that_lie_are_refused_by_name(mlp_server):
     body, headers = _binary_x(2, good)
     cases.append((body, {"Inference-Header-Content-Length": "99999"}, 400, "Inference-Header"))
     cases.append((body, {"Inference-Header-Content-Length": "-1"}, 400, "Inference-Header"))
+    # digits str.isdigit takes and int refuses: a 400, never a 500
+    cases.append((body, {"Inference-Header-Content-Length": b"\xb2"}, 400, "Inference-Header"))
+    cases.append((body, {"Inference-Header-Content-Length": "9" * 5000}, 400, "Inference-Header"))
     async with client(mlp_server) as c:
         for body, headers, status, message in cases:
             r = await c.post(URL, content=body, headers=headers)

@@ -29,6 +29,14 @@ Outputs = list[tuple[str, np.ndarray[Any, Any]]]
 log = logging.getLogger("treeguard.serving")
 
 
+class Unavailable(ServingError):
+    """503: the batcher itself cannot run requests (stopping, stopped or
+    failed); no version is to blame for it."""
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message, status=503, hint=hint)
+
+
 class Pending:
     """One request waiting for its batch (a plain class with slots: one is
     made per request)."""
@@ -69,6 +77,11 @@ class Batcher:
     def depth(self) -> int:
         return len(self._queue)
 
+    @property
+    def running(self) -> bool:
+        """Whether the worker runs (started, not stopped, not failed)."""
+        return self._task is not None and not self._task.done()
+
     def start(self) -> None:
         """Starts the worker on the running event loop."""
         if self._task is None:
@@ -82,7 +95,7 @@ class Batcher:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
             self._task = None
-        error = ServingError("the server is stopping", status=503)
+        error = Unavailable("the server is stopping")
         while self._queue:
             p = self._queue.popleft()
             if not p.future.done():
@@ -130,7 +143,7 @@ class Batcher:
                 hint="retry after a short wait",
             )
         if self._task is None or self._task.done():
-            raise ServingError("the batcher is not running", status=503)
+            raise Unavailable("the batcher is not running")
         # no timer per request: deadlines grow in queue order, so the worker
         # reaches every expired request before it runs another batch, and
         # fails it there; a worker that ends fails all that wait (``_work``)
@@ -162,12 +175,12 @@ class Batcher:
         return self._queue[0]
 
     async def _work(self) -> None:
-        error = ServingError("the server is stopping", status=503)
+        error = Unavailable("the server is stopping")
         try:
             await self._gather_and_run()
         except Exception as e:
             log.error("the batcher's worker failed: %s", type(e).__name__)
-            error = ServingError("the batcher failed", status=503, hint="see the server's log")
+            error = Unavailable("the batcher failed", hint="see the server's log")
             raise
         finally:  # cancelled by ``stop``, or failed: nobody waits for nothing
             for p in (*self._taken, *self._queue):
@@ -177,54 +190,61 @@ class Batcher:
             self._queue.clear()
 
     async def _gather_and_run(self) -> None:
-        largest = self.spec.largest
-        delay = self.spec.limits.max_delay_ms / 1000
-        timeout = self.spec.limits.timeout_s
-        queue = self._queue
         while True:
             first = await self._next(None)
             assert first is not None
-            queue.popleft()
-            batch = self._taken = [first]  # taken off the queue, not answered yet
-            if len(first.chunks) == 1:
-                rows = first.rows
-                until = first.enqueued + delay
-                while rows < largest:
-                    # those already waiting are taken with no await
-                    nxt = queue[0] if queue else await self._next(until)
-                    if nxt is None or len(nxt.chunks) != 1 or rows + nxt.rows > largest:
-                        break
-                    queue.popleft()
-                    batch.append(nxt)
-                    rows += nxt.rows
-            self.metrics.depth(len(queue))
-            now = time.monotonic()
-            live = []
-            waits = []
-            for p in batch:
-                if p.future.done():
-                    continue
-                if now - p.enqueued > timeout:
-                    p.future.set_exception(TimeoutError())
-                    continue
-                waits.append(now - p.enqueued)
-                live.append(p)
-            if not live:
+            self._queue.popleft()
+            await self._gather_and_answer(first)
+            # nothing of an answered batch is held while the worker waits
+            first = None
+            self._taken = []
+
+    async def _gather_and_answer(self, first: Pending) -> None:
+        """Gathers a batch behind ``first`` (taken off the queue), runs it and
+        answers each request in it."""
+        largest = self.spec.largest
+        queue = self._queue
+        batch = self._taken = [first]  # taken off the queue, not answered yet
+        if len(first.chunks) == 1:
+            rows = first.rows
+            until = first.enqueued + self.spec.limits.max_delay_ms / 1000
+            while rows < largest:
+                # those already waiting are taken with no await
+                nxt = queue[0] if queue else await self._next(until)
+                if nxt is None or len(nxt.chunks) != 1 or rows + nxt.rows > largest:
+                    break
+                queue.popleft()
+                batch.append(nxt)
+                rows += nxt.rows
+        self.metrics.depth(len(queue))
+        now = time.monotonic()
+        timeout = self.spec.limits.timeout_s
+        live = []
+        waits = []
+        for p in batch:
+            if p.future.done():
                 continue
-            self.metrics.queued_many(waits)
-            try:
-                # on the loop's thread: a hop to a worker thread costs more than a
-                # small batch (measured in benchmarks/serving.py); swaps and their
-                # checks run in threads and never hold this up for long
-                results = self._run(live)
-            except Exception as e:  # noqa: BLE001 - the batch's failure goes to its requests
-                for p in live:
-                    if not p.future.done():
-                        p.future.set_exception(e)
+            if now - p.enqueued > timeout:
+                p.future.set_exception(TimeoutError())
                 continue
-            for p, r in zip(live, results):
+            waits.append(now - p.enqueued)
+            live.append(p)
+        if not live:
+            return
+        self.metrics.queued_many(waits)
+        try:
+            # on the loop's thread: a hop to a worker thread costs more than a
+            # small batch (measured in benchmarks/serving.py); swaps and their
+            # checks run in threads and never hold this up for long
+            results = self._run(live)
+        except Exception as e:  # noqa: BLE001 - the batch's failure goes to its requests
+            for p in live:
                 if not p.future.done():
-                    p.future.set_result(r)
+                    p.future.set_exception(e)
+            return
+        for p, r in zip(live, results):
+            if not p.future.done():
+                p.future.set_result(r)
 
     def _run(self, batch: Sequence[Pending]) -> list[tuple[Outputs, str]]:
         """Runs one batch on one snapshot of the active slot."""
@@ -265,7 +285,7 @@ class Batcher:
     def _active(self) -> Slot:
         slot = self.slots.active
         if slot is None:
-            raise ServingError("no version is loaded yet", status=503)
+            raise Unavailable("no version is loaded yet")
         return slot
 
 

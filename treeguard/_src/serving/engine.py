@@ -38,7 +38,7 @@ import numpy as np
 
 from ..errors import InvalidRequestError, ServingError, TreeguardError
 from ..verify.model import BATCH, Model
-from .batcher import Batcher
+from .batcher import Batcher, Unavailable
 from .buckets import Admission, admit
 from .compile_guard import enable_persistent_cache
 from .metrics import Metrics
@@ -210,8 +210,8 @@ class Engine:
 
     @property
     def ready(self) -> bool:
-        """Whether a version is loaded, checked and warm."""
-        return self.slots.ready and self.batcher is not None
+        """Whether a version is loaded, checked and warm, and the batcher runs."""
+        return self.slots.ready and self.batcher is not None and self.batcher.running
 
     def readiness(self) -> dict[str, Any]:
         """``{"ready": bool, ...}``: the error while not ready, the fallback after one."""
@@ -220,6 +220,8 @@ class Engine:
             out["error"] = (
                 str(self.start_error).splitlines()[0] if self.start_error else "warming up"
             )
+        elif self.batcher is not None and not self.batcher.running:
+            out["error"] = "the batcher is not running (see the server's log)"
         if self.slots.fallback is not None:
             fb = self.slots.fallback
             out["fallback"] = {"from": fb["from"], "to": fb["to"], "reasons": fb["reasons"]}
@@ -238,6 +240,10 @@ class Engine:
             )
         active = self.slots.active
         if not self.ready or active is None:
+            if self.slots.ready and active is not None:  # warm, but nothing runs batches
+                raise Unavailable(
+                    "the batcher is not running (see the server's log)", hint="restart the server"
+                )
             raise ServingError(
                 "the model is not ready (warming up)",
                 hint="poll /v2/health/ready",
@@ -322,6 +328,9 @@ class Engine:
         except Exception as e:  # a transport's own refusal (a deadline, a disconnect)
             status = getattr(e, "status", 499)
             raise
+        except asyncio.CancelledError:  # the client or the server gave up on it
+            status = 499
+            raise
         finally:
             self.metrics.request(status, time.perf_counter() - started)
 
@@ -357,7 +366,7 @@ class Engine:
                 status=504,
             ) from None
         except ServingError as e:
-            if e.status >= 500:
+            if e.status >= 500 and not isinstance(e, Unavailable):  # the version's failure
                 await self._judge(served, nonfinite=False, error=True)
             raise
         except Exception as e:  # noqa: BLE001 - a model failure is a 500, never a crash

@@ -76,13 +76,16 @@ class _Deadline:
 
 
 class _Body:
-    """A request body as its messages arrive, under a size limit."""
+    """A request body as its messages arrive, under a size limit: the first
+    message's bytes as they came, later ones added to one buffer (a list of
+    tiny chunks would cost many times their size)."""
 
-    __slots__ = ("chunks", "limit", "size")
+    __slots__ = ("first", "limit", "more", "size")
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
-        self.chunks: list[bytes] = []
+        self.first: bytes | None = None
+        self.more: bytearray | None = None
         self.size = 0
 
     def take(self, message: Any) -> bool:
@@ -103,12 +106,19 @@ class _Body:
                 413,
                 hint="send fewer rows per request",
             )
-        self.chunks.append(chunk)
+        if self.first is None:
+            self.first = chunk
+        elif self.more is None:
+            self.more = bytearray(self.first)
+            self.more += chunk
+        else:
+            self.more += chunk
         return not message.get("more_body", False)
 
     def joined(self) -> bytes:
-        chunks = self.chunks
-        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        if self.more is not None:
+            return bytes(self.more)
+        return self.first or b""
 
 
 class _Rest:
@@ -167,6 +177,20 @@ def _parameters(obj: dict[str, Any], where: str) -> dict[str, Any]:
     return params
 
 
+def size_in(text: str) -> int | None:
+    """A header's byte count: ASCII digits, at most 18 of them; None for
+    anything else (``str.isdigit`` takes ``²`` too, and ``int`` refuses
+    thousands of digits).
+
+    Example:
+      >>> size_in("130"), size_in("²"), size_in("9" * 5000), size_in("-1")
+      (130, None, None, None)
+    """
+    if text.isascii() and text.isdigit() and len(text) <= 18:
+        return int(text)
+    return None
+
+
 def read_request(body: bytes, header_length: str | None) -> InferRequest:
     """Parses a REST inference body (JSON, or JSON then binary tensors).
 
@@ -182,13 +206,13 @@ def read_request(body: bytes, header_length: str | None) -> InferRequest:
     """
     tail = b""
     if header_length is not None:
-        if not header_length.isdigit() or int(header_length) > len(body):
+        n = size_in(header_length)
+        if n is None or n > len(body):
             raise refuse(
                 f"{HEADER_LENGTH} is not a size within the body's {len(body)} bytes",
                 status=400,
                 hint="set it to the byte length of the JSON header",
             )
-        n = int(header_length)
         body, tail = body[:n], body[n:]
     doc = parse_json(body)
     if not isinstance(doc, dict) or not isinstance(doc.get("inputs"), list):
@@ -313,11 +337,12 @@ def build_app(engine: Engine, *, control_token: bytes | None = None) -> Any:
     async def read_body(announced: str | None, receive: Any) -> bytes:
         """The whole body, under the size limit and the body deadline."""
         if announced is not None:
-            if not announced.isdigit():
+            size = size_in(announced)
+            if size is None:
                 raise refuse("content-length is not a size", status=400)
-            if int(announced) > limits.max_request_bytes:
+            if size > limits.max_request_bytes:
                 raise refuse(
-                    f"the body announces {int(announced)} bytes, over the limit of "
+                    f"the body announces {size} bytes, over the limit of "
                     f"{limits.max_request_bytes}",
                     "size",
                     413,
