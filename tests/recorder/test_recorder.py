@@ -245,6 +245,25 @@ def test_a_step_function_with_an_inf_in_its_state_is_refused_by_leaf(tmp_path: P
     assert e.bundle == str(tmp_path / "000001-step1") and train.step_number == 1
 
 
+def test_an_eager_step_returning_host_values_is_judged_at_their_own_dtype(
+    tmp_path: Path,
+) -> None:
+    # without x64, a numpy f64 beyond f32's range would turn Inf on the device
+    def step(params: Any, opt_state: Any, batch: Any) -> Any:
+        return params, opt_state, np.float64(batch) * 1e10
+
+    train = tg.FlightRecorder(tmp_path, batch="digest").wrap(step)
+    params, state = {"w": jnp.ones(2)}, {"m": np.zeros(2)}
+    _, _, loss = train(params, state, 1e30)
+    assert loss == np.float64(1e40) and not any(tmp_path.iterdir())
+    with pytest.raises(tg.NonFiniteError) as info:
+        train(params, state, np.inf)
+    assert info.value.where == "the loss"
+    with pytest.raises(tg.NonFiniteError) as info:
+        train({"w": jnp.array([1.0, jnp.nan])}, state, 1.0)  # a device leaf still counts
+    assert info.value.path == "['w']"
+
+
 def test_what_the_recorder_refuses_to_wrap(tmp_path: Path) -> None:
     recorder = tg.FlightRecorder(tmp_path, batch="record")
     with pytest.raises(tg.ConfigError, match="recorded with the loss it is trained on"):

@@ -20,6 +20,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ..errors import ConfigError, NonFiniteError, RecorderError
 from ..nonfinite import all_finite, is_inexact, typed_sharding
@@ -131,6 +132,22 @@ def finite_flag(leaves: list[Any]) -> jax.Array:
 
 
 _check = jax.jit(finite_flag)
+
+
+def _host_finite(x: Any) -> bool:
+    """Whether a host value (a numpy array or scalar, a Python number) is
+    finite at its own dtype; True for what holds no floats.
+
+    Example:
+      >>> _host_finite(np.float64(1e39)), _host_finite(3e38 * 10), _host_finite(float("nan"))
+      (True, True, False)
+    """
+    arr = np.asarray(x)
+    if arr.dtype.kind in "fc":
+        return bool(np.isfinite(arr).all())
+    if is_inexact(arr.dtype):  # bfloat16 and the other ml_dtypes floats
+        return bool(np.isfinite(arr.astype(np.float32)).all())
+    return True
 
 
 def _is_jitted(fn: Any) -> bool:
@@ -327,7 +344,16 @@ class RecordedStep:
 
     def _eager_plain(self, params: Any, opt_state: Any, batch: Any, key: Any) -> Any:
         out = self._call_user(params, opt_state, batch, key)
-        return out, _check(jax.tree.leaves(out))
+        on_device: list[Any] = []
+        on_host: list[Any] = []
+        for x in jax.tree.leaves(out):
+            (on_device if isinstance(x, jax.Array) else on_host).append(x)
+        # a numpy or Python value is checked at its own dtype: through ``_check``
+        # an f64 beyond f32's range would become Inf without x64, though the
+        # caller gets it back finite
+        if not all(_host_finite(x) for x in on_host):
+            return out, False
+        return out, _check(on_device)
 
     def _call_user(self, params: Any, opt_state: Any, batch: Any, key: Any) -> Any:
         out = (
