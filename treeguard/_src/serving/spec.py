@@ -67,7 +67,8 @@ class Limits:
       max_rows: the most rows (batch entries) one request may hold.
       max_queue: the most requests waiting; one more gets 429.
       max_delay_ms: how long the batcher waits to gather a batch.
-      timeout_s: a request's deadline, from arrival to response.
+      timeout_s: how long a decoded request may wait in the batcher's queue;
+        one not taken into a batch by then is answered 504 and never run.
       header_timeout_s: how long a connection may take to send a request's
         headers (a slow client is cut off).
       body_timeout_s: how long a request's body may take to arrive, from
