@@ -239,11 +239,8 @@ class Engine:
                 "no model of that name", hint=f"this server serves {self.spec.name!r}", status=404
             )
         active = self.slots.active
-        if not self.ready or active is None:
-            if self.slots.ready and active is not None:  # warm, but nothing runs batches
-                raise Unavailable(
-                    "the batcher is not running (see the server's log)", hint="restart the server"
-                )
+        # a batcher that stopped or failed refuses the request itself (503)
+        if not self.slots.ready or active is None or self.batcher is None:
             raise ServingError(
                 "the model is not ready (warming up)",
                 hint="poll /v2/health/ready",

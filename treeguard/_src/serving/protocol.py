@@ -524,6 +524,9 @@ def select_outputs(
     Raises:
       InvalidRequestError: 422 naming an output the model does not have.
     """
+    if request.outputs is None and not request.binary:  # every output, one way
+        default = request.binary_default
+        return [Output(names.get(p, p), x, default) for p, x in outputs]
     by_name = {names.get(p, p): x for p, x in outputs}
     wanted = list(by_name) if request.outputs is None else request.outputs
     out = []
