@@ -222,12 +222,7 @@ async def test_a_body_in_tiny_pieces_costs_a_small_multiple_of_its_size(mlp_serv
         if message["type"] == "http.response.start":
             sent.append(message["status"])
 
-    scope = {
-        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
-        "scheme": "http", "path": URL, "raw_path": URL.encode(), "query_string": b"",
-        "root_path": "", "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80),
-        "headers": [(b"content-length", b"%d" % len(body))],
-    }  # fmt: skip
+    scope = _infer_scope(len(body))
     app = mlp_server.app()
     async with app.router.lifespan_context(app):
         tracemalloc.start()
@@ -242,3 +237,36 @@ async def test_a_body_in_tiny_pieces_costs_a_small_multiple_of_its_size(mlp_serv
     # the body held once, the buffer it grows in and one copy: not a list of
     # 200,000 objects of 2 bytes each (about 20 times the body)
     assert peak < 5 * len(body), peak
+
+
+async def test_a_server_whose_receive_is_no_coroutine_is_read_too(mlp_server):
+    # some ASGI servers hand out their own awaitables: each is awaited, under the deadline
+    body = json.dumps(request(2)).encode()
+    parts = [body[:9], body[9:]]
+    sent: list[Any] = []
+
+    def receive() -> asyncio.Future[dict[str, Any]]:
+        ready = asyncio.get_running_loop().create_future()
+        chunk = parts.pop(0)
+        ready.set_result({"type": "http.request", "body": chunk, "more_body": bool(parts)})
+        return ready
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = _infer_scope(len(body))
+    app = mlp_server.app()
+    async with app.router.lifespan_context(app):
+        await app(scope, receive, send)
+    assert sent[0]["status"] == 200
+    assert json.loads(sent[1]["body"])["outputs"][0]["shape"] == [2, 1]
+
+
+def _infer_scope(length: int) -> dict[str, Any]:
+    """An ASGI scope of one inference POST of ``length`` bytes."""
+    return {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+        "scheme": "http", "path": URL, "raw_path": URL.encode(), "query_string": b"",
+        "root_path": "", "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80),
+        "headers": [(b"content-length", b"%d" % length)],
+    }  # fmt: skip

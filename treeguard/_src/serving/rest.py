@@ -27,6 +27,7 @@ import asyncio
 import hmac
 import json
 import logging
+from collections.abc import Awaitable, Coroutine
 from typing import Any
 
 from ..errors import InvalidRequestError, ServingError
@@ -354,6 +355,8 @@ def build_app(engine: Engine, *, control_token: bytes | None = None) -> Any:
         body = _Body(limits.max_request_bytes)
         while True:
             step = receive()
+            if not isinstance(step, Coroutine):  # a server's own awaitable: awaited, timed
+                return await read_rest(body, step, receive)
             try:
                 waits_for = step.send(None)
             except StopIteration as done:
@@ -362,11 +365,12 @@ def build_app(engine: Engine, *, control_token: bytes | None = None) -> Any:
                 continue
             return await read_rest(body, _Rest(step, waits_for), receive)
 
-    async def read_rest(body: _Body, pending: _Rest, receive: Any) -> bytes:
+    async def read_rest(body: _Body, pending: Awaitable[Any], receive: Any) -> bytes:
         """The rest of a body from a receive that waits on, under the
         deadline and the cap on bodies read at once."""
         if reading[0] >= limits.max_bodies:
-            pending.close()
+            if isinstance(pending, _Rest):
+                pending.close()
             raise Dropped("bodies", 503, f"{limits.max_bodies} request bodies are being read")
         # the deadline is one timer that cancels this task (``asyncio.timeout``
         # costs several times as much per request)
