@@ -321,3 +321,24 @@ def test_gc_unlinks_a_trash_link_and_keeps_a_trash_directory_with_foreign_files(
     assert (victim / "model.safetensors").read_bytes() == b"theirs"
     assert not (versions / ".trash-v000009-0123abcd").is_symlink()
     assert (foreign / "notes.txt").is_file()
+
+
+def test_a_gc_killed_between_retiring_a_name_and_deleting_it_leaves_no_version(
+    tmp_path: Path,
+) -> None:
+    store = ArtifactStore(tmp_path)
+    names = [store.put(_params(float(i))) for i in range(3)]
+    store.verify(names[2])
+    store.promote(names[2])
+    # what such a kill leaves: the name retired in STORE.json, its directory whole
+    marker = json.loads((tmp_path / "STORE.json").read_text())
+    marker["retired"] = [names[0]]
+    (tmp_path / "STORE.json").write_text(json.dumps(marker))
+    assert [v.version for v in store.versions()] == names[1:]
+    with pytest.raises(UnknownVersionError, match="removed by gc"):
+        store.load_version(names[0])
+    assert (tmp_path / "versions" / names[0]).is_dir()
+    store.gc(policy=RetentionPolicy(keep_last=5))  # the next gc finishes the removal
+    assert not (tmp_path / "versions" / names[0]).exists()
+    assert [v.version for v in store.versions()] == names[1:]
+    assert store.current() == names[2]

@@ -78,6 +78,15 @@ class LocalBackend:
 
     def record(self, version: str) -> tuple[str, dict[str, Any]]:
         path = self.layout.existing_version(version)
+        if version in self.layout.require()["retired"]:
+            # gc retires a name before it deletes anything of it: a gc killed
+            # in between leaves the directory, which the next gc removes
+            raise UnknownVersionError(
+                f"version {version} was removed by gc",
+                version=version,
+                context=self.root,
+                hint="`treeguard store gc ROOT` removes what is left of it",
+            )
         try:
             return path, records.read(path)
         except FileNotFoundError as e:  # removed between the look and the read
