@@ -349,6 +349,19 @@ def test_find_nonfinite_names_paths_and_counts() -> None:
         jax.jit(find_nonfinite)(grads)
 
 
+def test_find_nonfinite_counts_host_values_at_their_own_dtype() -> None:
+    # without x64 JAX would make f64 1e300 an f32 Inf: host values never go through it
+    tree = {
+        "a": np.array([1e300, np.nan], np.float64),
+        "b": jnp.array([jnp.inf, 0.0]),
+        "c": np.float64(1e40),
+        "d": [float("inf"), 2.0],
+        "e": np.arange(3),
+    }
+    assert find_nonfinite(tree) == {"['a']": 1, "['b']": 1, "['d'][0]": 1}
+    assert find_nonfinite({"c": np.float64(1e40), "f": np.full(3, 1e300)}) == {}
+
+
 def test_count_nonfinite_is_traceable() -> None:
     counts = jax.jit(count_nonfinite)(nan_grads())
     assert int(counts["dense2"]["w"]) == 2 and int(counts["dense1"]["w"]) == 0

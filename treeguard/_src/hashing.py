@@ -491,21 +491,17 @@ def write_hashed(
       (True, 2)
       >>> os.close(fd)
     """
-    if flush_every is None:
-        return _moved_hashed(
-            lambda view: _write_all(fd, view), buffers, algorithm, chunk=chunk, threads=threads
-        )
     unsynced = 0
 
-    def write_and_sync(view: memoryview) -> None:
+    def write(view: memoryview) -> None:
         nonlocal unsynced
         _write_all(fd, view)
         unsynced += len(view)
-        if unsynced >= flush_every:
+        if flush_every is not None and unsynced >= flush_every:
             unsynced = 0
             _datasync(fd)
 
-    return _moved_hashed(write_and_sync, buffers, algorithm, chunk=chunk, threads=threads)
+    return _moved_hashed(write, buffers, algorithm, chunk=chunk, threads=threads)
 
 
 def _datasync(fd: int) -> None:

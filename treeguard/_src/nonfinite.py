@@ -42,6 +42,23 @@ def count_leaf(x: Any) -> jax.Array:
     return jnp.sum(~jnp.isfinite(x), dtype=jnp.int32)
 
 
+def host_nonfinite(x: Any) -> int:
+    """The number of NaN and Inf values of a host value (a numpy array or
+    scalar, a Python number), counted at its own dtype: a numpy f64 stays
+    f64, where JAX without x64 would cast it to f32 and a finite 1e40 to Inf.
+
+    Example:
+      >>> host_nonfinite(np.float64(1e40)), host_nonfinite([np.nan, 1e300, np.inf])
+      (0, 2)
+    """
+    arr = np.asarray(x)
+    if arr.dtype.kind not in "fc":
+        if not is_inexact(arr.dtype):
+            return 0
+        arr = arr.astype(np.float32)  # bfloat16 and the other ml_dtypes floats
+    return int(np.count_nonzero(~np.isfinite(arr)))
+
+
 #: Leaves per compiled counting call: one reduction per leaf compiles in time
 #: that grows faster than the leaf count, so long trees are counted in chunks.
 _CHUNK = 256
@@ -127,7 +144,9 @@ def find_nonfinite(tree: Any, /) -> dict[str, int]:
     """Names every leaf that holds NaN or Inf, with how many such values it has.
 
     One fused reduction per dtype answers whether anything is non-finite;
-    only then are the leaves counted one by one and their key paths built. Inside ``jit`` use
+    only then are the leaves counted one by one and their key paths built.
+    Host values (numpy arrays, Python numbers) are counted with numpy at
+    their own dtype, as JAX without x64 would make a finite f64 1e300 Inf. Inside ``jit`` use
     ``count_nonfinite``, which returns the counts as traceable arrays.
 
     Args:
@@ -153,8 +172,12 @@ def find_nonfinite(tree: Any, /) -> dict[str, int]:
     leaves, treedef = _leaves_of(tree)
     if not leaves:
         return {}
+    # host values are counted at their own dtype (``host_nonfinite``), arrays by JAX
+    counts = [0 if isinstance(x, jax.Array) else host_nonfinite(x) for x in leaves]
+    on_device = [i for i, x in enumerate(leaves) if isinstance(x, jax.Array)]
+    arrays = [leaves[i] for i in on_device]
     try:
-        ok = _all_finite(leaves)
+        ok = _all_finite(arrays) if arrays else True
     except (ValueError, TypeError):
         # leaves on meshes JAX will not combine in one program (axes of other
         # types): count them one by one below, which needs no combining
@@ -164,16 +187,16 @@ def find_nonfinite(tree: Any, /) -> dict[str, int]:
             "find_nonfinite needs concrete arrays but was called inside a JAX transformation; "
             "hint: use treeguard.count_nonfinite(tree) inside jit, it returns traceable counts"
         )
-    if ok:
+    if ok and not any(counts):
         return {}
+    if not ok:
+        for start in range(0, len(arrays), _CHUNK):
+            # one transfer per chunk, without joining counts that may live on different meshes
+            chunk = np.asarray(jax.device_get(_count_each(arrays[start : start + _CHUNK])))
+            for i in np.flatnonzero(chunk):
+                counts[on_device[start + i]] = int(chunk[i])
     paths = structure_of(tree, treedef).leaf_paths()
-    found: dict[str, int] = {}
-    for start in range(0, len(leaves), _CHUNK):
-        # one transfer per chunk, without joining counts that may live on different meshes
-        chunk = np.asarray(jax.device_get(_count_each(leaves[start : start + _CHUNK])))
-        for i in np.flatnonzero(chunk):
-            found[keystr(paths[start + i])] = int(chunk[i])
-    return found
+    return {keystr(paths[i]): c for i, c in enumerate(counts) if c}
 
 
 def describe_counts(

@@ -7,9 +7,9 @@ with one core in the idle scheduling class (``yield_cpu``), so that a
 training step running meanwhile keeps the cores it needs: the save takes
 only the CPU time nothing else wants. It syncs what it wrote every
 ``FLUSH_EVERY`` bytes itself, so that pushing the pages to disk is idle work
-too. The write is ``save``'s, so it
-is atomic: a crash or a kill at any instant leaves the previous file at the
-path intact, and never a half file under the final name. Each save runs on
+too. The write is ``save``'s, so it is atomic: a crash or a kill at any
+instant leaves the previous file at the path intact, and never a half file
+under the final name. Each save runs on
 its own non-daemon thread, so an interpreter that exits normally first lets
 the pending saves finish.
 """

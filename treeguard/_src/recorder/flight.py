@@ -20,10 +20,9 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from ..errors import ConfigError, NonFiniteError, RecorderError
-from ..nonfinite import all_finite, is_inexact, typed_sharding
+from ..nonfinite import all_finite, host_nonfinite, is_inexact, typed_sharding
 from ..optimizer import OptaxStep
 from ..updates.compiled import nonfinite_sections
 from ..updates.layout import labelled_trees
@@ -132,22 +131,6 @@ def finite_flag(leaves: list[Any]) -> jax.Array:
 
 
 _check = jax.jit(finite_flag)
-
-
-def _host_finite(x: Any) -> bool:
-    """Whether a host value (a numpy array or scalar, a Python number) is
-    finite at its own dtype; True for what holds no floats.
-
-    Example:
-      >>> _host_finite(np.float64(1e39)), _host_finite(3e38 * 10), _host_finite(float("nan"))
-      (True, True, False)
-    """
-    arr = np.asarray(x)
-    if arr.dtype.kind in "fc":
-        return bool(np.isfinite(arr).all())
-    if is_inexact(arr.dtype):  # bfloat16 and the other ml_dtypes floats
-        return bool(np.isfinite(arr.astype(np.float32)).all())
-    return True
 
 
 def _is_jitted(fn: Any) -> bool:
@@ -351,7 +334,7 @@ class RecordedStep:
         # a numpy or Python value is checked at its own dtype: through ``_check``
         # an f64 beyond f32's range would become Inf without x64, though the
         # caller gets it back finite
-        if not all(_host_finite(x) for x in on_host):
+        if any(host_nonfinite(x) for x in on_host):
             return out, False
         return out, _check(on_device)
 

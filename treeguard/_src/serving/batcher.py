@@ -115,7 +115,7 @@ class Batcher:
         """
         if self._queue or self.spec.limits.max_delay_ms != 0:
             return None
-        if self._task is None or self._task.done():
+        if not self.running:
             return None  # ``submit`` refuses it, saying why
         self.metrics.queued(0.0)
         return self._run_alone(leaves, rows, chunks)
@@ -142,7 +142,7 @@ class Batcher:
                 status=429,
                 hint="retry after a short wait",
             )
-        if self._task is None or self._task.done():
+        if not self.running:
             raise Unavailable("the batcher is not running")
         # no timer per request: deadlines grow in queue order, so the worker
         # reaches every expired request before it runs another batch, and

@@ -31,13 +31,13 @@ SWAP_RESULTS = ("ok", "refused", "failed")
 
 
 class _Histogram:
-    """A histogram observed on every request: a few list updates under a lock,
-    folded into Prometheus's form only when ``/metrics`` is scraped
+    """A histogram fed the waiting observations of a fold: a few list
+    updates under a lock, turned into Prometheus's form only when collected
     (``prometheus_client``'s own ``observe`` costs several times as much).
 
     Example:
       >>> h = _Histogram("treeguard_x", "X.", ("model", "bucket"), (0.5, 1.0))
-      >>> h.child(("mlp", "4")).observe(0.7)
+      >>> h.child(("mlp", "4")).observe_many([0.7])
       >>> [s.value for s in next(iter(h.collect())).samples][:3]
       [0, 1, 1]
     """
@@ -82,14 +82,8 @@ class _HistogramChild:
         self._sum = 0.0
         self._lock = threading.Lock()
 
-    def observe(self, value: float) -> None:
-        i = bisect.bisect_left(self._bounds, value)
-        with self._lock:
-            self._counts[i] += 1
-            self._sum += value
-
     def observe_many(self, values: Sequence[float]) -> None:
-        """``observe`` each value, under one lock."""
+        """Counts each value in its bucket, under one lock."""
         bounds, counts = self._bounds, self._counts
         found = [bisect.bisect_left(bounds, v) for v in values]
         with self._lock:
