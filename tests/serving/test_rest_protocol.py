@@ -8,15 +8,18 @@ import json
 import tracemalloc
 
 import dtypemodel
+import ml_dtypes
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from serving_support import client, mlp_spec, request
 
 import treeguard
 from treeguard import LeafSpec, spec_of
 
 # The decoder alone on purpose (no server): it has no public name.
-from treeguard._src.serving.protocol import Decoder, InferRequest, RawInput
+from treeguard._src.serving.protocol import SMALL, Decoder, InferRequest, RawInput, all_finite
 from treeguard.examples import mlp
 from treeguard.serving import Server, ServingSpec
 
@@ -283,3 +286,38 @@ def test_float_values_are_refused_beyond_the_range_and_as_nan_wherever_they_sit(
             reason,
             "input ['x']: a value is beyond the range of FP32",
         )
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    data=st.data(), dtype=st.sampled_from([np.float16, np.float32, np.float64, ml_dtypes.bfloat16])
+)
+def test_json_numbers_decode_as_their_float64_value_cast_to_the_dtype(data, dtype):
+    # every number within the datatype's range, float or integer, decodes as
+    # its float64 value cast to the dtype
+    top = float(ml_dtypes.finfo(dtype).max)
+    number = st.one_of(st.floats(-top, top), st.integers(-int(top), int(top)))
+    values = data.draw(st.lists(number, min_size=1, max_size=12))
+    name = {np.float16: "FP16", np.float32: "FP32", np.float64: "FP64"}.get(dtype, "BF16")
+    spec = ServingSpec(inputs=spec_of({"x": LeafSpec(("B",), np.dtype(dtype).name)}), buckets=(1,))
+    (x,) = Decoder(spec).decode(InferRequest([RawInput("x", name, [len(values)], values)]))
+    expected = np.array(values, np.float64).astype(dtype)
+    assert x.dtype == np.dtype(dtype) and x.tobytes() == expected.tobytes()
+
+
+@pytest.mark.parametrize(
+    "dtype", [np.float16, np.float32, np.float64, ml_dtypes.bfloat16, np.complex64]
+)
+@pytest.mark.parametrize("size", [1, 8, SMALL, SMALL + 1, 1000])
+def test_all_finite_finds_one_nan_or_inf_wherever_it_sits(dtype, size):
+    # small outputs are checked in Python, larger ones with numpy: both see
+    # every position, and the largest finite value is finite
+    top = ml_dtypes.finfo(dtype).max if dtype is not np.complex64 else np.float32(3e38)
+    x = np.full((size, 1), top, dtype)
+    assert all_finite(x) and all_finite(-x)
+    for bad in (np.nan, np.inf, -np.inf):
+        for at in sorted({0, size // 2, size - 1}):
+            y = x.copy()
+            y[at, 0] = bad
+            assert not all_finite(y), (bad, at)
+    assert all_finite(np.arange(size, dtype=np.int32))  # no float: nothing to check

@@ -228,7 +228,12 @@ def read_request(body: bytes, header_length: str | None) -> InferRequest:
     for i, item in enumerate(doc["inputs"]):
         if not isinstance(item, dict):
             raise refuse(f"inputs[{i}] is a JSON {type(item).__name__}, not an object")
-        size = _parameters(item, f"inputs[{i}]").get("binary_data_size")
+        # most inputs carry no parameters: nothing to check, no name to format
+        size = (
+            _parameters(item, f"inputs[{i}]").get("binary_data_size")
+            if "parameters" in item
+            else None
+        )
         if size is None:
             data = item.get("data")
         else:
