@@ -5,6 +5,7 @@ that lie, bounded decoding, and the control token."""
 from __future__ import annotations
 
 import json
+import math
 import tracemalloc
 
 import dtypemodel
@@ -321,3 +322,36 @@ def test_all_finite_finds_one_nan_or_inf_wherever_it_sits(dtype, size):
             y[at, 0] = bad
             assert not all_finite(y), (bad, at)
     assert all_finite(np.arange(size, dtype=np.int32))  # no float: nothing to check
+
+
+def test_inputs_of_a_two_input_spec_decode_in_any_order_and_each_refusal_names_the_input():
+    spec = ServingSpec(
+        inputs=spec_of({"a": LeafSpec(("B", 2), "float32"), "b": LeafSpec(("B",), "int32")}),
+        buckets=(1, 2),
+    )
+    decoder = Decoder(spec)
+
+    def a(shape=None, name="a"):
+        shape = [2, 2] if shape is None else shape  # as JSON gives it, a list
+        return RawInput(name, "FP32", shape, [0.5] * int(math.prod(shape)))
+
+    def b(rows=2, name="b"):
+        return RawInput(name, "INT32", [rows], list(range(rows)))
+
+    for inputs in ([a(), b()], [b(), a()], [a(name="['a']"), b(name="['b']")]):
+        x, y = decoder.decode(InferRequest(inputs))  # in spec order, by name or key path
+        assert (x.shape, y.tolist()) == ((2, 2), [0, 1])
+    x, _ = decoder.decode(InferRequest([a(shape=(2, 2)), b()]))  # a tuple shape (typed clients)
+    assert x.shape == (2, 2)
+    for inputs, message in (
+        ([a()], "missing input(s) b\nhint: the inputs are a, b"),
+        ([b()], "missing input(s) a\nhint: the inputs are a, b"),
+        ([a(), a(name="['a']"), b()], "input ['a'] is given twice"),
+        ([a(), b(rows=1)], "input ['b']: 1 rows, while the other inputs have 2"),
+        ([a(shape=[2.0, 2]), b()], "input ['a']: shape must be a list of sizes"),
+        ([a(shape=[True, 2]), b()], "input ['a']: shape must be a list of sizes"),
+        ([a(shape=[2, 2, 1]), b()], "input ['a']: shape [2,2,1] in the request, f32[B,2]"),
+    ):
+        with pytest.raises(treeguard.serving.InvalidRequestError) as e:
+            decoder.decode(InferRequest(inputs))
+        assert str(e.value).startswith(message), str(e.value)
