@@ -634,6 +634,12 @@ class Slots:
         if active is None or active.version != version:
             return None
         window = self._outcomes
+        if not (nonfinite or error or self._bad[0] or self._bad[1]):
+            # a good response to a window of good ones: nothing can trip, and
+            # a full window would only trade one good outcome for another
+            if len(window) < self.watchdog.window:
+                window.append((False, False))
+            return None
         if len(window) == window.maxlen:
             old_nonfinite, old_error = window[0]
             self._bad[0] -= old_nonfinite

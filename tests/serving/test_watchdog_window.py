@@ -1,0 +1,49 @@
+"""The watchdog's window against a model of it: every response judged on the
+latest ``window`` outcomes of the served version, whatever came before."""
+
+from __future__ import annotations
+
+import pytest
+import tinymodel
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from serving_support import put_verified, tiny_spec
+
+import treeguard
+from treeguard.serving import Server, WatchdogPolicy
+
+POLICY = WatchdogPolicy(window=6, min_requests=3, max_nonfinite_rate=0.34, max_error_rate=0.5)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> tuple[Server, str]:
+    store = treeguard.ArtifactStore(tmp_path_factory.mktemp("window"))
+    version = put_verified(store, tinymodel.params(eps=1.0))
+    store.promote(version)
+    server = Server(tinymodel.model, store, spec=tiny_spec(), watchdog=POLICY)
+    server.start()
+    return server, version
+
+
+def expected(seen: list[tuple[bool, bool]]) -> str | None:
+    if len(seen) < POLICY.min_requests:
+        return None
+    if sum(n for n, _ in seen) / len(seen) > POLICY.max_nonfinite_rate:
+        return "nonfinite"
+    if sum(e for _, e in seen) / len(seen) > POLICY.max_error_rate:
+        return "5xx"
+    return None
+
+
+@settings(max_examples=100, deadline=None)
+@given(outcomes=st.lists(st.tuples(st.booleans(), st.booleans()), max_size=30))
+def test_each_response_is_judged_on_the_latest_window(served, outcomes):
+    server, version = served
+    slots = server.slots
+    for _ in range(POLICY.window):  # a window of good responses, whatever came before
+        slots.record(version, nonfinite=False, error=False)
+    seen = [(False, False)] * POLICY.window
+    for nonfinite, error in outcomes:
+        seen = [*seen, (nonfinite, error)][-POLICY.window :]
+        assert slots.record(version, nonfinite=nonfinite, error=error) == expected(seen)
+    assert slots.record("another version", nonfinite=True, error=True) is None  # not served
