@@ -21,7 +21,7 @@ import dataclasses
 import json
 import math
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import Any
 
 import jax
 import ml_dtypes
@@ -333,7 +333,7 @@ class Decoder:
             ``shape``, ``dtype``, ``nonfinite``, ``bounds``).
         """
         inputs = request.inputs
-        out: list[np.ndarray[Any, Any] | None] = [None] * len(self.entries)
+        out: list[Any] = [None] * len(self.entries)  # an array in each place, or None
         rows: int | None = None
         for i, item in enumerate(inputs):
             entry = self.by_name.get(item.name) if isinstance(item.name, str) else None
@@ -355,10 +355,9 @@ class Decoder:
         if len(inputs) != len(out):  # each input named at most once: some are missing
             missing = ", ".join(e.name for e, x in zip(self.entries, out) if x is None)
             raise refuse(f"missing input(s) {missing}", hint=f"the inputs are {self.expected}")
-        arrays = cast(list[np.ndarray[Any, Any]], out)  # every place is filled
         bounds = self.spec.bounds
         if bounds is not None:
-            for entry, arr in zip(self.entries, arrays):
+            for entry, arr in zip(self.entries, out):
                 if arr.dtype.kind in "fiu" and arr.size and not _within(arr, bounds):
                     raise refuse(
                         f"input {entry.path}: a value lies outside the served bounds "
@@ -366,7 +365,7 @@ class Decoder:
                         "bounds",
                         hint="send inputs within the bounds the serving spec declares",
                     )
-        return arrays
+        return out
 
 
 #: Up to this many elements, ``all_finite`` checks an array's values in Python.
