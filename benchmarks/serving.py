@@ -12,8 +12,10 @@ in this one process (apps driven in process through ``httpx.ASGITransport``).
    one-row clients: the batcher against the same server with batch size 1.
 3. Guard overhead (decoding, validation, bucketing, queue, judging, metrics)
    against a bare starlette + jit endpoint on the same bucket, sequential
-   requests, median of several rounds (goal: p50 <= 1.10x); and the same two
-   apps called directly as ASGI (no client), the server's own time alone.
+   requests, median of several rounds (goal: p50 <= 1.10x); the same two
+   apps called directly as ASGI (no client), the server's own time alone; and
+   both under uvicorn through real sockets, driven by ``wrk`` with one
+   connection (a client in its own process; skipped, saying so, without wrk).
 4. p50 and p99 latency per bucket, and AOT compile time per bucket.
 5. The wire: the nnx CNN on 32 images through real sockets on 127.0.0.1
    (uvicorn and gRPC in this process): REST with JSON tensors, REST with
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
 import json
 import re
@@ -37,7 +40,7 @@ import socket
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
@@ -355,9 +358,46 @@ async def latencies(c: httpx.AsyncClient, url: str, rows: int, n: int) -> list[f
     return out
 
 
+async def through_wrk(ours: Any, bare: Any, raw: bytes, rounds: int) -> list[tuple[float, float]]:
+    """p50 µs of each app under uvicorn, from ``wrk`` with one connection (a
+    client in its own process, through real sockets), alternating, per round;
+    empty when wrk is not installed."""
+    if shutil.which("wrk") is None:
+        return []
+    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as script:
+        script.write(f'wrk.method = "POST"\nwrk.body = {json.dumps(raw.decode())}\n'
+                     'wrk.headers["Content-Type"] = "application/json"\n')  # fmt: skip
+
+    async def p50(http_port: int, seconds: int) -> float:
+        url = f"http://127.0.0.1:{http_port}/v2/models/mlp/infer"
+        cmd = ["wrk", "-t1", "-c1", f"-d{seconds}s", "--latency", "-s", script.name, url]
+        proc = await asyncio.create_subprocess_exec(*cmd, stdout=asyncio.subprocess.PIPE)
+        out, _ = await asyncio.wait_for(proc.communicate(), seconds + 60)
+        text = out.decode()
+        assert "Non-2xx" not in text and "Socket errors" not in text, text
+        found = re.search(r"50%\s+([\d.]+)(us|ms)", text)
+        assert found, text
+        return float(found.group(1)) * (1000 if found.group(2) == "ms" else 1)
+
+    out = []
+    # ours is running already (its lifespan entered by the caller)
+    async with under_uvicorn(ours, "off") as a, under_uvicorn(bare) as b:
+        await p50(a, 1)
+        await p50(b, 1)
+        for i in range(rounds):
+            if i % 2:
+                y, x = await p50(b, 2), await p50(a, 2)
+            else:
+                x, y = await p50(a, 2), await p50(b, 2)
+            out.append((x, y))
+    return out
+
+
 async def overhead(
     rounds: int, n: int
-) -> tuple[list[tuple[float, float]], dict[int, Any], list[tuple[float, float]]]:
+) -> tuple[
+    list[tuple[float, float]], dict[int, Any], list[tuple[float, float]], list[tuple[float, float]]
+]:
     store = treeguard.ArtifactStore(tempfile.mkdtemp())
     v = store.put(mlp.init(jax.random.key(0)))
     store.verify(v)
@@ -389,12 +429,14 @@ async def overhead(
         for bucket in spec.buckets:
             per_bucket[bucket] = await latencies(ours, "/v2/models/mlp/infer", bucket, n)
         direct = await server_side(ours_app, bare_app_, rounds, n * 3)
+        raw = json.dumps(body(np.random.default_rng(8).uniform(-1, 1, (8, 2)).astype(np.float32)))
+        sockets = await through_wrk(ours_app, bare_app_, raw.encode(), rounds)
     compile_s = {p.bucket: p.compile_s for p in plan(mlp.model, spec).buckets}
     table = {
         b: (pct(per_bucket[b], 50) * 1e3, pct(per_bucket[b], 99) * 1e3, compile_s[b] * 1e3)
         for b in spec.buckets
     }
-    return pairs, table, direct
+    return pairs, table, direct, sockets
 
 
 # -- 2b. batching through real sockets, driven by hey ------------------------------
@@ -404,6 +446,35 @@ def port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+@contextlib.asynccontextmanager
+async def under_uvicorn(app: Any, lifespan: str = "auto") -> AsyncIterator[int]:
+    """``app`` served by uvicorn in this process on 127.0.0.1; yields its port.
+    ``lifespan="off"`` serves an app whose lifespan is already entered."""
+    import uvicorn
+
+    http_port = port()
+    config = uvicorn.Config(
+        app,
+        host="127.0.0.1",
+        port=http_port,
+        log_level="error",
+        access_log=False,
+        lifespan=lifespan,
+    )
+    runner = uvicorn.Server(config)
+    task = asyncio.create_task(runner.serve())
+    try:
+        for _ in range(3000):
+            if runner.started:
+                break
+            await asyncio.sleep(0.01)
+        assert runner.started, "uvicorn did not start within 30 s"
+        yield http_port
+    finally:
+        runner.should_exit = True
+        await task
 
 
 #: Per round of section 2: the batcher API's rate over full batches', and their rows/s.
@@ -419,20 +490,8 @@ async def hey_rate(server: Server, body_file: str, n: int, clients: int) -> floa
     each side spent goes to ``CPU``."""
     import resource
 
-    import uvicorn
-
     n -= n % clients  # hey gives each client n // clients requests
-    http_port = port()
-    config = uvicorn.Config(
-        server.app(), host="127.0.0.1", port=http_port, log_level="error", access_log=False
-    )
-    runner = uvicorn.Server(config)
-    task = asyncio.create_task(runner.serve())
-    try:
-        for _ in range(3000):
-            if runner.started:
-                break
-            await asyncio.sleep(0.01)
+    async with under_uvicorn(server.app()) as http_port:
         url = f"http://127.0.0.1:{http_port}/v2/models/{server.spec.name}/infer"
         hey = ["hey", "-n", str(n), "-c", str(clients), "-t", "30", "-m", "POST",
                "-T", "application/json", "-D", body_file, url]  # fmt: skip
@@ -449,9 +508,6 @@ async def hey_rate(server: Server, body_file: str, n: int, clients: int) -> floa
         found = re.search(r"Requests/sec:\s+([\d.]+)", text)
         assert found, text
         return float(found.group(1))
-    finally:
-        runner.should_exit = True
-        await task
 
 
 async def batching_http(n: int, rounds: int) -> tuple[float, float] | None:
@@ -497,7 +553,6 @@ async def batching_http(n: int, rounds: int) -> tuple[float, float] | None:
 
 async def wires(rounds: int, n: int) -> dict[str, float]:
     import grpc
-    import uvicorn
 
     from treeguard._src.serving import messages
     from treeguard._src.serving.grpc_transport import grpc_transport
@@ -514,13 +569,8 @@ async def wires(rounds: int, n: int) -> dict[str, float]:
     )
     server = Server(cnn.model, store, spec=spec)
     server.start()
-    http_port, grpc_port = port(), port()
+    grpc_port = port()
     server.transports.append(grpc_transport(server, port=grpc_port))
-    config = uvicorn.Config(server.app(), host="127.0.0.1", port=http_port, log_level="error")
-    runner = uvicorn.Server(config)
-    task = asyncio.create_task(runner.serve())
-    while not runner.started:
-        await asyncio.sleep(0.01)
     x = np.random.default_rng(0).uniform(0, 9, (32, 8, 8, 1)).astype(np.float32)
     json_body = {
         "inputs": [
@@ -538,15 +588,16 @@ async def wires(rounds: int, n: int) -> dict[str, float]:
         "parameters": {"binary_data_output": True},
     }).encode()  # fmt: skip
     binary = header + x.tobytes()
-    url = f"http://127.0.0.1:{http_port}/v2/models/cnn/infer"
     message = pb.ModelInferRequest(model_name="cnn", raw_input_contents=[x.tobytes()])
     message.inputs.add(name="image", datatype="FP32", shape=list(x.shape))
     results: dict[str, list[float]] = {"REST, JSON tensors": [], "REST, binary tensors": [],
                                        "gRPC, raw contents": []}  # fmt: skip
     async with (
+        under_uvicorn(server.app()) as http_port,
         httpx.AsyncClient(timeout=60) as c,
         grpc.aio.insecure_channel(f"127.0.0.1:{grpc_port}") as channel,
     ):
+        url = f"http://127.0.0.1:{http_port}/v2/models/cnn/infer"
         infer = channel.unary_unary(
             "/inference.GRPCInferenceService/ModelInfer",
             request_serializer=lambda m: m.SerializeToString(),
@@ -578,8 +629,6 @@ async def wires(rounds: int, n: int) -> dict[str, float]:
                     await call()
                     t.append(time.perf_counter() - t0)
                 results[label].append(statistics.median(t) * 1e3)
-    runner.should_exit = True
-    await task
     return {label: statistics.median(ms) for label, ms in results.items()}
 
 
@@ -649,9 +698,9 @@ async def section_2(per_client: int, hey_requests: int) -> None:
 
 
 async def sections_3_4(rounds: int, sections: set[int]) -> None:
-    pairs, table, direct = await overhead(rounds, 100)
+    pairs, table, direct, sockets = await overhead(rounds, 100)
     if 3 in sections:
-        print_overhead(pairs, direct)
+        print_overhead(pairs, direct, sockets)
     if 4 in sections:
         print("\n4. per bucket: latency through the app, AOT compile time")
         print("   bucket    p50 ms    p99 ms   compile ms")
@@ -659,7 +708,11 @@ async def sections_3_4(rounds: int, sections: set[int]) -> None:
             print(f"   {b:>6} {p50:>9.3f} {p99:>9.3f} {c:>12.0f}")
 
 
-def print_overhead(pairs: list[tuple[float, float]], direct: list[tuple[float, float]]) -> None:
+def print_overhead(
+    pairs: list[tuple[float, float]],
+    direct: list[tuple[float, float]],
+    sockets: list[tuple[float, float]],
+) -> None:
     ratios = [a / b for a, b in pairs]
     ours_p50 = statistics.median(a for a, _ in pairs) * 1e3
     bare_p50 = statistics.median(b for _, b in pairs) * 1e3
@@ -674,6 +727,16 @@ def print_overhead(pairs: list[tuple[float, float]], direct: list[tuple[float, f
     print(
         f"   the apps called directly (no client): treeguard {d_ours:.0f} us, bare {d_bare:.0f} us"
         f", {d_ours - d_bare:.0f} us more per request, ratio {d_ours / d_bare:.2f}x"
+    )
+    if not sockets:
+        print("   through sockets with wrk: wrk is not installed (apt-get install wrk), skipped")
+        return
+    ratios = [a / b for a, b in sockets]
+    print(
+        f"   through sockets (uvicorn; wrk -c1 in its own process): treeguard p50 "
+        f"{statistics.median(a for a, _ in sockets):.0f} us, bare "
+        f"{statistics.median(b for _, b in sockets):.0f} us, ratio "
+        f"{statistics.median(ratios):.2f}x (rounds: {', '.join(f'{r:.2f}x' for r in ratios)})"
     )
 
 
