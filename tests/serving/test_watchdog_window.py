@@ -47,3 +47,26 @@ def test_each_response_is_judged_on_the_latest_window(served, outcomes):
         seen = [*seen, (nonfinite, error)][-POLICY.window :]
         assert slots.record(version, nonfinite=nonfinite, error=error) == expected(seen)
     assert slots.record("another version", nonfinite=True, error=True) is None  # not served
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"window": 0}, "watchdog.window is 0\nhint: an int from 1 to 2**20"),
+        ({"window": None}, "watchdog.window is None\nhint: an int from 1 to 2**20"),
+        ({"min_requests": True}, "watchdog.min_requests is True\nhint: an int from 1 to 2**20"),
+        (
+            {"window": 5, "min_requests": 6},
+            "watchdog.min_requests is 6, over its window of 5\nhint: at most the window",
+        ),
+        ({"max_error_rate": -0.1}, "watchdog.max_error_rate is -0.1\nhint: a share from 0 to 1"),
+        (
+            {"max_nonfinite_rate": float("nan")},
+            "watchdog.max_nonfinite_rate is nan\nhint: a share from 0 to 1",
+        ),
+    ],
+)
+def test_a_policy_the_watchdog_could_not_follow_is_refused_naming_the_field(options, message):
+    with pytest.raises(treeguard.ConfigError) as e:
+        WatchdogPolicy(**options)
+    assert str(e.value) == message

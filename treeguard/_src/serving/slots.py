@@ -31,7 +31,14 @@ from typing import Any
 import jax
 import numpy as np
 
-from ..errors import FormatError, IntegrityError, ServingError, TreeguardError, TreeMismatchError
+from ..errors import (
+    ConfigError,
+    FormatError,
+    IntegrityError,
+    ServingError,
+    TreeguardError,
+    TreeMismatchError,
+)
 from ..spec import TreeSpec, spec_of
 from ..verify.model import BATCH, Model
 from .buckets import bucket_for, pad_rows
@@ -72,6 +79,11 @@ class WatchdogPolicy:
 
     It never rolls back onto a version it rolled back from, so it cannot flap.
 
+    Raises:
+      ConfigError: for a window or minimum that is not an int from 1 to 2**20,
+        a minimum over the window (it would never judge), or a rate outside
+        0 to 1.
+
     Example:
       >>> WatchdogPolicy(window=50, max_nonfinite_rate=0.01).min_requests
       10
@@ -82,6 +94,21 @@ class WatchdogPolicy:
     max_nonfinite_rate: float = 0.05
     max_error_rate: float = 0.2
     on_forbidden_compile: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("window", "min_requests"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 1 << 20:
+                raise ConfigError(f"watchdog.{name} is {v!r}", hint="an int from 1 to 2**20")
+        if self.min_requests > self.window:  # it would never judge
+            raise ConfigError(
+                f"watchdog.min_requests is {self.min_requests}, over its window of {self.window}",
+                hint="at most the window",
+            )
+        for name in ("max_nonfinite_rate", "max_error_rate"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
+                raise ConfigError(f"watchdog.{name} is {v!r}", hint="a share from 0 to 1")
 
 
 class Slots:
