@@ -258,7 +258,7 @@ class _Input:
 
     leaf: LeafSpec
     name: str
-    tail: tuple[int, ...]
+    dims: list[int]  # its shape past the batch axis, as a request writes it
     datatype: str
     dtype: np.dtype[Any]
     wire: np.dtype[Any]  # the dtype of its raw bytes: little-endian
@@ -267,7 +267,6 @@ class _Input:
     hi: float | int
     accepted: frozenset[type]  # the Python types its JSON elements may have
     index: int  # its place among the spec's inputs
-    dims: list[int]  # its shape past the batch axis, as a request writes it
     row: int  # the elements of one row
 
 
@@ -294,18 +293,17 @@ class Decoder:
 
     def __init__(self, spec: ServingSpec) -> None:
         self.spec = spec
-        self.paths = spec.input_paths
         self.entries: list[_Input] = []
         self.by_name: dict[str, _Input] = {}
         skeleton = jax.tree.unflatten(spec.inputs.treedef, [0] * spec.inputs.num_leaves)
         treedef_paths = [p for p, _ in jax.tree.leaves_with_path(skeleton)]
         for index, (leaf, kp) in enumerate(zip(spec.inputs.leaves, treedef_paths, strict=True)):
             dtype = np.dtype(leaf.dtype)
-            tail = tuple(int(d) for d in leaf.shape[1:])
+            dims = [int(d) for d in leaf.shape[1:]]
             entry = _Input(
                 leaf,
                 plain_name(kp),
-                tail,
+                dims,
                 datatype_of(dtype),
                 dtype,
                 dtype.newbyteorder("<"),
@@ -313,8 +311,7 @@ class Decoder:
                 *_range_of(dtype),
                 _PYTYPES.get(dtype.kind, frozenset()),
                 index,
-                list(tail),
-                math.prod(tail),
+                math.prod(dims),
             )
             self.entries.append(entry)
             self.by_name[entry.name] = entry
@@ -323,7 +320,7 @@ class Decoder:
 
     def metadata(self) -> list[TensorMeta]:
         """The inputs' metadata, in spec order."""
-        return [TensorMeta(e.name, e.path, e.datatype, (-1, *e.tail)) for e in self.entries]
+        return [TensorMeta(e.name, e.path, e.datatype, (-1, *e.dims)) for e in self.entries]
 
     def decode(self, request: InferRequest) -> list[np.ndarray[Any, Any]]:
         """Validates ``request``'s inputs and returns one array per spec input, in spec order.
@@ -409,7 +406,7 @@ def _shape_of(item: RawInput, entry: _Input) -> tuple[int, ...]:
     ):
         want = summarize(leaf.shape, leaf.dtype)
         raise refuse(f"input {entry.path}: shape must be a list of sizes; expected {want}", "shape")
-    if len(shape) != len(leaf.shape) or tuple(shape[1:]) != entry.tail:
+    if len(shape) != len(leaf.shape) or list(shape[1:]) != entry.dims:
         want = summarize(leaf.shape, leaf.dtype)
         raise refuse(
             f"input {entry.path}: shape {_shown(shape)} in the request, {want} in the spec",
