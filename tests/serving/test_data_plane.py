@@ -17,8 +17,9 @@ import httpx
 import numpy as np
 import prometheus_client
 import pytest
-from serving_support import client, infer_body, mlp_spec, request, rows_of
+from serving_support import client, infer_body, metric, mlp_spec, request, rows_of
 
+from treeguard._src.serving.rest import BodyReads, build_app
 from treeguard.examples import mlp
 from treeguard.serving import Limits, Server, ServingError
 
@@ -270,3 +271,79 @@ def _infer_scope(length: int) -> dict[str, Any]:
         "root_path": "", "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80),
         "headers": [(b"content-length", b"%d" % length)],
     }  # fmt: skip
+
+
+async def test_closing_the_bodies_answers_those_arriving_503_and_still_serves_whole_ones(
+    mlp_server,
+):
+    bodies = BodyReads()
+    app = build_app(mlp_server, bodies=bodies)
+    body = json.dumps(request(1)).encode()
+    more = asyncio.Event()  # never set: the rest of the body never comes
+
+    async def trickle() -> dict[str, Any]:
+        if not started.is_set():
+            started.set()
+            return {"type": "http.request", "body": body[:9], "more_body": True}
+        await more.wait()
+        raise AssertionError("unreachable")
+
+    async def whole() -> dict[str, Any]:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    def sink(into: list[dict[str, Any]]) -> Any:
+        async def send(message: dict[str, Any]) -> None:
+            into.append(message)
+
+        return send
+
+    async with app.router.lifespan_context(app):
+        started = asyncio.Event()
+        cut: list[dict[str, Any]] = []
+        waiting = asyncio.create_task(app(_infer_scope(len(body)), trickle, sink(cut)))
+        await started.wait()
+        while not bodies.waiting:  # it waits for the rest of its body
+            await asyncio.sleep(0)
+        bodies.close()
+        await asyncio.wait_for(waiting, 5)
+        late: list[dict[str, Any]] = []
+        started = asyncio.Event()  # a body that begins to arrive after the close
+        await asyncio.wait_for(app(_infer_scope(len(body)), trickle, sink(late)), 5)
+        served: list[dict[str, Any]] = []
+        await asyncio.wait_for(app(_infer_scope(len(body)), whole, sink(served)), 5)
+        text = mlp_server.metrics.render().decode()
+    for answer in (cut, late):
+        assert answer[0]["status"] == 503
+        assert (b"connection", b"close") in answer[0]["headers"]
+        assert "shutting down" in json.loads(answer[1]["body"])["error"]
+    assert served[0]["status"] == 200
+    assert not bodies.waiting
+    assert metric(text, "treeguard_dropped_requests_total", reason="shutdown") == 2
+    assert metric(text, "treeguard_dropped_requests_total", reason="body_timeout") == 0
+
+
+async def test_a_body_deadline_and_the_close_at_once_end_the_read_once(mlp_server):
+    bodies = BodyReads()
+    app = build_app(mlp_server, bodies=bodies)
+    body = json.dumps(request(1)).encode()
+    parts = [body[:9]]
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        if parts:
+            return {"type": "http.request", "body": parts.pop(), "more_body": True}
+        await asyncio.sleep(0)  # the app waits for this receive from here on
+        # the body's deadline passes and the server shuts down before the
+        # read sees either: the first ends it, the second cancels nothing more
+        (deadline,) = bodies.waiting
+        deadline.expire()
+        bodies.close()
+        await asyncio.sleep(5)
+        raise AssertionError("unreachable")
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    async with app.router.lifespan_context(app):
+        await asyncio.wait_for(app(_infer_scope(len(body)), receive, send), 5)
+    assert sent[0]["status"] == 408

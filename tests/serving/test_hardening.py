@@ -282,3 +282,20 @@ def test_the_access_log_is_off_unless_asked_for(mlp_store, tmp_path, flag, logge
         assert c.post("/v2/models/mlp/infer", json=request(1)).status_code == 200
     line = '"POST /v2/models/mlp/infer HTTP/1.1" 200'
     assert (line in live.out + live.log) is logged, live.out[-2000:]
+
+
+def test_a_body_still_arriving_at_shutdown_gets_503_and_no_traceback(mlp_store, tmp_path):
+    # without this, uvicorn waits out its grace period, then cancels the
+    # request: a 500 and "Exception in ASGI application" with a traceback
+    with _served(mlp_store, tmp_path, Limits(body_timeout_s=600.0)) as live:
+        s = _connect(live.port)
+        s.sendall(_infer_head(1000) + b'{"inputs": ')
+        assert _ask_live(live.port).startswith(b"HTTP/1.1 200")  # it has taken up the body
+        live.proc.terminate()
+        answer = _response(s)
+        s.close()
+    assert answer.startswith(b"HTTP/1.1 503"), answer[:200]
+    assert b"shutting down with this request's body still arriving" in answer
+    assert b"connection: close" in answer.lower()
+    assert "Finished server process" in live.log, live.log[-3000:]  # shut down, not killed
+    # (_served asserts that the log holds no traceback)

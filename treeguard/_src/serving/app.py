@@ -4,8 +4,9 @@
 (``app()``, starlette, for uvicorn or ``httpx.ASGITransport``). ``serve``
 runs it under uvicorn with the transport hardened: a deadline for a
 request's headers, a cap on open connections, and (in the app) a body
-deadline and a cap on bodies read at once; with ``grpc_port``, the gRPC
-transport runs beside it on the same engine.
+deadline and a cap on bodies read at once, and bodies still arriving at
+shutdown answered at once; with ``grpc_port``, the gRPC transport runs
+beside it on the same engine.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 
 from ..errors import ConfigError, ServingError
 from .engine import Engine
-from .rest import build_app
+from .rest import BodyReads, build_app
 from .token import is_loopback
 
 log = logging.getLogger("treeguard.serving")
@@ -51,13 +52,15 @@ class Server(Engine):
         return build_app(self, control_token=control_token)
 
 
-def _hardened_protocol(header_timeout_s: float, on_drop: Any) -> type:
+def _hardened_protocol(header_timeout_s: float, on_drop: Any, on_shutdown: Any) -> type:
     """uvicorn's HTTP protocol with a deadline on each request's headers:
     httptools' (its parser is in C) when it is installed, else h11's.
 
     uvicorn's keep-alive timeout stops once a byte arrives, so a client that
     trickles its headers would hold its connection for ever; this closes a
     connection whose request headers are not whole within the deadline.
+    When the server begins to shut down, ``on_shutdown`` is called (once per
+    open connection) before uvicorn's own handling.
     """
     base: type
     try:
@@ -114,6 +117,10 @@ def _hardened_protocol(header_timeout_s: float, on_drop: Any) -> type:
                 super().on_headers_complete()
                 self._headers_whole()
 
+        def shutdown(self) -> None:
+            on_shutdown()
+            super().shutdown()
+
         def on_response_complete(self) -> None:
             super().on_response_complete()
             if not self.transport.is_closing():
@@ -162,14 +169,18 @@ def serve(
     def dropped(reason: str) -> None:
         server.metrics.dropped.labels(model=server.spec.name, reason=reason).inc()
 
+    # bodies still arriving when the server shuts down are answered 503 at
+    # once: uvicorn would wait out its grace period, then cancel their
+    # requests with a traceback each
+    bodies = BodyReads()
     config = uvicorn.Config(
-        server.app(control_token=control_token),
+        build_app(server, control_token=control_token, bodies=bodies),
         host=host,
         port=port,
         workers=1,
         log_level="info",
         access_log=access_log,
-        http=_hardened_protocol(limits.header_timeout_s, dropped),
+        http=_hardened_protocol(limits.header_timeout_s, dropped, bodies.close),
         limit_concurrency=limits.max_connections,
         timeout_keep_alive=5,
         timeout_graceful_shutdown=5,

@@ -26,7 +26,14 @@ _LATENCY = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0
 INVALID_REASONS = ("shape", "dtype", "size", "schema", "nonfinite", "bounds", "nonfinite_output")
 ROLLBACK_TRIGGERS = ("manual", "nonfinite", "5xx", "compile", "warmup")
 #: Why the transport dropped a connection or a request before the engine saw it.
-DROP_REASONS = ("disconnect", "header_timeout", "body_timeout", "connections", "bodies")
+DROP_REASONS = (
+    "disconnect",
+    "header_timeout",
+    "body_timeout",
+    "connections",
+    "bodies",
+    "shutdown",
+)
 SWAP_RESULTS = ("ok", "refused", "failed")
 
 

@@ -42,6 +42,9 @@ _ENCODE = json.JSONEncoder(separators=(",", ":")).encode
 
 
 _JSON = (b"content-type", b"application/json")
+_SHUTTING_DOWN = (
+    "the server is shutting down with this request's body still arriving; send it again"
+)
 
 
 class Unauthorized(Exception):
@@ -62,18 +65,45 @@ class Dropped(Exception):
 
 
 class _Deadline:
-    """Cancels the task that made it when its timer fires (see ``read_body``)."""
+    """Cancels the task that made it, once: when its timer fires, or when the
+    server shuts down (see ``read_body``); ``reason`` says which."""
 
-    __slots__ = ("expired", "task")
+    __slots__ = ("reason", "task")
 
     def __init__(self) -> None:
         self.task = asyncio.current_task()
-        self.expired = False
+        self.reason: str | None = None
 
-    def expire(self) -> None:
-        if self.task is not None:
-            self.expired = True
+    def expire(self, reason: str = "body_timeout") -> None:
+        if self.task is not None and self.reason is None:
+            self.reason = reason
             self.task.cancel()
+
+
+class BodyReads:
+    """The request bodies an app is waiting for now (each body that was not
+    whole when its request ran), so that a server shutting down can end
+    them: ``close`` answers each with 503 and refuses any more, while
+    requests whose bodies are whole are still answered.
+
+    Example:
+      >>> reads = BodyReads()
+      >>> reads.close()
+      >>> reads.closed, len(reads.waiting)
+      (True, 0)
+    """
+
+    __slots__ = ("closed", "waiting")
+
+    def __init__(self) -> None:
+        self.waiting: set[_Deadline] = set()
+        self.closed = False
+
+    def close(self) -> None:
+        """Ends every body being waited for, and refuses any more (idempotent)."""
+        self.closed = True
+        for deadline in list(self.waiting):
+            deadline.expire("shutdown")
 
 
 class _Body:
@@ -321,13 +351,17 @@ def write_result(result: InferResult) -> tuple[bytes, list[tuple[bytes, bytes]]]
 # -- the app ------------------------------------------------------------------------
 
 
-def build_app(engine: Engine, *, control_token: bytes | None = None) -> Any:
+def build_app(
+    engine: Engine, *, control_token: bytes | None = None, bodies: BodyReads | None = None
+) -> Any:
     """The starlette ASGI app of ``engine`` (see the module's docstring).
 
     Args:
       engine: the ``Engine``.
       control_token: the bearer token ``swap`` and ``rollback`` require;
         None to leave them open (a loopback-only server).
+      bodies: where the app keeps the bodies it waits for (a server closes
+        it as it shuts down); None for one of its own.
     """
     # starlette is imported only when an app is built (the serve extra)
     from starlette.applications import Starlette
@@ -338,7 +372,8 @@ def build_app(engine: Engine, *, control_token: bytes | None = None) -> Any:
     spec = engine.spec
     limits = spec.limits
     metrics = engine.metrics
-    reading = [0]  # bodies being read now: over the cap a request is refused, never queued
+    # bodies being read now: over the cap a request is refused, never queued
+    reading = BodyReads() if bodies is None else bodies
 
     async def read_body(announced: str | None, receive: Any) -> bytes:
         """The whole body, under the size limit and the body deadline."""
@@ -373,16 +408,18 @@ def build_app(engine: Engine, *, control_token: bytes | None = None) -> Any:
     async def read_rest(body: _Body, pending: Awaitable[Any], receive: Any) -> bytes:
         """The rest of a body from a receive that waits on, under the
         deadline and the cap on bodies read at once."""
-        if reading[0] >= limits.max_bodies:
+        if reading.closed or len(reading.waiting) >= limits.max_bodies:
             if isinstance(pending, _Rest):
                 pending.close()
+            if reading.closed:
+                raise Dropped("shutdown", 503, _SHUTTING_DOWN)
             raise Dropped("bodies", 503, f"{limits.max_bodies} request bodies are being read")
         # the deadline is one timer that cancels this task (``asyncio.timeout``
         # costs several times as much per request)
         deadline = _Deadline()
         loop = asyncio.get_running_loop()
         timer = loop.call_at(loop.time() + limits.body_timeout_s, deadline.expire)
-        reading[0] += 1
+        reading.waiting.add(deadline)
         try:
             if body.take(await pending):
                 return body.joined()
@@ -390,14 +427,16 @@ def build_app(engine: Engine, *, control_token: bytes | None = None) -> Any:
                 pass
             return body.joined()
         except asyncio.CancelledError:
-            if not deadline.expired or deadline.task is None or deadline.task.uncancel() > 0:
+            if deadline.reason is None or deadline.task is None or deadline.task.uncancel() > 0:
                 raise  # someone else's cancel, not the deadline's
+            if deadline.reason == "shutdown":
+                raise Dropped("shutdown", 503, _SHUTTING_DOWN) from None
             raise Dropped(
                 "body_timeout", 408, f"the body did not arrive within {limits.body_timeout_s:g} s"
             ) from None
         finally:
             timer.cancel()
-            reading[0] -= 1
+            reading.waiting.discard(deadline)
 
     async def respond(
         scope: Any, receive: Any, name: str, version: str | None
