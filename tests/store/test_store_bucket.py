@@ -590,6 +590,24 @@ def test_a_server_that_answers_other_bytes_than_the_range_is_a_storage_error(
     assert len(proxy.ranges) > 1  # the first bytes, then the data's ranged GETs it rewrote
 
 
+def test_a_416_for_the_first_bytes_of_an_object_that_has_them_is_a_storage_error(
+    s3_server: S3Server, s3_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 416 means "empty" only for an object of no bytes: for any other the
+    # server is wrong, or the object changed between two requests, and the
+    # read is tried again, then refused, never taken as having no first bytes
+    _, _, tree = _big_promoted(s3_url)
+    past_the_end = b"range: bytes=%d-%d\r\n" % (1 << 40, (1 << 40) + 1)
+
+    def rewrite(request: bytes) -> bytes:
+        return re.sub(rb"(?i)range: bytes=0-65535\r\n", past_the_end, request)
+
+    proxy = CuttingProxy(s3_server.endpoint, after=1 << 40, cuts=0, rewrite=rewrite)
+    why = r"reading versions/v000001/model\.safetensors failed: the server answered 416"
+    _fails_through(proxy, s3_url, monkeypatch, tree, StorageError, why)
+    assert proxy.ranges.count((0, 1 << 16)) == 3  # each try asked for them again
+
+
 def test_an_object_replaced_between_a_break_and_its_resume_is_an_integrity_error(
     s3_server: S3Server, s3_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -253,12 +253,17 @@ class ObjectStorage:
             except FileNotFoundError:
                 return None
             except GenericError as e:
-                if "416" not in str(e):
+                status = _STATUS_RE.search(str(e))  # the text also holds a URL and a duration
+                if status is None or status.group(1) != "416":
                     raise
+                refused = e
             try:  # an empty object has no first byte to ask for
-                return obstore.head(self._store, name), b""
+                meta = obstore.head(self._store, name)
             except FileNotFoundError:
                 return None
+            if meta["size"] != 0:  # the 416 was not for an empty object: the error stands
+                raise refused
+            return meta, b""
 
         found = self._idempotent("reading", name, first)
         return None if found is None else ObjectReader(self, name, *found)
