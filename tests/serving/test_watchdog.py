@@ -141,6 +141,26 @@ def test_an_edited_quarantine_is_refused_by_the_store_signature(tmp_path):
     assert "verdict signature does not match" in fallback["reasons"][nan]
 
 
+def test_a_forged_quarantine_is_refused_as_forged_not_as_quarantined(tmp_path):
+    store = treeguard.ArtifactStore(tmp_path / "signed", key=b"a key of sixteen bytes or more")
+    older = put_verified(store, tinymodel.params(eps=1.0))
+    good = put_verified(store, tinymodel.params(eps=2.0))
+    store.promote(good)
+    # someone without the key writes a quarantine verdict for the good version
+    status = tmp_path / "signed" / "versions" / good / "status.json"
+    record = json.loads(status.read_text())
+    check = {"name": "serve.quarantine", "ok": False, "detail": "the watchdog quarantined it"}
+    record.update(status="rejected", checks=[*record["checks"], check])
+    del record["signature"]
+    status.write_text(json.dumps(record))
+    server = Server(tinymodel.model, store, spec=tiny_spec())
+    server.start()
+    state = server.status()
+    assert state["active"] == older and state["quarantined"] == []
+    reason = state["fallback"]["reasons"][good]
+    assert f"version {good}'s verdict is not signed" in reason, reason
+
+
 def test_warm_up_falls_back_past_a_version_that_cannot_run(tmp_path):
     store = treeguard.ArtifactStore(tmp_path / "s")
     good = put_verified(store, tinymodel.params())
