@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from click.testing import CliRunner
 
 import treeguard as tg
 from treeguard import (
@@ -23,6 +24,7 @@ from treeguard import (
     SignatureError,
     StoreError,
 )
+from treeguard._cli.main import main
 
 KEY = b"k" * 32
 
@@ -505,3 +507,46 @@ def test_two_first_puts_at_once_agree_on_one_store_id(tmp_path: Path) -> None:
     for v in ("v000001", "v000002"):
         assert a.verify(v).status == "verified"
         b.promote(v)  # signed under the id both see
+
+
+def test_store_ls_with_the_key_lists_a_forged_verdict_as_forged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "s"
+    store = ArtifactStore(root, key=KEY)
+    good = _verified(store, 1.0)
+    unsigned = store.put(_params(2.0))  # a candidate someone marks verified without the key
+    record = json.loads(_status(root, unsigned).read_text())
+    record.update(status="verified", digest=tg.read_header(_model(root, unsigned)).digest)
+    _status(root, unsigned).write_text(json.dumps(record))
+    edited = _verified(store, 3.0)  # a signed verdict turned "rejected" by hand
+    record = json.loads(_status(root, edited).read_text())
+    _status(root, edited).write_text(json.dumps(record | {"status": "rejected"}))
+    bad = store.put(_params(np.nan))
+    assert store.verify(bad, checks=[_finite]).status == "rejected"
+    candidate = store.put(_params(4.0))
+    key_file = tmp_path / "key"
+    key_file.write_bytes(KEY)
+
+    def ls(*args: str) -> str:
+        out = CliRunner().invoke(main, ["store", "ls", str(root), *args], terminal_width=200)
+        assert out.exit_code == 0, out.output
+        return out.output
+
+    monkeypatch.setenv("TREEGUARD_STORE_KEY_FILE", str(key_file))
+    listed = {v["version"]: v for v in json.loads(ls("--json"))["versions"]}
+    assert {v: (e["status"], e["signature"]) for v, e in listed.items()} == {
+        good: ("verified", "valid"),
+        unsigned: ("verified", "forged"),  # the record as it is, and its signature
+        edited: ("rejected", "forged"),
+        bad: ("rejected", "valid"),
+        candidate: ("candidate", None),
+    }
+    rows = {line.split()[0]: line for line in ls().splitlines() if line.split()[:1] != []}
+    assert rows[unsigned].split()[1] == "forged"
+    assert f"claims verified: version {unsigned}'s verdict is not signed" in rows[unsigned]
+    assert rows[edited].split()[1] == "forged" and "claims rejected" in rows[edited]
+    assert rows[good].split()[1] == "verified" and rows[bad].split()[1] == "rejected"
+    # without the key nothing can be told apart: the records as they are
+    monkeypatch.delenv("TREEGUARD_STORE_KEY_FILE")
+    assert {e["signature"] for e in json.loads(ls("--json"))["versions"]} == {None}

@@ -14,7 +14,7 @@ import click
 from rich.table import Table
 
 from .._src.display import fmt_bytes
-from .._src.errors import StoreError
+from .._src.errors import SignatureError, StoreError, TreeguardError
 from .._src.serving.verdicts import model_checks
 from .._src.store import ArtifactStore, RetentionPolicy
 from .ckpt import read_like
@@ -60,6 +60,7 @@ _STATUS_STYLE = {
     "candidate": "yellow",
     "writing": "dim",
     "unreadable": "red",
+    "forged": "red",
 }
 
 
@@ -67,10 +68,15 @@ _STATUS_STYLE = {
 @click.argument("root", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print the versions as JSON.")
 def ls_command(root: Path, as_json: bool) -> None:
-    """List ROOT's versions with their status; the current one is marked."""
+    """List ROOT's versions with their status; the current one is marked.
+
+    With $TREEGUARD_STORE_KEY_FILE set, each verdict's signature is checked:
+    one that fails is listed as forged, with what it claims in its reason.
+    """
     s = _open_store(root)
     current, previous = s.current(), s.previous()
     versions = s.versions()
+    signatures = _signatures(s, versions)
     if as_json:
         click.echo(
             json.dumps(
@@ -82,6 +88,7 @@ def ls_command(root: Path, as_json: bool) -> None:
                         {
                             "version": v.version,
                             "status": v.status,
+                            "signature": signatures.get(v.version, (None, ""))[0],
                             "kind": v.kind,
                             "reason": v.reason,
                             "created": v.created,
@@ -102,12 +109,16 @@ def ls_command(root: Path, as_json: bool) -> None:
         table.add_column(col, overflow="fold")
     for v in versions:
         mark = "*" if v.version == current else ("<" if v.version == previous else "")
-        style = _STATUS_STYLE.get(v.status, "")
-        reason = (v.reason or "").splitlines()[0][:80] if v.reason else ""
+        status, reason = v.status, v.reason
+        signature, why = signatures.get(v.version, (None, ""))
+        if signature == "forged":
+            status, reason = "forged", f"claims {v.status}: {why}"
+        style = _STATUS_STYLE.get(status, "")
+        reason = reason.splitlines()[0][:80] if reason else ""
         table.add_row(
             mark,
             shown(v.version),
-            f"[{style}]{shown(v.status)}[/{style}]" if style else shown(v.status),
+            f"[{style}]{shown(status)}[/{style}]" if style else shown(status),
             shown(v.kind),
             shown(v.created),
             f"{v.num_params:,}" if v.num_params is not None else "",
@@ -121,6 +132,27 @@ def ls_command(root: Path, as_json: bool) -> None:
         f"previous: {previous or 'none'}"
     )
     out.print(table)
+
+
+def _signatures(s: ArtifactStore, versions: list[Any]) -> dict[str, tuple[str, str]]:
+    """In a store opened with its key: each verdict's signature, ``valid`` or
+    ``forged`` with why. Without a key nothing can be told apart (empty)."""
+    if not s.signed:
+        return {}
+    out: dict[str, tuple[str, str]] = {}
+    for v in versions:
+        if v.status not in ("verified", "rejected"):
+            continue
+        try:  # the gate checks the signature before the status it vouches for
+            s.check_verified(v.version)
+        except SignatureError as e:
+            out[v.version] = ("forged", e.message)
+            continue
+        except TreeguardError as e:  # a rejected one is refused for its status, past it
+            if type(e) is not StoreError or v.status != "rejected":
+                continue  # removed, changed or damaged since it was listed: not told
+        out[v.version] = ("valid", "")
+    return out
 
 
 def _checks_cell(v: Any) -> str:
