@@ -14,7 +14,7 @@ import click
 from rich.table import Table
 
 from .._src.display import fmt_bytes
-from .._src.errors import SignatureError, StoreError, TreeguardError
+from .._src.errors import StoreError
 from .._src.serving.verdicts import model_checks
 from .._src.store import ArtifactStore, RetentionPolicy
 from .ckpt import read_like
@@ -139,20 +139,12 @@ def _signatures(s: ArtifactStore, versions: list[Any]) -> dict[str, tuple[str, s
     ``forged`` with why. Without a key nothing can be told apart (empty)."""
     if not s.signed:
         return {}
-    out: dict[str, tuple[str, str]] = {}
-    for v in versions:
-        if v.status not in ("verified", "rejected"):
-            continue
-        try:  # the gate checks the signature before the status it vouches for
-            s.check_verified(v.version)
-        except SignatureError as e:
-            out[v.version] = ("forged", e.message)
-            continue
-        except TreeguardError as e:  # a rejected one is refused for its status, past it
-            if type(e) is not StoreError or v.status != "rejected":
-                continue  # removed, changed or damaged since it was listed: not told
-        out[v.version] = ("valid", "")
-    return out
+    forged = s.forged_verdicts(versions)
+    return {
+        v.version: ("forged", forged[v.version]) if v.version in forged else ("valid", "")
+        for v in versions
+        if v.status in ("verified", "rejected")
+    }
 
 
 def _checks_cell(v: Any) -> str:

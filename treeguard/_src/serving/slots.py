@@ -36,7 +36,6 @@ from ..errors import (
     FormatError,
     IntegrityError,
     ServingError,
-    SignatureError,
     TreeguardError,
     TreeMismatchError,
 )
@@ -428,21 +427,6 @@ class Slots:
         verified.sort(key=lambda i: (i.created, i.version), reverse=True)
         return ([first] if first else []) + [i.version for i in verified]
 
-    def _recorded_quarantines(self) -> set[str]:
-        """The versions the store records as quarantined. A quarantine verdict
-        whose signature fails (in a store with a key) is none: the version
-        is then refused by its load, with the signature's error as its reason,
-        not skipped as if the watchdog had quarantined it."""
-        out: set[str] = set()
-        for version in quarantined_in(self.store.versions()):
-            try:
-                self.store.check_verified(version)
-            except SignatureError:
-                continue
-            except TreeguardError:  # rejected, as recorded
-                out.add(version)
-        return out
-
     def start(self, version: str | None = None) -> Slot:
         """Loads, checks and warms ``version`` (default: the store's current).
 
@@ -455,7 +439,10 @@ class Slots:
           ServingError: 503 when no version passes, naming each and why.
         """
         current = version or self.store.current()
-        self.quarantined = self._recorded_quarantines()
+        # a quarantine whose signature fails (in a store with a key) is none:
+        # its load refuses the version, naming the signature as the reason
+        versions = self.store.versions()
+        self.quarantined = quarantined_in(versions) - self.store.forged_verdicts(versions).keys()
         reasons: dict[str, str] = {}
         for candidate in self._candidates(current):
             if candidate in self.quarantined:

@@ -190,6 +190,54 @@ class ArtifactStore:
             ),
         )
 
+    def forged_verdicts(self, versions: Sequence[VersionInfo] | None = None) -> dict[str, str]:
+        """The versions whose verdict this store's key does not vouch for.
+
+        ``info`` and ``versions`` return a record as it is; this checks, in a
+        store with a key, the signature of each verdict (``verified`` or
+        ``rejected``) as the gates do. A verdict that is unsigned or whose
+        signature does not match is forged, or was written before the key:
+        a person must look at it. Without a key nothing can be told apart.
+
+        Args:
+          versions: the versions to check, as ``versions()`` lists them;
+            None for every version.
+
+        Returns:
+          Each forged verdict's version, with why (the ``SignatureError``'s
+          message); empty in a store without a key. A version whose record
+          changed since it was listed is left out.
+
+        Raises:
+          StoreError: if the root is not a store.
+
+        Example:
+          >>> import json, pathlib, tempfile, numpy as np
+          >>> store = ArtifactStore(tempfile.mkdtemp(), key=b"a key of sixteen bytes")
+          >>> v = store.put({"w": np.ones(3, np.float32)})
+          >>> store.verify(v).status, store.forged_verdicts()
+          ('verified', {})
+          >>> status = pathlib.Path(store.root, "versions", v, "status.json")
+          >>> record = json.loads(status.read_text())
+          >>> del record["signature"]  # as written by someone without the key
+          >>> _ = status.write_text(json.dumps(record))
+          >>> store.forged_verdicts()
+          {'v000001': "version v000001's verdict is not signed, and this store has a key"}
+        """
+        marker = self._backend.require()
+        if self._key is None:
+            return {}
+        out: dict[str, str] = {}
+        for info in self.versions() if versions is None else versions:
+            if info.status in gates.VERDICTS:
+                try:
+                    self._check_verdict(marker, info.version, self._backend.record(info.version)[1])
+                except SignatureError as e:
+                    out[info.version] = e.message
+                except StoreError:
+                    continue  # changed since it was listed (gc's remove() reads it again)
+        return out
+
     def _pointer(self) -> pointer.Pointer:
         marker = self._backend.require()
         ptr = pointer.read(self._backend.storage, promoted=False)
@@ -809,7 +857,7 @@ class ArtifactStore:
     def _kept(self, policy: RetentionPolicy) -> set[str]:
         finished = [v for v in self.versions() if v.status not in ("writing", records.UNREADABLE)]
         newest = finished[max(0, len(finished) - policy.keep_last) :] if policy.keep_last else []
-        forged = self._forged(finished)  # kept, and never counted as verified
+        forged = self.forged_verdicts(finished).keys()  # kept, never counted as verified
         kept = {v.version for v in newest} | forged
         verified = [
             v.version for v in finished if v.status == "verified" and v.version not in forged
@@ -817,23 +865,6 @@ class ArtifactStore:
         if policy.keep_verified:
             kept.update(verified[-policy.keep_verified :])
         return kept
-
-    def _forged(self, infos: list[VersionInfo]) -> set[str]:
-        """In a store with a key: the versions whose verdict, of either
-        status, is unsigned or wrongly signed (a person must look at them)."""
-        if self._key is None:
-            return set()
-        marker = self._backend.require()
-        out: set[str] = set()
-        for info in infos:
-            if info.status in gates.VERDICTS:
-                try:
-                    self._check_verdict(marker, info.version, self._backend.record(info.version)[1])
-                except SignatureError:
-                    out.add(info.version)
-                except StoreError:
-                    continue  # changed since it was listed: remove() reads it again
-        return out
 
 
 Event = log.Event
