@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
+import numpy as np
 import pytest
 from click.testing import CliRunner
+from subproc import start_python, stop
 
 import treeguard as tg
-from treeguard._cli.failures import Command
+from treeguard._cli.failures import EXIT_BROKEN_PIPE, Command
 
 ERRORS = [
     (tg.TreeMismatchError([tg.Mismatch("['w']", "shape", (3,), (2,))]), 1, "failed"),
@@ -54,3 +58,30 @@ def test_a_message_s_control_characters_are_spelled_but_its_lines_kept() -> None
 
     res = CliRunner().invoke(fails, [])
     assert res.stderr == "error: tensor 'w\\x1b[2J' is not ours\nhint: re-save it\n"
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path: Path) -> None:
+    # `treeguard ckpt inspect FILE | head -n 2`, through a real pipe: the table is
+    # larger than the pipe's buffer, so the command is still writing when the
+    # reader closes its end.
+    ckpt = tmp_path / "wide.safetensors"
+    tg.save(ckpt, {f"layer{i:04d}": np.zeros(2, np.float32) for i in range(3000)})
+    proc = start_python(
+        "from treeguard._cli.main import main; main()", "ckpt", "inspect", str(ckpt)
+    )
+    assert proc.stdout is not None
+    head = [proc.stdout.readline() for _ in range(2)]
+    proc.stdout.close()
+    proc.stdout = None  # closed: stop() collects stderr alone
+    _, err = stop(proc, timeout=60)
+    assert head[0].startswith(str(ckpt)) and head[1].split()[:2] == ["path", "array"]
+    assert (proc.returncode, err) == (EXIT_BROKEN_PIPE, "")
+
+
+def test_a_broken_pipe_that_is_not_the_output_s_is_an_os_error() -> None:
+    @click.command(cls=Command)
+    def sends() -> None:
+        raise BrokenPipeError(32, "Broken pipe")  # a socket's peer went away
+
+    res = CliRunner().invoke(sends, [])
+    assert res.exit_code == 2 and res.stderr == "error: [Errno 32] Broken pipe\n"

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import errno
 import sys
 
 from rich.console import Console
@@ -13,6 +14,16 @@ from .._src.display import printable
 #: The width of output that is not a terminal: wide enough that no table
 #: column is ever squeezed, so nothing is cut or folded in a pipe or a log.
 PIPE_WIDTH = 100_000
+
+
+class _Console(Console):
+    """rich's console, except that a reader gone away (``| head``) leaves as
+    the ``BrokenPipeError`` it is: rich's own answer, ``SystemExit(1)``, would
+    read as model code that called ``sys.exit`` (``failures`` ends the run)."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        raise BrokenPipeError(errno.EPIPE, "the reader of the output went away")
 
 
 def console(*, stderr: bool = False) -> Console:
@@ -26,7 +37,7 @@ def console(*, stderr: bool = False) -> Console:
     stream = sys.stderr if stderr else sys.stdout
     isatty = getattr(stream, "isatty", None)
     width = None if isatty is not None and isatty() else PIPE_WIDTH
-    return Console(stderr=stderr, highlight=False, soft_wrap=True, width=width)
+    return _Console(stderr=stderr, highlight=False, soft_wrap=True, width=width)
 
 
 def shown(text: object) -> str:

@@ -11,7 +11,11 @@ an error's text. Every command of the CLI is a ``Command`` (every group a
   (exit 4): the command itself never calls ``sys.exit``, so it came from
   model code (``sys.exit(0)`` in a helper, argparse at import), and a run
   that did not finish must not exit 0;
-- a ``KeyboardInterrupt`` into ``RunInterruptedError`` (exit 130).
+- a ``KeyboardInterrupt`` into ``RunInterruptedError`` (exit 130);
+- a ``BrokenPipeError`` on the output (its reader went away: ``| head``)
+  into a quiet exit 141, with nothing more printed, as a shell reports a
+  program that SIGPIPE ended; a broken pipe elsewhere (a socket) is an
+  ``OSError`` like any other.
 
 A command ends with ``ctx.exit(code)`` for a verdict it computed (a report's
 exit code), never ``sys.exit``.
@@ -19,11 +23,14 @@ exit code), never ``sys.exit``.
 
 from __future__ import annotations
 
+import os
+import select
+import sys
 from typing import IO, Any
 
 import click
 
-from .._src.errors import ModelExitError, RunInterruptedError, TreeguardError
+from .._src.errors import ModelCodeError, ModelExitError, RunInterruptedError, TreeguardError
 from .console import report_error
 
 #: The exit statuses of a verdict a command reached (a report's exit code is
@@ -32,6 +39,28 @@ from .console import report_error
 PASSED, FAILED, PARTIAL = 0, 1, 3
 #: The exit status of input that cannot be used (click's own usage errors too).
 EXIT_USAGE = 2
+#: The exit status when the output's reader went away (``| head``): 128 +
+#: SIGPIPE, what a shell reports for coreutils' programs in the same place.
+EXIT_BROKEN_PIPE = 141
+
+#: Every exit status of the command line and what it means. The docs' table
+#: of exit codes (docs/reference/errors.md) is this table, row for row (a
+#: test checks it), and it holds every error class's ``exit_code``.
+EXIT_CODES: dict[int, str] = {
+    PASSED: "the inputs match, the check passes, the command did what it was asked",
+    FAILED: "a check ran and failed: a difference, a failed verify check, a located "
+    "divergence, a regression, a store refusal",
+    EXIT_USAGE: "usage: a bad option or `MODULE:ATTR`, input that cannot be read, an unknown "
+    "version, a missing optional library",
+    PARTIAL: "a check made only in part: `ckpt verify` on a foreign file (structure only: "
+    "nothing was found wrong, and nothing proves the bytes), `diagnose` when a divergence "
+    "vanishes when the program is cut",
+    ModelCodeError.exit_code: "the model's own code failed: its module's import or its "
+    "factory raised, or it called `sys.exit()` (`ModelCodeError`, `ModelExitError`)",
+    RunInterruptedError.exit_code: "interrupted (Ctrl-C): nothing was concluded",
+    EXIT_BROKEN_PIPE: "the output's reader went away (a pipe into `head`): the command "
+    "stopped quietly",
+}
 
 
 class Failure(click.ClickException):
@@ -90,6 +119,33 @@ def failure(error: BaseException, command: str) -> Failure | None:
     return None
 
 
+def _output_closed() -> bool:
+    """Whether stdout or stderr is a pipe whose reader has gone away."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            fd = stream.fileno()
+        except (AttributeError, OSError, ValueError):  # not a file: click's test runner
+            continue
+        poll = select.poll()
+        poll.register(fd, 0)  # POLLERR and POLLHUP are always reported
+        if any(ev & (select.POLLERR | select.POLLHUP) for _, ev in poll.poll(0)):
+            return True
+    return False
+
+
+def _stop_writing() -> None:
+    """Points stdout at /dev/null, so the interpreter's last flush of what
+    is still buffered does not raise again (the recipe of Python's docs,
+    "Note on SIGPIPE")."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    except (AttributeError, OSError, ValueError):  # pragma: no cover - stdout is no file
+        pass
+    finally:
+        os.close(devnull)
+
+
 class Command(click.Command):
     """A command whose failures leave through ``failure``."""
 
@@ -98,6 +154,11 @@ class Command(click.Command):
             return super().invoke(ctx)
         except (click.exceptions.Exit, click.ClickException, click.Abort):
             raise
+        except BrokenPipeError as e:
+            if not _output_closed():
+                raise Failure(e) from e  # a socket's, not ours: an OSError like any other
+            _stop_writing()
+            raise click.exceptions.Exit(EXIT_BROKEN_PIPE) from None
         except (TreeguardError, OSError, SystemExit, KeyboardInterrupt) as e:
             words = ctx.command_path.split()
             out = failure(e, " ".join(words[1:]) or ctx.command_path)

@@ -6,7 +6,8 @@ passes), 1 when they differ (or it fails), 2 for usage errors and unreadable
 input, 3 for a check that could not be made in full (``ckpt verify`` of a
 file without hashes, ``diagnose`` of a divergence that vanishes when cut), 4
 when a model's own code fails to import, build, or raises ``SystemExit``,
-130 when interrupted.
+130 when interrupted, 141 when the output's reader went away (``| head``);
+the one table of them is ``failures.EXIT_CODES``.
 
 The command line starts without JAX: each command group's module is imported
 when the group is used, and commands that only read files (``spec``,
