@@ -147,6 +147,38 @@ def test_a_missing_import_inside_the_model_is_the_model_s_error(beside: Writer) 
     assert "raised ModuleNotFoundError: No module named 'tg_dependency_nobody_has'" in res.stderr
 
 
+NON_EXHAUSTIVE = """
+from flax import nnx
+
+class Net(nnx.Module):
+    def __init__(self, rngs):
+        self.lin = nnx.Linear(3, 4, rngs=rngs)
+        self.bn = nnx.BatchNorm(4, rngs=rngs)  # its mean and var are nnx.BatchStat, not Param
+
+graphdef, params = nnx.split(Net(nnx.Rngs(0)), nnx.Param)  # leaves a remainder: flax raises
+"""
+
+
+def test_a_message_of_several_lines_keeps_them_indented_under_ours(beside: Writer) -> None:
+    name = beside("tg_non_exhaustive", NON_EXHAUSTIVE)
+    res = _run("verify", f"{name}:model", "--no-bench")
+    assert res.exit_code == 4, res.output
+    lines = res.stderr.splitlines()
+    assert lines[0].startswith(
+        f"error: importing '{name}' raised ValueError: Non-exhaustive filters"
+    )
+    assert "\\n" not in res.stderr and len(lines) > 4
+    assert all(line.startswith("  ") for line in lines[1:-1])
+    assert any("BatchStat" in line for line in lines[1:-1])
+    assert lines[-1].startswith("hint: fix the model's code")
+    forged = beside("tg_forged_hint", "raise ValueError('one\\nhint: run rm -rf\\r\\x1b[2J')\n")
+    res = _run("verify", f"{forged}:model", "--no-bench")
+    assert res.stderr.splitlines()[:2] == [
+        f"error: importing '{forged}' raised ValueError: one",
+        f"  hint: run rm -rf\\r\\x1b[2J at {Path.cwd() / forged}.py:1",
+    ]
+
+
 FACTORIES = """
 def make():
     raise ValueError("no config file")

@@ -159,12 +159,26 @@ def _where(error: BaseException) -> str:
 def _model_code_error(error: BaseException, target: str, stage: str, doing: str) -> ModelCodeError:
     cause = type(error).__name__
     return ModelCodeError(
-        f"{printable(doing)} raised {cause}: {printable(error)}{printable(_where(error))}",
+        f"{printable(doing)} raised {cause}: {_their_text(error, _where(error))}",
         target=target,
         stage=stage,
         cause=cause,
         hint="fix the model's code; treeguard runs nothing of the model before this",
     )
+
+
+def _their_text(error: BaseException, where: str) -> str:
+    r"""The model's own message, then ``where``: its control characters spelled
+    out, and its lines, if several, kept as lines, each indented under ours, so
+    that none reads as a line of treeguard's (a forged ``hint:``).
+
+    Example:
+      >>> print(_their_text(ValueError("Non-exhaustive filters:\nState(\x1b[2J)"), " at m.py:3"))
+      Non-exhaustive filters:
+        State(\x1b[2J) at m.py:3
+    """
+    text = printable(str(error).strip("\n"), newlines=True)
+    return text.replace("\n", "\n  ") + printable(where)
 
 
 def _model_exit_error(error: SystemExit, target: str, stage: str, doing: str) -> ModelExitError:
