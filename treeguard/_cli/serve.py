@@ -269,14 +269,14 @@ def _run_ray(
 ) -> None:
     _require_ray()
     # the deployment imports JAX, and Ray once the application is built
-    from .._src.serving.ray.api import app, run
+    from .._src.serving.ray.api import app, run, swap_command
 
     application = app(model, store_root, spec, num_replicas=replicas, **options)
 
     def ready(live: dict[str, int | None], cluster: str, proxy: str) -> None:
         console().print(
             f"serving {name!r} on {proxy} with {len(live)} replicas; swap them "
-            f"with: treeguard serve swap --ray VERSION --ray-address {cluster}; Ctrl-C stops it",
+            f"with: {swap_command(cluster, name=name)}; Ctrl-C stops it",
             markup=False,
             soft_wrap=True,
         )

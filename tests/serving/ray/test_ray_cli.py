@@ -79,10 +79,15 @@ def test_serve_ray_and_swap_ray_on_a_running_cluster(cluster, tmp_path):
         x = np.full((1, 2), 0.5, np.float32)
         url = f"http://{cluster.url}/v2/models/mlp/infer"
         assert httpx.post(url, json=body(x)).json()["model_version"] == v1
+        # the command it printed, pasted in a shell without Ray's settings
+        printed = first.split("swap them with: ", 1)[1].rsplit("; Ctrl-C stops it", 1)[0]
+        assert printed.startswith("RAY_AUTH_MODE=token treeguard serve swap --ray VERSION ")
+        pasted = {k: v for k, v in env.items() if k != "RAY_AUTH_MODE"}
+        pasted["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{pasted.get('PATH', '')}"
         swap = subprocess.run(
-            [*SERVE, "swap", "--ray", v2, "--ray-address", address, "--ray-app", "cli"],
+            ["bash", "-c", printed.replace(" VERSION ", f" {v2} ")],
             capture_output=True,
-            env=env,
+            env=pasted,
             timeout=300,
         )
         assert swap.returncode == 0, swap.stderr.decode()[-2000:]

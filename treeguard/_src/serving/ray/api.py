@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import shutil
 import socket
 import tempfile
@@ -191,6 +192,45 @@ def connect(address: str | None, *, ingress: str = "proxy") -> Any:
                 "RAY_AUTH_MODE=token and its token (~/.ray/auth_token or $RAY_AUTH_TOKEN)",
             ) from e
     return ray
+
+
+#: Ray's settings of token authentication that a process connecting to a
+#: cluster by its address must have as the cluster's own processes do.
+AUTH_SETTINGS = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH")
+
+
+def swap_command(address: str, *, name: str = DEFAULT_NAME, version: str = "VERSION") -> str:
+    """The shell command that swaps every replica of application ``name`` on
+    the cluster at ``address``, as it is pasted in another shell: with this
+    process's settings of Ray's token authentication in front. Ray turns
+    token authentication on by default for a cluster it starts, but a
+    process that connects by an explicit address takes it only from
+    ``RAY_AUTH_MODE``; the token itself is read from the same file as here
+    (``~/.ray/auth_token``, or ``RAY_AUTH_TOKEN_PATH``), never printed.
+
+    Args:
+      address: the cluster's address (its GCS, ``host:port``).
+      name: the Ray Serve application's name.
+      version: the version to swap to, or a placeholder.
+
+    Returns:
+      The command, each word quoted for a POSIX shell.
+
+    Example:
+      >>> os.environ["RAY_AUTH_MODE"] = "token"
+      >>> print(swap_command("h:6379", name="my app"))
+      RAY_AUTH_MODE=token treeguard serve swap --ray VERSION --ray-address h:6379 --ray-app 'my app'
+      >>> del os.environ["RAY_AUTH_MODE"]
+      >>> swap_command("127.0.0.1:6379")
+      'treeguard serve swap --ray VERSION --ray-address 127.0.0.1:6379'
+    """
+    settings = [
+        f"{key}={shlex.quote(os.environ[key])}" for key in AUTH_SETTINGS if os.environ.get(key)
+    ]
+    words = ["treeguard", "serve", "swap", "--ray", version, "--ray-address", address]
+    if name != DEFAULT_NAME:
+        words += ["--ray-app", name]
+    return " ".join([*settings, *(shlex.quote(w) for w in words)])
 
 
 #: The HAProxy folders ``connect`` made, for ``disconnect`` to remove.
