@@ -7,11 +7,13 @@ temporary current directory that is not on ``PYTHONPATH``.
 
 from __future__ import annotations
 
+import inspect
 import sys
 import textwrap
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import click
 import pytest
 from click.testing import CliRunner, Result
 from subproc import run_python
@@ -72,6 +74,7 @@ def test_a_missing_module_names_where_it_was_looked_for(beside: Writer) -> None:
 
 
 EXIT_AT_IMPORT = """
+import inspect
 import sys
 sys.exit(0)
 """
@@ -312,3 +315,27 @@ def test_help_of_every_command_starts_without_jax() -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["9", "False"]
+
+
+def test_the_help_lists_each_command_by_its_own_summary_importing_none() -> None:
+    proc = run_python(
+        "import sys\n"
+        "from click.testing import CliRunner\n"
+        "from treeguard._cli.main import main\n"
+        "assert CliRunner().invoke(main, ['--help']).exit_code == 0\n"
+        "print(sorted(m for m in sys.modules if m.startswith('treeguard._cli.') or m in "
+        "('numpy', 'treeguard._src.checkpoint')))"
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == [
+        "['treeguard._cli.console',",
+        "'treeguard._cli.failures',",
+        "'treeguard._cli.main']",
+    ]
+    lazy = CliRunner().invoke(main, ["--help"]).stdout
+    ctx = click.Context(main)
+    commands = {name: main.get_command(ctx, name) for name in main.list_commands(ctx)}
+    assert CliRunner().invoke(main, ["--help"]).stdout == lazy  # as each command would say
+    for name, (_, summary) in main.lazy.items():
+        help_text = commands[name].help
+        assert help_text is not None and inspect.cleandoc(help_text).split("\n\n")[0] == summary

@@ -45,13 +45,29 @@ def read_spec(path: Path) -> TreeSpec:
       FormatError: for a file that is neither.
       OSError: for a file that cannot be read.
     """
-    from .._src.checkpoint import spec_reader
     from .._src.spec import TreeSpec
 
-    spec = spec_reader(path)
-    if spec is not None:
-        return spec
+    if _may_be_safetensors(path):
+        # the checkpoint readers (and what they import) only for a file that may need them
+        from .._src.checkpoint import spec_reader
+
+        spec = spec_reader(path)
+        if spec is not None:
+            return spec
     return TreeSpec.load(path)
+
+
+def _may_be_safetensors(path: Path) -> bool:
+    """Whether ``path`` may be a safetensors file. Its first 8 bytes are the
+    header's length, little-endian, under 2**32 (the readers take at most
+    100 MB), so they hold a zero byte; text (a spec's JSON) holds none.
+
+    Raises:
+      OSError: for a file that cannot be read.
+    """
+    with open(path, "rb") as f:
+        head = f.read(8)
+    return len(head) < 8 or 0 in head
 
 
 def _size(record: Record) -> int | None:
@@ -99,37 +115,70 @@ def _sum_params(records: list[Record]) -> int | None:
 
 
 class _LazyGroup(Group):
-    """A group whose subcommands live in modules imported on first use."""
+    """A group whose subcommands live in modules imported on first use.
 
-    def __init__(self, *args: Any, lazy: dict[str, str], **kwargs: Any) -> None:
+    Its help lists each command by the summary it was given, so ``--help``
+    imports none of them (a test holds each summary to its command's help).
+    """
+
+    def __init__(self, *args: Any, lazy: dict[str, tuple[str, str]], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.lazy = lazy  # command name -> "module:attribute"
+        self.lazy = lazy  # command name -> ("module:attribute", the first line of its help)
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted({*super().list_commands(ctx), *self.lazy})
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        target = self.lazy.get(cmd_name)
-        if target is None or cmd_name in self.commands:
+        if cmd_name not in self.lazy or cmd_name in self.commands:
             return super().get_command(ctx, cmd_name)
-        module, attr = target.split(":")
+        module, attr = self.lazy[cmd_name][0].split(":")
         command = getattr(importlib.import_module(module, __package__), attr)
         if not isinstance(command, click.Command):  # pragma: no cover - a wiring slip
-            raise TypeError(f"{target} is not a click command")
+            raise TypeError(f"{module}:{attr} is not a click command")
         self.add_command(command, cmd_name)
         return command
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        names = self.list_commands(ctx)
+        limit = formatter.width - 6 - max(len(name) for name in names)
+        rows = []
+        for name in names:
+            if name in self.lazy and name not in self.commands:
+                # its summary as a command of its own, so click shortens it as it would the real one
+                command: click.Command | None = click.Command(name, help=self.lazy[name][1])
+            else:
+                command = self.get_command(ctx, name)
+            if command is not None and not command.hidden:
+                rows.append((name, command.get_short_help_str(limit)))
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
 
 
 @click.group(
     cls=_LazyGroup,
     lazy={
-        "bench": ".bench:bench",
-        "ckpt": ".ckpt:ckpt",
-        "diagnose": ".diagnose:diagnose",
-        "import": ".importing:import_command",
-        "serve": ".serve:serve",
-        "store": ".store:store",
-        "verify": ".verify:verify",
+        "bench": (
+            ".bench:bench",
+            "Compile-aware benchmarks: `treeguard bench MODULE:ATTR`, `bench compare`, `bench ab`.",
+        ),
+        "ckpt": (".ckpt:ckpt", "Inspect and verify checkpoint files."),
+        "diagnose": (
+            ".diagnose:diagnose",
+            "Localise a divergence on the Model at MODULE:ATTR, stage by stage.",
+        ),
+        "import": (
+            ".importing:import_command",
+            "Turn the weights in SRC into a verified treeguard checkpoint DST.",
+        ),
+        "serve": (
+            ".serve:serve",
+            "Serve a Model over the KServe V2 protocol, plan its buckets, or hot-swap it.",
+        ),
+        "store": (
+            ".store:store",
+            "Manage an artifact store: list, verify, promote, roll back, collect garbage.",
+        ),
+        "verify": (".verify:verify", "Run the acceptance protocol on the Model at MODULE:ATTR."),
     },
     context_settings={"help_option_names": ["-h", "--help"]},
 )
