@@ -7,8 +7,9 @@ on a float32 checkpoint and on a spec JSON, and ``treeguard --help``, each
 take at most 0.3x ``import jax``. ``python -c "import numpy"`` is shown
 beside them: the trees' dtypes are numpy's, so ``spec`` pays for it. Every
 command runs in a fresh process, all of them interleaved round by round after
-one warm-up round, and each figure is the median over the rounds; the
-baseline is measured in the same rounds.
+one warm-up round (which writes the bytecode caches, as an install does;
+``PYTHONDONTWRITEBYTECODE`` is dropped), and each figure is the median over
+the rounds; the baseline is measured in the same rounds.
 
 A checkpoint of a ml_dtypes type (bf16, float8) costs one import of
 ``ml_dtypes`` more, which ``import jax`` pays too; the ``bf16`` row shows it.
@@ -69,6 +70,8 @@ def main() -> None:
     args = parser.parse_args()
 
     env = dict(os.environ, JAX_PLATFORMS="cpu")
+    # as an installed package runs: from cached bytecode, which the warm-up round writes
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     tg_cmd = _treeguard()
     with tempfile.TemporaryDirectory() as tmp:
         ckpt, bf16 = Path(tmp, "model.safetensors"), Path(tmp, "bf16.safetensors")

@@ -339,3 +339,24 @@ def test_the_help_lists_each_command_by_its_own_summary_importing_none() -> None
     for name, (_, summary) in main.lazy.items():
         help_text = commands[name].help
         assert help_text is not None and inspect.cleandoc(help_text).split("\n\n")[0] == summary
+
+
+def test_spec_of_a_checkpoint_imports_no_package_metadata(tmp_path: Path) -> None:
+    # importlib.metadata (with email, csv, zipfile...) is the environment
+    # fingerprint's: a command that only reads a header never takes one
+    import numpy as np
+
+    import treeguard as tg
+
+    ckpt = tmp_path / "m.safetensors"
+    tg.save(ckpt, {"w": np.zeros((2, 3), np.float32)})
+    proc = run_python(
+        "import contextlib, io, sys\n"
+        "from treeguard._cli.main import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    main(['spec', sys.argv[1]], standalone_mode=False)\n"
+        "print(sorted(m for m in ('importlib.metadata', 'jax') if m in sys.modules))",
+        str(ckpt),
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"

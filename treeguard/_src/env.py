@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import platform
 import sys
-from importlib import metadata
 from typing import Any
 
 import numpy as np
@@ -31,6 +30,10 @@ KEYS: tuple[str, ...] = (
 
 
 def _version(dist: str) -> str:
+    # importlib.metadata (email, zipfile, csv...) costs a command that only reads a file
+    # (``treeguard spec``) more than any other import it makes: only once a fingerprint is taken
+    from importlib import metadata
+
     try:
         return metadata.version(dist)
     except metadata.PackageNotFoundError:
