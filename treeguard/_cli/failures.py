@@ -120,7 +120,11 @@ def failure(error: BaseException, command: str) -> Failure | None:
 
 
 def _output_closed() -> bool:
-    """Whether stdout or stderr is a pipe whose reader has gone away."""
+    """Whether stdout or stderr is a pipe whose reader has gone away (where
+    ``poll`` cannot tell, as on Windows, a broken pipe is taken for the
+    output's, as Python's docs do)."""
+    if not hasattr(select, "poll"):  # pragma: no cover - Windows
+        return True
     for stream in (sys.stdout, sys.stderr):
         try:
             fd = stream.fileno()
