@@ -204,3 +204,19 @@ def test_long_key_paths_are_never_cut(tmp_path: Path) -> None:
     tg.ArtifactStore(root).put(tree)
     listed = lines("store", "ls", str(root))
     assert not any("…" in line for line in listed)
+
+
+def test_a_safetensors_file_that_begins_with_a_brace_is_read_as_one(tmp_path: Path) -> None:
+    # A header of 123 bytes makes the file's first byte "{", as a spec JSON's is:
+    # spec tells the two apart by the zero bytes of the header's length.
+    header = json.dumps({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}})
+    header = header.ljust(123).encode()
+    path = tmp_path / "brace.safetensors"
+    path.write_bytes(len(header).to_bytes(8, "little") + header + b"\0\0\0\0")
+    assert path.read_bytes()[:1] == b"{"
+    out = _run("spec", str(path))
+    assert out.exit_code == 0, out.output
+    assert "['w'] f32[1]  1 params  4 B" in out.stdout
+    spec = tmp_path / "w.spec.json"
+    tg.spec_of({"w": jnp.zeros(1)}).save(spec)
+    assert _run("diff", str(spec), str(path)).exit_code == 0
