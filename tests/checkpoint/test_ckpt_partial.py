@@ -269,3 +269,71 @@ def test_ckpt_inspect_lists_a_subtree(cnn_ckpt: Any) -> None:
     result = CliRunner().invoke(main, ["ckpt", "inspect", str(path), "--subtree", "['parms']"])
     assert result.exit_code == 2
     assert "did you mean ['params']?" in result.output
+
+
+# -- parts of an nnx State and of an equinox module ----------------------------------
+
+
+def _leaves_equal(a: Any, b: Any) -> bool:
+    def raw(x: Any) -> Any:
+        is_key = jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
+        return np.asarray(jax.random.key_data(x) if is_key else x)
+
+    pairs = zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True)
+    return all(np.array_equal(raw(x), raw(y)) for x, y in pairs)
+
+
+def test_subtree_loads_a_part_of_an_nnx_state_into_its_state(tmp_path: Path) -> None:
+    from nnxmodels import Net
+
+    state = nnx.state(Net(nnx.Rngs(0)))
+    path = tmp_path / "train.safetensors"
+    tg.save(path, {"params": state, "step": np.int32(3)})
+    for part in ("encoder", "norm"):  # a Param-only part, and BatchNorm's stats with its params
+        got = tg.load(path, like=state[part], subtree=f"['params']['{part}']")
+        assert type(got) is type(state[part])
+        assert _leaves_equal(got, state[part])
+    # the State inside a dict, a part of it in a dict of the same form
+    got = tg.load(path, like={"params": state}, ignore=["['step']"])
+    assert type(got["params"]) is type(state)
+
+
+def test_ignore_leaves_the_batch_stats_and_rngs_of_an_nnx_state_unread(tmp_path: Path) -> None:
+    from nnxmodels import Net
+
+    model = Net(nnx.Rngs(0))
+    path = tmp_path / "m.safetensors"
+    tg.save(path, nnx.state(model))
+    params = nnx.state(model, nnx.Param)
+    got = tg.load(path, like=params, ignore=["['norm']['mean']", "['norm']['var']", "['drop']"])
+    assert type(got) is type(params)
+    assert _leaves_equal(got, params)
+
+
+def test_a_dict_where_the_checkpoint_holds_an_nnx_state_names_both_forms(tmp_path: Path) -> None:
+    from nnxmodels import Net
+
+    state = nnx.state(Net(nnx.Rngs(0)))
+    path = tmp_path / "m.safetensors"
+    tg.save(path, {"params": state})
+    with pytest.raises(tg.TreeMismatchError) as info:
+        tg.load(path, like={"params": dict(state)})
+    assert ("['params']", "node_type") in [(m.path, m.kind) for m in info.value.mismatches]
+    assert "is an nnx State in the checkpoint and a dict in the other" in str(info.value)
+    assert "list vs tuple" not in str(info.value)
+
+
+def test_subtree_and_ignore_select_parts_of_an_equinox_module(tmp_path: Path) -> None:
+    import equinox as eqx
+    from nnxmodels import eqx_net
+
+    params = eqx.filter(eqx_net(jax.random.key(0), head=True), eqx.is_array)
+    path = tmp_path / "e.safetensors"
+    tg.save(path, params)
+    enc = tg.load(path, like=params.encoder, subtree=".encoder")
+    assert type(enc) is type(params.encoder) and _leaves_equal(enc, params.encoder)
+    # an ignored field comes back as None, the equinox form of a part left out
+    like = eqx.tree_at(lambda m: m.head, params, None)
+    got = tg.load(path, like=like, ignore=[".head"])
+    assert type(got) is type(params) and got.head is None
+    assert _leaves_equal(got, like)

@@ -16,6 +16,7 @@ import difflib
 from collections.abc import Collection, Sequence
 
 from ..errors import ConfigError
+from ..mismatch import Mismatch
 from ..paths import Path, keystr, parse_user_path, starts_with
 from ..spec import TreeSpec
 from ..walk import Node
@@ -29,10 +30,13 @@ class Selection:
       spec: the selected part's spec, with paths relative to ``subtree``.
       indices: for each leaf of ``spec`` in flatten order, the index of the
         stored leaf (in the stored spec's flatten order) it is.
+      pruned: the paths (relative to ``subtree``) of the containers that
+        ``ignore`` took entries out of.
     """
 
     spec: TreeSpec
     indices: list[int]
+    pruned: tuple[Path, ...] = ()
 
 
 def _all_paths(root: Node) -> list[Path]:
@@ -157,4 +161,81 @@ def select(
         if starts_with(p, sub) and not any(starts_with(p, c) for c in cut)
     ]
     records = stored.records
-    return Selection(TreeSpec(node, [records[i] for i in indices]), indices)
+    pruned = tuple({c[len(sub) : -1] for c in cut if len(c) > len(sub) and starts_with(c, sub)})
+    return Selection(TreeSpec(node, [records[i] for i in indices]), indices, pruned)
+
+
+#: The qualified name of flax.nnx's State: a mapping node whose nested parts
+#: are plain dicts (so a part of an nnx State is stored as a dict).
+NNX_STATE = "flax.nnx.statelib.State"
+
+
+def in_like_containers(stored: TreeSpec, like_spec: TreeSpec, pruned: Sequence[Path]) -> TreeSpec:
+    """``stored`` (a selected part) with the containers a selection changed
+    put in ``like``'s own form, so the part compares equal to the tree it
+    loads into; every other container is returned as stored, to be compared.
+
+    Two changes are a selection's own: ``subtree=`` of a part of an nnx
+    State gives a dict (an nnx State keeps its nested parts as dicts), which
+    loads into ``like``'s State of the same keys; and ``ignore=`` takes
+    entries out of a container (``pruned``), whose static data then loses
+    them too (an nnx State's keys, an equinox module's fields): such a
+    container takes ``like``'s when ``like`` holds the same class with the
+    entries kept, plus any it holds as None where the part was ignored (an
+    equinox module with that field set to None).
+
+    Example:
+      >>> from treeguard import spec_of, LeafSpec
+      >>> stored = spec_of({"w": LeafSpec((2,), "float32")})
+      >>> in_like_containers(stored, stored, ()) is stored
+      True
+    """
+    root = _fit(stored.structure, like_spec.structure, (), set(pruned), top=True)
+    return stored if root is stored.structure else TreeSpec(root, stored.records)
+
+
+def _fit(node: Node, like: Node, path: Path, pruned: set[Path], *, top: bool = False) -> Node:
+    if node.kind == "leaf" or like.kind == "leaf":
+        return node
+    state = like.kind == "custom" and like.type_name == NNX_STATE
+    if top and state and node.kind == "dict" and node.entries == like.entries:
+        node = dataclasses.replace(
+            node, kind=like.kind, type_name=like.type_name, aux=like.aux, aux_repr=like.aux_repr
+        )
+    if path in pruned and (node.kind, node.type_name) == (like.kind, like.type_name):
+        kept = dict(zip(node.entries, node.children))
+        extra = [e for e, c in zip(like.entries, like.children) if e not in kept]
+        fills = all(c.kind == "none" for e, c in zip(like.entries, like.children) if e in extra)
+        if fills and [e for e in like.entries if e in kept] == list(node.entries):
+            nones = dict(zip(like.entries, like.children))
+            node = dataclasses.replace(
+                node,
+                aux=like.aux,
+                aux_repr=like.aux_repr,
+                entries=like.entries,
+                children=tuple(kept.get(e, nones[e]) for e in like.entries),
+            )
+    theirs = dict(zip(like.entries, like.children))
+    children = tuple(
+        _fit(c, theirs[e], (*path, e), pruned) if e in theirs else c
+        for e, c in zip(node.entries, node.children)
+    )
+    if all(a is b for a, b in zip(children, node.children)):
+        return node
+    return dataclasses.replace(node, children=children)
+
+
+def container_hint(found: Sequence[Mismatch]) -> str | None:
+    """The fix for a container of another kind when one side is an nnx State
+    and the other a dict (None: the general hint fits)."""
+    for m in found:
+        if m.kind == "node_type" and {m.expected, m.actual} == {NNX_STATE, "dict"}:
+            side = "`like`" if m.expected == NNX_STATE else "the checkpoint"
+            return (
+                f"{m.path or '<root>'} is an nnx State in {side} and a dict in the other: "
+                "an nnx State keeps its nested parts as dicts, so a part of one loads with "
+                "subtree= into like=state[...] (a State) at the part's root, and as a dict "
+                "below it; pass like= in the form the checkpoint was saved from "
+                "(nnx.state(model) for a whole model)"
+            )
+    return None
