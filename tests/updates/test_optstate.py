@@ -245,3 +245,82 @@ def test_an_nnx_optimizer_state_follows_a_head_added_to_the_cnn() -> None:
 def test_an_optimizer_of_another_kind_is_refused() -> None:
     with pytest.raises(tg.ConfigError, match="an optax GradientTransformation or an nnx"):
         tg.migrate_opt_state(object(), {}, OLD, NEW)
+
+
+# -- a newcomer's nnx model (BatchNorm, Dropout): every form of optimizer and state ----
+
+
+def _nnx_trained_optimizer() -> tuple[Any, Any]:
+    from nnxmodels import Net
+
+    model = Net(nnx.Rngs(0))
+    opt = nnx.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)
+    opt.update(model, jax.tree.map(jnp.ones_like, nnx.state(model, nnx.Param)))
+    return model, opt
+
+
+_HEAD = (
+    "['opt_state'][0]['mu']['head']['bias'].value",
+    "['opt_state'][0]['mu']['head']['kernel'].value",
+    "['opt_state'][0]['nu']['head']['bias'].value",
+    "['opt_state'][0]['nu']['head']['kernel'].value",
+)
+
+
+@pytest.mark.parametrize("given", ["optax transform", "nnx.Optimizer"])
+def test_an_nnx_optimizer_state_migrates_with_either_optimizer(given: str) -> None:
+    from nnxmodels import NetWithHead
+
+    model, old_opt = _nnx_trained_optimizer()
+    bigger = NetWithHead(nnx.Rngs(1))
+    new_opt = nnx.Optimizer(bigger, optax.adam(1e-2), wrt=nnx.Param)
+    optimizer = optax.adam(1e-2) if given == "optax transform" else new_opt
+    state, report = tg.migrate_opt_state(
+        optimizer, nnx.state(old_opt), nnx.state(model, nnx.Param), nnx.state(bigger, nnx.Param)
+    )
+    assert report.initialised == _HEAD
+    nnx.update(new_opt, state)  # the nnx form, whichever optimizer built it
+    got = nnx.state(new_opt)
+    _same(
+        got["opt_state"][0]["mu"]["norm"]["scale"][...],
+        old_opt.opt_state[0].mu["norm"]["scale"][...],
+    )
+    assert int(got["step"][...]) == 1
+    # and it trains on: one more step of the new optimizer
+    new_opt.update(bigger, jax.tree.map(jnp.ones_like, nnx.state(bigger, nnx.Param)))
+    assert int(nnx.state(new_opt)["step"][...]) == 2
+
+
+def test_an_optax_state_migrates_with_an_nnx_optimizer() -> None:
+    from nnxmodels import Net, NetWithHead
+
+    tx = optax.adam(1e-2)
+    old = nnx.state(Net(nnx.Rngs(0)), nnx.Param)
+    bigger = NetWithHead(nnx.Rngs(1))
+    new_params = nnx.state(bigger, nnx.Param)
+    new_opt = nnx.Optimizer(bigger, tx, wrt=nnx.Param)
+    state, report = tg.migrate_opt_state(new_opt, _stepped(tx, old), old, new_params)
+    assert report.initialised == (
+        "[0].mu['head']['bias'].value",
+        "[0].mu['head']['kernel'].value",
+        "[0].nu['head']['bias'].value",
+        "[0].nu['head']['kernel'].value",
+    )
+    assert jax.tree.structure(state) == jax.tree.structure(tx.init(new_params))  # optax form
+
+
+def test_params_of_another_filter_than_the_optimizers_are_refused_by_form() -> None:
+    from nnxmodels import NetWithHead
+
+    model, old_opt = _nnx_trained_optimizer()
+    bigger = NetWithHead(nnx.Rngs(1))
+    with pytest.raises(tg.TreeMismatchError) as info:  # BatchNorm's stats are no nnx.Param
+        tg.migrate_opt_state(
+            optax.adam(1e-2),
+            nnx.state(old_opt),
+            nnx.state(model, nnx.Any(nnx.Param, nnx.BatchStat)),
+            nnx.state(bigger, nnx.Any(nnx.Param, nnx.BatchStat)),
+        )
+    assert "['opt_state'][0]['mu']['norm']['mean'].value: missing" in str(info.value)
+    assert "old_state is an nnx.Optimizer's state (nnx.state(optimizer))" in str(info.value)
+    assert "nnx.state(model, nnx.Param)" in str(info.value)

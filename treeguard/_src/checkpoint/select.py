@@ -19,7 +19,7 @@ from ..errors import ConfigError
 from ..mismatch import Mismatch
 from ..paths import Path, keystr, parse_user_path, starts_with
 from ..spec import TreeSpec
-from ..walk import Node
+from ..walk import NNX_STATE, Node
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,11 +163,6 @@ def select(
     records = stored.records
     pruned = tuple({c[len(sub) : -1] for c in cut if len(c) > len(sub) and starts_with(c, sub)})
     return Selection(TreeSpec(node, [records[i] for i in indices]), indices, pruned)
-
-
-#: The qualified name of flax.nnx's State: a mapping node whose nested parts
-#: are plain dicts (so a part of an nnx State is stored as a dict).
-NNX_STATE = "flax.nnx.statelib.State"
 
 
 def in_like_containers(stored: TreeSpec, like_spec: TreeSpec, pruned: Sequence[Path]) -> TreeSpec:
