@@ -25,8 +25,10 @@ class Net(nnx.Module):
         self.drop = nnx.Dropout(0.5, rngs=rngs)
         self.out = nnx.Linear(8, 2, rngs=rngs)
 
-    def __call__(self, x: Any) -> Any:
-        return self.out(self.drop(jax.nn.relu(self.norm(self.encoder(x)))))
+    def __call__(self, x: Any, key: Any = None) -> Any:
+        """The outputs; with ``key``, dropout draws its mask from it."""
+        h = jax.nn.relu(self.norm(self.encoder(x)))
+        return self.out(self.drop(h, rngs=nnx.Rngs(dropout=key)) if key is not None else h)
 
 
 class NetWithHead(Net):
@@ -36,8 +38,8 @@ class NetWithHead(Net):
         super().__init__(rngs)
         self.head = nnx.Linear(2, 3, rngs=rngs)
 
-    def __call__(self, x: Any) -> Any:
-        return self.head(super().__call__(x))
+    def __call__(self, x: Any, key: Any = None) -> Any:
+        return self.head(super().__call__(x, key))
 
 
 def eqx_net(key: Any, *, head: bool) -> Any:
