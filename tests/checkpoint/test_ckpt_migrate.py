@@ -132,8 +132,25 @@ def test_init_as_a_function_is_called_with_each_new_path(tmp_path: Path) -> None
 def test_init_that_is_neither_a_tree_nor_a_function_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "p.safetensors"
     tg.save(path, {"w": _ones(2)})
-    with pytest.raises(tg.ConfigError, match="init: a tree of arrays .* got str"):
+    with pytest.raises(tg.ConfigError) as info:
         tg.load(path, like={"w": _ones(2), "h": _ones(1)}, missing="init", init="zeros")
+    assert str(info.value) == (
+        "init: a tree of arrays (the new model's params) or a function of a key path, got str\n"
+        "hint: pass init=new_params, or init=lambda path: array"
+    )
+
+
+def test_a_none_becomes_a_layer_only_for_missing_init(tmp_path: Path) -> None:
+    import equinox as eqx
+    from nnxmodels import eqx_net
+
+    path = tmp_path / "old.safetensors"
+    tg.save(path, eqx.filter(eqx_net(jax.random.key(0), head=False), eqx.is_array))
+    params = eqx.filter(eqx_net(jax.random.key(1), head=True), eqx.is_array)
+    with pytest.raises(tg.TreeMismatchError) as info:  # allow_missing keeps like's, not a None
+        tg.load(path, like=params, allow_missing=[".head"])
+    assert [(m.path, m.kind) for m in info.value.mismatches] == [(".head", "node_type")]
+    assert tg.load(path, like=params, missing="init", init=params).head is not None
 
 
 def _cli_migrate(tmp_path: Path, *args: str) -> Any:

@@ -3,6 +3,7 @@ key with the key the bundle recorded, through the CLI in a subprocess."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -34,23 +35,9 @@ def _bundle(tmp_path: Path, loss: Any = keyed.loss, key: Any = None) -> str:
     return info.value.bundle
 
 
-def test_a_bundle_with_a_key_replays_the_loss_with_that_key(tmp_path: Path) -> None:
-    bundle = _bundle(tmp_path, key=jax.random.key(3))
-    assert tg.read_bundle(bundle).has_key
-    replay = replay_bundle(bundle, keyed.model)
-    assert replay.stage == "loss"
-    assert replay.sites[0].primitive == "log"
-    line = (
-        Path(keyed.__file__)
-        .read_text()
-        .splitlines()
-        .index('    barrier = jnp.mean(jnp.log(1.0 - batch["x"]))  # NaN is born here')
-    )
-    assert replay.sites[0].source == f"keyed.py:{line + 1} (loss)"
-
-
 def test_diagnose_bundle_replays_a_keyed_step_through_the_cli(tmp_path: Path) -> None:
     bundle = _bundle(tmp_path, key=jax.random.key(3))
+    assert tg.read_bundle(bundle).has_key
     env = {
         "PYTHONPATH": os.pathsep.join(
             [str(ROOT), str(ROOT / "tests"), str(ROOT / "tests" / "diagnose")]
@@ -63,6 +50,13 @@ def test_diagnose_bundle_replays_a_keyed_step_through_the_cli(tmp_path: Path) ->
     out = json.loads(done.stdout)
     assert out["stage"] == "loss"
     assert out["sites"][0]["primitive"] == "log"
+    line = (
+        Path(keyed.__file__)
+        .read_text()
+        .splitlines()
+        .index('    barrier = jnp.mean(jnp.log(1.0 - batch["x"]))  # NaN is born here')
+    )
+    assert out["sites"][0]["source"] == f"keyed.py:{line + 1} (loss)"
 
 
 def test_a_keyed_loss_and_a_bundle_without_a_key_are_refused(tmp_path: Path) -> None:
@@ -70,5 +64,20 @@ def test_a_keyed_loss_and_a_bundle_without_a_key_are_refused(tmp_path: Path) -> 
         return keyed.loss(params, batch, jax.random.key(0))
 
     bundle = _bundle(tmp_path, loss=unkeyed)
-    with pytest.raises(DiagnosisError, match="takes a PRNG key, and the bundle recorded none"):
+    with pytest.raises(DiagnosisError) as info:
         replay_bundle(bundle, keyed.model)
+    assert str(info.value) == (
+        f"{bundle}: the model's loss takes a PRNG key, and the bundle recorded none\n"
+        "hint: record the step with its key: train(params, state, batch, key=key)"
+    )
+
+
+def test_a_bundle_with_a_key_and_a_loss_without_one_are_refused(tmp_path: Path) -> None:
+    bundle = _bundle(tmp_path, key=jax.random.key(3))
+    unkeyed = dataclasses.replace(keyed.model, loss=lambda p, b: keyed.loss(p, b, None))
+    with pytest.raises(DiagnosisError) as info:
+        replay_bundle(bundle, unkeyed)
+    assert str(info.value) == (
+        f"{bundle}: the bundle recorded the step's PRNG key, and the model's loss takes none\n"
+        "hint: give the model the loss the step ran: loss(params, batch, key)"
+    )

@@ -225,12 +225,15 @@ def container_hint(found: Sequence[Mismatch]) -> str | None:
     and the other a dict (None: the general hint fits)."""
     for m in found:
         if m.kind == "node_type" and {m.expected, m.actual} == {NNX_STATE, "dict"}:
-            side = "`like`" if m.expected == NNX_STATE else "the checkpoint"
+            state, other = (
+                ("`like`", "the checkpoint")
+                if m.expected == NNX_STATE
+                else ("the checkpoint", "`like`")
+            )
             return (
-                f"{m.path or '<root>'} is an nnx State in {side} and a dict in the other: "
-                "an nnx State keeps its nested parts as dicts, so a part of one loads with "
-                "subtree= into like=state[...] (a State) at the part's root, and as a dict "
-                "below it; pass like= in the form the checkpoint was saved from "
-                "(nnx.state(model) for a whole model)"
+                f"{m.path or '<root>'} is an nnx State in {state} and a dict in {other}: an nnx "
+                "State keeps its nested parts as dicts, so a part of one loads with subtree= "
+                "into like=state[...] (itself an nnx State) and a whole one into "
+                "nnx.state(model); pass `like` in the form the checkpoint was saved from"
             )
     return None
