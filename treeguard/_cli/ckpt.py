@@ -302,8 +302,9 @@ def _split_rename(text: str) -> tuple[str, str]:
     "init_target",
     metavar="MODULE:ATTR",
     default=None,
-    help="The new leaves' values: a tree of arrays matched by key path, or a function "
-    "from a key path to its array.",
+    help="The new leaves' values: a tree of arrays matched by key path (the new model's "
+    "params: a dict, an nnx State, an equinox module), or a function from a key path to its "
+    "array.",
 )
 @click.option(
     "--rename", "renames", multiple=True, metavar="OLD=NEW", help="Read OLD's leaves at NEW."
@@ -325,7 +326,10 @@ def migrate_command(  # noqa: PLR0917 - click passes every option
     Without options every difference between OLD and --like is listed and
     the exit code is 1; --init, --rename and --drop name the differences
     that are meant. NEW's metadata keeps OLD's, the surgery report and where
-    it came from.
+    it came from. NEW keeps the containers of --like (an nnx State, an
+    equinox module); it is written under a temporary name beside NEW and
+    renamed only once it verifies, so a failed migration leaves nothing at
+    NEW.
     """
     spec = spec_from_file(like_path)
     init: Any = None
