@@ -341,3 +341,33 @@ def test_subtree_and_ignore_select_parts_of_an_equinox_module(tmp_path: Path) ->
     got = tg.load(path, like=like, ignore=[".head"])
     assert type(got) is type(params) and got.head is None
     assert _leaves_equal(got, like)
+
+
+class _Bag:
+    """A registered node whose entries vary per instance, its keys its static
+    data (as an nnx State's): what ``ignore=`` leaves of one is compared."""
+
+    def __init__(self, **items: Any) -> None:
+        self.items = items
+
+
+jax.tree_util.register_pytree_with_keys(
+    _Bag,
+    lambda b: (
+        [(jax.tree_util.GetAttrKey(k), b.items[k]) for k in sorted(b.items)],
+        tuple(sorted(b.items)),
+    ),
+    lambda keys, kids: _Bag(**dict(zip(keys, kids))),
+)
+
+
+def test_an_ignored_entry_may_be_none_in_like_and_no_other_may(tmp_path: Path) -> None:
+    one = np.ones(1, np.float32)
+    path = tmp_path / "bag.safetensors"
+    tg.save(path, _Bag(a=one, b=one, c=one))
+    got = tg.load(path, like=_Bag(a=one, b=None, c=one), ignore=[".b"])
+    assert got.items == {"a": one, "b": None, "c": one}
+    assert tg.load(path, like=_Bag(a=one, c=one), ignore=[".b"]).items == {"a": one, "c": one}
+    with pytest.raises(tg.TreeMismatchError) as info:  # .d was never stored, nor ignored
+        tg.load(path, like=_Bag(a=one, c=one, d=None), ignore=[".b"])
+    assert [(m.path, m.kind) for m in info.value.mismatches] == [(".d", "missing")]

@@ -90,14 +90,14 @@ class Selection:
       indices: for each of its leaves, its position among all stored leaves.
       dropped: the stored leaves ``unexpected=`` named, reported as dropped
         by their paths in the file (never read).
-      pruned: the containers that ``ignore=`` (or ``unexpected=``) took
-        entries out of, by path in ``spec``.
+      cut: the paths ``ignore=`` (or ``unexpected=``) took out of the part,
+        relative to ``spec``.
     """
 
     spec: TreeSpec
     indices: list[int]
     dropped: tuple[Change, ...]
-    pruned: tuple[Path, ...] = ()
+    cut: tuple[Path, ...] = ()
 
 
 def select_part(
@@ -125,7 +125,7 @@ def select_part(
         for p, r in zip(stored.paths, stored.records)
         if any(starts_with(p, c) for c in cut)
     )
-    return Selection(sel.spec, list(sel.indices), gone, sel.pruned)
+    return Selection(sel.spec, list(sel.indices), gone, sel.cut)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,7 +167,7 @@ def plan_load(  # noqa: PLR0917 - two call sites, all positional data
       TreeMismatchError: for every difference the options do not cover, and
         every ``init`` leaf missing or of another shape or dtype.
     """
-    stored = in_like_containers(part.spec, like_spec, part.pruned)
+    stored = in_like_containers(part.spec, like_spec, part.cut)
     if not rename and not allow_missing and not surgery.active:
         found = [m for m in mismatches(stored, like_spec) if m.kind not in ignored]
         if found:
