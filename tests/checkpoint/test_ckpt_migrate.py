@@ -204,3 +204,20 @@ def test_a_failed_ckpt_migrate_writes_nothing_at_new(tmp_path: Path) -> None:
         "new.safetensors",
         "old.safetensors",
     ]
+
+
+def test_a_migrate_that_fails_after_writing_leaves_no_temporary_file(tmp_path: Path) -> None:
+    old, spec, _ = _nnx_old_and_spec(tmp_path)
+    new = tmp_path / "new.safetensors"
+    new.mkdir()  # written and verified, then the rename onto NEW fails
+    done = _cli_migrate(
+        tmp_path, str(old), str(new), "--like", str(spec), "--init", "nnxmodels:NEW_STATE"
+    )
+    assert done.returncode == 2
+    assert "Is a directory" in done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "new.json",
+        "new.safetensors",
+        "old.safetensors",
+    ]
+    assert new.is_dir() and not any(new.iterdir())
