@@ -172,15 +172,30 @@ def _nnx_old_and_spec(tmp_path: Path) -> tuple[Path, Path, Any]:
     return old, spec, state
 
 
+def _in_process(*args: str) -> Any:
+    from click.testing import CliRunner
+
+    from treeguard._cli.main import main
+
+    return CliRunner().invoke(main, ["ckpt", "migrate", *args])
+
+
 @pytest.mark.parametrize("init", ["nnxmodels:NEW_STATE", "nnxmodels:new_leaf"])
 def test_ckpt_migrate_keeps_the_nnx_state_of_like(tmp_path: Path, init: str) -> None:
     from nnxmodels import NEW_STATE
 
     old, spec, state = _nnx_old_and_spec(tmp_path)
     new = tmp_path / "new.safetensors"
-    done = _cli_migrate(tmp_path, str(old), str(new), "--like", str(spec), "--init", init)
-    assert done.returncode == 0, done.stderr
-    assert "initialised ['head']['kernel'].value f32[2,3]" in done.stdout
+    args = (str(old), str(new), "--like", str(spec), "--init", init)
+    if init.endswith("NEW_STATE"):  # the command, as a user runs it
+        done = _cli_migrate(tmp_path, *args)
+        assert done.returncode == 0, done.stderr
+        out = done.stdout
+    else:  # the function form, in this process
+        result = _in_process(*args)
+        assert result.exit_code == 0, result.output
+        out = result.output
+    assert "initialised ['head']['kernel'].value f32[2,3]" in out
     assert tg.read_header(new).spec == tg.spec_of(NEW_STATE)
     tree = tg.load(new, like=NEW_STATE)  # the live State, BatchNorm's stats and the rng streams
     assert type(tree) is type(NEW_STATE)
@@ -210,11 +225,9 @@ def test_a_migrate_that_fails_after_writing_leaves_no_temporary_file(tmp_path: P
     old, spec, _ = _nnx_old_and_spec(tmp_path)
     new = tmp_path / "new.safetensors"
     new.mkdir()  # written and verified, then the rename onto NEW fails
-    done = _cli_migrate(
-        tmp_path, str(old), str(new), "--like", str(spec), "--init", "nnxmodels:NEW_STATE"
-    )
-    assert done.returncode == 2
-    assert "Is a directory" in done.stderr
+    result = _in_process(str(old), str(new), "--like", str(spec), "--init", "nnxmodels:NEW_STATE")
+    assert result.exit_code == 2
+    assert "Is a directory" in result.output
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "new.json",
         "new.safetensors",
