@@ -15,6 +15,8 @@ import optax
 import pytest
 from click.testing import CliRunner
 from flax import nnx
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import treeguard as tg
 from treeguard.examples import cnn, eqx_mlp
@@ -371,3 +373,47 @@ def test_an_ignored_entry_may_be_none_in_like_and_no_other_may(tmp_path: Path) -
     with pytest.raises(tg.TreeMismatchError) as info:  # .d was never stored, nor ignored
         tg.load(path, like=_Bag(a=one, c=one, d=None), ignore=[".b"])
     assert [(m.path, m.kind) for m in info.value.mismatches] == [(".d", "missing")]
+
+
+_names = st.sampled_from(["a", "b", "enc", "head", "w"])
+_trees = st.recursive(
+    st.integers(1, 3).map(lambda n: np.arange(n, dtype=np.float32)),
+    lambda kids: st.dictionaries(_names, kids, min_size=1, max_size=3),
+    max_leaves=8,
+)
+
+
+def _parts(tree: Any, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    if not isinstance(tree, dict):
+        return []
+    return [path] + [p for k, v in tree.items() for p in _parts(v, (*path, k))]
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(tree=_trees.filter(lambda t: isinstance(t, dict)), data=st.data())
+def test_every_part_of_an_nnx_state_loads_into_its_state(
+    tmp_path: Path, tree: Any, data: Any
+) -> None:
+    """Property: any container of a saved nnx State (stored as a dict) loads
+    with subtree= into the State that ``state[...]`` gives, with its values;
+    with ignore= of any one entry, into the State without it."""
+    state = nnx.State(tree)
+    path = tmp_path / "s.safetensors"
+    tg.save(path, state)
+    part = data.draw(st.sampled_from(_parts(tree)))
+    like = state
+    for k in part:
+        like = like[k]
+    text = "".join(f"['{k}']" for k in part)
+    got = tg.load(path, like=like, subtree=text or None)
+    assert type(got) is nnx.State and _leaves_equal(got, like)
+    inner = tree
+    for k in part:
+        inner = inner[k]
+    if len(inner) > 1:
+        gone = data.draw(st.sampled_from(sorted(inner)))
+        rest = nnx.State({k: v for k, v in inner.items() if k != gone})
+        got = tg.load(path, like=rest, subtree=text or None, ignore=[f"{text}['{gone}']"])
+        assert type(got) is nnx.State and _leaves_equal(got, rest)
