@@ -234,3 +234,23 @@ def test_a_migrate_that_fails_after_writing_leaves_no_temporary_file(tmp_path: P
         "old.safetensors",
     ]
     assert new.is_dir() and not any(new.iterdir())
+
+
+def test_init_of_another_form_than_an_nnx_like_names_the_form(tmp_path: Path) -> None:
+    from flax import nnx
+    from nnxmodels import Net, NetWithHead
+
+    path = tmp_path / "old.safetensors"
+    tg.save(path, nnx.state(Net(nnx.Rngs(0))))
+    bigger = NetWithHead(nnx.Rngs(1))
+    with pytest.raises(tg.TreeMismatchError) as info:  # the module: its paths are attributes
+        tg.load(path, like=nnx.state(bigger), missing="init", init=bigger)
+    assert [(m.path, m.kind) for m in info.value.mismatches] == [
+        ("['head']['bias'].value", "missing"),
+        ("['head']['kernel'].value", "missing"),
+    ]
+    assert str(info.value).splitlines()[-1] == (
+        "hint: init gives each leaf the checkpoint lacks its value, of `like`'s shape and "
+        "dtype, at `like`'s key path: pass the new model's params in `like`'s form "
+        "(nnx.state(new_model), not the module)"
+    )

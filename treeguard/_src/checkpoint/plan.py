@@ -19,7 +19,7 @@ from ..mismatch import Mismatch
 from ..paths import Path, keystr, parse, starts_with
 from ..spec import TreeSpec, spec_of
 from ..surgery import Change, Surgery
-from ..walk import flatten, structure_of
+from ..walk import NNX_STATE, flatten, structure_of
 from .migrate import migrate
 from .select import container_hint, in_like_containers, select
 
@@ -244,7 +244,12 @@ def _init_values(
             actual_from=origin,
             context=where,
             hint="init gives each leaf the checkpoint lacks its value, of `like`'s shape "
-            "and dtype: pass the new model's params",
+            "and dtype, at `like`'s key path: pass the new model's params in `like`'s form"
+            + (
+                " (nnx.state(new_model), not the module)"
+                if like_spec.structure.type_name == NNX_STATE
+                else ""
+            ),
         )
     return given
 
