@@ -291,6 +291,24 @@ def test_an_nnx_optimizer_state_migrates_with_either_optimizer(given: str) -> No
     assert int(nnx.state(new_opt)["step"][...]) == 2
 
 
+@pytest.mark.parametrize("given", ["optax transform", "nnx.Optimizer"])
+def test_the_opt_state_part_of_an_nnx_optimizer_migrates_in_its_form(given: str) -> None:
+    from nnxmodels import NetWithHead
+
+    model, old_opt = _nnx_trained_optimizer()
+    bigger = NetWithHead(nnx.Rngs(1))
+    new_opt = nnx.Optimizer(bigger, optax.adam(1e-2), wrt=nnx.Param)
+    optimizer = optax.adam(1e-2) if given == "optax transform" else new_opt
+    part, report = tg.migrate_opt_state(
+        optimizer,
+        nnx.state(old_opt)["opt_state"],
+        nnx.state(model, nnx.Param),
+        nnx.state(bigger, nnx.Param),
+    )
+    assert report.initialised == tuple(p[len("['opt_state']") :] for p in _HEAD)
+    assert jax.tree.structure(part) == jax.tree.structure(nnx.state(new_opt)["opt_state"])
+
+
 def test_an_optax_state_migrates_with_an_nnx_optimizer() -> None:
     from nnxmodels import Net, NetWithHead
 

@@ -218,18 +218,22 @@ def _is_nnx_optimizer(optimizer: Any) -> bool:
     return type(optimizer).__module__.startswith("flax.nnx") and hasattr(optimizer, "tx")
 
 
-def _nnx_form(state: Any) -> bool:
-    """Whether ``state`` is an ``nnx.Optimizer``'s state (``nnx.state(optimizer)``:
-    an nnx State holding ``opt_state``), not an optax state (``tx.init(params)``)."""
-    return qualname(type(state)) == NNX_STATE and "opt_state" in state
+def _nnx_form(state: Any) -> str | None:
+    """The nnx form of ``state``: ``"optimizer"`` for an ``nnx.Optimizer``'s
+    state (``nnx.state(optimizer)``, holding ``opt_state`` and ``step``),
+    ``"opt_state"`` for its ``opt_state`` part alone (another nnx State), or
+    None for an optax state (``tx.init(params)``)."""
+    if qualname(type(state)) != NNX_STATE:
+        return None
+    return "optimizer" if "opt_state" in state else "opt_state"
 
 
 def _fresh_state(optimizer: Any, old_state: Any, new_params: Any) -> Any:
     """The optimizer's state for the new params, in the form of ``old_state``:
-    an ``nnx.Optimizer``'s state for an nnx one (the nnx.Optimizer's own, or
-    the one an nnx.Optimizer of this optax transform holds), or an optax
-    state (``init(new_params)`` of the transform, or of the nnx.Optimizer's
-    ``tx``).
+    an ``nnx.Optimizer``'s state (or its ``opt_state`` part) for an nnx one
+    (the nnx.Optimizer's own, or the one an nnx.Optimizer of this optax
+    transform holds), or an optax state (``init(new_params)`` of the
+    transform, or of the nnx.Optimizer's ``tx``).
 
     Raises:
       ConfigError: for an optimizer that is neither kind.
@@ -243,13 +247,13 @@ def _fresh_state(optimizer: Any, old_state: Any, new_params: Any) -> Any:
             hint="pass the optax transform the state was made with, or an nnx.Optimizer built "
             "for the new model",
         )
-    if not _nnx_form(old_state):
+    form = _nnx_form(old_state)
+    if form is None:
         return tx.init(new_params)
-    if nnx_opt:
-        from flax import nnx  # flax is optional: only nnx states bring it here
+    from flax import nnx  # flax is optional: only nnx states bring it here
 
-        return nnx.state(optimizer)
-    return _nnx_optimizer_state(tx, new_params)
+    whole = nnx.state(optimizer) if nnx_opt else _nnx_optimizer_state(tx, new_params)
+    return whole if form == "optimizer" else whole["opt_state"]
 
 
 def _nnx_optimizer_state(tx: Any, params: Any) -> Any:
@@ -276,9 +280,15 @@ def _form_hint(optimizer: Any, old_state: Any, found: list[Mismatch]) -> str:
             'reinit="changed" for a param whose shape changed'
         )
     given = "an nnx.Optimizer" if _is_nnx_optimizer(optimizer) else "this optax transform"
-    if _nnx_form(old_state):
+    nnx_form = _nnx_form(old_state)
+    if nnx_form is not None:
+        what = (
+            "an nnx.Optimizer's state (nnx.state(optimizer))"
+            if nnx_form == "optimizer"
+            else "an nnx.Optimizer's opt_state (nnx.state(optimizer)['opt_state'])"
+        )
         form = (
-            "old_state is an nnx.Optimizer's state (nnx.state(optimizer)); the new one was "
+            f"old_state is {what}; the new one was "
             f"built in that form from {given}. Pass old_params and new_params as the "
             "optimizer's wrt filter gives them (nnx.state(model, nnx.Param)), and the "
             "transform the old state was made with"
