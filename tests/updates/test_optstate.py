@@ -267,17 +267,25 @@ _HEAD = (
 )
 
 
-@pytest.mark.parametrize("given", ["optax transform", "nnx.Optimizer"])
-def test_an_nnx_optimizer_state_migrates_with_either_optimizer(given: str) -> None:
+def _to_the_head(given: str, part: str | None) -> tuple[Any, Any, Any, Any, Any]:
+    """The trained nnx optimizer's state (or its ``part``) migrated to the
+    model with a head by ``given``: ``(state, report, old_opt, new_opt, bigger)``."""
     from nnxmodels import NetWithHead
 
     model, old_opt = _nnx_trained_optimizer()
     bigger = NetWithHead(nnx.Rngs(1))
     new_opt = nnx.Optimizer(bigger, optax.adam(1e-2), wrt=nnx.Param)
     optimizer = optax.adam(1e-2) if given == "optax transform" else new_opt
+    old = nnx.state(old_opt) if part is None else nnx.state(old_opt)[part]
     state, report = tg.migrate_opt_state(
-        optimizer, nnx.state(old_opt), nnx.state(model, nnx.Param), nnx.state(bigger, nnx.Param)
+        optimizer, old, nnx.state(model, nnx.Param), nnx.state(bigger, nnx.Param)
     )
+    return state, report, old_opt, new_opt, bigger
+
+
+@pytest.mark.parametrize("given", ["optax transform", "nnx.Optimizer"])
+def test_an_nnx_optimizer_state_migrates_with_either_optimizer(given: str) -> None:
+    state, report, old_opt, new_opt, bigger = _to_the_head(given, None)
     assert report.initialised == _HEAD
     nnx.update(new_opt, state)  # the nnx form, whichever optimizer built it
     got = nnx.state(new_opt)
@@ -293,18 +301,7 @@ def test_an_nnx_optimizer_state_migrates_with_either_optimizer(given: str) -> No
 
 @pytest.mark.parametrize("given", ["optax transform", "nnx.Optimizer"])
 def test_the_opt_state_part_of_an_nnx_optimizer_migrates_in_its_form(given: str) -> None:
-    from nnxmodels import NetWithHead
-
-    model, old_opt = _nnx_trained_optimizer()
-    bigger = NetWithHead(nnx.Rngs(1))
-    new_opt = nnx.Optimizer(bigger, optax.adam(1e-2), wrt=nnx.Param)
-    optimizer = optax.adam(1e-2) if given == "optax transform" else new_opt
-    part, report = tg.migrate_opt_state(
-        optimizer,
-        nnx.state(old_opt)["opt_state"],
-        nnx.state(model, nnx.Param),
-        nnx.state(bigger, nnx.Param),
-    )
+    part, report, _, new_opt, _ = _to_the_head(given, "opt_state")
     assert report.initialised == tuple(p[len("['opt_state']") :] for p in _HEAD)
     assert jax.tree.structure(part) == jax.tree.structure(nnx.state(new_opt)["opt_state"])
 
