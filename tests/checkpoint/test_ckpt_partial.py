@@ -15,6 +15,8 @@ import optax
 import pytest
 from click.testing import CliRunner
 from flax import nnx
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import treeguard as tg
 from treeguard.examples import cnn, eqx_mlp
@@ -269,3 +271,149 @@ def test_ckpt_inspect_lists_a_subtree(cnn_ckpt: Any) -> None:
     result = CliRunner().invoke(main, ["ckpt", "inspect", str(path), "--subtree", "['parms']"])
     assert result.exit_code == 2
     assert "did you mean ['params']?" in result.output
+
+
+# -- parts of an nnx State and of an equinox module ----------------------------------
+
+
+def _leaves_equal(a: Any, b: Any) -> bool:
+    def raw(x: Any) -> Any:
+        is_key = jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
+        return np.asarray(jax.random.key_data(x) if is_key else x)
+
+    pairs = zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True)
+    return all(np.array_equal(raw(x), raw(y)) for x, y in pairs)
+
+
+def test_subtree_loads_a_part_of_an_nnx_state_into_its_state(tmp_path: Path) -> None:
+    from nnxmodels import Net
+
+    state = nnx.state(Net(nnx.Rngs(0)))
+    path = tmp_path / "train.safetensors"
+    tg.save(path, {"params": state, "step": np.int32(3)})
+    for part in ("encoder", "norm"):  # a Param-only part, and BatchNorm's stats with its params
+        got = tg.load(path, like=state[part], subtree=f"['params']['{part}']")
+        assert type(got) is type(state[part])
+        assert _leaves_equal(got, state[part])
+    # the State inside a dict, a part of it in a dict of the same form
+    got = tg.load(path, like={"params": state}, ignore=["['step']"])
+    assert type(got["params"]) is type(state)
+
+
+def test_ignore_leaves_the_batch_stats_and_rngs_of_an_nnx_state_unread(tmp_path: Path) -> None:
+    from nnxmodels import Net
+
+    model = Net(nnx.Rngs(0))
+    path = tmp_path / "m.safetensors"
+    tg.save(path, nnx.state(model))
+    params = nnx.state(model, nnx.Param)
+    got = tg.load(path, like=params, ignore=["['norm']['mean']", "['norm']['var']", "['drop']"])
+    assert type(got) is type(params)
+    assert _leaves_equal(got, params)
+
+
+def test_a_dict_where_the_checkpoint_holds_an_nnx_state_names_both_forms(tmp_path: Path) -> None:
+    from nnxmodels import Net
+
+    state = nnx.state(Net(nnx.Rngs(0)))
+    path = tmp_path / "m.safetensors"
+    tg.save(path, {"params": state})
+    with pytest.raises(tg.TreeMismatchError) as info:
+        tg.load(path, like={"params": dict(state)})
+    assert ("['params']", "node_type") in [(m.path, m.kind) for m in info.value.mismatches]
+    assert str(info.value).splitlines()[-1] == (
+        "hint: ['params'] is an nnx State in the checkpoint and a dict in `like`: an nnx State "
+        "keeps its nested parts as dicts, so a part of one loads with subtree= into "
+        "like=state[...] (itself an nnx State) and a whole one into nnx.state(model); pass "
+        "`like` in the form the checkpoint was saved from"
+    )
+
+
+def test_subtree_and_ignore_select_parts_of_an_equinox_module(tmp_path: Path) -> None:
+    import equinox as eqx
+    from nnxmodels import eqx_net
+
+    params = eqx.filter(eqx_net(jax.random.key(0), head=True), eqx.is_array)
+    path = tmp_path / "e.safetensors"
+    tg.save(path, params)
+    enc = tg.load(path, like=params.encoder, subtree=".encoder")
+    assert type(enc) is type(params.encoder) and _leaves_equal(enc, params.encoder)
+    # an ignored field comes back as None, the equinox form of a part left out
+    like = eqx.tree_at(lambda m: m.head, params, None)
+    got = tg.load(path, like=like, ignore=[".head"])
+    assert type(got) is type(params) and got.head is None
+    assert _leaves_equal(got, like)
+
+
+class _Bag:
+    """A registered node whose entries vary per instance, its keys its static
+    data (as an nnx State's): what ``ignore=`` leaves of one is compared."""
+
+    def __init__(self, **items: Any) -> None:
+        self.items = items
+
+
+jax.tree_util.register_pytree_with_keys(
+    _Bag,
+    lambda b: (
+        [(jax.tree_util.GetAttrKey(k), b.items[k]) for k in sorted(b.items)],
+        tuple(sorted(b.items)),
+    ),
+    lambda keys, kids: _Bag(**dict(zip(keys, kids))),
+)
+
+
+def test_an_ignored_entry_may_be_none_in_like_and_no_other_may(tmp_path: Path) -> None:
+    one = np.ones(1, np.float32)
+    path = tmp_path / "bag.safetensors"
+    tg.save(path, _Bag(a=one, b=one, c=one))
+    got = tg.load(path, like=_Bag(a=one, b=None, c=one), ignore=[".b"])
+    assert got.items == {"a": one, "b": None, "c": one}
+    assert tg.load(path, like=_Bag(a=one, c=one), ignore=[".b"]).items == {"a": one, "c": one}
+    with pytest.raises(tg.TreeMismatchError) as info:  # .d was never stored, nor ignored
+        tg.load(path, like=_Bag(a=one, c=one, d=None), ignore=[".b"])
+    assert [(m.path, m.kind) for m in info.value.mismatches] == [(".d", "missing")]
+
+
+_names = st.sampled_from(["a", "b", "enc", "head", "w"])
+_trees = st.recursive(
+    st.integers(1, 3).map(lambda n: np.arange(n, dtype=np.float32)),
+    lambda kids: st.dictionaries(_names, kids, min_size=1, max_size=3),
+    max_leaves=8,
+)
+
+
+def _parts(tree: Any, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    if not isinstance(tree, dict):
+        return []
+    return [path] + [p for k, v in tree.items() for p in _parts(v, (*path, k))]
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(tree=_trees.filter(lambda t: isinstance(t, dict)), data=st.data())
+def test_every_part_of_an_nnx_state_loads_into_its_state(
+    tmp_path: Path, tree: Any, data: Any
+) -> None:
+    """Property: any container of a saved nnx State (stored as a dict) loads
+    with subtree= into the State that ``state[...]`` gives, with its values;
+    with ignore= of any one entry, into the State without it."""
+    state = nnx.State(tree)
+    path = tmp_path / "s.safetensors"
+    tg.save(path, state)
+    part = data.draw(st.sampled_from(_parts(tree)))
+    like = state
+    for k in part:
+        like = like[k]
+    text = "".join(f"['{k}']" for k in part)
+    got = tg.load(path, like=like, subtree=text or None)
+    assert type(got) is nnx.State and _leaves_equal(got, like)
+    inner = tree
+    for k in part:
+        inner = inner[k]
+    if len(inner) > 1:
+        gone = data.draw(st.sampled_from(sorted(inner)))
+        rest = nnx.State({k: v for k, v in inner.items() if k != gone})
+        got = tg.load(path, like=rest, subtree=text or None, ignore=[f"{text}['{gone}']"])
+        assert type(got) is nnx.State and _leaves_equal(got, rest)

@@ -240,7 +240,7 @@ def test_an_init_leaf_of_another_shape_or_missing_is_named(small: Path) -> None:
         "  ['head']: shape (4,) in `like`, (5,) in `init`\n"
         "  ['tail']: missing: i8[1] in `like`, absent in `init`\n"
         "hint: init gives each leaf the checkpoint lacks its value, of `like`'s shape and "
-        "dtype: pass the new model's params"
+        "dtype, at `like`'s key path: pass the new model's params in `like`'s form"
     )
 
 

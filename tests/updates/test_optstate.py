@@ -245,3 +245,109 @@ def test_an_nnx_optimizer_state_follows_a_head_added_to_the_cnn() -> None:
 def test_an_optimizer_of_another_kind_is_refused() -> None:
     with pytest.raises(tg.ConfigError, match="an optax GradientTransformation or an nnx"):
         tg.migrate_opt_state(object(), {}, OLD, NEW)
+
+
+# -- a newcomer's nnx model (BatchNorm, Dropout): every form of optimizer and state ----
+
+
+def _nnx_trained_optimizer() -> tuple[Any, Any]:
+    from nnxmodels import Net
+
+    model = Net(nnx.Rngs(0))
+    opt = nnx.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)
+    opt.update(model, jax.tree.map(jnp.ones_like, nnx.state(model, nnx.Param)))
+    return model, opt
+
+
+_HEAD = (
+    "['opt_state'][0]['mu']['head']['bias'].value",
+    "['opt_state'][0]['mu']['head']['kernel'].value",
+    "['opt_state'][0]['nu']['head']['bias'].value",
+    "['opt_state'][0]['nu']['head']['kernel'].value",
+)
+
+
+def _to_the_head(given: str, part: str | None) -> tuple[Any, Any, Any, Any, Any]:
+    """The trained nnx optimizer's state (or its ``part``) migrated to the
+    model with a head by ``given``: ``(state, report, old_opt, new_opt, bigger)``."""
+    from nnxmodels import NetWithHead
+
+    model, old_opt = _nnx_trained_optimizer()
+    bigger = NetWithHead(nnx.Rngs(1))
+    new_opt = nnx.Optimizer(bigger, optax.adam(1e-2), wrt=nnx.Param)
+    optimizer = optax.adam(1e-2) if given == "optax transform" else new_opt
+    old = nnx.state(old_opt) if part is None else nnx.state(old_opt)[part]
+    state, report = tg.migrate_opt_state(
+        optimizer, old, nnx.state(model, nnx.Param), nnx.state(bigger, nnx.Param)
+    )
+    return state, report, old_opt, new_opt, bigger
+
+
+@pytest.mark.parametrize("given", ["optax transform", "nnx.Optimizer"])
+def test_an_nnx_optimizer_state_migrates_with_either_optimizer(given: str) -> None:
+    state, report, old_opt, new_opt, bigger = _to_the_head(given, None)
+    assert report.initialised == _HEAD
+    nnx.update(new_opt, state)  # the nnx form, whichever optimizer built it
+    got = nnx.state(new_opt)
+    _same(
+        got["opt_state"][0]["mu"]["norm"]["scale"][...],
+        old_opt.opt_state[0].mu["norm"]["scale"][...],
+    )
+    assert int(got["step"][...]) == 1
+    # and it trains on: one more step of the new optimizer
+    new_opt.update(bigger, jax.tree.map(jnp.ones_like, nnx.state(bigger, nnx.Param)))
+    assert int(nnx.state(new_opt)["step"][...]) == 2
+
+
+@pytest.mark.parametrize("given", ["optax transform", "nnx.Optimizer"])
+def test_the_opt_state_part_of_an_nnx_optimizer_migrates_in_its_form(given: str) -> None:
+    part, report, _, new_opt, _ = _to_the_head(given, "opt_state")
+    assert report.initialised == tuple(p[len("['opt_state']") :] for p in _HEAD)
+    assert jax.tree.structure(part) == jax.tree.structure(nnx.state(new_opt)["opt_state"])
+
+
+def test_an_optax_state_migrates_with_an_nnx_optimizer() -> None:
+    from nnxmodels import Net, NetWithHead
+
+    tx = optax.adam(1e-2)
+    old = nnx.state(Net(nnx.Rngs(0)), nnx.Param)
+    bigger = NetWithHead(nnx.Rngs(1))
+    new_params = nnx.state(bigger, nnx.Param)
+    new_opt = nnx.Optimizer(bigger, tx, wrt=nnx.Param)
+    state, report = tg.migrate_opt_state(new_opt, _stepped(tx, old), old, new_params)
+    assert report.initialised == (
+        "[0].mu['head']['bias'].value",
+        "[0].mu['head']['kernel'].value",
+        "[0].nu['head']['bias'].value",
+        "[0].nu['head']['kernel'].value",
+    )
+    assert jax.tree.structure(state) == jax.tree.structure(tx.init(new_params))  # optax form
+
+
+def test_params_of_another_filter_than_the_optimizers_are_refused_by_form() -> None:
+    from nnxmodels import NetWithHead
+
+    model, old_opt = _nnx_trained_optimizer()
+    bigger = NetWithHead(nnx.Rngs(1))
+    with pytest.raises(tg.TreeMismatchError) as info:  # BatchNorm's stats are no nnx.Param
+        tg.migrate_opt_state(
+            optax.adam(1e-2),
+            nnx.state(old_opt),
+            nnx.state(model, nnx.Any(nnx.Param, nnx.BatchStat)),
+            nnx.state(bigger, nnx.Any(nnx.Param, nnx.BatchStat)),
+        )
+    lines = str(info.value).splitlines()
+    assert lines[:2] == [
+        "optimizer state: 4 mismatches between the old state and the optimizer's state for the "
+        "new params:",
+        "  ['opt_state'][0]['mu']['norm']['mean'].value: missing: f32[8] in the optimizer's "
+        "state for the new params, absent in the old state",
+    ]
+    assert lines[-1] == (
+        "hint: old_state is an nnx.Optimizer's state (nnx.state(optimizer)); the new one was "
+        "built in that form from this optax transform. Pass old_params and new_params as the "
+        "optimizer's wrt filter gives them (nnx.state(model, nnx.Param)), and the transform the "
+        "old state was made with. Each state leaf is matched by key path; a moment follows its "
+        'param, anything else keeps its path; reinit="changed" gives a param whose shape '
+        "changed a fresh state"
+    )

@@ -9,8 +9,10 @@ hashes or contract to check its bytes against.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,20 +22,23 @@ import click
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
+from .._src.atomic import fsync_dir, temp_path
 from .._src.checkpoint import (
     Header,
     load_with_report,
     read_header,
-    save,
     spec_from_file,
     verify_file,
 )
+from .._src.checkpoint.restore import plain_leaves
 from .._src.checkpoint.select import select
+from .._src.checkpoint.write import write_checkpoint
 from .._src.display import fmt_bytes, printable
 from .._src.errors import ConfigError, TreeMismatchError
 from .._src.paths import parse
 from .._src.spec import TreeSpec
 from .._src.surgery import METADATA_KEY as SURGERY_KEY
+from .._src.surgery import Surgery
 from .console import console, shown
 from .failures import Group
 from .importing import foreign_or_none, inspect_foreign, verify_foreign
@@ -297,8 +302,9 @@ def _split_rename(text: str) -> tuple[str, str]:
     "init_target",
     metavar="MODULE:ATTR",
     default=None,
-    help="The new leaves' values: a tree of arrays matched by key path, or a function "
-    "from a key path to its array.",
+    help="The new leaves' values: a tree of arrays matched by key path (the new model's "
+    "params: a dict, an nnx State, an equinox module), or a function from a key path to its "
+    "array.",
 )
 @click.option(
     "--rename", "renames", multiple=True, metavar="OLD=NEW", help="Read OLD's leaves at NEW."
@@ -320,9 +326,12 @@ def migrate_command(  # noqa: PLR0917 - click passes every option
     Without options every difference between OLD and --like is listed and
     the exit code is 1; --init, --rename and --drop name the differences
     that are meant. NEW's metadata keeps OLD's, the surgery report and where
-    it came from.
+    it came from. NEW keeps the containers of --like (an nnx State, an
+    equinox module); it is written under a temporary name beside NEW and
+    renamed only once it verifies, so a failed migration leaves nothing at
+    NEW.
     """
-    spec = read_like(like_path)
+    spec = spec_from_file(like_path)
     init: Any = None
     if init_target is not None:
         init = load_target(
@@ -344,10 +353,30 @@ def migrate_command(  # noqa: PLR0917 - click passes every option
     )
     meta = {k: v for k, v in h.metadata.items() if k != SURGERY_KEY}
     meta["migrated_from"] = {"file": str(old), "digest": h.digest}
-    save(new, tree, metadata=meta, surgery=report)
-    verify_file(new, like=spec)
+    _write_verified(new, plain_leaves(spec.structure, tree), spec, meta, report)
     console().print(printable(str(report), newlines=True), markup=False, highlight=False)
     console().print(f"[green]ok[/green]: {shown(new)}: written and verified")
+
+
+def _write_verified(
+    new: Path, leaves: list[Any], spec: TreeSpec, meta: dict[str, Any], report: Surgery
+) -> None:
+    """Writes NEW under the contract's own structure (an nnx State or an
+    equinox module stays one, though its class is not imported here) to a
+    temporary name in NEW's directory, verifies it there, and only then
+    renames it to NEW: a migration that fails leaves nothing at NEW (and a
+    file already there untouched)."""
+    target = os.path.abspath(new)
+    tmp = temp_path(target)
+    try:
+        write_checkpoint(tmp, leaves, metadata=meta, surgery=report, structure=spec.structure)
+        verify_file(tmp, like=spec)
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    fsync_dir(os.path.dirname(target))
 
 
 # -- end of ckpt migrate ------------------------------------------------------------

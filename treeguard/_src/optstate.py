@@ -23,6 +23,7 @@ from .mismatch import Mismatch
 from .paths import Path, keystr, parse_user_path, starts_with
 from .spec import spec_of
 from .surgery import Change, Surgery
+from .walk import NNX_STATE, qualname
 
 _SOURCE = "optimizer state"
 
@@ -72,10 +73,12 @@ def migrate_opt_state(
     Args:
       optimizer: the optax ``GradientTransformation`` (anything with
         ``init``) the state belongs to, as configured for the new params;
-        or an ``nnx.Optimizer`` built for the new model, whose
-        ``nnx.state`` gives the new state's structure (pass the old one's
-        ``nnx.state`` as ``old_state``, and ``nnx.update`` the result in).
-      old_state: the state trained with ``old_params``.
+        or an ``nnx.Optimizer`` built for the new model (its ``tx``).
+      old_state: the state trained with ``old_params``, in either form: an
+        optax state (``tx.init(params)`` after training), or an
+        ``nnx.Optimizer``'s (``nnx.state(old_optimizer)``). The new state
+        comes back in the same form: ``nnx.update(new_optimizer, state)``
+        puts an nnx one in.
       old_params: the params ``old_state`` was built for.
       new_params: the changed params.
       reinit: ``"changed"``: a param whose shape or dtype changed gets the
@@ -135,7 +138,7 @@ def migrate_opt_state(
     old_p = {moved_to[n]: orig[n] for n in order}
     was = {moved_to[n]: n for n in order}
     new_p = {keystr(p): r for p, r in zip(spec_of(new_params).paths, spec_of(new_params).records)}
-    fresh = _fresh_state(optimizer, new_params)
+    fresh = _fresh_state(optimizer, old_state, new_params)
     f_paths, f_leaves, f_records = _leaves(fresh)
     o_paths, o_leaves, o_records = _leaves(old_state)
     old_mirror: dict[tuple[str, str], int] = {}
@@ -173,9 +176,12 @@ def migrate_opt_state(
             found.append(Mismatch(name, "missing", summarize(rec[0], rec[1]), None))
             continue
         src = old_mirror.get(split)
-        if param not in old_p or src is None:
+        if param not in old_p:
             changes.append(_change("initialised", name, rec))
             out.append(leaf)
+            continue
+        if src is None:  # a param there before, with no state then: another optimizer or filter
+            found.append(Mismatch(name, "missing", summarize(rec[0], rec[1]), None))
             continue
         used.add(src)
         if _same(old_p[param], new_p[param]) and _same(o_records[src], rec):
@@ -202,30 +208,101 @@ def migrate_opt_state(
             expected_from="the optimizer's state for the new params",
             actual_from="the old state",
             context=_SOURCE,
-            hint="each state leaf is matched by key path; a moment follows its param, "
-            "anything else must keep its path. Pass the optimizer the old state was made "
-            'with, or reinit="changed" for a param whose shape changed',
+            hint=_form_hint(optimizer, old_state, found),
         )
     state = jax.tree.unflatten(jax.tree.structure(fresh), out)
     return state, Surgery.of(changes, _SOURCE)
 
 
-def _fresh_state(optimizer: Any, new_params: Any) -> Any:
-    """The optimizer's state for the new params: ``init(new_params)`` of an
-    optax transform, or the state of an ``nnx.Optimizer`` built for the new
-    model."""
-    init = getattr(optimizer, "init", None)
-    if callable(init):
-        return init(new_params)
-    if type(optimizer).__module__.startswith("flax.nnx"):
-        from flax import nnx  # flax is optional: only an nnx.Optimizer brings it here
+def _is_nnx_optimizer(optimizer: Any) -> bool:
+    return type(optimizer).__module__.startswith("flax.nnx") and hasattr(optimizer, "tx")
 
-        return nnx.state(optimizer)
-    raise ConfigError(
-        f"optimizer: an optax GradientTransformation or an nnx.Optimizer, got "
-        f"{type(optimizer).__name__}",
-        hint="pass the optax transform the state was made with, or an nnx.Optimizer built "
-        "for the new model",
+
+def _nnx_form(state: Any) -> str | None:
+    """The nnx form of ``state``: ``"optimizer"`` for an ``nnx.Optimizer``'s
+    state (``nnx.state(optimizer)``, holding ``opt_state`` and ``step``),
+    ``"opt_state"`` for its ``opt_state`` part alone (another nnx State), or
+    None for an optax state (``tx.init(params)``)."""
+    if qualname(type(state)) != NNX_STATE:
+        return None
+    return "optimizer" if "opt_state" in state else "opt_state"
+
+
+def _fresh_state(optimizer: Any, old_state: Any, new_params: Any) -> Any:
+    """The optimizer's state for the new params, in the form of ``old_state``:
+    an ``nnx.Optimizer``'s state (or its ``opt_state`` part) for an nnx one
+    (the nnx.Optimizer's own, or the one an nnx.Optimizer of this optax
+    transform holds), or an optax state (``init(new_params)`` of the
+    transform, or of the nnx.Optimizer's ``tx``).
+
+    Raises:
+      ConfigError: for an optimizer that is neither kind.
+    """
+    nnx_opt = _is_nnx_optimizer(optimizer)
+    tx = optimizer.tx if nnx_opt else optimizer
+    if not callable(getattr(tx, "init", None)):
+        raise ConfigError(
+            f"optimizer: an optax GradientTransformation or an nnx.Optimizer, got "
+            f"{type(optimizer).__name__}",
+            hint="pass the optax transform the state was made with, or an nnx.Optimizer built "
+            "for the new model",
+        )
+    form = _nnx_form(old_state)
+    if form is None:
+        return tx.init(new_params)
+    from flax import nnx  # flax is optional: only nnx states bring it here
+
+    whole = nnx.state(optimizer) if nnx_opt else _nnx_optimizer_state(tx, new_params)
+    return whole if form == "optimizer" else whole["opt_state"]
+
+
+def _nnx_optimizer_state(tx: Any, params: Any) -> Any:
+    """The state an ``nnx.Optimizer(model, tx, wrt=...)`` holds when
+    ``params`` is ``nnx.state(model, wrt)``: its ``opt_state`` (optax's
+    state of the params, each array an ``OptArray`` or ``OptVariable``) and
+    its ``step``, laid out as ``nnx.state(optimizer)`` lays them out."""
+    import jax.numpy as jnp  # this module is imported with the optimizer, which needs JAX anyway
+    from flax import nnx  # flax is optional: only nnx states bring it here
+
+    inner = nnx.state(nnx.optimizer.to_opt_state(tx.init(params)))  # type: ignore[no-untyped-call]
+    return nnx.State(
+        {"opt_state": inner.raw_mapping, "step": nnx.OptState(jnp.array(0, jnp.uint32))}
+    )
+
+
+def _form_hint(optimizer: Any, old_state: Any, found: list[Mismatch]) -> str:
+    """The fix the refusal ends with: for changed shapes alone, ``reinit``;
+    otherwise the form of ``old_state`` and what the new state was built from."""
+    if all(m.kind == "shape" for m in found):
+        return (
+            "each state leaf is matched by key path; a moment follows its param, anything "
+            "else must keep its path. Pass the optimizer the old state was made with, or "
+            'reinit="changed" for a param whose shape changed'
+        )
+    given = "an nnx.Optimizer" if _is_nnx_optimizer(optimizer) else "this optax transform"
+    nnx_form = _nnx_form(old_state)
+    if nnx_form is not None:
+        what = (
+            "an nnx.Optimizer's state (nnx.state(optimizer))"
+            if nnx_form == "optimizer"
+            else "an nnx.Optimizer's opt_state (nnx.state(optimizer)['opt_state'])"
+        )
+        form = (
+            f"old_state is {what}; the new one was "
+            f"built in that form from {given}. Pass old_params and new_params as the "
+            "optimizer's wrt filter gives them (nnx.state(model, nnx.Param)), and the "
+            "transform the old state was made with"
+        )
+    else:
+        form = (
+            "old_state is an optax state (tx.init(params)); the new one was built in that form "
+            f"from {given}'s init(new_params). Pass the params as the old state was made for "
+            "them, and the transform the old state was made with"
+        )
+    return (
+        f"{form}. Each state leaf is matched by key path; a moment follows its param, "
+        'anything else keeps its path; reinit="changed" gives a param whose shape changed a '
+        "fresh state"
     )
 
 

@@ -95,6 +95,11 @@ def _collect_paths(node: Node, prefix: Path, out: list[Path]) -> None:
         _collect_paths(c, (*prefix, e), out)
 
 
+#: ``qualname`` of flax.nnx's State: a mapping node that keeps its nested
+#: parts as plain dicts (so a part of one is stored as a dict).
+NNX_STATE = "flax.nnx.statelib.State"
+
+
 def qualname(t: type) -> str:
     """``module.QualName`` of a type: how a spec names custom nodes.
 

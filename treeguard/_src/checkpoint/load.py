@@ -89,12 +89,18 @@ def load(
       ignore: key paths of stored subtrees or leaves to leave unread (an
         optimizer state, a head); ``like`` then describes the rest. Both are
         checked like a whole load: every mismatch of the selected part is
-        listed, before any tensor is read.
+        listed, before any tensor is read. The part comes back in
+        ``like``'s containers: a part of an nnx State (stored as a dict
+        inside it) loads into ``like=state['encoder']``, an nnx State or an
+        equinox module with entries ignored into ``like`` without them (an
+        equinox field as None).
       missing: ``"error"`` (the default): a leaf of ``like`` the file lacks
         is a mismatch; ``"init"``: it takes its value from ``init``.
       init: with ``missing="init"``, the new leaves' values: a tree matched
-        by key path (the new model's params) or a function from a leaf's
-        key path (``"['head']['w']"``) to its array. Each must have
+        by key path (the new model's params: a dict, an nnx State, an
+        equinox module, callable or not) or a function from a leaf's key
+        path (``"['head']['w']"``) to its array, told apart by what it is (a
+        pytree is values, a lone callable a function). Each must have
         ``like``'s shape and dtype.
       unexpected: ``"error"`` (the default): a stored leaf ``like`` lacks is
         a mismatch; ``"drop"``: it is left unused; a list of stored key

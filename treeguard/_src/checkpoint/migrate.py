@@ -21,6 +21,7 @@ from ..mismatch import Mismatch
 from ..paths import Path, keystr, parse, parse_user_path, starts_with
 from ..spec import LeafSpec, TreeSpec, spec_of
 from ..walk import Node
+from .select import container_hint
 
 
 def _nodes(root: Node) -> Iterator[tuple[Path, Node]]:
@@ -47,13 +48,24 @@ def _moved(path: Path, renames: Sequence[tuple[Path, Path, str]]) -> Path:
 
 
 def _node_type_mismatches(
-    stored: Node, like: Node, renames: Sequence[tuple[Path, Path, str]]
+    stored: Node,
+    like: Node,
+    renames: Sequence[tuple[Path, Path, str]],
+    *,
+    init_missing: bool = False,
 ) -> list[Mismatch]:
-    """Containers at one path on both sides (after renames) whose types differ."""
+    """Containers at one path on both sides (after renames) whose types differ.
+
+    With ``init_missing``, a None stored where ``like`` holds a container is
+    no difference: None holds no leaves, so each leaf below is one the file
+    lacks, initialised (an equinox module's optional layer, None before).
+    """
     stored_at = {_moved(p, renames): n for p, n in _nodes(stored)}
     found: list[Mismatch] = []
     for path, node in sorted(_nodes(like), key=lambda pn: keystr(pn[0])):
         other = stored_at.get(path)
+        if other is not None and init_missing and other.kind == "none":
+            continue
         if other is not None and (other.kind, other.type_name) != (node.kind, node.type_name):
             found.append(Mismatch(keystr(path), "node_type", _label(node), _label(other)))
     return found
@@ -184,6 +196,7 @@ def match_stored(  # noqa: PLR0917 - two call sites, all positional data
             expected_from="`like`",
             actual_from="the checkpoint (after rename)",
             context=where,
+            hint=container_hint(found),
         )
     return sources
 
@@ -225,7 +238,9 @@ def migrate(  # noqa: PLR0917 - one call site
         rename,
         allow_missing,
         where,
-        extra=lambda renames: _node_type_mismatches(stored.structure, like_spec.structure, renames),
+        extra=lambda renames: _node_type_mismatches(
+            stored.structure, like_spec.structure, renames, init_missing=init_missing
+        ),
         init_missing=init_missing,
         drop=drop,
     )

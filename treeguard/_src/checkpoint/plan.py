@@ -16,12 +16,12 @@ from ..errors import ConfigError, InvalidTreeError, TreeMismatchError
 from ..keydtype import dtype_name
 from ..leaf import summarize
 from ..mismatch import Mismatch
-from ..paths import keystr, parse, starts_with
+from ..paths import Path, keystr, parse, starts_with
 from ..spec import TreeSpec, spec_of
 from ..surgery import Change, Surgery
-from ..walk import flatten
+from ..walk import NNX_STATE, flatten, structure_of
 from .migrate import migrate
-from .select import select
+from .select import container_hint, in_like_containers, select
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,11 +90,14 @@ class Selection:
       indices: for each of its leaves, its position among all stored leaves.
       dropped: the stored leaves ``unexpected=`` named, reported as dropped
         by their paths in the file (never read).
+      cut: the paths ``ignore=`` (or ``unexpected=``) took out of the part,
+        relative to ``spec``.
     """
 
     spec: TreeSpec
     indices: list[int]
     dropped: tuple[Change, ...]
+    cut: tuple[Path, ...] = ()
 
 
 def select_part(
@@ -122,7 +125,7 @@ def select_part(
         for p, r in zip(stored.paths, stored.records)
         if any(starts_with(p, c) for c in cut)
     )
-    return Selection(sel.spec, list(sel.indices), gone)
+    return Selection(sel.spec, list(sel.indices), gone, sel.cut)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,12 +167,16 @@ def plan_load(  # noqa: PLR0917 - two call sites, all positional data
       TreeMismatchError: for every difference the options do not cover, and
         every ``init`` leaf missing or of another shape or dtype.
     """
-    stored = part.spec
+    stored = in_like_containers(part.spec, like_spec, part.cut)
     if not rename and not allow_missing and not surgery.active:
         found = [m for m in mismatches(stored, like_spec) if m.kind not in ignored]
         if found:
             raise TreeMismatchError(
-                found, expected_from="`like`", actual_from="the checkpoint", context=where
+                found,
+                expected_from="`like`",
+                actual_from="the checkpoint",
+                context=where,
+                hint=container_hint(found),
             )
         sources: list[int | None] = list(range(stored.num_leaves))
     else:
@@ -202,12 +209,15 @@ def _init_values(
     Raises:
       TreeMismatchError: listing every leaf ``init`` lacks or gives another
         shape or dtype.
+      ConfigError: for an ``init`` that is neither a tree nor a function.
     """
-    if callable(init) and not hasattr(init, "shape"):
+    if init_is_function(init):
         given = {i: init(like_names[i]) for i in fresh}
         origin = "`init(path)`"
     else:
-        by_path = dict(zip((keystr(p) for p in spec_of(init).paths), flatten(init)[0]))
+        leaves, _ = flatten(init)
+        paths = structure_of(init).leaf_paths()
+        by_path = dict(zip((keystr(p) for p in paths), leaves))
         given = {i: by_path[like_names[i]] for i in fresh if like_names[i] in by_path}
         origin = "`init`"
     found: list[Mismatch] = []
@@ -234,9 +244,43 @@ def _init_values(
             actual_from=origin,
             context=where,
             hint="init gives each leaf the checkpoint lacks its value, of `like`'s shape "
-            "and dtype: pass the new model's params",
+            "and dtype, at `like`'s key path: pass the new model's params in `like`'s form"
+            + (
+                " (nnx.state(new_model), not the module)"
+                if like_spec.structure.type_name == NNX_STATE
+                else ""
+            ),
         )
     return given
+
+
+def init_is_function(init: Any) -> bool:
+    """Whether ``init=`` is the function form (called with each new leaf's key
+    path) rather than a tree of values: told apart by what it is, never by
+    ``callable`` (an equinox module is callable and is a tree of arrays). A
+    tree (any pytree node: a dict, an nnx State, an equinox module) or an
+    array is values; a lone callable leaf (a function, a ``functools.partial``)
+    is a function.
+
+    Raises:
+      ConfigError: for anything else (a string, a number).
+
+    Example:
+      >>> import numpy as np
+      >>> init_is_function({"w": np.ones(2)}), init_is_function(lambda path: np.ones(2))
+      (False, True)
+    """
+    import jax  # a reader of headers alone never imports JAX
+
+    if hasattr(init, "shape") or not jax.tree_util.treedef_is_leaf(jax.tree.structure(init)):
+        return False
+    if callable(init):
+        return True
+    raise ConfigError(
+        f"init: a tree of arrays (the new model's params) or a function of a key path, "
+        f"got {type(init).__name__}",
+        hint="pass init=new_params, or init=lambda path: array",
+    )
 
 
 def _report(

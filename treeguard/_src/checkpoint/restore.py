@@ -177,6 +177,30 @@ def plain(node: Node, leaves: Iterator[Any]) -> Any:
     return {e[1]: k for e, k in kids}
 
 
+def plain_leaves(node: Node, tree: Any) -> list[Any]:
+    """The leaves of a tree ``plain`` built from ``node``, in the stored
+    structure's flatten order (a custom node's dict is read in its entries'
+    order, not sorted as a dict flattens).
+
+    Example:
+      >>> from treeguard import spec_of, LeafSpec
+      >>> node = spec_of({"b": LeafSpec((), "int8"), "a": [LeafSpec((), "int8")]}).structure
+      >>> plain_leaves(node, plain(node, iter([1, 2])))
+      [1, 2]
+    """
+    out: list[Any] = []
+    stack: list[tuple[Node, Any]] = [(node, tree)]
+    while stack:
+        n, x = stack.pop()
+        if n.kind == "leaf":
+            out.append(x)
+        elif n.kind in ("list", "tuple"):
+            stack.extend(zip(reversed(n.children), reversed(x)))
+        elif n.kind != "none":
+            stack.extend((c, x[e[1]]) for e, c in zip(reversed(n.entries), reversed(n.children)))
+    return out
+
+
 def as_like(arr: np.ndarray[Any, Any], ref: Any) -> Any:
     """A loaded array in the form of ``like``'s leaf at the same path."""
     import jax  # a reader of headers alone never imports JAX

@@ -14,11 +14,13 @@ from __future__ import annotations
 import dataclasses
 import difflib
 from collections.abc import Collection, Sequence
+from typing import Any
 
 from ..errors import ConfigError
+from ..mismatch import Mismatch
 from ..paths import Path, keystr, parse_user_path, starts_with
 from ..spec import TreeSpec
-from ..walk import Node
+from ..walk import NNX_STATE, Node
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,10 +31,13 @@ class Selection:
       spec: the selected part's spec, with paths relative to ``subtree``.
       indices: for each leaf of ``spec`` in flatten order, the index of the
         stored leaf (in the stored spec's flatten order) it is.
+      cut: the paths (relative to ``subtree``) that ``ignore`` took out of
+        the part.
     """
 
     spec: TreeSpec
     indices: list[int]
+    cut: tuple[Path, ...] = ()
 
 
 def _all_paths(root: Node) -> list[Path]:
@@ -157,4 +162,88 @@ def select(
         if starts_with(p, sub) and not any(starts_with(p, c) for c in cut)
     ]
     records = stored.records
-    return Selection(TreeSpec(node, [records[i] for i in indices]), indices)
+    within = tuple(c[len(sub) :] for c in cut if len(c) > len(sub) and starts_with(c, sub))
+    return Selection(TreeSpec(node, [records[i] for i in indices]), indices, within)
+
+
+def in_like_containers(stored: TreeSpec, like_spec: TreeSpec, cut: Sequence[Path]) -> TreeSpec:
+    """``stored`` (a selected part) with the containers a selection changed
+    put in ``like``'s own form, so the part compares equal to the tree it
+    loads into; every other container is returned as stored, to be compared.
+
+    Two changes are a selection's own: ``subtree=`` of a part of an nnx
+    State gives a dict (an nnx State keeps its nested parts as dicts), which
+    loads into ``like``'s State of the same keys; and ``ignore=`` takes
+    entries out of a container (the paths ``cut``), whose static data then
+    loses them too (an nnx State's keys, an equinox module's fields): such a
+    container takes ``like``'s when ``like`` holds the same class with the
+    entries kept, plus, of those cut, any it holds as None (an equinox module
+    with that field set to None). Nothing else is changed, so every other
+    difference is still compared.
+
+    Example:
+      >>> from treeguard import spec_of, LeafSpec
+      >>> stored = spec_of({"w": LeafSpec((2,), "float32")})
+      >>> in_like_containers(stored, stored, ()) is stored
+      True
+    """
+    root, lk = stored.structure, like_spec.structure
+    if not cut and not (root.kind == "dict" and lk.type_name == NNX_STATE):
+        return stored  # nothing a selection changed: compared as stored
+    out: dict[Path, set[Any]] = {}
+    for c in cut:
+        out.setdefault(c[:-1], set()).add(c[-1])
+    fitted = _fit(root, lk, (), out, top=True)
+    return stored if fitted is root else TreeSpec(fitted, stored.records)
+
+
+def _fit(
+    node: Node, like: Node, path: Path, cut: dict[Path, set[Any]], *, top: bool = False
+) -> Node:
+    if node.kind == "leaf" or like.kind == "leaf":
+        return node
+    state = like.kind == "custom" and like.type_name == NNX_STATE
+    if top and state and node.kind == "dict" and node.entries == like.entries:
+        node = dataclasses.replace(
+            node, kind=like.kind, type_name=like.type_name, aux=like.aux, aux_repr=like.aux_repr
+        )
+    gone = cut.get(path)
+    if gone and (node.kind, node.type_name) == (like.kind, like.type_name):
+        kept = dict(zip(node.entries, node.children))
+        extra = {e: c for e, c in zip(like.entries, like.children) if e not in kept}
+        fills = all(e in gone and c.kind == "none" for e, c in extra.items())
+        if fills and [e for e in like.entries if e in kept] == list(node.entries):
+            node = dataclasses.replace(
+                node,
+                aux=like.aux,
+                aux_repr=like.aux_repr,
+                entries=like.entries,
+                children=tuple(kept.get(e) or extra[e] for e in like.entries),
+            )
+    theirs = dict(zip(like.entries, like.children))
+    children = tuple(
+        _fit(c, theirs[e], (*path, e), cut) if e in theirs else c
+        for e, c in zip(node.entries, node.children)
+    )
+    if all(a is b for a, b in zip(children, node.children)):
+        return node
+    return dataclasses.replace(node, children=children)
+
+
+def container_hint(found: Sequence[Mismatch]) -> str | None:
+    """The fix for a container of another kind when one side is an nnx State
+    and the other a dict (None: the general hint fits)."""
+    for m in found:
+        if m.kind == "node_type" and {m.expected, m.actual} == {NNX_STATE, "dict"}:
+            state, other = (
+                ("`like`", "the checkpoint")
+                if m.expected == NNX_STATE
+                else ("the checkpoint", "`like`")
+            )
+            return (
+                f"{m.path or '<root>'} is an nnx State in {state} and a dict in {other}: an nnx "
+                "State keeps its nested parts as dicts, so a part of one loads with subtree= "
+                "into like=state[...] (itself an nnx State) and a whole one into "
+                "nnx.state(model); pass `like` in the form the checkpoint was saved from"
+            )
+    return None

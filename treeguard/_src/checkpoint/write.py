@@ -27,7 +27,7 @@ from ..paths import has_surrogate, int_digits, keystr, short_repr
 from ..spec import TreeSpec, spec_of
 from ..strictjson import MAX_DEPTH, MAX_INT_DIGITS
 from ..surgery import METADATA_KEY, Surgery
-from ..walk import flatten, key_problems, structure_of
+from ..walk import Node, flatten, key_problems, structure_of
 from .format import (
     ALLOWED_DTYPES,
     FORMAT,
@@ -276,12 +276,15 @@ def write_checkpoint(
     surgery: Surgery | None = None,
     threads: int | None = None,
     flush_every: int | None = None,
+    structure: Node | None = None,
 ) -> None:
     """``save``, with ``threads`` bounding the threads that hash (None: every
     core; a background save passes 1) and ``flush_every`` as for
-    ``write_hashed`` (a background save syncs as it goes)."""
+    ``write_hashed`` (a background save syncs as it goes). With
+    ``structure`` (a stored spec's, whose classes need not be imported),
+    ``tree`` is the list of its leaves in flatten order, recorded under it."""
     target = os.fspath(path)
-    draft = _draft(tree, metadata, digest, surgery)
+    draft = _draft(tree, metadata, digest, surgery, structure)
 
     def write(fd: int) -> None:
         write_all(fd, draft.start())
@@ -370,14 +373,20 @@ class _Draft:
 
 
 def _draft(
-    tree: Any, metadata: Mapping[str, Any] | None, digest: Algorithm, surgery: Surgery | None
+    tree: Any,
+    metadata: Mapping[str, Any] | None,
+    digest: Algorithm,
+    surgery: Surgery | None,
+    structure: Node | None = None,
 ) -> _Draft:
     """Checks a tree for ``save`` (every problem at once) and lays it out."""
     algorithm = check_algorithm(digest)
     leaves, _ = flatten(tree)
     # Walked afresh, not from the cache by treedef: treedefs compare dict keys by
     # equality, so {1: x} and {True: x} share one, but their keys print apart.
-    root = structure_of(tree)
+    root = structure_of(tree) if structure is None else structure
+    if root.num_leaves != len(leaves):
+        raise ValueError(f"{len(leaves)} leaves for a structure of {root.num_leaves}")
     problems = key_problems(root)
     if problems:
         raise InvalidTreeError(problems, hint=_KEY_HINT)

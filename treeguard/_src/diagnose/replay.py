@@ -8,7 +8,8 @@ mismatch by path), and the batch is the recorded one or, for a bundle that
 kept only its digest, the one given, checked against that digest. Then:
 
 1. inputs that already hold NaN or Inf are named (nothing is born inside);
-2. ``nan_origin`` runs the loss and its gradient op by op;
+2. ``nan_origin`` runs the loss and its gradient op by op (with the step's
+   recorded PRNG key, ``loss(params, batch, key)``, when the bundle holds one);
 3. if both are finite, the optimizer's update is run op by op.
 
 The first equation found, with its source line, is where the step went
@@ -18,7 +19,9 @@ non-finite.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import os
+from collections.abc import Callable
 from typing import Any, Literal
 
 import jax
@@ -135,7 +138,9 @@ def replay_bundle(
       bundle: the bundle's directory (or a ``Bundle`` from ``read_bundle``).
       model: the ``treeguard.verify.Model`` that was trained: its ``init``
         gives the params' structure, its ``loss`` and ``optimizer`` (or
-        ``update``) are replayed.
+        ``update``) are replayed. For a step recorded with a PRNG key
+        (dropout), the loss is ``loss(params, batch, key)`` and is replayed
+        with the recorded key.
       batch: the step's batch (a tree, or the path of a checkpoint of it
         written by ``treeguard.save``), for a bundle that kept only the
         batch's digest; it is checked against that digest. None for a bundle
@@ -150,8 +155,9 @@ def replay_bundle(
         what the bundle recorded.
       TreeMismatchError: if the bundle's params, state or batch do not fit
         the model, naming every path.
-      DiagnosisError: for a digest-only bundle without ``batch``, or a batch
-        given for a bundle that recorded its own.
+      DiagnosisError: for a digest-only bundle without ``batch``, a batch
+        given for a bundle that recorded its own, or a loss that takes a key
+        for a bundle without one (or the reverse).
 
     Example:
       >>> import tempfile, jax.numpy as jnp, optax
@@ -191,15 +197,56 @@ def replay_bundle(
     }
     if bad:
         return Replay(found.path, found.step, recorded, "inputs", bad, ())
-    sites = nan_origin(model.loss, params, data, grad=True)
+    loss = _loss(found, model)
+    sites = nan_origin(loss, params, data, grad=True)
     if sites:
         return Replay(found.path, found.step, recorded, "loss", {}, tuple(sites))
     if apply is not None:
-        grads = jax.grad(model.loss)(params, data)
+        grads = jax.grad(loss)(params, data)
         sites = nan_origin(apply, params, grads, state)
         if sites:
             return Replay(found.path, found.step, recorded, "optimizer", {}, tuple(sites))
     return Replay(found.path, found.step, recorded, "none", {}, ())
+
+
+def _takes(fn: Callable[..., Any], n: int) -> bool:
+    """Whether ``fn`` accepts ``n`` positional arguments (True when its
+    signature cannot be read: the call then says)."""
+    try:
+        inspect.signature(fn).bind(*range(n))
+    except TypeError:
+        return False
+    except ValueError:  # pragma: no cover - builtins without a signature
+        return True
+    return True
+
+
+def _loss(found: Bundle, model: Model) -> Callable[[Any, Any], Any]:
+    """``loss(params, batch)`` as the step ran it: with the step's recorded
+    PRNG key as the third argument (``loss(params, batch, key)``, as the
+    recorder called it) when the bundle holds one.
+
+    Raises:
+      DiagnosisError: for a bundle with a key and a loss that takes none,
+        or a loss that needs a key and a bundle without one.
+    """
+    fn: Callable[..., Any] = model.loss
+    if not found.has_key:
+        if not _takes(fn, 2) and _takes(fn, 3):
+            raise DiagnosisError(
+                "the model's loss takes a PRNG key, and the bundle recorded none",
+                context=found.path,
+                hint="record the step with its key: train(params, state, batch, key=key)",
+            )
+        return fn
+    if not _takes(fn, 3):
+        raise DiagnosisError(
+            "the bundle recorded the step's PRNG key, and the model's loss takes none",
+            context=found.path,
+            hint="give the model the loss the step ran: loss(params, batch, key)",
+        )
+    key = found.load_state("key", None)
+    return lambda params, batch: fn(params, batch, key)
 
 
 def _batch(found: Bundle, batch: Any) -> Any:
