@@ -140,12 +140,11 @@ def test_a_response_over_the_limit_is_refused_before_it_is_built(bounded, channe
 # -- silent calls, idle connections --------------------------------------------------
 
 
-def test_silent_grpc_calls_are_ended_at_the_deadline_and_free_their_slots(bounded, channel):
-    dropped = metric(_metrics(bounded), "treeguard_dropped_requests_total", reason="body_timeout")
-    release = threading.Event()
+def _silent_calls(channel, n, release):
+    """``n`` ModelInfer calls that send their headers and then nothing until ``release``."""
 
     def silent():
-        release.wait(PATIENCE_S)  # headers sent, then nothing until the test ends
+        release.wait(PATIENCE_S)
         yield from ()
 
     opener = channel.stream_unary(
@@ -153,21 +152,78 @@ def test_silent_grpc_calls_are_ended_at_the_deadline_and_free_their_slots(bounde
         request_serializer=lambda m: m,
         response_deserializer=pb.ModelInferResponse.FromString,
     )
-    calls = [opener.future(silent()) for _ in range(LIMITS.max_connections)]
-    try:
-        for call in calls:  # each ended by the server, not by the client
+    return [opener.future(silent()) for _ in range(n)]
+
+
+def _dropped(live):
+    text = _metrics(live)
+    return {
+        reason: metric(text, "treeguard_dropped_requests_total", reason=reason)
+        for reason in ("body_timeout", "bodies")
+    }
+
+
+def test_silent_grpc_calls_are_ended_at_the_deadline_and_free_their_slots(bounded):
+    before = _dropped(bounded)
+    release = threading.Event()
+    # a channel of their own: the normal call goes on another connection
+    with grpc.insecure_channel(f"127.0.0.1:{bounded.grpc_port}") as ch:
+        calls = _silent_calls(ch, LIMITS.max_connections, release)
+        try:
+            for call in calls:  # each ended by the server, not by the client
+                with pytest.raises(grpc.RpcError):
+                    call.result(timeout=PATIENCE_S)
+                assert call.code() == grpc.StatusCode.DEADLINE_EXCEEDED, call.details()
+                assert "did not arrive within 1 s" in call.details()
+        finally:
+            release.set()
+    after = _dropped(bounded)
+    assert after["body_timeout"] - before["body_timeout"] == LIMITS.max_connections
+
+
+def test_a_call_is_served_while_silent_calls_fill_every_place(mlp_store, tmp_path):
+    # calls that are never cut off by the deadline while the test runs: only
+    # a newer call ending the oldest silent one can make room
+    limits = Limits(body_timeout_s=600.0, max_connections=4)
+    release = threading.Event()
+    with (
+        _served(mlp_store, tmp_path, limits) as live,
+        grpc.insecure_channel(f"127.0.0.1:{live.grpc_port}") as attacker,
+        grpc.insecure_channel(f"127.0.0.1:{live.grpc_port}") as client,
+    ):
+        base = _dropped(live)["bodies"]
+        calls = _silent_calls(attacker, limits.max_connections, release)
+        try:
+            # more silent calls until one has made room: then every place is held
+            for _ in range(20):
+                calls += _silent_calls(attacker, 1, release)
+                if _wait_for(lambda: _dropped(live)["bodies"] > base):
+                    break
+            full = _dropped(live)["bodies"]
+            assert full > base
+            response = _infer_call(client)(_message(), timeout=PATIENCE_S)
+            assert response.outputs[0].name == "output"
+            assert _dropped(live)["bodies"] == full + 1  # it took the oldest one's place
+        finally:
+            release.set()
+        codes = []
+        for call in calls:
             with pytest.raises(grpc.RpcError):
                 call.result(timeout=PATIENCE_S)
-            assert call.code() == grpc.StatusCode.DEADLINE_EXCEEDED, call.details()
-            assert "did not arrive within 1 s" in call.details()
-        # the client still holds every one open; the server serves others
-        response = _infer_call(channel)(_message(), timeout=PATIENCE_S)
-        assert response.outputs[0].name == "output"
-    finally:
-        release.set()
-    text = _metrics(bounded)
-    got = metric(text, "treeguard_dropped_requests_total", reason="body_timeout") - dropped
-    assert got == LIMITS.max_connections
+            codes.append(call.code())
+    made_room = codes.count(grpc.StatusCode.UNAVAILABLE)
+    assert made_room == full + 1 - base
+    # the rest were held until the client ended them without a message
+    assert codes.count(grpc.StatusCode.INVALID_ARGUMENT) == len(calls) - made_room
+
+
+def _wait_for(condition, tries=50):
+    """Whether ``condition()`` holds within ``tries`` looks, 0.02 s apart."""
+    for _ in range(tries):
+        if condition():
+            return True
+        threading.Event().wait(0.02)
+    return False
 
 
 def _raise_own_file_limit(n: int) -> None:

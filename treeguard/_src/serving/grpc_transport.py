@@ -170,21 +170,63 @@ def _code(e: Exception) -> Any:
     }.get(status, grpc.StatusCode.INTERNAL)
 
 
-async def receive(context: Any, deadline_s: float) -> bytes:
+class Waiting:
+    """The calls waiting for their request message now, oldest first, at most
+    ``cap``: past it, a new call ends the one that has waited longest (as a
+    new REST connection closes the oldest idle one), so calls that send
+    headers and then nothing never keep a call that sends its message out.
+
+    Example:
+      >>> w = Waiting(2)
+      >>> w.cap, len(w.calls)
+      (2, 0)
+    """
+
+    __slots__ = ("calls", "cap", "ended")
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.calls: dict[asyncio.Task[Any], None] = {}
+        self.ended: set[asyncio.Task[Any]] = set()
+
+    def enter(self, task: asyncio.Task[Any]) -> None:
+        """Adds ``task``, ending the oldest waiting call first when at the cap."""
+        if len(self.calls) >= self.cap:
+            oldest = next(iter(self.calls))
+            del self.calls[oldest]
+            self.ended.add(oldest)
+            oldest.cancel()
+        self.calls[task] = None
+
+    def leave(self, task: asyncio.Task[Any]) -> bool:
+        """Removes ``task``; whether it was ended to make room."""
+        self.calls.pop(task, None)
+        if task in self.ended:
+            self.ended.discard(task)
+            return True
+        return False
+
+
+async def receive(context: Any, deadline_s: float, waiting: Waiting) -> bytes:
     """A call's one request message, whole, within ``deadline_s`` of the call's
     start: the receive deadline REST's body deadline gives a body. A call
     that sends its headers and then nothing (or a message and never its
-    end) is given up on then, and frees its place among the calls.
+    end) is given up on then, and frees its place among the calls; while it
+    waits it is one of ``waiting``.
 
     Raises:
-      Dropped: ``body_timeout`` (408) past the deadline.
+      Dropped: ``body_timeout`` (408) past the deadline; ``bodies`` (503)
+        when a newer call took its place among those waiting.
       InvalidRequestError: 400 for a call with no message, or more than one.
     """
     import grpc
 
+    task = asyncio.current_task()
+    assert task is not None
     loop = asyncio.get_running_loop()
     end = loop.time() + deadline_s
     messages: list[bytes] = []
+    waiting.enter(task)
     try:
         while True:
             message = await asyncio.wait_for(context.read(), max(0.0, end - loop.time()))
@@ -197,6 +239,17 @@ async def receive(context: Any, deadline_s: float) -> bytes:
         raise Dropped(
             "body_timeout", 408, f"the request message did not arrive within {deadline_s:g} s"
         ) from None
+    except asyncio.CancelledError:
+        if not waiting.leave(task) or task.uncancel() > 0:
+            raise  # someone else's cancel
+        raise Dropped(
+            "bodies",
+            503,
+            f"{waiting.cap} calls were waiting for their request message; "
+            "this one, the oldest, made room for a newer one",
+        ) from None
+    finally:
+        waiting.leave(task)
     if not messages:
         raise refuse("the call ends without a request message", status=400)
     return messages[0]
@@ -207,6 +260,7 @@ def _service(engine: Engine) -> Any:
 
     limits = engine.spec.limits
     metrics = engine.metrics
+    waiting = Waiting(limits.max_connections)
 
     async def server_live(_: Any) -> Any:
         return pb.ServerLiveResponse(live=True)
@@ -248,7 +302,7 @@ def _service(engine: Engine) -> Any:
     def method(fn: Callable[[Any], Awaitable[Any]], kind: Any) -> Any:
         async def handle(_: Any, context: Any) -> Any:
             try:
-                return await fn(parse(await receive(context, limits.body_timeout_s), kind))
+                return await fn(parse(await receive(context, limits.body_timeout_s, waiting), kind))
             except (InvalidRequestError, ServingError, Dropped) as e:
                 await fail(context, e)
 
@@ -260,7 +314,8 @@ def _service(engine: Engine) -> Any:
         started = time.perf_counter()
         try:
             try:
-                msg = parse(await receive(context, limits.body_timeout_s), pb.ModelInferRequest)
+                data = await receive(context, limits.body_timeout_s, waiting)
+                msg = parse(data, pb.ModelInferRequest)
                 request = read_request(msg)
             except (InvalidRequestError, Dropped) as e:
                 engine.refused(e, started)
@@ -347,7 +402,9 @@ def grpc_transport(
 
         server = grpc.aio.server(
             options=server_options(limits, connections or limits.max_connections),
-            maximum_concurrent_rpcs=limits.max_connections,
+            # calls waiting for their message (at most max_connections: see
+            # ``Waiting``) and as many being served
+            maximum_concurrent_rpcs=2 * limits.max_connections,
         )
         server.add_generic_rpc_handlers((_service(engine),))
         if server.add_insecure_port(f"{host}:{port}") == 0:
