@@ -88,8 +88,15 @@ def test_an_output_named_90000_times_over_grpc_is_sent_once(channel):
     for _ in range(90_000):
         msg.outputs.add(name="output")
     assert msg.ByteSize() > 800_000  # the request of the report: about 880 KiB
-    code, _ = _refused(_infer_call(channel), msg)  # the list is longer than any model's
+    code, details = _refused(_infer_call(channel), msg)  # refused before it is parsed
+    assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert details.startswith("the message holds more than 16384 fields")
+    msg = _message()
+    for _ in range(1025):  # fewer fields, still more entries than the bound
+        msg.outputs.add(name="output")
+    code, details = _refused(_infer_call(channel), msg)
     assert code == grpc.StatusCode.INVALID_ARGUMENT
+    assert details.startswith("the request asks for 1025 outputs, over the limit of 1024")
     msg = _message()
     for _ in range(1024):  # at the bound: each name taken once
         msg.outputs.add(name="output")

@@ -114,12 +114,100 @@ def read_request(msg: Any) -> InferRequest:
     return InferRequest(inputs, msg.id or None, names, {}, True)
 
 
+#: The most fields ``skim`` lets a message hold, its sub-messages' included.
+MAX_FIELDS = 16 * 1024
+#: The sub-messages of a ``ModelInferRequest`` that protobuf builds one object
+#: for per entry (field number: its own such fields): parameters (4), inputs
+#: (5, with their parameters) and outputs (6, with theirs).
+INFER_FIELDS: dict[int, Any] = {4: {}, 5: {4: {}}, 6: {2: {}}}
+
+
+class _Malformed(Exception):
+    """The bytes are not protobuf's wire format."""
+
+
+def _varint(data: bytes, i: int, end: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if i >= end or shift > 63:
+            raise _Malformed
+        byte = data[i]
+        i += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, i
+        shift += 7
+
+
+def skim(data: bytes, nested: dict[int, Any], *, limit: int = MAX_FIELDS) -> None:
+    """Counts a message's fields on the wire, without building it, and those
+    of the sub-messages ``nested`` names (field number: its own ``nested``):
+    a message of a few bytes per entry costs protobuf an object per entry
+    (90,000 outputs in 880 KiB take several times that to parse), so one
+    holding more than ``limit`` fields in all is refused before it is parsed.
+
+    Raises:
+      InvalidRequestError: 413 over ``limit``; 400 for bytes that are not
+        protobuf's wire format.
+
+    Example:
+      >>> skim(b"\\x0a\\x03mlp", INFER_FIELDS)
+      >>> skim(b"\\x32\\x00" * 5, INFER_FIELDS, limit=4)
+      Traceback (most recent call last):
+      ...
+      treeguard.InvalidRequestError: the message holds more than 4 fields
+      hint: name each output once, and send at most 64 parameters
+    """
+    seen = 0
+    todo = [(0, len(data), nested)]
+    try:
+        while todo:
+            i, end, fields = todo.pop()
+            while i < end:
+                key, i = _varint(data, i, end)
+                seen += 1
+                if seen > limit:
+                    raise refuse(
+                        f"the message holds more than {limit} fields",
+                        "size",
+                        413,
+                        hint=f"name each output once, and send at most {MAX_PARAMETERS} parameters",
+                    )
+                wire = key & 7
+                if wire == 0:
+                    _, i = _varint(data, i, end)
+                elif wire == 1:
+                    i += 8
+                elif wire == 5:
+                    i += 4
+                elif wire == 2:
+                    n, i = _varint(data, i, end)
+                    inner = fields.get(key >> 3)
+                    if inner is not None:
+                        todo.append((i, min(i + n, end), inner))
+                    i += n
+                else:  # groups (3, 4) are not in this protocol
+                    raise _Malformed
+                if i > end:
+                    raise _Malformed
+    except _Malformed:
+        raise _unparsable("ModelInferRequest") from None
+
+
+def _unparsable(name: str) -> InvalidRequestError:
+    return refuse(
+        f"the message is not a {name} (it does not parse)",
+        status=400,
+        hint="send the Open Inference Protocol's message, as a generated client does",
+    )
+
+
 def parse(data: bytes, kind: Any) -> Any:
-    """One request message from its bytes.
+    """One request message from its bytes (a ``ModelInferRequest`` skimmed first).
 
     Raises:
       InvalidRequestError: 400 with a one-line reason (never the parser's
-        own text, which may quote the bytes).
+        own text, which may quote the bytes); 413 from ``skim``.
 
     Example:
       >>> parse(b"\\x0a\\x03mlp", pb.ModelInferRequest).model_name
@@ -130,14 +218,12 @@ def parse(data: bytes, kind: Any) -> Any:
       treeguard.InvalidRequestError: the message is not a ModelInferRequest (it does not parse)
       hint: send the Open Inference Protocol's message, as a generated client does
     """
+    if kind is pb.ModelInferRequest:
+        skim(data, INFER_FIELDS)
     try:
         return kind.FromString(data)
     except (DecodeError, ValueError, RuntimeError):
-        raise refuse(
-            f"the message is not a {kind.DESCRIPTOR.name} (it does not parse)",
-            status=400,
-            hint="send the Open Inference Protocol's message, as a generated client does",
-        ) from None
+        raise _unparsable(kind.DESCRIPTOR.name) from None
 
 
 def write_result(result: InferResult) -> Any:
