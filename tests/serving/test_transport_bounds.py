@@ -8,19 +8,24 @@ bounded; no verdict depends on how fast the server is."""
 from __future__ import annotations
 
 import json
+import os
 import resource
 import socket
 import threading
+from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
-from live import served_mlp
-from serving_support import metric, request
+import widemodel
+from live import live_server, served_mlp
+from serving_support import metric, put_verified, request
+from subproc import child_env
 
+import treeguard
 from treeguard._src.serving import messages
 from treeguard._src.serving.transport import MAX_METADATA_BYTES
-from treeguard.serving import Limits
+from treeguard.serving import Limits, ServingSpec
 
 grpc = pytest.importorskip("grpc")
 pytestmark = pytest.mark.slow
@@ -266,6 +271,73 @@ def test_1100_idle_connections_leave_health_answering(mlp_store, tmp_path):
     assert closed >= 1100 - limits.max_connections
     assert "open-file limit 1024 (the hard limit; it cannot be raised)" in live.log
     assert "at most 256 connections per transport" in live.log
+
+
+def test_clients_that_never_read_their_responses_hold_nothing_past_the_deadline(tmp_path):
+    store = treeguard.ArtifactStore(tmp_path / "wide")
+    store.promote(put_verified(store, widemodel.params()))
+    limits = Limits(header_timeout_s=1.0, max_connections=2)
+    spec = tmp_path / "spec.json"
+    ServingSpec.from_model(widemodel.model, buckets=(16,), name="wide", limits=limits).save(spec)
+    here = str(Path(__file__).parent)
+    env = {"PYTHONPATH": os.pathsep.join([here, child_env()["PYTHONPATH"]])}
+    args = ("widemodel:model", "--store", str(store.root), "--spec", str(spec))
+    body = json.dumps(
+        {
+            "inputs": [{"name": "x", "shape": [16, 2], "datatype": "FP32", "data": [1.0] * 32}],
+            "parameters": {"binary_data_output": True},  # 16 MiB of raw bytes
+        }
+    ).encode()
+    head = (
+        b"POST /v2/models/wide/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n" % len(body)
+    )
+    with live_server(*args, "--allow-unchecked", env=env) as live:
+        readers = []
+        try:
+            for _ in range(limits.max_connections):  # every place: each never reads
+                s = socket.socket()
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+                s.connect(("127.0.0.1", live.port))
+                s.sendall(head + body)
+                readers.append(s)
+            with httpx.Client(base_url=live.url, timeout=PATIENCE_S) as c:
+                # each is dropped once its connection has sat past the header
+                # deadline (or made room for c's), its unsent response with it:
+                # its descriptor is closed, not kept until a client that never
+                # reads has read
+                def dropped():
+                    text = c.get("/metrics").text
+                    return sum(
+                        metric(text, "treeguard_dropped_requests_total", reason=reason)
+                        for reason in ("header_timeout", "connections")
+                    )
+
+                assert _wait_for(lambda: dropped() >= 2, tries=PATIENCE_S * 10)
+                # the server holds no socket to them: a close would have kept
+                # each (and its unsent bytes) until the bytes had gone, for ever
+                ports = {r.getsockname()[1] for r in readers}
+                assert _wait_for(lambda: not _held(live.port, ports), tries=PATIENCE_S * 10)
+                assert c.get("/v2/health/live").status_code == 200
+        finally:
+            for s in readers:
+                s.close()
+    assert "Traceback" not in live.log, live.log[-3000:]
+
+
+def _held(port: int, peers: set[int]) -> int:
+    """How many sockets a process holds from ``port`` to one of ``peers``
+    (loopback, from ``/proc/net/tcp``; a socket no process holds any more,
+    its last bytes left to the kernel, has inode 0)."""
+    held = 0
+    with open("/proc/net/tcp") as table:
+        next(table)
+        for line in table:
+            fields = line.split()
+            local, remote, inode = fields[1], fields[2], fields[9]
+            if int(local.split(":")[1], 16) == port and int(remote.split(":")[1], 16) in peers:
+                held += inode != "0"
+    return held
 
 
 def test_headers_over_the_bound_are_refused(bounded):

@@ -108,6 +108,15 @@ def _hardened_protocol(
             if cycles == self._cycles and not self.transport.is_closing():
                 on_drop("header_timeout")
                 log.info("connection closed: its request headers took over %g s", header_timeout_s)
+                self._drop()
+
+        def _drop(self) -> None:
+            """Closes the connection; at once, its unsent bytes dropped, when a
+            response is still waiting for its client to read it (a close
+            would wait for that for ever, holding the descriptor and the bytes)."""
+            if self.transport.get_write_buffer_size():
+                self.transport.abort()
+            else:
                 self.transport.close()
 
         def _headers_whole(self) -> None:
@@ -124,7 +133,7 @@ def _hardened_protocol(
             victim._disarm()
             self.connections.discard(victim)  # counted out now, not when its loss is handled
             on_drop("connections")
-            victim.transport.close()
+            victim._drop()
 
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
