@@ -6,11 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
-
-from treeguard import LeafSpec, spec_of
-from treeguard.verify import Model
+from tinymodel import served
 
 WIDTH = 1 << 18
 
@@ -23,12 +20,4 @@ def apply(p: Any, batch: Any) -> jax.Array:
     return batch["x"] @ p["w"]
 
 
-model = Model(
-    init=lambda key: params(),
-    apply=apply,
-    loss=lambda p, b: jnp.mean(apply(p, b)),
-    batch_spec=spec_of({"x": LeafSpec(("B", 2), "float32")}),
-    rtol=1e-6,
-    atol=1e-6,
-    name="wide",
-)
+model = served(apply, params, "wide")
