@@ -340,6 +340,27 @@ def _held(port: int, peers: set[int]) -> int:
     return held
 
 
+def test_idle_grpc_connections_are_closed_at_the_header_deadline(bounded):
+    idle = [
+        socket.create_connection(("127.0.0.1", bounded.grpc_port), PATIENCE_S) for _ in range(50)
+    ]
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{bounded.grpc_port}") as ch:
+            response = _infer_call(ch)(_message(), timeout=PATIENCE_S, wait_for_ready=True)
+            assert response.outputs[0].name == "output"
+        # never sent the HTTP/2 preface: each closed by the server, at once over
+        # the cap on connections, else at the deadline (after a GOAWAY)
+        for s in idle:
+            s.settimeout(PATIENCE_S)
+            said = b""
+            while chunk := s.recv(4096):
+                said += chunk
+                assert len(said) < 4096
+    finally:
+        for s in idle:
+            s.close()
+
+
 def test_headers_over_the_bound_are_refused(bounded):
     with httpx.Client(base_url=bounded.url, timeout=PATIENCE_S) as c:
         r = c.get("/v2/health/live", headers={"x-big": "a" * MAX_METADATA_BYTES})
