@@ -85,8 +85,8 @@ def raise_file_limit(target: int = FILE_LIMIT_TARGET) -> FileLimit:
       The ``FileLimit`` before and after.
 
     Example:
-      >>> limit = raise_file_limit()
-      >>> limit.soft >= limit.was
+      >>> limit = raise_file_limit(target=1)  # never lowered
+      >>> limit.soft == limit.was
       True
     """
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -111,5 +111,9 @@ def connection_cap(max_connections: int, soft: int) -> int:
     Example:
       >>> connection_cap(256, 1024), connection_cap(4096, 1024), connection_cap(256, 100)
       (256, 298, 1)
+      >>> connection_cap(256, resource.RLIM_INFINITY)
+      256
     """
+    if soft == resource.RLIM_INFINITY:
+        return max_connections
     return max(1, min(max_connections, (soft - FD_RESERVE) // 3))
