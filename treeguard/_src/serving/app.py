@@ -182,7 +182,8 @@ def _hardened_protocol(
             super().on_response_complete()
             if not self.transport.is_closing():
                 self._arm()  # the next request on this connection gets its own deadline
-                idle[self] = None
+                if self.cycle is None or self.cycle.response_complete:  # none pipelined
+                    idle[self] = None
 
     return Protocol
 
