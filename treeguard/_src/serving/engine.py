@@ -353,9 +353,10 @@ class Engine:
         if not isinstance(request, InferRequest):
             request = await request()
         outputs_meta = self._outputs or []
-        # each output once, every name known, before any work: a name repeated
-        # 90,000 times costs one output, not 90,000 copies of it
-        request.outputs = requested_outputs(request.outputs, [m.name for m in outputs_meta])
+        if request.outputs is not None:
+            # each output once, every name known, before any work: a name
+            # repeated 90,000 times costs one output, not 90,000 copies of it
+            request.outputs = requested_outputs(request.outputs, list(self._output_names.values()))
         leaves = self.decoder.decode(request)
         rows = int(leaves[0].shape[0])
         spec = self.spec
