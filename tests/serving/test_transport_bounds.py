@@ -18,6 +18,7 @@ import httpx
 import numpy as np
 import pytest
 import widemodel
+from h2raw import Stalling
 from live import live_server, served_mlp
 from serving_support import metric, put_verified, request
 from subproc import child_env
@@ -359,6 +360,26 @@ def test_idle_grpc_connections_are_closed_at_the_header_deadline(bounded):
     finally:
         for s in idle:
             s.close()
+
+
+def test_a_grpc_client_that_gives_no_window_holds_nothing_past_the_deadline(bounded):
+    # it answers every ping (keepalive finds it alive), and its calls' responses
+    # can never be sent: the server ends the connection once it holds no call
+    # it can still serve for the header deadline, dropping them
+    body = _message().SerializeToString()
+    stalling = [
+        Stalling(bounded.grpc_port, f"{SERVICE}/ModelInfer", body, LIMITS.max_bodies)
+        for _ in range(2)
+    ]
+    try:
+        for conn in stalling:
+            assert conn.closed.wait(PATIENCE_S)
+        with grpc.insecure_channel(f"127.0.0.1:{bounded.grpc_port}") as ch:
+            response = _infer_call(ch)(_message(), timeout=PATIENCE_S)
+        assert response.outputs[0].name == "output"
+    finally:
+        for conn in stalling:
+            conn.close()
 
 
 def test_headers_over_the_bound_are_refused(bounded):
