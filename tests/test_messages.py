@@ -10,6 +10,7 @@ import pytest
 from corpus import seed_params
 
 import treeguard as tg
+from treeguard._src.serving.protocol import InferRequest, check_request_fields, requested_outputs
 
 
 def _message(fn: Any, *args: Any, **kwargs: Any) -> str:
@@ -265,4 +266,36 @@ def test_flight_recorder_without_a_batch_choice_message(tmp_path: Any) -> None:
         'replayed as is), or batch="digest" to keep only its spec and digest (the batch '
         "stays out of the files; replaying then needs the batch itself, checked against the "
         "digest); a batch may hold personal data, so this is a choice written in the code"
+    )
+
+
+def test_serving_transport_bound_messages() -> None:
+    assert _message(check_request_fields, "r" * 257, 0) == (
+        "the request id must be a string of at most 256 characters"
+    )
+    assert _message(check_request_fields, None, 90_000) == (
+        "the request asks for 90000 outputs, over the limit of 1024\nhint: name each output once"
+    )
+    assert _message(requested_outputs, ["output", "nope"], ["output"]) == (
+        "the request asks for an unknown output\nhint: the outputs are output"
+    )
+    assert requested_outputs(["output"] * 1024, ["output"]) == ["output"]
+    assert InferRequest([]).outputs is None
+
+
+def test_grpc_message_refusals() -> None:
+    pytest.importorskip("google.protobuf")
+    from treeguard._src.serving.grpc_transport import parse, pb, read_request
+
+    assert _message(parse, b"\xff\xff", pb.ModelInferRequest) == (
+        "the message is not a ModelInferRequest (it does not parse)\n"
+        "hint: send the Open Inference Protocol's message, as a generated client does"
+    )
+    msg = pb.ModelInferRequest(model_name="mlp")
+    msg.inputs.add(name="x", datatype="FP32", shape=[1, 2]).contents.fp32_contents.extend([1, 2])
+    msg.raw_input_contents.append(b"\0" * 8)
+    assert _message(read_request, msg) == (
+        "inputs[0] has both typed contents and raw_input_contents\n"
+        "hint: send each input's elements one way: raw_input_contents for every input, "
+        "or contents in each"
     )

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+from serving_support import mlp_spec
 from subproc import start_python
 
 SERVER = """
@@ -47,16 +48,23 @@ class Live:
 
 @contextlib.contextmanager
 def live_server(
-    *args: str, ready_s: float = 180, grpc: bool = False, env: dict[str, str] | None = None
+    *args: str,
+    ready_s: float = 180,
+    grpc: bool = False,
+    env: dict[str, str] | None = None,
+    before: str = "",
 ) -> Iterator[Live]:
     """``treeguard serve ARGS --port P`` until the block ends (then stopped by pid).
+
+    ``before`` is Python the server's process runs first (to lower its
+    open-file limit, say).
 
     ``live.log`` holds the server's stderr once the block has ended, and
     ``live.out`` its stdout (uvicorn's access log, when it writes one).
     """
     port = free_port()
     extra = ["--grpc-port", str(grpc_port := free_port())] if grpc else []
-    proc = start_python(SERVER, *args, "--port", str(port), *extra, env=env)
+    proc = start_python(before + SERVER, *args, "--port", str(port), *extra, env=env)
     live = Live(f"http://127.0.0.1:{port}", port, proc, grpc_port if grpc else None)
     out: list[str] = []
     err: list[str] = []
@@ -100,3 +108,26 @@ def _drain(stream: Any, sink: list[str]) -> None:
     with stream:
         for line in stream:
             sink.append(line)
+
+
+@contextlib.contextmanager
+def served_mlp(
+    store: Any, folder: Any, limits: Any, *args: str, grpc: bool = False, before: str = ""
+) -> Iterator[Live]:
+    """The bundled model from ``store`` under ``limits`` (its spec saved in
+    ``folder``), with ARGS; its log must hold no traceback once it stopped."""
+    spec = folder / "spec.json"
+    mlp_spec(limits=limits).save(spec)
+    with live_server(
+        "treeguard.examples.mlp:model",
+        "--store",
+        str(store.root),
+        "--spec",
+        str(spec),
+        "--allow-unchecked",
+        *args,
+        grpc=grpc,
+        before=before,
+    ) as live:
+        yield live
+    assert "Traceback" not in live.log, live.log[-3000:]

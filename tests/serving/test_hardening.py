@@ -4,7 +4,6 @@ serve exits non-zero, naming each version. Every wait is bounded."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import socket
 import time
@@ -12,8 +11,8 @@ import time
 import httpx
 import numpy as np
 import pytest
-from live import SERVER, free_port, live_server
-from serving_support import metric, mlp_spec, request
+from live import SERVER, free_port, served_mlp
+from serving_support import metric, request
 from subproc import start_python, stop
 
 import treeguard
@@ -34,8 +33,14 @@ def hardened(mlp_store, tmp_path):
 
 @pytest.fixture
 def capped(mlp_store, tmp_path):
-    """A server whose unfinished headers are never cut off while a test runs."""
-    limits = Limits(header_timeout_s=600.0, max_connections=LIMITS.max_connections)
+    """A server whose unfinished headers and bodies are never cut off while a
+    test runs, and that reads more bodies at once than it holds connections."""
+    limits = Limits(
+        header_timeout_s=600.0,
+        body_timeout_s=600.0,
+        max_connections=LIMITS.max_connections,
+        max_bodies=4 * LIMITS.max_connections,
+    )
     with _served(mlp_store, tmp_path, limits) as live:
         yield live
 
@@ -48,22 +53,8 @@ def patient(mlp_store, tmp_path):
         yield live
 
 
-@contextlib.contextmanager
 def _served(mlp_store, tmp_path, limits, *args):
-    store, _ = mlp_store
-    spec = tmp_path / "spec.json"
-    mlp_spec(limits=limits).save(spec)
-    with live_server(
-        "treeguard.examples.mlp:model",
-        "--store",
-        str(store.root),
-        "--spec",
-        str(spec),
-        "--allow-unchecked",
-        *args,
-    ) as live:
-        yield live
-    assert "Traceback" not in live.log, live.log[-3000:]
+    return served_mlp(mlp_store[0], tmp_path, limits, *args)
 
 
 def _connect(port: int) -> socket.socket:
@@ -218,17 +209,36 @@ def _ask_live(port: int) -> bytes:
         extra.close()
 
 
-def test_connections_over_the_cap_get_503(capped):
-    held = []
+def _hold_body(port: int) -> socket.socket:
+    s = _connect(port)
+    s.sendall(_infer_head(1000) + b'{"inputs": ')  # a body that never ends
+    return s
+
+
+def _closed_by_server(s: socket.socket) -> bool:
+    s.setblocking(False)
     try:
-        for _ in range(LIMITS.max_connections + 2):
-            s = _connect(capped.port)
-            s.sendall(b"GET /v2/health/live HTTP/1.1\r\n")  # headers never finished
-            held.append(s)
-        # The held ones count once the server has accepted them; it never drops them.
+        return s.recv(1, socket.MSG_PEEK) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+    finally:
+        s.settimeout(PATIENCE_S)
+
+
+def test_connections_over_the_cap_get_503_when_every_one_is_busy(capped):
+    held = [_hold_body(capped.port) for _ in range(LIMITS.max_connections)]
+    try:
         end = time.monotonic() + PATIENCE_S
         answer = _ask_live(capped.port)
         while not answer.startswith(b"HTTP/1.1 503") and time.monotonic() < end:
+            # a held one whose body the server had not taken up yet was idle,
+            # and made room for the probe: hold another in its place
+            for i, s in enumerate(held):
+                if _closed_by_server(s):
+                    s.close()
+                    held[i] = _hold_body(capped.port)
             time.sleep(0.05)
             answer = _ask_live(capped.port)
         assert answer.startswith(b"HTTP/1.1 503"), answer[:200]
@@ -242,6 +252,23 @@ def test_connections_over_the_cap_get_503(capped):
                 break
             time.sleep(0.1)
         assert c.get("/v2/health/live").status_code == 200
+
+
+def test_over_the_cap_the_oldest_idle_connection_makes_room(capped):
+    idle = []
+    try:
+        for _ in range(LIMITS.max_connections + 2):
+            s = _connect(capped.port)
+            s.sendall(b"GET /v2/health/live HTTP/1.1\r\n")  # headers never finished
+            idle.append(s)
+        assert _ask_live(capped.port).startswith(b"HTTP/1.1 200")
+        assert _closed_within(idle[0], PATIENCE_S)  # the oldest went first
+    finally:
+        for s in idle:
+            s.close()
+    with httpx.Client(base_url=capped.url, timeout=PATIENCE_S) as c:
+        text = c.get("/metrics").text
+    assert metric(text, "treeguard_dropped_requests_total", reason="connections") >= 3
 
 
 def test_a_server_with_nothing_to_serve_exits_non_zero_naming_each_version(tmp_path):

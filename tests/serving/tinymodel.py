@@ -25,12 +25,17 @@ def apply(p: Any, batch: Any) -> jax.Array:
     return jnp.log(batch["x"] ** 2 + p["eps"]) @ p["w"]
 
 
-model = Model(
-    init=lambda key: params(),
-    apply=apply,
-    loss=lambda p, b: jnp.mean(apply(p, b)),
-    batch_spec=spec_of({"x": LeafSpec(("B", 2), "float32")}),
-    rtol=1e-6,
-    atol=1e-6,
-    name="tiny",
-)
+def served(apply: Any, params: Any, name: str) -> Model:
+    """A model of one batch input ``x`` of shape ``(B, 2)``, as the server tests serve it."""
+    return Model(
+        init=lambda key: params(),
+        apply=apply,
+        loss=lambda p, b: jnp.mean(apply(p, b)),
+        batch_spec=spec_of({"x": LeafSpec(("B", 2), "float32")}),
+        rtol=1e-6,
+        atol=1e-6,
+        name=name,
+    )
+
+
+model = served(apply, params, "tiny")

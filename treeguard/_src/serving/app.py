@@ -3,7 +3,9 @@
 ``Server`` is an ``Engine`` (the data plane) that can build its REST app
 (``app()``, starlette, for uvicorn or ``httpx.ASGITransport``). ``serve``
 runs it under uvicorn with the transport hardened: a deadline for a
-request's headers, a cap on open connections, and (in the app) a body
+request's headers and a bound on their bytes, a cap on open connections
+kept below the open-file limit (raised at start where the hard limit
+allows) with the oldest idle connection closed to make room, and (in the app) a body
 deadline and a cap on bodies read at once, and bodies still arriving at
 shutdown answered at once; with ``grpc_port``, the gRPC transport runs
 beside it on the same engine.
@@ -12,6 +14,7 @@ beside it on the same engine.
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 from typing import Any
 
@@ -19,6 +22,7 @@ from ..errors import ConfigError, ServingError
 from .engine import Engine
 from .rest import BodyReads, build_app
 from .token import is_loopback
+from .transport import MAX_METADATA_BYTES, connection_cap, raise_file_limit
 
 log = logging.getLogger("treeguard.serving")
 
@@ -52,15 +56,25 @@ class Server(Engine):
         return build_app(self, control_token=control_token)
 
 
-def _hardened_protocol(header_timeout_s: float, on_drop: Any, on_shutdown: Any) -> type:
-    """uvicorn's HTTP protocol with a deadline on each request's headers:
-    httptools' (its parser is in C) when it is installed, else h11's.
+def _hardened_protocol(
+    header_timeout_s: float, connections: int, on_drop: Any, on_shutdown: Any
+) -> type:
+    """uvicorn's HTTP protocol with a deadline on each request's headers, a
+    bound on their bytes, and room for a new connection made by closing the
+    oldest idle one: httptools' (its parser is in C) when it is installed,
+    else h11's.
 
     uvicorn's keep-alive timeout stops once a byte arrives, so a client that
     trickles its headers would hold its connection for ever; this closes a
     connection whose request headers are not whole within the deadline.
-    When the server begins to shut down, ``on_shutdown`` is called (once per
-    open connection) before uvicorn's own handling.
+    Past ``connections`` open connections, a new one closes the connection
+    that has waited longest without a request in flight (no headers whole
+    yet, or kept alive after its response): idle connections by the
+    thousand never lock a new client out. When every other connection has a
+    request in flight, the new one is answered 503 (uvicorn's
+    ``limit_concurrency``, set one above ``connections``). When the server
+    begins to shut down, ``on_shutdown`` is called (once per open
+    connection) before uvicorn's own handling.
     """
     base: type
     try:
@@ -72,9 +86,14 @@ def _hardened_protocol(header_timeout_s: float, on_drop: Any, on_shutdown: Any) 
 
         base, h11 = H11Protocol, True
 
+    # the connections with no request in flight, oldest first (a dict keeps
+    # the order its keys were added in)
+    idle: dict[Any, None] = {}
+
     class Protocol(base):  # type: ignore[misc,valid-type]
         _deadline: asyncio.TimerHandle | None = None
         _cycles = 0
+        _head = 0  # bytes of request line and headers so far (httptools)
 
         def _arm(self) -> None:
             self._disarm()
@@ -89,18 +108,43 @@ def _hardened_protocol(header_timeout_s: float, on_drop: Any, on_shutdown: Any) 
             if cycles == self._cycles and not self.transport.is_closing():
                 on_drop("header_timeout")
                 log.info("connection closed: its request headers took over %g s", header_timeout_s)
+                self._drop()
+
+        def _drop(self) -> None:
+            """Closes the connection; at once, its unsent bytes dropped, when a
+            response is still waiting for its client to read it (a close
+            would wait for that for ever, holding the descriptor and the bytes)."""
+            if self.transport.get_write_buffer_size():
+                self.transport.abort()
+            else:
                 self.transport.close()
 
         def _headers_whole(self) -> None:
             self._cycles += 1
+            self._head = 0
             self._disarm()
+            idle.pop(self, None)
+
+        def _make_room(self) -> None:
+            victim = next((c for c in idle if c is not self), None)
+            if victim is None:  # every other one has a request in flight: uvicorn's 503
+                return
+            del idle[victim]
+            victim._disarm()
+            self.connections.discard(victim)  # counted out now, not when its loss is handled
+            on_drop("connections")
+            victim._drop()
 
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
             self._arm()
+            idle[self] = None
+            if len(self.connections) > connections:
+                self._make_room()
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
+            idle.pop(self, None)
             super().connection_lost(exc)
 
         if h11:  # the parser hands over events; a new cycle means whole headers
@@ -112,6 +156,19 @@ def _hardened_protocol(header_timeout_s: float, on_drop: Any, on_shutdown: Any) 
                     self._headers_whole()
 
         else:  # httptools calls this once a request's headers are whole
+
+            def on_url(self, url: bytes) -> None:
+                self._count(len(url))
+                super().on_url(url)
+
+            def on_header(self, name: bytes, value: bytes) -> None:
+                self._count(len(name) + len(value) + 4)
+                super().on_header(name, value)
+
+            def _count(self, n: int) -> None:
+                self._head += n
+                if self._head > MAX_METADATA_BYTES:  # uvicorn answers 400 and closes
+                    raise ValueError(f"request headers over {MAX_METADATA_BYTES} bytes")
 
             def on_headers_complete(self) -> None:
                 super().on_headers_complete()
@@ -125,8 +182,24 @@ def _hardened_protocol(header_timeout_s: float, on_drop: Any, on_shutdown: Any) 
             super().on_response_complete()
             if not self.transport.is_closing():
                 self._arm()  # the next request on this connection gets its own deadline
+                if self.cycle is None or self.cycle.response_complete:  # none pipelined
+                    idle[self] = None
 
     return Protocol
+
+
+def _log_config(base: dict[str, Any]) -> dict[str, Any]:
+    """uvicorn's logging configuration with treeguard's own lines (``treeguard.*``
+    at INFO) written beside uvicorn's, through the same handler.
+
+    Example:
+      >>> import uvicorn.config
+      >>> _log_config(uvicorn.config.LOGGING_CONFIG)["loggers"]["treeguard"]["level"]
+      'INFO'
+    """
+    config = copy.deepcopy(base)
+    config["loggers"]["treeguard"] = {"handlers": ["default"], "level": "INFO", "propagate": False}
+    return config
 
 
 def serve(
@@ -165,6 +238,8 @@ def serve(
             hint="pass --control-token-file FILE, or bind 127.0.0.1",
         )
     limits = server.spec.limits
+    files = raise_file_limit()
+    connections = connection_cap(limits.max_connections, files.soft)
 
     def dropped(reason: str) -> None:
         server.metrics.dropped.labels(model=server.spec.name, reason=reason).inc()
@@ -180,16 +255,29 @@ def serve(
         workers=1,
         log_level="info",
         access_log=access_log,
-        http=_hardened_protocol(limits.header_timeout_s, dropped, bodies.close),
-        limit_concurrency=limits.max_connections,
+        http=_hardened_protocol(limits.header_timeout_s, connections, dropped, bodies.close),
+        limit_concurrency=connections + 1,
+        backlog=connections,
+        h11_max_incomplete_event_size=MAX_METADATA_BYTES,
         timeout_keep_alive=5,
         timeout_graceful_shutdown=5,
+        log_config=_log_config(uvicorn.config.LOGGING_CONFIG),
+    )
+    log.info(
+        "%s; at most %d connections per transport%s",
+        files.describe(),
+        connections,
+        ""
+        if connections == limits.max_connections
+        else f" (limits.max_connections is {limits.max_connections}: the file limit leaves less)",
     )
     if grpc_port is not None:
         # grpcio and protobuf are imported only when gRPC is served (the grpc extra)
         from .grpc_transport import grpc_transport
 
-        server.transports.append(grpc_transport(server, host=host, port=grpc_port))
+        server.transports.append(
+            grpc_transport(server, host=host, port=grpc_port, connections=connections)
+        )
     runner = uvicorn.Server(config)
 
     def fatal(_: ServingError) -> None:

@@ -51,6 +51,8 @@ from .protocol import (
     datatype_of,
     plain_name,
     refuse,
+    requested_outputs,
+    response_bytes,
     select_outputs,
 )
 from .slots import Slot, Slots, WatchdogPolicy, keystr_of
@@ -310,26 +312,35 @@ class Engine:
             504 past its deadline, 500 the version failed.
         """
         started = time.perf_counter()
-        status = 500
         try:
             result = await self._infer(request, name, version)
-            status = 200
-            return result
-        except InvalidRequestError as e:
-            status = e.status
+        except BaseException as e:
+            self.refused(e, started)
+            raise
+        self.metrics.request(200, time.perf_counter() - started)
+        return result
+
+    def refused(self, e: BaseException, started: float) -> None:
+        """Counts one request that ended in ``e``: its status and latency, and
+        an invalid input's reason. ``infer`` counts its own; a transport calls
+        this for a request it refused before it could call ``infer`` (a gRPC
+        message that does not parse), so every refusal is counted once,
+        whatever the transport.
+
+        Args:
+          e: why the request ended: a typed error, a transport's own refusal
+            (with a ``status``), or a cancel (counted as 499).
+          started: ``time.perf_counter()`` when the request began.
+        """
+        if isinstance(e, InvalidRequestError):
             self.metrics.invalid_inputs.labels(model=self.spec.name, reason=e.reason).inc()
-            raise
-        except ServingError as e:
+        if isinstance(e, (InvalidRequestError, ServingError)):
             status = e.status
-            raise
-        except Exception as e:  # a transport's own refusal (a deadline, a disconnect)
-            status = getattr(e, "status", 499)
-            raise
-        except asyncio.CancelledError:  # the client or the server gave up on it
+        elif isinstance(e, asyncio.CancelledError):  # the client or the server gave up on it
             status = 499
-            raise
-        finally:
-            self.metrics.request(status, time.perf_counter() - started)
+        else:  # a transport's own refusal (a deadline, a disconnect), or a failure
+            status = getattr(e, "status", 499 if isinstance(e, Exception) else 500)
+        self.metrics.request(status, time.perf_counter() - started)
 
     async def _infer(
         self,
@@ -341,9 +352,23 @@ class Engine:
         assert self.batcher is not None
         if not isinstance(request, InferRequest):
             request = await request()
+        outputs_meta = self._outputs or []
+        if request.outputs is not None:
+            # each output once, every name known, before any work: a name
+            # repeated 90,000 times costs one output, not 90,000 copies of it
+            request.outputs = requested_outputs(request.outputs, list(self._output_names.values()))
         leaves = self.decoder.decode(request)
         rows = int(leaves[0].shape[0])
         spec = self.spec
+        size = response_bytes(request, outputs_meta, rows)
+        if size > spec.limits.max_response_bytes:
+            raise refuse(
+                f"the response would take up to {size} bytes, over the limit of "
+                f"{spec.limits.max_response_bytes} (limits.max_response_bytes)",
+                "size",
+                413,
+                hint="send fewer rows, ask for fewer outputs, or ask for them as binary data",
+            )
         adm = self._admissions.get(rows)
         if adm is None:
             adm = admit(rows, spec.buckets, max_rows=spec.limits.max_rows, overflow=spec.overflow)

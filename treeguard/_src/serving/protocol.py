@@ -52,8 +52,13 @@ DATATYPES = {
 DTYPES = {v: np.dtype(ml_dtypes.bfloat16 if k == "bfloat16" else k) for k, v in DATATYPES.items()}
 #: Bounds on a request's own fields, checked before they are used.
 MAX_AXES = 32
+#: The longest request id, in characters, on every transport (echoed back).
 MAX_ID = 256
 MAX_PARAMETERS = 64
+#: The most entries a request's list of outputs may have, on every transport,
+#: checked before a name is read; repeated names are then taken once
+#: (``requested_outputs``).
+MAX_OUTPUTS = 1024
 #: The largest size a request may give an axis.
 MAX_SIZE = 1 << 40
 _INT = frozenset({int})
@@ -535,13 +540,113 @@ def _from_json(data: Any, entry: _Input, n: int, shape: Sequence[int]) -> np.nda
 # -- encoding -------------------------------------------------------------------
 
 
+def check_request_fields(rid: Any, outputs: int) -> None:
+    """Refuses a request id or an output list over the bounds every transport
+    shares (``MAX_ID`` characters, ``MAX_OUTPUTS`` entries), before either is used.
+
+    Args:
+      rid: the request id as the client sent it (None when absent).
+      outputs: how many entries the request's list of outputs has.
+
+    Raises:
+      InvalidRequestError: 422 naming the bound.
+
+    Example:
+      >>> check_request_fields("7", 2)
+      >>> check_request_fields("x" * 300, 0)
+      Traceback (most recent call last):
+      ...
+      treeguard.InvalidRequestError: the request id must be a string of at most 256 characters
+    """
+    if rid is not None and (not isinstance(rid, str) or len(rid) > MAX_ID):
+        raise refuse(f"the request id must be a string of at most {MAX_ID} characters")
+    if outputs > MAX_OUTPUTS:
+        raise refuse(
+            f"the request asks for {outputs} outputs, over the limit of {MAX_OUTPUTS}",
+            "size",
+            hint="name each output once",
+        )
+
+
+def requested_outputs(names: Sequence[str] | None, known: Sequence[str]) -> list[str] | None:
+    """The outputs a request asks for, each once, in the order first asked:
+    the one rule of every transport, applied before any device work, so a
+    response holds each of the model's outputs at most once.
+
+    Args:
+      names: the names the request gave, or None for every output.
+      known: the model's output names.
+
+    Returns:
+      The names without repeats (never more than ``known`` has), or None.
+
+    Raises:
+      InvalidRequestError: 422 for a name the model does not have.
+
+    Example:
+      >>> requested_outputs(["b", "a", "b", "b"], ["a", "b"])
+      ['b', 'a']
+      >>> requested_outputs(["c"], ["a", "b"])
+      Traceback (most recent call last):
+      ...
+      treeguard.InvalidRequestError: the request asks for an unknown output
+      hint: the outputs are a, b
+    """
+    if names is None:
+        return None
+    wanted: dict[str, None] = {}
+    for name in names:
+        if name not in wanted:
+            if name not in known:
+                raise refuse(
+                    "the request asks for an unknown output",
+                    hint=f"the outputs are {', '.join(known)}",
+                )
+            wanted[name] = None
+    return list(wanted)
+
+
+def response_bytes(request: InferRequest, outputs: Sequence[TensorMeta], rows: int) -> int:
+    """An upper bound on the bytes the tensors of ``request``'s response take
+    on its wire, from the outputs' metadata, before anything runs: raw bytes
+    for a binary output, ``JSON_ELEMENT`` characters per element for JSON.
+
+    Args:
+      request: the request, its ``outputs`` already through ``requested_outputs``.
+      outputs: the model's outputs (``TensorMeta``, batch axis first).
+      rows: the request's rows.
+
+    Example:
+      >>> y = TensorMeta("y", "['y']", "FP32", (-1, 3))
+      >>> response_bytes(InferRequest([], binary_default=True), [y], 2)
+      24
+      >>> response_bytes(InferRequest([], outputs=[]), [y], 2)
+      0
+    """
+    wanted = request.outputs
+    total = 0
+    for meta in outputs:
+        if wanted is not None and meta.name not in wanted:
+            continue
+        n = rows * math.prod(meta.shape[1:])
+        binary = request.binary.get(meta.name, request.binary_default)
+        dtype = DTYPES.get(meta.datatype)
+        total += n * ((16 if dtype is None else dtype.itemsize) if binary else JSON_ELEMENT)
+    return total
+
+
+#: The most characters one element takes in a JSON response (``-1.2345678901234567e-308,``).
+JSON_ELEMENT = 25
+
+
 def select_outputs(
     request: InferRequest, outputs: list[tuple[str, np.ndarray[Any, Any]]], names: dict[str, str]
 ) -> list[Output]:
     """The outputs a request asked for, in its order (all, in model order, by default).
 
     Args:
-      request: the request.
+      request: the request, its ``outputs`` already passed through
+        ``requested_outputs``.
       outputs: ``(key path, rows)`` as the model computed them.
       names: plain name by key path.
 
@@ -552,17 +657,12 @@ def select_outputs(
         default = request.binary_default
         return [Output(names.get(p, p), x, default) for p, x in outputs]
     by_name = {names.get(p, p): x for p, x in outputs}
-    wanted = list(by_name) if request.outputs is None else request.outputs
-    out = []
-    for want in wanted:
-        if want not in by_name:
-            raise refuse(
-                "the request asks for an unknown output",
-                hint=f"the outputs are {', '.join(by_name)}",
-            )
-        binary = request.binary.get(want, request.binary_default)
-        out.append(Output(want, by_name[want], binary))
-    return out
+    asked = requested_outputs(request.outputs, list(by_name))
+    wanted = list(by_name) if asked is None else asked
+    return [
+        Output(want, by_name[want], request.binary.get(want, request.binary_default))
+        for want in wanted
+    ]
 
 
 def json_data(x: np.ndarray[Any, Any]) -> list[Any]:

@@ -32,7 +32,17 @@ from typing import Any
 
 from ..errors import InvalidRequestError, ServingError
 from .engine import Engine
-from .protocol import InferRequest, InferResult, RawInput, json_data, parse_json, raw_bytes, refuse
+from .protocol import (
+    InferRequest,
+    InferResult,
+    RawInput,
+    check_request_fields,
+    json_data,
+    parse_json,
+    raw_bytes,
+    refuse,
+)
+from .transport import Dropped
 
 log = logging.getLogger("treeguard.serving")
 
@@ -53,15 +63,6 @@ class Unauthorized(Exception):
 
 class Disconnected(Exception):
     """The client went away before its request body was whole (499)."""
-
-
-class Dropped(Exception):
-    """The transport gave up on a request before the engine saw it."""
-
-    def __init__(self, reason: str, status: int, message: str) -> None:
-        self.reason = reason
-        self.status = status
-        super().__init__(message)
 
 
 class _Deadline:
@@ -249,8 +250,10 @@ def read_request(body: bytes, header_length: str | None) -> InferRequest:
     if not isinstance(doc, dict) or not isinstance(doc.get("inputs"), list):
         raise refuse('the body has no "inputs" list', hint='{"inputs": [{"name": ...}]}')
     rid = doc.get("id")
-    if rid is not None and (not isinstance(rid, str) or len(rid) > 256):
-        raise refuse("the request id must be a string of at most 256 characters")
+    outputs = doc.get("outputs")
+    if outputs is not None and not isinstance(outputs, list):
+        raise refuse('"outputs" must be a list of {"name": ...} objects')
+    check_request_fields(rid, len(outputs or ()))
     request_params = _parameters(doc, "the request")
     view = memoryview(tail)
     offset = 0
@@ -284,12 +287,9 @@ def read_request(body: bytes, header_length: str | None) -> InferRequest:
             "shape",
             hint="give each binary input its binary_data_size",
         )
-    outputs = doc.get("outputs")
     names: list[str] | None = None
     binary: dict[str, bool] = {}
     if outputs is not None:
-        if not isinstance(outputs, list) or len(outputs) > 1024:
-            raise refuse('"outputs" must be a list of {"name": ...} objects')
         names = []
         for j, out in enumerate(outputs):
             if not isinstance(out, dict) or not isinstance(out.get("name"), str):

@@ -78,6 +78,9 @@ class Limits:
       max_bodies: the most request bodies being waited for at once; one
         more is answered 503 (a body already whole when its request runs
         is never waited for).
+      max_response_bytes: the largest response a request may ask for, its
+        tensors' bytes on the wire (JSON counted at its widest); a request
+        asking for more is refused with 413 before it runs.
 
     Example:
       >>> Limits(max_rows=8).max_rows
@@ -93,9 +96,17 @@ class Limits:
     body_timeout_s: float = 10.0
     max_connections: int = 256
     max_bodies: int = 64
+    max_response_bytes: int = 64 << 20
 
     def __post_init__(self) -> None:
-        for name in ("max_request_bytes", "max_rows", "max_queue", "max_connections", "max_bodies"):
+        for name in (
+            "max_request_bytes",
+            "max_rows",
+            "max_queue",
+            "max_connections",
+            "max_bodies",
+            "max_response_bytes",
+        ):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 1 << 40:
                 raise ConfigError(f"limits.{name} is {v!r}", hint="an int from 1 to 2**40")
