@@ -65,11 +65,104 @@ def test_a_shape_claiming_far_more_than_the_files_hold_is_refused_first(tmp_path
         tg.load_sharded(d, like)
     on_disk = sum(f.stat().st_size for f in d.rglob("*") if f.is_file())
     assert str(info.value) == (
-        f"{d}: its arrays claim {4 * n:,} bytes, its files hold {on_disk:,}; more than 1032x "
-        "is a forged shape, not compression\nhint: get a fresh copy of the checkpoint"
+        f"{d}: {_FORGED.format(claimed=4 * n, on_disk=on_disk)}\n"
+        "hint: get a fresh copy of the checkpoint"
     )
     res = CliRunner().invoke(main, ["ckpt", "verify", str(d)])
-    assert res.exit_code == 2 and "is a forged shape, not compression" in res.stderr
+    assert res.exit_code == 2 and "the shapes are forged" in res.stderr
+
+
+_FORGED = (
+    "its arrays claim {claimed:,} bytes, its files hold {on_disk:,}; the data is truncated or "
+    "the shapes are forged (treeguard writes sharded arrays uncompressed: every array byte is "
+    "a stored byte)"
+)
+
+#: Writes ``DIR/honest`` (``{'w': f32[4]}``) and ``DIR/bomb``: the same
+#: manifest claiming ``f32[N]`` with every digest recomputed, over data that
+#: orbax wrote zstd-compressed: N zeros in a few KiB, which is all a reader
+#: that trusts the claim allocates (an attacker's file, built here in a child
+#: so this process never holds the array).
+BUILD_BOMB = """
+import json, os, shutil, sys
+import blake3, jax.numpy as jnp, orbax.checkpoint as ocp
+import treeguard as tg
+
+out, n = sys.argv[1], int(sys.argv[2])
+tg.save_sharded(os.path.join(out, "honest"), {"w": jnp.ones(4, jnp.float32)})
+bomb = os.path.join(out, "bomb")
+tg.save_sharded(bomb, {"w": jnp.ones(4, jnp.float32)})
+path = os.path.join(bomb, "treeguard.sharded.json")
+doc = json.load(open(path))
+data = os.path.join(bomb, doc["data"])
+shutil.rmtree(data)
+handler = ocp.PyTreeCheckpointHandler(use_ocdbt=True, use_zarr3=True, use_compression=True)
+with ocp.Checkpointer(handler) as c:
+    c.save(data, args=ocp.args.PyTreeSave({"w": jnp.zeros((n,), jnp.float32)}))
+h, zeros, left = blake3.blake3(), bytes(1 << 24), 4 * n
+while left:
+    h.update(zeros[: min(left, len(zeros))])
+    left -= min(left, len(zeros))
+doc["arrays"][0]["shape"] = [n]
+doc["arrays"][0]["shards"][0]["index"] = [[0, n]]
+doc["arrays"][0]["shards"][0]["blake3"] = h.hexdigest()
+doc["spec"]["tree"]["children"][0][1]["shape"] = [n]
+open(path, "w").write(json.dumps(doc))
+"""
+
+#: ``treeguard ckpt verify DIR`` in a fresh interpreter: its exit code, its
+#: first line, then the child's own peak resident memory (KiB).
+VERIFY_PEAK = """
+import resource, sys
+from click.testing import CliRunner
+from treeguard._cli.main import main
+
+res = CliRunner().invoke(main, ["ckpt", "verify", sys.argv[1]])
+print(res.exit_code)
+print((res.stderr or res.stdout).splitlines()[0])
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+"""
+
+
+def _verify_peak(directory: Path) -> tuple[int, str, int]:
+    proc = run_python(VERIFY_PEAK, str(directory), timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    code, line, peak = proc.stdout.splitlines()[-3:]
+    return int(code), line, int(peak) * 1024
+
+
+def _bytes_under(directory: Path) -> int:
+    return sum(f.stat().st_size for f in directory.rglob("*") if f.is_file())
+
+
+def test_compressed_zeros_claiming_256_mib_are_refused_in_the_memory_of_an_honest_file(
+    tmp_path: Path,
+) -> None:
+    # the issue's bomb: a sharded checkpoint of a few KiB whose data holds a
+    # compressed array, so a reader that trusts it allocates what it claims
+    n = 64 << 20  # 256 MiB of float32
+    built = run_python(BUILD_BOMB, str(tmp_path), str(n), timeout=300)
+    assert built.returncode == 0, built.stderr
+    bomb, honest = tmp_path / "bomb", tmp_path / "honest"
+    size = _bytes_under(bomb)
+    assert size < 256 * 1024  # a few KiB on disk
+    code, line, bomb_peak = _verify_peak(bomb)
+    assert (code, line) == (
+        2,
+        f"error: {bomb}: " + _FORGED.format(claimed=4 * n, on_disk=size),
+    )
+    code, line, honest_peak = _verify_peak(honest)
+    assert code == 0, line
+    # refused before tensorstore allocates: the memory of verifying an honest
+    # file of the same tree, not the 256 MiB (x2) the claim asks for
+    assert bomb_peak <= honest_peak + 4 * size + (16 << 20), (bomb_peak, honest_peak, size)
+    assert bomb_peak / honest_peak < 1.1
+    with pytest.raises(tg.FormatError, match="the shapes are forged"):
+        tg.load_sharded(bomb, {"w": jax.ShapeDtypeStruct((n,), jnp.float32, sharding=_one())})
+
+
+def _one() -> jax.sharding.Sharding:
+    return jax.sharding.SingleDeviceSharding(jax.devices()[0])
 
 
 def test_a_link_or_a_deep_nest_in_the_data_directory_is_refused_by_name(tmp_path: Path) -> None:

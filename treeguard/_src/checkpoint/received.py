@@ -60,9 +60,19 @@ def plain_tree(name: str, *, hint: str) -> int:
     return _plain_tree(name, max_entries=MAX_ENTRIES, refuse=refuse, too_big=too_big)
 
 
-def refuse_forged_claim(claimed: int, on_disk: int, name: str) -> None:
-    """Refuses arrays that claim more than ``DEFLATE_MAX_RATIO`` times the
-    bytes their files hold (and more than ``CLAIM_FLOOR``).
+def refuse_forged_claim(claimed: int, on_disk: int, name: str, *, compressed: bool = True) -> None:
+    """Refuses arrays that claim more bytes than their files can hold.
+
+    Args:
+      claimed: the bytes the arrays' shapes and dtypes claim.
+      on_disk: the bytes the directory's regular files hold.
+      name: the directory, for the message.
+      compressed: whether the files may hold compressed arrays (an orbax
+        checkpoint from elsewhere): then a claim up to ``DEFLATE_MAX_RATIO``
+        times the files (or ``CLAIM_FLOOR``) is taken. With False (a
+        treeguard sharded checkpoint, written uncompressed, so every array
+        byte is a stored byte) a claim beyond the files' bytes is refused
+        outright: a few KiB of compressed zeros cannot pass for a GiB array.
 
     Raises:
       FormatError: naming both numbers.
@@ -72,7 +82,21 @@ def refuse_forged_claim(claimed: int, on_disk: int, name: str) -> None:
       Traceback (most recent call last):
       ...
       treeguard.FormatError: ck: its arrays claim 17,179,869,184 bytes, its files hold 796; ...
+      >>> refuse_forged_claim(1 << 20, 4096, "ck", compressed=False)
+      Traceback (most recent call last):
+      ...
+      treeguard.FormatError: ck: its arrays claim 1,048,576 bytes, its files hold 4,096; ...
     """
+    if not compressed:
+        if claimed > on_disk:
+            raise FormatError(
+                f"its arrays claim {claimed:,} bytes, its files hold {on_disk:,}; the data "
+                "is truncated or the shapes are forged (treeguard writes sharded arrays "
+                "uncompressed: every array byte is a stored byte)",
+                context=name,
+                hint="get a fresh copy of the checkpoint",
+            )
+        return
     limit = max(CLAIM_FLOOR, on_disk * DEFLATE_MAX_RATIO)
     if claimed > limit:
         raise FormatError(

@@ -259,10 +259,7 @@ def load_planned(
 
     where = os.path.abspath(os.fspath(directory))
     manifest, _ = read_with_digest(where, expect=digest)  # compared before it is parsed
-    # A checkpoint from elsewhere: no FIFO or link for tensorstore to block on or
-    # follow, and no shape claiming more than its files can hold, before any read.
-    on_disk = plain_tree(where, hint="copy the checkpoint again, without links or special files")
-    refuse_forged_claim(sum(a.nbytes for a in manifest.arrays), on_disk, where)
+    check_received(where, manifest)
     like_leaves, like_treedef = jax.tree.flatten(like)
     like_spec = spec_of(like)
     like_names = [keystr(p) for p in like_spec.paths]
@@ -293,6 +290,20 @@ def load_planned(
         else:
             out.append(like_leaves[i])
     return jax.tree.unflatten(like_treedef, out), plan.surgery
+
+
+def check_received(where: str, manifest: Manifest) -> None:
+    """The gates on a checkpoint directory, run before tensorstore opens it:
+    no FIFO or link for it to block on or follow, and no array claiming
+    more bytes than the files hold (every array byte is stored, uncompressed,
+    so a claim beyond them is forged: tensorstore would fill and allocate it).
+
+    Raises:
+      FormatError: naming the entry, or both byte counts.
+    """
+    on_disk = plain_tree(where, hint="copy the checkpoint again, without links or special files")
+    claimed = sum(a.nbytes for a in manifest.arrays)
+    refuse_forged_claim(claimed, on_disk, where, compressed=False)
 
 
 def groups(arrays: Sequence[ArrayRecord], wanted: Sequence[int]) -> list[list[int]]:
