@@ -180,3 +180,95 @@ def test_a_link_or_a_deep_nest_in_the_data_directory_is_refused_by_name(tmp_path
     deep.mkdir(parents=True)
     with pytest.raises(tg.FormatError, match="holds directories nested more than 64 deep"):
         tg.load_sharded(d, {"w": jnp.ones(4)})
+
+
+#: Rewrites the stored array ``w`` of ``DIR`` (``{'w': f32[4]}``, written by
+#: save_sharded) with tensorstore: shape ``SHAPE``, one chunk of ``CHUNK``
+#: elements, the codecs named (``zstd`` compresses), its four values written
+#: unless ``WRITE`` is 0. The manifest is left as it is: it claims 16 bytes.
+REWRITE = """
+import json, os, sys
+import numpy as np, tensorstore as ts
+
+d, shape, chunk, codecs, write = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
+data = os.path.join(d, json.load(open(os.path.join(d, "treeguard.sharded.json")))["data"])
+named = {"bytes": {"name": "bytes", "configuration": {"endian": "little"}},
+         "zstd": {"name": "zstd", "configuration": {"level": 1, "checksum": False}}}
+spec = {
+    "driver": "zarr3",
+    "kvstore": {"driver": "ocdbt", "base": f"file://{data}/", "path": "w/"},
+    "metadata": {
+        "shape": [shape], "data_type": "float32", "fill_value": 0.0,
+        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [chunk]}},
+        "chunk_key_encoding": {"name": "default"},
+        "codecs": [named[c] for c in codecs.split(",")],
+    },
+    "create": True, "delete_existing": True,
+}
+arr = ts.open(spec).result()
+if write == "1":
+    arr[:4] = np.ones(4, np.float32)
+"""
+
+
+def _rewritten(tmp_path: Path, shape: int, chunk: int, codecs: str, write: bool) -> Path:
+    d = tmp_path / "ck"
+    tg.save_sharded(d, {"w": jnp.ones(4, jnp.float32)})
+    proc = run_python(REWRITE, str(d), str(shape), str(chunk), codecs, "1" if write else "0")
+    assert proc.returncode == 0, proc.stderr
+    return d
+
+
+@pytest.mark.parametrize(
+    ("shape", "chunk", "codecs", "write", "why"),
+    [
+        # a compressed chunk: decoded whole, to what it claims
+        (4, 1 << 20, "bytes,zstd", True, "codec 'zstd': treeguard writes sharded arrays "
+         "uncompressed, with bytes, crc32c, sharding_indexed only; a compressed chunk decodes "
+         "to its claimed size whatever its stored size"),
+        # a chunk beyond its array, never written: filled whole to read 16 bytes
+        (4, 1 << 28, "bytes", False, "a chunk of shape [268435456] in an array of shape [4]: "
+         "a chunk is decoded whole, so it may not reach beyond its array"),
+    ],
+    ids=["compressed-chunk", "chunk-beyond-array"],
+)  # fmt: skip
+def test_stored_array_metadata_claiming_what_the_files_cannot_hold_is_refused_first(
+    tmp_path: Path, shape: int, chunk: int, codecs: str, write: bool, why: str
+) -> None:
+    d = _rewritten(tmp_path, shape, chunk, codecs, write)
+    with pytest.raises(tg.FormatError) as info:
+        tg.load_sharded(d, {"w": jnp.ones(4, jnp.float32)})
+    assert str(info.value) == f"{d}: array 'w': {why}\nhint: get a fresh copy of the checkpoint"
+    res = CliRunner().invoke(main, ["ckpt", "verify", str(d)])
+    assert res.exit_code == 2 and why in " ".join(res.stderr.split())
+
+
+def test_a_stored_array_larger_than_the_files_is_refused_first(tmp_path: Path) -> None:
+    n = 1 << 28  # 1 GiB of float32, no chunk written: tensorstore would fill it
+    d = _rewritten(tmp_path, n, 1 << 20, "bytes", False)
+    with pytest.raises(tg.FormatError) as info:
+        tg.load_sharded(d, {"w": jnp.ones(4, jnp.float32)})
+    on_disk = _bytes_under(d)
+    assert str(info.value) == (
+        f"{d}: its stored arrays claim {4 * n:,} bytes, its files hold {on_disk:,}; treeguard "
+        "writes sharded arrays uncompressed, so that is forged\n"
+        "hint: get a fresh copy of the checkpoint"
+    )
+
+
+def test_a_compressed_chunk_of_256_mib_is_refused_in_the_memory_of_an_honest_file(
+    tmp_path: Path,
+) -> None:
+    # the manifest claims 16 bytes; the array's one chunk, zstd-compressed,
+    # decodes to 256 MiB, which a reader that trusts it allocates to read 16
+    bomb = _rewritten(tmp_path, 4, 64 << 20, "bytes,zstd", True)
+    honest = tmp_path / "honest"
+    tg.save_sharded(honest, {"w": jnp.ones(4, jnp.float32)})
+    size = _bytes_under(bomb)
+    assert size < 256 * 1024
+    code, line, bomb_peak = _verify_peak(bomb)
+    assert code == 2 and line.startswith(f"error: {bomb}: array 'w': codec 'zstd'"), line
+    code, line, honest_peak = _verify_peak(honest)
+    assert code == 0, line
+    assert bomb_peak <= honest_peak + 4 * size + (16 << 20), (bomb_peak, honest_peak, size)
+    assert bomb_peak / honest_peak < 1.1

@@ -9,7 +9,6 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any, Literal
 
 from ..checkpoint.plan import SurgeryOptions, plan_load, select_part
-from ..checkpoint.received import plain_tree, refuse_forged_claim
 from ..diff import mismatches
 from ..errors import ConfigError, IntegrityError, InvalidTreeError
 from ..leaf import describe_sharding, same_sharding, summarize
@@ -18,6 +17,7 @@ from ..paths import keystr
 from ..spec import TreeSpec, spec_of
 from ..surgery import Surgery
 from . import hosts
+from .claims import check_received
 from .digests import ShardChecker
 from .manifest import ArrayRecord, Manifest, read_with_digest
 from .orbax_io import read_arrays
@@ -290,20 +290,6 @@ def load_planned(
         else:
             out.append(like_leaves[i])
     return jax.tree.unflatten(like_treedef, out), plan.surgery
-
-
-def check_received(where: str, manifest: Manifest) -> None:
-    """The gates on a checkpoint directory, run before tensorstore opens it:
-    no FIFO or link for it to block on or follow, and no array claiming
-    more bytes than the files hold (every array byte is stored, uncompressed,
-    so a claim beyond them is forged: tensorstore would fill and allocate it).
-
-    Raises:
-      FormatError: naming the entry, or both byte counts.
-    """
-    on_disk = plain_tree(where, hint="copy the checkpoint again, without links or special files")
-    claimed = sum(a.nbytes for a in manifest.arrays)
-    refuse_forged_claim(claimed, on_disk, where, compressed=False)
 
 
 def groups(arrays: Sequence[ArrayRecord], wanted: Sequence[int]) -> list[list[int]]:
