@@ -136,3 +136,18 @@ def test_a_float8_nan_born_in_a_conversion_is_located() -> None:
     sites = nan_origin(f, jnp.linspace(0.0, 1.0, 4))
     assert [(s.primitive, s.kind) for s in sites] == [("convert_element_type", "nan")]
     assert sites[0].count == 2 and sites[0].summary == "float8_e4m3fn[4]"
+
+
+@pytest.mark.parametrize("dtype", [dt for dt in FLOATS if _bad_values(dt)], ids=str)
+def test_the_recorder_refuses_a_host_value_of_every_float_kind(tmp_path, dtype) -> None:
+    # an eager step returning numpy values: each is judged on the host, at its own dtype
+    def step(params: Any, opt_state: Any, batch: Any) -> Any:
+        return params, opt_state, np.full(3, batch, np.float64).astype(dtype)
+
+    train = treeguard.FlightRecorder(tmp_path, batch="digest").wrap(step)
+    params, state = {"w": jnp.ones(2)}, {"m": np.zeros(2)}
+    train(params, state, 1.0)
+    assert not any(tmp_path.iterdir())
+    with pytest.raises(treeguard.NonFiniteError) as info:
+        train(params, state, _bad_values(dtype)[0])
+    assert info.value.where == "the loss"
