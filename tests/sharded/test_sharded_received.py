@@ -250,8 +250,7 @@ def test_a_stored_array_larger_than_the_files_is_refused_first(tmp_path: Path) -
         tg.load_sharded(d, {"w": jnp.ones(4, jnp.float32)})
     on_disk = _bytes_under(d)
     assert str(info.value) == (
-        f"{d}: its stored arrays claim {4 * n:,} bytes, its files hold {on_disk:,}; treeguard "
-        "writes sharded arrays uncompressed, so that is forged\n"
+        f"{d}: {_FORGED.format(claimed=4 * n, on_disk=on_disk)}\n"
         "hint: get a fresh copy of the checkpoint"
     )
 

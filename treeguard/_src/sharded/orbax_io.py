@@ -40,30 +40,3 @@ def read_arrays(path: str, item: Any) -> Any:
     return _handler().restore(
         epath.Path(path), args=ocp.args.PyTreeRestore(item=item, restore_args=restore_args)
     )
-
-
-#: The largest array metadata (``zarr.json``) read; orbax writes a few hundred bytes.
-MAX_ARRAY_METADATA = 64 * 1024
-
-
-def array_metadata(path: str) -> list[tuple[str, bytes]]:
-    """The stored metadata (``zarr.json``) of every array of the orbax
-    checkpoint at ``path``: ``(array name, its raw bytes)``, read from the
-    OCDBT key-value store without opening any array (nothing is decoded or
-    allocated beyond these few bytes each).
-
-    Raises:
-      ValueError: for a metadata value over ``MAX_ARRAY_METADATA`` bytes.
-    """
-    import tensorstore as ts  # lazy: tensorstore comes with the optional sharded extra
-
-    kv = ts.KvStore.open({"driver": "ocdbt", "base": f"file://{os.path.abspath(path)}/"}).result()
-    out = []
-    for key in kv.list().result():
-        if not key.endswith(b"/zarr.json"):
-            continue
-        value = kv.read(key).result().value
-        if len(value) > MAX_ARRAY_METADATA:
-            raise ValueError(f"{key[:200]!r}: {len(value):,} bytes of array metadata")
-        out.append((key[: -len(b"/zarr.json")].decode("utf-8", "replace"), bytes(value)))
-    return out

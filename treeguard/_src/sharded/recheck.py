@@ -14,9 +14,8 @@ import os
 from typing import Any
 
 from ..errors import FormatError, InvalidTreeError
-from .claims import check_received
 from .digests import ShardChecker
-from .load import groups, picked, shard_error, unreadable
+from .load import check_received, groups, picked, shard_error, unreadable
 from .manifest import Manifest, read_with_digest
 from .orbax_io import read_arrays
 
