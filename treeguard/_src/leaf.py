@@ -9,6 +9,7 @@ name, and JAX only to read a live array's sharding.
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from typing import Any, TypeAlias
 
@@ -96,9 +97,13 @@ def is_inexact(dtype: Any) -> bool:
         dt = dtype if isinstance(dtype, np.dtype) else dtype_of(dtype)
     except TypeError:  # a JAX key dtype of a custom implementation: no floats
         return False
-    if dt.kind in "fc":
-        return True
-    return dt.kind == "V" and dt.type.__module__.startswith("ml_dtypes") and "float" in dt.name
+    return dt.kind in "fc" or (dt.kind == "V" and _ml_float(dt))
+
+
+@functools.lru_cache(maxsize=64)
+def _ml_float(dt: np.dtype[Any]) -> bool:
+    """Whether a dtype of kind ``'V'`` is one of ml_dtypes' floats (per dtype, once)."""
+    return dt.type.__module__.startswith("ml_dtypes") and "float" in dt.name
 
 
 def short_dtype(dtype: np.dtype[Any]) -> str:
