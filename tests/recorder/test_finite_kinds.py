@@ -151,3 +151,21 @@ def test_the_recorder_refuses_a_host_value_of_every_float_kind(tmp_path, dtype) 
     with pytest.raises(treeguard.NonFiniteError) as info:
         train(params, state, _bad_values(dtype)[0])
     assert info.value.where == "the loss"
+
+
+@pytest.mark.parametrize("cast", [True, False], ids=["cast", "direct"])
+@pytest.mark.parametrize("dtype", [dt for dt in FLOATS if dt.kind == "V"], ids=str)
+def test_every_bit_pattern_of_an_ml_dtypes_float_is_judged_as_float32_judges_it(
+    monkeypatch: pytest.MonkeyPatch, dtype: np.dtype[Any], cast: bool
+) -> None:
+    # each way the check reads a block (a cast for a few values, bfloat16's
+    # exponent bits, numpy's own ufunc) against every value the dtype holds
+    import treeguard._src.nonfinite as nonfinite
+
+    monkeypatch.setattr(nonfinite, "_CAST", 1 << 20 if cast else 0)
+    bits = np.arange(1 << (8 * dtype.itemsize), dtype=f"u{dtype.itemsize}").view(dtype)
+    want = ~np.isfinite(bits.astype(np.float32))
+    assert host_nonfinite(bits) == int(want.sum())
+    assert host_nonfinite(bits[~want]) == 0 and host_all_finite(bits[~want])
+    if want.any():
+        assert not host_all_finite(bits[want][-1:]) and host_nonfinite(bits[want]) == want.sum()
