@@ -78,11 +78,11 @@ _FORGED = (
     "a stored byte)"
 )
 
-#: Writes ``DIR/honest`` (``{'w': f32[4]}``) and ``DIR/bomb``: the same
+#: Writes ``DIR/honest`` (``{'w': f32[4]}``), ``DIR/bomb``: the same
 #: manifest claiming ``f32[N]`` with every digest recomputed, over data that
 #: orbax wrote zstd-compressed: N zeros in a few KiB, which is all a reader
-#: that trusts the claim allocates (an attacker's file, built here in a child
-#: so this process never holds the array).
+#: that trusts the claim allocates, and ``DIR/chunk`` (below). Attackers'
+#: files, built in a child so that this process never holds the arrays.
 BUILD_BOMB = """
 import json, os, shutil, sys
 import blake3, jax.numpy as jnp, orbax.checkpoint as ocp
@@ -108,6 +108,26 @@ doc["arrays"][0]["shards"][0]["index"] = [[0, n]]
 doc["arrays"][0]["shards"][0]["blake3"] = h.hexdigest()
 doc["spec"]["tree"]["children"][0][1]["shape"] = [n]
 open(path, "w").write(json.dumps(doc))
+
+# the chunk bomb: the manifest still claims 16 bytes, but the array's one
+# chunk of n values, zstd-compressed, is decoded whole to read them
+chunk = os.path.join(out, "chunk")
+tg.save_sharded(chunk, {"w": jnp.ones(4, jnp.float32)})
+data = os.path.join(chunk, json.load(open(os.path.join(chunk, "treeguard.sharded.json")))["data"])
+import numpy as np, tensorstore as ts
+arr = ts.open({
+    "driver": "zarr3",
+    "kvstore": {"driver": "ocdbt", "base": f"file://{data}/", "path": "w/"},
+    "metadata": {
+        "shape": [4], "data_type": "float32", "fill_value": 0.0,
+        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [n]}},
+        "chunk_key_encoding": {"name": "default"},
+        "codecs": [{"name": "bytes", "configuration": {"endian": "little"}},
+                   {"name": "zstd", "configuration": {"level": 1, "checksum": False}}],
+    },
+    "create": True, "delete_existing": True,
+}).result()
+arr[:4] = np.ones(4, np.float32)
 """
 
 #: ``treeguard ckpt verify DIR`` in a fresh interpreter: its exit code, its
@@ -135,28 +155,28 @@ def _bytes_under(directory: Path) -> int:
     return sum(f.stat().st_size for f in directory.rglob("*") if f.is_file())
 
 
-def test_compressed_zeros_claiming_256_mib_are_refused_in_the_memory_of_an_honest_file(
-    tmp_path: Path,
-) -> None:
-    # the issue's bomb: a sharded checkpoint of a few KiB whose data holds a
-    # compressed array, so a reader that trusts it allocates what it claims
-    n = 64 << 20  # 256 MiB of float32
+def test_claim_bombs_are_refused_in_the_memory_of_an_honest_file(tmp_path: Path) -> None:
+    # the issue's bombs: sharded checkpoints of a few KiB whose data holds a
+    # compressed array, or a compressed chunk, so that a reader that trusts
+    # them allocates what they claim (64 MiB each here, twice over on a read)
+    n = 16 << 20
     built = run_python(BUILD_BOMB, str(tmp_path), str(n), timeout=300)
     assert built.returncode == 0, built.stderr
-    bomb, honest = tmp_path / "bomb", tmp_path / "honest"
-    size = _bytes_under(bomb)
-    assert size < 256 * 1024  # a few KiB on disk
-    code, line, bomb_peak = _verify_peak(bomb)
-    assert (code, line) == (
-        2,
-        f"error: {bomb}: " + _FORGED.format(claimed=4 * n, on_disk=size),
-    )
-    code, line, honest_peak = _verify_peak(honest)
+    code, line, honest_peak = _verify_peak(tmp_path / "honest")
     assert code == 0, line
-    # refused before tensorstore allocates: the memory of verifying an honest
-    # file of the same tree, not the 256 MiB (x2) the claim asks for
-    assert bomb_peak <= honest_peak + 4 * size + (16 << 20), (bomb_peak, honest_peak, size)
-    assert bomb_peak / honest_peak < 1.1
+    bomb, chunk = tmp_path / "bomb", tmp_path / "chunk"
+    for where, why in [
+        (bomb, _FORGED.format(claimed=4 * n, on_disk=_bytes_under(bomb))),
+        (chunk, "array 'w': codec 'zstd': treeguard writes sharded arrays uncompressed"),
+    ]:
+        size = _bytes_under(where)
+        assert size < 256 * 1024  # a few KiB on disk
+        code, line, peak = _verify_peak(where)
+        assert code == 2 and line.startswith(f"error: {where}: {why}"), line
+        # refused before tensorstore allocates: the memory of verifying an
+        # honest file of the same tree, never the claim's
+        assert peak <= honest_peak + 4 * size + (16 << 20), (where, peak, honest_peak, size)
+        assert peak / honest_peak < 1.1, (where, peak, honest_peak)
     with pytest.raises(tg.FormatError, match="the shapes are forged"):
         tg.load_sharded(bomb, {"w": jax.ShapeDtypeStruct((n,), jnp.float32, sharding=_one())})
 
@@ -253,21 +273,3 @@ def test_a_stored_array_larger_than_the_files_is_refused_first(tmp_path: Path) -
         f"{d}: {_FORGED.format(claimed=4 * n, on_disk=on_disk)}\n"
         "hint: get a fresh copy of the checkpoint"
     )
-
-
-def test_a_compressed_chunk_of_256_mib_is_refused_in_the_memory_of_an_honest_file(
-    tmp_path: Path,
-) -> None:
-    # the manifest claims 16 bytes; the array's one chunk, zstd-compressed,
-    # decodes to 256 MiB, which a reader that trusts it allocates to read 16
-    bomb = _rewritten(tmp_path, 4, 64 << 20, "bytes,zstd", True)
-    honest = tmp_path / "honest"
-    tg.save_sharded(honest, {"w": jnp.ones(4, jnp.float32)})
-    size = _bytes_under(bomb)
-    assert size < 256 * 1024
-    code, line, bomb_peak = _verify_peak(bomb)
-    assert code == 2 and line.startswith(f"error: {bomb}: array 'w': codec 'zstd'"), line
-    code, line, honest_peak = _verify_peak(honest)
-    assert code == 0, line
-    assert bomb_peak <= honest_peak + 4 * size + (16 << 20), (bomb_peak, honest_peak, size)
-    assert bomb_peak / honest_peak < 1.1
