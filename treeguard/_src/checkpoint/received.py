@@ -139,11 +139,12 @@ def array_metadata(directory: str) -> list[tuple[str, bytes]]:
 
         spec = {"driver": "ocdbt", "base": f"file://{os.path.abspath(directory)}/"}
         kv = ts.KvStore.open(spec).result()
-        for key in kv.list().result():
-            head, _, last = key.rpartition(b"/")
-            if last.decode("utf-8", "replace") in _METADATA_NAMES:
-                value = kv.read(key).result().value
-                out.append((head.decode("utf-8", "replace"), _bounded(key, len(value), value)))
+        keys = [k for k in kv.list().result() if _is_metadata(k)]
+        reads = [kv.read(k) for k in keys]  # issued together, then awaited in order
+        for key, read in zip(keys, reads):
+            value = read.result().value
+            head = key.rpartition(b"/")[0].decode("utf-8", "replace")
+            out.append((head, _bounded(key, len(value), value)))
         return out
     for root, _, files in os.walk(directory):  # plain_tree refused links first
         for leaf in files:
@@ -154,6 +155,10 @@ def array_metadata(directory: str) -> list[tuple[str, bytes]]:
                 with open(path, "rb") as f:
                     out.append((os.path.relpath(root, directory), f.read(MAX_ARRAY_METADATA)))
     return out
+
+
+def _is_metadata(key: bytes) -> bool:
+    return key.rpartition(b"/")[2].decode("utf-8", "replace") in _METADATA_NAMES
 
 
 def _bounded(key: bytes, size: int, value: bytes) -> bytes:
