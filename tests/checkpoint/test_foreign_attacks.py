@@ -411,6 +411,36 @@ def test_orbax_array_claiming_far_more_than_its_files_is_refused(tmp_path: Path)
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 256 * 1024  # KiB
 
 
+@pytest.mark.parametrize("ocdbt", [False, True], ids=["zarr-files", "ocdbt"])
+def test_orbax_chunk_reaching_beyond_its_array_is_refused(tmp_path: Path, ocdbt: bool) -> None:
+    """A chunk is decoded (or filled) whole to read any part of it: a 2x3
+    array whose one chunk claims 2**26 rows would cost 768 MiB to read."""
+    import orbax.checkpoint as ocp
+    import tensorstore as ts
+
+    ck = tmp_path / "ck"
+    with ocp.Checkpointer(ocp.PyTreeCheckpointHandler(use_ocdbt=ocdbt)) as ckptr:
+        ckptr.save(ck, {"w": np.ones((2, 3), np.float32)})
+    if ocdbt:
+        kv = ts.KvStore.open({"driver": "ocdbt", "base": f"file://{ck}/"}).result()
+        key = next(k for k in kv.list().result() if k.endswith(b"/.zarray"))
+        meta = json.loads(kv.read(key).result().value)
+        meta["chunks"] = [2**26, 3]
+        kv.write(key, json.dumps(meta).encode()).result()
+    else:
+        zarray = ck / "w" / ".zarray"
+        meta = json.loads(zarray.read_text())
+        meta["chunks"] = [2**26, 3]
+        zarray.write_text(json.dumps(meta))
+    with pytest.raises(tg.FormatError) as info:
+        tg.read_foreign(ck)
+    assert str(info.value) == (
+        f"{ck}: array 'w': a chunk of shape [67108864, 3] in an array of shape [2, 3]: a chunk "
+        "is decoded whole, so it may not reach beyond its array\n"
+        "hint: get a fresh copy of the checkpoint"
+    )
+
+
 def test_import_into_a_missing_directory_names_it_before_reading(tmp_path: Path) -> None:
     src = tmp_path / "w.npz"
     np.savez(src, w=np.ones(2, np.float32))

@@ -9,6 +9,7 @@ name, and JAX only to read a live array's sharding.
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from typing import Any, TypeAlias
 
@@ -68,6 +69,41 @@ def _is_array_dtype(dtype: np.dtype[Any]) -> bool:
     return dtype.kind in "biufc" or (
         dtype.kind == "V" and dtype.type.__module__.startswith("ml_dtypes")
     )
+
+
+def is_inexact(dtype: Any) -> bool:
+    """Whether a dtype can hold NaN or Inf: every float kind and complex.
+
+    float16/32/64, complex, ``bfloat16`` and every float8 (and float4/6) of
+    ``ml_dtypes``: their dtype kind is ``'V'`` (one, ``float8_e5m2``, is
+    ``'f'``), so a test of ``dtype.kind in "fc"`` misses them. This is the one
+    place that tells a float dtype from the others.
+
+    Args:
+      dtype: a numpy dtype, a scalar type or a dtype name.
+
+    Returns:
+      True for a floating or complex dtype; False for bool, integers
+      (``int4`` included) and typed PRNG keys.
+
+    Raises:
+      FormatError: for a name that is no dtype.
+
+    Example:
+      >>> [is_inexact(n) for n in ("bfloat16", "float8_e4m3fn", "complex64", "int4", "bool")]
+      [True, True, True, False, False]
+    """
+    try:
+        dt = dtype if isinstance(dtype, np.dtype) else dtype_of(dtype)
+    except TypeError:  # a JAX key dtype of a custom implementation: no floats
+        return False
+    return dt.kind in "fc" or (dt.kind == "V" and _ml_float(dt))
+
+
+@functools.lru_cache(maxsize=64)
+def _ml_float(dt: np.dtype[Any]) -> bool:
+    """Whether a dtype of kind ``'V'`` is one of ml_dtypes' floats (per dtype, once)."""
+    return dt.type.__module__.startswith("ml_dtypes") and "float" in dt.name
 
 
 def short_dtype(dtype: np.dtype[Any]) -> str:

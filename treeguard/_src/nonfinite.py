@@ -8,31 +8,23 @@ built only for the leaves that hold a non-finite value.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import math
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 
 from .errors import InvalidTreeError, TracedValueError
-from .leaf import summarize
+from .leaf import is_inexact, summarize
 from .paths import keystr
 from .spec import record_of
 from .walk import flatten, invalid_leaves, structure_of
 
 #: How many leaves an error lists before it says how many it left out.
 _LISTED = 20
-
-
-def is_inexact(dtype: Any) -> bool:
-    """Whether a dtype can hold NaN or Inf (floating and complex dtypes).
-
-    Example:
-      >>> is_inexact(jnp.bfloat16), is_inexact(jnp.int8)
-      (True, False)
-    """
-    return bool(jnp.issubdtype(dtype, jnp.inexact))
 
 
 def count_leaf(x: Any) -> jax.Array:
@@ -42,21 +34,108 @@ def count_leaf(x: Any) -> jax.Array:
     return jnp.sum(~jnp.isfinite(x), dtype=jnp.int32)
 
 
+#: Host arrays are checked this many elements at a time, so the check's
+#: scratch memory (one bool per element) stays small beside a large leaf.
+_BLOCK = 1 << 22
+
+#: Up to this many elements, ``host_all_finite`` checks an array's values in Python.
+SMALL = 64
+
+
+def _host_array(x: Any) -> np.ndarray[Any, Any] | None:
+    """``x`` as a numpy array at its own dtype, or None when it cannot hold NaN or Inf."""
+    arr = np.asarray(x)
+    return arr if is_inexact(arr.dtype) else None
+
+
+def _blocks(arr: np.ndarray[Any, Any]) -> Iterator[np.ndarray[Any, Any]]:
+    flat = arr.ravel(order="K")  # a view of a contiguous array
+    for start in range(0, flat.size, _BLOCK):
+        yield flat[start : start + _BLOCK]
+
+
+#: bfloat16's exponent bits: all set for Inf and NaN alone (it is IEEE-like).
+_BF16_EXPONENT = np.uint16(0x7F80)
+_BF16 = np.dtype(ml_dtypes.bfloat16)
+#: Up to this many values of an ml_dtypes float, a cast to float32 is the cheapest check.
+_CAST = 4096
+
+
+def _count(block: np.ndarray[Any, Any]) -> int:
+    """The non-finite values of one block of an inexact dtype."""
+    if block.size <= _CAST and block.dtype.kind == "V":  # a few ml_dtypes values: cast
+        return block.size - int(np.count_nonzero(np.isfinite(block.astype(np.float32))))
+    if block.dtype == _BF16:  # its bits: several times numpy's ufunc, and no cast
+        bits = block.view(np.uint16) & _BF16_EXPONENT
+        return int(np.count_nonzero(bits == _BF16_EXPONENT))
+    return block.size - int(np.count_nonzero(np.isfinite(block)))
+
+
+def host_nan_inf(x: Any) -> tuple[int, int]:
+    """The number of NaN and of Inf values of a host value (a numpy array or
+    scalar, a Python number), at its own dtype; ``(0, 0)`` for other kinds.
+
+    Example:
+      >>> import ml_dtypes
+      >>> host_nan_inf(np.array([np.nan, np.inf, -np.inf, 1.0], ml_dtypes.bfloat16))
+      (1, 2)
+    """
+    arr = _host_array(x)
+    if arr is None:
+        return 0, 0
+    nan = inf = 0
+    for block in _blocks(arr):
+        nan += int(np.count_nonzero(np.isnan(block)))
+        inf += int(np.count_nonzero(np.isinf(block)))
+    return nan, inf
+
+
 def host_nonfinite(x: Any) -> int:
     """The number of NaN and Inf values of a host value (a numpy array or
     scalar, a Python number), counted at its own dtype: a numpy f64 stays
     f64, where JAX without x64 would cast it to f32 and a finite 1e40 to Inf.
 
+    Every float kind is counted (``leaf.is_inexact``: bfloat16 and each
+    float8 included, with no cast), a block of elements at a time.
+
     Example:
       >>> host_nonfinite(np.float64(1e40)), host_nonfinite([np.nan, 1e300, np.inf])
       (0, 2)
     """
-    arr = np.asarray(x)
-    if arr.dtype.kind not in "fc":
-        if not is_inexact(arr.dtype):
-            return 0
-        arr = arr.astype(np.float32)  # bfloat16 and the other ml_dtypes floats
-    return int(np.count_nonzero(~np.isfinite(arr)))
+    arr = _host_array(x)
+    return 0 if arr is None else _count_all(arr)
+
+
+def _count_all(arr: np.ndarray[Any, Any]) -> int:
+    if arr.size <= _BLOCK:
+        return _count(arr)
+    return sum(_count(block) for block in _blocks(arr))
+
+
+def host_all_finite(x: np.ndarray[Any, Any]) -> bool:
+    """Whether every element of a host array of any float kind (bfloat16,
+    float8 and complex included) is finite; True for other kinds.
+
+    The check every gate runs on host arrays: a version's params at load,
+    a served response's outputs, the release checks. A response's few
+    values are read as Python floats, several times cheaper than a ufunc's
+    dispatch between requests.
+
+    Example:
+      >>> import ml_dtypes
+      >>> host_all_finite(np.array([1.0, np.inf])), host_all_finite(np.array([1, 2]))
+      (False, True)
+      >>> host_all_finite(np.array([1.0, np.nan], ml_dtypes.float8_e4m3fn))
+      False
+    """
+    dtype = x.dtype
+    kind = dtype.kind
+    if kind in "fc" or (kind == "V" and is_inexact(dtype)):
+        if kind == "f" and x.size <= SMALL and dtype.itemsize <= 8:
+            # exact, up to float64: every narrower float converts to a Python float
+            return all(map(math.isfinite, x.ravel().tolist()))
+        return _count_all(x) == 0
+    return True
 
 
 #: Leaves per compiled counting call: one reduction per leaf compiles in time
@@ -205,9 +284,10 @@ def describe_counts(
     paths: Sequence[str],
     *,
     where: str,
-    hint: str,
+    hint: str | None = None,
 ) -> str:
-    """The message of a ``NonFiniteError``: a head line, one line per leaf, a hint."""
+    """The message of a ``NonFiniteError``: a head line, one line per leaf
+    (its path, count, dtype and shape), then the hint when one is given."""
     index = {p: i for i, p in enumerate(paths)}
     n = len(counts)
     lines = [f"{n} {'leaf holds' if n == 1 else 'leaves hold'} NaN or Inf in {where}:"]
@@ -223,5 +303,37 @@ def describe_counts(
         lines.append(f"  {path or '<root>'}: {c}{of} {noun}{what}")
     if n > _LISTED:
         lines.append(f"  ... and {n - _LISTED} more")
-    lines.append(f"hint: {hint}")
+    if hint is not None:
+        lines.append(f"hint: {hint}")
     return "\n".join(lines)
+
+
+def describe_nonfinite(tree: Any, /, *, where: str) -> str | None:
+    """Names each leaf of a concrete tree that holds NaN or Inf, of any float
+    kind (bfloat16 and float8 included), with its count, dtype and shape.
+
+    Args:
+      tree: a pytree of concrete arrays (numpy arrays are checked at their
+        own dtype).
+      where: what the tree is, for the head line (``"the params"``).
+
+    Returns:
+      The text (no hint), or None when every value is finite.
+
+    Raises:
+      InvalidTreeError: for a cyclic tree or a leaf that is not an array.
+
+    Example:
+      >>> import ml_dtypes
+      >>> print(describe_nonfinite({"w": np.array([1, np.nan], ml_dtypes.bfloat16)}, where="v1"))
+      1 leaf holds NaN or Inf in v1:
+        ['w']: 1 of 2 values (bf16[2])
+      >>> describe_nonfinite({"w": np.ones(2, np.float32)}, where="v1") is None
+      True
+    """
+    counts = find_nonfinite(tree)
+    if not counts:
+        return None
+    leaves, treedef = _leaves_of(tree)
+    paths = [keystr(p) for p in structure_of(tree, treedef).leaf_paths()]
+    return describe_counts(counts, leaves, paths, where=where)

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .errors import ConfigError
-from .leaf import dtype_of, resolve_dtype
+from .leaf import dtype_of, is_inexact, resolve_dtype
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,8 +164,3 @@ def glob_matches(glob: str, path: str) -> bool:
       (True, False)
     """
     return _glob_re(glob).fullmatch(path) is not None
-
-
-def is_inexact(dtype: Any) -> bool:
-    dt = dtype_of(dtype)
-    return dt.kind in "fc" or dt.name == "bfloat16" or dt.name.startswith("float8")

@@ -402,7 +402,8 @@ def _check_table_names(table: Sequence[str], names: Sequence[str], name: str) ->
     """The tensor table names exactly the spec's leaves, one to one, in flatten order."""
     for tensor in table:
         check_name(tensor, name)
-    unknown = [t for t in table if t not in set(names)]
+    known, listed = set(names), set(table)  # once: a set per name made this quadratic
+    unknown = [t for t in table if t not in known]
     if unknown:
         more = f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else ""
         raise FormatError(
@@ -410,7 +411,7 @@ def _check_table_names(table: Sequence[str], names: Sequence[str], name: str) ->
             context=name,
             hint=_NOT_OURS,
         )
-    absent = [n for n in names if n not in set(table)]
+    absent = [n for n in names if n not in listed]
     if absent:
         raise FormatError(
             f"tensor {absent[0] or '<root>'}: in the stored spec but absent from the tensor table",

@@ -55,7 +55,7 @@ from .format import ALLOWED_DTYPES, MAX_HEADER_BYTES
 from .load import load
 from .names import NamingRule, namer, nest
 from .read import read_header
-from .received import DEFLATE_MAX_RATIO, plain_tree, refuse_forged_claim
+from .received import DEFLATE_MAX_RATIO, plain_tree, refuse_forged_claim, stored_array_bytes
 from .write import save
 
 SourceKind = Literal["safetensors", "treeguard", "npz", "msgpack", "orbax"]
@@ -383,6 +383,8 @@ def _read_orbax(name: str, names: NamingRule) -> dict[str, np.ndarray[Any, Any]]
             context=name,
             hint="pip install 'treeguard[orbax]'",
         ) from None
+    # each stored array's chunks and size, from its own metadata, before orbax opens any
+    refuse_forged_claim(stored_array_bytes(name, name, compressed=True), on_disk, name)
     try:
         with ocp.PyTreeCheckpointer() as ckptr:
             meta = ckptr.metadata(name)

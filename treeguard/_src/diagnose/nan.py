@@ -21,6 +21,7 @@ import numpy as np
 
 from ..equation import site
 from ..leaf import summarize
+from ..nonfinite import host_nan_inf, host_nonfinite
 from . import jaxpr as jx
 
 Phase = Literal["forward", "backward"]
@@ -80,18 +81,7 @@ class NanSite:
 
 
 def _finite(x: Any) -> bool:
-    a = np.asarray(x)
-    if a.dtype.kind not in "fc" and a.dtype.name != "bfloat16":
-        return True
-    return bool(np.isfinite(a.astype(np.complex128 if a.dtype.kind == "c" else np.float64)).all())
-
-
-def _counts(x: Any) -> tuple[int, int]:
-    a = np.asarray(x)
-    if a.dtype.kind not in "fc" and a.dtype.name != "bfloat16":
-        return 0, 0
-    f = a.astype(np.complex128 if a.dtype.kind == "c" else np.float64)
-    return int(np.isnan(f).sum()), int(np.isinf(f).sum())
+    return host_nonfinite(x) == 0
 
 
 def _arrays(vals: list[Any]) -> list[Any]:
@@ -115,7 +105,7 @@ def _sites(
         nan = inf = 0
         first = None
         for x in res:
-            n, i = _counts(x)
+            n, i = host_nan_inf(x)
             nan, inf = nan + n, inf + i
             if first is None and (n or i):
                 first = x

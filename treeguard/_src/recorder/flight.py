@@ -22,7 +22,8 @@ import jax
 import jax.numpy as jnp
 
 from ..errors import ConfigError, NonFiniteError, RecorderError
-from ..nonfinite import all_finite, host_nonfinite, is_inexact, typed_sharding
+from ..leaf import is_inexact
+from ..nonfinite import all_finite, host_nonfinite, typed_sharding
 from ..optimizer import OptaxStep
 from ..updates.compiled import nonfinite_sections
 from ..updates.layout import labelled_trees

@@ -37,6 +37,7 @@ import jax
 import numpy as np
 
 from ..errors import InvalidRequestError, ServingError, TreeguardError
+from ..nonfinite import host_all_finite
 from ..verify.model import BATCH, Model
 from .batcher import Batcher, Unavailable
 from .buckets import Admission, admit
@@ -47,7 +48,6 @@ from .protocol import (
     InferRequest,
     InferResult,
     TensorMeta,
-    all_finite,
     datatype_of,
     plain_name,
     refuse,
@@ -397,7 +397,8 @@ class Engine:
             raise ServingError(
                 f"the model failed on this batch ({type(e).__name__})", status=500
             ) from None
-        bad = [self._output_names.get(p, p or "output") for p, x in outputs if not all_finite(x)]
+        names = self._output_names
+        bad = [names.get(p, p or "output") for p, x in outputs if not host_all_finite(x)]
         if bad:
             await self._nonfinite(served, leaves, bad)
         else:  # ``_judge`` of a good response, with no coroutine unless it trips
@@ -448,7 +449,7 @@ class Engine:
                 slot, [x[start : start + n] for x in leaves], n, phase="shadow"
             )
             for _, x in outs:
-                if not all_finite(x):
+                if not host_all_finite(x):
                     return False
         return True
 

@@ -29,6 +29,7 @@ import numpy as np
 
 from ..errors import InvalidRequestError
 from ..leaf import summarize
+from ..nonfinite import host_all_finite as all_finite
 from ..spec import LeafSpec
 from .spec import ServingSpec
 
@@ -368,31 +369,6 @@ class Decoder:
                         hint="send inputs within the bounds the serving spec declares",
                     )
         return out
-
-
-#: Up to this many elements, ``all_finite`` checks an array's values in Python.
-SMALL = 64
-
-
-def all_finite(x: np.ndarray[Any, Any]) -> bool:
-    """Whether every element of a float (or bfloat16, or complex) array is finite;
-    True for other kinds.
-
-    Example:
-      >>> all_finite(np.array([1.0, np.inf])), all_finite(np.array([1, 2]))
-      (False, True)
-    """
-    kind = x.dtype.kind
-    if kind == "f" and x.size <= SMALL and x.dtype.itemsize <= 8:
-        # a response's few values as Python floats (exact, up to float64):
-        # several times cheaper than a ufunc's dispatch between requests
-        return all(map(math.isfinite, x.ravel().tolist()))
-    if kind in "fc":
-        # count_nonzero: a fraction of the cost of ``.all()`` on small arrays
-        return bool(np.count_nonzero(np.isfinite(x)) == x.size)
-    if kind == "V":  # bfloat16 and the other ml_dtypes floats
-        return bool(np.count_nonzero(np.isfinite(x.astype(np.float32))) == x.size)
-    return True
 
 
 def _within(arr: np.ndarray[Any, Any], bounds: tuple[float, float]) -> bool:

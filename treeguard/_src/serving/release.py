@@ -20,11 +20,11 @@ import jax
 import numpy as np
 
 from ..diff import check
+from ..nonfinite import host_all_finite
 from ..spec import LeafSpec, spec_of
 from ..verify.cases import generate
 from ..verify.model import Model
 from ..verify.refs import load as load_refs
-from .protocol import all_finite
 from .verdicts import PREFIX
 
 log = logging.getLogger("treeguard.serving")
@@ -101,7 +101,7 @@ def release_checks(model: Model) -> list[tuple[str, Any]]:
         bad = [
             jax.tree_util.keystr(p)
             for p, x in jax.tree.leaves_with_path(tree)
-            if not all_finite(np.asarray(x))
+            if not host_all_finite(np.asarray(x))
         ]
         if bad:
             raise ValueError(f"NaN or Inf in {', '.join(bad[:5])}")
@@ -112,7 +112,7 @@ def release_checks(model: Model) -> list[tuple[str, Any]]:
         for name, batch in _batches(model):
             out = fn(tree, batch)
             for p, x in jax.tree.leaves_with_path(out):
-                if not all_finite(np.asarray(x)):
+                if not host_all_finite(np.asarray(x)):
                     path = jax.tree_util.keystr(p) or "<root>"
                     raise ValueError(f"output {path} is NaN or Inf on the case {name!r}")
         return True

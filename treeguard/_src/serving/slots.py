@@ -39,6 +39,7 @@ from ..errors import (
     TreeguardError,
     TreeMismatchError,
 )
+from ..nonfinite import describe_nonfinite, host_all_finite
 from ..spec import TreeSpec, spec_of
 from ..verify.model import BATCH, Model
 from .buckets import bucket_for, pad_rows
@@ -310,7 +311,7 @@ class Slots:
                 continue
             outs, _ = self.run(slot, leaves, rows, phase="swap")
             for path, out in outs:
-                if out.dtype.kind in "fc" and not np.all(np.isfinite(out)):
+                if not host_all_finite(out):
                     raise ServingError(
                         f"version {slot.version} fails the regression check: output {path} on "
                         f"the stored case {name!r} is not finite",
@@ -736,16 +737,13 @@ def quarantined_in(versions: Sequence[Any]) -> set[str]:
 
 
 def _check_finite(version: str, tree: Any) -> None:
-    bad = [
-        keystr_of(p)
-        for p, x in jax.tree.leaves_with_path(tree)
-        if np.asarray(x).dtype.kind in "fc" and not np.isfinite(x).all()
-    ]
-    if bad:
+    """The load gate: a version whose params hold NaN or Inf, of any float
+    kind (bfloat16 and float8 included), is refused, naming each leaf and its dtype."""
+    found = describe_nonfinite(tree, where=f"the params of version {version}")
+    if found is not None:
         raise ServingError(
-            f"version {version} fails the finite check: NaN or Inf in "
-            f"{', '.join(bad[:5])}{' ...' if len(bad) > 5 else ''}",
-            hint="it must not be served",
+            f"version {version} fails the finite check: {found}",
+            hint="it must not be served: verify and promote a version whose params are finite",
         )
 
 

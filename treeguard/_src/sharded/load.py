@@ -9,7 +9,7 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any, Literal
 
 from ..checkpoint.plan import SurgeryOptions, plan_load, select_part
-from ..checkpoint.received import plain_tree, refuse_forged_claim
+from ..checkpoint.received import plain_tree, refuse_forged_claim, stored_array_bytes
 from ..diff import mismatches
 from ..errors import ConfigError, IntegrityError, InvalidTreeError
 from ..leaf import describe_sharding, same_sharding, summarize
@@ -259,10 +259,7 @@ def load_planned(
 
     where = os.path.abspath(os.fspath(directory))
     manifest, _ = read_with_digest(where, expect=digest)  # compared before it is parsed
-    # A checkpoint from elsewhere: no FIFO or link for tensorstore to block on or
-    # follow, and no shape claiming more than its files can hold, before any read.
-    on_disk = plain_tree(where, hint="copy the checkpoint again, without links or special files")
-    refuse_forged_claim(sum(a.nbytes for a in manifest.arrays), on_disk, where)
+    check_received(where, manifest)
     like_leaves, like_treedef = jax.tree.flatten(like)
     like_spec = spec_of(like)
     like_names = [keystr(p) for p in like_spec.paths]
@@ -293,6 +290,24 @@ def load_planned(
         else:
             out.append(like_leaves[i])
     return jax.tree.unflatten(like_treedef, out), plan.surgery
+
+
+def check_received(where: str, manifest: Manifest) -> None:
+    """The gates on a checkpoint directory, run before tensorstore opens it
+    (``checkpoint.received``): no FIFO or link for it to block on or follow;
+    no array of the manifest, and no stored array, claiming more bytes than
+    the files hold; no stored chunk beyond its array and no compressing
+    codec (treeguard writes sharded arrays uncompressed, so every array byte
+    is a stored byte, and what tensorstore decodes or fills is bounded by them).
+
+    Raises:
+      FormatError: naming the entry or the array, or both byte counts.
+    """
+    on_disk = plain_tree(where, hint="copy the checkpoint again, without links or special files")
+    refuse_forged_claim(sum(a.nbytes for a in manifest.arrays), on_disk, where, compressed=False)
+    data = os.path.join(where, manifest.data)
+    stored = stored_array_bytes(data, where, compressed=False)
+    refuse_forged_claim(stored, on_disk, where, compressed=False)
 
 
 def groups(arrays: Sequence[ArrayRecord], wanted: Sequence[int]) -> list[list[int]]:

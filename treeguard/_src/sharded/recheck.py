@@ -15,7 +15,7 @@ from typing import Any
 
 from ..errors import FormatError, InvalidTreeError
 from .digests import ShardChecker
-from .load import groups, picked, shard_error, unreadable
+from .load import check_received, groups, picked, shard_error, unreadable
 from .manifest import Manifest, read_with_digest
 from .orbax_io import read_arrays
 
@@ -47,6 +47,7 @@ def read_local(
 
     where = os.path.abspath(os.fspath(directory))
     manifest, found = read_with_digest(where, expect=digest)  # compared before it is parsed
+    check_received(where, manifest)
     device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     struct: Any = jax.ShapeDtypeStruct
     restored: list[Any] = [None] * len(manifest.arrays)

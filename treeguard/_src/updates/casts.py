@@ -9,8 +9,8 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
+from ..leaf import is_inexact
 from ..mismatch import Mismatch
-from ..nonfinite import is_inexact
 from .layout import LabelledTree, mismatch_error
 from .policy import Cast, DtypePolicy
 

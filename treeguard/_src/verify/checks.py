@@ -24,7 +24,7 @@ from ..env import environment, environment_diff
 from ..keys import trace_keys
 from ..leaf import summarize
 from ..mismatch import Mismatch
-from ..nonfinite import find_nonfinite
+from ..nonfinite import find_nonfinite, host_nan_inf
 from ..paths import keystr
 from ..spec import TreeSpec, spec_of
 from .cases import Case
@@ -241,8 +241,8 @@ def _non_finite(tree: Any) -> list[str]:
     out = []
     for path, n in counts.items():
         raw = np.asarray(leaves[path])
-        a = raw.astype(np.float32) if raw.dtype.kind == "V" else raw  # bf16 and the like
-        kinds = [k for k, has in (("nan", np.isnan(a).any()), ("inf", np.isinf(a).any())) if has]
+        nan, inf = host_nan_inf(raw)
+        kinds = [k for k, has in (("nan", nan), ("inf", inf)) if has]
         out.append(
             f"{path or '<root>'} {summarize(raw.shape, raw.dtype)}: "
             f"{n} of {raw.size} non-finite ({'/'.join(kinds)})"

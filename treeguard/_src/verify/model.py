@@ -9,11 +9,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import jax
-import numpy as np
 
 from ..bench.budget import Budgets
 from ..errors import ConfigError
-from ..leaf import dtype_of, resolve_dtype
+from ..leaf import dtype_of, is_inexact, resolve_dtype
 from ..spec import TreeSpec
 from ..tolerance import Tolerance, TolerancePolicy
 
@@ -262,5 +261,6 @@ class Model:
 
 
 def is_float(dtype: Any) -> bool:
-    """Whether a dtype is a floating type (bf16 included)."""
-    return bool(np.issubdtype(dtype_of(dtype), np.floating)) or dtype_of(dtype).name == "bfloat16"
+    """Whether a dtype is a real floating type (bfloat16 and float8 included)."""
+    dt = dtype_of(dtype)
+    return is_inexact(dt) and dt.kind != "c"

@@ -1,0 +1,171 @@
+"""One finite check for host arrays, for every float kind: float16/32/64,
+complex, bfloat16 and each float8 (and float4/6) of ml_dtypes, whose dtype
+kind is ``'V'`` (``float8_e5m2``'s is ``'f'``), so ``kind in "fc"`` misses
+them. Each gate that reads host arrays goes through it; each is shown here
+refusing a NaN or Inf of each kind."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+
+import treeguard
+from treeguard._src.leaf import is_inexact
+from treeguard._src.nonfinite import (
+    SMALL,
+    describe_nonfinite,
+    host_all_finite,
+    host_nan_inf,
+    host_nonfinite,
+)
+from treeguard._src.verify.model import is_float
+from treeguard.diagnose import nan_origin
+
+ML_FLOATS = sorted(
+    n for n in dir(ml_dtypes) if n.startswith(("float", "bfloat")) and n[-1].isalnum()
+)
+
+
+def _dtypes() -> list[np.dtype[Any]]:
+    out = [np.dtype(t) for t in (np.float16, np.float32, np.float64, np.complex64, np.complex128)]
+    for name in ML_FLOATS:
+        try:
+            out.append(np.dtype(getattr(ml_dtypes, name)))
+        except TypeError:  # ``finfo`` and the like
+            continue
+    return out
+
+
+#: every float kind numpy and ml_dtypes know, real and complex
+FLOATS = _dtypes()
+NOT_FLOATS = [np.dtype(t) for t in (bool, np.int8, np.uint32, np.int64)] + [
+    np.dtype(ml_dtypes.int4),
+    np.dtype(ml_dtypes.uint4),
+]
+
+
+def _bad_values(dtype: np.dtype[Any]) -> list[float]:
+    """The non-finite values ``dtype`` can hold (float4 and float6 hold none)."""
+    out = []
+    for v in (np.nan, np.inf, -np.inf):
+        held = np.array([v], np.float64).astype(dtype)
+        if not np.isfinite(held.astype(np.complex128)).all():
+            out.append(v)
+    return out
+
+
+def _top(dtype: np.dtype[Any]) -> Any:
+    real = np.float32 if dtype.kind == "c" else dtype
+    return ml_dtypes.finfo(real).max
+
+
+def test_every_float_kind_is_known() -> None:
+    names = {dt.name for dt in FLOATS}
+    assert {"bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz"} <= names
+    assert any(dt.kind == "V" for dt in FLOATS)  # the kind ``in "fc"`` missed
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=str)
+def test_is_inexact_knows_every_float_kind(dtype: np.dtype[Any]) -> None:
+    assert is_inexact(dtype) and is_inexact(dtype.name)
+    assert is_float(dtype) == (dtype.kind != "c")
+
+
+@pytest.mark.parametrize("dtype", NOT_FLOATS, ids=str)
+def test_is_inexact_is_false_for_ints_bools_and_keys(dtype: np.dtype[Any]) -> None:
+    assert not is_inexact(dtype) and not is_float(dtype)
+    assert host_all_finite(np.zeros(3, dtype)) and host_nonfinite(np.zeros(3, dtype)) == 0
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=str)
+@pytest.mark.parametrize("size", [1, SMALL, SMALL + 1, 1000])
+def test_the_host_check_finds_one_nan_or_inf_wherever_it_sits(
+    dtype: np.dtype[Any], size: int
+) -> None:
+    # small arrays are read in Python, larger ones with numpy, a block at a
+    # time: both see every position, and the largest finite value is finite
+    x = np.full((size, 1), _top(dtype), dtype)
+    signed = host_nonfinite(np.array([-1.0]).astype(dtype)) == 0  # not float8_e8m0fnu
+    assert host_all_finite(x) and (host_all_finite(-x) or not signed)
+    assert host_nonfinite(x) == 0 and host_nan_inf(x) == (0, 0)
+    for bad in _bad_values(dtype):
+        for at in sorted({0, size // 2, size - 1}):
+            y = x.copy()
+            y[at, 0] = bad
+            assert not host_all_finite(y), (bad, at)
+            assert host_nonfinite(y) == 1
+            nan, inf = host_nan_inf(y)
+            assert nan + inf == 1
+
+
+def test_the_host_check_counts_across_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    import treeguard._src.nonfinite as nonfinite
+
+    monkeypatch.setattr(nonfinite, "_BLOCK", 7)
+    x = np.ones(50, ml_dtypes.bfloat16)
+    x[[0, 6, 7, 49]] = [np.nan, np.inf, -np.inf, np.nan]
+    assert host_nonfinite(x) == 4 and host_nan_inf(x) == (2, 2) and not host_all_finite(x)
+    strided = np.ones((10, 10), np.float32)[:, ::3]  # not contiguous
+    strided[4, 2] = np.nan
+    assert host_nonfinite(strided) == 1
+
+
+@pytest.mark.parametrize("dtype", [dt for dt in FLOATS if _bad_values(dt)], ids=str)
+def test_find_nonfinite_and_its_message_name_the_path_and_dtype(dtype: np.dtype[Any]) -> None:
+    tree = {"a": np.ones(3, np.float32), "w": np.ones((2, 3), dtype)}
+    assert describe_nonfinite(tree, where="v1") is None
+    tree["w"][1, 2] = _bad_values(dtype)[0]
+    assert treeguard.find_nonfinite(tree) == {"['w']": 1}
+    text = describe_nonfinite(tree, where="the params of v1")
+    assert text is not None
+    assert text.splitlines()[0] == "1 leaf holds NaN or Inf in the params of v1:"
+    assert text.splitlines()[1].startswith("  ['w']: 1 of 6 values (")
+    assert "[2,3])" in text
+
+
+def test_a_float8_nan_born_in_a_conversion_is_located() -> None:
+    # 1000 lies beyond float8_e4m3fn's range (448), which has no Inf: the
+    # conversion gives NaN from finite inputs, and the locator sees it there
+    def f(x: Any) -> Any:
+        return (x * 1000.0).astype(jnp.float8_e4m3fn)
+
+    sites = nan_origin(f, jnp.linspace(0.0, 1.0, 4))
+    assert [(s.primitive, s.kind) for s in sites] == [("convert_element_type", "nan")]
+    assert sites[0].count == 2 and sites[0].summary == "float8_e4m3fn[4]"
+
+
+@pytest.mark.parametrize("dtype", [dt for dt in FLOATS if _bad_values(dt)], ids=str)
+def test_the_recorder_refuses_a_host_value_of_every_float_kind(tmp_path, dtype) -> None:
+    # an eager step returning numpy values: each is judged on the host, at its own dtype
+    def step(params: Any, opt_state: Any, batch: Any) -> Any:
+        return params, opt_state, np.full(3, batch, np.float64).astype(dtype)
+
+    train = treeguard.FlightRecorder(tmp_path, batch="digest").wrap(step)
+    params, state = {"w": jnp.ones(2)}, {"m": np.zeros(2)}
+    train(params, state, 1.0)
+    assert not any(tmp_path.iterdir())
+    with pytest.raises(treeguard.NonFiniteError) as info:
+        train(params, state, _bad_values(dtype)[0])
+    assert info.value.where == "the loss"
+
+
+@pytest.mark.parametrize("cast", [True, False], ids=["cast", "direct"])
+@pytest.mark.parametrize("dtype", [dt for dt in FLOATS if dt.kind == "V"], ids=str)
+def test_every_bit_pattern_of_an_ml_dtypes_float_is_judged_as_float32_judges_it(
+    monkeypatch: pytest.MonkeyPatch, dtype: np.dtype[Any], cast: bool
+) -> None:
+    # each way the check reads a block (a cast for a few values, bfloat16's
+    # exponent bits, numpy's own ufunc) against every value the dtype holds
+    import treeguard._src.nonfinite as nonfinite
+
+    monkeypatch.setattr(nonfinite, "_CAST", 1 << 20 if cast else 0)
+    bits = np.arange(1 << (8 * dtype.itemsize), dtype=f"u{dtype.itemsize}").view(dtype)
+    want = ~np.isfinite(bits.astype(np.float32))
+    assert host_nonfinite(bits) == int(want.sum())
+    assert host_nonfinite(bits[~want]) == 0 and host_all_finite(bits[~want])
+    if want.any():
+        assert not host_all_finite(bits[want][-1:]) and host_nonfinite(bits[want]) == want.sum()
