@@ -5,6 +5,7 @@ reach (environment, configuration errors, skipped checks)."""
 from __future__ import annotations
 
 import dataclasses
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 from onecheck import check, context, example_hashes
+from subproc import run_python
 
 import treeguard
 from treeguard import ConfigError, LeafSpec, environment, spec_of
@@ -449,18 +451,7 @@ def test_references_with_a_malformed_format_are_a_format_error(tmp_path: Path) -
 def _run_isolated(code: str) -> str:
     """Runs ``code`` in a fresh interpreter (a cyclic tree that slips past
     the guard overflows the stack) and returns its stdout."""
-    import subprocess
-    import sys
-    import textwrap
-
-    proc = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        cwd=Path(__file__).resolve().parents[2],
-    )
+    proc = run_python(textwrap.dedent(code))  # on the CPU: this process holds any accelerator
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc.stdout
 
