@@ -10,6 +10,7 @@ import pytest
 from corpus import seed_params
 
 import treeguard as tg
+from treeguard._src.verify.checks import cross_backend_summary
 
 
 def _message(fn: Any, *args: Any, **kwargs: Any) -> str:
@@ -265,4 +266,11 @@ def test_flight_recorder_without_a_batch_choice_message(tmp_path: Any) -> None:
         'replayed as is), or batch="digest" to keep only its spec and digest (the batch '
         "stays out of the files; replaying then needs the batch itself, checked against the "
         "digest); a batch may hold personal data, so this is a choice written in the code"
+    )
+
+
+def test_a_run_against_another_backends_references_says_so() -> None:
+    assert cross_backend_summary("tpu", "TPU v5 lite", "cpu") == (
+        "references recorded on tpu (TPU v5 lite), this run on cpu: record references for "
+        "this backend with --record, or declare cross-backend tolerances"
     )
