@@ -73,6 +73,9 @@ def _poisoned(leaves: list[np.ndarray], i: int, bad: Any, at: int) -> list[np.nd
 def test_each_way_of_checking_a_leaf_is_taken_where_the_shapes_say(name: str) -> None:
     shape, dtype = SHAPES[name]
     jaxpr = str(jax.make_jaxpr(_marks)(jnp.zeros(shape, dtype)))
+    if jax.default_backend() != "cpu":  # an accelerator sums every leaf in one fused pass
+        assert "dot_general" not in jaxpr and "reduce_sum" in jaxpr, jaxpr
+        return
     assert ("dot_general" in jaxpr) == ("product" in name), jaxpr
     assert ("reduce_sum" in jaxpr) == ("sum" in name), jaxpr
     assert (int(np.prod(shape)) >= PRODUCT_MIN) == ("small" not in name and "scalar" not in name)

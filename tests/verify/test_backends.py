@@ -18,8 +18,8 @@ from forge import forge
 from treeguard import ConfigError
 from treeguard._src.verify.checks import cross_backend_summary
 from treeguard._src.verify.refs import backend_path, resolve
-from treeguard.examples import mlp
-from treeguard.verify import Tolerance, record_references
+from treeguard.examples import cnn, eqx_mlp, mlp
+from treeguard.verify import Tolerance, load_references, record_references
 from treeguard.verify import run as verify
 
 NOW = jax.default_backend()
@@ -106,3 +106,20 @@ def test_a_run_records_to_its_own_backends_file_and_reads_it_first(tmp_path: Pat
     assert resolve(declared, NOW) == backend_path(declared, NOW)
     again = verify(model, bench=False)
     assert again.exit_code == 0 and again.references == str(backend_path(declared, NOW))
+
+
+@pytest.mark.parametrize("example", [mlp, cnn, eqx_mlp], ids=["mlp", "cnn", "eqx_mlp"])
+def test_the_bundled_models_ship_cpu_and_tpu_references(example: Any) -> None:
+    declared = Path(example.model.references)
+    cpu, tpu = (load_references(backend_path(declared, b)) for b in ("cpu", "tpu"))
+    assert (cpu.backend, tpu.backend) == ("cpu", "tpu")
+    assert tpu.device_kind == "TPU v5 lite"
+    assert [c.name for c in cpu.cases] == [c.name for c in tpu.cases]
+    assert resolve(declared, NOW) == backend_path(declared, NOW)
+
+
+def test_the_bundled_mlp_against_the_other_backends_shipped_references_names_both() -> None:
+    other = load_references(backend_path(mlp.model.references, OTHER))
+    report = verify(mlp.model, references=other.path, bench=False)
+    assert report.failed == ["regression"]
+    assert report["regression"].summary == cross_backend_summary(OTHER, other.device_kind, NOW)

@@ -19,6 +19,7 @@ from subproc import run_python
 
 import treeguard
 from treeguard import ConfigError, LeafSpec, environment, spec_of
+from treeguard._src.verify.refs import backend_path
 from treeguard.examples import mlp
 from treeguard.verify import (
     CHECKS,
@@ -304,9 +305,10 @@ def test_missing_references_is_a_configuration_error(tmp_path: Path) -> None:
 
 
 def test_record_writes_references_and_then_they_are_used(tmp_path: Path) -> None:
-    path = tmp_path / "r.safetensors"
+    declared = tmp_path / "r.safetensors"
+    path = backend_path(declared, jax.default_backend())  # the declared file on the CPU
     spec = tmp_path / "p.spec.json"
-    m = dataclasses.replace(BASE, references=path, params_spec=spec)
+    m = dataclasses.replace(BASE, references=declared, params_spec=spec)
     report = run(m, record=True, bench=False)
     assert report.passed and report.recorded == str(path) and spec.exists()
     assert report["regression"].evidence[0] == f"recorded 5 cases to {path}"
@@ -315,9 +317,10 @@ def test_record_writes_references_and_then_they_are_used(tmp_path: Path) -> None
 
 
 def test_record_is_refused_when_a_check_fails(tmp_path: Path) -> None:
-    path = tmp_path / "r.safetensors"
+    declared = tmp_path / "r.safetensors"
+    path = backend_path(declared, jax.default_backend())  # the declared file on the CPU
     m = dataclasses.replace(
-        BASE, references=path, update=lambda p, g: jax.tree.map(lambda a, b: a + b, p, g)
+        BASE, references=declared, update=lambda p, g: jax.tree.map(lambda a, b: a + b, p, g)
     )
     report = run(m, record=True, bench=False)
     assert not path.exists()
