@@ -426,6 +426,11 @@ class RecordedStep:
             if earlier is not None:
                 self._settle(earlier)  # this step is dispatched: the device stays busy
             return self._returned(out)
+        if isinstance(ok, jax.Array):
+            # the loss comes to the host with the flag, in one wait: a loop
+            # that logs it then reads it without a second transfer
+            for x in self._scalars(out):
+                x.copy_to_host_async()
         if bool(ok):  # the one host sync: a scalar
             self.step_number += 1
             return self._returned(out)
@@ -450,6 +455,11 @@ class RecordedStep:
         self._pending = None
         self.step_number = step.number  # the steps after it are not taken either
         raise self._refuse(step)
+
+    def _scalars(self, out: Any) -> list[jax.Array]:
+        """The step's scalar outputs beside the params and the state (the loss)."""
+        extra = out[0] if self._optax is not None else out[2:]
+        return [x for x in jax.tree.leaves(extra) if isinstance(x, jax.Array) and x.size == 1]
 
     def _returned(self, out: Any) -> Any:
         if self._optax is not None:
