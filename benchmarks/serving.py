@@ -47,6 +47,7 @@ import httpx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from _machine import inet_sockets
 
 import treeguard
 from treeguard import LeafSpec, spec_of
@@ -442,15 +443,6 @@ async def overhead(
 # -- 2b. batching through real sockets, driven by hey ------------------------------
 
 
-def _sockets() -> bool:
-    """Whether a socket opens on the loopback (the TPU machine opens none)."""
-    try:
-        port()
-    except OSError:
-        return False
-    return True
-
-
 def port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -661,7 +653,7 @@ async def main() -> None:
         await section_2(args.per_client, args.hey_requests)
     if sections & {3, 4}:
         await sections_3_4(args.rounds, sections)
-    if 5 in sections and not _sockets():
+    if 5 in sections and not inet_sockets():
         print("\n5. skipped: this machine opens no internet socket, not even on the loopback")
     elif 5 in sections:
         wire = await wires(args.rounds, 60)
