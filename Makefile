@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.treeguard-installed
 SRC    := treeguard tests benchmarks docs
 
-.PHONY: demo tour test lint typecheck unit docs bench bench-update bench-checkpoint reliability clean
+.PHONY: demo tour test test-accelerator lint typecheck unit docs bench bench-update bench-checkpoint reliability clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -35,6 +35,13 @@ typecheck: $(STAMP)
 unit: $(STAMP)
 	$(BIN)/python -m pytest -q
 	$(BIN)/python -m pytest -q -m slow
+
+# The default run on a machine whose default backend is a TPU or a GPU: one
+# process (one program at a time holds the chip), the docs' blocks left out;
+# scripts/test-accelerator.sh says why. Uses .venv's python when there is one,
+# else python3 (the TPU machine has no .venv: see docs/explanation/accelerators.md).
+test-accelerator:
+	scripts/test-accelerator.sh
 
 # The docs site, offline, into build/site; any warning (a broken link, a
 # missing reference) fails it. Not --quiet: it hides the warnings from

@@ -1,7 +1,8 @@
 """Sharded checkpoints: treeguard's save_sharded/load_sharded against plain orbax.
 
 A float32 tree (1 GiB in 16 leaves by default) sharded over a 2x4 mesh of 8
-simulated CPU devices is saved and restored by each tool, in a fresh
+simulated CPU devices (the CPU backend's, also on a machine with an
+accelerator, whose chips the children leave alone) is saved and restored by each tool, in a fresh
 subprocess per tool and direction so that each peak-memory figure is that
 operation's own. Times are the median of ``--repeats`` runs after one
 warm-up, with ``block_until_ready`` on every restored array. Ratios are
@@ -91,6 +92,7 @@ def _reset_peak() -> int:
 def _child(op: str, tool: str, mib: int, leaves: int, repeats: int, root: str) -> dict[str, Any]:
     """One tool, one direction, in this (fresh) process."""
     os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+    os.environ["JAX_PLATFORMS"] = "cpu"  # the 8 devices are the host's, on an accelerator's too
     import jax
     import numpy as np
     import orbax.checkpoint as ocp
@@ -210,6 +212,7 @@ def _child(op: str, tool: str, mib: int, leaves: int, repeats: int, root: str) -
 
 def _overlap(mib: int, leaves: int, repeats: int, root: str) -> None:
     os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+    os.environ["JAX_PLATFORMS"] = "cpu"  # the 8 devices are the host's, on an accelerator's too
     import jax
     import numpy as np
     from jax.sharding import NamedSharding

@@ -101,6 +101,8 @@ def main() -> None:
         part = statistics.median(_time(lambda: tg.load(path, like=like, subtree="['block3']"), 5))
 
     block, copy = statistics.median(blocks), statistics.median(copies)
+    device = jax.devices()[0]
+    print(f"jax {jax.__version__} on {device.platform} ({device.device_kind}), wall clock")
     print(f"checkpoint: {args.mib} MiB in 8 blocks; {len(during)} steps timed during saves")
     print(
         f"step during save_async / without: {statistics.median(during) / base:.2f}x "

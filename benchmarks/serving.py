@@ -47,6 +47,7 @@ import httpx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from _machine import inet_sockets
 
 import treeguard
 from treeguard import LeafSpec, spec_of
@@ -642,7 +643,7 @@ async def main() -> None:
     args = ap.parse_args()
     sections = {int(s) for s in args.sections.split(",")}
     jax.monitoring.register_event_duration_secs_listener(_count)
-    print(f"jax {jax.__version__} on {jax.devices()[0].platform}")
+    print(f"jax {jax.__version__} on {jax.devices()[0].platform} ({jax.devices()[0].device_kind})")
 
     if 1 in sections:
         ours, plain = await compiles(args.requests)
@@ -652,7 +653,9 @@ async def main() -> None:
         await section_2(args.per_client, args.hey_requests)
     if sections & {3, 4}:
         await sections_3_4(args.rounds, sections)
-    if 5 in sections:
+    if 5 in sections and not inet_sockets():
+        print("\n5. skipped: this machine opens no internet socket, not even on the loopback")
+    elif 5 in sections:
         wire = await wires(args.rounds, 60)
         print("\n5. the wire: nnx CNN, 32 images (8x8x1), sequential requests, p50 ms")
         for label, ms in wire.items():

@@ -41,6 +41,7 @@ from pathlib import Path
 import httpx
 import jax
 import numpy as np
+from _machine import need_inet_sockets
 
 import treeguard
 from treeguard.bench import conditions
@@ -124,6 +125,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--clients", type=int, default=8)
     args = parser.parse_args()
+    need_inet_sockets("benchmarks/serving_ray.py (Ray Serve and its HTTP ingress)")
     isolate()
 
     c = conditions()

@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np
 import obstore
+from _machine import need_inet_sockets
 from obstore.store import S3Store
 
 from tests.s3server import seaweedfs
@@ -58,6 +59,7 @@ def main() -> None:
     parser.add_argument("--mib", type=int, default=64)
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
+    need_inet_sockets("benchmarks/store_s3.py (a SeaweedFS bucket on the loopback)")
     tree = {"w": np.random.default_rng(0).standard_normal(args.mib * 2**18, np.float32)}
     with tempfile.TemporaryDirectory() as tmp, seaweedfs(Path(tmp) / "weed") as server:
         server.make_bucket("bench")

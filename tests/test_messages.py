@@ -11,6 +11,7 @@ from corpus import seed_params
 
 import treeguard as tg
 from treeguard._src.serving.protocol import InferRequest, check_request_fields, requested_outputs
+from treeguard._src.verify.checks import cross_backend_summary
 
 
 def _message(fn: Any, *args: Any, **kwargs: Any) -> str:
@@ -298,4 +299,11 @@ def test_grpc_message_refusals() -> None:
         "inputs[0] has both typed contents and raw_input_contents\n"
         "hint: send each input's elements one way: raw_input_contents for every input, "
         "or contents in each"
+    )
+
+
+def test_a_run_against_another_backends_references_says_so() -> None:
+    assert cross_backend_summary("tpu", "TPU v5 lite", "cpu") == (
+        "references recorded on tpu (TPU v5 lite), this run on cpu: record references for "
+        "this backend with --record, or declare cross-backend tolerances"
     )

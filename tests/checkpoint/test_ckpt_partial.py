@@ -190,8 +190,10 @@ def _bytes_read() -> tuple[int, int]:
     itself), and how many bytes this read of the counter took."""
     with open(f"/proc/{os.getpid()}/io", "rb") as f:
         text = f.read()
-    rchar = next(int(line.split()[1]) for line in text.splitlines() if line.startswith(b"rchar:"))
-    return rchar, len(text)
+    found = [int(line.split()[1]) for line in text.splitlines() if line.startswith(b"rchar:")]
+    if not found:  # gVisor's /proc (the TPU machine's) counts no bytes read
+        pytest.skip("this kernel's /proc/self/io has no rchar to count bytes read with")
+    return found[0], len(text)
 
 
 def _count_partial_read(path: Path, like: Any, subtree: str) -> tuple[int, int]:

@@ -162,7 +162,10 @@ def test_wrong_rule_hint(tmp_path: Path) -> None:
 def _bytes_read() -> int:
     """Bytes this process has read through read/pread so far (Linux)."""
     with open("/proc/self/io") as f:
-        return int(next(line for line in f if line.startswith("rchar:")).split()[1])
+        found = [line for line in f if line.startswith("rchar:")]
+    if not found:  # gVisor's /proc (the TPU machine's) counts no bytes read
+        pytest.skip("this kernel's /proc/self/io has no rchar to count bytes read with")
+    return int(found[0].split()[1])
 
 
 def test_mismatch_before_any_read(tmp_path: Path) -> None:

@@ -154,6 +154,26 @@ def test_a_store_put_that_does_not_block_returns_a_handle(tmp_path: Path) -> Non
         again.result(timeout=60)
 
 
+def _keeps_sched_idle() -> bool:
+    """Whether a thread moved to SCHED_IDLE reads it back (gVisor accepts the
+    call and keeps the thread where it was)."""
+    seen: list[int] = []
+
+    def probe() -> None:
+        tid = threading.get_native_id()
+        try:
+            os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+        except OSError:
+            seen.append(-1)
+            return
+        seen.append(os.sched_getscheduler(tid))
+
+    t = threading.Thread(target=probe)
+    t.start()
+    t.join()
+    return seen == [os.SCHED_IDLE]
+
+
 def test_a_background_save_hashes_on_one_core_in_the_idle_class(tmp_path: Path) -> None:
     # the private helper on purpose: no public handle reaches the writer's thread
     seen: list[int] = []
@@ -171,6 +191,8 @@ def test_a_background_save_hashes_on_one_core_in_the_idle_class(tmp_path: Path) 
     t = threading.Thread(target=probe)
     t.start()
     t.join()
+    if seen == [caller, caller] and not _keeps_sched_idle():
+        pytest.skip("this kernel (gVisor on the TPU machine) keeps no SCHED_IDLE class")
     assert seen == [os.SCHED_IDLE, os.SCHED_IDLE]
     assert os.sched_getscheduler(threading.get_native_id()) == caller  # the caller's is untouched
     tree = {"w": np.arange(3_000_000, dtype=np.float32)}

@@ -11,6 +11,7 @@ import jax
 import jax.extend.core as jex
 import jax.numpy as jnp
 import pytest
+from machine import cpu_devices
 
 from treeguard.diagnose import DiagnosisError, Tolerances, locate
 from treeguard.verify import Tolerance
@@ -144,9 +145,12 @@ def dense(x: jax.Array, w: jax.Array) -> jax.Array:
 
 
 def test_a_divergence_gone_at_highest_precision_is_classified_precision() -> None:
-    x = jnp.linspace(-1.0, 1.0, 48).reshape(6, 8) * 1.37
-    w = jnp.linspace(0.3, 1.1, 32).reshape(8, 4)
-    d = locate(dense, x, w, candidate=degrading_matmuls)
+    # the candidate rounds matmuls as a TPU does, against an eager reference at
+    # the CPU's full precision: on a TPU the reference would round them too
+    with jax.default_device(cpu_devices(1)[0]):
+        x = jnp.linspace(-1.0, 1.0, 48).reshape(6, 8) * 1.37
+        w = jnp.linspace(0.3, 1.1, 32).reshape(8, 4)
+        d = locate(dense, x, w, candidate=degrading_matmuls)
     assert d.outcome == "located"
     assert d.classification == "precision"
     assert d.equation is not None and d.equation.primitive == "dot_general"

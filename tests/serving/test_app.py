@@ -8,6 +8,7 @@ import logging
 
 import numpy as np
 import pytest
+from machine import matmul_tolerance
 from prometheus_client.parser import text_string_to_metric_families
 from serving_support import client, infer_body, metric, mlp_reference, mlp_spec, request, rows_of
 
@@ -41,7 +42,9 @@ async def test_health_model_and_inference_match_apply(mlp_store, mlp_server):
         out = body["outputs"][0]
         assert out["shape"] == [3, 1] and out["datatype"] == "FP32"
         want = mlp_reference(store.load_version(v["v1"]), x)
-        np.testing.assert_allclose(np.reshape(out["data"], (3, 1)), want, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(
+            np.reshape(out["data"], (3, 1)), want, **matmul_tolerance(1e-5, 1e-6)
+        )
         status = (await c.get("/v2/treeguard/status")).json()
         assert status["active"] == v["v1"] and status["buckets"] == [1, 4, 16]
         assert status["compiles"] == {"warmup": 3, "serving": 0, "swap": 0, "shadow": 0}
@@ -75,7 +78,9 @@ async def test_concurrent_requests_are_batched_in_order_without_padding_leaks(
         out = r.json()["outputs"][0]
         assert out["shape"] == [len(x), 1]
         want = mlp_reference(params, x)
-        np.testing.assert_allclose(np.reshape(out["data"], want.shape), want, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(
+            np.reshape(out["data"], want.shape), want, **matmul_tolerance(1e-5, 1e-6)
+        )
     assert server.status()["compiles"]["serving"] == 0
 
     def delta(name):
@@ -95,7 +100,7 @@ async def test_split_runs_oversized_requests_on_one_version(mlp_store):
         r = await c.post(URL, json=infer_body(x))
     out = r.json()["outputs"][0]
     np.testing.assert_allclose(
-        np.reshape(out["data"], (40, 1)), mlp_reference(params, x), rtol=1e-5, atol=1e-6
+        np.reshape(out["data"], (40, 1)), mlp_reference(params, x), **matmul_tolerance(1e-5, 1e-6)
     )
     assert r.json()["model_version"] == v["v1"]
     assert server.status()["compiles"]["serving"] == 0

@@ -44,7 +44,12 @@ def test_verify_with_the_model_runs_its_checks_and_ls_shows_them(tmp_path, which
 def test_a_version_whose_outputs_are_nan_is_rejected_by_the_model_check(tmp_path):
     store = treeguard.ArtifactStore(tmp_path / "s")
     bad = mlp_params(0)
-    bad["dense2"]["w"] = np.full((3, 1), 3e38, np.float32)  # finite params, Inf outputs
+    # finite params, Inf outputs on any backend: every hidden unit is tanh(10) = 1,
+    # so each output sums three products of 3e38 (on a TPU too, whose matmuls
+    # round their inputs to bfloat16 and add in float32)
+    bad["dense1"]["w"] = np.zeros((2, 3), np.float32)
+    bad["dense1"]["b"] = np.full((3,), 10.0, np.float32)
+    bad["dense2"]["w"] = np.full((3, 1), 3e38, np.float32)
     bad["dense2"]["b"] = np.full((1,), -3e38, np.float32)
     v = store.put(bad)
     out = _verify(store.root, v, "--model", "treeguard.examples.mlp:model")

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from machine import needs_inet_sockets
 
 from treeguard import StorageError
 
@@ -96,6 +97,7 @@ def test_an_object_over_the_limit_is_refused_by_name(storage: Storage) -> None:
 def test_an_unreachable_server_is_a_storage_error_naming_the_object_never_the_key(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    needs_inet_sockets()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # closed again: nothing listens there

@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 import treeguard as tg
+from tests.machine import needs_inet_sockets
 from tests.store.storm import storm
 from tests.subproc import child_env, run_python
 from treeguard import ArtifactStore, ConfigError, RetentionPolicy, StoreError, UnknownVersionError
@@ -259,6 +260,7 @@ def test_a_bucket_url_is_never_taken_for_a_local_path(
     for url in ("s3://models/mlp", "gs://models"):
         assert ArtifactStore(url).root == url
         assert ArtifactStore(Path(url)).root == url  # a Path of a URL collapses its // to /
+    needs_inet_sockets()
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

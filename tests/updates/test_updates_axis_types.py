@@ -16,6 +16,7 @@ import optax
 import pytest
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
+from machine import cpu_mesh
 
 import treeguard as tg
 from treeguard.examples import cnn, eqx_mlp
@@ -32,8 +33,7 @@ SPECS = {"w": P("x", "y"), "b": P("y"), "scale": P()}
 @pytest.fixture(params=list(KINDS))
 def mesh(request: pytest.FixtureRequest) -> jax.sharding.Mesh:
     """A 2x4 mesh of each kind of axes."""
-    assert jax.device_count() == 8, jax.devices()
-    return jax.make_mesh((2, 4), ("x", "y"), axis_types=KINDS[request.param])
+    return cpu_mesh((2, 4), ("x", "y"), KINDS[request.param])
 
 
 def _put(tree: Any, mesh: jax.sharding.Mesh, specs: Any = SPECS) -> Any:
@@ -97,8 +97,8 @@ def test_a_spec_records_the_axis_types(mesh: jax.sharding.Mesh) -> None:
 
 
 def test_an_axis_type_mismatch_names_both() -> None:
-    explicit = jax.make_mesh((2, 4), ("x", "y"), axis_types=KINDS["explicit"])
-    auto = jax.make_mesh((2, 4), ("x", "y"), axis_types=KINDS["auto"])
+    explicit = cpu_mesh((2, 4), ("x", "y"), KINDS["explicit"])
+    auto = cpu_mesh((2, 4), ("x", "y"), KINDS["auto"])
     spec = tg.spec_of(_params(auto), sharding=True)
     with pytest.raises(tg.TreeMismatchError) as e:
         tg.check(_params(explicit), spec)
@@ -110,13 +110,13 @@ def test_an_axis_type_mismatch_names_both() -> None:
 
 
 def test_an_old_spec_without_axis_types_still_loads_and_matches_auto() -> None:
-    auto = jax.make_mesh((2, 4), ("x", "y"), axis_types=KINDS["auto"])
+    auto = cpu_mesh((2, 4), ("x", "y"), KINDS["auto"])
     tree = {"w": jax.device_put(jnp.ones((8, 8)), NamedSharding(auto, P("x", None)))}
     old = tg.spec_of(
         {"w": tg.LeafSpec((8, 8), "float32", sharding="named(mesh[x=2,y=4], spec('x', None))")}
     )
     tg.check(tree, tg.TreeSpec.from_json(old.to_json()))
-    explicit = jax.make_mesh((2, 4), ("x", "y"), axis_types=KINDS["explicit"])
+    explicit = cpu_mesh((2, 4), ("x", "y"), KINDS["explicit"])
     moved = {"w": jax.device_put(jnp.ones((8, 8)), NamedSharding(explicit, P("x", None)))}
     with pytest.raises(tg.TreeMismatchError, match="x=2:Explicit"):
         tg.check(moved, old)
@@ -133,7 +133,7 @@ def test_an_old_spec_without_axis_types_still_loads_and_matches_auto() -> None:
     ids=["deep", "huge", "code", "escape"],
 )
 def test_a_hostile_sharding_text_is_compared_as_written(text: str) -> None:
-    auto = jax.make_mesh((2, 4), ("x", "y"), axis_types=KINDS["auto"])
+    auto = cpu_mesh((2, 4), ("x", "y"), KINDS["auto"])
     tree = {"w": jax.device_put(jnp.ones((8, 8)), NamedSharding(auto, P("x")))}
     spec = tg.TreeSpec.from_json(
         tg.spec_of({"w": tg.LeafSpec((8, 8), "float32", sharding=text)}).to_json()
@@ -179,8 +179,8 @@ def test_an_update_laid_out_otherwise_is_moved_to_the_params_layout(
 
 
 def test_an_update_on_another_axis_type_is_a_sharding_mismatch() -> None:
-    explicit = jax.make_mesh((2, 4), ("x", "y"), axis_types=KINDS["explicit"])
-    auto = jax.make_mesh((2, 4), ("x", "y"), axis_types=KINDS["auto"])
+    explicit = cpu_mesh((2, 4), ("x", "y"), KINDS["explicit"])
+    auto = cpu_mesh((2, 4), ("x", "y"), KINDS["auto"])
     with pytest.raises(tg.TreeMismatchError) as e:
         tg.apply_updates(_params(explicit), _grads(auto))
     assert {m.kind for m in e.value.mismatches} == {"sharding"}
@@ -191,7 +191,7 @@ def test_an_update_on_another_axis_type_is_a_sharding_mismatch() -> None:
 
 
 def test_a_layout_jax_refuses_in_tree_map_names_the_leaf() -> None:
-    explicit = jax.make_mesh((2, 4), ("x", "y"), axis_types=KINDS["explicit"])
+    explicit = cpu_mesh((2, 4), ("x", "y"), KINDS["explicit"])
     a = _params(explicit)
     b = _grads(explicit, {"w": P("y", "x"), "b": P("y"), "scale": P()})
     with pytest.raises(tg.InvalidTreeError) as e:
@@ -208,7 +208,7 @@ def test_a_layout_jax_refuses_in_tree_map_names_the_leaf() -> None:
 
 
 def test_a_layout_jax_refuses_inside_an_update_rule_names_the_leaf() -> None:
-    explicit = jax.make_mesh((2, 4), ("x", "y"), axis_types=KINDS["explicit"])
+    explicit = cpu_mesh((2, 4), ("x", "y"), KINDS["explicit"])
     params = _params(explicit)
 
     def transposing(p: Any, g: Any) -> Any:
@@ -244,8 +244,8 @@ def test_a_nan_is_found_and_refused(mesh: jax.sharding.Mesh) -> None:
 
 
 def test_a_tree_over_two_kinds_of_mesh_is_searched_leaf_by_leaf() -> None:
-    explicit = jax.make_mesh((2, 4), ("x", "y"), axis_types=KINDS["explicit"])
-    auto = jax.make_mesh((2, 4), ("x", "y"), axis_types=KINDS["auto"])
+    explicit = cpu_mesh((2, 4), ("x", "y"), KINDS["explicit"])
+    auto = cpu_mesh((2, 4), ("x", "y"), KINDS["auto"])
     tree = {
         "a": jax.device_put(jnp.full((8, 8), jnp.nan), NamedSharding(explicit, P("x", "y"))),
         "b": jax.device_put(jnp.ones((8, 8)), NamedSharding(auto, P("x", "y"))),

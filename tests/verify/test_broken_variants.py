@@ -17,6 +17,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import pytest
+from machine import cpu_devices
 
 from treeguard.examples import mlp
 from treeguard.verify import CHECKS, record_references, run
@@ -113,7 +114,10 @@ def _apply_fast_under_jit(params: Any, batch: Any) -> jax.Array:
 
 def test_jit_differs_fails_transforms_only(tmp_path: Path) -> None:
     model = dataclasses.replace(BASE, apply=_apply_fast_under_jit)
-    evidence = _assert_only(_verify(model, tmp_path, own_references=True), "transforms")
+    # on the CPU device: a TPU's eager matmuls round to bfloat16 as well, by default
+    with jax.default_device(cpu_devices(1)[0]):
+        report = _verify(model, tmp_path, own_references=True)
+    evidence = _assert_only(report, "transforms")
     assert evidence[0].startswith("worst leaf: case ")
     assert ", jit vs eager: " in evidence[0] and "beyond tolerance" in evidence[0]
     assert any(

@@ -5,6 +5,7 @@ reach (environment, configuration errors, skipped checks)."""
 from __future__ import annotations
 
 import dataclasses
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +15,11 @@ import ml_dtypes
 import numpy as np
 import pytest
 from onecheck import check, context, example_hashes
+from subproc import run_python
 
 import treeguard
 from treeguard import ConfigError, LeafSpec, environment, spec_of
+from treeguard._src.verify.refs import backend_path
 from treeguard.examples import mlp
 from treeguard.verify import (
     CHECKS,
@@ -302,9 +305,10 @@ def test_missing_references_is_a_configuration_error(tmp_path: Path) -> None:
 
 
 def test_record_writes_references_and_then_they_are_used(tmp_path: Path) -> None:
-    path = tmp_path / "r.safetensors"
+    declared = tmp_path / "r.safetensors"
+    path = backend_path(declared, jax.default_backend())  # the declared file on the CPU
     spec = tmp_path / "p.spec.json"
-    m = dataclasses.replace(BASE, references=path, params_spec=spec)
+    m = dataclasses.replace(BASE, references=declared, params_spec=spec)
     report = run(m, record=True, bench=False)
     assert report.passed and report.recorded == str(path) and spec.exists()
     assert report["regression"].evidence[0] == f"recorded 5 cases to {path}"
@@ -313,9 +317,10 @@ def test_record_writes_references_and_then_they_are_used(tmp_path: Path) -> None
 
 
 def test_record_is_refused_when_a_check_fails(tmp_path: Path) -> None:
-    path = tmp_path / "r.safetensors"
+    declared = tmp_path / "r.safetensors"
+    path = backend_path(declared, jax.default_backend())  # the declared file on the CPU
     m = dataclasses.replace(
-        BASE, references=path, update=lambda p, g: jax.tree.map(lambda a, b: a + b, p, g)
+        BASE, references=declared, update=lambda p, g: jax.tree.map(lambda a, b: a + b, p, g)
     )
     report = run(m, record=True, bench=False)
     assert not path.exists()
@@ -449,18 +454,7 @@ def test_references_with_a_malformed_format_are_a_format_error(tmp_path: Path) -
 def _run_isolated(code: str) -> str:
     """Runs ``code`` in a fresh interpreter (a cyclic tree that slips past
     the guard overflows the stack) and returns its stdout."""
-    import subprocess
-    import sys
-    import textwrap
-
-    proc = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        cwd=Path(__file__).resolve().parents[2],
-    )
+    proc = run_python(textwrap.dedent(code))  # on the CPU: this process holds any accelerator
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc.stdout
 

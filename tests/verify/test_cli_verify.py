@@ -9,11 +9,13 @@ import sys
 import textwrap
 from pathlib import Path
 
+import jax
 import pytest
 from click.testing import CliRunner
 from subproc import run_python
 
 from treeguard._cli.verify import verify
+from treeguard._src.verify.refs import backend_path
 from treeguard.verify import CHECKS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -160,17 +162,20 @@ def test_missing_references_exit_2_then_record_then_pass_then_corrupt(fresh_modu
     code, out, _ = _invoke("fresh_mlp:model", *report, "--record", path=fresh_module)
     assert code == 0, out
     assert "recorded references:" in out
-    assert (fresh_module / "refs.safetensors").exists()
+    refs = backend_path(
+        fresh_module / "refs.safetensors", jax.default_backend()
+    )  # the CPU's: as named
+    assert refs.exists()
     assert (fresh_module / "params.spec.json").exists()
     code, out, _ = _invoke("fresh_mlp:model", *report, path=fresh_module)
     assert code == 0, out
     # A flipped byte in the references is a configuration error, not a failed check.
-    data = bytearray((fresh_module / "refs.safetensors").read_bytes())
+    data = bytearray(refs.read_bytes())
     data[-3] ^= 0xFF
-    (fresh_module / "refs.safetensors").write_bytes(bytes(data))
+    refs.write_bytes(bytes(data))
     code, _, err = _invoke("fresh_mlp:model", *report, path=fresh_module)
     assert code == 2
-    assert err.startswith("error: ") and "refs.safetensors" in err
+    assert err.startswith("error: ") and refs.name in err
 
 
 def test_compile_fast_adds_each_flag_the_environment_does_not_set(

@@ -15,6 +15,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from treeguard._src.verify.refs import backend_path
 from treeguard.examples import mlp
 from treeguard.verify import Model, run
 
@@ -71,7 +72,9 @@ def test_recorded_namedtuple_references_pass_and_catch_a_drift(tmp_path: Path) -
     model = _model(tmp_path / "refs.safetensors")
     recorded = run(model, record=True, bench=False)
     assert recorded.passed, {c.name: c.evidence for c in recorded.checks if not c.passed}
-    assert recorded.recorded == str(tmp_path / "refs.safetensors")
+    assert recorded.recorded == str(
+        backend_path(tmp_path / "refs.safetensors", jax.default_backend())
+    )
 
     again = run(model, bench=False)
     assert again["regression"].status == "pass", again["regression"].evidence

@@ -12,6 +12,7 @@ import jax
 import pytest
 from rich.console import Console
 
+from treeguard._src.htmlpage import as_number
 from treeguard.examples import mlp
 from treeguard.verify import CHECKS, CheckResult, Report, run
 
@@ -92,8 +93,15 @@ def test_html_is_self_contained(report: Report) -> None:
     assert not re.search(r"(src|href)\s*=", page), "the page must load nothing"
     assert "http://" not in page.replace('xmlns="http://www.w3.org/2000/svg"', "")
     assert "https://" not in page and "<script" not in page
-    assert page.count("<svg") == 3  # regression errors, transforms errors, latency
-    assert "error / tolerance, log scale" in page and "compile (apart)" in page
+    # a plot of the errors that are not exact (on a TPU eager and jit agree bit
+    # for bit, and its own references too), and the latency
+    drawn = [
+        name
+        for name in ("regression", "transforms")
+        if any(as_number(r.get("ratio")) != 0.0 for r in report[name].rows)
+    ]
+    assert page.count("<svg") == 1 + len(drawn)
+    assert ("error / tolerance, log scale" in page) == bool(drawn) and "compile (apart)" in page
     headline = (
         '<p><span class="verdict pass">all checks passed</span>'
         if report.passed

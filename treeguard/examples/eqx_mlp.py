@@ -10,6 +10,7 @@ Run it with ``treeguard verify treeguard.examples.eqx_mlp:model``.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import equinox as eqx
@@ -81,5 +82,6 @@ model = Model(
     rtol=1e-5,
     atol=1e-6,
     splits=splits,
+    references=Path(__file__).parent / "data" / "eqx_mlp.regression.safetensors",
     name="treeguard.examples.eqx_mlp:model",
 )

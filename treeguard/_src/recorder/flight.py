@@ -2,21 +2,25 @@
 behind everything needed to replay it.
 
 The check is traced into the step when the step is jitted: it reads each
-leaf of the loss, the grads, the new params and the new state once (a large
-f32 or complex leaf through a product with zeros, which XLA on the CPU runs
-as a matrix-vector product; past ``PER_LEAF`` leaves, one reduction per
-dtype over the joined leaves), and one scalar is read per step. Which
-leaves hold what is worked out on the host, on the error path only. The params and the state from
-before the step are the call's own arguments, kept alive until the flag is
-read; nothing is copied while the step is finite.
+leaf of the loss, the grads, the new params and the new state once (on the
+CPU a large f32 or complex leaf through a product with zeros, which XLA runs
+as a matrix-vector product; on an accelerator a fused sum; past ``PER_LEAF``
+leaves, one reduction per dtype over the joined leaves), and one scalar is
+read per step: at once (``check="now"``), or, without stalling the device's
+queue, when the next step has been dispatched (``check="next"``, the flag
+copied to the host in the background meanwhile). Which leaves hold what is
+worked out on the host, on the error path only. The params and the state
+from before the step are the call's own arguments, kept alive until the flag
+is read; nothing is copied while the step is finite.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
@@ -58,6 +62,12 @@ _ROW = 512
 _ROW_MIN = 64
 
 
+#: When a step's finiteness flag is read: ``"now"``, before the call returns;
+#: ``"next"``, once the next step is dispatched (or at ``flush``).
+CheckWhen = Literal["now", "next"]
+CHECK_WHEN: tuple[CheckWhen, ...] = ("now", "next")
+
+
 def _accumulator(dtype: Any) -> Any:
     wide = jnp.issubdtype(dtype, jnp.complexfloating) or dtype.itemsize > 4
     return dtype if wide else jnp.float32
@@ -87,7 +97,9 @@ def _marks(x: Any) -> jax.Array:
     another dtype or with no long row; a small leaf is marked value by value.
     """
     x = jnp.asarray(x)
-    if typed_sharding(x):
+    if typed_sharding(x) or jax.default_backend() != "cpu":
+        # an accelerator fuses the sum into one pass at its memory's speed,
+        # where a product at "highest" precision takes several passes
         return _finite_sum(x).reshape(1)
     if x.size < PRODUCT_MIN:
         flat = jnp.ravel(x).astype(_accumulator(x.dtype))
@@ -132,6 +144,19 @@ def finite_flag(leaves: list[Any]) -> jax.Array:
 
 
 _check = jax.jit(finite_flag)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Dispatched:
+    """A dispatched step: its number, outputs, flag and arguments."""
+
+    number: int
+    out: Any
+    ok: Any
+    params: Any
+    opt_state: Any
+    batch: Any
+    key: Any
 
 
 def _is_jitted(fn: Any) -> bool:
@@ -209,7 +234,13 @@ class FlightRecorder:
         return f"FlightRecorder({self.directory!r}, batch={self.batch!r}, keep={self.keep})"
 
     def wrap(
-        self, step: Any, /, *, loss: Callable[..., Any] | None = None, start: int = 0
+        self,
+        step: Any,
+        /,
+        *,
+        loss: Callable[..., Any] | None = None,
+        start: int = 0,
+        check: CheckWhen = "now",
     ) -> RecordedStep:
         """The step to call instead of ``step``, recorded.
 
@@ -233,6 +264,17 @@ class FlightRecorder:
           step: the ``OptaxStep`` or the step function.
           loss: ``loss(params, batch) -> scalar``, with an ``OptaxStep`` only.
           start: the number of the first step (a resumed run's step).
+          check: when a step's finiteness flag is read. ``"now"`` (the
+            default): before the call returns, so a non-finite step raises
+            from its own call and its outputs never reach the caller; the
+            host waits for every step. ``"next"``: the flag is copied to the
+            host in the background and read once the next step has been
+            dispatched, so the device's queue never drains (the accelerator's
+            pace); a non-finite step then raises from the next call (whose
+            own step is discarded) or from ``flush()``, the bundle and the
+            error's ``params`` are of the step that went wrong, and the
+            caller already holds its non-finite outputs. Call ``flush()``
+            after the last step. It keeps one more step's inputs alive.
 
         Returns:
           The ``RecordedStep``.
@@ -240,9 +282,9 @@ class FlightRecorder:
         Raises:
           ConfigError: for an ``OptaxStep`` without ``loss`` (or ``loss``
             with a function), an ``OptaxStep`` whose ``on_nonfinite`` is not
-            ``"raise"``, or a step that is not callable.
+            ``"raise"``, a step that is not callable, or an unknown ``check``.
         """
-        return RecordedStep(self, step, loss=loss, start=start)
+        return RecordedStep(self, step, loss=loss, start=start, check=check)
 
 
 class RecordedStep:
@@ -260,11 +302,22 @@ class RecordedStep:
         *,
         loss: Callable[..., Any] | None,
         start: int,
+        check: CheckWhen = "now",
     ) -> None:
         if not isinstance(start, int) or isinstance(start, bool) or start < 0:
             raise ConfigError(f"start must be a step number (an int >= 0), got {start!r}")
+        if check not in CHECK_WHEN:
+            shown = repr(check[:40]) if isinstance(check, str) else type(check).__name__
+            raise ConfigError(
+                f"check must be 'now' or 'next', got {shown}",
+                hint='check="now" reads each step\'s flag before it returns; check="next" '
+                "reads it once the next step is dispatched",
+            )
         self.recorder = recorder
         self.step_number = start
+        self.check: CheckWhen = check
+        #: the dispatched step whose flag is not read yet (check="next")
+        self._pending: _Dispatched | None = None
         self._optax: OptaxStep | None = None
         if isinstance(step, OptaxStep):
             if not callable(loss):
@@ -365,13 +418,55 @@ class RecordedStep:
             ``.bundle_error`` and chained).
         """
         out, ok = self._fn(params, opt_state, batch, key)
+        step = _Dispatched(self.step_number, out, ok, params, opt_state, batch, key)
+        if self.check == "next":
+            if isinstance(ok, jax.Array):
+                ok.copy_to_host_async()  # ready on the host by the next call
+            earlier, self._pending = self._pending, step
+            self.step_number += 1
+            if earlier is not None:
+                self._settle(earlier)  # this step is dispatched: the device stays busy
+            return self._returned(out)
+        if isinstance(ok, jax.Array):
+            # the loss comes to the host with the flag, in one wait: a loop
+            # that logs it then reads it without a second transfer
+            for x in self._scalars(out):
+                x.copy_to_host_async()
         if bool(ok):  # the one host sync: a scalar
             self.step_number += 1
-            if self._optax is not None:
-                value, _, new_params, new_state = out
-                return new_params, new_state, value
-            return out
-        raise self._refuse(out, params, opt_state, batch, key)
+            return self._returned(out)
+        raise self._refuse(step)
+
+    def flush(self) -> None:
+        """Reads the flag of the last dispatched step (``check="next"``);
+        nothing to do with ``check="now"``.
+
+        Raises:
+          NonFiniteError: if that step held NaN or Inf, as ``__call__`` does.
+        """
+        earlier, self._pending = self._pending, None
+        if earlier is not None:
+            self._settle(earlier)
+
+    def _settle(self, step: _Dispatched) -> None:
+        """Reads a dispatched step's flag; on NaN or Inf, drops the steps after
+        it and raises for it."""
+        if bool(step.ok):
+            return
+        self._pending = None
+        self.step_number = step.number  # the steps after it are not taken either
+        raise self._refuse(step)
+
+    def _scalars(self, out: Any) -> list[jax.Array]:
+        """The step's scalar outputs beside the params and the state (the loss)."""
+        extra = out[0] if self._optax is not None else out[2:]
+        return [x for x in jax.tree.leaves(extra) if isinstance(x, jax.Array) and x.size == 1]
+
+    def _returned(self, out: Any) -> Any:
+        if self._optax is not None:
+            value, _, new_params, new_state = out
+            return new_params, new_state, value
+        return out
 
     def _labelled(self, out: Any) -> list[tuple[str, Any]]:
         if self._optax is not None:
@@ -388,9 +483,8 @@ class RecordedStep:
         # the loss is looked at first: it comes before the params in the step
         return named[2:3] + named[:2] + named[3:]
 
-    def _refuse(
-        self, out: Any, params: Any, opt_state: Any, batch: Any, key: Any
-    ) -> NonFiniteError:
+    def _refuse(self, step: _Dispatched) -> NonFiniteError:
+        number, out, params, opt_state = step.number, step.out, step.params, step.opt_state
         checked = labelled_trees(self._labelled(out))
         sections, found_all = nonfinite_sections(checked)
         found = [Found(lay.label, f) for lay, f in zip(checked, found_all) if f]
@@ -400,11 +494,11 @@ class RecordedStep:
         try:
             bundle = write_bundle(
                 rec.directory,
-                step=self.step_number,
+                step=number,
                 params=params,
                 opt_state=opt_state,
-                key=key,
-                batch=batch,
+                key=step.key,
+                batch=step.batch,
                 mode=rec.batch,
                 found=found,
                 keep=rec.keep,
@@ -413,15 +507,19 @@ class RecordedStep:
             failure = e
         by_label = {lay.label: f for lay, f in zip(checked, found_all)}
         first = found[0] if found else None
+        before = (
+            "the step was not applied (your params hold the values from before it)"
+            if self.check == "now"
+            else "the step's outputs were returned before its flag was read (check='next'): "
+            "restart from this error's .params and .state, the values from before it"
+        )
         hint = (
-            f"the step was not applied (your params hold the values from before it); replay it "
-            f"with `treeguard diagnose --bundle {bundle} MODULE:ATTR`"
+            f"{before}; replay it with `treeguard diagnose --bundle {bundle} MODULE:ATTR`"
             if bundle is not None
-            else "the step was not applied (your params hold the values from before it); fix "
-            "the recorder's directory to keep a bundle next time"
+            else f"{before}; fix the recorder's directory to keep a bundle next time"
         )
         error = NonFiniteError(
-            f"step {self.step_number}: " + "\n".join(sections),
+            f"step {number}: " + "\n".join(sections),
             counts=by_label.get("the updated params", {}),
             state_counts=by_label.get("the updated state", {}),
             params=params,

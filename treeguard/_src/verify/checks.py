@@ -446,7 +446,7 @@ def regression_errors(ctx: Context, refs: References) -> tuple[list[str], list[d
     """
     model = ctx.model
     params = ctx.params()
-    tol = model.tolerance_policy
+    tol = model.regression_policy([jax.default_backend(), refs.backend])
     bad: list[str] = []
     rows: list[dict[str, Any]] = []
     stored: dict[str, Any] = {"params": refs.params, "cases": {}, "invalid": {}}
@@ -518,12 +518,39 @@ def check_regression(ctx: Context) -> CheckResult:
             [f"changed: {b}" for b in bad],
             rows,
         )
+    matched = f"{n} leaves on {len(refs.expected)} cases and the params match {refs.path.name}"
+    differ = f"{len(bad)} difference(s) from the references {refs.path.name}"
+    now = jax.default_backend()
+    if refs.backend is None or refs.backend == now:
+        return _result("regression", bad, matched, differ, rows=rows)
+    where = f"references recorded on {refs.backend} ({refs.device_kind}), this run on {now}"
+    if ctx.model.declares_backend(refs.backend) or ctx.model.declares_backend(now):
+        at = f"{where}, at the declared cross-backend tolerance"
+        return _result("regression", bad, f"{matched} ({at})", f"{differ} ({at})", rows=rows)
     return _result(
         "regression",
         bad,
-        f"{n} leaves on {len(refs.expected)} cases and the params match {refs.path.name}",
-        f"{len(bad)} difference(s) from the references {refs.path.name}",
+        f"{matched} ({where})",
+        cross_backend_summary(refs.backend, refs.device_kind, now),
+        evidence=[
+            f"{differ}: another backend's arithmetic (a TPU rounds float32 matmuls to "
+            "bfloat16 by default), not necessarily a regression"
+        ],
         rows=rows,
+    )
+
+
+def cross_backend_summary(recorded: str, device_kind: str | None, now: str) -> str:
+    """The failing verdict of a run compared with another backend's references.
+
+    Example:
+      >>> print(cross_backend_summary("tpu", "TPU v5 lite", "cpu").replace(": ", ":\\n"))
+      references recorded on tpu (TPU v5 lite), this run on cpu:
+      record references for this backend with --record, or declare cross-backend tolerances
+    """
+    return (
+        f"references recorded on {recorded} ({device_kind}), this run on {now}: record "
+        "references for this backend with --record, or declare cross-backend tolerances"
     )
 
 

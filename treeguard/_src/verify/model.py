@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -61,6 +61,13 @@ class Model:
       atol: absolute tolerance.
       tolerances: per-dtype overrides, ``{"bfloat16": Tolerance(1e-2, 1e-2)}``;
         keys are dtype names or short names (``"bf16"``).
+      backend_tolerances: per-backend tolerances, ``{"tpu": Tolerance(1e-2,
+        1e-3)}``: the regression check compares at the loosest of ``rtol``/
+        ``atol`` and the tolerance of each backend involved (this run's, the
+        references'), so a model may accept a TPU's default matmul precision,
+        or compare one backend's run with another's references on purpose
+        (declared cross-backend tolerances). Keys are backend names
+        (``"cpu"``, ``"gpu"``, ``"tpu"``).
       update: optional ``update(params, grads) -> params`` (one optimiser
         step), or, with ``opt_init``, ``update(params, grads, opt_state) ->
         (params, opt_state)``.
@@ -73,7 +80,10 @@ class Model:
       output_spec: optional ``TreeSpec`` of the outputs, with ``"B"``.
       params_spec: optional stored params spec (a ``TreeSpec`` or a JSON
         path); ``init``'s params must still match it.
-      references: the regression file (``.safetensors``); None for none.
+      references: the regression file (``.safetensors``) recorded on the
+        CPU; None for none. References recorded on another backend sit
+        beside it, named for the backend (``mlp.regression.tpu.safetensors``);
+        a run compares with its own backend's when they exist.
       invalid_inputs: batches ``apply`` must refuse, beyond the generated
         invalid shape.
       invalid_raises: what ``apply`` must raise on the generated invalid shape.
@@ -109,6 +119,7 @@ class Model:
     rtol: float
     atol: float
     tolerances: Mapping[str, Tolerance] = dataclasses.field(default_factory=dict)
+    backend_tolerances: Mapping[str, Tolerance] = dataclasses.field(default_factory=dict)
     update: Callable[..., Any] | None = None
     optimizer: Any = None
     opt_init: Callable[[Any], Any] | None = None
@@ -179,6 +190,16 @@ class Model:
                     f"Model.tolerances[{k!r}] is {v!r}; hint: use Tolerance(rtol, atol)"
                 )
             resolve_dtype(k)
+        for k, v in self.backend_tolerances.items():
+            if not isinstance(k, str) or not k.isidentifier() or k != k.lower():
+                raise ConfigError(
+                    f"Model.backend_tolerances has the key {k!r}; hint: name a backend as "
+                    'jax.default_backend() does: "cpu", "gpu" or "tpu"'
+                )
+            if not isinstance(v, Tolerance):
+                raise ConfigError(
+                    f"Model.backend_tolerances[{k!r}] is {v!r}; hint: use Tolerance(rtol, atol)"
+                )
         if self.output_spec is not None and not isinstance(self.output_spec, TreeSpec):
             raise ConfigError(
                 f"Model.output_spec is a {type(self.output_spec).__name__}, not a TreeSpec"
@@ -222,6 +243,32 @@ class Model:
             default=Tolerance(self.rtol, self.atol), dtypes=dict(self.tolerances)
         )
 
+    def regression_policy(self, backends: Iterable[str | None]) -> TolerancePolicy:
+        """The policy the regression check compares with when ``backends``
+        (this run's and the references') are involved: ``tolerance_policy``
+        with its default widened to each declared ``backend_tolerances``
+        entry of those backends.
+
+        Example:
+          >>> import jax.numpy as jnp
+          >>> from treeguard.examples.mlp import model
+          >>> m = dataclasses.replace(model, backend_tolerances={"tpu": Tolerance(1e-2, 1e-3)})
+          >>> m.regression_policy(["cpu", "tpu"]).for_leaf("", jnp.float32)
+          Tolerance(rtol=0.01, atol=0.001)
+          >>> m.regression_policy(["cpu"]).for_leaf("", jnp.float32) == m.tolerance_for(jnp.float32)
+          True
+        """
+        rtol, atol = float(self.rtol), float(self.atol)
+        for b in dict.fromkeys(backends):
+            t = self.backend_tolerances.get(b) if b is not None else None
+            if t is not None:
+                rtol, atol = max(rtol, float(t.rtol)), max(atol, float(t.atol))
+        return TolerancePolicy(default=Tolerance(rtol, atol), dtypes=dict(self.tolerances))
+
+    def declares_backend(self, backend: str | None) -> bool:
+        """Whether ``backend_tolerances`` names ``backend``."""
+        return backend is not None and backend in self.backend_tolerances
+
     def tolerance_for(self, dtype: Any) -> Tolerance:
         """The tolerance for leaves of ``dtype`` (see ``tolerance_policy``)."""
         return self.tolerance_policy.for_leaf("", dtype)
@@ -231,6 +278,8 @@ class Model:
         out = {"default": {"rtol": float(self.rtol), "atol": float(self.atol)}}
         for k, v in sorted(self.tolerances.items()):
             out[resolve_dtype(k).name] = {"rtol": float(v.rtol), "atol": float(v.atol)}
+        for k, v in sorted(self.backend_tolerances.items()):
+            out[f"backend {k}"] = {"rtol": float(v.rtol), "atol": float(v.atol)}
         return out
 
     def stored_params_spec(self) -> TreeSpec | None:

@@ -6,6 +6,12 @@ for the positive cases, the outputs, loss and grads. It is one checkpoint
 opens it and bf16 leaves round-trip. The manifest records the format
 version, the environment fingerprint, the seed, the tolerances and each
 negative case's expected exception.
+
+References are per backend: a model declares one file, which holds the
+references recorded on the CPU; those recorded on another backend sit beside
+it under the backend's name (``mlp.regression.tpu.safetensors``). A run reads
+its own backend's when they exist (``resolve``) and records to its own
+backend's (``backend_path``), so recording on a TPU leaves the CPU's alone.
 """
 
 from __future__ import annotations
@@ -28,6 +34,9 @@ from . import model as model_module
 from .cases import Case
 from .model import Model
 from .programs import Evaluated
+
+#: The backends whose references ``resolve`` looks for beside the declared file.
+BACKENDS = ("cpu", "gpu", "tpu")
 
 FORMAT = "treeguard.regression/1"
 FORMAT_VERSION = 1
@@ -60,6 +69,58 @@ class References:
     seed: int
     manifest: dict[str, Any]
     spec: TreeSpec
+
+    @property
+    def backend(self) -> str | None:
+        """The backend the references were computed on (``cpu``, ``tpu``...)."""
+        value = self.environment.get("backend")
+        return value if isinstance(value, str) else None
+
+    @property
+    def device_kind(self) -> str | None:
+        """The device kind they were computed on (``TPU v5 lite``, ``cpu``)."""
+        value = self.environment.get("device_kind")
+        return value if isinstance(value, str) else None
+
+
+def backend_path(declared: str | os.PathLike[str], backend: str) -> Path:
+    """Where references recorded on ``backend`` go: the declared file for the
+    CPU, and beside it, named for the backend, for another one.
+
+    Example:
+      >>> backend_path("data/mlp.regression.safetensors", "tpu").name
+      'mlp.regression.tpu.safetensors'
+      >>> backend_path("data/mlp.regression.safetensors", "cpu").name
+      'mlp.regression.safetensors'
+    """
+    path = Path(declared)
+    if backend == "cpu":
+        return path
+    return path.with_name(f"{path.stem}.{backend}{path.suffix}")
+
+
+def resolve(declared: str | os.PathLike[str], backend: str) -> Path:
+    """The references a run on ``backend`` compares with: its own backend's
+    when they exist, else the declared file, else another backend's; the
+    declared path when there are none (for the error that names it).
+
+    Example:
+      >>> import tempfile
+      >>> declared = Path(tempfile.mkdtemp()) / "m.regression.safetensors"
+      >>> resolve(declared, "tpu") == declared  # none at all
+      True
+      >>> _ = backend_path(declared, "tpu").write_bytes(b"")
+      >>> resolve(declared, "tpu").name, resolve(declared, "cpu").name
+      ('m.regression.tpu.safetensors', 'm.regression.tpu.safetensors')
+      >>> _ = declared.write_bytes(b"")
+      >>> resolve(declared, "tpu").name, resolve(declared, "cpu").name
+      ('m.regression.tpu.safetensors', 'm.regression.safetensors')
+    """
+    own = backend_path(declared, backend)
+    for candidate in (own, Path(declared), *(backend_path(declared, b) for b in BACKENDS)):
+        if candidate.exists():
+            return candidate
+    return Path(declared)
 
 
 def _exc_name(t: type[BaseException]) -> str:

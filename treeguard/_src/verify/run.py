@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import jax
+
 from ..env import environment
 from ..errors import ConfigError, IntegrityError
 from ..spec import spec_of
@@ -122,11 +124,15 @@ def run(
         )
     started = time.perf_counter()
     created = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-    ref_path = (
-        Path(references)
-        if references is not None
-        else (Path(model.references) if model.references is not None else None)
-    )
+    # the model's references are per backend: this backend's when recorded,
+    # else the declared file; an explicit file is taken as it is
+    ref_path: Path | None = None
+    write_path: Path | None = None
+    if references is not None:
+        ref_path = write_path = Path(references)
+    elif model.references is not None:
+        ref_path = refs_mod.resolve(model.references, jax.default_backend())
+        write_path = refs_mod.backend_path(model.references, jax.default_backend())
     loaded: refs_mod.References | None = None
     if ref_path is not None:
         if ref_path.exists():
@@ -174,18 +180,18 @@ def run(
     prepared_s = time.perf_counter() - prepare_start
     results: list[CheckResult] = [run_check(n, ctx) for n in NAMES]
     recorded: str | None = None
-    if record and ref_path is not None:
+    if record and write_path is not None:
         blocking = [r.name for r in results if r.status == "fail" and r.name != "regression"]
         reg = next(r for r in results if r.name == "regression")
         if blocking:
             reg.status = "fail"
             reg.summary = "references not recorded: other checks failed"
             reg.evidence.insert(
-                0, f"not recorded to {ref_path}: {', '.join(blocking)} failed; fix them first"
+                0, f"not recorded to {write_path}: {', '.join(blocking)} failed; fix them first"
             )
         else:
             params = ctx.params()
-            written = _record(ctx.programs, cases, ref_path, name or model.name)
+            written = _record(ctx.programs, cases, write_path, name or model.name)
             recorded = str(written)
             reg.evidence.insert(0, f"recorded {len(cases)} cases to {written}")
             if spec_path is not None:
@@ -197,7 +203,7 @@ def run(
         environment=environment(),
         tolerances=model.tolerance_table(),
         cases=_case_rows(cases),
-        references=str(ref_path) if ref_path is not None and (loaded or recorded) else None,
+        references=recorded or (str(ref_path) if ref_path is not None and loaded else None),
         recorded=recorded,
         benchmark=bench_result,
         created=created,
