@@ -6,6 +6,7 @@ left behind by a failed load."""
 from __future__ import annotations
 
 import hashlib
+import mmap
 import os
 import shutil
 import threading
@@ -104,10 +105,11 @@ def test_any_chunk_size_gives_the_digest_of_the_bytes(
     want = [_reference(blob[o : o + n], algorithm) for o, n in zip(offsets, sizes)]
     fd = os.open(path, os.O_RDONLY)
     try:
-        bufs = [bytearray(n) for n in sizes]
-        spans = [hashing.Span(o, memoryview(b), w) for o, b, w in zip(offsets, bufs, want)]
-        assert hashing.read_spans(fd, spans, algorithm, chunk=chunk) == want
-        assert [bytes(b) for b in bufs] == [blob[o : o + n] for o, n in zip(offsets, sizes)]
+        for readers in (1, 3):  # the calling thread alone, and reader threads
+            bufs = [bytearray(n) for n in sizes]
+            spans = [hashing.Span(o, memoryview(b), w) for o, b, w in zip(offsets, bufs, want)]
+            assert hashing.read_spans(fd, spans, algorithm, chunk=chunk, readers=readers) == want
+            assert [bytes(b) for b in bufs] == [blob[o : o + n] for o, n in zip(offsets, sizes)]
         got = hashing.hash_ranges(fd, list(zip(offsets, sizes)), algorithm, chunk=chunk)
         assert got == want
         assert hashing.hash_file(fd, algorithm, chunk=chunk) == _reference(blob, algorithm)
@@ -125,6 +127,23 @@ def test_any_chunk_size_gives_the_digest_of_the_bytes(
     source = hashing.BytesReader(blob)
     assert hashing.hash_ranges(source, list(zip(offsets, sizes)), algorithm, chunk=chunk) == want
     assert not _hash_threads()
+
+
+def test_prefaulting_memory_never_changes_its_bytes() -> None:
+    """Readers fault in a chunk's pages before reading into it: the bytes
+    already there (a page shared with the chunk before) stay as they were."""
+    page = mmap.PAGESIZE
+    held = np.random.default_rng(1).bytes(5 * page + 123)
+    buf = bytearray(held)
+    hashing.prefault(memoryview(buf)[7 : 4 * page + 9])
+    hashing.prefault(memoryview(buf))
+    assert bytes(buf) == held
+    mapped = mmap.mmap(-1, 4 * page)
+    mapped[:4] = b"tree"
+    hashing.prefault(memoryview(mapped)[1:])
+    assert mapped[:5] == b"tree\x00"
+    hashing.prefault(memoryview(held))  # read-only: left alone
+    mapped.close()
 
 
 def test_a_copy_that_does_not_fill_its_destination_exactly_is_refused() -> None:
@@ -307,9 +326,10 @@ def test_a_file_that_shrinks_while_it_is_read_leaves_no_hashing_thread(tmp_path:
             hashing.Span(600, memoryview(bytearray(400))),
         ]
         os.truncate(path, 700)
-        with pytest.raises(hashing.ShortRead) as e:
-            hashing.read_spans(fd, spans, "blake3", chunk=64)
-        assert e.value.index == 1
+        for readers in (1, 4):
+            with pytest.raises(hashing.ShortRead) as e:
+                hashing.read_spans(fd, spans, "blake3", chunk=64, readers=readers)
+            assert e.value.index == 1
     finally:
         os.close(fd)
     assert not _hash_threads()
