@@ -29,6 +29,9 @@ from treeguard._cli.main import main
 # The hashing engine on purpose: its spans, ranges and threads against a plain hashlib.
 from treeguard._src import hashing
 
+# The reader's batch size on purpose: lowered to make several batches of small leaves.
+from treeguard._src.checkpoint import read
+
 LEGACY = Path(__file__).parents[1] / "data" / "legacy"
 KEY = "legacy-fixture-key-0123456789abcdef"
 ALGORITHMS = ["blake3", "sha256"]
@@ -416,3 +419,32 @@ def test_a_failing_hashing_thread_raises_in_the_caller(algorithm: Any) -> None:
     with pytest.raises(RuntimeError, match="closed; its digests are incomplete"):
         closed.digests()
     assert not _hash_threads()
+
+
+def test_a_load_onto_devices_in_batches_verifies_each_before_placing_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Leaves bound to devices are read, verified and put on their devices a
+    batch at a time; a corrupt tensor in any batch fails the load, and the
+    error names every corrupt tensor, in this batch and in the ones not read."""
+    monkeypatch.setattr(read, "DEVICE_BATCH", 3000)  # about three leaves a batch
+    tree = {f"l{i}": np.full(256, i, np.float32) for i in range(10)}
+    path = tmp_path / "p.safetensors"
+    tg.save(path, tree)
+    like = {k: jnp.zeros(256, jnp.float32) for k in tree}
+    _assert_trees_equal(tg.load(path, like=like), tree)
+    loaded = tg.load(path, like=like)
+    assert all(isinstance(x, jax.Array) for x in jax.tree.leaves(loaded))
+    h = tg.read_header(path)
+    for i in (4, 9):  # in the second batch and in the last
+        with open(path, "r+b") as f:
+            f.seek(h.data_start + h.tensors[i].begin + 7)
+            f.write(b"\xff")
+    with pytest.raises(tg.IntegrityError, match=r"2 tensors corrupt") as e:
+        tg.load(path, like=like)
+    assert "['l4']" in str(e.value) and "['l9']" in str(e.value)
+    assert e.value.path == "['l4']"
+    assert not _hash_threads()
+    # a host tree is read in one batch, as before
+    with pytest.raises(tg.IntegrityError, match=r"2 tensors corrupt"):
+        tg.load(path, like=tree)
