@@ -18,8 +18,17 @@ floor; its hashed, fsynced save at most 1.3x the write + fsync floor;
 ``treeguard ckpt verify`` at most 1.1x the hashing floor; ``import_weights``
 of a safetensors file at most 2x ``load_file``.
 
+``--device`` measures on the default device instead (a TPU or GPU), as users
+there save and load: the tree saved is on the device, ``like`` is a tree on the
+device, each load ends with ``block_until_ready``. The floor reads and hashes
+as above, then ``jax.device_put``; safetensors is ``safetensors.flax``
+(``save_file`` then fsync, ``load_file``); orbax restores onto the device.
+The goals there: verified ``load(like=)`` at most 1.1x ``safetensors.flax``
+and 1.0x orbax; ``save`` at most 1.2x ``safetensors.flax.save_file`` + fsync.
+
     .venv/bin/python benchmarks/checkpoint.py            # 1 GiB, 64 leaves
     .venv/bin/python benchmarks/checkpoint.py --mib 64   # a quick run
+    python benchmarks/checkpoint.py --device --tools raw,treeguard,safetensors,orbax
 
 orbax is timed when ``orbax.checkpoint`` imports (it is not a dependency:
 ``pip install orbax-checkpoint``, or put it on ``PYTHONPATH``).
@@ -96,6 +105,11 @@ def _raw_save(path: str, tree: dict[str, np.ndarray]) -> None:
         os.fsync(f.fileno())
 
 
+def _raw_save_from_device(path: str, tree: dict[str, Any]) -> None:
+    """The device floor of a save: each array copied to the host, written, fsync."""
+    _raw_save(path, {k: np.asarray(v) for k, v in tree.items()})
+
+
 def _raw_load(path: str, like: dict[str, np.ndarray]) -> Any:
     """The floor of a verified load: ``readinto`` buffers allocated (and touched)
     beforehand, from the page cache, then BLAKE3 hashes each on every core.
@@ -110,6 +124,24 @@ def _raw_load(path: str, like: dict[str, np.ndarray]) -> Any:
             blake3.blake3(view, max_threads=blake3.blake3.AUTO).digest()
             out[k] = arr
     return out
+
+
+def _raw_load_device(path: str, like: dict[str, Any]) -> Any:
+    """The device floor: as ``_raw_load`` into host buffers touched
+    beforehand, then each array put on its device as soon as it is hashed."""
+    import jax
+
+    hosts = {k: np.zeros(v.shape, v.dtype) for k, v in like.items()}
+    jax.block_until_ready(like)
+    t0 = time.perf_counter()
+    out = {k: jax.device_put(v, like[k].sharding) for k, v in _raw_load(path, hosts).items()}
+    jax.block_until_ready(out)
+    _timed_part.append(time.perf_counter() - t0)  # the host buffers are not timed
+    return out
+
+
+#: The seconds of a load that times only part of itself (the device floor).
+_timed_part: list[float] = []
 
 
 def _raw_verify(path: str) -> None:
@@ -188,6 +220,38 @@ def _orbax_load(path: str, like: dict[str, np.ndarray]) -> Any:
     return out
 
 
+def _st_flax_save(path: str, tree: dict[str, Any]) -> None:
+    from safetensors.flax import save_file
+
+    save_file(tree, path)
+    _fsync_path(path)
+
+
+def _st_flax_load(path: str, like: dict[str, Any]) -> Any:
+    import jax
+    from safetensors.flax import load_file
+
+    return jax.block_until_ready(load_file(path))
+
+
+def _tg_load_device(path: str, like: dict[str, Any]) -> Any:
+    import jax
+
+    from treeguard import load
+
+    return jax.block_until_ready(load(path, like=like))
+
+
+def _orbax_load_device(path: str, like: dict[str, Any]) -> Any:
+    import jax
+    import orbax.checkpoint as ocp
+
+    ckptr = ocp.StandardCheckpointer()
+    out = jax.block_until_ready(ckptr.restore(path, like))
+    ckptr.close()
+    return out
+
+
 def _msgpack_save(path: str, tree: dict[str, np.ndarray]) -> None:
     from flax import serialization
 
@@ -212,6 +276,15 @@ _OPS: dict[str, tuple[Callable[..., None], Callable[..., Any], str]] = {
     "npz": (_npz_save, _npz_load, "np.savez / np.load"),
     "orbax": (_orbax_save, _orbax_load, "orbax StandardCheckpointer"),
     "msgpack": (_msgpack_save, _msgpack_load, "flax msgpack_serialize + fsync / restore"),
+}
+
+
+#: What ``--device`` times instead, by tool (a tool missing here is not timed there).
+_DEVICE_OPS: dict[str, tuple[Callable[..., None], Callable[..., Any], str]] = {
+    "raw": (_raw_save, _raw_load_device, "floor: write + fsync / readinto + BLAKE3 + device_put"),
+    "treeguard": (_tg_save, _tg_load_device, "treeguard save / load(like=device tree), hashed"),
+    "safetensors": (_st_flax_save, _st_flax_load, "safetensors.flax save_file + fsync / load_file"),
+    "orbax": (_orbax_save, _orbax_load_device, "orbax StandardCheckpointer, onto the device"),
 }
 
 
@@ -241,14 +314,20 @@ def _warm(tool: str) -> None:
             getattr(treeguard, name)
 
 
-def worker(tool: str, op: str, path: str, mib: int, leaves: int, repeats: int, cold: bool) -> None:
+def worker(
+    tool: str, op: str, path: str, mib: int, leaves: int, repeats: int, cold: bool, device: bool
+) -> None:
     """Runs one tool's save or load in this process and prints a JSON line."""
     import jax
 
     jax.devices()  # start the backend before measuring
     _warm(tool)
-    save_fn, load_fn, _ = _OPS[tool]
-    tree = _tree(mib, leaves)
+    save_fn, load_fn, _ = (_DEVICE_OPS if device else _OPS)[tool]
+    tree: dict[str, Any] = _tree(mib, leaves)
+    if device and op == "save":
+        if tool == "raw":  # the floor's bytes come from the device too
+            save_fn = _raw_save_from_device
+        tree = jax.block_until_ready({k: jax.device_put(v) for k, v in tree.items()})
     times: list[float] = []
     if op in ("verify", "import"):
         if op == "import":  # the source: a safetensors file of the same tree, not timed
@@ -282,8 +361,11 @@ def worker(tool: str, op: str, path: str, mib: int, leaves: int, repeats: int, c
             times.append(time.perf_counter() - t0)
         extra = _peak_kib() - base
     else:
-        like = {k: np.empty(0, v.dtype) for k, v in tree.items()}
-        if tool in ("raw", "treeguard", "orbax"):
+        like: dict[str, Any] = {k: np.empty(0, v.dtype) for k, v in tree.items()}
+        if device:  # on the device: no host memory taken before the load
+            like = {k: jax.numpy.zeros(v.shape, v.dtype) for k, v in tree.items()}
+            jax.block_until_ready(like)
+        elif tool in ("raw", "treeguard", "orbax"):
             like = {k: np.zeros_like(v) for k, v in tree.items()}
         ref = tree
         del tree
@@ -292,9 +374,11 @@ def worker(tool: str, op: str, path: str, mib: int, leaves: int, repeats: int, c
         for _ in range(repeats):
             if cold:
                 _drop_cache(path)
+            _timed_part.clear()
             t0 = time.perf_counter()
             out = load_fn(path, like)
-            times.append(time.perf_counter() - t0)
+            took = time.perf_counter() - t0
+            times.append(_timed_part[0] if _timed_part else took)
             peaks.append(_peak_kib())
             for k in ref:
                 assert np.array_equal(np.asarray(out[k]), ref[k]), (tool, k)
@@ -317,7 +401,7 @@ def _run_worker(tool: str, op: str, path: str, args: argparse.Namespace) -> dict
         str(args.leaves),
         "--repeats",
         str(args.repeats),
-    ] + (["--cold"] if args.cold else [])
+    ] + [flag for flag, on in (("--cold", args.cold), ("--device", args.device)) if on]
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join(
@@ -328,6 +412,12 @@ def _run_worker(tool: str, op: str, path: str, args: argparse.Namespace) -> dict
     if res.returncode != 0:
         raise RuntimeError(f"{tool} {op} failed:\n{res.stderr[-3000:]}")
     return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def _more(tool: str, args: argparse.Namespace) -> dict[str, Callable[[str], None]]:
+    """The operations timed beyond save and load (none on a device: they read
+    files into host memory alone)."""
+    return {} if args.device else _MORE.get(tool, {})
 
 
 def _orbax_available() -> bool:
@@ -374,20 +464,26 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--dir", default=None, help="where to write (a temp dir by default)")
     p.add_argument("--cold", action="store_true", help="drop each file's cached pages before reads")
-    p.add_argument("--tools", default=",".join(TOOLS))
+    p.add_argument("--device", action="store_true", help="save and load trees on the device")
+    p.add_argument("--tools", default=None, help=f"comma-separated, of {','.join(TOOLS)}")
     p.add_argument("--worker", nargs=3, metavar=("TOOL", "OP", "PATH"), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
         tool, op, path = args.worker
-        worker(tool, op, path, args.mib, args.leaves, args.repeats, args.cold)
+        worker(tool, op, path, args.mib, args.leaves, args.repeats, args.cold, args.device)
         return
-    tools = [t for t in args.tools.split(",") if t]
+    known = _DEVICE_OPS if args.device else _OPS
+    tools = [t for t in (args.tools or ",".join(t for t in TOOLS if t in known)).split(",") if t]
+    unknown = [t for t in tools if t not in known]
+    if unknown:
+        p.error(f"not timed{' with --device' if args.device else ''}: {', '.join(unknown)}")
     if "orbax" in tools and not _orbax_available():
         print("orbax.checkpoint does not import: skipping orbax")
         tools.remove("orbax")
+    load_before = os.getloadavg()
     root = tempfile.mkdtemp(prefix="tg-bench-", dir=args.dir)
     results: dict[str, dict[str, dict[str, Any]]] = {
-        t: {op: {"times": [], "extra_kib": 0} for op in ("save", "load", *_MORE.get(t, {}))}
+        t: {op: {"times": [], "extra_kib": 0} for op in ("save", "load", *_more(t, args))}
         for t in tools
     }
     inspect: dict[str, float] = {}
@@ -398,7 +494,7 @@ def main() -> None:
         for _ in range(args.repeats):
             for tool in tools:
                 path = os.path.join(root, _filename(tool))
-                for op in ("save", "load", *_MORE.get(tool, {})):
+                for op in ("save", "load", *_more(tool, args)):
                     r = _run_worker(tool, op, path, one)
                     results[tool][op]["times"] += r["times"]
                     results[tool][op]["extra_kib"] = max(
@@ -413,6 +509,28 @@ def main() -> None:
     finally:
         shutil.rmtree(root, ignore_errors=True)
     _report(results, inspect, args)
+    print(
+        "load average (1 min) before and after the run: "
+        f"{load_before[0]:.2f}, {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs"
+    )
+
+
+#: The goals: name, treeguard's op, the other tool, its op, the goal.
+_GOALS = [
+    ("load(like=), every hash / safetensors load_file", "load", "safetensors", "load", 1.2),
+    ("load(like=), every hash / readinto + BLAKE3 floor", "load", "raw", "load", 1.3),
+    ("save, hashed + fsync / write + fsync floor", "save", "raw", "save", 1.3),
+    ("ckpt verify / BLAKE3 hashing floor", "verify", "raw", "verify", 1.1),
+    ("import_weights(safetensors) / load_file", "import", "safetensors", "load", 2.0),
+]
+#: The goals on a device (``--device``): name, treeguard's op, the other tool, its op, the goal.
+_DEVICE_GOALS = [
+    ("load(like=device tree) / safetensors.flax load_file", "load", "safetensors", "load", 1.1),
+    ("load(like=device tree) / orbax restore", "load", "orbax", "load", 1.0),
+    ("load(like=device tree) / readinto+BLAKE3+device_put", "load", "raw", "load", 1.3),
+    ("save, hashed + fsync / safetensors.flax + fsync", "save", "safetensors", "save", 1.2),
+    ("save, hashed + fsync / write + fsync floor", "save", "raw", "save", 1.3),
+]
 
 
 def _report(
@@ -422,10 +540,13 @@ def _report(
 ) -> None:
     import jax
 
-    floor = {op: statistics.median(results["raw"][op]["times"]) for op in ("save", "load")}
+    ops = _DEVICE_OPS if args.device else _OPS
+    base = results.get("raw") or next(iter(results.values()))
+    floor = {op: statistics.median(base[op]["times"]) for op in ("save", "load")}
     gib = args.mib / 1024
+    where = f"on {jax.devices()[0].device_kind}" if args.device else "into host memory"
     print(
-        f"\n{args.mib} MiB float32 in {args.leaves} leaves, median of {args.repeats}, "
+        f"\n{args.mib} MiB float32 in {args.leaves} leaves {where}, median of {args.repeats}, "
         f"{'cold' if args.cold else 'page-cache'} reads, {os.cpu_count()} CPUs, "
         f"jax {jax.__version__}"
     )
@@ -437,7 +558,7 @@ def _report(
         s = statistics.median(r["save"]["times"])
         ld = statistics.median(r["load"]["times"])
         print(
-            f"{_OPS[tool][2]:<56} {s:7.2f} {s / floor['save']:7.2f} {ld:7.2f} "
+            f"{ops[tool][2]:<56} {s:7.2f} {s / floor['save']:7.2f} {ld:7.2f} "
             f"{ld / floor['load']:7.2f} {r['save']['extra_kib'] / 1024:9.0f} "
             f"{r['load']['extra_kib'] / 1024:9.0f}"
         )
@@ -452,18 +573,13 @@ def _report(
             f"\nratios, each taken within one round: median [min, max] over {args.repeats} rounds"
         )
         tg = results["treeguard"]
-        goals = [
-            ("load(like=), every hash / safetensors load_file", "load", "safetensors", "load", 1.2),
-            ("load(like=), every hash / readinto + BLAKE3 floor", "load", "raw", "load", 1.3),
-            ("save, hashed + fsync / write + fsync floor", "save", "raw", "save", 1.3),
-            ("ckpt verify / BLAKE3 hashing floor", "verify", "raw", "verify", 1.1),
-            ("import_weights(safetensors) / load_file", "import", "safetensors", "load", 2.0),
-        ]
-        for name, op, base, base_op, goal in goals:
-            if base not in results:
+        goals = _DEVICE_GOALS if args.device else _GOALS
+        for name, op, other, base_op, goal in goals:
+            if other not in results or op not in tg:
                 continue
             ratios = [
-                a / b for a, b in zip(tg[op]["times"], results[base][base_op]["times"], strict=True)
+                a / b
+                for a, b in zip(tg[op]["times"], results[other][base_op]["times"], strict=True)
             ]
             mid = statistics.median(ratios)
             verdict = "met" if mid <= goal else f"MISSED by {mid / goal - 1:.0%}"

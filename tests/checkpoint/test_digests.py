@@ -6,6 +6,7 @@ left behind by a failed load."""
 from __future__ import annotations
 
 import hashlib
+import mmap
 import os
 import shutil
 import threading
@@ -27,6 +28,9 @@ from treeguard._cli.main import main
 
 # The hashing engine on purpose: its spans, ranges and threads against a plain hashlib.
 from treeguard._src import hashing
+
+# The reader's batch size on purpose: lowered to make several batches of small leaves.
+from treeguard._src.checkpoint import read
 
 LEGACY = Path(__file__).parents[1] / "data" / "legacy"
 KEY = "legacy-fixture-key-0123456789abcdef"
@@ -104,10 +108,11 @@ def test_any_chunk_size_gives_the_digest_of_the_bytes(
     want = [_reference(blob[o : o + n], algorithm) for o, n in zip(offsets, sizes)]
     fd = os.open(path, os.O_RDONLY)
     try:
-        bufs = [bytearray(n) for n in sizes]
-        spans = [hashing.Span(o, memoryview(b), w) for o, b, w in zip(offsets, bufs, want)]
-        assert hashing.read_spans(fd, spans, algorithm, chunk=chunk) == want
-        assert [bytes(b) for b in bufs] == [blob[o : o + n] for o, n in zip(offsets, sizes)]
+        for readers in (1, 3):  # the calling thread alone, and reader threads
+            bufs = [bytearray(n) for n in sizes]
+            spans = [hashing.Span(o, memoryview(b), w) for o, b, w in zip(offsets, bufs, want)]
+            assert hashing.read_spans(fd, spans, algorithm, chunk=chunk, readers=readers) == want
+            assert [bytes(b) for b in bufs] == [blob[o : o + n] for o, n in zip(offsets, sizes)]
         got = hashing.hash_ranges(fd, list(zip(offsets, sizes)), algorithm, chunk=chunk)
         assert got == want
         assert hashing.hash_file(fd, algorithm, chunk=chunk) == _reference(blob, algorithm)
@@ -125,6 +130,23 @@ def test_any_chunk_size_gives_the_digest_of_the_bytes(
     source = hashing.BytesReader(blob)
     assert hashing.hash_ranges(source, list(zip(offsets, sizes)), algorithm, chunk=chunk) == want
     assert not _hash_threads()
+
+
+def test_prefaulting_memory_never_changes_its_bytes() -> None:
+    """Readers fault in a chunk's pages before reading into it: the bytes
+    already there (a page shared with the chunk before) stay as they were."""
+    page = mmap.PAGESIZE
+    held = np.random.default_rng(1).bytes(5 * page + 123)
+    buf = bytearray(held)
+    hashing.prefault(memoryview(buf)[7 : 4 * page + 9])
+    hashing.prefault(memoryview(buf))
+    assert bytes(buf) == held
+    mapped = mmap.mmap(-1, 4 * page)
+    mapped[:4] = b"tree"
+    hashing.prefault(memoryview(mapped)[1:])
+    assert mapped[:5] == b"tree\x00"
+    hashing.prefault(memoryview(held))  # read-only: left alone
+    mapped.close()
 
 
 def test_a_copy_that_does_not_fill_its_destination_exactly_is_refused() -> None:
@@ -307,9 +329,10 @@ def test_a_file_that_shrinks_while_it_is_read_leaves_no_hashing_thread(tmp_path:
             hashing.Span(600, memoryview(bytearray(400))),
         ]
         os.truncate(path, 700)
-        with pytest.raises(hashing.ShortRead) as e:
-            hashing.read_spans(fd, spans, "blake3", chunk=64)
-        assert e.value.index == 1
+        for readers in (1, 4):
+            with pytest.raises(hashing.ShortRead) as e:
+                hashing.read_spans(fd, spans, "blake3", chunk=64, readers=readers)
+            assert e.value.index == 1
     finally:
         os.close(fd)
     assert not _hash_threads()
@@ -396,3 +419,32 @@ def test_a_failing_hashing_thread_raises_in_the_caller(algorithm: Any) -> None:
     with pytest.raises(RuntimeError, match="closed; its digests are incomplete"):
         closed.digests()
     assert not _hash_threads()
+
+
+def test_a_load_onto_devices_in_batches_verifies_each_before_placing_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Leaves bound to devices are read, verified and put on their devices a
+    batch at a time; a corrupt tensor in any batch fails the load, and the
+    error names every corrupt tensor, in this batch and in the ones not read."""
+    monkeypatch.setattr(read, "DEVICE_BATCH", 3000)  # about three leaves a batch
+    tree = {f"l{i}": np.full(256, i, np.float32) for i in range(10)}
+    path = tmp_path / "p.safetensors"
+    tg.save(path, tree)
+    like = {k: jnp.zeros(256, jnp.float32) for k in tree}
+    _assert_trees_equal(tg.load(path, like=like), tree)
+    loaded = tg.load(path, like=like)
+    assert all(isinstance(x, jax.Array) for x in jax.tree.leaves(loaded))
+    h = tg.read_header(path)
+    for i in (4, 9):  # in the second batch and in the last
+        with open(path, "r+b") as f:
+            f.seek(h.data_start + h.tensors[i].begin + 7)
+            f.write(b"\xff")
+    with pytest.raises(tg.IntegrityError, match=r"2 tensors corrupt") as e:
+        tg.load(path, like=like)
+    assert "['l4']" in str(e.value) and "['l9']" in str(e.value)
+    assert e.value.path == "['l4']"
+    assert not _hash_threads()
+    # a host tree is read in one batch, as before
+    with pytest.raises(tg.IntegrityError, match=r"2 tensors corrupt"):
+        tg.load(path, like=tree)

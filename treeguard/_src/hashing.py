@@ -12,8 +12,13 @@ Every digest treeguard records or checks is computed here. Two algorithms:
 The engine is a pipeline: the calling thread moves a chunk (``preadv`` into
 the array's final buffer, or a ``write`` of the leaf's own buffer) and hands
 the same memory to a worker, then moves the next chunk while the worker
-hashes the last one. No byte is copied after it is read. The workers are
-named ``treeguard-hash-N``; they are joined before any call here returns or
+hashes the last one. No byte is copied after it is read. Reading a file into
+memory, a few reader threads ``preadv`` the chunks at once: each read also
+takes the page faults of the freshly allocated memory it fills (the larger
+part of a load's cost where first touching memory is dear), so they are
+taken on several cores while the chunks already read are hashed; the chunks
+are still hashed in order. The threads are named ``treeguard-hash-N`` and
+``treeguard-hash-read_N``; they are joined before any call here returns or
 raises, so no hashing thread outlives a failed load.
 
 The API:
@@ -40,13 +45,18 @@ so a download is hashed while it arrives, into the arrays' final memory
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import dataclasses
 import hashlib
+import mmap
 import os
 import queue
 import re
+import sys
 import threading
+from collections import deque
 from collections.abc import Callable, Hashable, Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Literal, Protocol
 
 import blake3
@@ -70,6 +80,37 @@ THREAD_PREFIX = "treeguard-hash"
 WRITE_PIECE = 256 * 1024
 #: Chunks queued per worker besides the one it is hashing.
 _DEPTH = 2
+#: The most threads that read one call's chunks from a file at once.
+MAX_READERS = 8
+#: Linux's ``madvise`` advice that faults in a range's pages for writing.
+_MADV_POPULATE_WRITE = 23
+_PAGE = mmap.PAGESIZE
+_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
+#: The cores, counted once (glibc reads a file in /sys to count them).
+_CORES = os.cpu_count() or 1
+
+
+def prefault(buf: memoryview) -> None:
+    """Faults in the whole pages inside ``buf`` before it is written, in one
+    call into the kernel (``MADV_POPULATE_WRITE``, Linux 5.14 and later),
+    without holding the GIL: cheaper than taking each fault as a ``preadv``
+    first writes the page, and several threads can do it at once. Does
+    nothing elsewhere, for a read-only or tiny buffer, or where the kernel
+    refuses the advice (the pages are then faulted in as they are written).
+
+    Example:
+      >>> buf = memoryview(bytearray(3 * mmap.PAGESIZE))
+      >>> prefault(buf)
+      >>> bytes(buf[:2])
+      b'\\x00\\x00'
+    """
+    if _LIBC is None or buf.readonly or len(buf) < 2 * _PAGE:
+        return
+    start = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+    first = -(-start // _PAGE) * _PAGE
+    end = (start + len(buf)) // _PAGE * _PAGE
+    if end > first:
+        _LIBC.madvise(ctypes.c_void_p(first), ctypes.c_size_t(end - first), _MADV_POPULATE_WRITE)
 
 
 class RangeReader(Protocol):
@@ -348,19 +389,24 @@ def read_spans(
     *,
     chunk: int = CHUNK,
     progress: Callable[[int, int], None] | None = None,
+    readers: int | None = None,
 ) -> list[str]:
     """Reads every span into its buffer while its chunks are hashed; returns
     the digest of each span's bytes, in order.
 
-    The calling thread reads chunk k+1 while a worker hashes chunk k. Every
-    worker is joined before this returns or raises.
+    Reader threads read (and fault in) the next chunks while a worker hashes
+    the chunks already read, in order. Every thread is joined before this
+    returns or raises.
 
     Args:
       fd: a descriptor open for reading.
       spans: the ranges, in any order (reading them in file order is fastest).
       algorithm: ``"blake3"`` or ``"sha256"``.
       chunk: the bytes read and handed over at a time.
-      progress: called as ``progress(bytes_read, bytes_total)`` after each chunk.
+      progress: called as ``progress(bytes_read, bytes_total)`` after each
+        chunk, in the calling thread.
+      readers: how many threads read at once; None: one per core, at most
+        ``MAX_READERS`` (a ``RangeReader`` is always read by one).
 
     Returns:
       One hex digest per span.
@@ -387,7 +433,19 @@ def read_spans(
         chunk=chunk,
         progress=progress,
         target=lambda i, start, n: spans[i].dest[start : start + n],
+        readers=_readers(fd, ranges, chunk, readers),
     )
+
+
+def _readers(fd: Source, ranges: Sequence[tuple[int, int]], chunk: int, asked: int | None) -> int:
+    """How many threads read these ranges into their buffers: ``asked``, or
+    one per core (at most ``MAX_READERS``), and no more than there are
+    chunks, for a file; one for a ``RangeReader``, whose bytes arrive in order."""
+    if not isinstance(fd, int):
+        return 1
+    chunks = sum(-(-n // chunk) for _, n in ranges) if chunk > 0 else 1
+    wanted = asked if asked is not None else min(MAX_READERS, _CORES)
+    return max(1, min(wanted, chunks))
 
 
 def _read_hashed(
@@ -399,27 +457,58 @@ def _read_hashed(
     progress: Callable[[int, int], None] | None,
     target: Callable[[int, int, int], memoryview],
     pipeline: Pipeline | None = None,
+    readers: int = 1,
 ) -> list[str]:
     """Reads each range chunk by chunk into ``target(i, start, length)`` and
     feeds it to the pipeline (a fresh one unless given), then waits for
-    every digest."""
+    every digest. With ``readers`` above one, that many threads read the
+    chunks, fewer than two each in flight (``target`` must then give each chunk
+    its own memory); the calling thread feeds each chunk in order once it is
+    read, and calls ``progress``."""
     if chunk < 1:
         raise ValueError(f"chunk must be at least 1 byte, got {chunk}")
     total = sum(n for _, n in ranges)
     done = 0
+    inflight: deque[tuple[int, memoryview, Future[int] | int]] = deque()
+    pool = None
     with pipeline or Pipeline(algorithm, items=len(ranges)) as p:
-        for i, (offset, n) in enumerate(ranges):
-            p.feed(i, b"")
-            for start in range(0, n, chunk):
-                buf = target(i, start, min(chunk, n - start))
-                if pread_into(fd, buf, offset + start) != len(buf):
+        try:
+
+            def settle() -> None:
+                nonlocal done
+                i, buf, read = inflight.popleft()
+                if (read.result() if isinstance(read, Future) else read) != len(buf):
                     raise ShortRead(i)
                 p.feed(i, buf)
                 done += len(buf)
                 if progress is not None:
                     progress(done, total)
+
+            if readers > 1:
+                pool = ThreadPoolExecutor(readers, thread_name_prefix=f"{THREAD_PREFIX}-read")
+            for i, (offset, n) in enumerate(ranges):
+                p.feed(i, b"")
+                for start in range(0, n, chunk):
+                    buf = target(i, start, min(chunk, n - start))
+                    if pool is None:
+                        inflight.append((i, buf, pread_into(fd, buf, offset + start)))
+                    else:
+                        inflight.append((i, buf, pool.submit(_fill, fd, buf, offset + start)))
+                    while len(inflight) > 2 * (readers - 1):
+                        settle()
+            while inflight:
+                settle()
+        finally:
+            if pool is not None:
+                pool.shutdown(wait=True, cancel_futures=True)
         found = p.digests()
     return [found[i] for i in range(len(ranges))]
+
+
+def _fill(fd: Source, buf: memoryview, offset: int) -> int:
+    """One reader's chunk: its fresh pages faulted in, then read (``pread_into``)."""
+    prefault(buf)
+    return pread_into(fd, buf, offset)
 
 
 def mismatched(spans: Sequence[Span], found: Sequence[str]) -> list[int]:

@@ -249,9 +249,91 @@ def load_native(  # noqa: PLR0917 - two call sites, all positional data
         part, header.path, like_spec, like_leaves, rename, tuple(allow_missing), surgery
     )
     wanted = sorted({k for k in plan.sources if k is not None})
-    arrays = dict(zip(wanted, read_verified(fd, header, [tensors[k] for k in wanted])))
-    out: list[Any] = []
+    refs = like_leaves if like_leaves is not None else [None] * len(plan.sources)
+    users: dict[int, list[int]] = {}
     for i, src in enumerate(plan.sources):
-        ref = like_leaves[i] if like_leaves is not None else None
-        out.append(as_like(arrays[src], ref) if src is not None else plan.values.get(i, ref))
+        if src is not None:
+            users.setdefault(src, []).append(i)
+    placed: dict[int, Any] = {}
+
+    def place(batch: Sequence[int], arrays: Sequence[Any]) -> None:
+        for k, arr in zip(batch, arrays):
+            for i in users[k]:
+                placed[i] = as_like(arr, refs[i])
+
+    read_placed(fd, header, [tensors[k] for k in wanted], wanted, place, _on_devices(refs))
+    out = [
+        placed[i] if src is not None else plan.values.get(i, refs[i])
+        for i, src in enumerate(plan.sources)
+    ]
     return build_like(like_spec, like_treedef, out), plan.surgery
+
+
+#: A load onto devices reads and verifies about this many bytes at a time,
+#: and puts them on their devices before it reads the next.
+DEVICE_BATCH = 64 * 1024 * 1024
+
+
+def _on_devices(refs: Sequence[Any]) -> bool:
+    """Whether some leaf of ``like`` is placed on devices (a jax array, or a
+    ``ShapeDtypeStruct`` with a sharding)."""
+    return any(getattr(ref, "sharding", None) is not None for ref in refs)
+
+
+def read_placed(  # noqa: PLR0917 - one call site, all positional data
+    fd: Source,
+    header: Header,
+    todo: Sequence[TensorInfo],
+    keys: Sequence[int],
+    place: Callable[[Sequence[int], Sequence[Any]], None],
+    batched: bool,
+) -> None:
+    """Reads these tensors, verifies every hash and hands them to ``place``
+    (with their ``keys``) once verified. For leaves bound to devices
+    (``batched``), about ``DEVICE_BATCH`` bytes at a time: each batch is put
+    on its devices (``jax.device_put`` returns at once) while the next is read
+    and hashed, so the transfers overlap the reads, and a batch's host memory
+    is freed once it is on its devices. Nothing is placed from a batch that
+    fails; the rest are still hashed, so the error names every tensor that
+    differs, and no tree is returned.
+
+    Raises:
+      IntegrityError: naming every tensor whose bytes differ from its hash.
+      FormatError: if the file shrinks while it is read.
+    """
+    batches: list[list[int]] = [[]]
+    size = 0
+    for j, t in enumerate(todo):
+        if batched and batches[-1] and size + t.nbytes > DEVICE_BATCH:
+            batches.append([])
+            size = 0
+        batches[-1].append(j)
+        size += t.nbytes
+    for n, batch in enumerate(batches):
+        try:
+            arrays = read_verified(fd, header, [todo[j] for j in batch])
+        except IntegrityError as e:
+            rest = [todo[j] for b in batches[n + 1 :] for j in b]
+            raise _with_rest(e, fd, header, [todo[j] for j in batch], rest) from None
+        place([keys[j] for j in batch], arrays)
+
+
+def _with_rest(
+    error: IntegrityError,
+    fd: Source,
+    header: Header,
+    failed: Sequence[TensorInfo],
+    rest: Sequence[TensorInfo],
+) -> IntegrityError:
+    """``error`` of one batch, widened to every tensor that differs in that
+    batch and the ones not read yet (hashed without keeping their bytes)."""
+    if not rest:
+        return error
+    tensors = [*failed, *rest]
+    ranges = [(header.data_start + t.begin, t.nbytes) for t in tensors]
+    try:
+        digests = hash_ranges(fd, ranges, header.hash_name)
+    except ShortRead:
+        return error
+    bad = [(t, d, t.digest) for t, d in zip(tensors, digests) if d != t.digest]
+    return integrity_error(header.path, header.hash_name, bad) if bad else error

@@ -34,10 +34,12 @@ def buffer(nbytes: int, *, populate: bool = True) -> np.ndarray[Any, Any]:
     the kernel fills in at once (``MAP_POPULATE``: measured 1.6x to 5x
     faster here than faulting them in one by one during the reads of a
     file; numpy would ask for huge pages, which can stall a whole load while
-    the kernel compacts memory). ``populate=False`` leaves them to be
-    faulted in as they are first written: for bytes that arrive over the
-    network, where that overlaps with the download (measured 1.3x faster
-    for a load from a bucket than filling them in first)."""
+    the kernel compacts memory). ``populate=False`` leaves them to whoever
+    fills the buffer: the threads that read a file fault in each chunk's
+    pages just before its read (``hashing.prefault``, as cheap per page, on
+    several cores and while the chunks read are hashed); bytes that arrive
+    over the network fault them in as they arrive (measured 1.3x faster for
+    a load from a bucket than filling them in first)."""
     if nbytes < _MAPPED:
         return np.empty(max(nbytes, 1), np.uint8)
     flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
@@ -90,7 +92,7 @@ def read_ranges(  # noqa: PLR0917 - every argument is needed, all positional dat
         pos = (pos + _ALIGN - 1) // _ALIGN * _ALIGN
         offsets.append(pos)
         pos += t.nbytes
-    base = buffer(pos, populate=isinstance(fd, int))  # a download faults them in as it goes
+    base = buffer(pos, populate=False)  # the readers fault them in as they fill them
     whole = memoryview(base.data)
     views = [whole[off : off + t.nbytes] for t, off in zip(todo, offsets)]
 

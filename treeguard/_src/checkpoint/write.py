@@ -447,12 +447,25 @@ def _draft(
 def _leaf_bytes(
     leaves: Sequence[Any], records: Sequence[Record], names: Sequence[str]
 ) -> Iterator[memoryview]:
-    """Each leaf's bytes, brought to the host only when its turn comes.
+    """Each leaf's bytes, brought to the host only when its turn comes; the
+    next leaf's copy from its device starts (``copy_to_host_async``) before
+    this one's bytes are handed over, so the transfer runs while they are
+    written and hashed, and no more than two leaves are on the host at once.
 
     Leaves already on the host (numpy, CPU jax arrays) are not copied.
     """
-    for x, record, leaf_name in zip(leaves, records, names):
-        yield bytes_of(_host_array(x, record, leaf_name))
+    for i, (x, record, leaf_name) in enumerate(zip(leaves, records, names)):
+        arr = _host_array(x, record, leaf_name)
+        if i + 1 < len(leaves):
+            _start_copy(leaves[i + 1])
+        yield bytes_of(arr)
+
+
+def _start_copy(x: Any) -> None:
+    """Starts copying a device array to the host (a no-op for anything else)."""
+    start = getattr(x, "copy_to_host_async", None)
+    if start is not None and getattr(x, "is_fully_addressable", False):
+        start()
 
 
 def leaf_digests(tree: Any, /, *, digest: Algorithm = DEFAULT) -> tuple[TreeSpec, dict[str, str]]:
