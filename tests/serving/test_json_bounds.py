@@ -124,6 +124,13 @@ def test_data_lists_past_int64_and_negative_zero_decode_as_python_numbers_make_t
     assert np.signbit(f).tolist() == [[False, True]]
 
 
+def test_a_data_list_of_objects_is_counted_as_the_rest_of_the_body():
+    body = _body(b"{}," * 100_000 + b"{}", 1)
+    with pytest.raises(treeguard.serving.InvalidRequestError) as e:
+        read_request(body, None)
+    assert (e.value.status, e.value.reason) == (413, "size")
+
+
 def _body(data: bytes, rows: int, *, junk: bytes = b"") -> bytes:
     return (
         b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": [%d, 256], "data": [%s]}]%s}'
@@ -138,8 +145,9 @@ def _body(data: bytes, rows: int, *, junk: bytes = b"") -> bytes:
         b', "junk": [' + b'"a",' * 100_000 + b'"a"]',
         b', "junk": [' + b"0," * 200_000 + b"0]",
         b', "junk": [' + b"[0]," * 100_000 + b"[0]]",
+        b', "junk": ' + b"[" * 100_000 + b"]" * 100_000,
     ],
-    ids=["objects", "strings", "zeros", "lists"],
+    ids=["objects", "strings", "zeros", "lists", "nesting"],
 )
 def test_a_body_of_many_small_values_is_refused_before_they_are_built(junk):
     body = _body(b"0.5," * 255 + b"0.5", 1, junk=junk)
