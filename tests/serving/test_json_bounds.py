@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from serving_support import client, mlp_spec
 from subproc import run_python
 
 import treeguard
@@ -20,7 +21,8 @@ from treeguard import LeafSpec, spec_of
 # The parser and the decoder alone on purpose (no server): they have no public name.
 from treeguard._src.serving.protocol import Decoder
 from treeguard._src.serving.rest import read_request
-from treeguard.serving import ServingSpec
+from treeguard.examples import mlp
+from treeguard.serving import Limits, Server, ServingSpec
 
 DTYPES = ["bool", "int8", "int32", "int64", "uint8", "uint64"]
 DTYPES += ["float16", "float32", "float64", "bfloat16"]
@@ -226,3 +228,28 @@ def test_float_data_parsed_whole_costs_more_than_4x_its_size(tmp_path):
     got, size, cost = _cost(tmp_path, b"0.5,", 1 << 20, whole=1 << 62)
     print(f"parsed whole: a body of {size} bytes cost {cost} bytes")
     assert got == "decoded" and cost > 4 * size
+
+
+@pytest.mark.anyio
+async def test_a_server_answers_a_long_json_body_as_a_short_one_and_refuses_a_costly_one(
+    mlp_store,
+):
+    # bodies past the size parsed whole, through the app: the same answer as
+    # the compact body, and a 413 for many small objects
+    spec = mlp_spec(limits=Limits(max_request_bytes=1 << 20))
+    server = Server(mlp.model, mlp_store[0], spec=spec)
+    values = [0.5, -1.25, 3.0, 0.0] * 8
+    compact = json.dumps(
+        {"inputs": [{"name": "x", "shape": [16, 2], "datatype": "FP32", "data": values}]}
+    ).encode()
+    padded = compact.replace(b", ", b"," + b" " * 4096)
+    assert len(padded) > 64 << 10
+    costly = compact[:-1] + b', "junk": [' + b"{}," * 100_000 + b"{}]}"
+    async with client(server) as c:
+        url = "/v2/models/mlp/infer"
+        short, long = await c.post(url, content=compact), await c.post(url, content=padded)
+        assert (short.status_code, long.status_code) == (200, 200)
+        assert long.json()["outputs"] == short.json()["outputs"]
+        r = await c.post(url, content=costly)
+        assert r.status_code == 413, r.text
+        assert r.json()["error"].startswith("the body's JSON would cost about ")
