@@ -290,7 +290,7 @@ def test_serving_transport_bound_messages() -> None:
 
 def test_rest_json_cost_message() -> None:
     assert _message(parse_json, b"[" + b"{}," * 30_000 + b"{}]") == (
-        "the body's JSON would cost about 6000360 bytes to parse, over the limit of 4194304 "
+        "the body's JSON would cost about 4800160 bytes to parse, over the limit of 4194304 "
         "for a body of 90004 bytes\nhint: send each input's data as one flat list, and no "
         "other long lists or many small objects or strings"
     )

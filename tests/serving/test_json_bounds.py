@@ -213,8 +213,9 @@ def _cost(tmp_path, item: bytes, count: int, junk: bytes = b"", whole: int = 64 
         (b"0,", 1 << 21, b"", "decoded"),  # a long list of 0
         (b"0.5,", 1 << 10, b"{},", "413"),  # many small objects
         (b"0.5,", 1 << 10, b'"a",', "413"),  # many tiny strings
+        (b"0.5,", 1 << 10, b"0,", "413"),  # a long list of 0 outside the data
     ],
-    ids=["floats", "zeros", "objects", "strings"],
+    ids=["floats", "zeros", "objects", "strings", "zeros-outside"],
 )
 def test_a_body_costs_at_most_4x_its_size_in_memory(tmp_path, item, count, junk, verdict):
     got, size, cost = _cost(tmp_path, item, count, junk)

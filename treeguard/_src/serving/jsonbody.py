@@ -137,9 +137,13 @@ def split(body: bytes, whole: int = WHOLE) -> tuple[bytes, list[Numbers]]:
     """
     if len(body) <= whole:
         return body, []
-    pieces: list[bytes] = []
+    limit = max(FREE_COST, COST_PER_BYTE * len(body))
+    # what no list taken out can lessen, first: a body of many objects or
+    # strings is refused before it is scanned
+    cost = CONTAINER_COST * body.count(b"{") + STRING_COST * (body.count(b'"') // 2)
+    if cost > limit:
+        raise TooCostly(cost, limit)
     spans: list[Numbers] = []
-    at = 0
     for m in _STRING.finditer(body):
         start, end = m.span(2)
         if start < 0 or m.end(1) - m.start(1) != 6 or not body.startswith(_DATA, m.start()):
@@ -147,20 +151,20 @@ def split(body: bytes, whole: int = WHOLE) -> tuple[bytes, list[Numbers]]:
         booleans = _NUMBERS.fullmatch(body, start, end) is None
         if booleans and _BOOLS.fullmatch(body, start, end) is None:
             continue
-        pieces.append(body[at:start])
-        pieces.append(b"%s%010d " % (_MARK.encode(), len(spans)))
         spans.append(Numbers(body, start, end, booleans))
-        at = end
-    rest = body if not spans else b"".join([*pieces, body[at:]])
-    cost = (
-        CONTAINER_COST * (rest.count(b"{") + rest.count(b"["))
-        + STRING_COST * (rest.count(b'"') // 2)
-        + VALUE_COST * (rest.count(b",") + rest.count(b":") + 1)
-    )
-    limit = max(FREE_COST, COST_PER_BYTE * len(body))
+    # each list taken out leaves a mark: one value for its ``[`` and commas
+    values = body.count(b",") + body.count(b":") + 1 - sum(len(n) - 1 for n in spans)
+    cost += CONTAINER_COST * (body.count(b"[") - len(spans)) + VALUE_COST * values
     if cost > limit:
         raise TooCostly(cost, limit)
-    return rest, spans
+    if not spans:
+        return body, []
+    pieces, at = [], 0
+    for k, n in enumerate(spans):
+        pieces += [body[at : n.start], b"%s%010d " % (_MARK.encode(), k)]
+        at = n.end
+    pieces.append(body[at:])
+    return b"".join(pieces), spans
 
 
 def mark_index(text: str) -> int | None:
