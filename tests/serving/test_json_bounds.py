@@ -90,7 +90,8 @@ def bodies(draw: st.DrawFn) -> bytes:
             f'{{"name": "{d}", "datatype": "{name}", "shape": [{shape}, 2],'
             f"{draw(_SPACE)}{key}{draw(_SPACE)}:{draw(_SPACE)}{data}{extra}}}"
         )
-    tail = ', "x": NaN' if fault == "nan" else draw(st.sampled_from(["", ', "id": "7"']))
+    tails = ["", ', "id": "7"', ', "x": "\\"data\\": [1, 2]"', ', "x": {"data": [1]}']
+    tail = ', "x": NaN' if fault == "nan" else draw(st.sampled_from(tails))
     text = '{"inputs": [' + ", ".join(parts) + "]" + tail + "}"
     body = text.encode()
     if fault == "cut":
@@ -214,8 +215,9 @@ def _cost(tmp_path, item: bytes, count: int, junk: bytes = b"", whole: int = 64 
         (b"0.5,", 1 << 10, b"{},", "413"),  # many small objects
         (b"0.5,", 1 << 10, b'"a",', "413"),  # many tiny strings
         (b"0.5,", 1 << 10, b"0,", "413"),  # a long list of 0 outside the data
+        (b"0.5,", 1 << 10, b'"data": [0],', "413"),  # many short data lists
     ],
-    ids=["floats", "zeros", "objects", "strings", "zeros-outside"],
+    ids=["floats", "zeros", "objects", "strings", "zeros-outside", "data-lists"],
 )
 def test_a_body_costs_at_most_4x_its_size_in_memory(tmp_path, item, count, junk, verdict):
     got, size, cost = _cost(tmp_path, item, count, junk)

@@ -39,6 +39,9 @@ CHUNK = 256 << 10
 #: The most bytes of objects one JSON container, string, or other value may
 #: take (a dict with its pairs; a str; a float in its list slot).
 CONTAINER_COST, STRING_COST, VALUE_COST = 160, 64, 40
+#: The most bytes of objects a list kept as its text takes (its ``Numbers``,
+#: its mark and the piece of text before it).
+SPAN_COST = 320
 
 _NUMBER = rb"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?"
 _NUMBERS = re.compile(rb"\[\s*" + _NUMBER + rb"(?:\s*,\s*" + _NUMBER + rb")*+\s*\]")
@@ -152,6 +155,9 @@ def split(body: bytes, whole: int = WHOLE) -> tuple[bytes, list[Numbers]]:
         if booleans and _BOOLS.fullmatch(body, start, end) is None:
             continue
         spans.append(Numbers(body, start, end, booleans))
+        cost += SPAN_COST
+        if cost > limit:  # many short lists: each costs what it is kept in
+            raise TooCostly(cost, limit)
     # each list taken out leaves a mark: one value for its ``[`` and commas
     values = body.count(b",") + body.count(b":") + 1 - sum(len(n) - 1 for n in spans)
     cost += CONTAINER_COST * (body.count(b"[") - len(spans)) + VALUE_COST * values
