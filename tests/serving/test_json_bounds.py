@@ -256,3 +256,31 @@ async def test_a_server_answers_a_long_json_body_as_a_short_one_and_refuses_a_co
         r = await c.post(url, content=costly)
         assert r.status_code == 413, r.text
         assert r.json()["error"].startswith("the body's JSON would cost about ")
+
+
+def test_a_data_list_of_many_chunks_decodes_as_the_whole_parse_decodes_it():
+    # lists of several jsonbody.CHUNK bytes of text, cut at commas into pieces
+    rng = np.random.default_rng(0)
+    rows = 60_000
+    floats = rng.normal(size=2 * rows).tolist()
+    floats[7] = 0  # written -0 below: an integer, so 0.0
+    ints = rng.integers(0, 2**63 - 1, size=2 * rows).tolist()
+    ints[-1] = 2**64 - 1  # past int64, in the last piece
+    spec = ServingSpec(
+        inputs=spec_of({"f": LeafSpec(("B", 2), "float64"), "u": LeafSpec(("B", 2), "uint64")})
+    )
+    body = json.dumps({
+        "inputs": [
+            {"name": "f", "datatype": "FP64", "shape": [rows, 2], "data": floats},
+            {"name": "u", "datatype": "UINT64", "shape": [rows, 2], "data": ints},
+        ]
+    }).encode().replace(b", 0, ", b", -0, ", 1)  # fmt: skip
+    assert b", -0, " in body
+    decoder = Decoder(spec)
+    f, u = decoder.decode(read_request(body, None, whole=0))
+    assert f.tobytes() == np.array(floats, np.float64).reshape(rows, 2).tobytes()
+    assert u.tobytes() == np.array(ints, np.uint64).reshape(rows, 2).tobytes()
+    assert [a.tobytes() for a in decoder.decode(read_request(body, None, whole=WHOLE))] == [
+        f.tobytes(),
+        u.tobytes(),
+    ]

@@ -606,10 +606,14 @@ def _from_numbers(
     at = 0
     for chunk in data.chunks():
         if kind in "iu":
-            if jsonbody.LONG_INT.search(chunk):  # past int64: exactly, as Python ints
-                return _from_json(_DECODER.decode(data.text()), entry, n, shape)
-            part = np.fromstring(chunk, np.int64, chunk.count(b",") + 1, sep=",")
-            if part.size and (int(part.min()) < entry.lo or int(part.max()) > entry.hi):
+            if jsonbody.LONG_INT.search(chunk):  # past int64: this chunk as Python ints
+                ints = _DECODER.decode("[" + chunk.decode("ascii") + "]")
+                low, high = min(ints), max(ints)
+                part = np.array(ints if entry.lo <= low and high <= entry.hi else [], dtype)
+            else:
+                part = np.fromstring(chunk, np.int64, chunk.count(b",") + 1, sep=",")
+                low, high = (int(part.min()), int(part.max())) if part.size else (0, 0)
+            if low < entry.lo or high > entry.hi:
                 raise refuse(f"input {entry.path}: a value is out of range for {name}", "dtype")
         else:
             # an integer -0 is 0.0, as Python's int makes it
