@@ -10,7 +10,12 @@ import pytest
 from corpus import seed_params
 
 import treeguard as tg
-from treeguard._src.serving.protocol import InferRequest, check_request_fields, requested_outputs
+from treeguard._src.serving.protocol import (
+    InferRequest,
+    check_request_fields,
+    parse_json,
+    requested_outputs,
+)
 from treeguard._src.verify.checks import cross_backend_summary
 
 
@@ -282,6 +287,14 @@ def test_serving_transport_bound_messages() -> None:
     )
     assert requested_outputs(["output"] * 1024, ["output"]) == ["output"]
     assert InferRequest([]).outputs is None
+
+
+def test_rest_json_cost_message() -> None:
+    assert _message(parse_json, b"[" + b"{}," * 30_000 + b"{}]") == (
+        "the body's JSON would cost about 4800160 bytes to parse, over the limit of 4194304 "
+        "for a body of 90004 bytes\nhint: send each input's data as one flat list, and no "
+        "other long lists or many small objects or strings"
+    )
 
 
 def test_grpc_message_refusals() -> None:

@@ -18,6 +18,7 @@ may also name an input by its key path (``['x']``).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
 from collections.abc import Sequence
@@ -31,6 +32,7 @@ from ..errors import InvalidRequestError
 from ..leaf import summarize
 from ..nonfinite import host_all_finite as all_finite
 from ..spec import LeafSpec
+from . import jsonbody
 from .spec import ServingSpec
 
 #: Open Inference Protocol datatype names by numpy dtype name.
@@ -131,11 +133,20 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 _DECODER = json.JSONDecoder(object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
 
 
-def parse_json(body: bytes) -> Any:
-    """Parses a request body strictly.
+def parse_json(body: bytes, *, whole: int = jsonbody.WHOLE) -> Any:
+    """Parses a request body strictly, in memory bounded by its size: each
+    input's flat ``data`` list is kept as its text (a ``jsonbody.Numbers``,
+    made into an array by the ``Decoder``), and a body whose other values
+    would cost more than ``jsonbody.COST_PER_BYTE`` times its size is
+    refused before they are built (see ``jsonbody``).
+
+    Args:
+      body: the body's bytes.
+      whole: bodies up to this size are parsed whole, as plain JSON.
 
     Raises:
-      InvalidRequestError: 400, saying what is wrong without quoting the body.
+      InvalidRequestError: 400, saying what is wrong without quoting the
+        body; 413 for a body too costly to parse.
 
     Example:
       >>> parse_json(b'{"a": [1, 2.5]}')
@@ -146,20 +157,47 @@ def parse_json(body: bytes) -> Any:
       treeguard.InvalidRequestError: the body is not valid JSON: NaN is not ...
     """
     try:
-        return _DECODER.decode(body.decode("utf-8"))
+        text, spans = jsonbody.split(body, whole)
+    except jsonbody.TooCostly as e:
+        raise refuse(
+            f"the body's JSON would cost about {e.cost} bytes to parse, over the limit of "
+            f"{e.limit} for a body of {len(body)} bytes",
+            "size",
+            413,
+            hint="send each input's data as one flat list, and no other long lists or "
+            "many small objects or strings",
+        ) from None
+    try:
+        if not spans:
+            return _DECODER.decode(text.decode("utf-8"))
+
+        def number(token: str) -> Any:
+            k = jsonbody.mark_index(token)
+            return float(token) if k is None else spans[k]
+
+        decoder = json.JSONDecoder(
+            object_pairs_hook=_no_duplicates, parse_constant=_no_constant, parse_float=number
+        )
+        return decoder.decode(text.decode("utf-8"))
     except RecursionError:
         raise refuse("the body nests too deep to be a request", status=400) from None
     except UnicodeDecodeError as e:  # its text quotes the byte: never echo the body
+        start = e.start
+        if spans:  # the place in the body, not in the text without its lists
+            try:
+                body.decode("utf-8")
+            except UnicodeDecodeError as entire:
+                start = entire.start
         raise refuse(
-            f"the body is not UTF-8 (at byte {e.start})",
+            f"the body is not UTF-8 (at byte {start})",
             status=400,
             hint="send an Open Inference Protocol request; binary tensors need the "
             "Inference-Header-Content-Length header",
         ) from None
     except ValueError as e:
-        text = e.msg if isinstance(e, json.JSONDecodeError) else str(e)
+        reason = e.msg if isinstance(e, json.JSONDecodeError) else str(e)
         raise refuse(
-            f"the body is not valid JSON: {text}",
+            f"the body is not valid JSON: {reason}",
             status=400,
             hint="send an Open Inference Protocol request",
         ) from None
@@ -456,6 +494,8 @@ def _beyond(entry: _Input) -> InvalidRequestError:
 def _from_json(data: Any, entry: _Input, n: int, shape: Sequence[int]) -> np.ndarray[Any, Any]:
     name, dtype = entry.datatype, entry.dtype
     if not isinstance(data, list):
+        if isinstance(data, jsonbody.Numbers):
+            return _from_numbers(data, entry, n, shape)
         raise refuse(f"input {entry.path}: data must be a JSON list of {n} numbers")
     if len(data) != n:
         nested = any(isinstance(v, list) for v in data[:64])
@@ -511,6 +551,61 @@ def _from_json(data: Any, entry: _Input, n: int, shape: Sequence[int]) -> np.nda
             raise _beyond(entry)
         return arr
     return np.array(data, dtype=dtype)
+
+
+def _from_numbers(
+    data: jsonbody.Numbers, entry: _Input, n: int, shape: Sequence[int]
+) -> np.ndarray[Any, Any]:
+    """``_from_json`` for a list kept as its text: the same refusals in the
+    same order, and an array made a chunk at a time, with no Python number
+    per element."""
+    name, dtype = entry.datatype, entry.dtype
+    kind = dtype.kind
+    if len(data) != n:
+        raise refuse(
+            f"input {entry.path}: data has {len(data)} values, shape {_shown(shape)} needs {n}",
+            "shape",
+        )
+    if data.booleans != (kind == "b") or (data.floats and kind not in "fV"):
+        what = (
+            "booleans"
+            if data.booleans
+            else "floats"
+            if data.floats
+            else "mixed or non-numeric values"
+        )
+        raise refuse(f"input {entry.path}: data holds {what} for datatype {name}", "dtype")
+    if data.booleans:
+        words = itertools.chain.from_iterable(map(jsonbody.booleans_of, data.chunks()))
+        return np.fromiter(words, np.bool_, n)
+    out = np.empty(n, dtype)
+    at = 0
+    for chunk in data.chunks():
+        if kind in "iu":
+            if jsonbody.LONG_INT.search(chunk):  # past int64: this chunk as Python ints
+                ints = _DECODER.decode("[" + chunk.decode("ascii") + "]")
+                low, high = min(ints), max(ints)
+                part = np.array(ints if entry.lo <= low and high <= entry.hi else [], dtype)
+            else:
+                part = np.fromstring(chunk, np.int64, chunk.count(b",") + 1, sep=",")
+                low, high = (int(part.min()), int(part.max())) if part.size else (0, 0)
+            if low < entry.lo or high > entry.hi:
+                raise refuse(f"input {entry.path}: a value is out of range for {name}", "dtype")
+        else:
+            # an integer -0 is 0.0, as Python's int makes it
+            text = jsonbody.unsign_zeros(chunk) if b"-0" in chunk else chunk
+            part = np.fromstring(text, np.float64, text.count(b",") + 1, sep=",")
+        if at + part.size > n:
+            break
+        piece = out[at : at + part.size]
+        with np.errstate(over="ignore"):
+            piece[...] = part
+        if kind in "fV" and not all_finite(piece):  # beyond the range, not only rounded to it
+            raise _beyond(entry)
+        at += part.size
+    if at != n:  # never for the text ``split`` kept; the exact way if it were
+        return _from_json(_DECODER.decode(data.text()), entry, n, shape)
+    return out
 
 
 # -- encoding -------------------------------------------------------------------

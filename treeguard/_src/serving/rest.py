@@ -31,6 +31,7 @@ from collections.abc import Awaitable, Coroutine
 from typing import Any
 
 from ..errors import InvalidRequestError, ServingError
+from . import jsonbody
 from .engine import Engine
 from .protocol import (
     InferRequest,
@@ -223,8 +224,15 @@ def size_in(text: str) -> int | None:
     return None
 
 
-def read_request(body: bytes, header_length: str | None) -> InferRequest:
+def read_request(
+    body: bytes, header_length: str | None, *, whole: int = jsonbody.WHOLE
+) -> InferRequest:
     """Parses a REST inference body (JSON, or JSON then binary tensors).
+
+    Args:
+      body: the body's bytes.
+      header_length: the ``Inference-Header-Content-Length`` header, if any.
+      whole: JSON up to this size is parsed whole (see ``parse_json``).
 
     Raises:
       InvalidRequestError: 400 for a body that is not a request, 422 for
@@ -246,7 +254,7 @@ def read_request(body: bytes, header_length: str | None) -> InferRequest:
                 hint="set it to the byte length of the JSON header",
             )
         body, tail = body[:n], body[n:]
-    doc = parse_json(body)
+    doc = parse_json(body, whole=whole)
     if not isinstance(doc, dict) or not isinstance(doc.get("inputs"), list):
         raise refuse('the body has no "inputs" list', hint='{"inputs": [{"name": ...}]}')
     rid = doc.get("id")
