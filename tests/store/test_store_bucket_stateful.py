@@ -50,6 +50,9 @@ class BucketMachine(RuleBasedStateMachine):
         self.scales: dict[str, float] = {}
         self.replaced: set[str] = set()
         self.holds: dict[str, str] = {}  # version -> the version whose bytes its object holds
+        # every version's scale as written, kept after gc removes the version: an
+        # object may still hold the bytes of a version gc has since removed
+        self.written: dict[str, float] = {}
         self.names: list[str] = []
 
     @initialize()
@@ -62,6 +65,7 @@ class BucketMachine(RuleBasedStateMachine):
         assert v not in self.names
         self.names.append(v)
         self.scales[v] = scale
+        self.written[v] = scale
 
     @precondition(lambda self: self.scales)
     @rule(data=st.data())
@@ -111,9 +115,8 @@ class BucketMachine(RuleBasedStateMachine):
     def replace_behind_the_store(self, data: st.DataObject) -> None:
         a, b = data.draw(st.permutations(sorted(self.scales)))[:2]
         source = self.holds.get(b, b)  # b's object may hold another version's bytes by now
-        if self.scales[self.holds.get(a, a)] == self.scales[source] or (
-            np.isnan(self.scales[self.holds.get(a, a)]) and np.isnan(self.scales[source])
-        ):
+        held = self.written[self.holds.get(a, a)]
+        if held == self.written[source] or (np.isnan(held) and np.isnan(self.written[source])):
             return  # the same bytes but the metadata: not a change a reader must see
         other = bytes(obstore.get(self.raw, f"versions/{b}/model.safetensors").bytes())
         obstore.put(self.raw, f"versions/{a}/model.safetensors", other)
