@@ -626,3 +626,27 @@ def test_an_object_replaced_between_a_break_and_its_resume_is_an_integrity_error
     )
     e = _fails_through(proxy, s3_url, monkeypatch, tree, IntegrityError, why)
     assert isinstance(e, IntegrityError) and e.version == v and proxy.cut == 1
+
+
+def test_a_plain_http_endpoint_without_allow_http_names_the_variable(
+    s3_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("AWS_ALLOW_HTTP")
+    for command in ("ls", "init"):
+        done = _cli(command, s3_url)
+        assert done.exit_code == 2, done.output
+        assert "the endpoint is plain http and AWS_ALLOW_HTTP is not set" in done.output
+        assert "set AWS_ALLOW_HTTP=true" in done.output
+        assert "GenericError" not in done.output
+
+
+def test_a_missing_bucket_is_said_to_be_missing(s3_url: str) -> None:
+    url = "s3://no-such-bucket-here/models"
+    for command in ("ls", "init", "gc"):
+        done = _cli(command, url)
+        assert done.exit_code == 2, done.output
+        assert "the bucket no-such-bucket-here does not exist" in done.output, done.output
+        assert "aws s3 mb s3://no-such-bucket-here" in done.output
+        assert "store init" not in done.output and "404" not in done.output
+    with pytest.raises(StorageError, match="does not exist"):
+        ArtifactStore(url).put(_params(0))

@@ -59,6 +59,19 @@ _STATUS_RE = re.compile(r"status code: (\d{3})")
 _TIMEOUT_RE = re.compile(r"timed out|kind: Timeout")
 _RANGE_RE = re.compile(r"NotPartial|UnexpectedRange|ContentRange")
 _T = TypeVar("_T")
+#: The server's code for a bucket that does not exist (in the body of its 404),
+#: and the client's word for an http endpoint it may not use (no AWS_ALLOW_HTTP).
+_NO_BUCKET = "NoSuchBucket"
+_BAD_SCHEME = "BadScheme"
+#: How a bucket is made, for the hint of a missing one.
+_MAKE_BUCKET = {"s3": "`aws s3 mb s3://", "gs": "`gcloud storage buckets create gs://"}
+
+
+def _permanent(e: BaseException) -> bool:
+    """Whether a failure is one no retry mends: a missing bucket, a refused scheme."""
+    text = str(e)
+    return _NO_BUCKET in text or _BAD_SCHEME in text
+
 
 if TYPE_CHECKING:
     from obstore.store import RetryConfig
@@ -113,6 +126,7 @@ class ObjectStorage:
         from obstore.store import GCSStore, S3Store  # lazy: the optional [s3] extra
 
         scheme, bucket, prefix = split_url(url)
+        self.bucket, self._scheme = bucket, scheme
         self.url = f"{scheme}://{bucket}" + (f"/{prefix}" if prefix else "")
         self._s3 = scheme == "s3"
         once: RetryConfig = {"max_retries": 0}  # retries are ours, of idempotent requests only
@@ -139,7 +153,21 @@ class ObjectStorage:
     def _failed(self, operation: str, name: str, e: BaseException) -> StorageError:
         text = str(e)
         status = _STATUS_RE.search(text)
-        if status:
+        hint = (
+            "check that the server is reachable and the credentials in the environment "
+            "allow it; the store was left as it was"
+        )
+        if _NO_BUCKET in text:
+            why = f"the bucket {self.bucket} does not exist"
+            make = f"{_MAKE_BUCKET[self._scheme]}{self.bucket}`"
+            hint = f"create the bucket first ({make}); treeguard never creates one"
+        elif _BAD_SCHEME in text:
+            why = "the endpoint is plain http and AWS_ALLOW_HTTP is not set"
+            hint = (
+                "set AWS_ALLOW_HTTP=true to reach a server over plain http (such as one on "
+                "127.0.0.1), or give AWS_ENDPOINT_URL an https:// address"
+            )
+        elif status:
             why = f"the server answered {status.group(1)}"
         elif "error sending request" in text or "onnection refused" in text:
             why = "the connection failed"
@@ -154,8 +182,7 @@ class ObjectStorage:
         return StorageError(
             f"{operation} {name} failed: {why}",
             context=f"{self.url}/{name.lstrip('/')}",
-            hint="check that the server is reachable and the credentials in the environment "
-            "allow it; the store was left as it was",
+            hint=hint,
         )
 
     def _idempotent(self, operation: str, name: str, call: Callable[[], _T]) -> _T:
@@ -166,7 +193,7 @@ class ObjectStorage:
             try:
                 return call()
             except GenericError as e:  # the network or a 5xx: worth another try
-                if attempt == _TRIES - 1:
+                if attempt == _TRIES - 1 or _permanent(e):
                     raise self._failed(operation, name, e) from None
             except (BaseError, OSError) as e:  # refused by the server: no retry helps
                 raise self._failed(operation, name, e) from None
@@ -188,9 +215,9 @@ class ObjectStorage:
             got = obstore.put(self._store, name, data, mode=mode, use_multipart=False)
         except (AlreadyExistsError, PreconditionError):
             return lost
-        except FileNotFoundError:
-            if mode == "create":
-                raise self._failed("writing", name, FileNotFoundError("no such bucket")) from None
+        except FileNotFoundError as e:
+            if mode == "create" or _permanent(e):
+                raise self._failed("writing", name, e) from None
             return lost  # replacing an object that is gone
         except (obstore.exceptions.BaseError, OSError) as e:
             raise self._failed("writing", name, e) from None
@@ -216,7 +243,9 @@ class ObjectStorage:
         def get() -> tuple[bytes, str] | None:
             try:
                 result = obstore.get(self._store, name)
-            except FileNotFoundError:
+            except FileNotFoundError as e:
+                if _permanent(e):  # the bucket itself is missing, not the object
+                    raise self._failed("reading", name, e) from None
                 return None
             if result.meta["size"] > limit:
                 raise StoreError(
@@ -250,7 +279,9 @@ class ObjectStorage:
             try:
                 result = obstore.get(self._store, name, options={"range": (0, _HEAD_BYTES)})
                 return result.meta, bytes(result.bytes())
-            except FileNotFoundError:
+            except FileNotFoundError as e:
+                if _permanent(e):  # the bucket itself is missing, not the object
+                    raise self._failed("reading", name, e) from None
                 return None
             except GenericError as e:
                 status = _STATUS_RE.search(str(e))  # the text also holds a URL and a duration
