@@ -20,8 +20,10 @@ from tests.s3server import CuttingProxy, S3Server
 from treeguard import (
     ArtifactStore,
     ConflictError,
+    DanglingPointerError,
     IntegrityError,
     RetentionPolicy,
+    RetiredVersionError,
     SignatureError,
     StorageError,
     StoreError,
@@ -650,3 +652,36 @@ def test_a_missing_bucket_is_said_to_be_missing(s3_url: str) -> None:
         assert "store init" not in done.output and "404" not in done.output
     with pytest.raises(StorageError, match="does not exist"):
         ArtifactStore(url).put(_params(0))
+
+
+def test_gc_stops_on_a_pointer_naming_an_absent_version_in_a_bucket(s3_url: str) -> None:
+    store = ArtifactStore.init(s3_url)
+    v1, v2 = store.put(_params(0)), store.put(_params(1))
+    for v in (v1, v2):
+        store.verify(v)
+        store.promote(v)
+    raw = _raw(s3_url)
+    pointer = json.loads(bytes(obstore.get(raw, "CURRENT.json").bytes()))
+    obstore.put(raw, "CURRENT.json", json.dumps({**pointer, "current": "v000009"}).encode())
+    with pytest.raises(DanglingPointerError, match="names version v000009 as current"):
+        store.gc(policy=RetentionPolicy(keep_last=0))
+    assert [v.version for v in store.versions()] == [v1, v2]  # the real current one is kept
+    assert store.repair(v2) == ["v000009"]
+    assert (store.current(), store.previous()) == (v2, v1)
+    assert store.gc(policy=RetentionPolicy(keep_last=0)) == []
+
+
+def test_promote_and_rollback_refuse_a_name_gc_retired_in_a_bucket(s3_url: str) -> None:
+    store = ArtifactStore.init(s3_url)
+    v1, v2, v3 = store.put(_params(0)), store.put(_params(1)), store.put(_params(2))
+    for v in (v1, v2, v3):
+        store.verify(v)
+    store.promote(v1)
+    store.promote(v2)
+    for v in (v1, v3):  # as a gc leaves them between retiring the names and deleting
+        obstore.put(_raw(s3_url), f"retired/{v}", b"")
+    with pytest.raises(RetiredVersionError, match=f"version {v3} was retired by gc"):
+        store.promote(v3)
+    with pytest.raises(StoreError, match=f"skipped {v1}: .*{v1} was retired by gc"):
+        store.rollback()
+    assert store.current() == v2

@@ -217,6 +217,24 @@ def rollback_command(root: Path) -> None:
     console().print(f"[green]rolled back[/green]: {shown(before)} -> {shown(now)}")
 
 
+@store.command("repair")
+@click.argument("root", type=click.Path(path_type=Path))
+@click.argument("version")
+def repair_command(root: Path, version: str) -> None:
+    """Point a damaged store at VERSION: for a pointer that names a version the
+    store does not hold (gc stops on it), or a pointer missing or malformed.
+
+    VERSION must pass every gate promote checks. The former versions the
+    pointer remembers are kept, less those the store does not hold; the
+    repair is logged with what it dropped.
+    """
+    dropped = ArtifactStore(root).repair(version)
+    console().print(
+        f"[green]current[/green]: {shown(version)}; dropped from the pointer: "
+        f"{shown(', '.join(dropped)) or 'nothing'}"
+    )
+
+
 @store.command("gc")
 @click.argument("root", type=click.Path(path_type=Path))
 @click.option(

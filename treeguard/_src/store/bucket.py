@@ -292,7 +292,7 @@ class BucketBackend:
                 context=self.storage.where(name),
                 hint="keep other writers out of the store's prefix",
             )
-        if self._retired(version):  # gc took the data for a dead put's: undo, refuse
+        if self.retired(version):  # gc took the data for a dead put's: undo, refuse
             for leaf in (STATUS_FILE, MODEL_FILE):
                 self.storage.delete(_version_object(version, leaf))
             raise StoreError(
@@ -315,8 +315,12 @@ class BucketBackend:
             "local store",
         )
 
-    def _retired(self, version: str) -> bool:
+    def retired(self, version: str) -> bool:
         return self.storage.read(f"retired/{version}", limit=1024, what="retired name") is not None
+
+    def retire(self, version: str) -> None:
+        """Creates ``retired/NAME`` (create-only: a second gc finds it made)."""
+        self.storage.create(f"retired/{version}", b"")
 
     def _reserve(self, version: str | None, data: memoryview) -> tuple[str, int]:
         """Writes the checkpoint object, which reserves the name (create-only),
@@ -333,7 +337,7 @@ class BucketBackend:
                 ]
                 number = max([int(marker.get("counter", 0)), *taken]) + 1
                 name = f"v{number:06d}"
-            if self._retired(name):
+            if self.retired(name):
                 if version is None:
                     continue
                 raise StoreError(
@@ -370,7 +374,7 @@ class BucketBackend:
         name = _version_object(version, MODEL_FILE)
         with self._reading(version):
             reader = self.storage.reader(name)
-            if reader is None and self._retired(version):
+            if reader is None and self.retired(version):
                 raise UnknownVersionError(
                     f"version {version} was removed by gc while it was read",
                     version=version,
@@ -504,14 +508,14 @@ class BucketBackend:
         try:
             self._record(version)
         except UnknownVersionError:
-            if held and STATUS_FILE not in held and self._retired(version):
+            if held and STATUS_FILE not in held and self.retired(version):
                 return self._delete(version, held)  # a remove killed after the record went
             if held != {MODEL_FILE}:
                 return False  # nothing there, or a verdict without a record: a person must look
             return self._remove_unrecorded(version)
         except (StoreError, FormatError):
             return False  # never delete what cannot be read: a person must look
-        self.storage.create(f"retired/{version}", b"")  # retired before anything is deleted
+        self.retire(version)  # retired before anything is deleted
         return self._delete(version, set(OWN_OBJECTS))
 
     def _delete(self, version: str, held: set[str]) -> bool:
@@ -525,8 +529,14 @@ class BucketBackend:
 
         The name is retired first; a put still running checks for that after
         writing its record, and undoes itself. If its record appeared
-        meanwhile, that put finished first: its version is kept."""
-        self.storage.create(f"retired/{version}", b"")
+        meanwhile, that put finished first: its version is kept (with its
+        name retired, so never made current: put it again to use it). The
+        record is looked for before the name is retired too, so only a put
+        that finishes inside that window leaves a version so retired."""
+        status = _version_object(version, STATUS_FILE)
+        if self.storage.read(status, limit=SMALL_FILE_LIMIT, what="status file"):
+            return False  # its put finished since gc listed it
+        self.retire(version)
         if self.storage.read(
             _version_object(version, STATUS_FILE), limit=SMALL_FILE_LIMIT, what="status file"
         ):
