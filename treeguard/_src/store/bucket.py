@@ -45,7 +45,10 @@ from ..errors import (
     FormatError,
     IntegrityError,
     NotAStoreError,
+    StorageError,
     StoreError,
+    TreeguardError,
+    TreeMismatchError,
     UnknownVersionError,
 )
 from ..hashing import Algorithm, BytesReader
@@ -77,6 +80,8 @@ OWN_OBJECTS = (STATUS_FILE, VERDICT_FILE, MODEL_FILE)
 _MARKER_TRIES = 64
 #: How many auto-numbered names a put tries when each is taken.
 _NAME_TRIES = 64
+#: How many times verify reads a checkpoint before it gives up without a verdict.
+_VERDICT_READS = 3
 _NOT_A_STORE_HINT = (
     "pass the URL given to `treeguard store init`, or make this prefix a store with "
     "`treeguard store init URL` (ArtifactStore.init(url))"
@@ -156,6 +161,7 @@ class BucketBackend:
             new = change(dict(marker))
             if new == marker:
                 return marker
+            new["rev"] = secrets.token_hex(8)  # every marker written is told apart
             if not isinstance(self.storage.swap(MARKER_FILE, _dumps(new), tag), Conflict):
                 return new
         raise StoreError(
@@ -281,17 +287,7 @@ class BucketBackend:
             "nbytes": spec.nbytes,
             "stored_digest": header.digest,
         }
-        version, seq = self._reserve(version, data)
-        name = _version_object(version, STATUS_FILE)
-        body = _dumps(record | {"seq": seq, "format": STORE_FORMAT, "version": version})
-        if isinstance(self.storage.create(name, body), Conflict):
-            raise StoreError(
-                f"version {version}'s record already exists, though its checkpoint object "
-                "was just made: something else writes under this prefix",
-                version=version,
-                context=self.storage.where(name),
-                hint="keep other writers out of the store's prefix",
-            )
+        version = self._reserve(version, data, record)
         if self.retired(version):  # gc took the data for a dead put's: undo, refuse
             for leaf in (STATUS_FILE, MODEL_FILE):
                 self.storage.delete(_version_object(version, leaf))
@@ -322,10 +318,14 @@ class BucketBackend:
         """Creates ``retired/NAME`` (create-only: a second gc finds it made)."""
         self.storage.create(f"retired/{version}", b"")
 
-    def _reserve(self, version: str | None, data: memoryview) -> tuple[str, int]:
-        """Writes the checkpoint object, which reserves the name (create-only),
-        before the record: a record is never seen without its data. Returns
-        the name and the put's place in the marker's order."""
+    def _reserve(self, version: str | None, data: memoryview, record: dict[str, Any]) -> str:
+        """Writes the checkpoint object (create-only), then the record
+        (create-only, with the put's place in the marker's order): a record
+        is never seen without its data. The record, whose uid is random,
+        decides whose the version is: two puts of the same bytes under one
+        name both find the checkpoint object theirs (``create`` confirms the
+        bytes, not the writer), and only one makes the record. Returns the
+        name."""
         for _ in range(_NAME_TRIES):
             marker = self._bump(lambda m: m | {"seq": int(m.get("seq", 0)) + 1})
             name = version
@@ -353,7 +353,13 @@ class BucketBackend:
             if not isinstance(
                 self.storage.create(_version_object(name, MODEL_FILE), data), Conflict
             ):
-                return name, int(marker["seq"])
+                body = _dumps(
+                    record | {"seq": int(marker["seq"]), "format": STORE_FORMAT, "version": name}
+                )
+                if not isinstance(
+                    self.storage.create(_version_object(name, STATUS_FILE), body), Conflict
+                ):
+                    return name
             if version is not None:
                 raise _exists(name, self.root)
         raise StoreError(
@@ -463,6 +469,33 @@ class BucketBackend:
     def read_for_verdict(
         self, version: str, record: Record, contract: Any, digests: list[str]
     ) -> Any:
+        """The version read against ``contract`` for its verdict, which in a
+        bucket is never replaced: a read that fails is tried again, so a
+        transient failure (a short or broken answer, a replaced ETag, the
+        network) never becomes a permanent ``rejected``. Only bytes that hash
+        wrong on every try are a verdict (an ``IntegrityError``); otherwise
+        the failure is a ``StorageError`` and no verdict is recorded."""
+        failures: list[TreeguardError] = []
+        for _ in range(_VERDICT_READS):
+            digests.clear()
+            try:
+                return self._read_once(version, record, contract, digests)
+            except TreeMismatchError:
+                raise  # the bytes read, all hashes checked, are of another structure
+            except (IntegrityError, FormatError, StorageError) as e:
+                failures.append(e)
+        if all(_wrong_bytes(e) for e in failures):
+            raise failures[-1]
+        raise StorageError(
+            f"reading version {version} for its verdict failed {len(failures)} times "
+            f"(last: {str(failures[-1]).splitlines()[0]}); no verdict was recorded",
+            version=version,
+            context=self._model(version),
+            hint=f"check the network and the server, then verify it again: "
+            f"store.verify({version!r})",
+        ) from failures[-1]
+
+    def _read_once(self, version: str, record: Record, contract: Any, digests: list[str]) -> Any:
         with self._reader(version) as reader:
             digests.append(self._header(version, reader).digest)
             if digests[0] != record.get("stored_digest"):
@@ -546,6 +579,12 @@ class BucketBackend:
 
     def after_gc(self) -> None:
         """Nothing: gc deletes whole versions, and leaves no temporary objects."""
+
+
+def _wrong_bytes(e: TreeguardError) -> bool:
+    """Whether a failed read of a checkpoint read all its bytes and they hash
+    wrong (not a short or broken read, a replaced object or a failed request)."""
+    return isinstance(e, IntegrityError) and not isinstance(e.__cause__, FormatError)
 
 
 def _exists(version: str, root: str) -> StoreError:

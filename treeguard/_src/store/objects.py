@@ -19,10 +19,15 @@ included, ends within the client's timeout (``AWS_TIMEOUT``, 30 s by
 default), so a server that stalls never hangs a reader. Only idempotent operations (reads, lists,
 deletes) are retried; a conditional write is tried once, since a retry
 after a lost answer would report the writer's own success as a conflict.
+
+No write is taken on the server's word: ``create`` and ``swap`` read the
+object back and report what it holds (a 200 for a write not performed is a
+``StorageError``; a 412 for a write performed is a success).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import queue
 import re
@@ -63,6 +68,8 @@ _T = TypeVar("_T")
 #: and the client's word for an http endpoint it may not use (no AWS_ALLOW_HTTP).
 _NO_BUCKET = "NoSuchBucket"
 _BAD_SCHEME = "BadScheme"
+#: An ETag that is the MD5 of the object's bytes (a single PUT, no KMS).
+_MD5_RE = re.compile(r"^[0-9a-f]{32}$")
 #: How a bucket is made, for the hint of a missing one.
 _MAKE_BUCKET = {"s3": "`aws s3 mb s3://", "gs": "`gcloud storage buckets create gs://"}
 
@@ -224,16 +231,88 @@ class ObjectStorage:
         return self._tag(got)
 
     def create(self, name: str, data: bytes | memoryview) -> str | Conflict:
-        return self._put(check_object_name(name), data, "create", Conflict.EXISTS)
+        """Writes ``name`` only if absent, and confirms it by reading back.
+
+        Returns the object's tag once it holds exactly ``data``, whatever
+        the server answered (a 412 for a write it performed is a success);
+        ``Conflict.EXISTS`` when it holds other bytes after a 412. A write
+        the server acknowledged but that left no object, or other bytes,
+        is a ``StorageError``. The bytes, not the writer, are confirmed:
+        where ownership matters, callers write bytes no other writer
+        makes (a record's random uid) or arbitrate on such an object.
+        """
+        check_object_name(name)
+        got = self._put(name, data, "create", Conflict.EXISTS)
+        held = self._holding(name, data)
+        if held is not None and held[1]:
+            return held[0]
+        if isinstance(got, Conflict) and held is not None:
+            return got
+        raise self._unconfirmed(name, "refused it" if isinstance(got, Conflict) else None, held)
 
     def swap(self, name: str, data: bytes, expected: str | None) -> str | Conflict:
+        """Replaces ``name`` only if its tag is ``expected`` (absent when
+        None), and confirms it by reading back: its new tag once it holds
+        ``data`` (also after a 412 for a write performed);
+        ``Conflict.CHANGED`` after a 412, or when another writer replaced it
+        since (whether this write landed first cannot be told from the
+        bytes: the pointer's ids tell, see pointer.py). A write acknowledged
+        while the object is still the one it was to replace, or gone, is a
+        ``StorageError``."""
         check_object_name(name)
         if expected is None:
             got = self._put(name, data, "create", Conflict.CHANGED)
+        else:
+            e_tag, _, version = expected.partition("|")
+            mode = {"e_tag": e_tag} | ({"version": version} if version else {})
+            got = self._put(name, data, mode, Conflict.CHANGED)
+        found = self.read(name, limit=max(len(data), _HEAD_BYTES), what="object written")
+        if found is not None and found[0] == data:
+            return found[1]
+        if isinstance(got, Conflict):
             return got
-        e_tag, _, version = expected.partition("|")
-        mode = {"e_tag": e_tag} | ({"version": version} if version else {})
-        return self._put(name, data, mode, Conflict.CHANGED)
+        if found is None or found[1] == expected:
+            raise self._unconfirmed(name, None, None if found is None else (found[1], False))
+        return Conflict.CHANGED
+
+    def _holding(self, name: str, data: bytes | memoryview) -> tuple[str, bool] | None:
+        """The object's tag now and whether it holds exactly ``data``; None if
+        absent. A small object is read whole; a large one is asked for its
+        size and ETag, which must be the MD5 of ``data`` (S3's ETag of a
+        single PUT; where the ETag is no MD5, as on GCS or with KMS
+        encryption, the size alone is compared)."""
+        import obstore  # lazy: the optional [s3] extra
+
+        if len(data) <= _HEAD_BYTES:
+            found = self.read(name, limit=_HEAD_BYTES, what="object written")
+            return None if found is None else (found[1], found[0] == data)
+
+        def head() -> Any:
+            try:
+                return obstore.head(self._store, name)
+            except FileNotFoundError:
+                return None
+
+        meta = self._idempotent("reading", name, head)
+        if meta is None:
+            return None
+        etag = str(meta.get("e_tag") or "").strip('"')
+        same = int(meta["size"]) == len(data) and (
+            not _MD5_RE.match(etag) or etag == hashlib.md5(data).hexdigest()
+        )
+        return self._tag(meta), same
+
+    def _unconfirmed(
+        self, name: str, answer: str | None, held: tuple[str, bool] | None
+    ) -> StorageError:
+        what = "no such object" if held is None else "the object holds other bytes"
+        return StorageError(
+            f"writing {name} failed: the server {answer or 'acknowledged it'}, but reading it "
+            f"back found {what}",
+            context=self.where(name),
+            hint="the server or a proxy in front of it does not do what it answers; nothing "
+            "was taken as written: check it, then try again",
+        )
 
     def read(self, name: str, *, limit: int, what: str) -> tuple[bytes, str] | None:
         import obstore  # lazy: the optional [s3] extra
