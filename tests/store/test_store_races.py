@@ -24,16 +24,22 @@ def _local(root: Path, rounds: int) -> dict[str, int]:
     return Races(str(root)).run(rounds)
 
 
-def _bucket(url: str, server: S3Server, rounds: int) -> dict[str, int]:
+def _bucket(url: str, server: S3Server, rounds: int, *, lies: float = 0.0) -> dict[str, int]:
+    """The rounds on a bucket behind a proxy that delays every request and,
+    with ``lies``, answers that share of the writes falsely: a 200 for a
+    write it does not perform, or a 412 for one it does."""
     rng = random.Random(20261205)
     lock = threading.Lock()
 
     def delay(req: Request) -> Lie:
         with lock:
-            return Lie(delay=rng.choice((0.0, 0.0, 0.001, 0.003, 0.008)))
+            wait = rng.choice((0.0, 0.0, 0.001, 0.003, 0.008))
+            lie = req.method == "PUT" and rng.random() < lies
+            return Lie(delay=wait, kind=rng.choice(("ack", "refuse")) if lie else None)
 
     with LyingProxy(server.endpoint, delay) as proxy:
-        return Races(url, env={"AWS_ENDPOINT_URL": proxy.endpoint}, seed=1).run(rounds)
+        env = {"AWS_ENDPOINT_URL": proxy.endpoint}
+        return Races(url, env=env, seed=1, storage_errors=lies > 0).run(rounds)
 
 
 @pytest.mark.parametrize(
@@ -58,3 +64,12 @@ def test_concurrent_gc_promote_rollback_and_put_lose_nothing_in_a_bucket(
 ) -> None:
     errors = _bucket(s3_url, s3_server, rounds)
     print("typed failures over the rounds:", errors)
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("s3")
+def test_concurrent_rounds_on_a_bucket_that_lies_about_writes_lose_nothing(
+    s3_url: str, s3_server: S3Server
+) -> None:
+    errors = _bucket(s3_url, s3_server, ROUNDS * 2, lies=0.05)
+    assert errors.get("StorageError", 0) > 0  # the lies were met, and each was typed

@@ -80,6 +80,8 @@ OWN_OBJECTS = (STATUS_FILE, VERDICT_FILE, MODEL_FILE)
 _MARKER_TRIES = 64
 #: How many auto-numbered names a put tries when each is taken.
 _NAME_TRIES = 64
+#: How many times a log event is written before its error is raised.
+_LOG_TRIES = 3
 #: How many times verify reads a checkpoint before it gives up without a verdict.
 _VERDICT_READS = 3
 _NOT_A_STORE_HINT = (
@@ -206,12 +208,28 @@ class BucketBackend:
     # -- the log ---------------------------------------------------------
 
     def append(self, action: str, version: str | None, detail: dict[str, Any]) -> None:
-        """Writes one event as its own create-only object."""
+        """Writes one event as its own create-only object, under a new name on
+        each of ``_LOG_TRIES`` tries (one that read back missing was not
+        written). The lifecycle logs an event once what it records is done,
+        so the error of an event that could not be written says so."""
         time = records.now()
         data = {"time": time, "action": action, "version": version, "detail": detail}
         raw = json.dumps(data, sort_keys=True, ensure_ascii=True, default=str).encode("ascii")
         stamp = time.replace(":", "").replace("-", "").replace("+", "Z")
-        self.storage.create(f"log/{stamp}-{secrets.token_hex(8)}.json", raw + b"\n")
+        for _ in range(_LOG_TRIES):
+            try:
+                self.storage.create(f"log/{stamp}-{secrets.token_hex(8)}.json", raw + b"\n")
+                return
+            except StorageError as e:
+                failed = e
+        raise StorageError(
+            f"the {action} event could not be logged after {_LOG_TRIES} tries "
+            f"({failed.message}); what it records was done",
+            version=version,
+            context=failed.context,
+            hint="nothing to redo: `treeguard store ls` shows the store as it is; the log "
+            "misses this one event",
+        ) from failed
 
     def history(self) -> list[Event]:
         """Every readable event, oldest first; a foreign object is skipped."""
