@@ -685,3 +685,32 @@ def test_promote_and_rollback_refuse_a_name_gc_retired_in_a_bucket(s3_url: str) 
     with pytest.raises(StoreError, match=f"skipped {v1}: .*{v1} was retired by gc"):
         store.rollback()
     assert store.current() == v2
+
+
+def test_a_version_recorded_and_promoted_after_gc_listed_it_unrecorded_is_kept(
+    s3_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """gc lists while a put is between its data and its record; the put ends,
+    and the version is verified and promoted after gc's fence, before it
+    deletes: gc decided on a put that died, not on this version, and leaves it."""
+    store, other = ArtifactStore.init(s3_url), ArtifactStore(s3_url)
+    v1, v2 = store.put(_params(0)), store.put(_params(1))
+    for v in (v1, v2):
+        store.verify(v)
+    store.promote(v1)
+    listing, fence = ArtifactStore._listing, ArtifactStore._fence
+
+    def listed_mid_put(self: ArtifactStore) -> tuple[list[str], list[Any]]:
+        names, listed = listing(self)
+        return names, [v for v in listed if v.version != v2]  # v2's record not yet there
+
+    def promoted_meanwhile(self: ArtifactStore) -> set[str]:
+        spared = fence(self)
+        other.promote(v2)  # after the fence: v2 was not retired, so it may be promoted
+        return spared
+
+    monkeypatch.setattr(ArtifactStore, "_listing", listed_mid_put)
+    monkeypatch.setattr(ArtifactStore, "_fence", promoted_meanwhile)
+    assert v2 not in store.gc(policy=RetentionPolicy(keep_last=0))
+    monkeypatch.undo()
+    assert store.current() == v2 and store.load_current(_params(1)) is not None

@@ -151,9 +151,11 @@ class Backend(Protocol):
         """Whether ``version``'s name was retired."""
         ...
 
-    def remove(self, version: str) -> bool:
+    def remove(self, version: str, *, retired: bool) -> bool:
         """Removes a version gc does not protect, retiring its name first;
-        whether it was removed (never what cannot be read or is foreign)."""
+        whether it was removed (never what cannot be read or is foreign).
+        ``retired``: gc retired it (it had a finished record when gc listed);
+        one gc did not retire is never removed once it has a record."""
         ...
 
     def after_gc(self) -> None:

@@ -549,10 +549,12 @@ class BucketBackend:
 
     # -- gc --------------------------------------------------------------
 
-    def remove(self, version: str) -> bool:
-        """Retires the name, then deletes the record first: the version is
-        gone from the moment its record is, and a remove killed after that
-        leaves objects under a retired name, which the next gc deletes."""
+    def remove(self, version: str, *, retired: bool) -> bool:
+        """Deletes the record first: the version is gone from the moment its
+        record is, and a remove killed after that leaves objects under a
+        retired name, which the next gc deletes. A version gc did not retire
+        (it had no finished record when gc listed) is never deleted once it
+        has a record: only the data of a put that died before its record."""
         held = set(self.storage.list(f"versions/{version}"))
         if not held <= set(OWN_OBJECTS):
             return False  # objects the store did not write: a person must look
@@ -566,7 +568,9 @@ class BucketBackend:
             return self._remove_unrecorded(version)
         except (StoreError, FormatError):
             return False  # never delete what cannot be read: a person must look
-        self.retire(version)  # retired before anything is deleted
+        if not retired:
+            return False  # its record appeared after gc listed it: not what gc decided on
+        self.retire(version)  # (again) before anything is deleted
         return self._delete(version, set(OWN_OBJECTS))
 
     def _delete(self, version: str, held: set[str]) -> bool:

@@ -347,7 +347,9 @@ class LocalBackend:
 
     # -- gc --------------------------------------------------------------
 
-    def remove(self, version: str) -> bool:
+    def remove(self, version: str, *, retired: bool) -> bool:
+        """Removes a version under the lock (nothing changes between gc's
+        listing and this), retiring the name first when gc did not."""
         base = self.layout.versions_dir()
 
         def may_remove(fd: int) -> bool:

@@ -959,7 +959,11 @@ class ArtifactStore:
                 if name in finished:  # a writing, unreadable or unrecorded one: remove() decides
                     self._backend.retire(name)
             spared = self._fence() if doomed else set()
-            removed = [n for n in doomed if n not in spared and self._backend.remove(n)]
+            removed = [
+                n
+                for n in doomed
+                if n not in spared and self._backend.remove(n, retired=n in finished)
+            ]
             self._backend.after_gc()
             if removed or spared & set(doomed):
                 self._backend.append(
@@ -1024,8 +1028,11 @@ class ArtifactStore:
         fence's swap fail, and the fence reads again); a promote whose swap
         comes after the fence read the pointer after the fence, so after gc
         retired its names, and refuses them. So every pointer from the fence
-        on names only versions the fence saw, or versions gc never chose;
-        gc deletes neither.
+        on names only versions the fence saw, or versions gc did not retire;
+        gc deletes neither. A name gc chose without retiring it (no finished
+        record when it listed: a put under way or dead) may be promoted
+        after the fence, once its put ends; for those the backend deletes
+        only data that still has no record (``remove(retired=False)``).
         """
         for _ in range(_POINTER_TRIES):
             ptr = self._pointer()
