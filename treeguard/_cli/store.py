@@ -25,7 +25,7 @@ from .loader import load_model
 
 @click.group("store", cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
 def store() -> None:
-    """Manage an artifact store: list, verify, promote, roll back, collect garbage.
+    """Manage an artifact store: list, verify, promote, roll back, collect garbage, repair.
 
     Exit codes: 0 done; 1 refused (a version not verified, a changed file, a
     bad signature, no version to roll back to, a rejected verify); 2 usage or
