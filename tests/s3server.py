@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
+import http.client
+import http.server
 import os
 import re
 import shutil
@@ -243,3 +246,132 @@ class CuttingProxy:
         for s in (src, dst):
             with contextlib.suppress(OSError):
                 s.shutdown(socket.SHUT_RDWR)
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """One request the clients sent, as the :class:`LyingProxy` saw it."""
+
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: bytes
+
+    @property
+    def key(self) -> str:
+        """The object's key under the bucket (without the query)."""
+        return self.path.split("?", 1)[0].split("/", 2)[-1]
+
+    def header(self, name: str) -> str | None:
+        return next((v for k, v in self.headers.items() if k.lower() == name.lower()), None)
+
+
+@dataclasses.dataclass(frozen=True)
+class Lie:
+    """What the :class:`LyingProxy` does to one request.
+
+    Attributes:
+      delay: seconds to wait before the request is passed on.
+      kind: None (pass it on), ``"etag"`` (a wrong ETag in the answer),
+        ``"ack"`` (a 200 for a write it does not pass on), ``"refuse"`` (a
+        412 for a write the server performed), ``"short"`` (a ranged answer
+        cut to half its bytes, its Content-Range claiming all of them) or
+        ``"reorder"`` (a ranged answer's two halves swapped).
+    """
+
+    delay: float = 0.0
+    kind: str | None = None
+
+
+class LyingProxy:
+    """An HTTP proxy on 127.0.0.1 in front of the S3 server that delays or
+    lies about the requests ``tamper`` picks (it returns a :class:`Lie`, or
+    None to pass a request on untouched), with the real server behind it.
+
+    Attributes:
+      endpoint: the URL clients use instead of the server's.
+      lies: every request lied about, as ``(kind, method, key)``.
+    """
+
+    def __init__(self, target: str, tamper: Callable[[Request], Lie | None]) -> None:
+        host, port = target.removeprefix("http://").split(":")
+        self._target = (host, int(port))
+        self._tamper = tamper
+        self.lies: list[tuple[str, str, str]] = []
+        self._lock = threading.Lock()
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def handle_one(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else b""
+                req = Request(self.command, self.path, dict(self.headers.items()), body)
+                status, headers, answer = proxy._answer(req)
+                self.send_response(status)
+                for k, v in headers:
+                    self.send_header(k, v)
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(answer)
+
+            do_GET = do_PUT = do_HEAD = do_DELETE = do_POST = handle_one
+
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self.endpoint = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    def __enter__(self) -> LyingProxy:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=10)
+
+    def _forward(self, req: Request) -> tuple[int, list[tuple[str, str]], bytes]:
+        conn = http.client.HTTPConnection(*self._target, timeout=30)
+        try:
+            conn.request(req.method, req.path, body=req.body or None, headers=req.headers)
+            resp = conn.getresponse()
+            body = resp.read()
+            skip = {"transfer-encoding", "connection", "keep-alive"}
+            if req.method != "HEAD":
+                skip.add("content-length")
+            headers = [(k, v) for k, v in resp.getheaders() if k.lower() not in skip]
+            if req.method != "HEAD":
+                headers.append(("Content-Length", str(len(body))))
+            return resp.status, headers, body
+        finally:
+            conn.close()
+
+    def _answer(self, req: Request) -> tuple[int, list[tuple[str, str]], bytes]:
+        lie = self._tamper(req)
+        if lie is not None and lie.delay:
+            time.sleep(lie.delay)
+        kind = lie.kind if lie is not None else None
+        if kind is not None:
+            with self._lock:
+                self.lies.append((kind, req.method, req.key))
+        if kind == "ack":  # a write acknowledged, never passed on
+            etag = f'"{hashlib.md5(req.body).hexdigest()}"'
+            return 200, [("ETag", etag), ("Content-Length", "0")], b""
+        status, headers, body = self._forward(req)
+        if kind == "refuse" and status == 200:
+            error = b"<Error><Code>PreconditionFailed</Code></Error>"
+            return 412, [("Content-Length", str(len(error)))], error
+        if kind == "etag":
+            headers = [(k, v) for k, v in headers if k.lower() != "etag"]
+            headers.append(("ETag", '"00000000000000000000000000000000"'))
+        if kind in ("short", "reorder") and status == 206 and len(body) > 1:
+            half = len(body) // 2
+            body = body[:half] if kind == "short" else body[half:] + body[:half]
+            headers = [(k, v) for k, v in headers if k.lower() != "content-length"]
+            headers.append(("Content-Length", str(len(body))))
+        return status, headers, body

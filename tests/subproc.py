@@ -76,8 +76,10 @@ def start_python(
     *args: str,
     env: Mapping[str, str] | None = None,
     cwd: str | os.PathLike[str] | None = None,
+    stdin: bool = False,
 ) -> subprocess.Popen[str]:
-    """Starts ``python -c code args...`` with piped text stdout and stderr.
+    """Starts ``python -c code args...`` with piped text stdout and stderr
+    (and stdin, with ``stdin=True``).
 
     The caller owns the process: it must wait for it or kill it (with a
     timeout) and close its pipes, as :func:`stop` does.
@@ -86,6 +88,7 @@ def start_python(
         [sys.executable, "-c", code, *args],
         cwd=cwd or ROOT,
         env=child_env(env),
+        stdin=subprocess.PIPE if stdin else None,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

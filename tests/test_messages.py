@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import jax
@@ -319,4 +320,37 @@ def test_a_run_against_another_backends_references_says_so() -> None:
     assert cross_backend_summary("tpu", "TPU v5 lite", "cpu") == (
         "references recorded on tpu (TPU v5 lite), this run on cpu: record references for "
         "this backend with --record, or declare cross-backend tolerances"
+    )
+
+
+def _two_promoted(root: Any) -> tg.ArtifactStore:
+    import numpy as np
+
+    store = tg.ArtifactStore(root)
+    for i in (1, 2):
+        v = store.put({"w": np.full(2, i, np.float32)})
+        store.verify(v)
+        store.promote(v)
+    return store
+
+
+def test_dangling_pointer_message(tmp_path: Any) -> None:
+    store = _two_promoted(tmp_path)
+    pointer = json.loads((tmp_path / "CURRENT.json").read_text())
+    (tmp_path / "CURRENT.json").write_text(json.dumps({**pointer, "current": "v000009"}))
+    assert _message(store.gc) == (
+        f"{tmp_path / 'CURRENT.json'}: the pointer names version v000009 as current, and the "
+        "store does not hold it; gc deleted nothing\n"
+        f"hint: point the store at a version you choose: `treeguard store repair {tmp_path} "
+        "VERSION` (ArtifactStore.repair)"
+    )
+
+
+def test_retired_version_message(tmp_path: Any) -> None:
+    store = _two_promoted(tmp_path)
+    marker = json.loads((tmp_path / "STORE.json").read_text())
+    (tmp_path / "STORE.json").write_text(json.dumps({**marker, "retired": ["v000001"]}))
+    assert _message(store.promote, "v000001") == (
+        f"{tmp_path}: version v000001 was removed by gc\n"
+        "hint: `treeguard store gc ROOT` removes what is left of it"
     )

@@ -31,6 +31,7 @@ if _typing.TYPE_CHECKING:
     from ._src.env import environment as environment
     from ._src.errors import ConfigError as ConfigError
     from ._src.errors import ConflictError as ConflictError
+    from ._src.errors import DanglingPointerError as DanglingPointerError
     from ._src.errors import FormatError as FormatError
     from ._src.errors import IntegrityError as IntegrityError
     from ._src.errors import InvalidTreeError as InvalidTreeError
@@ -39,6 +40,7 @@ if _typing.TYPE_CHECKING:
     from ._src.errors import NonFiniteError as NonFiniteError
     from ._src.errors import NotAStoreError as NotAStoreError
     from ._src.errors import RecorderError as RecorderError
+    from ._src.errors import RetiredVersionError as RetiredVersionError
     from ._src.errors import RunInterruptedError as RunInterruptedError
     from ._src.errors import SignatureError as SignatureError
     from ._src.errors import StorageError as StorageError
@@ -83,6 +85,7 @@ _EXPORTS: dict[str, str] = {
     "Cast": "._src.updates",
     "ConfigError": "._src.errors",
     "ConflictError": "._src.errors",
+    "DanglingPointerError": "._src.errors",
     "FlightRecorder": "._src.recorder",
     "ForeignHeader": "._src.checkpoint",
     "FormatError": "._src.errors",
@@ -99,6 +102,7 @@ _EXPORTS: dict[str, str] = {
     "RecordedStep": "._src.recorder",
     "RecorderError": "._src.errors",
     "RetentionPolicy": "._src.store",
+    "RetiredVersionError": "._src.errors",
     "RunInterruptedError": "._src.errors",
     "SaveHandle": "._src.checkpoint",
     "SignatureError": "._src.errors",

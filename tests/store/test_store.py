@@ -10,17 +10,21 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from click.testing import CliRunner
 from corpus import seed_params
 
 from treeguard import (
     ArtifactStore,
+    DanglingPointerError,
     IntegrityError,
     RetentionPolicy,
+    RetiredVersionError,
     StoreError,
     UnknownVersionError,
     read_header,
     spec_of,
 )
+from treeguard._cli.main import main
 
 MODEL_FILE = "model.safetensors"
 POINTER_FILE = "CURRENT.json"
@@ -407,3 +411,53 @@ def test_load_current_takes_like_by_keyword(tmp_path: Path) -> None:
     out = store.load_current(like=_params(0.0), fallback=True)
     assert out["dense1"]["w"][0, 0] == 3.0
     assert store.load_current(_params(0.0))["dense1"]["w"][0, 0] == 3.0
+
+
+def _pointing_at(root: Path, current: str, previous: list[str]) -> None:
+    """CURRENT.json edited by hand (or left by an older gc) to name ``current``."""
+    data = json.loads((root / POINTER_FILE).read_text())
+    (root / POINTER_FILE).write_text(json.dumps({**data, "current": current, "previous": previous}))
+
+
+def test_gc_stops_on_a_pointer_naming_an_absent_version_and_repair_fixes_it(
+    tmp_path: Path,
+) -> None:
+    store = ArtifactStore.init(tmp_path)
+    v1, v2 = _verified(store, _params(1.0)), _verified(store, _params(2.0))
+    store.promote(v1)
+    store.promote(v2)
+    _pointing_at(tmp_path, "v000009", [v1])  # v2 is the real current one
+    with pytest.raises(DanglingPointerError, match="names version v000009 as current") as e:
+        store.gc(policy=RetentionPolicy(keep_last=0))
+    assert e.value.version == "v000009" and "store repair" in str(e.value)
+    assert [v.version for v in store.versions()] == [v1, v2]  # nothing deleted
+    done = CliRunner().invoke(main, ["store", "repair", str(tmp_path), v2])
+    assert done.exit_code == 0, done.output
+    assert "dropped from the pointer: v000009" in done.output
+    assert (store.current(), store.previous()) == (v2, v1)
+    assert store.gc(policy=RetentionPolicy(keep_last=0)) == []
+    assert store.history()[-1].action == "repair"
+
+
+def test_repair_refuses_a_version_that_fails_the_gates(tmp_path: Path) -> None:
+    store = ArtifactStore.init(tmp_path)
+    v1 = store.put(_params(1.0))
+    with pytest.raises(StoreError, match="candidate, not verified"):
+        store.repair(v1)
+    done = CliRunner().invoke(main, ["store", "repair", str(tmp_path), "v000042"])
+    assert done.exit_code == 2 and "no version v000042" in done.output
+
+
+def test_promote_and_rollback_refuse_a_retired_name(tmp_path: Path) -> None:
+    store = ArtifactStore.init(tmp_path)
+    v1, v2 = _verified(store, _params(1.0)), _verified(store, _params(2.0))
+    store.promote(v1)
+    store.promote(v2)
+    marker = json.loads((tmp_path / "STORE.json").read_text())
+    # what a gc killed between retiring v1's name and deleting its directory leaves
+    (tmp_path / "STORE.json").write_text(json.dumps({**marker, "retired": [v1]}))
+    with pytest.raises(RetiredVersionError, match=f"version {v1} was removed by gc"):
+        store.promote(v1)
+    with pytest.raises(StoreError, match=f"skipped {v1}: .*version {v1} was removed by gc"):
+        store.rollback()
+    assert store.current() == v2

@@ -79,7 +79,11 @@ _KILL_GC = """
 import os, signal, sys
 from treeguard import ArtifactStore, RetentionPolicy
 
+unlink = os.unlink
+
 def die(*args, **kwargs):
+    if "dir_fd" not in kwargs:
+        return unlink(*args, **kwargs)  # a temporary file of the marker or the pointer
     os.kill(os.getpid(), signal.SIGKILL)
 
 store = ArtifactStore(sys.argv[1])

@@ -20,8 +20,10 @@ from tests.s3server import CuttingProxy, S3Server
 from treeguard import (
     ArtifactStore,
     ConflictError,
+    DanglingPointerError,
     IntegrityError,
     RetentionPolicy,
+    RetiredVersionError,
     SignatureError,
     StorageError,
     StoreError,
@@ -626,3 +628,89 @@ def test_an_object_replaced_between_a_break_and_its_resume_is_an_integrity_error
     )
     e = _fails_through(proxy, s3_url, monkeypatch, tree, IntegrityError, why)
     assert isinstance(e, IntegrityError) and e.version == v and proxy.cut == 1
+
+
+def test_a_plain_http_endpoint_without_allow_http_names_the_variable(
+    s3_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("AWS_ALLOW_HTTP")
+    for command in ("ls", "init"):
+        done = _cli(command, s3_url)
+        assert done.exit_code == 2, done.output
+        assert "the endpoint is plain http and AWS_ALLOW_HTTP is not set" in done.output
+        assert "set AWS_ALLOW_HTTP=true" in done.output
+        assert "GenericError" not in done.output
+
+
+def test_a_missing_bucket_is_said_to_be_missing(s3_url: str) -> None:
+    url = "s3://no-such-bucket-here/models"
+    for command in ("ls", "init", "gc"):
+        done = _cli(command, url)
+        assert done.exit_code == 2, done.output
+        assert "the bucket no-such-bucket-here does not exist" in done.output, done.output
+        assert "aws s3 mb s3://no-such-bucket-here" in done.output
+        assert "store init" not in done.output and "404" not in done.output
+    with pytest.raises(StorageError, match="does not exist"):
+        ArtifactStore(url).put(_params(0))
+
+
+def test_gc_stops_on_a_pointer_naming_an_absent_version_in_a_bucket(s3_url: str) -> None:
+    store = ArtifactStore.init(s3_url)
+    v1, v2 = store.put(_params(0)), store.put(_params(1))
+    for v in (v1, v2):
+        store.verify(v)
+        store.promote(v)
+    raw = _raw(s3_url)
+    pointer = json.loads(bytes(obstore.get(raw, "CURRENT.json").bytes()))
+    obstore.put(raw, "CURRENT.json", json.dumps({**pointer, "current": "v000009"}).encode())
+    with pytest.raises(DanglingPointerError, match="names version v000009 as current"):
+        store.gc(policy=RetentionPolicy(keep_last=0))
+    assert [v.version for v in store.versions()] == [v1, v2]  # the real current one is kept
+    assert store.repair(v2) == ["v000009"]
+    assert (store.current(), store.previous()) == (v2, v1)
+    assert store.gc(policy=RetentionPolicy(keep_last=0)) == []
+
+
+def test_promote_and_rollback_refuse_a_name_gc_retired_in_a_bucket(s3_url: str) -> None:
+    store = ArtifactStore.init(s3_url)
+    v1, v2, v3 = store.put(_params(0)), store.put(_params(1)), store.put(_params(2))
+    for v in (v1, v2, v3):
+        store.verify(v)
+    store.promote(v1)
+    store.promote(v2)
+    for v in (v1, v3):  # as a gc leaves them between retiring the names and deleting
+        obstore.put(_raw(s3_url), f"retired/{v}", b"")
+    with pytest.raises(RetiredVersionError, match=f"version {v3} was retired by gc"):
+        store.promote(v3)
+    with pytest.raises(StoreError, match=f"skipped {v1}: .*{v1} was retired by gc"):
+        store.rollback()
+    assert store.current() == v2
+
+
+def test_a_version_recorded_and_promoted_after_gc_listed_it_unrecorded_is_kept(
+    s3_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """gc lists while a put is between its data and its record; the put ends,
+    and the version is verified and promoted after gc's fence, before it
+    deletes: gc decided on a put that died, not on this version, and leaves it."""
+    store, other = ArtifactStore.init(s3_url), ArtifactStore(s3_url)
+    v1, v2 = store.put(_params(0)), store.put(_params(1))
+    for v in (v1, v2):
+        store.verify(v)
+    store.promote(v1)
+    listing, fence = ArtifactStore._listing, ArtifactStore._fence
+
+    def listed_mid_put(self: ArtifactStore) -> tuple[list[str], list[Any]]:
+        names, listed = listing(self)
+        return names, [v for v in listed if v.version != v2]  # v2's record not yet there
+
+    def promoted_meanwhile(self: ArtifactStore) -> set[str]:
+        spared = fence(self)
+        other.promote(v2)  # after the fence: v2 was not retired, so it may be promoted
+        return spared
+
+    monkeypatch.setattr(ArtifactStore, "_listing", listed_mid_put)
+    monkeypatch.setattr(ArtifactStore, "_fence", promoted_meanwhile)
+    assert v2 not in store.gc(policy=RetentionPolicy(keep_last=0))
+    monkeypatch.undo()
+    assert store.current() == v2 and store.load_current(_params(1)) is not None

@@ -25,7 +25,7 @@ from .loader import load_model
 
 @click.group("store", cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
 def store() -> None:
-    """Manage an artifact store: list, verify, promote, roll back, collect garbage.
+    """Manage an artifact store: list, verify, promote, roll back, collect garbage, repair.
 
     Exit codes: 0 done; 1 refused (a version not verified, a changed file, a
     bad signature, no version to roll back to, a rejected verify); 2 usage or
@@ -215,6 +215,24 @@ def rollback_command(root: Path) -> None:
     before = s.current()
     now = s.rollback()
     console().print(f"[green]rolled back[/green]: {shown(before)} -> {shown(now)}")
+
+
+@store.command("repair")
+@click.argument("root", type=click.Path(path_type=Path))
+@click.argument("version")
+def repair_command(root: Path, version: str) -> None:
+    """Point a damaged store at VERSION: for a pointer that names a version the
+    store does not hold (gc stops on it), or a pointer missing or malformed.
+
+    VERSION must pass every gate promote checks. The former versions the
+    pointer remembers are kept, less those the store does not hold; the
+    repair is logged with what it dropped.
+    """
+    dropped = ArtifactStore(root).repair(version)
+    console().print(
+        f"[green]current[/green]: {shown(version)}; dropped from the pointer: "
+        f"{shown(', '.join(dropped)) or 'nothing'}"
+    )
 
 
 @store.command("gc")

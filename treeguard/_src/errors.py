@@ -24,6 +24,8 @@ existing ``except ValueError`` keeps working)::
     └── StoreError             [ValueError]        the store refused an operation
         ├── NotAStoreError                         a directory that is not a store
         ├── UnknownVersionError [LookupError]      no such version
+        │   └── RetiredVersionError                a name gc retired: never current again
+        ├── DanglingPointerError                   the pointer names a version that is gone
         ├── SignatureError                         a verdict unsigned or wrongly signed
         ├── ConflictError                          another process changed it first
         └── StorageError                           the disk or the bucket failed
@@ -410,6 +412,22 @@ class UnknownVersionError(StoreError, LookupError):
 
     def __str__(self) -> str:  # LookupError would quote the message
         return self._render()
+
+
+class RetiredVersionError(UnknownVersionError):
+    """A version whose name gc retired (it is being removed, or was): it is
+    never made current again, so ``promote`` and ``rollback`` refuse it."""
+
+
+class DanglingPointerError(StoreError):
+    """The pointer names a version the store does not hold: the store is
+    damaged, and nothing that depends on what is current (``gc``) acts on
+    a guess. ``ArtifactStore.repair`` (``treeguard store repair``) points
+    it at a version named by a person.
+
+    Attributes:
+      version: the missing version the pointer names.
+    """
 
 
 class SignatureError(StoreError):

@@ -142,9 +142,20 @@ class Backend(Protocol):
         """The version's stored spec, from its header or manifest only."""
         ...
 
-    def remove(self, version: str) -> bool:
+    def retire(self, version: str) -> None:
+        """Records that ``version``'s name is never used again (never made
+        current, never handed out): before gc deletes anything of it."""
+        ...
+
+    def retired(self, version: str) -> bool:
+        """Whether ``version``'s name was retired."""
+        ...
+
+    def remove(self, version: str, *, retired: bool) -> bool:
         """Removes a version gc does not protect, retiring its name first;
-        whether it was removed (never what cannot be read or is foreign)."""
+        whether it was removed (never what cannot be read or is foreign).
+        ``retired``: gc retired it (it had a finished record when gc listed);
+        one gc did not retire is never removed once it has a record."""
         ...
 
     def after_gc(self) -> None:

@@ -45,7 +45,10 @@ from ..errors import (
     FormatError,
     IntegrityError,
     NotAStoreError,
+    StorageError,
     StoreError,
+    TreeguardError,
+    TreeMismatchError,
     UnknownVersionError,
 )
 from ..hashing import Algorithm, BytesReader
@@ -77,6 +80,10 @@ OWN_OBJECTS = (STATUS_FILE, VERDICT_FILE, MODEL_FILE)
 _MARKER_TRIES = 64
 #: How many auto-numbered names a put tries when each is taken.
 _NAME_TRIES = 64
+#: How many times a log event is written before its error is raised.
+_LOG_TRIES = 3
+#: How many times verify reads a checkpoint before it gives up without a verdict.
+_VERDICT_READS = 3
 _NOT_A_STORE_HINT = (
     "pass the URL given to `treeguard store init`, or make this prefix a store with "
     "`treeguard store init URL` (ArtifactStore.init(url))"
@@ -156,6 +163,7 @@ class BucketBackend:
             new = change(dict(marker))
             if new == marker:
                 return marker
+            new["rev"] = secrets.token_hex(8)  # every marker written is told apart
             if not isinstance(self.storage.swap(MARKER_FILE, _dumps(new), tag), Conflict):
                 return new
         raise StoreError(
@@ -200,12 +208,28 @@ class BucketBackend:
     # -- the log ---------------------------------------------------------
 
     def append(self, action: str, version: str | None, detail: dict[str, Any]) -> None:
-        """Writes one event as its own create-only object."""
+        """Writes one event as its own create-only object, under a new name on
+        each of ``_LOG_TRIES`` tries (one that read back missing was not
+        written). The lifecycle logs an event once what it records is done,
+        so the error of an event that could not be written says so."""
         time = records.now()
         data = {"time": time, "action": action, "version": version, "detail": detail}
         raw = json.dumps(data, sort_keys=True, ensure_ascii=True, default=str).encode("ascii")
         stamp = time.replace(":", "").replace("-", "").replace("+", "Z")
-        self.storage.create(f"log/{stamp}-{secrets.token_hex(8)}.json", raw + b"\n")
+        for _ in range(_LOG_TRIES):
+            try:
+                self.storage.create(f"log/{stamp}-{secrets.token_hex(8)}.json", raw + b"\n")
+                return
+            except StorageError as e:
+                failed = e
+        raise StorageError(
+            f"the {action} event could not be logged after {_LOG_TRIES} tries "
+            f"({failed.message}); what it records was done",
+            version=version,
+            context=failed.context,
+            hint="nothing to redo: `treeguard store ls` shows the store as it is; the log "
+            "misses this one event",
+        ) from failed
 
     def history(self) -> list[Event]:
         """Every readable event, oldest first; a foreign object is skipped."""
@@ -281,18 +305,8 @@ class BucketBackend:
             "nbytes": spec.nbytes,
             "stored_digest": header.digest,
         }
-        version, seq = self._reserve(version, data)
-        name = _version_object(version, STATUS_FILE)
-        body = _dumps(record | {"seq": seq, "format": STORE_FORMAT, "version": version})
-        if isinstance(self.storage.create(name, body), Conflict):
-            raise StoreError(
-                f"version {version}'s record already exists, though its checkpoint object "
-                "was just made: something else writes under this prefix",
-                version=version,
-                context=self.storage.where(name),
-                hint="keep other writers out of the store's prefix",
-            )
-        if self._retired(version):  # gc took the data for a dead put's: undo, refuse
+        version = self._reserve(version, data, record)
+        if self.retired(version):  # gc took the data for a dead put's: undo, refuse
             for leaf in (STATUS_FILE, MODEL_FILE):
                 self.storage.delete(_version_object(version, leaf))
             raise StoreError(
@@ -315,13 +329,21 @@ class BucketBackend:
             "local store",
         )
 
-    def _retired(self, version: str) -> bool:
+    def retired(self, version: str) -> bool:
         return self.storage.read(f"retired/{version}", limit=1024, what="retired name") is not None
 
-    def _reserve(self, version: str | None, data: memoryview) -> tuple[str, int]:
-        """Writes the checkpoint object, which reserves the name (create-only),
-        before the record: a record is never seen without its data. Returns
-        the name and the put's place in the marker's order."""
+    def retire(self, version: str) -> None:
+        """Creates ``retired/NAME`` (create-only: a second gc finds it made)."""
+        self.storage.create(f"retired/{version}", b"")
+
+    def _reserve(self, version: str | None, data: memoryview, record: dict[str, Any]) -> str:
+        """Writes the checkpoint object (create-only), then the record
+        (create-only, with the put's place in the marker's order): a record
+        is never seen without its data. The record, whose uid is random,
+        decides whose the version is: two puts of the same bytes under one
+        name both find the checkpoint object theirs (``create`` confirms the
+        bytes, not the writer), and only one makes the record. Returns the
+        name."""
         for _ in range(_NAME_TRIES):
             marker = self._bump(lambda m: m | {"seq": int(m.get("seq", 0)) + 1})
             name = version
@@ -333,7 +355,7 @@ class BucketBackend:
                 ]
                 number = max([int(marker.get("counter", 0)), *taken]) + 1
                 name = f"v{number:06d}"
-            if self._retired(name):
+            if self.retired(name):
                 if version is None:
                     continue
                 raise StoreError(
@@ -349,7 +371,13 @@ class BucketBackend:
             if not isinstance(
                 self.storage.create(_version_object(name, MODEL_FILE), data), Conflict
             ):
-                return name, int(marker["seq"])
+                body = _dumps(
+                    record | {"seq": int(marker["seq"]), "format": STORE_FORMAT, "version": name}
+                )
+                if not isinstance(
+                    self.storage.create(_version_object(name, STATUS_FILE), body), Conflict
+                ):
+                    return name
             if version is not None:
                 raise _exists(name, self.root)
         raise StoreError(
@@ -370,7 +398,7 @@ class BucketBackend:
         name = _version_object(version, MODEL_FILE)
         with self._reading(version):
             reader = self.storage.reader(name)
-            if reader is None and self._retired(version):
+            if reader is None and self.retired(version):
                 raise UnknownVersionError(
                     f"version {version} was removed by gc while it was read",
                     version=version,
@@ -459,6 +487,33 @@ class BucketBackend:
     def read_for_verdict(
         self, version: str, record: Record, contract: Any, digests: list[str]
     ) -> Any:
+        """The version read against ``contract`` for its verdict, which in a
+        bucket is never replaced: a read that fails is tried again, so a
+        transient failure (a short or broken answer, a replaced ETag, the
+        network) never becomes a permanent ``rejected``. Only bytes that hash
+        wrong on every try are a verdict (an ``IntegrityError``); otherwise
+        the failure is a ``StorageError`` and no verdict is recorded."""
+        failures: list[TreeguardError] = []
+        for _ in range(_VERDICT_READS):
+            digests.clear()
+            try:
+                return self._read_once(version, record, contract, digests)
+            except TreeMismatchError:
+                raise  # the bytes read, all hashes checked, are of another structure
+            except (IntegrityError, FormatError, StorageError) as e:
+                failures.append(e)
+        if all(_wrong_bytes(e) for e in failures):
+            raise failures[-1]
+        raise StorageError(
+            f"reading version {version} for its verdict failed {len(failures)} times "
+            f"(last: {str(failures[-1]).splitlines()[0]}); no verdict was recorded",
+            version=version,
+            context=self._model(version),
+            hint=f"check the network and the server, then verify it again: "
+            f"store.verify({version!r})",
+        ) from failures[-1]
+
+    def _read_once(self, version: str, record: Record, contract: Any, digests: list[str]) -> Any:
         with self._reader(version) as reader:
             digests.append(self._header(version, reader).digest)
             if digests[0] != record.get("stored_digest"):
@@ -494,24 +549,28 @@ class BucketBackend:
 
     # -- gc --------------------------------------------------------------
 
-    def remove(self, version: str) -> bool:
-        """Retires the name, then deletes the record first: the version is
-        gone from the moment its record is, and a remove killed after that
-        leaves objects under a retired name, which the next gc deletes."""
+    def remove(self, version: str, *, retired: bool) -> bool:
+        """Deletes the record first: the version is gone from the moment its
+        record is, and a remove killed after that leaves objects under a
+        retired name, which the next gc deletes. A version gc did not retire
+        (it had no finished record when gc listed) is never deleted once it
+        has a record: only the data of a put that died before its record."""
         held = set(self.storage.list(f"versions/{version}"))
         if not held <= set(OWN_OBJECTS):
             return False  # objects the store did not write: a person must look
         try:
             self._record(version)
         except UnknownVersionError:
-            if held and STATUS_FILE not in held and self._retired(version):
+            if held and STATUS_FILE not in held and self.retired(version):
                 return self._delete(version, held)  # a remove killed after the record went
             if held != {MODEL_FILE}:
                 return False  # nothing there, or a verdict without a record: a person must look
             return self._remove_unrecorded(version)
         except (StoreError, FormatError):
             return False  # never delete what cannot be read: a person must look
-        self.storage.create(f"retired/{version}", b"")  # retired before anything is deleted
+        if not retired:
+            return False  # its record appeared after gc listed it: not what gc decided on
+        self.retire(version)  # (again) before anything is deleted
         return self._delete(version, set(OWN_OBJECTS))
 
     def _delete(self, version: str, held: set[str]) -> bool:
@@ -525,8 +584,14 @@ class BucketBackend:
 
         The name is retired first; a put still running checks for that after
         writing its record, and undoes itself. If its record appeared
-        meanwhile, that put finished first: its version is kept."""
-        self.storage.create(f"retired/{version}", b"")
+        meanwhile, that put finished first: its version is kept (with its
+        name retired, so never made current: put it again to use it). The
+        record is looked for before the name is retired too, so only a put
+        that finishes inside that window leaves a version so retired."""
+        status = _version_object(version, STATUS_FILE)
+        if self.storage.read(status, limit=SMALL_FILE_LIMIT, what="status file"):
+            return False  # its put finished since gc listed it
+        self.retire(version)
         if self.storage.read(
             _version_object(version, STATUS_FILE), limit=SMALL_FILE_LIMIT, what="status file"
         ):
@@ -536,6 +601,12 @@ class BucketBackend:
 
     def after_gc(self) -> None:
         """Nothing: gc deletes whole versions, and leaves no temporary objects."""
+
+
+def _wrong_bytes(e: TreeguardError) -> bool:
+    """Whether a failed read of a checkpoint read all its bytes and they hash
+    wrong (not a short or broken read, a replaced object or a failed request)."""
+    return isinstance(e, IntegrityError) and not isinstance(e.__cause__, FormatError)
 
 
 def _exists(version: str, root: str) -> StoreError:

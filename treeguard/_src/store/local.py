@@ -21,7 +21,14 @@ from typing import Any
 
 from ..atomic import pid_alive, remove_stale_temps
 from ..checkpoint import read_header, save
-from ..errors import FormatError, IntegrityError, StorageError, StoreError, UnknownVersionError
+from ..errors import (
+    FormatError,
+    IntegrityError,
+    RetiredVersionError,
+    StorageError,
+    StoreError,
+    UnknownVersionError,
+)
 from ..hashing import Algorithm
 from ..sharded.manifest import read as read_manifest
 from ..spec import TreeSpec
@@ -81,7 +88,7 @@ class LocalBackend:
         if version in self.layout.require()["retired"]:
             # gc retires a name before it deletes anything of it: a gc killed
             # in between leaves the directory, which the next gc removes
-            raise UnknownVersionError(
+            raise RetiredVersionError(
                 f"version {version} was removed by gc",
                 version=version,
                 context=self.root,
@@ -340,11 +347,16 @@ class LocalBackend:
 
     # -- gc --------------------------------------------------------------
 
-    def remove(self, version: str) -> bool:
+    def remove(self, version: str, *, retired: bool) -> bool:
+        """Removes a version under the lock (nothing changes between gc's
+        listing and this), retiring the name first when gc did not."""
         base = self.layout.versions_dir()
 
         def may_remove(fd: int) -> bool:
-            return self._collectable(os.path.join(base, version), fd) and self._retire(version)
+            if not self._collectable(os.path.join(base, version), fd):
+                return False
+            self.retire(version)
+            return True
 
         return deleter.remove_version(base, version, may_remove=may_remove)
 
@@ -352,14 +364,17 @@ class LocalBackend:
         deleter.clean(self.layout.versions_dir())
         remove_stale_temps(self.root)
 
-    def _retire(self, name: str) -> bool:
-        """Records that ``name`` is never handed out again, before anything
-        of it is deleted (so a kill mid-removal leaves it retired)."""
+    def retire(self, version: str) -> None:
+        """Records in the marker that ``version`` is never handed out or made
+        current again, before anything of it is deleted (so a kill
+        mid-removal leaves it retired)."""
         marker = self.layout.require()
-        if name not in marker["retired"]:
-            marker["retired"] = sorted({*marker["retired"], name})
+        if version not in marker["retired"]:
+            marker["retired"] = sorted({*marker["retired"], version})
             self.layout.write_marker(marker)
-        return True
+
+    def retired(self, version: str) -> bool:
+        return version in self.layout.require()["retired"]
 
     def _collectable(self, path: str, fd: int) -> bool:
         """Whether gc may remove the version directory open at ``fd`` (not

@@ -19,10 +19,15 @@ included, ends within the client's timeout (``AWS_TIMEOUT``, 30 s by
 default), so a server that stalls never hangs a reader. Only idempotent operations (reads, lists,
 deletes) are retried; a conditional write is tried once, since a retry
 after a lost answer would report the writer's own success as a conflict.
+
+No write is taken on the server's word: ``create`` and ``swap`` read the
+object back and report what it holds (a 200 for a write not performed is a
+``StorageError``; a 412 for a write performed is a success).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import queue
 import re
@@ -59,6 +64,21 @@ _STATUS_RE = re.compile(r"status code: (\d{3})")
 _TIMEOUT_RE = re.compile(r"timed out|kind: Timeout")
 _RANGE_RE = re.compile(r"NotPartial|UnexpectedRange|ContentRange")
 _T = TypeVar("_T")
+#: The server's code for a bucket that does not exist (in the body of its 404),
+#: and the client's word for an http endpoint it may not use (no AWS_ALLOW_HTTP).
+_NO_BUCKET = "NoSuchBucket"
+_BAD_SCHEME = "BadScheme"
+#: An ETag that is the MD5 of the object's bytes (a single PUT, no KMS).
+_MD5_RE = re.compile(r"^[0-9a-f]{32}$")
+#: How a bucket is made, for the hint of a missing one.
+_MAKE_BUCKET = {"s3": "`aws s3 mb s3://", "gs": "`gcloud storage buckets create gs://"}
+
+
+def _permanent(e: BaseException) -> bool:
+    """Whether a failure is one no retry mends: a missing bucket, a refused scheme."""
+    text = str(e)
+    return _NO_BUCKET in text or _BAD_SCHEME in text
+
 
 if TYPE_CHECKING:
     from obstore.store import RetryConfig
@@ -113,6 +133,7 @@ class ObjectStorage:
         from obstore.store import GCSStore, S3Store  # lazy: the optional [s3] extra
 
         scheme, bucket, prefix = split_url(url)
+        self.bucket, self._scheme = bucket, scheme
         self.url = f"{scheme}://{bucket}" + (f"/{prefix}" if prefix else "")
         self._s3 = scheme == "s3"
         once: RetryConfig = {"max_retries": 0}  # retries are ours, of idempotent requests only
@@ -139,7 +160,21 @@ class ObjectStorage:
     def _failed(self, operation: str, name: str, e: BaseException) -> StorageError:
         text = str(e)
         status = _STATUS_RE.search(text)
-        if status:
+        hint = (
+            "check that the server is reachable and the credentials in the environment "
+            "allow it; the store was left as it was"
+        )
+        if _NO_BUCKET in text:
+            why = f"the bucket {self.bucket} does not exist"
+            make = f"{_MAKE_BUCKET[self._scheme]}{self.bucket}`"
+            hint = f"create the bucket first ({make}); treeguard never creates one"
+        elif _BAD_SCHEME in text:
+            why = "the endpoint is plain http and AWS_ALLOW_HTTP is not set"
+            hint = (
+                "set AWS_ALLOW_HTTP=true to reach a server over plain http (such as one on "
+                "127.0.0.1), or give AWS_ENDPOINT_URL an https:// address"
+            )
+        elif status:
             why = f"the server answered {status.group(1)}"
         elif "error sending request" in text or "onnection refused" in text:
             why = "the connection failed"
@@ -154,8 +189,7 @@ class ObjectStorage:
         return StorageError(
             f"{operation} {name} failed: {why}",
             context=f"{self.url}/{name.lstrip('/')}",
-            hint="check that the server is reachable and the credentials in the environment "
-            "allow it; the store was left as it was",
+            hint=hint,
         )
 
     def _idempotent(self, operation: str, name: str, call: Callable[[], _T]) -> _T:
@@ -166,7 +200,7 @@ class ObjectStorage:
             try:
                 return call()
             except GenericError as e:  # the network or a 5xx: worth another try
-                if attempt == _TRIES - 1:
+                if attempt == _TRIES - 1 or _permanent(e):
                     raise self._failed(operation, name, e) from None
             except (BaseError, OSError) as e:  # refused by the server: no retry helps
                 raise self._failed(operation, name, e) from None
@@ -188,25 +222,97 @@ class ObjectStorage:
             got = obstore.put(self._store, name, data, mode=mode, use_multipart=False)
         except (AlreadyExistsError, PreconditionError):
             return lost
-        except FileNotFoundError:
-            if mode == "create":
-                raise self._failed("writing", name, FileNotFoundError("no such bucket")) from None
+        except FileNotFoundError as e:
+            if mode == "create" or _permanent(e):
+                raise self._failed("writing", name, e) from None
             return lost  # replacing an object that is gone
         except (obstore.exceptions.BaseError, OSError) as e:
             raise self._failed("writing", name, e) from None
         return self._tag(got)
 
     def create(self, name: str, data: bytes | memoryview) -> str | Conflict:
-        return self._put(check_object_name(name), data, "create", Conflict.EXISTS)
+        """Writes ``name`` only if absent, and confirms it by reading back.
+
+        Returns the object's tag once it holds exactly ``data``, whatever
+        the server answered (a 412 for a write it performed is a success);
+        ``Conflict.EXISTS`` when it holds other bytes after a 412. A write
+        the server acknowledged but that left no object, or other bytes,
+        is a ``StorageError``. The bytes, not the writer, are confirmed:
+        where ownership matters, callers write bytes no other writer
+        makes (a record's random uid) or arbitrate on such an object.
+        """
+        check_object_name(name)
+        got = self._put(name, data, "create", Conflict.EXISTS)
+        held = self._holding(name, data)
+        if held is not None and held[1]:
+            return held[0]
+        if isinstance(got, Conflict) and held is not None:
+            return got
+        raise self._unconfirmed(name, "refused it" if isinstance(got, Conflict) else None, held)
 
     def swap(self, name: str, data: bytes, expected: str | None) -> str | Conflict:
+        """Replaces ``name`` only if its tag is ``expected`` (absent when
+        None), and confirms it by reading back: its new tag once it holds
+        ``data`` (also after a 412 for a write performed);
+        ``Conflict.CHANGED`` after a 412, or when another writer replaced it
+        since (whether this write landed first cannot be told from the
+        bytes: the pointer's ids tell, see pointer.py). A write acknowledged
+        while the object is still the one it was to replace, or gone, is a
+        ``StorageError``."""
         check_object_name(name)
         if expected is None:
             got = self._put(name, data, "create", Conflict.CHANGED)
+        else:
+            e_tag, _, version = expected.partition("|")
+            mode = {"e_tag": e_tag} | ({"version": version} if version else {})
+            got = self._put(name, data, mode, Conflict.CHANGED)
+        found = self.read(name, limit=max(len(data), _HEAD_BYTES), what="object written")
+        if found is not None and found[0] == data:
+            return found[1]
+        if isinstance(got, Conflict):
             return got
-        e_tag, _, version = expected.partition("|")
-        mode = {"e_tag": e_tag} | ({"version": version} if version else {})
-        return self._put(name, data, mode, Conflict.CHANGED)
+        if found is None or found[1] == expected:
+            raise self._unconfirmed(name, None, None if found is None else (found[1], False))
+        return Conflict.CHANGED
+
+    def _holding(self, name: str, data: bytes | memoryview) -> tuple[str, bool] | None:
+        """The object's tag now and whether it holds exactly ``data``; None if
+        absent. A small object is read whole; a large one is asked for its
+        size and ETag, which must be the MD5 of ``data`` (S3's ETag of a
+        single PUT; where the ETag is no MD5, as on GCS or with KMS
+        encryption, the size alone is compared)."""
+        import obstore  # lazy: the optional [s3] extra
+
+        if len(data) <= _HEAD_BYTES:
+            found = self.read(name, limit=_HEAD_BYTES, what="object written")
+            return None if found is None else (found[1], found[0] == data)
+
+        def head() -> Any:
+            try:
+                return obstore.head(self._store, name)
+            except FileNotFoundError:
+                return None
+
+        meta = self._idempotent("reading", name, head)
+        if meta is None:
+            return None
+        etag = str(meta.get("e_tag") or "").strip('"')
+        same = int(meta["size"]) == len(data) and (
+            not _MD5_RE.match(etag) or etag == hashlib.md5(data).hexdigest()
+        )
+        return self._tag(meta), same
+
+    def _unconfirmed(
+        self, name: str, answer: str | None, held: tuple[str, bool] | None
+    ) -> StorageError:
+        what = "no such object" if held is None else "the object holds other bytes"
+        return StorageError(
+            f"writing {name} failed: the server {answer or 'acknowledged it'}, but reading it "
+            f"back found {what}",
+            context=self.where(name),
+            hint="the server or a proxy in front of it does not do what it answers; nothing "
+            "was taken as written: check it, then try again",
+        )
 
     def read(self, name: str, *, limit: int, what: str) -> tuple[bytes, str] | None:
         import obstore  # lazy: the optional [s3] extra
@@ -216,7 +322,9 @@ class ObjectStorage:
         def get() -> tuple[bytes, str] | None:
             try:
                 result = obstore.get(self._store, name)
-            except FileNotFoundError:
+            except FileNotFoundError as e:
+                if _permanent(e):  # the bucket itself is missing, not the object
+                    raise self._failed("reading", name, e) from None
                 return None
             if result.meta["size"] > limit:
                 raise StoreError(
@@ -250,7 +358,9 @@ class ObjectStorage:
             try:
                 result = obstore.get(self._store, name, options={"range": (0, _HEAD_BYTES)})
                 return result.meta, bytes(result.bytes())
-            except FileNotFoundError:
+            except FileNotFoundError as e:
+                if _permanent(e):  # the bucket itself is missing, not the object
+                    raise self._failed("reading", name, e) from None
                 return None
             except GenericError as e:
                 status = _STATUS_RE.search(str(e))  # the text also holds a URL and a duration

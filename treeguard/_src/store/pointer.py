@@ -1,17 +1,30 @@
 """``CURRENT.json``: the current version and the stack of former ones.
 
-The pointer is replaced atomically under the store's lock. It is read
-strictly: a pointer that is damaged, a link, a FIFO or a directory stops
-every operation that depends on it with a ``StoreError`` naming the file,
-rather than being taken for an empty store.
+The pointer is replaced by compare-and-swap on the tag it was read with
+(under the store's lock, where there is one). It is read strictly: a
+pointer that is damaged, a link, a FIFO or a directory stops every
+operation that depends on it with a ``StoreError`` naming the file, rather
+than being taken for an empty store.
+
+A write is not taken as done until the pointer is read back: each pointer
+carries a random ``id`` and the ids of the pointers it replaced (``chain``,
+the most recent ``CHAIN`` of them), so a writer recognises its own write
+whatever the server answered, even after other writers moved the pointer
+on. A write the server acknowledged but did not perform is a
+``StorageError``; one it refused (412) but performed is a success; a
+pointer rewritten unchanged since it was read (``gc``'s fence, see
+store.py) is told apart from one moved to another version, so the writer
+tries again instead of reporting a conflict.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
+import secrets
 
 from .. import strictjson
-from ..errors import ConflictError, FormatError, StoreError
+from ..errors import ConflictError, FormatError, StorageError, StoreError
 from .layout import NAME_RE, POINTER_FILE, SMALL_FILE_LIMIT, STORE_FORMAT
 from .records import now
 from .storage import Conflict, Storage
@@ -26,6 +39,14 @@ class Pointer:
     previous: tuple[str, ...]
     #: the storage tag of the pointer this was read from (None: there was none)
     tag: str | None = dataclasses.field(default=None, compare=False)
+    #: the random id of the write that made it (None: an older pointer, or none)
+    id: str | None = dataclasses.field(default=None, compare=False)
+    #: the ids of the pointers it replaced, most recent first
+    chain: tuple[str, ...] = dataclasses.field(default=(), compare=False)
+
+    def names(self) -> set[str]:
+        """The versions it names: the current one and the former ones."""
+        return {*(() if self.current is None else (self.current,)), *self.previous}
 
     def promoting(self, version: str, depth: int) -> Pointer:
         """The pointer that makes ``version`` current: the current one goes on
@@ -34,6 +55,11 @@ class Pointer:
         if self.current is not None:
             stack.insert(0, self.current)
         return Pointer(version, tuple(stack[:depth]))
+
+
+#: How many ids of former pointers a pointer keeps to recognise its writers.
+CHAIN = 32
+_ID_RE = re.compile(r"^[0-9a-f]{16}$")
 
 
 def nothing_to_roll_back_to(ptr: Pointer, skipped: list[str], root: str) -> StoreError:
@@ -87,33 +113,82 @@ def read(storage: Storage, *, promoted: bool) -> Pointer:
         isinstance(v, str) and NAME_RE.match(v) for v in previous
     ):
         raise _damaged(path, "previous is not a list of version names")
-    return Pointer(current, tuple(previous), tag)
+    pid, chain = data.get("id"), data.get("chain", [])
+    ids = (
+        tuple(c for c in chain if isinstance(c, str) and _ID_RE.match(c))
+        if isinstance(chain, list)
+        else ()
+    )
+    return Pointer(
+        current,
+        tuple(previous),
+        tag,
+        pid if isinstance(pid, str) and _ID_RE.match(pid) else None,
+        ids[:CHAIN],
+    )
 
 
-def write(storage: Storage, pointer: Pointer, *, replacing: Pointer) -> None:
+def salvage(storage: Storage) -> Pointer:
+    """The pointer as far as it can be read, for a repair: a missing or
+    damaged one is an empty pointer with the tag of what is there."""
+    try:
+        return read(storage, promoted=False)
+    except StoreError:
+        found = storage.read(POINTER_FILE, limit=SMALL_FILE_LIMIT, what="pointer")
+        return Pointer(None, (), None if found is None else found[1])
+
+
+def write(storage: Storage, pointer: Pointer, *, replacing: Pointer) -> bool:
     """Replaces the pointer ``replacing`` was read from, only if it is still
-    that one (compare and swap on its tag).
+    that one (compare and swap on its tag), and reads it back.
+
+    Returns:
+      True once the pointer is read back holding this write (or one made
+      after it); False if the pointer was rewritten unchanged since
+      ``replacing`` was read (read it again and retry).
 
     Raises:
       ConflictError: if another process moved the pointer since, naming
         the version it made current.
+      StorageError: if the server acknowledged the write but the pointer
+        does not hold it, or refused it while the pointer is unchanged.
     """
+    wid = secrets.token_hex(8)
+    chain = ((replacing.id,) if replacing.id else ()) + replacing.chain
     data = {
         "format": STORE_FORMAT,
         "current": pointer.current,
         "previous": list(pointer.previous),
         "updated": now(),
+        "id": wid,
+        "chain": list(chain[:CHAIN]),
     }
     got = storage.swap(POINTER_FILE, (strictjson.dumps(data) + "\n").encode(), replacing.tag)
-    if isinstance(got, Conflict):
-        try:
-            winner = read(storage, promoted=False).current
-        except StoreError:
-            winner = None
-        raise ConflictError(
-            f"another process moved the pointer first; version {winner} is current",
-            version=winner,
-            context=storage.where(POINTER_FILE),
-            hint="nothing was lost: look at `treeguard store ls`, and promote or roll back "
-            "again if you still want to",
+    where = storage.where(POINTER_FILE)
+    try:
+        held: Pointer | None = read(storage, promoted=False)
+    except StoreError:
+        held = None
+    if held is not None and (held.id == wid or wid in held.chain):
+        return True  # ours landed, whatever the server answered
+    unchanged = held is not None and held.tag == replacing.tag and held.id == replacing.id
+    if not isinstance(got, Conflict) or unchanged:
+        raise StorageError(
+            "writing the pointer failed: the server "
+            + ("refused it as a conflict" if isinstance(got, Conflict) else "acknowledged it")
+            + ", but the pointer "
+            + ("is unchanged" if unchanged else "does not hold it"),
+            context=where,
+            hint="the current version is the one `treeguard store ls` shows; check the server "
+            "and promote or roll back again",
         )
+    if held is not None and held == replacing:
+        return False  # rewritten unchanged (a gc's fence): nothing moved
+    winner = held.current if held is not None else None
+    raise ConflictError(
+        f"another process moved the pointer first; version {winner} is current",
+        version=winner,
+        context=where,
+        hint="nothing was lost: look at `treeguard store ls`, and promote or roll back "
+        "again if you still want to",
+    )

@@ -24,6 +24,8 @@ from ..errors import FormatError, StoreError
 from .layout import MODEL_FILE, SMALL_FILE_LIMIT, STATUS_FILE, STORE_FORMAT
 
 STATUSES = ("writing", "candidate", "verified", "rejected")
+#: The statuses of a version whose put returned: what gc's policy counts.
+FINISHED = ("candidate", "verified", "rejected")
 #: What a version holds: one checkpoint file (``model.safetensors``), or a
 #: sharded checkpoint (``save_sharded``'s manifest and data) in its directory.
 KINDS = ("file", "sharded")

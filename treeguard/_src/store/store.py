@@ -24,14 +24,23 @@ from typing import Any
 
 from ..checkpoint import asyncsave, user_metadata_json
 from ..env import environment
-from ..errors import FormatError, IntegrityError, SignatureError, StoreError, UnknownVersionError
+from ..errors import (
+    ConflictError,
+    DanglingPointerError,
+    FormatError,
+    IntegrityError,
+    RetiredVersionError,
+    SignatureError,
+    StoreError,
+    UnknownVersionError,
+)
 from ..hashing import DEFAULT, Algorithm, check_algorithm
 from ..spec import TreeSpec
 from . import gates, log, objects, payload, pointer, records
 from .backend import Backend, Wanted
 from .bucket import BucketBackend
 from .checks import Check
-from .layout import check_name
+from .layout import POINTER_FILE, check_name
 from .lead import lead_acts
 from .local import LocalBackend
 from .payload import shardable
@@ -40,6 +49,8 @@ from .retention import RetentionPolicy
 
 #: How many former current versions the pointer remembers (and gc keeps).
 POINTER_DEPTH = 16
+#: How many times an operation reads the pointer again when it moved meanwhile.
+_POINTER_TRIES = 32
 
 
 class ArtifactStore:
@@ -169,8 +180,15 @@ class ArtifactStore:
           [('v000001', 'candidate')]
         """
         self._backend.require()
+        return self._listing()[1]
+
+    def _listing(self) -> tuple[list[str], list[VersionInfo]]:
+        """One listing of the store: every name that may be a version, and
+        the record of each that has one, sorted as ``versions`` returns them
+        (a name without a record is a put under way, or one that died)."""
+        names = self._backend.version_names()
         out: list[VersionInfo] = []
-        for name in self._backend.version_names():
+        for name in names:
             try:
                 location, data = self._backend.record(name)
             except UnknownVersionError:
@@ -180,7 +198,7 @@ class ArtifactStore:
                 out.append(records.unreadable(name, str(e), location))
                 continue
             out.append(records.info(name, location, data))
-        return sorted(
+        listed = sorted(
             out,
             key=lambda v: (
                 v.status == records.UNREADABLE,
@@ -189,6 +207,7 @@ class ArtifactStore:
                 v.version,
             ),
         )
+        return names, listed
 
     def forged_verdicts(self, versions: Sequence[VersionInfo] | None = None) -> dict[str, str]:
         """The versions whose verdict this store's key does not vouch for.
@@ -777,16 +796,32 @@ class ArtifactStore:
         check_name(version)
         with self._backend.locked():
             self._gate(version, full=True)
-            ptr = self._pointer()
-            if ptr.current == version:
-                return
-            pointer.write(
-                self._backend.storage, ptr.promoting(version, POINTER_DEPTH), replacing=ptr
-            )
+            for _ in range(_POINTER_TRIES):
+                ptr = self._pointer()
+                if ptr.current == version:
+                    return
+                self._refuse_retired(version)  # after reading the pointer: see gc
+                if pointer.write(
+                    self._backend.storage, ptr.promoting(version, POINTER_DEPTH), replacing=ptr
+                ):
+                    break
+            else:
+                raise _kept_moving(self.root)
             # after the pointer: from now on a missing pointer is a damaged one (for
             # readers that look at the marker); a kill between the two reads as it is
             self._backend.mark("promoted")
             self._backend.append("promote", version, {"previous": ptr.current})
+
+    def _refuse_retired(self, version: str) -> None:
+        """Refuses a version whose name gc retired: it is never current again."""
+        if self._backend.retired(version):
+            raise RetiredVersionError(
+                f"version {version} was retired by gc: it is being removed and is never "
+                "made current again",
+                version=version,
+                context=self.root,
+                hint="put the weights again as a new version, verify it and promote that one",
+            )
 
     def rollback(self) -> str:
         """Makes the most recent former current version that passes every
@@ -800,22 +835,95 @@ class ArtifactStore:
           StoreError: if no former version passes; the pointer is unchanged.
         """
         with self._backend.locked():
-            ptr = self._pointer()
-            skipped: list[str] = []
-            for i, v in enumerate(ptr.previous):
-                try:
-                    self._gate(v, full=True)
-                except (StoreError, IntegrityError, FormatError, OSError) as e:
-                    skipped.append(f"{v}: {str(e).splitlines()[0]}")
-                    continue
-                pointer.write(
-                    self._backend.storage,
-                    pointer.Pointer(v, ptr.previous[i + 1 :]),
-                    replacing=ptr,
-                )
-                self._backend.append("rollback", v, {"previous": ptr.current, "skipped": skipped})
-                return v
-            raise pointer.nothing_to_roll_back_to(ptr, skipped, self.root)
+            for _ in range(_POINTER_TRIES):
+                ptr = self._pointer()
+                skipped: list[str] = []
+                for i, v in enumerate(ptr.previous):
+                    try:
+                        self._gate(v, full=True)
+                        self._refuse_retired(v)  # after reading the pointer: see gc
+                    except (StoreError, IntegrityError, FormatError, OSError) as e:
+                        skipped.append(f"{v}: {str(e).splitlines()[0]}")
+                        continue
+                    if not pointer.write(
+                        self._backend.storage,
+                        pointer.Pointer(v, ptr.previous[i + 1 :]),
+                        replacing=ptr,
+                    ):
+                        break  # rewritten unchanged meanwhile: read it again
+                    self._backend.append(
+                        "rollback", v, {"previous": ptr.current, "skipped": skipped}
+                    )
+                    return v
+                else:
+                    raise pointer.nothing_to_roll_back_to(ptr, skipped, self.root)
+            raise _kept_moving(self.root)
+
+    def repair(self, version: str, /) -> list[str]:
+        """Points a damaged store at ``version``: the way out of a pointer
+        that names a version the store does not hold (``DanglingPointerError``),
+        or that is missing or malformed.
+
+        Nothing is guessed: a person names the version to make current, and it
+        must pass every gate ``promote`` checks (verified, signed with the key
+        where there is one, every byte matching its verdict's digest, its name
+        not retired). The former versions the pointer remembers are kept in
+        their order, less those the store does not hold or that were retired;
+        the pointer is replaced by compare-and-swap and read back, and the
+        repair is logged with what it dropped.
+
+        Args:
+          version: the version to make current.
+
+        Returns:
+          The names dropped from the pointer (absent or retired ones), and
+          the former current one if it was absent.
+
+        Raises:
+          StoreError: if the version fails a gate.
+          RetiredVersionError: for a version gc retired.
+          UnknownVersionError: for an unknown version.
+          ConflictError: if another process moved the pointer meanwhile.
+
+        Example:
+          >>> import os, tempfile, numpy as np
+          >>> from treeguard import DanglingPointerError
+          >>> store = ArtifactStore(tempfile.mkdtemp())
+          >>> v1, v2 = (store.put({"w": np.full(3, i, np.float32)}) for i in (1, 2))
+          >>> for v in (v1, v2):
+          ...     _ = store.verify(v)
+          ...     store.promote(v)
+          >>> import shutil; shutil.rmtree(os.path.join(store.root, "versions", v2))
+          >>> try:
+          ...     store.gc()
+          ... except DanglingPointerError as e:
+          ...     print(e.message.split(";")[0])
+          the pointer names version v000002 as current, and the store does not hold it
+          >>> store.repair(v1)
+          ['v000002']
+          >>> store.current(), store.gc()
+          ('v000001', [])
+        """
+        check_name(version)
+        with self._backend.locked():
+            self._gate(version, full=True)
+            self._refuse_retired(version)
+            old = pointer.salvage(self._backend.storage)
+            held = {v.version for v in self._listing()[1]}
+            keep = [
+                v
+                for v in old.previous
+                if v != version and v in held and not self._backend.retired(v)
+            ]
+            dropped = [v for v in (old.current, *old.previous) if v is not None and v not in held]
+            dropped += [v for v in old.previous if v in held and v not in keep and v != version]
+            if not pointer.write(
+                self._backend.storage, pointer.Pointer(version, tuple(keep)), replacing=old
+            ):
+                raise _kept_moving(self.root)
+            self._backend.mark("promoted")
+            self._backend.append("repair", version, {"previous": old.current, "dropped": dropped})
+        return dropped
 
     # -- gc --------------------------------------------------------------
 
@@ -842,20 +950,105 @@ class ArtifactStore:
           StoreError: if the root is not a store or the pointer is damaged.
         """
         policy = policy or RetentionPolicy()
-        removed: list[str] = []
         with self._backend.locked():
-            ptr = self._pointer()  # raises on a damaged pointer: nothing is deleted then
-            protect = {ptr.current, *ptr.previous} | self._kept(policy)
-            for name in self._backend.version_names():
-                if name not in protect and self._backend.remove(name):
-                    removed.append(name)
+            ptr, names, listed = self._consistent_view()
+            protect = ptr.names() | self._kept(policy, listed)
+            finished = {v.version for v in listed if v.status in records.FINISHED}
+            doomed = [n for n in names if n not in protect]
+            for name in doomed:
+                if name in finished:  # a writing, unreadable or unrecorded one: remove() decides
+                    self._backend.retire(name)
+            spared = self._fence() if doomed else set()
+            removed = [
+                n
+                for n in doomed
+                if n not in spared and self._backend.remove(n, retired=n in finished)
+            ]
             self._backend.after_gc()
-            if removed:
-                self._backend.append("gc", None, {"removed": removed, "keep": policy.keep_last})
+            if removed or spared & set(doomed):
+                self._backend.append(
+                    "gc",
+                    None,
+                    {
+                        "removed": removed,
+                        "keep": policy.keep_last,
+                        "spared": sorted(spared & set(doomed)),
+                    },
+                )
         return removed
 
-    def _kept(self, policy: RetentionPolicy) -> set[str]:
-        finished = [v for v in self.versions() if v.status not in ("writing", records.UNREADABLE)]
+    def _consistent_view(self) -> tuple[pointer.Pointer, list[str], list[VersionInfo]]:
+        """The pointer and one listing of the store, with every version the
+        pointer names held (the listing may not show one made after it).
+
+        Raises:
+          DanglingPointerError: for a pointer that names a version the store
+            does not hold, twice in a row (never a guess at what is current).
+        """
+        for _ in range(_POINTER_TRIES):
+            ptr = self._pointer()  # raises on a damaged pointer: nothing is deleted then
+            names, listed = self._listing()
+            present = set(names) | {v.version for v in listed}
+            absent = [v for v in ptr.names() if v not in present and not self._holds(v)]
+            if not absent:
+                return ptr, names, listed
+            if self._pointer() == ptr:  # not a pointer moved under the listing: damage
+                which = "as current" if ptr.current in absent else "among the former ones"
+                missing = ptr.current if ptr.current in absent else absent[0]
+                raise DanglingPointerError(
+                    f"the pointer names version {missing} {which}, and the store does not "
+                    "hold it; gc deleted nothing",
+                    version=missing,
+                    context=self._backend.storage.where(POINTER_FILE),
+                    hint="point the store at a version you choose: "
+                    f"`treeguard store repair {self.root} VERSION` (ArtifactStore.repair)",
+                )
+        raise _kept_moving(self.root)
+
+    def _holds(self, version: str) -> bool:
+        """Whether the store holds ``version`` now (its record, readable or not)."""
+        try:
+            self._backend.record(version)
+        except UnknownVersionError:
+            return False
+        except (StoreError, FormatError):
+            return True
+        return True
+
+    def _fence(self) -> set[str]:
+        """After gc retired the names it chose: the versions the pointer names
+        once it is rewritten unchanged, by compare-and-swap, from a fresh read.
+
+        Why nothing current, or that could become current, is deleted: a
+        name enters the pointer only by ``promote`` (which reads the pointer,
+        then refuses a retired name, then swaps the pointer on the tag it
+        read) or by ``rollback`` (which moves to a name the pointer already
+        holds). Every swap is ordered on the pointer. A promote whose swap
+        comes before the fence's is seen by the fence's read (or makes the
+        fence's swap fail, and the fence reads again); a promote whose swap
+        comes after the fence read the pointer after the fence, so after gc
+        retired its names, and refuses them. So every pointer from the fence
+        on names only versions the fence saw, or versions gc did not retire;
+        gc deletes neither. A name gc chose without retiring it (no finished
+        record when it listed: a put under way or dead) may be promoted
+        after the fence, once its put ends; for those the backend deletes
+        only data that still has no record (``remove(retired=False)``).
+        """
+        for _ in range(_POINTER_TRIES):
+            ptr = self._pointer()
+            try:
+                if pointer.write(
+                    self._backend.storage,
+                    pointer.Pointer(ptr.current, ptr.previous),
+                    replacing=ptr,
+                ):
+                    return ptr.names()
+            except ConflictError:
+                continue  # moved by a promote or rollback: read it again
+        raise _kept_moving(self.root)
+
+    def _kept(self, policy: RetentionPolicy, listed: list[VersionInfo]) -> set[str]:
+        finished = [v for v in listed if v.status in records.FINISHED]
         newest = finished[max(0, len(finished) - policy.keep_last) :] if policy.keep_last else []
         forged = self.forged_verdicts(finished).keys()  # kept, never counted as verified
         kept = {v.version for v in newest} | forged
@@ -865,6 +1058,14 @@ class ArtifactStore:
         if policy.keep_verified:
             kept.update(verified[-policy.keep_verified :])
         return kept
+
+
+def _kept_moving(root: str) -> StoreError:
+    return StoreError(
+        f"the pointer kept moving under {_POINTER_TRIES} tries in a row",
+        context=root,
+        hint="too many promotes, rollbacks or gcs at once; try again",
+    )
 
 
 Event = log.Event

@@ -1,0 +1,193 @@
+"""A bucket that lies, through a proxy in front of a real SeaweedFS server:
+wrong ETags, short and reordered ranges, a 200 for a write it did not
+perform and a 412 for one it did. Every case ends typed, nothing unverified
+is returned, nothing is lost, and no success is reported for what did not
+happen; a transient read failure never becomes a permanent verdict."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.s3server import Lie, LyingProxy, Request, S3Server
+from treeguard import ArtifactStore, IntegrityError, StorageError
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("s3")]
+
+
+def _params(value: float) -> dict[str, Any]:
+    # larger than the first ranged GET (64 KiB), so the data comes in a second one
+    w = np.random.default_rng(int(value)).standard_normal((128, 256)).astype(np.float32)
+    return {"w": w, "b": np.zeros(8, np.float32)}
+
+
+class Liar:
+    """Lies ``kind`` about the next ``times`` requests that ``pick`` selects."""
+
+    def __init__(self) -> None:
+        self.kind: str | None = None
+        self.times = 0
+        self.pick: Callable[[Request], bool] = lambda r: False
+        self._lock = threading.Lock()
+
+    def __call__(self, req: Request) -> Lie | None:
+        with self._lock:
+            if self.kind is None or self.times <= 0 or not self.pick(req):
+                return None
+            self.times -= 1
+            return Lie(kind=self.kind)
+
+    def arm(self, kind: str, method: str, leaf: str, *, times: int = 1, data: bool = False) -> None:
+        """Lies about ``method`` requests of objects named ``.../leaf``
+        (with ``data``: only ranged GETs past the first bytes)."""
+
+        def pick(req: Request) -> bool:
+            ranged = req.header("range") or ""
+            return (
+                req.method == method
+                and req.key.endswith(leaf)
+                and (not data or (ranged != "" and not ranged.startswith("bytes=0-")))
+            )
+
+        with self._lock:
+            self.kind, self.times, self.pick = kind, times, pick
+
+
+@pytest.fixture
+def liar() -> Liar:
+    return Liar()
+
+
+@pytest.fixture
+def lying(
+    s3_url: str, s3_server: S3Server, liar: Liar, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[ArtifactStore, ArtifactStore]]:
+    """The store through the lying proxy, and the same store seen honestly."""
+    honest = ArtifactStore.init(s3_url)
+    with LyingProxy(s3_server.endpoint, liar) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+        yield ArtifactStore(s3_url), honest
+
+
+def _verified(store: ArtifactStore, value: float) -> str:
+    v = store.put(_params(value))
+    assert store.verify(v).status == "verified"
+    return v
+
+
+def _first_of_two_promoted(store: ArtifactStore) -> tuple[str, str]:
+    v1, v2 = _verified(store, 1.0), _verified(store, 2.0)
+    store.promote(v1)
+    return v1, v2
+
+
+def test_a_checkpoint_put_acknowledged_but_not_performed_is_refused(
+    lying: tuple[ArtifactStore, ArtifactStore], liar: Liar
+) -> None:
+    store, honest = lying
+    liar.arm("ack", "PUT", "model.safetensors")
+    with pytest.raises(StorageError, match="acknowledged it, but reading it back found no such"):
+        store.put(_params(1.0))
+    assert liar.times == 0 and honest.versions() == []
+
+
+def test_a_checkpoint_put_refused_but_performed_is_the_putters(
+    lying: tuple[ArtifactStore, ArtifactStore], liar: Liar
+) -> None:
+    store, honest = lying
+    liar.arm("refuse", "PUT", "model.safetensors")
+    v = store.put(_params(1.0), version="release-1")
+    assert liar.times == 0 and v == "release-1"
+    assert honest.verify(v).status == "verified"
+
+
+def test_a_pointer_write_acknowledged_but_not_performed_is_no_promote(
+    lying: tuple[ArtifactStore, ArtifactStore], liar: Liar
+) -> None:
+    store, honest = lying
+    v1, v2 = _first_of_two_promoted(store)
+    liar.arm("ack", "PUT", "CURRENT.json")
+    with pytest.raises(StorageError, match="writing CURRENT.json failed: the server acknowl"):
+        store.promote(v2)
+    assert liar.times == 0 and honest.current() == v1
+    store.promote(v2)
+    liar.arm("ack", "PUT", "CURRENT.json")
+    with pytest.raises(StorageError, match="writing CURRENT.json failed"):
+        store.rollback()
+    assert honest.current() == v2
+
+
+def test_a_pointer_write_refused_but_performed_is_a_rollback_done(
+    lying: tuple[ArtifactStore, ArtifactStore], liar: Liar
+) -> None:
+    store, honest = lying
+    v1, v2 = _first_of_two_promoted(store)
+    liar.arm("refuse", "PUT", "CURRENT.json")
+    store.promote(v2)  # no ConflictError: its own write moved the pointer
+    assert liar.times == 0 and honest.current() == v2
+    liar.arm("refuse", "PUT", "CURRENT.json")
+    assert store.rollback() == v1
+    assert liar.times == 0 and (honest.current(), honest.previous()) == (v1, None)
+
+
+def test_a_verdict_write_acknowledged_but_not_performed_is_no_verdict(
+    lying: tuple[ArtifactStore, ArtifactStore], liar: Liar
+) -> None:
+    store, honest = lying
+    v = store.put(_params(1.0))
+    liar.arm("ack", "PUT", "verdict.json")
+    with pytest.raises(StorageError, match="writing versions/v000001/verdict.json failed"):
+        store.verify(v)
+    assert liar.times == 0 and honest.info(v).status == "candidate"
+    assert store.verify(v).status == "verified"  # tried again: recorded
+
+
+def test_a_verdict_write_refused_but_performed_is_the_verdict_recorded(
+    lying: tuple[ArtifactStore, ArtifactStore], liar: Liar
+) -> None:
+    store, honest = lying
+    v = store.put(_params(1.0))
+    liar.arm("refuse", "PUT", "verdict.json")
+    assert store.verify(v).status == "verified"
+    assert liar.times == 0 and honest.info(v).status == "verified"
+
+
+@pytest.mark.parametrize(
+    ("kind", "data"), [("short", True), ("reorder", True), ("etag", False)], ids=str
+)
+def test_a_read_that_lies_once_during_verify_is_read_again_not_rejected(
+    lying: tuple[ArtifactStore, ArtifactStore], liar: Liar, kind: str, data: bool
+) -> None:
+    store, honest = lying
+    v = store.put(_params(1.0))
+    liar.arm(kind, "GET", "model.safetensors", data=data)
+    assert store.verify(v).status == "verified"
+    assert liar.times == 0 and honest.info(v).status == "verified"
+
+
+def test_a_read_that_fails_on_every_try_is_no_verdict(
+    lying: tuple[ArtifactStore, ArtifactStore], liar: Liar
+) -> None:
+    store, honest = lying
+    v = store.put(_params(1.0))
+    liar.arm("short", "GET", "model.safetensors", times=100, data=True)
+    with pytest.raises(StorageError, match="for its verdict failed 3 times.*no verdict"):
+        store.verify(v)
+    assert honest.info(v).status == "candidate"  # verify it again once the server is mended
+
+
+@pytest.mark.parametrize("kind", ["short", "reorder", "etag"])
+def test_a_load_the_bucket_lies_to_returns_nothing_unverified(
+    lying: tuple[ArtifactStore, ArtifactStore], liar: Liar, kind: str
+) -> None:
+    store, honest = lying
+    v = _verified(honest, 1.0)
+    honest.promote(v)
+    liar.arm(kind, "GET", "model.safetensors", times=100, data=kind != "etag")
+    with pytest.raises((IntegrityError, StorageError)):
+        store.load_current(_params(0.0))
+    assert np.array_equal(honest.load_current(_params(0.0))["w"], _params(1.0)["w"])

@@ -1,0 +1,75 @@
+"""gc, promote, rollback and put from four processes at once, round after
+round, on a local store and on a bucket behind a proxy that delays every
+request (tests/store/races.py holds the workers and the model): no version
+that is current, previous verified or just put is ever deleted, every
+version held is one the model holds, and every failure is typed."""
+
+from __future__ import annotations
+
+import random
+import threading
+from pathlib import Path
+
+import pytest
+
+from tests.s3server import Lie, LyingProxy, Request, S3Server
+from tests.store.races import Races
+
+#: Rounds in the default (local) and slow (bucket) runs, and in the reliability run.
+ROUNDS = 12
+RELIABILITY_ROUNDS = 1000
+
+
+def _local(root: Path, rounds: int) -> dict[str, int]:
+    return Races(str(root)).run(rounds)
+
+
+def _bucket(url: str, server: S3Server, rounds: int, *, lies: float = 0.0) -> dict[str, int]:
+    """The rounds on a bucket behind a proxy that delays every request and,
+    with ``lies``, answers that share of the writes falsely: a 200 for a
+    write it does not perform, or a 412 for one it does."""
+    rng = random.Random(20261205)
+    lock = threading.Lock()
+
+    def delay(req: Request) -> Lie:
+        with lock:
+            wait = rng.choice((0.0, 0.0, 0.001, 0.003, 0.008))
+            lie = req.method == "PUT" and rng.random() < lies
+            return Lie(delay=wait, kind=rng.choice(("ack", "refuse")) if lie else None)
+
+    with LyingProxy(server.endpoint, delay) as proxy:
+        env = {"AWS_ENDPOINT_URL": proxy.endpoint}
+        return Races(url, env=env, seed=1, storage_errors=lies > 0).run(rounds)
+
+
+@pytest.mark.parametrize(
+    "rounds", [ROUNDS, pytest.param(RELIABILITY_ROUNDS, marks=pytest.mark.reliability)]
+)
+def test_concurrent_gc_promote_rollback_and_put_lose_nothing_on_a_local_store(
+    tmp_path: Path, rounds: int
+) -> None:
+    _local(tmp_path / "store", rounds)
+
+
+@pytest.mark.xdist_group("s3")
+@pytest.mark.parametrize(
+    "rounds",
+    [
+        pytest.param(ROUNDS * 2, marks=pytest.mark.slow),
+        pytest.param(RELIABILITY_ROUNDS, marks=pytest.mark.reliability),
+    ],
+)
+def test_concurrent_gc_promote_rollback_and_put_lose_nothing_in_a_bucket(
+    s3_url: str, s3_server: S3Server, rounds: int
+) -> None:
+    errors = _bucket(s3_url, s3_server, rounds)
+    print("typed failures over the rounds:", errors)
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("s3")
+def test_concurrent_rounds_on_a_bucket_that_lies_about_writes_lose_nothing(
+    s3_url: str, s3_server: S3Server
+) -> None:
+    errors = _bucket(s3_url, s3_server, ROUNDS * 2, lies=0.05)
+    assert errors.get("StorageError", 0) > 0  # the lies were met, and each was typed
