@@ -176,7 +176,7 @@ class _LazyGroup(Group):
         ),
         "store": (
             ".store:store",
-            "Manage an artifact store: list, verify, promote, roll back, collect garbage.",
+            "Manage an artifact store: list, verify, promote, roll back, collect garbage, repair.",
         ),
         "verify": (".verify:verify", "Run the acceptance protocol on the Model at MODULE:ATTR."),
     },
