@@ -187,7 +187,7 @@ def test_ckpt_migrate_keeps_the_nnx_state_of_like(tmp_path: Path, init: str) -> 
     old, spec, state = _nnx_old_and_spec(tmp_path)
     new = tmp_path / "new.safetensors"
     args = (str(old), str(new), "--like", str(spec), "--init", init)
-    if init.endswith("NEW_STATE"):  # the command, as a user runs it
+    if init.endswith("NEW_STATE"):  # the documented command, as a user runs it
         done = _cli_migrate(tmp_path, *args)
         assert done.returncode == 0, done.stderr
         out = done.stdout

@@ -156,7 +156,7 @@ def _bytes_under(directory: Path) -> int:
 
 
 def test_claim_bombs_are_refused_in_the_memory_of_an_honest_file(tmp_path: Path) -> None:
-    # the bombs: sharded checkpoints of a few KiB whose data holds a
+    # claim bombs: sharded checkpoints of a few KiB whose data holds a
     # compressed array, or a compressed chunk, so that a reader that trusts
     # them allocates what they claim (64 MiB each here, twice over on a read)
     n = 16 << 20
