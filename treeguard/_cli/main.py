@@ -170,6 +170,7 @@ class _LazyGroup(Group):
             ".importing:import_command",
             "Turn the weights in SRC into a verified treeguard checkpoint DST.",
         ),
+        "keys": (".keys:keys", "Make EC key pairs and show their fingerprints."),
         "serve": (
             ".serve:serve",
             "Serve a Model over the KServe V2 protocol, plan its buckets, or hot-swap it.",

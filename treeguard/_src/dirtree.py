@@ -42,6 +42,7 @@ def plain_tree(
     max_entries: int,
     refuse: Callable[[str, int], Exception],
     too_big: Callable[[str], Exception],
+    found: Callable[[str], None] | None = None,
 ) -> int:
     """Walks ``directory`` without following any link and returns the bytes
     its regular files hold, refusing anything but regular files and real
@@ -60,6 +61,8 @@ def plain_tree(
         ``directory`` and its ``st_mode``.
       too_big: builds the caller's error for a tree over a bound, from a
         phrase naming it (``"more than 1,000 entries"``).
+      found: called with each regular file's path relative to
+        ``directory`` (``/`` between parts), in sorted order.
 
     Returns:
       The total size of the regular files, in bytes.
@@ -97,6 +100,8 @@ def plain_tree(
                 continue
             if stat.S_ISREG(st.st_mode):
                 state[1] += st.st_size
+                if found is not None:
+                    found(prefix + name)
             elif not stat.S_ISDIR(st.st_mode):
                 raise refuse(prefix + name, st.st_mode)
             elif depth >= MAX_DEPTH:

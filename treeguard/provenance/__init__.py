@@ -1,0 +1,55 @@
+"""``treeguard.provenance``: who signed a model, checked where it is used.
+
+EC keys in PEM (P-256, P-384, P-521; ``generate_keys``, or ``treeguard keys
+new NAME``), a ``TrustPolicy`` of trusted and revoked public keys, and
+signatures in the OpenSSF Model Signing v1.0 format: ``sign_model`` writes
+one that ``model_signing verify key`` accepts, ``verify_model`` checks one
+that ``model_signing sign key`` wrote. Needs the ``sign`` extra
+(``pip install 'treeguard[sign]'``).
+"""
+
+from .._src.provenance import CURVES as CURVES
+from .._src.provenance import REVOKED_ENV as REVOKED_ENV
+from .._src.provenance import SIGNATURE_NAME as SIGNATURE_NAME
+from .._src.provenance import TRUSTED_ENV as TRUSTED_ENV
+from .._src.provenance import BadSignatureError as BadSignatureError
+from .._src.provenance import KeyFileError as KeyFileError
+from .._src.provenance import Manifest as Manifest
+from .._src.provenance import MissingSignatureError as MissingSignatureError
+from .._src.provenance import PrivateKey as PrivateKey
+from .._src.provenance import ProvenanceError as ProvenanceError
+from .._src.provenance import PublicKey as PublicKey
+from .._src.provenance import RevokedKeyError as RevokedKeyError
+from .._src.provenance import SignedDigestError as SignedDigestError
+from .._src.provenance import SignedModel as SignedModel
+from .._src.provenance import TrustPolicy as TrustPolicy
+from .._src.provenance import UntrustedKeyError as UntrustedKeyError
+from .._src.provenance import generate_keys as generate_keys
+from .._src.provenance import load_public_key as load_public_key
+from .._src.provenance import load_signing_key as load_signing_key
+from .._src.provenance import sign_model as sign_model
+from .._src.provenance import verify_model as verify_model
+
+__all__ = [
+    "BadSignatureError",
+    "CURVES",
+    "KeyFileError",
+    "Manifest",
+    "MissingSignatureError",
+    "PrivateKey",
+    "ProvenanceError",
+    "PublicKey",
+    "REVOKED_ENV",
+    "RevokedKeyError",
+    "SIGNATURE_NAME",
+    "SignedDigestError",
+    "SignedModel",
+    "TRUSTED_ENV",
+    "TrustPolicy",
+    "UntrustedKeyError",
+    "generate_keys",
+    "load_public_key",
+    "load_signing_key",
+    "sign_model",
+    "verify_model",
+]
