@@ -31,6 +31,7 @@ from treeguard import (
     read_header,
 )
 from treeguard._cli.main import main
+from treeguard._src.store import lifecycle  # a race between two steps of gc, made on purpose
 from treeguard.examples import mlp
 
 # Every test here talks to the session's SeaweedFS server: the slow run starts
@@ -698,19 +699,19 @@ def test_a_version_recorded_and_promoted_after_gc_listed_it_unrecorded_is_kept(
     for v in (v1, v2):
         store.verify(v)
     store.promote(v1)
-    listing, fence = ArtifactStore._listing, ArtifactStore._fence
+    listing, fence = lifecycle.listing, lifecycle._fence
 
-    def listed_mid_put(self: ArtifactStore) -> tuple[list[str], list[Any]]:
-        names, listed = listing(self)
+    def listed_mid_put(backend: Any) -> tuple[list[str], list[Any]]:
+        names, listed = listing(backend)
         return names, [v for v in listed if v.version != v2]  # v2's record not yet there
 
-    def promoted_meanwhile(self: ArtifactStore) -> set[str]:
-        spared = fence(self)
+    def promoted_meanwhile(backend: Any) -> set[str]:
+        spared = fence(backend)
         other.promote(v2)  # after the fence: v2 was not retired, so it may be promoted
         return spared
 
-    monkeypatch.setattr(ArtifactStore, "_listing", listed_mid_put)
-    monkeypatch.setattr(ArtifactStore, "_fence", promoted_meanwhile)
+    monkeypatch.setattr(lifecycle, "listing", listed_mid_put)
+    monkeypatch.setattr(lifecycle, "_fence", promoted_meanwhile)
     assert v2 not in store.gc(policy=RetentionPolicy(keep_last=0))
     monkeypatch.undo()
     assert store.current() == v2 and store.load_current(_params(1)) is not None

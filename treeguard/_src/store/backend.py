@@ -1,7 +1,7 @@
 """What the store's one lifecycle asks of the place its versions live.
 
-``ArtifactStore`` (store.py) runs put, verify, promote, rollback, gc and
-every load once, over a ``Backend``. Two backends implement it:
+The store runs put, verify (verdicts.py), promote, rollback, gc
+(lifecycle.py) and every load (gates.py) once, over a ``Backend``. Two backends implement it:
 ``LocalBackend`` (local.py: a directory, a ``flock`` around each change,
 records rewritten in place) and ``BucketBackend`` (bucket.py: a bucket
 prefix, no lock, every object create-only but the marker and the pointer,
@@ -24,6 +24,7 @@ from typing import Any, Protocol
 
 from ..hashing import Algorithm
 from ..spec import TreeSpec
+from .layout import check_name
 from .log import Event
 from .storage import Storage
 
@@ -161,3 +162,16 @@ class Backend(Protocol):
     def after_gc(self) -> None:
         """Clears what gc leaves behind (trash, stale temporary files)."""
         ...
+
+
+def record_of(backend: Backend, version: str) -> tuple[str, dict[str, Any]]:
+    """The location and validated record of ``version``, after checking its
+    name and that the root is a store.
+
+    Raises:
+      UnknownVersionError: for a bad name or a version that does not exist.
+      StoreError: if the root is not a store or the record is malformed.
+    """
+    check_name(version)
+    backend.require()
+    return backend.record(version)

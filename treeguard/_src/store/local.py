@@ -328,9 +328,7 @@ class LocalBackend:
 
     def load(self, version: str, location: str, record: dict[str, Any], want: Wanted) -> Any:
         try:
-            return payload.of(record).load(
-                version, location, want.like, want.digest, subtree=want.subtree, ignore=want.ignore
-            )
+            return payload.of(record).load(version, location, want)
         except IntegrityError as e:
             raise gates.changed(version, e) from e
         except OSError as e:  # removed or replaced while it was read

@@ -17,23 +17,16 @@ store never branches on the kind itself.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Collection, Sequence
 from typing import Any, ClassVar
 
-from ..checkpoint import read_header
-from ..errors import FormatError, IntegrityError, TreeMismatchError
+from ..checkpoint import load, read_header, verify_file
+from ..errors import FormatError, TreeMismatchError
 from ..sharded.manifest import read as read_manifest
 from ..sharded.manifest import sharded_digest
 from ..spec import TreeSpec, spec_of
-from . import gates
-from .checks import Check, run_checks
+from .backend import Wanted
 from .layout import MODEL_FILE, Layout
-from .records import CheckResult, is_sharded
-
-#: What ``judge`` returns: the check results, the reason for a rejection
-#: (None when every check passed), and the digest the verdict was computed
-#: on (None when the version could not be read).
-Verdict = tuple[list[CheckResult], str | None, str | None]
+from .records import is_sharded
 
 
 def shardable(like: Any) -> bool:
@@ -47,13 +40,6 @@ def shardable(like: Any) -> bool:
     return bool(leaves) and all(
         isinstance(x, (jax.Array, jax.ShapeDtypeStruct)) and getattr(x, "sharding", None)
         for x in leaves
-    )
-
-
-def format_contract(e: TreeMismatchError, contract_name: str) -> str:
-    """A contract failure's text with the contract named (no file path)."""
-    return str(
-        TreeMismatchError(e.mismatches, expected_from=contract_name, actual_from=e.actual_from)
     )
 
 
@@ -79,21 +65,19 @@ class FilePayload:
         return read_header(self.location(version_dir)).digest
 
     def recheck(self, version_dir: str, digest: str) -> None:
-        """Reads every byte again and refuses another digest."""
-        gates.verify_expecting(self.location(version_dir), digest=digest)
+        """Reads every byte again and refuses another header digest."""
+        verify_file(self.location(version_dir), expect_digest=digest)
 
-    def load(
-        self,
-        version: str,
-        version_dir: str,
-        like: Any,
-        digest: str | None,
-        *,
-        subtree: str | None = None,
-        ignore: Collection[str] = (),
-    ) -> Any:
-        return gates.load_expecting(
-            self.location(version_dir), like=like, digest=digest, subtree=subtree, ignore=ignore
+    def load(self, version: str, version_dir: str, want: Wanted) -> Any:
+        """``load`` with every hash checked, refusing a file whose header
+        digest is not ``want.digest`` (when given) before any array is read,
+        on the same read (of the part ``want`` selects)."""
+        return load(
+            self.location(version_dir),
+            like=want.like,
+            expect_digest=want.digest,
+            subtree=want.subtree,
+            ignore=want.ignore,
         )
 
     def read_for_verdict(
@@ -103,7 +87,7 @@ class FilePayload:
         read under in ``digests`` before any array is read."""
         model = self.location(version_dir)
         digests.append(read_header(model).digest)
-        return gates.load_expecting(model, like=contract, digest=digests[0])
+        return load(model, like=contract, expect_digest=digests[0])
 
 
 class ShardedPayload:
@@ -130,28 +114,28 @@ class ShardedPayload:
         return sharded_digest(version_dir)
 
     def recheck(self, version_dir: str, digest: str) -> None:
-        """Reads every shard again in this process and hashes it."""
-        gates.recheck_sharded(version_dir, digest=digest)
+        """Reads every shard again in this process and checks its digest,
+        refusing another manifest digest; holds one group of arrays at a
+        time, and waits on no other process."""
+        from ..sharded.recheck import read_local  # lazy: orbax and tensorstore
 
-    def load(
-        self,
-        version: str,
-        version_dir: str,
-        like: Any,
-        digest: str | None,
-        *,
-        subtree: str | None = None,
-        ignore: Collection[str] = (),
-    ) -> Any:
-        if not shardable(like):
+        read_local(version_dir, digest=digest, keep=False)
+
+    def load(self, version: str, version_dir: str, want: Wanted) -> Any:
+        """``load_sharded`` onto ``want.like``'s shardings with every shard
+        hashed, refusing a manifest whose digest is not ``want.digest`` (when
+        given) before any array is read (a collective in a multi-process job)."""
+        if not shardable(want.like):
             raise ValueError(
                 f"version {version} is sharded: `like` must be a tree of jax.Arrays or "
                 "jax.ShapeDtypeStructs with shardings, the layout to restore onto\n"
                 "hint: `jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, "
                 "spec))` for each leaf"
             )
-        return gates.load_sharded_expecting(
-            version_dir, like=like, digest=digest, subtree=subtree, ignore=ignore
+        from ..sharded.load import load_expecting  # lazy: orbax and tensorstore
+
+        return load_expecting(
+            version_dir, want.like, digest=want.digest, subtree=want.subtree, ignore=want.ignore
         )
 
     def read_for_verdict(
@@ -159,13 +143,13 @@ class ShardedPayload:
     ) -> Any:
         """Onto ``contract``'s shardings when it has them (every process of
         a job calls verify then), else whole onto this process's first device."""
-        from ..sharded.load import contract_mismatches  # lazy: orbax and tensorstore
+        from ..sharded.load import contract_mismatches, load_expecting  # lazy: orbax
         from ..sharded.recheck import read_local  # lazy: orbax and tensorstore
 
         layout.plain_tree(version_dir, version=version)
         digests.append(sharded_digest(version_dir))
         if shardable(contract):
-            return gates.load_sharded_expecting(version_dir, like=contract, digest=digests[0])
+            return load_expecting(version_dir, contract, digest=digests[0])
         manifest = read_manifest(version_dir)
         if contract is not None:
             want = contract if isinstance(contract, TreeSpec) else spec_of(contract)
@@ -192,37 +176,3 @@ def digest_now(version_dir: str, record: dict[str, Any]) -> str | None:
         return of(record).digest_now(version_dir)
     except (FormatError, OSError):
         return None
-
-
-def judge(
-    load: Callable[[list[str]], Any],
-    evidence: tuple[str, str],
-    contract_name: str,
-    checks: Sequence[Check],
-) -> Verdict:
-    """Loads a version for its verdict and runs the checks on it.
-
-    Args:
-      load: reads the version against the contract; appends the digest it
-        read under to the list it is given before it reads any array.
-      evidence: the integrity check's evidence when the contract fails (the
-        header or manifest was valid) and when every hash matched.
-      contract_name: how the contract is named in the evidence.
-      checks: the caller's checks, run on the loaded tree.
-    """
-    valid, verified = evidence
-    digests: list[str] = []
-    try:
-        tree = load(digests)
-    except TreeMismatchError as e:
-        text = format_contract(e, contract_name)
-        results = [CheckResult("integrity", True, valid), CheckResult("contract", False, text)]
-        return results, f"contract: {text}", digests[0] if digests else None
-    except (IntegrityError, FormatError, OSError) as e:
-        return [CheckResult("integrity", False, str(e))], f"integrity: {e}", None
-    results = [
-        CheckResult("integrity", True, verified),
-        CheckResult("contract", True, f"matches {contract_name}"),
-    ]
-    more, reason = run_checks(tree, checks)
-    return results + more, reason, digests[0]

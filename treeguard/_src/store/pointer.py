@@ -13,7 +13,7 @@ whatever the server answered, even after other writers moved the pointer
 on. A write the server acknowledged but did not perform is a
 ``StorageError``; one it refused (412) but performed is a success; a
 pointer rewritten unchanged since it was read (``gc``'s fence, see
-store.py) is told apart from one moved to another version, so the writer
+lifecycle.py) is told apart from one moved to another version, so the writer
 tries again instead of reporting a conflict.
 """
 
@@ -25,6 +25,7 @@ import secrets
 
 from .. import strictjson
 from ..errors import ConflictError, FormatError, StorageError, StoreError
+from .backend import Backend
 from .layout import NAME_RE, POINTER_FILE, SMALL_FILE_LIMIT, STORE_FORMAT
 from .records import now
 from .storage import Conflict, Storage
@@ -126,6 +127,31 @@ def read(storage: Storage, *, promoted: bool) -> Pointer:
         pid if isinstance(pid, str) and _ID_RE.match(pid) else None,
         ids[:CHAIN],
     )
+
+
+def of_store(backend: Backend) -> Pointer:
+    """The store's pointer; a missing one is damaged once the store has
+    moved it (its marker says promoted and its log records a move).
+
+    Raises:
+      StoreError: if the root is not a store or the pointer is damaged.
+    """
+    marker = backend.require()
+    ptr = read(backend.storage, promoted=False)
+    if ptr.tag is None and marker.get("promoted") and _ever_moved(backend):
+        return read(backend.storage, promoted=True)  # raises: damaged
+    # marked promoted but never moved: a first promote killed between the
+    # marker and the pointer (as older versions wrote them); nothing is current
+    return ptr
+
+
+def _ever_moved(backend: Backend) -> bool:
+    """Whether the log records a promote or a rollback (a pointer was written)."""
+    try:
+        events = backend.history()
+    except StoreError:
+        return True  # cannot tell: the missing pointer is a damaged one
+    return any(e.action in ("promote", "rollback") for e in events)
 
 
 def salvage(storage: Storage) -> Pointer:

@@ -20,8 +20,10 @@ from typing import Any
 
 from .. import strictjson
 from ..atomic import atomic_write, read_regular
+from ..checkpoint import user_metadata_json
 from ..errors import FormatError, StoreError
-from .layout import MODEL_FILE, SMALL_FILE_LIMIT, STATUS_FILE, STORE_FORMAT
+from ..hashing import Algorithm, check_algorithm
+from .layout import MODEL_FILE, SMALL_FILE_LIMIT, STATUS_FILE, STORE_FORMAT, check_name
 
 STATUSES = ("writing", "candidate", "verified", "rejected")
 #: The statuses of a version whose put returned: what gc's policy counts.
@@ -269,3 +271,22 @@ def unreadable(version: str, reason: str, version_dir: str) -> VersionInfo:
         digest=None,
         path=os.path.join(version_dir, MODEL_FILE),
     )
+
+
+def put_arguments(
+    metadata: Any, version: str | None, digest: Algorithm
+) -> tuple[dict[str, Any], Algorithm]:
+    """A put's metadata as the JSON its record keeps, and its digest
+    algorithm, both refused (with a name that is not allowed) before anything
+    is written.
+
+    Raises:
+      TypeError: for metadata that is not JSON, naming the key.
+      UnknownVersionError: for a name that is not allowed.
+      ValueError: for an unknown digest algorithm.
+    """
+    user = json.loads(user_metadata_json(metadata))
+    algorithm = check_algorithm(digest)
+    if version is not None:
+        check_name(version)
+    return user, algorithm

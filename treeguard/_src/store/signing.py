@@ -1,0 +1,161 @@
+"""How a store's verdicts are signed and checked: the ``VerdictSigner``
+interface, and HMAC-SHA256 (``HmacSigner``) as its first scheme.
+
+The lifecycle never sees a key. It hands a signer the bytes a verdict
+signs (``verdicts.message``: the store's id, the version, its uid, the file
+digest, the status, the reason and the checks) and keeps the string the
+signer returns in the verdict's ``signature``; a gate hands the same bytes
+and that string back to ``verify``. Which records need a signature, and
+what to say when one is missing or wrong, is decided once, in verdicts.py,
+whatever the scheme, so a second scheme (EC keys) plugs in as another
+``VerdictSigner`` without touching the lifecycle.
+
+With HMAC every party that can check a verdict can also make one: the key
+is a shared secret of at least 16 bytes, given as ``key=`` or in the file
+``$TREEGUARD_STORE_KEY_FILE`` names.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import stat
+from typing import Protocol
+
+from ..atomic import open_regular
+from ..errors import ConfigError, FormatError, StoreError
+
+#: The environment variable naming a key file, used when no ``key=`` is given.
+KEY_ENV = "TREEGUARD_STORE_KEY_FILE"
+_MIN_KEY = 16
+_KEY_FILE_LIMIT = 4096
+
+
+class VerdictSigner(Protocol):
+    """One scheme of signing verdicts, and of checking them.
+
+    A store holds at most one signer; ``ArtifactStore`` makes it from its
+    key and hands it every verdict to sign and every signature to check.
+    """
+
+    def sign(self, message: bytes) -> str:
+        """The signature of ``message``, as the text kept in the record.
+
+        Raises:
+          SignatureError: if this signer can check signatures but not make them.
+        """
+        ...
+
+    def verify(self, message: bytes, signature: str) -> str | None:
+        """None if ``signature`` is a good signature of ``message``; else why
+        it is not, as a clause that follows "does not match: "."""
+        ...
+
+
+class HmacSigner:
+    """HMAC-SHA256 with a shared key: ``hmac-sha256:`` and the hex digest.
+
+    Args:
+      key: the secret, at least 16 bytes (checked by ``signer_for``).
+
+    Example:
+      >>> signer = HmacSigner(b"a key of sixteen bytes")
+      >>> signature = signer.sign(b"a verdict")
+      >>> signature.startswith("hmac-sha256:"), signer.verify(b"a verdict", signature)
+      (True, None)
+      >>> print(signer.verify(b"another verdict", signature))
+      the verdict or its file digest was changed, or it was signed with another key
+    """
+
+    _PREFIX = "hmac-sha256:"
+
+    def __init__(self, key: bytes) -> None:
+        self._key = key
+
+    def sign(self, message: bytes) -> str:
+        return self._PREFIX + hmac.new(self._key, message, hashlib.sha256).hexdigest()
+
+    def verify(self, message: bytes, signature: str) -> str | None:
+        if hmac.compare_digest(signature, self.sign(message)):
+            return None
+        return "the verdict or its file digest was changed, or it was signed with another key"
+
+
+def signer_for(key: bytes | str | None, *, root: str | None) -> VerdictSigner | None:
+    """The signer of a store opened with ``key``, else with the key in the
+    file ``$TREEGUARD_STORE_KEY_FILE`` names; None for neither.
+
+    Args:
+      key: the key given to the store, or None.
+      root: the store's directory (a key file may not lie inside it), or
+        None for a store in a bucket.
+
+    Raises:
+      StoreError: for a key shorter than 16 bytes, or a key file that cannot
+        be read, that others may rewrite (group- or world-writable) or that
+        lies inside the store.
+      ConfigError: for ``$TREEGUARD_STORE_KEY_FILE`` set to the empty string
+        (an unset shell variable expanded), which would silently mean "no key".
+    """
+    source = "key="
+    if key is None:
+        path = os.environ.get(KEY_ENV)
+        if path is None:
+            return None
+        if not path.strip():
+            raise ConfigError(
+                f"{KEY_ENV} is set but empty, so no key file is named",
+                context=KEY_ENV,
+                hint=f"set it to the key file's path, or unset it (`unset {KEY_ENV}`) to run "
+                "the store unsigned on purpose",
+            )
+        source = f"{KEY_ENV}={path}"
+        key = _read_key_file(path, source, root)
+    raw = key.encode("utf-8") if isinstance(key, str) else bytes(key)
+    if len(raw) < _MIN_KEY:
+        raise StoreError(
+            f"the store key is {len(raw)} bytes; at least {_MIN_KEY} are needed",
+            context=source,
+            hint="make one with `python -c 'import secrets; print(secrets.token_hex(32))'`",
+        )
+    return HmacSigner(raw)
+
+
+def _read_key_file(path: str, source: str, root: str | None) -> bytes:
+    real = os.path.realpath(path)
+    store = os.path.realpath(root) if root is not None else None
+    if store is not None and os.path.commonpath([real, store]) == store:
+        raise StoreError(
+            "the key file lies inside the store's directory, where anyone who can write "
+            "the store can read or replace it",
+            context=source,
+            hint="keep the key outside the store, readable only by its owner (chmod 600)",
+        )
+    try:
+        fd = open_regular(path, what="key file")
+        try:
+            st = os.fstat(fd)
+            raw = os.read(fd, _KEY_FILE_LIMIT + 1)
+        finally:
+            os.close(fd)
+    except (FormatError, OSError) as e:
+        raise StoreError(
+            f"cannot read the key file: {e}",
+            context=source,
+            hint="point the variable at a regular file of at least 16 random bytes",
+        ) from None
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise StoreError(
+            f"the key file is writable by others (mode {stat.S_IMODE(st.st_mode):04o}), so "
+            "anyone may replace the key and sign verdicts",
+            context=source,
+            hint="chmod 600 the key file",
+        )
+    if len(raw) > _KEY_FILE_LIMIT:
+        raise StoreError(
+            f"the key file is more than {_KEY_FILE_LIMIT} bytes",
+            context=source,
+            hint="point the variable at a file holding only the key",
+        )
+    return raw.strip()

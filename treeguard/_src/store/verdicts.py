@@ -1,0 +1,349 @@
+"""A version's verdict: judged, recorded once, signed, and checked before
+its status is trusted.
+
+``judge`` reads a version against its contract and runs the caller's
+checks; ``settle`` records the ``Judgement`` (in a multi-process job, the
+one every process agrees on, written by process 0), bound to the digest it
+was computed on and signed by the store's ``VerdictSigner`` (signing.py)
+where it has one. ``check`` is the rule every gate applies to a recorded
+verdict, ``verified`` or ``rejected`` alike: in a store with a signer it
+must carry a signature the signer accepts, and a store that has ever
+signed is never used without one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .. import strictjson
+from ..env import environment
+from ..errors import FormatError, IntegrityError, SignatureError, StoreError, TreeMismatchError
+from . import payload, pointer, records
+from .backend import Backend, record_of
+from .checks import Check, run_checks
+from .lead import lead_acts
+from .payload import shardable
+from .records import CheckResult, VersionInfo
+from .signing import KEY_ENV, VerdictSigner
+
+#: The statuses a verdict records; each is signed, and checked, alike.
+VERDICTS = ("verified", "rejected")
+
+
+@dataclasses.dataclass(frozen=True)
+class Judgement:
+    """What ``judge`` found, before it is recorded.
+
+    Attributes:
+      results: every check's result, the integrity and contract checks first.
+      reason: why the version is rejected; None when every check passed.
+      digest: the digest of the bytes it was computed on (None when the
+        version could not be read).
+      contract: how the contract was named (``"`like`"``, a version).
+    """
+
+    results: list[CheckResult]
+    reason: str | None
+    digest: str | None
+    contract: str
+
+    def verdict(self) -> dict[str, Any]:
+        """The verdict's fields as a record keeps them, not yet signed."""
+        return {
+            "status": "rejected" if self.reason else "verified",
+            "reason": self.reason,
+            "checks": [dataclasses.asdict(r) for r in self.results],
+            "contract": self.contract,
+            "digest": self.digest,
+            "verified_env": environment(),
+            "signature": None,
+            "updated": records.now(),
+        }
+
+
+def format_contract(e: TreeMismatchError, contract_name: str) -> str:
+    """A contract failure's text with the contract named (no file path)."""
+    return str(
+        TreeMismatchError(e.mismatches, expected_from=contract_name, actual_from=e.actual_from)
+    )
+
+
+def judge(
+    load: Callable[[list[str]], Any],
+    evidence: tuple[str, str],
+    contract_name: str,
+    checks: Sequence[Check],
+) -> Judgement:
+    """Loads a version for its verdict and runs the checks on it.
+
+    Args:
+      load: reads the version against the contract; appends the digest it
+        read under to the list it is given before it reads any array.
+      evidence: the integrity check's evidence when the contract fails (the
+        header or manifest was valid) and when every hash matched.
+      contract_name: how the contract is named in the evidence.
+      checks: the caller's checks, run on the loaded tree.
+    """
+    valid, verified = evidence
+    digests: list[str] = []
+    try:
+        tree = load(digests)
+    except TreeMismatchError as e:
+        text = format_contract(e, contract_name)
+        results = [CheckResult("integrity", True, valid), CheckResult("contract", False, text)]
+        return Judgement(
+            results, f"contract: {text}", digests[0] if digests else None, contract_name
+        )
+    except (IntegrityError, FormatError, OSError) as e:
+        return Judgement(
+            [CheckResult("integrity", False, str(e))], f"integrity: {e}", None, contract_name
+        )
+    results = [
+        CheckResult("integrity", True, verified),
+        CheckResult("contract", True, f"matches {contract_name}"),
+    ]
+    more, reason = run_checks(tree, checks)
+    return Judgement(results + more, reason, digests[0], contract_name)
+
+
+def message(store_id: str, version: str, record: dict[str, Any]) -> bytes:
+    """The bytes a verdict's signature covers: the store's id, the version,
+    its uid, the digest, the status, the reason, the checks (and the kind
+    of a version that is not a file)."""
+    signed = {
+        "store": store_id,
+        "version": version,
+        "uid": record.get("uid"),
+        "digest": record.get("digest"),
+        "status": record.get("status"),
+        "reason": record.get("reason"),
+        "checks": record.get("checks") or [],
+    }
+    if record.get("kind", "file") != "file":  # absent from older records, signed without it
+        signed["kind"] = record["kind"]
+    return strictjson.dumps(signed).encode("ascii")
+
+
+def check(
+    signer: VerdictSigner | None, marker: dict[str, Any], version: str, record: dict[str, Any]
+) -> None:
+    """Checks the signature of a version's verdict, whatever its status,
+    before the status is trusted: a forged ``rejected`` is refused as
+    forged, as a forged ``verified`` is. A candidate has no verdict.
+
+    Args:
+      signer: the store's signer, or None.
+      marker: the store's marker (its id is signed with each verdict; its
+        ``signed`` flag says whether the store has ever signed one).
+      version: the version.
+      record: its record.
+
+    Raises:
+      SignatureError: with a signer, for a verdict that is unsigned or whose
+        signature the signer does not accept; without one, for a verdict
+        of a signed store or one that carries a signature.
+    """
+    if record["status"] not in VERDICTS:
+        return
+    if signer is None:
+        if marker.get("signed") or isinstance(record.get("signature"), str):
+            raise unkeyed(version)
+        return
+    got = record.get("signature")
+    if not isinstance(got, str):
+        raise SignatureError(
+            f"version {version}'s verdict is not signed, and this store has a key",
+            version=version,
+            hint=f"verify it again with the key (store.verify({version!r})) to sign it",
+        )
+    why = signer.verify(message(str(marker["id"]), version, record), got)
+    if why is not None:
+        raise SignatureError(
+            f"version {version}'s verdict signature does not match: {why}",
+            version=version,
+            hint="do not trust this version; verify it again with the right key",
+        )
+
+
+def unkeyed(version: str | None) -> SignatureError:
+    """The error of a signed store opened without its key."""
+    return SignatureError(
+        "this store signs its verdicts, and it was opened without its key: no verdict "
+        "can be trusted or written",
+        version=version,
+        hint=f"open it with its key (key=..., or ${KEY_ENV} naming the key file)",
+    )
+
+
+def verify(
+    backend: Backend,
+    signer: VerdictSigner | None,
+    version: str,
+    like: Any,
+    checks: Sequence[Check],
+) -> VersionInfo:
+    """``ArtifactStore.verify``: judges ``version`` against ``like`` (else the
+    current version's spec, else its own) and records the verdict."""
+    location, before = record_of(backend, version)
+    try:
+        backend.verifiable(version, location, before)
+    except StoreError as refused:  # by the verdict it holds (a bucket's): is that one forged?
+        _refusing(backend, signer, version, before, refused)
+        raise
+    if signer is None and backend.require().get("signed"):
+        raise unkeyed(version)
+    contract, contract_name = _contract(backend, version, like)
+    kind = payload.of(before)
+    judgement = judge(
+        lambda digests: backend.read_for_verdict(version, before, contract, digests),
+        kind.evidence,
+        contract_name,
+        checks,
+    )
+    return _settle(
+        backend,
+        signer,
+        version,
+        before,
+        judgement,
+        collective=kind.collective and shardable(like),
+    )
+
+
+def _contract(backend: Backend, version: str, like: Any) -> tuple[Any, str]:
+    """What ``version`` must match, and how it is named: ``like``, else the
+    current version's stored spec, else nothing but its own."""
+    if like is not None:
+        return like, "`like`"
+    cur = pointer.of_store(backend).current
+    if cur is not None and cur != version:
+        return backend.stored_spec(cur, *record_of(backend, cur)), f"version {cur} (current)"
+    return None, "its own stored spec"
+
+
+def _refusing(
+    backend: Backend,
+    signer: VerdictSigner | None,
+    version: str,
+    before: dict[str, Any],
+    refused: StoreError,
+) -> None:
+    """Names a forged verdict that stands in the way of a new one as forged.
+
+    Raises:
+      SignatureError: if the verdict ``refused`` stands on is forged.
+    """
+    try:
+        check(signer, backend.require(), version, before)
+    except SignatureError as e:
+        raise SignatureError(
+            f"{e.message}; {refused.message}",
+            version=version,
+            context=refused.context,
+            hint=refused.hint,
+        ) from e
+
+
+def forged(
+    backend: Backend, signer: VerdictSigner | None, versions: Sequence[VersionInfo]
+) -> dict[str, str]:
+    """Each of ``versions`` whose verdict ``signer`` does not vouch for, with
+    why; empty without a signer (see ``ArtifactStore.forged_verdicts``)."""
+    marker = backend.require()
+    if signer is None:
+        return {}
+    out: dict[str, str] = {}
+    for info in versions:
+        if info.status in VERDICTS:
+            try:
+                check(signer, marker, info.version, backend.record(info.version)[1])
+            except SignatureError as e:
+                out[info.version] = e.message
+            except StoreError:
+                continue  # changed since it was listed (gc's remove() reads it again)
+    return out
+
+
+def _settle(
+    backend: Backend,
+    signer: VerdictSigner | None,
+    version: str,
+    before: dict[str, Any],
+    judgement: Judgement,
+    *,
+    collective: bool,
+) -> VersionInfo:
+    """Records ``judgement`` on ``version``: at once, or, for a verdict of a
+    ``collective`` read in a multi-process job, the one every process
+    agrees on (the first reason any gives), recorded by process 0 and read
+    back by every one.
+
+    Raises:
+      StoreError: for a version replaced while it was judged (no verdict is
+        recorded), or, in every process, if process 0 could not record it.
+      SignatureError: for a signed store opened without its key.
+    """
+    if collective:
+        from ..sharded import hosts  # lazy: jax's multi-process utilities
+
+        collective = hosts.process_count() > 1
+    if not collective:
+        return _record(backend, signer, version, before, judgement)
+    reasons = hosts.allgather_bytes((judgement.reason or "").encode("utf-8"))
+    first = next((r.decode("utf-8") for r in reasons if r), None)
+    if first is not None and judgement.reason is None:
+        judgement = dataclasses.replace(
+            judgement,
+            results=[*judgement.results, CheckResult("other processes", False, first)],
+            reason=first,
+        )
+    agreed = judgement
+
+    def record() -> bytes:
+        _record(backend, signer, version, before, agreed)
+        return b""
+
+    lead_acts(
+        record,
+        failed=lambda why: StoreError(
+            f"process 0 could not record the verdict on {version}: {why}",
+            version=version,
+            hint=f"verify it again: store.verify({version!r})",
+        ),
+    )
+    return records.info(version, *record_of(backend, version))
+
+
+def _record(
+    backend: Backend,
+    signer: VerdictSigner | None,
+    version: str,
+    before: dict[str, Any],
+    judgement: Judgement,
+) -> VersionInfo:
+    """The one place a verdict is written: under the lock, only on the
+    version it was judged on, signed, then logged."""
+    verdict = judgement.verdict()
+    digest = judgement.digest
+    with backend.locked():
+        location, data = record_of(backend, version)
+        if data.get("uid") != before.get("uid") or (
+            digest is not None and backend.digest_now(version, location, data) != digest
+        ):
+            raise StoreError(
+                f"version {version} was replaced while it was verified; no verdict recorded",
+                version=version,
+                hint=f"verify it again: store.verify({version!r})",
+            )
+        marker = backend.require()
+        if signer is not None:
+            # from now on the store refuses to be used without the key
+            marker = backend.mark("signed")
+            verdict["signature"] = signer.sign(message(str(marker["id"]), version, data | verdict))
+        elif marker.get("signed"):
+            raise unkeyed(version)
+        data = backend.save_verdict(version, data, verdict)
+        backend.append("verify", version, {"status": verdict["status"], "reason": judgement.reason})
+    return records.info(version, location, data)
