@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
-from treeguard import ConfigError, SignatureError
+from treeguard import SignatureError
 from treeguard._cli.main import main
 from treeguard._src.provenance.trust import pae, sign_text
 from treeguard.provenance import (
@@ -152,17 +152,6 @@ def test_signature_text_that_is_not_one(tmp_path: Path) -> None:
         policy.check_text(
             "t", b"x", sign_text(key, "t", b"x").replace("p256-sha256", "p384-sha384")
         )
-
-
-def test_trust_from_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    (_, a), (_, b) = generate_keys(tmp_path / "a"), generate_keys(tmp_path / "b")
-    monkeypatch.setenv("TREEGUARD_TRUSTED_KEYS", os.pathsep.join([a, b]))
-    monkeypatch.setenv("TREEGUARD_REVOKED_KEYS", b)
-    policy = TrustPolicy.from_env()
-    assert len(policy.trusted) == 2 and list(policy.revoked) == [load_public_key(b).fingerprint]
-    monkeypatch.setenv("TREEGUARD_TRUSTED_KEYS", "")
-    with pytest.raises(ConfigError, match="names no key file"):
-        TrustPolicy.from_env()
 
 
 def test_cli_keys_new_and_fingerprint(tmp_path: Path) -> None:

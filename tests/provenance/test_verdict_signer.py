@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from treeguard._src.provenance.trail import Trail
 from treeguard._src.provenance.trust import pae, sign_text
-from treeguard._src.provenance.verdicts import EcSigner, Trail
+from treeguard._src.provenance.verdicts import EcSigner
 from treeguard.provenance import (
     BadSignatureError,
     ProvenanceError,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from .._src.provenance import CURVES, generate_keys, load_public_key
+from .._src.provenance.keys import CURVES, generate_keys, load_public_key
 from .console import console, shown
 from .failures import Group
 

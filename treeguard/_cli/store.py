@@ -30,7 +30,9 @@ def store() -> None:
     Exit codes: 0 done; 1 refused (a version not verified, a changed file, a
     bad signature, no version to roll back to, a rejected verify); 2 usage or
     a directory that is not a store. With $TREEGUARD_STORE_KEY_FILE set,
-    verdicts are signed and unsigned ones refused.
+    verdicts are signed (HMAC) and unsigned ones refused; with --signing-key
+    (an EC private key) each verdict is signed with it, and with --trusted-key
+    only verdicts signed by a trusted, unrevoked key count.
 
     ROOT is a directory or a bucket URL (s3://BUCKET/PREFIX, gs://BUCKET/PREFIX);
     the client reads AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
@@ -38,9 +40,66 @@ def store() -> None:
     """
 
 
+_KEYS = "treeguard.store.keys"
+
+
+def _remember(ctx: click.Context, param: click.Parameter, value: Any) -> None:
+    ctx.meta.setdefault(_KEYS, {})[param.name] = value
+
+
+def _key_options(command: Any) -> Any:
+    """Adds --signing-key, --trusted-key and --revoked-key to a command; the
+    store it opens (``_store``) is opened with them."""
+    options = [
+        click.option(
+            "--signing-key",
+            type=click.Path(path_type=Path),
+            callback=_remember,
+            expose_value=False,
+            help="An EC private key (mode 0600) that signs every verdict "
+            "(default: $TREEGUARD_SIGNING_KEY_FILE).",
+        ),
+        click.option(
+            "--trusted-key",
+            "trusted_keys",
+            type=click.Path(path_type=Path),
+            multiple=True,
+            callback=_remember,
+            expose_value=False,
+            help="An EC public key whose verdicts count (repeatable; default: "
+            "$TREEGUARD_TRUSTED_KEYS).",
+        ),
+        click.option(
+            "--revoked-key",
+            "revoked_keys",
+            type=click.Path(path_type=Path),
+            multiple=True,
+            callback=_remember,
+            expose_value=False,
+            help="An EC public key whose verdicts no longer count (repeatable; default: "
+            "$TREEGUARD_REVOKED_KEYS).",
+        ),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def _store(root: Path) -> ArtifactStore:
+    """The store at ROOT, opened with the command's key options (or the
+    environment's keys when none is given)."""
+    keys = click.get_current_context().meta.get(_KEYS, {})
+    return ArtifactStore(
+        root,
+        signing_key=keys.get("signing_key"),
+        trusted_keys=keys.get("trusted_keys", ()),
+        revoked_keys=keys.get("revoked_keys", ()),
+    )
+
+
 def _open_store(root: Path) -> ArtifactStore:
     """Opens an existing store; reads nothing and creates nothing."""
-    s = ArtifactStore(root)
+    s = _store(root)
     s.current()  # a directory that is not a store, or a damaged pointer, stops here
     return s
 
@@ -65,13 +124,17 @@ _STATUS_STYLE = {
 
 
 @store.command("ls")
+@_key_options
 @click.argument("root", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print the versions as JSON.")
 def ls_command(root: Path, as_json: bool) -> None:
     """List ROOT's versions with their status; the current one is marked.
 
-    With $TREEGUARD_STORE_KEY_FILE set, each verdict's signature is checked:
-    one that fails is listed as forged, with what it claims in its reason.
+    With $TREEGUARD_STORE_KEY_FILE set (or EC keys given), each verdict's
+    signature is checked: one that fails is listed as forged, with what it
+    claims in its reason. The signer column (and "trail" in --json: the
+    algorithm, the key's fingerprint, the digest signed and when) says who
+    each verdict's signature names.
     """
     s = _open_store(root)
     current, previous = s.current(), s.previous()
@@ -89,6 +152,7 @@ def ls_command(root: Path, as_json: bool) -> None:
                             "version": v.version,
                             "status": v.status,
                             "signature": signatures.get(v.version, (None, ""))[0],
+                            "trail": _trail_json(v),
                             "kind": v.kind,
                             "reason": v.reason,
                             "created": v.created,
@@ -105,7 +169,8 @@ def ls_command(root: Path, as_json: bool) -> None:
         )
         return
     table = Table(box=None, pad_edge=False)
-    for col in ("", "version", "status", "kind", "created", "params", "size", "checks", "reason"):
+    columns = ("", "version", "status", "kind", "created", "params", "size", "checks", "signer")
+    for col in (*columns, "reason"):
         table.add_column(col, overflow="fold")
     for v in versions:
         mark = "*" if v.version == current else ("<" if v.version == previous else "")
@@ -124,6 +189,7 @@ def ls_command(root: Path, as_json: bool) -> None:
             f"{v.num_params:,}" if v.num_params is not None else "",
             fmt_bytes(v.nbytes) if v.nbytes is not None else "",
             _checks_cell(v),
+            _signer_cell(v),
             shown(reason),
         )
     out = console()
@@ -147,6 +213,20 @@ def _signatures(s: ArtifactStore, versions: list[Any]) -> dict[str, tuple[str, s
     }
 
 
+def _trail_json(v: Any) -> dict[str, Any] | None:
+    """Who signed the verdict (by its signature, checked or not), what and when."""
+    trail = v.trail()
+    return None if trail is None else trail.as_json(digest=v.digest, signed_at=v.updated)
+
+
+def _signer_cell(v: Any) -> str:
+    """The verdict's signer: an EC key's fingerprint (first 16 digits), or ``hmac``."""
+    trail = v.trail()
+    if trail is None:
+        return ""
+    return "hmac" if trail.fingerprint is None else f"{trail.fingerprint[:16]}…"
+
+
 def _checks_cell(v: Any) -> str:
     """The model's release checks a verdict ran; ``[]`` for none."""
     if v.status not in ("verified", "rejected"):
@@ -156,6 +236,7 @@ def _checks_cell(v: Any) -> str:
 
 
 @store.command("verify")
+@_key_options
 @click.argument("root", type=click.Path(path_type=Path))
 @click.argument("version")
 @click.option(
@@ -198,6 +279,7 @@ def store_verify_command(
 
 
 @store.command("promote")
+@_key_options
 @click.argument("root", type=click.Path(path_type=Path))
 @click.argument("version")
 def promote_command(root: Path, version: str) -> None:
@@ -208,6 +290,7 @@ def promote_command(root: Path, version: str) -> None:
 
 
 @store.command("rollback")
+@_key_options
 @click.argument("root", type=click.Path(path_type=Path))
 def rollback_command(root: Path) -> None:
     """Return to the previous verified version."""
@@ -218,6 +301,7 @@ def rollback_command(root: Path) -> None:
 
 
 @store.command("repair")
+@_key_options
 @click.argument("root", type=click.Path(path_type=Path))
 @click.argument("version")
 def repair_command(root: Path, version: str) -> None:
@@ -228,7 +312,7 @@ def repair_command(root: Path, version: str) -> None:
     pointer remembers are kept, less those the store does not hold; the
     repair is logged with what it dropped.
     """
-    dropped = ArtifactStore(root).repair(version)
+    dropped = _store(root).repair(version)
     console().print(
         f"[green]current[/green]: {shown(version)}; dropped from the pointer: "
         f"{shown(', '.join(dropped)) or 'nothing'}"
@@ -236,6 +320,7 @@ def repair_command(root: Path, version: str) -> None:
 
 
 @store.command("gc")
+@_key_options
 @click.argument("root", type=click.Path(path_type=Path))
 @click.option(
     "--keep",

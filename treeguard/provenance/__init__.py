@@ -8,27 +8,28 @@ that ``model_signing sign key`` wrote. Needs the ``sign`` extra
 (``pip install 'treeguard[sign]'``).
 """
 
-from .._src.provenance import CURVES as CURVES
-from .._src.provenance import REVOKED_ENV as REVOKED_ENV
-from .._src.provenance import SIGNATURE_NAME as SIGNATURE_NAME
-from .._src.provenance import TRUSTED_ENV as TRUSTED_ENV
-from .._src.provenance import BadSignatureError as BadSignatureError
-from .._src.provenance import KeyFileError as KeyFileError
-from .._src.provenance import Manifest as Manifest
-from .._src.provenance import MissingSignatureError as MissingSignatureError
-from .._src.provenance import PrivateKey as PrivateKey
-from .._src.provenance import ProvenanceError as ProvenanceError
-from .._src.provenance import PublicKey as PublicKey
-from .._src.provenance import RevokedKeyError as RevokedKeyError
-from .._src.provenance import SignedDigestError as SignedDigestError
-from .._src.provenance import SignedModel as SignedModel
-from .._src.provenance import TrustPolicy as TrustPolicy
-from .._src.provenance import UntrustedKeyError as UntrustedKeyError
-from .._src.provenance import generate_keys as generate_keys
-from .._src.provenance import load_public_key as load_public_key
-from .._src.provenance import load_signing_key as load_signing_key
-from .._src.provenance import sign_model as sign_model
-from .._src.provenance import verify_model as verify_model
+from .._src.provenance.errors import BadSignatureError as BadSignatureError
+from .._src.provenance.errors import KeyFileError as KeyFileError
+from .._src.provenance.errors import MissingSignatureError as MissingSignatureError
+from .._src.provenance.errors import ProvenanceError as ProvenanceError
+from .._src.provenance.errors import RevokedKeyError as RevokedKeyError
+from .._src.provenance.errors import SignedDigestError as SignedDigestError
+from .._src.provenance.errors import UntrustedKeyError as UntrustedKeyError
+from .._src.provenance.keys import CURVES as CURVES
+from .._src.provenance.keys import PrivateKey as PrivateKey
+from .._src.provenance.keys import PublicKey as PublicKey
+from .._src.provenance.keys import generate_keys as generate_keys
+from .._src.provenance.keys import load_public_key as load_public_key
+from .._src.provenance.keys import load_signing_key as load_signing_key
+from .._src.provenance.model import SIGNATURE_NAME as SIGNATURE_NAME
+from .._src.provenance.model import SignedModel as SignedModel
+from .._src.provenance.model import sign_model as sign_model
+from .._src.provenance.model import verify_model as verify_model
+from .._src.provenance.oms import Manifest as Manifest
+from .._src.provenance.trust import TrustPolicy as TrustPolicy
+from .._src.provenance.variables import REVOKED_ENV as REVOKED_ENV
+from .._src.provenance.variables import SIGNING_KEY_ENV as SIGNING_KEY_ENV
+from .._src.provenance.variables import TRUSTED_ENV as TRUSTED_ENV
 
 __all__ = [
     "BadSignatureError",
@@ -43,6 +44,7 @@ __all__ = [
     "RevokedKeyError",
     "SIGNATURE_NAME",
     "SignedDigestError",
+    "SIGNING_KEY_ENV",
     "SignedModel",
     "TRUSTED_ENV",
     "TrustPolicy",

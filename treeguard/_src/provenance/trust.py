@@ -20,16 +20,11 @@ import binascii
 import dataclasses
 import os
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 
-from ..errors import ConfigError
 from .errors import BadSignatureError, RevokedKeyError, UntrustedKeyError
 from .keys import PrivateKey, PublicKey, load_public_key
 
-#: The variable naming trusted public key files, joined by ``os.pathsep``.
-TRUSTED_ENV = "TREEGUARD_TRUSTED_KEYS"
-#: The variable naming revoked public key files, joined by ``os.pathsep``.
-REVOKED_ENV = "TREEGUARD_REVOKED_KEYS"
 _TEXT_RE = re.compile(
     r"^(ecdsa-p(?:256|384|521)-sha(?:256|384|512)):([0-9a-f]{64}):([A-Za-z0-9+/=]{8,400})$"
 )
@@ -103,26 +98,6 @@ class TrustPolicy:
         keys = [load_public_key(p) for p in trusted]
         gone = {k.fingerprint: k.source for k in (load_public_key(p) for p in revoked)}
         return cls(trusted={k.fingerprint: k for k in keys}, revoked=gone)
-
-    @classmethod
-    def from_env(
-        cls,
-        *,
-        trusted: Sequence[str | os.PathLike[str]] | None = None,
-        revoked: Sequence[str | os.PathLike[str]] | None = None,
-    ) -> TrustPolicy:
-        """A policy from the given files, else from ``$TREEGUARD_TRUSTED_KEYS``
-        and ``$TREEGUARD_REVOKED_KEYS`` (paths joined by ``os.pathsep``).
-
-        Raises:
-          ConfigError: for a variable that is set but names no file (an
-            unset shell variable expanded), which would silently trust nothing.
-          KeyFileError: for a file that is not an accepted public key.
-        """
-        return cls.from_paths(
-            trusted=_paths(TRUSTED_ENV) if trusted is None else trusted,
-            revoked=_paths(REVOKED_ENV) if revoked is None else revoked,
-        )
 
     def __bool__(self) -> bool:
         return bool(self.trusted)
@@ -231,17 +206,3 @@ def sign_text(key: PrivateKey, payload_type: str, payload: bytes, /) -> str:
     """
     raw = key.sign(pae(payload_type, payload))
     return f"{key.public.algorithm}:{key.public.fingerprint}:{base64.b64encode(raw).decode()}"
-
-
-def _paths(variable: str) -> list[str]:
-    value = os.environ.get(variable)
-    if value is None:
-        return []
-    paths = [p for p in value.split(os.pathsep) if p.strip()]
-    if not paths:
-        raise ConfigError(
-            f"${variable} is set but names no key file",
-            context=variable,
-            hint=f"set it to public key paths joined by {os.pathsep!r}, or unset it",
-        )
-    return paths

@@ -9,52 +9,18 @@ A signer given only public keys checks and cannot sign: whoever holds it
 cannot make a verdict its gates accept.
 
 The store's own key counts as trusted unless it is revoked, so a store
-that signs accepts what it signed. ``Trail`` reads who signed a verdict
-back from its signature, for listings and logs.
+that signs accepts what it signed.
 """
 
 from __future__ import annotations
 
-import dataclasses
-
 from .errors import BadSignatureError, ProvenanceError
 from .keys import PrivateKey
+from .trail import Trail
 from .trust import TrustPolicy, sign_text
 
 #: The DSSE payload type of a store's verdict.
 VERDICT_TYPE = "application/vnd.treeguard.verdict+json"
-
-
-@dataclasses.dataclass(frozen=True)
-class Trail:
-    """Who signed a verdict, as its signature says (checked or not).
-
-    Attributes:
-      algorithm: ``"ecdsa-p256-sha256"``, or ``"hmac-sha256"``.
-      fingerprint: the signing key's fingerprint (None for HMAC).
-    """
-
-    algorithm: str
-    fingerprint: str | None
-
-    @classmethod
-    def of(cls, signature: object) -> Trail | None:
-        """The trail a signature text carries; None for none or one not understood.
-
-        Example:
-          >>> Trail.of("ecdsa-p256-sha256:" + "ab" * 32 + ":AAAA").fingerprint[:4]
-          'abab'
-          >>> Trail.of("hmac-sha256:00").algorithm, Trail.of(None)
-          ('hmac-sha256', None)
-        """
-        if not isinstance(signature, str):
-            return None
-        parts = signature.split(":")
-        if len(parts) == 3 and parts[0].startswith("ecdsa-") and len(parts[1]) == 64:
-            return cls(parts[0], parts[1])
-        if len(parts) == 2 and parts[0] == "hmac-sha256":
-            return cls(parts[0], None)
-        return None
 
 
 class EcSigner:

@@ -23,6 +23,7 @@ from ..atomic import atomic_write, read_regular
 from ..checkpoint import user_metadata_json
 from ..errors import FormatError, StoreError
 from ..hashing import Algorithm, check_algorithm
+from ..provenance.trail import Trail
 from .layout import MODEL_FILE, SMALL_FILE_LIMIT, STATUS_FILE, STORE_FORMAT, check_name
 
 STATUSES = ("writing", "candidate", "verified", "rejected")
@@ -105,6 +106,8 @@ class VersionInfo:
       path: the checkpoint file, or a sharded version's directory.
       signed: whether the verdict carries a signature (whether it is a
         valid one is checked by the store that holds the key).
+      signature: the verdict's signature as recorded (unchecked), or None;
+        ``trail`` reads who it names.
       kind: ``file`` (one checkpoint file) or ``sharded`` (``save_sharded``).
       seq: its place in the order of puts, from the store's own counter
         (never the clock); None for a version put by an older treeguard.
@@ -126,6 +129,12 @@ class VersionInfo:
     signed: bool = False
     kind: str = "file"
     seq: int | None = None
+    signature: str | None = None
+
+    def trail(self) -> Trail | None:
+        """Who the verdict's signature says signed it (not checked here);
+        None for an unsigned version."""
+        return Trail.of(self.signature)
 
 
 def read(version_dir: str, *, dir_fd: int | None = None) -> dict[str, Any]:
@@ -249,6 +258,7 @@ def info(version: str, version_dir: str, data: dict[str, Any]) -> VersionInfo:
         digest=data.get("digest"),
         path=checkpoint_path(version_dir, data),
         signed=isinstance(data.get("signature"), str),
+        signature=data["signature"] if isinstance(data.get("signature"), str) else None,
         kind=data.get("kind", "file"),
         seq=data.get("seq"),
     )

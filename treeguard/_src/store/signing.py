@@ -17,14 +17,17 @@ is a shared secret of at least 16 bytes, given as ``key=`` or in the file
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import hmac
 import os
 import stat
+from collections.abc import Sequence
 from typing import Protocol
 
 from ..atomic import open_regular
 from ..errors import ConfigError, FormatError, StoreError
+from ..provenance.variables import KEY_VARIABLES, REVOKED_ENV, SIGNING_KEY_ENV, TRUSTED_ENV
 
 #: The environment variable naming a key file, used when no ``key=`` is given.
 KEY_ENV = "TREEGUARD_STORE_KEY_FILE"
@@ -82,22 +85,115 @@ class HmacSigner:
         return "the verdict or its file digest was changed, or it was signed with another key"
 
 
-def signer_for(key: bytes | str | None, *, root: str | None) -> VerdictSigner | None:
-    """The signer of a store opened with ``key``, else with the key in the
-    file ``$TREEGUARD_STORE_KEY_FILE`` names; None for neither.
+@dataclasses.dataclass(frozen=True)
+class EcKeys:
+    """The EC key files a store is opened with (see ``treeguard.provenance``).
+
+    Attributes:
+      signing_key: the private key that signs verdicts, or None.
+      trusted_keys: the public keys whose verdicts count.
+      revoked_keys: the public keys whose verdicts no longer count.
+    """
+
+    signing_key: str | os.PathLike[str] | None = None
+    trusted_keys: Sequence[str | os.PathLike[str]] = ()
+    revoked_keys: Sequence[str | os.PathLike[str]] = ()
+
+    def __bool__(self) -> bool:
+        return self.signing_key is not None or bool(self.trusted_keys) or bool(self.revoked_keys)
+
+    @classmethod
+    def from_env(cls) -> EcKeys:
+        """The key files ``$TREEGUARD_SIGNING_KEY_FILE``, ``$TREEGUARD_TRUSTED_KEYS``
+        and ``$TREEGUARD_REVOKED_KEYS`` name (lists joined by ``os.pathsep``).
+
+        Raises:
+          ConfigError: for a variable that is set but names no file (an unset
+            shell variable expanded), which would silently mean "no key".
+        """
+        found: dict[str, list[str]] = {}
+        for name in KEY_VARIABLES:
+            value = os.environ.get(name)
+            if value is None:
+                continue
+            paths = [p for p in value.split(os.pathsep) if p.strip()]
+            if not paths:
+                raise ConfigError(
+                    f"${name} is set but names no key file",
+                    context=name,
+                    hint=f"set it to the key file's path, or unset it (`unset {name}`)",
+                )
+            found[name] = paths
+        signing = found.get(SIGNING_KEY_ENV, [])
+        if len(signing) > 1:
+            raise ConfigError(
+                f"${SIGNING_KEY_ENV} names {len(signing)} files; a store signs with one key",
+                context=SIGNING_KEY_ENV,
+                hint="name one private key file",
+            )
+        return cls(
+            signing_key=signing[0] if signing else None,
+            trusted_keys=found.get(TRUSTED_ENV, []),
+            revoked_keys=found.get(REVOKED_ENV, []),
+        )
+
+
+def signer_for(
+    key: bytes | str | None, *, root: str | None, keys: EcKeys | None = None
+) -> VerdictSigner | None:
+    """The signer of a store opened with ``key`` (HMAC) or EC ``keys``, else
+    with the key files the environment names; None for none.
 
     Args:
-      key: the key given to the store, or None.
+      key: the HMAC key given to the store, or None.
       root: the store's directory (a key file may not lie inside it), or
         None for a store in a bucket.
+      keys: the EC key files given to the store, or None.
 
     Raises:
       StoreError: for a key shorter than 16 bytes, or a key file that cannot
         be read, that others may rewrite (group- or world-writable) or that
         lies inside the store.
-      ConfigError: for ``$TREEGUARD_STORE_KEY_FILE`` set to the empty string
-        (an unset shell variable expanded), which would silently mean "no key".
+      ConfigError: for a key variable set to the empty string (an unset
+        shell variable expanded), which would silently mean "no key"; for an
+        HMAC key and EC keys at once.
+      KeyFileError: for an EC key file that cannot be used.
     """
+    if key is None and not keys:
+        from_env = EcKeys.from_env()
+        if from_env and os.environ.get(KEY_ENV) is not None:
+            raise ConfigError(
+                f"both ${KEY_ENV} (an HMAC key) and EC key variables are set; a store "
+                "signs with one scheme",
+                context=KEY_ENV,
+                hint=f"unset {KEY_ENV} to use the EC keys, or the EC variables to use HMAC",
+            )
+        keys = from_env
+    if keys:
+        if key is not None:
+            raise ConfigError(
+                "a store is opened with an HMAC key or with EC keys, not both",
+                context="key=",
+                hint="pass key= for HMAC, or signing_key=/trusted_keys= for EC keys",
+            )
+        return _ec_signer(keys, root)
+    return _hmac_signer(key, root)
+
+
+def _ec_signer(keys: EcKeys, root: str | None) -> VerdictSigner:
+    # the sign extra (cryptography) is imported only when EC keys are named
+    from ..provenance.keys import load_signing_key
+    from ..provenance.trust import TrustPolicy
+    from ..provenance.verdicts import EcSigner
+
+    private = (
+        load_signing_key(keys.signing_key, outside=root) if keys.signing_key is not None else None
+    )
+    policy = TrustPolicy.from_paths(trusted=keys.trusted_keys, revoked=keys.revoked_keys)
+    return EcSigner(private, policy)
+
+
+def _hmac_signer(key: bytes | str | None, root: str | None) -> VerdictSigner | None:
     source = "key="
     if key is None:
         path = os.environ.get(KEY_ENV)

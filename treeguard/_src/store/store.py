@@ -19,7 +19,7 @@ from .local import LocalBackend
 from .pointer import Pointer, of_store
 from .records import VersionInfo
 from .retention import RetentionPolicy
-from .signing import VerdictSigner, signer_for
+from .signing import EcKeys, VerdictSigner, signer_for
 
 
 class ArtifactStore:
@@ -33,16 +33,30 @@ class ArtifactStore:
       root: the store's directory, or ``s3://BUCKET/PREFIX`` /
         ``gs://BUCKET/PREFIX`` for a store in a bucket (made by ``init``;
         file versions only, every write conditional; see bucket.py).
-      key: a secret of at least 16 bytes. With a key, each verdict is signed
-        and ``promote``, ``rollback``, ``load_current`` and ``load_verified``
-        refuse a verdict that is unsigned or wrongly signed. Without one, the
-        key file named by ``$TREEGUARD_STORE_KEY_FILE`` is used if set.
+      key: a secret of at least 16 bytes (HMAC). With a key, each verdict is
+        signed and ``promote``, ``rollback``, ``load_current`` and
+        ``load_verified`` refuse a verdict that is unsigned or wrongly
+        signed. Without one, the key file named by
+        ``$TREEGUARD_STORE_KEY_FILE`` is used if set.
+      signing_key: an EC private key file (``treeguard keys new``; the
+        ``sign`` extra): each verdict is signed with it, and its own public
+        key is trusted unless revoked.
+      trusted_keys: EC public key files: every gate honours only a verdict
+        signed by one of them (or by ``signing_key``) that is not revoked.
+        A store with public keys only checks verdicts and cannot make one.
+      revoked_keys: EC public key files whose verdicts no longer count, at
+        once (a ``RevokedKeyError`` naming the key). Without any of the three,
+        ``$TREEGUARD_SIGNING_KEY_FILE``, ``$TREEGUARD_TRUSTED_KEYS`` and
+        ``$TREEGUARD_REVOKED_KEYS`` name them (lists joined by ``os.pathsep``).
 
     Raises:
       StoreError: for a key that is too short, a key file that cannot be
         read, others may rewrite or lies inside the store; for a bucket URL
         without a valid bucket name.
-      ConfigError: for ``$TREEGUARD_STORE_KEY_FILE`` set but empty.
+      ConfigError: for a key variable set but empty, or an HMAC key and
+        EC keys at once.
+      KeyFileError: for an EC key file that cannot be used (a private key
+        others may read, one inside the store, another curve).
 
     Example:
       >>> import tempfile, numpy as np
@@ -65,17 +79,36 @@ class ArtifactStore:
       treeguard.StoreError: version v000002 is rejected, not verified: ...
     """
 
-    def __init__(self, root: str | os.PathLike[str], /, *, key: bytes | str | None = None):
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        /,
+        *,
+        key: bytes | str | None = None,
+        signing_key: str | os.PathLike[str] | None = None,
+        trusted_keys: Sequence[str | os.PathLike[str]] = (),
+        revoked_keys: Sequence[str | os.PathLike[str]] = (),
+    ):
         bucket = objects.is_url(root)
         self._backend: Backend = (
             BucketBackend(objects.normal_url(root)) if bucket else LocalBackend(root)
         )
         self.root = self._backend.root
-        self._signer: VerdictSigner | None = signer_for(key, root=None if bucket else self.root)
+        keys = EcKeys(signing_key, tuple(trusted_keys), tuple(revoked_keys))
+        self._signer: VerdictSigner | None = signer_for(
+            key, root=None if bucket else self.root, keys=keys
+        )
 
     @classmethod
     def init(
-        cls, root: str | os.PathLike[str], /, *, key: bytes | str | None = None
+        cls,
+        root: str | os.PathLike[str],
+        /,
+        *,
+        key: bytes | str | None = None,
+        signing_key: str | os.PathLike[str] | None = None,
+        trusted_keys: Sequence[str | os.PathLike[str]] = (),
+        revoked_keys: Sequence[str | os.PathLike[str]] = (),
     ) -> ArtifactStore:
         """Makes ``root`` a store (creating it if absent) and opens it.
 
@@ -86,7 +119,13 @@ class ArtifactStore:
         Raises:
           StoreError: for a root or ``versions/`` that is a link or not a directory.
         """
-        store = cls(root, key=key)
+        store = cls(
+            root,
+            key=key,
+            signing_key=signing_key,
+            trusted_keys=trusted_keys,
+            revoked_keys=revoked_keys,
+        )
         store._backend.init()
         return store
 

@@ -20,6 +20,7 @@ from typing import Any
 from .. import strictjson
 from ..env import environment
 from ..errors import FormatError, IntegrityError, SignatureError, StoreError, TreeMismatchError
+from ..provenance.errors import ProvenanceError
 from . import payload, pointer, records
 from .backend import Backend, record_of
 from .checks import Check, run_checks
@@ -158,7 +159,15 @@ def check(
             version=version,
             hint=f"verify it again with the key (store.verify({version!r})) to sign it",
         )
-    why = signer.verify(message(str(marker["id"]), version, record), got)
+    try:
+        why = signer.verify(message(str(marker["id"]), version, record), got)
+    except ProvenanceError as e:  # an EC signer's refusal, typed: it gains the version
+        raise type(e)(
+            f"version {version}'s verdict is refused: {e.message}",
+            fingerprint=e.fingerprint,
+            version=version,
+            hint=e.hint,
+        ) from None
     if why is not None:
         raise SignatureError(
             f"version {version}'s verdict signature does not match: {why}",
@@ -173,7 +182,8 @@ def unkeyed(version: str | None) -> SignatureError:
         "this store signs its verdicts, and it was opened without its key: no verdict "
         "can be trusted or written",
         version=version,
-        hint=f"open it with its key (key=..., or ${KEY_ENV} naming the key file)",
+        hint=f"open it with its key (key=..., or ${KEY_ENV} naming the key file), or with "
+        "its EC keys (trusted_keys=..., --trusted-key, $TREEGUARD_TRUSTED_KEYS)",
     )
 
 
