@@ -47,41 +47,44 @@ def _remember(ctx: click.Context, param: click.Parameter, value: Any) -> None:
     ctx.meta.setdefault(_KEYS, {})[param.name] = value
 
 
+#: Each key option: its name, the parameter, whether it repeats, and its help.
+_KEY_OPTIONS = (
+    (
+        "--signing-key",
+        "signing_key",
+        False,
+        "An EC private key (mode 0600) that signs every verdict "
+        "(default: $TREEGUARD_SIGNING_KEY_FILE).",
+    ),
+    (
+        "--trusted-key",
+        "trusted_keys",
+        True,
+        "An EC public key whose verdicts count (repeatable; default: $TREEGUARD_TRUSTED_KEYS).",
+    ),
+    (
+        "--revoked-key",
+        "revoked_keys",
+        True,
+        "An EC public key whose verdicts no longer count (repeatable; default: "
+        "$TREEGUARD_REVOKED_KEYS).",
+    ),
+)
+
+
 def _key_options(command: Any) -> Any:
     """Adds --signing-key, --trusted-key and --revoked-key to a command; the
     store it opens (``_store``) is opened with them."""
-    options = [
-        click.option(
-            "--signing-key",
+    for flag, name, repeats, text in reversed(_KEY_OPTIONS):
+        command = click.option(
+            flag,
+            name,
             type=click.Path(path_type=Path),
+            multiple=repeats,
             callback=_remember,
             expose_value=False,
-            help="An EC private key (mode 0600) that signs every verdict "
-            "(default: $TREEGUARD_SIGNING_KEY_FILE).",
-        ),
-        click.option(
-            "--trusted-key",
-            "trusted_keys",
-            type=click.Path(path_type=Path),
-            multiple=True,
-            callback=_remember,
-            expose_value=False,
-            help="An EC public key whose verdicts count (repeatable; default: "
-            "$TREEGUARD_TRUSTED_KEYS).",
-        ),
-        click.option(
-            "--revoked-key",
-            "revoked_keys",
-            type=click.Path(path_type=Path),
-            multiple=True,
-            callback=_remember,
-            expose_value=False,
-            help="An EC public key whose verdicts no longer count (repeatable; default: "
-            "$TREEGUARD_REVOKED_KEYS).",
-        ),
-    ]
-    for option in reversed(options):
-        command = option(command)
+            help=text,
+        )(command)
     return command
 
 
@@ -287,6 +290,52 @@ def promote_command(root: Path, version: str) -> None:
     s = _open_store(root)
     s.promote(version)
     console().print(f"[green]current[/green]: {shown(version)}")
+
+
+@store.command("export")
+@_key_options
+@click.argument("root", type=click.Path(path_type=Path))
+@click.argument("version")
+@click.argument("directory", type=click.Path(path_type=Path))
+def export_command(root: Path, version: str, directory: Path) -> None:
+    """Write the verified VERSION to a new DIRECTORY, signed for OpenSSF Model Signing.
+
+    DIRECTORY gets model.safetensors and model.sig, signed with
+    --signing-key; `model_signing verify key DIRECTORY --signature
+    DIRECTORY/model.sig --public_key KEY.pub` accepts it.
+    """
+    s = _open_store(root)
+    manifest = s.export(version, directory)
+    console().print(
+        f"[green]exported[/green]: {shown(version)} to {shown(str(directory))} "
+        f"({len(manifest.digests)} file(s), {manifest.algorithm}, signed)"
+    )
+
+
+@store.command("add")
+@_key_options
+@click.argument("root", type=click.Path(path_type=Path))
+@click.argument("model", type=click.Path(path_type=Path))
+@click.option(
+    "--signature",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="The model's OMS signature (default: MODEL/model.sig, or MODEL.sig for a file).",
+)
+def add_command(root: Path, model: Path, signature: Path | None) -> None:
+    """Put MODEL (a file or directory signed by `model_signing sign key`) as a candidate.
+
+    Only with --trusted-key: the signature must be by a trusted, unrevoked
+    key and every file must match its signed digest; otherwise nothing is
+    written (exit 1). ROOT is made a store if it is not one yet, as by a put.
+    """
+    s = _store(root)
+    version = s.add_signed(model, signature=signature)
+    signed = s.info(version).metadata["signed_model"]
+    console().print(
+        f"[green]candidate[/green]: {shown(version)} signed by "
+        f"{shown(signed['fingerprint'][:16])}… ({shown(signed['algorithm'])})"
+    )
 
 
 @store.command("rollback")

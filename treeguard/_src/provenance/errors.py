@@ -49,6 +49,17 @@ class ProvenanceError(SignatureError):
         self.fingerprint = fingerprint
         super().__init__(message, version=version, context=context, hint=hint)
 
+    def at(self, context: str) -> ProvenanceError:
+        """The same refusal, said of ``context`` (the user's path, where the
+        check ran on a private copy)."""
+        return type(self)(
+            self.message,
+            fingerprint=self.fingerprint,
+            version=self.version,
+            context=context,
+            hint=self.hint,
+        )
+
 
 class MissingSignatureError(ProvenanceError):
     """No signature where the trust policy requires one."""
@@ -88,6 +99,17 @@ class SignedDigestError(ProvenanceError):
         self.names = names
         super().__init__(
             message, fingerprint=fingerprint, version=version, context=context, hint=hint
+        )
+
+    def at(self, context: str) -> SignedDigestError:
+        """The same refusal, said of ``context``."""
+        return SignedDigestError(
+            self.message,
+            names=self.names,
+            fingerprint=self.fingerprint,
+            version=self.version,
+            context=context,
+            hint=self.hint,
         )
 
 

@@ -142,6 +142,7 @@ def sign_model(
     signature: str | os.PathLike[str] | None = None,
     algorithm: Algorithm = "sha256",
     digests: Mapping[str, str] | None = None,
+    name: str | None = None,
 ) -> Manifest:
     """Signs a model file or directory, writing an OpenSSF Model Signing
     v1.0 signature that ``model_signing verify key`` accepts.
@@ -155,6 +156,8 @@ def sign_model(
         ``"blake3"`` (read by ``model_signing``'s library and by treeguard).
       digests: each file's digest, already computed by whoever wrote the
         files (never hashed twice); None hashes them here.
+      name: the model's name in the statement (its file's or directory's
+        name if None).
 
     Returns:
       The signed manifest.
@@ -192,7 +195,8 @@ def sign_model(
         )
     else:
         found = dict(digests)
-    manifest = Manifest(os.path.basename(os.path.abspath(model)), algorithm, found, tuple(ignore))
+    title = name if name is not None else os.path.basename(os.path.abspath(model))
+    manifest = Manifest(title, algorithm, found, tuple(ignore))
     atomic_write(target, write_bundle(manifest, key))
     return manifest
 

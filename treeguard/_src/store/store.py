@@ -10,7 +10,7 @@ from typing import Any
 from ..checkpoint import asyncsave
 from ..hashing import DEFAULT, Algorithm
 from ..spec import TreeSpec
-from . import gates, lifecycle, log, objects, records, verdicts
+from . import exchange, gates, lifecycle, log, objects, records, verdicts
 from .backend import Backend, Wanted, record_of
 from .bucket import BucketBackend
 from .checks import Check
@@ -363,6 +363,79 @@ class ArtifactStore:
         """
         user, algorithm = records.put_arguments(metadata, version, digest)
         return self._backend.put_sharded(tree, user, version, algorithm)
+
+    def add_signed(
+        self,
+        model: str | os.PathLike[str],
+        /,
+        *,
+        signature: str | os.PathLike[str] | None = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> str:
+        """Puts a model signed with OpenSSF Model Signing (``model_signing sign
+        key``) as a candidate, only if a trusted, unrevoked key signed it and
+        every file matches its signed digest.
+
+        The model is copied into a private directory first and checked there,
+        so the bytes put are the bytes checked. Its one ``.safetensors`` file
+        becomes the version (a treeguard checkpoint with every hash checked,
+        or a foreign one matched by name); the signer's fingerprint, the
+        algorithm and every signed digest are kept in its metadata under
+        ``"signed_model"``. A refused model leaves nothing in the store.
+
+        Args:
+          model: a model file or directory.
+          signature: its signature (``DIR/model.sig`` or ``FILE.sig`` if None).
+          metadata: more JSON metadata for the version.
+
+        Returns:
+          The new candidate's name.
+
+        Raises:
+          ProvenanceError: for a store without trusted EC keys, and its kinds
+            (``MissingSignatureError``, ``BadSignatureError``,
+            ``UntrustedKeyError``, ``RevokedKeyError``, ``SignedDigestError``)
+            for a model that is refused.
+          FormatError: for a link or special file in the model, or a
+            signature that is not an OMS v1.0 bundle.
+          StoreError: for a store in a bucket, or a model without exactly
+            one safetensors file.
+        """
+        exchange.require_local(self._backend, "adding a signed model")
+        tree, user = exchange.add(
+            self._signer,
+            os.fspath(model),
+            signature=None if signature is None else os.fspath(signature),
+            metadata=metadata,
+        )
+        name: str = self.put(tree, metadata=user)
+        return name
+
+    def export(self, version: str, directory: str | os.PathLike[str], /) -> Any:
+        """Writes a verified version to a new directory with its OpenSSF Model
+        Signing signature, which ``model_signing verify key DIRECTORY
+        --signature DIRECTORY/model.sig --public_key KEY.pub`` accepts.
+
+        The version passes the gates (verified, its verdict signed by a
+        trusted, unrevoked key), its file is copied and the copy re-hashed
+        against the verdict's digest, then the directory is signed with the
+        store's signing key and renamed into place: a refusal leaves nothing.
+
+        Args:
+          version: a verified file version.
+          directory: where to write it; it must not exist.
+
+        Returns:
+          The signed ``Manifest`` (each file's sha256).
+
+        Raises:
+          ProvenanceError: for a store without an EC signing key.
+          StoreError, SignatureError, IntegrityError: for a version that
+            fails a gate, a sharded version, or a store in a bucket.
+          FileExistsError: if ``directory`` exists.
+        """
+        exchange.require_local(self._backend, "export")
+        return exchange.export(self._backend, self._signer, version, os.fspath(directory))
 
     def verify(
         self,

@@ -1,0 +1,208 @@
+"""Versions in and out of a store as models signed in the OpenSSF Model
+Signing format (the ``sign`` extra).
+
+Out (``export``): a verified version whose verdict the store's keys vouch
+for is copied to a new directory, the copy checked against the verdict's
+digest (every tensor re-hashed), then signed with the store's signing key:
+``DIR/model.safetensors`` and ``DIR/model.sig``, which ``model_signing
+verify key DIR --signature DIR/model.sig --public_key KEY.pub`` accepts.
+
+In (``add``): a model file or directory signed by ``model_signing sign
+key`` is copied into a private staging directory (links, FIFOs and devices
+refused), checked there against its signature (a trusted, unrevoked key;
+every file its signed digest), and only then its one safetensors file is
+read (a treeguard checkpoint with every hash checked, a foreign one by its
+structure) and put as a candidate, with the signer and the signed digests
+in its metadata. A refused model leaves nothing in the store.
+
+Both work on a store in a local directory, with file versions.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from ..atomic import current_umask, fsync_dir, open_regular
+from ..checkpoint import read_foreign, verify_file
+from ..errors import IntegrityError, StoreError
+from ..provenance.errors import ProvenanceError
+from . import gates
+from .backend import Backend
+from .layout import MODEL_FILE
+from .local import LocalBackend
+from .signing import VerdictSigner
+
+if TYPE_CHECKING:
+    from ..provenance.oms import Manifest
+    from ..provenance.verdicts import EcSigner
+
+#: The key under which a model added with ``add`` records where it came from.
+SIGNED_BY = "signed_model"
+
+
+def _ec(signer: VerdictSigner | None, what: str) -> EcSigner:
+    # the sign extra (cryptography): imported when a signed model is asked for
+    from ..provenance.verdicts import EcSigner
+
+    if not isinstance(signer, EcSigner):
+        raise ProvenanceError(
+            f"{what} needs a store opened with EC keys",
+            hint="open the store with --signing-key / --trusted-key (signing_key=, trusted_keys=)",
+        )
+    return signer
+
+
+def require_local(backend: Backend, what: str) -> LocalBackend:
+    """The backend, if it is a local directory.
+
+    Raises:
+      StoreError: for a store in a bucket.
+    """
+    if not isinstance(backend, LocalBackend):
+        raise StoreError(
+            f"{what} works on a store in a local directory; this one is in a bucket",
+            context=backend.root,
+            hint="load the version (store.load_verified) and save it where you export from",
+        )
+    return backend
+
+
+def export(
+    backend: Backend, signer: VerdictSigner | None, version: str, directory: str
+) -> Manifest:
+    """Writes ``version`` to ``directory`` with its OMS signature (see the module).
+
+    Raises:
+      ProvenanceError: without a signing key.
+      StoreError, SignatureError, IntegrityError: for a version that fails a
+        gate, or a copy whose bytes are not the verdict's.
+      FileExistsError: if ``directory`` exists; nothing is written.
+    """
+    ec = _ec(signer, "export")
+    from ..provenance.model import sign_model  # the sign extra, as in _ec
+
+    if ec.key is None:
+        raise ProvenanceError(
+            "export signs the model, and this store holds public keys only",
+            hint="open the store with its signing key (--signing-key)",
+        )
+    location, record, digest = gates.gate(backend, signer, version, full=False)
+    if record.get("kind", "file") != "file":
+        raise StoreError(
+            f"version {version} is sharded; export writes file versions only",
+            version=version,
+            hint="load it with load_verified and save it as one file to export",
+        )
+    target = os.path.abspath(directory)
+    if os.path.lexists(target):
+        raise FileExistsError(f"{target}: already exists; export writes a new directory")
+    parent = os.path.dirname(target)
+    staging = tempfile.mkdtemp(prefix=f".{os.path.basename(target)}.", dir=parent)
+    try:
+        copy = os.path.join(staging, MODEL_FILE)
+        _copy(os.path.join(location, MODEL_FILE), copy)
+        try:  # the bytes shipped are the verdict's: every tensor re-hashed on the copy
+            verify_file(copy, expect_digest=digest)
+        except IntegrityError as e:
+            raise gates.changed(version, e) from e
+        manifest = sign_model(staging, ec.key, name=os.path.basename(target))
+        os.chmod(staging, 0o777 & ~current_umask())  # mkdtemp made it 0700
+        os.rename(staging, target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    fsync_dir(parent)
+    return manifest
+
+
+def _copy(src: str, dst: str) -> None:
+    fd = open_regular(src, what="checkpoint")
+    try:
+        with os.fdopen(os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644), "wb") as out:
+            with os.fdopen(os.dup(fd), "rb") as source:
+                shutil.copyfileobj(source, out, length=8 * 1024 * 1024)
+            out.flush()
+            os.fsync(out.fileno())
+    finally:
+        os.close(fd)
+
+
+def add(
+    signer: VerdictSigner | None,
+    model: str,
+    *,
+    signature: str | None,
+    metadata: Mapping[str, Any] | None,
+) -> tuple[Any, dict[str, Any]]:
+    """Checks a signed model (see the module) and returns its tree and the
+    metadata to put it with; the caller puts it.
+
+    Raises:
+      ProvenanceError: without trusted keys; and its kinds for a model whose
+        signature is missing, does not verify, is by an untrusted or revoked
+        key, or whose files differ from what was signed.
+      FormatError: for a link or special file in the model, a signature that
+        is not an OMS bundle, or a model without exactly one safetensors file.
+    """
+    ec = _ec(signer, "adding a signed model")
+    from ..provenance.model import default_signature, verify_model  # the sign extra, as in _ec
+
+    if not ec.policy.trusted:
+        raise ProvenanceError(
+            "adding a signed model needs trusted keys: none is given",
+            hint="name the signer's public key with --trusted-key (trusted_keys=)",
+        )
+    source = os.fspath(model)
+    sig = os.fspath(signature) if signature is not None else default_signature(source)
+    with tempfile.TemporaryDirectory(prefix="treeguard-add-") as private:
+        staged, staged_sig = _stage(source, sig, private)
+        try:
+            signed = verify_model(staged, policy=ec.policy, signature=staged_sig)
+        except ProvenanceError as e:  # checked on the private copy; said of the user's path
+            raise e.at(source) from None
+        names = [n for n in signed.manifest.digests if n == "." or n.endswith(".safetensors")]
+        if len(names) != 1:
+            raise StoreError(
+                f"the signed model holds {len(names)} safetensors files; a version holds one",
+                context=source,
+                hint="sign a directory with one .safetensors file (other files are checked, "
+                "and kept only in the record of what was signed)",
+            )
+        weights = staged if names[0] == "." else os.path.join(staged, names[0])
+        tree = read_foreign(weights)
+    user = dict(metadata or {})
+    user[SIGNED_BY] = {
+        "fingerprint": signed.key.fingerprint,
+        "algorithm": signed.key.algorithm,
+        "hash_type": signed.manifest.algorithm,
+        "digests": dict(signed.manifest.digests),
+        "model": signed.manifest.name,
+    }
+    return tree, user
+
+
+def _stage(source: str, signature: str, private: str) -> tuple[str, str]:
+    """Copies the model (refusing links and special files) and its signature
+    into ``private``; returns the copies' paths (the signature's own path
+    when there is none, for ``verify_model`` to report it missing)."""
+    staged_sig = signature
+    if os.path.lexists(signature):
+        staged_sig = os.path.join(private, "signature.sig")
+        _copy(signature, staged_sig)
+    if not os.path.isdir(source):
+        staged = os.path.join(private, os.path.basename(source))
+        _copy(source, staged)
+        return staged, staged_sig
+    from ..provenance.model import model_files  # the sign extra, as in _ec
+
+    staged = os.path.join(private, "model")
+    own = os.path.relpath(os.path.abspath(signature), os.path.abspath(source))
+    for rel in model_files(source, ignore=[own.replace(os.sep, "/")]):
+        dst = os.path.join(staged, rel)
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        _copy(os.path.join(source, rel), dst)
+    return staged, staged_sig
