@@ -18,6 +18,7 @@ from treeguard._src.serving.protocol import (
     requested_outputs,
 )
 from treeguard._src.verify.checks import cross_backend_summary
+from treeguard.provenance import generate_keys, load_public_key
 
 
 def _message(fn: Any, *args: Any, **kwargs: Any) -> str:
@@ -353,4 +354,28 @@ def test_retired_version_message(tmp_path: Any) -> None:
     assert _message(store.promote, "v000001") == (
         f"{tmp_path}: version v000001 was removed by gc\n"
         "hint: `treeguard store gc ROOT` removes what is left of it"
+    )
+
+
+def test_revoked_and_untrusted_verdict_messages(tmp_path: Any) -> None:
+    import numpy as np
+
+    key, pub = generate_keys(tmp_path / "ci")
+    _, other = generate_keys(tmp_path / "other")
+    fp, other_fp = load_public_key(pub).fingerprint, load_public_key(other).fingerprint
+    writer = tg.ArtifactStore(tmp_path / "store", signing_key=key)
+    v = writer.put({"w": np.ones(2, np.float32)})
+    writer.verify(v)
+    revoked = tg.ArtifactStore(tmp_path / "store", trusted_keys=[pub], revoked_keys=[pub])
+    assert _message(revoked.promote, v) == (
+        f"version v000001's verdict is refused: signed by key {fp[:16]}… (sha256 {fp}), which "
+        f"is revoked ({pub}): what it signed no longer counts\n"
+        "hint: verify the version again with a trusted key that is not revoked"
+    )
+    untrusting = tg.ArtifactStore(tmp_path / "store", trusted_keys=[other])
+    assert _message(untrusting.promote, v) == (
+        f"version v000001's verdict is refused: signed by key {fp[:16]}… (sha256 {fp}), which "
+        f"is not trusted (trusted: {other_fp[:16]}…)\n"
+        "hint: trust its public key (--trusted-key KEY.pub, $TREEGUARD_TRUSTED_KEYS) if you "
+        "know whose it is"
     )
