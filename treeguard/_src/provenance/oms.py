@@ -69,6 +69,16 @@ class Manifest:
     digests: Mapping[str, str]
     ignore_paths: tuple[str, ...] = ()
 
+    def __post_init__(self) -> None:
+        bad = [n for n in self.digests if not safe_name(n)]
+        if bad:
+            raise FormatError(
+                f"the file name {bad[0][:80]!r} cannot be signed: a name holds no control "
+                "characters, and no empty, '.' or '..' part",
+                context=self.name,
+                hint="rename the file; a signature names every file as it is",
+            )
+
     def root_digest(self) -> str:
         """The subject's sha256: over every digest's bytes, sorted by name."""
         h = hashlib.sha256()
