@@ -61,6 +61,24 @@ class EcSigner:
         Raises:
           ProvenanceError: for a signer without a private key, or whose key is revoked.
         """
+        return sign_text(self._signing_key(), VERDICT_TYPE, message)
+
+    def require_signing(self) -> None:
+        """Refuses, before a verdict is judged, a signer that may not sign.
+
+        Raises:
+          ProvenanceError: for a signer without a private key.
+          RevokedKeyError: for a signer whose key is revoked, naming it.
+        """
+        self._signing_key()
+
+    def _signing_key(self) -> PrivateKey:
+        """The private key, if this signer may sign.
+
+        Raises:
+          ProvenanceError: for a signer without a private key.
+          RevokedKeyError: for a signer whose key is revoked, naming it.
+        """
         if self.key is None:
             raise ProvenanceError(
                 "this store holds public keys only: it checks verdicts and cannot sign one",
@@ -69,7 +87,7 @@ class EcSigner:
             )
         if self.key.public.fingerprint in self.policy.revoked:
             self.policy.key(self.key.public.fingerprint)  # raises RevokedKeyError, naming it
-        return sign_text(self.key, VERDICT_TYPE, message)
+        return self.key
 
     def verify(self, message: bytes, signature: str) -> str | None:
         """None for a signature of ``message`` by a trusted, unrevoked key.

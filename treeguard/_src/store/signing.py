@@ -55,6 +55,15 @@ class VerdictSigner(Protocol):
         it is not, as a clause that follows "does not match: "."""
         ...
 
+    def require_signing(self) -> None:
+        """Refuses a signer that can check signatures but not make them,
+        before a verdict is judged.
+
+        Raises:
+          SignatureError: if this signer cannot sign.
+        """
+        ...
+
 
 class HmacSigner:
     """HMAC-SHA256 with a shared key: ``hmac-sha256:`` and the hex digest.
@@ -83,6 +92,9 @@ class HmacSigner:
         if hmac.compare_digest(signature, self.sign(message)):
             return None
         return "the verdict or its file digest was changed, or it was signed with another key"
+
+    def require_signing(self) -> None:
+        return None  # whoever holds the key signs
 
 
 @dataclasses.dataclass(frozen=True)

@@ -204,6 +204,8 @@ def verify(
         raise
     if signer is None and backend.require().get("signed"):
         raise unkeyed(version)
+    if signer is not None:
+        signer.require_signing()  # before any byte is read: a checker that cannot sign
     contract, contract_name = _contract(backend, version, like)
     kind = payload.of(before)
     judgement = judge(
