@@ -53,7 +53,7 @@ from ..errors import (
 )
 from ..hashing import Algorithm, BytesReader
 from ..spec import TreeSpec
-from . import records
+from . import gates, records
 from .backend import Record, Wanted
 from .layout import (
     AUTO_RE,
@@ -396,7 +396,9 @@ class BucketBackend:
         """The version's checkpoint object, read as it downloads, with the
         errors of reading it naming the version."""
         name = _version_object(version, MODEL_FILE)
-        with self._reading(version):
+        with gates.reading(
+            version, since="put", where=self._model(version), unreadable=(FormatError,)
+        ):
             reader = self.storage.reader(name)
             if reader is None and self.retired(version):
                 raise UnknownVersionError(
@@ -422,31 +424,6 @@ class BucketBackend:
         reader.plan([])
         where = self._model(version)
         return checked_header(*read_raw_header(reader, where), where, None)
-
-    @contextlib.contextmanager
-    def _reading(self, version: str) -> Iterator[None]:
-        """Names the version in the errors of reading its checkpoint object."""
-        where = self.storage.where(_version_object(version, MODEL_FILE))
-        try:
-            yield
-        except IntegrityError as e:
-            if e.version == version:
-                raise
-            raise IntegrityError(
-                f"version {version}: its checkpoint object was changed behind the store: "
-                f"{e.message}",
-                version=version,
-                context=where,
-                hint="do not use it; restore the object from a backup, or put the weights again",
-            ) from e
-        except FormatError as e:
-            raise IntegrityError(
-                f"version {version}: its checkpoint object no longer reads: {e.message}",
-                version=version,
-                context=where,
-                hint="do not use it; something replaced the object behind the store; put the "
-                "weights again",
-            ) from e
 
     def load(self, version: str, location: str, record: dict[str, Any], want: Wanted) -> Any:
         # a candidate has no verdict yet: the digest recorded at put is the one to find
