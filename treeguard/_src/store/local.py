@@ -288,7 +288,9 @@ class LocalBackend:
     ) -> Any:
         kind = payload.of(record)
         path = self.layout.version_dir(version)
-        return kind.read_for_verdict(self.layout, path, version, contract, digests)
+        # a file that does not parse is one (a FormatError); a failed read, not
+        with gates.reading(version, since="put", where=path, unreadable=(OSError,)):
+            return kind.read_for_verdict(self.layout, path, version, contract, digests)
 
     def digest_now(self, version: str, location: str, record: dict[str, Any]) -> str | None:
         return payload.digest_now(location, record)
