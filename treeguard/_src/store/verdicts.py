@@ -226,7 +226,21 @@ def verify(
         mine: Judgement | StorageError = judge(read, kind.evidence, contract_name, checks)
     except StorageError as failed:  # no verdict: every process must hear it
         mine = failed
-    return _record_together(backend, signer, version, before, _agreed(version, mine))
+    agreed = _agreed(version, mine)
+
+    def record() -> bytes:  # process 0 records what every process agreed on
+        _record(backend, signer, version, before, agreed)
+        return b""
+
+    lead_acts(
+        record,
+        failed=lambda why: StoreError(
+            f"process 0 could not record the verdict on {version}: {why}",
+            version=version,
+            hint=f"verify it again: store.verify({version!r})",
+        ),
+    )
+    return records.info(version, *record_of(backend, version))
 
 
 def _processes() -> int:
@@ -374,35 +388,6 @@ def forged(
             except StoreError:
                 continue  # changed since it was listed (gc's remove() reads it again)
     return out
-
-
-def _record_together(
-    backend: Backend,
-    signer: VerdictSigner | None,
-    version: str,
-    before: dict[str, Any],
-    judgement: Judgement,
-) -> VersionInfo:
-    """In a multi-process job: ``judgement``, the verdict every process
-    agreed on, recorded by process 0 (``_record``) and read back by every one.
-
-    Raises:
-      StoreError: in every process, if process 0 could not record it.
-    """
-
-    def record() -> bytes:
-        _record(backend, signer, version, before, judgement)
-        return b""
-
-    lead_acts(
-        record,
-        failed=lambda why: StoreError(
-            f"process 0 could not record the verdict on {version}: {why}",
-            version=version,
-            hint=f"verify it again: store.verify({version!r})",
-        ),
-    )
-    return records.info(version, *record_of(backend, version))
 
 
 def _record(
