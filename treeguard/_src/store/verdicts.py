@@ -244,6 +244,7 @@ def verify(
 
 
 def _processes() -> int:
+    """How many processes the job has."""
     from ..sharded import hosts  # lazy: jax's multi-process utilities
 
     return hosts.process_count()
