@@ -321,5 +321,5 @@ def test_the_messages_of_the_sharded_gates(tmp_path: Path) -> None:
     )
     assert text.endswith(
         f"the verdict's {digest[:16]}...: the checkpoint was replaced or edited\n"
-        "hint: do not use it; restore the file from a backup or verify it again"
+        "hint: do not use it; restore it from a backup, or put the weights again"
     )

@@ -47,13 +47,11 @@ from ..errors import (
     NotAStoreError,
     StorageError,
     StoreError,
-    TreeguardError,
-    TreeMismatchError,
     UnknownVersionError,
 )
 from ..hashing import Algorithm, BytesReader
 from ..spec import TreeSpec
-from . import records
+from . import gates, records
 from .backend import Record, Wanted
 from .layout import (
     AUTO_RE,
@@ -82,8 +80,6 @@ _MARKER_TRIES = 64
 _NAME_TRIES = 64
 #: How many times a log event is written before its error is raised.
 _LOG_TRIES = 3
-#: How many times verify reads a checkpoint before it gives up without a verdict.
-_VERDICT_READS = 3
 _NOT_A_STORE_HINT = (
     "pass the URL given to `treeguard store init`, or make this prefix a store with "
     "`treeguard store init URL` (ArtifactStore.init(url))"
@@ -396,7 +392,9 @@ class BucketBackend:
         """The version's checkpoint object, read as it downloads, with the
         errors of reading it naming the version."""
         name = _version_object(version, MODEL_FILE)
-        with self._reading(version):
+        with gates.reading(
+            version, since="put", where=self._model(version), unreadable=(FormatError,)
+        ):
             reader = self.storage.reader(name)
             if reader is None and self.retired(version):
                 raise UnknownVersionError(
@@ -422,31 +420,6 @@ class BucketBackend:
         reader.plan([])
         where = self._model(version)
         return checked_header(*read_raw_header(reader, where), where, None)
-
-    @contextlib.contextmanager
-    def _reading(self, version: str) -> Iterator[None]:
-        """Names the version in the errors of reading its checkpoint object."""
-        where = self.storage.where(_version_object(version, MODEL_FILE))
-        try:
-            yield
-        except IntegrityError as e:
-            if e.version == version:
-                raise
-            raise IntegrityError(
-                f"version {version}: its checkpoint object was changed behind the store: "
-                f"{e.message}",
-                version=version,
-                context=where,
-                hint="do not use it; restore the object from a backup, or put the weights again",
-            ) from e
-        except FormatError as e:
-            raise IntegrityError(
-                f"version {version}: its checkpoint object no longer reads: {e.message}",
-                version=version,
-                context=where,
-                hint="do not use it; something replaced the object behind the store; put the "
-                "weights again",
-            ) from e
 
     def load(self, version: str, location: str, record: dict[str, Any], want: Wanted) -> Any:
         # a candidate has no verdict yet: the digest recorded at put is the one to find
@@ -487,33 +460,6 @@ class BucketBackend:
     def read_for_verdict(
         self, version: str, record: Record, contract: Any, digests: list[str]
     ) -> Any:
-        """The version read against ``contract`` for its verdict, which in a
-        bucket is never replaced: a read that fails is tried again, so a
-        transient failure (a short or broken answer, a replaced ETag, the
-        network) never becomes a permanent ``rejected``. Only bytes that hash
-        wrong on every try are a verdict (an ``IntegrityError``); otherwise
-        the failure is a ``StorageError`` and no verdict is recorded."""
-        failures: list[TreeguardError] = []
-        for _ in range(_VERDICT_READS):
-            digests.clear()
-            try:
-                return self._read_once(version, record, contract, digests)
-            except TreeMismatchError:
-                raise  # the bytes read, all hashes checked, are of another structure
-            except (IntegrityError, FormatError, StorageError) as e:
-                failures.append(e)
-        if all(_wrong_bytes(e) for e in failures):
-            raise failures[-1]
-        raise StorageError(
-            f"reading version {version} for its verdict failed {len(failures)} times "
-            f"(last: {str(failures[-1]).splitlines()[0]}); no verdict was recorded",
-            version=version,
-            context=self._model(version),
-            hint=f"check the network and the server, then verify it again: "
-            f"store.verify({version!r})",
-        ) from failures[-1]
-
-    def _read_once(self, version: str, record: Record, contract: Any, digests: list[str]) -> Any:
         with self._reader(version) as reader:
             digests.append(self._header(version, reader).digest)
             if digests[0] != record.get("stored_digest"):
@@ -601,12 +547,6 @@ class BucketBackend:
 
     def after_gc(self) -> None:
         """Nothing: gc deletes whole versions, and leaves no temporary objects."""
-
-
-def _wrong_bytes(e: TreeguardError) -> bool:
-    """Whether a failed read of a checkpoint read all its bytes and they hash
-    wrong (not a short or broken read, a replaced object or a failed request)."""
-    return isinstance(e, IntegrityError) and not isinstance(e.__cause__, FormatError)
 
 
 def _exists(version: str, root: str) -> StoreError:

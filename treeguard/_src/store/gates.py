@@ -26,11 +26,13 @@ anything is read.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
+from collections.abc import Iterator
 from typing import Any
 
-from ..errors import FormatError, IntegrityError, StoreError
+from ..errors import FormatError, IntegrityError, StoreError, TreeguardError
 from ..sharded.manifest import MANIFEST_NAME
 from . import pointer, verdicts
 from .backend import Backend, Wanted
@@ -109,14 +111,56 @@ def load_current(
         raise
 
 
-def changed(version: str, e: IntegrityError) -> IntegrityError:
-    """The error of a version whose checkpoint no longer matches its verdict."""
-    return IntegrityError(
-        f"version {version}: its checkpoint changed since it was verified: {e.message}",
-        path=e.path,
-        version=version,
-        hint="do not use it; restore the file from a backup or verify it again",
-    )
+@contextlib.contextmanager
+def reading(
+    version: str,
+    *,
+    since: str,
+    where: str | None = None,
+    unreadable: tuple[type[Exception], ...] = (FormatError, OSError),
+) -> Iterator[None]:
+    """Names ``version`` in the errors of reading its checkpoint, the one
+    relabel of every backend: bytes that hash wrong are a checkpoint that
+    changed since it was ``since`` (``"put"`` or ``"verified"``), and a read
+    that fails (one of ``unreadable``) is a checkpoint that no longer reads,
+    each an ``IntegrityError`` caused by what was raised (an error that
+    names the version already passes unchanged).
+
+    Args:
+      version: the version read.
+      since: what the bytes were checked against: ``"verified"`` for a
+        verdict's digest, ``"put"`` for the one recorded at put.
+      where: the checkpoint's location, for the message's context.
+      unreadable: the errors that mean the read failed; others pass.
+
+    Raises:
+      IntegrityError: as above.
+    """
+    try:
+        yield
+    except IntegrityError as e:
+        if e.version == version:
+            raise
+        raise IntegrityError(
+            f"version {version}: its checkpoint changed since it was {since}: {e.message}",
+            path=e.path,
+            version=version,
+            context=where,
+            hint="do not use it; restore it from a backup, or put the weights again",
+        ) from e
+    except unreadable as e:
+        why = (
+            e.message
+            if isinstance(e, TreeguardError)
+            else getattr(e, "strerror", None) or type(e).__name__
+        )
+        raise IntegrityError(
+            f"version {version}: its checkpoint no longer reads: {why}",
+            version=version,
+            context=where or getattr(e, "filename", None),
+            hint="something else is replacing or removing it; retry, and if it still fails, "
+            "restore it from a backup or put the weights again",
+        ) from e
 
 
 def require_verified(version: str, record: dict[str, Any]) -> str:

@@ -22,7 +22,6 @@ from typing import Any
 from ..atomic import pid_alive, remove_stale_temps
 from ..checkpoint import read_header, save
 from ..errors import (
-    FormatError,
     IntegrityError,
     RetiredVersionError,
     StorageError,
@@ -289,7 +288,9 @@ class LocalBackend:
     ) -> Any:
         kind = payload.of(record)
         path = self.layout.version_dir(version)
-        return kind.read_for_verdict(self.layout, path, version, contract, digests)
+        # a file that does not parse is one (a FormatError); a failed read, not
+        with gates.reading(version, since="put", where=path, unreadable=(OSError,)):
+            return kind.read_for_verdict(self.layout, path, version, contract, digests)
 
     def digest_now(self, version: str, location: str, record: dict[str, Any]) -> str | None:
         return payload.digest_now(location, record)
@@ -315,30 +316,15 @@ class LocalBackend:
         payload.of(record).check_plain(self.layout, location, version)
 
     def recheck(self, version: str, location: str, record: dict[str, Any], digest: str) -> None:
-        try:
+        with gates.reading(version, since="verified"):
             payload.of(record).recheck(location, digest)
-        except IntegrityError as e:
-            raise gates.changed(version, e) from e
-        except (FormatError, OSError) as e:
-            raise IntegrityError(
-                f"version {version}: its checkpoint no longer reads: {e}",
-                version=version,
-                hint="restore the file from a backup, or put the weights again",
-            ) from e
 
     def load(self, version: str, location: str, record: dict[str, Any], want: Wanted) -> Any:
-        try:
+        # a malformed file stays a FormatError, naming what is wrong in it
+        with gates.reading(
+            version, since="verified" if want.digest else "put", unreadable=(OSError,)
+        ):
             return payload.of(record).load(version, location, want)
-        except IntegrityError as e:
-            raise gates.changed(version, e) from e
-        except OSError as e:  # removed or replaced while it was read
-            raise IntegrityError(
-                f"version {version}: its checkpoint could not be read: "
-                f"{e.strerror or type(e).__name__}: {e.filename}",
-                version=version,
-                hint="something else is removing or replacing it; retry, or restore the "
-                "version from a backup",
-            ) from e
 
     def stored_spec(self, version: str, location: str, record: dict[str, Any]) -> TreeSpec:
         return payload.of(record).stored_spec(location)

@@ -37,6 +37,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..errors import FormatError, StorageError, StoreError, TreeguardError
+from . import objecterrors
 from .storage import Conflict, check_object_name
 
 #: The URL schemes this backend serves.
@@ -57,28 +58,9 @@ _POLL = 0.05
 #: The first bytes of an object fetched (and kept) on its first read: a
 #: checkpoint's header, parsed more than once, in one request.
 _HEAD_BYTES = 64 << 10
-_STATUS_RE = re.compile(r"status code: (\d{3})")
-#: The client's words for a request that ran past its timeout (``AWS_TIMEOUT``,
-#: 30 s by default, for the whole answer), and for an answer to a ranged GET
-#: that is not the range asked for (a 200, another range, no Content-Range).
-_TIMEOUT_RE = re.compile(r"timed out|kind: Timeout")
-_RANGE_RE = re.compile(r"NotPartial|UnexpectedRange|ContentRange")
 _T = TypeVar("_T")
-#: The server's code for a bucket that does not exist (in the body of its 404),
-#: and the client's word for an http endpoint it may not use (no AWS_ALLOW_HTTP).
-_NO_BUCKET = "NoSuchBucket"
-_BAD_SCHEME = "BadScheme"
 #: An ETag that is the MD5 of the object's bytes (a single PUT, no KMS).
 _MD5_RE = re.compile(r"^[0-9a-f]{32}$")
-#: How a bucket is made, for the hint of a missing one.
-_MAKE_BUCKET = {"s3": "`aws s3 mb s3://", "gs": "`gcloud storage buckets create gs://"}
-
-
-def _permanent(e: BaseException) -> bool:
-    """Whether a failure is one no retry mends: a missing bucket, a refused scheme."""
-    text = str(e)
-    return _NO_BUCKET in text or _BAD_SCHEME in text
-
 
 if TYPE_CHECKING:
     from obstore.store import RetryConfig
@@ -158,38 +140,8 @@ class ObjectStorage:
         return f"{self.url}/{check_object_name(name)}"
 
     def _failed(self, operation: str, name: str, e: BaseException) -> StorageError:
-        text = str(e)
-        status = _STATUS_RE.search(text)
-        hint = (
-            "check that the server is reachable and the credentials in the environment "
-            "allow it; the store was left as it was"
-        )
-        if _NO_BUCKET in text:
-            why = f"the bucket {self.bucket} does not exist"
-            make = f"{_MAKE_BUCKET[self._scheme]}{self.bucket}`"
-            hint = f"create the bucket first ({make}); treeguard never creates one"
-        elif _BAD_SCHEME in text:
-            why = "the endpoint is plain http and AWS_ALLOW_HTTP is not set"
-            hint = (
-                "set AWS_ALLOW_HTTP=true to reach a server over plain http (such as one on "
-                "127.0.0.1), or give AWS_ENDPOINT_URL an https:// address"
-            )
-        elif status:
-            why = f"the server answered {status.group(1)}"
-        elif "error sending request" in text or "onnection refused" in text:
-            why = "the connection failed"
-        elif _TIMEOUT_RE.search(text):
-            why = "it timed out"
-        elif _RANGE_RE.search(text):
-            why = "the server did not answer with the byte range asked for"
-        elif "body error" in text:
-            why = "the connection broke during the answer"
-        else:
-            why = type(e).__name__
-        return StorageError(
-            f"{operation} {name} failed: {why}",
-            context=f"{self.url}/{name.lstrip('/')}",
-            hint=hint,
+        return objecterrors.typed(
+            e, f"{operation} {name}", f"{self.url}/{name.lstrip('/')}", self._scheme, self.bucket
         )
 
     def _idempotent(self, operation: str, name: str, call: Callable[[], _T]) -> _T:
@@ -200,7 +152,7 @@ class ObjectStorage:
             try:
                 return call()
             except GenericError as e:  # the network or a 5xx: worth another try
-                if attempt == _TRIES - 1 or _permanent(e):
+                if attempt == _TRIES - 1 or objecterrors.permanent(e):
                     raise self._failed(operation, name, e) from None
             except (BaseError, OSError) as e:  # refused by the server: no retry helps
                 raise self._failed(operation, name, e) from None
@@ -223,7 +175,7 @@ class ObjectStorage:
         except (AlreadyExistsError, PreconditionError):
             return lost
         except FileNotFoundError as e:
-            if mode == "create" or _permanent(e):
+            if mode == "create" or objecterrors.permanent(e):
                 raise self._failed("writing", name, e) from None
             return lost  # replacing an object that is gone
         except (obstore.exceptions.BaseError, OSError) as e:
@@ -323,7 +275,7 @@ class ObjectStorage:
             try:
                 result = obstore.get(self._store, name)
             except FileNotFoundError as e:
-                if _permanent(e):  # the bucket itself is missing, not the object
+                if objecterrors.permanent(e):  # the bucket itself is missing, not the object
                     raise self._failed("reading", name, e) from None
                 return None
             if result.meta["size"] > limit:
@@ -359,12 +311,11 @@ class ObjectStorage:
                 result = obstore.get(self._store, name, options={"range": (0, _HEAD_BYTES)})
                 return result.meta, bytes(result.bytes())
             except FileNotFoundError as e:
-                if _permanent(e):  # the bucket itself is missing, not the object
+                if objecterrors.permanent(e):  # the bucket itself is missing, not the object
                     raise self._failed("reading", name, e) from None
                 return None
             except GenericError as e:
-                status = _STATUS_RE.search(str(e))  # the text also holds a URL and a duration
-                if status is None or status.group(1) != "416":
+                if objecterrors.status(e) != "416":
                     raise
                 refused = e
             try:  # an empty object has no first byte to ask for

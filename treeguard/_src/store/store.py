@@ -484,6 +484,7 @@ class ArtifactStore:
           SignatureError: in a signed store opened without its key; in a
             store with a key, for a verdict that may not be replaced (in a
             bucket) and is unsigned or forged, of either status.
+          StorageError: for a read that failed on every try (no verdict).
         """
         return verdicts.verify(self._backend, self._signer, version, like, checks)
 

@@ -1,10 +1,12 @@
 """A version's verdict: judged, recorded once, signed, and checked before
 its status is trusted.
 
-``judge`` reads a version against its contract and runs the caller's
-checks; ``settle`` records the ``Judgement`` (in a multi-process job, the
-one every process agrees on, written by process 0), bound to the digest it
-was computed on and signed by the store's ``VerdictSigner`` (signing.py)
+``verify`` reads a version against its contract and runs the caller's
+checks (``judge``); a read that fails is read again, and only bytes wrong on
+every try are a verdict, never a failed read (``_read_steadily``). The
+``Judgement`` is recorded in one place, ``_record`` (in a multi-process job,
+the one every process agrees on, written by process 0), bound to the digest
+it was computed on and signed by the store's ``VerdictSigner`` (signing.py)
 where it has one. ``check`` is the rule every gate applies to a recorded
 verdict, ``verified`` or ``rejected`` alike: in a store with a signer it
 must carry a signature the signer accepts, and a store that has ever
@@ -14,12 +16,21 @@ signed is never used without one.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from .. import strictjson
 from ..env import environment
-from ..errors import FormatError, IntegrityError, SignatureError, StoreError, TreeMismatchError
+from ..errors import (
+    FormatError,
+    IntegrityError,
+    SignatureError,
+    StorageError,
+    StoreError,
+    TreeguardError,
+    TreeMismatchError,
+)
 from ..provenance.errors import ProvenanceError
 from . import payload, pointer, records
 from .backend import Backend, record_of
@@ -31,6 +42,10 @@ from .signing import KEY_ENV, VerdictSigner
 
 #: The statuses a verdict records; each is signed, and checked, alike.
 VERDICTS = ("verified", "rejected")
+#: How many times verify reads a version before it gives up without a verdict.
+READS = 3
+#: The pause before the second read (doubled before each next one).
+_PAUSE = 0.1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,7 +112,7 @@ def judge(
         return Judgement(
             results, f"contract: {text}", digests[0] if digests else None, contract_name
         )
-    except (IntegrityError, FormatError, OSError) as e:
+    except (IntegrityError, FormatError) as e:  # about the bytes; never a failed read
         return Judgement(
             [CheckResult("integrity", False, str(e))], f"integrity: {e}", None, contract_name
         )
@@ -208,20 +223,130 @@ def verify(
         signer.require_signing()  # before any byte is read: a checker that cannot sign
     contract, contract_name = _contract(backend, version, like)
     kind = payload.of(before)
-    judgement = judge(
-        lambda digests: backend.read_for_verdict(version, before, contract, digests),
-        kind.evidence,
-        contract_name,
-        checks,
+    together = kind.collective and shardable(like) and _processes() > 1
+    # a collective read is tried once: every process tries again, or none does
+    tries = 1 if together else READS
+
+    def read(digests: list[str]) -> Any:
+        return _read_steadily(backend, version, (before, contract), digests, tries)
+
+    if not together:
+        return _record(
+            backend, signer, version, before, judge(read, kind.evidence, contract_name, checks)
+        )
+    try:
+        mine: Judgement | StorageError = judge(read, kind.evidence, contract_name, checks)
+    except StorageError as failed:  # no verdict: every process must hear it
+        mine = failed
+    agreed = _agreed(version, mine)
+
+    def record() -> bytes:  # process 0 records what every process agreed on
+        _record(backend, signer, version, before, agreed)
+        return b""
+
+    lead_acts(
+        record,
+        failed=lambda why: StoreError(
+            f"process 0 could not record the verdict on {version}: {why}",
+            version=version,
+            hint=f"verify it again: store.verify({version!r})",
+        ),
     )
-    return _settle(
-        backend,
-        signer,
-        version,
-        before,
-        judgement,
-        collective=kind.collective and shardable(like),
-    )
+    return records.info(version, *record_of(backend, version))
+
+
+def _processes() -> int:
+    """How many processes the job has."""
+    from ..sharded import hosts  # lazy: jax's multi-process utilities
+
+    return hosts.process_count()
+
+
+def _read_steadily(
+    backend: Backend,
+    version: str,
+    against: tuple[dict[str, Any], Any],
+    digests: list[str],
+    tries: int,
+) -> Any:
+    """The version read for its verdict (``against``: its record and the
+    contract), which stands once recorded: a read that fails is tried again
+    (up to ``tries`` times), so a transient failure (a file held by another
+    process for a moment, a short or broken answer, a replaced ETag, the
+    network) never becomes a permanent ``rejected``. A tree of another
+    structure is a verdict at once; bytes that are wrong on every try
+    (``_about_the_bytes``) are one too. Any other failure is a
+    ``StorageError``, and no verdict is recorded."""
+    record, contract = against
+    failures: list[Exception] = []
+    pause = _PAUSE
+    for attempt in range(tries):
+        if attempt:
+            time.sleep(pause)
+            pause *= 2
+        digests.clear()
+        try:
+            return backend.read_for_verdict(version, record, contract, digests)
+        except TreeMismatchError:
+            raise  # the bytes read, every hash checked, are of another structure
+        except (IntegrityError, FormatError, StorageError, OSError) as e:
+            failures.append(e)
+    if all(_about_the_bytes(e) for e in failures):
+        raise failures[-1]
+    last = failures[-1]
+    why = last.message if isinstance(last, TreeguardError) else str(last)
+    raise StorageError(
+        f"reading version {version} for its verdict failed {len(failures)} times "
+        f"(last: {why.splitlines()[0]}); no verdict was recorded",
+        version=version,
+        context=backend.storage.where(f"versions/{version}"),
+        hint="check the disk or the server and what else opens the version, then verify it "
+        f"again: store.verify({version!r})",
+    ) from failures[-1]
+
+
+def _about_the_bytes(e: Exception) -> bool:
+    """Whether a failed read for a verdict says the bytes are wrong: they
+    hash wrong, or are no checkpoint, as read whole; not a read that failed
+    (``gates.reading`` makes those an ``IntegrityError`` caused by the
+    failure: a broken or short answer, a replaced object, an ``OSError``)."""
+    if isinstance(e, IntegrityError):
+        return not isinstance(e.__cause__, (FormatError, OSError))
+    return isinstance(e, FormatError)
+
+
+def _agreed(version: str, mine: Judgement | StorageError) -> Judgement:
+    """In a multi-process job, the verdict every process agrees on: none if
+    any process could not read the version (each raises), else the first
+    reason any gives.
+
+    Raises:
+      StorageError: in every process, if one could not read the version.
+    """
+    from ..sharded import hosts  # lazy: jax's multi-process utilities
+
+    if isinstance(mine, StorageError):
+        said = b"!" + str(mine).splitlines()[0].encode("utf-8")
+    else:
+        said = b"=" + (mine.reason or "").encode("utf-8")
+    heard = [h.decode("utf-8", "replace") for h in hosts.allgather_bytes(said)]
+    failed = next((h[1:] for h in heard if h.startswith("!")), None)
+    if isinstance(mine, StorageError):
+        raise mine
+    if failed is not None:
+        raise StorageError(
+            f"another process could not read version {version} for its verdict ({failed})",
+            version=version,
+            hint=f"see that process's error, then verify it again: store.verify({version!r})",
+        )
+    first = next((h[1:] for h in heard if h[1:]), None)
+    if first is not None and mine.reason is None:
+        return dataclasses.replace(
+            mine,
+            results=[*mine.results, CheckResult("other processes", False, first)],
+            reason=first,
+        )
+    return mine
 
 
 def _contract(backend: Backend, version: str, like: Any) -> tuple[Any, str]:
@@ -276,56 +401,6 @@ def forged(
             except StoreError:
                 continue  # changed since it was listed (gc's remove() reads it again)
     return out
-
-
-def _settle(
-    backend: Backend,
-    signer: VerdictSigner | None,
-    version: str,
-    before: dict[str, Any],
-    judgement: Judgement,
-    *,
-    collective: bool,
-) -> VersionInfo:
-    """Records ``judgement`` on ``version``: at once, or, for a verdict of a
-    ``collective`` read in a multi-process job, the one every process
-    agrees on (the first reason any gives), recorded by process 0 and read
-    back by every one.
-
-    Raises:
-      StoreError: for a version replaced while it was judged (no verdict is
-        recorded), or, in every process, if process 0 could not record it.
-      SignatureError: for a signed store opened without its key.
-    """
-    if collective:
-        from ..sharded import hosts  # lazy: jax's multi-process utilities
-
-        collective = hosts.process_count() > 1
-    if not collective:
-        return _record(backend, signer, version, before, judgement)
-    reasons = hosts.allgather_bytes((judgement.reason or "").encode("utf-8"))
-    first = next((r.decode("utf-8") for r in reasons if r), None)
-    if first is not None and judgement.reason is None:
-        judgement = dataclasses.replace(
-            judgement,
-            results=[*judgement.results, CheckResult("other processes", False, first)],
-            reason=first,
-        )
-    agreed = judgement
-
-    def record() -> bytes:
-        _record(backend, signer, version, before, agreed)
-        return b""
-
-    lead_acts(
-        record,
-        failed=lambda why: StoreError(
-            f"process 0 could not record the verdict on {version}: {why}",
-            version=version,
-            hint=f"verify it again: store.verify({version!r})",
-        ),
-    )
-    return records.info(version, *record_of(backend, version))
 
 
 def _record(

@@ -1,0 +1,105 @@
+"""What a failed request to object storage was, as the store's error.
+
+obstore's exceptions say what went wrong in their text only: the server's
+status, a missing bucket, the client's words for a timeout or for an answer
+that is not the byte range asked for. They are read here, once: ``typed``
+makes a ``StorageError`` naming the operation, the object and which failure
+it was, ``permanent`` says whether a retry could mend it, and ``status``
+gives the status the server answered. A credential or a byte of an answer
+is never put in a message.
+"""
+
+from __future__ import annotations
+
+import re
+
+from ..errors import StorageError
+
+_STATUS_RE = re.compile(r"status code: (\d{3})")
+#: The client's words for a request that ran past its timeout (``AWS_TIMEOUT``,
+#: 30 s by default, for the whole answer), and for an answer to a ranged GET
+#: that is not the range asked for (a 200, another range, no Content-Range).
+_TIMEOUT_RE = re.compile(r"timed out|kind: Timeout")
+_RANGE_RE = re.compile(r"NotPartial|UnexpectedRange|ContentRange")
+#: The server's code for a bucket that does not exist (in the body of its 404),
+#: and the client's word for an http endpoint it may not use (no AWS_ALLOW_HTTP).
+_NO_BUCKET = "NoSuchBucket"
+_BAD_SCHEME = "BadScheme"
+#: How a bucket is made, for the hint of a missing one.
+_MAKE_BUCKET = {"s3": "`aws s3 mb s3://", "gs": "`gcloud storage buckets create gs://"}
+
+
+def permanent(e: BaseException) -> bool:
+    """Whether a failure is one no retry mends: a missing bucket, a refused scheme.
+
+    Example:
+      >>> permanent(OSError("NoSuchBucket: the bucket does not exist")), permanent(OSError("503"))
+      (True, False)
+    """
+    text = str(e)
+    return _NO_BUCKET in text or _BAD_SCHEME in text
+
+
+def status(e: BaseException) -> str | None:
+    """The HTTP status the server answered, as its three digits, or None
+    (the text also holds a URL and a duration, never read as a status).
+
+    Example:
+      >>> status(OSError("... status code: 416, after 0.1s")), status(OSError("refused"))
+      ('416', None)
+    """
+    found = _STATUS_RE.search(str(e))
+    return None if found is None else found.group(1)
+
+
+def typed(e: BaseException, doing: str, where: str, scheme: str, bucket: str) -> StorageError:
+    """The ``StorageError`` of a failed request.
+
+    Args:
+      e: what the client raised.
+      doing: the operation and the object, such as ``"reading STORE.json"``.
+      where: the object's URL, the error's context.
+      scheme: ``"s3"`` or ``"gs"``, for the hint of a missing bucket.
+      bucket: the bucket's name.
+
+    Returns:
+      The error, saying which failure it was: a missing bucket, plain http
+      not allowed, the status the server answered, a connection that failed
+      or broke, a timeout, an answer that is not the range asked for, or
+      else the exception's type.
+
+    Example:
+      >>> missing = OSError("NoSuchBucket")
+      >>> print(typed(missing, "reading CURRENT.json", "s3://m/CURRENT.json", "s3", "m"))
+      s3://m/CURRENT.json: reading CURRENT.json failed: the bucket m does not exist
+      hint: create the bucket first (`aws s3 mb s3://m`); treeguard never creates one
+    """
+    text = str(e)
+    code = status(e)
+    hint = (
+        "check that the server is reachable and the credentials in the environment "
+        "allow it; the store was left as it was"
+    )
+    if _NO_BUCKET in text:
+        why = f"the bucket {bucket} does not exist"
+        make = f"{_MAKE_BUCKET[scheme]}{bucket}`"
+        hint = f"create the bucket first ({make}); treeguard never creates one"
+    elif _BAD_SCHEME in text:
+        why = "the endpoint is plain http and AWS_ALLOW_HTTP is not set"
+        hint = (
+            "set AWS_ALLOW_HTTP=true to reach a server over plain http (such as one on "
+            "127.0.0.1), or give AWS_ENDPOINT_URL an https:// address"
+        )
+    elif code is not None:
+        why = f"the server answered {code}"
+    elif "error sending request" in text or "onnection refused" in text:
+        why = "the connection failed"
+    elif _TIMEOUT_RE.search(text):
+        why = "it timed out"
+    elif _RANGE_RE.search(text):
+        why = "the server did not answer with the byte range asked for"
+    elif "body error" in text:
+        why = "the connection broke during the answer"
+    else:
+        why = type(e).__name__
+    return StorageError(f"{doing} failed: {why}", context=where, hint=hint)
