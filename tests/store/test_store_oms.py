@@ -175,6 +175,21 @@ def test_add_a_foreign_model_signed_by_model_signing(
     (info,) = inbox.versions()
     assert info.status == "candidate" and info.num_params == 156_461
     assert set(info.metadata["signed_model"]["digests"]) == {"pieces.safetensors", "config.json"}
+    # a model that is one file, its signature beside it
+    single = tmp_path / "pieces.safetensors"
+    shutil.copyfile(CHESS, single)
+    rc, text = _oms(
+        "sign",
+        "key",
+        single,
+        "--private_key",
+        keys["hf.key"],
+        "--signature",
+        tmp_path / "pieces.sig",
+    )
+    assert rc == 0, text
+    v = inbox.add_signed(single, signature=tmp_path / "pieces.sig")
+    assert list(inbox.info(v).metadata["signed_model"]["digests"]) == ["."]
 
 
 def test_add_refuses_and_writes_nothing(
@@ -199,6 +214,12 @@ def test_add_refuses_and_writes_nothing(
     with pytest.raises(SignedDigestError, match="pieces.safetensors") as e:
         trusting.add_signed(tampered)
     assert e.value.context == str(tampered)  # named by the user's path, not the private copy
+    linked = tmp_path / "linked"
+    shutil.copytree(signed_chess, linked)
+    (linked / "config.json").unlink()
+    (linked / "config.json").symlink_to(signed_chess / "config.json")
+    with pytest.raises(tg.FormatError, match="symbolic link"):
+        trusting.add_signed(linked)
     (tampered / "model.sig").unlink()
     with pytest.raises(MissingSignatureError):
         trusting.add_signed(tampered)
