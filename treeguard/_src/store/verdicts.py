@@ -326,7 +326,7 @@ def _agreed(version: str, mine: Judgement | StorageError) -> Judgement:
     from ..sharded import hosts  # lazy: jax's multi-process utilities
 
     if isinstance(mine, StorageError):
-        said = b"!" + str(mine).splitlines()[0].encode("utf-8")
+        said = b"!" + mine.message.splitlines()[0].encode("utf-8")
     else:
         said = b"=" + (mine.reason or "").encode("utf-8")
     heard = [h.decode("utf-8", "replace") for h in hosts.allgather_bytes(said)]
