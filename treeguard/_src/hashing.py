@@ -57,7 +57,7 @@ import threading
 from collections import deque
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import blake3
 
@@ -124,6 +124,47 @@ class RangeReader(Protocol):
         """Fills ``buf`` from ``offset``; how many bytes were read (fewer
         only at the end)."""
         ...
+
+
+@runtime_checkable
+class PlannedReader(RangeReader, Protocol):
+    """A ``RangeReader`` that is told what will be read before it is read:
+    the optional part of the protocol. A bucket's object reader fetches
+    exactly the announced ranges ahead of the reads; a source without
+    ``plan`` is read the same way, unannounced."""
+
+    def plan(self, ranges: Sequence[tuple[int, int]] | None) -> None:
+        """The ``(offset, length)`` ranges the next reads cover, in file
+        order, neighbours merged (None: to the end)."""
+        ...
+
+
+def announce(src: Source, ranges: Iterable[tuple[int, int]]) -> None:
+    """Tells ``src`` the ``(offset, length)`` ranges the next reads cover,
+    when it takes a plan (a ``PlannedReader``); a descriptor or another
+    source is left alone. The ranges are sorted, neighbours merged into one
+    and empty ones dropped, so a reader may fetch each run in one request.
+
+    Example:
+      >>> class Told(BytesReader):
+      ...     def plan(self, ranges):
+      ...         print(ranges)
+      >>> announce(Told(b"0123456789"), [(6, 2), (0, 2), (2, 3), (9, 0)])
+      [(0, 5), (6, 2)]
+      >>> announce(0, [(0, 2)])  # a descriptor: nothing to tell
+    """
+    if isinstance(src, int) or not isinstance(src, PlannedReader):
+        return
+    merged: list[tuple[int, int]] = []
+    for offset, length in sorted(ranges):
+        if length <= 0:
+            continue
+        if merged and merged[-1][0] + merged[-1][1] >= offset:
+            start = merged[-1][0]
+            merged[-1] = (start, max(merged[-1][1], offset + length - start))
+        else:
+            merged.append((offset, length))
+    src.plan(merged)
 
 
 class BytesReader:

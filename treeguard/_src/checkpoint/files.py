@@ -13,7 +13,7 @@ from typing import Any
 
 from ..atomic import open_regular
 from ..errors import FormatError
-from ..hashing import Source, pread_into, source_size
+from ..hashing import Source, announce, pread_into, source_size
 from .format import MAX_HEADER_BYTES, strict_loads
 
 _PICKLE_HINT = (
@@ -39,6 +39,8 @@ def _looks_pickled(head: bytes) -> bool:
 
 def read_raw_header(fd: Source, name: str) -> tuple[dict[str, Any], int, int]:
     """The parsed JSON header (strictly parsed), its length and the file size.
+    Once its length is known, the header's bytes are announced to a source
+    that takes a plan (``hashing.announce``), so a bucket fetches them alone.
 
     Raises:
       FormatError: for a file too short, a header too long or beyond the
@@ -73,6 +75,7 @@ def read_raw_header(fd: Source, name: str) -> tuple[dict[str, Any], int, int]:
         )
     if n < 2:
         raise FormatError(f"a header of {n} bytes cannot hold a JSON object", context=name)
+    announce(fd, [(0, 8 + n)])
     raw = bytearray(n)
     if pread_into(fd, memoryview(raw), 8) != n:
         raise FormatError("the file shrank while its header was read", context=name)

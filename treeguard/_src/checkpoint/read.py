@@ -18,7 +18,7 @@ from typing import Any
 
 from ..diff import mismatches
 from ..errors import FormatError, IntegrityError, TreeMismatchError
-from ..hashing import HEX_RE, ShortRead, Source, hash_ranges
+from ..hashing import HEX_RE, ShortRead, Source, announce, hash_ranges
 from ..keydtype import is_key_dtype, wrap_keys
 from ..mismatch import Mismatch
 from ..spec import TreeSpec, spec_of
@@ -164,7 +164,8 @@ def verify_source(
             raise TreeMismatchError(
                 found, expected_from="`like`", actual_from="the checkpoint", context=name
             )
-    ranges = [(header.data_start + t.begin, t.nbytes) for t in header.tensors]
+    ranges = spans(header, header.tensors)
+    announce(src, ranges)
     try:
         digests = hash_ranges(src, ranges, header.hash_name, progress=progress)
     except ShortRead:
@@ -199,6 +200,11 @@ def _contract_mismatches(stored: TreeSpec, like: TreeSpec) -> list[Mismatch]:
     """Mismatches between a stored spec and the expected one. Weak types are
     not compared: no file keeps them, and ``load`` gives each leaf ``like``'s."""
     return [m for m in mismatches(stored, like) if m.kind != "weak_type"]
+
+
+def spans(header: Header, tensors: Sequence[TensorInfo]) -> list[tuple[int, int]]:
+    """The ``(offset, length)`` of each tensor's bytes in the file, in order."""
+    return [(header.data_start + t.begin, t.nbytes) for t in tensors]
 
 
 def read_verified(fd: Source, header: Header, todo: Sequence[TensorInfo]) -> list[Any]:
@@ -236,10 +242,10 @@ def load_native(  # noqa: PLR0917 - two call sites, all positional data
         header.spec, subtree=subtree, ignore=ignore, surgery=surgery, where=header.path
     )
     tensors = [header.tensors[i] for i in part.indices]
-    stored = part.spec
     if like is None:
-        root = stored.structure
-        return plain(root, iter(read_verified(fd, header, tensors))), Surgery.of((), header.path)
+        announce(fd, spans(header, tensors))
+        got = read_verified(fd, header, tensors)
+        return plain(part.spec.structure, iter(got)), Surgery.of((), header.path)
     if isinstance(like, TreeSpec):
         like_spec, like_leaves, like_treedef = like, None, None
     else:
@@ -261,7 +267,9 @@ def load_native(  # noqa: PLR0917 - two call sites, all positional data
             for i in users[k]:
                 placed[i] = as_like(arr, refs[i])
 
-    read_placed(fd, header, [tensors[k] for k in wanted], wanted, place, _on_devices(refs))
+    todo = [tensors[k] for k in wanted]
+    announce(fd, spans(header, todo))  # the plan, told to the source before any read
+    read_placed(fd, header, todo, wanted, place, _on_devices(refs))
     out = [
         placed[i] if src is not None else plan.values.get(i, refs[i])
         for i, src in enumerate(plan.sources)
@@ -330,7 +338,8 @@ def _with_rest(
     if not rest:
         return error
     tensors = [*failed, *rest]
-    ranges = [(header.data_start + t.begin, t.nbytes) for t in tensors]
+    ranges = spans(header, tensors)
+    announce(fd, ranges)
     try:
         digests = hash_ranges(fd, ranges, header.hash_name)
     except ShortRead:
