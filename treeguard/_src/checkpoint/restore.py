@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import FormatError, IntegrityError, InvalidTreeError, cap_lines
-from ..hashing import Algorithm, ShortRead, Source, Span, pread_into, read_verified
+from ..hashing import Algorithm, ShortRead, Source, Span, mismatched, pread_into, read_spans
 from ..spec import TreeSpec
 from ..walk import Node
 from .format import StoredTensor
@@ -116,11 +116,13 @@ def read_ranges(  # noqa: PLR0917 - every argument is needed, all positional dat
     else:
         spans = [Span(data_start + t.begin, v, d) for t, v, d in zip(todo, views, digests)]
         try:
-            wrong = read_verified(fd, spans, algorithm)
+            found = read_spans(fd, spans, algorithm)
         except ShortRead as e:
             raise truncated(e.index) from None
-        if wrong:
-            raise integrity_error(where, algorithm, [(todo[i], f, digests[i]) for i, f in wrong])
+        if wrong := mismatched(spans, found):
+            raise integrity_error(
+                where, algorithm, [(todo[i], found[i], digests[i]) for i in wrong]
+            )
     return [base[off : off + t.nbytes] for t, off in zip(todo, offsets)]
 
 
