@@ -37,6 +37,21 @@ def _looks_pickled(head: bytes) -> bool:
     return head[:1] == b"\x80" or head[:2] == b"PK"
 
 
+def utf8_text(raw: bytes | bytearray, what: str, name: str) -> str:
+    """``raw`` as UTF-8 text, or a ``FormatError`` saying ``what`` is not.
+
+    Example:
+      >>> utf8_text(b"{}", "the header is", "f")
+      '{}'
+    """
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise FormatError(
+            f"{what} not UTF-8 text ({e.reason} at byte {e.start})", context=name
+        ) from None
+
+
 def read_raw_header(fd: Source, name: str) -> tuple[dict[str, Any], int, int]:
     """The parsed JSON header (strictly parsed), its length and the file size.
     Once its length is known, the header's bytes are announced to a source
@@ -81,13 +96,7 @@ def read_raw_header(fd: Source, name: str) -> tuple[dict[str, Any], int, int]:
         raise FormatError("the file shrank while its header was read", context=name)
     if raw[:1] != b"{":
         raise FormatError("the header is not a JSON object", context=name, hint=hint)
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise FormatError(
-            f"the header is not UTF-8 text ({e.reason} at byte {e.start})", context=name
-        ) from None
-    doc = strict_loads(text, "the header", context=name)
+    doc = strict_loads(utf8_text(raw, "the header is", name), "the header", context=name)
     if not isinstance(doc, dict):
         raise FormatError("the header is not a JSON object", context=name)
     return doc, n, size

@@ -21,6 +21,7 @@ from ..mismatch import Mismatch
 from ..paths import Path, keystr, parse, parse_user_path, starts_with
 from ..spec import LeafSpec, TreeSpec, spec_of
 from ..walk import Node
+from .names import index_once
 from .select import container_hint
 
 
@@ -124,37 +125,7 @@ def match_stored(  # noqa: PLR0917 - two call sites, all positional data
       [0]
     """
     stored_paths = [parse(n) for n in stored_names]
-    renames = [
-        (parse_user_path(old, "rename"), parse_user_path(new, "rename"), old)
-        for old, new in rename.items()
-    ]
-    new_name: list[str] = []
-    used: set[str] = set()
-    for name, p in zip(stored_names, stored_paths):
-        best = None
-        for old, new, text in renames:
-            if starts_with(p, old) and (best is None or len(old) > len(best[0])):
-                best = (old, new, text)
-        if best is None:
-            new_name.append(name)
-        else:
-            new_name.append(keystr((*best[1], *p[len(best[0]) :])))
-            used.add(best[2])
-    unused = [text for _, _, text in renames if text not in used]
-    if unused:
-        close = difflib.get_close_matches(unused[0], list(stored_names), n=1)
-        raise ValueError(
-            f"rename: {unused[0]} names no leaf or subtree of the checkpoint {where}"
-            + (f"; did you mean {close[0]}?" if close else "")
-        )
-    by_new: dict[str, int] = {}
-    for k, n in enumerate(new_name):
-        if n in by_new:
-            raise ValueError(
-                f"rename: {stored_names[by_new[n]]} and {stored_names[k]} would both become "
-                f"{n} in {where}"
-            )
-        by_new[n] = k
+    renames, by_new = _renamed(stored_names, stored_paths, rename, where)
     like_paths = like_spec.paths
     optional = [parse_user_path(a, "allow_missing") for a in allow_missing]
     for text, p in zip(allow_missing, optional):
@@ -199,6 +170,49 @@ def match_stored(  # noqa: PLR0917 - two call sites, all positional data
             hint=container_hint(found),
         )
     return sources
+
+
+def _renamed(
+    stored_names: Sequence[str], stored_paths: Sequence[Path], rename: Mapping[str, str], where: str
+) -> tuple[list[tuple[Path, Path, str]], dict[str, int]]:
+    """The parsed renames ``(old, new, old as given)`` and, for each stored
+    leaf's path after them (the longest prefix wins), its index.
+
+    Raises:
+      ValueError: for a rename that names nothing stored, or two stored
+        leaves renamed onto one path.
+    """
+    renames = [
+        (parse_user_path(old, "rename"), parse_user_path(new, "rename"), old)
+        for old, new in rename.items()
+    ]
+    new_name: list[str] = []
+    used: set[str] = set()
+    for name, p in zip(stored_names, stored_paths):
+        best = None
+        for old, new, text in renames:
+            if starts_with(p, old) and (best is None or len(old) > len(best[0])):
+                best = (old, new, text)
+        if best is None:
+            new_name.append(name)
+        else:
+            new_name.append(keystr((*best[1], *p[len(best[0]) :])))
+            used.add(best[2])
+    unused = [text for _, _, text in renames if text not in used]
+    if unused:
+        close = difflib.get_close_matches(unused[0], list(stored_names), n=1)
+        raise ValueError(
+            f"rename: {unused[0]} names no leaf or subtree of the checkpoint {where}"
+            + (f"; did you mean {close[0]}?" if close else "")
+        )
+    by_new = index_once(
+        new_name,
+        lambda i, j: (
+            f"rename: {stored_names[i]} and {stored_names[j]} would both become "
+            f"{new_name[i]} in {where}"
+        ),
+    )
+    return renames, by_new
 
 
 def migrate(  # noqa: PLR0917 - one call site
