@@ -27,7 +27,6 @@ from typing import Any, Literal, TypeAlias
 
 import numpy as np
 
-from ..diff import mismatches
 from ..errors import (
     FormatError,
     IntegrityError,
@@ -37,14 +36,14 @@ from ..errors import (
 from ..keydtype import dtype_name
 from ..leaf import dtype_of, summarize
 from ..mismatch import Mismatch
-from ..paths import Path, keystr, parse, parse_user_path, starts_with
-from ..spec import LeafSpec, TreeSpec, spec_of
+from ..paths import Path, keystr, parse_user_path, starts_with
+from ..spec import LeafSpec, TreeSpec
 from ..specjson import FORMAT as SPEC_FORMAT
-from ..walk import flatten
 from .files import open_checkpoint, read_raw_header
 from .format import FOREIGN, K_FORMAT, MAX_NDIM, StoredTensor
+from .migrate import flat_mismatches
 from .names import NamingRule, index_once, namer, nest, rule_label, style_of
-from .restore import as_like, build_like, read_ranges
+from .restore import as_like, build_like, read_ranges, walk_like
 
 Unverified: TypeAlias = Literal["refuse", "warn", "allow"]
 
@@ -293,11 +292,7 @@ def match(
         ``like``, or two leaves the rule gives one name.
     """
     namer(names)  # an unknown rule is refused before anything else
-    if isinstance(like, TreeSpec):
-        like_spec, like_leaves, like_treedef = like, None, None
-    else:
-        like_spec = spec_of(like)
-        like_leaves, like_treedef = flatten(like)
+    like_spec, like_leaves, like_treedef = walk_like(like)
     renames = [
         (parse_user_path(o, "rename"), parse_user_path(n, "rename"), n) for o, n in rename.items()
     ]
@@ -337,17 +332,12 @@ def match(
     used = {s for s in sources if s is not None}
     unexpected = [t.name for t in sorted(header.tensors, key=_by_name) if t.name not in used]
     found += [Mismatch(repr(n[:200]), "unexpected", None, by_name[n].summary()) for n in unexpected]
-    found += [
-        dataclasses.replace(m, path=parse(m.path)[0][1])
-        for m in mismatches(spec_of(stored_flat), spec_of(like_flat))
-    ]
+    found += flat_mismatches(stored_flat, like_flat)
     if found:
+        where = f"{header.path} (tensors named by {rule_label(names)})"
+        hint = _near_misses(missing, unexpected, names)
         raise TreeMismatchError(
-            found,
-            expected_from="`like`",
-            actual_from="the file",
-            context=f"{header.path} (tensors named by {rule_label(names)})",
-            hint=_near_misses(missing, unexpected, names),
+            found, expected_from="`like`", actual_from="the file", context=where, hint=hint
         )
     return _Match(sources, like_spec, like_leaves, like_treedef)
 

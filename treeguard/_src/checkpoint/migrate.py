@@ -157,19 +157,29 @@ def match_stored(  # noqa: PLR0917 - two call sites, all positional data
         if n not in like_flat and not (drop is not None and drop(stored_paths[k])):
             stored_flat[n] = LeafSpec(stored_leaves[k].shape, stored_leaves[k].dtype)
     found = extra(renames) if extra is not None else []
-    found += [
-        dataclasses.replace(m, path=parse(m.path)[0][1])
-        for m in mismatches(spec_of(stored_flat), spec_of(like_flat))
-    ]
+    found += flat_mismatches(stored_flat, like_flat)
     if found:
+        actual = "the checkpoint (after rename)"
+        hint = container_hint(found)
         raise TreeMismatchError(
-            found,
-            expected_from="`like`",
-            actual_from="the checkpoint (after rename)",
-            context=where,
-            hint=container_hint(found),
+            found, expected_from="`like`", actual_from=actual, context=where, hint=hint
         )
     return sources
+
+
+def flat_mismatches(stored: Mapping[str, LeafSpec], like: Mapping[str, LeafSpec]) -> list[Mismatch]:
+    """Every difference between two flat ``{path: LeafSpec}`` tables (a
+    path in one only, or another shape or dtype), each named by its path.
+
+    Example:
+      >>> f32 = LeafSpec((2,), "float32")
+      >>> [(m.path, m.kind) for m in flat_mismatches({"['a']": f32}, {"['b']": f32})]
+      [("['b']", 'missing'), ("['a']", 'unexpected')]
+    """
+    return [
+        dataclasses.replace(m, path=parse(m.path)[0][1])
+        for m in mismatches(spec_of(dict(stored)), spec_of(dict(like)))
+    ]
 
 
 def _renamed(
