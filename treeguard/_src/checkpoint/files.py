@@ -52,10 +52,14 @@ def utf8_text(raw: bytes | bytearray, what: str, name: str) -> str:
         ) from None
 
 
-def read_raw_header(fd: Source, name: str) -> tuple[dict[str, Any], int, int]:
+def read_raw_header(
+    fd: Source, name: str, *, whole: bool = False
+) -> tuple[dict[str, Any], int, int]:
     """The parsed JSON header (strictly parsed), its length and the file size.
     Once its length is known, the header's bytes are announced to a source
-    that takes a plan (``hashing.announce``), so a bucket fetches them alone.
+    that takes a plan (``hashing.announce``), so a bucket fetches them alone;
+    with ``whole`` (the caller reads every byte next), the whole file is
+    announced instead, so its data arrives while the header is parsed.
 
     Raises:
       FormatError: for a file too short, a header too long or beyond the
@@ -90,7 +94,7 @@ def read_raw_header(fd: Source, name: str) -> tuple[dict[str, Any], int, int]:
         )
     if n < 2:
         raise FormatError(f"a header of {n} bytes cannot hold a JSON object", context=name)
-    announce(fd, [(0, 8 + n)])
+    announce(fd, [(0, size if whole else 8 + n)])
     raw = bytearray(n)
     if pread_into(fd, memoryview(raw), 8) != n:
         raise FormatError("the file shrank while its header was read", context=name)
