@@ -13,7 +13,7 @@ from typing import Any
 
 from ..atomic import open_regular
 from ..errors import FormatError
-from ..hashing import Source, pread_into, source_size
+from ..hashing import Source, announce, pread_into, source_size
 from .format import MAX_HEADER_BYTES, strict_loads
 
 _PICKLE_HINT = (
@@ -37,8 +37,29 @@ def _looks_pickled(head: bytes) -> bool:
     return head[:1] == b"\x80" or head[:2] == b"PK"
 
 
-def read_raw_header(fd: Source, name: str) -> tuple[dict[str, Any], int, int]:
+def utf8_text(raw: bytes | bytearray, what: str, name: str) -> str:
+    """``raw`` as UTF-8 text, or a ``FormatError`` saying ``what`` is not.
+
+    Example:
+      >>> utf8_text(b"{}", "the header is", "f")
+      '{}'
+    """
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise FormatError(
+            f"{what} not UTF-8 text ({e.reason} at byte {e.start})", context=name
+        ) from None
+
+
+def read_raw_header(
+    fd: Source, name: str, *, whole: bool = False
+) -> tuple[dict[str, Any], int, int]:
     """The parsed JSON header (strictly parsed), its length and the file size.
+    Once its length is known, the header's bytes are announced to a source
+    that takes a plan (``hashing.announce``), so a bucket fetches them alone;
+    with ``whole`` (the caller reads every byte next), the whole file is
+    announced instead, so its data arrives while the header is parsed.
 
     Raises:
       FormatError: for a file too short, a header too long or beyond the
@@ -73,18 +94,13 @@ def read_raw_header(fd: Source, name: str) -> tuple[dict[str, Any], int, int]:
         )
     if n < 2:
         raise FormatError(f"a header of {n} bytes cannot hold a JSON object", context=name)
+    announce(fd, [(0, size if whole else 8 + n)])
     raw = bytearray(n)
     if pread_into(fd, memoryview(raw), 8) != n:
         raise FormatError("the file shrank while its header was read", context=name)
     if raw[:1] != b"{":
         raise FormatError("the header is not a JSON object", context=name, hint=hint)
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise FormatError(
-            f"the header is not UTF-8 text ({e.reason} at byte {e.start})", context=name
-        ) from None
-    doc = strict_loads(text, "the header", context=name)
+    doc = strict_loads(utf8_text(raw, "the header is", name), "the header", context=name)
     if not isinstance(doc, dict):
         raise FormatError("the header is not a JSON object", context=name)
     return doc, n, size

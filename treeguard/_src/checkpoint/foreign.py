@@ -22,12 +22,11 @@ import difflib
 import math
 import os
 import warnings
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any, Literal, TypeAlias
 
 import numpy as np
 
-from ..diff import mismatches
 from ..errors import (
     FormatError,
     IntegrityError,
@@ -37,14 +36,14 @@ from ..errors import (
 from ..keydtype import dtype_name
 from ..leaf import dtype_of, summarize
 from ..mismatch import Mismatch
-from ..paths import keystr, parse, parse_user_path, starts_with
-from ..spec import LeafSpec, TreeSpec, spec_of
+from ..paths import Path, keystr, parse_user_path, starts_with
+from ..spec import LeafSpec, TreeSpec
 from ..specjson import FORMAT as SPEC_FORMAT
-from ..walk import flatten
 from .files import open_checkpoint, read_raw_header
 from .format import FOREIGN, K_FORMAT, MAX_NDIM, StoredTensor
-from .names import NamingRule, namer, nest, rule_label, style_of
-from .restore import as_like, build_like, read_ranges
+from .migrate import flat_mismatches
+from .names import NamingRule, index_once, namer, nest, rule_label, style_of
+from .restore import as_like, build_like, read_ranges, walk_like
 
 Unverified: TypeAlias = Literal["refuse", "warn", "allow"]
 
@@ -292,12 +291,8 @@ def match(
       ValueError: for a rename or allow_missing path that names nothing of
         ``like``, or two leaves the rule gives one name.
     """
-    to_name = namer(names)
-    if isinstance(like, TreeSpec):
-        like_spec, like_leaves, like_treedef = like, None, None
-    else:
-        like_spec = spec_of(like)
-        like_leaves, like_treedef = flatten(like)
+    namer(names)  # an unknown rule is refused before anything else
+    like_spec, like_leaves, like_treedef = walk_like(like)
     renames = [
         (parse_user_path(o, "rename"), parse_user_path(n, "rename"), n) for o, n in rename.items()
     ]
@@ -307,21 +302,7 @@ def match(
         if not any(starts_with(p, prefix) for p in paths):
             raise ValueError(f"{text} names no leaf or subtree of `like`")
     by_name = {t.name: t for t in header.tensors}
-    wanted: list[str] = []
-    for p in paths:
-        best = max(
-            (r for r in renames if starts_with(p, r[1])), key=lambda r: len(r[1]), default=None
-        )
-        source = p if best is None else (*best[0], *p[len(best[1]) :])
-        wanted.append(to_name(source))
-    first: dict[str, int] = {}
-    for i, w in enumerate(wanted):
-        if w in first:
-            raise ValueError(
-                f"{keystr(paths[first[w]]) or '<root>'} and {keystr(paths[i]) or '<root>'} both "
-                f"read tensor {w[:200]!r} under {rule_label(names)}; pick another rule"
-            )
-        first[w] = i
+    wanted = _tensor_names(paths, renames, names)
     found: list[Mismatch] = []
     missing: list[tuple[str, str]] = []
     sources: list[str | None] = []
@@ -351,19 +332,41 @@ def match(
     used = {s for s in sources if s is not None}
     unexpected = [t.name for t in sorted(header.tensors, key=_by_name) if t.name not in used]
     found += [Mismatch(repr(n[:200]), "unexpected", None, by_name[n].summary()) for n in unexpected]
-    found += [
-        dataclasses.replace(m, path=parse(m.path)[0][1])
-        for m in mismatches(spec_of(stored_flat), spec_of(like_flat))
-    ]
+    found += flat_mismatches(stored_flat, like_flat)
     if found:
+        where = f"{header.path} (tensors named by {rule_label(names)})"
+        hint = _near_misses(missing, unexpected, names)
         raise TreeMismatchError(
-            found,
-            expected_from="`like`",
-            actual_from="the file",
-            context=f"{header.path} (tensors named by {rule_label(names)})",
-            hint=_near_misses(missing, unexpected, names),
+            found, expected_from="`like`", actual_from="the file", context=where, hint=hint
         )
     return _Match(sources, like_spec, like_leaves, like_treedef)
+
+
+def _tensor_names(
+    paths: Sequence[Path], renames: Sequence[tuple[Path, Path, str]], names: NamingRule
+) -> list[str]:
+    """The tensor each leaf of ``like`` (at ``paths``) reads: its path, or
+    the stored path a rename (the longest matching) gives it, named by the rule.
+
+    Raises:
+      ValueError: for two leaves the rule gives one name.
+    """
+    to_name = namer(names)
+    wanted: list[str] = []
+    for p in paths:
+        best = max(
+            (r for r in renames if starts_with(p, r[1])), key=lambda r: len(r[1]), default=None
+        )
+        source = p if best is None else (*best[0], *p[len(best[1]) :])
+        wanted.append(to_name(source))
+    index_once(
+        wanted,
+        lambda i, j: (
+            f"{keystr(paths[i]) or '<root>'} and {keystr(paths[j]) or '<root>'} both "
+            f"read tensor {wanted[i][:200]!r} under {rule_label(names)}; pick another rule"
+        ),
+    )
+    return wanted
 
 
 def read_tensors(

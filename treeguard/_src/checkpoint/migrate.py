@@ -21,6 +21,7 @@ from ..mismatch import Mismatch
 from ..paths import Path, keystr, parse, parse_user_path, starts_with
 from ..spec import LeafSpec, TreeSpec, spec_of
 from ..walk import Node
+from .names import index_once
 from .select import container_hint
 
 
@@ -124,37 +125,7 @@ def match_stored(  # noqa: PLR0917 - two call sites, all positional data
       [0]
     """
     stored_paths = [parse(n) for n in stored_names]
-    renames = [
-        (parse_user_path(old, "rename"), parse_user_path(new, "rename"), old)
-        for old, new in rename.items()
-    ]
-    new_name: list[str] = []
-    used: set[str] = set()
-    for name, p in zip(stored_names, stored_paths):
-        best = None
-        for old, new, text in renames:
-            if starts_with(p, old) and (best is None or len(old) > len(best[0])):
-                best = (old, new, text)
-        if best is None:
-            new_name.append(name)
-        else:
-            new_name.append(keystr((*best[1], *p[len(best[0]) :])))
-            used.add(best[2])
-    unused = [text for _, _, text in renames if text not in used]
-    if unused:
-        close = difflib.get_close_matches(unused[0], list(stored_names), n=1)
-        raise ValueError(
-            f"rename: {unused[0]} names no leaf or subtree of the checkpoint {where}"
-            + (f"; did you mean {close[0]}?" if close else "")
-        )
-    by_new: dict[str, int] = {}
-    for k, n in enumerate(new_name):
-        if n in by_new:
-            raise ValueError(
-                f"rename: {stored_names[by_new[n]]} and {stored_names[k]} would both become "
-                f"{n} in {where}"
-            )
-        by_new[n] = k
+    renames, by_new = _renamed(stored_names, stored_paths, rename, where)
     like_paths = like_spec.paths
     optional = [parse_user_path(a, "allow_missing") for a in allow_missing]
     for text, p in zip(allow_missing, optional):
@@ -186,19 +157,72 @@ def match_stored(  # noqa: PLR0917 - two call sites, all positional data
         if n not in like_flat and not (drop is not None and drop(stored_paths[k])):
             stored_flat[n] = LeafSpec(stored_leaves[k].shape, stored_leaves[k].dtype)
     found = extra(renames) if extra is not None else []
-    found += [
-        dataclasses.replace(m, path=parse(m.path)[0][1])
-        for m in mismatches(spec_of(stored_flat), spec_of(like_flat))
-    ]
+    found += flat_mismatches(stored_flat, like_flat)
     if found:
+        actual = "the checkpoint (after rename)"
+        hint = container_hint(found)
         raise TreeMismatchError(
-            found,
-            expected_from="`like`",
-            actual_from="the checkpoint (after rename)",
-            context=where,
-            hint=container_hint(found),
+            found, expected_from="`like`", actual_from=actual, context=where, hint=hint
         )
     return sources
+
+
+def flat_mismatches(stored: Mapping[str, LeafSpec], like: Mapping[str, LeafSpec]) -> list[Mismatch]:
+    """Every difference between two flat ``{path: LeafSpec}`` tables (a
+    path in one only, or another shape or dtype), each named by its path.
+
+    Example:
+      >>> f32 = LeafSpec((2,), "float32")
+      >>> [(m.path, m.kind) for m in flat_mismatches({"['a']": f32}, {"['b']": f32})]
+      [("['b']", 'missing'), ("['a']", 'unexpected')]
+    """
+    return [
+        dataclasses.replace(m, path=parse(m.path)[0][1])
+        for m in mismatches(spec_of(dict(stored)), spec_of(dict(like)))
+    ]
+
+
+def _renamed(
+    stored_names: Sequence[str], stored_paths: Sequence[Path], rename: Mapping[str, str], where: str
+) -> tuple[list[tuple[Path, Path, str]], dict[str, int]]:
+    """The parsed renames ``(old, new, old as given)`` and, for each stored
+    leaf's path after them (the longest prefix wins), its index.
+
+    Raises:
+      ValueError: for a rename that names nothing stored, or two stored
+        leaves renamed onto one path.
+    """
+    renames = [
+        (parse_user_path(old, "rename"), parse_user_path(new, "rename"), old)
+        for old, new in rename.items()
+    ]
+    new_name: list[str] = []
+    used: set[str] = set()
+    for name, p in zip(stored_names, stored_paths):
+        best = None
+        for old, new, text in renames:
+            if starts_with(p, old) and (best is None or len(old) > len(best[0])):
+                best = (old, new, text)
+        if best is None:
+            new_name.append(name)
+        else:
+            new_name.append(keystr((*best[1], *p[len(best[0]) :])))
+            used.add(best[2])
+    unused = [text for _, _, text in renames if text not in used]
+    if unused:
+        close = difflib.get_close_matches(unused[0], list(stored_names), n=1)
+        raise ValueError(
+            f"rename: {unused[0]} names no leaf or subtree of the checkpoint {where}"
+            + (f"; did you mean {close[0]}?" if close else "")
+        )
+    by_new = index_once(
+        new_name,
+        lambda i, j: (
+            f"rename: {stored_names[i]} and {stored_names[j]} would both become "
+            f"{new_name[i]} in {where}"
+        ),
+    )
+    return renames, by_new
 
 
 def migrate(  # noqa: PLR0917 - one call site

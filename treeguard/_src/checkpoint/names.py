@@ -15,7 +15,7 @@ and a like-tree or spec says which.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, Literal, TypeAlias
 
 from ..errors import FormatError
@@ -58,6 +58,26 @@ def namer(names: NamingRule) -> Callable[[Path], str]:
         f"names must be 'keypath', 'dotted', 'slashed', 'flat' or a function of the keys, "
         f"got {names!r}"
     )
+
+
+def index_once(names: Sequence[str], clash: Callable[[int, int], str]) -> dict[str, int]:
+    """Each name's position; a name given twice is a ``ValueError`` whose
+    message is ``clash(first position, second position)``.
+
+    Example:
+      >>> index_once(["a", "b"], lambda i, j: f"{i} and {j}")
+      {'a': 0, 'b': 1}
+      >>> index_once(["a", "a"], lambda i, j: f"{i} and {j} clash")
+      Traceback (most recent call last):
+      ...
+      ValueError: 0 and 1 clash
+    """
+    first: dict[str, int] = {}
+    for i, name in enumerate(names):
+        if name in first:
+            raise ValueError(clash(first[name], i))
+        first[name] = i
+    return first
 
 
 def rule_label(names: NamingRule) -> str:

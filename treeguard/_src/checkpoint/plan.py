@@ -16,12 +16,12 @@ from ..errors import ConfigError, InvalidTreeError, TreeMismatchError
 from ..keydtype import dtype_name
 from ..leaf import summarize
 from ..mismatch import Mismatch
-from ..paths import Path, keystr, parse, starts_with
+from ..paths import keystr, parse, starts_with
 from ..spec import TreeSpec, spec_of
 from ..surgery import Change, Surgery
 from ..walk import NNX_STATE, flatten, structure_of
 from .migrate import migrate
-from .select import container_hint, in_like_containers, select
+from .select import Selection, container_hint, in_like_containers, select
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,25 +81,6 @@ def _all_text(x: Any) -> bool:
     return isinstance(x, (list, tuple, set, frozenset)) and all(isinstance(t, str) for t in x)
 
 
-@dataclasses.dataclass(frozen=True)
-class Selection:
-    """The stored part a load reads.
-
-    Attributes:
-      spec: the selected part's spec.
-      indices: for each of its leaves, its position among all stored leaves.
-      dropped: the stored leaves ``unexpected=`` named, reported as dropped
-        by their paths in the file (never read).
-      cut: the paths ``ignore=`` (or ``unexpected=``) took out of the part,
-        relative to ``spec``.
-    """
-
-    spec: TreeSpec
-    indices: list[int]
-    dropped: tuple[Change, ...]
-    cut: tuple[Path, ...] = ()
-
-
 def select_part(
     stored: TreeSpec,
     *,
@@ -116,7 +97,7 @@ def select_part(
     """
     named = surgery.named
     if subtree is None and not ignore and not named:
-        return Selection(stored, list(range(stored.num_leaves)), ())
+        return Selection(stored, list(range(stored.num_leaves)))
     left_out = ignore if isinstance(ignore, str) else [*ignore, *named]  # str: refused
     sel = select(stored, subtree=subtree, ignore=left_out, where=where)
     cut = [parse(t) for t in named]
@@ -125,7 +106,7 @@ def select_part(
         for p, r in zip(stored.paths, stored.records)
         if any(starts_with(p, c) for c in cut)
     )
-    return Selection(sel.spec, list(sel.indices), gone, sel.cut)
+    return dataclasses.replace(sel, dropped=gone)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,12 +18,11 @@ from typing import Any
 
 from ..diff import mismatches
 from ..errors import FormatError, IntegrityError, TreeMismatchError
-from ..hashing import HEX_RE, ShortRead, Source, hash_ranges
+from ..hashing import HEX_RE, ShortRead, Source, announce, hash_ranges
 from ..keydtype import is_key_dtype, wrap_keys
 from ..mismatch import Mismatch
 from ..spec import TreeSpec, spec_of
 from ..surgery import Surgery
-from ..walk import flatten
 from .files import open_checkpoint, read_raw_header
 from .format import Header, TensorInfo, header_from_doc
 from .plan import SurgeryOptions, plan_load, select_part
@@ -34,11 +33,14 @@ from .restore import (
     integrity_error,
     plain,
     read_ranges,
+    walk_like,
 )
 
 
-def _parse_header(fd: Source, name: str, expect_digest: str | None = None) -> Header:
-    doc, header_bytes, size = read_raw_header(fd, name)
+def _parse_header(
+    fd: Source, name: str, expect_digest: str | None = None, *, whole: bool = False
+) -> Header:
+    doc, header_bytes, size = read_raw_header(fd, name, whole=whole)
     return checked_header(doc, header_bytes, size, name, expect_digest)
 
 
@@ -156,7 +158,7 @@ def verify_source(
     """``verify_file`` of a checkpoint read from ``src``: an open descriptor,
     or a ``RangeReader`` (an object in a bucket, hashed as it downloads);
     ``name`` is how messages name it."""
-    header = _parse_header(src, name, expect_digest)
+    header = _parse_header(src, name, expect_digest, whole=True)  # every byte is hashed
     if like is not None:
         like_spec = like if isinstance(like, TreeSpec) else spec_of(like)
         found = _contract_mismatches(header.spec, like_spec)
@@ -164,7 +166,7 @@ def verify_source(
             raise TreeMismatchError(
                 found, expected_from="`like`", actual_from="the checkpoint", context=name
             )
-    ranges = [(header.data_start + t.begin, t.nbytes) for t in header.tensors]
+    ranges = spans(header, header.tensors)
     try:
         digests = hash_ranges(src, ranges, header.hash_name, progress=progress)
     except ShortRead:
@@ -190,15 +192,21 @@ def load_source(  # noqa: PLR0917 - one call site, all positional data
     selection and the contract, then the selected tensors, every hash checked
     as they arrive."""
     check_expect_digest(expect_digest)
-    header = _parse_header(src, name, expect_digest)
+    whole = subtree is None and not ignore  # then every tensor is read, or nothing is
+    header = _parse_header(src, name, expect_digest, whole=whole)
     surgery = SurgeryOptions("error", None, "error")
-    return load_native(src, header, like, {}, (), subtree, ignore, surgery)[0]
+    return load_native(src, header, like, {}, (), subtree, ignore, surgery, announced=whole)[0]
 
 
 def _contract_mismatches(stored: TreeSpec, like: TreeSpec) -> list[Mismatch]:
     """Mismatches between a stored spec and the expected one. Weak types are
     not compared: no file keeps them, and ``load`` gives each leaf ``like``'s."""
     return [m for m in mismatches(stored, like) if m.kind != "weak_type"]
+
+
+def spans(header: Header, tensors: Sequence[TensorInfo]) -> list[tuple[int, int]]:
+    """The ``(offset, length)`` of each tensor's bytes in the file, in order."""
+    return [(header.data_start + t.begin, t.nbytes) for t in tensors]
 
 
 def read_verified(fd: Source, header: Header, todo: Sequence[TensorInfo]) -> list[Any]:
@@ -228,23 +236,24 @@ def load_native(  # noqa: PLR0917 - two call sites, all positional data
     subtree: str | None,
     ignore: Collection[str],
     surgery: SurgeryOptions,
+    *,
+    announced: bool = False,
 ) -> tuple[Any, Surgery]:
     """``load`` of a treeguard checkpoint whose header was checked: the
     selection, then the contract, then the selected tensors, verified.
-    Returns the tree and what was changed on the way."""
+    Before they are read, their spans are announced to the source, unless
+    the whole file was (``announced``: every tensor is read). Returns the
+    tree and what was changed on the way."""
     part = select_part(
         header.spec, subtree=subtree, ignore=ignore, surgery=surgery, where=header.path
     )
     tensors = [header.tensors[i] for i in part.indices]
-    stored = part.spec
     if like is None:
-        root = stored.structure
-        return plain(root, iter(read_verified(fd, header, tensors))), Surgery.of((), header.path)
-    if isinstance(like, TreeSpec):
-        like_spec, like_leaves, like_treedef = like, None, None
-    else:
-        like_spec = spec_of(like)
-        like_leaves, like_treedef = flatten(like)
+        if not announced:
+            announce(fd, spans(header, tensors))
+        got = read_verified(fd, header, tensors)
+        return plain(part.spec.structure, iter(got)), Surgery.of((), header.path)
+    like_spec, like_leaves, like_treedef = walk_like(like)
     plan = plan_load(
         part, header.path, like_spec, like_leaves, rename, tuple(allow_missing), surgery
     )
@@ -261,7 +270,10 @@ def load_native(  # noqa: PLR0917 - two call sites, all positional data
             for i in users[k]:
                 placed[i] = as_like(arr, refs[i])
 
-    read_placed(fd, header, [tensors[k] for k in wanted], wanted, place, _on_devices(refs))
+    todo = [tensors[k] for k in wanted]
+    if not announced:
+        announce(fd, spans(header, todo))  # the plan, told to the source before any read
+    read_placed(fd, header, todo, wanted, place, _on_devices(refs))
     out = [
         placed[i] if src is not None else plan.values.get(i, refs[i])
         for i, src in enumerate(plan.sources)
@@ -330,7 +342,8 @@ def _with_rest(
     if not rest:
         return error
     tensors = [*failed, *rest]
-    ranges = [(header.data_start + t.begin, t.nbytes) for t in tensors]
+    ranges = spans(header, tensors)
+    announce(fd, ranges)
     try:
         digests = hash_ranges(fd, ranges, header.hash_name)
     except ShortRead:

@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 
 from ..errors import FormatError, IntegrityError, InvalidTreeError, cap_lines
-from ..hashing import Algorithm, ShortRead, Source, Span, pread_into, read_verified
-from ..spec import TreeSpec
-from ..walk import Node
+from ..hashing import Algorithm, ShortRead, Source, Span, mismatched, pread_into, read_spans
+from ..spec import TreeSpec, spec_from_leaves
+from ..walk import Node, flatten_with_types
 from .format import StoredTensor
 
 _CHUNK = 16 * 1024 * 1024
@@ -27,6 +27,20 @@ _ALIGN = 64
 #: Loads of at least this many bytes go into an anonymous mapping.
 _MAPPED = 64 * 1024 * 1024
 RESTORE_HINT = "restore the file from a verified copy (ArtifactStore.rollback) or save it again"
+
+
+def walk_like(like: Any) -> tuple[TreeSpec, list[Any] | None, Any]:
+    """``like``'s spec, leaves and treedef, from one walk of it (a
+    ``TreeSpec`` is its own spec, with no leaves and no treedef).
+
+    Raises:
+      InvalidTreeError: for a tree that contains itself or holds leaves
+        that are not arrays.
+    """
+    if isinstance(like, TreeSpec):
+        return like, None, None
+    leaves, treedef, types = flatten_with_types(like)
+    return spec_from_leaves(like, leaves, treedef, types), leaves, treedef
 
 
 def buffer(nbytes: int, *, populate: bool = True) -> np.ndarray[Any, Any]:
@@ -116,11 +130,13 @@ def read_ranges(  # noqa: PLR0917 - every argument is needed, all positional dat
     else:
         spans = [Span(data_start + t.begin, v, d) for t, v, d in zip(todo, views, digests)]
         try:
-            wrong = read_verified(fd, spans, algorithm)
+            found = read_spans(fd, spans, algorithm)
         except ShortRead as e:
             raise truncated(e.index) from None
-        if wrong:
-            raise integrity_error(where, algorithm, [(todo[i], f, digests[i]) for i, f in wrong])
+        if wrong := mismatched(spans, found):
+            raise integrity_error(
+                where, algorithm, [(todo[i], found[i], digests[i]) for i in wrong]
+            )
     return [base[off : off + t.nbytes] for t, off in zip(todo, offsets)]
 
 

@@ -20,6 +20,7 @@ from ..errors import ConfigError
 from ..mismatch import Mismatch
 from ..paths import Path, keystr, parse_user_path, starts_with
 from ..spec import TreeSpec
+from ..surgery import Change
 from ..walk import NNX_STATE, Node
 
 
@@ -31,13 +32,16 @@ class Selection:
       spec: the selected part's spec, with paths relative to ``subtree``.
       indices: for each leaf of ``spec`` in flatten order, the index of the
         stored leaf (in the stored spec's flatten order) it is.
-      cut: the paths (relative to ``subtree``) that ``ignore`` took out of
-        the part.
+      cut: the paths (relative to ``subtree``) that ``ignore`` (or
+        ``unexpected=``) took out of the part.
+      dropped: the stored leaves ``unexpected=`` named, reported as dropped
+        by their paths in the file (never read); set by ``plan.select_part``.
     """
 
     spec: TreeSpec
     indices: list[int]
     cut: tuple[Path, ...] = ()
+    dropped: tuple[Change, ...] = ()
 
 
 def _all_paths(root: Node) -> list[Path]:

@@ -24,10 +24,10 @@ from ..hashing import digest as digest_of
 from ..keydtype import KEY_DTYPES, is_key_dtype, key_data
 from ..leaf import Record, summarize
 from ..paths import has_surrogate, int_digits, keystr, short_repr
-from ..spec import TreeSpec, spec_of
+from ..spec import TreeSpec, spec_from_leaves
 from ..strictjson import MAX_DEPTH, MAX_INT_DIGITS
 from ..surgery import METADATA_KEY, Surgery
-from ..walk import Node, flatten, key_problems, structure_of
+from ..walk import Node, flatten_with_types, key_problems, structure_of
 from .format import (
     ALLOWED_DTYPES,
     FORMAT,
@@ -381,10 +381,10 @@ def _draft(
 ) -> _Draft:
     """Checks a tree for ``save`` (every problem at once) and lays it out."""
     algorithm = check_algorithm(digest)
-    leaves, _ = flatten(tree)
-    # Walked afresh, not from the cache by treedef: treedefs compare dict keys by
-    # equality, so {1: x} and {True: x} share one, but their keys print apart.
-    root = structure_of(tree) if structure is None else structure
+    leaves, treedef, types = flatten_with_types(tree)  # the one walk of the tree
+    # from the cache by treedef and the key types met (so {1: x} and {True: x},
+    # which share one treedef, each keep their own keys)
+    root = structure_of(tree, treedef, types) if structure is None else structure
     if root.num_leaves != len(leaves):
         raise ValueError(f"{len(leaves)} leaves for a structure of {root.num_leaves}")
     problems = key_problems(root)
@@ -403,7 +403,7 @@ def _draft(
             ],
             hint="save the raw key bits with jax.random.key_data(key) and rewrap on load",
         )
-    spec = TreeSpec(root, spec_of(tree).records)
+    spec = TreeSpec(root, spec_from_leaves(tree, leaves, treedef, types).records)
     records = spec.records
     names = [keystr(p) for p in spec.paths]
     problems = []
@@ -489,8 +489,8 @@ def leaf_digests(tree: Any, /, *, digest: Algorithm = DEFAULT) -> tuple[TreeSpec
       (TreeSpec({'x': f32[2]}), ["['x']"], 64)
     """
     algorithm = check_algorithm(digest)
-    leaves, _ = flatten(tree)
-    spec = spec_of(tree)
+    leaves, treedef, types = flatten_with_types(tree)
+    spec = spec_from_leaves(tree, leaves, treedef, types)
     names = [keystr(p) for p in spec.paths]
     problems = [
         (n, problem)

@@ -9,7 +9,7 @@ import os
 from typing import Any
 
 from ..display import fmt_bytes
-from ..errors import FormatError, InvalidTreeError, TreeMismatchError
+from ..errors import TreeMismatchError
 from ..leaf import dtype_of, summarize
 from ..spec import TreeSpec
 from .manifest import FORMAT, read, read_with_digest
@@ -115,13 +115,6 @@ def verify(directory: str | os.PathLike[str], /, *, like: TreeSpec | None = None
     device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     struct: Any = jax.ShapeDtypeStruct
     leaves = [struct(a.shape, a.dtype, sharding=device) for a in m.arrays]
-    try:
-        target = jax.tree.unflatten(m.spec.treedef, leaves)
-    except InvalidTreeError as e:
-        raise FormatError(
-            "the saved tree holds custom nodes, which the command line cannot rebuild",
-            context=str(where),
-            hint="verify it with `treeguard.load_sharded(DIR, like)` in Python",
-        ) from e
-    load_sharded(where, target)
+    hint = "verify it with `treeguard.load_sharded(DIR, like)` in Python"
+    load_sharded(where, m.tree_of(leaves, str(where), hint=hint))
     return summary(where)

@@ -15,8 +15,9 @@ from ..errors import ConfigError, IntegrityError, InvalidTreeError
 from ..leaf import describe_sharding, same_sharding, summarize
 from ..mismatch import Mismatch
 from ..paths import keystr
-from ..spec import TreeSpec, spec_of
+from ..spec import TreeSpec, spec_from_leaves
 from ..surgery import Surgery
+from ..walk import flatten_with_types
 from . import hosts
 from .digests import ShardChecker
 from .manifest import ArrayRecord, Manifest, read_with_digest
@@ -202,15 +203,7 @@ def load_sharded(
     """
     surgery = SurgeryOptions(missing, init, unexpected)
     surgery.check(like)
-    tree, changes = load_planned(
-        directory,
-        like,
-        rename=rename,
-        allow_missing=allow_missing,
-        subtree=subtree,
-        ignore=ignore,
-        surgery=surgery,
-    )
+    tree, changes = load_planned(directory, like, rename, allow_missing, subtree, ignore, surgery)
     return (tree, changes) if report else tree
 
 
@@ -219,33 +212,21 @@ def load_expecting(
     like: Any,
     /,
     *,
-    rename: Mapping[str, str] | None = None,
-    allow_missing: Collection[str] = (),
     digest: str | None = None,
     subtree: str | None = None,
     ignore: Collection[str] = (),
 ) -> Any:
-    """``load_sharded``, refusing (before any array is read) a manifest whose
-    digest is not ``digest`` when one is given; the digest is taken over the
-    very bytes that are parsed and used."""
-    tree, _ = load_planned(
-        directory,
-        like,
-        rename=rename,
-        allow_missing=allow_missing,
-        digest=digest,
-        subtree=subtree,
-        ignore=ignore,
-        surgery=SurgeryOptions(),
-    )
-    return tree
+    """``load_sharded`` of a store's version into its contract, without
+    migration, refusing (before any array is read) a manifest whose digest
+    is not ``digest`` when one is given; the digest is taken over the very
+    bytes that are parsed and used."""
+    plain = SurgeryOptions()
+    return load_planned(directory, like, None, (), subtree, ignore, plain, digest)[0]
 
 
-def load_planned(
+def load_planned(  # noqa: PLR0917 - two call sites, all positional data
     directory: str | os.PathLike[str],
     like: Any,
-    /,
-    *,
     rename: Mapping[str, str] | None,
     allow_missing: Collection[str],
     subtree: str | None,
@@ -260,8 +241,8 @@ def load_planned(
     where = os.path.abspath(os.fspath(directory))
     manifest, _ = read_with_digest(where, expect=digest)  # compared before it is parsed
     check_received(where, manifest)
-    like_leaves, like_treedef = jax.tree.flatten(like)
-    like_spec = spec_of(like)
+    like_leaves, like_treedef, types = flatten_with_types(like)  # like walked once
+    like_spec = spec_from_leaves(like, like_leaves, like_treedef, types)
     like_names = [keystr(p) for p in like_spec.paths]
     part = select_part(manifest.spec, subtree=subtree, ignore=ignore, surgery=surgery, where=where)
     plan = plan_load(

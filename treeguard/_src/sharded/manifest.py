@@ -47,7 +47,7 @@ import numpy as np
 from .. import strictjson
 from ..atomic import atomic_write, read_regular
 from ..checkpoint import user_metadata_json
-from ..errors import FormatError, IntegrityError
+from ..errors import FormatError, IntegrityError, InvalidTreeError
 from ..hashing import ALGORITHMS, DEFAULT, HEX_RE, Algorithm, digest
 from ..leaf import dtype_of
 from ..paths import keystr
@@ -123,6 +123,24 @@ class Manifest:
     metadata: dict[str, Any]
     arrays: tuple[ArrayRecord, ...]
     hash: Algorithm = DEFAULT
+
+    def tree_of(self, leaves: list[Any], where: str, *, hint: str) -> Any:
+        """The saved tree's structure holding ``leaves`` (in flatten order).
+
+        Raises:
+          FormatError: for a tree of custom nodes, which only a ``like``
+            tree can rebuild (``hint`` says what to do instead).
+        """
+        import jax  # lazy: reading a manifest never imports jax
+
+        try:
+            return jax.tree.unflatten(self.spec.treedef, leaves)
+        except InvalidTreeError as e:
+            raise FormatError(
+                "the saved tree holds custom nodes, which only a `like` tree can rebuild",
+                context=where,
+                hint=hint,
+            ) from e
 
     def to_json(self) -> str:
         """The manifest as canonical JSON text."""

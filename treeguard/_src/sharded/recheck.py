@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ..errors import FormatError, InvalidTreeError
 from .digests import ShardChecker
 from .load import check_received, groups, picked, shard_error, unreadable
 from .manifest import Manifest, read_with_digest
@@ -59,14 +58,8 @@ def read_local(
                 struct(a.shape, a.dtype, sharding=device) if k in chosen else ocp.PLACEHOLDER
                 for k, a in enumerate(manifest.arrays)
             ]
-            try:
-                item = jax.tree.unflatten(manifest.spec.treedef, leaves)
-            except InvalidTreeError as e:
-                raise FormatError(
-                    "the saved tree holds custom nodes, which only a `like` tree can rebuild",
-                    context=str(where),
-                    hint="load it with `treeguard.load_sharded(DIR, like)`",
-                ) from e
+            hint = "load it with `treeguard.load_sharded(DIR, like)`"
+            item = manifest.tree_of(leaves, str(where), hint=hint)
             try:
                 got = picked(jax.tree.leaves(read_arrays(data, item)), run, where)
             except Exception as e:  # orbax and tensorstore raise many kinds

@@ -21,7 +21,8 @@ Nothing the store wrote is overwritten, but the marker and the pointer,
 and those only by compare-and-swap. Every read of a checkpoint goes
 through the checkpoint reader on an ``ObjectReader``: the bytes are hashed
 as they download, into the arrays' own memory (a partial load fetches its
-header and the selected tensors only, by ranged GETs), and every hash is
+header and the selected tensors only, by ranged GETs of the spans the
+reader announces before it reads them), and every hash is
 checked before anything is returned; its digest is
 compared with the one recorded at put and, for a verified version, with the
 verdict's. Only file versions are kept in a bucket.
@@ -39,7 +40,6 @@ from .. import strictjson
 from ..checkpoint import Header
 from ..checkpoint.files import read_raw_header
 from ..checkpoint.read import checked_header, load_source, verify_source
-from ..checkpoint.select import select
 from ..checkpoint.write import checkpoint_bytes
 from ..errors import (
     FormatError,
@@ -416,19 +416,14 @@ class BucketBackend:
                 reader.close()
 
     def _header(self, version: str, reader: ObjectReader) -> Header:
-        """The checkpoint's header, fetched alone."""
-        reader.plan([])
+        """The checkpoint's header, fetched alone (the reader announces it)."""
         where = self._model(version)
         return checked_header(*read_raw_header(reader, where), where, None)
 
     def load(self, version: str, location: str, record: dict[str, Any], want: Wanted) -> Any:
         # a candidate has no verdict yet: the digest recorded at put is the one to find
         expected = want.digest or record.get("stored_digest")
-        with self._reader(version) as reader:
-            if want.subtree is not None or want.ignore:
-                reader.plan(_selected(self._header(version, reader), want))
-            else:
-                reader.plan(None)  # the whole object: its download starts now
+        with self._reader(version) as reader:  # fetches what the reader announces it reads
             return load_source(
                 reader, self._model(version), want.like, expected, want.subtree, want.ignore
             )
@@ -442,7 +437,6 @@ class BucketBackend:
 
     def recheck(self, version: str, location: str, record: dict[str, Any], digest: str) -> None:
         with self._reader(version) as reader:
-            reader.plan(None)  # the whole object: its download starts now
             verify_source(reader, self._model(version), expect_digest=digest)
 
     # -- verify ----------------------------------------------------------
@@ -471,7 +465,6 @@ class BucketBackend:
                     hint="do not use it; restore the object from a backup, or put the weights "
                     "again",
                 )
-            reader.plan(None)
             return load_source(reader, self._model(version), contract, digests[0], None, ())
 
     def digest_now(self, version: str, location: str, record: dict[str, Any]) -> str | None:
@@ -556,20 +549,6 @@ def _exists(version: str, root: str) -> StoreError:
         context=root,
         hint="pick another name, or leave version= out to number it",
     )
-
-
-def _selected(header: Header, want: Wanted) -> list[tuple[int, int]]:
-    """The ``(offset, length)`` ranges of the tensors ``want`` selects, in
-    file order, neighbours merged into one."""
-    sel = select(header.spec, subtree=want.subtree, ignore=want.ignore, where=header.path)
-    out: list[tuple[int, int]] = []
-    for t in sorted((header.tensors[i] for i in sel.indices), key=lambda t: t.begin):
-        start = header.data_start + t.begin
-        if out and out[-1][0] + out[-1][1] == start:
-            out[-1] = (out[-1][0], out[-1][1] + t.nbytes)
-        elif t.nbytes:
-            out.append((start, t.nbytes))
-    return out
 
 
 def check_name_or_none(name: str) -> str | None:
