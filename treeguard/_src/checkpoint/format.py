@@ -42,7 +42,7 @@ import json
 import math
 import re
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -68,8 +68,9 @@ MAX_HEADER_BYTES = 100_000_000
 #: up to about 11 times (a dict, two lists and their numbers per tensor).
 HEADER_COST_PER_BYTE = 8
 HEADER_FREE_COST = 16 << 20
-#: Tensors put in the header digest's canonical text at once.
-_DIGEST_BATCH = 4096
+#: Tensors, and characters of a metadata value, put in the header digest's
+#: canonical text at once.
+_DIGEST_BATCH, _DIGEST_CHUNK = 4096, 1 << 20
 _HEX_RE = HEX_RE
 PLACEHOLDER = "0" * HEX_LEN
 MAX_NDIM = 64
@@ -242,8 +243,15 @@ def header_digest(meta: Mapping[str, str], table: Mapping[str, Any]) -> str:
 
 def _canonical_chunks(body: Mapping[str, str], table: Mapping[str, Any]) -> Iterator[bytes]:
     """``json.dumps({"metadata": body, "tensors": table}, sort_keys=True,
-    separators=(",", ":"))``, encoded, in pieces of ``_DIGEST_BATCH`` tensors."""
-    yield b'{"metadata":' + _canonical(body).encode("utf-8") + b',"tensors":{'
+    separators=(",", ":"))``, encoded, in pieces: a metadata value (the spec,
+    the hashes) ``_DIGEST_CHUNK`` characters at a time, the table
+    ``_DIGEST_BATCH`` tensors at a time."""
+    yield b'{"metadata":{'
+    for i, key in enumerate(sorted(body)):
+        text = ("," if i else "") + _canonical(key) + ":" + _canonical(body[key])
+        for j in range(0, len(text), _DIGEST_CHUNK):
+            yield text[j : j + _DIGEST_CHUNK].encode("utf-8")
+    yield b'},"tensors":{'
     keys = sorted(table)
     for i in range(0, len(keys), _DIGEST_BATCH):
         batch = _canonical({k: table[k] for k in keys[i : i + _DIGEST_BATCH]})
@@ -307,6 +315,7 @@ def header_from_doc(doc: dict[str, Any], header_bytes: int, size: int, name: str
     fmt, algorithm = _known_fields(meta, name)
     # The digest covers everything below, so check it before interpreting any of it.
     _check_digest(meta, doc, algorithm, name)
+    _compact_table(doc)  # before the spec is parsed, the other large thing
     spec = _stored_spec(meta, header_bytes, name)
     hashes, env, user = _json_objects(meta, header_bytes, name)
     names = leaf_names(spec, name)
@@ -401,6 +410,49 @@ def _check_digest(meta: dict[str, str], table: dict[str, Any], algorithm: str, n
         )
 
 
+class _Entry(NamedTuple):
+    """A tensor entry of the usual form (a dtype name, a shape and two offsets,
+    all of the JSON types they should be) in a third of the memory of its dict."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    begin: int
+    end: int
+
+
+#: The stored dtype names, so that each entry's names share one string.
+_STORED_NAMES = {n: n for n in (*NATIVE.values(), *FOREIGN)}
+
+
+def _compact_table(table: dict[str, Any]) -> None:
+    """Replaces each entry of the usual form by an ``_Entry``, in place; any
+    other is left as it is, for ``_tensor_info`` to say what is wrong."""
+    for tensor, entry in table.items():
+        if type(entry) is not dict or len(entry) != 3:
+            continue
+        dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+        if (
+            type(dtype) is str
+            and type(shape) is list
+            and all(type(d) is int for d in shape)
+            and type(offsets) is list
+            and len(offsets) == 2
+            and all(type(o) is int for o in offsets)
+        ):
+            table[tensor] = _Entry(_STORED_NAMES.get(dtype, dtype), tuple(shape), *offsets)
+
+
+def _expanded(entry: Any) -> Any:
+    """An entry as the header holds it: ``_compact_table`` undone."""
+    if isinstance(entry, _Entry):
+        return {
+            "dtype": entry.dtype,
+            "shape": list(entry.shape),
+            "data_offsets": [entry.begin, entry.end],
+        }
+    return entry
+
+
 def _stored_spec(meta: dict[str, str], header_bytes: int, name: str) -> TreeSpec:
     """The stored spec, its text dropped from ``meta`` once read."""
     try:
@@ -441,7 +493,7 @@ def _tensor_infos(  # noqa: PLR0917 - one call site, every argument needed
     tensors: list[TensorInfo] = []
     pos = 0
     for leaf_name, (shape, dtype, _, _) in zip(names, spec.records):
-        entry = table.pop(leaf_name)
+        entry = _expanded(table.pop(leaf_name))
         t = _tensor_info(leaf_name, (shape, dtype), entry, hashes[leaf_name], algorithm, name)
         if t.begin != pos:
             raise FormatError(
