@@ -35,8 +35,13 @@ MAX_DEPTH = 512
 
 #: A string as JSON pairs its quotes (one left open runs to the end).
 _STRING = re.compile(r'"[^"\\]*+(?:\\.[^"\\]*+)*+(?:"|\\?\Z)', re.S)
-#: What is not a bracket, outside strings.
-_NOT_BRACKET = re.compile(r"[^][{}]+")
+_TERMINATED = r'"[^"\\]*+(?:\\.[^"\\]*+)*+"'
+#: Strings measured at once, and a run of that many (what precedes each
+#: included), ending at a closing quote.
+_STRINGS_AT_ONCE = 4096
+_RUN = re.compile(rf'(?:[^"]*+{_TERMINATED}){{1,{_STRINGS_AT_ONCE}}}', re.S)
+#: Outside strings: all but the brackets dropped (JSON's other characters).
+_BRACKETS = str.maketrans(dict.fromkeys("0123456789-+.eEtrufalsn,: \t\n\r"))
 #: Outside strings: every character that starts a number made ``0``, blanks dropped,
 #: so that ``[0``, ``,0`` and ``:0`` count the numbers.
 _NUMBERS = str.maketrans({**dict.fromkeys("123456789-", "0"), **dict.fromkeys(" \t\n\r")})
@@ -46,9 +51,6 @@ _NUMBERS = str.maketrans({**dict.fromkeys("123456789-", "0"), **dict.fromkeys(" 
 #: holds any value. ``tests/test_files.py`` checks them against ``tracemalloc``.
 ASCII_STR_COST, STR_COST, LIST_COST, DICT_COST, PAIR_COST = 56, 80, 88, 64, 40
 NUMBER_COST, SLOT_COST = 40, 8
-#: What measuring costs per string: ``re.sub`` keeps each piece of text
-#: between two strings (a ``str`` of its own past one character) in a list.
-PIECE_COST = 64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,7 +64,7 @@ class Shape:
       strings: how many strings (keys and values).
       string_chars: their characters, quotes included.
       lists, dicts, pairs, numbers, commas: the other tokens outside strings.
-      rest: the text less its strings (what ``depth`` reads).
+      brackets: the brackets outside strings, in order (what ``depth`` reads).
 
     Example:
       >>> s = Shape.of('{"a": [1, 2, []]}')
@@ -80,44 +82,53 @@ class Shape:
     pairs: int
     numbers: int
     commas: int
-    rest: str = dataclasses.field(repr=False)
+    brackets: str = dataclasses.field(repr=False)
 
     @classmethod
     def of(cls, text: str) -> Shape:
-        """Measures ``text`` (a few passes of ``re`` and ``str.count``; the
-        text less its strings is the largest thing built)."""
-        rest, strings = _STRING.subn("", text)
-        lists, dicts = rest.count("["), rest.count("{")
-        digits = rest.translate(_NUMBERS)
+        """Measures ``text``: ``_STRINGS_AT_ONCE`` strings at a time, each
+        run of them cut at a closing quote (``re`` finds it), their text
+        removed (``re.sub`` keeps a piece per string, so the run bounds
+        those) and what is left counted (``str.count``)."""
+        counts = dict.fromkeys(("strings", "string_chars", "lists", "dicts"), 0)
+        counts |= dict.fromkeys(("pairs", "numbers", "commas"), 0)
+        brackets: list[str] = []
+        pos = 0
+        while pos < len(text) or not brackets:
+            run = _RUN.match(text, pos)
+            end = run.end() if run else len(text)
+            piece = text if (pos, end) == (0, len(text)) else text[pos:end]
+            rest, strings = _STRING.subn("", piece)
+            counts["strings"] += strings
+            counts["string_chars"] += len(piece) - len(rest)
+            del piece
+            digits = rest.translate(_NUMBERS)
+            counts["numbers"] += sum(map(digits.count, ("[0", ",0", ":0"))) + (digits[:1] == "0")
+            del digits
+            for key, ch in (("lists", "["), ("dicts", "{"), ("pairs", ":"), ("commas", ",")):
+                counts[key] += rest.count(ch)
+            brackets.append(rest.translate(_BRACKETS))
+            pos = end
         return cls(
             chars=len(text),
             ascii=text.isascii(),
             width=_width(text),
-            strings=strings,
-            string_chars=len(text) - len(rest),
-            lists=lists,
-            dicts=dicts,
-            pairs=rest.count(":"),
-            numbers=digits.count("[0")
-            + digits.count(",0")
-            + digits.count(":0")
-            + (digits[:1] == "0"),
-            commas=rest.count(","),
-            rest=rest,
+            brackets="".join(brackets),
+            **counts,
         )
 
     def depth(self) -> int:
         """The deepest nesting of ``[`` and ``{`` (stops past ``MAX_DEPTH``);
         a loop over the brackets alone, so measure the cost first."""
         depth = deepest = 0
-        for ch in _NOT_BRACKET.sub("", self.rest):
+        for ch in self.brackets:
             if ch in "[{":
                 depth += 1
                 if depth > deepest:
                     deepest = depth
                     if deepest > MAX_DEPTH:
                         return deepest
-            else:
+            elif ch in "]}":
                 depth -= 1
         return deepest
 
@@ -144,20 +155,6 @@ def _width(text: str) -> int:
         return 4
     per_char = sys.getsizeof(text) / len(text)
     return 1 if per_char < 1.5 else 2 if per_char < 3 else 4
-
-
-def _strings_at_most(text: str) -> int:
-    """How many strings ``text`` holds at most, or about (an escaped
-    backslash before a closing quote makes it count that string as half)."""
-    return (text.count('"') - text.count('\\"')) // 2 + 1
-
-
-def _within(chars: int, cost: int, budget: int) -> None:
-    if cost > budget:
-        raise FormatError(
-            f"its {chars:,} bytes of JSON would take about {cost:,} bytes of "
-            f"objects, over the {budget:,} its reader allows"
-        )
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -227,12 +224,12 @@ bytes of objects, over the 10,000 its reader allows
     try:
         if isinstance(text, bytes):
             text = text.decode("utf-8")
-        if budget is not None:
-            # measuring builds a piece of text per string: bound their count first
-            _within(len(text), _strings_at_most(text) * (ASCII_STR_COST + 2 * PIECE_COST), budget)
         shape = Shape.of(text)
-        if budget is not None:
-            _within(len(text), shape.cost, budget)
+        if budget is not None and shape.cost > budget:
+            raise FormatError(
+                f"its {len(text):,} bytes of JSON would take about {shape.cost:,} bytes of "
+                f"objects, over the {budget:,} its reader allows"
+            )
         if shape.depth() > MAX_DEPTH:
             raise FormatError(f"it nests deeper than {MAX_DEPTH} levels")
         del shape
