@@ -67,6 +67,43 @@ def test_the_cost_of_json_is_bounded_above(text: str) -> None:
     assert strictjson.Shape.of(text).cost >= built
 
 
+def test_the_keys_of_a_table_are_counted_once_and_the_cost_still_bounds_it() -> None:
+    text = _HOSTILE_JSON["a tensor table"]
+    tracemalloc.start()
+    try:
+        value = json.loads(text)
+        built = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    del value
+    shared = strictjson.Shape.of(text, fmt.ENTRY_KEYS)
+    assert built <= shared.cost < strictjson.Shape.of(text).cost
+    # a key that only ends in the text of one (its quote escaped) is a key of its own
+    forged = "{" + ",".join(f'"{i}\\"dtype":0' for i in range(100)) + "}"
+    assert strictjson.Shape.of(forged, fmt.ENTRY_KEYS).shared == 0
+
+
+def test_another_tools_header_of_80_000_tensors_is_within_its_budget(tmp_path: Path) -> None:
+    table = {
+        f"model.layers.{i // 8}.mlp.w{i % 8}": {
+            "dtype": "F32",
+            "shape": [2, 2],
+            "data_offsets": [16 * i, 16 * i + 16],
+        }
+        for i in range(80_000)
+    }
+    header = json.dumps(table, separators=(",", ":")).encode()
+    header += b" " * (-len(header) % 8)
+    path = tmp_path / "many.safetensors"
+    path.write_bytes(len(header).to_bytes(8, "little") + header + bytes(16 * 80_000))
+    fd, name = open_checkpoint(path)
+    try:
+        doc, _, _ = read_raw_header(fd, name)
+    finally:
+        os.close(fd)
+    assert len(doc) == 80_000
+
+
 def _old_depth(text: str) -> int:
     """The nesting depth as the reader measured it before ``Shape``, a character at a time."""
     depth = deepest = 0

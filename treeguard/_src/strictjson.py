@@ -23,6 +23,7 @@ import json
 import math
 import re
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 from .errors import FormatError
@@ -64,6 +65,8 @@ class Shape:
       strings: how many strings (keys and values).
       string_chars: their characters, quotes included.
       lists, dicts, pairs, numbers, commas: the other tokens outside strings.
+      shared: the bytes of the repeats of ``shared_keys``, which parsing
+        does not build (``json.loads`` keeps one string per key text).
       brackets: the brackets outside strings, in order (what ``depth`` reads).
 
     Example:
@@ -82,10 +85,11 @@ class Shape:
     pairs: int
     numbers: int
     commas: int
-    brackets: str = dataclasses.field(repr=False)
+    shared: int = 0
+    brackets: str = dataclasses.field(default="", repr=False)
 
     @classmethod
-    def of(cls, text: str) -> Shape:
+    def of(cls, text: str, shared_keys: Sequence[str] = ()) -> Shape:
         """Measures ``text``: ``_STRINGS_AT_ONCE`` strings at a time, each
         run of them cut at a closing quote (``re`` finds it), their text
         removed (``re.sub`` keeps a piece per string, so the run bounds
@@ -113,6 +117,7 @@ class Shape:
             chars=len(text),
             ascii=text.isascii(),
             width=_width(text),
+            shared=sum(_repeats(text, key) * (ASCII_STR_COST + len(key)) for key in shared_keys),
             brackets="".join(brackets),
             **counts,
         )
@@ -143,7 +148,15 @@ class Shape:
             + self.pairs * PAIR_COST
             + self.numbers * NUMBER_COST
             + (self.commas + self.lists + self.dicts + 1) * SLOT_COST
+            - self.shared
         )
+
+
+def _repeats(text: str, key: str) -> int:
+    """How many times ``key`` is a key in ``text`` past its first (a ``"``
+    after a backslash ends no string, so ``\\"key":`` is not one)."""
+    found = text.count(f'"{key}":') - text.count(f'\\"{key}":')
+    return max(0, found - 1)
 
 
 def _width(text: str) -> int:
@@ -190,6 +203,7 @@ def loads(
     context: str | None = None,
     hint: str | None = None,
     budget: int | None = None,
+    shared_keys: Sequence[str] = (),
 ) -> Any:
     """Parses JSON, refusing duplicate keys, NaN and Infinity, huge integers,
     nesting deeper than ``MAX_DEPTH``, lone surrogates and, given a budget,
@@ -202,6 +216,8 @@ def loads(
       hint: the fix the message ends with.
       budget: the most bytes the parsed objects may take (``Shape.cost``);
         None for no bound.
+      shared_keys: keys expected many times (a table's column names), whose
+        repeats ``Shape.cost`` does not count.
 
     Raises:
       FormatError: naming ``what`` and the fault.
@@ -224,7 +240,7 @@ bytes of objects, over the 10,000 its reader allows
     try:
         if isinstance(text, bytes):
             text = text.decode("utf-8")
-        shape = Shape.of(text)
+        shape = Shape.of(text, shared_keys)
         if budget is not None and shape.cost > budget:
             raise FormatError(
                 f"its {len(text):,} bytes of JSON would take about {shape.cost:,} bytes of "

@@ -14,7 +14,7 @@ from typing import Any
 from ..atomic import open_regular
 from ..errors import FormatError
 from ..hashing import Source, pread_into, source_size
-from .format import MAX_HEADER_BYTES, header_budget, strict_loads
+from .format import ENTRY_KEYS, MAX_HEADER_BYTES, header_budget, strict_loads
 
 _PICKLE_HINT = (
     "this looks like a pickle or zip (torch) file; treeguard never unpickles. "
@@ -85,7 +85,8 @@ def read_raw_header(fd: Source, name: str) -> tuple[dict[str, Any], int, int]:
             f"the header is not UTF-8 text ({e.reason} at byte {e.start})", context=name
         ) from None
     del raw  # held once: as text while it is parsed
-    doc = strict_loads(text, "the header", context=name, budget=header_budget(n))
+    budget = header_budget(n)
+    doc = strict_loads(text, "the header", context=name, budget=budget, shared_keys=ENTRY_KEYS)
     del text
     if not isinstance(doc, dict):
         raise FormatError("the header is not a JSON object", context=name)

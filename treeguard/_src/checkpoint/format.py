@@ -65,9 +65,12 @@ MAX_HEADER_BYTES = 100_000_000
 #: ``HEADER_FREE_COST``. By ``strictjson.Shape.cost`` an honest treeguard
 #: header costs about 3.5 times its bytes (its spec alone about 4 times the
 #: whole header), and another tool's safetensors header, all tensor table,
-#: up to about 11 times (a dict, two lists and their numbers per tensor).
+#: 6 to 11 times (a dict, two lists and their numbers per tensor; the more
+#: the shorter its names), its ``ENTRY_KEYS`` counted once.
 HEADER_COST_PER_BYTE = 8
 HEADER_FREE_COST = 16 << 20
+#: The keys of every tensor entry (parsing keeps one string for each).
+ENTRY_KEYS = ("dtype", "shape", "data_offsets")
 #: Tensors, and characters of a metadata value, put in the header digest's
 #: canonical text at once.
 _DIGEST_BATCH, _DIGEST_CHUNK = 4096, 1 << 20
@@ -275,11 +278,18 @@ _NOT_OURS = "this is not a file treeguard.save wrote, or it was damaged; " + _RE
 
 
 def strict_loads(
-    text: str | bytes, what: str, *, context: str | None = None, budget: int | None = None
+    text: str | bytes,
+    what: str,
+    *,
+    context: str | None = None,
+    budget: int | None = None,
+    shared_keys: Sequence[str] = (),
 ) -> Any:
     """``strictjson.loads`` with the checkpoint's hint (and ``budget``, the
-    most bytes its objects may take)."""
-    return loads(text, what, context=context, hint=_NOT_OURS, budget=budget)
+    most bytes its objects may take, and its ``shared_keys``)."""
+    return loads(
+        text, what, context=context, hint=_NOT_OURS, budget=budget, shared_keys=shared_keys
+    )
 
 
 def parse_format_version(fmt: Any, *, expected: str, prefix_re: re.Pattern[str]) -> int:
