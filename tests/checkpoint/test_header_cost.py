@@ -53,31 +53,27 @@ _HOSTILE_JSON = {
 }
 
 
+def _built(text: str) -> int:
+    """The bytes ``json.loads`` allocates for ``text`` at its peak."""
+    tracemalloc.start()
+    try:
+        json.loads(text)
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
 @pytest.mark.parametrize("text", _HOSTILE_JSON.values(), ids=_HOSTILE_JSON.keys())
 def test_the_cost_of_json_is_bounded_above(text: str) -> None:
     # Shape.cost is what a budget is compared with: it must not be below what
     # json.loads really builds (CPython's object sizes, as tracemalloc counts)
-    tracemalloc.start()
-    try:
-        value = json.loads(text)
-        built = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
-    del value
-    assert strictjson.Shape.of(text).cost >= built
+    assert strictjson.Shape.of(text).cost >= _built(text)
 
 
 def test_the_keys_of_a_table_are_counted_once_and_the_cost_still_bounds_it() -> None:
     text = _HOSTILE_JSON["a tensor table"]
-    tracemalloc.start()
-    try:
-        value = json.loads(text)
-        built = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
-    del value
     shared = strictjson.Shape.of(text, fmt.ENTRY_KEYS)
-    assert built <= shared.cost < strictjson.Shape.of(text).cost
+    assert _built(text) <= shared.cost < strictjson.Shape.of(text).cost
     # a key that only ends in the text of one (its quote escaped) is a key of its own
     forged = "{" + ",".join(f'"{i}\\"dtype":0' for i in range(100)) + "}"
     assert strictjson.Shape.of(forged, fmt.ENTRY_KEYS).shared == 0
