@@ -256,6 +256,18 @@ def test_expect_digest_message(tmp_path: Any) -> None:
     )
 
 
+def test_header_json_cost_message(tmp_path: Any) -> None:
+    path = tmp_path / "h.safetensors"
+    header = b'{"x":[' + b"[]," * 1_000_000 + b"[]]}  "
+    path.write_bytes(len(header).to_bytes(8, "little") + header)
+    assert _message(tg.read_header, path) == (
+        f"{path}: the header: its 3,000,012 bytes of JSON would take about 104,000,371 bytes of "
+        "objects, over the 40,777,312 its reader allows\n"
+        "hint: this is not a file treeguard.save wrote, or it was damaged; restore the file "
+        "from a verified copy (ArtifactStore.rollback) or save it again"
+    )
+
+
 def test_non_native_byte_order_message() -> None:
     text = (
         '{"format": "treeguard.spec/1", "tree": {"kind": "dict", "children": '

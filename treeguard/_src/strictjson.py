@@ -7,12 +7,23 @@ long to convert and then raise a bare ``ValueError``), nesting until the
 stack runs out, and lone surrogates that no UTF-8 writer can write back.
 ``loads`` refuses each as a ``FormatError`` that says where; every JSON file
 treeguard reads (headers, specs, store records, manifests) goes through it.
+
+Parsed, JSON costs more than its text: an empty list is 64 bytes of objects
+for the 3 of ``[],``, so 30 MB of text can take 700 MB. ``Shape`` measures a
+document first, at the speed of ``re`` and ``str.count`` and without a
+Python object per value: what JSON parsing would build (``Shape.cost``) and
+how deep it nests. A reader that knows what its document may cost passes
+``loads`` a ``budget`` and a document over it is refused before it is built.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+import re
+import sys
+from collections.abc import Sequence
 from typing import Any
 
 from .errors import FormatError
@@ -21,6 +32,142 @@ from .errors import FormatError
 MAX_INT_DIGITS = 20
 #: The deepest nesting of arrays and objects accepted.
 MAX_DEPTH = 512
+
+
+#: A string as JSON pairs its quotes (one left open runs to the end).
+_STRING = re.compile(r'"[^"\\]*+(?:\\.[^"\\]*+)*+(?:"|\\?\Z)', re.S)
+_TERMINATED = r'"[^"\\]*+(?:\\.[^"\\]*+)*+"'
+#: Strings measured at once, and a run of that many (what precedes each
+#: included), ending at a closing quote.
+_STRINGS_AT_ONCE = 4096
+_RUN = re.compile(rf'(?:[^"]*+{_TERMINATED}){{1,{_STRINGS_AT_ONCE}}}', re.S)
+#: Outside strings: all but the brackets dropped (JSON's other characters).
+_BRACKETS = str.maketrans(dict.fromkeys("0123456789-+.eEtrufalsn,: \t\n\r"))
+#: Outside strings: every character that starts a number made ``0``, blanks dropped,
+#: so that ``[0``, ``,0`` and ``:0`` count the numbers.
+_NUMBERS = str.maketrans({**dict.fromkeys("123456789-", "0"), **dict.fromkeys(" \t\n\r")})
+#: Bytes of objects per value JSON parsing builds (CPython 3.11, 64-bit),
+#: each an upper bound: a ``str`` past its characters (ASCII, and not), a list
+#: of up to 4, a dict when empty and per pair, a number, and the slot that
+#: holds any value. ``tests/test_files.py`` checks them against ``tracemalloc``.
+ASCII_STR_COST, STR_COST, LIST_COST, DICT_COST, PAIR_COST = 56, 80, 88, 64, 40
+NUMBER_COST, SLOT_COST = 40, 8
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    """What a JSON text holds, counted without parsing it.
+
+    Attributes:
+      chars: the text's length.
+      ascii: whether it is all ASCII.
+      width: bytes per character of a ``str`` holding the text (1, 2 or 4).
+      strings: how many strings (keys and values).
+      string_chars: their characters, quotes included.
+      lists, dicts, pairs, numbers, commas: the other tokens outside strings.
+      shared: the bytes of the repeats of ``shared_keys``, which parsing
+        does not build (``json.loads`` keeps one string per key text).
+      brackets: the brackets outside strings, in order (what ``depth`` reads).
+
+    Example:
+      >>> s = Shape.of('{"a": [1, 2, []]}')
+      >>> s.strings, s.lists, s.dicts, s.numbers, s.depth()
+      (1, 2, 1, 2, 3)
+    """
+
+    chars: int
+    ascii: bool
+    width: int
+    strings: int
+    string_chars: int
+    lists: int
+    dicts: int
+    pairs: int
+    numbers: int
+    commas: int
+    shared: int = 0
+    brackets: str = dataclasses.field(default="", repr=False)
+
+    @classmethod
+    def of(cls, text: str, shared_keys: Sequence[str] = ()) -> Shape:
+        """Measures ``text``: ``_STRINGS_AT_ONCE`` strings at a time, each
+        run of them cut at a closing quote (``re`` finds it), their text
+        removed (``re.sub`` keeps a piece per string, so the run bounds
+        those) and what is left counted (``str.count``)."""
+        counts = dict.fromkeys(("strings", "string_chars", "lists", "dicts"), 0)
+        counts |= dict.fromkeys(("pairs", "numbers", "commas"), 0)
+        brackets: list[str] = []
+        pos = 0
+        while pos < len(text) or not brackets:
+            run = _RUN.match(text, pos)
+            end = run.end() if run else len(text)
+            piece = text if (pos, end) == (0, len(text)) else text[pos:end]
+            rest, strings = _STRING.subn("", piece)
+            counts["strings"] += strings
+            counts["string_chars"] += len(piece) - len(rest)
+            del piece
+            digits = rest.translate(_NUMBERS)
+            counts["numbers"] += sum(map(digits.count, ("[0", ",0", ":0"))) + (digits[:1] == "0")
+            del digits
+            for key, ch in (("lists", "["), ("dicts", "{"), ("pairs", ":"), ("commas", ",")):
+                counts[key] += rest.count(ch)
+            brackets.append(rest.translate(_BRACKETS))
+            pos = end
+        return cls(
+            chars=len(text),
+            ascii=text.isascii(),
+            width=_width(text),
+            shared=sum(_repeats(text, key) * (ASCII_STR_COST + len(key)) for key in shared_keys),
+            brackets="".join(brackets),
+            **counts,
+        )
+
+    def depth(self) -> int:
+        """The deepest nesting of ``[`` and ``{`` (stops past ``MAX_DEPTH``);
+        a loop over the brackets alone, so measure the cost first."""
+        depth = deepest = 0
+        for ch in self.brackets:
+            if ch in "[{":
+                depth += 1
+                if depth > deepest:
+                    deepest = depth
+                    if deepest > MAX_DEPTH:
+                        return deepest
+            elif ch in "]}":
+                depth -= 1
+        return deepest
+
+    @property
+    def cost(self) -> int:
+        """An upper bound on the bytes of the objects ``json.loads`` builds."""
+        return (
+            self.strings * (ASCII_STR_COST if self.ascii else STR_COST)
+            + self.string_chars * self.width
+            + self.lists * LIST_COST
+            + self.dicts * DICT_COST
+            + self.pairs * PAIR_COST
+            + self.numbers * NUMBER_COST
+            + (self.commas + self.lists + self.dicts + 1) * SLOT_COST
+            - self.shared
+        )
+
+
+def _repeats(text: str, key: str) -> int:
+    """How many times ``key`` is a key in ``text`` past its first (a ``"``
+    after a backslash ends no string, so ``\\"key":`` is not one)."""
+    found = text.count(f'"{key}":') - text.count(f'\\"{key}":')
+    return max(0, found - 1)
+
+
+def _width(text: str) -> int:
+    """Bytes per character of ``text`` (a ``str`` is as wide as its widest
+    character, and so is every piece of it at most)."""
+    if text.isascii():
+        return 1
+    if len(text) < 4096:
+        return 4
+    per_char = sys.getsizeof(text) / len(text)
+    return 1 if per_char < 1.5 else 2 if per_char < 3 else 4
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -50,16 +197,27 @@ def _finite_float(text: str) -> float:
 
 
 def loads(
-    text: str | bytes, what: str, *, context: str | None = None, hint: str | None = None
+    text: str | bytes,
+    what: str,
+    *,
+    context: str | None = None,
+    hint: str | None = None,
+    budget: int | None = None,
+    shared_keys: Sequence[str] = (),
 ) -> Any:
     """Parses JSON, refusing duplicate keys, NaN and Infinity, huge integers,
-    nesting deeper than ``MAX_DEPTH`` and lone surrogates.
+    nesting deeper than ``MAX_DEPTH``, lone surrogates and, given a budget,
+    a document whose objects would cost more than it.
 
     Args:
       text: the document.
       what: what it is, for the message (``"the header"``).
       context: where it came from (a file), printed first.
       hint: the fix the message ends with.
+      budget: the most bytes the parsed objects may take (``Shape.cost``);
+        None for no bound.
+      shared_keys: keys expected many times (a table's column names), whose
+        repeats ``Shape.cost`` does not count.
 
     Raises:
       FormatError: naming ``what`` and the fault.
@@ -73,13 +231,24 @@ def loads(
       Traceback (most recent call last):
       ...
       treeguard.FormatError: the spec: NaN is not a JSON number
+      >>> loads("[" + "[]," * 1000 + "[]]", "the header", budget=10_000)
+      Traceback (most recent call last):
+      ...
+      treeguard.FormatError: the header: its 3,004 bytes of JSON would take about 104,200 \
+bytes of objects, over the 10,000 its reader allows
     """
     try:
         if isinstance(text, bytes):
             text = text.decode("utf-8")
-        depth = _depth(text)
-        if depth > MAX_DEPTH:
+        shape = Shape.of(text, shared_keys)
+        if budget is not None and shape.cost > budget:
+            raise FormatError(
+                f"its {len(text):,} bytes of JSON would take about {shape.cost:,} bytes of "
+                f"objects, over the {budget:,} its reader allows"
+            )
+        if shape.depth() > MAX_DEPTH:
             raise FormatError(f"it nests deeper than {MAX_DEPTH} levels")
+        del shape
         value = json.loads(
             text,
             object_pairs_hook=_no_duplicates,
@@ -95,31 +264,6 @@ def loads(
     except (UnicodeError, ValueError, RecursionError) as e:
         message = f"{what} is not valid JSON: {e}"
         raise FormatError(message, context=context, hint=hint) from None
-
-
-def _depth(text: str) -> int:
-    """The deepest nesting of ``[`` and ``{`` outside strings (stops past the bound)."""
-    depth = deepest = 0
-    in_string = escaped = False
-    for ch in text:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string = False
-        elif ch == '"':
-            in_string = True
-        elif ch in "[{":
-            depth += 1
-            if depth > deepest:
-                deepest = depth
-                if deepest > MAX_DEPTH:
-                    return deepest
-        elif ch in "]}":
-            depth -= 1
-    return deepest
 
 
 def _no_surrogates(value: Any) -> None:

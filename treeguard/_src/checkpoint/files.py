@@ -14,7 +14,7 @@ from typing import Any
 from ..atomic import open_regular
 from ..errors import FormatError
 from ..hashing import Source, announce, pread_into, source_size
-from .format import MAX_HEADER_BYTES, strict_loads
+from .format import ENTRY_KEYS, MAX_HEADER_BYTES, header_budget, strict_loads
 
 _PICKLE_HINT = (
     "this looks like a pickle or zip (torch) file; treeguard never unpickles. "
@@ -100,7 +100,11 @@ def read_raw_header(
         raise FormatError("the file shrank while its header was read", context=name)
     if raw[:1] != b"{":
         raise FormatError("the header is not a JSON object", context=name, hint=hint)
-    doc = strict_loads(utf8_text(raw, "the header is", name), "the header", context=name)
+    text = utf8_text(raw, "the header is", name)
+    del raw  # held once: as text while it is parsed
+    budget = header_budget(n)
+    doc = strict_loads(text, "the header", context=name, budget=budget, shared_keys=ENTRY_KEYS)
+    del text
     if not isinstance(doc, dict):
         raise FormatError("the header is not a JSON object", context=name)
     return doc, n, size

@@ -41,13 +41,13 @@ import dataclasses
 import json
 import math
 import re
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from ..errors import FormatError, IntegrityError
-from ..hashing import ALGORITHMS, HEX_LEN, HEX_RE, Algorithm, check_algorithm, digest
+from ..hashing import ALGORITHMS, HEX_LEN, HEX_RE, Algorithm, Pipeline, check_algorithm
 from ..keydtype import impl_of, is_key_dtype
 from ..leaf import summarize
 from ..paths import keystr, parse
@@ -60,6 +60,20 @@ _FORMAT_RE = re.compile(r"^treeguard\.checkpoint/(\d{1,9})$")
 
 #: The largest header read, as in the safetensors reference reader.
 MAX_HEADER_BYTES = 100_000_000
+#: What parsing a header, or a document inside it (the spec, the hashes),
+#: may cost: bytes of objects per byte of the header, past a fixed
+#: ``HEADER_FREE_COST``. By ``strictjson.Shape.cost`` an honest treeguard
+#: header costs about 3.5 times its bytes (its spec alone about 4 times the
+#: whole header), and another tool's safetensors header, all tensor table,
+#: 6 to 11 times (a dict, two lists and their numbers per tensor; the more
+#: the shorter its names), its ``ENTRY_KEYS`` counted once.
+HEADER_COST_PER_BYTE = 8
+HEADER_FREE_COST = 16 << 20
+#: The keys of every tensor entry (parsing keeps one string for each).
+ENTRY_KEYS = ("dtype", "shape", "data_offsets")
+#: Tensors, and characters of a metadata value, put in the header digest's
+#: canonical text at once.
+_DIGEST_BATCH, _DIGEST_CHUNK = 4096, 1 << 20
 _HEX_RE = HEX_RE
 PLACEHOLDER = "0" * HEX_LEN
 MAX_NDIM = 64
@@ -111,7 +125,7 @@ ALLOWED_DTYPES: frozenset[str] = frozenset([*NATIVE, "complex128", *ML_DTYPES])
 _RESTORE_HINT = "restore the file from a verified copy (ArtifactStore.rollback) or save it again"
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class StoredTensor:
     """One tensor's entry in a safetensors header, ours or another tool's.
 
@@ -148,7 +162,7 @@ class StoredTensor:
         return summarize(self.shape, self.dtype)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class TensorInfo(StoredTensor):
     """One tensor's entry in a treeguard checkpoint's header: a
     ``StoredTensor`` whose name is the leaf's key path, with its hash.
@@ -216,11 +230,40 @@ def stored_layout(shape: tuple[int, ...], dtype: np.dtype[Any]) -> tuple[str, li
 
 def header_digest(meta: Mapping[str, str], table: Mapping[str, Any]) -> str:
     """The digest over the metadata (all but the digest itself) and the
-    table, by the algorithm the metadata names (``treeguard.hash``)."""
+    table, by the algorithm the metadata names (``treeguard.hash``).
+
+    The canonical text (``json.dumps`` of ``{"metadata": ..., "tensors":
+    ...}``, keys sorted, no spaces) is hashed a batch of tensors at a time,
+    never built whole.
+    """
     algorithm = check_algorithm(meta[K_HASH], what=K_HASH)
     body = {k: v for k, v in meta.items() if k != K_DIGEST}
-    canon = json.dumps({"metadata": body, "tensors": table}, sort_keys=True, separators=(",", ":"))
-    return digest(canon.encode("utf-8"), algorithm)
+    with Pipeline(algorithm) as pipeline:
+        for chunk in _canonical_chunks(body, table):
+            pipeline.feed(0, chunk)
+        return pipeline.digests()[0]
+
+
+def _canonical_chunks(body: Mapping[str, str], table: Mapping[str, Any]) -> Iterator[bytes]:
+    """``json.dumps({"metadata": body, "tensors": table}, sort_keys=True,
+    separators=(",", ":"))``, encoded, in pieces: a metadata value (the spec,
+    the hashes) ``_DIGEST_CHUNK`` characters at a time, the table
+    ``_DIGEST_BATCH`` tensors at a time."""
+    yield b'{"metadata":{'
+    for i, key in enumerate(sorted(body)):
+        text = ("," if i else "") + _canonical(key) + ":" + _canonical(body[key])
+        for j in range(0, len(text), _DIGEST_CHUNK):
+            yield text[j : j + _DIGEST_CHUNK].encode("utf-8")
+    yield b'},"tensors":{'
+    keys = sorted(table)
+    for i in range(0, len(keys), _DIGEST_BATCH):
+        batch = _canonical({k: table[k] for k in keys[i : i + _DIGEST_BATCH]})
+        yield (("," if i else "") + batch[1:-1]).encode("utf-8")
+    yield b"}}"
+
+
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
 def encode_header(meta: Mapping[str, str], table: Mapping[str, Any]) -> bytes:
@@ -234,9 +277,19 @@ def encode_header(meta: Mapping[str, str], table: Mapping[str, Any]) -> bytes:
 _NOT_OURS = "this is not a file treeguard.save wrote, or it was damaged; " + _RESTORE_HINT
 
 
-def strict_loads(text: str | bytes, what: str, *, context: str | None = None) -> Any:
-    """``strictjson.loads`` with the checkpoint's hint."""
-    return loads(text, what, context=context, hint=_NOT_OURS)
+def strict_loads(
+    text: str | bytes,
+    what: str,
+    *,
+    context: str | None = None,
+    budget: int | None = None,
+    shared_keys: Sequence[str] = (),
+) -> Any:
+    """``strictjson.loads`` with the checkpoint's hint (and ``budget``, the
+    most bytes its objects may take, and its ``shared_keys``)."""
+    return loads(
+        text, what, context=context, hint=_NOT_OURS, budget=budget, shared_keys=shared_keys
+    )
 
 
 def parse_format_version(fmt: Any, *, expected: str, prefix_re: re.Pattern[str]) -> int:
@@ -260,11 +313,48 @@ def _ok_int(x: Any, limit: int) -> bool:
 def header_from_doc(doc: dict[str, Any], header_bytes: int, size: int, name: str) -> Header:
     """Validates a parsed header against itself and the file's size.
 
+    The tensor entries are taken out of ``doc`` as they are checked, so the
+    table is held once, never twice.
+
     Raises:
       FormatError: for anything that is not a well-formed header of a known
         version, naming the field.
       IntegrityError: if the header does not match its own digest.
     """
+    meta = _metadata(doc, name)
+    fmt, algorithm = _known_fields(meta, name)
+    # The digest covers everything below, so check it before interpreting any of it.
+    _check_digest(meta, doc, algorithm, name)
+    _compact_table(doc)  # before the spec is parsed, the other large thing
+    spec = _stored_spec(meta, header_bytes, name)
+    hashes, env, user = _json_objects(meta, header_bytes, name)
+    names = leaf_names(spec, name)
+    _check_table_names(list(doc), names, name)
+    if set(hashes) != set(names):
+        raise FormatError(
+            f"{K_HASHES} names other tensors than the stored spec", context=name, hint=_NOT_OURS
+        )
+    tensors = _tensor_infos(doc, spec, names, hashes, algorithm, size - 8 - header_bytes, name)
+    # in the order of Header's fields: path, format, spec, ..., file_bytes
+    return Header(
+        name, fmt, spec, tensors, env, user, algorithm, meta[K_DIGEST], header_bytes, size
+    )
+
+
+def header_budget(header_bytes: int) -> int:
+    """The most bytes of objects a header's JSON, or a document inside it,
+    may cost parsed: ``HEADER_COST_PER_BYTE`` times the header's bytes, past
+    ``HEADER_FREE_COST``.
+
+    Example:
+      >>> header_budget(1000) - HEADER_FREE_COST
+      8000
+    """
+    return HEADER_COST_PER_BYTE * header_bytes + HEADER_FREE_COST
+
+
+def _metadata(doc: dict[str, Any], name: str) -> dict[str, str]:
+    """``__metadata__``, taken out of ``doc``: treeguard's, a map of strings."""
     meta = doc.pop("__metadata__", None)
     if not isinstance(meta, dict) or K_FORMAT not in meta:
         raise FormatError(
@@ -280,6 +370,12 @@ def header_from_doc(doc: dict[str, Any], header_bytes: int, size: int, name: str
             context=name,
             hint=_NOT_OURS,
         )
+    return meta
+
+
+def _known_fields(meta: dict[str, str], name: str) -> tuple[str, Algorithm]:
+    """The format (of a version this reads) and the hash algorithm; every
+    required field present and the digest well formed."""
     fmt = meta[K_FORMAT]
     try:
         version = parse_format_version(fmt, expected=FORMAT, prefix_re=_FORMAT_RE)
@@ -302,50 +398,113 @@ def header_from_doc(doc: dict[str, Any], header_bytes: int, size: int, name: str
             context=name,
             hint=_NOT_OURS,
         )
-    # The digest covers everything below, so check it before interpreting any of it.
-    digest = meta[K_DIGEST]
-    if not _HEX_RE.match(digest):
+    if not _HEX_RE.match(meta[K_DIGEST]):
         raise FormatError(
-            f"the header digest {digest[:80]!r} is not a {algorithm} digest",
+            f"the header digest {meta[K_DIGEST][:80]!r} is not a {algorithm} digest",
             context=name,
             hint=_NOT_OURS,
         )
-    actual_digest = header_digest(meta, doc)
-    if actual_digest != digest:
+    return fmt, check_algorithm(algorithm, what=K_HASH)
+
+
+def _check_digest(meta: dict[str, str], table: dict[str, Any], algorithm: str, name: str) -> None:
+    recorded = meta[K_DIGEST]
+    actual = header_digest(meta, table)
+    if actual != recorded:
         raise IntegrityError(
-            f"header: {algorithm} digest {actual_digest[:12]}… of the header read, "
-            f"{digest[:12]}… recorded in it; the header was changed or is corrupt",
+            f"header: {algorithm} digest {actual[:12]}… of the header read, "
+            f"{recorded[:12]}… recorded in it; the header was changed or is corrupt",
             path="__metadata__",
             context=name,
             hint=_RESTORE_HINT,
         )
+
+
+class _Entry(NamedTuple):
+    """A tensor entry of the usual form (a dtype name, a shape and two offsets,
+    all of the JSON types they should be) in a third of the memory of its dict."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    begin: int
+    end: int
+
+
+#: The stored dtype names, so that each entry's names share one string.
+_STORED_NAMES = {n: n for n in (*NATIVE.values(), *FOREIGN)}
+
+
+def _compact_table(table: dict[str, Any]) -> None:
+    """Replaces each entry of the usual form by an ``_Entry``, in place; any
+    other is left as it is, for ``_tensor_info`` to say what is wrong."""
+    for tensor, entry in table.items():
+        if type(entry) is not dict or len(entry) != 3:
+            continue
+        dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+        if (
+            type(dtype) is str
+            and type(shape) is list
+            and all(type(d) is int for d in shape)
+            and type(offsets) is list
+            and len(offsets) == 2
+            and all(type(o) is int for o in offsets)
+        ):
+            table[tensor] = _Entry(_STORED_NAMES.get(dtype, dtype), tuple(shape), *offsets)
+
+
+def _expanded(entry: Any) -> Any:
+    """An entry as the header holds it: ``_compact_table`` undone."""
+    if isinstance(entry, _Entry):
+        return {
+            "dtype": entry.dtype,
+            "shape": list(entry.shape),
+            "data_offsets": [entry.begin, entry.end],
+        }
+    return entry
+
+
+def _stored_spec(meta: dict[str, str], header_bytes: int, name: str) -> TreeSpec:
+    """The stored spec, its text dropped from ``meta`` once read."""
     try:
-        spec = TreeSpec.from_json(meta[K_SPEC])
+        doc = loads(meta.pop(K_SPEC), "spec", budget=header_budget(header_bytes))
+        return TreeSpec.from_dict(doc)
     except FormatError as e:
         raise FormatError(f"{K_SPEC}: {e.message}", context=name, hint=_NOT_OURS) from e
-    hashes = strict_loads(meta[K_HASHES], K_HASHES, context=name)
-    env = strict_loads(meta[K_ENV], K_ENV, context=name)
-    user = strict_loads(meta[K_META], K_META, context=name)
-    for field, value in ((K_HASHES, hashes), (K_ENV, env), (K_META, user)):
+
+
+def _json_objects(meta: dict[str, str], header_bytes: int, name: str) -> list[dict[str, Any]]:
+    """The header's JSON objects: ``treeguard.hashes``, ``.env`` and
+    ``.metadata``, each text dropped from ``meta`` once read."""
+    fields = (K_HASHES, K_ENV, K_META)
+    budget = header_budget(header_bytes)
+    values = [strict_loads(meta.pop(f), f, context=name, budget=budget) for f in fields]
+    for field, value in zip(fields, values):
         if not isinstance(value, dict):
             raise FormatError(
                 f"{field} must be a JSON object, not {type(value).__name__}",
                 context=name,
                 hint=_NOT_OURS,
             )
-    names = leaf_names(spec, name)
-    _check_table_names(list(doc), names, name)
-    if set(hashes) != set(names):
-        raise FormatError(
-            f"{K_HASHES} names other tensors than the stored spec", context=name, hint=_NOT_OURS
-        )
-    data_bytes = size - 8 - header_bytes
+    return values
+
+
+def _tensor_infos(  # noqa: PLR0917 - one call site, every argument needed
+    table: dict[str, Any],
+    spec: TreeSpec,
+    names: Sequence[str],
+    hashes: dict[str, Any],
+    algorithm: str,
+    data_bytes: int,
+    name: str,
+) -> tuple[TensorInfo, ...]:
+    """Every tensor's entry checked against its leaf, in flatten order, each
+    starting where the one before ended and all covering the data exactly.
+    Each entry is taken out of ``table`` as it is read."""
     tensors: list[TensorInfo] = []
     pos = 0
     for leaf_name, (shape, dtype, _, _) in zip(names, spec.records):
-        t = _tensor_info(
-            leaf_name, (shape, dtype), doc[leaf_name], hashes[leaf_name], algorithm, name
-        )
+        entry = _expanded(table.pop(leaf_name))
+        t = _tensor_info(leaf_name, (shape, dtype), entry, hashes[leaf_name], algorithm, name)
         if t.begin != pos:
             raise FormatError(
                 f"tensor {t.name or '<root>'} starts at byte {t.begin:,} of the data, "
@@ -369,18 +528,7 @@ def header_from_doc(doc: dict[str, Any], header_bytes: int, size: int, name: str
             context=name,
             hint=_RESTORE_HINT,
         )
-    return Header(
-        path=name,
-        format=fmt,
-        spec=spec,
-        tensors=tuple(tensors),
-        env=env,
-        metadata=user,
-        hash_name=algorithm,
-        digest=digest,
-        header_bytes=header_bytes,
-        file_bytes=size,
-    )
+    return tuple(tensors)
 
 
 def leaf_names(spec: TreeSpec, name: str) -> list[str]:

@@ -1,0 +1,147 @@
+"""A checkpoint header's cost: peak memory and time of ``read_header``.
+
+The header of a single-file checkpoint is JSON. Parsed into Python objects
+it costs several times its bytes (a dict, two lists and their ints per
+tensor), and a hostile header costs more (an empty list is 56 bytes for the
+3 of ``[],``). This writes one honest checkpoint of many tiny tensors and
+headers that are hostile as JSON, each of about ``--hostile-mib``, then
+reads each with ``treeguard.read_header`` in a fresh child process, which
+reports its own peak resident memory (``VmHWM``; ``ru_maxrss`` would
+start at the parent's) past what importing
+treeguard and reading one small checkpoint already took, and the verdict.
+``--time`` also times ``read_header`` of the honest file (the median of
+``--repeats`` reads in one child, wall clock and CPU time; the CPU time
+is the steadier where other work shares the cores).
+
+Each ``--src`` is a checkout whose ``treeguard`` the children import, so one
+run compares the code before a change with the code after it:
+
+    .venv/bin/python benchmarks/header_memory.py --src ../main --src . --time
+    .venv/bin/python benchmarks/header_memory.py --tensors 5000 --hostile-mib 3
+
+The goal: at most 4x the header's bytes past the baseline, honest or not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+_HERE = Path(__file__).resolve()
+_ROOT = _HERE.parents[1]
+
+#: The child: warm up on a small file, then read the one given; prints JSON.
+_CHILD = """
+import json, statistics, sys, time
+import treeguard
+small, path, repeats = sys.argv[1], sys.argv[2], int(sys.argv[3])
+treeguard.read_header(small)
+def peak():  # this process's own high-water mark (ru_maxrss starts at the parent's)
+    with open("/proc/self/status") as f:
+        return next(int(l.split()[1]) * 1024 for l in f if l.startswith("VmHWM:"))
+base = peak()
+times, cpu = [], []
+verdict = "read"
+for _ in range(repeats):
+    t, c = time.perf_counter(), time.process_time()
+    try:
+        treeguard.read_header(path)
+    except treeguard.TreeguardError as e:
+        verdict = type(e).__name__ + ": " + e.message[:70]
+    times.append(time.perf_counter() - t)
+    cpu.append(time.process_time() - c)
+print(json.dumps({"peak": peak() - base, "verdict": verdict,
+                  "time": statistics.median(times), "cpu": statistics.median(cpu)}))
+"""
+
+
+def _honest(path: Path, tensors: int) -> None:
+    """Many tiny tensors, four to a block, with names like a real model's."""
+    parts = ("attention_query_kernel", "attention_query_bias", "mlp_up_kernel", "mlp_up_bias")
+    tree: dict[str, dict[str, np.ndarray]] = {}
+    for i in range(tensors):
+        tree.setdefault(f"transformer_block_{i // 4:06d}", {})[parts[i % 4]] = np.zeros(
+            1, np.float32
+        )
+    import treeguard
+
+    treeguard.save(path, tree)
+
+
+def _raw(path: Path, header: bytes) -> None:
+    header += b" " * (-len(header) % 8)
+    path.write_bytes(len(header).to_bytes(8, "little") + header)
+
+
+def _hostile(folder: Path, mib: int) -> dict[str, Path]:
+    """Headers that are hostile as JSON, each of about ``mib`` MiB."""
+    n = mib << 20
+    cases = {
+        "empty lists": b'{"x":[' + b"[]," * (n // 3) + b"[]]}",
+        "empty objects": b'{"x":[' + b"{}," * (n // 3) + b"{}]}",
+        "short keys": b"{" + b",".join(b'"%x":0' % i for i in range(n // 10)) + b"}",
+        "floats": b'{"x":[' + b"0.5," * (n // 4) + b"0.5]}",
+        "short strings": b'{"x":[' + b'"ab",' * (n // 5) + b'"ab"]}',
+        "one long string": b'{"x":"' + b"a" * n + b'"}',
+    }
+    out = {}
+    for name, header in cases.items():
+        out[name] = folder / (name.replace(" ", "_") + ".safetensors")
+        _raw(out[name], header)
+    return out
+
+
+def _measure(src: Path, small: Path, path: Path, repeats: int) -> dict[str, object]:
+    env = {**os.environ, "PYTHONPATH": str(src), "JAX_PLATFORMS": "cpu"}
+    proc = subprocess.run(
+        [sys.executable, "-c", _CHILD, str(small), str(path), str(repeats)],
+        env=env,
+        cwd=src,  # ``-c`` puts the working directory first on the path
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    result: dict[str, object] = json.loads(proc.stdout.splitlines()[-1])
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tensors", type=int, default=50_000)
+    parser.add_argument("--hostile-mib", type=int, default=30)
+    parser.add_argument("--src", type=Path, action="append", help="a checkout (repeatable)")
+    parser.add_argument("--time", action="store_true", help="time the honest header too")
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    srcs = [s.resolve() for s in (args.src or [_ROOT])]
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        small, honest = folder / "small.safetensors", folder / "honest.safetensors"
+        _honest(small, 4)
+        _honest(honest, args.tensors)
+        files = {f"honest, {args.tensors:,} tensors": honest, **_hostile(folder, args.hostile_mib)}
+        print(f"peak memory past the baseline, as a multiple of the header ({sys.platform})")
+        for case, path in files.items():
+            size = int.from_bytes(path.read_bytes()[:8], "little")
+            print(f"\n{case}: header {size / 2**20:.1f} MiB")
+            for src in srcs:
+                r = _measure(src, small, path, 1)
+                peak = float(r["peak"])  # type: ignore[arg-type]
+                print(f"  {src!s:40} {peak / 2**20:7.1f} MiB {peak / size:5.1f}x  {r['verdict']}")
+        if args.time:
+            print(f"\nread_header of the honest header, median of {args.repeats}")
+            for src in srcs:
+                r = _measure(src, small, honest, args.repeats)
+                wall, cpu = float(r["time"]), float(r["cpu"])  # type: ignore[arg-type]
+                print(f"  {src!s:40} {wall:.3f} s wall, {cpu:.3f} s CPU")
+
+
+if __name__ == "__main__":
+    main()
