@@ -103,12 +103,12 @@ def test_only_a_new_verdict_lifts_the_quarantine(tiny_store):
     store, v = tiny_store
     server = Server(tinymodel.model, store, spec=tiny_spec())
     server.start()
-    assert server.slots.quarantine(v["nan"], "nonfinite")
+    assert server.weights.quarantine(v["nan"], "nonfinite")
     restarted = Server(tinymodel.model, store, spec=tiny_spec())
     restarted.start()
     assert restarted.status()["quarantined"] == [v["nan"]]
     with pytest.raises(ServingError, match=f"version {v['nan']} cannot be served: .*rejected"):
-        server.slots.swap(v["nan"])
+        server.weights.swap(v["nan"])
     assert store.verify(v["nan"]).status == "verified"  # a release check run again
     fresh = Server(tinymodel.model, store, spec=tiny_spec(), version=v["nan"])
     fresh.start()
@@ -123,7 +123,7 @@ def test_an_edited_quarantine_is_refused_by_the_store_signature(tmp_path):
     nan = put_verified(store, tinymodel.params(eps=-1.0))
     server = Server(tinymodel.model, store, spec=tiny_spec())
     server.start()
-    assert server.slots.quarantine(nan, "nonfinite")
+    assert server.weights.quarantine(nan, "nonfinite")
     info = store.info(nan)
     assert info.status == "rejected" and info.signed
     # an edit that lifts the quarantine by hand: the verdict says verified again
@@ -186,4 +186,4 @@ def test_warm_up_with_no_version_that_passes_names_each_and_why(tmp_path):
     assert e.value.status == 503
     assert text.startswith(f"no version can be served: {a}: ")
     assert f"; {b}: " in text
-    assert not server.slots.ready
+    assert not server.weights.ready

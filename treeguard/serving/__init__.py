@@ -28,11 +28,11 @@ from .._src.serving.plan import BucketPlan as BucketPlan
 from .._src.serving.plan import Plan as Plan
 from .._src.serving.plan import plan as plan
 from .._src.serving.protocol import datatype_of as datatype_of
-from .._src.serving.slots import WatchdogPolicy as WatchdogPolicy
 from .._src.serving.spec import CompilePolicy as CompilePolicy
 from .._src.serving.spec import Limits as Limits
 from .._src.serving.spec import Overflow as Overflow
 from .._src.serving.spec import ServingSpec as ServingSpec
+from .._src.serving.watchdog import WatchdogPolicy as WatchdogPolicy
 
 __all__ = [
     "Admission",

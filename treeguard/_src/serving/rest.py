@@ -27,6 +27,7 @@ import asyncio
 import hmac
 import json
 import logging
+import time
 from collections.abc import Awaitable, Coroutine
 from typing import Any
 
@@ -457,10 +458,14 @@ def build_app(
             elif key == b"inference-header-content-length" and header_length is None:
                 header_length = value.decode("latin-1")
 
-        async def parsed() -> InferRequest:
-            return read_request(await read_body(announced, receive), header_length)
-
-        return write_result(await engine.infer(parsed, name, version))
+        started = time.perf_counter()
+        try:
+            engine.require_model(name, version)  # before its body is read
+            request = read_request(await read_body(announced, receive), header_length)
+        except BaseException as e:
+            engine.refused(e, started)
+            raise
+        return write_result(await engine.infer(request, name, version, started=started))
 
     async def infer(scope: Any, receive: Any, send: Any) -> None:
         # a plain ASGI endpoint: no Request or Response objects; errors raised
