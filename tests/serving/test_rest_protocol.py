@@ -20,7 +20,8 @@ import treeguard
 from treeguard import LeafSpec, spec_of
 
 # The decoder alone on purpose (no server): it has no public name.
-from treeguard._src.serving.protocol import Decoder, InferRequest, RawInput
+from treeguard._src.serving.decode import Decoder
+from treeguard._src.serving.protocol import InferRequest, RawInput
 from treeguard.examples import mlp
 from treeguard.serving import Server, ServingSpec
 

@@ -19,8 +19,8 @@ import logging
 from typing import Any
 
 from ..errors import ConfigError, ServingError
+from .bodies import BodyReads
 from .engine import Engine
-from .rest import BodyReads, build_app
 from .token import is_loopback
 from .transport import MAX_METADATA_BYTES, connection_cap, raise_file_limit
 
@@ -48,11 +48,15 @@ class Server(Engine):
     """
 
     def app(self, *, control_token: bytes | None = None) -> Any:
-        """The starlette ASGI app (see ``treeguard._src.serving.rest``).
+        """The starlette ASGI app: the Open Inference Protocol's REST routes,
+        and treeguard's swap, rollback, status and ``/metrics``.
 
         Args:
           control_token: the bearer token ``swap`` and ``rollback`` require.
         """
+        # starlette is imported only when an app is built (the serve extra)
+        from .routes import build_app
+
         return build_app(self, control_token=control_token)
 
 
@@ -230,6 +234,8 @@ def serve(
       ServingError: when warm-up finds no version to serve (each named, with why).
     """
     import uvicorn
+
+    from .routes import build_app  # starlette, as uvicorn: only when a server runs
 
     if control_token is None and not is_loopback(host):
         raise ConfigError(

@@ -43,9 +43,9 @@ from ..verify.model import BATCH, Model
 from .batcher import Batcher, Unavailable
 from .buckets import Admission, admit
 from .compile_guard import enable_persistent_cache
+from .decode import Decoder
 from .metrics import Metrics
 from .protocol import (
-    Decoder,
     InferRequest,
     InferResult,
     TensorMeta,
