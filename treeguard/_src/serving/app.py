@@ -1,6 +1,6 @@
 """``Server``: the engine with its transports, and ``serve`` to run it.
 
-``Server`` is an ``Engine`` (the data plane) that can build its REST app
+``Server`` is the ``Engine`` (the data plane) that can build its REST app
 (``app()``, starlette, for uvicorn or ``httpx.ASGITransport``). ``serve``
 runs it under uvicorn with the transport hardened: a deadline for a
 request's headers and a bound on their bytes, a cap on open connections
@@ -29,7 +29,24 @@ log = logging.getLogger("treeguard.serving")
 
 
 class Server(Engine):
-    """One model served from a store (see ``Engine`` for the arguments).
+    """One model served from a store: the engine (decode, validate, batch,
+    run, judge, select the outputs; swap and rollback) with its transports.
+
+    Args:
+      model: the ``treeguard.verify.Model``; its ``apply`` is served.
+      store: the ``ArtifactStore`` (or its root).
+      spec: the ``ServingSpec``; default: every batch input of the model.
+      version: the version to start with; default the store's current one.
+      cache_dir: where the persistent compilation cache lives; None leaves
+        JAX's setting alone.
+      memory_budget: the bytes all loaded params may take (active, previous
+        and a version being loaded); None for the device's free memory when
+        it reports one.
+      watchdog: the ``WatchdogPolicy`` of automatic rollback.
+      watch_s: poll the store's current pointer this often and swap to a
+        new current version; None not to watch.
+      allow_unchecked: serve versions verified with no model check
+        (``treeguard serve`` passes False unless ``--allow-unchecked``).
 
     Example:
       >>> import tempfile, jax

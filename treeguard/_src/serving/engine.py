@@ -68,21 +68,10 @@ EXTENSIONS = ("binary_tensor_data", "treeguard_control")
 
 
 class Engine:
-    """One model served from a store, apart from any transport.
-
-    Args:
-      model: the ``treeguard.verify.Model``.
-      store: the ``ArtifactStore`` (or its root).
-      spec: the ``ServingSpec``; default: every batch input of the model.
-      version: the version to start with; default the store's current one.
-      cache_dir: where the persistent compilation cache lives; None leaves
-        JAX's setting alone.
-      memory_budget: the bytes all loaded params may take (see ``Weights``).
-      watchdog: the ``WatchdogPolicy`` of automatic rollback.
-      watch_s: poll the store's current pointer this often and swap to a
-        new current version; None not to watch.
-      allow_unchecked: serve versions verified with no model check
-        (``treeguard serve`` passes False unless ``--allow-unchecked``).
+    """One model served from a store, apart from any transport: the data
+    plane and the control plane every transport calls. ``Server``
+    (``app.py``) is this with its REST app, the class a user builds; its
+    docstring holds the arguments.
     """
 
     def __init__(
