@@ -36,7 +36,8 @@ from ..errors import (
     TreeguardError,
     TreeMismatchError,
 )
-from ..nonfinite import describe_nonfinite, host_all_finite
+from ..leaf import short_dtype
+from ..nonfinite import describe_nonfinite, find_nonfinite, host_all_finite
 from ..spec import TreeSpec, spec_of
 from ..verify.model import Model
 from .metrics import Metrics
@@ -49,6 +50,40 @@ log = logging.getLogger("treeguard.serving")
 
 #: The name of the check a quarantine verdict fails (``store ls`` shows it).
 QUARANTINE = "serve.quarantine"
+
+
+class NonFiniteVersionError(ServingError):
+    """A version whose params hold NaN or Inf, refused at load by the finite
+    check (409): the version is to blame, never the request that asked for it.
+
+    Args:
+      version: the version refused.
+      counts: ``{key path: NaN and Inf values}`` of each such leaf.
+      dtypes: ``{key path: short dtype}`` of those leaves (``bf16``, ``f32``).
+      described: the leaves as lines (path, count, dtype, shape).
+
+    Attributes:
+      version, counts, dtypes: the fields above.
+
+    Example:
+      >>> e = NonFiniteVersionError("v2", {"['w']": 1}, {"['w']": "bf16"}, "['w']: 1 value")
+      >>> print(e)
+      version v2 fails the finite check: ['w']: 1 value
+      hint: it must not be served: verify and promote a version whose params are finite
+      >>> e.dtypes, e.status
+      ({"['w']": 'bf16'}, 409)
+    """
+
+    def __init__(
+        self, version: str, counts: dict[str, int], dtypes: dict[str, str], described: str
+    ) -> None:
+        self.version = version
+        self.counts = dict(counts)
+        self.dtypes = dict(dtypes)
+        super().__init__(
+            f"version {version} fails the finite check: {described}",
+            hint="it must not be served: verify and promote a version whose params are finite",
+        )
 
 
 class Weights:
@@ -550,10 +585,16 @@ def quarantined_in(versions: Sequence[Any]) -> set[str]:
 
 def _check_finite(version: str, tree: Any) -> None:
     """The load gate: a version whose params hold NaN or Inf, of any float
-    kind (bfloat16 and float8 included), is refused, naming each leaf and its dtype."""
-    found = describe_nonfinite(tree, where=f"the params of version {version}")
-    if found is not None:
-        raise ServingError(
-            f"version {version} fails the finite check: {found}",
-            hint="it must not be served: verify and promote a version whose params are finite",
+    kind (bfloat16 and float8 included), is refused, naming each leaf and its dtype.
+
+    Raises:
+      NonFiniteVersionError: naming the finite check, each leaf and its dtype.
+    """
+    counts = find_nonfinite(tree)
+    if counts:
+        leaves = {keystr_of(p): x for p, x in jax.tree_util.tree_leaves_with_path(tree)}
+        dtypes = {p: short_dtype(np.dtype(leaves[p].dtype)) for p in counts if p in leaves}
+        where = f"the params of version {version}"
+        raise NonFiniteVersionError(
+            version, counts, dtypes, describe_nonfinite(tree, where=where) or ""
         )
