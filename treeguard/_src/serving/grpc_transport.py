@@ -409,10 +409,12 @@ def _service(engine: Engine) -> Any:
                 data = await receive(context, limits.body_timeout_s, waiting)
                 msg = parse(data, pb.ModelInferRequest)
                 request = read_request(msg)
-            except (InvalidRequestError, Dropped) as e:
+            except BaseException as e:  # as REST's: every way a request ends, counted once
                 engine.refused(e, started)
                 raise
-            result = await engine.infer(request, msg.model_name, msg.model_version or None)
+            result = await engine.infer(
+                request, msg.model_name, msg.model_version or None, started=started
+            )
             return write_result(result)
         except (InvalidRequestError, ServingError, Dropped) as e:
             await fail(context, e)
