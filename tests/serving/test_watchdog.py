@@ -3,8 +3,10 @@ and a warm-up that falls back instead of hanging."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import tinymodel
@@ -187,3 +189,29 @@ def test_warm_up_with_no_version_that_passes_names_each_and_why(tmp_path):
     assert text.startswith(f"no version can be served: {a}: ")
     assert f"; {b}: " in text
     assert not server.weights.ready
+
+
+@pytest.mark.parametrize("rolls_back", [True, False], ids=["on_forbidden_compile", "off"])
+async def test_a_batch_that_compiles_under_forbid_rolls_back_when_the_policy_says_so(
+    tiny_store, rolls_back
+):
+    store, v = tiny_store
+    better = put_verified(store, tinymodel.params(eps=2.0))
+    policy = WatchdogPolicy(window=10, min_requests=4, on_forbidden_compile=rolls_back)
+    server = Server(tinymodel.model, store, spec=tiny_spec(), watchdog=policy)
+    async with client(server) as c:
+        assert (await c.post("/v2/treeguard/swap", json={"version": better})).status_code == 200
+        # internal: no client can send params; the served ones made weak-typed
+        # (as a version of another signature would be) make the next batch compile
+        slot = server.weights.active
+        server.weights.active = dataclasses.replace(
+            slot, params={**slot.params, "eps": jnp.asarray(2.0)}
+        )
+        r = await c.post(URL, json=request(1))
+        assert r.status_code == 503, r.text
+        assert "which the policy forbids" in r.json()["error"]
+        text = (await c.get("/metrics")).text
+    status = server.status()
+    assert metric(text, "treeguard_rollbacks_total", trigger="compile") == int(rolls_back)
+    assert status["active"] == (v["good"] if rolls_back else better)
+    assert status["quarantined"] == ([better] if rolls_back else [])
