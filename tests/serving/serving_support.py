@@ -101,7 +101,7 @@ def tiny_spec(**options: Any) -> ServingSpec:
 @contextlib.asynccontextmanager
 async def client(server: Server) -> AsyncIterator[httpx.AsyncClient]:
     """The server's app in process (warmed first), with its batcher running."""
-    if not server.slots.ready:
+    if not server.weights.ready:
         server.start()
     app = server.app()
     async with app.router.lifespan_context(app):

@@ -8,7 +8,6 @@ import gc
 import json
 import re
 import threading
-import time
 import tracemalloc
 import weakref
 from typing import Any
@@ -19,7 +18,12 @@ import prometheus_client
 import pytest
 from serving_support import client, infer_body, metric, mlp_spec, request, rows_of
 
-from treeguard._src.serving.rest import BodyReads, build_app
+from treeguard._src.serving.bodies import BodyReads
+
+# internal: a parsed request for ``infer`` itself (no transport), and the REST
+# app built with the bodies it waits for
+from treeguard._src.serving.protocol import InferRequest, InferResult, RawInput
+from treeguard._src.serving.routes import build_app
 from treeguard.examples import mlp
 from treeguard.serving import Limits, Server, ServingError
 
@@ -27,6 +31,10 @@ pytestmark = pytest.mark.anyio
 
 URL = "/v2/models/mlp/infer"
 SENTINEL = 123456.789
+
+
+def parsed_request(rows: int) -> InferRequest:
+    return InferRequest([RawInput("x", "FP32", [rows, 2], [0.5] * (2 * rows))])
 
 
 async def test_inference_past_the_router_answers_as_through_it(mlp_store, mlp_server):
@@ -73,7 +81,7 @@ async def test_refusals_past_the_router_are_typed_and_quote_nothing(mlp_server):
 
 
 async def test_an_unexpected_error_past_the_router_is_a_bare_500(mlp_server, monkeypatch):
-    async def broken(*_: object) -> None:
+    async def broken(*_: object, **__: object) -> None:
         raise RuntimeError(f"internal detail {SENTINEL}")
 
     app = mlp_server.app()
@@ -94,21 +102,27 @@ async def test_a_request_whose_deadline_passes_in_the_queue_never_runs(mlp_store
     spec = mlp_spec(buckets=(1,), limits=Limits(max_delay_ms=1, timeout_s=0.05))
     server = Server(mlp.model, mlp_store[0], spec=spec)
     server.start()
-    slots = server.slots
-    real_run = slots.run
+    now = [0.0]
+    server.clock = lambda: now[0]  # the batcher's deadlines on a clock this test moves
+    runner = server.runner
+    real_run = runner.run
     calls = []
 
     def slow_run(*args: object, **kw: object) -> object:
         calls.append(args[2])
-        time.sleep(0.2)  # on the loop's thread, as every batch runs: the next one expires
+        now[0] += 1.0  # the batch takes 1 s on the batcher's clock: the next one expires
         return real_run(*args, **kw)  # type: ignore[arg-type]
 
-    async with client(server) as c:
-        monkeypatch.setattr(slots, "run", slow_run)
-        first, second = await asyncio.gather(
-            c.post(URL, json=request(1)), c.post(URL, json=request(1))
-        )
-    assert sorted([first.status_code, second.status_code]) == [200, 504]
+    app = server.app()
+    async with app.router.lifespan_context(app):
+        monkeypatch.setattr(runner, "run", slow_run)
+        # both are queued before the worker takes the first: ``infer`` does not
+        # wait before it queues, and the tasks run in the order they were made
+        first = asyncio.ensure_future(server.infer(parsed_request(1), "mlp"))
+        second = asyncio.ensure_future(server.infer(parsed_request(1), "mlp"))
+        done = await asyncio.gather(first, second, return_exceptions=True)
+    assert isinstance(done[0], InferResult)
+    assert isinstance(done[1], ServingError) and done[1].status == 504
     assert calls == [1]  # the expired request never reached the device
 
 
@@ -144,7 +158,7 @@ async def test_a_worker_that_fails_fails_those_waiting_and_refuses_the_next(mlp_
         for _ in range(12):
             assert (await c.post(URL, json=request(1))).status_code == 503
         assert server.status()["active"] == served
-        assert server.slots.fallback is None and "rolled back" not in caplog.text
+        assert server.weights.fallback is None and "rolled back" not in caplog.text
         ready = await c.get("/v2/health/ready")
         assert ready.status_code == 503 and "batcher is not running" in ready.json()["error"]
     assert "worker failed: RuntimeError" in caplog.text

@@ -20,7 +20,7 @@ from serving_support import client
 
 import treeguard
 from treeguard._cli.main import main
-from treeguard.serving import Server, ServingSpec
+from treeguard.serving import Server, ServingError, ServingSpec
 from treeguard.verify import run
 
 pytestmark = pytest.mark.anyio
@@ -69,6 +69,12 @@ async def test_a_version_holding_nan_is_refused_at_load_naming_the_check_path_an
         assert r.status_code == 409, r.text
         assert r.json()["error"] == _finite_refusal(nan, short)
         assert server.status()["active"] == good
+        # the same refusal to a caller in process, its fields apart from its text
+        with pytest.raises(ServingError) as refused:
+            await server.swap(nan)
+        assert str(refused.value) == _finite_refusal(nan, short)
+        assert (refused.value.version, refused.value.dtypes) == (nan, {"['dense']['w']": short})
+        assert refused.value.counts == {"['dense']['w']": 1} and refused.value.status == 409
         r = await c.post("/v2/models/dense/infer", json=_row(3))
         assert r.status_code == 200, r.text  # the good version still serves, finite
         assert r.json()["model_version"] == good

@@ -19,7 +19,7 @@ import treeguard
 from treeguard import LeafSpec, spec_of
 
 # The parser and the decoder alone on purpose (no server): they have no public name.
-from treeguard._src.serving.protocol import Decoder
+from treeguard._src.serving.decode import Decoder
 from treeguard._src.serving.rest import read_request
 from treeguard.examples import mlp
 from treeguard.serving import Limits, Server, ServingSpec
@@ -170,7 +170,7 @@ _CHILD = """
 import os, resource, sys
 import treeguard
 from treeguard import LeafSpec, spec_of
-from treeguard._src.serving.protocol import Decoder
+from treeguard._src.serving.decode import Decoder
 from treeguard._src.serving.rest import read_request
 from treeguard.serving import ServingSpec
 spec = ServingSpec(inputs=spec_of({"x": LeafSpec(("B", 256), "float32")}), buckets=(1,))

@@ -105,11 +105,11 @@ def test_framework_models_that_declare_a_params_spec_verify_and_serve(
     spec = treeguard.serving.ServingSpec.from_model(model, inputs=[path], buckets=(1, 4))
     server = Server(model, store, spec=spec)
     server.start()
-    served = server.slots.active.params
+    served = server.weights.active.params
     assert type(served).__name__ == kind  # loaded into the model's own structure
     leaf = spec.inputs.leaves[0]
     x = np.random.default_rng(0).uniform(0, 1, (3, *leaf.shape[1:])).astype(np.float32)
-    outs, version = server.slots.run(server.slots.active, [x], 3)
+    outs, version = server.runner.run(server.weights.active, [x], 3)
     want = np.asarray(model.apply(params, jax.tree.unflatten(spec.inputs.treedef, [x])))
     assert version == v
     np.testing.assert_allclose(outs[0][1], want, rtol=1e-5, atol=1e-5)

@@ -19,8 +19,10 @@ from serving_support import client, mlp_spec, request
 import treeguard
 from treeguard import LeafSpec, spec_of
 
-# The decoder alone on purpose (no server): it has no public name.
-from treeguard._src.serving.protocol import Decoder, InferRequest, RawInput
+# The decoder alone on purpose (no server): it has no public name; nor has
+# datatype_of, the protocol's name of a dtype the binary requests here spell out.
+from treeguard._src.serving.decode import Decoder
+from treeguard._src.serving.protocol import InferRequest, RawInput, datatype_of
 from treeguard.examples import mlp
 from treeguard.serving import Server, ServingSpec
 
@@ -157,7 +159,7 @@ async def test_a_bool_byte_that_is_neither_0_nor_1_is_refused(dtype_server):
     rows = dtypemodel.rows(1)
     blobs = [x.tobytes() for x in rows.values()]
     blobs[0] = b"\x02\x01"
-    datatypes = [treeguard.serving.datatype_of(dt) for dt in dtypemodel.DTYPES.values()]
+    datatypes = [datatype_of(dt) for dt in dtypemodel.DTYPES.values()]
     doc = {
         "inputs": [
             {"name": k, "shape": [1, 2], "datatype": dt,

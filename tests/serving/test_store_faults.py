@@ -67,7 +67,7 @@ server = Server(mlp.model, root, spec=spec)
 server.start()
 before = server.status()["active"]
 try:
-    server.slots.swap(v2)
+    server.weights.swap(v2)
     out = {"swapped": True}
 except ServingError as e:
     out = {"status": e.status, "error": str(e)}

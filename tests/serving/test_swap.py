@@ -100,7 +100,7 @@ async def test_nan_version_is_rolled_back_automatically_without_flapping(tiny_st
     assert metric(text, "treeguard_nonfinite_outputs_total", version=v["nan"]) == 4
     rollbacks = [e for e in store.history() if e.action == "serve_rollback"]
     assert [(e.version, e.detail["trigger"]) for e in rollbacks] == [(v["good"], "nonfinite")]
-    assert not server.slots.auto_rollback("5xx")  # never back onto the quarantined version
+    assert not server.weights.auto_rollback("5xx")  # never back onto the quarantined version
 
 
 @pytest.mark.slow
@@ -108,7 +108,7 @@ async def test_a_weak_typed_call_is_caught_and_explained(tiny_store, caplog):
     store, v = tiny_store
     server = Server(tinymodel.model, store, spec=tiny_spec())
     server.start()
-    slot = server.slots.active
+    slot = server.weights.active
     weak = dataclasses.replace(
         slot,
         params={**slot.params, "eps": jnp.asarray(1.0)},  # a Python float: weak-typed
@@ -116,7 +116,7 @@ async def test_a_weak_typed_call_is_caught_and_explained(tiny_store, caplog):
     x = np.full((1, 2), 0.5, np.float32)
     caplog.set_level(logging.WARNING, "treeguard.serving")
     with pytest.raises(ServingError) as e:
-        server.slots.run(weak, [x], 1)
+        server.runner.run(weak, [x], 1)
     assert e.value.status == 503
     assert str(e.value).startswith(
         "this request needed a compile after warm-up, which the policy forbids: "
@@ -124,7 +124,7 @@ async def test_a_weak_typed_call_is_caught_and_explained(tiny_store, caplog):
     )
     assert server.status()["compiles"]["serving"] == 1
     assert "weak-typed in this call" in caplog.text
-    out, version = server.slots.run(slot, [x], 1)  # the warm signature still runs
+    out, version = server.runner.run(slot, [x], 1)  # the warm signature still runs
     assert version == v["good"] and out[0][1].shape == (1, 1)
     assert server.status()["compiles"]["serving"] == 1
 
@@ -223,7 +223,7 @@ async def test_returning_to_held_weights_passes_the_store_gate_again(tmp_path):
         assert r.status_code == 409 and r.json()["error"].startswith(
             f"version {v1} cannot be served: version {v1} is rejected, not verified"
         )
-        assert not server.slots.auto_rollback("nonfinite")
+        assert not server.weights.auto_rollback("nonfinite")
         # a hand-edited, unsigned "verified" record does not get it back either
         status = Path(store.info(v1).path).with_name("status.json")
         record = _json.loads(status.read_text())

@@ -3,8 +3,10 @@ and a warm-up that falls back instead of hanging."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import tinymodel
@@ -103,12 +105,12 @@ def test_only_a_new_verdict_lifts_the_quarantine(tiny_store):
     store, v = tiny_store
     server = Server(tinymodel.model, store, spec=tiny_spec())
     server.start()
-    assert server.slots.quarantine(v["nan"], "nonfinite")
+    assert server.weights.quarantine(v["nan"], "nonfinite")
     restarted = Server(tinymodel.model, store, spec=tiny_spec())
     restarted.start()
     assert restarted.status()["quarantined"] == [v["nan"]]
     with pytest.raises(ServingError, match=f"version {v['nan']} cannot be served: .*rejected"):
-        server.slots.swap(v["nan"])
+        server.weights.swap(v["nan"])
     assert store.verify(v["nan"]).status == "verified"  # a release check run again
     fresh = Server(tinymodel.model, store, spec=tiny_spec(), version=v["nan"])
     fresh.start()
@@ -123,7 +125,7 @@ def test_an_edited_quarantine_is_refused_by_the_store_signature(tmp_path):
     nan = put_verified(store, tinymodel.params(eps=-1.0))
     server = Server(tinymodel.model, store, spec=tiny_spec())
     server.start()
-    assert server.slots.quarantine(nan, "nonfinite")
+    assert server.weights.quarantine(nan, "nonfinite")
     info = store.info(nan)
     assert info.status == "rejected" and info.signed
     # an edit that lifts the quarantine by hand: the verdict says verified again
@@ -186,4 +188,30 @@ def test_warm_up_with_no_version_that_passes_names_each_and_why(tmp_path):
     assert e.value.status == 503
     assert text.startswith(f"no version can be served: {a}: ")
     assert f"; {b}: " in text
-    assert not server.slots.ready
+    assert not server.weights.ready
+
+
+@pytest.mark.parametrize("rolls_back", [True, False], ids=["on_forbidden_compile", "off"])
+async def test_a_batch_that_compiles_under_forbid_rolls_back_when_the_policy_says_so(
+    tiny_store, rolls_back
+):
+    store, v = tiny_store
+    better = put_verified(store, tinymodel.params(eps=2.0))
+    policy = WatchdogPolicy(window=10, min_requests=4, on_forbidden_compile=rolls_back)
+    server = Server(tinymodel.model, store, spec=tiny_spec(), watchdog=policy)
+    async with client(server) as c:
+        assert (await c.post("/v2/treeguard/swap", json={"version": better})).status_code == 200
+        # internal: no client can send params; the served ones made weak-typed
+        # (as a version of another signature would be) make the next batch compile
+        slot = server.weights.active
+        server.weights.active = dataclasses.replace(
+            slot, params={**slot.params, "eps": jnp.asarray(2.0)}
+        )
+        r = await c.post(URL, json=request(1))
+        assert r.status_code == 503, r.text
+        assert "which the policy forbids" in r.json()["error"]
+        text = (await c.get("/metrics")).text
+    status = server.status()
+    assert metric(text, "treeguard_rollbacks_total", trigger="compile") == int(rolls_back)
+    assert status["active"] == (v["good"] if rolls_back else better)
+    assert status["quarantined"] == ([better] if rolls_back else [])

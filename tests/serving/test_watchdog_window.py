@@ -39,14 +39,15 @@ def expected(seen: list[tuple[bool, bool]]) -> str | None:
 @given(outcomes=st.lists(st.tuples(st.booleans(), st.booleans()), max_size=30))
 def test_each_response_is_judged_on_the_latest_window(served, outcomes):
     server, version = served
-    slots = server.slots
+    dog = server.watchdog
+    active = server.weights.active_version
     for _ in range(POLICY.window):  # a window of good responses, whatever came before
-        slots.record(version, nonfinite=False, error=False)
+        dog.record(version, active, nonfinite=False, error=False)
     seen = [(False, False)] * POLICY.window
     for nonfinite, error in outcomes:
         seen = [*seen, (nonfinite, error)][-POLICY.window :]
-        assert slots.record(version, nonfinite=nonfinite, error=error) == expected(seen)
-    assert slots.record("another version", nonfinite=True, error=True) is None  # not served
+        assert dog.record(version, active, nonfinite=nonfinite, error=error) == expected(seen)
+    assert dog.record("another version", active, nonfinite=True, error=True) is None  # not served
 
 
 @pytest.mark.parametrize(

@@ -7,8 +7,7 @@ a store's verified version over the Open Inference Protocol (KServe V2: REST
 with JSON or binary tensors, and gRPC), batching concurrent requests into
 padded buckets, with private Prometheus metrics, hot swap with verification,
 and a watchdog that rolls back and quarantines a version only when the
-version is to blame. ``Engine`` is its data plane, apart from any transport.
-``treeguard serve`` runs it.
+version is to blame. ``treeguard serve`` runs it.
 
 starlette, uvicorn and prometheus_client (the ``serve`` extra), and grpcio
 and protobuf (the ``grpc`` extra), are imported only when a server is built.
@@ -18,28 +17,18 @@ from .._src.errors import InvalidRequestError as InvalidRequestError
 from .._src.errors import ServingError as ServingError
 from .._src.serving.app import Server as Server
 from .._src.serving.app import serve as serve
-from .._src.serving.buckets import Admission as Admission
-from .._src.serving.buckets import admit as admit
-from .._src.serving.buckets import bucket_for as bucket_for
-from .._src.serving.buckets import pad_rows as pad_rows
-from .._src.serving.compile_guard import CompileGuard as CompileGuard
-from .._src.serving.engine import Engine as Engine
 from .._src.serving.plan import BucketPlan as BucketPlan
 from .._src.serving.plan import Plan as Plan
 from .._src.serving.plan import plan as plan
-from .._src.serving.protocol import datatype_of as datatype_of
-from .._src.serving.slots import WatchdogPolicy as WatchdogPolicy
 from .._src.serving.spec import CompilePolicy as CompilePolicy
 from .._src.serving.spec import Limits as Limits
 from .._src.serving.spec import Overflow as Overflow
 from .._src.serving.spec import ServingSpec as ServingSpec
+from .._src.serving.watchdog import WatchdogPolicy as WatchdogPolicy
 
 __all__ = [
-    "Admission",
     "BucketPlan",
-    "CompileGuard",
     "CompilePolicy",
-    "Engine",
     "InvalidRequestError",
     "Limits",
     "Overflow",
@@ -48,10 +37,6 @@ __all__ = [
     "ServingError",
     "ServingSpec",
     "WatchdogPolicy",
-    "admit",
-    "bucket_for",
-    "datatype_of",
-    "pad_rows",
     "plan",
     "serve",
 ]

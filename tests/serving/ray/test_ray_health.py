@@ -30,7 +30,7 @@ async def test_a_replica_whose_watchdog_quarantined_a_version_is_unhealthy(tiny_
     store, v = tiny_store
     server = Server(tinymodel.model, store, spec=tiny_spec(), watchdog=POLICY)
     async with client(server) as c:
-        baseline = frozenset(server.slots.quarantined)
+        baseline = frozenset(server.weights.quarantined)
         assert unhealthy(server, baseline) is None
         assert (await c.post("/v2/treeguard/swap", json={"version": v["nan"]})).status_code == 200
         for _ in range(6):
@@ -40,18 +40,18 @@ async def test_a_replica_whose_watchdog_quarantined_a_version_is_unhealthy(tiny_
     # its replacement starts with the quarantine on record, and is healthy
     fresh = Server(tinymodel.model, store, spec=tiny_spec())
     fresh.start()
-    assert fresh.slots.quarantined == {v["nan"]}
-    assert unhealthy(fresh, frozenset(fresh.slots.quarantined)) is None
+    assert fresh.weights.quarantined == {v["nan"]}
+    assert unhealthy(fresh, frozenset(fresh.weights.quarantined)) is None
 
 
 def test_a_replica_that_compiled_under_forbid_is_unhealthy(tiny_store):
     store, _ = tiny_store
     server = Server(tinymodel.model, store, spec=tiny_spec())
     server.start()
-    slot = server.slots.active
+    slot = server.weights.active
     weak = dataclasses.replace(slot, params={**slot.params, "eps": jnp.asarray(1.0)})
     with pytest.raises(ServingError):
-        server.slots.run(weak, [np.full((1, 2), 0.5, np.float32)], 1)
+        server.runner.run(weak, [np.full((1, 2), 0.5, np.float32)], 1)
     assert unhealthy(server, frozenset()) == (
         "1 compile(s) while serving, which the compile policy forbids"
     )
@@ -61,9 +61,9 @@ def test_a_compile_the_policy_allows_leaves_a_replica_healthy(tiny_store):
     store, _ = tiny_store
     server = Server(tinymodel.model, store, spec=tiny_spec(compile_policy="allow"))
     server.start()
-    slot = server.slots.active
+    slot = server.weights.active
     weak = dataclasses.replace(slot, params={**slot.params, "eps": jnp.asarray(1.0)})
-    server.slots.run(weak, [np.full((1, 2), 0.5, np.float32)], 1)
+    server.runner.run(weak, [np.full((1, 2), 0.5, np.float32)], 1)
     assert server.status()["compiles"]["serving"] == 1
     assert unhealthy(server, frozenset()) is None
 

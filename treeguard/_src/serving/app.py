@@ -1,6 +1,6 @@
 """``Server``: the engine with its transports, and ``serve`` to run it.
 
-``Server`` is an ``Engine`` (the data plane) that can build its REST app
+``Server`` is the ``Engine`` (the data plane) that can build its REST app
 (``app()``, starlette, for uvicorn or ``httpx.ASGITransport``). ``serve``
 runs it under uvicorn with the transport hardened: a deadline for a
 request's headers and a bound on their bytes, a cap on open connections
@@ -16,11 +16,12 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from ..errors import ConfigError, ServingError
+from .bodies import BodyReads
 from .engine import Engine
-from .rest import BodyReads, build_app
 from .token import is_loopback
 from .transport import MAX_METADATA_BYTES, connection_cap, raise_file_limit
 
@@ -28,7 +29,24 @@ log = logging.getLogger("treeguard.serving")
 
 
 class Server(Engine):
-    """One model served from a store (see ``Engine`` for the arguments).
+    """One model served from a store: the engine (decode, validate, batch,
+    run, judge, select the outputs; swap and rollback) with its transports.
+
+    Args:
+      model: the ``treeguard.verify.Model``; its ``apply`` is served.
+      store: the ``ArtifactStore`` (or its root).
+      spec: the ``ServingSpec``; default: every batch input of the model.
+      version: the version to start with; default the store's current one.
+      cache_dir: where the persistent compilation cache lives; None leaves
+        JAX's setting alone.
+      memory_budget: the bytes all loaded params may take (active, previous
+        and a version being loaded); None for the device's free memory when
+        it reports one.
+      watchdog: the ``WatchdogPolicy`` of automatic rollback.
+      watch_s: poll the store's current pointer this often and swap to a
+        new current version; None not to watch.
+      allow_unchecked: serve versions verified with no model check
+        (``treeguard serve`` passes False unless ``--allow-unchecked``).
 
     Example:
       >>> import tempfile, jax
@@ -48,144 +66,178 @@ class Server(Engine):
     """
 
     def app(self, *, control_token: bytes | None = None) -> Any:
-        """The starlette ASGI app (see ``treeguard._src.serving.rest``).
+        """The starlette ASGI app: the Open Inference Protocol's REST routes,
+        and treeguard's swap, rollback, status and ``/metrics``.
 
         Args:
           control_token: the bearer token ``swap`` and ``rollback`` require.
         """
+        # starlette is imported only when an app is built (the serve extra)
+        from .routes import build_app
+
         return build_app(self, control_token=control_token)
 
 
 def _hardened_protocol(
-    header_timeout_s: float, connections: int, on_drop: Any, on_shutdown: Any
+    header_timeout_s: float,
+    connections: int,
+    on_drop: Callable[[str], None],
+    on_shutdown: Callable[[], None],
 ) -> type:
     """uvicorn's HTTP protocol with a deadline on each request's headers, a
     bound on their bytes, and room for a new connection made by closing the
-    oldest idle one: httptools' (its parser is in C) when it is installed,
-    else h11's.
+    oldest idle one (see ``_Hardened``): httptools' (its parser is in C)
+    when it is installed, else h11's.
+
+    Args:
+      header_timeout_s: the deadline on a request's headers.
+      connections: the most connections open at once.
+      on_drop: called with the reason of each connection it closes.
+      on_shutdown: called (once per open connection) when the server begins
+        to shut down, before uvicorn's own handling.
+    """
+    base: type
+    hooks: type
+    try:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+        base, hooks = HttpToolsProtocol, _HttpToolsHooks
+    except ImportError:  # httptools is not installed: the pure-Python parser
+        from uvicorn.protocols.http.h11_impl import H11Protocol
+
+        base, hooks = H11Protocol, _H11Hooks
+    settings = {
+        "header_timeout_s": header_timeout_s,
+        "max_connections": connections,
+        "on_drop": staticmethod(on_drop),
+        "on_shutdown": staticmethod(on_shutdown),
+        # the connections with no request in flight, oldest first (a dict
+        # keeps the order its keys were added in)
+        "idle": {},
+    }
+    return type("Protocol", (hooks, base), settings)
+
+
+_Base: Any = object  # uvicorn's protocol, placed after these in each server's class
+
+
+class _Hardened(_Base):  # type: ignore[misc]
+    """What hardens uvicorn's HTTP protocol (``_hardened_protocol`` sets the
+    class attributes).
 
     uvicorn's keep-alive timeout stops once a byte arrives, so a client that
     trickles its headers would hold its connection for ever; this closes a
     connection whose request headers are not whole within the deadline.
-    Past ``connections`` open connections, a new one closes the connection
-    that has waited longest without a request in flight (no headers whole
-    yet, or kept alive after its response): idle connections by the
-    thousand never lock a new client out. When every other connection has a
-    request in flight, the new one is answered 503 (uvicorn's
-    ``limit_concurrency``, set one above ``connections``). When the server
-    begins to shut down, ``on_shutdown`` is called (once per open
-    connection) before uvicorn's own handling.
+    Past ``max_connections`` open connections, a new one closes the
+    connection that has waited longest without a request in flight (no
+    headers whole yet, or kept alive after its response): idle connections
+    by the thousand never lock a new client out. When every other
+    connection has a request in flight, the new one is answered 503
+    (uvicorn's ``limit_concurrency``, set one above ``max_connections``).
     """
-    base: type
-    try:
-        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-        base, h11 = HttpToolsProtocol, False
-    except ImportError:  # httptools is not installed: the pure-Python parser
-        from uvicorn.protocols.http.h11_impl import H11Protocol
+    header_timeout_s: float
+    max_connections: int
+    on_drop: Callable[[str], None]
+    on_shutdown: Callable[[], None]
+    idle: dict[Any, None]
+    _deadline: asyncio.TimerHandle | None = None
+    _cycles = 0
+    _head = 0  # bytes of request line and headers so far (httptools)
 
-        base, h11 = H11Protocol, True
+    def _arm(self) -> None:
+        self._disarm()
+        self._deadline = self.loop.call_later(self.header_timeout_s, self._expire, self._cycles)
 
-    # the connections with no request in flight, oldest first (a dict keeps
-    # the order its keys were added in)
-    idle: dict[Any, None] = {}
+    def _disarm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
 
-    class Protocol(base):  # type: ignore[misc,valid-type]
-        _deadline: asyncio.TimerHandle | None = None
-        _cycles = 0
-        _head = 0  # bytes of request line and headers so far (httptools)
+    def _expire(self, cycles: int) -> None:
+        if cycles == self._cycles and not self.transport.is_closing():
+            self.on_drop("header_timeout")
+            log.info("connection closed: its request headers took over %g s", self.header_timeout_s)
+            self._drop()
 
-        def _arm(self) -> None:
-            self._disarm()
-            self._deadline = self.loop.call_later(header_timeout_s, self._expire, self._cycles)
+    def _drop(self) -> None:
+        """Closes the connection; at once, its unsent bytes dropped, when a
+        response is still waiting for its client to read it (a close
+        would wait for that for ever, holding the descriptor and the bytes)."""
+        if self.transport.get_write_buffer_size():
+            self.transport.abort()
+        else:
+            self.transport.close()
 
-        def _disarm(self) -> None:
-            if self._deadline is not None:
-                self._deadline.cancel()
-                self._deadline = None
+    def _headers_whole(self) -> None:
+        self._cycles += 1
+        self._head = 0
+        self._disarm()
+        self.idle.pop(self, None)
 
-        def _expire(self, cycles: int) -> None:
-            if cycles == self._cycles and not self.transport.is_closing():
-                on_drop("header_timeout")
-                log.info("connection closed: its request headers took over %g s", header_timeout_s)
-                self._drop()
+    def _make_room(self) -> None:
+        victim = next((c for c in self.idle if c is not self), None)
+        if victim is None:  # every other one has a request in flight: uvicorn's 503
+            return
+        del self.idle[victim]
+        victim._disarm()
+        self.connections.discard(victim)  # counted out now, not when its loss is handled
+        self.on_drop("connections")
+        victim._drop()
 
-        def _drop(self) -> None:
-            """Closes the connection; at once, its unsent bytes dropped, when a
-            response is still waiting for its client to read it (a close
-            would wait for that for ever, holding the descriptor and the bytes)."""
-            if self.transport.get_write_buffer_size():
-                self.transport.abort()
-            else:
-                self.transport.close()
+    def connection_made(self, transport: Any) -> None:
+        super().connection_made(transport)
+        self._arm()
+        self.idle[self] = None
+        if len(self.connections) > self.max_connections:
+            self._make_room()
 
-        def _headers_whole(self) -> None:
-            self._cycles += 1
-            self._head = 0
-            self._disarm()
-            idle.pop(self, None)
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        self.idle.pop(self, None)
+        super().connection_lost(exc)
 
-        def _make_room(self) -> None:
-            victim = next((c for c in idle if c is not self), None)
-            if victim is None:  # every other one has a request in flight: uvicorn's 503
-                return
-            del idle[victim]
-            victim._disarm()
-            self.connections.discard(victim)  # counted out now, not when its loss is handled
-            on_drop("connections")
-            victim._drop()
+    def shutdown(self) -> None:
+        self.on_shutdown()
+        super().shutdown()
 
-        def connection_made(self, transport: Any) -> None:
-            super().connection_made(transport)
-            self._arm()
-            idle[self] = None
-            if len(self.connections) > connections:
-                self._make_room()
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.transport.is_closing():
+            self._arm()  # the next request on this connection gets its own deadline
+            if self.cycle is None or self.cycle.response_complete:  # none pipelined
+                self.idle[self] = None
 
-        def connection_lost(self, exc: Exception | None) -> None:
-            self._disarm()
-            idle.pop(self, None)
-            super().connection_lost(exc)
 
-        if h11:  # the parser hands over events; a new cycle means whole headers
+class _H11Hooks(_Hardened):
+    """h11's parser hands over events; a new cycle means whole headers."""
 
-            def handle_events(self) -> None:
-                before = self.cycle
-                super().handle_events()
-                if self.cycle is not before:
-                    self._headers_whole()
+    def handle_events(self) -> None:
+        before = self.cycle
+        super().handle_events()
+        if self.cycle is not before:
+            self._headers_whole()
 
-        else:  # httptools calls this once a request's headers are whole
 
-            def on_url(self, url: bytes) -> None:
-                self._count(len(url))
-                super().on_url(url)
+class _HttpToolsHooks(_Hardened):
+    """httptools calls back for the URL and each header, and once they are whole."""
 
-            def on_header(self, name: bytes, value: bytes) -> None:
-                self._count(len(name) + len(value) + 4)
-                super().on_header(name, value)
+    def on_url(self, url: bytes) -> None:
+        self._count(len(url))
+        super().on_url(url)
 
-            def _count(self, n: int) -> None:
-                self._head += n
-                if self._head > MAX_METADATA_BYTES:  # uvicorn answers 400 and closes
-                    raise ValueError(f"request headers over {MAX_METADATA_BYTES} bytes")
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._count(len(name) + len(value) + 4)
+        super().on_header(name, value)
 
-            def on_headers_complete(self) -> None:
-                super().on_headers_complete()
-                self._headers_whole()
+    def _count(self, n: int) -> None:
+        self._head += n
+        if self._head > MAX_METADATA_BYTES:  # uvicorn answers 400 and closes
+            raise ValueError(f"request headers over {MAX_METADATA_BYTES} bytes")
 
-        def shutdown(self) -> None:
-            on_shutdown()
-            super().shutdown()
-
-        def on_response_complete(self) -> None:
-            super().on_response_complete()
-            if not self.transport.is_closing():
-                self._arm()  # the next request on this connection gets its own deadline
-                if self.cycle is None or self.cycle.response_complete:  # none pipelined
-                    idle[self] = None
-
-    return Protocol
+    def on_headers_complete(self) -> None:
+        super().on_headers_complete()
+        self._headers_whole()
 
 
 def _log_config(base: dict[str, Any]) -> dict[str, Any]:
@@ -230,6 +282,8 @@ def serve(
       ServingError: when warm-up finds no version to serve (each named, with why).
     """
     import uvicorn
+
+    from .routes import build_app  # starlette, as uvicorn: only when a server runs
 
     if control_token is None and not is_loopback(host):
         raise ConfigError(

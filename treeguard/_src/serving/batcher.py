@@ -16,13 +16,14 @@ import collections
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from ..errors import ServingError
-from .slots import Slot, Slots
+from .runner import Runner, Slot
+from .weights import Weights
 
 Outputs = list[tuple[str, np.ndarray[Any, Any]]]
 
@@ -59,13 +60,20 @@ class Batcher:
     """Gathers requests into batches and runs them on the active slot.
 
     Args:
-      slots: the ``Slots`` whose active params run each batch.
+      runner: the ``Runner`` that runs each batch.
+      weights: the ``Weights`` whose active params run each batch.
+      clock: the monotonic clock deadlines and the gathering delay are
+        measured on.
     """
 
-    def __init__(self, slots: Slots) -> None:
-        self.slots = slots
-        self.spec = slots.spec
-        self.metrics = slots.metrics
+    def __init__(
+        self, runner: Runner, weights: Weights, *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.runner = runner
+        self.weights = weights
+        self.spec = runner.spec
+        self.metrics = runner.metrics
+        self.clock = clock
         self._queue: collections.deque[Pending] = collections.deque()
         #: The requests the worker took off the queue for the batch it makes.
         self._taken: list[Pending] = []
@@ -148,7 +156,7 @@ class Batcher:
         # reaches every expired request before it runs another batch, and
         # fails it there; a worker that ends fails all that wait (``_work``)
         future: asyncio.Future[tuple[Outputs, str]] = asyncio.get_running_loop().create_future()
-        queue.append(Pending(leaves, rows, chunks, future, time.monotonic()))
+        queue.append(Pending(leaves, rows, chunks, future, self.clock()))
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
@@ -156,12 +164,12 @@ class Batcher:
 
     async def _next(self, until: float | None) -> Pending | None:
         """The oldest waiting request, waited for until ``until`` (on the
-        ``time.monotonic`` clock) or for ever; None when ``until`` passes.
+        batcher's clock) or for ever; None when ``until`` passes.
         One future per wait, woken by ``submit`` or by one timer (``wait_for``
         would make a task and a timeout for each)."""
         loop = asyncio.get_running_loop()
         while not self._queue:
-            left = None if until is None else until - time.monotonic()
+            left = None if until is None else until - self.clock()
             if left is not None and left <= 0:
                 return None
             waiter = self._waiter = loop.create_future()
@@ -217,7 +225,7 @@ class Batcher:
                 batch.append(nxt)
                 rows += nxt.rows
         self.metrics.depth(len(queue))
-        now = time.monotonic()
+        now = self.clock()
         timeout = self.spec.limits.timeout_s
         live = []
         waits = []
@@ -254,7 +262,7 @@ class Batcher:
         slot = self._active()
         rows = sum(p.rows for p in batch)
         leaves = [np.concatenate([p.leaves[i] for p in batch]) for i in range(len(batch[0].leaves))]
-        outs, version = self.slots.run(slot, leaves, rows)
+        outs, version = self.runner.run(slot, leaves, rows)
         results = []
         start = 0
         for p in batch:
@@ -269,11 +277,11 @@ class Batcher:
         """Runs one request as its own batch, or (split) as several on one slot."""
         slot = self._active()
         if len(chunks) == 1:
-            return self.slots.run(slot, leaves, rows)
+            return self.runner.run(slot, leaves, rows)
         parts: list[Outputs] = []
         start = 0
         for n in chunks:
-            outs, _ = self.slots.run(slot, [x[start : start + n] for x in leaves], n)
+            outs, _ = self.runner.run(slot, [x[start : start + n] for x in leaves], n)
             parts.append(outs)
             start += n
         joined = [
@@ -283,7 +291,7 @@ class Batcher:
         return joined, slot.version
 
     def _active(self) -> Slot:
-        slot = self.slots.active
+        slot = self.weights.active
         if slot is None:
             raise Unavailable("no version is loaded yet")
         return slot

@@ -1,10 +1,11 @@
 """The serving engine: one data plane under every transport.
 
-``Engine`` holds the spec, the slots (params, swap, rollback), the batcher
+``Engine`` holds the spec, the weights (load, swap, rollback), the runner
+(the jitted function and its compile policy), the batcher, the watchdog
 and the metrics, and answers in the protocol's terms: server and model
 metadata, readiness, ``infer`` (decode -> validate -> batch -> run ->
 judge -> select the outputs) and the control plane (``swap``,
-``rollback``). REST (``rest.py``) and gRPC (``grpc.py``) only translate
+``rollback``). REST (``routes.py``) and gRPC (``grpc_transport.py``) only translate
 their messages to and from these calls; errors leave the engine as
 ``InvalidRequestError`` or ``ServingError`` with their status, and each
 transport maps them in one place.
@@ -30,7 +31,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import jax
@@ -42,9 +43,9 @@ from ..verify.model import BATCH, Model
 from .batcher import Batcher, Unavailable
 from .buckets import Admission, admit
 from .compile_guard import enable_persistent_cache
+from .decode import Decoder
 from .metrics import Metrics
 from .protocol import (
-    Decoder,
     InferRequest,
     InferResult,
     TensorMeta,
@@ -55,8 +56,10 @@ from .protocol import (
     response_bytes,
     select_outputs,
 )
-from .slots import Slot, Slots, WatchdogPolicy, keystr_of
+from .runner import CompiledUnderForbid, Runner, Slot, keystr_of
 from .spec import ServingSpec
+from .watchdog import Watchdog, WatchdogPolicy
+from .weights import Weights
 
 log = logging.getLogger("treeguard.serving")
 
@@ -65,21 +68,10 @@ EXTENSIONS = ("binary_tensor_data", "treeguard_control")
 
 
 class Engine:
-    """One model served from a store, apart from any transport.
-
-    Args:
-      model: the ``treeguard.verify.Model``.
-      store: the ``ArtifactStore`` (or its root).
-      spec: the ``ServingSpec``; default: every batch input of the model.
-      version: the version to start with; default the store's current one.
-      cache_dir: where the persistent compilation cache lives; None leaves
-        JAX's setting alone.
-      memory_budget: the bytes all loaded params may take (see ``Slots``).
-      watchdog: the ``WatchdogPolicy`` of automatic rollback.
-      watch_s: poll the store's current pointer this often and swap to a
-        new current version; None not to watch.
-      allow_unchecked: serve versions verified with no model check
-        (``treeguard serve`` passes False unless ``--allow-unchecked``).
+    """One model served from a store, apart from any transport: the data
+    plane and the control plane every transport calls. ``Server``
+    (``app.py``) is this with its REST app, the class a user builds; its
+    docstring holds the arguments.
     """
 
     def __init__(
@@ -103,20 +95,28 @@ class Engine:
         self.store = store
         self.spec = spec or ServingSpec.from_model(model)
         self.metrics = Metrics(self.spec.name, buckets=self.spec.buckets)
-        self.slots = Slots(
+        #: Judges every response of the active version; its window starts
+        #: afresh whenever the active version changes.
+        self.watchdog = Watchdog(watchdog)
+        self.runner = Runner(model, self.spec, metrics=self.metrics)
+        self.weights = Weights(
             model,
             self.spec,
             store,
+            runner=self.runner,
             metrics=self.metrics,
             memory_budget=memory_budget,
-            watchdog=watchdog,
             allow_unchecked=allow_unchecked,
+            on_switch=self.watchdog.clear,
         )
         self.decoder = Decoder(self.spec)
         self.version = version
         self.cache_dir = cache_dir
         self.watch_s = watch_s
         self.batcher: Batcher | None = None
+        #: The monotonic clock request deadlines are measured on (a test may
+        #: set its own before the engine runs).
+        self.clock: Callable[[], float] = time.monotonic
         self.start_error: ServingError | None = None
         #: Called with the error when warm-up finds no version to serve.
         self.on_fatal: Callable[[ServingError], None] | None = None
@@ -131,11 +131,11 @@ class Engine:
     # -- lifecycle -------------------------------------------------------------
 
     def start(self) -> None:
-        """Loads, checks and warms the first version (blocking; see ``Slots.start``)."""
+        """Loads, checks and warms the first version (blocking; see ``Weights.start``)."""
         if self.cache_dir is not None:
             enable_persistent_cache(self.cache_dir)
         self._seen_current = self.store.current()
-        slot = self.slots.start(self.version)
+        slot = self.weights.start(self.version)
         self._describe_outputs(slot)
 
     def _describe_outputs(self, slot: Slot) -> None:
@@ -153,7 +153,7 @@ class Engine:
     async def running(self) -> AsyncIterator[None]:
         """Runs the batcher, warms up in a thread (so liveness answers at
         once) and watches the store, for as long as the context is open."""
-        self.batcher = Batcher(self.slots)
+        self.batcher = Batcher(self.runner, self.weights, clock=self.clock)
         self.batcher.start()
         tasks: list[asyncio.Task[Any]] = []
 
@@ -171,10 +171,10 @@ class Engine:
                 if self.on_fatal is not None:
                     self.on_fatal(self.start_error)
 
-        if not self.slots.ready:
+        if not self.weights.ready:
             tasks.append(asyncio.create_task(warm()))
-        elif self._outputs is None and self.slots.active is not None:
-            self._describe_outputs(self.slots.active)
+        elif self._outputs is None and self.weights.active is not None:
+            self._describe_outputs(self.weights.active)
         if self.watch_s is not None:
             tasks.append(asyncio.create_task(self._watch()))
         try:
@@ -199,11 +199,11 @@ class Engine:
             except Exception as e:  # noqa: BLE001 - a damaged pointer must not stop serving
                 log.warning("watch: cannot read the store's current version: %s", e)
                 continue
-            if cur is None or cur == self._seen_current or not self.slots.ready:
+            if cur is None or cur == self._seen_current or not self.weights.ready:
                 continue
             self._seen_current = cur
             try:
-                await asyncio.to_thread(self.slots.swap, cur)
+                await asyncio.to_thread(self.weights.swap, cur)
                 log.info("watch: now serving %s", cur)
             except ServingError as e:
                 log.warning("watch: swap to %s refused: %s", cur, str(e).splitlines()[0])
@@ -213,19 +213,19 @@ class Engine:
     @property
     def ready(self) -> bool:
         """Whether a version is loaded, checked and warm, and the batcher runs."""
-        return self.slots.ready and self.batcher is not None and self.batcher.running
+        return self.weights.ready and self.batcher is not None and self.batcher.running
 
     def readiness(self) -> dict[str, Any]:
         """``{"ready": bool, ...}``: the error while not ready, the fallback after one."""
         out: dict[str, Any] = {"ready": self.ready}
-        if not self.slots.ready:
+        if not self.weights.ready:
             out["error"] = (
                 str(self.start_error).splitlines()[0] if self.start_error else "warming up"
             )
         elif self.batcher is not None and not self.batcher.running:
             out["error"] = "the batcher is not running (see the server's log)"
-        if self.slots.fallback is not None:
-            fb = self.slots.fallback
+        if self.weights.fallback is not None:
+            fb = self.weights.fallback
             out["fallback"] = {"from": fb["from"], "to": fb["to"], "reasons": fb["reasons"]}
         return out
 
@@ -235,14 +235,23 @@ class Engine:
 
         return {"name": "treeguard", "version": __version__, "extensions": list(EXTENSIONS)}
 
-    def _require_model(self, name: str, version: str | None) -> Slot:
+    def require_model(self, name: str, version: str | None = None) -> Slot:
+        """The active slot, when ``name`` (at ``version``, when given) is served now.
+
+        A transport that knows the model before it reads the request (REST,
+        from its path) asks first, so a body is never read for a model that
+        cannot answer it.
+
+        Raises:
+          ServingError: 404 for another model or version, 503 while not ready.
+        """
         if name != self.spec.name:
             raise ServingError(
                 "no model of that name", hint=f"this server serves {self.spec.name!r}", status=404
             )
-        active = self.slots.active
+        active = self.weights.active
         # a batcher that stopped or failed refuses the request itself (503)
-        if not self.slots.ready or active is None or self.batcher is None:
+        if not self.weights.ready or active is None or self.batcher is None:
             raise ServingError(
                 "the model is not ready (warming up)",
                 hint="poll /v2/health/ready",
@@ -259,7 +268,7 @@ class Engine:
     def model_ready(self, name: str, version: str | None = None) -> bool:
         """Whether ``name`` (at ``version``, when given) is served now."""
         try:
-            self._require_model(name, version)
+            self.require_model(name, version)
         except ServingError:
             return False
         return True
@@ -270,7 +279,7 @@ class Engine:
         Raises:
           ServingError: 404 for another model or version, 503 while not ready.
         """
-        active = self._require_model(name, version)
+        active = self.require_model(name, version)
         assert self._outputs is not None
         return {
             "name": self.spec.name,
@@ -293,17 +302,24 @@ class Engine:
 
     async def infer(
         self,
-        request: InferRequest | Callable[[], Awaitable[InferRequest]],
+        request: InferRequest,
         name: str,
         version: str | None = None,
+        *,
+        started: float | None = None,
     ) -> InferResult:
-        """Runs one request: validate, batch, run, judge, select its outputs.
+        """Runs one parsed request: validate, batch, run, judge, select its outputs.
+
+        A transport parses its message first; a request it refuses while
+        parsing it counts with ``refused``, so every request is counted
+        once, whatever its transport.
 
         Args:
-          request: the request, or the transport's coroutine function that
-            reads and parses it (so its refusals are counted here too).
+          request: the request, parsed by its transport.
           name: the model name the client addressed.
           version: the version the client addressed, or None.
+          started: ``time.perf_counter()`` when the request arrived (its
+            latency counts from then); default now.
 
         Raises:
           InvalidRequestError: 4xx for a request refused before device work,
@@ -311,7 +327,8 @@ class Engine:
           ServingError: 404 unknown model, 429 queue full, 503 not ready,
             504 past its deadline, 500 the version failed.
         """
-        started = time.perf_counter()
+        if started is None:
+            started = time.perf_counter()
         try:
             result = await self._infer(request, name, version)
         except BaseException as e:
@@ -322,10 +339,10 @@ class Engine:
 
     def refused(self, e: BaseException, started: float) -> None:
         """Counts one request that ended in ``e``: its status and latency, and
-        an invalid input's reason. ``infer`` counts its own; a transport calls
-        this for a request it refused before it could call ``infer`` (a gRPC
-        message that does not parse), so every refusal is counted once,
-        whatever the transport.
+        an invalid input's reason. ``infer`` counts its own; a transport
+        calls this for a request it refused before it could call ``infer``
+        (a body or a message that does not parse, a deadline), so every
+        refusal is counted once, whatever the transport.
 
         Args:
           e: why the request ended: a typed error, a transport's own refusal
@@ -342,51 +359,27 @@ class Engine:
             status = getattr(e, "status", 499 if isinstance(e, Exception) else 500)
         self.metrics.request(status, time.perf_counter() - started)
 
-    async def _infer(
-        self,
-        request: InferRequest | Callable[[], Awaitable[InferRequest]],
-        name: str,
-        version: str | None,
-    ) -> InferResult:
-        self._require_model(name, version)
+    async def _infer(self, request: InferRequest, name: str, version: str | None) -> InferResult:
+        self.require_model(name, version)
         assert self.batcher is not None
-        if not isinstance(request, InferRequest):
-            request = await request()
-        outputs_meta = self._outputs or []
-        if request.outputs is not None:
-            # each output once, every name known, before any work: a name
-            # repeated 90,000 times costs one output, not 90,000 copies of it
-            request.outputs = requested_outputs(request.outputs, list(self._output_names.values()))
-        leaves = self.decoder.decode(request)
-        rows = int(leaves[0].shape[0])
-        spec = self.spec
-        size = response_bytes(request, outputs_meta, rows)
-        if size > spec.limits.max_response_bytes:
-            raise refuse(
-                f"the response would take up to {size} bytes, over the limit of "
-                f"{spec.limits.max_response_bytes} (limits.max_response_bytes)",
-                "size",
-                413,
-                hint="send fewer rows, ask for fewer outputs, or ask for them as binary data",
-            )
-        adm = self._admissions.get(rows)
-        if adm is None:
-            adm = admit(rows, spec.buckets, max_rows=spec.limits.max_rows, overflow=spec.overflow)
-            if adm.ok and rows <= spec.largest:
-                self._admissions[rows] = adm  # bounded: one per row count a bucket holds
-        if not adm.ok:
-            raise refuse(adm.detail, "size", 413 if adm.reason != "empty" else 422)
-        served = self.slots.active.version if self.slots.active else "?"
+        leaves, adm = self._admit(request)
+        served = self.weights.active.version if self.weights.active else "?"
         try:
             batcher = self.batcher
             ran = batcher.run_now(leaves, adm.rows, adm.chunks)
             outputs, served = ran or await batcher.submit(leaves, adm.rows, adm.chunks)
         except TimeoutError:
             raise ServingError(
-                f"no result within {spec.limits.timeout_s:g} s",
+                f"no result within {self.spec.limits.timeout_s:g} s",
                 hint="retry later, or send fewer rows",
                 status=504,
             ) from None
+        except CompiledUnderForbid as e:
+            active = self.weights.active_version
+            trigger = self.watchdog.forbidden_compile(served, active, e.batch)
+            if trigger is not None:
+                await self._roll_back(trigger)
+            raise
         except ServingError as e:
             if e.status >= 500 and not isinstance(e, Unavailable):  # the version's failure
                 await self._judge(served, nonfinite=False, error=True)
@@ -402,12 +395,43 @@ class Engine:
         if bad:
             await self._nonfinite(served, leaves, bad)
         else:  # ``_judge`` of a good response, with no coroutine unless it trips
-            trigger = self.slots.record(served, nonfinite=False, error=False)
+            trigger = self.watchdog.record(
+                served, self.weights.active_version, nonfinite=False, error=False
+            )
             if trigger is not None:
                 await self._roll_back(trigger)
         return InferResult(
-            spec.name, served, select_outputs(request, outputs, self._output_names), request.id
+            self.spec.name, served, select_outputs(request, outputs, names), request.id
         )
+
+    def _admit(self, request: InferRequest) -> tuple[list[np.ndarray[Any, Any]], Admission]:
+        """The request's arrays and its admission (rows, bucket chunks), every
+        refusal before any device work: outputs asked for, inputs, the
+        response's size, the rows."""
+        spec = self.spec
+        if request.outputs is not None:
+            # each output once, every name known, before any work: a name
+            # repeated 90,000 times costs one output, not 90,000 copies of it
+            request.outputs = requested_outputs(request.outputs, list(self._output_names.values()))
+        leaves = self.decoder.decode(request)
+        rows = int(leaves[0].shape[0])
+        size = response_bytes(request, self._outputs or [], rows)
+        if size > spec.limits.max_response_bytes:
+            raise refuse(
+                f"the response would take up to {size} bytes, over the limit of "
+                f"{spec.limits.max_response_bytes} (limits.max_response_bytes)",
+                "size",
+                413,
+                hint="send fewer rows, ask for fewer outputs, or ask for them as binary data",
+            )
+        adm = self._admissions.get(rows)
+        if adm is None:
+            adm = admit(rows, spec.buckets, max_rows=spec.limits.max_rows, overflow=spec.overflow)
+            if adm.ok and rows <= spec.largest:
+                self._admissions[rows] = adm  # bounded: one per row count a bucket holds
+        if not adm.ok:
+            raise refuse(adm.detail, "size", 413 if adm.reason != "empty" else 422)
+        return leaves, adm
 
     async def _nonfinite(
         self, version: str, leaves: list[np.ndarray[Any, Any]], bad: list[str]
@@ -417,7 +441,7 @@ class Engine:
         if self.spec.bounds is not None:
             blamed, why = True, "on an input within the served bounds"
         else:
-            prev = self.slots.previous
+            prev = self.weights.previous
             finite = prev is not None and await asyncio.to_thread(self._finite_on, prev, leaves)
             blamed = bool(finite)
             why = f"where the previous version {prev.version} gives finite outputs" if prev else ""
@@ -445,7 +469,7 @@ class Engine:
         largest = self.spec.largest
         for start in range(0, rows, largest):
             n = min(largest, rows - start)
-            outs, _ = self.slots.run(
+            outs, _ = self.runner.run(
                 slot, [x[start : start + n] for x in leaves], n, phase="shadow"
             )
             for _, x in outs:
@@ -454,29 +478,31 @@ class Engine:
         return True
 
     async def _judge(self, version: str, *, nonfinite: bool, error: bool) -> None:
-        trigger = self.slots.record(version, nonfinite=nonfinite, error=error)
+        trigger = self.watchdog.record(
+            version, self.weights.active_version, nonfinite=nonfinite, error=error
+        )
         if trigger is not None:
             await self._roll_back(trigger)
 
     async def _roll_back(self, trigger: str) -> None:
         """The watchdog's rollback, off the event loop (it writes to the store)."""
-        await asyncio.to_thread(self.slots.auto_rollback, trigger)
+        await asyncio.to_thread(self.weights.auto_rollback, trigger)
 
     # -- control ----------------------------------------------------------------------
 
     async def swap(self, version: str) -> dict[str, Any]:
-        """Hot-swaps to ``version`` in a worker thread (see ``Slots.swap``)."""
-        if not self.slots.ready:
+        """Hot-swaps to ``version`` in a worker thread (see ``Weights.swap``)."""
+        if not self.weights.ready:
             raise ServingError("the server is not ready", hint="poll /v2/health/ready", status=503)
-        return await asyncio.to_thread(self.slots.swap, version)
+        return await asyncio.to_thread(self.weights.swap, version)
 
     async def rollback(self) -> dict[str, Any]:
-        """Serves the previous version again, in a worker thread (see ``Slots.rollback``)."""
-        return await asyncio.to_thread(self.slots.rollback, "manual")
+        """Serves the previous version again, in a worker thread (see ``Weights.rollback``)."""
+        return await asyncio.to_thread(self.weights.rollback, "manual")
 
     def status(self) -> dict[str, Any]:
         """The server's state: versions, buckets, compile counts, readiness."""
-        out = self.slots.status()
+        out = self.weights.status()
         out["model"] = self.spec.name
         out["queue_depth"] = self.batcher.depth if self.batcher else 0
         if self.start_error:

@@ -341,12 +341,9 @@ async def receive(context: Any, deadline_s: float, waiting: Waiting) -> bytes:
     return messages[0]
 
 
-def _service(engine: Engine) -> Any:
-    import grpc
-
-    limits = engine.spec.limits
-    metrics = engine.metrics
-    waiting = Waiting(limits.max_connections)
+def _metadata_methods(engine: Engine) -> dict[str, tuple[Callable[[Any], Awaitable[Any]], Any]]:
+    """Every method but ``ModelInfer``: its handler of a parsed request, and
+    the request's message class."""
 
     async def server_live(_: Any) -> Any:
         return pb.ServerLiveResponse(live=True)
@@ -371,13 +368,22 @@ def _service(engine: Engine) -> Any:
             out.outputs.add(name=tensor.name, datatype=tensor.datatype, shape=tensor.shape)
         return out
 
-    methods: dict[str, tuple[Callable[[Any], Awaitable[Any]], Any]] = {
+    return {
         "ServerLive": (server_live, pb.ServerLiveRequest),
         "ServerReady": (server_ready, pb.ServerReadyRequest),
         "ModelReady": (model_ready, pb.ModelReadyRequest),
         "ServerMetadata": (server_metadata, pb.ServerMetadataRequest),
         "ModelMetadata": (model_metadata, pb.ModelMetadataRequest),
     }
+
+
+def _service(engine: Engine) -> Any:
+    import grpc
+
+    limits = engine.spec.limits
+    metrics = engine.metrics
+    waiting = Waiting(limits.max_connections)
+    methods = _metadata_methods(engine)
 
     async def fail(context: Any, e: Exception) -> None:
         if isinstance(e, Dropped):
@@ -403,10 +409,12 @@ def _service(engine: Engine) -> Any:
                 data = await receive(context, limits.body_timeout_s, waiting)
                 msg = parse(data, pb.ModelInferRequest)
                 request = read_request(msg)
-            except (InvalidRequestError, Dropped) as e:
+            except BaseException as e:  # as REST's: every way a request ends, counted once
                 engine.refused(e, started)
                 raise
-            result = await engine.infer(request, msg.model_name, msg.model_version or None)
+            result = await engine.infer(
+                request, msg.model_name, msg.model_version or None, started=started
+            )
             return write_result(result)
         except (InvalidRequestError, ServingError, Dropped) as e:
             await fail(context, e)

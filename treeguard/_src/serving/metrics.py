@@ -17,7 +17,10 @@ import bisect
 import collections
 import threading
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+if TYPE_CHECKING:  # imported when a server is built (the serve extra)
+    from prometheus_client import Counter, Gauge
 
 #: How many observations of one kind may wait before the next one folds them.
 FOLD_AT = 4096
@@ -35,6 +38,129 @@ DROP_REASONS = (
     "shutdown",
 )
 SWAP_RESULTS = ("ok", "refused", "failed")
+COMPILE_PHASES = ("warmup", "serving", "swap", "shadow")
+
+
+class _Declared(NamedTuple):
+    """One metric: the attribute that holds it, its kind (``counter``,
+    ``gauge``, ``histogram``), name, help and labels, and a histogram's
+    bounds (None: the spec's buckets)."""
+
+    attr: str
+    kind: str
+    name: str
+    documentation: str
+    labels: tuple[str, ...]
+    bounds: tuple[float, ...] | None = None
+
+
+#: Every metric of a server, in the order it is registered.
+_DECLARED = (
+    _Declared(
+        "requests",
+        "counter",
+        "treeguard_requests_total",
+        "Inference requests by HTTP status.",
+        ("model", "status"),
+    ),
+    _Declared(
+        "request_duration",
+        "histogram",
+        "treeguard_request_duration_seconds",
+        "Request latency, arrival to response.",
+        ("model",),
+        _LATENCY,
+    ),
+    _Declared(
+        "queue_duration",
+        "histogram",
+        "treeguard_queue_duration_seconds",
+        "Time a request waited for its batch.",
+        ("model",),
+        _LATENCY,
+    ),
+    _Declared(
+        "compute_duration",
+        "histogram",
+        "treeguard_compute_duration_seconds",
+        "Device time of one batch.",
+        ("model", "bucket"),
+        _LATENCY,
+    ),
+    _Declared(
+        "batch_size",
+        "histogram",
+        "treeguard_batch_size",
+        "Rows of real requests in a batch.",
+        ("model",),
+    ),
+    _Declared(
+        "padding_ratio",
+        "histogram",
+        "treeguard_padding_ratio",
+        "Share of a batch's rows that are padding.",
+        ("model",),
+        (0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0),
+    ),
+    _Declared(
+        "compiles",
+        "counter",
+        "treeguard_compiles_total",
+        "XLA compiles by phase.",
+        ("model", "phase"),
+    ),
+    _Declared(
+        "invalid_inputs",
+        "counter",
+        "treeguard_invalid_inputs_total",
+        "Refused inputs by reason.",
+        ("model", "reason"),
+    ),
+    _Declared(
+        "nonfinite_outputs",
+        "counter",
+        "treeguard_nonfinite_outputs_total",
+        "Responses whose outputs held NaN or Inf, by who is to blame (version or input).",
+        ("model", "version", "blame"),
+    ),
+    _Declared(
+        "queue_depth",
+        "gauge",
+        "treeguard_queue_depth",
+        "Requests waiting for a batch.",
+        ("model",),
+    ),
+    _Declared(
+        "swaps", "counter", "treeguard_swaps_total", "Hot swaps by result.", ("model", "result")
+    ),
+    _Declared(
+        "rollbacks",
+        "counter",
+        "treeguard_rollbacks_total",
+        "Rollbacks by trigger.",
+        ("model", "trigger"),
+    ),
+    _Declared(
+        "model_info",
+        "gauge",
+        "treeguard_model_info",
+        "1 for the version being served.",
+        ("model", "version"),
+    ),
+    _Declared(
+        "dropped",
+        "counter",
+        "treeguard_dropped_requests_total",
+        "Connections or requests dropped before the engine saw them, by reason.",
+        ("model", "reason"),
+    ),
+)
+#: The label values every server shows from its start (at 0): metric, label, values.
+_PRESET = (
+    ("invalid_inputs", "reason", INVALID_REASONS),
+    ("dropped", "reason", DROP_REASONS),
+    ("compiles", "phase", COMPILE_PHASES),
+)
 
 
 class _Histogram:
@@ -120,102 +246,37 @@ class Metrics:
       True
     """
 
+    # the metrics ``_DECLARED`` makes, one attribute each
+    requests: Counter
+    request_duration: _Histogram
+    queue_duration: _Histogram
+    compute_duration: _Histogram
+    batch_size: _Histogram
+    padding_ratio: _Histogram
+    compiles: Counter
+    invalid_inputs: Counter
+    nonfinite_outputs: Counter
+    queue_depth: Gauge
+    swaps: Counter
+    rollbacks: Counter
+    model_info: Gauge
+    dropped: Counter
+
     def __init__(self, model: str, *, buckets: tuple[int, ...]) -> None:
-        from prometheus_client import CollectorRegistry, Counter, Gauge
+        # prometheus_client is imported only when a server is built (the serve extra)
+        from prometheus_client import CollectorRegistry
 
         self.model = model
         self.registry = CollectorRegistry(auto_describe=True)
-        r = self.registry
         # first in the registry: whoever collects it (``render``, or a
         # replica's own exporter) folds the waiting observations before any
         # series is read
-        r.register(_Folding(self))  # type: ignore[arg-type]
-        self.requests = Counter(
-            "treeguard_requests_total",
-            "Inference requests by HTTP status.",
-            ["model", "status"],
-            registry=r,
-        )
-        self.request_duration = _Histogram(
-            "treeguard_request_duration_seconds",
-            "Request latency, arrival to response.",
-            ["model"],
-            _LATENCY,
-        )
-        self.queue_duration = _Histogram(
-            "treeguard_queue_duration_seconds",
-            "Time a request waited for its batch.",
-            ["model"],
-            _LATENCY,
-        )
-        self.compute_duration = _Histogram(
-            "treeguard_compute_duration_seconds",
-            "Device time of one batch.",
-            ["model", "bucket"],
-            _LATENCY,
-        )
-        self.batch_size = _Histogram(
-            "treeguard_batch_size",
-            "Rows of real requests in a batch.",
-            ["model"],
-            tuple(float(b) for b in buckets),
-        )
-        self.padding_ratio = _Histogram(
-            "treeguard_padding_ratio",
-            "Share of a batch's rows that are padding.",
-            ["model"],
-            (0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0),
-        )
-        for histogram in (
-            self.request_duration,
-            self.queue_duration,
-            self.compute_duration,
-            self.batch_size,
-            self.padding_ratio,
-        ):
-            r.register(histogram)  # type: ignore[arg-type]
-        self.compiles = Counter(
-            "treeguard_compiles_total", "XLA compiles by phase.", ["model", "phase"], registry=r
-        )
-        self.invalid_inputs = Counter(
-            "treeguard_invalid_inputs_total",
-            "Refused inputs by reason.",
-            ["model", "reason"],
-            registry=r,
-        )
-        self.nonfinite_outputs = Counter(
-            "treeguard_nonfinite_outputs_total",
-            "Responses whose outputs held NaN or Inf, by who is to blame (version or input).",
-            ["model", "version", "blame"],
-            registry=r,
-        )
-        self.queue_depth = Gauge(
-            "treeguard_queue_depth", "Requests waiting for a batch.", ["model"], registry=r
-        )
-        self.swaps = Counter(
-            "treeguard_swaps_total", "Hot swaps by result.", ["model", "result"], registry=r
-        )
-        self.rollbacks = Counter(
-            "treeguard_rollbacks_total", "Rollbacks by trigger.", ["model", "trigger"], registry=r
-        )
-        self.model_info = Gauge(
-            "treeguard_model_info",
-            "1 for the version being served.",
-            ["model", "version"],
-            registry=r,
-        )
-        for reason in INVALID_REASONS:
-            self.invalid_inputs.labels(model=model, reason=reason)
-        self.dropped = Counter(
-            "treeguard_dropped_requests_total",
-            "Connections or requests dropped before the engine saw them, by reason.",
-            ["model", "reason"],
-            registry=r,
-        )
-        for reason in DROP_REASONS:
-            self.dropped.labels(model=model, reason=reason)
-        for phase in ("warmup", "serving", "swap", "shadow"):
-            self.compiles.labels(model=model, phase=phase)
+        self.registry.register(_Folding(self))  # type: ignore[arg-type]
+        for declared in _DECLARED:
+            setattr(self, declared.attr, self._made(declared, buckets))
+        for attr, label, values in _PRESET:  # every fixed label value shows, at 0
+            for value in values:
+                getattr(self, attr).labels(model=model, **{label: value})
         self._served: str | None = None
         # children bound once: the hot path pays no label lookup
         self._request_duration = self.request_duration.child((model,))
@@ -231,6 +292,19 @@ class Metrics:
         self._batches: collections.deque[tuple[int, int, float]] = collections.deque()
         self._waits: collections.deque[float] = collections.deque()
         self._fold_lock = threading.Lock()
+
+    def _made(self, declared: _Declared, buckets: tuple[int, ...]) -> Any:
+        """One declared metric, registered in this server's registry."""
+        d = declared
+        if d.kind == "histogram":
+            bounds = d.bounds if d.bounds is not None else tuple(float(b) for b in buckets)
+            histogram = _Histogram(d.name, d.documentation, d.labels, bounds)
+            self.registry.register(histogram)  # type: ignore[arg-type]
+            return histogram
+        from prometheus_client import Counter, Gauge  # as in ``__init__``
+
+        kind = Counter if d.kind == "counter" else Gauge
+        return kind(d.name, d.documentation, list(d.labels), registry=self.registry)
 
     def request(self, status: int, seconds: float) -> None:
         """Counts one answered request."""

@@ -22,8 +22,8 @@ from typing import Any, cast
 from ...errors import ConfigError, ServingError
 from ...store import ArtifactStore
 from ...verify.model import Model
-from ..slots import WatchdogPolicy
 from ..spec import ServingSpec
+from ..watchdog import WatchdogPolicy
 from .rollout import Decision, decide, refusal
 
 #: The application's name when none is given.

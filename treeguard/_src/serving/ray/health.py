@@ -27,20 +27,20 @@ def unhealthy(engine: Engine, quarantined_at_start: frozenset[str]) -> str | Non
       >>> import tempfile
       >>> import treeguard
       >>> from treeguard.examples import mlp
-      >>> from treeguard.serving import Engine
-      >>> engine = Engine(mlp.model, treeguard.ArtifactStore.init(tempfile.mkdtemp()))
+      >>> from treeguard.serving import Server
+      >>> engine = Server(mlp.model, treeguard.ArtifactStore.init(tempfile.mkdtemp()))
       >>> print(unhealthy(engine, frozenset()))  # before ``start``
       not warm: no version is loaded yet
     """
     if engine.start_error is not None:
         return f"warm-up failed: {str(engine.start_error).splitlines()[0]}"
-    slots = engine.slots
-    if not slots.ready:
+    weights = engine.weights
+    if not weights.ready:
         return "not warm: no version is loaded yet"
-    serving = slots.guard.counts["serving"]
+    serving = engine.runner.guard.counts["serving"]
     if engine.spec.compile_policy is CompilePolicy.FORBID and serving:
         return f"{serving} compile(s) while serving, which the compile policy forbids"
-    fresh = sorted(slots.quarantined - quarantined_at_start)
+    fresh = sorted(weights.quarantined - quarantined_at_start)
     if fresh:
         return f"the watchdog quarantined {', '.join(fresh)} and rolled back"
     return None

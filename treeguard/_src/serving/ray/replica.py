@@ -28,7 +28,7 @@ from ray import serve
 
 from ...errors import ServingError
 from ..app import Server
-from ..slots import Slot
+from ..runner import Slot
 from .health import unhealthy
 from .rollout import Command, Report, Rollout
 
@@ -180,7 +180,7 @@ class Replica:
         self.control_token: bytes | None = options.get("control_token")
         # warm every bucket and check the version before Ray routes a request here
         await asyncio.to_thread(self.engine.start)
-        self.quarantined_at_start = frozenset(self.engine.slots.quarantined)
+        self.quarantined_at_start = frozenset(self.engine.weights.quarantined)
         self.prepared: Slot | None = None
         self._metrics_server = self._serve_metrics(options.get("metrics_host", "127.0.0.1"))
         after = pending.seq - 1 if pending is not None else seq
@@ -203,7 +203,7 @@ class Replica:
         ``V`` after the same checks as any swap (a fleet-wide verified swap
         is ``treeguard.serving.ray.swap``)."""
         version = (config or {}).get("version")
-        active = self.engine.slots.active
+        active = self.engine.weights.active
         if version is None or (active is not None and active.version == version):
             return
         await self.engine.swap(str(version))
@@ -224,15 +224,15 @@ class Replica:
             await self.coordinator.report.remote(report)
 
     async def _apply(self, cmd: Command) -> Report:
-        slots = self.engine.slots
+        weights = self.engine.weights
         try:
             if cmd.action == "prepare":
                 self.prepared = None
-                if slots.active is None or slots.active.version != cmd.version:
-                    self.prepared, _ = await asyncio.to_thread(slots.prepare, cmd.version)
+                if weights.active is None or weights.active.version != cmd.version:
+                    self.prepared, _ = await asyncio.to_thread(weights.prepare, cmd.version)
             elif cmd.action == "commit":
                 prepared, self.prepared = self.prepared, None
-                await asyncio.to_thread(slots.swap, cmd.version, prepared=prepared)
+                await asyncio.to_thread(weights.swap, cmd.version, prepared=prepared)
             else:
                 self.prepared = None
         except Exception as e:  # noqa: BLE001 - any failure is this replica's answer
@@ -250,5 +250,5 @@ _ENGINE_OPTIONS = ("memory_budget", "watchdog", "cache_dir", "allow_unchecked")
 
 
 def _active(engine: Server) -> str | None:
-    slot = engine.slots.active
+    slot = engine.weights.active
     return slot.version if slot is not None else None

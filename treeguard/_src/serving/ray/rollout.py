@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Mapping
 
-from ..slots import reason_of
+from ..weights import reason_of
 
 #: The actions of a round.
 ACTIONS = ("prepare", "commit", "abort")

@@ -1,4 +1,4 @@
-"""The params being served: an active slot, a previous one, hot swap and rollback.
+"""The weights being served: load, check, swap, roll back, quarantine.
 
 A swap loads only a version the store marks verified (its digest re-checked,
 its verdict's signature checked when the store has a key), runs the fast
@@ -8,7 +8,8 @@ A version with the active TreeSpec reuses the compiled executables; one with
 another spec is warmed on every bucket first. The switch is one reference
 assignment read once per batch, so a batch already running finishes on the
 params it started with. The old active becomes ``previous`` for an instant
-rollback, and a ``Watchdog`` rolls back on its own when a version misbehaves.
+rollback, which the engine's ``Watchdog`` (``watchdog.py``) asks for on its
+own when a version misbehaves.
 
 A version the watchdog rolls back from is quarantined by a verdict of the
 store: ``store.verify`` records it as rejected by the check ``QUARANTINE``,
@@ -20,11 +21,8 @@ refused by the store's signature check (``SignatureError``), and only a new
 
 from __future__ import annotations
 
-import collections
-import dataclasses
 import logging
 import threading
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -32,21 +30,20 @@ import jax
 import numpy as np
 
 from ..errors import (
-    ConfigError,
     FormatError,
     IntegrityError,
     ServingError,
     TreeguardError,
     TreeMismatchError,
 )
-from ..nonfinite import describe_nonfinite, host_all_finite
+from ..leaf import short_dtype
+from ..nonfinite import describe_nonfinite, find_nonfinite, host_all_finite
 from ..spec import TreeSpec, spec_of
-from ..verify.model import BATCH, Model
-from .buckets import bucket_for, pad_rows
-from .compile_guard import CompileGuard, Signature, explain, signature
+from ..verify.model import Model
 from .metrics import Metrics
 from .release import params_like
-from .spec import CompilePolicy, ServingSpec
+from .runner import Runner, Slot, keystr_of
+from .spec import ServingSpec
 from .verdicts import model_checks
 
 log = logging.getLogger("treeguard.serving")
@@ -55,78 +52,57 @@ log = logging.getLogger("treeguard.serving")
 QUARANTINE = "serve.quarantine"
 
 
-@dataclasses.dataclass(frozen=True, eq=False)
-class Slot:
-    """One loaded version: its params on the device and their spec."""
+class NonFiniteVersionError(ServingError):
+    """A version whose params hold NaN or Inf, refused at load by the finite
+    check (409): the version is to blame, never the request that asked for it.
 
-    version: str
-    params: Any
-    spec: TreeSpec
-    nbytes: int
-    digest: str = ""  # the file digest the params were loaded and verified under
-
-
-@dataclasses.dataclass(frozen=True)
-class WatchdogPolicy:
-    """When the watchdog rolls back on its own.
+    Args:
+      version: the version refused.
+      counts: ``{key path: NaN and Inf values}`` of each such leaf.
+      dtypes: ``{key path: short dtype}`` of those leaves (``bf16``, ``f32``).
+      described: the leaves as lines (path, count, dtype, shape).
 
     Attributes:
-      window: how many of the latest requests on the active version it judges.
-      min_requests: how many it needs before it judges at all.
-      max_nonfinite_rate: the share of responses with NaN or Inf outputs above
-        which it rolls back.
-      max_error_rate: the share of 5xx responses above which it rolls back.
-      on_forbidden_compile: whether a compile under ``forbid`` rolls back.
-
-    It never rolls back onto a version it rolled back from, so it cannot flap.
-
-    Raises:
-      ConfigError: for a window or minimum that is not an int from 1 to 2**20,
-        a minimum over the window (it would never judge), or a rate outside
-        0 to 1.
+      version, counts, dtypes: the fields above.
 
     Example:
-      >>> WatchdogPolicy(window=50, max_nonfinite_rate=0.01).min_requests
-      10
+      >>> e = NonFiniteVersionError("v2", {"['w']": 1}, {"['w']": "bf16"}, "['w']: 1 value")
+      >>> print(e)
+      version v2 fails the finite check: ['w']: 1 value
+      hint: it must not be served: verify and promote a version whose params are finite
+      >>> e.dtypes, e.status
+      ({"['w']": 'bf16'}, 409)
     """
 
-    window: int = 100
-    min_requests: int = 10
-    max_nonfinite_rate: float = 0.05
-    max_error_rate: float = 0.2
-    on_forbidden_compile: bool = True
-
-    def __post_init__(self) -> None:
-        for name in ("window", "min_requests"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 1 << 20:
-                raise ConfigError(f"watchdog.{name} is {v!r}", hint="an int from 1 to 2**20")
-        if self.min_requests > self.window:  # it would never judge
-            raise ConfigError(
-                f"watchdog.min_requests is {self.min_requests}, over its window of {self.window}",
-                hint="at most the window",
-            )
-        for name in ("max_nonfinite_rate", "max_error_rate"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
-                raise ConfigError(f"watchdog.{name} is {v!r}", hint="a share from 0 to 1")
+    def __init__(
+        self, version: str, counts: dict[str, int], dtypes: dict[str, str], described: str
+    ) -> None:
+        self.version = version
+        self.counts = dict(counts)
+        self.dtypes = dict(dtypes)
+        super().__init__(
+            f"version {version} fails the finite check: {described}",
+            hint="it must not be served: verify and promote a version whose params are finite",
+        )
 
 
-class Slots:
+class Weights:
     """Loads, checks, warms, swaps and rolls back the served params.
 
     Args:
       model: the ``treeguard.verify.Model``; its ``apply`` is served.
       spec: the ``ServingSpec``.
       store: the ``ArtifactStore`` versions come from.
-      metrics: where swaps, rollbacks and compiles are counted.
+      runner: the ``Runner`` that warms a version and runs its checks.
+      metrics: where swaps and rollbacks are counted.
       memory_budget: bytes the served params may take in all (active,
         previous and a version being loaded); None for the device's free
         memory when it reports one.
-      watchdog: the ``WatchdogPolicy``.
       allow_unchecked: serve versions whose verdict ran no model check
         (``release.release_checks``); ``treeguard serve`` refuses them unless
         ``--allow-unchecked``.
+      on_switch: called (under the switch lock) whenever the active version
+        changes: the engine clears its watchdog's window there.
     """
 
     def __init__(
@@ -135,47 +111,41 @@ class Slots:
         spec: ServingSpec,
         store: Any,
         *,
+        runner: Runner,
         metrics: Metrics,
         memory_budget: int | None = None,
-        watchdog: WatchdogPolicy | None = None,
         allow_unchecked: bool = True,
+        on_switch: Callable[[], None] = lambda: None,
     ) -> None:
-        self.model = model
-        self.allow_unchecked = allow_unchecked
-        self.spec = spec
-        self.store = store
-        self.metrics = metrics
-        self.memory_budget = memory_budget
-        self.watchdog = watchdog or WatchdogPolicy()
-        self.guard = CompileGuard(on_compile=self._on_compile)
-        self.fn = jax.jit(_served(model.apply, spec.inputs.treedef))
+        self.model, self.spec, self.store = model, spec, store
+        self.runner = runner
         self.active: Slot | None = None
         self.previous: Slot | None = None
         self.quarantined: set[str] = set()
-        self.warmed: list[Signature] = []
+        self.metrics = metrics
+        self.memory_budget = memory_budget
+        self.allow_unchecked = allow_unchecked
+        self._on_switch = on_switch
         self.ready = False
         self._swap_lock = threading.Lock()
         self._switch_lock = threading.Lock()
-        self._outcomes: collections.deque[tuple[bool, bool]] = collections.deque(
-            maxlen=self.watchdog.window
-        )
-        self._bad = [0, 0]  # non-finite and 5xx responses in the window
-        self._out_paths: dict[Any, list[str]] = {}
         self._refs: Any = None
         self._refs_loaded = False
         self._like: Any = None
         self._like_made = False
-        self._tripped: str | None = None  # a trigger the running batch set (a forbidden compile)
         #: ``{"from", "to", "reasons"}`` when warm-up fell back from the current version.
         self.fallback: dict[str, Any] | None = None
-
-    def _on_compile(self, phase: str) -> None:
-        self.metrics.compiles.labels(model=self.metrics.model, phase=phase).inc()
 
     # -- loading and checks ----------------------------------------------------
 
     def _params_spec(self) -> TreeSpec | None:
         return self.model.stored_params_spec()
+
+    @property
+    def active_version(self) -> str | None:
+        """The version served now, or None before the first is warm."""
+        active = self.active
+        return None if active is None else active.version
 
     def params_like(self) -> Any:
         """The structure every version is loaded into (see ``release.params_like``)."""
@@ -309,7 +279,7 @@ class Slots:
             rows = int(leaves[0].shape[0])
             if rows > self.spec.largest:
                 continue
-            outs, _ = self.run(slot, leaves, rows, phase="swap")
+            outs, _ = self.runner.run(slot, leaves, rows, phase="swap")
             for path, out in outs:
                 if not host_all_finite(out):
                     raise ServingError(
@@ -320,90 +290,6 @@ class Slots:
         if batches:
             ran.append("regression")
         return ran
-
-    # -- running ---------------------------------------------------------------
-
-    def run(
-        self,
-        slot: Slot,
-        leaves: Sequence[np.ndarray[Any, Any]],
-        rows: int,
-        *,
-        phase: str = "serving",
-        bucket: int | None = None,
-    ) -> tuple[list[tuple[str, np.ndarray[Any, Any]]], str]:
-        """Runs one batch of ``rows`` real rows, padded to its bucket.
-
-        Returns:
-          ``[(output path, rows of output)]`` with padding sliced off, and the
-          version that computed it.
-
-        Raises:
-          ServingError: 503 for a compile under ``forbid`` after warm-up.
-        """
-        size = bucket or bucket_for(rows, self.spec.buckets) or rows
-        # every input holds the same rows (the decoder saw to it)
-        padded = leaves if rows == size else [pad_rows(x, size) for x in leaves]
-        before = self.guard.counts[phase]
-        start = time.perf_counter()
-        guard = self.guard
-        token = guard.enter(phase)
-        try:
-            out = self.fn(slot.params, *padded)
-            if isinstance(out, jax.Array):  # one output, the root: no tree to walk
-                host = [("", np.asarray(out))]
-            else:
-                flat, treedef = jax.tree_util.tree_flatten(out)
-                host = list(zip(self._output_paths(treedef), map(np.asarray, flat)))
-        finally:
-            guard.leave(token)
-        serving = phase == "serving"
-        if serving:
-            self.metrics.batch(rows, size, time.perf_counter() - start)
-        if serving and self.guard.counts[phase] > before:
-            sig = signature([*padded, *jax.tree.leaves(slot.params)])
-            paths = [*self.spec.input_paths, *(f"params{lf.path}" for lf in slot.spec.leaves)]
-            why = explain(sig, self.warmed, paths)
-            policy = self.spec.compile_policy
-            log.warning("compile after warm-up (policy %s): %s", policy.value, why)
-            if policy is CompilePolicy.FORBID:
-                if self.watchdog.on_forbidden_compile:
-                    self._tripped = "compile"
-                raise ServingError(
-                    f"this request needed a compile after warm-up, which the policy forbids: {why}",
-                    hint="send inputs of the served dtypes; see /v2/treeguard/status",
-                    status=503,
-                )
-        for path, x in host:
-            if x.ndim == 0 or x.shape[0] != size:
-                raise ServingError(
-                    f"output {path or '<root>'} has shape {x.shape}, without the batch axis first",
-                    hint=f"apply must return outputs with axis {BATCH!r} first",
-                    status=500,
-                )
-        if rows == size:
-            return host, slot.version
-        return [(p, x[:rows]) for p, x in host], slot.version
-
-    def _output_paths(self, treedef: Any) -> list[str]:
-        paths = self._out_paths.get(treedef)
-        if paths is None:
-            skeleton = jax.tree.unflatten(treedef, [0] * treedef.num_leaves)
-            paths = [keystr_of(p) for p, _ in jax.tree.leaves_with_path(skeleton)]
-            self._out_paths[treedef] = paths
-        return paths
-
-    def warm(self, slot: Slot, *, phase: str) -> None:
-        """Runs every bucket once with ``slot``'s params (compiling it if new)."""
-        for b in self.spec.buckets:
-            zeros = [
-                np.zeros((b, *(int(d) for d in leaf.shape[1:])), leaf.dtype)
-                for leaf in self.spec.inputs.leaves
-            ]
-            self.run(slot, zeros, b, phase=phase, bucket=b)
-            sig = signature([*zeros, *jax.tree.leaves(slot.params)])
-            if sig not in self.warmed:
-                self.warmed.append(sig)
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -451,7 +337,7 @@ class Slots:
                 continue
             try:
                 slot = self._load(candidate, contract=self._params_spec())
-                self.warm(slot, phase="warmup")
+                self.runner.warm(slot, phase="warmup")
                 self.fast_checks(slot)
             except Exception as e:  # noqa: BLE001 - any failure of a version is its reason
                 text = reason_of(e)
@@ -503,7 +389,7 @@ class Slots:
         active = self.active
         slot = self._load(version, contract=self._params_spec())
         if active is not None and slot.spec != active.spec:
-            self.warm(slot, phase="swap")
+            self.runner.warm(slot, phase="swap")
         return slot, self.fast_checks(slot)
 
     def swap(self, version: str, *, prepared: Slot | None = None) -> dict[str, Any]:
@@ -533,7 +419,7 @@ class Slots:
             active = self.active
             if active is not None and active.version == version:
                 return self._swap_result([], 0)
-            before = self.guard.total
+            before = self.runner.guard.total
             prev = self.previous
             try:
                 if prev is not None and prev.version == version:
@@ -551,7 +437,7 @@ class Slots:
             self._switch(slot)
             self.quarantined.discard(version)
             self.metrics.swaps.labels(model=self.metrics.model, result="ok").inc()
-            return self._swap_result(checks, self.guard.total - before)
+            return self._swap_result(checks, self.runner.guard.total - before)
         finally:
             self._swap_lock.release()
 
@@ -566,8 +452,7 @@ class Slots:
     def _switch(self, slot: Slot) -> None:
         with self._switch_lock:
             self.previous, self.active = self.active, slot
-            self._outcomes.clear()
-            self._bad = [0, 0]
+            self._on_switch()
         self.metrics.set_version(slot.version)
 
     def rollback(self, trigger: str = "manual") -> dict[str, Any]:
@@ -605,8 +490,7 @@ class Slots:
                 self.quarantine(bad.version, trigger)
             with self._switch_lock:
                 self.active, self.previous = prev, bad
-                self._outcomes.clear()
-                self._bad = [0, 0]
+                self._on_switch()
                 if trigger != "manual":
                     self.quarantined.add(bad.version)
         self.metrics.set_version(prev.version)
@@ -650,43 +534,6 @@ class Slots:
             return False
         return True
 
-    def record(self, version: str, *, nonfinite: bool, error: bool) -> str | None:
-        """Feeds one response to the watchdog.
-
-        Returns:
-          The trigger of the rollback the watchdog asks for (``nonfinite``,
-          ``5xx``, ``compile``), or None; the caller runs ``auto_rollback``
-          off the event loop (it writes to the store).
-        """
-        tripped, self._tripped = self._tripped, None
-        if tripped is not None:
-            return tripped
-        active = self.active
-        if active is None or active.version != version:
-            return None
-        window = self._outcomes
-        if not (nonfinite or error or self._bad[0] or self._bad[1]):
-            # a good response to a window of good ones: nothing can trip, and
-            # a full window would only trade one good outcome for another
-            if len(window) < self.watchdog.window:
-                window.append((False, False))
-            return None
-        if len(window) == window.maxlen:
-            old_nonfinite, old_error = window[0]
-            self._bad[0] -= old_nonfinite
-            self._bad[1] -= old_error
-        window.append((nonfinite, error))
-        self._bad[0] += nonfinite
-        self._bad[1] += error
-        n = len(window)
-        if n < self.watchdog.min_requests:
-            return None
-        if self._bad[0] / n > self.watchdog.max_nonfinite_rate:
-            return "nonfinite"
-        if self._bad[1] / n > self.watchdog.max_error_rate:
-            return "5xx"
-        return None
-
     def status(self) -> dict[str, Any]:
         """What ``/v2/treeguard/status`` shows."""
         return {
@@ -697,7 +544,7 @@ class Slots:
             "fallback": self.fallback,
             "buckets": list(self.spec.buckets),
             "compile_policy": self.spec.compile_policy.value,
-            "compiles": dict(self.guard.counts),
+            "compiles": dict(self.runner.guard.counts),
         }
 
 
@@ -738,26 +585,16 @@ def quarantined_in(versions: Sequence[Any]) -> set[str]:
 
 def _check_finite(version: str, tree: Any) -> None:
     """The load gate: a version whose params hold NaN or Inf, of any float
-    kind (bfloat16 and float8 included), is refused, naming each leaf and its dtype."""
-    found = describe_nonfinite(tree, where=f"the params of version {version}")
-    if found is not None:
-        raise ServingError(
-            f"version {version} fails the finite check: {found}",
-            hint="it must not be served: verify and promote a version whose params are finite",
+    kind (bfloat16 and float8 included), is refused, naming each leaf and its dtype.
+
+    Raises:
+      NonFiniteVersionError: naming the finite check, each leaf and its dtype.
+    """
+    counts = find_nonfinite(tree)
+    if counts:
+        leaves = {keystr_of(p): x for p, x in jax.tree_util.tree_leaves_with_path(tree)}
+        dtypes = {p: short_dtype(np.dtype(leaves[p].dtype)) for p in counts if p in leaves}
+        where = f"the params of version {version}"
+        raise NonFiniteVersionError(
+            version, counts, dtypes, describe_nonfinite(tree, where=where) or ""
         )
-
-
-def _served(apply: Callable[[Any, Any], Any], inputs: Any) -> Callable[..., Any]:
-    """A function of this server's own, so its compile cache and counts are
-    its own; it takes the inputs' leaves as arguments (``inputs`` is their
-    tree's structure), so no batch tree is built for each call."""
-
-    def served(params: Any, *leaves: Any) -> Any:
-        return apply(params, inputs.unflatten(leaves))
-
-    return served
-
-
-def keystr_of(path: Sequence[Any]) -> str:
-    """A JAX key path as text, ``"['x']"``; the empty path is the root."""
-    return jax.tree_util.keystr(tuple(path))
