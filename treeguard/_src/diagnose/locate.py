@@ -420,37 +420,57 @@ def locate(
     cand = candidate_of(candidate)
     tols = TolerancePolicy.of(rtol=rtol, atol=atol, base=tolerances)
     judge = Judge(tols, cand.backend)
-    ref_name = "eager, per example" if cand.batched else "eager"
-    program = _program(fn, cand)
-    closed, out_tree = jx.as_closed(program, *args)
-    flat = jax.tree.leaves(args)
+    closed, out_tree = jx.as_closed(_program(fn, cand), *args)
     ref_out = _reference(fn, cand, args)
     got = _whole(fn, cand, args, closed, judge)
     leaves = _leaf_errors(judge, got, ref_out)
-    common: dict[str, Any] = {
-        "reference": ref_name,
-        "candidate": cand.name,
-        "leaves": leaves,
-        "n_equations": len(closed.jaxpr.eqns),
-        "tolerances": tols.to_dict(),
-    }
     if tols.fp64 is not None and any(not e.ok for e in leaves):
         leaves = _apply_fp64(judge, fn, cand, args, got=got, ref=ref_out, leaves=leaves)
-        common["leaves"] = leaves
+    run = _Run(fn, cand, args, judge, closed, out_tree, ref_out, got, leaves, started)
     if all(e.ok for e in leaves):
+        return run.divergence(outcome="none", classification=None)
+    return _search_divergence(run, descend=descend, check_precision=check_precision)
+
+
+@dataclasses.dataclass
+class _Run:
+    """One ``locate`` call's program, reference, candidate outputs and judge."""
+
+    fn: Callable[..., Any]
+    cand: Candidate
+    args: tuple[Any, ...]
+    judge: Judge
+    closed: Any
+    out_tree: Any
+    ref_out: Any
+    got: Any
+    leaves: tuple[LeafError, ...]
+    started: float
+
+    def divergence(self, **fields: Any) -> Divergence:
+        """The result, with what every outcome carries."""
         return Divergence(
-            outcome="none",
-            classification=None,
-            compiles=judge.compiles,
-            seconds=time.perf_counter() - started,
-            **common,
+            reference="eager, per example" if self.cand.batched else "eager",
+            candidate=self.cand.name,
+            leaves=self.leaves,
+            n_equations=len(self.closed.jaxpr.eqns),
+            tolerances=self.judge.tolerances.to_dict(),
+            compiles=self.judge.compiles,
+            seconds=time.perf_counter() - self.started,
+            **fields,
         )
+
+
+def _search_divergence(run: _Run, *, descend: bool, check_precision: bool) -> Divergence:
+    """Tells a trace divergence from a compiled one and searches for the
+    equation where the outputs diverge."""
+    judge, cand, closed = run.judge, run.cand, run.closed
+    flat = jax.tree.leaves(run.args)
     notes: list[str] = []
-    out_paths = [p for p, _ in leaves_with_paths(ref_out)]
-    taped = jax.tree.unflatten(out_tree, op_by_op(closed, flat))
-    trace_differs = any(not e.ok for e in _leaf_errors(judge, taped, ref_out))
-    compile_differs = any(not e.ok for e in _leaf_errors(judge, got, taped))
-    precision = _precision_check(fn, cand, args, judge) if check_precision else None
+    taped = jax.tree.unflatten(run.out_tree, op_by_op(closed, flat))
+    trace_differs = any(not e.ok for e in _leaf_errors(judge, taped, run.ref_out))
+    compile_differs = any(not e.ok for e in _leaf_errors(judge, run.got, taped))
+    precision = _precision_check(run.fn, cand, run.args, judge) if check_precision else False
     found: _Found | None = None
     if compile_differs:
         found = _Search(judge, notes, enter=descend).level(closed, flat, "")
@@ -463,7 +483,6 @@ def locate(
                 else "a Python branch taken only while tracing, or a value read at trace time"
             )
         )
-    if trace_differs:
         notes += _narrowing_casts(closed)
     culprit = found is not None and found.site.role == "culprit"
     if trace_differs and not culprit:
@@ -472,29 +491,32 @@ def locate(
                 f"besides, equation {found.site.index} ({found.site.primitive}) at "
                 f"{found.site.source} differs compiled from op by op, but not alone"
             )
-        return Divergence(
+        return run.divergence(
             outcome="trace",
             classification="batching" if cand.batched else "trace",
-            compiles=judge.compiles,
-            seconds=time.perf_counter() - started,
             notes=tuple(notes),
-            **common,
         )
     if found is None:
         notes.append(
             "the outputs diverge, but no cut of the program does: the divergence depends on "
             "how the whole program is compiled (fusion), so no equation is blamed"
         )
-        return Divergence(
+        return run.divergence(
             outcome="vanishes",
             classification="precision" if precision else "fusion",
-            compiles=judge.compiles,
-            seconds=time.perf_counter() - started,
             notes=tuple(notes),
-            **common,
         )
+    return _located(run, found, notes, trace_differs=trace_differs, precision=precision)
+
+
+def _located(
+    run: _Run, found: _Found, notes: list[str], *, trace_differs: bool, precision: bool
+) -> Divergence:
+    """The result naming the equation found, its propagators and the outputs
+    it reaches."""
+    closed, flat = run.closed, jax.tree.leaves(run.args)
     ref_env = jx.interpret(closed, flat).env
-    props, count = _propagators(judge, closed, flat, found.k, ref_env)
+    props, count = _propagators(run.judge, closed, flat, found.k, ref_env)
     if count > len(props):
         notes.append(f"{count} downstream equations diverge; the first {len(props)} are listed")
     outcome: Outcome = "vanishes" if found.site.role == "fused" else "located"
@@ -506,18 +528,16 @@ def locate(
     if precision:
         notes.append('the divergence is gone under jax.default_matmul_precision("highest")')
     classification = "precision" if precision else ("fusion" if outcome == "vanishes" else None)
-    return Divergence(
+    out_paths = [p for p, _ in leaves_with_paths(run.ref_out)]
+    return run.divergence(
         outcome=outcome,
         classification=classification or ("trace" if trace_differs else "compilation"),
         equation=found.site,
         enclosing=tuple(found.enclosing),
         propagators=tuple(props),
-        reaches=tuple(_diverging_first(_reaches(closed.jaxpr, found.k, out_paths), leaves)),
-        compiles=judge.compiles,
-        seconds=time.perf_counter() - started,
+        reaches=tuple(_diverging_first(_reaches(closed.jaxpr, found.k, out_paths), run.leaves)),
         notes=tuple(notes),
         reproducible=found.reproducible,
-        **common,
     )
 
 
