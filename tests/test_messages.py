@@ -17,7 +17,7 @@ from treeguard._src.serving.protocol import (
     parse_json,
     requested_outputs,
 )
-from treeguard._src.verify.checks import cross_backend_summary
+from treeguard._src.verify.regression import cross_backend_summary
 
 
 def _message(fn: Any, *args: Any, **kwargs: Any) -> str:

@@ -149,3 +149,26 @@ def mismatch_lines(
     if len(found) > LISTED:
         out.append(f"{where}: ... and {len(found) - LISTED} more")
     return out
+
+
+def outcome(
+    name: str,
+    bad: list[str],
+    ok_summary: str,
+    fail_summary: str,
+    *,
+    evidence: list[str] | None = None,
+    rows: list[dict[str, Any]] | None = None,
+) -> CheckResult:
+    """A fail listing ``bad`` (then the other evidence) if there is any, else a pass."""
+    info = list(evidence or [])
+    if bad:
+        return CheckResult(name, "fail", fail_summary, [*bad, *info], list(rows or []))
+    return CheckResult(name, "pass", ok_summary, info, list(rows or []))
+
+
+def first_line(e: BaseException) -> str:
+    """The first line of an exception's message, cut to 160 characters."""
+    text = str(e).strip().splitlines()
+    line = text[0] if text else ""
+    return line if len(line) <= 160 else line[:157] + "..."
