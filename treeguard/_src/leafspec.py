@@ -18,7 +18,7 @@ import numpy as np
 
 from .keydtype import array_dtype
 from .leaf import Record, Shape, describe_sharding, dtype_of, summarize
-from .walk import known_leaf_types
+from .acyclic import known_leaf_types
 
 _aval = attrgetter("aval")
 _shape = attrgetter("shape")
