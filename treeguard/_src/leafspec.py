@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 
+from .acyclic import known_leaf_types
 from .keydtype import array_dtype
 from .leaf import Record, Shape, describe_sharding, dtype_of, summarize
-from .acyclic import known_leaf_types
 
 _aval = attrgetter("aval")
 _shape = attrgetter("shape")
