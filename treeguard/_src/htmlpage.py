@@ -1,4 +1,4 @@
-"""The self-contained HTML page every report writes (verify, diagnose): one
+"""The self-contained HTML page every report writes (verify, diagnose, bench): one
 page shell and style sheet, one escaping function, and the SVG plot of each
 leaf's error over its tolerance. No script and no external file.
 """
