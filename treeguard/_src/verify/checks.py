@@ -75,22 +75,8 @@ def check_contract(ctx: Context) -> CheckResult:
     """Params, outputs, loss and grads match their contracts on every positive case."""
     model = ctx.model
     params = ctx.params()
-    bad: list[str] = []
-    info: list[str] = []
     pspec = spec_of(params)
-    stored = model.stored_params_spec()
-    if stored is not None:
-        found = mismatches(params, stored)
-        bad += mismatch_lines(found, "params", "the stored params spec", "init's params")
-        if not found:
-            info.append(
-                f"params match the stored spec ({pspec.num_leaves} leaves, {pspec.num_params} "
-                "values)"
-            )
-    else:
-        info.append(
-            f"params: {pspec.num_leaves} leaves, {pspec.num_params} values (no stored spec)"
-        )
+    bad, info = _params_contract(model, params, pspec)
     grads_bad = 0
     out_specs: dict[str, TreeSpec] = {}
     for lines in ctx.rejected.values():
@@ -102,35 +88,17 @@ def check_contract(ctx: Context) -> CheckResult:
             "np.asarray(x, np.float32)"
         )
     for case in ctx.positive:
-        batch = ctx.batch(case)
         where = f"case {case.name!r}"
-        n = _batch_size(batch, model.batch_spec)
+        n = _batch_size(ctx.batch(case), model.batch_spec)
         result = ctx.programs.results(case)
         outputs = result.outputs
-        if model.output_spec is not None:
-            found = mismatches(outputs, model.output_spec)
-            bad += mismatch_lines(found, f"{where} outputs", "the output spec", "apply's outputs")
-            if not found and n is not None:
-                for leaf, ls in zip(jax.tree.leaves(outputs), model.output_spec.leaves):
-                    if BATCH in ls.shape and leaf.shape[ls.shape.index(BATCH)] != n:
-                        bad.append(
-                            f"{where} outputs: {ls.path or '<root>'} has batch size "
-                            f"{leaf.shape[ls.shape.index(BATCH)]} for a batch of {n}"
-                        )
-        else:
-            for path, leaf in leaves_with_paths(outputs):
-                if n is not None and (np.ndim(leaf) == 0 or np.shape(leaf)[0] != n):
-                    bad.append(
-                        f"{where} outputs: {path or '<root>'} is "
-                        f"{_short(leaf)}, without the batch axis of size {n} in front"
-                    )
+        bad += _outputs_contract(model, outputs, n, where)
         with contextlib.suppress(ValueError):  # outputs without a batch axis: reported above
             out_specs[case.name] = spec_of(outputs, dims={BATCH: 0})
         value = result.loss
         if np.shape(value) != () or not jnp.issubdtype(jnp.result_type(value), jnp.floating):
             bad.append(f"{where} loss: {_short(value)} where a float scalar was expected")
-        grads = result.grads
-        found = mismatches(grads, pspec)
+        found = mismatches(result.grads, pspec)
         grads_bad += len(found)
         bad += mismatch_lines(found, f"{where} grads", "the params", "the grads")
     distinct = {s.to_json() for s in out_specs.values()}
@@ -148,6 +116,46 @@ def check_contract(ctx: Context) -> CheckResult:
         f"{len(bad)} contract violation(s)",
         evidence=info,
     )
+
+
+def _params_contract(model: Model, params: Any, pspec: TreeSpec) -> tuple[list[str], list[str]]:
+    """``(violations, evidence)`` of the params against the stored params spec."""
+    stored = model.stored_params_spec()
+    if stored is None:
+        return [], [
+            f"params: {pspec.num_leaves} leaves, {pspec.num_params} values (no stored spec)"
+        ]
+    found = mismatches(params, stored)
+    bad = mismatch_lines(found, "params", "the stored params spec", "init's params")
+    if found:
+        return bad, []
+    return bad, [
+        f"params match the stored spec ({pspec.num_leaves} leaves, {pspec.num_params} values)"
+    ]
+
+
+def _outputs_contract(model: Model, outputs: Any, n: int | None, where: str) -> list[str]:
+    """The violations of one case's outputs: the output spec where the model
+    declares one, else a leading batch axis of size ``n`` on every leaf."""
+    bad: list[str] = []
+    if model.output_spec is None:
+        for path, leaf in leaves_with_paths(outputs):
+            if n is not None and (np.ndim(leaf) == 0 or np.shape(leaf)[0] != n):
+                bad.append(
+                    f"{where} outputs: {path or '<root>'} is "
+                    f"{_short(leaf)}, without the batch axis of size {n} in front"
+                )
+        return bad
+    found = mismatches(outputs, model.output_spec)
+    bad += mismatch_lines(found, f"{where} outputs", "the output spec", "apply's outputs")
+    if not found and n is not None:
+        for leaf, ls in zip(jax.tree.leaves(outputs), model.output_spec.leaves):
+            if BATCH in ls.shape and leaf.shape[ls.shape.index(BATCH)] != n:
+                bad.append(
+                    f"{where} outputs: {ls.path or '<root>'} has batch size "
+                    f"{leaf.shape[ls.shape.index(BATCH)]} for a batch of {n}"
+                )
+    return bad
 
 
 # -- 2. keys --------------------------------------------------------------------
