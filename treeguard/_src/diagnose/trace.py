@@ -303,14 +303,7 @@ def compare_flat(
         "tolerances": tols.to_dict(),
         "environment": tuple(env_diff),
     }
-    diverging = [
-        k
-        for k in same
-        if any(
-            r is not None and g is not None and judge.differs(g, r)
-            for r, g in zip(trace.values.get(k, []), values[k])
-        )
-    ]
+    diverging = [k for k in same if _differs(judge, trace.values.get(k, []), values[k])]
     if not diverging:
         outcome = "none" if all(e.ok for e in leaves) else "vanishes"
         return Divergence(
@@ -336,6 +329,14 @@ def compare_flat(
         seconds=time.perf_counter() - started,
         notes=tuple(notes),
         **common,
+    )
+
+
+def _differs(judge: Judge, recorded: list[Any], here: list[Any]) -> bool:
+    """Whether an equation's outputs here differ from the recorded ones
+    (a value not recorded is not compared)."""
+    return any(
+        r is not None and g is not None and judge.differs(g, r) for r, g in zip(recorded, here)
     )
 
 
