@@ -261,15 +261,9 @@ class Report:
     def print(self, console: Any = None) -> None:
         """Prints the summary table (and every failure's evidence) with rich."""
         from rich.console import Console  # lazy: import treeguard never imports rich
-        from rich.table import Table  # lazy: import treeguard never imports rich
 
         console = console or Console()
-        table = Table(title=f"treeguard verify {self.model}", title_justify="left")
-        table.add_column("check", style="bold")
-        table.add_column("status")
-        table.add_column("summary")
-        table.add_column("time", justify="right")
-        style = {"pass": "[green]PASS[/]", "fail": "[bold red]FAIL[/]", "skip": "[yellow]SKIP[/]"}
+        table = status_table(f"treeguard verify {self.model}", "check")
         if self.prepared_s:
             table.add_row(
                 "[dim](prepare)[/]",
@@ -278,13 +272,13 @@ class Report:
                 f"{self.prepared_s:.2f}s",
             )
         for c in self.checks:
-            table.add_row(c.name, style[c.status], _rich_escape(c.summary), f"{c.seconds:.2f}s")
+            status_row(table, c.name, c.status, c.summary, c.seconds)
         console.print(table)
         for c in self.checks:
             if c.status == "fail":
                 console.print(f"[bold red]{c.name}[/] evidence:")
                 for line in c.evidence[:20]:
-                    console.print("  " + _rich_escape(line), soft_wrap=True)
+                    console.print("  " + rich_escape(line), soft_wrap=True)
                 if len(c.evidence) > 20:
                     console.print(f"  ... and {len(c.evidence) - 20} more (see report.md)")
         if self.benchmark:
@@ -306,7 +300,29 @@ class Report:
             console.print(f"report: {self.files['html']}", soft_wrap=True)
 
 
-def _rich_escape(text: str) -> str:
+#: How a result's status reads in a terminal table.
+STATUS_MARKUP = {"pass": "[green]PASS[/]", "fail": "[bold red]FAIL[/]", "skip": "[yellow]SKIP[/]"}
+
+
+def status_table(title: str, column: str) -> Any:
+    """A rich table of results, one row each (``status_row``): ``column``
+    (the check or stage), status, summary and time."""
+    from rich.table import Table  # lazy: import treeguard never imports rich
+
+    table = Table(title=title, title_justify="left")
+    table.add_column(column, style="bold")
+    table.add_column("status")
+    table.add_column("summary")
+    table.add_column("time", justify="right")
+    return table
+
+
+def status_row(table: Any, name: str, status: str, summary: str, seconds: float) -> None:
+    """One result's row in a ``status_table``."""
+    table.add_row(name, STATUS_MARKUP[status], rich_escape(summary), f"{seconds:.2f}s")
+
+
+def rich_escape(text: str) -> str:
     """Text from a model (an exception's message) as rich markup: brackets
     escaped and control characters spelled out."""
     from rich.markup import escape  # lazy: import treeguard never imports rich
