@@ -255,6 +255,7 @@ def compare_trace(
     Raises:
       DiagnosisError: if the function takes other inputs than the trace holds.
     """
+    run = fn
     if like:
         treedef = jax.tree.structure(like)
         if len(jax.tree.leaves(like)) != len(trace.inputs):
@@ -267,22 +268,14 @@ def compare_trace(
         def flat_fn(*flat: Any) -> Any:
             return fn(*jax.tree.unflatten(treedef, list(flat)))
 
-        return compare_flat(flat_fn, trace, rtol=rtol, atol=atol, tolerances=tolerances)
-    return compare_flat(fn, trace, rtol=rtol, atol=atol, tolerances=tolerances)
+        run = flat_fn
+    tols = TolerancePolicy.of(rtol=rtol, atol=atol, base=tolerances)
+    return _compare_flat(run, trace, tols)
 
 
-def compare_flat(
-    fn_flat: Callable[..., Any],
-    trace: Trace,
-    /,
-    *,
-    rtol: float | None = None,
-    atol: float | None = None,
-    tolerances: TolerancePolicy | None = None,
-) -> Divergence:
+def _compare_flat(fn_flat: Callable[..., Any], trace: Trace, tols: TolerancePolicy) -> Divergence:
     """``compare_trace`` for a function of the trace's flat inputs."""
     started = time.perf_counter()
-    tols = TolerancePolicy.of(rtol=rtol, atol=atol, base=tolerances)
     judge = Judge(tols, op_by_op)
     closed = jx.inline_calls(_traced_here(fn_flat, trace), trace.inputs)
     outs, values, eqns, _, objects = _tape(closed, trace.inputs, limit=2**62)
