@@ -62,9 +62,7 @@ def cpu_model(root: str | os.PathLike[str] = "/") -> str | None:
       >>> cpu_model("/nonexistent") is None
       True
     """
-    text = _read(root, "proc/cpuinfo")
-    if text is None:
-        return None
+    text = _read(root, "proc/cpuinfo") or ""
     for key in ("model name", "Hardware", "Processor", "cpu model"):
         found = next((v for v in _values(text, key) if v), None)
         if found is not None:
@@ -101,9 +99,7 @@ def affinity_cores(root: str | os.PathLike[str] = "/") -> int | None:
       >>> affinity_cores("/nonexistent") is None
       True
     """
-    text = _read(root, "proc/self/status")
-    if text is None:
-        return None
+    text = _read(root, "proc/self/status") or ""
     allowed = next(_values(text, "Cpus_allowed_list"), None)
     return None if allowed is None else parse_cpu_list(allowed)
 
