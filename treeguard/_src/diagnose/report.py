@@ -10,19 +10,17 @@ import dataclasses
 import json
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from ..atomic import atomic_write
 from ..htmlpage import error_plot, escape, page
 from ..verify.compare import LeafError
-from ..verify.context import by_name
+from ..verify.context import Status, by_name, result_dict
 from ..verify.report import rich_escape, status_row, status_table
 from .divergence import Divergence
 from .nan import NanSite
 
 FORMAT = "treeguard.diagnose/1"
-
-Status = Literal["pass", "fail", "skip"]
 
 
 @dataclasses.dataclass
@@ -50,16 +48,12 @@ class StageResult:
     seconds: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "status": self.status,
-            "summary": self.summary,
-            "evidence": list(self.evidence),
-            "leaves": [e.to_dict() for e in self.leaves],
-            "divergence": self.divergence.to_dict() if self.divergence else None,
-            "nan_sites": [s.to_dict() for s in self.nan_sites],
-            "seconds": round(self.seconds, 6),
-        }
+        return result_dict(
+            self,
+            leaves=[e.to_dict() for e in self.leaves],
+            divergence=self.divergence.to_dict() if self.divergence else None,
+            nan_sites=[s.to_dict() for s in self.nan_sites],
+        )
 
 
 @dataclasses.dataclass

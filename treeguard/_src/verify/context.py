@@ -45,6 +45,27 @@ def by_name(results: Sequence[N], name: str, what: str) -> N:
 LISTED = 12
 
 
+class _Result(Protocol):
+    name: str
+    status: Status
+    summary: str
+    evidence: list[str]
+    seconds: float
+
+
+def result_dict(result: _Result, **details: Any) -> dict[str, Any]:
+    """A check's or a stage's JSON form: its name, status, summary and
+    evidence, then ``details``, then its time."""
+    return {
+        "name": result.name,
+        "status": result.status,
+        "summary": result.summary,
+        "evidence": list(result.evidence),
+        **details,
+        "seconds": round(result.seconds, 6),
+    }
+
+
 @dataclasses.dataclass
 class CheckResult:
     """The outcome of one check.
@@ -71,14 +92,7 @@ class CheckResult:
         return self.status != "fail"
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "status": self.status,
-            "summary": self.summary,
-            "evidence": list(self.evidence),
-            "rows": list(self.rows),
-            "seconds": round(self.seconds, 6),
-        }
+        return result_dict(self, rows=list(self.rows))
 
 
 @dataclasses.dataclass
