@@ -43,6 +43,7 @@ from ..errors import DiagnosisError
 from ..tolerance import TolerancePolicy
 from ..verify.compare import LeafError, leaves_with_paths
 from . import jaxpr as jx
+from .candidates import CANDIDATES, Candidate, candidate_of, compiled, dispatched
 from .divergence import (
     PROPAGATORS_LISTED,
     Backend,
@@ -56,92 +57,7 @@ from .divergence import (
 from .tolerance import fp64_passes
 from .trace import Trace, compare_trace
 
-#: The named candidates (a matmul precision name is one too).
-CANDIDATES = ("jit", "vmap", "jit+vmap", "grad", "jit+grad")
-#: The names ``jax.default_matmul_precision`` takes.
-PRECISIONS = (
-    "default",
-    "high",
-    "highest",
-    "bfloat16",
-    "tensorfloat32",
-    "float32",
-    "bfloat16_3x",
-    "ANY_F8_ANY_F8_F32",
-)
-
-
-def compiled(closed: Any, args: Sequence[Any]) -> list[Any]:
-    """The ``jit`` backend: the whole program compiled as one."""
-    return list(jax.jit(jex.jaxpr_as_fun(closed))(*args))
-
-
-def dispatched(closed: Any, args: Sequence[Any]) -> list[Any]:
-    """JAX's own evaluation outside ``jit``: inner ``jit`` calls compile."""
-    return list(jex.jaxpr_as_fun(closed)(*args))
-
-
-def at_precision(precision: str) -> Backend:
-    """The ``jit`` backend under ``jax.default_matmul_precision(precision)``."""
-
-    def run(closed: Any, args: Sequence[Any]) -> list[Any]:
-        with jax.default_matmul_precision(precision):
-            return compiled(closed, args)
-
-    return run
-
-
-@dataclasses.dataclass(frozen=True)
-class Candidate:
-    """What runs against the eager reference.
-
-    Attributes:
-      name: how reports name it.
-      backend: how it runs a closed jaxpr.
-      grad: whether the program is ``jax.grad`` of the function (by its
-        first argument).
-      batched: whether the program is ``jax.vmap`` of the function over the
-        leading axis of every argument (the reference then runs each
-        example alone).
-    """
-
-    name: str
-    backend: Backend
-    grad: bool = False
-    batched: bool = False
-
-
-def candidate_of(candidate: str | Backend | Candidate) -> Candidate:
-    """A ``Candidate`` from a name, a matmul precision, or a backend function.
-
-    Raises:
-      DiagnosisError: for an unknown name.
-
-    Example:
-      >>> candidate_of("jit+grad").grad, candidate_of("bfloat16").name
-      (True, 'jit@bfloat16')
-    """
-    if isinstance(candidate, Candidate):
-        return candidate
-    if callable(candidate):
-        return Candidate(getattr(candidate, "__name__", "backend"), candidate)
-    if candidate == "jit":
-        return Candidate("jit", compiled)
-    if candidate == "vmap":
-        return Candidate("vmap", op_by_op, batched=True)
-    if candidate == "jit+vmap":
-        return Candidate("jit+vmap", compiled, batched=True)
-    if candidate == "grad":
-        return Candidate("grad", dispatched, grad=True)
-    if candidate == "jit+grad":
-        return Candidate("jit+grad", compiled, grad=True)
-    if candidate in PRECISIONS:
-        return Candidate(f"jit@{candidate}", at_precision(candidate))
-    raise DiagnosisError(
-        f"unknown candidate {candidate!r}",
-        hint=f"one of {', '.join(CANDIDATES)}, a matmul precision "
-        f"({', '.join(PRECISIONS[:6])}), a recorded trace or a backend function",
-    )
+__all__ = ["CANDIDATES", "Candidate", "locate"]
 
 
 def _values(env: dict[Any, Any], atoms: Sequence[Any]) -> list[Any]:
