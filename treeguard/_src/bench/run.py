@@ -342,12 +342,7 @@ def _cost(compiled: Any) -> dict[str, float] | None:
 def check_options(samples: int, min_time: float, warmup: int) -> None:
     if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
         raise BenchError(f"samples={samples!r}", hint="pass an int >= 1 (30 is the default)")
-    if (
-        isinstance(min_time, bool)
-        or not isinstance(min_time, (int, float))
-        or not math.isfinite(min_time)
-        or min_time < 0
-    ):
+    if not _is_duration(min_time):
         raise BenchError(f"min_time={min_time!r}", hint="pass seconds >= 0 per sample")
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
         raise BenchError(f"warmup={warmup!r}", hint="pass an int >= 0")
