@@ -10,7 +10,8 @@ from typing import Any
 
 # The check table, its context and the per-example hash on purpose: they have
 # no public name, and going through ``run`` would make each test cost a whole run.
-from treeguard._src.verify.checks import CHECKS, Context, example_hashes
+from treeguard._src.verify.checks import CHECKS, Context
+from treeguard._src.verify.splits import example_hashes
 from treeguard.verify import CheckResult, Model, References, generate_cases
 
 __all__ = ["check", "context", "example_hashes", "one_check"]

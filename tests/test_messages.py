@@ -13,7 +13,7 @@ from corpus import seed_params
 import treeguard as tg
 from treeguard._src.serving.decode import parse_json
 from treeguard._src.serving.protocol import InferRequest, check_request_fields, requested_outputs
-from treeguard._src.verify.checks import cross_backend_summary
+from treeguard._src.verify.regression import cross_backend_summary
 from treeguard.provenance import generate_keys, load_public_key
 
 

@@ -20,9 +20,12 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
+
+if TYPE_CHECKING:
+    from ._src.tolerance import TolerancePolicy
 
 UPDATE_OPTION = "--treeguard-update"
 
@@ -88,11 +91,7 @@ class TreeRegression:
         """
         # Deferred: pytest loads this plugin in every session, and only a test
         # that asks for the fixture should pay for treeguard's arrays and files.
-        from ._src import checkpoint
-        from ._src.leaf import resolve_dtype, short_dtype
-        from ._src.mismatch import format_mismatches
         from ._src.tolerance import Tolerance, TolerancePolicy
-        from ._src.verify.compare import compare_stored
 
         path = self.path_for(name)
         if str(path) in self._used:
@@ -106,48 +105,61 @@ class TreeRegression:
             default=Tolerance(rtol, atol),
             dtypes={k: Tolerance(*v) for k, v in (tolerances or {}).items()},
         )
-
         if self.update:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            meta = {
-                "rtol": rtol,
-                "atol": atol,
-                "tolerances": {
-                    short_dtype(resolve_dtype(k)): [v.rtol, v.atol]
-                    for k, v in policy.dtypes.items()
-                },
-            }
-            checkpoint.save(path, tree, metadata={"treeguard.golden": meta})
-            return
-        if not path.exists():
-            pytest.fail(
-                f"tree_regression: no golden file {path}; hint: record it with "
-                f"`pytest {UPDATE_OPTION}` and commit it",
-                pytrace=False,
-            )
-        # Read back without `like`, compared with the file's spec (weak types
-        # ignored, as every checkpoint contract ignores them) and leaf by leaf.
-        golden = checkpoint.load(path)
-        changed, errors = compare_stored(
-            tree, golden, spec=checkpoint.read_header(path).spec, tolerance=policy
+            _record(path, tree, policy, rtol=rtol, atol=atol)
+        else:
+            _compare(path, tree, policy)
+
+
+def _record(path: Path, tree: Any, policy: TolerancePolicy, *, rtol: float, atol: float) -> None:
+    """Writes ``tree`` as the golden file, with the tolerances it is held to."""
+    from ._src import checkpoint  # deferred, as in ``check``
+    from ._src.leaf import resolve_dtype, short_dtype
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    meta = {
+        "rtol": rtol,
+        "atol": atol,
+        "tolerances": {
+            short_dtype(resolve_dtype(k)): [v.rtol, v.atol] for k, v in policy.dtypes.items()
+        },
+    }
+    checkpoint.save(path, tree, metadata={"treeguard.golden": meta})
+
+
+def _compare(path: Path, tree: Any, policy: TolerancePolicy) -> None:
+    """Fails the test unless ``tree`` matches the golden file within ``policy``."""
+    from ._src import checkpoint  # deferred, as in ``check``
+    from ._src.mismatch import format_mismatches
+    from ._src.verify.compare import compare_stored
+
+    if not path.exists():
+        pytest.fail(
+            f"tree_regression: no golden file {path}; hint: record it with "
+            f"`pytest {UPDATE_OPTION}` and commit it",
+            pytrace=False,
         )
-        if changed:
-            text = format_mismatches(
-                changed, expected_from="the golden file", actual_from="the tree"
-            )
-            pytest.fail(
-                f"tree_regression: the tree's structure differs from {path.name}:\n{text}\n"
-                f"hint: if the change is intended, re-record with `pytest {UPDATE_OPTION}`",
-                pytrace=False,
-            )
-        bad = [e for e in errors if not e.ok]
-        if bad:
-            pytest.fail(
-                f"tree_regression: {len(bad)} of {len(errors)} leaves beyond tolerance "
-                f"against {path.name}:\n  " + "\n  ".join(e.describe() for e in bad) + "\n"
-                f"hint: if the change is intended, re-record with `pytest {UPDATE_OPTION}`",
-                pytrace=False,
-            )
+    # Read back without `like`, compared with the file's spec (weak types
+    # ignored, as every checkpoint contract ignores them) and leaf by leaf.
+    golden = checkpoint.load(path)
+    changed, errors = compare_stored(
+        tree, golden, spec=checkpoint.read_header(path).spec, tolerance=policy
+    )
+    if changed:
+        text = format_mismatches(changed, expected_from="the golden file", actual_from="the tree")
+        pytest.fail(
+            f"tree_regression: the tree's structure differs from {path.name}:\n{text}\n"
+            f"hint: if the change is intended, re-record with `pytest {UPDATE_OPTION}`",
+            pytrace=False,
+        )
+    bad = [e for e in errors if not e.ok]
+    if bad:
+        pytest.fail(
+            f"tree_regression: {len(bad)} of {len(errors)} leaves beyond tolerance "
+            f"against {path.name}:\n  " + "\n  ".join(e.describe() for e in bad) + "\n"
+            f"hint: if the change is intended, re-record with `pytest {UPDATE_OPTION}`",
+            pytrace=False,
+        )
 
 
 @pytest.fixture

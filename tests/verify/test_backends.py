@@ -16,8 +16,8 @@ import pytest
 from forge import forge
 
 from treeguard import ConfigError
-from treeguard._src.verify.checks import cross_backend_summary
 from treeguard._src.verify.refs import backend_path, resolve
+from treeguard._src.verify.regression import cross_backend_summary
 from treeguard.examples import cnn, eqx_mlp, mlp
 from treeguard.verify import Tolerance, load_references, record_references
 from treeguard.verify import run as verify

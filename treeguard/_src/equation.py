@@ -9,6 +9,22 @@ from typing import Any
 
 import jax.extend.source_info_util as jsi
 
+#: Call-like primitives and the parameter that holds their body (a closed
+#: jaxpr or a jaxpr). A body's inputs are the equation's last
+#: ``len(body.invars)`` inputs. The key checker and the diagnosis follow
+#: these bodies; anything else is evaluated whole.
+CALLS = {
+    "jit": "jaxpr",
+    "pjit": "jaxpr",
+    "closed_call": "call_jaxpr",
+    "core_call": "call_jaxpr",
+    "remat": "jaxpr",
+    "checkpoint": "jaxpr",
+    "custom_jvp_call": "call_jaxpr",
+    "custom_vjp_call": "call_jaxpr",
+    "custom_vjp_call_jaxpr": "fun_jaxpr",
+}
+
 
 def bind(eqn: Any, invals: Sequence[Any]) -> list[Any]:
     """Runs one equation on concrete (or traced) values; one dispatch.

@@ -1,4 +1,4 @@
-"""The self-contained HTML page every report writes (verify, diagnose): one
+"""The self-contained HTML page every report writes (verify, diagnose, bench): one
 page shell and style sheet, one escaping function, and the SVG plot of each
 leaf's error over its tolerance. No script and no external file.
 """
@@ -122,11 +122,7 @@ def error_plot(rows: list[dict[str, Any]], title: str, *, limit: int = PLOT_ROWS
     if not rows:
         return f'<p class="meta">{escape(rest)}: nothing to draw</p>'
     lo_exp = -8
-    ratios = []
-    for r in rows:
-        v = r.get("ratio", 0.0)
-        v = float("inf") if v in ("inf", "nan") else float(v)
-        ratios.append(v)
+    ratios = [as_number(r.get("ratio", 0.0)) for r in rows]
     finite = [v for v in ratios if math.isfinite(v) and v > 0]
     hi_exp = max(1, math.ceil(math.log10(max(finite)))) if finite else 1
     hi_exp = min(hi_exp, 12)
@@ -157,25 +153,7 @@ def error_plot(rows: list[dict[str, Any]], title: str, *, limit: int = PLOT_ROWS
             f'<text x="{x:.1f}" y="{axis - 12}" text-anchor="middle" fill="#5b6475">1e{e}</text>'
         )
     for i, (r, v) in enumerate(zip(rows, ratios)):
-        y = top + i * (bar_h + gap)
-        ok = bool(r.get("ok", True))
-        color = "#2f8f4e" if ok else "#c62828"
-        x1 = x_of(v)
-        label = leaf_label(r)
-        if len(label) > 52:
-            label = label[:49] + "..."
-        parts.append(
-            f'<text x="{label_w - 6}" y="{y + bar_h - 2}" text-anchor="end">{escape(label)}</text>'
-        )
-        parts.append(
-            f'<rect x="{label_w}" y="{y}" width="{max(x1 - label_w, 1.5):.1f}" height="{bar_h}" '
-            f'fill="{color}" opacity="0.85"><title>{escape(label)}: max abs {r.get("max_abs")}, '
-            f"max rel {r.get('max_rel')}, rtol {r.get('rtol')}, atol {r.get('atol')}</title></rect>"
-        )
-        text = "exact" if v == 0 else ("∞" if not math.isfinite(v) else f"{v:.2g}")
-        parts.append(
-            f'<text x="{x1 + 4:.1f}" y="{y + bar_h - 2}" fill="#5b6475">{escape(text)}</text>'
-        )
+        parts += _bar(r, v, y=top + i * (bar_h + gap), x0=label_w, x1=x_of(v), bar_h=bar_h)
     x_tol = x_of(1.0)
     parts.append(
         f'<line x1="{x_tol:.1f}" y1="{top - 10}" x2="{x_tol:.1f}" y2="{axis - 26}" '
@@ -191,3 +169,20 @@ def error_plot(rows: list[dict[str, Any]], title: str, *, limit: int = PLOT_ROWS
     )
     parts.append("</svg>")
     return "".join(parts)
+
+
+def _bar(row: dict[str, Any], v: float, *, y: float, x0: float, x1: float, bar_h: int) -> list[str]:
+    """One leaf's label, bar from ``x0`` to ``x1`` (its details in a tooltip) and ratio."""
+    color = "#2f8f4e" if bool(row.get("ok", True)) else "#c62828"
+    label = leaf_label(row)
+    if len(label) > 52:
+        label = label[:49] + "..."
+    text = "exact" if v == 0 else ("∞" if not math.isfinite(v) else f"{v:.2g}")
+    return [
+        f'<text x="{x0 - 6}" y="{y + bar_h - 2}" text-anchor="end">{escape(label)}</text>',
+        f'<rect x="{x0}" y="{y}" width="{max(x1 - x0, 1.5):.1f}" height="{bar_h}" '
+        f'fill="{color}" opacity="0.85"><title>{escape(label)}: max abs {row.get("max_abs")}, '
+        f"max rel {row.get('max_rel')}, rtol {row.get('rtol')}, atol {row.get('atol')}"
+        "</title></rect>",
+        f'<text x="{x1 + 4:.1f}" y="{y + bar_h - 2}" fill="#5b6475">{escape(text)}</text>',
+    ]

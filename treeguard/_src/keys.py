@@ -27,22 +27,10 @@ import jax
 import jax.extend.core as jex
 import numpy as np
 
-from .equation import bind, site
+from .equation import CALLS, bind, site
 from .paths import keystr
 from .walk import flatten, structure_of
 
-#: Primitives whose sub-jaxprs are followed; anything else is evaluated whole.
-_CALL_PARAMS = {
-    "jit": "jaxpr",
-    "pjit": "jaxpr",
-    "closed_call": "call_jaxpr",
-    "core_call": "call_jaxpr",
-    "remat": "jaxpr",
-    "checkpoint": "jaxpr",
-    "custom_jvp_call": "call_jaxpr",
-    "custom_vjp_call": "call_jaxpr",
-    "custom_vjp_call_jaxpr": "fun_jaxpr",
-}
 _LOOPS = frozenset(("while", "scan", "shard_map", "xla_pmap", "pmap"))
 
 
@@ -180,7 +168,7 @@ class _Tracker:
     ) -> list[Any]:
         """One equation; ``want`` (sliced evaluation) flags the outputs needed."""
         name = eqn.primitive.name
-        sub = _CALL_PARAMS.get(name)
+        sub = CALLS.get(name)
         if sub is not None and sub in eqn.params:
             closed = eqn.params[sub]
             inner = getattr(closed, "jaxpr", closed)

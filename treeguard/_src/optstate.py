@@ -13,6 +13,7 @@ by position, and a leaf that cannot be matched is refused by name.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -119,99 +120,159 @@ def migrate_opt_state(
             f"reinit must be None or 'changed', got {reinit!r}",
             hint='reinit="changed" gives a param whose shape changed a fresh state',
         )
-    moves = [
-        (parse_user_path(a, "rename"), parse_user_path(b, "rename"))
-        for a, b in (rename or {}).items()
-    ]
-
-    def moved(path: Path) -> str:
-        best = max(
-            (m for m in moves if starts_with(path, m[0])), key=lambda m: len(m[0]), default=None
-        )
-        return keystr(path if best is None else (*best[1], *path[len(best[0]) :]))
-
-    old_spec = spec_of(old_params)
-    orig = {keystr(p): r for p, r in zip(old_spec.paths, old_spec.records)}
-    moved_to = {keystr(p): moved(p) for p in old_spec.paths}
-    # a renamed param takes its new path over a param that was stored there
-    order = sorted(orig, key=lambda n: moved_to[n] != n)
-    old_p = {moved_to[n]: orig[n] for n in order}
-    was = {moved_to[n]: n for n in order}
-    new_p = {keystr(p): r for p, r in zip(spec_of(new_params).paths, spec_of(new_params).records)}
+    params = _Params.of(old_params, new_params, rename)
     fresh = _fresh_state(optimizer, old_state, new_params)
+    m = _Migration(params, _leaves(old_state), reinit)
     f_paths, f_leaves, f_records = _leaves(fresh)
-    o_paths, o_leaves, o_records = _leaves(old_state)
-    old_mirror: dict[tuple[str, str], int] = {}
-    old_plain: dict[str, int] = {}
-    renamed_leaves: list[tuple[tuple[str, str], int]] = []
-    for k, p in enumerate(o_paths):
-        split = _split(p, orig)
-        if split is None:
-            old_plain[keystr(p)] = k
-        elif moved_to[split[1]] == split[1]:
-            old_mirror[split] = k
-        else:
-            renamed_leaves.append(((split[0], moved_to[split[1]]), k))
-    old_mirror.update(renamed_leaves)
-    prefixes = {q for q, _ in old_mirror}
-    out: list[Any] = []
-    changes: list[Change] = []
-    found: list[Mismatch] = []
-    used: set[int] = set()
     for path, leaf, rec in zip(f_paths, f_leaves, f_records):
-        name = keystr(path)
-        split = _split(path, new_p)
-        if split is None:
-            src = old_plain.get(name)
-            if src is None:
-                found.append(Mismatch(name, "missing", summarize(rec[0], rec[1]), None))
-            elif not _same(o_records[src], rec):
-                found.append(Mismatch(name, "shape", _shown(rec), _shown(o_records[src])))
-            else:
-                used.add(src)
-                out.append(o_leaves[src])
-            continue
-        prefix, param = split
-        if prefix not in prefixes:
-            found.append(Mismatch(name, "missing", summarize(rec[0], rec[1]), None))
-            continue
-        src = old_mirror.get(split)
-        if param not in old_p:
-            changes.append(_change("initialised", name, rec))
-            out.append(leaf)
-            continue
-        if src is None:  # a param there before, with no state then: another optimizer or filter
-            found.append(Mismatch(name, "missing", summarize(rec[0], rec[1]), None))
-            continue
-        used.add(src)
-        if _same(old_p[param], new_p[param]) and _same(o_records[src], rec):
-            out.append(o_leaves[src])
-            if was[param] != param:
-                changes.append(_change("renamed", name, rec, keystr(o_paths[src])))
-        elif reinit == "changed":
-            changes.append(_change("reinitialised", name, rec))
-            out.append(leaf)
-        else:
-            found.append(Mismatch(name, "shape", _shown(rec), _shown(o_records[src])))
-    new_prefixes = {s[0] for s in (_split(p, new_p) for p in f_paths) if s is not None}
-    for k, path in enumerate(o_paths):
-        if k in used:
-            continue
-        split = _split(path, orig)
-        if split is None or split[0] not in new_prefixes:
-            found.append(Mismatch(keystr(path), "unexpected", None, _shown(o_records[k])))
-        else:
-            changes.append(_change("dropped", keystr(path), o_records[k]))
-    if found:
+        m.place(path, leaf, rec)
+    m.leftovers({s[0] for s in (_split(p, m.params.new) for p in f_paths) if s is not None})
+    if m.found:
         raise TreeMismatchError(
-            found,
+            m.found,
             expected_from="the optimizer's state for the new params",
             actual_from="the old state",
             context=_SOURCE,
-            hint=_form_hint(optimizer, old_state, found),
+            hint=_form_hint(optimizer, old_state, m.found),
         )
-    state = jax.tree.unflatten(jax.tree.structure(fresh), out)
-    return state, Surgery.of(changes, _SOURCE)
+    state = jax.tree.unflatten(jax.tree.structure(fresh), m.out)
+    return state, Surgery.of(m.changes, _SOURCE)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Params:
+    """The old and new params by path, with ``rename`` applied.
+
+    Attributes:
+      orig: the old params' records by their old paths.
+      moved_to: each old path's path after ``rename``.
+      old: the old params' records by their paths after ``rename``.
+      was: each old param's path before ``rename``, by its path after.
+      new: the new params' records by path.
+    """
+
+    orig: dict[str, Record]
+    moved_to: dict[str, str]
+    old: dict[str, Record]
+    was: dict[str, str]
+    new: dict[str, Record]
+
+    @classmethod
+    def of(cls, old_params: Any, new_params: Any, rename: Mapping[str, str] | None) -> _Params:
+        moves = [
+            (parse_user_path(a, "rename"), parse_user_path(b, "rename"))
+            for a, b in (rename or {}).items()
+        ]
+
+        def moved(path: Path) -> str:
+            best = max(
+                (m for m in moves if starts_with(path, m[0])),
+                key=lambda m: len(m[0]),
+                default=None,
+            )
+            return keystr(path if best is None else (*best[1], *path[len(best[0]) :]))
+
+        old_spec, new_spec = spec_of(old_params), spec_of(new_params)
+        orig = {keystr(p): r for p, r in zip(old_spec.paths, old_spec.records)}
+        moved_to = {keystr(p): moved(p) for p in old_spec.paths}
+        # a renamed param takes its new path over a param that was stored there
+        order = sorted(orig, key=lambda n: moved_to[n] != n)
+        return cls(
+            orig=orig,
+            moved_to=moved_to,
+            old={moved_to[n]: orig[n] for n in order},
+            was={moved_to[n]: n for n in order},
+            new={keystr(p): r for p, r in zip(new_spec.paths, new_spec.records)},
+        )
+
+
+class _Migration:
+    """The new state's leaves, changes and refusals, built one fresh leaf at
+    a time from the old state's leaves indexed by mirror and path."""
+
+    def __init__(
+        self,
+        params: _Params,
+        old: tuple[list[Path], list[Any], list[Record]],
+        reinit: Literal["changed"] | None,
+    ) -> None:
+        self.params, self.reinit = params, reinit
+        self.o_paths, self.o_leaves, self.o_records = old
+        self.mirror: dict[tuple[str, str], int] = {}
+        self.plain: dict[str, int] = {}
+        renamed: list[tuple[tuple[str, str], int]] = []
+        for k, p in enumerate(self.o_paths):
+            split = _split(p, params.orig)
+            if split is None:
+                self.plain[keystr(p)] = k
+            elif params.moved_to[split[1]] == split[1]:
+                self.mirror[split] = k
+            else:
+                renamed.append(((split[0], params.moved_to[split[1]]), k))
+        self.mirror.update(renamed)
+        self.prefixes = {q for q, _ in self.mirror}
+        self.out: list[Any] = []
+        self.changes: list[Change] = []
+        self.found: list[Mismatch] = []
+        self.used: set[int] = set()
+
+    def _keep(self, src: int) -> None:
+        self.used.add(src)
+        self.out.append(self.o_leaves[src])
+
+    def place(self, path: Path, leaf: Any, rec: Record) -> None:
+        """The new state's leaf at ``path``: the old one it maps to, or the
+        fresh one, or a refusal."""
+        name = keystr(path)
+        split = _split(path, self.params.new)
+        if split is None:
+            src = self.plain.get(name)
+            if src is None:
+                self.found.append(Mismatch(name, "missing", _shown(rec), None))
+            elif not _same(self.o_records[src], rec):
+                self.found.append(Mismatch(name, "shape", _shown(rec), _shown(self.o_records[src])))
+            else:
+                self._keep(src)
+            return
+        self._place_mirrored(name, split, leaf, rec)
+
+    def _place_mirrored(self, name: str, split: tuple[str, str], leaf: Any, rec: Record) -> None:
+        prefix, param = split
+        src = self.mirror.get(split)
+        if prefix not in self.prefixes:
+            self.found.append(Mismatch(name, "missing", _shown(rec), None))
+        elif param not in self.params.old:
+            self.changes.append(_change("initialised", name, rec))
+            self.out.append(leaf)
+        elif src is None:  # a param there before, with no state then: another optimizer or filter
+            self.found.append(Mismatch(name, "missing", _shown(rec), None))
+        elif _same(self.params.old[param], self.params.new[param]) and _same(
+            self.o_records[src], rec
+        ):
+            self._keep(src)
+            if self.params.was[param] != param:
+                source = keystr(self.o_paths[src])
+                self.changes.append(_change("renamed", name, rec, source))
+        elif self.reinit == "changed":
+            self.used.add(src)
+            self.changes.append(_change("reinitialised", name, rec))
+            self.out.append(leaf)
+        else:
+            self.used.add(src)
+            self.found.append(Mismatch(name, "shape", _shown(rec), _shown(self.o_records[src])))
+
+    def leftovers(self, new_prefixes: set[str]) -> None:
+        """The old leaves no new leaf took: dropped with their param, or refused."""
+        for k, path in enumerate(self.o_paths):
+            if k in self.used:
+                continue
+            split = _split(path, self.params.orig)
+            if split is None or split[0] not in new_prefixes:
+                self.found.append(
+                    Mismatch(keystr(path), "unexpected", None, _shown(self.o_records[k]))
+                )
+            else:
+                self.changes.append(_change("dropped", keystr(path), self.o_records[k]))
 
 
 def _is_nnx_optimizer(optimizer: Any) -> bool:

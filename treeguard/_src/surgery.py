@@ -52,6 +52,20 @@ class Change:
         return text + (f" (from {self.source})" if self.source is not None else "")
 
 
+class _PathsOf:
+    """Read on a ``Surgery``: the paths of its changes of one action."""
+
+    def __init__(self, action: Action) -> None:
+        self.action = action
+
+    def __get__(
+        self, report: Surgery | None, owner: type[Surgery] | None = None
+    ) -> tuple[str, ...]:
+        if report is None:  # read on the class: there is no report to read
+            raise AttributeError(self.action)
+        return tuple(c.path for c in report.changes if c.action == self.action)
+
+
 @dataclasses.dataclass(frozen=True)
 class Surgery:
     """What a load with ``missing="init"``, ``unexpected="drop"`` or
@@ -61,6 +75,10 @@ class Surgery:
       changes: every change, initialised first, then renamed, reinitialised
         and dropped, each group sorted by path.
       source: what was changed (a checkpoint's path, ``"optimizer state"``).
+      initialised: the paths given an initial value.
+      dropped: the stored paths left unused.
+      renamed: the new paths of renamed leaves.
+      reinitialised: the paths whose shape changed and were given a fresh value.
 
     Example:
       >>> s = Surgery((Change("initialised", "['head']['w']", (4, 2), "float32"),), "ckpt")
@@ -81,28 +99,10 @@ class Surgery:
         ordered = sorted(changes, key=lambda c: (order[c.action], c.path))
         return Surgery(tuple(ordered), source)
 
-    def _paths(self, action: Action) -> tuple[str, ...]:
-        return tuple(c.path for c in self.changes if c.action == action)
-
-    @property
-    def initialised(self) -> tuple[str, ...]:
-        """The paths given an initial value."""
-        return self._paths("initialised")
-
-    @property
-    def dropped(self) -> tuple[str, ...]:
-        """The stored paths left unused."""
-        return self._paths("dropped")
-
-    @property
-    def renamed(self) -> tuple[str, ...]:
-        """The new paths of renamed leaves."""
-        return self._paths("renamed")
-
-    @property
-    def reinitialised(self) -> tuple[str, ...]:
-        """The paths whose shape changed and were given a fresh value."""
-        return self._paths("reinitialised")
+    initialised = _PathsOf("initialised")
+    dropped = _PathsOf("dropped")
+    renamed = _PathsOf("renamed")
+    reinitialised = _PathsOf("reinitialised")
 
     def __bool__(self) -> bool:
         return bool(self.changes)

@@ -84,6 +84,25 @@ def resolve_clock(clock: str) -> str:
     raise BenchError(f"clock={clock!r}", hint="'auto', 'wall' or 'cpu'")
 
 
+def _abba(
+    calls: dict[str, Callable[[], Any]],
+    rounds: int,
+    loops: int,
+    timer: Timer,
+    progress: Callable[[int, int], None] | None,
+) -> dict[str, list[tuple[float, float]]]:
+    """The samples of each side, taken in ABBA rounds."""
+    times: dict[str, list[tuple[float, float]]] = {"a": [], "b": []}
+    done, total = 0, 4 * rounds
+    for _ in range(rounds):
+        for side in ("a", "b", "b", "a"):
+            times[side].append(timed(calls[side], loops, timer))
+            done += 1
+            if progress is not None:
+                progress(done, total)
+    return times
+
+
 def ab(
     fn_a: Callable[..., Any],
     fn_b: Callable[..., Any],
@@ -146,17 +165,9 @@ def ab(
         loops = max(
             calibrate(prep_a.call, min_time, timer), calibrate(prep_b.call, min_time, timer)
         )
-    times: dict[str, list[tuple[float, float]]] = {"a": [], "b": []}
     calls = {"a": prep_a.call, "b": prep_b.call}
-    total = 4 * rounds
     with CompileCounter() as window:
-        done = 0
-        for _ in range(rounds):
-            for side in ("a", "b", "b", "a"):
-                times[side].append(timed(calls[side], loops, timer))
-                done += 1
-                if progress is not None:
-                    progress(done, total)
+        times = _abba(calls, rounds, loops, timer, progress)
     name_a, name_b = names or (prep_a.name, prep_b.name)
     if name_a == name_b:
         name_a, name_b = f"A {name_a}", f"B {name_b}"

@@ -18,6 +18,7 @@ import math
 import os
 import platform
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,14 @@ def _read(root: str | os.PathLike[str], rel: str) -> str | None:
         return None
 
 
+def _values(text: str, name: str) -> Iterator[str]:
+    """The values, stripped, of the ``name: value`` lines of a proc file."""
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip() == name:
+            yield value.strip()
+
+
 def cpu_model(root: str | os.PathLike[str] = "/") -> str | None:
     """The CPU model from ``proc/cpuinfo`` (``model name``, else ``Hardware``
     or ``Processor`` as ARM kernels write it).
@@ -53,14 +62,11 @@ def cpu_model(root: str | os.PathLike[str] = "/") -> str | None:
       >>> cpu_model("/nonexistent") is None
       True
     """
-    text = _read(root, "proc/cpuinfo")
-    if text is None:
-        return None
+    text = _read(root, "proc/cpuinfo") or ""
     for key in ("model name", "Hardware", "Processor", "cpu model"):
-        for line in text.splitlines():
-            name, sep, value = line.partition(":")
-            if sep and name.strip() == key and value.strip():
-                return value.strip()
+        found = next((v for v in _values(text, key) if v), None)
+        if found is not None:
+            return found
     return None
 
 
@@ -93,14 +99,9 @@ def affinity_cores(root: str | os.PathLike[str] = "/") -> int | None:
       >>> affinity_cores("/nonexistent") is None
       True
     """
-    text = _read(root, "proc/self/status")
-    if text is None:
-        return None
-    for line in text.splitlines():
-        name, sep, value = line.partition(":")
-        if sep and name.strip() == "Cpus_allowed_list":
-            return parse_cpu_list(value)
-    return None
+    text = _read(root, "proc/self/status") or ""
+    allowed = next(_values(text, "Cpus_allowed_list"), None)
+    return None if allowed is None else parse_cpu_list(allowed)
 
 
 def cgroup_cpu_quota(root: str | os.PathLike[str] = "/") -> float | None:
@@ -170,15 +171,11 @@ def cpu_frequency(root: str | os.PathLike[str] = "/") -> dict[str, Any]:
     governor = _read(root, base + "scaling_governor")
     mhz = _khz_to_mhz(_read(root, base + "scaling_cur_freq"))
     if mhz is None:
-        text = _read(root, "proc/cpuinfo") or ""
-        for line in text.splitlines():
-            name, sep, value = line.partition(":")
-            if sep and name.strip() == "cpu MHz":
-                try:
-                    mhz = float(value)
-                except ValueError:
-                    mhz = None
-                break
+        value = next(_values(_read(root, "proc/cpuinfo") or "", "cpu MHz"), None)
+        try:
+            mhz = None if value is None else float(value)
+        except ValueError:
+            mhz = None
     return {
         "governor": governor.strip() or None if governor is not None else None,
         "mhz": mhz,

@@ -8,7 +8,6 @@ and loads nothing from anywhere.
 from __future__ import annotations
 
 import datetime
-import html
 import json
 import math
 import os
@@ -20,6 +19,7 @@ from .. import strictjson
 from ..atomic import atomic_write, read_regular
 from ..display import fmt_bytes, fmt_seconds
 from ..errors import FormatError
+from ..htmlpage import escape, page
 from .run import BenchResult
 
 FORMAT = "treeguard.bench/1"
@@ -175,18 +175,9 @@ def _fields(r: BenchResult) -> dict[str, Any]:
 
 # -- HTML -------------------------------------------------------------------------
 
-_CSS = (
-    "body{font:14px/1.45 system-ui,sans-serif;margin:24px auto;max-width:1000px;"
-    "color:#1d2330;padding:0 16px}h1{font-size:21px}h2{font-size:16px;margin:26px 0 6px;"
-    "border-bottom:1px solid #dde1e8}table{border-collapse:collapse;margin:6px 0}"
-    "td,th{border:1px solid #dde1e8;padding:3px 8px;text-align:left}th{background:#f4f6f9}"
-    ".bad{color:#9b1c1c;font-weight:600}.ok{color:#17642b;font-weight:600}"
-    "svg text{font:11px ui-monospace,Menlo,Consolas,monospace}"
-)
-
-
-def _e(x: Any) -> str:
-    return html.escape(str(x), quote=True)
+#: The classes a bench page adds to the shared style.
+_CSS = ".bad{color:#9b1c1c;font-weight:600}.ok{color:#17642b;font-weight:600}table{width:auto}"
+_e = escape
 
 
 def histogram_svg(result: BenchResult) -> str:
@@ -270,11 +261,19 @@ def to_html(results: Sequence[BenchResult], /, *, title: str = "treeguard bench"
       >>> "<svg" in page and "http" not in page.replace('http://www.w3.org/2000/svg', '')
       True
     """
+    body = [f"<h1>{_e(title)}</h1>", *_summary_table(results)]
+    for r in results:
+        body += _result_section(r)
+    conds = results[0].conditions if results else {}
+    body.append("<h2>Conditions</h2><table>")
+    body += [f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in conds.items()]
+    body.append(f"</table><p>schema {_e(FORMAT)}</p>")
+    return page(title, body, css=_CSS)
+
+
+def _summary_table(results: Sequence[BenchResult]) -> list[str]:
+    """One row per result: status, median and its interval, p95, MAD, size, compile."""
     out = [
-        "<!DOCTYPE html>",
-        '<html lang="en"><head><meta charset="utf-8">',
-        f"<title>{_e(title)}</title><style>{_CSS}</style></head><body>",
-        f"<h1>{_e(title)}</h1>",
         "<table><tr><th>benchmark</th><th>status</th><th>median</th><th>95% CI of median"
         "</th><th>p95</th><th>MAD</th><th>n x loops</th><th>compile</th></tr>",
     ]
@@ -289,39 +288,37 @@ def to_html(results: Sequence[BenchResult], /, *, title: str = "treeguard bench"
             f"<td>{_e(fmt_seconds(r.compile_total_s))}</td></tr>"
         )
     out.append("</table>")
-    for r in results:
-        s = r.stats
-        out.append(f"<h2>{_e(r.name)}</h2>")
-        if not r.valid:
-            out.append(f'<p class="bad">invalid: {_e(r.reason)}</p>')
-        out.append(histogram_svg(r))
-        out.append(phases_svg(r))
-        cells = [
-            ("mean ± sd", f"{fmt_seconds(s.mean)} ± {fmt_seconds(s.sd)}"),
-            ("min / max", f"{fmt_seconds(s.min)} / {fmt_seconds(s.max)}"),
-            (
-                "p5 / p25 / p75 / p99",
-                " / ".join(fmt_seconds(v) for v in (s.p5, s.p25, s.p75, s.p99)),
-            ),
-            ("IQR", fmt_seconds(s.iqr)),
-            ("outliers (mild / severe)", f"{s.mild_outliers} / {s.severe_outliers}"),
-            ("compiles (warm-up / timed)", _compiles(r)),
-        ]
-        if r.memory:
-            cells.append(("memory", ", ".join(f"{k} {fmt_bytes(v)}" for k, v in r.memory.items())))
-        if r.flops_per_s:
-            cells.append(("achieved", f"{r.flops_per_s / 1e9:.3g} GFLOP/s"))
-        for k, v in r.meta.items():
-            cells.append((str(k), str(v)))
-        out.append(
-            "<table>" + "".join(f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in cells)
-        )
-        out.append("</table>")
-    conds = results[0].conditions if results else {}
-    out.append("<h2>Conditions</h2><table>")
-    out += [f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in conds.items()]
-    out.append(f"</table><p>schema {_e(FORMAT)}</p></body></html>")
-    return "\n".join(out) + "\n"
+    return out
+
+
+def _result_section(r: BenchResult) -> list[str]:
+    """One result's heading, plots and table of the rest of its distribution."""
+    s = r.stats
+    out = [f"<h2>{_e(r.name)}</h2>"]
+    if not r.valid:
+        out.append(f'<p class="bad">invalid: {_e(r.reason)}</p>')
+    out.append(histogram_svg(r))
+    out.append(phases_svg(r))
+    cells = [
+        ("mean ± sd", f"{fmt_seconds(s.mean)} ± {fmt_seconds(s.sd)}"),
+        ("min / max", f"{fmt_seconds(s.min)} / {fmt_seconds(s.max)}"),
+        (
+            "p5 / p25 / p75 / p99",
+            " / ".join(fmt_seconds(v) for v in (s.p5, s.p25, s.p75, s.p99)),
+        ),
+        ("IQR", fmt_seconds(s.iqr)),
+        ("outliers (mild / severe)", f"{s.mild_outliers} / {s.severe_outliers}"),
+        ("compiles (warm-up / timed)", _compiles(r)),
+    ]
+    if r.memory:
+        cells.append(("memory", ", ".join(f"{k} {fmt_bytes(v)}" for k, v in r.memory.items())))
+    if r.flops_per_s:
+        cells.append(("achieved", f"{r.flops_per_s / 1e9:.3g} GFLOP/s"))
+    for k, v in r.meta.items():
+        cells.append((str(k), str(v)))
+    out.append("<table>" + "".join(f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in cells))
+    out.append("</table>")
+    return out
 
 
 def _compiles(r: BenchResult) -> str:

@@ -106,6 +106,43 @@ class Target:
         return self.name or getattr(self.fn, "__name__", None) or type(self.fn).__name__
 
 
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _is_duration(x: Any) -> bool:
+    return _is_number(x) and math.isfinite(x) and x >= 0
+
+
+class _Fields:
+    """The fields of one object read from a file, each checked for its type."""
+
+    def __init__(self, data: dict[str, Any], where: str) -> None:
+        self.data, self.where = data, where
+
+    def get(self, key: str, kinds: tuple[type, ...], *, optional: bool = False) -> Any:
+        """``data[key]``, of one of ``kinds``; None for an optional one absent or null.
+
+        Raises:
+          FormatError: naming the field that is missing or of the wrong type.
+        """
+        if key not in self.data:
+            if optional:
+                return None
+            raise FormatError(
+                f"{self.where}: no {key!r}", hint="write it with treeguard.bench.save"
+            )
+        value = self.data[key]
+        if value is None and optional:
+            return None
+        if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+            raise FormatError(
+                f"{self.where}[{key!r}]: a {type(value).__name__}, expected "
+                f"{' or '.join(k.__name__ for k in kinds)}"
+            )
+        return value
+
+
 @dataclasses.dataclass(frozen=True)
 class BenchResult:
     """One benchmark's outcome.
@@ -218,33 +255,12 @@ class BenchResult:
         """
         if not isinstance(data, dict):
             raise FormatError(f"{where}: a {type(data).__name__}, not an object")
-
-        def get(key: str, kinds: tuple[type, ...], *, optional: bool = False) -> Any:
-            if key not in data:
-                if optional:
-                    return None
-                raise FormatError(f"{where}: no {key!r}", hint="write it with treeguard.bench.save")
-            value = data[key]
-            if value is None and optional:
-                return None
-            if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
-                raise FormatError(
-                    f"{where}[{key!r}]: a {type(value).__name__}, expected "
-                    f"{' or '.join(k.__name__ for k in kinds)}"
-                )
-            return value
-
+        get = _Fields(data, where).get
         samples = get("samples_s", (list,))
-        if not samples or not all(
-            isinstance(s, (int, float)) and not isinstance(s, bool) and math.isfinite(s) and s >= 0
-            for s in samples
-        ):
+        if not samples or not all(map(_is_duration, samples)):
             raise FormatError(f"{where}['samples_s']: expected a non-empty list of durations >= 0")
         cpu = get("cpu_samples_s", (list,), optional=True) or []
-        if not all(
-            isinstance(c, (int, float)) and not isinstance(c, bool) and math.isfinite(c) and c >= 0
-            for c in cpu
-        ):
+        if not all(map(_is_duration, cpu)):
             raise FormatError(f"{where}['cpu_samples_s']: expected a list of durations >= 0")
         status = get("status", (str,))
         if status not in (OK, INVALID):
@@ -254,7 +270,7 @@ class BenchResult:
             raise FormatError(f"{where}['loops']: {loops}, expected an int >= 1")
         phases = get("phases", (dict,))
         for k, v in phases.items():
-            if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool)):
+            if v is not None and not _is_number(v):
                 raise FormatError(f"{where}['phases'][{k!r}]: a {type(v).__name__}")
         compiles = get("compiles", (dict,))
         for k, v in compiles.items():
@@ -266,8 +282,7 @@ class BenchResult:
         for key in ("memory", "cost"):
             table = get(key, (dict,), optional=True)
             if table is not None and not all(
-                isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-                for v in table.values()
+                _is_number(v) and math.isfinite(v) for v in table.values()
             ):
                 raise FormatError(f"{where}[{key!r}]: expected numbers by name")
             numbers[key] = table
@@ -327,12 +342,7 @@ def _cost(compiled: Any) -> dict[str, float] | None:
 def check_options(samples: int, min_time: float, warmup: int) -> None:
     if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
         raise BenchError(f"samples={samples!r}", hint="pass an int >= 1 (30 is the default)")
-    if (
-        isinstance(min_time, bool)
-        or not isinstance(min_time, (int, float))
-        or not math.isfinite(min_time)
-        or min_time < 0
-    ):
+    if not _is_duration(min_time):
         raise BenchError(f"min_time={min_time!r}", hint="pass seconds >= 0 per sample")
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
         raise BenchError(f"warmup={warmup!r}", hint="pass an int >= 0")

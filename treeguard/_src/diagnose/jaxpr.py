@@ -20,22 +20,8 @@ import jax.extend.core as jex
 import jax.extend.source_info_util as jsi
 import numpy as np
 
-from ..equation import bind
+from ..equation import CALLS, bind
 from ..leaf import summarize
-
-#: Call-like primitives and the parameter that holds their body. A body's
-#: inputs are the equation's last ``len(body.invars)`` inputs.
-CALLS = {
-    "jit": "jaxpr",
-    "pjit": "jaxpr",
-    "closed_call": "call_jaxpr",
-    "core_call": "call_jaxpr",
-    "remat": "jaxpr",
-    "checkpoint": "jaxpr",
-    "custom_jvp_call": "call_jaxpr",
-    "custom_vjp_call": "call_jaxpr",
-    "custom_vjp_call_jaxpr": "fun_jaxpr",
-}
 
 
 def eqn_text(eqn: Any, limit: int = 100) -> str:

@@ -39,11 +39,13 @@ from ..spec import spec_of
 from ..tolerance import Tolerance, TolerancePolicy
 from ..verify import refs as refs_mod
 from ..verify.cases import Case, generate
-from ..verify.checks import check_keys, example_hashes, regression_errors
+from ..verify.checks import check_keys
 from ..verify.compare import LeafError, compare_trees
 from ..verify.context import Context
 from ..verify.model import Model
 from ..verify.programs import per_example_apply
+from ..verify.regression import regression_errors
+from ..verify.splits import example_hashes
 from .divergence import Divergence
 from .locate import locate
 from .nan import nan_origin

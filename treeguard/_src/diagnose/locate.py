@@ -43,6 +43,7 @@ from ..errors import DiagnosisError
 from ..tolerance import TolerancePolicy
 from ..verify.compare import LeafError, leaves_with_paths
 from . import jaxpr as jx
+from .candidates import CANDIDATES, Candidate, candidate_of, compiled, dispatched
 from .divergence import (
     PROPAGATORS_LISTED,
     Backend,
@@ -56,92 +57,7 @@ from .divergence import (
 from .tolerance import fp64_passes
 from .trace import Trace, compare_trace
 
-#: The named candidates (a matmul precision name is one too).
-CANDIDATES = ("jit", "vmap", "jit+vmap", "grad", "jit+grad")
-#: The names ``jax.default_matmul_precision`` takes.
-PRECISIONS = (
-    "default",
-    "high",
-    "highest",
-    "bfloat16",
-    "tensorfloat32",
-    "float32",
-    "bfloat16_3x",
-    "ANY_F8_ANY_F8_F32",
-)
-
-
-def compiled(closed: Any, args: Sequence[Any]) -> list[Any]:
-    """The ``jit`` backend: the whole program compiled as one."""
-    return list(jax.jit(jex.jaxpr_as_fun(closed))(*args))
-
-
-def dispatched(closed: Any, args: Sequence[Any]) -> list[Any]:
-    """JAX's own evaluation outside ``jit``: inner ``jit`` calls compile."""
-    return list(jex.jaxpr_as_fun(closed)(*args))
-
-
-def at_precision(precision: str) -> Backend:
-    """The ``jit`` backend under ``jax.default_matmul_precision(precision)``."""
-
-    def run(closed: Any, args: Sequence[Any]) -> list[Any]:
-        with jax.default_matmul_precision(precision):
-            return compiled(closed, args)
-
-    return run
-
-
-@dataclasses.dataclass(frozen=True)
-class Candidate:
-    """What runs against the eager reference.
-
-    Attributes:
-      name: how reports name it.
-      backend: how it runs a closed jaxpr.
-      grad: whether the program is ``jax.grad`` of the function (by its
-        first argument).
-      batched: whether the program is ``jax.vmap`` of the function over the
-        leading axis of every argument (the reference then runs each
-        example alone).
-    """
-
-    name: str
-    backend: Backend
-    grad: bool = False
-    batched: bool = False
-
-
-def candidate_of(candidate: str | Backend | Candidate) -> Candidate:
-    """A ``Candidate`` from a name, a matmul precision, or a backend function.
-
-    Raises:
-      DiagnosisError: for an unknown name.
-
-    Example:
-      >>> candidate_of("jit+grad").grad, candidate_of("bfloat16").name
-      (True, 'jit@bfloat16')
-    """
-    if isinstance(candidate, Candidate):
-        return candidate
-    if callable(candidate):
-        return Candidate(getattr(candidate, "__name__", "backend"), candidate)
-    if candidate == "jit":
-        return Candidate("jit", compiled)
-    if candidate == "vmap":
-        return Candidate("vmap", op_by_op, batched=True)
-    if candidate == "jit+vmap":
-        return Candidate("jit+vmap", compiled, batched=True)
-    if candidate == "grad":
-        return Candidate("grad", dispatched, grad=True)
-    if candidate == "jit+grad":
-        return Candidate("jit+grad", compiled, grad=True)
-    if candidate in PRECISIONS:
-        return Candidate(f"jit@{candidate}", at_precision(candidate))
-    raise DiagnosisError(
-        f"unknown candidate {candidate!r}",
-        hint=f"one of {', '.join(CANDIDATES)}, a matmul precision "
-        f"({', '.join(PRECISIONS[:6])}), a recorded trace or a backend function",
-    )
+__all__ = ["CANDIDATES", "Candidate", "locate"]
 
 
 def _values(env: dict[Any, Any], atoms: Sequence[Any]) -> list[Any]:
@@ -420,37 +336,57 @@ def locate(
     cand = candidate_of(candidate)
     tols = TolerancePolicy.of(rtol=rtol, atol=atol, base=tolerances)
     judge = Judge(tols, cand.backend)
-    ref_name = "eager, per example" if cand.batched else "eager"
-    program = _program(fn, cand)
-    closed, out_tree = jx.as_closed(program, *args)
-    flat = jax.tree.leaves(args)
+    closed, out_tree = jx.as_closed(_program(fn, cand), *args)
     ref_out = _reference(fn, cand, args)
     got = _whole(fn, cand, args, closed, judge)
     leaves = _leaf_errors(judge, got, ref_out)
-    common: dict[str, Any] = {
-        "reference": ref_name,
-        "candidate": cand.name,
-        "leaves": leaves,
-        "n_equations": len(closed.jaxpr.eqns),
-        "tolerances": tols.to_dict(),
-    }
     if tols.fp64 is not None and any(not e.ok for e in leaves):
         leaves = _apply_fp64(judge, fn, cand, args, got=got, ref=ref_out, leaves=leaves)
-        common["leaves"] = leaves
+    run = _Run(fn, cand, args, judge, closed, out_tree, ref_out, got, leaves, started)
     if all(e.ok for e in leaves):
+        return run.divergence(outcome="none", classification=None)
+    return _search_divergence(run, descend=descend, check_precision=check_precision)
+
+
+@dataclasses.dataclass
+class _Run:
+    """One ``locate`` call's program, reference, candidate outputs and judge."""
+
+    fn: Callable[..., Any]
+    cand: Candidate
+    args: tuple[Any, ...]
+    judge: Judge
+    closed: Any
+    out_tree: Any
+    ref_out: Any
+    got: Any
+    leaves: tuple[LeafError, ...]
+    started: float
+
+    def divergence(self, **fields: Any) -> Divergence:
+        """The result, with what every outcome carries."""
         return Divergence(
-            outcome="none",
-            classification=None,
-            compiles=judge.compiles,
-            seconds=time.perf_counter() - started,
-            **common,
+            reference="eager, per example" if self.cand.batched else "eager",
+            candidate=self.cand.name,
+            leaves=self.leaves,
+            n_equations=len(self.closed.jaxpr.eqns),
+            tolerances=self.judge.tolerances.to_dict(),
+            compiles=self.judge.compiles,
+            seconds=time.perf_counter() - self.started,
+            **fields,
         )
+
+
+def _search_divergence(run: _Run, *, descend: bool, check_precision: bool) -> Divergence:
+    """Tells a trace divergence from a compiled one and searches for the
+    equation where the outputs diverge."""
+    judge, cand, closed = run.judge, run.cand, run.closed
+    flat = jax.tree.leaves(run.args)
     notes: list[str] = []
-    out_paths = [p for p, _ in leaves_with_paths(ref_out)]
-    taped = jax.tree.unflatten(out_tree, op_by_op(closed, flat))
-    trace_differs = any(not e.ok for e in _leaf_errors(judge, taped, ref_out))
-    compile_differs = any(not e.ok for e in _leaf_errors(judge, got, taped))
-    precision = _precision_check(fn, cand, args, judge) if check_precision else None
+    taped = jax.tree.unflatten(run.out_tree, op_by_op(closed, flat))
+    trace_differs = any(not e.ok for e in _leaf_errors(judge, taped, run.ref_out))
+    compile_differs = any(not e.ok for e in _leaf_errors(judge, run.got, taped))
+    precision = _precision_check(run.fn, cand, run.args, judge) if check_precision else False
     found: _Found | None = None
     if compile_differs:
         found = _Search(judge, notes, enter=descend).level(closed, flat, "")
@@ -463,7 +399,6 @@ def locate(
                 else "a Python branch taken only while tracing, or a value read at trace time"
             )
         )
-    if trace_differs:
         notes += _narrowing_casts(closed)
     culprit = found is not None and found.site.role == "culprit"
     if trace_differs and not culprit:
@@ -472,29 +407,32 @@ def locate(
                 f"besides, equation {found.site.index} ({found.site.primitive}) at "
                 f"{found.site.source} differs compiled from op by op, but not alone"
             )
-        return Divergence(
+        return run.divergence(
             outcome="trace",
             classification="batching" if cand.batched else "trace",
-            compiles=judge.compiles,
-            seconds=time.perf_counter() - started,
             notes=tuple(notes),
-            **common,
         )
     if found is None:
         notes.append(
             "the outputs diverge, but no cut of the program does: the divergence depends on "
             "how the whole program is compiled (fusion), so no equation is blamed"
         )
-        return Divergence(
+        return run.divergence(
             outcome="vanishes",
             classification="precision" if precision else "fusion",
-            compiles=judge.compiles,
-            seconds=time.perf_counter() - started,
             notes=tuple(notes),
-            **common,
         )
+    return _located(run, found, notes, trace_differs=trace_differs, precision=precision)
+
+
+def _located(
+    run: _Run, found: _Found, notes: list[str], *, trace_differs: bool, precision: bool
+) -> Divergence:
+    """The result naming the equation found, its propagators and the outputs
+    it reaches."""
+    closed, flat = run.closed, jax.tree.leaves(run.args)
     ref_env = jx.interpret(closed, flat).env
-    props, count = _propagators(judge, closed, flat, found.k, ref_env)
+    props, count = _propagators(run.judge, closed, flat, found.k, ref_env)
     if count > len(props):
         notes.append(f"{count} downstream equations diverge; the first {len(props)} are listed")
     outcome: Outcome = "vanishes" if found.site.role == "fused" else "located"
@@ -506,18 +444,16 @@ def locate(
     if precision:
         notes.append('the divergence is gone under jax.default_matmul_precision("highest")')
     classification = "precision" if precision else ("fusion" if outcome == "vanishes" else None)
-    return Divergence(
+    out_paths = [p for p, _ in leaves_with_paths(run.ref_out)]
+    return run.divergence(
         outcome=outcome,
         classification=classification or ("trace" if trace_differs else "compilation"),
         equation=found.site,
         enclosing=tuple(found.enclosing),
         propagators=tuple(props),
-        reaches=tuple(_diverging_first(_reaches(closed.jaxpr, found.k, out_paths), leaves)),
-        compiles=judge.compiles,
-        seconds=time.perf_counter() - started,
+        reaches=tuple(_diverging_first(_reaches(closed.jaxpr, found.k, out_paths), run.leaves)),
         notes=tuple(notes),
         reproducible=found.reproducible,
-        **common,
     )
 
 

@@ -10,19 +10,17 @@ import dataclasses
 import json
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from ..atomic import atomic_write
-from ..display import printable
 from ..htmlpage import error_plot, escape, page
 from ..verify.compare import LeafError
-from ..verify.context import by_name
+from ..verify.context import Status, by_name, result_dict
+from ..verify.report import rich_escape, status_row, status_table
 from .divergence import Divergence
 from .nan import NanSite
 
 FORMAT = "treeguard.diagnose/1"
-
-Status = Literal["pass", "fail", "skip"]
 
 
 @dataclasses.dataclass
@@ -50,16 +48,12 @@ class StageResult:
     seconds: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "status": self.status,
-            "summary": self.summary,
-            "evidence": list(self.evidence),
-            "leaves": [e.to_dict() for e in self.leaves],
-            "divergence": self.divergence.to_dict() if self.divergence else None,
-            "nan_sites": [s.to_dict() for s in self.nan_sites],
-            "seconds": round(self.seconds, 6),
-        }
+        return result_dict(
+            self,
+            leaves=[e.to_dict() for e in self.leaves],
+            divergence=self.divergence.to_dict() if self.divergence else None,
+            nan_sites=[s.to_dict() for s in self.nan_sites],
+        )
 
 
 @dataclasses.dataclass
@@ -124,9 +118,6 @@ class Diagnosis:
         return write(self, directory)
 
 
-_STATUS = {"pass": "[green]PASS[/]", "fail": "[bold red]FAIL[/]", "skip": "[yellow]SKIP[/]"}
-
-
 def to_dict(d: Diagnosis) -> dict[str, Any]:
     """The JSON document of a diagnosis (schema ``treeguard.diagnose/1``).
 
@@ -156,30 +147,20 @@ def to_json(d: Diagnosis) -> str:
     return json.dumps(to_dict(d), indent=1, allow_nan=False, default=str)
 
 
-def _esc(text: str) -> str:
-    """Text from a model as rich markup: brackets escaped, control characters spelled out."""
-    return printable(text).replace("[", r"\[")
-
-
 def print_summary(d: Diagnosis, console: Any = None) -> None:
     """Prints the ladder and the failing stage's evidence with rich."""
     from rich.console import Console  # lazy: import treeguard never imports rich
-    from rich.table import Table  # lazy: import treeguard never imports rich
 
     console = console or Console()
-    table = Table(title=f"treeguard diagnose {d.model}", title_justify="left")
-    table.add_column("stage", style="bold")
-    table.add_column("status")
-    table.add_column("summary")
-    table.add_column("time", justify="right")
+    table = status_table(f"treeguard diagnose {d.model}", "stage")
     for s in d.stages:
-        table.add_row(s.name, _STATUS[s.status], _esc(s.summary), f"{s.seconds:.2f}s")
+        status_row(table, s.name, s.status, s.summary, s.seconds)
     console.print(table)
     bad = d.failed
     if bad is not None:
         console.print(f"[bold red]{bad.name}[/] evidence:")
         for line in bad.evidence[:20]:
-            console.print("  " + _esc(line), soft_wrap=True)
+            console.print("  " + rich_escape(line), soft_wrap=True)
         if len(bad.evidence) > 20:
             console.print(f"  ... and {len(bad.evidence) - 20} more (see diagnosis.md)")
         if bad.divergence is not None:
@@ -187,7 +168,7 @@ def print_summary(d: Diagnosis, console: Any = None) -> None:
             for line in bad.divergence.describe().splitlines():
                 text = line.strip().removeprefix("note: ").removeprefix("first diverging ")
                 if text and text not in shown:
-                    console.print(_esc(line), soft_wrap=True)
+                    console.print(rich_escape(line), soft_wrap=True)
     if d.recorded:
         console.print(f"recorded trace: {d.recorded}")
     console.print(f"exit status {d.exit_code}")

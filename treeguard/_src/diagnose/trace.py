@@ -255,6 +255,7 @@ def compare_trace(
     Raises:
       DiagnosisError: if the function takes other inputs than the trace holds.
     """
+    run = fn
     if like:
         treedef = jax.tree.structure(like)
         if len(jax.tree.leaves(like)) != len(trace.inputs):
@@ -267,75 +268,35 @@ def compare_trace(
         def flat_fn(*flat: Any) -> Any:
             return fn(*jax.tree.unflatten(treedef, list(flat)))
 
-        return compare_flat(flat_fn, trace, rtol=rtol, atol=atol, tolerances=tolerances)
-    return compare_flat(fn, trace, rtol=rtol, atol=atol, tolerances=tolerances)
+        run = flat_fn
+    tols = TolerancePolicy.of(rtol=rtol, atol=atol, base=tolerances)
+    return _compare_flat(run, trace, tols)
 
 
-def compare_flat(
-    fn_flat: Callable[..., Any],
-    trace: Trace,
-    /,
-    *,
-    rtol: float | None = None,
-    atol: float | None = None,
-    tolerances: TolerancePolicy | None = None,
-) -> Divergence:
+def _compare_flat(fn_flat: Callable[..., Any], trace: Trace, tols: TolerancePolicy) -> Divergence:
     """``compare_trace`` for a function of the trace's flat inputs."""
     started = time.perf_counter()
-    tols = TolerancePolicy.of(rtol=rtol, atol=atol, base=tolerances)
     judge = Judge(tols, op_by_op)
-    try:
-        closed, _ = jx.as_closed(fn_flat, *trace.inputs)
-    except Exception as e:  # the function refuses the recorded inputs (a model that
-        # validates its input raises its own error): the finding, typed
-        shapes = ", ".join(
-            f"{np.dtype(x.dtype).name}{list(np.shape(x))}" for x in trace.inputs[:8]
-        ) + (", ..." if len(trace.inputs) > 8 else "")
-        why = str(e).splitlines()[0][:300] if str(e) else ""
-        raise DiagnosisError(
-            f"the function does not take the trace's {len(trace.inputs)} inputs ({shapes}): "
-            f"{type(e).__name__}: {why}",
-            hint=f"compare with the function {trace.label or 'that was recorded'}, on inputs "
-            "of the shapes it was recorded with",
-        ) from e
-    closed = jx.inline_calls(closed, trace.inputs)
+    closed = jx.inline_calls(_traced_here(fn_flat, trace), trace.inputs)
     outs, values, eqns, _, objects = _tape(closed, trace.inputs, limit=2**62)
-    notes: list[str] = []
     env_diff = trace.environment_diff()
-    for k, was, now in env_diff:
-        notes.append(f"environment: {k} was {was!r} when recorded, is {now!r} here")
+    notes = [
+        f"environment: {k} was {was!r} when recorded, is {now!r} here" for k, was, now in env_diff
+    ]
     if trace.truncated:
         notes.append("the trace was truncated: later equations were not recorded")
-    rec_labels, here_labels = list(trace.equations), list(eqns)
-    same = [k for k in here_labels if trace.equations.get(k, ("",))[0] == eqns[k][0]]
-    if rec_labels != here_labels or len(same) != len(here_labels):
-        first = next(
-            (
-                (a, b)
-                for a, b in zip(rec_labels + [""] * len(here_labels), here_labels)
-                if a != b or trace.equations.get(a, ("",))[0] != eqns[b][0]
-            ),
-            None,
-        )
-        notes.append(
-            f"the program differs from the recorded one ({len(rec_labels)} equations recorded, "
-            f"{len(here_labels)} here; first difference at {first}); matching labels compared"
-        )
+    same = [k for k in eqns if trace.equations.get(k, ("",))[0] == eqns[k][0]]
+    notes += _program_difference(trace, eqns, same)
     leaves = tuple(judge.error(a, e, p) for p, a, e in zip(trace.output_paths, outs, trace.outputs))
     common: dict[str, Any] = {
         "reference": f"recorded trace {trace.path.name}",
         "candidate": "eager here",
         "leaves": leaves,
-        "n_equations": len(here_labels),
+        "n_equations": len(eqns),
         "tolerances": tols.to_dict(),
         "environment": tuple(env_diff),
     }
-    diverging: list[str] = []
-    for k in same:
-        rec = trace.values.get(k, [])
-        got = values[k]
-        if any(r is not None and g is not None and judge.differs(g, r) for r, g in zip(rec, got)):
-            diverging.append(k)
+    diverging = [k for k in same if _differs(judge, trace.values.get(k, []), values[k])]
     if not diverging:
         outcome = "none" if all(e.ok for e in leaves) else "vanishes"
         return Divergence(
@@ -362,6 +323,57 @@ def compare_flat(
         notes=tuple(notes),
         **common,
     )
+
+
+def _differs(judge: Judge, recorded: list[Any], here: list[Any]) -> bool:
+    """Whether an equation's outputs here differ from the recorded ones
+    (a value not recorded is not compared)."""
+    return any(
+        r is not None and g is not None and judge.differs(g, r) for r, g in zip(recorded, here)
+    )
+
+
+def _traced_here(fn_flat: Callable[..., Any], trace: Trace) -> Any:
+    """``fn_flat`` traced here on the trace's inputs, as a closed jaxpr.
+
+    Raises:
+      DiagnosisError: when the function refuses the recorded inputs (a model
+        that validates its input raises its own error): the finding, typed.
+    """
+    try:
+        closed, _ = jx.as_closed(fn_flat, *trace.inputs)
+    except Exception as e:
+        shapes = ", ".join(
+            f"{np.dtype(x.dtype).name}{list(np.shape(x))}" for x in trace.inputs[:8]
+        ) + (", ..." if len(trace.inputs) > 8 else "")
+        why = str(e).splitlines()[0][:300] if str(e) else ""
+        raise DiagnosisError(
+            f"the function does not take the trace's {len(trace.inputs)} inputs ({shapes}): "
+            f"{type(e).__name__}: {why}",
+            hint=f"compare with the function {trace.label or 'that was recorded'}, on inputs "
+            "of the shapes it was recorded with",
+        ) from e
+    return closed
+
+
+def _program_difference(trace: Trace, eqns: dict[str, Any], same: list[str]) -> list[str]:
+    """A note where the program here differs from the recorded one (only the
+    equations with matching labels are then compared)."""
+    rec_labels, here_labels = list(trace.equations), list(eqns)
+    if rec_labels == here_labels and len(same) == len(here_labels):
+        return []
+    first = next(
+        (
+            (a, b)
+            for a, b in zip(rec_labels + [""] * len(here_labels), here_labels)
+            if a != b or trace.equations.get(a, ("",))[0] != eqns[b][0]
+        ),
+        None,
+    )
+    return [
+        f"the program differs from the recorded one ({len(rec_labels)} equations recorded, "
+        f"{len(here_labels)} here; first difference at {first}); matching labels compared"
+    ]
 
 
 def _isolate(

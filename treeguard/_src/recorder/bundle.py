@@ -248,31 +248,7 @@ def _write_in(  # noqa: PLR0917 - one call site, in ``write_bundle``
             doing = "hashing the batch"
             spec, digests = leaf_digests(batch)
         doing = "writing the manifest"
-        doc: dict[str, Any] = {
-            "format": FORMAT,
-            "step": step,
-            "sequence": seq,
-            "first": {"tree": found[0].tree, "path": next(iter(found[0].leaves), "")}
-            if found
-            else None,
-            "nonfinite": [
-                {
-                    "tree": f.tree,
-                    "leaves": dict(list(f.leaves.items())[:LISTED]),
-                    "count": len(f.leaves),
-                }
-                for f in found
-            ],
-            "files": files,
-            "key": key is not None,
-            "batch": {
-                "mode": mode,
-                "spec": loads(spec.to_json(indent=None), "the batch's spec"),
-                "hash": DEFAULT,
-                "digests": digests,
-            },
-            "environment": environment(),
-        }
+        doc = _manifest(step, seq, found, files, mode, spec, digests, key=key is not None)
         doc["digest"] = _manifest_digest(doc)
         atomic_write(os.path.join(where, MANIFEST), (dumps(doc) + "\n").encode())
         doing = "moving the bundle into place"
@@ -285,6 +261,38 @@ def _write_in(  # noqa: PLR0917 - one call site, in ``write_bundle``
     with contextlib.suppress(OSError):
         _tidy(fd, keep)
     return os.path.join(directory, final)
+
+
+def _manifest(  # noqa: PLR0917 - one call site, in ``_write_in``
+    step: int, seq: int, found: Sequence[Found], files: dict[str, str], mode: BatchMode,
+    spec: Any, digests: dict[str, str], *, key: bool,
+) -> dict[str, Any]:  # fmt: skip
+    """The bundle's manifest, without its own digest."""
+    return {
+        "format": FORMAT,
+        "step": step,
+        "sequence": seq,
+        "first": {"tree": found[0].tree, "path": next(iter(found[0].leaves), "")}
+        if found
+        else None,
+        "nonfinite": [
+            {
+                "tree": f.tree,
+                "leaves": dict(list(f.leaves.items())[:LISTED]),
+                "count": len(f.leaves),
+            }
+            for f in found
+        ],
+        "files": files,
+        "key": key,
+        "batch": {
+            "mode": mode,
+            "spec": loads(spec.to_json(indent=None), "the batch's spec"),
+            "hash": DEFAULT,
+            "digests": digests,
+        },
+        "environment": environment(),
+    }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -446,6 +454,39 @@ def _field(doc: Any, name: str, kind: type | tuple[type, ...], where: str) -> An
     return value
 
 
+def _parse_files(doc: dict[str, Any], where: str, present: set[str]) -> dict[str, str]:
+    """The manifest's files and their digests, each one present, the state among them."""
+    files: dict[str, str] = _field(doc, "files", dict, where)
+    for name, d in files.items():
+        if name not in FILES or name == MANIFEST or not (isinstance(d, str) and HEX_RE.match(d)):
+            raise FormatError(
+                "the manifest's 'files' is malformed", context=where, where="files", hint=_RESTORE
+            )
+        if name not in present:
+            raise FormatError(
+                f"the bundle's {name} is missing", context=where, where=name, hint=_RESTORE
+            )
+    if STATE_FILE not in files:
+        raise FormatError(f"the manifest names no {STATE_FILE}", context=where, hint=_RESTORE)
+    return files
+
+
+def _parse_nonfinite(doc: dict[str, Any], where: str) -> list[Found]:
+    """The manifest's non-finite leaves, tree by tree, with their counts."""
+    found: list[Found] = []
+    for f in _field(doc, "nonfinite", list, where):
+        leaves = _field(f, "leaves", dict, where)
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in leaves.values()):
+            raise FormatError(
+                "the manifest's counts are malformed",
+                context=where,
+                where="nonfinite",
+                hint=_RESTORE,
+            )
+        found.append(Found(_field(f, "tree", str, where), dict(leaves)))
+    return found
+
+
 def _parse(doc: Any, where: str, present: set[str]) -> Bundle:
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         shown = doc.get("format") if isinstance(doc, dict) else None
@@ -461,18 +502,7 @@ def _parse(doc: Any, where: str, present: set[str]) -> Bundle:
             "the manifest does not match its own digest", context=where, hint=_RESTORE
         )
     step = _field(doc, "step", int, where)
-    files = _field(doc, "files", dict, where)
-    for name, d in files.items():
-        if name not in FILES or name == MANIFEST or not (isinstance(d, str) and HEX_RE.match(d)):
-            raise FormatError(
-                "the manifest's 'files' is malformed", context=where, where="files", hint=_RESTORE
-            )
-        if name not in present:
-            raise FormatError(
-                f"the bundle's {name} is missing", context=where, where=name, hint=_RESTORE
-            )
-    if STATE_FILE not in files:
-        raise FormatError(f"the manifest names no {STATE_FILE}", context=where, hint=_RESTORE)
+    files = _parse_files(doc, where, present)
     batch = _field(doc, "batch", dict, where)
     mode = batch.get("mode")
     if mode not in BATCH_MODES or (mode == "record") != (BATCH_FILE in files):
@@ -490,17 +520,7 @@ def _parse(doc: Any, where: str, present: set[str]) -> Bundle:
             where="batch",
             hint=_RESTORE,
         )
-    found = []
-    for f in _field(doc, "nonfinite", list, where):
-        leaves = _field(f, "leaves", dict, where)
-        if not all(isinstance(v, int) and not isinstance(v, bool) for v in leaves.values()):
-            raise FormatError(
-                "the manifest's counts are malformed",
-                context=where,
-                where="nonfinite",
-                hint=_RESTORE,
-            )
-        found.append(Found(_field(f, "tree", str, where), dict(leaves)))
+    found = _parse_nonfinite(doc, where)
     first = doc.get("first")
     if first is not None:
         first = (_field(first, "tree", str, where), _field(first, "path", str, where))

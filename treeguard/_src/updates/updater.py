@@ -38,8 +38,8 @@ class Updater:
     hyperparameters (``lr=0.01``) passed unchanged to every leaf; being jit
     arguments, a new value does not recompile.
 
-    It holds its options and a ``CompiledStep`` (the jitted functions and the
-    counters); it subclasses nothing.
+    It holds its options (validated ``StepOptions``) and a ``CompiledStep``
+    (the jitted functions and the counters); it subclasses nothing.
 
     Attributes:
       fn: the per-leaf rule.
@@ -50,15 +50,8 @@ class Updater:
     """
 
     def __init__(
-        self,
-        fn: Callable[..., Any],
-        *,
-        dtype_policy: DtypePolicy = "strict",
-        donate: bool = False,
-        on_nonfinite: OnNonfinite = "raise",
-        names: Sequence[str] | None = None,
+        self, fn: Callable[..., Any], options: StepOptions, names: Sequence[str] | None = None
     ) -> None:
-        options = StepOptions(dtype_policy, donate, on_nonfinite)
         if not callable(fn):
             raise TypeError(f"fn must be callable, not {type(fn).__name__}")
         self.fn = fn
@@ -277,9 +270,7 @@ def updater(
         ['dense1']['b']: shape (3,) in the params, (2, 3) in the updates
       hint: an update of another shape would broadcast silently; ...
     """
-    return Updater(
-        fn, dtype_policy=dtype_policy, donate=donate, on_nonfinite=on_nonfinite, names=names
-    )
+    return Updater(fn, StepOptions(dtype_policy, donate, on_nonfinite), names)
 
 
 def _add(p: Any, u: Any) -> Any:
@@ -342,7 +333,7 @@ def apply_updates(
     """
     step = _APPLY.get((dtype_policy, on_nonfinite))
     if step is None:
-        step = Updater(_add, dtype_policy=dtype_policy, on_nonfinite=on_nonfinite)
+        step = Updater(_add, StepOptions(dtype_policy, False, on_nonfinite))
         _APPLY[(dtype_policy, on_nonfinite)] = step
     new = step(params, updates)
     if not report:

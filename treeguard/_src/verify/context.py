@@ -45,6 +45,27 @@ def by_name(results: Sequence[N], name: str, what: str) -> N:
 LISTED = 12
 
 
+class _Result(Protocol):
+    name: str
+    status: Status
+    summary: str
+    evidence: list[str]
+    seconds: float
+
+
+def result_dict(result: _Result, **details: Any) -> dict[str, Any]:
+    """A check's or a stage's JSON form: its name, status, summary and
+    evidence, then ``details``, then its time."""
+    return {
+        "name": result.name,
+        "status": result.status,
+        "summary": result.summary,
+        "evidence": list(result.evidence),
+        **details,
+        "seconds": round(result.seconds, 6),
+    }
+
+
 @dataclasses.dataclass
 class CheckResult:
     """The outcome of one check.
@@ -71,14 +92,7 @@ class CheckResult:
         return self.status != "fail"
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "status": self.status,
-            "summary": self.summary,
-            "evidence": list(self.evidence),
-            "rows": list(self.rows),
-            "seconds": round(self.seconds, 6),
-        }
+        return result_dict(self, rows=list(self.rows))
 
 
 @dataclasses.dataclass
@@ -149,3 +163,26 @@ def mismatch_lines(
     if len(found) > LISTED:
         out.append(f"{where}: ... and {len(found) - LISTED} more")
     return out
+
+
+def outcome(
+    name: str,
+    bad: list[str],
+    ok_summary: str,
+    fail_summary: str,
+    *,
+    evidence: list[str] | None = None,
+    rows: list[dict[str, Any]] | None = None,
+) -> CheckResult:
+    """A fail listing ``bad`` (then the other evidence) if there is any, else a pass."""
+    info = list(evidence or [])
+    if bad:
+        return CheckResult(name, "fail", fail_summary, [*bad, *info], list(rows or []))
+    return CheckResult(name, "pass", ok_summary, info, list(rows or []))
+
+
+def first_line(e: BaseException) -> str:
+    """The first line of an exception's message, cut to 160 characters."""
+    text = str(e).strip().splitlines()
+    line = text[0] if text else ""
+    return line if len(line) <= 160 else line[:157] + "..."

@@ -144,82 +144,10 @@ class Model:
                 f"Model.performance is {self.performance!r}; hint: use "
                 "treeguard.bench.Budgets(compile_s=..., p95_s=..., temp_bytes=...)"
             )
-        for attr in ("init", "apply", "loss"):
-            if not callable(getattr(self, attr)):
-                raise ConfigError(f"Model.{attr} is {getattr(self, attr)!r}, not a function")
-        if self.update is not None and not callable(self.update):
-            raise ConfigError(f"Model.update is {self.update!r}, not a function")
-        if self.optimizer is not None:
-            if not (
-                callable(getattr(self.optimizer, "init", None))
-                and callable(getattr(self.optimizer, "update", None))
-            ):
-                raise ConfigError(
-                    f"Model.optimizer is a {type(self.optimizer).__name__} without init and "
-                    "update; hint: pass an optax.GradientTransformation, e.g. optax.adam(1e-3)"
-                )
-            if self.update is not None or self.opt_init is not None:
-                raise ConfigError(
-                    "Model has both optimizer= and update=/opt_init=; hint: give optimizer= "
-                    "alone, or update(params, grads, opt_state) with opt_init="
-                )
-        if self.opt_init is not None and (not callable(self.opt_init) or self.update is None):
-            raise ConfigError(
-                "Model.opt_init needs a function and update(params, grads, opt_state) -> "
-                "(params, opt_state); hint: pass both, or optimizer= for an optax optimizer"
-            )
-        if not isinstance(self.batch_spec, TreeSpec):
-            raise ConfigError(
-                f"Model.batch_spec is a {type(self.batch_spec).__name__}, not a TreeSpec; "
-                'hint: spec_of({"x": LeafSpec(("B", 2), "float32")})'
-            )
-        if BATCH not in self.batch_spec.symbols:
-            raise ConfigError(
-                f"Model.batch_spec {self.batch_spec!r} has no batch axis {BATCH!r}; "
-                'hint: write the batch dimension as "B", e.g. LeafSpec(("B", 2), "float32")'
-            )
-        if self.batch_spec.symbols - {BATCH}:
-            raise ConfigError(
-                f"Model.batch_spec uses symbols {sorted(self.batch_spec.symbols - {BATCH})} "
-                f"besides {BATCH!r}; hint: give every other dimension a size"
-            )
-        Tolerance(self.rtol, self.atol)
-        for k, v in self.tolerances.items():
-            if not isinstance(v, Tolerance):
-                raise ConfigError(
-                    f"Model.tolerances[{k!r}] is {v!r}; hint: use Tolerance(rtol, atol)"
-                )
-            resolve_dtype(k)
-        for k, v in self.backend_tolerances.items():
-            if not isinstance(k, str) or not k.isidentifier() or k != k.lower():
-                raise ConfigError(
-                    f"Model.backend_tolerances has the key {k!r}; hint: name a backend as "
-                    'jax.default_backend() does: "cpu", "gpu" or "tpu"'
-                )
-            if not isinstance(v, Tolerance):
-                raise ConfigError(
-                    f"Model.backend_tolerances[{k!r}] is {v!r}; hint: use Tolerance(rtol, atol)"
-                )
-        if self.output_spec is not None and not isinstance(self.output_spec, TreeSpec):
-            raise ConfigError(
-                f"Model.output_spec is a {type(self.output_spec).__name__}, not a TreeSpec"
-            )
-        if not isinstance(self.batch_size, int) or self.batch_size < 2:
-            raise ConfigError(f"Model.batch_size is {self.batch_size!r}", hint="use an int >= 2")
-        lo, hi = self.bounds
-        if not lo < hi:
-            raise ConfigError(f"Model.bounds {self.bounds!r}: low must be below high")
-        if self.key_kind not in ("typed", "legacy"):
-            raise ConfigError(f'Model.key_kind is {self.key_kind!r}; hint: "typed" or "legacy"')
-        if not isinstance(self.training_steps, int) or self.training_steps < 1:
-            raise ConfigError(
-                f"Model.training_steps is {self.training_steps!r}", hint="an int >= 1"
-            )
-        for inv in self.invalid_inputs:
-            if not isinstance(inv, InvalidInput):
-                raise ConfigError(
-                    f"Model.invalid_inputs holds {inv!r}; hint: use InvalidInput(...)"
-                )
+        _check_functions(self)
+        _check_batch_spec(self)
+        _check_tolerances(self)
+        _check_settings(self)
 
     # -- derived ------------------------------------------------------------
 
@@ -313,3 +241,90 @@ def is_float(dtype: Any) -> bool:
     """Whether a dtype is a real floating type (bfloat16 and float8 included)."""
     dt = dtype_of(dtype)
     return is_inexact(dt) and dt.kind != "c"
+
+
+def _check_functions(self: Model) -> None:
+    """Refuses functions and an optimizer not given in a form a Model takes."""
+    for attr in ("init", "apply", "loss"):
+        if not callable(getattr(self, attr)):
+            raise ConfigError(f"Model.{attr} is {getattr(self, attr)!r}, not a function")
+    if self.update is not None and not callable(self.update):
+        raise ConfigError(f"Model.update is {self.update!r}, not a function")
+    if self.optimizer is not None:
+        if not (
+            callable(getattr(self.optimizer, "init", None))
+            and callable(getattr(self.optimizer, "update", None))
+        ):
+            raise ConfigError(
+                f"Model.optimizer is a {type(self.optimizer).__name__} without init and "
+                "update; hint: pass an optax.GradientTransformation, e.g. optax.adam(1e-3)"
+            )
+        if self.update is not None or self.opt_init is not None:
+            raise ConfigError(
+                "Model has both optimizer= and update=/opt_init=; hint: give optimizer= "
+                "alone, or update(params, grads, opt_state) with opt_init="
+            )
+    if self.opt_init is not None and (not callable(self.opt_init) or self.update is None):
+        raise ConfigError(
+            "Model.opt_init needs a function and update(params, grads, opt_state) -> "
+            "(params, opt_state); hint: pass both, or optimizer= for an optax optimizer"
+        )
+
+
+def _check_batch_spec(self: Model) -> None:
+    """Refuses a batch spec that is no TreeSpec or has a symbol besides ``B``."""
+    if not isinstance(self.batch_spec, TreeSpec):
+        raise ConfigError(
+            f"Model.batch_spec is a {type(self.batch_spec).__name__}, not a TreeSpec; "
+            'hint: spec_of({"x": LeafSpec(("B", 2), "float32")})'
+        )
+    if BATCH not in self.batch_spec.symbols:
+        raise ConfigError(
+            f"Model.batch_spec {self.batch_spec!r} has no batch axis {BATCH!r}; "
+            'hint: write the batch dimension as "B", e.g. LeafSpec(("B", 2), "float32")'
+        )
+    if self.batch_spec.symbols - {BATCH}:
+        raise ConfigError(
+            f"Model.batch_spec uses symbols {sorted(self.batch_spec.symbols - {BATCH})} "
+            f"besides {BATCH!r}; hint: give every other dimension a size"
+        )
+
+
+def _check_tolerances(self: Model) -> None:
+    """Refuses a tolerance that is no Tolerance, or keyed by no dtype or backend."""
+    Tolerance(self.rtol, self.atol)
+    for k, v in self.tolerances.items():
+        if not isinstance(v, Tolerance):
+            raise ConfigError(f"Model.tolerances[{k!r}] is {v!r}; hint: use Tolerance(rtol, atol)")
+        resolve_dtype(k)
+    for k, v in self.backend_tolerances.items():
+        if not isinstance(k, str) or not k.isidentifier() or k != k.lower():
+            raise ConfigError(
+                f"Model.backend_tolerances has the key {k!r}; hint: name a backend as "
+                'jax.default_backend() does: "cpu", "gpu" or "tpu"'
+            )
+        if not isinstance(v, Tolerance):
+            raise ConfigError(
+                f"Model.backend_tolerances[{k!r}] is {v!r}; hint: use Tolerance(rtol, atol)"
+            )
+
+
+def _check_settings(self: Model) -> None:
+    """Refuses an output spec, batch size, bounds, key kind, step count or
+    invalid input out of range."""
+    if self.output_spec is not None and not isinstance(self.output_spec, TreeSpec):
+        raise ConfigError(
+            f"Model.output_spec is a {type(self.output_spec).__name__}, not a TreeSpec"
+        )
+    if not isinstance(self.batch_size, int) or self.batch_size < 2:
+        raise ConfigError(f"Model.batch_size is {self.batch_size!r}", hint="use an int >= 2")
+    lo, hi = self.bounds
+    if not lo < hi:
+        raise ConfigError(f"Model.bounds {self.bounds!r}: low must be below high")
+    if self.key_kind not in ("typed", "legacy"):
+        raise ConfigError(f'Model.key_kind is {self.key_kind!r}; hint: "typed" or "legacy"')
+    if not isinstance(self.training_steps, int) or self.training_steps < 1:
+        raise ConfigError(f"Model.training_steps is {self.training_steps!r}", hint="an int >= 1")
+    for inv in self.invalid_inputs:
+        if not isinstance(inv, InvalidInput):
+            raise ConfigError(f"Model.invalid_inputs holds {inv!r}; hint: use InvalidInput(...)")

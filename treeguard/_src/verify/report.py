@@ -261,15 +261,9 @@ class Report:
     def print(self, console: Any = None) -> None:
         """Prints the summary table (and every failure's evidence) with rich."""
         from rich.console import Console  # lazy: import treeguard never imports rich
-        from rich.table import Table  # lazy: import treeguard never imports rich
 
         console = console or Console()
-        table = Table(title=f"treeguard verify {self.model}", title_justify="left")
-        table.add_column("check", style="bold")
-        table.add_column("status")
-        table.add_column("summary")
-        table.add_column("time", justify="right")
-        style = {"pass": "[green]PASS[/]", "fail": "[bold red]FAIL[/]", "skip": "[yellow]SKIP[/]"}
+        table = status_table(f"treeguard verify {self.model}", "check")
         if self.prepared_s:
             table.add_row(
                 "[dim](prepare)[/]",
@@ -278,13 +272,13 @@ class Report:
                 f"{self.prepared_s:.2f}s",
             )
         for c in self.checks:
-            table.add_row(c.name, style[c.status], _rich_escape(c.summary), f"{c.seconds:.2f}s")
+            status_row(table, c.name, c.status, c.summary, c.seconds)
         console.print(table)
         for c in self.checks:
             if c.status == "fail":
                 console.print(f"[bold red]{c.name}[/] evidence:")
                 for line in c.evidence[:20]:
-                    console.print("  " + _rich_escape(line), soft_wrap=True)
+                    console.print("  " + rich_escape(line), soft_wrap=True)
                 if len(c.evidence) > 20:
                     console.print(f"  ... and {len(c.evidence) - 20} more (see report.md)")
         if self.benchmark:
@@ -306,7 +300,29 @@ class Report:
             console.print(f"report: {self.files['html']}", soft_wrap=True)
 
 
-def _rich_escape(text: str) -> str:
+#: How a result's status reads in a terminal table.
+STATUS_MARKUP = {"pass": "[green]PASS[/]", "fail": "[bold red]FAIL[/]", "skip": "[yellow]SKIP[/]"}
+
+
+def status_table(title: str, column: str) -> Any:
+    """A rich table of results, one row each (``status_row``): ``column``
+    (the check or stage), status, summary and time."""
+    from rich.table import Table  # lazy: import treeguard never imports rich
+
+    table = Table(title=title, title_justify="left")
+    table.add_column(column, style="bold")
+    table.add_column("status")
+    table.add_column("summary")
+    table.add_column("time", justify="right")
+    return table
+
+
+def status_row(table: Any, name: str, status: str, summary: str, seconds: float) -> None:
+    """One result's row in a ``status_table``."""
+    table.add_row(name, STATUS_MARKUP[status], rich_escape(summary), f"{seconds:.2f}s")
+
+
+def rich_escape(text: str) -> str:
     """Text from a model (an exception's message) as rich markup: brackets
     escaped and control characters spelled out."""
     from rich.markup import escape  # lazy: import treeguard never imports rich
@@ -369,13 +385,12 @@ def latency_plot(bench: Benchmark) -> str:
         f"warm latency of jit(apply), {lat.size} runs on {escape(bench.batch)}</text>",
     ]
     bw = plot_w / bins
-    for i, c in enumerate(counts):
-        h = c / peak * plot_h
-        parts.append(
-            f'<rect x="{left + i * bw + 0.5:.1f}" y="{top + plot_h - h:.1f}" width="{bw - 1:.1f}" '
-            f'height="{h:.1f}" fill="#3b6fb6"><title>{edges[i]:.1f}-{edges[i + 1]:.1f} µs: '
-            f"{c}</title></rect>"
-        )
+    parts += [
+        f'<rect x="{left + i * bw + 0.5:.1f}" y="{top + plot_h - c / peak * plot_h:.1f}" '
+        f'width="{bw - 1:.1f}" height="{c / peak * plot_h:.1f}" fill="#3b6fb6"><title>'
+        f"{edges[i]:.1f}-{edges[i + 1]:.1f} µs: {c}</title></rect>"
+        for i, c in enumerate(counts)
+    ]
     parts.append(
         f'<line x1="{left}" y1="{top + plot_h}" x2="{left + plot_w}" y2="{top + plot_h}" '
         'stroke="#5b6475"/>'
@@ -401,27 +416,36 @@ def latency_plot(bench: Benchmark) -> str:
             'stroke-width="2"/>'
         )
         parts.append(f'<text x="{x + 3:.1f}" y="{top + 12 + row * 14}" fill="{color}">p{q}</text>')
-    bx = left + plot_w + 30
-    parts.append(
-        f'<rect x="{bx}" y="{top}" width="{right - 40}" height="{plot_h}" fill="#f4f6f9" '
-        'stroke="#dde1e8"/>'
+    parts += _latency_box(
+        bench, lat.size, x=left + plot_w + 30, top=top, width=right - 40, height=plot_h
     )
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def _latency_box(
+    bench: Benchmark, runs: int, *, x: float, top: int, width: int, height: int
+) -> list[str]:
+    """The box beside the latency histogram: compile time apart, p50/p90/p99, runs."""
+    parts = [
+        f'<rect x="{x}" y="{top}" width="{width}" height="{height}" fill="#f4f6f9" '
+        'stroke="#dde1e8"/>'
+    ]
     lines = [
         ("compile (apart)", _fmt_s(bench.compile_s)),
         ("p50", _fmt_s(bench.percentile(50))),
         ("p90", _fmt_s(bench.percentile(90))),
         ("p99", _fmt_s(bench.percentile(99))),
-        ("runs", str(lat.size)),
+        ("runs", str(runs)),
     ]
     for i, (k, text) in enumerate(lines):
         y = top + 24 + i * 34
-        parts.append(f'<text x="{bx + 10}" y="{y}" fill="#5b6475">{escape(k)}</text>')
+        parts.append(f'<text x="{x + 10}" y="{y}" fill="#5b6475">{escape(k)}</text>')
         parts.append(
-            f'<text x="{bx + 10}" y="{y + 16}" '
+            f'<text x="{x + 10}" y="{y + 16}" '
             f'style="font-size:14px;font-weight:600">{escape(text)}</text>'
         )
-    parts.append("</svg>")
-    return "".join(parts)
+    return parts
 
 
 def _html(report: Report) -> str:
@@ -436,7 +460,26 @@ def _html(report: Report) -> str:
         f"({escape(report.environment.get('device_kind'))})</span></p>",
         "<h2>Checks</h2><table><tr><th>check</th><th>status</th><th>summary and "
         "evidence</th><th>time</th></tr>",
+        *_check_rows(report),
+        "</table>",
+        *_error_sections(report),
     ]
+    if report.benchmark:
+        out.append("<h2>Latency of <code>jit(apply)</code></h2>")
+        out.append(latency_plot(report.benchmark))
+    out += _cases_table(report)
+    out += _environment_tables(report)
+    if report.references:
+        out.append(f'<p class="meta">references: <code>{escape(report.references)}</code></p>')
+    if report.recorded:
+        out.append(f'<p class="meta">recorded: <code>{escape(report.recorded)}</code></p>')
+    out.append(f'<p class="meta">schema {escape(FORMAT)}</p>')
+    return page(f"treeguard verify {report.model}", out, css=_CSS)
+
+
+def _check_rows(report: Report) -> list[str]:
+    """One table row per check: its status, summary, evidence and time."""
+    out: list[str] = []
     for c in report.checks:
         ev = ""
         if c.evidence:
@@ -447,7 +490,12 @@ def _html(report: Report) -> str:
             f'<tr><td><code>{escape(c.name)}</code></td><td><span class="verdict {c.status}">'
             f"{c.status.upper()}</span></td><td>{escape(c.summary)}{ev}</td><td>{c.seconds:.2f}s</td></tr>"
         )
-    out.append("</table>")
+    return out
+
+
+def _error_sections(report: Report) -> list[str]:
+    """The error-over-tolerance plot and per-leaf table of regression and transforms."""
+    out: list[str] = []
     for name, title in (
         ("regression", "Regression: max error per leaf against tolerance"),
         ("transforms", "Transforms: max error per leaf against tolerance (jit and vmap vs eager)"),
@@ -463,12 +511,12 @@ def _html(report: Report) -> str:
                 f"<details><summary>per-leaf table ({len(rows)} leaves)</summary>"
                 f"{_leaf_table(rows)}</details>"
             )
-    if report.benchmark:
-        out.append("<h2>Latency of <code>jit(apply)</code></h2>")
-        out.append(latency_plot(report.benchmark))
-    out.append(
-        "<h2>Cases</h2><table><tr><th>case</th><th>kind</th><th>batch</th><th>note</th></tr>"
-    )
+    return out
+
+
+def _cases_table(report: Report) -> list[str]:
+    """The cases: their kind, batch and note."""
+    out = ["<h2>Cases</h2><table><tr><th>case</th><th>kind</th><th>batch</th><th>note</th></tr>"]
     for row in report.cases:
         kind = "negative" if row.get("negative") else "positive"
         out.append(
@@ -476,10 +524,13 @@ def _html(report: Report) -> str:
             f'<td class="mono">{escape(row["batch"])}</td>'
             f"<td>{escape(row.get('note', ''))}</td></tr>"
         )
-    out.append(
-        "</table><h2>Environment</h2><table><tr><th>key</th><th>this "
-        "run</th><th>references</th></tr>"
-    )
+    out.append("</table>")
+    return out
+
+
+def _environment_tables(report: Report) -> list[str]:
+    """This run's environment beside the references', and the tolerances."""
+    out = ["<h2>Environment</h2><table><tr><th>key</th><th>this run</th><th>references</th></tr>"]
     recorded: dict[str, Any] = {}
     with contextlib.suppress(KeyError):
         recorded = {str(r["key"]): r.get("recorded") for r in report["environment"].rows}
@@ -494,12 +545,7 @@ def _html(report: Report) -> str:
     for k, v in report.tolerances.items():
         out.append(f"<tr><td>{escape(k)}</td><td>{v['rtol']:g}</td><td>{v['atol']:g}</td></tr>")
     out.append("</table>")
-    if report.references:
-        out.append(f'<p class="meta">references: <code>{escape(report.references)}</code></p>')
-    if report.recorded:
-        out.append(f'<p class="meta">recorded: <code>{escape(report.recorded)}</code></p>')
-    out.append(f'<p class="meta">schema {escape(FORMAT)}</p>')
-    return page(f"treeguard verify {report.model}", out, css=_CSS)
+    return out
 
 
 def _leaf_table(rows: list[dict[str, Any]]) -> str:

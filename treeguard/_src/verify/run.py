@@ -124,55 +124,14 @@ def run(
         )
     started = time.perf_counter()
     created = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-    # the model's references are per backend: this backend's when recorded,
-    # else the declared file; an explicit file is taken as it is
-    ref_path: Path | None = None
-    write_path: Path | None = None
-    if references is not None:
-        ref_path = write_path = Path(references)
-    elif model.references is not None:
-        ref_path = refs_mod.resolve(model.references, jax.default_backend())
-        write_path = refs_mod.backend_path(model.references, jax.default_backend())
-    loaded: refs_mod.References | None = None
-    if ref_path is not None:
-        if ref_path.exists():
-            try:
-                loaded = refs_mod.load(ref_path, exceptions=refs_mod.declared_exceptions(model))
-            except IntegrityError as e:  # the run's input is damaged: nothing was checked
-                raise ConfigError(
-                    e.message,
-                    context=e.context or str(ref_path),
-                    hint=e.hint or "record the references again with --record, or restore them",
-                ) from e
-        elif not record:
-            raise ConfigError(
-                f"no references at {ref_path}; hint: record them with "
-                "`treeguard verify MODULE:ATTR --record` (or run(model, record=True))"
-            )
-    spec_path: Path | None = None
-    if model.params_spec is not None and not hasattr(model.params_spec, "to_json"):
-        spec_path = Path(os.fspath(model.params_spec))  # type: ignore[arg-type]
-        if not spec_path.exists():
-            if not record:
-                raise ConfigError(
-                    f"no params spec at {spec_path}; hint: record it with --record, "
-                    "or pass params_spec=None"
-                )
-            model = _without_params_spec(model)
-        else:
-            spec_path = None  # present: the contract check compares with it
+    ref_path, write_path = _reference_paths(model, references)
+    loaded = _load_references(model, ref_path, record=record)
+    model, spec_path = _params_spec_to_record(model, record=record)
     cases = list(loaded.cases) if loaded is not None and not record else generate(model)
     # The benchmark runs first, so that compile time is not a cache hit.
     bench_result = None
     if bench or getattr(model, "performance", None) is not None:
-        std = next((c for c in cases if c.name == "standard"), None) or next(
-            (c for c in cases if not c.negative), None
-        )
-        if std is not None:
-            try:
-                bench_result = benchmark(model, model.init(model.key()), std.batch)
-            except Exception:  # noqa: BLE001 - a model that cannot run fails its checks instead
-                bench_result = None
+        bench_result = _bench_first(model, cases)
     ctx = Context(model=model, cases=cases, references=loaded, record=record)
     ctx.bench_result = bench_result.result if bench_result is not None else None
     prepare_start = time.perf_counter()
@@ -181,22 +140,7 @@ def run(
     results: list[CheckResult] = [run_check(n, ctx) for n in NAMES]
     recorded: str | None = None
     if record and write_path is not None:
-        blocking = [r.name for r in results if r.status == "fail" and r.name != "regression"]
-        reg = next(r for r in results if r.name == "regression")
-        if blocking:
-            reg.status = "fail"
-            reg.summary = "references not recorded: other checks failed"
-            reg.evidence.insert(
-                0, f"not recorded to {write_path}: {', '.join(blocking)} failed; fix them first"
-            )
-        else:
-            params = ctx.params()
-            written = _record(ctx.programs, cases, write_path, name or model.name)
-            recorded = str(written)
-            reg.evidence.insert(0, f"recorded {len(cases)} cases to {written}")
-            if spec_path is not None:
-                spec_of(params).save(spec_path)
-                reg.evidence.insert(1, f"recorded the params spec to {spec_path}")
+        recorded = _record_if_passed(ctx, results, write_path, spec_path, name or model.name)
     report = Report(
         model=name or model.name,
         checks=results,
@@ -213,6 +157,107 @@ def run(
     if report_dir is not None:
         report.write(report_dir)
     return report
+
+
+def _reference_paths(
+    model: Model, references: str | os.PathLike[str] | None
+) -> tuple[Path | None, Path | None]:
+    """``(read from, write to)``: the model's references are per backend, this
+    backend's when recorded, else the declared file; an explicit file is
+    taken as it is."""
+    if references is not None:
+        return Path(references), Path(references)
+    if model.references is not None:
+        backend = jax.default_backend()
+        return (
+            refs_mod.resolve(model.references, backend),
+            refs_mod.backend_path(model.references, backend),
+        )
+    return None, None
+
+
+def _load_references(
+    model: Model, ref_path: Path | None, *, record: bool
+) -> refs_mod.References | None:
+    """The references at ``ref_path``; None when there are none to read.
+
+    Raises:
+      ConfigError: when they are missing and ``record`` is False, or damaged.
+    """
+    if ref_path is None:
+        return None
+    if ref_path.exists():
+        try:
+            return refs_mod.load(ref_path, exceptions=refs_mod.declared_exceptions(model))
+        except IntegrityError as e:  # the run's input is damaged: nothing was checked
+            raise ConfigError(
+                e.message,
+                context=e.context or str(ref_path),
+                hint=e.hint or "record the references again with --record, or restore them",
+            ) from e
+    if not record:
+        raise ConfigError(
+            f"no references at {ref_path}; hint: record them with "
+            "`treeguard verify MODULE:ATTR --record` (or run(model, record=True))"
+        )
+    return None
+
+
+def _params_spec_to_record(model: Model, *, record: bool) -> tuple[Model, Path | None]:
+    """``(model, spec path)``: a params spec file that is missing is to be
+    recorded (the model then checks no spec); a present one is compared.
+
+    Raises:
+      ConfigError: when it is missing and ``record`` is False.
+    """
+    if model.params_spec is None or hasattr(model.params_spec, "to_json"):
+        return model, None
+    spec_path = Path(os.fspath(model.params_spec))  # type: ignore[arg-type]
+    if spec_path.exists():
+        return model, None  # present: the contract check compares with it
+    if not record:
+        raise ConfigError(
+            f"no params spec at {spec_path}; hint: record it with --record, "
+            "or pass params_spec=None"
+        )
+    return _without_params_spec(model), spec_path
+
+
+def _bench_first(model: Model, cases: list[Case]) -> Benchmark | None:
+    """The short benchmark on the standard case (or the first positive one);
+    None when there is none or the model cannot run (its checks then fail)."""
+    std = next((c for c in cases if c.name == "standard"), None) or next(
+        (c for c in cases if not c.negative), None
+    )
+    if std is None:
+        return None
+    try:
+        return benchmark(model, model.init(model.key()), std.batch)
+    except Exception:  # noqa: BLE001 - a model that cannot run fails its checks instead
+        return None
+
+
+def _record_if_passed(
+    ctx: Context, results: list[CheckResult], write_path: Path, spec_path: Path | None, name: str
+) -> str | None:
+    """Writes the references (and a missing params spec) when every other
+    check passed, else fails ``regression`` naming them; the path written."""
+    blocking = [r.name for r in results if r.status == "fail" and r.name != "regression"]
+    reg = next(r for r in results if r.name == "regression")
+    if blocking:
+        reg.status = "fail"
+        reg.summary = "references not recorded: other checks failed"
+        reg.evidence.insert(
+            0, f"not recorded to {write_path}: {', '.join(blocking)} failed; fix them first"
+        )
+        return None
+    params = ctx.params()
+    written = _record(ctx.programs, ctx.cases, write_path, name)
+    reg.evidence.insert(0, f"recorded {len(ctx.cases)} cases to {written}")
+    if spec_path is not None:
+        spec_of(params).save(spec_path)
+        reg.evidence.insert(1, f"recorded the params spec to {spec_path}")
+    return str(written)
 
 
 def _without_params_spec(model: Model) -> Model:
