@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from serving_support import mlp_spec
 
 import treeguard
+from treeguard import ConfigError
 from treeguard.examples import mlp
 from treeguard.serving import (
     CompilePolicy,
@@ -21,7 +22,6 @@ from treeguard.serving import (
     bucket_for,
     pad_rows,
 )
-from treeguard.verify import ConfigError
 
 
 def test_json_round_trip(tmp_path):

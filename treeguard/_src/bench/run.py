@@ -188,7 +188,7 @@ class BenchResult:
         return sum(self.phases.get(k) or 0.0 for k in ("trace_s", "lower_s", "compile_s"))
 
     def to_dict(self, *, with_conditions: bool = True) -> dict[str, Any]:
-        """The JSON form of one result (see ``treeguard.bench.save``)."""
+        """The JSON form of one result (see ``treeguard.bench.save_results``)."""
         out: dict[str, Any] = {
             "name": self.name,
             "status": self.status,
@@ -223,7 +223,9 @@ class BenchResult:
             if key not in data:
                 if optional:
                     return None
-                raise FormatError(f"{where}: no {key!r}", hint="write it with treeguard.bench.save")
+                raise FormatError(
+                    f"{where}: no {key!r}", hint="write it with treeguard.bench.save_results"
+                )
             value = data[key]
             if value is None and optional:
                 return None

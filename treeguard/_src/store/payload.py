@@ -28,12 +28,12 @@ from ..spec import TreeSpec, spec_of
 from . import gates
 from .checks import Check, run_checks
 from .layout import MODEL_FILE, Layout
-from .records import CheckResult, is_sharded
+from .records import CheckRecord, is_sharded
 
 #: What ``judge`` returns: the check results, the reason for a rejection
 #: (None when every check passed), and the digest the verdict was computed
 #: on (None when the version could not be read).
-Verdict = tuple[list[CheckResult], str | None, str | None]
+Verdict = tuple[list[CheckRecord], str | None, str | None]
 
 
 def shardable(like: Any) -> bool:
@@ -216,13 +216,13 @@ def judge(
         tree = load(digests)
     except TreeMismatchError as e:
         text = format_contract(e, contract_name)
-        results = [CheckResult("integrity", True, valid), CheckResult("contract", False, text)]
+        results = [CheckRecord("integrity", True, valid), CheckRecord("contract", False, text)]
         return results, f"contract: {text}", digests[0] if digests else None
     except (IntegrityError, FormatError, OSError) as e:
-        return [CheckResult("integrity", False, str(e))], f"integrity: {e}", None
+        return [CheckRecord("integrity", False, str(e))], f"integrity: {e}", None
     results = [
-        CheckResult("integrity", True, verified),
-        CheckResult("contract", True, f"matches {contract_name}"),
+        CheckRecord("integrity", True, verified),
+        CheckRecord("contract", True, f"matches {contract_name}"),
     ]
     more, reason = run_checks(tree, checks)
     return results + more, reason, digests[0]

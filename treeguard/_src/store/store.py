@@ -44,7 +44,7 @@ from .layout import POINTER_FILE, check_name
 from .lead import lead_acts
 from .local import LocalBackend
 from .payload import shardable
-from .records import CheckResult, VersionInfo
+from .records import CheckRecord, VersionInfo
 from .retention import RetentionPolicy
 
 #: How many former current versions the pointer remembers (and gc keeps).
@@ -526,7 +526,7 @@ class ArtifactStore:
         self,
         version: str,
         before: dict[str, Any],
-        results: list[CheckResult],
+        results: list[CheckRecord],
         reason: str | None,
         digest: str | None,
         contract_name: str,
@@ -541,7 +541,7 @@ class ArtifactStore:
         first = next((r.decode("utf-8") for r in reasons if r), None)
         if first is not None and reason is None:
             reason = first
-            results = [*results, CheckResult("other processes", False, first)]
+            results = [*results, CheckRecord("other processes", False, first)]
 
         def record() -> bytes:
             self._record_verdict(version, before, results, reason, digest, contract_name)
@@ -561,7 +561,7 @@ class ArtifactStore:
         self,
         version: str,
         before: dict[str, Any],
-        results: list[CheckResult],
+        results: list[CheckRecord],
         reason: str | None,
         digest: str | None,
         contract_name: str,

@@ -36,7 +36,7 @@ from .programs import step_function
 from .refs import References
 
 #: The checks, in the order they run; the names are part of the interface.
-NAMES: tuple[str, ...] = (
+CHECKS: tuple[str, ...] = (
     "contract",
     "keys",
     "finite",
@@ -716,7 +716,7 @@ def check_splits(ctx: Context) -> CheckResult:
 # -- 10. performance: ``performance.check_performance`` -------------------------
 
 
-CHECKS: Mapping[str, Callable[[Context], CheckResult]] = {
+RUNNERS: Mapping[str, Callable[[Context], CheckResult]] = {
     "contract": check_contract,
     "keys": check_keys,
     "finite": check_finite,
@@ -734,7 +734,7 @@ def run_check(name: str, ctx: Context) -> CheckResult:
     """Runs one check; an unexpected exception fails it, with the exception as evidence."""
     start = time.perf_counter()
     try:
-        result = CHECKS[name](ctx)
+        result = RUNNERS[name](ctx)
     except Exception as e:  # noqa: BLE001 - any crash is this check's finding
         result = CheckResult(
             name,
