@@ -30,7 +30,7 @@ from treeguard.serving import Limits, ServingSpec
 
 grpc = pytest.importorskip("grpc")
 pytestmark = pytest.mark.slow
-pb = messages.load()
+pb = messages.load_messages()
 SERVICE = "/inference.GRPCInferenceService"
 #: A bound on each wait that only a hung server reaches, never a measure of speed.
 PATIENCE_S = 60
