@@ -26,7 +26,7 @@ The API:
 * ``digest(buf, algorithm)``: the hex digest of bytes already in memory;
 * ``Span(offset, dest, expected)`` and ``read_spans(fd, spans, algorithm)``:
   read any list of file ranges straight into their destination buffers and
-  hash each, in one call; returns the digests found; ``read_verified`` does
+  hash each, in one call; returns the digests found; ``read_spans_checked`` does
   the same and returns the spans whose digest is not their ``expected``;
 * ``hash_ranges(fd, [(offset, length), ...], algorithm)``: the digest of
   each range, keeping none of the bytes (a few reused chunk buffers);
@@ -520,7 +520,7 @@ def mismatched(spans: Sequence[Span], found: Sequence[str]) -> list[int]:
     ]
 
 
-def read_verified(
+def read_spans_checked(
     fd: Source,
     spans: Sequence[Span],
     algorithm: Algorithm,
@@ -546,7 +546,7 @@ def read_verified(
       >>> _ = os.write(fd, b"0123456789")
       >>> good = Span(0, memoryview(bytearray(4)), digest(b"0123", "blake3"))
       >>> bad = Span(4, memoryview(bytearray(2)), digest(b"xx", "blake3"))
-      >>> [i for i, _ in read_verified(fd, [good, bad], "blake3")]
+      >>> [i for i, _ in read_spans_checked(fd, [good, bad], "blake3")]
       [1]
       >>> os.close(fd)
     """

@@ -446,7 +446,7 @@ class TreeSpec:
         in one pass, building no new treedef to compare, and it needs no
         cycle guard: it never goes deeper than that treedef, which is a
         finite tree. What it returns as leaves must really be leaves
-        (``signature`` is None for a subtree, a cycle, None or a string
+        (``leaf_signature`` is None for a subtree, a cycle, None or a string
         found where a leaf was). It is tried only when the tree's top looks
         like one validated with that treedef: on a mismatch, JAX puts the
         subtree's repr in its error, which the top's look keeps small.
@@ -468,7 +468,7 @@ class TreeSpec:
         return entry is not None and _signature_in(leaves, entry[1])
 
     def _remember(self, leaves: list[Any], treedef: Any, top: tuple[Any, ...]) -> None:
-        sig = signature(leaves)
+        sig = leaf_signature(leaves)
         if sig is None:
             return
         if len(self._validated) >= 8 and treedef not in self._validated:
@@ -493,7 +493,7 @@ def _signature_in(leaves: Sequence[Any], seen: list[Any]) -> bool:
     enabled = gc.isenabled()
     gc.disable()
     try:
-        sig = signature(leaves)
+        sig = leaf_signature(leaves)
         # Tuple equality short-cuts on identical (interned) avals and
         # dtypes, so this is far cheaper than hashing the signature.
         found = sig is not None and any(sig == s for s in seen)
@@ -504,7 +504,7 @@ def _signature_in(leaves: Sequence[Any], seen: list[Any]) -> bool:
             gc.enable()
 
 
-def signature(leaves: Sequence[Any]) -> Any:
+def leaf_signature(leaves: Sequence[Any]) -> Any:
     """A signature of the leaves' types, shapes, dtypes and weak types, or
     None when some value is not a leaf of a parameter tree.
 

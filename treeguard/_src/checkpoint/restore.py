@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import FormatError, IntegrityError, InvalidTreeError, cap_lines
-from ..hashing import Algorithm, ShortRead, Source, Span, pread_into, read_verified
+from ..hashing import Algorithm, ShortRead, Source, Span, pread_into, read_spans_checked
 from ..spec import TreeSpec
 from ..walk import Node
 from .format import StoredTensor
@@ -116,7 +116,7 @@ def read_ranges(  # noqa: PLR0917 - every argument is needed, all positional dat
     else:
         spans = [Span(data_start + t.begin, v, d) for t, v, d in zip(todo, views, digests)]
         try:
-            wrong = read_verified(fd, spans, algorithm)
+            wrong = read_spans_checked(fd, spans, algorithm)
         except ShortRead as e:
             raise truncated(e.index) from None
         if wrong:
