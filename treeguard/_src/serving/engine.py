@@ -4,8 +4,8 @@
 and the metrics, and answers in the protocol's terms: server and model
 metadata, readiness, ``infer`` (decode -> validate -> batch -> run ->
 judge -> select the outputs) and the control plane (``swap``,
-``rollback``). REST (``rest.py``) and gRPC (``grpc.py``) only translate
-their messages to and from these calls; errors leave the engine as
+``rollback``). REST (``rest.py``) and gRPC (``grpc_transport.py``) only
+translate their messages to and from these calls; errors leave the engine as
 ``InvalidRequestError`` or ``ServingError`` with their status, and each
 transport maps them in one place.
 

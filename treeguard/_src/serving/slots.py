@@ -8,7 +8,8 @@ A version with the active TreeSpec reuses the compiled executables; one with
 another spec is warmed on every bucket first. The switch is one reference
 assignment read once per batch, so a batch already running finishes on the
 params it started with. The old active becomes ``previous`` for an instant
-rollback, and a ``Watchdog`` rolls back on its own when a version misbehaves.
+rollback, and the watchdog (``WatchdogPolicy``) rolls back on its own when a
+version misbehaves.
 
 A version the watchdog rolls back from is quarantined by a verdict of the
 store: ``store.verify`` records it as rejected by the check ``QUARANTINE``,
