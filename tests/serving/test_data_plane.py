@@ -19,6 +19,8 @@ import prometheus_client
 import pytest
 from serving_support import client, infer_body, metric, mlp_spec, request, rows_of
 
+# The REST app over a bare engine, with its body reader, on purpose: no public call
+# builds the app without a whole Server around it.
 from treeguard._src.serving.rest import BodyReads, build_app
 from treeguard.examples import mlp
 from treeguard.serving import Limits, Server, ServingError

@@ -24,6 +24,8 @@ from serving_support import metric, put_verified, request
 from subproc import child_env
 
 import treeguard
+
+# gRPC's message classes and the metadata bound, to forge requests past each limit.
 from treeguard._src.serving import messages
 from treeguard._src.serving.transport import MAX_METADATA_BYTES
 from treeguard.serving import Limits, ServingSpec
