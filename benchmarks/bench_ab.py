@@ -29,8 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from treeguard._src.bench.compare import compare_paired
-from treeguard.bench import ab, conditions
+from treeguard.bench import ab, compare_paired, conditions
 from treeguard.examples.loops import SIZE, STEPS
 from treeguard.examples.loops import base as base_target
 from treeguard.examples.loops import more as more_target

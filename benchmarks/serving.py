@@ -559,7 +559,7 @@ async def wires(rounds: int, n: int) -> dict[str, float]:
     from treeguard._src.serving.grpc_transport import grpc_transport
     from treeguard.examples import cnn
 
-    pb = messages.load()
+    pb = messages.load_messages()
 
     store = treeguard.ArtifactStore(tempfile.mkdtemp())
     v = store.put(cnn.init(jax.random.key(0)))

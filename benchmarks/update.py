@@ -38,7 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from treeguard._src.updates import apply_updates, updater
+from treeguard import apply_updates, updater
 
 LR = 0.01
 
@@ -130,7 +130,7 @@ def count_compiles_over_100_steps() -> tuple[int, int]:
 MEMORY_CHILD = """
 import sys, numpy as np, jax, jax.numpy as jnp
 sys.path.insert(0, sys.argv[1])
-from treeguard._src.updates import updater
+from treeguard import updater
 donate = sys.argv[2] == "1"
 def status(key):
     for line in open("/proc/self/status"):

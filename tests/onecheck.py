@@ -10,7 +10,7 @@ from typing import Any
 
 # The check table, its context and the per-example hash on purpose: they have
 # no public name, and going through ``run`` would make each test cost a whole run.
-from treeguard._src.verify.checks import CHECKS, Context
+from treeguard._src.verify.checks import RUNNERS, Context
 from treeguard._src.verify.splits import example_hashes
 from treeguard.verify import CheckResult, Model, References, generate_cases
 
@@ -24,7 +24,7 @@ def context(model: Model, references: References | None = None, *, record: bool 
 
 def check(name: str, ctx: Any) -> CheckResult:
     """Runs the check ``name`` on ``ctx``; an exception inside it propagates."""
-    return CHECKS[name](ctx)
+    return RUNNERS[name](ctx)
 
 
 def one_check(

@@ -11,6 +11,9 @@ import pytest
 from corpus import seed_params
 
 import treeguard as tg
+
+# The refusals pinned here are raised by parsers and message builders that no
+# public call reaches alone: the request parser, the cross-backend summary, gRPC's.
 from treeguard._src.serving.decode import parse_json
 from treeguard._src.serving.protocol import InferRequest, check_request_fields, requested_outputs
 from treeguard._src.verify.regression import cross_backend_summary
@@ -309,6 +312,7 @@ def test_rest_json_cost_message() -> None:
 
 def test_grpc_message_refusals() -> None:
     pytest.importorskip("google.protobuf")
+    # gRPC's parser: only after importorskip, since it imports protobuf
     from treeguard._src.serving.grpc_transport import parse, pb, read_request
 
     assert _message(parse, b"\xff\xff", pb.ModelInferRequest) == (

@@ -18,7 +18,6 @@ if _typing.TYPE_CHECKING:
     from ._src.checkpoint import SaveHandle as SaveHandle
     from ._src.checkpoint import import_weights as import_weights
     from ._src.checkpoint import load as load
-    from ._src.checkpoint import load_with_report as load_with_report
     from ._src.checkpoint import read_foreign as read_foreign
     from ._src.checkpoint import read_header as read_header
     from ._src.checkpoint import save as save
@@ -125,7 +124,6 @@ _EXPORTS: dict[str, str] = {
     "import_weights": "._src.checkpoint",
     "load": "._src.checkpoint",
     "load_sharded": "._src.sharded.load",
-    "load_with_report": "._src.checkpoint",
     "migrate_opt_state": "._src.optstate",
     "mismatches": "._src.diff",
     "optax_step": "._src.optimizer",

@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from treeguard._cli.main import main
-from treeguard.bench import BenchResult, save
+from treeguard.bench import BenchResult, save_results
 
 TARGETS = """
 import jax.numpy as jnp
@@ -100,7 +100,7 @@ def _result(rng: np.random.Generator, scale: float = 1.0) -> BenchResult:
 def _save(path: Path, scale: float = 1.0, *, runs: int = 1, seed: int = 0, **edit: object) -> Path:
     """Generated results: ``runs`` runs of benchmark ``f`` (no clock is read)."""
     rng = np.random.default_rng(seed)
-    doc_path = save(path, [_result(rng, scale) for _ in range(runs)])
+    doc_path = save_results(path, [_result(rng, scale) for _ in range(runs)])
     if edit:
         doc = json.loads(doc_path.read_text())
         for key, value in edit.items():

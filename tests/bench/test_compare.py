@@ -20,10 +20,8 @@ from treeguard.bench import (
     compare_paired,
     compare_runs,
     compare_samples,
-    hodges_lehmann,
-    mann_whitney_u,
-    wilcoxon_signed_rank,
 )
+from treeguard.bench.stats import hodges_lehmann, mann_whitney_u, wilcoxon_signed_rank
 
 
 def timings(

@@ -20,7 +20,7 @@ import pytest
 from jax.experimental import io_callback
 
 from treeguard import FormatError
-from treeguard.bench import BenchError, Timer, load, run, save, to_html
+from treeguard.bench import BenchError, Timer, load_results, run, save_results, to_html
 
 SLEEP = 0.004
 
@@ -130,14 +130,14 @@ def test_bad_options(kwargs: dict[str, Any], message: str) -> None:
 
 def test_results_round_trip_through_a_file(tmp_path: Path) -> None:
     r = run(jnp.cos, jnp.ones(4), samples=4, min_time=0.0, meta={"batch": "x: f32[4]"})
-    p = save(tmp_path / "r.json", [r, r])
+    p = save_results(tmp_path / "r.json", [r, r])
     doc = json.loads(p.read_text())
     assert doc["format"] == "treeguard.bench/1" and len(doc["results"]) == 2
     assert (
         "conditions" not in doc["results"][0]
         and doc["conditions"]["backend"] == jax.default_backend()
     )
-    back = load(p)
+    back = load_results(p)
     assert back[0].samples_s == r.samples_s and back[0].conditions == doc["conditions"]
     assert back[0].stats == r.stats and back[0].meta == {"batch": "x: f32[4]"}
     assert back[0].cpu_samples_s == r.cpu_samples_s
@@ -152,7 +152,7 @@ def test_the_html_is_offline_and_shows_histogram_and_phases() -> None:
 
 def _doc(tmp_path: Path) -> dict[str, Any]:
     r = run(jnp.cos, jnp.ones(4), samples=3, min_time=0.0)
-    return json.loads(save(tmp_path / "ok.json", [r]).read_text())
+    return json.loads(save_results(tmp_path / "ok.json", [r]).read_text())
 
 
 @pytest.mark.parametrize(
@@ -194,7 +194,7 @@ def test_hostile_files_are_refused(tmp_path: Path, edit: Any, message: str) -> N
     p = tmp_path / "bad.json"
     p.write_text(doc if isinstance(doc, str) else json.dumps(doc))
     with pytest.raises(FormatError) as e:
-        load(p)
+        load_results(p)
     assert message in str(e.value)
 
 
@@ -202,9 +202,9 @@ def test_nan_deep_nesting_and_non_files_are_refused(tmp_path: Path) -> None:
     p = tmp_path / "nan.json"
     p.write_text('{"format": "treeguard.bench/1", "x": NaN}')
     with pytest.raises(FormatError, match="the benchmark file: NaN is not a JSON number"):
-        load(p)
+        load_results(p)
     p.write_text("[" * 100_000 + "]" * 100_000)
     with pytest.raises(FormatError, match="the benchmark file: it nests deeper than 512"):
-        load(p)
+        load_results(p)
     with pytest.raises(FormatError, match="not a regular file"):
-        load(tmp_path)
+        load_results(tmp_path)

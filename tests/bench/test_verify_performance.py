@@ -11,9 +11,10 @@ import jax.numpy as jnp
 import pytest
 from onecheck import one_check
 
+from treeguard import ConfigError
 from treeguard.bench import BenchError, Budgets, run
 from treeguard.examples.mlp import model
-from treeguard.verify import ConfigError, generate_cases
+from treeguard.verify import generate_cases
 from treeguard.verify import run as verify
 
 

@@ -108,7 +108,7 @@ def test_init_takes_an_equinox_module_as_values_not_as_a_function(tmp_path: Path
     model = eqx_net(jax.random.key(1), head=True)  # callable, and a tree of arrays
     params = eqx.filter(model, eqx.is_array)
     for init in (model, params):
-        tree, report = tg.load_with_report(path, like=params, missing="init", init=init)
+        tree, report = tg.load(path, like=params, missing="init", init=init, report=True)
         assert type(tree) is type(params)
         assert _same_values(tree.encoder, old.encoder)
         assert _same_values(tree.head, params.head)

@@ -68,7 +68,7 @@ def trained_cnn(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
 def test_a_head_added_is_initialised_and_training_resumes(trained_cnn: Any) -> None:
     path, old = trained_cnn
     new = _params(CNNWithHead, 1)
-    tree, report = tg.load_with_report(path, like=new, missing="init", init=new)
+    tree, report = tg.load(path, like=new, missing="init", init=new, report=True)
     assert report.initialised == ("['aux']['bias'].value", "['aux']['kernel'].value")
     assert report.dropped == () and report.renamed == ()
     for leaf in tg.spec_of(old).leaves:
@@ -118,8 +118,8 @@ def test_a_layer_renamed_on_the_equinox_mlp_keeps_its_values(tmp_path: Path) -> 
     tg.save(path, old)
     # the middle layer removed: the last layer moves from .layers[2] to .layers[1]
     new = eqx.filter(eqx.nn.MLP(2, 1, 8, 1, key=jax.random.key(5)), eqx.is_array)
-    tree, report = tg.load_with_report(
-        path, like=new, rename={".layers[2]": ".layers[1]"}, unexpected=[".layers[1]"]
+    tree, report = tg.load(
+        path, like=new, rename={".layers[2]": ".layers[1]"}, unexpected=[".layers[1]"], report=True
     )
     assert report.renamed == (".layers[1].bias", ".layers[1].weight")
     assert report.dropped == (".layers[1].bias", ".layers[1].weight")
@@ -153,7 +153,7 @@ def test_the_report_goes_into_the_metadata_of_what_is_saved(
 ) -> None:
     path, _ = trained_cnn
     new = _params(CNNWithHead, 1)
-    tree, report = tg.load_with_report(path, like=new, missing="init", init=new)
+    tree, report = tg.load(path, like=new, missing="init", init=new, report=True)
     out = tmp_path / "new.safetensors"
     tg.save(out, tree, metadata={"step": 3}, surgery=report)
     meta = tg.read_header(out).metadata

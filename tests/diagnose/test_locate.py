@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import pytest
 from machine import cpu_devices
 
-from treeguard.diagnose import DiagnosisError, Tolerances, locate
+from treeguard.diagnose import DiagnosisError, TolerancePolicy, locate
 from treeguard.verify import Tolerance
 
 from .faults import degrading_matmuls, perturbing, perturbing_in_context
@@ -187,7 +187,7 @@ def test_vmap_and_grad_candidates_agree_on_a_sound_function() -> None:
 
 
 def test_a_per_path_tolerance_decides_which_outputs_count() -> None:
-    loose = Tolerances(paths=[("*['y']", Tolerance(0.0, 10.0))])
+    loose = TolerancePolicy(paths=[("*['y']", Tolerance(0.0, 10.0))])
     d = locate(model_fn, X, candidate=perturbing("sin"), tolerances=loose, check_precision=False)
     assert d.outcome == "none"
     assert d.tolerances["paths"] == [["*['y']", {"rtol": 0.0, "atol": 10.0}]]
@@ -216,7 +216,7 @@ def _one_ulp_up(closed: Any, args: Sequence[Any]) -> list[Any]:
 
 def test_the_fp64_rule_accepts_a_candidate_as_close_to_fp64_as_the_reference() -> None:
     x = jnp.linspace(0.0, 3.0, 10001)
-    strict = Tolerances(default=Tolerance(0.0, 0.0))
+    strict = TolerancePolicy(default=Tolerance(0.0, 0.0))
     d = locate(_summed, x, candidate=_one_ulp_up, tolerances=strict, descend=False)
     assert d.outcome != "none"
     # jit's sum may use another reduction order than eager's (it does from jax 0.11): its

@@ -1,4 +1,4 @@
-"""Every public name has an entry in the reference pages.
+"""Every public name has an entry in the reference pages, and names one thing.
 
 The public names are ``treeguard.__all__`` and the ``__all__`` of each public
 subnamespace (``treeguard.verify``, ``treeguard.serving``, ...). An entry is
@@ -10,7 +10,9 @@ either spelling, since both are one object.
 
 from __future__ import annotations
 
+import ast
 import importlib
+import importlib.util
 import pkgutil
 import re
 from pathlib import Path
@@ -109,3 +111,95 @@ def test_every_entry_names_something_public() -> None:
     public = set(public_names())
     stray = sorted(name for name in entries() if name not in public)
     assert not stray, f"reference entries for names that are not public: {stray}"
+
+
+# -- one name per thing, one definition per name ------------------------------------------
+
+SRC = ROOT / "treeguard" / "_src"
+
+
+def _faces() -> dict[str, ast.Module]:
+    """Each public namespace's source, parsed."""
+    return {
+        namespace: ast.parse(Path(importlib.import_module(namespace).__file__ or "").read_text())
+        for namespace in namespaces()
+    }
+
+
+def _homes() -> dict[str, set[str]]:
+    """Each public name and the modules it comes from: a class's or function's
+    ``__module__`` when it names one (an error class shows ``treeguard``), else
+    the module a namespace imports it from."""
+    imported: dict[tuple[str, str], str] = {}
+    for namespace, tree in _faces().items():
+        package = namespace if namespace.count(".") < 2 else namespace.rpartition(".")[0]
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                base = importlib.util.resolve_name("." * node.level + (node.module or ""), package)
+                for alias in node.names:
+                    imported[namespace, alias.asname or alias.name] = base
+    homes: dict[str, set[str]] = {}
+    for dotted in public_names():
+        namespace, _, name = dotted.rpartition(".")
+        target = _resolve(dotted)
+        module = "" if _is_value(target) else getattr(target, "__module__", "")
+        if not module.startswith("treeguard._src."):
+            module = imported[namespace, name]
+        homes.setdefault(name, set()).add(module)
+    return homes
+
+
+def _definitions() -> dict[str, list[str]]:
+    """Each name a module of ``treeguard/_src`` defines at its top level, and those modules."""
+    found: dict[str, list[str]] = {}
+    for path in sorted(SRC.rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                names = [node.name]
+            elif isinstance(node, ast.Assign):
+                names = [t.id for t in node.targets if isinstance(t, ast.Name)]
+            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                names = [node.target.id]
+            else:
+                continue
+            for name in names:
+                found.setdefault(name, []).append(module)
+    return found
+
+
+def test_a_namespace_exports_each_name_as_it_is_defined() -> None:
+    renamed = [
+        f"{namespace}: {alias.name} as {alias.asname}"
+        for namespace, tree in _faces().items()
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+        if alias.asname not in (None, alias.name)
+    ]
+    assert not renamed, f"a public name differs from its definition's: {renamed}"
+
+
+def test_each_public_class_and_function_has_one_public_name() -> None:
+    spellings: dict[int, list[str]] = {}
+    for dotted in public_names():
+        target = _resolve(dotted)
+        if not _is_value(target):
+            spellings.setdefault(id(target), []).append(dotted)
+    twice = sorted(names for names in spellings.values() if len(names) > 1)
+    assert not twice, f"one thing under two public names (keep one): {twice}"
+
+
+def test_no_private_module_defines_a_public_name_again() -> None:
+    homes, definitions = _homes(), _definitions()
+    again = sorted(
+        f"{name} in {module}"
+        for name, home in homes.items()
+        for module in definitions.get(name, [])
+        if module not in home
+    )
+    assert not again, (
+        f"a module defines a public name for something else: {again}; give one of the "
+        "two a name of its own"
+    )

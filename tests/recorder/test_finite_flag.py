@@ -18,6 +18,9 @@ from jax.sharding import PartitionSpec as P
 from machine import cpu_devices, cpu_mesh
 
 import treeguard as tg
+
+# The traced finite flag alone, on purpose: each way it marks a leaf, at sizes
+# around its threshold, with no recorder and no step around it.
 from treeguard._src.recorder.flight import PRODUCT_MIN, _marks, finite_flag
 
 #: One leaf for each way a leaf is checked, every value at its dtype's largest

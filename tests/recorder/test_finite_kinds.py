@@ -14,14 +14,10 @@ import numpy as np
 import pytest
 
 import treeguard
-from treeguard._src.leaf import is_inexact
-from treeguard._src.nonfinite import (
-    SMALL,
-    describe_nonfinite,
-    host_all_finite,
-    host_nan_inf,
-    host_nonfinite,
-)
+
+# The dtype predicates and the host finite check themselves, on purpose: each kind is
+# judged here without a gate around it (the gates' refusals are shown through them below).
+from treeguard._src import leaf, nonfinite
 from treeguard._src.verify.model import is_float
 from treeguard.diagnose import nan_origin
 
@@ -71,56 +67,61 @@ def test_every_float_kind_is_known() -> None:
 
 @pytest.mark.parametrize("dtype", FLOATS, ids=str)
 def test_is_inexact_knows_every_float_kind(dtype: np.dtype[Any]) -> None:
-    assert is_inexact(dtype) and is_inexact(dtype.name)
+    assert leaf.is_inexact(dtype) and leaf.is_inexact(dtype.name)
     assert is_float(dtype) == (dtype.kind != "c")
 
 
 @pytest.mark.parametrize("dtype", NOT_FLOATS, ids=str)
 def test_is_inexact_is_false_for_ints_bools_and_keys(dtype: np.dtype[Any]) -> None:
-    assert not is_inexact(dtype) and not is_float(dtype)
-    assert host_all_finite(np.zeros(3, dtype)) and host_nonfinite(np.zeros(3, dtype)) == 0
+    assert not leaf.is_inexact(dtype) and not is_float(dtype)
+    assert (
+        nonfinite.host_all_finite(np.zeros(3, dtype))
+        and nonfinite.host_nonfinite(np.zeros(3, dtype)) == 0
+    )
 
 
 @pytest.mark.parametrize("dtype", FLOATS, ids=str)
-@pytest.mark.parametrize("size", [1, SMALL, SMALL + 1, 1000])
+@pytest.mark.parametrize("size", [1, nonfinite.SMALL, nonfinite.SMALL + 1, 1000])
 def test_the_host_check_finds_one_nan_or_inf_wherever_it_sits(
     dtype: np.dtype[Any], size: int
 ) -> None:
     # small arrays are read in Python, larger ones with numpy, a block at a
     # time: both see every position, and the largest finite value is finite
     x = np.full((size, 1), _top(dtype), dtype)
-    signed = host_nonfinite(np.array([-1.0]).astype(dtype)) == 0  # not float8_e8m0fnu
-    assert host_all_finite(x) and (host_all_finite(-x) or not signed)
-    assert host_nonfinite(x) == 0 and host_nan_inf(x) == (0, 0)
+    signed = nonfinite.host_nonfinite(np.array([-1.0]).astype(dtype)) == 0  # not float8_e8m0fnu
+    assert nonfinite.host_all_finite(x) and (nonfinite.host_all_finite(-x) or not signed)
+    assert nonfinite.host_nonfinite(x) == 0 and nonfinite.host_nan_inf(x) == (0, 0)
     for bad in _bad_values(dtype):
         for at in sorted({0, size // 2, size - 1}):
             y = x.copy()
             y[at, 0] = bad
-            assert not host_all_finite(y), (bad, at)
-            assert host_nonfinite(y) == 1
-            nan, inf = host_nan_inf(y)
+            assert not nonfinite.host_all_finite(y), (bad, at)
+            assert nonfinite.host_nonfinite(y) == 1
+            nan, inf = nonfinite.host_nan_inf(y)
             assert nan + inf == 1
 
 
 def test_the_host_check_counts_across_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
-    import treeguard._src.nonfinite as nonfinite
-
     monkeypatch.setattr(nonfinite, "_BLOCK", 7)
     x = np.ones(50, ml_dtypes.bfloat16)
     x[[0, 6, 7, 49]] = [np.nan, np.inf, -np.inf, np.nan]
-    assert host_nonfinite(x) == 4 and host_nan_inf(x) == (2, 2) and not host_all_finite(x)
+    assert (
+        nonfinite.host_nonfinite(x) == 4
+        and nonfinite.host_nan_inf(x) == (2, 2)
+        and not nonfinite.host_all_finite(x)
+    )
     strided = np.ones((10, 10), np.float32)[:, ::3]  # not contiguous
     strided[4, 2] = np.nan
-    assert host_nonfinite(strided) == 1
+    assert nonfinite.host_nonfinite(strided) == 1
 
 
 @pytest.mark.parametrize("dtype", [dt for dt in FLOATS if _bad_values(dt)], ids=str)
 def test_find_nonfinite_and_its_message_name_the_path_and_dtype(dtype: np.dtype[Any]) -> None:
     tree = {"a": np.ones(3, np.float32), "w": np.ones((2, 3), dtype)}
-    assert describe_nonfinite(tree, where="v1") is None
+    assert nonfinite.describe_nonfinite(tree, where="v1") is None
     tree["w"][1, 2] = _bad_values(dtype)[0]
     assert treeguard.find_nonfinite(tree) == {"['w']": 1}
-    text = describe_nonfinite(tree, where="the params of v1")
+    text = nonfinite.describe_nonfinite(tree, where="the params of v1")
     assert text is not None
     assert text.splitlines()[0] == "1 leaf holds NaN or Inf in the params of v1:"
     assert text.splitlines()[1].startswith("  ['w']: 1 of 6 values (")
@@ -160,12 +161,13 @@ def test_every_bit_pattern_of_an_ml_dtypes_float_is_judged_as_float32_judges_it(
 ) -> None:
     # each way the check reads a block (a cast for a few values, bfloat16's
     # exponent bits, numpy's own ufunc) against every value the dtype holds
-    import treeguard._src.nonfinite as nonfinite
-
     monkeypatch.setattr(nonfinite, "_CAST", 1 << 20 if cast else 0)
     bits = np.arange(1 << (8 * dtype.itemsize), dtype=f"u{dtype.itemsize}").view(dtype)
     want = ~np.isfinite(bits.astype(np.float32))
-    assert host_nonfinite(bits) == int(want.sum())
-    assert host_nonfinite(bits[~want]) == 0 and host_all_finite(bits[~want])
+    assert nonfinite.host_nonfinite(bits) == int(want.sum())
+    assert nonfinite.host_nonfinite(bits[~want]) == 0 and nonfinite.host_all_finite(bits[~want])
     if want.any():
-        assert not host_all_finite(bits[want][-1:]) and host_nonfinite(bits[want]) == want.sum()
+        assert (
+            not nonfinite.host_all_finite(bits[want][-1:])
+            and nonfinite.host_nonfinite(bits[want]) == want.sum()
+        )

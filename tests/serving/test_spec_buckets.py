@@ -11,12 +11,12 @@ from hypothesis import strategies as st
 from serving_support import mlp_spec
 
 import treeguard
+from treeguard import ConfigError
 
 # internal: the bucket arithmetic under the batcher, tested apart from any server
 from treeguard._src.serving.buckets import admit, bucket_for, pad_rows
 from treeguard.examples import mlp
 from treeguard.serving import CompilePolicy, Limits, Overflow, ServingSpec
-from treeguard.verify import ConfigError
 
 
 def test_json_round_trip(tmp_path):

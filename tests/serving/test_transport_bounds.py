@@ -24,13 +24,15 @@ from serving_support import metric, put_verified, request
 from subproc import child_env
 
 import treeguard
+
+# gRPC's message classes and the metadata bound, to forge requests past each limit.
 from treeguard._src.serving import messages
 from treeguard._src.serving.transport import MAX_METADATA_BYTES
 from treeguard.serving import Limits, ServingSpec
 
 grpc = pytest.importorskip("grpc")
 pytestmark = pytest.mark.slow
-pb = messages.load()
+pb = messages.load_messages()
 SERVICE = "/inference.GRPCInferenceService"
 #: A bound on each wait that only a hung server reaches, never a measure of speed.
 PATIENCE_S = 60

@@ -147,8 +147,13 @@ def test_surgery_options_work_as_for_load_and_report_the_same(saved: Path, tmp_p
     ]
     # one implementation: a single-file checkpoint of the same tree reports the same
     treeguard.save(tmp_path / "p.safetensors", _params())
-    _, same = treeguard.load_with_report(
-        tmp_path / "p.safetensors", like=new, missing="init", init=init, unexpected=["['dense2']"]
+    _, same = treeguard.load(
+        tmp_path / "p.safetensors",
+        like=new,
+        missing="init",
+        init=init,
+        unexpected=["['dense2']"],
+        report=True,
     )
     assert same.changes == report.changes
     dropped = treeguard.load_sharded(saved, new, missing="init", init=init, unexpected="drop")

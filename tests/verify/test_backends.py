@@ -16,10 +16,10 @@ import pytest
 from forge import forge
 
 from treeguard import ConfigError
-from treeguard._src.verify.refs import backend_path, resolve
-from treeguard._src.verify.regression import cross_backend_summary
+from treeguard._src.verify.refs import resolve  # which backend's references a run compares with
+from treeguard._src.verify.regression import cross_backend_summary  # the message itself, pinned
 from treeguard.examples import cnn, eqx_mlp, mlp
-from treeguard.verify import Tolerance, load_references, record_references
+from treeguard.verify import Tolerance, backend_path, load_references, record_references
 from treeguard.verify import run as verify
 
 NOW = jax.default_backend()

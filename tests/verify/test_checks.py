@@ -19,7 +19,6 @@ from subproc import run_python
 
 import treeguard
 from treeguard import ConfigError, LeafSpec, environment, spec_of
-from treeguard._src.verify.refs import backend_path
 from treeguard.examples import mlp
 from treeguard.verify import (
     CHECKS,
@@ -27,6 +26,7 @@ from treeguard.verify import (
     LeafError,
     Model,
     Tolerance,
+    backend_path,
     compare_trees,
     generate_cases,
     load_references,

@@ -15,8 +15,7 @@ from click.testing import CliRunner
 from subproc import run_python
 
 from treeguard._cli.verify import verify
-from treeguard._src.verify.refs import backend_path
-from treeguard.verify import CHECKS
+from treeguard.verify import CHECKS, backend_path
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -15,9 +15,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from treeguard._src.verify.refs import backend_path
 from treeguard.examples import mlp
-from treeguard.verify import Model, run
+from treeguard.verify import Model, backend_path, run
 
 Dense = collections.namedtuple("Dense", "w b")
 Params = collections.namedtuple("Params", "dense1 dense2")

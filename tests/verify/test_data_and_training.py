@@ -15,8 +15,8 @@ import optax
 import pytest
 from onecheck import check, context, example_hashes
 
+from treeguard import ConfigError
 from treeguard.examples import mlp
-from treeguard.verify import ConfigError
 
 BASE = mlp.model
 

@@ -77,7 +77,7 @@ def _run_in_processes(
     """``bench run`` once in each of ``processes`` fresh interpreters, one
     after another (pyperf's way: each process draws its own memory layout
     and compiled code); every run's results are kept, under one name."""
-    from .._src.bench.report import load, save, save_html  # imports JAX
+    from .._src.bench.report import load_results, save_html, save_results  # imports JAX
 
     resolve(target)  # a target that cannot be loaded is named here, with its exit status
     results = []
@@ -96,7 +96,7 @@ def _run_in_processes(
                     f"run {i + 1} of {processes} exited {proc.returncode}: {first}",
                     hint=f"run `treeguard bench run {target}` alone to see its whole output",
                 )
-            for r in load(out):
+            for r in load_results(out):
                 results.append(dataclasses.replace(r, meta={**r.meta, "process": i}))
     out_console = console()
     out_console.print(
@@ -108,7 +108,7 @@ def _run_in_processes(
         soft_wrap=True,
     )
     if json_out is not None:
-        out_console.print(f"results: {shown(save(json_out, results))}", soft_wrap=True)
+        out_console.print(f"results: {shown(save_results(json_out, results))}", soft_wrap=True)
     if html_out is not None:
         title = f"treeguard bench {target} ({processes} processes)"
         path = save_html(html_out, results, title=title)
@@ -253,7 +253,7 @@ def run_command(  # noqa: PLR0917 - click passes each option by name
     from rich.progress import Progress
 
     from .._src.bench.conditions import conditions
-    from .._src.bench.report import save, save_html
+    from .._src.bench.report import save_html, save_results
     from .._src.bench.run import Target, run
     from .._src.verify.model import Model
     from .._src.verify.performance import model_targets
@@ -288,7 +288,7 @@ def run_command(  # noqa: PLR0917 - click passes each option by name
         "\n".join(shown(line) for line in conditions_line(conds).splitlines()), soft_wrap=True
     )
     if json_out is not None:
-        out.print(f"results: {shown(save(json_out, results))}", soft_wrap=True)
+        out.print(f"results: {shown(save_results(json_out, results))}", soft_wrap=True)
     if html_out is not None:
         title = f"treeguard bench {target}"
         out.print(f"report: {shown(save_html(html_out, results, title=title))}", soft_wrap=True)
@@ -340,7 +340,7 @@ def load_runs(path: Path) -> dict[str, list[Any]]:
       FormatError: for a file that is not a benchmark file, or a directory
         without one.
     """
-    from .._src.bench.report import load  # imports JAX: only once a file is read
+    from .._src.bench.report import load_results  # imports JAX: only once a file is read
 
     files = sorted(path.glob("*.json")) if path.is_dir() else [path]
     if not files:
@@ -351,7 +351,7 @@ def load_runs(path: Path) -> dict[str, list[Any]]:
         )
     runs: dict[str, list[Any]] = {}
     for f in files:
-        for r in load(f):
+        for r in load_results(f):
             runs.setdefault(r.name, []).append(r)
     return runs
 
@@ -478,7 +478,7 @@ def ab_command(  # noqa: PLR0917 - click passes each option by name
     from rich.progress import Progress
 
     from .._src.bench.ab import ab
-    from .._src.bench.report import save
+    from .._src.bench.report import save_results
     from .._src.bench.run import Target
     from .._src.verify.model import Model
     from .._src.verify.performance import model_batch
@@ -520,7 +520,7 @@ def ab_command(  # noqa: PLR0917 - click passes each option by name
     )
     if json_out is not None:
         extra = {"ab": {"order": "ABBA", "rounds": rounds, **result.comparison.to_dict()}}
-        path = save(json_out, [result.a, result.b], extra=extra)
+        path = save_results(json_out, [result.a, result.b], extra=extra)
         out.print(f"results: {shown(path)}", soft_wrap=True)
     ctx.exit(_gate([result.comparison]))
 

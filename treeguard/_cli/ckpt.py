@@ -25,7 +25,7 @@ from rich.table import Table
 from .._src.atomic import fsync_dir, temp_path
 from .._src.checkpoint import (
     Header,
-    load_with_report,
+    load,
     read_header,
     spec_from_file,
     verify_file,
@@ -342,7 +342,7 @@ def migrate_command(  # noqa: PLR0917 - click passes every option
             fix="point --init at the new model's params, or a function of the key path",
         )
     h = read_header(old)
-    tree, report = load_with_report(
+    tree, report = load(
         old,
         like=spec,
         expect_digest=h.digest,
@@ -350,6 +350,7 @@ def migrate_command(  # noqa: PLR0917 - click passes every option
         missing="init" if init is not None else "error",
         init=init,
         unexpected=list(drops) or "error",
+        report=True,
     )
     meta = {k: v for k, v in h.metadata.items() if k != SURGERY_KEY}
     meta["migrated_from"] = {"file": str(old), "digest": h.digest}

@@ -269,7 +269,7 @@ def _run_ray(
 ) -> None:
     _require_ray()
     # the deployment imports JAX, and Ray once the application is built
-    from .._src.serving.ray.api import app, run, swap_command
+    from .._src.serving.ray.api import app, run_application, swap_command
 
     application = app(model, store_root, spec, num_replicas=replicas, **options)
 
@@ -281,7 +281,7 @@ def _run_ray(
             soft_wrap=True,
         )
 
-    run(
+    run_application(
         application,
         name=name,
         address=address,

@@ -35,7 +35,7 @@ def _opened(name: str, *, dir_fd: int | None, follow: bool) -> Iterator[int]:
         os.close(fd)
 
 
-def plain_tree(
+def plain_bytes(
     directory: str | os.PathLike[str] | int,
     /,
     *,
@@ -79,10 +79,10 @@ def plain_tree(
       >>> with open(os.path.join(d, "a", "w.bin"), "wb") as f:
       ...     _ = f.write(b"1234")
       >>> def no(what, mode=0): return ValueError(what)
-      >>> plain_tree(d, max_entries=10, refuse=no, too_big=no)
+      >>> plain_bytes(d, max_entries=10, refuse=no, too_big=no)
       4
       >>> os.symlink("/etc", os.path.join(d, "a", "etc"))
-      >>> plain_tree(d, max_entries=10, refuse=no, too_big=no)
+      >>> plain_bytes(d, max_entries=10, refuse=no, too_big=no)
       Traceback (most recent call last):
       ...
       ValueError: a/etc

@@ -115,7 +115,7 @@ def record_of(x: Any, with_sharding: bool = False) -> Record:
 
 
 def signature_in(leaves: Sequence[Any], seen: list[Any]) -> bool:
-    """Whether the leaves' ``signature`` is one of ``seen``."""
+    """Whether the leaves' ``leaf_signature`` is one of ``seen``."""
     # A numpy signature makes a new tuple per leaf (``.shape``): on a large
     # tree the collector would scan them at about a third of the check's
     # cost, though they hold no cycle and die here. It is paused until they
@@ -123,7 +123,7 @@ def signature_in(leaves: Sequence[Any], seen: list[Any]) -> bool:
     enabled = gc.isenabled()
     gc.disable()
     try:
-        sig = signature(leaves)
+        sig = leaf_signature(leaves)
         # Tuple equality short-cuts on identical (interned) avals and
         # dtypes, so this is far cheaper than hashing the signature.
         found = sig is not None and any(sig == s for s in seen)
@@ -134,7 +134,7 @@ def signature_in(leaves: Sequence[Any], seen: list[Any]) -> bool:
             gc.enable()
 
 
-def signature(leaves: Sequence[Any]) -> Any:
+def leaf_signature(leaves: Sequence[Any]) -> Any:
     """A signature of the leaves' types, shapes, dtypes and weak types, or
     None when some value is not a leaf of a parameter tree.
 

@@ -25,7 +25,7 @@ from .atomic import atomic_write
 from .errors import FormatError, InvalidTreeError
 from .keydtype import array_dtype
 from .leaf import Record, Shape
-from .leafspec import LeafSpec, record_of, signature, signature_in
+from .leafspec import LeafSpec, leaf_signature, record_of, signature_in
 from .paths import Path, keystr, short_repr
 from .strictjson import loads as strict_loads
 from .walk import (
@@ -364,7 +364,7 @@ class TreeSpec:
         in one pass, building no new treedef to compare, and it needs no
         cycle guard: it never goes deeper than that treedef, which is a
         finite tree. What it returns as leaves must really be leaves
-        (``signature`` is None for a subtree, a cycle, None or a string
+        (``leaf_signature`` is None for a subtree, a cycle, None or a string
         found where a leaf was). It is tried only when the tree's top looks
         like one validated with that treedef: on a mismatch, JAX puts the
         subtree's repr in its error, which the top's look keeps small.
@@ -386,7 +386,7 @@ class TreeSpec:
         return entry is not None and signature_in(leaves, entry[1])
 
     def _remember(self, leaves: list[Any], treedef: Any, top: tuple[Any, ...]) -> None:
-        sig = signature(leaves)
+        sig = leaf_signature(leaves)
         if sig is None:
             return
         if len(self._validated) >= 8 and treedef not in self._validated:

@@ -5,7 +5,9 @@ call), then calibrated samples that each await the whole output, and marks
 the result invalid when anything compiles while the clock runs. ``describe``
 gives the distribution (never a best-of), ``conditions`` the machine's state,
 ``compare`` a verdict with significance and effect size, and ``ab`` an
-interleaved A/B in one process: the form to gate CI with.
+interleaved A/B in one process: the form to gate CI with. ``save_results``
+and ``load_results`` keep results in a file, ``to_html`` renders them; the
+rank tests behind the verdicts are in ``treeguard.bench.stats``.
 """
 
 from .._src.bench.ab import ABResult as ABResult
@@ -16,16 +18,11 @@ from .._src.bench.compare import compare as compare
 from .._src.bench.compare import compare_paired as compare_paired
 from .._src.bench.compare import compare_runs as compare_runs
 from .._src.bench.compare import compare_samples as compare_samples
-from .._src.bench.compare import hodges_lehmann as hodges_lehmann
-from .._src.bench.compare import mann_whitney_u as mann_whitney_u
-from .._src.bench.compare import wilcoxon_signed_rank as wilcoxon_signed_rank
 from .._src.bench.compiles import CompileCounter as CompileCounter
 from .._src.bench.conditions import conditions as conditions
 from .._src.bench.conditions import fingerprint as fingerprint
-from .._src.bench.report import FORMAT as FORMAT
-from .._src.bench.report import load as load
-from .._src.bench.report import save as save
-from .._src.bench.report import save_html as save_html
+from .._src.bench.report import load_results as load_results
+from .._src.bench.report import save_results as save_results
 from .._src.bench.report import to_html as to_html
 from .._src.bench.run import BenchResult as BenchResult
 from .._src.bench.run import Target as Target
@@ -36,7 +33,6 @@ from .._src.bench.stats import describe as describe
 from .._src.errors import BenchError as BenchError
 from .._src.errors import MachineMismatchError as MachineMismatchError
 from .._src.verify.performance import bench_model as bench_model
-from .._src.verify.performance import model_targets as model_targets
 
 __all__ = [
     "ABResult",
@@ -45,7 +41,6 @@ __all__ = [
     "Budgets",
     "Comparison",
     "CompileCounter",
-    "FORMAT",
     "MachineMismatchError",
     "Stats",
     "Target",
@@ -59,13 +54,8 @@ __all__ = [
     "conditions",
     "describe",
     "fingerprint",
-    "hodges_lehmann",
-    "load",
-    "mann_whitney_u",
-    "model_targets",
+    "load_results",
     "run",
-    "save",
-    "save_html",
+    "save_results",
     "to_html",
-    "wilcoxon_signed_rank",
 ]

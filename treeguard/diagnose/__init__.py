@@ -14,7 +14,6 @@ from .._src.diagnose.divergence import Divergence as Divergence
 from .._src.diagnose.divergence import Site as Site
 from .._src.diagnose.ladder import STAGES as STAGES
 from .._src.diagnose.ladder import diagnose as diagnose
-from .._src.diagnose.locate import CANDIDATES as CANDIDATES
 from .._src.diagnose.locate import Candidate as Candidate
 from .._src.diagnose.locate import locate as locate
 from .._src.diagnose.nan import NanSite as NanSite
@@ -30,11 +29,7 @@ from .._src.diagnose.trace import record_trace as record_trace
 from .._src.errors import DiagnosisError as DiagnosisError
 from .._src.tolerance import TolerancePolicy as TolerancePolicy
 
-# ``Tolerances`` is the former name of ``TolerancePolicy``, kept so that existing code runs.
-from .._src.tolerance import TolerancePolicy as Tolerances
-
 __all__ = [
-    "CANDIDATES",
     "Candidate",
     "Diagnosis",
     "DiagnosisError",
@@ -45,7 +40,6 @@ __all__ = [
     "Site",
     "StageResult",
     "TolerancePolicy",
-    "Tolerances",
     "Trace",
     "compare_trace",
     "diagnose",

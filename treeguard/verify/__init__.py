@@ -7,21 +7,21 @@ batch axis ``"B"`` and explicit tolerances), then ``run(model)`` returns a
 same from the shell.
 """
 
-from .._src.errors import ConfigError as ConfigError
 from .._src.keys import KeyReuse as KeyReuse
 from .._src.keys import KeyTrace as KeyTrace
 from .._src.keys import trace_keys as trace_keys
 from .._src.tolerance import Tolerance as Tolerance
 from .._src.verify.cases import Case as Case
-from .._src.verify.cases import generate as generate_cases
-from .._src.verify.checks import NAMES as CHECKS
+from .._src.verify.cases import generate_cases as generate_cases
+from .._src.verify.checks import CHECKS as CHECKS
 from .._src.verify.compare import LeafError as LeafError
 from .._src.verify.compare import compare_trees as compare_trees
 from .._src.verify.context import CheckResult as CheckResult
 from .._src.verify.model import InvalidInput as InvalidInput
 from .._src.verify.model import Model as Model
 from .._src.verify.refs import References as References
-from .._src.verify.refs import load as load_references
+from .._src.verify.refs import backend_path as backend_path
+from .._src.verify.refs import load_references as load_references
 from .._src.verify.report import Benchmark as Benchmark
 from .._src.verify.report import Report as Report
 from .._src.verify.run import record_references as record_references
@@ -32,7 +32,6 @@ __all__ = [
     "CHECKS",
     "Case",
     "CheckResult",
-    "ConfigError",
     "InvalidInput",
     "KeyReuse",
     "KeyTrace",
@@ -41,6 +40,7 @@ __all__ = [
     "References",
     "Report",
     "Tolerance",
+    "backend_path",
     "compare_trees",
     "generate_cases",
     "load_references",

@@ -59,7 +59,7 @@ def to_document(
     return _clean(doc)  # type: ignore[no-any-return]
 
 
-def save(
+def save_results(
     path: str | os.PathLike[str],
     results: Sequence[BenchResult],
     /,
@@ -83,8 +83,8 @@ def save(
       >>> import os, tempfile, jax.numpy as jnp
       >>> from treeguard.bench import run
       >>> r = run(jnp.sin, jnp.ones(4), samples=3, min_time=0.0)
-      >>> p = save(os.path.join(tempfile.mkdtemp(), "b.json"), [r])
-      >>> [x.name for x in load(p)]
+      >>> p = save_results(os.path.join(tempfile.mkdtemp(), "b.json"), [r])
+      >>> [x.name for x in load_results(p)]
       ['sin']
     """
     text = json.dumps(to_document(results, extra=extra), indent=1, allow_nan=False) + "\n"
@@ -93,7 +93,7 @@ def save(
     return target
 
 
-def load(path: str | os.PathLike[str], /) -> list[BenchResult]:
+def load_results(path: str | os.PathLike[str], /) -> list[BenchResult]:
     """Reads the results of a ``treeguard.bench/1`` file.
 
     Each result gets the file's conditions.

@@ -225,7 +225,7 @@ class BenchResult:
         return sum(self.phases.get(k) or 0.0 for k in ("trace_s", "lower_s", "compile_s"))
 
     def to_dict(self, *, with_conditions: bool = True) -> dict[str, Any]:
-        """The JSON form of one result (see ``treeguard.bench.save``)."""
+        """The JSON form of one result (see ``treeguard.bench.save_results``)."""
         out: dict[str, Any] = {
             "name": self.name,
             "status": self.status,

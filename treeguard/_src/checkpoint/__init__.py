@@ -16,7 +16,6 @@ from .format import TensorInfo as TensorInfo
 from .format import encode_header as encode_header
 from .format import header_digest as header_digest
 from .load import load as load
-from .load import load_with_report as load_with_report
 from .load import spec_from_file as spec_from_file
 from .load import spec_reader as spec_reader
 from .read import read_header as read_header
@@ -39,7 +38,6 @@ __all__ = [
     "header_digest",
     "import_weights",
     "load",
-    "load_with_report",
     "open_checkpoint",
     "read_foreign",
     "read_header",

@@ -13,7 +13,6 @@ from typing import Any, Literal
 from ..errors import ConfigError, FormatError
 from ..hashing import pread_into
 from ..spec import TreeSpec
-from ..surgery import Surgery
 from .files import open_checkpoint, read_raw_header
 from .foreign import Unverified, check_unverified, foreign_header, is_foreign, load_foreign
 from .format import K_FORMAT, MAX_HEADER_BYTES, header_from_doc
@@ -108,7 +107,7 @@ def load(
         reported as dropped, and any other stored leaf ``like`` lacks is
         still a mismatch. A rename may then reuse a dropped path.
       report: return ``(tree, Surgery)``, the report of every path
-        initialised, renamed or dropped (``load_with_report`` does this).
+        initialised, renamed or dropped.
 
     Returns:
       The tree, or ``(tree, Surgery)`` with ``report=True``.
@@ -161,6 +160,20 @@ def load(
       (3, 1)
       >>> load(path, like={"dense2": {"b": jnp.zeros(1)}}, ignore=["['dense2']['w']"])
       {'dense2': {'b': Array([0.], dtype=float32)}}
+
+      A model that gained a head and lost a layer, with the report of each change:
+
+      >>> old = os.path.join(os.path.dirname(path), "old.safetensors")
+      >>> save(old, {"body": np.ones(3, np.float32), "old": np.ones(2, np.float32)})
+      >>> new = {"body": np.zeros(3, np.float32), "head": np.full(4, 0.5, np.float32)}
+      >>> tree, changes = load(
+      ...     old, like=new, missing="init", init=new, unexpected="drop", report=True)
+      >>> tree["head"]
+      array([0.5, 0.5, 0.5, 0.5], dtype=float32)
+      >>> print(changes)  # doctest: +ELLIPSIS
+      /...old.safetensors: 2 changes
+        initialised ['head'] f32[4]
+        dropped ['old'] f32[2]
     """
     if (rename or allow_missing) and like is None:
         raise ValueError("rename and allow_missing need `like`, the tree to migrate into")
@@ -190,44 +203,6 @@ def load(
     finally:
         os.close(fd)
     return (tree, changes) if report else tree
-
-
-def load_with_report(path: str | os.PathLike[str], /, **options: Any) -> tuple[Any, Surgery]:
-    """``load(path, report=True, **options)``: the tree and the ``Surgery``
-    report of every path initialised, renamed or dropped on the way.
-
-    Args:
-      path: a file written by ``save``.
-      **options: ``load``'s options (``like``, ``missing``, ``init``,
-        ``unexpected``, ``rename``, ``subtree``, ...).
-
-    Returns:
-      ``(tree, Surgery)``.
-
-    Raises:
-      TreeMismatchError, ConfigError, FormatError, IntegrityError: as ``load``.
-
-    Example:
-      A model that gained a head and lost a layer:
-
-      >>> import os, tempfile, numpy as np
-      >>> from treeguard import save
-      >>> path = os.path.join(tempfile.mkdtemp(), "old.safetensors")
-      >>> save(path, {"body": np.ones(3, np.float32), "old": np.ones(2, np.float32)})
-      >>> new = {"body": np.zeros(3, np.float32), "head": np.full(4, 0.5, np.float32)}
-      >>> tree, report = load_with_report(
-      ...     path, like=new, missing="init", init=new, unexpected="drop")
-      >>> tree["body"], tree["head"]
-      (array([1., 1., 1.], dtype=float32), array([0.5, 0.5, 0.5, 0.5], dtype=float32))
-      >>> print(report)  # doctest: +ELLIPSIS
-      /...old.safetensors: 2 changes
-        initialised ['head'] f32[4]
-        dropped ['old'] f32[2]
-    """
-    if "report" in options:
-        raise ConfigError("load_with_report always reports; drop report=")
-    tree, changes = load(path, report=True, **options)
-    return tree, changes
 
 
 def spec_reader(path: str | os.PathLike[str], /) -> TreeSpec | None:

@@ -21,7 +21,7 @@ import os
 from collections.abc import Callable
 
 from ..atomic import file_kind
-from ..dirtree import plain_tree as _plain_tree
+from ..dirtree import plain_bytes
 from ..errors import FormatError
 from ..leaf import dtype_of
 from ..strictjson import loads
@@ -73,7 +73,7 @@ def plain_tree(name: str, *, hint: str) -> int:
     def too_big(what: str) -> FormatError:
         return FormatError(f"holds {what}", context=name, hint=hint)
 
-    return _plain_tree(name, max_entries=MAX_ENTRIES, refuse=refuse, too_big=too_big)
+    return plain_bytes(name, max_entries=MAX_ENTRIES, refuse=refuse, too_big=too_big)
 
 
 def refuse_forged_claim(claimed: int, on_disk: int, name: str, *, compressed: bool = True) -> None:

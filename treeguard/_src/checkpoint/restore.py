@@ -45,15 +45,13 @@ def walk_like(like: Any) -> tuple[TreeSpec, list[Any] | None, Any]:
 
 def buffer(nbytes: int, *, populate: bool = True) -> np.ndarray[Any, Any]:
     """A fresh byte buffer; a large one is an anonymous mapping whose pages
-    the kernel fills in at once (``MAP_POPULATE``: measured 1.6x to 5x
-    faster here than faulting them in one by one during the reads of a
-    file; numpy would ask for huge pages, which can stall a whole load while
-    the kernel compacts memory). ``populate=False`` leaves them to whoever
-    fills the buffer: the threads that read a file fault in each chunk's
-    pages just before its read (``hashing.prefault``, as cheap per page, on
-    several cores and while the chunks read are hashed); bytes that arrive
-    over the network fault them in as they arrive (measured 1.3x faster for
-    a load from a bucket than filling them in first)."""
+    the kernel fills in at once (``MAP_POPULATE``), never numpy's huge pages,
+    which can stall a whole load while the kernel compacts memory.
+    ``populate=False`` leaves them to whoever fills the buffer: the threads
+    that read a file fault in each chunk's pages just before its read
+    (``hashing.prefault``), bytes that arrive over the network as they
+    arrive. Why, with figures: the performance page, "How a load moves the
+    bytes"."""
     if nbytes < _MAPPED:
         return np.empty(max(nbytes, 1), np.uint8)
     flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS

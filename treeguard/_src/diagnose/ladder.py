@@ -38,7 +38,7 @@ from ..nonfinite import find_nonfinite
 from ..spec import spec_of
 from ..tolerance import Tolerance, TolerancePolicy
 from ..verify import refs as refs_mod
-from ..verify.cases import Case, generate
+from ..verify.cases import Case, generate_cases
 from ..verify.checks import check_keys
 from ..verify.compare import LeafError, compare_trees
 from ..verify.context import Context
@@ -93,9 +93,11 @@ class _Ladder:
         self.tolerances = tolerances
         loaded = None
         if references is not None and references.exists():
-            loaded = refs_mod.load(references, exceptions=refs_mod.declared_exceptions(model))
+            loaded = refs_mod.load_references(
+                references, exceptions=refs_mod.declared_exceptions(model)
+            )
         self.refs = loaded
-        cases = list(loaded.cases) if loaded is not None else generate(model)
+        cases = list(loaded.cases) if loaded is not None else generate_cases(model)
         self.ctx = Context(model=model, cases=cases, references=loaded)
 
     # -- 1. data ---------------------------------------------------------------
@@ -103,7 +105,7 @@ class _Ladder:
     def data(self) -> StageResult:
         bad: list[str] = []
         info: list[str] = []
-        fresh = {c.name: _case_hash(c) for c in generate(self.model)} if self.refs else {}
+        fresh = {c.name: _case_hash(c) for c in generate_cases(self.model)} if self.refs else {}
         for case in self.ctx.positive:
             digest = _case_hash(case)
             info.append(f"case {case.name!r} ({case.summary()}): sha256 {digest[:16]}")

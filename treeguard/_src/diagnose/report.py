@@ -254,7 +254,7 @@ def _stage_html(s: StageResult) -> str:
     )
 
 
-def to_html(d: Diagnosis) -> str:
+def diagnosis_html(d: Diagnosis) -> str:
     """The ``diagnosis.html`` page: self-contained, no script, no external file."""
     failed = d.failed
     out = [
@@ -319,6 +319,10 @@ def write(d: Diagnosis, directory: str | os.PathLike[str]) -> dict[str, Path]:
         "md": root / "diagnosis.md",
         "html": root / "diagnosis.html",
     }
-    for kind, text in (("json", to_json(d) + "\n"), ("md", to_markdown(d)), ("html", to_html(d))):
+    for kind, text in (
+        ("json", to_json(d) + "\n"),
+        ("md", to_markdown(d)),
+        ("html", diagnosis_html(d)),
+    ):
         atomic_write(files[kind], text.encode("utf-8"))
     return files

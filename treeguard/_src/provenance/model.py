@@ -17,7 +17,7 @@ import stat
 from collections.abc import Collection, Mapping
 
 from ..atomic import atomic_write, file_kind, open_regular, read_regular
-from ..dirtree import plain_tree
+from ..dirtree import plain_bytes
 from ..errors import FormatError, cap_lines
 from ..hashing import DEFAULT, Algorithm, hash_file
 from .errors import MissingSignatureError, SignedDigestError
@@ -85,7 +85,7 @@ def model_files(path: str | os.PathLike[str], /, *, ignore: Collection[str] = ()
     def too_big(what: str) -> FormatError:
         return FormatError(f"the model holds {what}", context=name, hint="sign a smaller model")
 
-    plain_tree(
+    plain_bytes(
         name,
         max_entries=MAX_FILES,
         refuse=lambda rel, mode: _not_plain(name, rel, mode),

@@ -49,7 +49,7 @@ from .spec import Limits
 from .transport import MAX_METADATA_BYTES, Dropped
 
 log = logging.getLogger("treeguard.serving")
-pb: Any = messages.load()  # classes built at run time, untyped
+pb: Any = messages.load_messages()  # classes built at run time, untyped
 
 SERVICE = "inference.GRPCInferenceService"
 

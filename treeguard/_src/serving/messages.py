@@ -37,14 +37,14 @@ NAMES = (
 )
 
 
-def load() -> Any:
+def load_messages() -> Any:
     """The message classes, by name, built in a private descriptor pool.
 
     Returns:
       A namespace with one attribute per name in ``NAMES``.
 
     Example:
-      >>> pb = load()
+      >>> pb = load_messages()
       >>> pb.ServerLiveResponse(live=True).SerializeToString()
       b'\\x08\\x01'
     """

@@ -22,9 +22,9 @@ import numpy as np
 from ..diff import check
 from ..nonfinite import host_all_finite
 from ..spec import LeafSpec, spec_of
-from ..verify.cases import generate
+from ..verify.cases import generate_cases
 from ..verify.model import Model
-from ..verify.refs import load as load_refs
+from ..verify.refs import load_references
 from .verdicts import PREFIX
 
 log = logging.getLogger("treeguard.serving")
@@ -75,9 +75,11 @@ def params_like(model: Model) -> Any:
 
 def _batches(model: Model) -> list[tuple[str, Any]]:
     invalid = {"invalid_shape", *(inv.name for inv in model.invalid_inputs)}
-    out = [(c.name, c.batch) for c in generate(model) if not c.negative and c.name not in invalid]
+    out = [
+        (c.name, c.batch) for c in generate_cases(model) if not c.negative and c.name not in invalid
+    ]
     if model.references is not None:
-        refs = load_refs(model.references)
+        refs = load_references(model.references)
         out += [(f"reference {c.name}", c.batch) for c in refs.cases if c.name in refs.expected]
     return out
 

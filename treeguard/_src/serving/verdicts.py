@@ -19,8 +19,8 @@ def model_checks(checks: Sequence[Any]) -> list[str]:
     """The names of the release checks among a verdict's recorded checks.
 
     Example:
-      >>> from treeguard._src.store.records import CheckResult
-      >>> model_checks([CheckResult("integrity", True), CheckResult("model.finite", True)])
+      >>> from treeguard._src.store.records import CheckRecord
+      >>> model_checks([CheckRecord("integrity", True), CheckRecord("model.finite", True)])
       ['model.finite']
     """
     return [c.name for c in checks if c.name.startswith(PREFIX)]

@@ -241,10 +241,10 @@ class Weights:
         if not self._refs_loaded:
             self._refs_loaded = True
             if self.model.references is not None:
-                from ..verify.refs import load as load_refs
+                from ..verify.refs import load_references
 
                 try:
-                    self._refs = load_refs(self.model.references)
+                    self._refs = load_references(self.model.references)
                 except (OSError, FormatError, IntegrityError) as e:
                     log.warning("reference batches unreadable, regression check skipped: %s", e)
         return self._refs
@@ -569,10 +569,10 @@ def quarantined_in(versions: Sequence[Any]) -> set[str]:
     """The versions whose verdict is a quarantine: rejected by the check ``QUARANTINE``.
 
     Example:
-      >>> from treeguard._src.store.records import CheckResult
+      >>> from treeguard._src.store.records import CheckRecord
       >>> class Info:
       ...     version, status = "v000002", "rejected"
-      ...     checks = [CheckResult("integrity", True), CheckResult(QUARANTINE, False)]
+      ...     checks = [CheckRecord("integrity", True), CheckRecord(QUARANTINE, False)]
       >>> quarantined_in([Info()])
       {'v000002'}
     """

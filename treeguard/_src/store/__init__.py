@@ -10,7 +10,7 @@ from .layout import STORE_FORMAT as STORE_FORMAT
 from .log import Event as Event
 from .records import STATUSES as STATUSES
 from .records import UNREADABLE as UNREADABLE
-from .records import CheckResult as CheckResult
+from .records import CheckRecord as CheckRecord
 from .records import VersionInfo as VersionInfo
 from .retention import RetentionPolicy as RetentionPolicy
 from .store import ArtifactStore as ArtifactStore

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from ..leaf import summarize
-from .records import CheckResult
+from .records import CheckRecord
 
 #: A check run by ``verify``: a callable taking the loaded tree, or a
 #: ``(name, callable)`` pair. It passes by returning None or any true value
@@ -18,25 +18,25 @@ from .records import CheckResult
 Check = Callable[[Any], object] | tuple[str, Callable[[Any], object]]
 
 
-def run_checks(tree: Any, checks: Sequence[Check]) -> tuple[list[CheckResult], str | None]:
+def run_checks(tree: Any, checks: Sequence[Check]) -> tuple[list[CheckRecord], str | None]:
     """Runs checks in order up to the first failure.
 
     Returns:
       The results, and the reason of the first failure (None if all pass).
     """
-    results: list[CheckResult] = []
+    results: list[CheckRecord] = []
     for i, check in enumerate(checks):
         name, fn = check if isinstance(check, tuple) else (_name(check, i), check)
         try:
             ok = fn(tree)
         except Exception as e:  # noqa: BLE001 - a check's failure is data here
-            results.append(CheckResult(name, False, f"{type(e).__name__}: {e}"))
+            results.append(CheckRecord(name, False, f"{type(e).__name__}: {e}"))
             return results, f"check {name} raised {type(e).__name__}: {e}"
         failure = _failure(ok)
         if failure is not None:
-            results.append(CheckResult(name, False, failure))
+            results.append(CheckRecord(name, False, failure))
             return results, f"check {name} {failure}"
-        results.append(CheckResult(name, True))
+        results.append(CheckRecord(name, True))
     return results, None
 
 

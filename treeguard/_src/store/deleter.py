@@ -23,7 +23,7 @@ import stat
 from collections.abc import Callable, Iterator
 
 from ..atomic import stale_temp
-from ..dirtree import plain_tree
+from ..dirtree import plain_bytes
 from ..errors import StoreError
 from ..sharded.manifest import MANIFEST_NAME, is_data_name
 from .layout import MAX_TREE_ENTRIES, MODEL_FILE, STATUS_FILE
@@ -76,7 +76,7 @@ def _plain(fd: int) -> bool:
     """Whether the directory open at ``fd`` holds only regular files and
     real directories, at every depth (followed nowhere)."""
     try:
-        plain_tree(fd, max_entries=MAX_TREE_ENTRIES, refuse=_not_plain, too_big=_not_plain)
+        plain_bytes(fd, max_entries=MAX_TREE_ENTRIES, refuse=_not_plain, too_big=_not_plain)
     except (StoreError, OSError):
         return False
     return True

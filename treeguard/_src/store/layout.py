@@ -326,7 +326,7 @@ class Layout:
                 hint="restore the version from a backup",
             )
 
-        dirtree.plain_tree(directory, max_entries=MAX_TREE_ENTRIES, refuse=refuse, too_big=too_big)
+        dirtree.plain_bytes(directory, max_entries=MAX_TREE_ENTRIES, refuse=refuse, too_big=too_big)
 
     # -- the lock --------------------------------------------------------
 

@@ -69,7 +69,7 @@ def now() -> str:
 
 
 @dataclasses.dataclass(frozen=True)
-class CheckResult:
+class CheckRecord:
     """The outcome of one check run by ``verify``.
 
     Attributes:
@@ -119,7 +119,7 @@ class VersionInfo:
     created: str
     updated: str
     metadata: dict[str, Any]
-    checks: tuple[CheckResult, ...]
+    checks: tuple[CheckRecord, ...]
     contract: str | None
     num_leaves: int | None
     num_params: int | None
@@ -220,9 +220,9 @@ def write(version_dir: str, version: str, data: dict[str, Any]) -> dict[str, Any
     return data
 
 
-def check_results(raw: list[Any], where: str) -> tuple[CheckResult, ...]:
+def check_results(raw: list[Any], where: str) -> tuple[CheckRecord, ...]:
     """The ``checks`` of a record, validated."""
-    out: list[CheckResult] = []
+    out: list[CheckRecord] = []
     for i, c in enumerate(raw):
         if (
             not isinstance(c, dict)
@@ -237,7 +237,7 @@ def check_results(raw: list[Any], where: str) -> tuple[CheckResult, ...]:
                 context=where,
                 hint=_HINT,
             )
-        out.append(CheckResult(c["name"], c["ok"], c.get("detail", "")))
+        out.append(CheckRecord(c["name"], c["ok"], c.get("detail", "")))
     return tuple(out)
 
 

@@ -37,7 +37,7 @@ from .backend import Backend, record_of
 from .checks import Check, run_checks
 from .lead import lead_acts
 from .payload import shardable
-from .records import CheckResult, VersionInfo
+from .records import CheckRecord, VersionInfo
 from .signing import KEY_ENV, VerdictSigner
 
 #: The statuses a verdict records; each is signed, and checked, alike.
@@ -60,7 +60,7 @@ class Judgement:
       contract: how the contract was named (``"`like`"``, a version).
     """
 
-    results: list[CheckResult]
+    results: list[CheckRecord]
     reason: str | None
     digest: str | None
     contract: str
@@ -108,17 +108,17 @@ def judge(
         tree = load(digests)
     except TreeMismatchError as e:
         text = format_contract(e, contract_name)
-        results = [CheckResult("integrity", True, valid), CheckResult("contract", False, text)]
+        results = [CheckRecord("integrity", True, valid), CheckRecord("contract", False, text)]
         return Judgement(
             results, f"contract: {text}", digests[0] if digests else None, contract_name
         )
     except (IntegrityError, FormatError) as e:  # about the bytes; never a failed read
         return Judgement(
-            [CheckResult("integrity", False, str(e))], f"integrity: {e}", None, contract_name
+            [CheckRecord("integrity", False, str(e))], f"integrity: {e}", None, contract_name
         )
     results = [
-        CheckResult("integrity", True, verified),
-        CheckResult("contract", True, f"matches {contract_name}"),
+        CheckRecord("integrity", True, verified),
+        CheckRecord("contract", True, f"matches {contract_name}"),
     ]
     more, reason = run_checks(tree, checks)
     return Judgement(results + more, reason, digests[0], contract_name)
@@ -343,7 +343,7 @@ def _agreed(version: str, mine: Judgement | StorageError) -> Judgement:
     if first is not None and mine.reason is None:
         return dataclasses.replace(
             mine,
-            results=[*mine.results, CheckResult("other processes", False, first)],
+            results=[*mine.results, CheckRecord("other processes", False, first)],
             reason=first,
         )
     return mine

@@ -262,7 +262,7 @@ def _deleted_or_leaked(error: Exception, lays: Sequence[LabelledTree]) -> tuple[
     return problems, hint
 
 
-def diagnose(
+def explain_step_error(
     error: Exception, layouts: Callable[[], Sequence[LabelledTree]], hyper: dict[str, Any]
 ) -> None:
     """Turns JAX's complaint about a step's arguments into an error that names
@@ -326,5 +326,5 @@ def run_step(
         raise
     except Exception as e:
         if isinstance(e, (TypeError, ValueError, RuntimeError)) or from_jax(e):
-            diagnose(e, layouts, hyper)
+            explain_step_error(e, layouts, hyper)
         raise

@@ -128,7 +128,7 @@ def invalid_shape(
     return jax.tree.unflatten(spec.treedef, out), note
 
 
-def generate(model: Model) -> list[Case]:
+def generate_cases(model: Model) -> list[Case]:
     """The positive and negative cases of ``model``, deterministically from its seed.
 
     Args:
@@ -148,7 +148,7 @@ def generate(model: Model) -> list[Case]:
       >>> from treeguard._src.verify.model import Model
       >>> m = Model(init=lambda k: {}, apply=lambda p, b: b["x"], loss=lambda p, b: 0.0,
       ...           batch_spec=spec_of({"x": LeafSpec(("B", 2), "float32")}), rtol=0, atol=0)
-      >>> [(c.name, c.summary()) for c in generate(m)]  # doctest: +NORMALIZE_WHITESPACE
+      >>> [(c.name, c.summary()) for c in generate_cases(m)]  # doctest: +NORMALIZE_WHITESPACE
       [('standard', "['x']: f32[8,2]"), ('single', "['x']: f32[1,2]"),
        ('zeros', "['x']: f32[8,2]"), ('boundary', "['x']: f32[8,2]"),
        ('invalid_shape', "['x']: f32[8,3]")]

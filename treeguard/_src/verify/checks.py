@@ -34,7 +34,7 @@ from .splits import check_splits
 from .training import check_training
 
 #: The checks, in the order they run; the names are part of the interface.
-NAMES: tuple[str, ...] = (
+CHECKS: tuple[str, ...] = (
     "contract",
     "keys",
     "finite",
@@ -417,7 +417,7 @@ def check_environment(ctx: Context) -> CheckResult:
 # -- 10. performance: ``performance.check_performance`` -------------------------
 
 
-CHECKS: Mapping[str, Callable[[Context], CheckResult]] = {
+RUNNERS: Mapping[str, Callable[[Context], CheckResult]] = {
     "contract": check_contract,
     "keys": check_keys,
     "finite": check_finite,
@@ -435,7 +435,7 @@ def run_check(name: str, ctx: Context) -> CheckResult:
     """Runs one check; an unexpected exception fails it, with the exception as evidence."""
     start = time.perf_counter()
     try:
-        result = CHECKS[name](ctx)
+        result = RUNNERS[name](ctx)
     except Exception as e:  # noqa: BLE001 - any crash is this check's finding
         result = CheckResult(
             name,

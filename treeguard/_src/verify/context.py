@@ -71,7 +71,7 @@ class CheckResult:
     """The outcome of one check.
 
     Attributes:
-      name: the check's stable name (one of ``NAMES``).
+      name: the check's stable name (one of ``CHECKS``).
       status: ``pass``, ``fail`` or ``skip``.
       summary: one line.
       evidence: the lines that show why: on failure they name the cause

@@ -192,7 +192,7 @@ def declared_exceptions(model: Model) -> list[type[BaseException]]:
     return list(dict.fromkeys(out))
 
 
-def save(
+def save_references(
     path: str | os.PathLike[str],
     *,
     params: Any,
@@ -240,7 +240,7 @@ def save(
     return target
 
 
-def load(
+def load_references(
     path: str | os.PathLike[str], /, *, exceptions: Iterable[type[BaseException]] = ()
 ) -> References:
     """Reads a references file back, every hash verified.
@@ -268,7 +268,7 @@ def load(
       >>> from treeguard.examples.mlp import model
       >>> from treeguard._src.verify.run import record_references
       >>> p = record_references(model, os.path.join(tempfile.mkdtemp(), "r.safetensors"))
-      >>> load(p).cases[-1].raises
+      >>> load_references(p).cases[-1].raises
       (<class 'ValueError'>,)
     """
     source = Path(path)

@@ -15,8 +15,8 @@ from ..env import environment
 from ..errors import ConfigError, IntegrityError
 from ..spec import spec_of
 from . import refs as refs_mod
-from .cases import Case, generate
-from .checks import NAMES, run_check
+from .cases import Case, generate_cases
+from .checks import CHECKS, run_check
 from .context import CheckResult, Context
 from .model import Model
 from .performance import benchmark_apply
@@ -61,7 +61,7 @@ def _record(programs: Programs, cases: list[Case], path: str | os.PathLike[str],
     """Writes the references from the shared compiled functions' results."""
     model = programs.model
     expected = {c.name: programs.results(c) for c in cases if not c.negative}
-    return refs_mod.save(
+    return refs_mod.save_references(
         path,
         params=programs.params(),
         cases=cases,
@@ -127,7 +127,7 @@ def run(
     ref_path, write_path = _reference_paths(model, references)
     loaded = _load_references(model, ref_path, record=record)
     model, spec_path = _params_spec_to_record(model, record=record)
-    cases = list(loaded.cases) if loaded is not None and not record else generate(model)
+    cases = list(loaded.cases) if loaded is not None and not record else generate_cases(model)
     # The benchmark runs first, so that compile time is not a cache hit.
     bench_result = None
     if bench or getattr(model, "performance", None) is not None:
@@ -137,7 +137,7 @@ def run(
     prepare_start = time.perf_counter()
     ctx.prepare()
     prepared_s = time.perf_counter() - prepare_start
-    results: list[CheckResult] = [run_check(n, ctx) for n in NAMES]
+    results: list[CheckResult] = [run_check(n, ctx) for n in CHECKS]
     recorded: str | None = None
     if record and write_path is not None:
         recorded = _record_if_passed(ctx, results, write_path, spec_path, name or model.name)
@@ -188,7 +188,9 @@ def _load_references(
         return None
     if ref_path.exists():
         try:
-            return refs_mod.load(ref_path, exceptions=refs_mod.declared_exceptions(model))
+            return refs_mod.load_references(
+                ref_path, exceptions=refs_mod.declared_exceptions(model)
+            )
         except IntegrityError as e:  # the run's input is damaged: nothing was checked
             raise ConfigError(
                 e.message,
@@ -285,7 +287,7 @@ def record_references(
       >>> import os, tempfile
       >>> from treeguard.examples.mlp import model
       >>> p = record_references(model, os.path.join(tempfile.mkdtemp(), "r.safetensors"))
-      >>> [c.name for c in refs_mod.load(p).cases]
+      >>> [c.name for c in refs_mod.load_references(p).cases]
       ['standard', 'single', 'zeros', 'boundary', 'invalid_shape']
     """
-    return _record(Programs(model), generate(model), path, name or model.name)
+    return _record(Programs(model), generate_cases(model), path, name or model.name)

@@ -245,7 +245,7 @@ def disconnect() -> None:
         shutil.rmtree(_owned_folders.pop(), ignore_errors=True)
 
 
-def run(
+def run_application(
     application: Any,
     *,
     name: str = DEFAULT_NAME,

@@ -30,7 +30,7 @@ from ...errors import ServingError
 from ..app import Server
 from ..runner import Slot
 from .health import unhealthy
-from .rollout import Command, Report, Rollout
+from .rollout import Command, ReplicaReport, Rollout
 
 log = logging.getLogger("treeguard.serving")
 
@@ -80,13 +80,13 @@ class Coordinator:
             assert self.state.command is not None
             return self.state.command
 
-    async def report(self, report: Report) -> None:
+    async def report(self, report: ReplicaReport) -> None:
         """Records a replica's answer."""
         async with self._cond():
             self.state.report(report)
             self._cond().notify_all()
 
-    async def reports(self, seq: int, live: list[str], wake_s: float) -> dict[str, Report]:
+    async def reports(self, seq: int, live: list[str], wake_s: float) -> dict[str, ReplicaReport]:
         """The answers to round ``seq`` once each of ``live`` has answered,
         or whatever has come after ``wake_s`` (so the caller can read which
         replicas are alive again)."""
@@ -223,7 +223,7 @@ class Replica:
             report = await self._apply(cmd)
             await self.coordinator.report.remote(report)
 
-    async def _apply(self, cmd: Command) -> Report:
+    async def _apply(self, cmd: Command) -> ReplicaReport:
         weights = self.engine.weights
         try:
             if cmd.action == "prepare":
@@ -237,8 +237,8 @@ class Replica:
                 self.prepared = None
         except Exception as e:  # noqa: BLE001 - any failure is this replica's answer
             log.warning("swap round %s %s failed: %s", cmd.action, cmd.version, e)
-            return Report.failed(self.replica, cmd.seq, e, _active(self.engine))
-        return Report(self.replica, cmd.seq, True, active=_active(self.engine))
+            return ReplicaReport.failed(self.replica, cmd.seq, e, _active(self.engine))
+        return ReplicaReport(self.replica, cmd.seq, True, active=_active(self.engine))
 
     def __del__(self) -> None:
         server = getattr(self, "_metrics_server", None)

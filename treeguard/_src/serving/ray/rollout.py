@@ -36,7 +36,7 @@ class Command:
 
 
 @dataclasses.dataclass(frozen=True)
-class Report:
+class ReplicaReport:
     """One replica's answer to a round.
 
     Attributes:
@@ -54,7 +54,9 @@ class Report:
     active: str | None = None
 
     @classmethod
-    def failed(cls, replica: str, seq: int, error: BaseException, active: str | None) -> Report:
+    def failed(
+        cls, replica: str, seq: int, error: BaseException, active: str | None
+    ) -> ReplicaReport:
         """The report of an action that raised ``error``."""
         return cls(replica, seq, False, reason_of(error, limit=500), active)
 
@@ -82,11 +84,14 @@ class Decision:
         return self.done and not self.failed
 
 
-def decide(live: Iterable[str], reports: Mapping[str, Report]) -> Decision:
+def decide(live: Iterable[str], reports: Mapping[str, ReplicaReport]) -> Decision:
     """Reads a round's reports against the replicas alive now.
 
     Example:
-      >>> r = {"a": Report("a", 1, True), "b": Report("b", 1, False, "fails the finite check")}
+      >>> r = {
+      ...     "a": ReplicaReport("a", 1, True),
+      ...     "b": ReplicaReport("b", 1, False, "fails the finite check"),
+      ... }
       >>> decide({"a", "b"}, r).failed
       {'b': 'fails the finite check'}
       >>> decide({"a", "c"}, r).waiting, decide({"a"}, r).passed
@@ -107,8 +112,8 @@ class Rollout:
     Example:
       >>> r = Rollout()
       >>> cmd = r.publish("prepare", "v000002")
-      >>> r.report(Report("a", cmd.seq, True, active="v000001"))
-      >>> r.report(Report("a", cmd.seq - 1, False))  # an answer to an older round is dropped
+      >>> r.report(ReplicaReport("a", cmd.seq, True, active="v000001"))
+      >>> r.report(ReplicaReport("a", cmd.seq - 1, False))  # an answer to an older round is dropped
       >>> decide({"a"}, r.reports).passed
       True
       >>> r.publish("commit", "v000002").seq, r.committed
@@ -120,7 +125,7 @@ class Rollout:
     def __init__(self) -> None:
         self.seq = 0
         self.command: Command | None = None
-        self.reports: dict[str, Report] = {}
+        self.reports: dict[str, ReplicaReport] = {}
         #: the version a commit moved the fleet to while the store's pointer
         #: does not name it yet, for replicas that start in between
         self.committed: str | None = None
@@ -144,7 +149,7 @@ class Rollout:
         if self.committed == version:
             self.committed = None
 
-    def report(self, report: Report) -> None:
+    def report(self, report: ReplicaReport) -> None:
         """Records an answer to the round in force (others are dropped)."""
         if report.seq == self.seq:
             self.reports[report.replica] = report
