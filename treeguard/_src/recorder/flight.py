@@ -16,11 +16,10 @@ is read; nothing is copied while the step is finite.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -146,9 +145,10 @@ def finite_flag(leaves: list[Any]) -> jax.Array:
 _check = jax.jit(finite_flag)
 
 
-@dataclasses.dataclass(frozen=True)
-class _Dispatched:
-    """A dispatched step: its number, outputs, flag and arguments."""
+class _Dispatched(NamedTuple):
+    """A dispatched step: its number, outputs, flag and arguments (a tuple:
+    made on every step, where a frozen dataclass's ``__init__`` costs several
+    times as much)."""
 
     number: int
     out: Any
