@@ -16,6 +16,7 @@ from typing import Any
 
 import jax
 import pytest
+from subproc import run_python
 
 
 def cpu_devices(n: int) -> list[Any]:
@@ -73,3 +74,41 @@ def matmul_tolerance(rtol: float, atol: float) -> dict[str, float]:
         "rtol": max(rtol, ACCELERATOR_TOLERANCE["rtol"]),
         "atol": max(atol, ACCELERATOR_TOLERANCE["atol"]),
     }
+
+
+# A forked child's ``ru_maxrss`` starts at what it holds; it then allocates and
+# touches a known number of bytes and prints how much the mark grew.
+_PEAK_PROBE = """
+import os, resource, sys
+import numpy as np
+pid = os.fork()
+if pid:
+    sys.exit(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+touched = np.ones(int(sys.argv[1]), np.uint8)
+print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024, flush=True)
+os._exit(0)
+"""
+
+
+@functools.cache
+def peak_rss_per_byte() -> float:
+    """How much a forked child's peak resident set (``ru_maxrss``) grows per
+    byte of a freshly allocated and touched 8 MiB array: about 1 on Linux
+    (1.2 on the CPU box), 2.1 under the TPU machine's gVisor."""
+    size = 8 << 20
+    done = run_python(_PEAK_PROBE, str(size))
+    assert done.returncode == 0, done.stderr
+    return int(done.stdout) / size
+
+
+def needs_peak_rss_counted_once() -> None:
+    """Skips the calling test, saying why, where ``ru_maxrss`` counts a touched
+    byte more than once, so that a bound on peak memory in bytes cannot be held
+    to (gVisor's accounting on the TPU machine: 17.9 MB for 8 MiB)."""
+    per_byte = peak_rss_per_byte()
+    if per_byte > 1.5:
+        pytest.skip(
+            f"this kernel's ru_maxrss grows by {per_byte:.1f} bytes per byte allocated and "
+            "touched, so a bound on peak memory in bytes cannot be checked here"
+        )

@@ -20,11 +20,18 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment of a child interpreter: this one's, on the CPU, with
-    the project importable, plus ``extra``."""
+    the project importable, plus ``extra``.
+
+    A ``PYTHONPATH`` in ``extra`` comes first and this one's follows it: where
+    the dependencies are themselves on ``PYTHONPATH`` (the TPU machine has no
+    virtual environment), a child given a test's own path still imports them.
+    """
     env = dict(os.environ)
+    extra = dict(extra or {})
+    paths = [extra.pop("PYTHONPATH", ""), str(ROOT), env.get("PYTHONPATH", "")]
     env["JAX_PLATFORMS"] = "cpu"
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
-    env.update(extra or {})
+    env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
+    env.update(extra)
     return env
 
 

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from machine import needs_peak_rss_counted_once
 from serving_support import client, mlp_spec
 from subproc import run_python
 
@@ -220,6 +221,7 @@ def _cost(tmp_path, item: bytes, count: int, junk: bytes = b"", whole: int = 64 
     ids=["floats", "zeros", "objects", "strings", "zeros-outside", "data-lists"],
 )
 def test_a_body_costs_at_most_4x_its_size_in_memory(tmp_path, item, count, junk, verdict):
+    needs_peak_rss_counted_once()
     got, size, cost = _cost(tmp_path, item, count, junk)
     assert got == verdict
     print(f"{verdict}: a body of {size} bytes cost {cost} bytes")

@@ -16,11 +16,10 @@ is read; nothing is copied while the step is finite.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -146,9 +145,10 @@ def finite_flag(leaves: list[Any]) -> jax.Array:
 _check = jax.jit(finite_flag)
 
 
-@dataclasses.dataclass(frozen=True)
-class _Dispatched:
-    """A dispatched step: its number, outputs, flag and arguments."""
+class _Dispatched(NamedTuple):
+    """A dispatched step: its number, outputs, flag and arguments (a tuple:
+    made on every step, where a frozen dataclass's ``__init__`` costs several
+    times as much)."""
 
     number: int
     out: Any
@@ -418,8 +418,8 @@ class RecordedStep:
             ``.bundle_error`` and chained).
         """
         out, ok = self._fn(params, opt_state, batch, key)
-        step = _Dispatched(self.step_number, out, ok, params, opt_state, batch, key)
         if self.check == "next":
+            step = _Dispatched(self.step_number, out, ok, params, opt_state, batch, key)
             if isinstance(ok, jax.Array):
                 ok.copy_to_host_async()  # ready on the host by the next call
             earlier, self._pending = self._pending, step
@@ -435,7 +435,8 @@ class RecordedStep:
         if bool(ok):  # the one host sync: a scalar
             self.step_number += 1
             return self._returned(out)
-        raise self._refuse(step)
+        # made on the error path only: a finite step with check="now" keeps nothing
+        raise self._refuse(_Dispatched(self.step_number, out, ok, params, opt_state, batch, key))
 
     def flush(self) -> None:
         """Reads the flag of the last dispatched step (``check="next"``);
