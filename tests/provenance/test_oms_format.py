@@ -11,7 +11,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from treeguard import FormatError
-from treeguard._src.provenance.oms import Manifest, read_bundle, safe_name, write_bundle
+from treeguard._src.provenance.oms import (
+    ModelManifest,
+    read_oms_bundle,
+    safe_name,
+    write_oms_bundle,
+)
 from treeguard.provenance import ProvenanceError, TrustPolicy, generate_keys, load_signing_key
 
 _PART = st.text(
@@ -31,11 +36,11 @@ _DIGEST = st.binary(min_size=32, max_size=32).map(bytes.hex)
 def test_a_statement_reads_back(digests: dict[str, str], algorithm: str) -> None:
     if not all(safe_name(n) for n in digests):  # a name with a control character
         with pytest.raises(FormatError, match="cannot be signed"):
-            Manifest("model", algorithm, digests)  # type: ignore[arg-type]
+            ModelManifest("model", algorithm, digests)  # type: ignore[arg-type]
         return
-    m = Manifest("model", algorithm, digests, ("model.sig",))  # type: ignore[arg-type]
-    back = Manifest.from_statement(m.statement())
-    assert back == Manifest("model", algorithm, digests, ("model.sig",))  # type: ignore[arg-type]
+    m = ModelManifest("model", algorithm, digests, ("model.sig",))  # type: ignore[arg-type]
+    back = ModelManifest.from_statement(m.statement())
+    assert back == ModelManifest("model", algorithm, digests, ("model.sig",))  # type: ignore[arg-type]
     assert all(safe_name(n) for n in back.digests)
 
 
@@ -43,7 +48,9 @@ def test_a_statement_reads_back(digests: dict[str, str], algorithm: str) -> None
 def signed(tmp_path_factory: pytest.TempPathFactory) -> tuple[bytes, str]:
     """A good signature file, and the public key that checks it."""
     key, pub = generate_keys(tmp_path_factory.mktemp("k") / "k")
-    return write_bundle(Manifest("m", "sha256", {"w.bin": "ab" * 32}), load_signing_key(key)), pub
+    return write_oms_bundle(
+        ModelManifest("m", "sha256", {"w.bin": "ab" * 32}), load_signing_key(key)
+    ), pub
 
 
 @settings(max_examples=80, deadline=None)
@@ -75,7 +82,7 @@ def test_a_mutated_bundle_is_refused_with_a_typed_error(
         mutated = json.dumps(doc).encode()
     policy = TrustPolicy.from_paths(trusted=[pub])
     try:
-        manifest, _ = read_bundle(mutated, policy)
+        manifest, _ = read_oms_bundle(mutated, policy)
     except (FormatError, ProvenanceError):
         return
     assert manifest.digests == {"w.bin": "ab" * 32}  # only a change that means nothing passes

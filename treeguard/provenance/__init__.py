@@ -25,7 +25,7 @@ from .._src.provenance.model import SIGNATURE_NAME as SIGNATURE_NAME
 from .._src.provenance.model import SignedModel as SignedModel
 from .._src.provenance.model import sign_model as sign_model
 from .._src.provenance.model import verify_model as verify_model
-from .._src.provenance.oms import Manifest as Manifest
+from .._src.provenance.oms import ModelManifest as ModelManifest
 from .._src.provenance.trust import TrustPolicy as TrustPolicy
 from .._src.provenance.variables import REVOKED_ENV as REVOKED_ENV
 from .._src.provenance.variables import SIGNING_KEY_ENV as SIGNING_KEY_ENV
@@ -35,7 +35,7 @@ __all__ = [
     "BadSignatureError",
     "CURVES",
     "KeyFileError",
-    "Manifest",
+    "ModelManifest",
     "MissingSignatureError",
     "PrivateKey",
     "ProvenanceError",

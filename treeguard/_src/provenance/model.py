@@ -22,7 +22,7 @@ from ..errors import FormatError, cap_lines
 from ..hashing import DEFAULT, Algorithm, hash_file
 from .errors import MissingSignatureError, SignedDigestError
 from .keys import PrivateKey, PublicKey
-from .oms import BUNDLE_LIMIT, MAX_FILES, Manifest, read_bundle, write_bundle
+from .oms import BUNDLE_LIMIT, MAX_FILES, ModelManifest, read_oms_bundle, write_oms_bundle
 from .trust import TrustPolicy
 
 #: The signature's file name in a model's directory (``model_signing``'s default).
@@ -41,7 +41,7 @@ class SignedModel:
       signature: the signature file's path.
     """
 
-    manifest: Manifest
+    manifest: ModelManifest
     key: PublicKey
     signature: str
 
@@ -143,7 +143,7 @@ def sign_model(
     algorithm: Algorithm = "sha256",
     digests: Mapping[str, str] | None = None,
     name: str | None = None,
-) -> Manifest:
+) -> ModelManifest:
     """Signs a model file or directory, writing an OpenSSF Model Signing
     v1.0 signature that ``model_signing verify key`` accepts.
 
@@ -196,8 +196,8 @@ def sign_model(
     else:
         found = dict(digests)
     title = name if name is not None else os.path.basename(os.path.abspath(model))
-    manifest = Manifest(title, algorithm, found, tuple(ignore))
-    atomic_write(target, write_bundle(manifest, key))
+    manifest = ModelManifest(title, algorithm, found, tuple(ignore))
+    atomic_write(target, write_oms_bundle(manifest, key))
     return manifest
 
 
@@ -237,7 +237,7 @@ def verify_model(
             hint="sign it (`model_signing sign key MODEL --private_key KEY`) or name the "
             "signature with --signature",
         ) from None
-    manifest, signed = read_bundle(data, policy, context=where)
+    manifest, signed = read_oms_bundle(data, policy, context=where)
     own = _inside(model, where)
     listed = set(manifest.digests)
     git = [p for p in GIT_PATHS if not any(_ignored(n, [p]) for n in listed)]

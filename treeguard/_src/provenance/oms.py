@@ -47,7 +47,7 @@ MAX_FILES = 100_000
 
 
 @dataclasses.dataclass(frozen=True)
-class Manifest:
+class ModelManifest:
     """What a model signature vouches for: a digest for each file.
 
     Attributes:
@@ -59,8 +59,8 @@ class Manifest:
         ``.git``...), relative to the model.
 
     Example:
-      >>> m = Manifest("mlp", "sha256", {"model.safetensors": "00" * 32})
-      >>> Manifest.from_statement(m.statement()).digests == m.digests
+      >>> m = ModelManifest("mlp", "sha256", {"model.safetensors": "00" * 32})
+      >>> ModelManifest.from_statement(m.statement()).digests == m.digests
       True
     """
 
@@ -108,7 +108,7 @@ class Manifest:
         return strictjson.dumps(doc).encode("ascii")
 
     @classmethod
-    def from_statement(cls, payload: bytes, /, *, context: str | None = None) -> Manifest:
+    def from_statement(cls, payload: bytes, /, *, context: str | None = None) -> ModelManifest:
         """Reads a statement, refusing anything but a v1.0 ``files`` one whose
         subject digest matches its resources.
 
@@ -219,15 +219,15 @@ def safe_name(name: str, /) -> bool:
     return not posixpath.isabs(name) and all(p not in ("", ".", "..") for p in parts)
 
 
-def write_bundle(manifest: Manifest, key: PrivateKey, /) -> bytes:
+def write_oms_bundle(manifest: ModelManifest, key: PrivateKey, /) -> bytes:
     """The signature file (``model.sig``) of ``manifest``, signed with ``key``.
 
     Example:
       >>> import json, os, tempfile
       >>> from treeguard.provenance import generate_keys, load_signing_key
       >>> path, _ = generate_keys(os.path.join(tempfile.mkdtemp(), "k"))
-      >>> m = Manifest("mlp", "blake3", {"model.safetensors": "ab" * 32})
-      >>> json.loads(write_bundle(m, load_signing_key(path)))["mediaType"] == MEDIA_TYPE
+      >>> m = ModelManifest("mlp", "blake3", {"model.safetensors": "ab" * 32})
+      >>> json.loads(write_oms_bundle(m, load_signing_key(path)))["mediaType"] == MEDIA_TYPE
       True
     """
     payload = manifest.statement()
@@ -247,9 +247,9 @@ def write_bundle(manifest: Manifest, key: PrivateKey, /) -> bytes:
     return (strictjson.dumps(doc) + "\n").encode("ascii")
 
 
-def read_bundle(
+def read_oms_bundle(
     data: bytes, policy: TrustPolicy, /, *, context: str | None = None
-) -> tuple[Manifest, Signed]:
+) -> tuple[ModelManifest, Signed]:
     """Checks a signature file's signature against ``policy``, then reads its manifest.
 
     Args:
@@ -290,7 +290,7 @@ def read_bundle(
     payload = _b64(envelope.get("payload"), "dsseEnvelope.payload", bad)
     raw = _b64(signatures[0].get("sig"), "dsseEnvelope.signatures[0].sig", bad)
     signed = policy.check(PAYLOAD_TYPE, payload, raw, fingerprint=hint)
-    return Manifest.from_statement(payload, context=context), signed
+    return ModelManifest.from_statement(payload, context=context), signed
 
 
 def _b64(value: Any, field: str, bad: _Refuser) -> bytes:

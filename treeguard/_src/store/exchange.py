@@ -37,7 +37,7 @@ from .local import LocalBackend
 from .signing import VerdictSigner
 
 if TYPE_CHECKING:
-    from ..provenance.oms import Manifest
+    from ..provenance.oms import ModelManifest
     from ..provenance.verdicts import EcSigner
 
 #: The key under which a model added with ``add`` records where it came from.
@@ -73,7 +73,7 @@ def require_local(backend: Backend, what: str) -> LocalBackend:
 
 def export(
     backend: Backend, signer: VerdictSigner | None, version: str, directory: str
-) -> Manifest:
+) -> ModelManifest:
     """Writes ``version`` to ``directory`` with its OMS signature (see the module).
 
     Raises:

@@ -1,6 +1,6 @@
 """The gates a version passes before it is promoted, rolled back to or
 served (``gate``): its verdict must be ``verified``, signed when the store
-has a signer (the rule is ``verdicts.check``), and computed on the very
+has a signer (the rule is ``verdicts.check_verdict``), and computed on the very
 bytes that are there now.
 
 Integrity and authenticity are different promises. Every store checks
@@ -59,7 +59,7 @@ def gate(
     check_name(version)
     marker = backend.require()
     location, data = backend.record(version)
-    verdicts.check(signer, marker, version, data)
+    verdicts.check_verdict(signer, marker, version, data)
     digest = require_verified(version, data)
     backend.check_payload(version, location, data)
     if full:
@@ -67,7 +67,7 @@ def gate(
     return location, data, digest
 
 
-def load(backend: Backend, signer: VerdictSigner | None, version: str, want: Wanted) -> Any:
+def load_gated(backend: Backend, signer: VerdictSigner | None, version: str, want: Wanted) -> Any:
     """The part of ``version`` that ``want`` selects, once it passes every
     gate, its bytes checked against the verdict's digest on the read that
     loads them (``want.digest`` is ignored)."""
@@ -94,13 +94,13 @@ def load_current(
             hint="promote a verified version first: store.promote(version)",
         )
     try:
-        return load(backend, signer, ptr.current, want)
+        return load_gated(backend, signer, ptr.current, want)
     except (IntegrityError, FormatError, OSError, StoreError) as first:
         if not fallback:
             raise
         for v in ptr.previous:
             try:
-                tree = load(backend, signer, v, want)
+                tree = load_gated(backend, signer, v, want)
             except (IntegrityError, FormatError, OSError, StoreError):
                 continue
             with backend.locked():

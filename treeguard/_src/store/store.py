@@ -426,7 +426,7 @@ class ArtifactStore:
           directory: where to write it; it must not exist.
 
         Returns:
-          The signed ``Manifest`` (each file's sha256).
+          The signed ``ModelManifest`` (each file's sha256).
 
         Raises:
           ProvenanceError: for a store without an EC signing key.
@@ -545,7 +545,9 @@ class ArtifactStore:
           TreeMismatchError: if it does not match ``like``.
           ValueError: for a sharded version and a ``like`` without shardings.
         """
-        return gates.load(self._backend, self._signer, version, Wanted(like, None, subtree, ignore))
+        return gates.load_gated(
+            self._backend, self._signer, version, Wanted(like, None, subtree, ignore)
+        )
 
     def load_version(
         self,

@@ -7,7 +7,7 @@ every try are a verdict, never a failed read (``_read_steadily``). The
 ``Judgement`` is recorded in one place, ``_record`` (in a multi-process job,
 the one every process agrees on, written by process 0), bound to the digest
 it was computed on and signed by the store's ``VerdictSigner`` (signing.py)
-where it has one. ``check`` is the rule every gate applies to a recorded
+where it has one. ``check_verdict`` is the rule every gate applies to a recorded
 verdict, ``verified`` or ``rejected`` alike: in a store with a signer it
 must carry a signature the signer accepts, and a store that has ever
 signed is never used without one.
@@ -142,7 +142,7 @@ def message(store_id: str, version: str, record: dict[str, Any]) -> bytes:
     return strictjson.dumps(signed).encode("ascii")
 
 
-def check(
+def check_verdict(
     signer: VerdictSigner | None, marker: dict[str, Any], version: str, record: dict[str, Any]
 ) -> None:
     """Checks the signature of a version's verdict, whatever its status,
@@ -373,7 +373,7 @@ def _refusing(
       SignatureError: if the verdict ``refused`` stands on is forged.
     """
     try:
-        check(signer, backend.require(), version, before)
+        check_verdict(signer, backend.require(), version, before)
     except SignatureError as e:
         raise SignatureError(
             f"{e.message}; {refused.message}",
@@ -395,7 +395,7 @@ def forged(
     for info in versions:
         if info.status in VERDICTS:
             try:
-                check(signer, marker, info.version, backend.record(info.version)[1])
+                check_verdict(signer, marker, info.version, backend.record(info.version)[1])
             except SignatureError as e:
                 out[info.version] = e.message
             except StoreError:
