@@ -18,6 +18,7 @@ existing ``except ValueError`` keeps working)::
     ├── RunInterruptedError    [RuntimeError]      a run stopped by KeyboardInterrupt
     ├── DiagnosisError         [ValueError]        a diagnosis that cannot run as asked
     ├── ServingError           [RuntimeError]      the server refused a swap or rollback
+    │   └── NonFiniteVersionError                  a version whose params hold NaN or Inf
     ├── InvalidRequestError    [ValueError]        a request refused before device work
     ├── BenchError             [ValueError]        a benchmark that cannot run or compare
     │   └── MachineMismatchError                   results from two different machines
@@ -70,6 +71,7 @@ from .run import InvalidRequestError as InvalidRequestError
 from .run import MachineMismatchError as MachineMismatchError
 from .run import ModelCodeError as ModelCodeError
 from .run import ModelExitError as ModelExitError
+from .run import NonFiniteVersionError as NonFiniteVersionError
 from .run import RunInterruptedError as RunInterruptedError
 from .run import ServingError as ServingError
 from .run import UnverifiedWeightsWarning as UnverifiedWeightsWarning
@@ -105,6 +107,7 @@ PUBLIC = (
     RunInterruptedError,
     DiagnosisError,
     ServingError,
+    NonFiniteVersionError,
     InvalidRequestError,
     BenchError,
     MachineMismatchError,

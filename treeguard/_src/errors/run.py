@@ -96,6 +96,40 @@ class ServingError(TreeguardError, RuntimeError):
         super().__init__(message, hint=hint)
 
 
+class NonFiniteVersionError(ServingError):
+    """A version whose params hold NaN or Inf, refused at load by the finite
+    check (409): the version is to blame, never the request that asked for it.
+
+    Args:
+      version: the version refused.
+      counts: ``{key path: NaN and Inf values}`` of each such leaf.
+      dtypes: ``{key path: short dtype}`` of those leaves (``bf16``, ``f32``).
+      described: the leaves as lines (path, count, dtype, shape).
+
+    Attributes:
+      version, counts, dtypes: the fields above.
+
+    Example:
+      >>> e = NonFiniteVersionError("v2", {"['w']": 1}, {"['w']": "bf16"}, "['w']: 1 value")
+      >>> print(e)
+      version v2 fails the finite check: ['w']: 1 value
+      hint: it must not be served: verify and promote a version whose params are finite
+      >>> e.dtypes, e.status
+      ({"['w']": 'bf16'}, 409)
+    """
+
+    def __init__(
+        self, version: str, counts: dict[str, int], dtypes: dict[str, str], described: str
+    ) -> None:
+        self.version = version
+        self.counts = dict(counts)
+        self.dtypes = dict(dtypes)
+        super().__init__(
+            f"version {version} fails the finite check: {described}",
+            hint="it must not be served: verify and promote a version whose params are finite",
+        )
+
+
 class InvalidRequestError(TreeguardError, ValueError):
     """An inference request the server refuses before any device work.
 

@@ -287,7 +287,7 @@ class Engine:
             "platform": "jax",
             "inputs": [m.to_dict() for m in self.decoder.metadata()],
             "outputs": [m.to_dict() for m in self._outputs],
-            "parameters": {"buckets": list(self.spec.buckets)},
+            "parameters": {"buckets": list(self.spec.buckets), "provenance": self.weights.trail},
         }
 
     def output_metadata(self) -> list[TensorMeta]:

@@ -32,6 +32,7 @@ import numpy as np
 from ..errors import (
     FormatError,
     IntegrityError,
+    NonFiniteVersionError,
     ServingError,
     TreeguardError,
     TreeMismatchError,
@@ -44,46 +45,12 @@ from .metrics import Metrics
 from .release import params_like
 from .runner import Runner, Slot, keystr_of
 from .spec import ServingSpec
-from .verdicts import model_checks
+from .verdicts import model_checks, trail_text, version_trail
 
 log = logging.getLogger("treeguard.serving")
 
 #: The name of the check a quarantine verdict fails (``store ls`` shows it).
 QUARANTINE = "serve.quarantine"
-
-
-class NonFiniteVersionError(ServingError):
-    """A version whose params hold NaN or Inf, refused at load by the finite
-    check (409): the version is to blame, never the request that asked for it.
-
-    Args:
-      version: the version refused.
-      counts: ``{key path: NaN and Inf values}`` of each such leaf.
-      dtypes: ``{key path: short dtype}`` of those leaves (``bf16``, ``f32``).
-      described: the leaves as lines (path, count, dtype, shape).
-
-    Attributes:
-      version, counts, dtypes: the fields above.
-
-    Example:
-      >>> e = NonFiniteVersionError("v2", {"['w']": 1}, {"['w']": "bf16"}, "['w']: 1 value")
-      >>> print(e)
-      version v2 fails the finite check: ['w']: 1 value
-      hint: it must not be served: verify and promote a version whose params are finite
-      >>> e.dtypes, e.status
-      ({"['w']": 'bf16'}, 409)
-    """
-
-    def __init__(
-        self, version: str, counts: dict[str, int], dtypes: dict[str, str], described: str
-    ) -> None:
-        self.version = version
-        self.counts = dict(counts)
-        self.dtypes = dict(dtypes)
-        super().__init__(
-            f"version {version} fails the finite check: {described}",
-            hint="it must not be served: verify and promote a version whose params are finite",
-        )
 
 
 class Weights:
@@ -135,6 +102,8 @@ class Weights:
         self._like_made = False
         #: ``{"from", "to", "reasons"}`` when warm-up fell back from the current version.
         self.fallback: dict[str, Any] | None = None
+        #: the served version's provenance (``verdicts.version_trail``), None when unsigned
+        self.trail: dict[str, Any] | None = None
 
     # -- loading and checks ----------------------------------------------------
 
@@ -346,7 +315,7 @@ class Weights:
                 continue
             with self._switch_lock:
                 self.active = slot
-            self.metrics.set_version(slot.version)
+            self._now_serving(slot)
             if candidate != current:
                 self.fallback = {"from": current, "to": candidate, "reasons": dict(reasons)}
                 self.metrics.rollbacks.labels(model=self.metrics.model, trigger="warmup").inc()
@@ -449,11 +418,17 @@ class Weights:
             "checks": checks,
         }
 
+    def _now_serving(self, slot: Slot) -> None:
+        """The version's metric, and its provenance kept and logged: who signed its verdict."""
+        self.metrics.set_version(slot.version)
+        self.trail = version_trail(self.store, slot.version)
+        log.info("version %s is served; %s", slot.version, trail_text(self.trail))
+
     def _switch(self, slot: Slot) -> None:
         with self._switch_lock:
             self.previous, self.active = self.active, slot
             self._on_switch()
-        self.metrics.set_version(slot.version)
+        self._now_serving(slot)
 
     def rollback(self, trigger: str = "manual") -> dict[str, Any]:
         """Serves the previous version again (instant: it is loaded and warm).
@@ -493,7 +468,7 @@ class Weights:
                 self._on_switch()
                 if trigger != "manual":
                     self.quarantined.add(bad.version)
-        self.metrics.set_version(prev.version)
+        self._now_serving(prev)
         self.metrics.rollbacks.labels(model=self.metrics.model, trigger=trigger).inc()
         log.warning("rolled back from %s to %s (trigger %s)", bad.version, prev.version, trigger)
         return self._swap_result([], 0)
