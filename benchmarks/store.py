@@ -102,9 +102,10 @@ def _compare(pairs: list[tuple[str, Callable[[], Any], Callable[[], Any]]], repe
 
 def _ec(args: argparse.Namespace) -> None:
     # the sign extra (cryptography), only for this run
+    from treeguard._src.provenance.keys import CURVES
     from treeguard._src.provenance.verdicts import EcSigner
     from treeguard._src.store.verdicts import message
-    from treeguard.provenance import CURVES, TrustPolicy, generate_keys, load_signing_key
+    from treeguard.provenance import TrustPolicy, generate_keys, load_signing_key
 
     tree = _tree(args.mib, args.leaves)
     like = tg.spec_of(tree)

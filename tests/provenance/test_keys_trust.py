@@ -15,7 +15,6 @@ from treeguard import SignatureError
 from treeguard._cli.main import main
 from treeguard._src.provenance.trust import pae, sign_text
 from treeguard.provenance import (
-    CURVES,
     BadSignatureError,
     KeyFileError,
     RevokedKeyError,
@@ -42,7 +41,7 @@ def _pem_private(key: object, path: Path, *, password: bytes | None = None) -> P
     return path
 
 
-@pytest.mark.parametrize("curve", CURVES)
+@pytest.mark.parametrize("curve", ["P-256", "P-384", "P-521"])
 def test_each_curve_signs_and_verifies(tmp_path: Path, curve: str) -> None:
     key_path, pub_path = generate_keys(tmp_path / "k", curve=curve)  # type: ignore[arg-type]
     assert stat.S_IMODE(os.stat(key_path).st_mode) == 0o600

@@ -4,7 +4,10 @@ EC keys in PEM (P-256, P-384, P-521; ``generate_keys``, or ``treeguard keys
 new NAME``), a ``TrustPolicy`` of trusted and revoked public keys, and
 signatures in the OpenSSF Model Signing v1.0 format: ``sign_model`` writes
 one that ``model_signing verify key`` accepts, ``verify_model`` checks one
-that ``model_signing sign key`` wrote. Needs the ``sign`` extra
+that ``model_signing sign key`` wrote. A store takes its keys from
+``$TREEGUARD_SIGNING_KEY_FILE``, ``$TREEGUARD_TRUSTED_KEYS`` and
+``$TREEGUARD_REVOKED_KEYS`` (paths joined by ``os.pathsep``); a signature
+is written as ``model.sig``. Needs the ``sign`` extra
 (``pip install 'treeguard[sign]'``).
 """
 
@@ -15,38 +18,28 @@ from .._src.provenance.errors import ProvenanceError as ProvenanceError
 from .._src.provenance.errors import RevokedKeyError as RevokedKeyError
 from .._src.provenance.errors import SignedDigestError as SignedDigestError
 from .._src.provenance.errors import UntrustedKeyError as UntrustedKeyError
-from .._src.provenance.keys import CURVES as CURVES
 from .._src.provenance.keys import PrivateKey as PrivateKey
 from .._src.provenance.keys import PublicKey as PublicKey
 from .._src.provenance.keys import generate_keys as generate_keys
 from .._src.provenance.keys import load_public_key as load_public_key
 from .._src.provenance.keys import load_signing_key as load_signing_key
-from .._src.provenance.model import SIGNATURE_NAME as SIGNATURE_NAME
 from .._src.provenance.model import SignedModel as SignedModel
 from .._src.provenance.model import sign_model as sign_model
 from .._src.provenance.model import verify_model as verify_model
 from .._src.provenance.oms import ModelManifest as ModelManifest
 from .._src.provenance.trust import TrustPolicy as TrustPolicy
-from .._src.provenance.variables import REVOKED_ENV as REVOKED_ENV
-from .._src.provenance.variables import SIGNING_KEY_ENV as SIGNING_KEY_ENV
-from .._src.provenance.variables import TRUSTED_ENV as TRUSTED_ENV
 
 __all__ = [
     "BadSignatureError",
-    "CURVES",
     "KeyFileError",
     "ModelManifest",
     "MissingSignatureError",
     "PrivateKey",
     "ProvenanceError",
     "PublicKey",
-    "REVOKED_ENV",
     "RevokedKeyError",
-    "SIGNATURE_NAME",
     "SignedDigestError",
-    "SIGNING_KEY_ENV",
     "SignedModel",
-    "TRUSTED_ENV",
     "TrustPolicy",
     "UntrustedKeyError",
     "generate_keys",
