@@ -584,7 +584,9 @@ class ArtifactStore:
         """Loads the current version through every gate (see ``load_verified``).
 
         Args:
-          like, subtree, ignore: what to load, as for ``load_verified``.
+          like: the tree to match, as for ``load_verified``.
+          subtree: the part to load, as for ``load_verified``.
+          ignore: key paths left out, as for ``load_verified``.
           fallback: if the current version fails a gate, load the most
             recent former current version that passes them all instead (the
             fall back is logged).
