@@ -94,6 +94,7 @@ def test_the_engine_agrees_with_the_reference_implementations(algorithm: str) ->
     algorithm=st.sampled_from(ALGORITHMS),
     data=st.data(),
 )
+@pytest.mark.slow
 def test_any_chunk_size_gives_the_digest_of_the_bytes(
     tmp_path_factory: pytest.TempPathFactory,
     sizes: list[int],

@@ -60,6 +60,7 @@ def test_a_message_s_control_characters_are_spelled_but_its_lines_kept() -> None
     assert res.stderr == "error: tensor 'w\\x1b[2J' is not ours\nhint: re-save it\n"
 
 
+@pytest.mark.slow
 def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path: Path) -> None:
     # `treeguard ckpt inspect FILE | head -n 2`, through a real pipe: the table is
     # larger than the pipe's buffer, so the command is still writing when the

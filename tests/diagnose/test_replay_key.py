@@ -35,6 +35,7 @@ def _bundle(tmp_path: Path, loss: Any = keyed.loss, key: Any = None) -> str:
     return info.value.bundle
 
 
+@pytest.mark.slow
 def test_diagnose_bundle_replays_a_keyed_step_through_the_cli(tmp_path: Path) -> None:
     bundle = _bundle(tmp_path, key=jax.random.key(3))
     assert tg.read_bundle(bundle).has_key

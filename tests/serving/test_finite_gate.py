@@ -98,6 +98,7 @@ def _store_verify(root: Any, version: str) -> Any:
     )
 
 
+@pytest.mark.slow
 async def test_a_bf16_model_goes_through_verify_store_and_serve(tmp_path):
     model = floatmodel.model
     # 1. the verify protocol: references recorded, then matched; the NaN variant fails `finite`

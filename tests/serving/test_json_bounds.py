@@ -103,6 +103,7 @@ def bodies(draw: st.DrawFn) -> bytes:
     return body
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(body=bodies())
 def test_the_bounded_parse_agrees_with_the_whole_parse_on_every_body(body):

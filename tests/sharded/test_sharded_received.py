@@ -155,6 +155,7 @@ def _bytes_under(directory: Path) -> int:
     return sum(f.stat().st_size for f in directory.rglob("*") if f.is_file())
 
 
+@pytest.mark.slow
 def test_claim_bombs_are_refused_in_the_memory_of_an_honest_file(tmp_path: Path) -> None:
     # claim bombs: sharded checkpoints of a few KiB whose data holds a
     # compressed array, or a compressed chunk, so that a reader that trusts

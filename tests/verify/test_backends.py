@@ -57,6 +57,7 @@ def test_another_backends_references_fail_naming_both_backends(tmp_path: Path) -
     assert any("not necessarily a regression" in line for line in reg.evidence)
 
 
+@pytest.mark.slow
 def test_declared_cross_backend_tolerances_compare_at_them(tmp_path: Path) -> None:
     refs = _recorded_on(_drifted(tmp_path), OTHER, "TPU v5 lite")
     loose = dataclasses.replace(mlp.model, backend_tolerances={OTHER: Tolerance(1e-2, 1e-2)})

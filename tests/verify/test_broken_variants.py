@@ -112,6 +112,7 @@ def _apply_fast_under_jit(params: Any, batch: Any) -> jax.Array:
     return mlp.apply(params, batch)
 
 
+@pytest.mark.slow
 def test_jit_differs_fails_transforms_only(tmp_path: Path) -> None:
     model = dataclasses.replace(BASE, apply=_apply_fast_under_jit)
     # on the CPU device: a TPU's eager matmuls round to bfloat16 as well, by default
