@@ -41,11 +41,12 @@ import dataclasses
 import json
 import math
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
 
+from ..errors import FormatError
 from ..hashing import HEX_LEN, HEX_RE, Algorithm, Pipeline, check_algorithm
 from ..keydtype import impl_of, is_key_dtype
 from ..leaf import summarize
@@ -269,3 +270,26 @@ def encode_header(meta: Mapping[str, str], table: Mapping[str, Any]) -> bytes:
     doc.update(table)
     raw = json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
     return raw + b" " * (-len(raw) % 8)
+
+
+def ok_int(x: Any, limit: int) -> bool:
+    """Whether ``x`` is an integer (not a bool) from 0 to ``limit``."""
+    return isinstance(x, int) and not isinstance(x, bool) and 0 <= x <= limit
+
+
+def data_offsets(entry: Mapping[str, Any], bad: Callable[[str], FormatError]) -> tuple[int, int]:
+    """A table entry's ``data_offsets``: two non-negative integers, in order.
+
+    Raises:
+      FormatError: ``bad(message)`` for offsets that are not two integers or
+        that run backwards.
+    """
+    offsets = entry["data_offsets"]
+    if not (
+        isinstance(offsets, list) and len(offsets) == 2 and all(ok_int(o, 2**63) for o in offsets)
+    ):
+        raise bad("data_offsets must be two non-negative integers")
+    begin, end = offsets
+    if begin > end:
+        raise bad(f"data_offsets {offsets} run backwards")
+    return begin, end

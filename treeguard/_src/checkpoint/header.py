@@ -40,7 +40,9 @@ from .format import (
     NATIVE,
     Header,
     TensorInfo,
+    data_offsets,
     header_digest,
+    ok_int,
     stored_layout,
 )
 
@@ -74,10 +76,6 @@ def parse_format_version(fmt: Any, *, expected: str, prefix_re: re.Pattern[str])
 
 
 # -- reading the header --------------------------------------------------------
-
-
-def _ok_int(x: Any, limit: int) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool) and 0 <= x <= limit
 
 
 def header_from_doc(doc: dict[str, Any], header_bytes: int, size: int, name: str) -> Header:
@@ -378,7 +376,7 @@ def _tensor_info(  # noqa: PLR0917 - one call site, every argument needed
         raise bad(f"dtype {dtype.name!r} is not a numeric dtype treeguard stores")
     if not dtype.isnative:
         raise bad(f"dtype {dtype.str!r} has non-native byte order; checkpoints are little-endian")
-    if len(shape) > MAX_NDIM or not all(_ok_int(d, 2**62) for d in shape):
+    if len(shape) > MAX_NDIM or not all(ok_int(d, 2**62) for d in shape):
         raise bad(f"the stored spec gives shape {shape!r}, not concrete sizes")
     if not isinstance(entry, dict) or set(entry) != {"dtype", "shape", "data_offsets"}:
         raise bad("an entry holds exactly dtype, shape and data_offsets")
@@ -391,19 +389,12 @@ def _tensor_info(  # noqa: PLR0917 - one call site, every argument needed
         )
     if entry["shape"] != want_shape:
         raise bad(f"shape {entry['shape']!r} in the table, {list(shape)} in the stored spec")
-    offsets = entry["data_offsets"]
-    if not (
-        isinstance(offsets, list) and len(offsets) == 2 and all(_ok_int(o, 2**63) for o in offsets)
-    ):
-        raise bad("data_offsets must be two non-negative integers")
-    begin, end = offsets
+    begin, end = data_offsets(entry, bad)
     nbytes = math.prod(shape) * dtype.itemsize
-    if begin > end:
-        raise bad(f"data_offsets {offsets} run backwards")
     if end - begin != nbytes:
         raise bad(
             f"{summarize(tuple(shape), dtype)} needs {nbytes:,} bytes, "
-            f"data_offsets {offsets} give {end - begin:,}"
+            f"data_offsets {[begin, end]} give {end - begin:,}"
         )
     if not isinstance(recorded, str) or not _HEX_RE.match(recorded):
         raise bad(f"no valid {algorithm} digest in {K_HASHES}")
