@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 import treeguard as tg
 from treeguard._src import strictjson
 from treeguard._src.checkpoint import format as fmt
+from treeguard._src.checkpoint import header as hdr
 from treeguard._src.checkpoint.files import open_checkpoint, read_raw_header
 from treeguard._src.spec import TreeSpec
 
@@ -211,7 +212,7 @@ def _reference(doc: dict[str, Any], header_bytes: int, size: int, name: str) -> 
         raise tg.FormatError("a safetensors file without treeguard metadata")
     if any(not isinstance(v, str) for v in meta.values()):
         raise tg.FormatError("__metadata__ values must be strings")
-    version = fmt.parse_format_version(
+    version = hdr.parse_format_version(
         meta[fmt.K_FORMAT], expected=fmt.FORMAT, prefix_re=fmt._FORMAT_RE
     )
     if version > fmt.FORMAT_VERSION:
@@ -224,16 +225,16 @@ def _reference(doc: dict[str, Any], header_bytes: int, size: int, name: str) -> 
     if header_digest(meta, doc) != meta[fmt.K_DIGEST]:
         raise tg.IntegrityError("header digest")
     spec = TreeSpec.from_json(meta[fmt.K_SPEC])
-    hashes, env, user = (fmt.strict_loads(meta[k], k) for k in fmt._REQUIRED[3:6])
+    hashes, env, user = (hdr.strict_loads(meta[k], k) for k in fmt._REQUIRED[3:6])
     if not all(isinstance(v, dict) for v in (hashes, env, user)):
         raise tg.FormatError("must be a JSON object")
-    names = fmt.leaf_names(spec, name)
-    fmt._check_table_names(list(doc), names, name)
+    names = hdr.leaf_names(spec, name)
+    hdr._check_table_names(list(doc), names, name)
     if set(hashes) != set(names):
         raise tg.FormatError("names other tensors")
     data_bytes, pos, tensors = size - 8 - header_bytes, 0, []
     for leaf, (shape, dtype, _, _) in zip(names, spec.records):
-        t = fmt._tensor_info(leaf, (shape, dtype), doc[leaf], hashes[leaf], algorithm, name)
+        t = hdr._tensor_info(leaf, (shape, dtype), doc[leaf], hashes[leaf], algorithm, name)
         if t.begin != pos or t.end > data_bytes:
             raise tg.FormatError("not contiguous, or beyond the file")
         pos = t.end
@@ -306,7 +307,7 @@ def test_every_header_reads_as_the_reader_before_read_it(
     finally:
         os.close(fd)
     outcomes: list[Any] = []
-    for reader in (_reference, fmt.header_from_doc):
+    for reader in (_reference, hdr.header_from_doc):
         try:
             outcomes.append(reader(copy.deepcopy(doc), header_bytes, size, name))
         except (tg.FormatError, tg.IntegrityError) as e:

@@ -14,7 +14,8 @@ from typing import Any
 from ..atomic import open_regular
 from ..errors import FormatError
 from ..hashing import Source, announce, pread_into, source_size
-from .format import ENTRY_KEYS, MAX_HEADER_BYTES, header_budget, strict_loads
+from .format import ENTRY_KEYS, MAX_HEADER_BYTES
+from .header import header_budget, strict_loads
 
 _PICKLE_HINT = (
     "this looks like a pickle or zip (torch) file; treeguard never unpickles. "

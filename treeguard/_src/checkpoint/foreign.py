@@ -40,7 +40,7 @@ from ..paths import Path, keystr, parse_user_path, starts_with
 from ..spec import LeafSpec, TreeSpec
 from ..specjson import FORMAT as SPEC_FORMAT
 from .files import open_checkpoint, read_raw_header
-from .format import FOREIGN, K_FORMAT, MAX_NDIM, StoredTensor
+from .format import FOREIGN, K_FORMAT, MAX_NDIM, StoredTensor, data_offsets, ok_int
 from .migrate import flat_mismatches
 from .names import NamingRule, index_once, namer, nest, rule_label, style_of
 from .restore import as_like, build_like, read_ranges, walk_like
@@ -132,10 +132,6 @@ def is_foreign(doc: Mapping[str, Any]) -> bool:
     return not (isinstance(meta, dict) and K_FORMAT in meta)
 
 
-def _ok_int(x: Any, limit: int) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool) and 0 <= x <= limit
-
-
 def foreign_header(doc: dict[str, Any], header_bytes: int, size: int, name: str) -> ForeignHeader:
     """Validates a foreign header against itself and the file's size.
 
@@ -207,23 +203,16 @@ def _tensor(tensor: str, entry: Any, name: str) -> ForeignTensor:
     if (
         not isinstance(shape, list)
         or len(shape) > MAX_NDIM
-        or not all(_ok_int(d, 2**62) for d in shape)
+        or not all(ok_int(d, 2**62) for d in shape)
     ):
         raise bad(f"shape must be a list of at most {MAX_NDIM} sizes")
-    offsets = entry["data_offsets"]
-    if not (
-        isinstance(offsets, list) and len(offsets) == 2 and all(_ok_int(o, 2**63) for o in offsets)
-    ):
-        raise bad("data_offsets must be two non-negative integers")
-    begin, end = offsets
-    if begin > end:
-        raise bad(f"data_offsets {offsets} run backwards")
+    begin, end = data_offsets(entry, bad)
     dtype = dtype_of(FOREIGN_DTYPES[st])
     nbytes = math.prod(shape) * dtype.itemsize
     if end - begin != nbytes:
         raise bad(
             f"{summarize(tuple(shape), dtype)} needs {nbytes:,} bytes, "
-            f"data_offsets {offsets} give {end - begin:,}"
+            f"data_offsets {[begin, end]} give {end - begin:,}"
         )
     if math.prod(max(d, 1) for d in shape) * dtype.itemsize > MAX_ARRAY_BYTES:
         # numpy refuses such a shape even when another axis is 0 (no bytes at all),

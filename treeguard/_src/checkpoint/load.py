@@ -15,7 +15,8 @@ from ..hashing import pread_into
 from ..spec import TreeSpec
 from .files import open_checkpoint, read_raw_header
 from .foreign import Unverified, check_unverified, foreign_header, is_foreign, load_foreign
-from .format import K_FORMAT, MAX_HEADER_BYTES, header_from_doc
+from .format import K_FORMAT, MAX_HEADER_BYTES
+from .header import header_from_doc
 from .names import NamingRule
 from .plan import SurgeryOptions
 from .read import check_expect_digest, checked_header, load_native

@@ -24,7 +24,8 @@ from ..mismatch import Mismatch
 from ..spec import TreeSpec, spec_of
 from ..surgery import Surgery
 from .files import open_checkpoint, read_raw_header
-from .format import Header, TensorInfo, header_from_doc
+from .format import Header, TensorInfo
+from .header import header_from_doc
 from .plan import SurgeryOptions, plan_load, select_part
 from .restore import (
     RESTORE_HINT,

@@ -4,17 +4,18 @@ and hands each operation to the module that owns it (README.md says which)."""
 from __future__ import annotations
 
 import os
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..checkpoint import asyncsave
 from ..hashing import DEFAULT, Algorithm
 from ..spec import TreeSpec
-from . import exchange, gates, lifecycle, log, objects, records, verdicts
-from .backend import Backend, Wanted, record_of
+from . import exchange, lifecycle, log, objects, records, verdicts
+from .backend import Backend, record_of
 from .bucket import BucketBackend
 from .checks import Check
 from .layout import check_name
+from .loads import GatedLoads
 from .local import LocalBackend
 from .pointer import Pointer, of_store
 from .records import VersionInfo
@@ -22,7 +23,7 @@ from .retention import RetentionPolicy
 from .signing import EcKeys, VerdictSigner, signer_for
 
 
-class ArtifactStore:
+class ArtifactStore(GatedLoads):
     """Versions of a model's weights, with verify, promote, rollback and gc.
 
     Opening a store reads nothing and creates nothing: the first ``put`` (or
@@ -487,122 +488,6 @@ class ArtifactStore:
           StorageError: for a read that failed on every try (no verdict).
         """
         return verdicts.verify(self._backend, self._signer, version, like, checks)
-
-    def check_verified(self, version: str, /) -> str:
-        """Checks, without reading the weights, that ``version`` may still be
-        served: its record says verified and, in a store with a key, its
-        verdict is signed with it. A server calls this before it returns to
-        weights it already holds.
-
-        Returns:
-          The digest of the file the verdict was computed on; a caller that
-          holds weights loaded through ``load_verified`` compares it with
-          the digest it loaded them under.
-
-        Raises:
-          StoreError: if the version is not verified.
-          SignatureError: if the store has a key and the verdict is not
-            signed with it.
-          UnknownVersionError: for an unknown version.
-        """
-        return gates.gate(self._backend, self._signer, version, full=False)[2]
-
-    def load_verified(
-        self,
-        version: str,
-        /,
-        like: Any = None,
-        *,
-        subtree: str | None = None,
-        ignore: Collection[str] = (),
-    ) -> Any:
-        """Loads a version only if it passes every gate.
-
-        The version must be verified, signed in a store with a key, and its
-        file must still match, byte for byte, the digest its verdict was
-        computed on (checked on the same read that loads it, so it costs no
-        extra pass over the data).
-
-        Args:
-          version: the version.
-          like: the tree or ``TreeSpec`` whose structure the result takes;
-            for a sharded version, a tree of ``jax.Array``s or
-            ``jax.ShapeDtypeStruct``s with the shardings to restore onto
-            (every process of a job calls it).
-          subtree: the key path of the one stored subtree to load (``like``
-            then describes it alone); only its tensors are read and hashed.
-          ignore: key paths of stored subtrees to leave unread.
-
-        Returns:
-          The tree.
-
-        Raises:
-          StoreError: if the version is not verified.
-          SignatureError: if the store has a key and the verdict is not
-            signed with it.
-          IntegrityError: if the file changed since it was verified (naming
-            the version).
-          TreeMismatchError: if it does not match ``like``.
-          ValueError: for a sharded version and a ``like`` without shardings.
-        """
-        return gates.load_gated(
-            self._backend, self._signer, version, Wanted(like, None, subtree, ignore)
-        )
-
-    def load_version(
-        self,
-        version: str,
-        /,
-        like: Any = None,
-        *,
-        subtree: str | None = None,
-        ignore: Collection[str] = (),
-    ) -> Any:
-        """Loads any version with every hash checked; a verified one is also
-        checked against its verdict's digest (a candidate has none yet).
-        ``subtree`` and ``ignore`` select a part, as for ``load_verified``.
-
-        Raises:
-          UnknownVersionError: for an unknown version.
-          IntegrityError, FormatError: for a damaged file.
-          TreeMismatchError: if it does not match ``like``.
-          ValueError: for a sharded version and a ``like`` without shardings.
-        """
-        location, data = record_of(self._backend, version)
-        digest = data.get("digest") if data["status"] == "verified" else None
-        self._backend.check_payload(version, location, data)
-        return self._backend.load(version, location, data, Wanted(like, digest, subtree, ignore))
-
-    def load_current(
-        self,
-        like: Any = None,
-        *,
-        fallback: bool = False,
-        subtree: str | None = None,
-        ignore: Collection[str] = (),
-    ) -> Any:
-        """Loads the current version through every gate (see ``load_verified``).
-
-        Args:
-          like: the tree to match, as for ``load_verified``.
-          subtree: the part to load, as for ``load_verified``.
-          ignore: key paths left out, as for ``load_verified``.
-          fallback: if the current version fails a gate, load the most
-            recent former current version that passes them all instead (the
-            fall back is logged).
-
-        Returns:
-          The tree.
-
-        Raises:
-          StoreError: if nothing was promoted yet, or the current version
-            fails a gate (and, with ``fallback``, every former one too).
-          IntegrityError, FormatError: if the current file is damaged.
-          TreeMismatchError: if it does not match ``like``.
-          ValueError: for a sharded version and a ``like`` without shardings.
-        """
-        want = Wanted(like, None, subtree, ignore)
-        return gates.load_current(self._backend, self._signer, want, fallback=fallback)
 
     def promote(self, version: str, /) -> None:
         """Makes a verified version current; the old current becomes the one
