@@ -22,6 +22,7 @@ from .._src.errors import ConfigError
 from .console import console
 from .failures import Command
 from .loader import load_model
+from .options import report_dir_option
 
 DEFAULT_REPORT_DIR = "treeguard-diagnosis"
 
@@ -43,13 +44,7 @@ DEFAULT_REPORT_DIR = "treeguard-diagnosis"
     default=None,
     help="Comma-separated stages to run (default: all, in ladder order).",
 )
-@click.option(
-    "--report-dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=DEFAULT_REPORT_DIR,
-    show_default=True,
-    help="Where diagnosis.json, diagnosis.md and diagnosis.html go.",
-)
+@report_dir_option(DEFAULT_REPORT_DIR, "diagnosis.json, diagnosis.md and diagnosis.html")
 @click.option(
     "--bundle",
     type=click.Path(path_type=Path),

@@ -28,6 +28,7 @@ import click
 from .console import console
 from .failures import Command
 from .loader import load_model
+from .options import report_dir_option
 
 DEFAULT_REPORT_DIR = "treeguard-report"
 #: Without LLVM's optimisations, with XLA's older elemental emitters on CPU
@@ -79,13 +80,7 @@ def compile_fast() -> None:
 @click.option(
     "--record", is_flag=True, help="(Re)write the references once every other check passes."
 )
-@click.option(
-    "--report-dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=DEFAULT_REPORT_DIR,
-    show_default=True,
-    help="Where report.json, report.md and report.html go.",
-)
+@report_dir_option(DEFAULT_REPORT_DIR, "report.json, report.md and report.html")
 @click.option(
     "--json", "as_json", is_flag=True, help="Print report.json to stdout instead of the table."
 )
