@@ -12,10 +12,12 @@ from typing import Any
 
 import jax
 import numpy as np
+import obstore
 import pytest
 from click.testing import CliRunner
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
+from obstore.store import S3Store
 
 import treeguard as tg
 from tests.subproc import ROOT, run_module
@@ -242,3 +244,59 @@ def test_add_refuses_and_writes_nothing(
     with pytest.raises(KeyFileError):
         tg.ArtifactStore(root, trusted_keys=[k1])
     assert _nothing_written(root)
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("s3")
+def test_export_and_add_on_a_store_in_a_bucket(
+    tmp_path: Path, keys: dict[str, str], signed_chess: Path, s3_url: str
+) -> None:
+    # out: the version's object streamed into the directory, re-hashed, signed
+    writer = tg.ArtifactStore(s3_url, signing_key=keys["ci.key"])
+    tg.ArtifactStore.init(s3_url)
+    params = mlp.init(jax.random.key(1))
+    v = writer.put(params)
+    assert writer.verify(v).status == "verified"
+    out = tmp_path / "out"
+    writer.export(v, out)
+    rc, text = _oms(
+        "verify", "key", out, "--signature", out / "model.sig", "--public_key", keys["ci.pub"]
+    )
+    assert rc == 0, text
+    assert _same(tg.load(out / "model.safetensors", like=params), params)
+    # in: a model signed by model_signing becomes a candidate in the bucket
+    inbox = tg.ArtifactStore(s3_url + "-inbox", trusted_keys=[keys["hf.pub"]])
+    tg.ArtifactStore.init(s3_url + "-inbox")
+    added = inbox.add_signed(signed_chess)
+    info = inbox.info(added)
+    assert info.status == "candidate" and info.num_params == 156_461
+    # a tampered one leaves nothing in the bucket
+    tampered = tmp_path / "tampered"
+    shutil.copytree(signed_chess, tampered)
+    data = bytearray((tampered / "pieces.safetensors").read_bytes())
+    data[5000] ^= 1
+    (tampered / "pieces.safetensors").write_bytes(bytes(data))
+    with pytest.raises(SignedDigestError):
+        inbox.add_signed(tampered)
+    assert [i.version for i in inbox.versions()] == [added]
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("s3")
+def test_a_bucket_export_of_a_changed_object_is_refused_and_leaves_nothing(
+    tmp_path: Path, keys: dict[str, str], s3_url: str
+) -> None:
+    tg.ArtifactStore.init(s3_url)
+    writer = tg.ArtifactStore(s3_url, signing_key=keys["ci.key"])
+    v = writer.put(mlp.seed_params())
+    assert writer.verify(v).status == "verified"
+    # another writer of the bucket replaces the version's object after its verdict
+    forged = tmp_path / "forged.safetensors"
+    tg.save(forged, jax.tree.map(lambda x: x + 1, mlp.seed_params()))
+    bucket, _, prefix = s3_url.split("://", 1)[1].partition("/")
+    raw = S3Store(bucket, prefix=prefix)  # the bucket itself, past the store
+    obstore.put(raw, f"versions/{v}/model.safetensors", forged.read_bytes())
+    with pytest.raises(tg.IntegrityError):
+        writer.export(v, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".out")] == []

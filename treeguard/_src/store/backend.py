@@ -22,7 +22,7 @@ from collections.abc import Collection
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
-from ..hashing import Algorithm
+from ..hashing import Algorithm, Source
 from ..spec import TreeSpec
 from .layout import check_name
 from .log import Event
@@ -141,6 +141,12 @@ class Backend(Protocol):
 
     def stored_spec(self, version: str, location: str, record: dict[str, Any]) -> TreeSpec:
         """The version's stored spec, from its header or manifest only."""
+        ...
+
+    def checkpoint_source(self, version: str, location: str) -> AbstractContextManager[Source]:
+        """A file version's checkpoint as a ``hashing.Source`` (a descriptor,
+        or the object read as it downloads), for a copy of its bytes; the
+        caller checks them."""
         ...
 
     def retire(self, version: str) -> None:

@@ -34,6 +34,7 @@ import contextlib
 import json
 import secrets
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from typing import Any
 
 from .. import strictjson
@@ -49,7 +50,7 @@ from ..errors import (
     StoreError,
     UnknownVersionError,
 )
-from ..hashing import Algorithm, BytesReader
+from ..hashing import Algorithm, BytesReader, Source
 from ..spec import TreeSpec
 from . import gates, records
 from .backend import Record, Wanted
@@ -431,6 +432,9 @@ class BucketBackend:
     def stored_spec(self, version: str, location: str, record: dict[str, Any]) -> TreeSpec:
         with self._reader(version) as reader:
             return self._header(version, reader).spec
+
+    def checkpoint_source(self, version: str, location: str) -> AbstractContextManager[Source]:
+        return self._reader(version)
 
     def check_payload(self, version: str, location: str, record: dict[str, Any]) -> None:
         """Nothing to look at: a bucket keeps file versions only, read by name."""

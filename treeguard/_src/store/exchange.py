@@ -15,7 +15,8 @@ read (a treeguard checkpoint with every hash checked, a foreign one by its
 structure) and put as a candidate, with the signer and the signed digests
 in its metadata. A refused model leaves nothing in the store.
 
-Both work on a store in a local directory, with file versions.
+Both work on a store in a local directory or a bucket; export writes file
+versions (a sharded version is refused).
 """
 
 from __future__ import annotations
@@ -26,14 +27,14 @@ import tempfile
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..atomic import current_umask, fsync_dir, open_regular
+from ..atomic import current_umask, fsync_dir, open_regular, write_all
 from ..checkpoint import read_foreign, verify_file
-from ..errors import StoreError
+from ..errors import FormatError, StoreError
+from ..hashing import Source, pread_into, source_size
 from ..provenance.errors import ProvenanceError
 from . import gates
 from .backend import Backend
 from .layout import MODEL_FILE
-from .local import LocalBackend
 from .signing import VerdictSigner
 
 if TYPE_CHECKING:
@@ -42,6 +43,9 @@ if TYPE_CHECKING:
 
 #: The key under which a model added with ``add`` records where it came from.
 SIGNED_BY = "signed_model"
+
+#: The bytes a copy moves at a time.
+COPY_CHUNK = 8 * 1024 * 1024
 
 
 def _ec(signer: VerdictSigner | None, what: str) -> EcSigner:
@@ -54,21 +58,6 @@ def _ec(signer: VerdictSigner | None, what: str) -> EcSigner:
             hint="open the store with --signing-key / --trusted-key (signing_key=, trusted_keys=)",
         )
     return signer
-
-
-def require_local(backend: Backend, what: str) -> LocalBackend:
-    """The backend, if it is a local directory.
-
-    Raises:
-      StoreError: for a store in a bucket.
-    """
-    if not isinstance(backend, LocalBackend):
-        raise StoreError(
-            f"{what} works on a store in a local directory; this one is in a bucket",
-            context=backend.root,
-            hint="load the version (store.load_verified) and save it where you export from",
-        )
-    return backend
 
 
 def export(
@@ -104,7 +93,8 @@ def export(
     staging = tempfile.mkdtemp(prefix=f".{os.path.basename(target)}.", dir=parent)
     try:
         copy = os.path.join(staging, MODEL_FILE)
-        _copy(os.path.join(location, MODEL_FILE), copy)
+        with backend.checkpoint_source(version, location) as source:
+            _copy_from(source, copy)
         # the bytes shipped are the verdict's: every tensor re-hashed on the copy
         with gates.reading(version, since="verified", where=location):
             verify_file(copy, expect_digest=digest)
@@ -119,15 +109,34 @@ def export(
 
 
 def _copy(src: str, dst: str) -> None:
-    fd = open_regular(src, what="checkpoint")
+    fd = open_regular(src, what="file")
     try:
-        with os.fdopen(os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644), "wb") as out:
-            with os.fdopen(os.dup(fd), "rb") as source:
-                shutil.copyfileobj(source, out, length=8 * 1024 * 1024)
-            out.flush()
-            os.fsync(out.fileno())
+        _copy_from(fd, dst)
     finally:
         os.close(fd)
+
+
+def _copy_from(source: Source, dst: str) -> None:
+    """Copies every byte of ``source`` (a descriptor or a ``RangeReader``)
+    to the new file ``dst``, fsynced.
+
+    Raises:
+      FormatError: if the source ends before its size (a file that shrank).
+    """
+    size = source_size(source)
+    buf = memoryview(bytearray(min(size, COPY_CHUNK) or 1))
+    out = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        offset = 0
+        while offset < size:
+            n = pread_into(source, buf[: min(len(buf), size - offset)], offset)
+            if n == 0:
+                raise FormatError(f"{dst}: its source ended at byte {offset} of {size}")
+            write_all(out, buf[:n])
+            offset += n
+        os.fsync(out)
+    finally:
+        os.close(out)
 
 
 def add(

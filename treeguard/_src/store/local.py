@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from typing import Any
 
-from ..atomic import pid_alive, remove_stale_temps
+from ..atomic import open_regular, pid_alive, remove_stale_temps
 from ..checkpoint import read_header, save
 from ..errors import (
     IntegrityError,
@@ -28,7 +28,7 @@ from ..errors import (
     StoreError,
     UnknownVersionError,
 )
-from ..hashing import Algorithm
+from ..hashing import Algorithm, Source
 from ..sharded.manifest import read as read_manifest
 from ..spec import TreeSpec
 from . import deleter, gates, log, payload, records
@@ -328,6 +328,14 @@ class LocalBackend:
 
     def stored_spec(self, version: str, location: str, record: dict[str, Any]) -> TreeSpec:
         return payload.of(record).stored_spec(location)
+
+    @contextlib.contextmanager
+    def checkpoint_source(self, version: str, location: str) -> Iterator[Source]:
+        fd = open_regular(os.path.join(location, MODEL_FILE), what="checkpoint")
+        try:
+            yield fd
+        finally:
+            os.close(fd)
 
     # -- gc --------------------------------------------------------------
 

@@ -399,10 +399,8 @@ class ArtifactStore(GatedLoads):
             for a model that is refused.
           FormatError: for a link or special file in the model, or a
             signature that is not an OMS v1.0 bundle.
-          StoreError: for a store in a bucket, or a model without exactly
-            one safetensors file.
+          StoreError: for a model without exactly one safetensors file.
         """
-        exchange.require_local(self._backend, "adding a signed model")
         tree, user = exchange.add(
             self._signer,
             os.fspath(model),
@@ -432,10 +430,9 @@ class ArtifactStore(GatedLoads):
         Raises:
           ProvenanceError: for a store without an EC signing key.
           StoreError, SignatureError, IntegrityError: for a version that
-            fails a gate, a sharded version, or a store in a bucket.
+            fails a gate, or a sharded version.
           FileExistsError: if ``directory`` exists.
         """
-        exchange.require_local(self._backend, "export")
         return exchange.export(self._backend, self._signer, version, os.fspath(directory))
 
     def verify(
