@@ -172,8 +172,27 @@ class TensorInfo(StoredTensor):
     digest: str
 
 
+class Framed:
+    """The frame of a safetensors file, ours or another tool's: an 8-byte
+    length, ``header_bytes`` of header, then the data up to ``file_bytes``.
+    A header dataclass declares the two fields; this gives the offsets."""
+
+    header_bytes: int
+    file_bytes: int
+
+    @property
+    def data_start(self) -> int:
+        """The file offset of the first tensor byte."""
+        return 8 + self.header_bytes
+
+    @property
+    def data_bytes(self) -> int:
+        """The bytes of the data section."""
+        return self.file_bytes - self.data_start
+
+
 @dataclasses.dataclass(frozen=True)
-class Header:
+class Header(Framed):
     """A checkpoint's header, validated against the file's size; no data read.
 
     Attributes:
@@ -200,15 +219,6 @@ class Header:
     digest: str
     header_bytes: int
     file_bytes: int
-
-    @property
-    def data_start(self) -> int:
-        """The file offset of the first tensor byte."""
-        return 8 + self.header_bytes
-
-    @property
-    def data_bytes(self) -> int:
-        return self.file_bytes - self.data_start
 
 
 # -- writing the header --------------------------------------------------------
