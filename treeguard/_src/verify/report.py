@@ -20,7 +20,7 @@ import numpy as np
 from ..atomic import atomic_write
 from ..display import printable
 from ..errors import VerificationError
-from ..htmlpage import as_number, error_plot, escape, leaf_label, page
+from ..htmlpage import as_number, error_plot, escape, leaf_label, page, table
 from .context import CheckResult, by_name
 
 FORMAT = "treeguard.verify-report/1"
@@ -458,10 +458,8 @@ def _html(report: Report) -> str:
         f"jax {escape(report.environment.get('jax'))} "
         f"on {escape(report.environment.get('backend'))} "
         f"({escape(report.environment.get('device_kind'))})</span></p>",
-        "<h2>Checks</h2><table><tr><th>check</th><th>status</th><th>summary and "
-        "evidence</th><th>time</th></tr>",
-        *_check_rows(report),
-        "</table>",
+        "<h2>Checks</h2>",
+        table(("check", "status", "summary and evidence", "time"), _check_rows(report)),
         *_error_sections(report),
     ]
     if report.benchmark:
@@ -516,41 +514,39 @@ def _error_sections(report: Report) -> list[str]:
 
 def _cases_table(report: Report) -> list[str]:
     """The cases: their kind, batch and note."""
-    out = ["<h2>Cases</h2><table><tr><th>case</th><th>kind</th><th>batch</th><th>note</th></tr>"]
-    for row in report.cases:
-        kind = "negative" if row.get("negative") else "positive"
-        out.append(
-            f"<tr><td><code>{escape(row['name'])}</code></td><td>{kind}</td>"
-            f'<td class="mono">{escape(row["batch"])}</td>'
-            f"<td>{escape(row.get('note', ''))}</td></tr>"
-        )
-    out.append("</table>")
-    return out
+    rows = (
+        f"<tr><td><code>{escape(row['name'])}</code></td>"
+        f"<td>{'negative' if row.get('negative') else 'positive'}</td>"
+        f'<td class="mono">{escape(row["batch"])}</td><td>{escape(row.get("note", ""))}</td></tr>'
+        for row in report.cases
+    )
+    return ["<h2>Cases</h2>", table(("case", "kind", "batch", "note"), rows)]
 
 
 def _environment_tables(report: Report) -> list[str]:
     """This run's environment beside the references', and the tolerances."""
-    out = ["<h2>Environment</h2><table><tr><th>key</th><th>this run</th><th>references</th></tr>"]
     recorded: dict[str, Any] = {}
     with contextlib.suppress(KeyError):
         recorded = {str(r["key"]): r.get("recorded") for r in report["environment"].rows}
-    for k, v in report.environment.items():
-        out.append(
-            f"<tr><td>{escape(k)}</td><td><code>{escape(v)}</code></td>"
-            f"<td><code>{escape(recorded.get(k, ''))}</code></td></tr>"
-        )
-    out.append(
-        "</table><h2>Tolerances</h2><table><tr><th>dtype</th><th>rtol</th><th>atol</th></tr>"
+    environment = (
+        f"<tr><td>{escape(k)}</td><td><code>{escape(v)}</code></td>"
+        f"<td><code>{escape(recorded.get(k, ''))}</code></td></tr>"
+        for k, v in report.environment.items()
     )
-    for k, v in report.tolerances.items():
-        out.append(f"<tr><td>{escape(k)}</td><td>{v['rtol']:g}</td><td>{v['atol']:g}</td></tr>")
-    out.append("</table>")
-    return out
+    tolerances = (
+        f"<tr><td>{escape(k)}</td><td>{v['rtol']:g}</td><td>{v['atol']:g}</td></tr>"
+        for k, v in report.tolerances.items()
+    )
+    return [
+        "<h2>Environment</h2>",
+        table(("key", "this run", "references"), environment),
+        "<h2>Tolerances</h2>",
+        table(("dtype", "rtol", "atol"), tolerances),
+    ]
 
 
 def _leaf_table(rows: list[dict[str, Any]]) -> str:
     cols = ("leaf", "ref", "max abs", "max rel", "rtol", "atol", "beyond")
-    head = "<table><tr>" + "".join(f"<th>{c}</th>" for c in cols) + "</tr>"
     body = []
     for r in sorted(rows, key=lambda r: -as_number(r.get("ratio")))[:60]:
         cls = "" if r.get("ok", True) else ' class="fail"'
@@ -566,7 +562,7 @@ def _leaf_table(rows: list[dict[str, Any]]) -> str:
         if len(rows) > 60
         else ""
     )
-    return head + "".join(body) + more + "</table>"
+    return table(cols, [*body, more])
 
 
 def _g(x: Any) -> str:
