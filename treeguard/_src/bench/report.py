@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,19 +27,6 @@ FORMAT = "treeguard.bench/1"
 MAX_BYTES = 64 * 1024 * 1024
 
 
-def _clean(x: Any) -> Any:
-    """JSON-ready: tuples as lists, non-finite floats as None, keys as str."""
-    if isinstance(x, dict):
-        return {str(k): _clean(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_clean(v) for v in x]
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    if hasattr(x, "item") and callable(x.item):
-        return _clean(x.item())
-    return x
-
-
 def to_document(
     results: Sequence[BenchResult], /, *, extra: dict[str, Any] | None = None
 ) -> dict[str, Any]:
@@ -56,7 +42,7 @@ def to_document(
         "results": [r.to_dict(with_conditions=False) for r in results],
     }
     doc.update(extra or {})
-    return _clean(doc)  # type: ignore[no-any-return]
+    return strictjson.json_ready(doc)  # type: ignore[no-any-return]
 
 
 def save_results(

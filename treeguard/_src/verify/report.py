@@ -21,6 +21,7 @@ from ..atomic import atomic_write
 from ..display import printable
 from ..errors import VerificationError
 from ..htmlpage import as_number, error_plot, escape, leaf_label, page, table
+from ..strictjson import json_ready
 from .context import CheckResult, by_name
 
 FORMAT = "treeguard.verify-report/1"
@@ -184,7 +185,8 @@ class Report:
         }
 
     def to_json(self) -> str:
-        return json.dumps(_jsonable(self.to_dict()), indent=1, sort_keys=False) + "\n"
+        doc = json_ready(self.to_dict(), nonfinite=_nonfinite_text)
+        return json.dumps(doc, indent=1, sort_keys=False) + "\n"
 
     # -- Markdown -----------------------------------------------------------
 
@@ -334,18 +336,9 @@ def _md(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def _jsonable(x: Any) -> Any:
-    if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
-    if isinstance(x, float) and not math.isfinite(x):
-        return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
-    if isinstance(x, (np.floating, np.integer, np.bool_)):
-        return _jsonable(x.item())
-    if isinstance(x, Path):
-        return str(x)
-    return x
+def _nonfinite_text(x: float) -> str:
+    """A non-finite float as the report's JSON writes it: ``"nan"``, ``"inf"`` or ``"-inf"``."""
+    return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
 
 
 # -- HTML and SVG -----------------------------------------------------------------
