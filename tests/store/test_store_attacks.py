@@ -145,6 +145,17 @@ def test_a_key_file_others_may_rewrite_or_inside_the_store_is_refused_by_name(
         ArtifactStore(tmp_path / "s")
 
 
+def test_a_key_file_larger_than_a_key_is_refused_before_it_is_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    key_file = tmp_path / "key"
+    key_file.write_bytes(KEY + b"x" * 8192)
+    key_file.chmod(0o600)
+    monkeypatch.setenv("TREEGUARD_STORE_KEY_FILE", str(key_file))
+    with pytest.raises(StoreError, match=r"the key file is \d+ bytes, more than the 4096 allowed"):
+        ArtifactStore(tmp_path / "s")
+
+
 def test_gc_keeps_the_newest_puts_after_the_clock_stepped_back(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

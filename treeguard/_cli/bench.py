@@ -254,7 +254,7 @@ def run_command(  # noqa: PLR0917 - click passes each option by name
 
     from .._src.bench.conditions import conditions
     from .._src.bench.report import save_html, save_results
-    from .._src.bench.run import Target, run
+    from .._src.bench.run import Target, run_target
     from .._src.verify.model import Model
     from .._src.verify.performance import model_targets
 
@@ -268,17 +268,9 @@ def run_command(  # noqa: PLR0917 - click passes each option by name
         for t in targets:
             assert isinstance(t, Target)
             progress.update(task, description=shown(t.label))
+            meta = {"target": target}
             results.append(
-                run(
-                    t.fn,
-                    *t.args,
-                    samples=samples,
-                    min_time=min_time,
-                    jit=t.jit,
-                    name=t.label,
-                    conditions=conds,
-                    meta={"target": target},
-                )
+                run_target(t, samples=samples, min_time=min_time, conditions=conds, meta=meta)
             )
             progress.advance(task)
     out = console()

@@ -274,26 +274,95 @@ def read_regular(
     """
     fd = open_regular(path, what=what, dir_fd=dir_fd)
     try:
-        size = os.fstat(fd).st_size
-        if size > limit:
-            raise FormatError(
-                f"the {what} is {size} bytes, more than the {limit} allowed",
-                context=os.fspath(path),
-                hint="this is not a file treeguard wrote; restore it from a backup",
-            )
-        chunks: list[bytes] = []
-        total = 0
-        while total <= limit:  # the file may grow while it is read
-            chunk = os.read(fd, min(CHUNK, limit + 1 - total))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            total += len(chunk)
-        if total > limit:
-            raise FormatError(
-                f"the {what} grew past the {limit} bytes allowed while it was read",
-                context=os.fspath(path),
-            )
-        return b"".join(chunks)
+        return _read_all(fd, os.fstat(fd).st_size, limit=limit, what=what, name=os.fspath(path))
     finally:
         os.close(fd)
+
+
+def _read_all(fd: int, size: int, *, limit: int, what: str, name: str) -> bytes:
+    """The whole of the open file ``fd`` of ``size`` bytes, at most ``limit``."""
+    if size > limit:
+        raise FormatError(
+            f"the {what} is {size} bytes, more than the {limit} allowed",
+            context=name,
+            hint="this is not a file treeguard wrote; restore it from a backup",
+        )
+    chunks: list[bytes] = []
+    total = 0
+    while total <= limit:  # the file may grow while it is read
+        chunk = os.read(fd, min(CHUNK, limit + 1 - total))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        total += len(chunk)
+    if total > limit:
+        raise FormatError(
+            f"the {what} grew past the {limit} bytes allowed while it was read",
+            context=name,
+        )
+    return b"".join(chunks)
+
+
+def read_key_file(
+    path: str,
+    /,
+    *,
+    what: str,
+    limit: int,
+    outside: str | None,
+    fix: str,
+    refuse: Callable[[str, str], Exception],
+) -> tuple[bytes, int]:
+    """Reads a key file, which must stay secret: a regular file (see
+    :func:`open_regular`) of at most ``limit`` bytes that does not lie inside
+    the directory ``outside`` (a store's root, where anyone who can write the
+    store could read or replace it).
+
+    Args:
+      path: the key file.
+      what: what it is, for the messages (``"key file"``).
+      limit: the most bytes it may hold.
+      outside: a directory it may not lie in, or None.
+      fix: the hint for a file that cannot be read or is too large.
+      refuse: makes the error to raise from a message and a hint.
+
+    Returns:
+      Its bytes, and its mode (``st_mode`` of the file read) for the
+      caller's rule on who else may read or write it.
+
+    Raises:
+      Exception: ``refuse(message, hint)`` for a key file inside ``outside``,
+        one that cannot be read or is not a regular file, or one over ``limit``.
+
+    Example:
+      >>> import tempfile, os
+      >>> d = tempfile.mkdtemp()
+      >>> with open(os.path.join(d, "k"), "w") as f:
+      ...     _ = f.write("secret")
+      >>> read_key_file(os.path.join(d, "k"), what="key", limit=64, outside=None, fix="",
+      ...               refuse=lambda m, h: ValueError(m))[0]
+      b'secret'
+      >>> read_key_file(os.path.join(d, "k"), what="key", limit=64, outside=d, fix="",
+      ...               refuse=lambda m, h: ValueError(m))
+      Traceback (most recent call last):
+      ...
+      ValueError: the key lies inside the store's directory, where anyone who can write ...
+    """
+    if outside is not None:
+        real, root = os.path.realpath(path), os.path.realpath(outside)
+        if os.path.commonpath([real, root]) == root:
+            raise refuse(
+                f"the {what} lies inside the store's directory, where anyone who can write "
+                "the store can read or replace it",
+                "keep the key outside the store, readable only by its owner (chmod 600)",
+            )
+    try:
+        fd = open_regular(path, what=what)
+        try:
+            st = os.fstat(fd)
+            data = _read_all(fd, st.st_size, limit=limit, what=what, name=path)
+        finally:
+            os.close(fd)
+    except (FormatError, OSError) as e:
+        raise refuse(f"cannot read the {what}: {e}", fix) from None
+    return data, st.st_mode

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import html
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 #: The style every report page shares; a page adds its own classes.
@@ -52,6 +52,29 @@ def page(title: str, body: Iterable[str], *, css: str = "") -> str:
         f"<title>{escape(title)}</title>\n<style>{CSS}{css}</style></head><body>"
     )
     return "\n".join([head, *body, "</body></html>"]) + "\n"
+
+
+def table(head: Sequence[str], rows: Iterable[str]) -> str:
+    """A table of ``rows`` (``<tr>`` elements, already HTML) under a header
+    row of the column titles ``head`` (escaped here; none when it is empty).
+
+    Example:
+      >>> table(["a", "b<c"], ["<tr><td>1</td><td>2</td></tr>"])
+      '<table><tr><th>a</th><th>b&lt;c</th></tr><tr><td>1</td><td>2</td></tr></table>'
+    """
+    titles = "".join(f"<th>{escape(h)}</th>" for h in head)
+    return "<table>" + (f"<tr>{titles}</tr>" if titles else "") + "".join(rows) + "</table>"
+
+
+def key_table(pairs: Iterable[tuple[Any, Any]]) -> str:
+    """A table of one row per ``(key, value)``: the key as the row's header
+    cell, the value beside it, both escaped.
+
+    Example:
+      >>> key_table([("python", "3.11"), ("n", 3)])
+      '<table><tr><th>python</th><td>3.11</td></tr><tr><th>n</th><td>3</td></tr></table>'
+    """
+    return table((), (f"<tr><th>{escape(k)}</th><td>{escape(v)}</td></tr>" for k, v in pairs))
 
 
 def as_number(x: Any) -> float:

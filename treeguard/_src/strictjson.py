@@ -21,9 +21,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .errors import FormatError
@@ -277,6 +278,32 @@ def _no_surrogates(value: Any) -> None:
             stack.extend(v.values())
         elif isinstance(v, list):
             stack.extend(v)
+
+
+def json_ready(value: Any, /, *, nonfinite: Callable[[float], Any] = lambda _: None) -> Any:
+    """``value`` in the types ``json.dumps`` writes without NaN: keys as
+    text, tuples as lists, numpy scalars (anything 0-d with ``.item()``) as
+    Python ones, paths as text, and a non-finite float as ``nonfinite(x)``
+    (None by default).
+
+    Example:
+      >>> import numpy as np
+      >>> json_ready({1: (np.float32(0.5), float("nan"))})
+      {'1': [0.5, None]}
+      >>> json_ready([float("-inf")], nonfinite=str)
+      ['-inf']
+    """
+    if isinstance(value, dict):
+        return {str(k): json_ready(v, nonfinite=nonfinite) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_ready(v, nonfinite=nonfinite) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return nonfinite(value)
+    if callable(getattr(value, "item", None)) and getattr(value, "shape", None) == ():
+        return json_ready(value.item(), nonfinite=nonfinite)
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    return value
 
 
 def dumps(value: Any, /) -> str:

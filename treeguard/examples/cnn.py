@@ -22,6 +22,7 @@ import optax
 from flax import nnx
 
 from treeguard import LeafSpec, spec_of
+from treeguard.examples._common import split, uniform
 from treeguard.verify import Model
 
 SIDE, CLASSES = 8, 10
@@ -89,11 +90,8 @@ def splits() -> dict[str, dict[str, np.ndarray]]:
       >>> {k: v["image"].shape for k, v in splits().items()}
       {'train': (64, 8, 8, 1), 'val': (16, 8, 8, 1), 'test': (16, 8, 8, 1)}
     """
-    rng = np.random.Generator(np.random.PCG64(7))
-    image = rng.uniform(0.0, 1.0, (96, SIDE, SIDE, 1)).astype(np.float32)
-    label = image[..., 0].sum(axis=2).argmax(axis=1).astype(np.int32)
-    cuts = {"train": slice(0, 64), "val": slice(64, 80), "test": slice(80, 96)}
-    return {k: {"image": image[s], "label": label[s]} for k, s in cuts.items()}
+    image = uniform(7, (SIDE, SIDE, 1), low=0.0)
+    return split(image=image, label=image[..., 0].sum(axis=2).argmax(axis=1).astype(np.int32))
 
 
 DATA = Path(__file__).parent / "data"

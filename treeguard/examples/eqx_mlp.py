@@ -20,6 +20,7 @@ import numpy as np
 import optax
 
 from treeguard import LeafSpec, spec_of
+from treeguard.examples._common import features, split, uniform
 from treeguard.verify import Model
 
 IN, WIDTH, DEPTH, OUT = 2, 8, 2, 1
@@ -50,9 +51,7 @@ def apply(params: Any, batch: dict[str, jax.Array]) -> jax.Array:
     Raises:
       ValueError: if ``x`` is not ``(B, 2)``.
     """
-    x = batch["x"]
-    if x.ndim != 2 or x.shape[-1] != IN:
-        raise ValueError(f"batch['x'] must have shape (B, {IN}), got {tuple(x.shape)}")
+    x = features(batch, IN)
     module = eqx.combine(params, STATIC)
     out: jax.Array = jax.vmap(module)(x)
     return out
@@ -65,11 +64,8 @@ def loss(params: Any, batch: dict[str, jax.Array]) -> jax.Array:
 
 def splits() -> dict[str, dict[str, np.ndarray]]:
     """Disjoint train/val/test data: ``y = x0 * x1``."""
-    rng = np.random.Generator(np.random.PCG64(5))
-    x = rng.uniform(-1.0, 1.0, (96, IN)).astype(np.float32)
-    y = (x[:, :1] * x[:, 1:]).astype(np.float32)
-    cuts = {"train": slice(0, 64), "val": slice(64, 80), "test": slice(80, 96)}
-    return {k: {"x": x[s], "y": y[s]} for k, s in cuts.items()}
+    x = uniform(5, (IN,))
+    return split(x=x, y=x[:, :1] * x[:, 1:])
 
 
 model = Model(

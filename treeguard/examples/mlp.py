@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from treeguard import LeafSpec, spec_of
+from treeguard.examples._common import features, split, uniform
 from treeguard.verify import Model
 
 Params = dict[str, dict[str, jax.Array]]
@@ -62,9 +63,7 @@ def apply(params: Params, batch: dict[str, jax.Array]) -> jax.Array:
     Raises:
       ValueError: if ``x`` is not ``(B, 2)``.
     """
-    x = batch["x"]
-    if x.ndim != 2 or x.shape[-1] != IN:
-        raise ValueError(f"batch['x'] must have shape (B, {IN}), got {tuple(x.shape)}")
+    x = features(batch, IN)
     h = jnp.tanh(x @ params["dense1"]["w"] + params["dense1"]["b"])
     return h @ params["dense2"]["w"] + params["dense2"]["b"]
 
@@ -96,11 +95,8 @@ def splits() -> dict[str, dict[str, np.ndarray]]:
       >>> {k: v["x"].shape for k, v in splits().items()}
       {'train': (64, 2), 'val': (16, 2), 'test': (16, 2)}
     """
-    rng = np.random.Generator(np.random.PCG64(1234))
-    x = rng.uniform(-1.0, 1.0, (96, IN)).astype(np.float32)
-    y = (np.sin(x[:, :1]) * x[:, 1:]).astype(np.float32)
-    cuts = {"train": slice(0, 64), "val": slice(64, 80), "test": slice(80, 96)}
-    return {k: {"x": x[s], "y": y[s]} for k, s in cuts.items()}
+    x = uniform(1234, (IN,))
+    return split(x=x, y=(np.sin(x[:, :1]) * x[:, 1:]).astype(np.float32))
 
 
 model = Model(

@@ -28,6 +28,7 @@ import optax
 from flax import nnx
 
 from treeguard import LeafSpec, spec_of
+from treeguard.examples._common import features, split, uniform
 from treeguard.verify import Model
 
 IN, WIDTH, OUT = 4, 16, 3
@@ -65,13 +66,6 @@ def init(key: jax.Array) -> Any:
     return state
 
 
-def _checked(batch: dict[str, jax.Array]) -> jax.Array:
-    x = batch["x"]
-    if x.ndim != 2 or x.shape[-1] != IN:
-        raise ValueError(f"batch['x'] must have shape (B, {IN}), got {tuple(x.shape)}")
-    return x
-
-
 def apply(state: Any, batch: dict[str, jax.Array]) -> jax.Array:
     """Logits ``(B, 3)`` for ``batch["x"]`` of shape ``(B, 4)``, normalised
     with the running statistics.
@@ -80,7 +74,7 @@ def apply(state: Any, batch: dict[str, jax.Array]) -> jax.Array:
       ValueError: if ``x`` is not ``(B, 4)``.
     """
     module: Any = nnx.merge(GRAPHDEF, state)
-    out: jax.Array = module(_checked(batch))
+    out: jax.Array = module(features(batch, IN))
     return out
 
 
@@ -88,7 +82,7 @@ def loss(state: Any, batch: dict[str, jax.Array]) -> jax.Array:
     """Mean softmax cross-entropy against the integer ``batch["label"]``, with
     the batch's own statistics (training mode)."""
     module: Any = nnx.merge(GRAPHDEF, state)
-    logits = module(_checked(batch), train=True)
+    logits = module(features(batch, IN), train=True)
     losses = optax.softmax_cross_entropy_with_integer_labels(logits, batch["label"])
     out: jax.Array = losses.mean()
     return out
@@ -101,11 +95,8 @@ def splits() -> dict[str, dict[str, np.ndarray]]:
       >>> {k: v["x"].shape for k, v in splits().items()}
       {'train': (64, 4), 'val': (16, 4), 'test': (16, 4)}
     """
-    rng = np.random.Generator(np.random.PCG64(11))
-    x = rng.uniform(-1.0, 1.0, (96, IN)).astype(np.float32)
-    label = x[:, :OUT].argmax(axis=1).astype(np.int32)
-    cuts = {"train": slice(0, 64), "val": slice(64, 80), "test": slice(80, 96)}
-    return {k: {"x": x[s], "label": label[s]} for k, s in cuts.items()}
+    x = uniform(11, (IN,))
+    return split(x=x, label=x[:, :OUT].argmax(axis=1).astype(np.int32))
 
 
 model = Model(

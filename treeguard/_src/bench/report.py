@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,26 +18,13 @@ from .. import strictjson
 from ..atomic import atomic_write, read_regular
 from ..display import fmt_bytes, fmt_seconds
 from ..errors import FormatError
-from ..htmlpage import escape, page
+from ..htmlpage import escape, key_table, page, table
 from .run import BenchResult
 
 FORMAT = "treeguard.bench/1"
 
 #: The largest benchmark file ``load`` reads.
 MAX_BYTES = 64 * 1024 * 1024
-
-
-def _clean(x: Any) -> Any:
-    """JSON-ready: tuples as lists, non-finite floats as None, keys as str."""
-    if isinstance(x, dict):
-        return {str(k): _clean(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_clean(v) for v in x]
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    if hasattr(x, "item") and callable(x.item):
-        return _clean(x.item())
-    return x
 
 
 def to_document(
@@ -56,7 +42,7 @@ def to_document(
         "results": [r.to_dict(with_conditions=False) for r in results],
     }
     doc.update(extra or {})
-    return _clean(doc)  # type: ignore[no-any-return]
+    return strictjson.json_ready(doc)  # type: ignore[no-any-return]
 
 
 def save_results(
@@ -265,30 +251,38 @@ def to_html(results: Sequence[BenchResult], /, *, title: str = "treeguard bench"
     for r in results:
         body += _result_section(r)
     conds = results[0].conditions if results else {}
-    body.append("<h2>Conditions</h2><table>")
-    body += [f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in conds.items()]
-    body.append(f"</table><p>schema {_e(FORMAT)}</p>")
+    body += ["<h2>Conditions</h2>", key_table(conds.items()), f"<p>schema {_e(FORMAT)}</p>"]
     return page(title, body, css=_CSS)
+
+
+#: The columns of the summary table, one row per result.
+_SUMMARY_COLUMNS = (
+    "benchmark",
+    "status",
+    "median",
+    "95% CI of median",
+    "p95",
+    "MAD",
+    "n x loops",
+    "compile",
+)
 
 
 def _summary_table(results: Sequence[BenchResult]) -> list[str]:
     """One row per result: status, median and its interval, p95, MAD, size, compile."""
-    out = [
-        "<table><tr><th>benchmark</th><th>status</th><th>median</th><th>95% CI of median"
-        "</th><th>p95</th><th>MAD</th><th>n x loops</th><th>compile</th></tr>",
-    ]
-    for r in results:
-        s = r.stats
-        cls = "ok" if r.valid else "bad"
-        out.append(
-            f"<tr><td>{_e(r.name)}</td><td class={cls}>{_e(r.status)}</td>"
-            f"<td>{_e(fmt_seconds(s.median))}</td><td>{_e(fmt_seconds(s.median_ci[0]))} - "
-            f"{_e(fmt_seconds(s.median_ci[1]))}</td><td>{_e(fmt_seconds(s.p95))}</td>"
-            f"<td>{_e(fmt_seconds(s.mad))}</td><td>{s.n} x {r.loops}</td>"
-            f"<td>{_e(fmt_seconds(r.compile_total_s))}</td></tr>"
-        )
-    out.append("</table>")
-    return out
+    return [table(_SUMMARY_COLUMNS, map(_summary_row, results))]
+
+
+def _summary_row(r: BenchResult) -> str:
+    s = r.stats
+    cls = "ok" if r.valid else "bad"
+    return (
+        f"<tr><td>{_e(r.name)}</td><td class={cls}>{_e(r.status)}</td>"
+        f"<td>{_e(fmt_seconds(s.median))}</td><td>{_e(fmt_seconds(s.median_ci[0]))} - "
+        f"{_e(fmt_seconds(s.median_ci[1]))}</td><td>{_e(fmt_seconds(s.p95))}</td>"
+        f"<td>{_e(fmt_seconds(s.mad))}</td><td>{s.n} x {r.loops}</td>"
+        f"<td>{_e(fmt_seconds(r.compile_total_s))}</td></tr>"
+    )
 
 
 def _result_section(r: BenchResult) -> list[str]:
@@ -316,8 +310,7 @@ def _result_section(r: BenchResult) -> list[str]:
         cells.append(("achieved", f"{r.flops_per_s / 1e9:.3g} GFLOP/s"))
     for k, v in r.meta.items():
         cells.append((str(k), str(v)))
-    out.append("<table>" + "".join(f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in cells))
-    out.append("</table>")
+    out.append(key_table(cells))
     return out
 
 

@@ -562,3 +562,39 @@ def run(
         conds=conds,
         meta=meta,
     )
+
+
+def run_target(
+    target: Target,
+    *,
+    samples: int = 30,
+    min_time: float = 0.05,
+    conditions: dict[str, Any] | None = None,
+    meta: dict[str, Any] | None = None,
+) -> BenchResult:
+    """Benchmarks a ``Target`` with :func:`run` (as its ``jit`` says, named by its label).
+
+    Args:
+      target: what to time.
+      samples, min_time, conditions, meta: as for :func:`run`.
+
+    Returns:
+      Its ``BenchResult``.
+
+    Raises:
+      BenchError: for a bad ``samples`` or ``min_time``.
+
+    Example:
+      >>> run_target(Target(jax.numpy.cos, (jax.numpy.ones(4),)), samples=3, min_time=0.0).name
+      'cos'
+    """
+    return run(
+        target.fn,
+        *target.args,
+        samples=samples,
+        min_time=min_time,
+        jit=target.jit,
+        name=target.label,
+        conditions=conditions,
+        meta=meta,
+    )

@@ -40,7 +40,7 @@ from ..paths import Path, keystr, parse_user_path, starts_with
 from ..spec import LeafSpec, TreeSpec
 from ..specjson import FORMAT as SPEC_FORMAT
 from .files import open_checkpoint, read_raw_header
-from .format import FOREIGN, K_FORMAT, MAX_NDIM, StoredTensor, data_offsets, ok_int
+from .format import FOREIGN, K_FORMAT, MAX_NDIM, Framed, StoredTensor, data_offsets, ok_int
 from .migrate import flat_mismatches
 from .names import NamingRule, index_once, namer, nest, rule_label, style_of
 from .restore import as_like, build_like, read_ranges, walk_like
@@ -75,7 +75,7 @@ class ForeignTensor(StoredTensor):
 
 
 @dataclasses.dataclass(frozen=True)
-class ForeignHeader:
+class ForeignHeader(Framed):
     """The validated header of a safetensors file treeguard did not write.
 
     It holds no contract and no hashes: what it says about the tensors'
@@ -94,14 +94,6 @@ class ForeignHeader:
     metadata: dict[str, str]
     header_bytes: int
     file_bytes: int
-
-    @property
-    def data_start(self) -> int:
-        return 8 + self.header_bytes
-
-    @property
-    def data_bytes(self) -> int:
-        return self.file_bytes - self.data_start
 
     @property
     def spec(self) -> TreeSpec:

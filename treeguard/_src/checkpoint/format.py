@@ -41,7 +41,7 @@ import dataclasses
 import json
 import math
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -172,8 +172,27 @@ class TensorInfo(StoredTensor):
     digest: str
 
 
+class Framed:
+    """The frame of a safetensors file, ours or another tool's: an 8-byte
+    length, ``header_bytes`` of header, then the data up to ``file_bytes``.
+    A header dataclass declares the two fields; this gives the offsets."""
+
+    header_bytes: int
+    file_bytes: int
+
+    @property
+    def data_start(self) -> int:
+        """The file offset of the first tensor byte."""
+        return 8 + self.header_bytes
+
+    @property
+    def data_bytes(self) -> int:
+        """The bytes of the data section."""
+        return self.file_bytes - self.data_start
+
+
 @dataclasses.dataclass(frozen=True)
-class Header:
+class Header(Framed):
     """A checkpoint's header, validated against the file's size; no data read.
 
     Attributes:
@@ -200,15 +219,6 @@ class Header:
     digest: str
     header_bytes: int
     file_bytes: int
-
-    @property
-    def data_start(self) -> int:
-        """The file offset of the first tensor byte."""
-        return 8 + self.header_bytes
-
-    @property
-    def data_bytes(self) -> int:
-        return self.file_bytes - self.data_start
 
 
 # -- writing the header --------------------------------------------------------
@@ -262,6 +272,45 @@ def _canonical_chunks(body: Mapping[str, str], table: Mapping[str, Any]) -> Iter
 
 def _canonical(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def draft_meta(
+    spec_json: str, algorithm: Algorithm, env_json: str, user_json: str, names: Iterable[str]
+) -> dict[str, str]:
+    """The ``__metadata__`` of a header being written, every digest still a
+    ``PLACEHOLDER`` of its final length (see :func:`signed_meta`).
+
+    Example:
+      >>> meta = draft_meta("{}", "sha256", "{}", "{}", ["['w']"])
+      >>> meta[K_FORMAT], meta[K_DIGEST] == PLACEHOLDER
+      ('treeguard.checkpoint/1', True)
+    """
+    return {
+        K_FORMAT: FORMAT,
+        K_SPEC: spec_json,
+        K_HASH: algorithm,
+        K_HASHES: json.dumps({n: PLACEHOLDER for n in names}, ensure_ascii=False),
+        K_ENV: env_json,
+        K_META: user_json,
+        K_DIGEST: PLACEHOLDER,
+    }
+
+
+def signed_meta(
+    meta: Mapping[str, str], table: Mapping[str, Any], hashes: Mapping[str, str]
+) -> dict[str, str]:
+    """``meta`` with each tensor's digest in ``hashes`` and the header digest over them all.
+
+    Example:
+      >>> meta = draft_meta("{}", "sha256", "{}", "{}", ["['w']"])
+      >>> done = signed_meta(meta, {}, {"['w']": "ab" * 32})
+      >>> done[K_DIGEST] == header_digest(done, {}) != PLACEHOLDER
+      True
+    """
+    out = dict(meta)
+    out[K_HASHES] = json.dumps(dict(hashes), ensure_ascii=False)
+    out[K_DIGEST] = header_digest(out, table)
+    return out
 
 
 def encode_header(meta: Mapping[str, str], table: Mapping[str, Any]) -> bytes:

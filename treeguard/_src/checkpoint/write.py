@@ -28,21 +28,7 @@ from ..spec import TreeSpec, spec_from_leaves
 from ..strictjson import MAX_DEPTH, MAX_INT_DIGITS
 from ..surgery import METADATA_KEY, Surgery
 from ..walk import Node, flatten_with_types, key_problems, structure_of
-from .format import (
-    ALLOWED_DTYPES,
-    FORMAT,
-    K_DIGEST,
-    K_ENV,
-    K_FORMAT,
-    K_HASH,
-    K_HASHES,
-    K_META,
-    K_SPEC,
-    PLACEHOLDER,
-    encode_header,
-    header_digest,
-    stored_layout,
-)
+from .format import ALLOWED_DTYPES, draft_meta, encode_header, signed_meta, stored_layout
 from .restore import buffer
 
 _KEY_HINT = (
@@ -363,10 +349,8 @@ class _Draft:
 
     def header(self, digests: Sequence[str]) -> bytes:
         """The header with every leaf's digest and the header's own."""
-        meta = dict(self.meta)
-        meta[K_HASHES] = json.dumps(dict(zip(self.names, digests)), ensure_ascii=False)
-        meta[K_DIGEST] = header_digest(meta, dict(self.table))
-        final = encode_header(meta, dict(self.table))
+        meta = signed_meta(self.meta, self.table, dict(zip(self.names, digests)))
+        final = encode_header(meta, self.table)
         if len(final) != len(self.draft):  # pragma: no cover - hex digests have fixed length
             raise AssertionError("header length changed while saving")
         return final
@@ -431,15 +415,8 @@ def _draft(
             "data_offsets": [pos, pos + nbytes],
         }
         pos += nbytes
-    meta: dict[str, str] = {
-        K_FORMAT: FORMAT,
-        K_SPEC: spec.to_json(indent=None).rstrip("\n"),
-        K_HASH: algorithm,
-        K_HASHES: json.dumps({n: PLACEHOLDER for n in names}, ensure_ascii=False),
-        K_ENV: json.dumps(environment()),
-        K_META: user,
-        K_DIGEST: PLACEHOLDER,
-    }
+    spec_json = spec.to_json(indent=None).rstrip("\n")
+    meta = draft_meta(spec_json, algorithm, json.dumps(environment()), user, names)
     draft = encode_header(meta, table)
     return _Draft(leaves, records, names, meta, table, algorithm, draft, pos)
 

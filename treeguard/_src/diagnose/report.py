@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..atomic import atomic_write
-from ..htmlpage import error_plot, escape, page
+from ..htmlpage import error_plot, escape, page, table
 from ..verify.compare import LeafError
 from ..verify.context import Status, by_name, result_dict
 from ..verify.report import rich_escape, status_row, status_table
@@ -247,6 +247,14 @@ _CSS = (
 )
 
 
+def _stage_row(s: StageResult) -> str:
+    """The stage's row of the ladder's table: name, status, summary, time."""
+    return (
+        f'<tr><td><code>{escape(s.name)}</code></td><td class="{s.status}">{s.status.upper()}'
+        f"</td><td>{escape(s.summary)}</td><td>{s.seconds:.2f}s</td></tr>"
+    )
+
+
 def _stage_html(s: StageResult) -> str:
     return (
         f'<div class="step {s.status}"><code>{escape(s.name)}</code> '
@@ -263,14 +271,9 @@ def diagnosis_html(d: Diagnosis) -> str:
         f"jax {escape(d.environment.get('jax'))} on {escape(d.environment.get('backend'))}</p>",
         '<h2>Stage ladder</h2><div class="ladder">',
         *(_stage_html(s) for s in d.stages),
-        "</div><table><tr><th>stage</th><th>status</th><th>summary</th><th>time</th></tr>",
+        "</div>",
+        table(("stage", "status", "summary", "time"), map(_stage_row, d.stages)),
     ]
-    for s in d.stages:
-        out.append(
-            f'<tr><td><code>{escape(s.name)}</code></td><td class="{s.status}">{s.status.upper()}'
-            f"</td><td>{escape(s.summary)}</td><td>{s.seconds:.2f}s</td></tr>"
-        )
-    out.append("</table>")
     if failed is not None:
         out.append(f"<h2>Evidence: <code>{escape(failed.name)}</code></h2><ul>")
         out += [f'<li class="mono">{escape(line)}</li>' for line in failed.evidence[:40]]

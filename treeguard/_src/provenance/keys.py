@@ -25,8 +25,7 @@ from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from ..atomic import fsync_dir, read_regular, write_all
-from ..errors import FormatError
+from ..atomic import fsync_dir, read_key_file, write_all
 from .errors import KeyFileError
 
 Curve = Literal["P-256", "P-384", "P-521"]
@@ -152,7 +151,10 @@ def _public(key: ec.EllipticCurvePublicKey, source: str) -> PublicKey:
     return PublicKey(key=key, fingerprint=fingerprint_of(key), curve=curve, source=source)
 
 
-def _read(path: str | os.PathLike[str], what: str) -> tuple[str, bytes, os.stat_result]:
+def _read(
+    path: str | os.PathLike[str], what: str, outside: str | None = None
+) -> tuple[str, bytes, int]:
+    """The key file's name, bytes and mode (see ``atomic.read_key_file``)."""
     name = os.fspath(path)
     if not name.strip():
         raise KeyFileError(
@@ -160,16 +162,15 @@ def _read(path: str | os.PathLike[str], what: str) -> tuple[str, bytes, os.stat_
             path=repr(name),
             hint="name the key file",
         )
-    try:
-        data = read_regular(name, limit=_KEY_FILE_LIMIT, what=what)
-        st = os.stat(name, follow_symlinks=False)  # its mode: the file read_regular opened
-    except (FormatError, OSError) as e:
-        raise KeyFileError(
-            f"cannot read the {what}: {e}",
-            path=name,
-            hint="name a regular PEM file (`treeguard keys new NAME` makes a pair)",
-        ) from None
-    return name, data, st
+
+    def refuse(message: str, hint: str) -> KeyFileError:
+        return KeyFileError(message, path=name, hint=hint)
+
+    fix = "name a regular PEM file (`treeguard keys new NAME` makes a pair)"
+    data, mode = read_key_file(
+        name, what=what, limit=_KEY_FILE_LIMIT, outside=outside, fix=fix, refuse=refuse
+    )
+    return name, data, mode
 
 
 def load_public_key(path: str | os.PathLike[str], /) -> PublicKey:
@@ -228,20 +229,11 @@ def load_signing_key(path: str | os.PathLike[str], /, *, outside: str | None = N
       >>> load_signing_key(key).public.algorithm
       'ecdsa-p384-sha384'
     """
-    name, data, st = _read(path, "private key file")
-    if outside is not None:
-        real, root = os.path.realpath(name), os.path.realpath(outside)
-        if os.path.commonpath([real, root]) == root:
-            raise KeyFileError(
-                "the private key lies inside the store's directory, where anyone who can "
-                "write the store can read or replace it",
-                path=name,
-                hint="keep the key outside the store, readable only by its owner (chmod 600)",
-            )
-    if st.st_mode & 0o077:
+    name, data, mode = _read(path, "private key file", outside)
+    if mode & 0o077:
         raise KeyFileError(
             f"the private key may be read or written by others (mode "
-            f"{stat.S_IMODE(st.st_mode):04o}), so anyone could sign with it",
+            f"{stat.S_IMODE(mode):04o}), so anyone could sign with it",
             path=name,
             hint=f"chmod 600 {name}",
         )

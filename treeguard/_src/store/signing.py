@@ -25,8 +25,8 @@ import stat
 from collections.abc import Sequence
 from typing import Protocol
 
-from ..atomic import open_regular
-from ..errors import ConfigError, FormatError, StoreError
+from ..atomic import read_key_file
+from ..errors import ConfigError, StoreError
 from ..provenance.variables import KEY_VARIABLES, REVOKED_ENV, SIGNING_KEY_ENV, TRUSTED_ENV
 
 #: The environment variable naming a key file, used when no ``key=`` is given.
@@ -231,39 +231,18 @@ def _hmac_signer(key: bytes | str | None, root: str | None) -> VerdictSigner | N
 
 
 def _read_key_file(path: str, source: str, root: str | None) -> bytes:
-    real = os.path.realpath(path)
-    store = os.path.realpath(root) if root is not None else None
-    if store is not None and os.path.commonpath([real, store]) == store:
+    def refuse(message: str, hint: str) -> StoreError:
+        return StoreError(message, context=source, hint=hint)
+
+    fix = "point the variable at a regular file holding only the key (16 or more random bytes)"
+    raw, mode = read_key_file(
+        path, what="key file", limit=_KEY_FILE_LIMIT, outside=root, fix=fix, refuse=refuse
+    )
+    if mode & (stat.S_IWGRP | stat.S_IWOTH):
         raise StoreError(
-            "the key file lies inside the store's directory, where anyone who can write "
-            "the store can read or replace it",
-            context=source,
-            hint="keep the key outside the store, readable only by its owner (chmod 600)",
-        )
-    try:
-        fd = open_regular(path, what="key file")
-        try:
-            st = os.fstat(fd)
-            raw = os.read(fd, _KEY_FILE_LIMIT + 1)
-        finally:
-            os.close(fd)
-    except (FormatError, OSError) as e:
-        raise StoreError(
-            f"cannot read the key file: {e}",
-            context=source,
-            hint="point the variable at a regular file of at least 16 random bytes",
-        ) from None
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise StoreError(
-            f"the key file is writable by others (mode {stat.S_IMODE(st.st_mode):04o}), so "
+            f"the key file is writable by others (mode {stat.S_IMODE(mode):04o}), so "
             "anyone may replace the key and sign verdicts",
             context=source,
             hint="chmod 600 the key file",
-        )
-    if len(raw) > _KEY_FILE_LIMIT:
-        raise StoreError(
-            f"the key file is more than {_KEY_FILE_LIMIT} bytes",
-            context=source,
-            hint="point the variable at a file holding only the key",
         )
     return raw.strip()

@@ -20,7 +20,7 @@ import numpy as np
 
 from ..bench.budget import Budgets
 from ..bench.conditions import conditions as current_conditions
-from ..bench.run import BenchResult, Target, run
+from ..bench.run import BenchResult, Target, run, run_target
 from ..display import fmt_bytes, fmt_seconds
 from .cases import Case, _batch
 from .context import CheckResult, Context
@@ -108,17 +108,8 @@ def bench_model(
     for t in model_targets(model, batch_sizes=batch_sizes):
         if progress is not None:
             progress(t.label)
-        out.append(
-            run(
-                t.fn,
-                *t.args,
-                samples=samples,
-                min_time=min_time,
-                name=t.label,
-                conditions=conds,
-                meta={"model": model.name},
-            )
-        )
+        meta = {"model": model.name}
+        out.append(run_target(t, samples=samples, min_time=min_time, conditions=conds, meta=meta))
     return out
 
 

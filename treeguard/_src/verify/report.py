@@ -20,7 +20,8 @@ import numpy as np
 from ..atomic import atomic_write
 from ..display import printable
 from ..errors import VerificationError
-from ..htmlpage import as_number, error_plot, escape, leaf_label, page
+from ..htmlpage import as_number, error_plot, escape, leaf_label, page, table
+from ..strictjson import json_ready
 from .context import CheckResult, by_name
 
 FORMAT = "treeguard.verify-report/1"
@@ -184,7 +185,8 @@ class Report:
         }
 
     def to_json(self) -> str:
-        return json.dumps(_jsonable(self.to_dict()), indent=1, sort_keys=False) + "\n"
+        doc = json_ready(self.to_dict(), nonfinite=_nonfinite_text)
+        return json.dumps(doc, indent=1, sort_keys=False) + "\n"
 
     # -- Markdown -----------------------------------------------------------
 
@@ -334,18 +336,9 @@ def _md(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def _jsonable(x: Any) -> Any:
-    if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
-    if isinstance(x, float) and not math.isfinite(x):
-        return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
-    if isinstance(x, (np.floating, np.integer, np.bool_)):
-        return _jsonable(x.item())
-    if isinstance(x, Path):
-        return str(x)
-    return x
+def _nonfinite_text(x: float) -> str:
+    """A non-finite float as the report's JSON writes it: ``"nan"``, ``"inf"`` or ``"-inf"``."""
+    return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
 
 
 # -- HTML and SVG -----------------------------------------------------------------
@@ -458,10 +451,8 @@ def _html(report: Report) -> str:
         f"jax {escape(report.environment.get('jax'))} "
         f"on {escape(report.environment.get('backend'))} "
         f"({escape(report.environment.get('device_kind'))})</span></p>",
-        "<h2>Checks</h2><table><tr><th>check</th><th>status</th><th>summary and "
-        "evidence</th><th>time</th></tr>",
-        *_check_rows(report),
-        "</table>",
+        "<h2>Checks</h2>",
+        table(("check", "status", "summary and evidence", "time"), _check_rows(report)),
         *_error_sections(report),
     ]
     if report.benchmark:
@@ -516,41 +507,39 @@ def _error_sections(report: Report) -> list[str]:
 
 def _cases_table(report: Report) -> list[str]:
     """The cases: their kind, batch and note."""
-    out = ["<h2>Cases</h2><table><tr><th>case</th><th>kind</th><th>batch</th><th>note</th></tr>"]
-    for row in report.cases:
-        kind = "negative" if row.get("negative") else "positive"
-        out.append(
-            f"<tr><td><code>{escape(row['name'])}</code></td><td>{kind}</td>"
-            f'<td class="mono">{escape(row["batch"])}</td>'
-            f"<td>{escape(row.get('note', ''))}</td></tr>"
-        )
-    out.append("</table>")
-    return out
+    rows = (
+        f"<tr><td><code>{escape(row['name'])}</code></td>"
+        f"<td>{'negative' if row.get('negative') else 'positive'}</td>"
+        f'<td class="mono">{escape(row["batch"])}</td><td>{escape(row.get("note", ""))}</td></tr>'
+        for row in report.cases
+    )
+    return ["<h2>Cases</h2>", table(("case", "kind", "batch", "note"), rows)]
 
 
 def _environment_tables(report: Report) -> list[str]:
     """This run's environment beside the references', and the tolerances."""
-    out = ["<h2>Environment</h2><table><tr><th>key</th><th>this run</th><th>references</th></tr>"]
     recorded: dict[str, Any] = {}
     with contextlib.suppress(KeyError):
         recorded = {str(r["key"]): r.get("recorded") for r in report["environment"].rows}
-    for k, v in report.environment.items():
-        out.append(
-            f"<tr><td>{escape(k)}</td><td><code>{escape(v)}</code></td>"
-            f"<td><code>{escape(recorded.get(k, ''))}</code></td></tr>"
-        )
-    out.append(
-        "</table><h2>Tolerances</h2><table><tr><th>dtype</th><th>rtol</th><th>atol</th></tr>"
+    environment = (
+        f"<tr><td>{escape(k)}</td><td><code>{escape(v)}</code></td>"
+        f"<td><code>{escape(recorded.get(k, ''))}</code></td></tr>"
+        for k, v in report.environment.items()
     )
-    for k, v in report.tolerances.items():
-        out.append(f"<tr><td>{escape(k)}</td><td>{v['rtol']:g}</td><td>{v['atol']:g}</td></tr>")
-    out.append("</table>")
-    return out
+    tolerances = (
+        f"<tr><td>{escape(k)}</td><td>{v['rtol']:g}</td><td>{v['atol']:g}</td></tr>"
+        for k, v in report.tolerances.items()
+    )
+    return [
+        "<h2>Environment</h2>",
+        table(("key", "this run", "references"), environment),
+        "<h2>Tolerances</h2>",
+        table(("dtype", "rtol", "atol"), tolerances),
+    ]
 
 
 def _leaf_table(rows: list[dict[str, Any]]) -> str:
     cols = ("leaf", "ref", "max abs", "max rel", "rtol", "atol", "beyond")
-    head = "<table><tr>" + "".join(f"<th>{c}</th>" for c in cols) + "</tr>"
     body = []
     for r in sorted(rows, key=lambda r: -as_number(r.get("ratio")))[:60]:
         cls = "" if r.get("ok", True) else ' class="fail"'
@@ -566,7 +555,7 @@ def _leaf_table(rows: list[dict[str, Any]]) -> str:
         if len(rows) > 60
         else ""
     )
-    return head + "".join(body) + more + "</table>"
+    return table(cols, [*body, more])
 
 
 def _g(x: Any) -> str:
