@@ -363,6 +363,8 @@ def read_key_file(
             data = _read_all(fd, st.st_size, limit=limit, what=what, name=path)
         finally:
             os.close(fd)
-    except (FormatError, OSError) as e:
+    except FormatError as e:  # its own hint speaks of checkpoints: the caller's fix stands
+        raise refuse(f"cannot read the {what}: {e.message}", fix) from None
+    except OSError as e:
         raise refuse(f"cannot read the {what}: {e}", fix) from None
     return data, st.st_mode
