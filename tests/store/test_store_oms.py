@@ -17,9 +17,11 @@ import pytest
 from click.testing import CliRunner
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
+from jax.sharding import NamedSharding, PartitionSpec
 from obstore.store import S3Store
 
 import treeguard as tg
+from tests.machine import cpu_mesh
 from tests.subproc import ROOT, run_module
 from treeguard._cli.main import main
 from treeguard.examples import mlp
@@ -300,3 +302,33 @@ def test_a_bucket_export_of_a_changed_object_is_refused_and_leaves_nothing(
         writer.export(v, tmp_path / "out")
     assert not (tmp_path / "out").exists()
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".out")] == []
+
+
+def test_export_a_sharded_version(tmp_path: Path, keys: dict[str, str]) -> None:
+    mesh = cpu_mesh((2, 4), ("data", "model"))
+    sharding = NamedSharding(mesh, PartitionSpec("data", "model"))
+    tree = {"w": jax.device_put(np.arange(64, dtype=np.float32).reshape(8, 8), sharding)}
+    writer = tg.ArtifactStore(tmp_path / "store", signing_key=keys["ci.key"])
+    v = writer.put_sharded(tree)
+    assert writer.verify(v, like=tree).status == "verified"
+    out = tmp_path / "out"
+    writer.export(v, out)
+    rc, text = _oms(
+        "verify", "key", out, "--signature", out / "model.sig", "--public_key", keys["ci.pub"]
+    )
+    assert rc == 0, text
+    assert np.array_equal(tg.load_sharded(out, tree)["w"], tree["w"])
+    # a shard changed after the verdict: the copy is refused and nothing is left
+    data = sorted(
+        p for p in Path(writer.info(v).path).rglob("*") if p.is_file() and "data-" in str(p)
+    )
+    biggest = max(data, key=lambda p: p.stat().st_size)
+    raw = bytearray(biggest.read_bytes())
+    raw[-1] ^= 1
+    biggest.write_bytes(bytes(raw))
+    with pytest.raises((tg.IntegrityError, tg.FormatError)):
+        writer.export(v, tmp_path / "again")
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.endswith((".key", ".pub"))) == [
+        "out",
+        "store",
+    ]

@@ -15,8 +15,9 @@ read (a treeguard checkpoint with every hash checked, a foreign one by its
 structure) and put as a candidate, with the signer and the signed digests
 in its metadata. A refused model leaves nothing in the store.
 
-Both work on a store in a local directory or a bucket; export writes file
-versions (a sharded version is refused).
+Both work on a store in a local directory or a bucket; export writes a
+file version as ``model.safetensors`` and a sharded version as its manifest
+and data directory, each checked on the copy before it is signed.
 """
 
 from __future__ import annotations
@@ -28,13 +29,16 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..atomic import current_umask, fsync_dir, open_regular, write_all
-from ..checkpoint import read_foreign, verify_file
+from ..checkpoint import read_foreign
 from ..errors import FormatError, StoreError
 from ..hashing import Source, pread_into, source_size
 from ..provenance.errors import ProvenanceError
-from . import gates
-from .backend import Backend
+from ..sharded.manifest import MANIFEST_NAME
+from ..sharded.manifest import read as read_manifest
+from . import gates, payload
+from .backend import Backend, Record
 from .layout import MODEL_FILE
+from .records import is_sharded
 from .signing import VerdictSigner
 
 if TYPE_CHECKING:
@@ -80,24 +84,13 @@ def export(
             hint="open the store with its signing key (--signing-key)",
         )
     location, record, digest = gates.gate(backend, signer, version, full=False)
-    if record.get("kind", "file") != "file":
-        raise StoreError(
-            f"version {version} is sharded; export writes file versions only",
-            version=version,
-            hint="load it with load_verified and save it as one file to export",
-        )
     target = os.path.abspath(directory)
     if os.path.lexists(target):
         raise FileExistsError(f"{target}: already exists; export writes a new directory")
     parent = os.path.dirname(target)
     staging = tempfile.mkdtemp(prefix=f".{os.path.basename(target)}.", dir=parent)
     try:
-        copy = os.path.join(staging, MODEL_FILE)
-        with backend.checkpoint_source(version, location) as source:
-            _copy_from(source, copy)
-        # the bytes shipped are the verdict's: every tensor re-hashed on the copy
-        with gates.reading(version, since="verified", where=location):
-            verify_file(copy, expect_digest=digest)
+        _checked_copy(backend, version, (location, record, digest), staging)
         manifest = sign_model(staging, ec.key, name=os.path.basename(target))
         os.chmod(staging, 0o777 & ~current_umask())  # mkdtemp made it 0700
         os.rename(staging, target)
@@ -106,6 +99,43 @@ def export(
         raise
     fsync_dir(parent)
     return manifest
+
+
+def _checked_copy(
+    backend: Backend, version: str, gated: tuple[str, Record, str], staging: str
+) -> None:
+    """Copies the version's checkpoint (its file, or a sharded version's
+    manifest and data) into ``staging``, then reads the copy again, every
+    tensor or shard hashed, refusing any digest but the verdict's."""
+    location, record, digest = gated
+    if is_sharded(record):
+        _copy_sharded(location, staging)
+    else:
+        with backend.checkpoint_source(version, location) as source:
+            _copy_from(source, os.path.join(staging, MODEL_FILE))
+    # the bytes shipped are the verdict's: every tensor re-hashed on the copy
+    with gates.reading(version, since="verified", where=location):
+        payload.of(record).recheck(staging, digest)
+
+
+def _copy_sharded(source: str, staging: str) -> None:
+    """Copies a sharded checkpoint's manifest and the data directory it
+    names (regular files and real directories only) into ``staging``.
+
+    Raises:
+      FormatError: for a link or special file in it.
+    """
+    data = read_manifest(source).data
+    _copy(os.path.join(source, MANIFEST_NAME), os.path.join(staging, MANIFEST_NAME))
+    top = os.path.join(source, data)
+    for here, dirs, files in os.walk(top):
+        rel = os.path.relpath(here, source)
+        os.makedirs(os.path.join(staging, rel))
+        for name in dirs:
+            if os.path.islink(os.path.join(here, name)):
+                raise FormatError(f"{os.path.join(here, name)}: a link in a sharded checkpoint")
+        for name in files:
+            _copy(os.path.join(here, name), os.path.join(staging, rel, name))
 
 
 def _copy(src: str, dst: str) -> None:

@@ -421,7 +421,8 @@ class ArtifactStore(GatedLoads):
         store's signing key and renamed into place: a refusal leaves nothing.
 
         Args:
-          version: a verified file version.
+          version: a verified version (a file version is written as
+            ``model.safetensors``, a sharded one as its manifest and data).
           directory: where to write it; it must not exist.
 
         Returns:
@@ -430,7 +431,7 @@ class ArtifactStore(GatedLoads):
         Raises:
           ProvenanceError: for a store without an EC signing key.
           StoreError, SignatureError, IntegrityError: for a version that
-            fails a gate, or a sharded version.
+            fails a gate, or a copy whose bytes are not the verdict's.
           FileExistsError: if ``directory`` exists.
         """
         return exchange.export(self._backend, self._signer, version, os.fspath(directory))
