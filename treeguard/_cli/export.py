@@ -23,11 +23,12 @@ from .._src.display import fmt_bytes
 from .._src.errors import ConfigError
 from .._src.store.objects import is_url
 from .console import console
+from .failures import Command
 from .loader import load_model
 from .serve import _input_opt, _spec, _spec_opt
 
 
-@click.command("export", context_settings={"help_option_names": ["-h", "--help"]})
+@click.command("export", cls=Command, context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("target", metavar="MODULE:ATTR")
 @click.argument("version")
 @click.option(

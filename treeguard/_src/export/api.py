@@ -167,7 +167,7 @@ class Served:
       model: the ``Model`` that runs the artifact.
       spec: the serving spec it was exported for.
       version: the version whose artifact it is.
-      function: the digest of the artifact's bytes: the function served.
+      function: what the served artifact computes (``compat.function_of``).
       store: the store.
     """
 
@@ -187,17 +187,17 @@ class Served:
           ArtifactError: naming the version and what differs.
           StoreError: if the version is not verified (or its verdict is forged).
         """
-        meta, _ = self.store.load_exported(version)
+        meta, blob = self.store.load_exported(version)
         description = Description.from_dict(meta, context=f"version {version}")
         compat.check_servable(description, version)
-        if meta.get("artifact_digest") != self.function:
+        function = compat.function_of(compat.deserialize(blob, description, version))
+        if function != self.function:
             raise ArtifactError(
                 f"version {version}'s exported function is not the one served (version "
-                f"{self.version}'s): digest {str(meta.get('artifact_digest'))[:12]}…, served "
-                f"{self.function[:12]}…",
+                f"{self.version}'s): {function[:12]}…, served {self.function[:12]}…",
                 version=version,
                 field="function",
-                hint=f"start a server on it: treeguard serve --store STORE --version {version}",
+                hint="promote it and start a server on it: treeguard serve --store STORE",
             )
 
 
@@ -247,6 +247,6 @@ def served_from_store(
         artifact_model(description, exported, spec),
         spec,
         chosen,
-        str(meta["artifact_digest"]),
+        compat.function_of(exported),
         store,
     )

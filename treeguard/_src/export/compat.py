@@ -11,6 +11,7 @@ both sides: the jax (or platform) that wrote it and the one here.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import jax
@@ -81,6 +82,21 @@ def check_servable(description: Description, version: str) -> None:
             f"VERSION --platform {platform} (on a new version), or serve it on "
             f"{description.platforms[0]}",
         )
+
+
+#: Source locations in a module's text: where the Python that traced it stood,
+#: which differs between two exports of one function.
+_LOCATIONS = re.compile(r"^#loc\d*\s*=.*$|\s*loc\((?:[^()]|\([^()]*\))*\)", re.MULTILINE)
+
+
+def function_of(exported: Any) -> str:
+    """What an artifact computes, apart from where it was traced: its
+    StableHLO module's text without source locations, hashed. Two exports of
+    one function with params of one structure give the same."""
+    from ..hashing.engine import digest
+
+    text = _LOCATIONS.sub("", str(exported.mlir_module()))
+    return digest(text.encode("utf-8"), "blake3")
 
 
 def deserialize(blob: bytes, description: Description, version: str) -> Any:
