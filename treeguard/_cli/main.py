@@ -168,7 +168,7 @@ class _LazyGroup(Group):
         ),
         "export": (
             ".export:export_command",
-            "Export MODULE:ATTR's serving function with jax.export into a store's version.",
+            "Export MODULE:ATTR's serving function for VERSION's params into the store.",
         ),
         "import": (
             ".importing:import_command",

@@ -17,6 +17,7 @@ from typing import Any
 import jax
 
 from ..errors import ArtifactError
+from ..hashing.engine import digest
 from .description import Description
 
 
@@ -29,7 +30,7 @@ def here() -> str:
 
 def window() -> tuple[int, int]:
     """The calling convention versions this jax reads."""
-    from jax import export
+    from jax import export  # lazy: only a server of an artifact imports jax.export
 
     return (
         int(export.minimum_supported_calling_convention_version),
@@ -93,8 +94,6 @@ def function_of(exported: Any) -> str:
     """What an artifact computes, apart from where it was traced: its
     StableHLO module's text without source locations, hashed. Two exports of
     one function with params of one structure give the same."""
-    from ..hashing.engine import digest
-
     text = _LOCATIONS.sub("", str(exported.mlir_module()))
     return digest(text.encode("utf-8"), "blake3")
 
@@ -106,7 +105,7 @@ def deserialize(blob: bytes, description: Description, version: str) -> Any:
       ArtifactError: ``jax`` when this jax cannot read the bytes, or they
         say another calling convention or platforms than the description.
     """
-    from jax import export
+    from jax import export  # lazy: only a server of an artifact imports jax.export
 
     try:
         exported = export.deserialize(bytearray(blob))
