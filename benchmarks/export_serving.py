@@ -7,7 +7,8 @@ checks and promoted. Then:
 1. Latency: both servers built in this process (``Server`` of the model,
    and ``Server`` of ``served_from_store``'s artifact model), each app driven
    through ``httpx.ASGITransport`` with sequential one-row JSON requests, in
-   rounds that alternate between the two after one warm-up round; each
+   rounds that alternate between the two after one warm-up round (which one
+   goes first alternates too); each
    figure is the median over the rounds of a round's p50 (and p99). Goal:
    the exported server's p50 at most 1.0x the Python-model server's.
 2. Start: ``treeguard serve MODULE:ATTR --store S`` and ``treeguard serve
@@ -103,8 +104,9 @@ def latency(model: Any, store: treeguard.ArtifactStore, requests: int, rounds: i
     apps = {"python": python.app(), "exported": exported.app()}
     p50: dict[str, list[float]] = {k: [] for k in apps}
     p99: dict[str, list[float]] = {k: [] for k in apps}
-    for r in range(rounds + 1):  # round 0 warms up
-        for kind, app in apps.items():
+    order = list(apps.items())
+    for r in range(rounds + 1):  # round 0 warms up; the order alternates round by round
+        for kind, app in order if r % 2 else order[::-1]:
             times = asyncio.run(_round(app, served.spec.name, bodies))
             if r:
                 p50[kind].append(float(np.percentile(times, 50)))
@@ -166,7 +168,7 @@ def start_time(target: str, store: treeguard.ArtifactStore, rounds: int) -> None
     times: dict[str, list[float]] = {k: [] for k in kinds}
     with tempfile.TemporaryDirectory() as cache, tempfile.TemporaryDirectory() as cwd:
         for r in range(rounds + 1):  # round 0 fills the compilation cache
-            for kind, args in kinds.items():
+            for kind, args in list(kinds.items())[:: 1 if r % 2 else -1]:
                 t = _start(args, cache, cwd)
                 if r:
                     times[kind].append(t)
