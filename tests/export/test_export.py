@@ -190,6 +190,11 @@ def test_a_swap_checks_the_artifact_of_the_version_it_goes_to(tmp_path):
     with pytest.raises(ServingError, match="does not match its digest"):
         server.weights.swap(v1)  # held and warm, and still checked again
     assert server.status()["active"] == v2
+    # the same params' structure, exported from changed code: another function
+    v3, _ = _exported(store, usermodels.eqx_relu_model, promote=False, seed=2)
+    with pytest.raises(ServingError, match="exported function is not the one served"):
+        server.weights.swap(v3)
+    assert server.status()["active"] == v2
 
 
 def test_the_cli_exports_and_refuses_a_callback_with_exit_2(tmp_path):

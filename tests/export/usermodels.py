@@ -60,6 +60,20 @@ def eqx_apply(params: Any, batch: dict[str, Any]) -> Any:
     return jax.vmap(eqx.combine(params, _STATIC))(batch["features"])
 
 
+_RELU_STATIC = eqx.filter(
+    eqx.filter_eval_shape(
+        lambda key: eqx.nn.MLP(IN, OUT, 6, 2, activation=jax.nn.relu, key=key), jax.random.key(0)
+    ),
+    eqx.is_array,
+    inverse=True,
+)
+
+
+def eqx_relu_apply(params: Any, batch: dict[str, Any]) -> Any:
+    """The equinox model after a code change: relu for tanh, the params unchanged."""
+    return jax.vmap(eqx.combine(params, _RELU_STATIC))(batch["features"])
+
+
 def _loss(apply: Any) -> Any:
     def loss(params: Any, batch: Any) -> Any:
         return jnp.mean(jax.tree.leaves(apply(params, batch))[0] ** 2)
@@ -88,6 +102,15 @@ eqx_model = Model(
     init=eqx_init,
     apply=eqx_apply,
     loss=_loss(eqx_apply),
+    batch_spec=BATCH,
+    rtol=1e-5,
+    atol=1e-6,
+    name="user_eqx",
+)
+eqx_relu_model = Model(
+    init=eqx_init,
+    apply=eqx_relu_apply,
+    loss=_loss(eqx_relu_apply),
     batch_spec=BATCH,
     rtol=1e-5,
     atol=1e-6,
