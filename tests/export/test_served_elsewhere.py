@@ -6,6 +6,12 @@ within the model's tolerance."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+# the serving tests' live server (tests/serving/live.py) and what it imports
+sys.path.insert(0, str(Path(__file__).parents[1] / "serving"))
+
 import jax
 import numpy as np
 import pytest

@@ -1,8 +1,0 @@
-"""The export tests reuse the serving tests' live server (``tests/serving/live.py``)."""
-
-from __future__ import annotations
-
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "serving"))
