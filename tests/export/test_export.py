@@ -98,6 +98,18 @@ def test_an_export_that_differs_from_the_live_model_is_refused(tmp_path):
     assert e.value.case == "standard" and e.value.exit_code == 1
 
 
+def test_an_export_unlike_the_live_model_stores_nothing(tmp_path):
+    store = treeguard.ArtifactStore(tmp_path / "s")
+    m = usermodels.drifting_model
+    v = store.put(m.init(m.key()))
+    with pytest.raises(treeguard.ExportValidationError, match="differs from the live model's"):
+        export_version(m, store, v)
+    assert sorted(p.name for p in (tmp_path / "s" / "versions" / v).iterdir()) == [
+        "model.safetensors",
+        "status.json",
+    ]
+
+
 def test_the_verdict_covers_the_artifact_and_a_changed_artifact_is_refused(tmp_path):
     store = treeguard.ArtifactStore(tmp_path / "s")
     v, _ = _exported(store, usermodels.eqx_model)

@@ -74,6 +74,13 @@ def eqx_relu_apply(params: Any, batch: dict[str, Any]) -> Any:
     return jax.vmap(eqx.combine(params, _RELU_STATIC))(batch["features"])
 
 
+def drifting_apply(params: Any, batch: dict[str, Any]) -> Any:
+    """A bug: a constant drawn from fresh entropy each time it is traced, so
+    the exported function and the live one differ."""
+    shift = float(np.random.default_rng().uniform(1.0, 2.0))
+    return eqx_apply(params, batch) + shift
+
+
 def _loss(apply: Any) -> Any:
     def loss(params: Any, batch: Any) -> Any:
         return jnp.mean(jax.tree.leaves(apply(params, batch))[0] ** 2)
@@ -115,6 +122,15 @@ eqx_relu_model = Model(
     rtol=1e-5,
     atol=1e-6,
     name="user_eqx",
+)
+drifting_model = Model(
+    init=eqx_init,
+    apply=drifting_apply,
+    loss=_loss(drifting_apply),
+    batch_spec=BATCH,
+    rtol=1e-5,
+    atol=1e-6,
+    name="user_drifting",
 )
 callback_model = Model(
     init=eqx_init,
