@@ -18,7 +18,7 @@ from treeguard._cli.main import main
 from treeguard._src.errors import ServingError
 from treeguard._src.export import Description, export_version, served_from_store
 from treeguard._src.export.compat import check_servable
-from treeguard._src.export.exporting import export_function
+from treeguard._src.export.exporting import export_serving
 from treeguard._src.export.validation import validate
 from treeguard._src.serving.release import params_like, release_checks
 from treeguard.serving import Server, ServingSpec
@@ -75,6 +75,29 @@ def test_each_bundled_model_is_exported_and_served_from_its_artifact(tmp_path, m
         np.testing.assert_allclose(got[k], want[k], rtol=model.rtol, atol=model.atol)
 
 
+@pytest.mark.slow
+def test_a_function_without_a_symbolic_batch_axis_is_exported_per_bucket(tmp_path):
+    m = usermodels.branching_model
+    store = treeguard.ArtifactStore(tmp_path / "s")
+    params = m.init(m.key())
+    v = store.put(params)
+    spec = ServingSpec.from_model(m, buckets=(1, 4))
+    result = export_version(m, store, v, spec=spec)
+    assert result.description.batches == (1, 4)
+    assert result.description.validated == ("standard", "single", "zeros", "boundary")
+    assert store.verify(v, like=params_like(m), checks=release_checks(m)).status == "verified"
+    store.promote(v)
+    served = served_from_store(store)
+    server = Server(served.model, store, spec=served.spec, version_check=served.check)
+    server.start()
+    x = np.random.default_rng(1).uniform(-1, 1, (3, usermodels.IN)).astype(np.float32)
+    got = _outputs(server, [x])  # 3 rows: run in bucket 4, padding sliced off
+    want = _live(m, params, served.spec, [x])
+    assert got.keys() == want.keys()
+    for k in want:
+        np.testing.assert_allclose(got[k], want[k], rtol=m.rtol, atol=m.atol)
+
+
 def test_a_host_callback_is_refused_at_export_and_nothing_is_stored(tmp_path):
     store = treeguard.ArtifactStore(tmp_path / "s")
     m = usermodels.callback_model
@@ -92,9 +115,9 @@ def test_an_export_that_differs_from_the_live_model_is_refused(tmp_path):
     m = usermodels.eqx_model
     params = m.init(m.key())
     spec = ServingSpec.from_model(m)
-    exported, _ = export_function(m, spec, params)
+    exports = export_serving(m, spec, params)
     with pytest.raises(treeguard.ExportValidationError, match="on the case 'standard'") as e:
-        validate(usermodels.callback_model, spec, params, exported)
+        validate(usermodels.callback_model, spec, params, {None: exports.exported[0]})
     assert e.value.case == "standard" and e.value.exit_code == 1
 
 

@@ -81,6 +81,12 @@ def drifting_apply(params: Any, batch: dict[str, Any]) -> Any:
     return eqx_apply(params, batch) + shift
 
 
+def branching_apply(params: Any, batch: dict[str, Any]) -> Any:
+    """A Python branch on the batch's size: no symbolic batch axis takes it."""
+    out = eqx_apply(params, batch)
+    return out * 2.0 if batch["features"].shape[0] > 2 else out
+
+
 def _loss(apply: Any) -> Any:
     def loss(params: Any, batch: Any) -> Any:
         return jnp.mean(jax.tree.leaves(apply(params, batch))[0] ** 2)
@@ -96,48 +102,23 @@ def callback_apply(params: Any, batch: dict[str, Any]) -> Any:
     return eqx_apply(params, {"features": twice})
 
 
-nnx_model = Model(
-    init=nnx_init,
-    apply=nnx_apply,
-    loss=_loss(nnx_apply),
-    batch_spec=BATCH,
-    rtol=1e-5,
-    atol=1e-6,
-    name="user_nnx",
-)
-eqx_model = Model(
-    init=eqx_init,
-    apply=eqx_apply,
-    loss=_loss(eqx_apply),
-    batch_spec=BATCH,
-    rtol=1e-5,
-    atol=1e-6,
-    name="user_eqx",
-)
-eqx_relu_model = Model(
-    init=eqx_init,
-    apply=eqx_relu_apply,
-    loss=_loss(eqx_relu_apply),
-    batch_spec=BATCH,
-    rtol=1e-5,
-    atol=1e-6,
-    name="user_eqx",
-)
-drifting_model = Model(
-    init=eqx_init,
-    apply=drifting_apply,
-    loss=_loss(drifting_apply),
-    batch_spec=BATCH,
-    rtol=1e-5,
-    atol=1e-6,
-    name="user_drifting",
-)
-callback_model = Model(
-    init=eqx_init,
-    apply=callback_apply,
-    loss=_loss(callback_apply),
-    batch_spec=BATCH,
-    rtol=1e-5,
-    atol=1e-6,
-    name="user_callback",
-)
+def _model(init: Any, apply: Any, name: str, **options: Any) -> Model:
+    return Model(
+        init=init,
+        apply=apply,
+        loss=_loss(apply),
+        batch_spec=BATCH,
+        rtol=1e-5,
+        atol=1e-6,
+        name=name,
+        **options,
+    )
+
+
+nnx_model = _model(nnx_init, nnx_apply, "user_nnx")
+eqx_model = _model(eqx_init, eqx_apply, "user_eqx")
+#: The equinox model after a code change (its params unchanged).
+eqx_relu_model = _model(eqx_init, eqx_relu_apply, "user_eqx")
+drifting_model = _model(eqx_init, drifting_apply, "user_drifting")
+branching_model = _model(eqx_init, branching_apply, "user_branching", batch_size=4)
+callback_model = _model(eqx_init, callback_apply, "user_callback")

@@ -32,7 +32,7 @@ from ..store.store import spec_of_version
 from ..verify.model import Model
 from . import compat
 from .description import Description
-from .exporting import export_function
+from .exporting import export_serving
 from .model import artifact_model
 from .validation import validate
 
@@ -66,7 +66,8 @@ def export_version(
     """Exports ``model``'s serving function for ``version``'s params and keeps it in the store.
 
     The function takes the params and the serving inputs as arguments, with
-    a symbolic batch axis, so one artifact serves every bucket. It is read
+    a symbolic batch axis, so one artifact serves every bucket (a function
+    that cannot take one is exported once per bucket of ``spec``). It is read
     back from its bytes and run against ``model.apply`` on the model's
     positive cases (and reference batches) at the model's tolerance before
     anything is written. Verify the version after (``store.verify``): its
@@ -117,7 +118,9 @@ def export_version(
     stored = spec_of_version(store, version)
     params = store.load_version(version, like=params_like(model))
     _same_order(model, stored, params)
-    exported, blob = export_function(model, spec, params, platforms=platforms)
+    exports = export_serving(model, spec, params, platforms=platforms)
+    exported = exports.exported[0]
+    blob = b"".join(exports.blobs)
     description = Description(
         model=model.name,
         params=stored,
@@ -129,6 +132,8 @@ def export_version(
         jax=jax.__version__,
         calling_convention=int(exported.calling_convention_version),
         validated=(),
+        batches=exports.batches,
+        parts=tuple(len(b) for b in exports.blobs),
     )
     readback = compat.deserialize(blob, description, version)
     validated = validate(model, spec, params, readback)
@@ -232,7 +237,7 @@ def served_from_store(
     meta, blob = store.load_exported(chosen)
     description = Description.from_dict(meta, context=f"version {chosen}")
     compat.check_servable(description, chosen)
-    exported = compat.deserialize(blob, description, chosen)
+    table = compat.deserialize(blob, description, chosen)
     own = ServingSpec.from_dict(description.serving)
     if spec is not None and spec.inputs != own.inputs:
         raise ArtifactError(
@@ -244,9 +249,9 @@ def served_from_store(
         )
     spec = spec or own
     return Served(
-        artifact_model(description, exported, spec),
+        artifact_model(description, table, spec),
         spec,
         chosen,
-        compat.function_of(exported),
+        compat.function_of(table),
         store,
     )

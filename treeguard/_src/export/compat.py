@@ -90,41 +90,65 @@ def check_servable(description: Description, version: str) -> None:
 _LOCATIONS = re.compile(r"^#loc\d*\s*=.*$|\s*loc\((?:[^()]|\([^()]*\))*\)", re.MULTILINE)
 
 
-def function_of(exported: Any) -> str:
-    """What an artifact computes, apart from where it was traced: its
-    StableHLO module's text without source locations, hashed. Two exports of
-    one function with params of one structure give the same."""
-    text = _LOCATIONS.sub("", str(exported.mlir_module()))
+def function_of(table: dict[int | None, Any]) -> str:
+    """What an artifact computes, apart from where it was traced: each
+    part's batch size and StableHLO module's text without source locations,
+    hashed. Two exports of one function with params of one structure give
+    the same."""
+    text = "\n".join(
+        f"{key}:{_LOCATIONS.sub('', str(exported.mlir_module()))}"
+        for key, exported in table.items()
+    )
     return digest(text.encode("utf-8"), "blake3")
 
 
-def deserialize(blob: bytes, description: Description, version: str) -> Any:
-    """The artifact's ``jax.export.Exported``, read by this jax.
+def deserialize(blob: bytes, description: Description, version: str) -> dict[int | None, Any]:
+    """The artifact's ``jax.export.Exported`` parts, read by this jax.
+
+    Returns:
+      Each part by its batch size (``None`` for the one symbolic part).
 
     Raises:
-      ArtifactError: ``jax`` when this jax cannot read the bytes, or they
-        say another calling convention or platforms than the description.
+      ArtifactError: ``jax`` when this jax cannot read the bytes; ``digest``
+        when they say another calling convention or platforms than the
+        description, or do not split into its parts.
     """
     from jax import export  # lazy: only a server of an artifact imports jax.export
 
-    try:
-        exported = export.deserialize(bytearray(blob))
-    except Exception as e:
+    sizes = description.parts or (len(blob),)
+    keys: list[int | None] = list(description.batches) or [None]
+    if sum(sizes) != len(blob) or len(sizes) != len(keys):
         raise ArtifactError(
-            f"version {version}'s exported artifact, written by jax {description.jax}, cannot "
-            f"be read by jax {jax.__version__} here: {type(e).__name__}",
-            version=version,
-            field="jax",
-            hint=f"export the version again with jax {jax.__version__}",
-        ) from e
-    said = (int(exported.calling_convention_version), tuple(exported.platforms))
-    if said != (description.calling_convention, description.platforms):
-        raise ArtifactError(
-            f"version {version}'s exported artifact says calling convention {said[0]} for "
-            f"{', '.join(said[1])}, its description {description.calling_convention} for "
-            f"{', '.join(description.platforms)}",
+            f"version {version}'s exported artifact holds {len(blob)} bytes, and its "
+            f"description {len(sizes)} parts of {sum(sizes)}",
             version=version,
             field="digest",
             hint="do not serve it; export the version again",
         )
-    return exported
+    table: dict[int | None, Any] = {}
+    start = 0
+    for key, size in zip(keys, sizes):
+        part = blob[start : start + size]
+        start += size
+        try:
+            exported = export.deserialize(bytearray(part))
+        except Exception as e:  # whatever jax cannot read is refused
+            raise ArtifactError(
+                f"version {version}'s exported artifact, written by jax {description.jax}, "
+                f"cannot be read by jax {jax.__version__} here: {type(e).__name__}",
+                version=version,
+                field="jax",
+                hint=f"export the version again with jax {jax.__version__}",
+            ) from e
+        said = (int(exported.calling_convention_version), tuple(exported.platforms))
+        if said != (description.calling_convention, description.platforms):
+            raise ArtifactError(
+                f"version {version}'s exported artifact says calling convention {said[0]} for "
+                f"{', '.join(said[1])}, its description {description.calling_convention} for "
+                f"{', '.join(description.platforms)}",
+                version=version,
+                field="digest",
+                hint="do not serve it; export the version again",
+            )
+        table[key] = exported
+    return table

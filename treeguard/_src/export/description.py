@@ -42,6 +42,10 @@ class Description:
       jax: the jax version that wrote it.
       calling_convention: ``jax.export``'s calling convention version.
       validated: the cases the export was checked on against the live model.
+      batches: the batch size of each part of the artifact, for a function
+        exported once per bucket; empty for one part with a symbolic batch axis.
+      parts: the bytes of each part, in order (they are concatenated);
+        empty for one part.
 
     Example:
       >>> from treeguard import LeafSpec, spec_of
@@ -61,6 +65,8 @@ class Description:
     jax: str
     calling_convention: int
     validated: tuple[str, ...]
+    batches: tuple[int, ...] = ()
+    parts: tuple[int, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """The description as JSON values."""
@@ -76,6 +82,8 @@ class Description:
             "jax": self.jax,
             "calling_convention": self.calling_convention,
             "validated": list(self.validated),
+            "batches": list(self.batches),
+            "parts": list(self.parts),
         }
 
     @classmethod
@@ -108,12 +116,19 @@ class Description:
             "jax": (str,),
             "calling_convention": (int,),
             "validated": (list,),
+            "batches": (list,),
+            "parts": (list,),
         }
         for key, kind in kinds.items():
             if not isinstance(data.get(key), kind) or isinstance(data.get(key), bool):
                 raise bad(f"{key} is {type(data.get(key)).__name__}, not {kind[0].__name__}")
         if not all(isinstance(p, str) for p in data["platforms"]) or not data["platforms"]:
             raise bad("platforms is not a list of names")
+        for key in ("batches", "parts"):
+            if not all(type(n) is int and n > 0 for n in data[key]):
+                raise bad(f"{key} is not a list of positive integers")
+        if data["parts"] and len(data["parts"]) != max(len(data["batches"]), 1):
+            raise bad(f"{len(data['parts'])} parts for {len(data['batches'])} batch sizes")
         try:
             params = TreeSpec.from_dict(data["params"])
         except (FormatError, ValueError, TypeError) as e:
@@ -129,4 +144,6 @@ class Description:
             jax=data["jax"],
             calling_convention=data["calling_convention"],
             validated=tuple(str(v) for v in data["validated"]),
+            batches=tuple(data["batches"]),
+            parts=tuple(data["parts"]),
         )

@@ -1,15 +1,18 @@
 """Exporting a model's serving function with ``jax.export``.
 
-``export_function`` traces ``served(param_leaves, input_leaves)`` (see
+``export_serving`` traces ``served(param_leaves, input_leaves)`` (see
 ``description.py``) with the batch axis as the symbol ``"B"``, so one
-artifact serves every bucket, and serializes it. A function ``jax.export``
-refuses (a host callback, a custom call without a compatibility guarantee,
-an output tree it cannot serialize, a shape the symbol cannot take) is an
-``ExportError`` naming why; nothing is written here either way.
+artifact serves every bucket, and serializes it. A function that cannot take
+a symbolic batch axis (a Python branch on its size, say) is exported once per
+bucket of the serving spec instead. A function ``jax.export`` refuses either
+way (a host callback, a custom call without a compatibility guarantee, an
+output tree it cannot serialize) is an ``ExportError`` naming why; nothing
+is written here.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -45,10 +48,27 @@ def input_shapes(spec: ServingSpec, batch: Any) -> list[jax.ShapeDtypeStruct]:
     ]
 
 
-def export_function(
+@dataclasses.dataclass(frozen=True)
+class Exports:
+    """A model's exported serving function: one, or one per bucket.
+
+    Attributes:
+      batches: the batch size of each part; empty for one part whose batch
+        axis is symbolic.
+      exported: each part's ``jax.export.Exported``.
+      blobs: each part's serialized bytes.
+    """
+
+    batches: tuple[int, ...]
+    exported: list[Any]
+    blobs: list[bytes]
+
+
+def export_serving(
     model: Model, spec: ServingSpec, params: Any, *, platforms: Sequence[str] | None = None
-) -> tuple[Any, bytes]:
-    """Exports ``model``'s serving function for ``params``' structure, shapes and dtypes.
+) -> Exports:
+    """Exports ``model``'s serving function for ``params``' structure, shapes
+    and dtypes: once with a symbolic batch axis, else once per bucket of ``spec``.
 
     Args:
       model: the ``treeguard.verify.Model``.
@@ -57,23 +77,19 @@ def export_function(
       platforms: the platforms to export for; None for this process's default backend.
 
     Returns:
-      The ``jax.export.Exported`` and its serialized bytes.
+      The ``Exports``.
 
     Raises:
-      ExportError: naming why ``jax.export`` refused the function.
+      ExportError: naming why ``jax.export`` refused the function (with a
+        symbolic batch axis and per bucket).
     """
-    from jax import export  # lazy: only a command that exports imports jax.export
-
     leaves, treedef = jax.tree.flatten(params)
     shapes = [
         jax.ShapeDtypeStruct(x.shape, x.dtype)  # type: ignore[no-untyped-call]
         for x in leaves
     ]
-    (batch,) = export.symbolic_shape(BATCH)
-    fn = jax.jit(served_function(model, spec, treedef))
-    if _CALLBACK in str(
-        jax.make_jaxpr(served_function(model, spec, treedef))(shapes, input_shapes(spec, 1))
-    ):
+    served = served_function(model, spec, treedef)
+    if _CALLBACK in str(jax.make_jaxpr(served)(shapes, input_shapes(spec, spec.buckets[0]))):
         # jax.export fails on it with no reason given; its bytes would hold a pointer
         # into this process
         raise _refused(
@@ -83,12 +99,49 @@ def export_function(
             _hint("callback"),
         )
     try:
-        exported = export.export(fn, platforms=None if platforms is None else tuple(platforms))(
-            shapes, input_shapes(spec, batch)
-        )
-    except Exception as e:
-        raise _refused(model, _reason(e), _hint(str(e))) from e
+        exported, blob = export_function(model, served, shapes, spec, platforms=platforms)
+        return Exports((), [exported], [blob])
+    except ExportError as symbolic:
+        try:
+            parts = [
+                export_function(model, served, shapes, spec, platforms=platforms, batch=b)
+                for b in spec.buckets
+            ]
+        except ExportError as e:
+            raise _refused(
+                model,
+                f"{e.message.split(': ', 1)[-1]} (and with a symbolic batch axis: "
+                f"{symbolic.message.split(': ', 1)[-1]})",
+                e.hint or "",
+            ) from e
+    return Exports(tuple(spec.buckets), [e for e, _ in parts], [b for _, b in parts])
+
+
+def export_function(
+    model: Model,
+    served: Callable[..., Any],
+    shapes: list[Any],
+    spec: ServingSpec,
+    *,
+    platforms: Sequence[str] | None = None,
+    batch: int | None = None,
+) -> tuple[Any, bytes]:
+    """Exports ``served`` for params of ``shapes`` and ``spec``'s inputs with
+    ``batch`` rows (None: the symbol ``"B"``).
+
+    Returns:
+      The ``jax.export.Exported`` and its serialized bytes.
+
+    Raises:
+      ExportError: naming why ``jax.export`` refused the function.
+    """
+    from jax import export  # lazy: only a command that exports imports jax.export
+
+    rows = export.symbolic_shape(BATCH)[0] if batch is None else batch
     try:
+        exported = export.export(
+            jax.jit(served), platforms=None if platforms is None else tuple(platforms)
+        )(shapes, input_shapes(spec, rows))
         blob = bytes(exported.serialize())
     except Exception as e:
         raise _refused(model, _reason(e), _hint(str(e))) from e

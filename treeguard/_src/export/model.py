@@ -19,18 +19,21 @@ import jax
 import jax.numpy as jnp
 
 from ..checkpoint.restore import plain, plain_leaves
-from ..errors import ConfigError
+from ..errors import ConfigError, InvalidRequestError
+from ..serving.buckets import bucket_for
 from ..serving.spec import ServingSpec
 from ..verify.model import Model
 from .description import Description
 
 
-def artifact_model(description: Description, exported: Any, spec: ServingSpec) -> Model:
-    """The ``Model`` that serves ``exported`` with a version's params.
+def artifact_model(
+    description: Description, table: dict[int | None, Any], spec: ServingSpec
+) -> Model:
+    """The ``Model`` that serves an artifact with a version's params.
 
     Args:
       description: the artifact's description.
-      exported: its ``jax.export.Exported``.
+      table: its ``jax.export.Exported`` parts by batch size (``compat.deserialize``).
       spec: the serving spec it is served under (its inputs are the artifact's).
 
     Returns:
@@ -43,7 +46,11 @@ def artifact_model(description: Description, exported: Any, spec: ServingSpec) -
         return plain(structure, iter(jnp.zeros(s, d) for s, d in shapes))
 
     def apply(params: Any, batch: Any) -> Any:
-        return exported.call(plain_leaves(structure, params), jax.tree.leaves(batch))
+        leaves = jax.tree.leaves(batch)
+        args = plain_leaves(structure, params)
+        if None in table:
+            return table[None].call(args, leaves)
+        return run_bucket(table, args, leaves)
 
     def loss(_params: Any, _batch: Any) -> Any:
         raise ConfigError(
@@ -62,3 +69,24 @@ def artifact_model(description: Description, exported: Any, spec: ServingSpec) -
         params_spec=description.params,
         name=description.model,
     )
+
+
+def run_bucket(table: dict[int | None, Any], params: list[Any], leaves: list[Any]) -> Any:
+    """The part of ``table`` for ``leaves``' rows (a traced batch's size is
+    known), on ``leaves`` padded with zero rows to its bucket, the outputs
+    sliced back to the rows.
+
+    Raises:
+      InvalidRequestError: for more rows than the largest bucket.
+    """
+    rows = int(leaves[0].shape[0])
+    sizes = sorted(k for k in table if k is not None)
+    bucket = bucket_for(rows, sizes)
+    if bucket is None:
+        raise InvalidRequestError(
+            f"{rows} rows, more than the largest batch the artifact was exported for ({sizes[-1]})"
+        )
+    if bucket == rows:
+        return table[bucket].call(params, leaves)
+    padded = [jnp.pad(x, [(0, bucket - rows)] + [(0, 0)] * (x.ndim - 1)) for x in leaves]
+    return jax.tree.map(lambda y: y[:rows], table[bucket].call(params, padded))
