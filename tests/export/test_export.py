@@ -164,6 +164,29 @@ def test_a_description_edited_with_its_digest_recomputed_fails_the_signature(tmp
         served_from_store(store)
 
 
+@pytest.mark.slow
+def test_an_ec_signed_verdict_covers_the_artifact_for_a_host_with_public_keys_only(tmp_path):
+    from treeguard.provenance import generate_keys
+
+    key, pub = generate_keys(tmp_path / "ci")
+    root = tmp_path / "s"
+    ci = treeguard.ArtifactStore(root, signing_key=key)
+    v, _ = _exported(ci, usermodels.eqx_model)
+    host = treeguard.ArtifactStore(root, trusted_keys=[pub])
+    assert served_from_store(host).version == v
+    # a writer of the store without the key swaps the artifact and every digest
+    vdir = root / "versions" / v
+    meta = json.loads((vdir / "exported.json").read_text())
+    meta["rtol"] = 0.5
+    text = (json.dumps(meta, sort_keys=True, separators=(",", ":")) + "\n").encode()
+    (vdir / "exported.json").write_bytes(text)
+    record = json.loads((vdir / "status.json").read_text())
+    record["exported"] = treeguard._src.hashing.engine.digest(text, "blake3")
+    (vdir / "status.json").write_text(json.dumps(record))
+    with pytest.raises(treeguard.SignatureError, match="signature does not verify"):
+        served_from_store(host)
+
+
 def test_an_artifact_exported_after_the_verdict_or_missing_is_refused(tmp_path):
     store = treeguard.ArtifactStore(tmp_path / "s")
     m = usermodels.eqx_model
