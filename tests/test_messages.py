@@ -391,3 +391,29 @@ def test_revoked_and_untrusted_verdict_messages(tmp_path: Any) -> None:
         "hint: trust its public key (--trusted-key KEY.pub, $TREEGUARD_TRUSTED_KEYS) if you "
         "know whose it is"
     )
+
+
+def test_exported_artifact_refusals_name_both_sides() -> None:
+    from treeguard._src.export.compat import check_servable, window
+    from treeguard.export import Description
+
+    low, high = window()
+
+    def described(**changes: Any) -> Description:
+        spec = tg.spec_of({"w": tg.LeafSpec((2,), "float32")})
+        fields = {"model": "m", "params": spec, "serving": {}, "outputs": [], "rtol": 1e-6}
+        fields |= {"atol": 1e-6, "platforms": ("cpu",), "jax": "0.9.0", "calling_convention": 10}
+        return Description(**(fields | {"validated": ()} | changes))
+
+    assert _message(check_servable, described(calling_convention=1), "v000002") == (
+        f"version v000002's exported artifact was written by jax 0.9.0 (calling convention 1), "
+        f"outside the window of jax {jax.__version__} here (calling conventions {low} to {high})\n"
+        f"hint: export the version again with jax {jax.__version__} (treeguard export "
+        "MODULE:ATTR --store STORE v000002 on a new version), or serve it with a jax whose "
+        "window holds 1"
+    )
+    assert _message(check_servable, described(platforms=("tpu",)), "v000002") == (
+        "version v000002's exported artifact was exported for tpu, and this process runs on cpu\n"
+        "hint: export it for cpu too: treeguard export MODULE:ATTR --store STORE VERSION "
+        "--platform cpu (on a new version), or serve it on tpu"
+    )

@@ -28,9 +28,12 @@ if _typing.TYPE_CHECKING:
     from ._src.diff import mismatches as mismatches
     from ._src.diff import unflatten as unflatten
     from ._src.env import environment as environment
+    from ._src.errors import ArtifactError as ArtifactError
     from ._src.errors import ConfigError as ConfigError
     from ._src.errors import ConflictError as ConflictError
     from ._src.errors import DanglingPointerError as DanglingPointerError
+    from ._src.errors import ExportError as ExportError
+    from ._src.errors import ExportValidationError as ExportValidationError
     from ._src.errors import FormatError as FormatError
     from ._src.errors import IntegrityError as IntegrityError
     from ._src.errors import InvalidTreeError as InvalidTreeError
@@ -79,12 +82,15 @@ __version__ = "0.1.0"
 #: Each public name and the module that defines it: the one list of the
 #: public surface (``__all__`` is its keys; a test holds the imports above to it).
 _EXPORTS: dict[str, str] = {
+    "ArtifactError": "._src.errors",
     "ArtifactStore": "._src.store",
     "Bundle": "._src.recorder",
     "Cast": "._src.updates",
     "ConfigError": "._src.errors",
     "ConflictError": "._src.errors",
     "DanglingPointerError": "._src.errors",
+    "ExportError": "._src.errors",
+    "ExportValidationError": "._src.errors",
     "FlightRecorder": "._src.recorder",
     "ForeignHeader": "._src.checkpoint",
     "FormatError": "._src.errors",

@@ -314,7 +314,7 @@ def test_help_of_every_command_starts_without_jax() -> None:
         "print(len(names), 'jax' in sys.modules)"
     )
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split() == ["10", "False"]
+    assert proc.stdout.split() == ["11", "False"]
 
 
 def test_the_help_lists_each_command_by_its_own_summary_importing_none() -> None:

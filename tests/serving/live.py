@@ -53,8 +53,10 @@ def live_server(
     grpc: bool = False,
     env: dict[str, str] | None = None,
     before: str = "",
+    cwd: Any = None,
 ) -> Iterator[Live]:
-    """``treeguard serve ARGS --port P`` until the block ends (then stopped by pid).
+    """``treeguard serve ARGS --port P`` until the block ends (then stopped by pid),
+    run in ``cwd`` (default the project's root).
 
     ``before`` is Python the server's process runs first (to lower its
     open-file limit, say).
@@ -64,7 +66,7 @@ def live_server(
     """
     port = free_port()
     extra = ["--grpc-port", str(grpc_port := free_port())] if grpc else []
-    proc = start_python(before + SERVER, *args, "--port", str(port), *extra, env=env)
+    proc = start_python(before + SERVER, *args, "--port", str(port), *extra, env=env, cwd=cwd)
     live = Live(f"http://127.0.0.1:{port}", port, proc, grpc_port if grpc else None)
     out: list[str] = []
     err: list[str] = []

@@ -166,6 +166,10 @@ class _LazyGroup(Group):
             ".diagnose:diagnose",
             "Localise a divergence on the Model at MODULE:ATTR, stage by stage.",
         ),
+        "export": (
+            ".export:export_command",
+            "Export MODULE:ATTR's serving function for VERSION's params into the store.",
+        ),
         "import": (
             ".importing:import_command",
             "Turn the weights in SRC into a verified treeguard checkpoint DST.",

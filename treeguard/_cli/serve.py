@@ -2,6 +2,8 @@
 
 - ``treeguard serve MODULE:ATTR --store ROOT [--spec FILE] [--host H] [--port N] [--watch]``
   serves the model's ``apply`` with the store's current verified version.
+- ``treeguard serve --store ROOT [...]`` (no ``MODULE:ATTR``) serves the current
+  version's exported artifact (``treeguard export``): no model code is imported.
 - ``treeguard serve plan MODULE:ATTR [--spec FILE] [--budget BYTES]`` compiles
   every bucket ahead of time and prints its compile time and memory.
 - ``treeguard serve swap URL VERSION`` asks a running server to hot-swap.
@@ -53,10 +55,10 @@ def _default_cache() -> str:
 
 
 class _ServeGroup(Group):
-    """``serve MODULE:ATTR ...`` runs the server; ``serve plan|swap ...`` the subcommands."""
+    """``serve [MODULE:ATTR] ...`` runs the server; ``serve plan|swap ...`` the subcommands."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        if args and args[0] not in self.commands and not args[0].startswith("-"):
+        if args and args[0] not in self.commands and args[0] not in ("-h", "--help"):
             args = ["run", *args]
         return super().parse_args(ctx, args)
 
@@ -69,7 +71,8 @@ class _ServeGroup(Group):
 def serve() -> None:
     """Serve a Model over the KServe V2 protocol, plan its buckets, or hot-swap it.
 
-    treeguard serve MODULE:ATTR --store ROOT runs the server (see `serve run -h`).
+    treeguard serve MODULE:ATTR --store ROOT runs the server (see `serve run -h`);
+    treeguard serve --store ROOT serves the current version's exported artifact.
     """
 
 
@@ -90,7 +93,7 @@ _input_opt = click.option(
 
 
 @serve.command("run")
-@_target
+@click.argument("target", metavar="[MODULE:ATTR]", required=False)
 @click.option(
     "--store",
     "store_root",
@@ -158,7 +161,7 @@ _input_opt = click.option(
     "front of replicas that serve HTTP themselves (one hop less; see the Ray guide).",
 )
 def run_command(  # noqa: PLR0917 - click passes every option
-    target: str,
+    target: str | None,
     store_root: Path,
     spec_file: Path | None,
     inputs: tuple[str, ...],
@@ -179,6 +182,10 @@ def run_command(  # noqa: PLR0917 - click passes every option
 ) -> None:
     """Serve MODULE:ATTR's apply with the store's current verified version.
 
+    Without MODULE:ATTR, serve the current version's exported artifact
+    (treeguard export): no model code is imported; every version loaded or
+    swapped to must hold the same exported function, covered by its verdict.
+
     With --ray, --replicas replicas of the server run under Ray Serve behind
     its proxy (or HAProxy: --ray-ingress haproxy) on --host:--port (gRPC is
     not served there); swap them with `treeguard serve swap --ray VERSION`.
@@ -187,10 +194,22 @@ def run_command(  # noqa: PLR0917 - click passes every option
     from .._src.serving.app import Server
     from .._src.serving.app import serve as run_server
 
-    model = load_model(target, command="serve")
-    spec = _spec(model, spec_file, inputs)
     if not is_url(store_root) and not store_root.is_dir():  # a bucket URL: the store checks it
         raise ConfigError(f"{store_root}: no store there", hint="treeguard store put first")
+    store: Any = store_root
+    version_check = None
+    if target is None:
+        if use_ray or inputs:
+            raise ConfigError(
+                "an exported artifact is served without --ray and --input (its inputs are "
+                "the ones it was exported for)",
+                hint="treeguard serve --store STORE [--spec FILE] [--port N]",
+            )
+        served = _served(store_root, spec_file)
+        model, spec, store, version_check = served.model, served.spec, served.store, served.check
+    else:
+        model = load_model(target, command="serve")
+        spec = _spec(model, spec_file, inputs)
     token = read_token(control_token_file) if control_token_file else None
     if use_ray:
         if grpc_port is not None or watch:
@@ -223,12 +242,13 @@ def run_command(  # noqa: PLR0917 - click passes every option
         return
     server = Server(
         model,
-        store_root,
+        store,
         spec=spec,
         cache_dir=cache_dir or _default_cache(),
         memory_budget=memory_budget,
         watch_s=1.0 if watch else None,
         allow_unchecked=allow_unchecked,
+        version_check=version_check,
     )
     try:
         run_server(
@@ -244,6 +264,16 @@ def run_command(  # noqa: PLR0917 - click passes every option
             f"the server on {host}:{port} stopped: uvicorn exited with status {e.code!r}",
             hint="its log above says why (a port in use, an address not on this machine)",
         ) from e
+
+
+def _served(store_root: Path, spec_file: Path | None) -> Any:
+    """The store's current exported artifact, through its gates (no model code)."""
+    from .._src.export import served_from_store  # JAX and jax.export: only once it runs
+    from .._src.serving.spec import ServingSpec
+    from .._src.store import ArtifactStore
+
+    spec = ServingSpec.load(spec_file) if spec_file is not None else None
+    return served_from_store(ArtifactStore(store_root), spec=spec)
 
 
 def _require_ray() -> None:

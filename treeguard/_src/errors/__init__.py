@@ -20,6 +20,9 @@ existing ``except ValueError`` keeps working)::
     ├── ServingError           [RuntimeError]      the server refused a swap or rollback
     │   └── NonFiniteVersionError                  a version whose params hold NaN or Inf
     ├── InvalidRequestError    [ValueError]        a request refused before device work
+    ├── ExportError            [ValueError]        a model function jax.export cannot export
+    │   └── ExportValidationError                  an export that differs from the live model
+    ├── ArtifactError          [RuntimeError]      an exported artifact not servable here
     ├── BenchError             [ValueError]        a benchmark that cannot run or compare
     │   └── MachineMismatchError                   results from two different machines
     └── StoreError             [ValueError]        the store refused an operation
@@ -64,6 +67,9 @@ from .data import RecorderError as RecorderError
 from .data import TracedValueError as TracedValueError
 from .data import TreeMismatchError as TreeMismatchError
 from .data import VerificationError as VerificationError
+from .export import ArtifactError as ArtifactError
+from .export import ExportError as ExportError
+from .export import ExportValidationError as ExportValidationError
 from .run import BenchError as BenchError
 from .run import ConfigError as ConfigError
 from .run import DiagnosisError as DiagnosisError
@@ -109,6 +115,9 @@ PUBLIC = (
     ServingError,
     NonFiniteVersionError,
     InvalidRequestError,
+    ExportError,
+    ExportValidationError,
+    ArtifactError,
     BenchError,
     MachineMismatchError,
     UnverifiedWeightsWarning,

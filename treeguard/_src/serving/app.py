@@ -47,6 +47,9 @@ class Server(Engine):
         new current version; None not to watch.
       allow_unchecked: serve versions verified with no model check
         (``treeguard serve`` passes False unless ``--allow-unchecked``).
+      version_check: called with each version before it is loaded or
+        returned to; what it raises refuses the version (``treeguard serve
+        --store`` without ``MODULE:ATTR`` passes its artifact's gates).
 
     Example:
       >>> import tempfile, jax

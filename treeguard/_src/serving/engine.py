@@ -86,6 +86,7 @@ class Engine:
         watchdog: WatchdogPolicy | None = None,
         watch_s: float | None = None,
         allow_unchecked: bool = True,
+        version_check: Callable[[str], None] | None = None,
     ) -> None:
         if not hasattr(store, "load_verified"):
             from ..store import ArtifactStore
@@ -108,6 +109,7 @@ class Engine:
             memory_budget=memory_budget,
             allow_unchecked=allow_unchecked,
             on_switch=self.watchdog.clear,
+            version_check=version_check,
         )
         self.decoder = Decoder(self.spec)
         self.version = version

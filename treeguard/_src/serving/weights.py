@@ -70,6 +70,9 @@ class Weights:
         ``--allow-unchecked``.
       on_switch: called (under the switch lock) whenever the active version
         changes: the engine clears its watchdog's window there.
+      version_check: called with each version before it is loaded or
+        returned to (an exported artifact's gates: ``export.Served.check``);
+        a ``TreeguardError`` it raises refuses the version.
     """
 
     def __init__(
@@ -83,8 +86,10 @@ class Weights:
         memory_budget: int | None = None,
         allow_unchecked: bool = True,
         on_switch: Callable[[], None] = lambda: None,
+        version_check: Callable[[str], None] | None = None,
     ) -> None:
         self.model, self.spec, self.store = model, spec, store
+        self._version_check = version_check
         self.runner = runner
         self.active: Slot | None = None
         self.previous: Slot | None = None
@@ -148,9 +153,12 @@ class Weights:
             )
         nbytes = int(info.nbytes or 0)
         self._check_room(version, nbytes)
+        like = self.params_like()
         try:
             digest = self.store.check_verified(version)
-            stored = self.store.load_verified(version, like=self.params_like())
+            if self._version_check is not None:
+                self._version_check(version)
+            stored = self.store.load_verified(version, like=like)
         except TreeMismatchError as e:
             raise ServingError(
                 f"version {version} fails the contract check (the model's params): {e}",
@@ -158,7 +166,7 @@ class Weights:
             ) from e
         except (TreeguardError, OSError) as e:  # not verified, changed, unsigned, unreadable
             raise ServingError(f"version {version} cannot be served: {e}") from e
-        if contract is not None:
+        if contract is not None and like is not contract:  # else the load compared them
             try:
                 from ..diff import check
 
@@ -178,6 +186,8 @@ class Weights:
         key) with the digest they were loaded under."""
         try:
             digest = self.store.check_verified(slot.version)
+            if self._version_check is not None:
+                self._version_check(slot.version)
         except (TreeguardError, OSError) as e:
             raise ServingError(f"version {slot.version} cannot be served: {e}") from e
         if digest != slot.digest:

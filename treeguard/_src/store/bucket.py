@@ -54,6 +54,7 @@ from ..hashing import Algorithm, BytesReader, Source
 from ..spec import TreeSpec
 from . import gates, records
 from .backend import Record, Wanted
+from .exported import ARTIFACT_FILE, META_FILE
 from .layout import (
     AUTO_RE,
     MARKER_FILE,
@@ -71,10 +72,20 @@ from .storage import Conflict
 VERDICT_FILE = "verdict.json"
 #: What a verdict object may set in a version's record (never its uid or sizes).
 VERDICT_FIELDS = frozenset(
-    ("status", "reason", "checks", "contract", "digest", "verified_env", "signature", "updated")
+    (
+        "status",
+        "reason",
+        "checks",
+        "contract",
+        "digest",
+        "verified_env",
+        "signature",
+        "updated",
+        "exported",
+    )
 )
 #: The objects a version holds; gc leaves a version holding anything else.
-OWN_OBJECTS = (STATUS_FILE, VERDICT_FILE, MODEL_FILE)
+OWN_OBJECTS = (STATUS_FILE, VERDICT_FILE, MODEL_FILE, ARTIFACT_FILE, META_FILE)
 #: How many times a compare-and-swap of the marker is tried before giving up.
 _MARKER_TRIES = 64
 #: How many auto-numbered names a put tries when each is taken.

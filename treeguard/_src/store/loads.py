@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any
 
-from . import gates
+from . import exported, gates
 from .backend import Backend, Wanted, record_of
 from .signing import VerdictSigner
 
@@ -35,6 +35,26 @@ class GatedLoads:
           UnknownVersionError: for an unknown version.
         """
         return gates.gate(self._backend, self._signer, version, full=False)[2]
+
+    def load_exported(self, version: str, /) -> tuple[dict[str, Any], bytes]:
+        """``version``'s exported artifact, only if the version passes the
+        gates of ``check_verified`` and its verdict covers the artifact as it
+        is now: the description's digest the (signed) verdict recorded, the
+        bytes' digest the description names.
+
+        Returns:
+          The artifact's description (JSON) and its bytes.
+
+        Raises:
+          StoreError: if the version is not verified.
+          SignatureError: if the store has a key and the verdict is not
+            signed with it.
+          ArtifactError: if the version holds no artifact, its verdict covers
+            none, or the artifact changed since (``field`` says which).
+        """
+        _, data, _ = gates.gate(self._backend, self._signer, version, full=False)
+        covered = data.get("exported")
+        return exported.read(self._backend, version, covered if isinstance(covered, str) else None)
 
     def load_verified(
         self,

@@ -60,6 +60,7 @@ _FIELDS: dict[str, tuple[type, ...]] = {
     "host": (str,),
     "seq": (int,),
     "stored_digest": (str,),
+    "exported": (str,),
 }
 
 

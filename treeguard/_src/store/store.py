@@ -10,7 +10,7 @@ from typing import Any
 from ..checkpoint import asyncsave
 from ..hashing import DEFAULT, Algorithm
 from ..spec import TreeSpec
-from . import exchange, lifecycle, log, objects, records, verdicts
+from . import exchange, exported, lifecycle, log, objects, records, verdicts
 from .backend import Backend, record_of
 from .bucket import BucketBackend
 from .checks import Check
@@ -315,6 +315,27 @@ class ArtifactStore(GatedLoads):
                 exclusive=False,
             )
         return self._backend.put(tree, user, version, algorithm)
+
+    def attach_exported(self, version: str, blob: bytes, meta: dict[str, Any], /) -> str:
+        """Keeps an exported function (``treeguard.export``'s) beside
+        ``version``'s params: create-only, covered by the next verdict
+        (``verify`` records its digest, which the verdict's signature signs).
+
+        Args:
+          version: a version that holds no artifact yet.
+          blob: the serialized function.
+          meta: its description (JSON).
+
+        Returns:
+          The digest the next verdict will cover.
+
+        Raises:
+          StoreError: for a version still being written or that already
+            holds an artifact.
+          UnknownVersionError: for an unknown version.
+        """
+        check_name(version)
+        return exported.attach(self._backend, version, blob, meta)
 
     def put_sharded(
         self,

@@ -32,7 +32,7 @@ from ..errors import (
     TreeMismatchError,
 )
 from ..provenance.errors import ProvenanceError
-from . import payload, pointer, records
+from . import exported, payload, pointer, records
 from .backend import Backend, record_of
 from .checks import Check, run_checks
 from .lead import lead_acts
@@ -127,7 +127,8 @@ def judge(
 def message(store_id: str, version: str, record: dict[str, Any]) -> bytes:
     """The bytes a verdict's signature covers: the store's id, the version,
     its uid, the digest, the status, the reason, the checks (and the kind
-    of a version that is not a file)."""
+    of a version that is not a file, and the digest of the exported
+    artifact the verdict covers, when it covers one)."""
     signed = {
         "store": store_id,
         "version": version,
@@ -139,6 +140,8 @@ def message(store_id: str, version: str, record: dict[str, Any]) -> bytes:
     }
     if record.get("kind", "file") != "file":  # absent from older records, signed without it
         signed["kind"] = record["kind"]
+    if isinstance(record.get("exported"), str):  # absent from verdicts without an artifact
+        signed["exported"] = record["exported"]
     return strictjson.dumps(signed).encode("ascii")
 
 
@@ -222,6 +225,8 @@ def verify(
     if signer is not None:
         signer.require_signing()  # before any byte is read: a checker that cannot sign
     contract, contract_name = _contract(backend, version, like)
+    # the exported artifact the verdict will cover, as it is before the read
+    covers = exported.digest_now(backend, version)
     kind = payload.of(before)
     together = kind.collective and shardable(like) and _processes() > 1
     # a collective read is tried once: every process tries again, or none does
@@ -232,7 +237,11 @@ def verify(
 
     if not together:
         return _record(
-            backend, signer, version, before, judge(read, kind.evidence, contract_name, checks)
+            backend,
+            signer,
+            version,
+            (before, covers),
+            judge(read, kind.evidence, contract_name, checks),
         )
     try:
         mine: Judgement | StorageError = judge(read, kind.evidence, contract_name, checks)
@@ -241,7 +250,7 @@ def verify(
     agreed = _agreed(version, mine)
 
     def record() -> bytes:  # process 0 records what every process agreed on
-        _record(backend, signer, version, before, agreed)
+        _record(backend, signer, version, (before, covers), agreed)
         return b""
 
     lead_acts(
@@ -407,17 +416,21 @@ def _record(
     backend: Backend,
     signer: VerdictSigner | None,
     version: str,
-    before: dict[str, Any],
+    seen: tuple[dict[str, Any], str | None],
     judgement: Judgement,
 ) -> VersionInfo:
     """The one place a verdict is written: under the lock, only on the
-    version it was judged on, signed, then logged."""
-    verdict = judgement.verdict()
+    version it was judged on (``seen``: its record and its exported
+    artifact's digest before the read), signed, then logged."""
+    before, covers = seen
+    verdict = judgement.verdict() | {"exported": covers}
     digest = judgement.digest
     with backend.locked():
         location, data = record_of(backend, version)
-        if data.get("uid") != before.get("uid") or (
-            digest is not None and backend.digest_now(version, location, data) != digest
+        if (
+            data.get("uid") != before.get("uid")
+            or (digest is not None and backend.digest_now(version, location, data) != digest)
+            or exported.digest_now(backend, version) != covers
         ):
             raise StoreError(
                 f"version {version} was replaced while it was verified; no verdict recorded",
