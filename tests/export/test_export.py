@@ -285,3 +285,34 @@ def test_serving_a_store_without_a_current_version_says_so(tmp_path):
     out = CliRunner().invoke(main, ["serve", "--store", str(store.root)])
     assert out.exit_code == 1, out.output
     assert "has no current version" in out.output
+
+
+def test_serve_takes_the_store_s_keys_as_options(tmp_path):
+    from treeguard.examples import mlp
+    from treeguard.provenance import generate_keys, load_public_key
+
+    key, pub = generate_keys(tmp_path / "ci")
+    root = tmp_path / "s"
+    _exported(treeguard.ArtifactStore(root, signing_key=key), mlp.model)
+    fingerprint = load_public_key(pub).fingerprint
+    # a host that holds the release key's public half, revoked: nothing is served
+    out = CliRunner().invoke(
+        main, ["serve", "--store", str(root), "--trusted-key", pub, "--revoked-key", pub]
+    )
+    assert out.exit_code == 1, out.output
+    assert fingerprint in out.output
+    # the options are not carried to Ray's replicas: said before anything starts
+    out = CliRunner().invoke(
+        main,
+        [
+            "serve",
+            "treeguard.examples.mlp:model",
+            "--store",
+            str(root),
+            "--ray",
+            "--trusted-key",
+            str(pub),
+        ],
+    )
+    assert out.exit_code == 2, out.output
+    assert "are not passed to Ray replicas" in out.output

@@ -35,3 +35,83 @@ def report_dir_option(default: str, files: str) -> Callable[[Any], Any]:
         show_default=True,
         help=f"Where {files} go.",
     )
+
+
+_KEYS = "treeguard.store.keys"
+
+
+def _remember(ctx: click.Context, param: click.Parameter, value: Any) -> None:
+    ctx.meta.setdefault(_KEYS, {})[param.name] = value
+
+
+#: Each key option: its name, the parameter, whether it repeats, and its help.
+_KEY_OPTIONS = (
+    (
+        "--signing-key",
+        "signing_key",
+        False,
+        "An EC private key (mode 0600) that signs every verdict "
+        "(default: $TREEGUARD_SIGNING_KEY_FILE).",
+    ),
+    (
+        "--trusted-key",
+        "trusted_keys",
+        True,
+        "An EC public key whose verdicts count (repeatable; default: $TREEGUARD_TRUSTED_KEYS).",
+    ),
+    (
+        "--revoked-key",
+        "revoked_keys",
+        True,
+        "An EC public key whose verdicts no longer count (repeatable; default: "
+        "$TREEGUARD_REVOKED_KEYS).",
+    ),
+)
+
+
+def key_options(command: Any) -> Any:
+    """Adds ``--signing-key``, ``--trusted-key`` and ``--revoked-key`` to a
+    command that opens a store; ``given_keys`` returns what was given.
+
+    Args:
+      command: the click command (or the function it is made from).
+
+    Returns:
+      The command with the three options.
+
+    Example:
+      >>> @click.command()
+      ... @key_options
+      ... def cmd():
+      ...     print([str(k) for k in given_keys()["trusted_keys"]])
+      >>> from click.testing import CliRunner
+      >>> CliRunner().invoke(cmd, ["--trusted-key", "a.pub", "--trusted-key", "b.pub"]).output
+      "['a.pub', 'b.pub']\\n"
+    """
+    for flag, name, repeats, text in reversed(_KEY_OPTIONS):
+        command = click.option(
+            flag,
+            name,
+            type=click.Path(path_type=Path),
+            multiple=repeats,
+            callback=_remember,
+            expose_value=False,
+            help=text,
+        )(command)
+    return command
+
+
+def given_keys() -> dict[str, Any]:
+    """The key options of the running command, as ``ArtifactStore``'s
+    ``signing_key``, ``trusted_keys`` and ``revoked_keys`` (none given: the
+    store reads the environment's keys).
+
+    Returns:
+      The keyword arguments.
+    """
+    keys = click.get_current_context().meta.get(_KEYS, {})
+    return {
+        "signing_key": keys.get("signing_key"),
+        "trusted_keys": keys.get("trusted_keys", ()),
+        "revoked_keys": keys.get("revoked_keys", ()),
+    }

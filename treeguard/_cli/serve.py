@@ -37,6 +37,7 @@ from .._src.store.objects import is_url
 from .console import console
 from .failures import Group
 from .loader import load_model
+from .options import given_keys, key_options
 
 
 def _spec(model: Any, spec_file: Path | None, inputs: tuple[str, ...]) -> Any:
@@ -160,6 +161,7 @@ _input_opt = click.option(
     help="With --ray, on the local cluster it starts: Ray's HTTP proxy, or HAProxy in "
     "front of replicas that serve HTTP themselves (one hop less; see the Ray guide).",
 )
+@key_options
 def run_command(  # noqa: PLR0917 - click passes every option
     target: str | None,
     store_root: Path,
@@ -196,7 +198,8 @@ def run_command(  # noqa: PLR0917 - click passes every option
 
     if not is_url(store_root) and not store_root.is_dir():  # a bucket URL: the store checks it
         raise ConfigError(f"{store_root}: no store there", hint="treeguard store put first")
-    store: Any = store_root
+    keys = given_keys()
+    store: Any = _keyed_store(store_root, keys)
     version_check = None
     if target is None:
         if use_ray or inputs:
@@ -205,7 +208,7 @@ def run_command(  # noqa: PLR0917 - click passes every option
                 "the ones it was exported for)",
                 hint="treeguard serve --store STORE [--spec FILE] [--port N]",
             )
-        served = _served(store_root, spec_file)
+        served = _served(store, spec_file)
         model, spec, store, version_check = served.model, served.spec, served.store, served.check
     else:
         model = load_model(target, command="serve")
@@ -216,6 +219,12 @@ def run_command(  # noqa: PLR0917 - click passes every option
             raise ConfigError(
                 "--grpc-port and --watch are not served with --ray",
                 hint="swap every replica with: treeguard serve swap --ray VERSION",
+            )
+        if store is not store_root:
+            raise ConfigError(
+                "--signing-key, --trusted-key and --revoked-key are not passed to Ray replicas",
+                hint="set $TREEGUARD_TRUSTED_KEYS (and $TREEGUARD_REVOKED_KEYS) in the "
+                "environment of the cluster's nodes; each replica opens the store with them",
             )
         # the Ray deployment's module (its model and store imports load JAX): only with --ray
         from .._src.serving.ray.api import check_ingress
@@ -266,14 +275,25 @@ def run_command(  # noqa: PLR0917 - click passes every option
         ) from e
 
 
-def _served(store_root: Path, spec_file: Path | None) -> Any:
+def _keyed_store(store_root: Path, keys: dict[str, Any]) -> Any:
+    """The store opened with the command's key options; its root alone (the
+    server opens it, with the environment's keys) when none is given."""
+    if keys["signing_key"] is None and not keys["trusted_keys"] and not keys["revoked_keys"]:
+        return store_root
+    from .._src.store import ArtifactStore  # its readers: only once the command runs
+
+    return ArtifactStore(store_root, **keys)
+
+
+def _served(store: Any, spec_file: Path | None) -> Any:
     """The store's current exported artifact, through its gates (no model code)."""
     from .._src.export import served_from_store  # JAX and jax.export: only once it runs
     from .._src.serving.spec import ServingSpec
     from .._src.store import ArtifactStore
 
     spec = ServingSpec.load(spec_file) if spec_file is not None else None
-    return served_from_store(ArtifactStore(store_root), spec=spec)
+    opened = store if isinstance(store, ArtifactStore) else ArtifactStore(store)
+    return served_from_store(opened, spec=spec)
 
 
 def _require_ray() -> None:

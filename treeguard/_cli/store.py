@@ -21,6 +21,7 @@ from .ckpt import read_like
 from .console import console, shown
 from .failures import Group
 from .loader import load_model
+from .options import given_keys, key_options
 
 
 @click.group("store", cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -40,64 +41,10 @@ def store() -> None:
     """
 
 
-_KEYS = "treeguard.store.keys"
-
-
-def _remember(ctx: click.Context, param: click.Parameter, value: Any) -> None:
-    ctx.meta.setdefault(_KEYS, {})[param.name] = value
-
-
-#: Each key option: its name, the parameter, whether it repeats, and its help.
-_KEY_OPTIONS = (
-    (
-        "--signing-key",
-        "signing_key",
-        False,
-        "An EC private key (mode 0600) that signs every verdict "
-        "(default: $TREEGUARD_SIGNING_KEY_FILE).",
-    ),
-    (
-        "--trusted-key",
-        "trusted_keys",
-        True,
-        "An EC public key whose verdicts count (repeatable; default: $TREEGUARD_TRUSTED_KEYS).",
-    ),
-    (
-        "--revoked-key",
-        "revoked_keys",
-        True,
-        "An EC public key whose verdicts no longer count (repeatable; default: "
-        "$TREEGUARD_REVOKED_KEYS).",
-    ),
-)
-
-
-def _key_options(command: Any) -> Any:
-    """Adds --signing-key, --trusted-key and --revoked-key to a command; the
-    store it opens (``_store``) is opened with them."""
-    for flag, name, repeats, text in reversed(_KEY_OPTIONS):
-        command = click.option(
-            flag,
-            name,
-            type=click.Path(path_type=Path),
-            multiple=repeats,
-            callback=_remember,
-            expose_value=False,
-            help=text,
-        )(command)
-    return command
-
-
 def _store(root: Path) -> ArtifactStore:
     """The store at ROOT, opened with the command's key options (or the
     environment's keys when none is given)."""
-    keys = click.get_current_context().meta.get(_KEYS, {})
-    return ArtifactStore(
-        root,
-        signing_key=keys.get("signing_key"),
-        trusted_keys=keys.get("trusted_keys", ()),
-        revoked_keys=keys.get("revoked_keys", ()),
-    )
+    return ArtifactStore(root, **given_keys())
 
 
 def _open_store(root: Path) -> ArtifactStore:
@@ -127,7 +74,7 @@ _STATUS_STYLE = {
 
 
 @store.command("ls")
-@_key_options
+@key_options
 @click.argument("root", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print the versions as JSON.")
 def ls_command(root: Path, as_json: bool) -> None:
@@ -239,7 +186,7 @@ def _checks_cell(v: Any) -> str:
 
 
 @store.command("verify")
-@_key_options
+@key_options
 @click.argument("root", type=click.Path(path_type=Path))
 @click.argument("version")
 @click.option(
@@ -282,7 +229,7 @@ def store_verify_command(
 
 
 @store.command("promote")
-@_key_options
+@key_options
 @click.argument("root", type=click.Path(path_type=Path))
 @click.argument("version")
 def promote_command(root: Path, version: str) -> None:
@@ -293,7 +240,7 @@ def promote_command(root: Path, version: str) -> None:
 
 
 @store.command("export")
-@_key_options
+@key_options
 @click.argument("root", type=click.Path(path_type=Path))
 @click.argument("version")
 @click.argument("directory", type=click.Path(path_type=Path))
@@ -313,7 +260,7 @@ def export_command(root: Path, version: str, directory: Path) -> None:
 
 
 @store.command("add")
-@_key_options
+@key_options
 @click.argument("root", type=click.Path(path_type=Path))
 @click.argument("model", type=click.Path(path_type=Path))
 @click.option(
@@ -339,7 +286,7 @@ def add_command(root: Path, model: Path, signature: Path | None) -> None:
 
 
 @store.command("rollback")
-@_key_options
+@key_options
 @click.argument("root", type=click.Path(path_type=Path))
 def rollback_command(root: Path) -> None:
     """Return to the previous verified version."""
@@ -350,7 +297,7 @@ def rollback_command(root: Path) -> None:
 
 
 @store.command("repair")
-@_key_options
+@key_options
 @click.argument("root", type=click.Path(path_type=Path))
 @click.argument("version")
 def repair_command(root: Path, version: str) -> None:
@@ -369,7 +316,7 @@ def repair_command(root: Path, version: str) -> None:
 
 
 @store.command("gc")
-@_key_options
+@key_options
 @click.argument("root", type=click.Path(path_type=Path))
 @click.option(
     "--keep",
