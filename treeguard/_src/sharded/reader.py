@@ -36,6 +36,9 @@ from .orbax_io import open_arrays, read_into, shape_and_dtype
 
 #: The bytes of saved shards read ahead of the one being hashed and copied.
 WINDOW = 64 * 1024 * 1024
+#: The largest shard for which each shard is hashed on one core, several
+#: shards at once; past it one hash spreads over every core.
+WHOLE_MAX = 64 * 1024 * 1024
 #: The alignment of every buffer read into: on the CPU backend, JAX places an
 #: array this aligned on a device without copying it.
 ALIGN = 64
@@ -310,7 +313,10 @@ def read_verified(
     flags = np.zeros(len(manifest.arrays), dtype=np.uint8)
     failure: Exception | None = None
     items = max(1, sum(len(p.shards) for p in plans))
-    with Pipeline(manifest.hash, items=items) as pipeline:
+    # shards of a few MiB: each hashed whole on one core, several at once
+    largest = max((s.size * p.record.dtype.itemsize for p in plans for s in p.shards), default=0)
+    whole = largest <= WHOLE_MAX
+    with Pipeline(manifest.hash, items=items, whole=whole) as pipeline:
         try:
             reads = _Reads(where, f"{where}/{manifest.data}", names, plans, keep)
             fed = _read(reads, plans, pipeline, keep, out)
