@@ -28,6 +28,7 @@ import numpy as np
 
 from ..errors import IntegrityError
 from ..hashing import Pipeline
+from ..hashing.engine import DEPTH
 from ..leaf import summarize
 from . import hosts
 from .digests import Index, index_of, intersect
@@ -138,10 +139,6 @@ def _relative(region: Index, within: Index) -> tuple[slice, ...]:
     return tuple(slice(lo - o, hi - o) for (lo, hi), (o, _) in zip(region, within))
 
 
-def _inside(inner: Index, outer: Index) -> bool:
-    return all(o0 <= i0 and i1 <= o1 for (i0, i1), (o0, o1) in zip(inner, outer))
-
-
 def _scatter(plan: _Plan, shard: Shard, arr: np.ndarray[Any, Any]) -> None:
     """Copies the saved shard ``arr`` into the target pieces it overlaps."""
     for piece in plan.pieces:
@@ -150,10 +147,7 @@ def _scatter(plan: _Plan, shard: Shard, arr: np.ndarray[Any, Any]) -> None:
             continue
         if piece.buf is arr:  # the saved shard is this target shard: read into place
             continue
-        if piece.buf is None and _inside(piece.index, shard.index):
-            piece.buf = arr[_relative(piece.index, shard.index)]  # a view, no copy
-            continue
-        if piece.buf is None:
+        if piece.buf is None:  # never a view of ``arr``, whose buffer is used again
             piece.buf = aligned(tuple(b - a for a, b in piece.index), plan.record.dtype)
         piece.buf[_relative(region, piece.index)] = arr[_relative(region, shard.index)]
 
@@ -208,6 +202,9 @@ class _Reads:
         self._next = 0
         self._ahead: collections.deque[tuple[int, Shard, Any, Any]] = collections.deque()
         self._held = 0
+        #: Buffers of saved shards already hashed and copied, by size, to read into again
+        #: (fresh memory costs its page faults; a reshard's target shards pay them once).
+        self._free: dict[int, list[np.ndarray[Any, Any]]] = {}
 
     def __len__(self) -> int:
         return len(self._work)
@@ -218,11 +215,14 @@ class _Reads:
             plan = self._plans[n]
             if n not in self._stores:
                 self._stores[n] = _opened(self._where, self._opening[n], plan.record)
-            buf = aligned(tuple(b - a for a, b in shard.index), plan.record.dtype)
+            shape = tuple(b - a for a, b in shard.index)
+            buf = None
             if self._keep:
                 for piece in plan.pieces:
                     if piece.index == shard.index and piece.buf is None:
-                        piece.buf = buf
+                        piece.buf = buf = aligned(shape, plan.record.dtype)
+            if buf is None:
+                buf = self._scratch(shape, plan.record.dtype)
             future = read_into(self._stores[n], shard.index, buf)
             self._ahead.append((n, shard, future, buf))
             self._held += buf.nbytes
@@ -240,6 +240,18 @@ class _Reads:
             raise unreadable(self._where, [self._plans[n].record.path], e) from e
         return self._plans[n], shard, buf
 
+    def _scratch(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        free = self._free.get(nbytes)
+        if not free:
+            return aligned(shape, dtype)
+        out: np.ndarray[Any, Any] = free.pop().reshape(-1).view(np.uint8).view(dtype)
+        return out.reshape(shape)
+
+    def reuse(self, buf: np.ndarray[Any, Any]) -> None:
+        """Takes back a shard's buffer once nothing reads it any more."""
+        self._free.setdefault(buf.nbytes, []).append(buf)
+
     def cancel(self) -> None:
         """Drops the reads still in flight."""
         for _, _, future, _ in self._ahead:
@@ -253,17 +265,28 @@ def _read(
     """Reads, hashes (in the background) and places every planned shard;
     returns what was fed to ``pipeline``, in order."""
     fed: list[tuple[int, Shard]] = []
+    # per hashing worker, the buffers it may still read: each hashes its chunks
+    # in order, so a buffer is done with once DEPTH + 1 later ones were fed to it
+    hashing: dict[int, collections.deque[np.ndarray[Any, Any] | None]] = {}
     try:
         for _ in range(len(reads)):
             plan, shard, arr = reads.next()
             flat: Any = arr.reshape(-1).view(np.uint8)
+            lane = pipeline.lane(len(fed))
             try:
                 pipeline.feed(len(fed), memoryview(flat))
             except Exception as e:
                 raise unhashable(plan.record.path, e) from e
             fed.append((plan.key, shard))
+            kept = keep and any(piece.buf is arr for piece in plan.pieces)
             if keep:
                 _scatter(plan, shard, arr)
+            ring = hashing.setdefault(lane, collections.deque())
+            ring.append(None if kept else arr)
+            if len(ring) > DEPTH + 1:
+                done = ring.popleft()
+                if done is not None:
+                    reads.reuse(done)
             plan.left -= 1
             if keep and plan.left == 0:
                 out[plan.key] = _place(plan)
