@@ -118,6 +118,15 @@ class Pipeline:
       ...     found = p.digests()
       >>> found["a"] == digest(b"abc", "sha256"), len(found)
       (True, 2)
+
+      Many BLAKE3 items, each hashed whole on one core, one worker per core:
+
+      >>> with Pipeline("blake3", items=8, whole=True) as p:
+      ...     for k in range(8):
+      ...         p.feed(k, bytes([k]) * 5000)
+      ...     found = p.digests()
+      >>> found[3] == digest(bytes([3]) * 5000, "blake3"), p.workers == min(8, os.cpu_count() or 1)
+      (True, True)
     """
 
     def __init__(
