@@ -25,6 +25,10 @@ of the timed runs is shown), compared with one shard's bytes.
     .venv/bin/python benchmarks/checkpoint_sharded.py             # 1 GiB
     .venv/bin/python benchmarks/checkpoint_sharded.py --mib 256   # a quicker run
     .venv/bin/python benchmarks/checkpoint_sharded.py --paired    # loads, side by side
+    .venv/bin/python benchmarks/checkpoint_sharded.py --cold      # a fresh process's load
+
+``--cold`` times the first load of a fresh process (a job's restore at its
+start), orbax's and treeguard's in turn, onto each target mesh.
 
 ``--paired`` runs the loads in one process, interleaved: in each round, for
 each target mesh (the same 2x4, 4x2, 8 in 1-D), a plain orbax restore onto
@@ -168,6 +172,12 @@ def _child(op: str, tool: str, mib: int, leaves: int, repeats: int, root: str) -
     if op == "prepare":
         save(tree(), source)
         return {}
+    if op == "first":  # the first load of a fresh process, as a job's restore at start
+        jax.block_until_ready(jax.jit(lambda: jax.numpy.zeros((8, 8)), out_shardings=sharding)())
+        assert callable(treeguard.load_sharded)  # imported, as orbax's handler is
+        start = time.perf_counter()
+        jax.block_until_ready(load())
+        return {"s": time.perf_counter() - start}
     extras = []
     for k in range(repeats + 1):
         if op == "save":
@@ -287,12 +297,50 @@ def _paired(mib: int, leaves: int, repeats: int, root: str) -> None:
         )
 
 
+def _run_child(a: argparse.Namespace, root: str, op: str, tool: str) -> dict[str, Any]:
+    cmd = [sys.executable, _HERE, "--mib", str(a.mib), "--leaves", str(a.leaves)]
+    cmd += ["--repeats", str(a.repeats), "--root", root, "--child", op, tool]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=1800)
+    if out.returncode:
+        sys.exit(f"{op} {tool} failed:\n{out.stderr[-3000:]}")
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+def _cold(a: argparse.Namespace, root: str) -> None:
+    """The first load of a fresh process, orbax's and treeguard's in turn."""
+    for tool in ("orbax same", "treeguard"):
+        _run_child(a, root, "prepare", tool)
+    names = {"": "2x4 (same)", "reshard": "4x2", "reshard 8": "8 in 1-D"}
+    times: dict[tuple[str, str], list[float]] = {}
+    for r in range(a.repeats):
+        for target in TARGETS:
+            pair = [f"orbax same {target}".strip(), f"treeguard {target}".strip()]
+            for tool in pair if r % 2 == 0 else pair[::-1]:
+                got = _run_child(a, root, "first", tool)["s"]
+                times.setdefault((target, tool.split()[0]), []).append(got)
+    print(
+        f"{a.mib} MiB in {a.leaves} float32 leaves saved on a 2x4 mesh of 8 CPU devices; "
+        f"the first load of a fresh process, {a.repeats} rounds; load average "
+        f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}"
+    )
+    print(f"{'onto':<12}{'orbax':>9}{'treeguard':>11}{'ratio median [min, max]':>27}")
+    for target in TARGETS:
+        o, t = times[(target, "orbax")], times[(target, "treeguard")]
+        ratios = [y / x for x, y in zip(o, t, strict=True)]
+        print(
+            f"{names[target]:<12}{statistics.median(o):>8.3f}s{statistics.median(t):>10.3f}s"
+            f"{statistics.median(ratios):>12.2f}x [{min(ratios):.2f}, {max(ratios):.2f}]"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mib", type=int, default=1024, help="total size of the tree")
     parser.add_argument("--leaves", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--paired", action="store_true", help="loads side by side, one process")
+    parser.add_argument("--cold", action="store_true", help="first loads of fresh processes")
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument("--root", help=argparse.SUPPRESS)
     a = parser.parse_args()
@@ -303,6 +351,12 @@ def main() -> None:
     if a.paired:
         try:
             _paired(a.mib, a.leaves, max(a.repeats, 5), root)
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+        return
+    if a.cold:
+        try:
+            _cold(a, root)
         finally:
             shutil.rmtree(root, ignore_errors=True)
         return
