@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import IntegrityError
-from ..hashing import Pipeline
+from ..hashing import Pipeline, prefault, small_pages
 from ..hashing.engine import DEPTH
 from ..leaf import summarize
 from . import hosts
@@ -46,9 +46,14 @@ ALIGN = 64
 
 
 def aligned(shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
-    """An uninitialised C-order array whose data starts on an ``ALIGN`` boundary."""
+    """An uninitialised C-order array whose data starts on an ``ALIGN``
+    boundary, its pages faulted in at once, small ones: a reshard's first
+    load into fresh memory taken a fault at a time, on the huge pages numpy
+    asks for, spent more CPU in the copies than the reads and hashes did."""
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     raw = np.empty(nbytes + ALIGN, dtype=np.uint8)
+    small_pages(memoryview(raw.data))  # no stall compacting memory for a huge page
+    prefault(memoryview(raw.data))  # and every page in one call, not a fault at a time
     skip = -raw.ctypes.data % ALIGN
     out: np.ndarray[Any, Any] = raw[skip : skip + nbytes].view(dtype).reshape(shape)
     return out
