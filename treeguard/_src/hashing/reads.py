@@ -58,13 +58,7 @@ def prefault(buf: memoryview) -> None:
       >>> bytes(buf[:2])
       b'\\x00\\x00'
     """
-    if _LIBC is None or buf.readonly or len(buf) < 2 * _PAGE:
-        return
-    start = ctypes.addressof(ctypes.c_char.from_buffer(buf))
-    first = -(-start // _PAGE) * _PAGE
-    end = (start + len(buf)) // _PAGE * _PAGE
-    if end > first:
-        _LIBC.madvise(ctypes.c_void_p(first), ctypes.c_size_t(end - first), _MADV_POPULATE_WRITE)
+    _advise(buf, _MADV_POPULATE_WRITE)
 
 
 def small_pages(buf: memoryview) -> None:
@@ -80,13 +74,18 @@ def small_pages(buf: memoryview) -> None:
       >>> len(buf) == 3 * mmap.PAGESIZE
       True
     """
+    _advise(buf, _MADV_NOHUGEPAGE)
+
+
+def _advise(buf: memoryview, advice: int) -> None:
+    """``madvise`` over the whole pages inside a writable ``buf`` of two pages or more."""
     if _LIBC is None or buf.readonly or len(buf) < 2 * _PAGE:
         return
     start = ctypes.addressof(ctypes.c_char.from_buffer(buf))
     first = -(-start // _PAGE) * _PAGE
     end = (start + len(buf)) // _PAGE * _PAGE
     if end > first:
-        _LIBC.madvise(ctypes.c_void_p(first), ctypes.c_size_t(end - first), _MADV_NOHUGEPAGE)
+        _LIBC.madvise(ctypes.c_void_p(first), ctypes.c_size_t(end - first), advice)
 
 
 @dataclasses.dataclass(frozen=True)
