@@ -96,6 +96,17 @@ def test_a_flipped_byte_fails_in_every_process_naming_the_array(suite: list[str]
         assert "INTEGRITY ['dense1']['w']" in out, out
 
 
+@pytest.mark.slow
+def test_each_process_reads_only_the_shards_its_own_shards_need(suite: list[str]) -> None:
+    for out in suite:
+        assert "ROWS True" in out, out
+    # process 1 never touched the shard it does not need: it names process 0's failure
+    assert "CUT ['dense1']['w'] the stored arrays ['dense1']['w'] could not be read" in suite[0]
+    assert (
+        "CUT ['dense1']['w'] process 0 could not read the stored arrays ['dense1']['w']" in suite[1]
+    ), suite[1]
+
+
 def _writing(directory: Path) -> bool:
     """Whether orbax's temporary directory of a new save is there: the save
     has started to write its arrays, and not yet renamed them into place."""

@@ -45,6 +45,7 @@ from .reads import hash_ranges as hash_ranges
 from .reads import mismatched as mismatched
 from .reads import prefault as prefault
 from .reads import read_spans as read_spans
+from .reads import small_pages as small_pages
 from .sources import BytesReader as BytesReader
 from .sources import PlannedReader as PlannedReader
 from .sources import RangeReader as RangeReader

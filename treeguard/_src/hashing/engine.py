@@ -85,8 +85,10 @@ def digest(buf: Any, algorithm: Algorithm) -> str:
     return str(h.hexdigest())
 
 
-def _workers(algorithm: Algorithm, items: int, threads: int | None = None) -> int:
-    if algorithm == "blake3":  # one hasher already spreads over every core
+def _workers(
+    algorithm: Algorithm, items: int, threads: int | None = None, whole: bool = False
+) -> int:
+    if algorithm == "blake3" and not whole:  # one hasher already spreads over every core
         return 1
     return max(1, min(items, threads or os.cpu_count() or 1))
 
@@ -104,6 +106,9 @@ class Pipeline:
       items: how many keys will be fed at most (bounds the worker count).
       threads: how many threads may hash at once (None: one per core); a
         background save passes 1, leaving the other cores to the caller.
+      whole: hash each key on one core, one worker per core, also for
+        BLAKE3 (for many keys of a few MiB each, which one hasher would
+        split over threads at more cost than it saves).
 
     Example:
       >>> with Pipeline("sha256", items=2) as p:
@@ -113,12 +118,28 @@ class Pipeline:
       ...     found = p.digests()
       >>> found["a"] == digest(b"abc", "sha256"), len(found)
       (True, 2)
+
+      Many BLAKE3 items, each hashed whole on one core, one worker per core:
+
+      >>> with Pipeline("blake3", items=8, whole=True) as p:
+      ...     for k in range(8):
+      ...         p.feed(k, bytes([k]) * 5000)
+      ...     found = p.digests()
+      >>> found[3] == digest(bytes([3]) * 5000, "blake3"), p.workers == min(8, os.cpu_count() or 1)
+      (True, True)
     """
 
-    def __init__(self, algorithm: Algorithm, *, items: int = 1, threads: int | None = None) -> None:
+    def __init__(
+        self,
+        algorithm: Algorithm,
+        *,
+        items: int = 1,
+        threads: int | None = None,
+        whole: bool = False,
+    ) -> None:
         self.algorithm = check_algorithm(algorithm)
-        self._threads_per_hasher = threads
-        n = _workers(self.algorithm, items, threads)
+        self._threads_per_hasher = 1 if whole else threads
+        n = _workers(self.algorithm, items, threads, whole)
         self._queues: list[queue.Queue[tuple[Hashable, Any] | None]] = [
             queue.Queue(DEPTH) for _ in range(n)
         ]

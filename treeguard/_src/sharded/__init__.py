@@ -3,9 +3,10 @@ treeguard's manifest carries the contract and a digest of every shard (BLAKE3,
 or sha256 in older manifests).
 
 ``manifest`` (the JSON file and its strict parser), ``hosts`` (the few
-collectives), ``digests`` (hashing at save, checking after a restore on any
-mesh), ``orbax_io`` (the one place orbax is called), ``save``, ``load`` and
-``inspect``. Importing this package imports neither orbax nor tensorstore.
+collectives), ``digests`` (hashing at save), ``orbax_io`` (the one place
+orbax and tensorstore are called), ``reader`` (a verified read onto any
+mesh), ``save``, ``load``, ``recheck`` and ``inspect``. Importing this
+package imports neither orbax nor tensorstore.
 """
 
 from .manifest import is_sharded as is_sharded

@@ -11,7 +11,7 @@ from typing import Any, Literal
 from ..checkpoint.plan import SurgeryOptions, plan_load, select_part
 from ..checkpoint.received import plain_tree, refuse_forged_claim, stored_array_bytes
 from ..diff import mismatches
-from ..errors import ConfigError, IntegrityError, InvalidTreeError
+from ..errors import ConfigError, InvalidTreeError
 from ..leaf import describe_sharding, same_sharding, summarize
 from ..mismatch import Mismatch
 from ..paths import keystr
@@ -19,16 +19,12 @@ from ..spec import TreeSpec, spec_from_leaves
 from ..surgery import Surgery
 from ..walk import flatten_with_types
 from . import hosts
-from .digests import ShardChecker
 from .manifest import ArrayRecord, Manifest, read_with_digest
-from .orbax_io import read_arrays
+from .orbax_io import param_names
+from .reader import read_verified
 
 logger = logging.getLogger("treeguard.sharded")
 IGNORED_KINDS = frozenset(("weak_type", "sharding"))
-#: How many restores a load is split into, so that hashing the arrays of one
-#: overlaps reading the next; a group holds at least ``_MIN_GROUP_BYTES``.
-_GROUPS = 8
-_MIN_GROUP_BYTES = 16 * 1024 * 1024
 
 
 def contract_mismatches(stored: TreeSpec, like: TreeSpec) -> list[Mismatch]:
@@ -81,46 +77,6 @@ def _check_divides(where: str, manifest: Manifest, targets: Sequence[Any]) -> No
         )
 
 
-def group_names(paths: Sequence[str]) -> str:
-    """A group's array paths for a message: the first few, and how many more."""
-    names = [p or "<root>" for p in paths]
-    return ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
-
-
-def unreadable(where: str, paths: Sequence[str], error: BaseException) -> IntegrityError:
-    """The error for a group of arrays whose restore failed, naming them."""
-    text = str(error).splitlines()[0] if str(error) else type(error).__name__
-    # tensorstore appends the repr of a bound method and its spec: noise, and paths
-    text = text.split(" See full TensorStore details", 1)[0][:300]
-    return IntegrityError(
-        f"{where}: the stored arrays {group_names(paths)} could not be read: {text}\n"
-        "hint: the data directory is damaged or incomplete; load an earlier checkpoint",
-        path=(paths[0] or "<root>") if paths else None,
-    )
-
-
-def _read_everywhere(data: str, item: Any, where: str, paths: Sequence[str]) -> Any:
-    """Restores ``item``; a failure in any process fails every process."""
-    error: BaseException | None = None
-    out = None
-    try:
-        out = read_arrays(data, item)
-    except Exception as e:  # noqa: BLE001 - any failure must reach every process
-        error = e
-    failed = hosts.allgather_bytes(b"1" if error is not None else b"0")
-    if error is not None:
-        raise unreadable(where, paths, error) from error
-    bad = [p for p, f in enumerate(failed) if f == b"1"]
-    if bad:
-        raise IntegrityError(
-            f"{where}: process {bad[0]} could not read the stored arrays {group_names(paths)} "
-            "(see its error)\n"
-            "hint: the data directory is damaged or incomplete; load an earlier checkpoint",
-            path=(paths[0] or "<root>") if paths else None,
-        )
-    return out
-
-
 def load_sharded(
     directory: str | os.PathLike[str],
     like: Any,
@@ -140,11 +96,13 @@ def load_sharded(
     Every process of the job calls it with the same ``like``. In order: the
     manifest is read and parsed strictly; the saved spec is compared with
     ``like`` and every mismatch is raised, in every process, before any
-    array is read; orbax reads each process's part of the arrays onto the
-    shardings of ``like`` (another mesh is fine: the restore reshards, and
-    each resharded path is logged on the ``treeguard.sharded`` logger);
-    then the digest of every saved shard is checked against the manifest,
-    and every process raises if any shard anywhere differs.
+    array is read; each process reads only the saved shards its own part
+    of ``like``'s shardings overlaps, each one whole, hashes it as it
+    arrives and copies its pieces onto the shardings of ``like`` (another
+    mesh, device count or axis type is fine: the load reshards, and each
+    resharded path is logged on the ``treeguard.sharded`` logger); nothing
+    is returned before every digest matches the manifest, and every process
+    raises if any shard read anywhere differs.
 
     Args:
       directory: a directory written by ``save_sharded``.
@@ -291,84 +249,18 @@ def check_received(where: str, manifest: Manifest) -> None:
     refuse_forged_claim(stored, on_disk, where, compressed=False)
 
 
-def groups(arrays: Sequence[ArrayRecord], wanted: Sequence[int]) -> list[list[int]]:
-    """``wanted`` (array positions, in order) cut into at most ``_GROUPS``
-    runs of about equal bytes, each of at least ``_MIN_GROUP_BYTES``."""
-    total = sum(arrays[k].nbytes for k in wanted)
-    size = max(total // _GROUPS, _MIN_GROUP_BYTES)
-    out: list[list[int]] = []
-    run: list[int] = []
-    held = 0
-    for k in wanted:
-        run.append(k)
-        held += arrays[k].nbytes
-        if held >= size:
-            out.append(run)
-            run, held = [], 0
-    if run:
-        out.append(run)
-    return out
-
-
 def _restore_checked(where: str, manifest: Manifest, targets: Sequence[Any]) -> list[Any]:
-    """The arrays with a target sharding restored (None for the others),
-    every shard's digest checked; a collective.
-
-    The arrays are read in a few groups, one orbax restore each; the shards
-    of a group are hashed in threads while the next group is read, and the
-    result is returned only after every hash is in and agreed by every
-    process."""
+    """The arrays with a target sharding read onto it (None for the others),
+    every saved shard read checked against its digest; a collective
+    (``reader.read_verified``)."""
     import jax  # lazy: reading files never imports jax
-    import orbax.checkpoint as ocp  # lazy: orbax is the optional sharded extra
 
+    n = len(manifest.arrays)
+    names = param_names(jax.tree.unflatten(manifest.spec.treedef, list(range(n))))
+    restored = read_verified(where, manifest, names, targets)
     wanted = [k for k, t in enumerate(targets) if t is not None]
-    restored: list[Any] = [None] * len(manifest.arrays)
-    data = os.path.join(where, manifest.data)
-    struct: Any = jax.ShapeDtypeStruct
-    with ShardChecker(manifest.arrays, algorithm=manifest.hash) as checker:
-        for run in groups(manifest.arrays, wanted):
-            chosen = set(run)
-            leaves = [
-                struct(a.shape, a.dtype, sharding=targets[k]) if k in chosen else ocp.PLACEHOLDER
-                for k, a in enumerate(manifest.arrays)
-            ]
-            item = jax.tree.unflatten(manifest.spec.treedef, leaves)
-            paths = [manifest.arrays[k].path for k in run]
-            got = picked(jax.tree.leaves(_read_everywhere(data, item, where, paths)), run, where)
-            for k, arr in zip(run, got):
-                restored[k] = arr
-                checker.add(k, manifest.arrays[k], arr)
-        _report_resharding([manifest.arrays[k] for k in wanted], [restored[k] for k in wanted])
-        bad = checker.bad()
-    if bad:
-        raise shard_error(where, [manifest.arrays[k].path for k in bad], manifest.hash)
+    _report_resharding([manifest.arrays[k] for k in wanted], [restored[k] for k in wanted])
     return restored
-
-
-def picked(leaves: Sequence[Any], run: Sequence[int], where: str) -> list[Any]:
-    """The arrays of ``run`` among a partial restore's leaves (orbax gives
-    back its placeholder where an array was not asked for)."""
-    if len(leaves) == len(run):
-        return list(leaves)
-    if run and len(leaves) > max(run):
-        return [leaves[k] for k in run]
-    raise IntegrityError(
-        f"the restore returned {len(leaves)} leaves for the {len(run)} arrays asked",
-        context=where,
-        hint="the data directory does not hold what the manifest lists; load an earlier checkpoint",
-    )
-
-
-def shard_error(where: str, paths: Sequence[str], algorithm: str) -> IntegrityError:
-    """The error for arrays with a shard whose digest does not match."""
-    names = [p or "<root>" for p in paths]
-    listed = ", ".join(names[:20]) + (f" and {len(names) - 20} more" if len(names) > 20 else "")
-    return IntegrityError(
-        f"{where}: {len(names)} {'array' if len(names) == 1 else 'arrays'} with a shard "
-        f"whose {algorithm} does not match the manifest: {listed}\n"
-        "hint: the stored bytes changed after the save; load an earlier checkpoint",
-        path=names[0],
-    )
 
 
 def _report_resharding(arrays: Sequence[ArrayRecord], restored: Sequence[Any]) -> None:

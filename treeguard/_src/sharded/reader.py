@@ -1,0 +1,381 @@
+"""Reading a sharded checkpoint onto any mesh, every byte verified.
+
+Each process reads only the saved shards that its own target shards
+overlap, each one whole and once (one tensorstore read of its region, which
+orbax wrote as that shard's own chunks), and hands it to the hashing engine
+as it arrives, so the digest covers exactly the saved bytes with no copy
+made to hash them. The pieces of the shard are then copied into the buffers
+of the target shards (a target shard that is a saved shard, or lies inside
+one, uses the read buffer itself), and each array is placed on its devices
+once its last shard is in. Reads run ahead of the hashing and the copies
+(tensorstore's own threads), up to ``WINDOW`` bytes. Nothing is returned
+before every digest is in and every process agrees that all of them match
+(a collective, unless ``local``).
+
+The other processes' shards are never read here: what a process returns is
+what it read and hashed itself. A saved shard larger than the pieces a
+process needs of it is still read whole, because its digest covers it whole.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..errors import IntegrityError
+from ..hashing import Pipeline, prefault, small_pages
+from ..hashing.engine import DEPTH
+from ..leaf import summarize
+from . import hosts
+from .digests import Index, index_of, intersect
+from .manifest import ArrayRecord, Manifest, Shard
+from .orbax_io import open_arrays, read_into, shape_and_dtype
+
+#: The bytes of saved shards read ahead of the one being hashed and copied.
+WINDOW = 64 * 1024 * 1024
+#: The largest shard for which each shard is hashed on one core, several
+#: shards at once; past it one hash spreads over every core.
+WHOLE_MAX = 64 * 1024 * 1024
+#: The alignment of every buffer read into: on the CPU backend, JAX places an
+#: array this aligned on a device without copying it.
+ALIGN = 64
+
+
+def aligned(shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
+    """An uninitialised C-order array whose data starts on an ``ALIGN``
+    boundary, its pages faulted in at once, small ones: a reshard's first
+    load into fresh memory taken a fault at a time, on the huge pages numpy
+    asks for, spent more CPU in the copies than the reads and hashes did."""
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    raw = np.empty(nbytes + ALIGN, dtype=np.uint8)
+    small_pages(memoryview(raw.data))  # no stall compacting memory for a huge page
+    prefault(memoryview(raw.data))  # and every page in one call, not a fault at a time
+    skip = -raw.ctypes.data % ALIGN
+    out: np.ndarray[Any, Any] = raw[skip : skip + nbytes].view(dtype).reshape(shape)
+    return out
+
+
+def group_names(paths: Sequence[str]) -> str:
+    """Array paths for a message: the first few, and how many more."""
+    names = [p or "<root>" for p in paths]
+    return ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+
+
+def unreadable(where: str, paths: Sequence[str], error: BaseException) -> IntegrityError:
+    """The error for arrays whose stored data could not be read, naming them."""
+    text = str(error).splitlines()[0] if str(error) else type(error).__name__
+    # tensorstore appends the repr of a bound method and its spec: noise, and paths
+    text = text.split(" See full TensorStore details", 1)[0][:300]
+    return IntegrityError(
+        f"{where}: the stored arrays {group_names(paths)} could not be read: {text}\n"
+        "hint: the data directory is damaged or incomplete; load an earlier checkpoint",
+        path=(paths[0] or "<root>") if paths else None,
+    )
+
+
+def shard_error(where: str, paths: Sequence[str], algorithm: str) -> IntegrityError:
+    """The error for arrays with a shard whose digest does not match."""
+    names = [p or "<root>" for p in paths]
+    listed = ", ".join(names[:20]) + (f" and {len(names) - 20} more" if len(names) > 20 else "")
+    return IntegrityError(
+        f"{where}: {len(names)} {'array' if len(names) == 1 else 'arrays'} with a shard "
+        f"whose {algorithm} does not match the manifest: {listed}\n"
+        "hint: the stored bytes changed after the save; load an earlier checkpoint",
+        path=names[0],
+    )
+
+
+def unhashable(path: str, error: BaseException) -> IntegrityError:
+    """The error for a shard whose hashing failed (not a mismatch)."""
+    out = IntegrityError(
+        f"{path or '<root>'}: a shard could not be hashed: "
+        f"{str(error).splitlines()[0][:300] if str(error) else type(error).__name__}",
+        path=path or "<root>",
+        hint="the stored array does not match its record; load an earlier checkpoint",
+    )
+    out.__cause__ = error
+    return out
+
+
+@dataclasses.dataclass
+class _Piece:
+    """One distinct target shard of an array in this process: its region,
+    the local devices that hold it, and its host buffer once one exists."""
+
+    index: Index
+    devices: list[Any]
+    buf: np.ndarray[Any, Any] | None = None
+
+
+@dataclasses.dataclass
+class _Plan:
+    """What this process reads of one array: the saved shards its pieces overlap."""
+
+    key: int
+    record: ArrayRecord
+    sharding: Any
+    pieces: list[_Piece]
+    shards: list[Shard]
+    left: int
+
+
+def _plans(records: Sequence[ArrayRecord], targets: Sequence[Any]) -> list[_Plan]:
+    out = []
+    for key, (record, sharding) in enumerate(zip(records, targets)):
+        if sharding is None:
+            continue
+        shape = tuple(record.shape)
+        by_index: dict[Index, list[Any]] = {}
+        for device, index in sharding.addressable_devices_indices_map(shape).items():
+            by_index.setdefault(index_of(index, shape), []).append(device)
+        pieces = [_Piece(index, devices) for index, devices in by_index.items()]
+        shards = [
+            s for s in record.shards if any(intersect(s.index, p.index) is not None for p in pieces)
+        ]
+        out.append(_Plan(key, record, sharding, pieces, shards, len(shards)))
+    return out
+
+
+def _relative(region: Index, within: Index) -> tuple[slice, ...]:
+    return tuple(slice(lo - o, hi - o) for (lo, hi), (o, _) in zip(region, within))
+
+
+def _scatter(plan: _Plan, shard: Shard, arr: np.ndarray[Any, Any]) -> None:
+    """Copies the saved shard ``arr`` into the target pieces it overlaps."""
+    for piece in plan.pieces:
+        region = intersect(piece.index, shard.index)
+        if region is None:
+            continue
+        if piece.buf is arr:  # the saved shard is this target shard: read into place
+            continue
+        if piece.buf is None:  # never a view of ``arr``, whose buffer is used again
+            piece.buf = aligned(tuple(b - a for a, b in piece.index), plan.record.dtype)
+        piece.buf[_relative(region, piece.index)] = arr[_relative(region, shard.index)]
+
+
+def _place(plan: _Plan) -> Any:
+    """The array of ``plan`` on its devices, from its pieces' host buffers."""
+    import jax  # lazy: reading files never imports jax
+
+    bufs = [piece.buf for piece in plan.pieces for _ in piece.devices]
+    devices = [device for piece in plan.pieces for device in piece.devices]
+    placed = jax.device_put(bufs, devices)
+    for piece in plan.pieces:
+        piece.buf = None
+    shape = tuple(plan.record.shape)
+    return jax.make_array_from_single_device_arrays(shape, plan.sharding, placed)
+
+
+def _opened(where: str, future: Any, record: ArrayRecord) -> Any:
+    """The opened tensorstore of ``record``, refused unless it has the
+    record's shape and dtype (so no byte is ever reinterpreted)."""
+    try:
+        store = future.result()
+    except Exception as e:  # tensorstore raises many kinds
+        raise unreadable(where, [record.path], e) from e
+    shape, dtype = shape_and_dtype(store)
+    if shape != tuple(record.shape) or dtype != record.dtype:
+        raise IntegrityError(
+            f"{where}: the stored array {record.path or '<root>'} is "
+            f"{summarize(shape, dtype)}, the manifest records "
+            f"{summarize(tuple(record.shape), record.dtype)}\n"
+            "hint: the data directory does not hold what the manifest lists; "
+            "load an earlier checkpoint",
+            path=record.path or "<root>",
+        )
+    return store
+
+
+class _Reads:
+    """The reads of every planned shard, in order, each into a buffer of its
+    own (or straight into the target shard it is), at most ``WINDOW`` bytes
+    ahead of the one being consumed."""
+
+    def __init__(
+        self, where: str, data: str, names: Sequence[str], plans: list[_Plan], keep: bool
+    ) -> None:
+        self._where = where
+        self._plans = plans
+        self._keep = keep
+        self._opening = open_arrays(data, [names[p.key] for p in plans])
+        self._stores: dict[int, Any] = {}
+        self._work = [(n, shard) for n, plan in enumerate(plans) for shard in plan.shards]
+        self._next = 0
+        self._ahead: collections.deque[tuple[int, Shard, Any, Any]] = collections.deque()
+        self._held = 0
+        #: Buffers of saved shards already hashed and copied, by size, to read into again
+        #: (fresh memory costs its page faults; a reshard's target shards pay them once).
+        self._free: dict[int, list[np.ndarray[Any, Any]]] = {}
+
+    def __len__(self) -> int:
+        return len(self._work)
+
+    def _issue(self) -> None:
+        while self._next < len(self._work) and (not self._ahead or self._held < WINDOW):
+            n, shard = self._work[self._next]
+            plan = self._plans[n]
+            if n not in self._stores:
+                self._stores[n] = _opened(self._where, self._opening[n], plan.record)
+            shape = tuple(b - a for a, b in shard.index)
+            buf = None
+            if self._keep:
+                for piece in plan.pieces:
+                    if piece.index == shard.index and piece.buf is None:
+                        piece.buf = buf = aligned(shape, plan.record.dtype)
+            if buf is None:
+                buf = self._scratch(shape, plan.record.dtype)
+            future = read_into(self._stores[n], shard.index, buf)
+            self._ahead.append((n, shard, future, buf))
+            self._held += buf.nbytes
+            self._next += 1
+
+    def next(self) -> tuple[_Plan, Shard, np.ndarray[Any, Any]]:
+        """The next shard's plan, shard and bytes (C order)."""
+        self._issue()
+        n, shard, future, buf = self._ahead.popleft()
+        self._held -= buf.nbytes
+        self._issue()  # the window moved: keep the reader busy while this one is used
+        try:
+            future.result()
+        except Exception as e:  # tensorstore raises many kinds
+            raise unreadable(self._where, [self._plans[n].record.path], e) from e
+        return self._plans[n], shard, buf
+
+    def _scratch(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        free = self._free.get(nbytes)
+        if not free:
+            return aligned(shape, dtype)
+        out: np.ndarray[Any, Any] = free.pop().reshape(-1).view(np.uint8).view(dtype)
+        return out.reshape(shape)
+
+    def reuse(self, buf: np.ndarray[Any, Any]) -> None:
+        """Takes back a shard's buffer once nothing reads it any more."""
+        self._free.setdefault(buf.nbytes, []).append(buf)
+
+    def cancel(self) -> None:
+        """Drops the reads still in flight."""
+        for _, _, future, _ in self._ahead:
+            future.cancel()
+        self._ahead.clear()
+
+
+def _read(
+    reads: _Reads, plans: list[_Plan], pipeline: Pipeline, keep: bool, out: list[Any]
+) -> list[tuple[int, Shard]]:
+    """Reads, hashes (in the background) and places every planned shard;
+    returns what was fed to ``pipeline``, in order."""
+    fed: list[tuple[int, Shard]] = []
+    # per hashing worker, the buffers it may still read: each hashes its chunks
+    # in order, so a buffer is done with once DEPTH + 1 later ones were fed to it
+    hashing: dict[int, collections.deque[np.ndarray[Any, Any] | None]] = {}
+    try:
+        for _ in range(len(reads)):
+            plan, shard, arr = reads.next()
+            flat: Any = arr.reshape(-1).view(np.uint8)
+            lane = pipeline.lane(len(fed))
+            try:
+                pipeline.feed(len(fed), memoryview(flat))
+            except Exception as e:
+                raise unhashable(plan.record.path, e) from e
+            fed.append((plan.key, shard))
+            kept = keep and any(piece.buf is arr for piece in plan.pieces)
+            if keep:
+                _scatter(plan, shard, arr)
+            ring = hashing.setdefault(lane, collections.deque())
+            ring.append(None if kept else arr)
+            if len(ring) > DEPTH + 1:
+                done = ring.popleft()
+                if done is not None:
+                    reads.reuse(done)
+            plan.left -= 1
+            if keep and plan.left == 0:
+                out[plan.key] = _place(plan)
+        for plan in plans:  # arrays with no byte to read (zero-size)
+            if keep and out[plan.key] is None:
+                for piece in plan.pieces:
+                    piece.buf = aligned(tuple(b - a for a, b in piece.index), plan.record.dtype)
+                out[plan.key] = _place(plan)
+    finally:
+        reads.cancel()
+    return fed
+
+
+def read_verified(
+    where: str,
+    manifest: Manifest,
+    names: Sequence[str],
+    targets: Sequence[Any],
+    *,
+    local: bool = False,
+    keep: bool = True,
+) -> list[Any]:
+    """The arrays with a target sharding, read onto it, every saved shard
+    this process read checked against its digest; a collective unless
+    ``local``.
+
+    Args:
+      where: the checkpoint directory (for messages).
+      manifest: its parsed manifest.
+      names: orbax's name of every stored array, in the manifest's order.
+      targets: a sharding per array, or None for an array left unread.
+      local: this process alone: no collective, nothing exchanged.
+      keep: place the arrays; with False every shard is read and hashed
+        and nothing is kept (a check).
+
+    Returns:
+      One ``jax.Array`` (None when unread or not kept) per array.
+
+    Raises:
+      IntegrityError: in every process, naming the arrays with a shard
+        whose bytes differ from their digest (in any process), an array
+        that could not be read or does not match its record (in the process
+        that failed; the others name that process and the array).
+    """
+    plans = _plans(manifest.arrays, targets)
+    out: list[Any] = [None] * len(manifest.arrays)
+    flags = np.zeros(len(manifest.arrays), dtype=np.uint8)
+    failure: Exception | None = None
+    items = max(1, sum(len(p.shards) for p in plans))
+    # shards of a few MiB: each hashed whole on one core, several at once
+    largest = max((s.size * p.record.dtype.itemsize for p in plans for s in p.shards), default=0)
+    whole = largest <= WHOLE_MAX
+    with Pipeline(manifest.hash, items=items, whole=whole) as pipeline:
+        try:
+            reads = _Reads(where, f"{where}/{manifest.data}", names, plans, keep)
+            fed = _read(reads, plans, pipeline, keep, out)
+            try:
+                found = pipeline.digests()
+            except Exception as e:
+                raise unhashable(manifest.arrays[fed[0][0]].path if fed else "", e) from e
+            for n, (key, shard) in enumerate(fed):
+                if found.get(n) != shard.digest:
+                    flags[key] = 1
+        except Exception as e:  # noqa: BLE001 - the exchange below must still happen
+            failure = e
+            out.clear()
+    mine = b""
+    if failure is not None:
+        path = failure.path if isinstance(failure, IntegrityError) else None
+        mine = (path or "<root>").encode("utf-8", "replace")
+    gathered = [mine] if local else hosts.allgather_bytes(mine)
+    agreed = flags if local else hosts.any_process(flags)
+    if failure is not None:  # raised only after the exchange, which every process joins
+        raise failure
+    others = [(p, raw.decode("utf-8", "replace")) for p, raw in enumerate(gathered) if raw]
+    if others:
+        process, path = others[0]
+        raise IntegrityError(
+            f"{where}: process {process} could not read the stored arrays {path} "
+            "(see its error)\n"
+            "hint: the data directory is damaged or incomplete; load an earlier checkpoint",
+            path=path,
+        )
+    bad = [k for k in range(len(manifest.arrays)) if agreed[k]]
+    if bad:
+        raise shard_error(where, [manifest.arrays[k].path for k in bad], manifest.hash)
+    return out
