@@ -1,10 +1,15 @@
 """The single-file checkpoint: format, files, write, read, migrate, foreign weights (see
-README.md)."""
+README.md).
 
-from ..atomic import remove_stale_temps as remove_stale_temps
-from .asyncsave import SaveHandle as SaveHandle
-from .asyncsave import save_async as save_async
-from .asyncsave import wait_all as wait_all
+The readers are imported with the package; the writers, the asynchronous
+save and the imports of other tools' files resolve on first use
+(``faces.lazy_face``), so reading a header (``treeguard spec FILE``) loads
+none of them. (``load`` is both a module and a function here: the reading
+side stays eager so that the name is always the function.)"""
+
+import typing as _typing
+
+from .. import faces as _faces
 from .files import open_checkpoint as open_checkpoint
 from .foreign import ForeignHeader as ForeignHeader
 from .format import ALLOWED_DTYPES as ALLOWED_DTYPES
@@ -20,10 +25,31 @@ from .load import spec_from_file as spec_from_file
 from .load import spec_reader as spec_reader
 from .read import read_header as read_header
 from .read import verify_file as verify_file
-from .sources import import_weights as import_weights
-from .sources import read_foreign as read_foreign
-from .write import save as save
-from .write import user_metadata_json as user_metadata_json
+
+if _typing.TYPE_CHECKING:
+    from ..atomic import remove_stale_temps as remove_stale_temps
+    from .asyncsave import SaveHandle as SaveHandle
+    from .asyncsave import save_async as save_async
+    from .asyncsave import wait_all as wait_all
+    from .sources import import_weights as import_weights
+    from .sources import read_foreign as read_foreign
+    from .write import save as save
+    from .write import user_metadata_json as user_metadata_json
+
+#: Each name resolved on first use and the module that defines it.
+_LAZY = {
+    "SaveHandle": ".asyncsave",
+    "import_weights": ".sources",
+    "read_foreign": ".sources",
+    "remove_stale_temps": "..atomic",
+    "save": ".write",
+    "save_async": ".asyncsave",
+    "user_metadata_json": ".write",
+    "wait_all": ".asyncsave",
+}
+
+if not _typing.TYPE_CHECKING:  # type checkers see the imports above
+    __getattr__, __dir__ = _faces.lazy_face(__name__, _LAZY)
 
 __all__ = [
     "ALLOWED_DTYPES",
