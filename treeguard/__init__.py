@@ -9,9 +9,8 @@ imports neither JAX nor the modules behind names it does not touch: the
 command line reads a spec or a checkpoint header with numpy alone.
 """
 
+import importlib as _importlib
 import typing as _typing
-
-import treeguard._src.faces as _faces
 
 if _typing.TYPE_CHECKING:
     from ._src.checkpoint import ForeignHeader as ForeignHeader
@@ -150,7 +149,18 @@ _EXPORTS: dict[str, str] = {
 
 
 if not _typing.TYPE_CHECKING:  # type checkers see the imports above, and flag a typo
-    __getattr__, __dir__ = _faces.lazy_face(__name__, _EXPORTS)
+
+    def __getattr__(name: str) -> object:
+        module = _EXPORTS.get(name)
+        if module is None:
+            raise AttributeError(f"module 'treeguard' has no attribute {name!r}")
+        value = getattr(_importlib.import_module(module, __name__), name)
+        globals()[name] = value  # later lookups skip this function
+        return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})
 
 
 __all__ = list(_EXPORTS)  # the table is kept sorted (a test checks it)

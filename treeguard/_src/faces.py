@@ -1,6 +1,9 @@
-"""Package faces whose public names resolve on first use (PEP 562): the
-package imports none of the modules behind them until a name is asked for,
-so reading a spec from the command line loads neither JAX nor the writers."""
+"""Package faces inside ``_src`` whose public names resolve on first use
+(PEP 562): the package imports none of the modules behind them until a name
+is asked for, so reading a spec from the command line loads neither JAX nor
+the writers. (``treeguard``'s own face writes the same lookup inline: it
+must not import ``_src``, whose first import checks the jax version, before
+a name is used.)"""
 
 from __future__ import annotations
 
