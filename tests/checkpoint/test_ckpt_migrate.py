@@ -180,7 +180,9 @@ def _in_process(*args: str) -> Any:
     return CliRunner().invoke(main, ["ckpt", "migrate", *args])
 
 
-@pytest.mark.parametrize("init", ["nnxmodels:NEW_STATE", "nnxmodels:new_leaf"])
+@pytest.mark.parametrize(
+    "init", [pytest.param("nnxmodels:NEW_STATE", marks=pytest.mark.slow), "nnxmodels:new_leaf"]
+)
 def test_ckpt_migrate_keeps_the_nnx_state_of_like(tmp_path: Path, init: str) -> None:
     from nnxmodels import NEW_STATE
 

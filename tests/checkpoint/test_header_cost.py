@@ -80,6 +80,7 @@ def test_the_keys_of_a_table_are_counted_once_and_the_cost_still_bounds_it() -> 
     assert strictjson.Shape.of(forged, fmt.ENTRY_KEYS).shared == 0
 
 
+@pytest.mark.slow
 def test_another_tools_header_of_80_000_tensors_is_within_its_budget(tmp_path: Path) -> None:
     table = {
         f"model.layers.{i // 8}.mlp.w{i % 8}": {

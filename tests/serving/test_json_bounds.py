@@ -213,11 +213,16 @@ def _cost(tmp_path, item: bytes, count: int, junk: bytes = b"", whole: int = 64 
     ("item", "count", "junk", "verdict"),
     [
         (b"0.5,", 1 << 20, b"", "decoded"),  # ordinary float data
-        (b"0,", 1 << 21, b"", "decoded"),  # a long list of 0
+        # a long list of 0
+        pytest.param(b"0,", 1 << 21, b"", "decoded", id="zeros", marks=pytest.mark.slow),
         (b"0.5,", 1 << 10, b"{},", "413"),  # many small objects
-        (b"0.5,", 1 << 10, b'"a",', "413"),  # many tiny strings
+        # many tiny strings
+        pytest.param(b"0.5,", 1 << 10, b'"a",', "413", id="strings", marks=pytest.mark.slow),
         (b"0.5,", 1 << 10, b"0,", "413"),  # a long list of 0 outside the data
-        (b"0.5,", 1 << 10, b'"data": [0],', "413"),  # many short data lists
+        # many short data lists
+        pytest.param(
+            b"0.5,", 1 << 10, b'"data": [0],', "413", id="data-lists", marks=pytest.mark.slow
+        ),
     ],
     ids=["floats", "zeros", "objects", "strings", "zeros-outside", "data-lists"],
 )

@@ -74,6 +74,7 @@ def test_declared_cross_backend_tolerances_compare_at_them(tmp_path: Path) -> No
     assert "at the declared cross-backend tolerance" in failed.summary
 
 
+@pytest.mark.slow
 def test_the_same_backends_references_are_a_plain_regression(tmp_path: Path) -> None:
     report = verify(mlp.model, references=_drifted(tmp_path), bench=False)
     assert report["regression"].summary.endswith(

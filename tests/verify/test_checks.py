@@ -459,6 +459,7 @@ def _run_isolated(code: str) -> str:
     return proc.stdout
 
 
+@pytest.mark.slow
 def test_trace_keys_refuses_a_cyclic_argument_first() -> None:
     out = _run_isolated(
         """
