@@ -50,7 +50,8 @@ def load(
 
     Each returned leaf takes the kind of ``like``'s leaf at its path: a
     ``jax.Array`` is placed with that leaf's sharding (and weak type); a
-    ``jax.ShapeDtypeStruct`` with a sharding is placed with it; a numpy
+    ``jax.ShapeDtypeStruct`` becomes a ``jax.Array`` placed with its sharding
+    (on the default device without one); a numpy
     scalar or Python number comes back as one; anything else is a numpy
     array. With ``like=None`` the leaves are numpy arrays, dicts, lists,
     tuples and None are rebuilt as stored, and namedtuples and registered

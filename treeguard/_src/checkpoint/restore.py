@@ -225,7 +225,11 @@ def as_like(arr: np.ndarray[Any, Any], ref: Any) -> Any:
         if getattr(ref, "weak_type", False):
             return _weak(arr, ref.sharding)
         return jax.device_put(arr, ref.sharding)
-    if isinstance(ref, jax.ShapeDtypeStruct) and ref.sharding is not None:
+    if isinstance(ref, jax.ShapeDtypeStruct):
+        # a jax.Array, as the struct describes: without a sharding, on the default
+        # device. Never a numpy array: nnx updates an RNG count in place (`+=`), and
+        # on the CPU JAX may alias an aligned numpy buffer, so a computation still
+        # queued would read the count after the update.
         return jax.device_put(arr, ref.sharding)
     if isinstance(ref, np.generic):
         return arr[()]
