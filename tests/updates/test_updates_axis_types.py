@@ -30,9 +30,11 @@ KINDS = {
 SPECS = {"w": P("x", "y"), "b": P("y"), "scale": P()}
 
 
-@pytest.fixture(params=list(KINDS))
+@pytest.fixture(
+    params=[pytest.param(k, marks=pytest.mark.slow) if k == "mixed" else k for k in KINDS]
+)
 def mesh(request: pytest.FixtureRequest) -> jax.sharding.Mesh:
-    """A 2x4 mesh of each kind of axes."""
+    """A 2x4 mesh of each kind of axes (the mixed one in the slow run)."""
     return cpu_mesh((2, 4), ("x", "y"), KINDS[request.param])
 
 
