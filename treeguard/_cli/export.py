@@ -25,21 +25,15 @@ from .._src.store.objects import is_url
 from .console import console
 from .failures import Command
 from .loader import load_model
-from .serve import _input_opt, _spec, _spec_opt
+from .options import input_option, serving_spec, spec_option, store_option
 
 
 @click.command("export", cls=Command, context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("target", metavar="MODULE:ATTR")
 @click.argument("version")
-@click.option(
-    "--store",
-    "store_root",
-    required=True,
-    type=click.Path(file_okay=False, path_type=Path),
-    help="The store: a directory, or a bucket URL (s3://BUCKET/PREFIX, gs://BUCKET/PREFIX).",
-)
-@_spec_opt
-@_input_opt
+@store_option
+@spec_option
+@input_option
 @click.option(
     "--platform",
     "platforms",
@@ -68,7 +62,7 @@ def export_command(  # noqa: PLR0917 - click passes every option
     if not is_url(store_root) and not store_root.is_dir():
         raise ConfigError(f"{store_root}: no store there", hint="treeguard store put first")
     model = load_model(target, command="export")
-    spec = _spec(model, spec_file, inputs)
+    spec = serving_spec(model, spec_file, inputs)
     store = ArtifactStore(store_root)
     result = export_version(model, store, version, spec=spec, platforms=list(platforms) or None)
     d = result.description

@@ -8,6 +8,8 @@ from typing import Any
 
 import click
 
+from .._src.errors import ConfigError
+
 
 def report_dir_option(default: str, files: str) -> Callable[[Any], Any]:
     """The ``--report-dir`` option of a command that writes a report.
@@ -115,3 +117,53 @@ def given_keys() -> dict[str, Any]:
         "trusted_keys": keys.get("trusted_keys", ()),
         "revoked_keys": keys.get("revoked_keys", ()),
     }
+
+
+#: ``--store``: the store a command works on.
+store_option = click.option(
+    "--store",
+    "store_root",
+    required=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="The store: a directory, or a bucket URL (s3://BUCKET/PREFIX, gs://BUCKET/PREFIX).",
+)
+
+#: ``--spec``: a serving spec file.
+spec_option = click.option(
+    "--spec",
+    "spec_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="A treeguard.serving/1 JSON spec (default: every batch input, default buckets).",
+)
+#: ``--input``: a batch input by key path (repeatable).
+input_option = click.option(
+    "--input",
+    "inputs",
+    multiple=True,
+    metavar="PATH",
+    help="A batch input a request carries, as its key path (['x']); repeatable.",
+)
+
+
+def serving_spec(model: Any, spec_file: Path | None, inputs: tuple[str, ...]) -> Any:
+    """The ``ServingSpec`` the ``--spec`` and ``--input`` options ask for.
+
+    Args:
+      model: the ``Model`` served or exported.
+      spec_file: the ``--spec`` file, or None.
+      inputs: the ``--input`` key paths (none: every batch input).
+
+    Returns:
+      The ``ServingSpec``.
+
+    Raises:
+      ConfigError: if both options are given.
+    """
+    # the serving package imports JAX: only once a command that serves runs
+    from .._src.serving.spec import ServingSpec
+
+    if spec_file is not None:
+        if inputs:
+            raise ConfigError("give --spec or --input, not both")
+        return ServingSpec.load(spec_file)
+    return ServingSpec.from_model(model, inputs=list(inputs) or None)

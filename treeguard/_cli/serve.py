@@ -37,17 +37,14 @@ from .._src.store.objects import is_url
 from .console import console
 from .failures import Group
 from .loader import load_model
-from .options import given_keys, key_options
-
-
-def _spec(model: Any, spec_file: Path | None, inputs: tuple[str, ...]) -> Any:
-    from .._src.serving.spec import ServingSpec
-
-    if spec_file is not None:
-        if inputs:
-            raise ConfigError("give --spec or --input, not both")
-        return ServingSpec.load(spec_file)
-    return ServingSpec.from_model(model, inputs=list(inputs) or None)
+from .options import (
+    given_keys,
+    input_option,
+    key_options,
+    serving_spec,
+    spec_option,
+    store_option,
+)
 
 
 def _default_cache() -> str:
@@ -78,32 +75,13 @@ def serve() -> None:
 
 
 _target = click.argument("target", metavar="MODULE:ATTR")
-_spec_opt = click.option(
-    "--spec",
-    "spec_file",
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="A treeguard.serving/1 JSON spec (default: every batch input, default buckets).",
-)
-_input_opt = click.option(
-    "--input",
-    "inputs",
-    multiple=True,
-    metavar="PATH",
-    help="A batch input a request carries, as its key path (['x']); repeatable.",
-)
 
 
 @serve.command("run")
 @click.argument("target", metavar="[MODULE:ATTR]", required=False)
-@click.option(
-    "--store",
-    "store_root",
-    required=True,
-    type=click.Path(file_okay=False, path_type=Path),
-    help="The store: a directory, or a bucket URL (s3://BUCKET/PREFIX, gs://BUCKET/PREFIX).",
-)
-@_spec_opt
-@_input_opt
+@store_option
+@spec_option
+@input_option
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535))
 @click.option(
@@ -212,7 +190,7 @@ def run_command(  # noqa: PLR0917 - click passes every option
         model, spec, store, version_check = served.model, served.spec, served.store, served.check
     else:
         model = load_model(target, command="serve")
-        spec = _spec(model, spec_file, inputs)
+        spec = serving_spec(model, spec_file, inputs)
     token = read_token(control_token_file) if control_token_file else None
     if use_ray:
         if grpc_port is not None or watch:
@@ -344,8 +322,8 @@ def _run_ray(
 
 @serve.command("plan")
 @_target
-@_spec_opt
-@_input_opt
+@spec_option
+@input_option
 @click.option("--budget", type=click.IntRange(1), default=None, metavar="BYTES")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
 def plan_command(
@@ -362,7 +340,7 @@ def plan_command(
     from .._src.serving.plan import plan  # imports JAX: only once the command runs
 
     model = load_model(target, command="serve plan")
-    spec = _spec(model, spec_file, inputs)
+    spec = serving_spec(model, spec_file, inputs)
     result = plan(model, spec, budget=budget)
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=1))
