@@ -27,10 +27,13 @@ def _local(root: Path, rounds: int) -> dict[str, int]:
     return Races(str(root)).run(rounds)
 
 
-def _bucket(url: str, server: S3Server, rounds: int, *, lies: float = 0.0) -> dict[str, int]:
+def _bucket(
+    url: str, server: S3Server, rounds: int, *, lies: float = 0.0, told: list[str] | None = None
+) -> dict[str, int]:
     """The rounds on a bucket behind a proxy that delays every request and,
     with ``lies``, answers that share of the writes falsely: a 200 for a
-    write it does not perform, or a 412 for one it does."""
+    write it does not perform, or a 412 for one it does. Each lie told is
+    appended to ``told``."""
     rng = random.Random(20261205)
     lock = threading.Lock()
 
@@ -42,7 +45,10 @@ def _bucket(url: str, server: S3Server, rounds: int, *, lies: float = 0.0) -> di
 
     with LyingProxy(server.endpoint, delay) as proxy:
         env = {"AWS_ENDPOINT_URL": proxy.endpoint}
-        return Races(url, env=env, seed=1, storage_errors=lies > 0).run(rounds)
+        errors = Races(url, env=env, seed=1, storage_errors=lies > 0).run(rounds)
+        if told is not None:
+            told.extend(kind for kind, _, _ in proxy.lies)
+        return errors
 
 
 @pytest.mark.parametrize(
@@ -74,5 +80,13 @@ def test_concurrent_gc_promote_rollback_and_put_lose_nothing_in_a_bucket(
 def test_concurrent_rounds_on_a_bucket_that_lies_about_writes_lose_nothing(
     s3_url: str, s3_server: S3Server
 ) -> None:
-    errors = _bucket(s3_url, s3_server, ROUNDS * 2, lies=0.05)
-    assert errors.get("StorageError", 0) > 0  # the lies were met, and each was typed
+    told: list[str] = []
+    errors = _bucket(s3_url, s3_server, ROUNDS * 2, lies=0.05, told=told)
+    # The lies were told (Races checked that every failure they caused was
+    # typed and that nothing held was lost). Which error a lie surfaces as
+    # depends on the interleaving: a refused write that was made is a
+    # StorageError or a ConflictError, an acknowledged one that was not may
+    # be noticed by a later read or overwritten first; so only the count of
+    # lies is asserted, never which error met them.
+    assert told, "the proxy told no lie in the rounds"
+    print("lies told:", len(told), "typed failures:", errors)
