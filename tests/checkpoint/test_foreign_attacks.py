@@ -22,7 +22,7 @@ from treeguard._cli.main import main
 
 # The foreign reader's own steps and limit, on purpose: a file shrinks between two
 # of its steps, and its tensor limit is lowered to keep the files small.
-from treeguard._src.checkpoint import foreign
+from treeguard._src.checkpoint import foreign, foreignheader
 
 
 def _run(*args: str) -> Any:
@@ -195,7 +195,7 @@ def test_file_truncated_between_header_and_data_read(tmp_path: Path) -> None:
         {"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}},
         bytes(16),
     )
-    header = foreign.read_foreign_header(f)
+    header = foreignheader.read_foreign_header(f)
     assert header is not None
     fd = os.open(f, os.O_RDONLY)
     try:
@@ -258,7 +258,7 @@ def test_too_many_tensors_is_refused_before_arrays_are_made(
     two bytes of msgpack) is refused by count, in every format."""
     import msgpack
 
-    monkeypatch.setattr(foreign, "MAX_TENSORS", 50)
+    monkeypatch.setattr(foreignheader, "MAX_TENSORS", 50)
     wide = tmp_path / "wide.msgpack"
     wide.write_bytes(msgpack.packb({str(i): i for i in range(51)}))
     with pytest.raises(tg.FormatError, match="holds more than 50 tensors"):

@@ -16,7 +16,7 @@ import click
 from rich.table import Table
 
 from .._src.checkpoint import ForeignHeader, import_weights, load, spec_from_file
-from .._src.checkpoint.foreign import read_foreign_header
+from .._src.checkpoint.foreignheader import read_foreign_header
 from .._src.display import fmt_bytes, printable
 from .._src.errors import TreeMismatchError
 from .._src.store import ArtifactStore

@@ -1,17 +1,15 @@
 """The single-file checkpoint: format, files, write, read, migrate, foreign weights (see
 README.md).
 
-The readers are imported with the package; the writers, the asynchronous
-save and the imports of other tools' files resolve on first use
-(``faces.lazy_face``), so reading a header (``treeguard spec FILE``) loads
-none of them. (``load`` is both a module and a function here: the reading
-side stays eager so that the name is always the function.)"""
+The package imports the format and the header readers only; every other
+name resolves on first use (``faces.lazy_face``), so reading a contract
+from a file (``treeguard spec FILE``) loads neither the loaders, nor the
+writers, nor the readers of other tools' files."""
 
 import typing as _typing
 
 from .. import faces as _faces
 from .files import open_checkpoint as open_checkpoint
-from .foreign import ForeignHeader as ForeignHeader
 from .format import ALLOWED_DTYPES as ALLOWED_DTYPES
 from .format import FORMAT as FORMAT
 from .format import FORMAT_VERSION as FORMAT_VERSION
@@ -20,17 +18,18 @@ from .format import Header as Header
 from .format import TensorInfo as TensorInfo
 from .format import encode_header as encode_header
 from .format import header_digest as header_digest
-from .load import load as load
-from .load import spec_from_file as spec_from_file
-from .load import spec_reader as spec_reader
-from .read import read_header as read_header
-from .read import verify_file as verify_file
+from .specread import spec_from_file as spec_from_file
+from .specread import spec_reader as spec_reader
 
 if _typing.TYPE_CHECKING:
     from ..atomic import remove_stale_temps as remove_stale_temps
     from .asyncsave import SaveHandle as SaveHandle
     from .asyncsave import save_async as save_async
     from .asyncsave import wait_all as wait_all
+    from .foreignheader import ForeignHeader as ForeignHeader
+    from .loading import load as load
+    from .read import read_header as read_header
+    from .read import verify_file as verify_file
     from .sources import import_weights as import_weights
     from .sources import read_foreign as read_foreign
     from .write import save as save
@@ -38,13 +37,17 @@ if _typing.TYPE_CHECKING:
 
 #: Each name resolved on first use and the module that defines it.
 _LAZY = {
+    "ForeignHeader": ".foreignheader",
     "SaveHandle": ".asyncsave",
     "import_weights": ".sources",
+    "load": ".loading",
     "read_foreign": ".sources",
+    "read_header": ".read",
     "remove_stale_temps": "..atomic",
     "save": ".write",
     "save_async": ".asyncsave",
     "user_metadata_json": ".write",
+    "verify_file": ".read",
     "wait_all": ".asyncsave",
 }
 

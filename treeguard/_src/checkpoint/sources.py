@@ -35,12 +35,8 @@ import numpy as np
 from ..atomic import file_kind, open_regular
 from ..errors import FormatError
 from ..hashing import DEFAULT, Algorithm, ShortRead, check_algorithm, hash_file
-from .foreign import (
-    ForeignHeader,
-    ForeignTensor,
-    build,
-    match,
-)
+from .foreign import build, match
+from .foreignheader import ForeignHeader, ForeignTensor
 from .format import MAX_HEADER_BYTES
 from .formats import SourceKind, flat_names, read_values
 from .names import NamingRule, namer, nest
