@@ -189,13 +189,27 @@ class Served:
         server of its own).
 
         Raises:
-          ArtifactError: naming the version and what differs.
+          ArtifactError: naming the version and what differs (and, for
+            another version than the served artifact's, that one too).
           StoreError: if the version is not verified (or its verdict is forged).
         """
-        meta, blob = self.store.load_exported(version)
-        description = Description.from_dict(meta, context=f"version {version}")
-        compat.check_servable(description, version)
-        function = compat.function_of(compat.deserialize(blob, description, version))
+        try:
+            meta, blob = self.store.load_exported(version)
+            description = Description.from_dict(meta, context=f"version {version}")
+            compat.check_servable(description, version)
+            table = compat.deserialize(blob, description, version)
+        except ArtifactError as e:
+            if version == self.version:
+                raise
+            raise ArtifactError(
+                f"version {version} cannot replace the exported function served (version "
+                f"{self.version}'s): {e.message}",
+                version=version,
+                field=e.field,
+                context=e.context,
+                hint=e.hint,
+            ) from e
+        function = compat.function_of(table)
         if function != self.function:
             raise ArtifactError(
                 f"version {version}'s exported function is not the one served (version "
