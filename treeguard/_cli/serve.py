@@ -273,7 +273,7 @@ def _keyed_store(store_root: Path, keys: dict[str, Any]) -> Any:
 
 def _served(store: Any, spec_file: Path | None) -> Any:
     """The store's current exported artifact, through its gates (no model code)."""
-    from .._src.export.api import served_from_store  # JAX and jax.export: only once it runs
+    from .._src.export.served import served_from_store  # JAX and jax.export: only once it runs
     from .._src.serving.spec import ServingSpec
     from .._src.store import ArtifactStore
 

@@ -29,7 +29,7 @@ import ray
 from ray import serve
 
 from ...errors import ServingError
-from ...export.api import Served, served_from_store
+from ...export.served import Served, served_from_store
 from ...store import ArtifactStore
 from ..app import Server
 from ..runner import Slot
