@@ -20,6 +20,7 @@ import jax
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from fleet import body
 
 import treeguard
 from treeguard._cli.main import main
@@ -97,16 +98,7 @@ def test_replicas_serve_the_artifact_and_swaps_check_each_version_s_artifact(clu
     threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout], daemon=True).start()
     x = np.random.default_rng(3).uniform(-1, 1, (3, usermodels.IN)).astype(np.float32)
     url = f"http://{cluster.url}/v2/models/{model.name}/infer"
-    request = {
-        "inputs": [
-            {
-                "name": "features",
-                "shape": list(x.shape),
-                "datatype": "FP32",
-                "data": x.ravel().tolist(),
-            }
-        ]
-    }
+    request = body(x, "features")
 
     def answer(version: str) -> None:
         doc = httpx.post(url, json=request, timeout=60).json()

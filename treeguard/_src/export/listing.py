@@ -79,13 +79,11 @@ def listed(store: Any, versions: Iterable[Any]) -> dict[str, Listed]:
       ``{version: Listed}``; a version without an artifact is left out.
 
     Example:
-      >>> import tempfile, jax
-      >>> import treeguard
+      >>> import tempfile, jax, treeguard
       >>> from treeguard.examples import mlp
       >>> from treeguard.export import export_version
       >>> store = treeguard.ArtifactStore(tempfile.mkdtemp())
-      >>> v1 = store.put(mlp.init(jax.random.key(0)))
-      >>> v2 = store.put(mlp.init(jax.random.key(1)))
+      >>> v1, v2 = (store.put(mlp.init(jax.random.key(seed))) for seed in (0, 1))
       >>> _ = export_version(mlp.model, store, v1)
       >>> store.verify(v1).status
       'verified'
