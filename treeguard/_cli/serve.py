@@ -167,9 +167,12 @@ def run_command(  # noqa: PLR0917 - click passes every option
     (treeguard export): no model code is imported; every version loaded or
     swapped to must hold the same exported function, covered by its verdict.
 
-    With --ray, --replicas replicas of the server run under Ray Serve behind
-    its proxy (or HAProxy: --ray-ingress haproxy) on --host:--port (gRPC is
-    not served there); swap them with `treeguard serve swap --ray VERSION`.
+    With --ray, --replicas replicas of the server (of MODULE:ATTR, or without
+    it of the exported artifact, which each replica reads and checks itself)
+    run under Ray Serve behind its proxy (or HAProxy: --ray-ingress haproxy)
+    on --host:--port (gRPC is not served there); swap them with `treeguard
+    serve swap --ray VERSION`, which checks VERSION (and its artifact) on
+    every replica first.
     """
     # The server imports JAX and starlette: only once the command runs.
     from .._src.serving.app import Server
