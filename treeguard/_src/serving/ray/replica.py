@@ -8,10 +8,11 @@ Each replica is one ``Server`` (the engine with its REST app) behind Ray
 Serve's HTTP proxy through Serve's ASGI ingress, so the proxy speaks the same
 Open Inference Protocol as ``treeguard serve``. A replica given no model
 serves the store's exported artifact (``export.served_from_store``), with
-its gates run on every version it loads or checks for a swap. The replica warms every
-bucket and loads the version the fleet serves (the one last committed by a
-swap, else the store's current verified version, its digest re-checked)
-in its constructor, so Ray routes nothing to it before it is warm.
+its gates run on every version it loads or checks for a swap. The replica
+warms every bucket and loads the version the fleet serves (the one last
+committed by a swap, else the store's current verified version, its digest
+re-checked) in its constructor, so Ray routes nothing to it before it is
+warm.
 
 The coordinator is a small named actor per application that keeps the
 rollout state (``rollout.Rollout``); every replica listens to it for swap
