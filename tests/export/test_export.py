@@ -253,6 +253,14 @@ def test_a_swap_checks_the_artifact_of_the_version_it_goes_to(tmp_path):
     with pytest.raises(ServingError, match="exported function is not the one served"):
         server.weights.swap(v3)
     assert server.status()["active"] == v2
+    # a verified version without an artifact: refused, naming it and the served one's
+    bare = store.put(m.init(jax.random.key(3)))
+    assert store.verify(bare, like=params_like(m), checks=release_checks(m)).status == "verified"
+    with pytest.raises(ServingError) as e:
+        server.weights.swap(bare)
+    assert f"version {bare} holds no exported artifact" in str(e.value)
+    assert f"cannot replace the exported function served (version {v1}'s)" in str(e.value)
+    assert server.status()["active"] == v2
 
 
 def test_the_cli_exports_and_refuses_a_callback_with_exit_2(tmp_path):
