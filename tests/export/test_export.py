@@ -16,11 +16,11 @@ from click.testing import CliRunner
 import treeguard
 from treeguard._cli.main import main
 from treeguard._src.errors import ServingError
-from treeguard._src.export import Description, export_version, served_from_store
 from treeguard._src.export.compat import check_servable
 from treeguard._src.export.exporting import export_serving
 from treeguard._src.export.validation import validate
 from treeguard._src.serving.release import params_like, release_checks
+from treeguard.export import Description, export_version, served_from_store
 from treeguard.serving import Server, ServingSpec
 
 
@@ -253,6 +253,14 @@ def test_a_swap_checks_the_artifact_of_the_version_it_goes_to(tmp_path):
     with pytest.raises(ServingError, match="exported function is not the one served"):
         server.weights.swap(v3)
     assert server.status()["active"] == v2
+    # a verified version without an artifact: refused, naming it and the served one's
+    bare = store.put(m.init(jax.random.key(3)))
+    assert store.verify(bare, like=params_like(m), checks=release_checks(m)).status == "verified"
+    with pytest.raises(ServingError) as e:
+        server.weights.swap(bare)
+    assert f"version {bare} holds no exported artifact" in str(e.value)
+    assert f"cannot replace the exported function served (version {v1}'s)" in str(e.value)
+    assert server.status()["active"] == v2
 
 
 def test_the_cli_exports_and_refuses_a_callback_with_exit_2(tmp_path):
@@ -272,17 +280,18 @@ def test_the_cli_exports_and_refuses_a_callback_with_exit_2(tmp_path):
     assert "checked on 4 cases" in out.output
 
 
-@pytest.mark.parametrize("extra", [["--ray"], ["--input", "['features']"]])
-def test_serving_an_artifact_refuses_ray_and_inputs_before_reading_it(tmp_path, extra):
+def test_serving_an_artifact_refuses_inputs_before_reading_it(tmp_path):
+    store = treeguard.ArtifactStore.init(tmp_path / "s")
+    out = CliRunner().invoke(main, ["serve", "--store", str(store.root), "--input", "['x']"])
+    assert out.exit_code == 2, out.output
+    assert "an exported artifact is served without --input" in out.output
+
+
+@pytest.mark.parametrize("extra", [[], ["--ray"]])
+def test_serving_a_store_without_a_current_version_says_so(tmp_path, extra):
+    # with --ray, the artifact's gates run before any replica (or Ray) starts
     store = treeguard.ArtifactStore.init(tmp_path / "s")
     out = CliRunner().invoke(main, ["serve", "--store", str(store.root), *extra])
-    assert out.exit_code == 2, out.output
-    assert "an exported artifact is served without --ray and --input" in out.output
-
-
-def test_serving_a_store_without_a_current_version_says_so(tmp_path):
-    store = treeguard.ArtifactStore.init(tmp_path / "s")
-    out = CliRunner().invoke(main, ["serve", "--store", str(store.root)])
     assert out.exit_code == 1, out.output
     assert "has no current version" in out.output
 

@@ -56,7 +56,7 @@ def export_command(  # noqa: PLR0917 - click passes every option
     function that cannot be exported, or whose export differs, stores nothing.
     """
     # jax and jax.export: only once the command runs
-    from .._src.export import export_version
+    from .._src.export.api import export_version
     from .._src.store import ArtifactStore
 
     if not is_url(store_root) and not store_root.is_dir():

@@ -7,10 +7,11 @@
 - ``treeguard serve plan MODULE:ATTR [--spec FILE] [--budget BYTES]`` compiles
   every bucket ahead of time and prints its compile time and memory.
 - ``treeguard serve swap URL VERSION`` asks a running server to hot-swap.
-- ``treeguard serve MODULE:ATTR --store ROOT --ray --replicas N [--ray-address A]``
+- ``treeguard serve [MODULE:ATTR] --store ROOT --ray --replicas N [--ray-address A]``
   runs N replicas under Ray Serve (on a local cluster, behind HAProxy with
-  ``--ray-ingress haproxy``); ``treeguard serve swap --ray VERSION`` swaps
-  every one of them, each checking VERSION before any switches.
+  ``--ray-ingress haproxy``), of the model or (without it) of the exported
+  artifact; ``treeguard serve swap --ray VERSION`` swaps every one of them,
+  each checking VERSION (and its artifact) before any switches.
 
 Exit codes, as for every treeguard command: 0 ok, 1 a check failed (over the
 memory budget, a refused swap), 2 usage or unreadable input, 4 the model's
@@ -166,9 +167,12 @@ def run_command(  # noqa: PLR0917 - click passes every option
     (treeguard export): no model code is imported; every version loaded or
     swapped to must hold the same exported function, covered by its verdict.
 
-    With --ray, --replicas replicas of the server run under Ray Serve behind
-    its proxy (or HAProxy: --ray-ingress haproxy) on --host:--port (gRPC is
-    not served there); swap them with `treeguard serve swap --ray VERSION`.
+    With --ray, --replicas replicas of the server (of MODULE:ATTR, or without
+    it of the exported artifact, which each replica reads and checks itself)
+    run under Ray Serve behind its proxy (or HAProxy: --ray-ingress haproxy)
+    on --host:--port (gRPC is not served there); swap them with `treeguard
+    serve swap --ray VERSION`, which checks VERSION (and its artifact) on
+    every replica first.
     """
     # The server imports JAX and starlette: only once the command runs.
     from .._src.serving.app import Server
@@ -178,14 +182,21 @@ def run_command(  # noqa: PLR0917 - click passes every option
         raise ConfigError(f"{store_root}: no store there", hint="treeguard store put first")
     keys = given_keys()
     store: Any = _keyed_store(store_root, keys)
+    if use_ray:
+        _check_ray_options(grpc_port, watch, keyed=store is not store_root)
+        # the Ray deployment's module (its model and store imports load JAX): only with --ray
+        from .._src.serving.ray.api import check_ingress
+
+        check_ingress(ray_address, ray_ingress)
     version_check = None
     if target is None:
-        if use_ray or inputs:
+        if inputs:
             raise ConfigError(
-                "an exported artifact is served without --ray and --input (its inputs are "
-                "the ones it was exported for)",
+                "an exported artifact is served without --input (its inputs are the ones it "
+                "was exported for)",
                 hint="treeguard serve --store STORE [--spec FILE] [--port N]",
             )
+        # its gates here first, so a refused artifact stops the command before any replica
         served = _served(store, spec_file)
         model, spec, store, version_check = served.model, served.spec, served.store, served.check
     else:
@@ -193,23 +204,8 @@ def run_command(  # noqa: PLR0917 - click passes every option
         spec = serving_spec(model, spec_file, inputs)
     token = read_token(control_token_file) if control_token_file else None
     if use_ray:
-        if grpc_port is not None or watch:
-            raise ConfigError(
-                "--grpc-port and --watch are not served with --ray",
-                hint="swap every replica with: treeguard serve swap --ray VERSION",
-            )
-        if store is not store_root:
-            raise ConfigError(
-                "--signing-key, --trusted-key and --revoked-key are not passed to Ray replicas",
-                hint="set $TREEGUARD_TRUSTED_KEYS (and $TREEGUARD_REVOKED_KEYS) in the "
-                "environment of the cluster's nodes; each replica opens the store with them",
-            )
-        # the Ray deployment's module (its model and store imports load JAX): only with --ray
-        from .._src.serving.ray.api import check_ingress
-
-        check_ingress(ray_address, ray_ingress)
         _run_ray(
-            model,
+            None if target is None else model,
             store_root,
             spec,
             replicas=replicas,
@@ -253,6 +249,21 @@ def run_command(  # noqa: PLR0917 - click passes every option
         ) from e
 
 
+def _check_ray_options(grpc_port: int | None, watch: bool, *, keyed: bool) -> None:
+    """Refuses the options ``--ray`` does not take."""
+    if grpc_port is not None or watch:
+        raise ConfigError(
+            "--grpc-port and --watch are not served with --ray",
+            hint="swap every replica with: treeguard serve swap --ray VERSION",
+        )
+    if keyed:
+        raise ConfigError(
+            "--signing-key, --trusted-key and --revoked-key are not passed to Ray replicas",
+            hint="set $TREEGUARD_TRUSTED_KEYS (and $TREEGUARD_REVOKED_KEYS) in the "
+            "environment of the cluster's nodes; each replica opens the store with them",
+        )
+
+
 def _keyed_store(store_root: Path, keys: dict[str, Any]) -> Any:
     """The store opened with the command's key options; its root alone (the
     server opens it, with the environment's keys) when none is given."""
@@ -265,7 +276,7 @@ def _keyed_store(store_root: Path, keys: dict[str, Any]) -> Any:
 
 def _served(store: Any, spec_file: Path | None) -> Any:
     """The store's current exported artifact, through its gates (no model code)."""
-    from .._src.export import served_from_store  # JAX and jax.export: only once it runs
+    from .._src.export.served import served_from_store  # JAX and jax.export: only once it runs
     from .._src.serving.spec import ServingSpec
     from .._src.store import ArtifactStore
 
@@ -283,7 +294,7 @@ def _require_ray() -> None:
 
 
 def _run_ray(
-    model: Any,
+    model: Any | None,
     store_root: Path,
     spec: Any,
     *,

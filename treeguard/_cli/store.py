@@ -15,6 +15,7 @@ from rich.table import Table
 
 from .._src.display import fmt_bytes
 from .._src.errors import StoreError
+from .._src.export.listing import listed
 from .._src.serving.verdicts import model_checks
 from .._src.store import ArtifactStore, RetentionPolicy
 from .ckpt import read_like
@@ -84,12 +85,16 @@ def ls_command(root: Path, as_json: bool) -> None:
     signature is checked: one that fails is listed as forged, with what it
     claims in its reason. The signer column (and "trail" in --json: the
     algorithm, the key's fingerprint, the digest signed and when) says who
-    each verdict's signature names.
+    each verdict's signature names. The exported column (and "exported" in
+    --json) says what a version holds of an exported artifact (treeguard
+    export): the platforms and the jax of one a server would take, else why
+    not (unverified, uncovered, changed, missing, unreadable, refused).
     """
     s = _open_store(root)
     current, previous = s.current(), s.previous()
     versions = s.versions()
     signatures = _signatures(s, versions)
+    artifacts = listed(s, versions)
     if as_json:
         click.echo(
             json.dumps(
@@ -110,6 +115,9 @@ def ls_command(root: Path, as_json: bool) -> None:
                             "nbytes": v.nbytes,
                             "metadata": v.metadata,
                             "checks": model_checks(v.checks),  # the model's release checks
+                            "exported": (
+                                artifacts[v.version].as_json() if v.version in artifacts else None
+                            ),
                         }
                         for v in versions
                     ],
@@ -119,7 +127,10 @@ def ls_command(root: Path, as_json: bool) -> None:
         )
         return
     table = Table(box=None, pad_edge=False)
-    columns = ("", "version", "status", "kind", "created", "params", "size", "checks", "signer")
+    columns = (
+        *("", "version", "status", "kind", "created", "params", "size", "checks"),
+        *("exported", "signer"),
+    )
     for col in (*columns, "reason"):
         table.add_column(col, overflow="fold")
     for v in versions:
@@ -139,6 +150,7 @@ def ls_command(root: Path, as_json: bool) -> None:
             f"{v.num_params:,}" if v.num_params is not None else "",
             fmt_bytes(v.nbytes) if v.nbytes is not None else "",
             _checks_cell(v),
+            shown(artifacts[v.version].cell()) if v.version in artifacts else "",
             _signer_cell(v),
             shown(reason),
         )

@@ -16,10 +16,10 @@ to serialize). Its errors (``ExportError``, ``ExportValidationError``,
 """
 
 from .._src.export.api import ExportResult as ExportResult
-from .._src.export.api import Served as Served
 from .._src.export.api import export_version as export_version
-from .._src.export.api import served_from_store as served_from_store
 from .._src.export.description import Description as Description
+from .._src.export.served import Served as Served
+from .._src.export.served import served_from_store as served_from_store
 
 __all__ = [
     "Description",

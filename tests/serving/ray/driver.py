@@ -13,12 +13,14 @@ Commands (``op``): ``deploy`` (``target`` MODULE:ATTR, ``store``, ``name``,
 ``name``), ``replicas``, ``metrics``, ``wait_replicas`` (``n``, ``not_pids``:
 until ``n`` replicas run, none of these pids), ``address`` (the cluster's),
 ``clear`` (delete every application), ``delete``, ``fetch`` (``url``: the body
-of a GET from here), ``stop``.
+of a GET from here), ``importable`` (``module``: whether a worker finds it),
+``stop``.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import os
 import sys
@@ -44,6 +46,12 @@ if INGRESS == "haproxy":  # Ray reads these as its processes start
 
 import ray  # noqa: E402 - after the environment above
 from ray import serve  # noqa: E402
+
+
+@ray.remote(num_cpus=0)
+def _importable(module: str) -> bool:
+    """Whether a worker of the cluster (where replicas run) finds ``module``."""
+    return importlib.util.find_spec(module) is not None
 
 
 def _load(target: str) -> Any:
@@ -102,6 +110,8 @@ def handle(cmd: dict[str, Any]) -> Any:
         return True
     if op == "fetch":
         return httpx.get(cmd["url"], timeout=30).text
+    if op == "importable":
+        return ray.get(_importable.remote(cmd["module"]))
     raise ValueError(f"unknown op {op!r}")
 
 

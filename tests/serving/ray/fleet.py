@@ -59,10 +59,11 @@ def checked_store(folder: Path, which: str, seeds: tuple[int, ...] = (0, 1)) -> 
     return Versions(store, names, params, model)
 
 
-def body(x: np.ndarray[Any, Any]) -> dict[str, Any]:
+def body(x: np.ndarray[Any, Any], name: str = "x") -> dict[str, Any]:
+    """A request of one FP32 input ``name`` (the bundled MLP's is ``x``)."""
     return {
         "inputs": [
-            {"name": "x", "shape": list(x.shape), "datatype": "FP32", "data": x.ravel().tolist()}
+            {"name": name, "shape": list(x.shape), "datatype": "FP32", "data": x.ravel().tolist()}
         ]
     }
 

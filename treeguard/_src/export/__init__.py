@@ -1,12 +1,6 @@
 """Models served without their Python code: ``jax.export`` artifacts kept in the store.
 
-See ``README.md`` beside this file for the modules.
+See ``README.md`` beside this file for the modules. The package re-exports
+nothing: its users import the module they need, so what reads only JSON
+(``description``, ``listing``: ``treeguard store ls``) never imports JAX.
 """
-
-from __future__ import annotations
-
-from .api import ExportResult as ExportResult
-from .api import Served as Served
-from .api import export_version as export_version
-from .api import served_from_store as served_from_store
-from .description import Description as Description

@@ -1,4 +1,4 @@
-"""Exporting a version's serving function into the store, and serving it back.
+"""Exporting a version's serving function into the store.
 
 ``export_version`` exports a model's serving function (``exporting.py``),
 reads the bytes back and checks them against the live model on its cases
@@ -6,13 +6,8 @@ reads the bytes back and checks them against the live model on its cases
 description (``ArtifactStore.attach_exported``); the version's next verdict
 covers them. Anything refused stores nothing.
 
-``served_from_store`` is the other side: the current (or a given) version's
-artifact, through the store's gates (verified, signed where the store has
-a key, the artifact the verdict covers, every byte matching), checked to
-run on this jax and platform, made into a ``Model`` for the server. Its
-``check`` is what the server runs on every version it loads or returns to
-(start, swap, rollback): the same gates, and the same function as the one
-served.
+The other side, serving it back, is ``served.py`` (a server imports
+that one only, never the exporter and its validation).
 """
 
 from __future__ import annotations
@@ -23,7 +18,7 @@ from typing import Any
 
 import jax
 
-from ..errors import ArtifactError, ExportError, StoreError
+from ..errors import ExportError
 from ..serving.release import params_like
 from ..serving.spec import ServingSpec
 from ..spec import TreeSpec
@@ -33,7 +28,6 @@ from ..verify.model import Model
 from . import compat
 from .description import Description
 from .exporting import export_serving
-from .model import artifact_model
 from .validation import validate
 
 
@@ -162,96 +156,3 @@ def _outputs(exported: Any) -> list[dict[str, Any]]:
         {"path": p, "shape": [str(d) for d in a.shape], "dtype": str(a.dtype)}
         for p, a in zip(paths, exported.out_avals)
     ]
-
-
-@dataclasses.dataclass(frozen=True)
-class Served:
-    """A version's artifact made ready to serve.
-
-    Attributes:
-      model: the ``Model`` that runs the artifact.
-      spec: the serving spec it was exported for.
-      version: the version whose artifact it is.
-      function: what the served artifact computes (``compat.function_of``).
-      store: the store.
-    """
-
-    model: Model
-    spec: ServingSpec
-    version: str
-    function: str
-    store: ArtifactStore
-
-    def check(self, version: str) -> None:
-        """What the server runs on every version before it loads or returns
-        to it: its artifact passes the store's gates and runs here, and it
-        is the function served (a version with another function needs a
-        server of its own).
-
-        Raises:
-          ArtifactError: naming the version and what differs.
-          StoreError: if the version is not verified (or its verdict is forged).
-        """
-        meta, blob = self.store.load_exported(version)
-        description = Description.from_dict(meta, context=f"version {version}")
-        compat.check_servable(description, version)
-        function = compat.function_of(compat.deserialize(blob, description, version))
-        if function != self.function:
-            raise ArtifactError(
-                f"version {version}'s exported function is not the one served (version "
-                f"{self.version}'s): {function[:12]}…, served {self.function[:12]}…",
-                version=version,
-                field="function",
-                hint="promote it and start a server on it: treeguard serve --store STORE",
-            )
-
-
-def served_from_store(
-    store: ArtifactStore, version: str | None = None, *, spec: ServingSpec | None = None
-) -> Served:
-    """The artifact of ``version`` (default: the store's current one), ready to serve.
-
-    Args:
-      store: the store.
-      version: the version; None for the current one.
-      spec: a serving spec to serve under instead of the artifact's (its
-        inputs must be the artifact's).
-
-    Returns:
-      The ``Served`` artifact (its ``model`` and ``spec`` go to ``Server``,
-      its ``check`` as ``version_check``).
-
-    Raises:
-      StoreError: if there is no current version, or it is not verified.
-      SignatureError: for a verdict the store's key does not vouch for.
-      ArtifactError: for an artifact that is missing, not covered by the
-        verdict, changed, or written for another jax or platform.
-      FormatError: for a description this treeguard cannot read.
-    """
-    chosen = version or store.current()
-    if chosen is None:
-        raise StoreError(
-            f"the store {store.root} has no current version",
-            hint="put, export, verify and promote one first",
-        )
-    meta, blob = store.load_exported(chosen)
-    description = Description.from_dict(meta, context=f"version {chosen}")
-    compat.check_servable(description, chosen)
-    table = compat.deserialize(blob, description, chosen)
-    own = ServingSpec.from_dict(description.serving)
-    if spec is not None and spec.inputs != own.inputs:
-        raise ArtifactError(
-            f"the serving spec's inputs are not the ones version {chosen}'s artifact was "
-            f"exported for ({', '.join(own.input_paths)})",
-            version=chosen,
-            field="inputs",
-            hint="leave --spec out to serve the artifact's own spec, or give one with its inputs",
-        )
-    spec = spec or own
-    return Served(
-        artifact_model(description, table, spec),
-        spec,
-        chosen,
-        compat.function_of(table),
-        store,
-    )

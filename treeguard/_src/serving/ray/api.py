@@ -311,7 +311,7 @@ def run_application(
 
 
 def app(
-    model: Model,
+    model: Model | None,
     store: Any,
     spec: ServingSpec | None = None,
     *,
@@ -341,10 +341,16 @@ def app(
 
     Args:
       model: the ``treeguard.verify.Model`` (it travels to the replicas by
-        pickle: a module-level model such as ``treeguard.examples.mlp.model``).
+        pickle: a module-level model such as ``treeguard.examples.mlp.model``);
+        None serves the exported artifact (``treeguard export``) instead:
+        each replica reads it from the store through the same gates as
+        ``treeguard serve --store`` (verdict, digests, jax window,
+        platform), imports no model code, and checks every version it
+        loads or is asked to swap to in the same way.
       store: the ``ArtifactStore`` (or its root or bucket URL) every replica
         opens; a signed store's key comes from ``$TREEGUARD_STORE_KEY_FILE``.
-      spec: the ``ServingSpec``; default every batch input of the model.
+      spec: the ``ServingSpec``; default every batch input of the model
+        (with no model, the artifact's own spec).
       num_replicas: how many replicas Ray keeps running.
       allow_unchecked: serve versions verified with no model check.
       memory_budget: see ``Server``.
@@ -393,7 +399,9 @@ def app(
         max_ongoing_requests=max_ongoing_requests,
         logging_config={"enable_access_log": access_log},
     )
-    return deployment.bind(model, root, spec or ServingSpec.from_model(model), options)
+    if spec is None and model is not None:
+        spec = ServingSpec.from_model(model)
+    return deployment.bind(model, root, spec, options)
 
 
 def store_location(store: Any) -> str:
@@ -537,7 +545,7 @@ def swap(version: str, *, name: str = DEFAULT_NAME, timeout_s: float = 600.0) ->
         seq = ray.get(coord.publish.remote("abort", version))
         _round(coord, seq, name, deadline, version=version, what="abort")
         raise ServingError(
-            refusal(version, prepared.failed),
+            refusal(version, prepared.failed, prepared.serving),
             hint="fix or reject the version; the fleet still serves what it served",
         )
     seq = ray.get(coord.publish.remote("commit", version))

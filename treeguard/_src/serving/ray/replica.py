@@ -6,10 +6,13 @@ default import path loads Ray.
 
 Each replica is one ``Server`` (the engine with its REST app) behind Ray
 Serve's HTTP proxy through Serve's ASGI ingress, so the proxy speaks the same
-Open Inference Protocol as ``treeguard serve``. The replica warms every
-bucket and loads the version the fleet serves (the one last committed by a
-swap, else the store's current verified version, its digest re-checked)
-in its constructor, so Ray routes nothing to it before it is warm.
+Open Inference Protocol as ``treeguard serve``. A replica given no model
+serves the store's exported artifact (``export.served_from_store``), with
+its gates run on every version it loads or checks for a swap. The replica
+warms every bucket and loads the version the fleet serves (the one last
+committed by a swap, else the store's current verified version, its digest
+re-checked) in its constructor, so Ray routes nothing to it before it is
+warm.
 
 The coordinator is a small named actor per application that keeps the
 rollout state (``rollout.Rollout``); every replica listens to it for swap
@@ -27,6 +30,8 @@ import ray
 from ray import serve
 
 from ...errors import ServingError
+from ...export.served import Served, served_from_store
+from ...store import ArtifactStore
 from ..app import Server
 from ..runner import Slot
 from .health import unhealthy
@@ -151,9 +156,11 @@ class Replica:
     """One replica: a warm ``Server`` behind Ray's proxy (see the module docstring).
 
     Args:
-      model: the ``treeguard.verify.Model``.
+      model: the ``treeguard.verify.Model``; None serves the exported
+        artifact (``treeguard export``) of the version the fleet serves,
+        read from the store here: no model code is imported.
       store_root: the store's root or URL.
-      spec: the ``ServingSpec``.
+      spec: the ``ServingSpec``; with no model, None for the artifact's own.
       options: ``Server`` keyword arguments (``memory_budget``, ``watchdog``,
         ``cache_dir``, ``allow_unchecked``), ``control_token`` and
         ``metrics_host``.
@@ -176,7 +183,12 @@ class Replica:
                 f"namespace={NAMESPACE!r}))",
             )
         engine_options = {k: v for k, v in options.items() if k in _ENGINE_OPTIONS}
-        self.engine = Server(model, store_root, spec=spec, version=committed, **engine_options)
+        store: Any = store_root
+        if model is None:  # the exported artifact of the version the fleet serves
+            served = await asyncio.to_thread(_exported, store_root, committed, spec)
+            model, spec, store = served.model, served.spec, served.store
+            engine_options["version_check"] = served.check
+        self.engine = Server(model, store, spec=spec, version=committed, **engine_options)
         self.control_token: bytes | None = options.get("control_token")
         # warm every bucket and check the version before Ray routes a request here
         await asyncio.to_thread(self.engine.start)
@@ -247,6 +259,12 @@ class Replica:
 
 
 _ENGINE_OPTIONS = ("memory_budget", "watchdog", "cache_dir", "allow_unchecked")
+
+
+def _exported(store_root: str, version: str | None, spec: Any) -> Served:
+    """``version``'s (default the current one's) exported artifact through
+    the store's gates, opened with this process's keys (its environment)."""
+    return served_from_store(ArtifactStore(store_root), version, spec=spec)
 
 
 def _active(engine: Server) -> str | None:

@@ -18,7 +18,7 @@ for; one that started late is).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 from ..weights import reason_of
 
@@ -68,10 +68,12 @@ class Decision:
     Attributes:
       waiting: live replicas that have not answered yet.
       failed: ``{replica: reason}`` for each live replica whose action failed.
+      serving: the versions the live replicas that answered serve after it.
     """
 
     waiting: frozenset[str]
     failed: Mapping[str, str]
+    serving: tuple[str, ...] = ()
 
     @property
     def done(self) -> bool:
@@ -98,11 +100,11 @@ def decide(live: Iterable[str], reports: Mapping[str, ReplicaReport]) -> Decisio
       (frozenset({'c'}), True)
     """
     alive = set(live)
+    answered = sorted(alive & set(reports))
     waiting = frozenset(alive - set(reports))
-    failed = {
-        rid: reports[rid].reason for rid in sorted(alive & set(reports)) if not reports[rid].ok
-    }
-    return Decision(waiting, failed)
+    failed = {rid: reports[rid].reason for rid in answered if not reports[rid].ok}
+    serving = sorted({a for rid in answered if (a := reports[rid].active) is not None})
+    return Decision(waiting, failed, tuple(serving))
 
 
 class Rollout:
@@ -161,16 +163,19 @@ class Rollout:
         return cmd if cmd is not None and cmd.action == "prepare" else None
 
 
-def refusal(version: str, failed: Mapping[str, str]) -> str:
-    """The message of a swap that no replica made because some failed.
+def refusal(version: str, failed: Mapping[str, str], serving: Sequence[str] = ()) -> str:
+    """The message of a swap that no replica made because some failed,
+    naming the versions the fleet goes on serving.
 
     Example:
-      >>> print(refusal("v000002", {"r1": "version v000002 fails the finite check"}))
-      swap to v000002 refused: the check failed on 1 replica(s), and none switched:
+      >>> why = {"r1": "version v000002 fails the finite check"}
+      >>> print(refusal("v000002", why, ["v000001"]))
+      swap to v000002 refused: the check failed on 1 replica(s), and none switched from v000001:
         replica r1: version v000002 fails the finite check
     """
     lines = [f"  replica {rid}: {why}" for rid, why in failed.items()]
+    served = f" from {', '.join(serving)}" if serving else ""
     return (
         f"swap to {version} refused: the check failed on {len(failed)} replica(s), "
-        "and none switched:\n" + "\n".join(lines)
+        f"and none switched{served}:\n" + "\n".join(lines)
     )
