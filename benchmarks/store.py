@@ -101,7 +101,8 @@ def _compare(pairs: list[tuple[str, Callable[[], Any], Callable[[], Any]]], repe
 
 
 def _ec(args: argparse.Namespace) -> None:
-    # the sign extra (cryptography), only for this run
+    # the sign extra (cryptography), only for this run; the curves, the verdict signer and
+    # the text it signs on purpose: signing one verdict is what this section times
     from treeguard._src.provenance.keys import CURVES
     from treeguard._src.provenance.verdicts import EcSigner
     from treeguard._src.store.verdicts import message

@@ -22,7 +22,9 @@ __all__ = ["Case", "check", "context", "example_hashes", "generate_cases", "one_
 
 def context(model: Model, references: References | None = None, *, record: bool = False) -> Any:
     """What the checks share, for ``model`` and its generated cases."""
-    return checks.Context(model=model, cases=generate_cases(model), references=references, record=record)
+    return checks.Context(
+        model=model, cases=generate_cases(model), references=references, record=record
+    )
 
 
 def check(name: str, ctx: Any) -> CheckResult:

@@ -394,6 +394,7 @@ def test_revoked_and_untrusted_verdict_messages(tmp_path: Any) -> None:
 
 
 def test_exported_artifact_refusals_name_both_sides() -> None:
+    # the artifact's compatibility check alone: refusals from another jax or platform
     from treeguard._src.export.compat import check_servable, window
     from treeguard.export import Description
 

@@ -11,6 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from treeguard import FormatError
+
+# The OMS bundle's reader and writer alone on purpose: hostile bundles and names meet
+# them here without a model directory around them.
 from treeguard._src.provenance.oms import (
     ModelManifest,
     read_oms_bundle,

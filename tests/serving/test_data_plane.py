@@ -18,10 +18,9 @@ import prometheus_client
 import pytest
 from serving_support import client, infer_body, metric, mlp_spec, request, rows_of
 
-from treeguard._src.serving.bodies import BodyReads
-
 # internal: a parsed request for ``infer`` itself (no transport), and the REST
-# app built with the bodies it waits for
+# app built with the bodies it waits for (closed here as a shutdown closes them)
+from treeguard._src.serving.bodies import BodyReads
 from treeguard._src.serving.protocol import InferRequest, InferResult, RawInput
 from treeguard._src.serving.routes import build_app
 from treeguard.examples import mlp
