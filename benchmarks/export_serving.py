@@ -52,6 +52,8 @@ import numpy as np
 from _machine import inet_sockets
 
 import treeguard
+
+# The release checks a swap runs, on purpose: the Python-model server's baseline runs them too.
 from treeguard._src.serving.release import params_like, release_checks
 from treeguard.export import export_version, served_from_store
 from treeguard.serving import Server, ServingSpec

@@ -555,6 +555,7 @@ async def batching_http(n: int, rounds: int) -> tuple[float, float] | None:
 async def wires(rounds: int, n: int) -> dict[str, float]:
     import grpc
 
+    # gRPC's messages and transport on purpose: the wire itself is what this section times
     from treeguard._src.serving import messages
     from treeguard._src.serving.grpc_transport import grpc_transport
     from treeguard.examples import cnn

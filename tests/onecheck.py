@@ -8,23 +8,28 @@ from __future__ import annotations
 
 from typing import Any
 
-# The check table, its context and the per-example hash on purpose: they have
-# no public name, and going through ``run`` would make each test cost a whole run.
-from treeguard._src.verify.checks import RUNNERS, Context
-from treeguard._src.verify.splits import example_hashes
-from treeguard.verify import CheckResult, Model, References, generate_cases
+# The check table, its context, the generated cases and the per-example hash on purpose:
+# they have no public name, and going through ``run`` would make each test cost a whole run.
+from treeguard._src.verify import cases, checks, splits
+from treeguard.verify import CheckResult, Model, References
 
-__all__ = ["check", "context", "example_hashes", "one_check"]
+Case = cases.Case
+generate_cases = cases.generate_cases
+example_hashes = splits.example_hashes
+
+__all__ = ["Case", "check", "context", "example_hashes", "generate_cases", "one_check"]
 
 
 def context(model: Model, references: References | None = None, *, record: bool = False) -> Any:
     """What the checks share, for ``model`` and its generated cases."""
-    return Context(model=model, cases=generate_cases(model), references=references, record=record)
+    return checks.Context(
+        model=model, cases=generate_cases(model), references=references, record=record
+    )
 
 
 def check(name: str, ctx: Any) -> CheckResult:
     """Runs the check ``name`` on ``ctx``; an exception inside it propagates."""
-    return RUNNERS[name](ctx)
+    return checks.RUNNERS[name](ctx)
 
 
 def one_check(

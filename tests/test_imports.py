@@ -17,6 +17,8 @@ import pytest
 import treeguard
 
 ROOT = Path(treeguard.__file__).parent
+#: The private tree, named on purpose: its layering is what these tests check.
+SRC = "treeguard._src"
 #: Where the deferred imports of heavy libraries do not say why yet; the circle
 #: check covers every module.
 UNCOMMENTED_YET = tuple(
@@ -146,8 +148,7 @@ def test_every_other_import_inside_a_function_says_why() -> None:
 
 
 def test_the_checks_see_a_hidden_circle() -> None:
-    a = "treeguard._src.verify.checks"
-    b = "treeguard._src.verify.performance"
+    a, b = f"{SRC}.verify.checks", f"{SRC}.verify.performance"
     assert _path(b, a) is None, "performance must not import checks"
     tree = ast.parse("def f():\n    from .checks import CHECKS\n")
     (node,) = _deferred(tree)
@@ -156,7 +157,7 @@ def test_the_checks_see_a_hidden_circle() -> None:
     assert _path(a, b) == [a, b]  # checks imports performance: a deferred import back is a circle
 
 
-@pytest.mark.parametrize("package", ["treeguard._src.diagnose", "treeguard._src.verify"])
+@pytest.mark.parametrize("package", [f"{SRC}.diagnose", f"{SRC}.verify"])
 def test_a_package_has_no_circle_at_module_level(package: str) -> None:
     inside = [m for m in GRAPH if m.startswith(package + ".")]
     for a in inside:

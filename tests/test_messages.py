@@ -1,4 +1,9 @@
-"""Pinned error text: a message is part of the interface."""
+"""Pinned error text: a message is part of the interface.
+
+A request's refusals are pinned as a client reads them, through the REST app
+(tests/serving/test_data_plane.py and test_json_bounds.py), and a run against
+another backend's references through ``verify.run`` (tests/verify/test_backends.py).
+"""
 
 from __future__ import annotations
 
@@ -11,12 +16,6 @@ import pytest
 from corpus import seed_params
 
 import treeguard as tg
-
-# The refusals pinned here are raised by parsers and message builders that no
-# public call reaches alone: the request parser, the cross-backend summary, gRPC's.
-from treeguard._src.serving.decode import parse_json
-from treeguard._src.serving.protocol import InferRequest, check_request_fields, requested_outputs
-from treeguard._src.verify.regression import cross_backend_summary
 from treeguard.provenance import generate_keys, load_public_key
 
 
@@ -288,28 +287,6 @@ def test_flight_recorder_without_a_batch_choice_message(tmp_path: Any) -> None:
     )
 
 
-def test_serving_transport_bound_messages() -> None:
-    assert _message(check_request_fields, "r" * 257, 0) == (
-        "the request id must be a string of at most 256 characters"
-    )
-    assert _message(check_request_fields, None, 90_000) == (
-        "the request asks for 90000 outputs, over the limit of 1024\nhint: name each output once"
-    )
-    assert _message(requested_outputs, ["output", "nope"], ["output"]) == (
-        "the request asks for an unknown output\nhint: the outputs are output"
-    )
-    assert requested_outputs(["output"] * 1024, ["output"]) == ["output"]
-    assert InferRequest([]).outputs is None
-
-
-def test_rest_json_cost_message() -> None:
-    assert _message(parse_json, b"[" + b"{}," * 30_000 + b"{}]") == (
-        "the body's JSON would cost about 4800160 bytes to parse, over the limit of 4194304 "
-        "for a body of 90004 bytes\nhint: send each input's data as one flat list, and no "
-        "other long lists or many small objects or strings"
-    )
-
-
 def test_grpc_message_refusals() -> None:
     pytest.importorskip("google.protobuf")
     # gRPC's parser: only after importorskip, since it imports protobuf
@@ -326,13 +303,6 @@ def test_grpc_message_refusals() -> None:
         "inputs[0] has both typed contents and raw_input_contents\n"
         "hint: send each input's elements one way: raw_input_contents for every input, "
         "or contents in each"
-    )
-
-
-def test_a_run_against_another_backends_references_says_so() -> None:
-    assert cross_backend_summary("tpu", "TPU v5 lite", "cpu") == (
-        "references recorded on tpu (TPU v5 lite), this run on cpu: record references for "
-        "this backend with --record, or declare cross-backend tolerances"
     )
 
 
@@ -394,6 +364,7 @@ def test_revoked_and_untrusted_verdict_messages(tmp_path: Any) -> None:
 
 
 def test_exported_artifact_refusals_name_both_sides() -> None:
+    # the artifact's compatibility check alone: refusals from another jax or platform
     from treeguard._src.export.compat import check_servable, window
     from treeguard.export import Description
 

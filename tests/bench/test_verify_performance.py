@@ -9,12 +9,11 @@ import re
 import jax
 import jax.numpy as jnp
 import pytest
-from onecheck import one_check
+from onecheck import generate_cases, one_check
 
 from treeguard import ConfigError
 from treeguard.bench import BenchError, Budgets, run
 from treeguard.examples.mlp import model
-from treeguard.verify import generate_cases
 from treeguard.verify import run as verify
 
 

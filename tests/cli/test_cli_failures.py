@@ -21,8 +21,6 @@ ERRORS = [
     (tg.NotAStoreError("not a treeguard store", context="/x"), 2, "error"),
     (tg.UnknownVersionError("no version v9"), 2, "error"),
     (tg.ConfigError("no references"), 2, "error"),
-    (tg.ModelCodeError("boom", target="m:model", stage="import", cause="X"), 4, "error"),
-    (tg.RunInterruptedError("interrupted"), 130, "error"),
     (FileNotFoundError(2, "No such file or directory", "a.json"), 2, "error"),
 ]
 

@@ -143,7 +143,7 @@ def _homes() -> dict[str, set[str]]:
         namespace, _, name = dotted.rpartition(".")
         target = _resolve(dotted)
         module = "" if _is_value(target) else getattr(target, "__module__", "")
-        if not module.startswith("treeguard._src."):
+        if not module.startswith("treeguard._src."):  # a definition's home, read, not imported
             module = imported[namespace, name]
         homes.setdefault(name, set()).add(module)
     return homes

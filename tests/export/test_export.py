@@ -15,13 +15,12 @@ from click.testing import CliRunner
 
 import treeguard
 from treeguard._cli.main import main
-from treeguard._src.errors import ServingError
 from treeguard._src.export.compat import check_servable
 from treeguard._src.export.exporting import export_serving
 from treeguard._src.export.validation import validate
 from treeguard._src.serving.release import params_like, release_checks
 from treeguard.export import Description, export_version, served_from_store
-from treeguard.serving import Server, ServingSpec
+from treeguard.serving import Server, ServingError, ServingSpec
 
 
 def _exported(store, model, *, promote=True, seed=0):

@@ -18,10 +18,9 @@ import prometheus_client
 import pytest
 from serving_support import client, infer_body, metric, mlp_spec, request, rows_of
 
-from treeguard._src.serving.bodies import BodyReads
-
 # internal: a parsed request for ``infer`` itself (no transport), and the REST
-# app built with the bodies it waits for
+# app built with the bodies it waits for (closed here as a shutdown closes them)
+from treeguard._src.serving.bodies import BodyReads
 from treeguard._src.serving.protocol import InferRequest, InferResult, RawInput
 from treeguard._src.serving.routes import build_app
 from treeguard.examples import mlp
@@ -361,3 +360,26 @@ async def test_a_body_deadline_and_the_close_at_once_end_the_read_once(mlp_serve
     async with app.router.lifespan_context(app):
         await asyncio.wait_for(app(_infer_scope(len(body)), receive, send), 5)
     assert sent[0]["status"] == 408
+
+
+async def test_the_transport_bound_refusals_read_word_for_word(mlp_server):
+    # pinned through the REST app, as a client meets them (the gRPC ones sit in the slow
+    # tests of test_transport_bounds, with a live server; the JSON cost's in test_json_bounds)
+    async with client(mlp_server) as c:
+        r = await c.post(URL, json=request(1) | {"id": "r" * 257})
+        assert (r.status_code, r.json()["error"]) == (
+            422,
+            "the request id must be a string of at most 256 characters",
+        )
+        r = await c.post(URL, json=request(1) | {"outputs": [{"name": "output"}] * 1025})
+        assert (r.status_code, r.json()["error"]) == (
+            422,
+            "the request asks for 1025 outputs, over the limit of 1024\nhint: name each output once",
+        )
+        r = await c.post(URL, json=request(1) | {"outputs": [{"name": "output"}] * 1024})
+        assert r.status_code == 200 and [o["name"] for o in r.json()["outputs"]] == ["output"]
+        r = await c.post(URL, json=request(1) | {"outputs": [{"name": "nope"}]})
+        assert (r.status_code, r.json()["error"]) == (
+            422,
+            "the request asks for an unknown output\nhint: the outputs are output",
+        )

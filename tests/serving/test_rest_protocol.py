@@ -19,10 +19,10 @@ from serving_support import client, mlp_spec, request
 import treeguard
 from treeguard import LeafSpec, spec_of
 
-# The decoder alone on purpose (no server): it has no public name; nor has
-# datatype_of, the protocol's name of a dtype the binary requests here spell out.
+# The decoder alone on purpose (no server): it and the parsed request it takes have
+# no public name.
 from treeguard._src.serving.decode import Decoder
-from treeguard._src.serving.protocol import InferRequest, RawInput, datatype_of
+from treeguard._src.serving.protocol import InferRequest, RawInput
 from treeguard.examples import mlp
 from treeguard.serving import Server, ServingSpec
 
@@ -159,7 +159,19 @@ async def test_a_bool_byte_that_is_neither_0_nor_1_is_refused(dtype_server):
     rows = dtypemodel.rows(1)
     blobs = [x.tobytes() for x in rows.values()]
     blobs[0] = b"\x02\x01"
-    datatypes = [datatype_of(dt) for dt in dtypemodel.DTYPES.values()]
+    # the protocol's names of dtypemodel's dtypes, in its order: a wire contract, spelled out
+    datatypes = [
+        "BOOL",
+        "INT8",
+        "INT16",
+        "INT32",
+        "UINT8",
+        "UINT16",
+        "UINT32",
+        "FP16",
+        "FP32",
+        "BF16",
+    ]
     doc = {
         "inputs": [
             {"name": k, "shape": [1, 2], "datatype": dt,

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
-from onecheck import check, context, example_hashes
+from onecheck import check, context, example_hashes, generate_cases
 from subproc import run_python
 
 import treeguard
@@ -28,7 +28,6 @@ from treeguard.verify import (
     Tolerance,
     backend_path,
     compare_trees,
-    generate_cases,
     load_references,
     record_references,
     run,
@@ -487,8 +486,7 @@ def test_cyclic_data_is_refused_by_the_path_formatter() -> None:
         """
         import numpy as np
         from treeguard import InvalidTreeError
-        from treeguard.verify import Case
-        from tests.onecheck import example_hashes  # the per-example hash: no public name
+        from tests.onecheck import Case, example_hashes  # a case and its hash: no public name
 
         cyclic = {"x": np.ones((2, 1))}
         cyclic["self"] = cyclic

@@ -18,7 +18,6 @@ from .._src.bench.compare import compare as compare
 from .._src.bench.compare import compare_paired as compare_paired
 from .._src.bench.compare import compare_runs as compare_runs
 from .._src.bench.compare import compare_samples as compare_samples
-from .._src.bench.compiles import CompileCounter as CompileCounter
 from .._src.bench.conditions import conditions as conditions
 from .._src.bench.conditions import fingerprint as fingerprint
 from .._src.bench.report import load_results as load_results
@@ -32,7 +31,6 @@ from .._src.bench.stats import Stats as Stats
 from .._src.bench.stats import describe as describe
 from .._src.errors import BenchError as BenchError
 from .._src.errors import MachineMismatchError as MachineMismatchError
-from .._src.verify.performance import bench_model as bench_model
 
 __all__ = [
     "ABResult",
@@ -40,13 +38,11 @@ __all__ = [
     "BenchResult",
     "Budgets",
     "Comparison",
-    "CompileCounter",
     "MachineMismatchError",
     "Stats",
     "Target",
     "Timer",
     "ab",
-    "bench_model",
     "compare",
     "compare_paired",
     "compare_runs",

@@ -14,7 +14,6 @@ from .._src.diagnose.divergence import Divergence as Divergence
 from .._src.diagnose.divergence import Site as Site
 from .._src.diagnose.ladder import STAGES as STAGES
 from .._src.diagnose.ladder import diagnose as diagnose
-from .._src.diagnose.locate import Candidate as Candidate
 from .._src.diagnose.locate import locate as locate
 from .._src.diagnose.nan import NanSite as NanSite
 from .._src.diagnose.nan import nan_origin as nan_origin
@@ -30,7 +29,6 @@ from .._src.errors import DiagnosisError as DiagnosisError
 from .._src.tolerance import TolerancePolicy as TolerancePolicy
 
 __all__ = [
-    "Candidate",
     "Diagnosis",
     "DiagnosisError",
     "Divergence",

@@ -11,8 +11,6 @@ from .._src.keys import KeyReuse as KeyReuse
 from .._src.keys import KeyTrace as KeyTrace
 from .._src.keys import trace_keys as trace_keys
 from .._src.tolerance import Tolerance as Tolerance
-from .._src.verify.cases import Case as Case
-from .._src.verify.cases import generate_cases as generate_cases
 from .._src.verify.checks import CHECKS as CHECKS
 from .._src.verify.compare import LeafError as LeafError
 from .._src.verify.compare import compare_trees as compare_trees
@@ -30,7 +28,6 @@ from .._src.verify.run import run as run
 __all__ = [
     "Benchmark",
     "CHECKS",
-    "Case",
     "CheckResult",
     "InvalidInput",
     "KeyReuse",
@@ -42,7 +39,6 @@ __all__ = [
     "Tolerance",
     "backend_path",
     "compare_trees",
-    "generate_cases",
     "load_references",
     "record_references",
     "run",
