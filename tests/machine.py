@@ -16,7 +16,7 @@ from typing import Any
 
 import jax
 import pytest
-from subproc import run_python
+from tests.subproc import run_python
 
 
 def cpu_devices(n: int) -> list[Any]:
