@@ -44,6 +44,7 @@ from .format import FOREIGN, K_FORMAT, MAX_NDIM, Framed, StoredTensor, data_offs
 from .migrate import flat_mismatches
 from .names import NamingRule, index_once, namer, nest, rule_label, style_of
 from .restore import as_like, build_like, read_ranges, walk_like
+from .table import expanded
 
 Unverified: TypeAlias = Literal["refuse", "warn", "allow"]
 
@@ -148,7 +149,7 @@ def foreign_header(doc: dict[str, Any], header_bytes: int, size: int, name: str)
     for tensor, entry in doc.items():
         if tensor == "__metadata__":
             continue
-        tensors.append(_tensor(tensor, entry, name))
+        tensors.append(_tensor(tensor, expanded(entry), name))
     tensors.sort(key=lambda t: (t.begin, t.end))
     pos = 0
     for t in tensors:
