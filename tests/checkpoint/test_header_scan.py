@@ -17,8 +17,10 @@ from forge import forge
 
 import treeguard as tg
 
-# The scanner and its budget, on purpose: its computed cost is asserted against
-# what it really builds (tracemalloc), which no public face shows.
+# The scanner and its budget, and strictjson's sharing, on purpose: the computed
+# cost is asserted against what is really built (tracemalloc), and which objects
+# are one, neither of which a public face shows.
+from treeguard._src import strictjson
 from treeguard._src.checkpoint import table
 from treeguard._src.checkpoint.header import table_budget
 
@@ -155,3 +157,33 @@ def test_a_forged_table_in_another_key_order_still_reads(tmp_path: Path) -> None
 
     forge(path, reorder)
     np.testing.assert_array_equal(tg.load(path)["w"], np.arange(3, dtype=np.float32))
+
+
+# -- the stored spec's equal leaves, one dict ------------------------------------
+
+
+def test_equal_leaves_of_a_spec_are_one_object_and_only_equal_ones() -> None:
+    leaf = '{"kind": "leaf", "shape": [%s], "weak_type": %s}'
+    text = (
+        "[" + ",".join(leaf % p for p in [("1", "true")] * 2 + [("1", "1"), ("1.0", "true")]) + "]"
+    )
+    doc = strictjson.loads(text, "spec", share=lambda node: node.get("kind") == "leaf")
+    assert doc == json.loads(text)
+    assert doc[0] is doc[1]
+    assert doc[2] is not doc[0] and doc[3] is not doc[0]  # 1, true and 1.0 stay apart
+    assert [type(d["weak_type"]) for d in doc] == [bool, bool, int, bool]
+
+
+def test_a_leaf_equal_but_for_its_type_is_still_refused(tmp_path: Path) -> None:
+    path = tmp_path / "c.safetensors"
+    tg.save(path, {"a": np.zeros(1, np.float32), "b": np.zeros(1, np.float32)})
+
+    def weak_one(meta: dict[str, str], doc: dict[str, Any]) -> None:
+        spec = json.loads(meta["treeguard.spec"])
+        spec["tree"]["children"][0][1]["weak_type"] = True
+        spec["tree"]["children"][1][1]["weak_type"] = 1
+        meta["treeguard.spec"] = json.dumps(spec)
+
+    forge(path, weak_one)
+    with pytest.raises(tg.FormatError, match=r"weak_type must be true, false or null"):
+        tg.read_header(path)

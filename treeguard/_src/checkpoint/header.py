@@ -224,10 +224,17 @@ def _compact_table(table: dict[str, Any]) -> None:
 def _stored_spec(meta: dict[str, str], header_bytes: int, name: str) -> TreeSpec:
     """The stored spec, its text dropped from ``meta`` once read."""
     try:
-        doc = loads(meta.pop(K_SPEC), "spec", budget=header_budget(header_bytes))
+        text, budget = meta.pop(K_SPEC), header_budget(header_bytes)
+        doc = loads(text, "spec", budget=budget, share=_is_leaf)  # equal leaves: one dict
+        del text
         return TreeSpec.from_dict(doc)
     except FormatError as e:
         raise FormatError(f"{K_SPEC}: {e.message}", context=name, hint=_NOT_OURS) from e
+
+
+def _is_leaf(node: dict[str, Any]) -> bool:
+    """Whether a spec's node is a leaf (whose dict ``TreeSpec.from_dict`` only reads)."""
+    return node.get("kind") == "leaf"
 
 
 def _json_objects(meta: dict[str, str], header_bytes: int, name: str) -> list[dict[str, Any]]:
