@@ -102,11 +102,33 @@ def _hostile(folder: Path, mib: int) -> dict[str, Path]:
     cases["JSON under budget"] = (
         b'{"x":"' + b"a" * (n - 3 * lists) + b'","y":[' + b"[]," * lists + b"[]]}"
     )
+    cases["forged spec under budget"] = _forged_spec(n)
     out = {}
     for name, header in cases.items():
         out[name] = folder / (name.replace(" ", "_") + ".safetensors")
         _raw(out[name], header)
     return out
+
+
+def _forged_spec(n: int) -> bytes:
+    """A treeguard header, its digest recomputed as a forger would, whose
+    spec is JSON built to sit just under the spec's own budget (8 times the
+    header past 16 MiB by ``Shape.cost``): a long string and empty lists."""
+    # the format's own encoder and digest: no public face writes a forged header
+    from treeguard._src.checkpoint import format as ck
+
+    lists = (200 << 20) // 93 * n // (30 << 20)
+    spec = '{"pad":"' + "a" * (n - 3 * lists) + '","tree":[' + "[]," * lists + "[]]}"
+    meta = {
+        "treeguard.format": ck.FORMAT,
+        "treeguard.spec": spec,
+        "treeguard.hash": "blake3",
+        "treeguard.hashes": "{}",
+        "treeguard.env": "{}",
+        "treeguard.metadata": "{}",
+    }
+    meta["treeguard.digest"] = ck.header_digest(meta, {})
+    return ck.encode_header(meta, {})
 
 
 def _measure(src: Path, small: Path, path: Path, repeats: int) -> dict[str, object]:

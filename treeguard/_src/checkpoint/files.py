@@ -57,7 +57,9 @@ def utf8_text(raw: bytes | bytearray, what: str, name: str) -> str:
 def read_raw_header(
     fd: Source, name: str, *, whole: bool = False
 ) -> tuple[dict[str, Any], int, int]:
-    """The parsed JSON header (strictly parsed), its length and the file size.
+    """The parsed JSON header (strictly parsed; its tensor entries as
+    ``table.Entry`` records where they are of the usual form), its length
+    and the file size, read in at most ``table_budget`` bytes of objects.
     Once its length is known, the header's bytes are announced to a source
     that takes a plan (``hashing.announce``), so a bucket fetches them alone;
     with ``whole`` (the caller reads every byte next), the whole file is
