@@ -260,7 +260,7 @@ def test_header_json_cost_message(tmp_path: Any) -> None:
     path.write_bytes(len(header).to_bytes(8, "little") + header)
     assert _message(tg.read_header, path) == (
         f"{path}: the header: its 3,000,012 bytes of JSON would take about 104,000,371 bytes of "
-        "objects, over the 40,777,312 its reader allows\n"
+        "objects, over the 13,194,340 its reader allows\n"
         "hint: this is not a file treeguard.save wrote, or it was damaged; restore the file "
         "from a verified copy (ArtifactStore.rollback) or save it again"
     )

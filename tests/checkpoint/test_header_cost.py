@@ -29,6 +29,7 @@ from treeguard._src import strictjson
 from treeguard._src.checkpoint import format as fmt
 from treeguard._src.checkpoint import header as hdr
 from treeguard._src.checkpoint.files import open_checkpoint, read_raw_header
+from treeguard._src.checkpoint.table import expanded
 from treeguard._src.spec import TreeSpec
 
 # -- the cost of JSON ------------------------------------------------------------
@@ -209,6 +210,7 @@ def _reference(doc: dict[str, Any], header_bytes: int, size: int, name: str) -> 
     """``header_from_doc`` before it was split into steps (the same checks in the same
     order, the digest by the reference hashers of ``forge``)."""
     meta = doc.pop("__metadata__", None)
+    doc = {k: expanded(v) for k, v in doc.items()}  # the table as JSON holds it
     if not isinstance(meta, dict) or fmt.K_FORMAT not in meta:
         raise tg.FormatError("a safetensors file without treeguard metadata")
     if any(not isinstance(v, str) for v in meta.values()):

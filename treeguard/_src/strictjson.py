@@ -180,6 +180,50 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
+#: The most distinct objects ``loads(..., share=...)`` keeps to share.
+MAX_SHARED = 4096
+
+
+class _Sharing:
+    """An ``object_pairs_hook`` that returns, for an object ``share`` picks
+    whose values are scalars or lists of scalars, the first equal one it
+    built (at most ``MAX_SHARED`` kept). Equal means of equal types too, so
+    ``1``, ``1.0`` and ``true`` never stand for one another."""
+
+    def __init__(self, share: Callable[[dict[str, Any]], bool]) -> None:
+        self.share = share
+        self.seen: dict[tuple[Any, ...], dict[str, Any]] = {}
+
+    def __call__(self, pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        out = _no_duplicates(pairs)
+        if not self.share(out):
+            return out
+        try:
+            key = tuple((k, _typed(v)) for k, v in pairs)
+            found = self.seen.get(key)
+        except TypeError:  # a value that is not a scalar or a list of them
+            return out
+        if found is not None:
+            return found
+        if len(self.seen) < MAX_SHARED:
+            self.seen[key] = out
+        return out
+
+
+def _typed(value: Any) -> tuple[Any, ...]:
+    """``value`` with its type, as a key; a list as a tuple of its items'.
+    ``TypeError`` for a float (``0.0 == -0.0``), a nested list or an object."""
+    if type(value) is list:
+        return tuple(_typed(x) for x in value if type(x) is not list or _unshared())
+    if type(value) is float:
+        _unshared()
+    return (type(value), value)
+
+
+def _unshared() -> bool:
+    raise TypeError("not shared")
+
+
 def _no_constant(name: str) -> Any:
     raise FormatError(f"{name} is not a JSON number")
 
@@ -205,6 +249,7 @@ def loads(
     hint: str | None = None,
     budget: int | None = None,
     shared_keys: Sequence[str] = (),
+    share: Callable[[dict[str, Any]], bool] | None = None,
 ) -> Any:
     """Parses JSON, refusing duplicate keys, NaN and Infinity, huge integers,
     nesting deeper than ``MAX_DEPTH``, lone surrogates and, given a budget,
@@ -219,6 +264,9 @@ def loads(
         None for no bound.
       shared_keys: keys expected many times (a table's column names), whose
         repeats ``Shape.cost`` does not count.
+      share: picks objects of scalars (and lists of them) that may be one
+        object wherever they are equal, as a spec's leaves repeat; the caller
+        must not change them. None to share none.
 
     Raises:
       FormatError: naming ``what`` and the fault.
@@ -252,7 +300,7 @@ bytes of objects, over the 10,000 its reader allows
         del shape
         value = json.loads(
             text,
-            object_pairs_hook=_no_duplicates,
+            object_pairs_hook=_no_duplicates if share is None else _Sharing(share),
             parse_constant=_no_constant,
             parse_int=_bounded_int,
             parse_float=_finite_float,

@@ -15,7 +15,8 @@ from ..atomic import open_regular
 from ..errors import FormatError
 from ..hashing import Source, announce, pread_into, source_size
 from .format import ENTRY_KEYS, MAX_HEADER_BYTES
-from .header import header_budget, strict_loads
+from .header import strict_loads, table_budget
+from .table import scan
 
 _PICKLE_HINT = (
     "this looks like a pickle or zip (torch) file; treeguard never unpickles. "
@@ -56,7 +57,9 @@ def utf8_text(raw: bytes | bytearray, what: str, name: str) -> str:
 def read_raw_header(
     fd: Source, name: str, *, whole: bool = False
 ) -> tuple[dict[str, Any], int, int]:
-    """The parsed JSON header (strictly parsed), its length and the file size.
+    """The parsed JSON header (strictly parsed; its tensor entries as
+    ``table.Entry`` records where they are of the usual form), its length
+    and the file size, read in at most ``table_budget`` bytes of objects.
     Once its length is known, the header's bytes are announced to a source
     that takes a plan (``hashing.announce``), so a bucket fetches them alone;
     with ``whole`` (the caller reads every byte next), the whole file is
@@ -101,11 +104,13 @@ def read_raw_header(
         raise FormatError("the file shrank while its header was read", context=name)
     if raw[:1] != b"{":
         raise FormatError("the header is not a JSON object", context=name, hint=hint)
-    text = utf8_text(raw, "the header is", name)
-    del raw  # held once: as text while it is parsed
-    budget = header_budget(n)
-    doc = strict_loads(text, "the header", context=name, budget=budget, shared_keys=ENTRY_KEYS)
-    del text
+    budget = table_budget(n)
+    doc = scan(raw, budget)  # the usual form, into records costed before they are built
+    if doc is None:  # any other, as JSON, measured before it is parsed
+        text = utf8_text(raw, "the header is", name)
+        del raw  # held once: as text while it is parsed
+        doc = strict_loads(text, "the header", context=name, budget=budget, shared_keys=ENTRY_KEYS)
+        del text
     if not isinstance(doc, dict):
         raise FormatError("the header is not a JSON object", context=name)
     return doc, n, size

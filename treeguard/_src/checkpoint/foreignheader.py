@@ -25,6 +25,7 @@ from ..spec import TreeSpec
 from ..specjson import FORMAT as SPEC_FORMAT
 from .files import open_checkpoint, read_raw_header
 from .format import FOREIGN, K_FORMAT, MAX_NDIM, Framed, StoredTensor, data_offsets, ok_int
+from .table import expanded
 
 #: safetensors dtype name -> numpy dtype name, for every dtype a foreign file may hold.
 FOREIGN_DTYPES: dict[str, str] = {**FOREIGN, "F8_E8M0": "float8_e8m0fnu"}  # ml_dtypes >= 0.5
@@ -121,7 +122,7 @@ def foreign_header(doc: dict[str, Any], header_bytes: int, size: int, name: str)
     for tensor, entry in doc.items():
         if tensor == "__metadata__":
             continue
-        tensors.append(_tensor(tensor, entry, name))
+        tensors.append(_tensor(tensor, expanded(entry), name))
     tensors.sort(key=lambda t: (t.begin, t.end))
     pos = 0
     for t in tensors:

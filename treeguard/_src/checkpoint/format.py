@@ -67,6 +67,17 @@ MAX_HEADER_BYTES = 100_000_000
 #: the shorter its names), its ``ENTRY_KEYS`` counted once.
 HEADER_COST_PER_BYTE = 8
 HEADER_FREE_COST = 16 << 20
+#: What reading the header itself (the tensor table and ``__metadata__``'s
+#: strings) may cost in objects: ``TABLE_COST_PER_BYTE`` times its bytes,
+#: past ``TABLE_FREE_COST``. Its bytes are held too while it is read, so a
+#: header costs at most 4 times its bytes past the allowance. ``table.scan``
+#: reads a table of the usual form in 1.5 to 3.5 times its bytes (the
+#: shorter the names and the larger the offsets, the more); the allowance
+#: covers what does not grow with the table (dicts' first tables, the
+#: metadata's few strings: kilobytes) many times over, and lets any header
+#: under a MiB through in whatever form ``strictjson.loads`` can read.
+TABLE_COST_PER_BYTE = 3
+TABLE_FREE_COST = 4 << 20
 #: The keys of every tensor entry (parsing keeps one string for each).
 ENTRY_KEYS = ("dtype", "shape", "data_offsets")
 #: Tensors, and characters of a metadata value, put in the header digest's

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
@@ -24,7 +24,6 @@ from .format import (
     _REQUIRED,
     _RESTORE_HINT,
     ALLOWED_DTYPES,
-    FOREIGN,
     FORMAT,
     FORMAT_VERSION,
     HEADER_COST_PER_BYTE,
@@ -37,7 +36,8 @@ from .format import (
     K_META,
     K_SPEC,
     MAX_NDIM,
-    NATIVE,
+    TABLE_COST_PER_BYTE,
+    TABLE_FREE_COST,
     Header,
     TensorInfo,
     data_offsets,
@@ -45,6 +45,7 @@ from .format import (
     ok_int,
     stored_layout,
 )
+from .table import STORED_NAMES, Entry, Expanded, expanded
 
 _NOT_OURS = "this is not a file treeguard.save wrote, or it was damaged; " + _RESTORE_HINT
 
@@ -121,6 +122,19 @@ def header_budget(header_bytes: int) -> int:
     return HEADER_COST_PER_BYTE * header_bytes + HEADER_FREE_COST
 
 
+def table_budget(header_bytes: int) -> int:
+    """The most bytes of objects reading a header's JSON (its tensor table
+    and ``__metadata__``'s strings) may cost: ``TABLE_COST_PER_BYTE`` times
+    its bytes, past ``TABLE_FREE_COST``; with the bytes themselves, at most
+    4 times the header past the allowance.
+
+    Example:
+      >>> table_budget(1000) - TABLE_FREE_COST
+      3000
+    """
+    return TABLE_COST_PER_BYTE * header_bytes + TABLE_FREE_COST
+
+
 def _metadata(doc: dict[str, Any], name: str) -> dict[str, str]:
     """``__metadata__``, taken out of ``doc``: treeguard's, a map of strings."""
     meta = doc.pop("__metadata__", None)
@@ -177,7 +191,7 @@ def _known_fields(meta: dict[str, str], name: str) -> tuple[str, Algorithm]:
 
 def _check_digest(meta: dict[str, str], table: dict[str, Any], algorithm: str, name: str) -> None:
     recorded = meta[K_DIGEST]
-    actual = header_digest(meta, table)
+    actual = header_digest(meta, Expanded(table))
     if actual != recorded:
         raise IntegrityError(
             f"header: {algorithm} digest {actual[:12]}… of the header read, "
@@ -188,22 +202,9 @@ def _check_digest(meta: dict[str, str], table: dict[str, Any], algorithm: str, n
         )
 
 
-class _Entry(NamedTuple):
-    """A tensor entry of the usual form (a dtype name, a shape and two offsets,
-    all of the JSON types they should be) in a third of the memory of its dict."""
-
-    dtype: str
-    shape: tuple[int, ...]
-    begin: int
-    end: int
-
-
-#: The stored dtype names, so that each entry's names share one string.
-_STORED_NAMES = {n: n for n in (*NATIVE.values(), *FOREIGN)}
-
-
 def _compact_table(table: dict[str, Any]) -> None:
-    """Replaces each entry of the usual form by an ``_Entry``, in place; any
+    """Replaces each entry of the usual form by an ``Entry``, in place (a
+    table ``strictjson.loads`` read; ``table.scan`` builds them so); any
     other is left as it is, for ``_tensor_info`` to say what is wrong."""
     for tensor, entry in table.items():
         if type(entry) is not dict or len(entry) != 3:
@@ -217,27 +218,23 @@ def _compact_table(table: dict[str, Any]) -> None:
             and len(offsets) == 2
             and all(type(o) is int for o in offsets)
         ):
-            table[tensor] = _Entry(_STORED_NAMES.get(dtype, dtype), tuple(shape), *offsets)
-
-
-def _expanded(entry: Any) -> Any:
-    """An entry as the header holds it: ``_compact_table`` undone."""
-    if isinstance(entry, _Entry):
-        return {
-            "dtype": entry.dtype,
-            "shape": list(entry.shape),
-            "data_offsets": [entry.begin, entry.end],
-        }
-    return entry
+            table[tensor] = Entry(STORED_NAMES.get(dtype, dtype), tuple(shape), *offsets)
 
 
 def _stored_spec(meta: dict[str, str], header_bytes: int, name: str) -> TreeSpec:
     """The stored spec, its text dropped from ``meta`` once read."""
     try:
-        doc = loads(meta.pop(K_SPEC), "spec", budget=header_budget(header_bytes))
+        text, budget = meta.pop(K_SPEC), header_budget(header_bytes)
+        doc = loads(text, "spec", budget=budget, share=_is_leaf)  # equal leaves: one dict
+        del text
         return TreeSpec.from_dict(doc)
     except FormatError as e:
         raise FormatError(f"{K_SPEC}: {e.message}", context=name, hint=_NOT_OURS) from e
+
+
+def _is_leaf(node: dict[str, Any]) -> bool:
+    """Whether a spec's node is a leaf (whose dict ``TreeSpec.from_dict`` only reads)."""
+    return node.get("kind") == "leaf"
 
 
 def _json_objects(meta: dict[str, str], header_bytes: int, name: str) -> list[dict[str, Any]]:
@@ -271,7 +268,7 @@ def _tensor_infos(  # noqa: PLR0917 - one call site, every argument needed
     tensors: list[TensorInfo] = []
     pos = 0
     for leaf_name, (shape, dtype, _, _) in zip(names, spec.records):
-        entry = _expanded(table.pop(leaf_name))
+        entry = expanded(table.pop(leaf_name))
         t = _tensor_info(leaf_name, (shape, dtype), entry, hashes[leaf_name], algorithm, name)
         if t.begin != pos:
             raise FormatError(

@@ -1,0 +1,189 @@
+"""A header's tensor table read from its bytes into compact records, each
+costed before it is built: an honest header reads as before, a hostile one
+is refused under a budget of 3 times its bytes (4 with the bytes held) past
+a fixed 4 MiB, and anything the scanner does not read is refused exactly as
+``strictjson.loads`` refused it."""
+
+from __future__ import annotations
+
+import json
+import tracemalloc
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from forge import forge
+
+import treeguard as tg
+
+# The scanner and its budget, and strictjson's sharing, on purpose: the computed
+# cost is asserted against what is really built (tracemalloc), and which objects
+# are one, neither of which a public face shows.
+from treeguard._src import strictjson
+from treeguard._src.checkpoint import table
+from treeguard._src.checkpoint.header import table_budget
+
+_FREE = table_budget(0)
+
+
+def _st(path: Path, header: bytes, data: bytes = b"") -> Path:
+    header += b" " * (-len(header) % 8)
+    path.write_bytes(len(header).to_bytes(8, "little") + header + data)
+    return path
+
+
+def _entries(n: int, shape: str = "[]", name: str = "{:x}") -> bytes:
+    """``n`` entries of empty tensors, their names and shapes formatted with their index."""
+    items = (
+        f'"{name.format(i)}":{{"dtype":"F32","shape":{shape.format(i)},"data_offsets":[0,0]}}'
+        for i in range(n)
+    )
+    return ("{" + ",".join(items) + "}").encode()
+
+
+def _scan_cost(raw: bytes) -> tuple[int, int]:
+    """The cost the scanner computes for ``raw`` (the least budget it reads it
+    in, by bisection) and what reading it really allocates at its peak."""
+    lo, hi = 0, 16 * len(raw) + _FREE
+    while hi - lo > len(raw) // 64:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if table.scan(raw, mid) is not None else (mid + 1, hi)
+    tracemalloc.start()
+    try:
+        assert table.scan(raw, hi) is not None
+        return hi, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+_TABLES = {
+    "short names": _entries(10_000),
+    "long names": _entries(5_000, name="model.layers.{}.self_attn.q_proj.weight"),
+    "one shape": _entries(5_000, shape="[1000,7,1000]"),
+    "unique shapes": b"{"
+    + b",".join(
+        b'"%d":{"dtype":"BF16","shape":[%d,3],"data_offsets":[%d,%d]}' % (i, i, 2**40, 2**41)
+        for i in range(5_000)
+    )
+    + b"}",
+    "non-latin names": _entries(5_000, name="\u0101{}\U0001f600"),
+    "long shapes": _entries(2_000, shape="[" + "1," * 60 + "{}]"),
+    "metadata": json.dumps({"__metadata__": {f"k{i}": "v" * 40 for i in range(2_000)}}).encode(),
+}
+
+
+@pytest.mark.parametrize("raw", _TABLES.values(), ids=_TABLES.keys())
+def test_the_computed_cost_bounds_what_the_scan_builds(raw: bytes) -> None:
+    computed, built = _scan_cost(raw)
+    assert built <= computed
+
+
+@pytest.mark.parametrize("raw", _TABLES.values(), ids=_TABLES.keys())
+def test_the_scan_reads_what_json_reads(raw: bytes) -> None:
+    doc = table.scan(raw, 64 * len(raw) + _FREE)
+    assert doc is not None
+    assert {k: table.expanded(v) for k, v in doc.items()} == json.loads(raw)
+
+
+def test_an_honest_header_is_read_well_within_its_budget(tmp_path: Path) -> None:
+    tree = {f"block_{i:04d}": {"w": np.zeros((2, 2), np.float32)} for i in range(500)}
+    tg.save(tmp_path / "c.safetensors", tree)
+    raw = (tmp_path / "c.safetensors").read_bytes()
+    header = raw[8 : 8 + int.from_bytes(raw[:8], "little")]
+    computed, _ = _scan_cost(header)
+    assert computed - _FREE < 2 * len(header)  # a third less than its budget allows
+    assert tg.read_header(tmp_path / "c.safetensors").tensors[5].shape == (2, 2)
+
+
+_HOSTILE = {
+    # each costs more than 3 times its bytes as records: a tuple slot of 8
+    # bytes per size of 2 bytes, a str of 50 bytes per name of 3
+    "long shapes": _entries(15_000, shape="[" + "1," * 60 + "{}]"),
+    "short names": pytest.param(_entries(200_000), marks=pytest.mark.slow),
+    "wide names": _entries(30_000, name="{0:06x}" * 4 + "\U0001f600"),
+}
+
+
+@pytest.mark.parametrize("raw", _HOSTILE.values(), ids=list(_HOSTILE))
+def test_a_table_that_costs_more_than_its_budget_is_refused(tmp_path: Path, raw: bytes) -> None:
+    path = _st(tmp_path / "h.safetensors", raw)
+    assert table.scan(raw, table_budget(len(raw))) is None  # given up before it was built
+    with pytest.raises(tg.FormatError, match="the header: its .* bytes of JSON would take about"):
+        tg.read_header(path)
+
+
+def test_metadata_of_many_keys_is_refused(tmp_path: Path) -> None:
+    meta = ",".join(f'"{i:x}":""' for i in range(50_000))
+    raw = ('{"__metadata__":{' + meta + "}}").encode()
+    assert table.scan(raw, table_budget(len(raw))) is None
+    with pytest.raises(tg.FormatError, match="would take about"):
+        tg.read_header(_st(tmp_path / "h.safetensors", raw))
+
+
+_ENTRY = b'{"dtype":"F32","shape":[1],"data_offsets":[0,4]}'
+_ODD = {
+    "a duplicate key": (b'{"w":' + _ENTRY + b',"w":' + _ENTRY + b"}", "appears twice"),
+    "a lone surrogate": (b'{"\\ud800":' + _ENTRY + b"}", "not valid JSON"),
+    "a bad escape": (b'{"\\q":' + _ENTRY + b"}", "not valid JSON"),
+    "bytes not UTF-8": (b'{"\xff":' + _ENTRY + b"}", "not UTF-8"),
+    "a 21-digit offset": (
+        b'{"w":{"dtype":"F32","shape":[1],"data_offsets":[0,123456789012345678901]}}',
+        "digits",
+    ),
+    "a trailing comma": (b'{"w":' + _ENTRY + b",}", "not valid JSON"),
+    "text after the object": (b'{"w":' + _ENTRY + b"}x", "not valid JSON"),
+    "two metadata": (b'{"__metadata__":{},"__metadata__":{}}', "appears twice"),
+    "a metadata key twice": (b'{"__metadata__":{"a":"1","a":"2"}}', "appears twice"),
+}
+
+
+@pytest.mark.parametrize(("raw", "message"), _ODD.values(), ids=_ODD.keys())
+def test_what_the_scan_does_not_read_is_refused_as_json_refuses_it(
+    tmp_path: Path, raw: bytes, message: str
+) -> None:
+    assert table.scan(raw, table_budget(len(raw))) is None
+    with pytest.raises(tg.FormatError, match=message):
+        tg.read_header(_st(tmp_path / "h.safetensors", raw + b"    ", bytes(4)))
+
+
+def test_a_forged_table_in_another_key_order_still_reads(tmp_path: Path) -> None:
+    path = tmp_path / "c.safetensors"
+    tg.save(path, {"w": np.arange(3, dtype=np.float32)})
+
+    def reorder(meta: dict[str, str], doc: dict[str, Any]) -> None:
+        entry = doc["['w']"]
+        doc["['w']"] = {k: entry[k] for k in ("data_offsets", "shape", "dtype")}
+
+    forge(path, reorder)
+    np.testing.assert_array_equal(tg.load(path)["w"], np.arange(3, dtype=np.float32))
+
+
+# -- the stored spec's equal leaves, one dict ------------------------------------
+
+
+def test_equal_leaves_of_a_spec_are_one_object_and_only_equal_ones() -> None:
+    leaf = '{"kind": "leaf", "shape": [%s], "weak_type": %s}'
+    text = (
+        "[" + ",".join(leaf % p for p in [("1", "true")] * 2 + [("1", "1"), ("1.0", "true")]) + "]"
+    )
+    doc = strictjson.loads(text, "spec", share=lambda node: node.get("kind") == "leaf")
+    assert doc == json.loads(text)
+    assert doc[0] is doc[1]
+    assert doc[2] is not doc[0] and doc[3] is not doc[0]  # 1, true and 1.0 stay apart
+    assert [type(d["weak_type"]) for d in doc] == [bool, bool, int, bool]
+
+
+def test_a_leaf_equal_but_for_its_type_is_still_refused(tmp_path: Path) -> None:
+    path = tmp_path / "c.safetensors"
+    tg.save(path, {"a": np.zeros(1, np.float32), "b": np.zeros(1, np.float32)})
+
+    def weak_one(meta: dict[str, str], doc: dict[str, Any]) -> None:
+        spec = json.loads(meta["treeguard.spec"])
+        spec["tree"]["children"][0][1]["weak_type"] = True
+        spec["tree"]["children"][1][1]["weak_type"] = 1
+        meta["treeguard.spec"] = json.dumps(spec)
+
+    forge(path, weak_one)
+    with pytest.raises(tg.FormatError, match=r"weak_type must be true, false or null"):
+        tg.read_header(path)

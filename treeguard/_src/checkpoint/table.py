@@ -1,0 +1,284 @@
+"""Reading a safetensors header's bytes into compact records, costed first.
+
+``json.loads`` turns each tensor entry into a dict, two lists and their
+numbers (about 400 bytes for 60 of text) and needs the header decoded into
+one ``str`` beside its bytes. ``scan`` reads a header of the form every
+safetensors writer produces (``__metadata__``, a map of strings, and entries
+``{"dtype": ..., "shape": [...], "data_offsets": [a, b]}`` in that order)
+straight from its bytes: each entry becomes an ``Entry`` (its dtype name
+interned, its shape a tuple shared by every entry of that shape), each name
+and metadata string is decoded once, and what each record will cost is
+computed from its bytes before it is built, so a table that would cost more
+than its budget is given up before it does.
+
+``scan`` never refuses a header: anything else (another key order, a
+duplicate key, an escape it cannot decode, a table over its budget) returns
+None, and the caller parses the header with ``strictjson.loads``, which
+refuses exactly what it refused before, under the same budget.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from collections.abc import Iterator, Mapping
+from typing import Any, NamedTuple
+
+from .format import FOREIGN, NATIVE
+
+
+class Entry(NamedTuple):
+    """A tensor entry of the usual form (a dtype name, a shape and two
+    offsets, all of the JSON types they should be) in a third of the memory
+    of its dict."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    begin: int
+    end: int
+
+
+def expanded(entry: Any) -> Any:
+    """An entry as the header holds it: an ``Entry`` back as its dict; any
+    other value as it is.
+
+    Example:
+      >>> expanded(Entry("F32", (2,), 0, 8))
+      {'dtype': 'F32', 'shape': [2], 'data_offsets': [0, 8]}
+    """
+    if isinstance(entry, Entry):
+        return {
+            "dtype": entry.dtype,
+            "shape": list(entry.shape),
+            "data_offsets": [entry.begin, entry.end],
+        }
+    return entry
+
+
+class Expanded(Mapping[str, Any]):
+    """A tensor table whose ``Entry`` values read as the dicts the header
+    holds, one at a time (for ``header_digest``'s canonical text)."""
+
+    def __init__(self, table: Mapping[str, Any]) -> None:
+        self._table = table
+
+    def __getitem__(self, key: str) -> Any:
+        return expanded(self._table[key])
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._table)
+
+    def __len__(self) -> int:
+        return len(self._table)
+
+
+#: The stored dtype names, so that each entry's names share one string.
+STORED_NAMES = {n: n for n in (*NATIVE.values(), *FOREIGN)}
+_DTYPE_BYTES = {n.encode(): n for n in STORED_NAMES}
+
+# -- the grammar (bytes; JSON's blanks, strings and integers) --------------------
+
+_WS = rb"[ \t\n\r]*+"
+#: A string token: no control character, a backslash and the character after
+#: it taken together (``json.loads`` of the token checks the escape itself).
+_STR = rb'"[^"\\\x00-\x1f]*+(?:\\[^\x00-\x1f][^"\\\x00-\x1f]*+)*+"'
+#: A non-negative integer of at most ``strictjson.MAX_INT_DIGITS`` digits.
+_INT = rb"(?:0|[1-9][0-9]{0,19})(?![0-9.eE])"
+_DIMS = rb"\[" + _WS + rb"(?:" + _INT + _WS + rb"(?:," + _WS + _INT + _WS + rb")*+)?\]"
+
+
+def _pair(key: bytes, value: bytes) -> bytes:
+    return key + _WS + rb":" + _WS + value
+
+
+_ENTRY = re.compile(
+    _WS
+    + _pair(rb"(" + _STR + rb")", rb"\{" + _WS)
+    + _pair(rb'"dtype"', rb'"([A-Za-z0-9_]{1,32})"')
+    + (_WS + rb"," + _WS)
+    + _pair(rb'"shape"', rb"(" + _DIMS + rb")")
+    + (_WS + rb"," + _WS)
+    + _pair(rb'"data_offsets"', rb"\[" + _WS + rb"(" + _INT + rb")" + _WS + rb"," + _WS)
+    + (rb"(" + _INT + rb")" + _WS + rb"\]" + _WS + rb"\}" + _WS + rb"([,}])")
+)
+_STRINGS = _STR + _WS + rb":" + _WS + _STR
+_META = re.compile(
+    _WS
+    + _pair(rb'"__metadata__"', rb"\{" + _WS)
+    + (rb"((?:" + _STRINGS + _WS + rb"(?:," + _WS + _STRINGS + _WS + rb")*+)?)")
+    + (rb"\}" + _WS + rb"([,}])")
+)
+_TOKEN = re.compile(_STR)
+_OPEN = re.compile(_WS + rb"\{")
+_EMPTY = re.compile(_WS + rb"\}")
+_END = re.compile(rb"[ \t\n\r]*")
+_NON_ASCII = re.compile(rb"[\x80-\xff]")
+
+# -- what each record costs (CPython 3.11, 64-bit; upper bounds) -----------------
+
+#: An ``Entry``, and a slot of the table's dict at its fullest (a dict peaks
+#: below 66 bytes an item while it grows, the old table and the new at once).
+ENTRY_COST = sys.getsizeof(Entry("", (), 0, 0))
+DICT_SLOT_COST = 72
+#: A ``str`` past its characters: ASCII, and not (up to 4 bytes a character).
+ASCII_STR_COST, STR_COST = sys.getsizeof(""), 80
+TUPLE_COST, SLOT_COST = sys.getsizeof(()), 8
+#: A dict of a few keys, and a ``bytes`` past its bytes (a shape's key).
+DICT_COST, BYTES_COST = 240, sys.getsizeof(b"")
+
+
+#: An ``int`` of so many digits: none below 100 (CPython keeps one of each).
+_INT_COSTS = (0, 0, 0, *[28] * 7, *[32] * 9, *[36] * 2)
+
+
+def _str_cost(raw: bytes | bytearray, start: int, end: int) -> int:
+    """The most a ``str`` decoded from the string token at ``start:end`` takes."""
+    if _NON_ASCII.search(raw, start, end) is None:
+        return ASCII_STR_COST + end - start
+    return STR_COST + 4 * (end - start)
+
+
+def _name(token: bytes) -> str | None:
+    """A (short) string token decoded, or None as ``_decoded`` says."""
+    try:
+        if b"\\" not in token:
+            return token[1:-1].decode()
+        text: str = json.loads(token)
+        text.encode("utf-8")  # UnicodeEncodeError for a lone surrogate
+        return text
+    except (UnicodeError, ValueError):
+        return None
+
+
+def _decoded(raw: bytes | bytearray, start: int, end: int) -> str | None:
+    """The string token at ``start:end`` decoded, or None where
+    ``strictjson.loads`` must say what is wrong with it (not UTF-8, a bad
+    escape, a lone surrogate)."""
+    view = memoryview(raw)[start:end]
+    try:
+        if raw.find(b"\\", start, end) < 0:
+            return str(view[1:-1], "utf-8")
+        text: str = json.loads(str(view, "utf-8"))
+        text.encode("utf-8")  # UnicodeEncodeError for a lone surrogate
+        return text
+    except (UnicodeError, ValueError):
+        return None
+    finally:
+        view.release()
+
+
+def _sizes(dims: bytes) -> list[bytes]:
+    """The sizes of a shape's token (``[2, 3]``), blanks and all."""
+    return dims[1:-1].split(b",") if dims.strip(b"[ \t\n\r]") else []
+
+
+class _Scan:
+    """One header's scan: the table built so far and what it costs."""
+
+    def __init__(self, raw: bytes | bytearray, budget: int) -> None:
+        self.raw, self.budget = raw, budget
+        self.doc: dict[str, Any] = {}
+        self.shapes: dict[bytes, tuple[int, ...]] = {}
+        self.cost = DICT_COST
+
+    def entries(self, pos: int) -> tuple[int, bytes | None]:
+        """Adds the entries from ``pos`` on, as long as they are of the
+        usual form; the position after them and the byte that ended the last
+        (``,`` or ``}``; None past the last such entry); a position of -1
+        where ``strictjson`` must read the header."""
+        raw, doc, shapes, match = self.raw, self.doc, self.shapes, _ENTRY.match
+        ascii_all, last = raw.isascii(), None
+        while (m := match(raw, pos)) is not None:
+            token, dtype, dims, begin, stop, last = m.groups()
+            cost = ASCII_STR_COST + len(token) + ENTRY_COST + DICT_SLOT_COST
+            if not ascii_all and not token.isascii():
+                cost += STR_COST + 3 * len(token)
+            cost += _INT_COSTS[len(begin)] + _INT_COSTS[len(stop)]
+            if (shape := shapes.get(dims)) is None:
+                cost += self.shape_cost(dims)
+            if (dtype_name := _DTYPE_BYTES.get(dtype)) is None:
+                cost += ASCII_STR_COST + len(dtype)
+            self.cost += cost
+            if self.cost > self.budget:
+                return -1, None
+            if shape is None:
+                shape = shapes[dims] = self.shape(dims)
+            name = _name(token)
+            if name is None or name in doc:
+                return -1, None
+            doc[name] = Entry(dtype_name or dtype.decode(), shape, int(begin), int(stop))
+            pos = m.end()
+            if last == b"}":
+                break
+        return pos, last
+
+    @staticmethod
+    def shape_cost(dims: bytes) -> int:
+        """What a new shape costs: its tuple, its sizes and its place in the cache."""
+        sizes = _sizes(dims)
+        cost = BYTES_COST + len(dims) + DICT_SLOT_COST + TUPLE_COST
+        return cost + sum(SLOT_COST + _INT_COSTS[len(d.strip())] for d in sizes)
+
+    @staticmethod
+    def shape(dims: bytes) -> tuple[int, ...]:
+        return tuple(int(d) for d in _sizes(dims))
+
+    def metadata(self, m: re.Match[bytes]) -> bool:
+        """Adds ``__metadata__``, a map of strings, as ``m`` matched it;
+        False where ``strictjson`` must read it."""
+        if "__metadata__" in self.doc:
+            return False
+        start, end = m.span(1)
+        strings, cost, most = 0, 0, 0  # each string is held twice while an escaped one is decoded
+        for token in _TOKEN.finditer(self.raw, start, end):
+            one = _str_cost(self.raw, *token.span())
+            strings, cost, most = strings + 1, cost + one, max(most, one)
+        self.cost += DICT_COST + DICT_SLOT_COST * (1 + strings) + cost + most
+        if self.cost > self.budget:
+            return False
+        meta: dict[str, str] = {}
+        tokens = _TOKEN.finditer(self.raw, start, end)
+        for k, v in zip(tokens, tokens):
+            key, value = _decoded(self.raw, *k.span()), _decoded(self.raw, *v.span())
+            if key is None or value is None or key in meta:
+                return False
+            meta[key] = value
+        self.doc["__metadata__"] = meta
+        return True
+
+
+def scan(raw: bytes | bytearray, budget: int) -> dict[str, Any] | None:
+    """A safetensors header read from its bytes into ``Entry`` records, in
+    at most ``budget`` bytes of objects; None for a header of another form
+    or cost (the caller parses it with ``strictjson.loads``).
+
+    Example:
+      >>> scan(b'{"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}', 10_000)
+      {'w': Entry(dtype='F32', shape=(2,), begin=0, end=8)}
+      >>> scan(b'{"w":{"shape":[2],"dtype":"F32","data_offsets":[0,8]}}', 10_000) is None
+      True
+    """
+    opening = _OPEN.match(raw)
+    if opening is None:
+        return None
+    state, pos = _Scan(raw, budget), opening.end()
+    if (empty := _EMPTY.match(raw, pos)) is not None:
+        pos = empty.end()
+    else:
+        while True:
+            pos, last = state.entries(pos)
+            if pos < 0:
+                return None
+            if last is None:
+                if (m := _META.match(raw, pos)) is None or not state.metadata(m):
+                    return None
+                pos, last = m.end(), m.group(2)
+            if last == b"}":
+                break
+    return state.doc if _blank_to_end(raw, pos) else None
+
+
+def _blank_to_end(raw: bytes | bytearray, pos: int) -> bool:
+    """Whether only blanks follow ``pos``."""
+    return _END.fullmatch(raw, pos) is not None
