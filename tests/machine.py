@@ -16,6 +16,7 @@ from typing import Any
 
 import jax
 import pytest
+
 from tests.subproc import run_python
 
 
