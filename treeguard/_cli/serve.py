@@ -188,20 +188,7 @@ def run_command(  # noqa: PLR0917 - click passes every option
         from .._src.serving.ray.api import check_ingress
 
         check_ingress(ray_address, ray_ingress)
-    version_check = None
-    if target is None:
-        if inputs:
-            raise ConfigError(
-                "an exported artifact is served without --input (its inputs are the ones it "
-                "was exported for)",
-                hint="treeguard serve --store STORE [--spec FILE] [--port N]",
-            )
-        # its gates here first, so a refused artifact stops the command before any replica
-        served = _served(store, spec_file)
-        model, spec, store, version_check = served.model, served.spec, served.store, served.check
-    else:
-        model = load_model(target, command="serve")
-        spec = serving_spec(model, spec_file, inputs)
+    model, spec, store, version_check = _what_to_serve(target, store, spec_file, inputs)
     token = read_token(control_token_file) if control_token_file else None
     if use_ray:
         _run_ray(
@@ -247,6 +234,26 @@ def run_command(  # noqa: PLR0917 - click passes every option
             f"the server on {host}:{port} stopped: uvicorn exited with status {e.code!r}",
             hint="its log above says why (a port in use, an address not on this machine)",
         ) from e
+
+
+def _what_to_serve(
+    target: str | None, store: Any, spec_file: Path | None, inputs: tuple[str, ...]
+) -> tuple[Any, Any, Any, Any]:
+    """``(model, spec, store, version_check)``: MODULE:ATTR's model and its
+    serving spec, or without a target the store's current exported artifact,
+    through its gates (so a refused artifact stops the command before any
+    server or replica starts) with the check every later version must pass."""
+    if target is not None:
+        model = load_model(target, command="serve")
+        return model, serving_spec(model, spec_file, inputs), store, None
+    if inputs:
+        raise ConfigError(
+            "an exported artifact is served without --input (its inputs are the ones it "
+            "was exported for)",
+            hint="treeguard serve --store STORE [--spec FILE] [--port N]",
+        )
+    served = _served(store, spec_file)
+    return served.model, served.spec, served.store, served.check
 
 
 def _check_ray_options(grpc_port: int | None, watch: bool, *, keyed: bool) -> None:
