@@ -6,7 +6,8 @@ costs, against baselines measured in the same run.
    most 1.05x, plus its manifest), and its put's time against writing
    those bytes to a file (open, write, fsync, rename: what a put of them
    alone costs; goal: at most 1.1x) and against a put of the whole tree
-   into a store without dedup.
+   into a store without dedup; then ``load_current`` of each (every byte
+   hashed) against each other.
 2. A version identical to one held: the bytes it adds (goal: a manifest).
 3. ``--versions`` fine-tunes over a base of ``--fine-mib`` in 100 tensors,
    each changing 2 of them (2%): the store's bytes against the base's
@@ -66,6 +67,17 @@ def _write_file(path: str, data: memoryview) -> None:
     os.replace(tmp, path)
 
 
+def _load(store: tg.ArtifactStore, tree: dict[str, np.ndarray], repeats: int) -> float:
+    """The median ``load_current`` of the store's newest version, verified
+    and promoted first (every byte hashed, through every gate)."""
+    v = store.versions()[-1].version
+    store.verify(v)
+    store.promote(v)
+    like = tg.spec_of(tree)
+    store.load_current(like)  # warm-up
+    return statistics.median(_timed(lambda: store.load_current(like))[0] for _ in range(repeats))
+
+
 def one_changed(mib: int, repeats: int) -> None:
     tree = _tree(mib, 64)
     nbytes = tree["layer_000"].nbytes
@@ -84,6 +96,7 @@ def one_changed(mib: int, repeats: int) -> None:
             wholes.append(_timed(lambda: plain.put(tree))[0])
         v = store.versions()[-1].version
         manifest = os.path.getsize(os.path.join(store.root, "versions", v, "tensors.json"))
+        loads = [_load(s, tree, repeats) for s in (store, plain)]
         before = _bytes(store.root)
         store.put(tree)
         same = _bytes(store.root) - before
@@ -96,6 +109,10 @@ def one_changed(mib: int, repeats: int) -> None:
     print(f"  write the tensor alone {write * 1e3:>12.1f} ms   put / write {put / write:.2f}x")
     print(f"  put without dedup      {whole * 1e3:>12.1f} ms   put / that  {put / whole:.2f}x")
     print(f"an identical version adds {same:,} bytes (its manifest: {manifest:,})")
+    print(
+        f"load_current of a tensors version {loads[0] * 1e3:.1f} ms, of a file version "
+        f"{loads[1] * 1e3:.1f} ms: {loads[0] / loads[1]:.2f}x"
+    )
 
 
 def fine_tunes(mib: int, versions: int) -> None:

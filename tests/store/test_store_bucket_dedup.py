@@ -87,9 +87,7 @@ def test_a_tampered_tensor_object_in_a_bucket_is_refused_naming_it(s3_url: str) 
     v = store.put(_tree(7.0))
     assert store.verify(v).status == "verified"
     (head,) = [
-        n
-        for n in _objects(s3_url)
-        if obstore.head(_raw(s3_url), f"tensors/{n}")["size"] == 8 * 4
+        n for n in _objects(s3_url) if obstore.head(_raw(s3_url), f"tensors/{n}")["size"] == 8 * 4
     ]
     obstore.put(_raw(s3_url), f"tensors/{head}", np.full(8, 9.0, np.float32).tobytes())
     with pytest.raises(IntegrityError) as e:
