@@ -34,7 +34,10 @@ for line in sys.stdin:
     op = json.loads(line)
     try:
         if op["op"] == "put":
-            out = store.put({"w": np.full((16, 16), op["i"], np.float32)}, metadata=op)
+            tree = {"w": np.full((16, 16), op["w"], np.float32)}
+            if op["shared"]:  # a dedup store: every version shares "b", some share "w"
+                tree["b"] = np.ones(64, np.float32)
+            out = store.put(tree, metadata=op)
             try:
                 status = store.verify(out).status
                 if op["promote"] and status == "verified":
@@ -78,6 +81,10 @@ class Races:
       root: the store (made here).
       env: the environment of the workers (a bucket's client settings).
       seed: the seed of the choices of versions to promote.
+      dedup: make the store with ``dedup=True``: each put shares one
+        tensor with every other and its other with every third, and each
+        round loads every version held, every byte checked (gc never
+        deletes a tensor a version refers to).
     """
 
     def __init__(
@@ -87,11 +94,13 @@ class Races:
         seed: int = 0,
         *,
         storage_errors: bool = False,
+        dedup: bool = False,
     ) -> None:
         self.root = root
+        self.dedup = dedup
         #: whether a StorageError is an expected end (a server that lies)
         self.storage_errors = storage_errors
-        self.store = ArtifactStore.init(root)
+        self.store = ArtifactStore.init(root, dedup=dedup)
         self.rng = random.Random(seed)
         self.held: list[str] = []  # the model: put returned, no gc removed it (put order)
         self.verified: list[str] = []
@@ -140,7 +149,13 @@ class Races:
         pool = self.verified if self.rng.random() < 0.3 else recent
         target = self.rng.choice(pool) if pool else "v000001"
         ops = {
-            "put": {"op": "put", "i": i, "promote": i % 2 == 1},
+            "put": {
+                "op": "put",
+                "i": i,
+                "w": i % 3 if self.dedup else i,
+                "shared": self.dedup,
+                "promote": i % 2 == 1,
+            },
             "promote": {"op": "promote", "v": target},
             "rollback": {"op": "rollback"},
             "gc": {"op": "gc", "keep": keep},
@@ -182,3 +197,6 @@ class Races:
             assert store.load_verified(previous)["w"].shape == (16, 16)
         if put is not None:
             assert put in listed, (i, "put", put)
+        if self.dedup:  # every tensor of every version held is there, and whole
+            for v in sorted(listed):
+                assert store.load_version(v)["b"].shape == (64,), (i, v)

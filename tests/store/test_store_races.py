@@ -23,12 +23,18 @@ RELIABILITY_ROUNDS = 1000
 BUCKET_RELIABILITY_ROUNDS = 150
 
 
-def _local(root: Path, rounds: int) -> dict[str, int]:
-    return Races(str(root)).run(rounds)
+def _local(root: Path, rounds: int, *, dedup: bool = False) -> dict[str, int]:
+    return Races(str(root), dedup=dedup).run(rounds)
 
 
 def _bucket(
-    url: str, server: S3Server, rounds: int, *, lies: float = 0.0, told: list[str] | None = None
+    url: str,
+    server: S3Server,
+    rounds: int,
+    *,
+    lies: float = 0.0,
+    told: list[str] | None = None,
+    dedup: bool = False,
 ) -> dict[str, int]:
     """The rounds on a bucket behind a proxy that delays every request and,
     with ``lies``, answers that share of the writes falsely: a 200 for a
@@ -45,7 +51,7 @@ def _bucket(
 
     with LyingProxy(server.endpoint, delay) as proxy:
         env = {"AWS_ENDPOINT_URL": proxy.endpoint}
-        errors = Races(url, env=env, seed=1, storage_errors=lies > 0).run(rounds)
+        errors = Races(url, env=env, seed=1, storage_errors=lies > 0, dedup=dedup).run(rounds)
         if told is not None:
             told.extend(kind for kind, _, _ in proxy.lies)
         return errors
@@ -58,6 +64,19 @@ def test_concurrent_gc_promote_rollback_and_put_lose_nothing_on_a_local_store(
     tmp_path: Path, rounds: int
 ) -> None:
     _local(tmp_path / "store", rounds)
+
+
+def test_concurrent_rounds_on_a_dedup_store_lose_no_tensor(tmp_path: Path) -> None:
+    _local(tmp_path / "store", ROUNDS, dedup=True)
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("s3")
+def test_concurrent_rounds_on_a_dedup_bucket_lose_no_tensor(
+    s3_url: str, s3_server: S3Server
+) -> None:
+    errors = _bucket(s3_url, s3_server, ROUNDS * 2, dedup=True)
+    print("typed failures over the rounds:", errors)
 
 
 @pytest.mark.xdist_group("s3")

@@ -1,6 +1,8 @@
-"""The store as a state machine: put (of a file or a sharded version), verify,
-promote, rollback, gc, tampering and what a kill leaves behind, interleaved at
-random by hypothesis.
+"""The store as a state machine: put (of a file or a sharded version, or, once
+dedup is turned on, a tensors version sharing its tensors), verify, promote,
+rollback, gc, tampering (of a tensor object shared by every tensors version
+of the same weights, and by the ones put after it while it is held) and what
+a kill leaves behind, interleaved at random by hypothesis.
 
 After every step the invariants hold: the current version loads and matches
 its verified digest (or, if its bytes were tampered with, is refused); every
@@ -83,6 +85,9 @@ class StoreMachine(RuleBasedStateMachine):
         self.removed: set[str] = set()
         self.names: list[str] = []
         self.sharded: set[str] = set()
+        self.tensors: set[str] = set()
+        self.dedup = False
+        self.bad: dict[str, str] = {}  # repr(scale) -> the tampered object that holds its w
 
     def teardown(self) -> None:
         shutil.rmtree(self.dir, ignore_errors=True)
@@ -90,11 +95,16 @@ class StoreMachine(RuleBasedStateMachine):
     # -- helpers -----------------------------------------------------------
 
     def _model(self, v: str) -> Path:
+        if v in self.tensors:
+            return self.root / "versions" / v / "tensors.json"
         if v in self.sharded:
             return self.root / "versions" / v / MANIFEST_NAME
         return self.root / "versions" / v / "model.safetensors"
 
     def _digest(self, v: str) -> str:
+        if v in self.tensors:  # the header the manifest holds, as written
+            header = json.loads(json.loads(self._model(v).read_text())["header"])
+            return str(header["__metadata__"]["treeguard.digest"])
         if v in self.sharded:
             return sharded_digest(self.root / "versions" / v)
         return tg.read_header(self._model(v)).digest
@@ -112,6 +122,10 @@ class StoreMachine(RuleBasedStateMachine):
             self.sharded.add(v)
         else:
             v = self.store.put(_params(scale))
+            if self.dedup:
+                self.tensors.add(v)
+                if repr(scale) in self.bad:  # the put reuses the object held: tampered at birth
+                    self.tampered.add(v)
         assert v not in self.names, f"name {v} handed out twice"
         self.names.append(v)
         self.scale[v] = scale
@@ -126,6 +140,12 @@ class StoreMachine(RuleBasedStateMachine):
     @rule(scale=st.sampled_from([0.5, 2.0, float("nan")]))
     def put_sharded(self, scale: float) -> None:
         self._put(scale, sharded=True)
+
+    @precondition(lambda self: not self.dedup)
+    @rule()
+    def turn_dedup_on(self) -> None:
+        ArtifactStore.init(self.root, dedup=True)
+        self.dedup = True
 
     @precondition(lambda self: self._live())
     @rule(data=st.data())
@@ -173,6 +193,9 @@ class StoreMachine(RuleBasedStateMachine):
         removed = self.store.gc(policy=RetentionPolicy(keep_last=keep))
         assert not protected & set(removed), f"gc removed {protected & set(removed)}"
         self.removed.update(removed)
+        for scale, obj in list(self.bad.items()):  # deleted once no version names it
+            if not (self.root / "tensors" / obj).exists():
+                del self.bad[scale]
         versions = self.root / "versions"
         left = {n for n in os.listdir(versions) if (versions / n / "status.json").exists()}
         for v in left:
@@ -183,6 +206,9 @@ class StoreMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def tamper(self, data: st.DataObject) -> None:
         v = data.draw(st.sampled_from(self._live()))
+        if v in self.tensors:
+            self._tamper_tensor(v)
+            return
         if v in self.sharded:
             needle = np.full(4, self.scale[v], np.float32).tobytes()
             if _flip_stored(self.root / "versions" / v, needle):
@@ -193,6 +219,20 @@ class StoreMachine(RuleBasedStateMachine):
         raw[-1] = (raw[-1] + 1) % 256  # the last byte is array data; never back to the original
         path.write_bytes(bytes(raw))
         self.tampered.add(v)
+
+    def _tamper_tensor(self, v: str) -> None:
+        """Changes the object holding ``v``'s w: every tensors version of the
+        same weights holds it too."""
+        objects = json.loads(self._model(v).read_text())["objects"]
+        w = next(o for o in objects if (self.root / "tensors" / o).stat().st_size == 32 * 16 * 4)
+        path = self.root / "tensors" / w
+        raw = bytearray(path.read_bytes())
+        raw[-1] = (raw[-1] + 1) % 256
+        os.chmod(path, 0o644)
+        path.write_bytes(bytes(raw))
+        key = repr(self.scale[v])
+        self.bad[key] = w
+        self.tampered.update(u for u in self.tensors if repr(self.scale[u]) == key)
 
     @rule()
     def killed_mid_put(self) -> None:

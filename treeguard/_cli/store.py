@@ -57,10 +57,16 @@ def _open_store(root: Path) -> ArtifactStore:
 
 @store.command("init")
 @click.argument("root", type=click.Path(path_type=Path))
-def init_command(root: Path) -> None:
+@click.option(
+    "--dedup",
+    is_flag=True,
+    help="Store tensors once per content: each later put writes only the tensors "
+    "the store does not hold (also turns it on for an existing store).",
+)
+def init_command(root: Path, dedup: bool) -> None:
     """Make ROOT a store (created if absent; an existing store is left as it is;
     a bucket prefix must be empty)."""
-    s = ArtifactStore.init(root)
+    s = ArtifactStore.init(root, dedup=dedup)
     console().print(f"[green]store[/green]: {shown(s.root)}")
 
 

@@ -62,8 +62,9 @@ class Backend(Protocol):
         """The store's small objects: the marker and the pointer."""
         ...
 
-    def init(self) -> None:
-        """Makes the root a store; an existing one is left as it is."""
+    def init(self, *, dedup: bool = False) -> None:
+        """Makes the root a store; an existing one is left as it is, but
+        ``dedup`` turns on storing tensors once per content for later puts."""
         ...
 
     def locked(self) -> AbstractContextManager[None]:
@@ -96,7 +97,8 @@ class Backend(Protocol):
         ...
 
     def put(self, tree: Any, user: dict[str, Any], version: str | None, digest: Algorithm) -> str:
-        """Writes a file version as a candidate; its name."""
+        """Writes a file version (a tensors version in a ``dedup`` store) as
+        a candidate; its name."""
         ...
 
     def put_sharded(
@@ -144,9 +146,9 @@ class Backend(Protocol):
         ...
 
     def checkpoint_source(self, version: str, location: str) -> AbstractContextManager[Source]:
-        """A file version's checkpoint as a ``hashing.Source`` (a descriptor,
-        or the object read as it downloads), for a copy of its bytes; the
-        caller checks them."""
+        """A file or tensors version's checkpoint as a ``hashing.Source`` (a
+        descriptor, the object read as it downloads, or a tensors version's
+        ``TensorsReader``), for a copy of its bytes; the caller checks them."""
         ...
 
     def retire(self, version: str) -> None:
@@ -166,7 +168,8 @@ class Backend(Protocol):
         ...
 
     def after_gc(self) -> None:
-        """Clears what gc leaves behind (trash, stale temporary files)."""
+        """Clears what gc leaves behind (trash, stale temporary files) and
+        deletes the tensor objects no version refers to (tensors.py)."""
         ...
 
 

@@ -15,17 +15,15 @@ primitives a bucket offers, conditional writes, so it needs no lock:
       retired/NAME                  a name gc removed (create-only, never reused)
       versions/NAME/status.json     the record, create-only: it reserves the name
       versions/NAME/model.safetensors   the checkpoint, create-only
+      versions/NAME/tensors.json    in a dedup store, the manifest instead,
+                                    create-only (tensors.py), its tensors
+                                    under tensors/ and gc's marks under doomed/
       versions/NAME/verdict.json    the verdict, create-only: never replaced
 
 Nothing the store wrote is overwritten, but the marker and the pointer,
 and those only by compare-and-swap. Every read of a checkpoint goes
-through the checkpoint reader on an ``ObjectReader``: the bytes are hashed
-as they download, into the arrays' own memory (a partial load fetches its
-header and the selected tensors only, by ranged GETs of the spans the
-reader announces before it reads them), and every hash is
-checked before anything is returned; its digest is
-compared with the one recorded at put and, for a verified version, with the
-verdict's. Only file versions are kept in a bucket.
+through the checkpoint reader (bucketreads.py), every hash checked. Sharded
+versions are not kept in a bucket.
 """
 
 from __future__ import annotations
@@ -33,27 +31,21 @@ from __future__ import annotations
 import contextlib
 import json
 import secrets
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager
+from collections.abc import Callable
 from typing import Any
 
 from .. import strictjson
-from ..checkpoint import Header
-from ..checkpoint.files import read_raw_header
-from ..checkpoint.read import checked_header, load_source, verify_source
 from ..checkpoint.write import checkpoint_bytes
 from ..errors import (
     FormatError,
-    IntegrityError,
     NotAStoreError,
     StorageError,
     StoreError,
     UnknownVersionError,
 )
-from ..hashing import Algorithm, BytesReader, Source
-from ..spec import TreeSpec
-from . import gates, records
-from .backend import Record, Wanted
+from ..hashing import Algorithm
+from . import records, tensors
+from .bucketreads import BucketReads, version_object
 from .exported import ARTIFACT_FILE, META_FILE
 from .layout import (
     AUTO_RE,
@@ -66,8 +58,9 @@ from .layout import (
 )
 from .log import Event
 from .log import parse as parse_event
-from .objects import ObjectReader, ObjectStorage
+from .objects import ObjectStorage
 from .storage import Conflict
+from .tensors import TENSORS_FILE
 
 VERDICT_FILE = "verdict.json"
 #: What a verdict object may set in a version's record (never its uid or sizes).
@@ -85,7 +78,7 @@ VERDICT_FIELDS = frozenset(
     )
 )
 #: The objects a version holds; gc leaves a version holding anything else.
-OWN_OBJECTS = (STATUS_FILE, VERDICT_FILE, MODEL_FILE, ARTIFACT_FILE, META_FILE)
+OWN_OBJECTS = (STATUS_FILE, VERDICT_FILE, MODEL_FILE, ARTIFACT_FILE, META_FILE, TENSORS_FILE)
 #: How many times a compare-and-swap of the marker is tried before giving up.
 _MARKER_TRIES = 64
 #: How many auto-numbered names a put tries when each is taken.
@@ -102,11 +95,11 @@ def _dumps(data: dict[str, Any]) -> bytes:
     return (strictjson.dumps(data) + "\n").encode("ascii")
 
 
-def _version_object(version: str, leaf: str) -> str:
-    return f"versions/{version}/{leaf}"
+class _Doomed(Exception):
+    """A put's manifest was taken back: gc marked one of its objects."""
 
 
-class BucketBackend:
+class BucketBackend(BucketReads):
     """The store's primitives under a bucket URL (see backend.py).
 
     Args:
@@ -134,6 +127,7 @@ class BucketBackend:
             or data.get("format") != STORE_FORMAT
             or not isinstance(data.get("id"), str)
             or not all(isinstance(data.get(k, 0), int) for k in ("counter", "seq"))
+            or not isinstance(data.get("dedup", False), bool)
         ):
             raise StoreError(
                 f"the marker is not a {STORE_FORMAT} marker",
@@ -186,13 +180,16 @@ class BucketBackend:
     def locked(self) -> contextlib.AbstractContextManager[None]:
         return contextlib.nullcontext()  # every write is conditional: no lock
 
-    def init(self) -> None:
-        """Creates the marker; an existing store is left as it is.
+    def init(self, *, dedup: bool = False) -> None:
+        """Creates the marker; an existing store is left as it is (but for
+        ``dedup``, set by compare-and-swap).
 
         Raises:
           StoreError: for a prefix that holds objects but no marker.
         """
         if self._read_marker() is not None:
+            if dedup:
+                self.mark("dedup")
             return
         if self.storage.list(""):
             raise StoreError(
@@ -207,6 +204,7 @@ class BucketBackend:
             "counter": 0,
             "seq": 0,
             "signed": False,
+            "dedup": dedup,
         }
         if isinstance(self.storage.create(MARKER_FILE, _dumps(marker)), Conflict):
             self.require()  # another init made it first: that one stands
@@ -261,7 +259,7 @@ class BucketBackend:
         return self._location(version), self._record(version)
 
     def _record(self, version: str) -> dict[str, Any]:
-        name = _version_object(version, STATUS_FILE)
+        name = version_object(version, STATUS_FILE)
         found = self.storage.read(name, limit=SMALL_FILE_LIMIT, what="status file")
         if found is None:
             raise UnknownVersionError(
@@ -271,7 +269,7 @@ class BucketBackend:
                 hint=f"`treeguard store ls {self.root}` lists the versions",
             )
         data = records.parse(found[0], self.storage.where(name))
-        verdict_name = _version_object(version, VERDICT_FILE)
+        verdict_name = version_object(version, VERDICT_FILE)
         verdict = self.storage.read(verdict_name, limit=SMALL_FILE_LIMIT, what="verdict")
         if verdict is not None:
             where = self.storage.where(verdict_name)
@@ -298,25 +296,29 @@ class BucketBackend:
     # -- put -------------------------------------------------------------
 
     def put(self, tree: Any, user: dict[str, Any], version: str | None, digest: Algorithm) -> str:
-        self.require()
+        dedup = bool(self.require().get("dedup"))
         data = checkpoint_bytes(tree, metadata=user, digest=digest)  # the one upload needs it all
-        header = checked_header(*read_raw_header(BytesReader(data), self.root), self.root, None)
+        header = tensors.header_of(data, self.root)
         spec = header.spec
         record = {
             "status": "candidate",
             "uid": secrets.token_hex(16),
             "created": records.now(),
             "metadata": user,
-            "kind": "file",
+            "kind": "tensors" if dedup else "file",
             "num_leaves": spec.num_leaves,
             "num_params": spec.num_params,
             "nbytes": spec.nbytes,
             "stored_digest": header.digest,
         }
-        version = self._reserve(version, data, record)
+        leaf = TENSORS_FILE if dedup else MODEL_FILE
+        if dedup:
+            version = self._put_tensors(version, data, record)
+        else:
+            version = self._reserve(version, leaf, data, record)
         if self.retired(version):  # gc took the data for a dead put's: undo, refuse
-            for leaf in (STATUS_FILE, MODEL_FILE):
-                self.storage.delete(_version_object(version, leaf))
+            for name in (STATUS_FILE, leaf):
+                self.storage.delete(version_object(version, name))
             raise StoreError(
                 f"version {version} was removed by gc while it was put; nothing of it is kept",
                 version=version,
@@ -325,6 +327,25 @@ class BucketBackend:
             )
         self.append("put", version, {"status": "candidate"})
         return version
+
+    def _put_tensors(self, version: str | None, data: memoryview, record: dict[str, Any]) -> str:
+        """A tensors version: the tensors the store lacks, then the manifest,
+        which reserves the name (taken back if gc marked one of its objects:
+        tensors.py), then the record."""
+        names: list[str] = []
+
+        def place(raw: bytes, objects: list[str]) -> bool:
+            def ready() -> bool:
+                return not tensors.doomed_among(self.storage, objects)
+
+            try:
+                names.append(self._reserve(version, TENSORS_FILE, raw, record, ready))
+            except _Doomed:
+                return False
+            return True
+
+        tensors.put(self.storage, data, place, self.root)
+        return names[-1]
 
     def put_sharded(
         self, tree: Any, user: dict[str, Any], version: str | None, digest: Algorithm
@@ -344,8 +365,17 @@ class BucketBackend:
         """Creates ``retired/NAME`` (create-only: a second gc finds it made)."""
         self.storage.create(f"retired/{version}", b"")
 
-    def _reserve(self, version: str | None, data: memoryview, record: dict[str, Any]) -> str:
-        """Writes the checkpoint object (create-only), then the record
+    def _reserve(
+        self,
+        version: str | None,
+        leaf: str,
+        data: bytes | memoryview,
+        record: dict[str, Any],
+        ready: Callable[[], bool] = lambda: True,
+    ) -> str:
+        """Writes the checkpoint object ``leaf`` (create-only; a tensors
+        version's manifest, taken back with ``_Doomed`` raised unless
+        ``ready()`` once it is written), then the record
         (create-only, with the put's place in the marker's order): a record
         is never seen without its data. The record, whose uid is random,
         decides whose the version is: two puts of the same bytes under one
@@ -376,14 +406,15 @@ class BucketBackend:
                 OWN_OBJECTS
             ):
                 raise _exists(name, self.root)  # before the upload
-            if not isinstance(
-                self.storage.create(_version_object(name, MODEL_FILE), data), Conflict
-            ):
+            if not isinstance(self.storage.create(version_object(name, leaf), data), Conflict):
+                if not ready():
+                    self.storage.delete(version_object(name, leaf))
+                    raise _Doomed
                 body = _dumps(
                     record | {"seq": int(marker["seq"]), "format": STORE_FORMAT, "version": name}
                 )
                 if not isinstance(
-                    self.storage.create(_version_object(name, STATUS_FILE), body), Conflict
+                    self.storage.create(version_object(name, STATUS_FILE), body), Conflict
                 ):
                     return name
             if version is not None:
@@ -394,66 +425,6 @@ class BucketBackend:
             hint="too many writers at once; try again",
         )
 
-    # -- reading a checkpoint --------------------------------------------
-
-    def _model(self, version: str) -> str:
-        return self.storage.where(_version_object(version, MODEL_FILE))
-
-    @contextlib.contextmanager
-    def _reader(self, version: str) -> Iterator[ObjectReader]:
-        """The version's checkpoint object, read as it downloads, with the
-        errors of reading it naming the version."""
-        name = _version_object(version, MODEL_FILE)
-        with gates.reading(
-            version, since="put", where=self._model(version), unreadable=(FormatError,)
-        ):
-            reader = self.storage.reader(name)
-            if reader is None and self.retired(version):
-                raise UnknownVersionError(
-                    f"version {version} was removed by gc while it was read",
-                    version=version,
-                    context=self.root,
-                    hint=f"`treeguard store ls {self.root}` lists the versions",
-                )
-            if reader is None:
-                raise IntegrityError(
-                    f"version {version}: its checkpoint object is missing",
-                    version=version,
-                    context=self.storage.where(name),
-                    hint="do not use it; put the weights again",
-                )
-            try:
-                yield reader
-            finally:
-                reader.close()
-
-    def _header(self, version: str, reader: ObjectReader) -> Header:
-        """The checkpoint's header, fetched alone (the reader announces it)."""
-        where = self._model(version)
-        return checked_header(*read_raw_header(reader, where), where, None)
-
-    def load(self, version: str, location: str, record: dict[str, Any], want: Wanted) -> Any:
-        # a candidate has no verdict yet: the digest recorded at put is the one to find
-        expected = want.digest or record.get("stored_digest")
-        with self._reader(version) as reader:  # fetches what the reader announces it reads
-            return load_source(
-                reader, self._model(version), want.like, expected, want.subtree, want.ignore
-            )
-
-    def stored_spec(self, version: str, location: str, record: dict[str, Any]) -> TreeSpec:
-        with self._reader(version) as reader:
-            return self._header(version, reader).spec
-
-    def checkpoint_source(self, version: str, location: str) -> AbstractContextManager[Source]:
-        return self._reader(version)
-
-    def check_payload(self, version: str, location: str, record: dict[str, Any]) -> None:
-        """Nothing to look at: a bucket keeps file versions only, read by name."""
-
-    def recheck(self, version: str, location: str, record: dict[str, Any], digest: str) -> None:
-        with self._reader(version) as reader:
-            verify_source(reader, self._model(version), expect_digest=digest)
-
     # -- verify ----------------------------------------------------------
 
     def verifiable(self, version: str, location: str, record: dict[str, Any]) -> None:
@@ -462,36 +433,14 @@ class BucketBackend:
                 f"version {version} already has a verdict ({record['status']}); a verdict in a "
                 "bucket is never replaced",
                 version=version,
-                context=self.storage.where(_version_object(version, VERDICT_FILE)),
+                context=self.storage.where(version_object(version, VERDICT_FILE)),
                 hint="put the weights again as a new version to verify them again",
             )
-
-    def read_for_verdict(
-        self, version: str, record: Record, contract: Any, digests: list[str]
-    ) -> Any:
-        with self._reader(version) as reader:
-            digests.append(self._header(version, reader).digest)
-            if digests[0] != record.get("stored_digest"):
-                raise IntegrityError(
-                    f"version {version}: its checkpoint object was changed behind the store: "
-                    "its digest is not the one recorded at put",
-                    version=version,
-                    context=self.storage.where(_version_object(version, MODEL_FILE)),
-                    hint="do not use it; restore the object from a backup, or put the weights "
-                    "again",
-                )
-            return load_source(reader, self._model(version), contract, digests[0], None, ())
-
-    def digest_now(self, version: str, location: str, record: dict[str, Any]) -> str | None:
-        """The digest recorded at put: the object under it is create-only, and
-        every read of it checks the digest it finds against this one."""
-        digest = record.get("stored_digest")
-        return digest if isinstance(digest, str) else None
 
     def save_verdict(
         self, version: str, record: dict[str, Any], verdict: dict[str, Any]
     ) -> dict[str, Any]:
-        name = _version_object(version, VERDICT_FILE)
+        name = version_object(version, VERDICT_FILE)
         if isinstance(self.storage.create(name, _dumps(verdict)), Conflict):
             raise StoreError(
                 f"another process recorded a verdict on version {version} first",
@@ -517,9 +466,9 @@ class BucketBackend:
         except UnknownVersionError:
             if held and STATUS_FILE not in held and self.retired(version):
                 return self._delete(version, held)  # a remove killed after the record went
-            if held != {MODEL_FILE}:
+            if held not in ({MODEL_FILE}, {TENSORS_FILE}):
                 return False  # nothing there, or a verdict without a record: a person must look
-            return self._remove_unrecorded(version)
+            return self._remove_unrecorded(version, held.pop())
         except (StoreError, FormatError):
             return False  # never delete what cannot be read: a person must look
         if not retired:
@@ -530,11 +479,12 @@ class BucketBackend:
     def _delete(self, version: str, held: set[str]) -> bool:
         for leaf in OWN_OBJECTS:  # the record first: a version never lacks its data
             if leaf in held:
-                self.storage.delete(_version_object(version, leaf))
+                self.storage.delete(version_object(version, leaf))
         return True
 
-    def _remove_unrecorded(self, version: str) -> bool:
-        """Removes the checkpoint object of a put that died before its record.
+    def _remove_unrecorded(self, version: str, leaf: str) -> bool:
+        """Removes the checkpoint object (or manifest) of a put that died
+        before its record.
 
         The name is retired first; a put still running checks for that after
         writing its record, and undoes itself. If its record appeared
@@ -542,19 +492,23 @@ class BucketBackend:
         name retired, so never made current: put it again to use it). The
         record is looked for before the name is retired too, so only a put
         that finishes inside that window leaves a version so retired."""
-        status = _version_object(version, STATUS_FILE)
+        status = version_object(version, STATUS_FILE)
         if self.storage.read(status, limit=SMALL_FILE_LIMIT, what="status file"):
             return False  # its put finished since gc listed it
         self.retire(version)
         if self.storage.read(
-            _version_object(version, STATUS_FILE), limit=SMALL_FILE_LIMIT, what="status file"
+            version_object(version, STATUS_FILE), limit=SMALL_FILE_LIMIT, what="status file"
         ):
             return False
-        self.storage.delete(_version_object(version, MODEL_FILE))
+        self.storage.delete(version_object(version, leaf))
         return True
 
     def after_gc(self) -> None:
-        """Nothing: gc deletes whole versions, and leaves no temporary objects."""
+        """Deletes the tensor objects no version refers to (tensors.py);
+        gc deletes whole versions, and leaves no temporary objects."""
+        removed = tensors.sweep(self.storage)
+        if removed != []:
+            self.append("sweep", None, tensors.summary(removed))
 
 
 def _exists(version: str, root: str) -> StoreError:

@@ -28,12 +28,14 @@ from ..errors import StoreError
 from ..sharded.manifest import MANIFEST_NAME, is_data_name
 from .layout import MAX_TREE_ENTRIES, MODEL_FILE, STATUS_FILE
 from .storage import open_dir
+from .tensors import TENSORS_FILE
 
 #: The prefix of a version directory being removed.
 TRASH = ".trash-"
 #: The only files a version directory holds that the store wrote: the
-#: checkpoint, the record, and a sharded version's manifest.
-OWN_FILES = (MODEL_FILE, STATUS_FILE, MANIFEST_NAME)
+#: checkpoint, the record, a sharded version's manifest and a tensors
+#: version's manifest.
+OWN_FILES = (MODEL_FILE, STATUS_FILE, MANIFEST_NAME, TENSORS_FILE)
 
 
 @contextlib.contextmanager

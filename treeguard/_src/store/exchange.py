@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..atomic import current_umask, fsync_dir, open_regular, write_all
@@ -110,12 +110,12 @@ def _checked_copy(
     location, record, digest = gated
     if is_sharded(record):
         _copy_sharded(location, staging)
-    else:
+    else:  # a tensors version is written as the one file it stands for
         with backend.checkpoint_source(version, location) as source:
             _copy_from(source, os.path.join(staging, MODEL_FILE))
     # the bytes shipped are the verdict's: every tensor re-hashed on the copy
     with gates.reading(version, since="verified", where=location):
-        payload.of(record).recheck(staging, digest)
+        payload.exported_as(record).recheck(staging, digest)
 
 
 def _copy_sharded(source: str, staging: str) -> None:
@@ -244,3 +244,82 @@ def _stage(source: str, signature: str, private: str) -> tuple[str, str]:
         os.makedirs(os.path.dirname(dst), exist_ok=True)
         _copy(os.path.join(source, rel), dst)
     return staged, staged_sig
+
+
+class SignedModels:
+    """``ArtifactStore``'s faces of this module, over its backend and signer."""
+
+    _backend: Backend
+    _signer: VerdictSigner | None
+    put: Callable[..., Any]
+
+    def add_signed(
+        self,
+        model: str | os.PathLike[str],
+        /,
+        *,
+        signature: str | os.PathLike[str] | None = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> str:
+        """Puts a model signed with OpenSSF Model Signing (``model_signing sign
+        key``) as a candidate, only if a trusted, unrevoked key signed it and
+        every file matches its signed digest.
+
+        The model is copied into a private directory first and checked there,
+        so the bytes put are the bytes checked. Its one ``.safetensors`` file
+        becomes the version (a treeguard checkpoint with every hash checked,
+        or a foreign one matched by name); the signer's fingerprint, the
+        algorithm and every signed digest are kept in its metadata under
+        ``"signed_model"``. A refused model leaves nothing in the store.
+
+        Args:
+          model: a model file or directory.
+          signature: its signature (``DIR/model.sig`` or ``FILE.sig`` if None).
+          metadata: more JSON metadata for the version.
+
+        Returns:
+          The new candidate's name.
+
+        Raises:
+          ProvenanceError: for a store without trusted EC keys, and its kinds
+            (``MissingSignatureError``, ``BadSignatureError``,
+            ``UntrustedKeyError``, ``RevokedKeyError``, ``SignedDigestError``)
+            for a model that is refused.
+          FormatError: for a link or special file in the model, or a
+            signature that is not an OMS v1.0 bundle.
+          StoreError: for a model without exactly one safetensors file.
+        """
+        tree, user = add(
+            self._signer,
+            os.fspath(model),
+            signature=None if signature is None else os.fspath(signature),
+            metadata=metadata,
+        )
+        name: str = self.put(tree, metadata=user)
+        return name
+
+    def export(self, version: str, directory: str | os.PathLike[str], /) -> Any:
+        """Writes a verified version to a new directory with its OpenSSF Model
+        Signing signature, which ``model_signing verify key DIRECTORY
+        --signature DIRECTORY/model.sig --public_key KEY.pub`` accepts.
+
+        The version passes the gates (verified, its verdict signed by a
+        trusted, unrevoked key), its file is copied and the copy re-hashed
+        against the verdict's digest, then the directory is signed with the
+        store's signing key and renamed into place: a refusal leaves nothing.
+
+        Args:
+          version: a verified version (a file version is written as
+            ``model.safetensors``, a sharded one as its manifest and data).
+          directory: where to write it; it must not exist.
+
+        Returns:
+          The signed ``ModelManifest`` (each file's sha256).
+
+        Raises:
+          ProvenanceError: for a store without an EC signing key.
+          StoreError, SignatureError, IntegrityError: for a version that
+            fails a gate, or a copy whose bytes are not the verdict's.
+          FileExistsError: if ``directory`` exists.
+        """
+        return export(self._backend, self._signer, version, os.fspath(directory))

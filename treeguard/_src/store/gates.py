@@ -38,6 +38,7 @@ from . import pointer, verdicts
 from .backend import Backend, Wanted
 from .layout import MODEL_FILE, check_name
 from .signing import VerdictSigner
+from .tensors import TENSORS_FILE
 
 
 def gate(
@@ -187,23 +188,22 @@ def require_verified(version: str, record: dict[str, Any]) -> str:
 
 
 def require_kind(version: str, version_dir: str, record: dict[str, Any]) -> None:
-    """Refuses a record whose kind (``file`` or ``sharded``) is not what its
-    directory holds: a ``model.safetensors`` for a file version, a manifest
-    for a sharded one, never both. Only the names are looked at (``lstat``).
+    """Refuses a record whose kind (``file``, ``sharded`` or ``tensors``) is
+    not what its directory holds: a ``model.safetensors`` for a file
+    version, a manifest for a sharded one, a ``tensors.json`` for a tensors
+    one, never two of them. Only the names are looked at (``lstat``).
 
     Raises:
       IntegrityError: naming the version, the kind its record claims and
         what the directory holds.
     """
-    kind = "sharded" if record.get("kind") == "sharded" else "file"
-    has = {
-        name: os.path.lexists(os.path.join(version_dir, name))
-        for name in (MODEL_FILE, MANIFEST_NAME)
-    }
-    own, other = (MANIFEST_NAME, MODEL_FILE) if kind == "sharded" else (MODEL_FILE, MANIFEST_NAME)
-    if has[own] and not has[other]:
+    kind = record.get("kind", "file")
+    own = {"sharded": MANIFEST_NAME, "tensors": TENSORS_FILE}.get(kind, MODEL_FILE)
+    names = (MODEL_FILE, MANIFEST_NAME, TENSORS_FILE)
+    held = [n for n in names if os.path.lexists(os.path.join(version_dir, n))]
+    if held == [own]:
         return
-    holds = " and ".join(n for n in (MODEL_FILE, MANIFEST_NAME) if has[n]) or "neither"
+    holds = " and ".join(held) or "neither"
     raise IntegrityError(
         f"version {version}: its record says kind {kind!r}, which keeps {own}, but its "
         f"directory holds {holds}: the record or the directory was changed",

@@ -12,13 +12,16 @@ from a counter in the marker, so a name is never handed out twice.
 
     ROOT/
       STORE.json       the marker: format, the store's id, the name counter,
-                       the names gc retired
+                       the names gc retired, ``dedup`` (puts store tensors
+                       once per content)
       CURRENT.json     the pointer (see pointer.py)
       log.jsonl        the event log (see log.py)
       .lock            taken with flock around every change
       versions/NAME/   model.safetensors and status.json (see records.py);
                        a sharded version holds, instead of the file,
-                       save_sharded's treeguard.sharded.json and data-<hex>/
+                       save_sharded's treeguard.sharded.json and data-<hex>/;
+                       a tensors version, tensors.json (see tensors.py)
+      tensors/, doomed/  a dedup store's shared tensor objects and gc's marks
 """
 
 from __future__ import annotations
@@ -164,6 +167,7 @@ class Layout:
             or not all(isinstance(n, str) for n in data.get("retired", []))
             or not isinstance(data.get("promoted", False), bool)
             or not isinstance(data.get("signed", False), bool)
+            or not isinstance(data.get("dedup", False), bool)
             or not isinstance(data.get("seq", 0), int)
             or isinstance(data.get("seq", 0), bool)
         ):

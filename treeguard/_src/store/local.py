@@ -19,8 +19,9 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from typing import Any
 
-from ..atomic import open_regular, pid_alive, remove_stale_temps
+from ..atomic import atomic_write, open_regular, pid_alive, remove_stale_temps
 from ..checkpoint import read_header, save
+from ..checkpoint.write import checkpoint_bytes
 from ..errors import (
     IntegrityError,
     RetiredVersionError,
@@ -31,7 +32,7 @@ from ..errors import (
 from ..hashing import Algorithm, Source
 from ..sharded.manifest import read as read_manifest
 from ..spec import TreeSpec
-from . import deleter, gates, log, payload, records
+from . import deleter, gates, log, payload, records, tensors
 from .backend import Record, Wanted
 from .layout import AUTO_RE, MODEL_FILE, STATUS_FILE, Layout
 from .lead import lead_acts
@@ -52,14 +53,31 @@ class LocalBackend:
 
     # -- the marker and the log ------------------------------------------
 
-    def init(self) -> None:
+    def init(self, *, dedup: bool = False) -> None:
+        made = False
         with contextlib.suppress(FileNotFoundError):
-            if self.layout.exists():
-                self.layout.require()
-                return
-        self.layout.init()
-        with self.layout.locked():
-            log.append(self.root, "init", None, {})
+            made = self.layout.exists() and bool(self.layout.require())
+        if not made:
+            self.layout.init()
+            with self.layout.locked():
+                log.append(self.root, "init", None, {"dedup": True} if dedup else {})
+        if dedup:
+            with self.layout.locked():
+                self.mark("dedup")
+                self._areas()
+
+    def _areas(self) -> None:
+        """Makes a dedup store's ``tensors/`` and ``doomed/`` (real directories)."""
+        for name in (tensors.AREA, tensors.DOOMED):
+            path = self.layout.path(name)
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(path)
+            if os.path.islink(path) or not os.path.isdir(path):
+                raise StoreError(
+                    f"{name} is not a directory",
+                    context=self.root,
+                    hint="the store never follows links; remove it or pick another root",
+                )
 
     def locked(self) -> AbstractContextManager[None]:
         return self.layout.locked()
@@ -110,6 +128,8 @@ class LocalBackend:
 
     def put(self, tree: Any, user: dict[str, Any], version: str | None, digest: Algorithm) -> str:
         self._open_for_put()
+        if self.layout.require().get("dedup"):
+            return self._put_tensors(tree, user, version, digest)
         with self.layout.locked():
             version, path = self._reserve(version, user)
         try:
@@ -117,6 +137,34 @@ class LocalBackend:
             with _out_of_space_is_typed(version, path):
                 save(model, tree, metadata=user, digest=digest)
             self._record_candidate(version, path, read_header(model).spec, {})
+        except BaseException:
+            self._discard(path)
+            raise
+        return version
+
+    def _put_tensors(
+        self, tree: Any, user: dict[str, Any], version: str | None, digest: Algorithm
+    ) -> str:
+        """A tensors version: its tensors the store lacks, then its manifest
+        (taken back if gc marked one of its objects: tensors.py), then its
+        record as a candidate."""
+        self._areas()
+        with self.layout.locked():
+            version, path = self._reserve(version, user, "tensors")
+        manifest = os.path.join(path, tensors.TENSORS_FILE)
+
+        def place(raw: bytes, objects: list[str]) -> bool:
+            atomic_write(manifest, raw)
+            if not tensors.doomed_among(self.storage, objects):
+                return True
+            os.unlink(manifest)
+            return False
+
+        try:
+            with _out_of_space_is_typed(version, path):
+                data = checkpoint_bytes(tree, metadata=user, digest=digest)
+                header = tensors.put(self.storage, data, place, path)
+            self._record_candidate(version, path, header.spec, {"kind": "tensors"})
         except BaseException:
             self._discard(path)
             raise
@@ -304,7 +352,7 @@ class LocalBackend:
     # -- the gates and loads ---------------------------------------------
 
     def check_payload(self, version: str, location: str, record: dict[str, Any]) -> None:
-        if record["status"] == "writing" and payload.of(record).kind == "sharded":
+        if record["status"] == "writing" and payload.of(record).kind != "file":
             raise StoreError(
                 f"version {version} is still being written; there is no complete "
                 "checkpoint to load yet",
@@ -331,6 +379,10 @@ class LocalBackend:
 
     @contextlib.contextmanager
     def checkpoint_source(self, version: str, location: str) -> Iterator[Source]:
+        if os.path.lexists(os.path.join(location, tensors.TENSORS_FILE)):  # the gates chose
+            with payload.TensorsPayload.opened(location) as (reader, _):
+                yield reader
+            return
         fd = open_regular(os.path.join(location, MODEL_FILE), what="checkpoint")
         try:
             yield fd
@@ -355,6 +407,12 @@ class LocalBackend:
     def after_gc(self) -> None:
         deleter.clean(self.layout.versions_dir())
         remove_stale_temps(self.root)
+        if os.path.isdir(self.layout.path(tensors.AREA)):
+            self._areas()  # never through a link
+            remove_stale_temps(self.layout.path(tensors.AREA))
+            removed = tensors.sweep(self.storage)
+            if removed != []:
+                log.append(self.root, "sweep", None, tensors.summary(removed))
 
     def retire(self, version: str) -> None:
         """Records in the marker that ``version`` is never handed out or made

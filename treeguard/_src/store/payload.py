@@ -7,6 +7,10 @@ store never branches on the kind itself.
 
 - ``FilePayload``: ``model.safetensors``; its digest is the header digest
   (which covers every tensor's hash).
+- ``TensorsPayload``: a manifest (tensors.py) naming the store's shared
+  tensor objects; its digest is the header digest, as a file version's, and
+  every read goes through ``tensorread.TensorsReader``, which stands for
+  the file.
 - ``ShardedPayload``: ``save_sharded``'s manifest and data directories in
   the version's directory; its digest is the manifest's, and since the
   manifest alone does not prove the bytes, a full check reads every shard
@@ -16,10 +20,13 @@ store never branches on the kind itself.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Any, ClassVar
 
+from ..atomic import read_regular
 from ..checkpoint import load, read_header, verify_file
+from ..checkpoint.read import load_source, verify_source
 from ..errors import FormatError, TreeMismatchError
 from ..sharded.manifest import read as read_manifest
 from ..sharded.manifest import sharded_digest
@@ -27,6 +34,8 @@ from ..spec import TreeSpec, spec_of
 from .backend import Wanted
 from .layout import MODEL_FILE, Layout
 from .records import is_sharded
+from .tensorread import TensorsReader, local_opener, opened
+from .tensors import MANIFEST_LIMIT, TENSORS_FILE, parse_manifest
 
 
 def shardable(like: Any) -> bool:
@@ -159,14 +168,80 @@ class ShardedPayload:
         return read_local(version_dir, digest=digests[0])[2]
 
 
-Payload = FilePayload | ShardedPayload
+class TensorsPayload:
+    """A version that holds a manifest of the store's shared tensor objects
+    (a local store's ``ROOT/tensors/``, its directory two levels up)."""
+
+    kind: ClassVar[str] = "tensors"
+    collective: ClassVar[bool] = False
+    evidence: ClassVar[tuple[str, str]] = (
+        "manifest valid",
+        "manifest and every tensor hash match",
+    )
+
+    def location(self, version_dir: str) -> str:
+        """The path ``VersionInfo.path`` shows: the version's directory."""
+        return version_dir
+
+    def check_plain(self, layout: Layout, version_dir: str, version: str) -> None:
+        """Nothing to walk: the manifest and each object are opened without
+        following links."""
+
+    @staticmethod
+    def opened(version_dir: str) -> contextlib.AbstractContextManager[tuple[TensorsReader, Any]]:
+        """The version as its checkpoint file: the reader and its header."""
+        where = os.path.join(version_dir, TENSORS_FILE)
+        raw = read_regular(where, limit=MANIFEST_LIMIT, what="tensors manifest")
+        root = os.path.dirname(os.path.dirname(version_dir))
+        return opened(parse_manifest(raw, where), local_opener(root), version_dir)
+
+    def stored_spec(self, version_dir: str) -> TreeSpec:
+        with self.opened(version_dir) as (_, header):
+            spec: TreeSpec = header.spec
+            return spec
+
+    def digest_now(self, version_dir: str) -> str:
+        with self.opened(version_dir) as (_, header):
+            digest: str = header.digest
+            return digest
+
+    def recheck(self, version_dir: str, digest: str) -> None:
+        """Reads every tensor again and refuses another header digest."""
+        with self.opened(version_dir) as (reader, _):
+            verify_source(reader, version_dir, expect_digest=digest)
+
+    def load(self, version: str, version_dir: str, want: Wanted) -> Any:
+        """As ``FilePayload.load``, each tensor read from its object."""
+        with self.opened(version_dir) as (reader, _):
+            return load_source(
+                reader, version_dir, want.like, want.digest, want.subtree, want.ignore
+            )
+
+    def read_for_verdict(
+        self, layout: Layout, version_dir: str, version: str, contract: Any, digests: list[str]
+    ) -> Any:
+        with self.opened(version_dir) as (reader, header):
+            digests.append(header.digest)
+            return load_source(reader, version_dir, contract, digests[0], None, ())
+
+
+Payload = FilePayload | ShardedPayload | TensorsPayload
 
 _FILE = FilePayload()
 _SHARDED = ShardedPayload()
+_TENSORS = TensorsPayload()
 
 
 def of(record: dict[str, Any]) -> Payload:
     """The payload of a validated record's kind."""
+    if is_sharded(record):
+        return _SHARDED
+    return _TENSORS if record.get("kind") == "tensors" else _FILE
+
+
+def exported_as(record: dict[str, Any]) -> Payload:
+    """The payload of a version's export: a ``tensors`` version is written
+    as the one file it stands for."""
     return _SHARDED if is_sharded(record) else _FILE
 
 

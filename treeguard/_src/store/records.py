@@ -30,8 +30,9 @@ STATUSES = ("writing", "candidate", "verified", "rejected")
 #: The statuses of a version whose put returned: what gc's policy counts.
 FINISHED = ("candidate", "verified", "rejected")
 #: What a version holds: one checkpoint file (``model.safetensors``), or a
-#: sharded checkpoint (``save_sharded``'s manifest and data) in its directory.
-KINDS = ("file", "sharded")
+#: sharded checkpoint (``save_sharded``'s manifest and data) in its directory,
+#: or a manifest of the store's shared tensor objects (tensors.py).
+KINDS = ("file", "sharded", "tensors")
 #: The status ``versions`` gives a version whose ``status.json`` cannot be
 #: read; its ``reason`` says why. Nothing changes such a version, ``gc`` included.
 UNREADABLE = "unreadable"
@@ -104,12 +105,14 @@ class VersionInfo:
       nbytes: the bytes of array data.
       digest: the digest of the checkpoint the verdict was computed on
         (of a sharded version: the digest of its manifest).
-      path: the checkpoint file, or a sharded version's directory.
+      path: the checkpoint file, or a sharded or tensors version's directory.
       signed: whether the verdict carries a signature (whether it is a
         valid one is checked by the store that holds the key).
       signature: the verdict's signature as recorded (unchecked), or None;
         ``trail`` reads who it names.
-      kind: ``file`` (one checkpoint file) or ``sharded`` (``save_sharded``).
+      kind: ``file`` (one checkpoint file), ``sharded`` (``save_sharded``) or
+        ``tensors`` (a manifest of tensors stored once per content, in a
+        store made with ``dedup=True``).
       seq: its place in the order of puts, from the store's own counter
         (never the clock); None for a version put by an older treeguard.
     """
@@ -209,8 +212,10 @@ def is_sharded(data: dict[str, Any]) -> bool:
 
 
 def checkpoint_path(version_dir: str, data: dict[str, Any]) -> str:
-    """Where a version's checkpoint is: its file, or (sharded) its directory."""
-    return version_dir if is_sharded(data) else os.path.join(version_dir, MODEL_FILE)
+    """Where a version's checkpoint is: its file, or (sharded, tensors) its directory."""
+    if is_sharded(data) or data.get("kind") == "tensors":
+        return version_dir
+    return os.path.join(version_dir, MODEL_FILE)
 
 
 def write(version_dir: str, version: str, data: dict[str, Any]) -> dict[str, Any]:

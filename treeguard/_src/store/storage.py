@@ -33,7 +33,7 @@ import errno
 import os
 from typing import Protocol
 
-from ..atomic import atomic_write, fsync_dir, open_regular, temp_path
+from ..atomic import atomic_write, fsync_dir, open_regular, temp_path, write_all
 from ..errors import FormatError, StorageError, StoreError
 
 
@@ -51,7 +51,7 @@ class Storage(Protocol):
         """How ``name`` is shown in a message (a path or a URL)."""
         ...
 
-    def create(self, name: str, data: bytes) -> str | Conflict:
+    def create(self, name: str, data: bytes | memoryview) -> str | Conflict:
         """Writes ``name`` only if absent; its new tag, or ``Conflict.EXISTS``."""
         ...
 
@@ -139,11 +139,11 @@ class LocalStorage:
         finally:
             os.close(fd)
 
-    def create(self, name: str, data: bytes) -> str | Conflict:
+    def create(self, name: str, data: bytes | memoryview) -> str | Conflict:
         target = self.where(name)
         tmp = temp_path(target)
         try:
-            atomic_write(tmp, data)
+            atomic_write(tmp, lambda fd: write_all(fd, data))
             os.link(tmp, target)
         except FileExistsError:
             return Conflict.EXISTS

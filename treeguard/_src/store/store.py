@@ -23,7 +23,7 @@ from .retention import RetentionPolicy
 from .signing import EcKeys, VerdictSigner, signer_for
 
 
-class ArtifactStore(GatedLoads):
+class ArtifactStore(GatedLoads, exchange.SignedModels):
     """Versions of a model's weights, with verify, promote, rollback and gc.
 
     Opening a store reads nothing and creates nothing: the first ``put`` (or
@@ -110,15 +110,39 @@ class ArtifactStore(GatedLoads):
         signing_key: str | os.PathLike[str] | None = None,
         trusted_keys: Sequence[str | os.PathLike[str]] = (),
         revoked_keys: Sequence[str | os.PathLike[str]] = (),
+        dedup: bool = False,
     ) -> ArtifactStore:
         """Makes ``root`` a store (creating it if absent) and opens it.
 
-        An existing store is opened unchanged. A directory of an older
-        treeguard store (``versions/`` without the marker) is adopted, its
-        numbering continued.
+        An existing store is opened unchanged, but for ``dedup``. A
+        directory of an older treeguard store (``versions/`` without the
+        marker) is adopted, its numbering continued.
+
+        Args:
+          root: as for ``ArtifactStore``.
+          key: as for ``ArtifactStore``.
+          signing_key: as for ``ArtifactStore``.
+          trusted_keys: as for ``ArtifactStore``.
+          revoked_keys: as for ``ArtifactStore``.
+          dedup: store tensors once per content: from now on each ``put``
+            writes a manifest of the tensors by digest and only the tensors
+            the store does not hold yet (``STORE.json`` records it; versions
+            put before stay as they are, readable and promotable).
+
+        Returns:
+          The store.
 
         Raises:
           StoreError: for a root or ``versions/`` that is a link or not a directory.
+
+        Example:
+          >>> import tempfile, numpy as np
+          >>> store = ArtifactStore.init(tempfile.mkdtemp(), dedup=True)
+          >>> base = {"head": np.zeros(4, np.float32), "body": np.ones(1000, np.float32)}
+          >>> v1 = store.put(base)
+          >>> v2 = store.put({**base, "head": np.ones(4, np.float32)})  # writes only the head
+          >>> store.info(v2).kind, store.verify(v2).status
+          ('tensors', 'verified')
         """
         store = cls(
             root,
@@ -127,7 +151,7 @@ class ArtifactStore(GatedLoads):
             trusted_keys=trusted_keys,
             revoked_keys=revoked_keys,
         )
-        store._backend.init()
+        store._backend.init(dedup=dedup)
         return store
 
     @property
@@ -385,77 +409,6 @@ class ArtifactStore(GatedLoads):
         """
         user, algorithm = records.put_arguments(metadata, version, digest)
         return self._backend.put_sharded(tree, user, version, algorithm)
-
-    def add_signed(
-        self,
-        model: str | os.PathLike[str],
-        /,
-        *,
-        signature: str | os.PathLike[str] | None = None,
-        metadata: Mapping[str, Any] | None = None,
-    ) -> str:
-        """Puts a model signed with OpenSSF Model Signing (``model_signing sign
-        key``) as a candidate, only if a trusted, unrevoked key signed it and
-        every file matches its signed digest.
-
-        The model is copied into a private directory first and checked there,
-        so the bytes put are the bytes checked. Its one ``.safetensors`` file
-        becomes the version (a treeguard checkpoint with every hash checked,
-        or a foreign one matched by name); the signer's fingerprint, the
-        algorithm and every signed digest are kept in its metadata under
-        ``"signed_model"``. A refused model leaves nothing in the store.
-
-        Args:
-          model: a model file or directory.
-          signature: its signature (``DIR/model.sig`` or ``FILE.sig`` if None).
-          metadata: more JSON metadata for the version.
-
-        Returns:
-          The new candidate's name.
-
-        Raises:
-          ProvenanceError: for a store without trusted EC keys, and its kinds
-            (``MissingSignatureError``, ``BadSignatureError``,
-            ``UntrustedKeyError``, ``RevokedKeyError``, ``SignedDigestError``)
-            for a model that is refused.
-          FormatError: for a link or special file in the model, or a
-            signature that is not an OMS v1.0 bundle.
-          StoreError: for a model without exactly one safetensors file.
-        """
-        tree, user = exchange.add(
-            self._signer,
-            os.fspath(model),
-            signature=None if signature is None else os.fspath(signature),
-            metadata=metadata,
-        )
-        name: str = self.put(tree, metadata=user)
-        return name
-
-    def export(self, version: str, directory: str | os.PathLike[str], /) -> Any:
-        """Writes a verified version to a new directory with its OpenSSF Model
-        Signing signature, which ``model_signing verify key DIRECTORY
-        --signature DIRECTORY/model.sig --public_key KEY.pub`` accepts.
-
-        The version passes the gates (verified, its verdict signed by a
-        trusted, unrevoked key), its file is copied and the copy re-hashed
-        against the verdict's digest, then the directory is signed with the
-        store's signing key and renamed into place: a refusal leaves nothing.
-
-        Args:
-          version: a verified version (a file version is written as
-            ``model.safetensors``, a sharded one as its manifest and data).
-          directory: where to write it; it must not exist.
-
-        Returns:
-          The signed ``ModelManifest`` (each file's sha256).
-
-        Raises:
-          ProvenanceError: for a store without an EC signing key.
-          StoreError, SignatureError, IntegrityError: for a version that
-            fails a gate, or a copy whose bytes are not the verdict's.
-          FileExistsError: if ``directory`` exists.
-        """
-        return exchange.export(self._backend, self._signer, version, os.fspath(directory))
 
     def verify(
         self,

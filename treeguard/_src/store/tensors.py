@@ -1,0 +1,234 @@
+"""Tensors stored once per content: a ``tensors`` version's manifest, the
+store's shared tensor objects, and gc of the objects no version refers to.
+
+The same names through the ``Storage`` protocol on a disk and in a bucket::
+
+    ROOT/tensors/ALGO-HEX[.TOKEN]    one tensor's bytes (HEX: its digest),
+                                     create-only, never rewritten
+    ROOT/doomed/OBJECT               gc's mark, made before it deletes
+                                     OBJECT; never removed: an object so
+                                     marked is never reused by a put
+    ROOT/versions/NAME/tensors.json  the manifest: the checkpoint's header
+                                     (its text, as in the file; its digest,
+                                     ``treeguard.digest``, covers every
+                                     tensor's digest, dtype and shape), the
+                                     file's size, and the object that holds
+                                     each tensor, in the header's order
+
+A version's digest is its header digest, the same as that of the one file
+``save`` writes for the same tree, so a verdict binds it as it binds a file
+version's, and ``tensorread.py`` reads the version as that file, every
+tensor hashed.
+
+Why a tensor that a version refers to is never deleted: gc lists the
+objects, reads every manifest (every name under ``versions/``, finished or
+being written), marks each object no manifest names ``doomed/``, reads
+every manifest again, and deletes only the marked objects still named by
+none. A put writes its tensors, then its manifest, then reads ``doomed/``
+and, if one of its objects is marked, takes its manifest back and starts
+again (the objects marked are not reused); only then does it write its
+record. A manifest gc's second reading missed was written after that
+reading, so after the mark, and its put sees the mark. Objects gc spared
+(a put named them in time) stay marked and are not reused; a later gc
+deletes them once no version names them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import secrets
+from collections.abc import Callable
+from typing import Any
+
+from .. import strictjson
+from ..checkpoint import Header
+from ..checkpoint.files import read_raw_header
+from ..checkpoint.format import MAX_HEADER_BYTES
+from ..checkpoint.read import checked_header
+from ..errors import FormatError, StoreError
+from ..hashing import BytesReader
+from .layout import check_name
+from .storage import Conflict, Storage
+
+#: The manifest of a ``tensors`` version, in its directory.
+TENSORS_FILE = "tensors.json"
+TENSORS_FORMAT = "treeguard.tensors/1"
+#: Where the tensor objects are, and gc's marks.
+AREA = "tensors"
+DOOMED = "doomed"
+#: The most bytes a manifest may have: a header and its list of objects.
+MANIFEST_LIMIT = 3 * MAX_HEADER_BYTES
+#: How many times a put starts again when gc marked one of its objects.
+_PUT_TRIES = 16
+
+OBJECT_RE = re.compile(r"^(blake3|sha256)-[0-9a-f]{64}(\.[0-9a-f]{16})?$")
+
+
+@dataclasses.dataclass(frozen=True)
+class Manifest:
+    """A ``tensors`` version's manifest.
+
+    Attributes:
+      prefix: the first bytes of the file it stands for (the 8-byte length
+        and the header).
+      size: that file's size.
+      objects: the object holding each tensor, in the header's order.
+    """
+
+    prefix: bytes
+    size: int
+    objects: tuple[str, ...]
+
+
+def manifest_bytes(prefix: bytes, size: int, objects: list[str]) -> bytes:
+    """The manifest of a version whose file starts with ``prefix``."""
+    doc = {
+        "format": TENSORS_FORMAT,
+        "size": size,
+        "header": bytes(prefix[8:]).decode("utf-8"),
+        "objects": objects,
+    }
+    return (strictjson.dumps(doc) + "\n").encode("utf-8")
+
+
+def parse_manifest(raw: bytes, where: str) -> Manifest:
+    """A manifest's bytes, validated.
+
+    Raises:
+      FormatError: for one that is not a ``treeguard.tensors/1`` manifest.
+    """
+    doc = strictjson.loads(raw, "the tensors manifest", context=where)
+    ok = (
+        isinstance(doc, dict)
+        and doc.get("format") == TENSORS_FORMAT
+        and isinstance(doc.get("size"), int)
+        and not isinstance(doc.get("size"), bool)
+        and isinstance(doc.get("header"), str)
+        and isinstance(doc.get("objects"), list)
+        and all(isinstance(n, str) and OBJECT_RE.match(n) for n in doc["objects"])
+    )
+    if not ok:
+        raise FormatError(
+            f"not a {TENSORS_FORMAT} manifest",
+            context=where,
+            hint="the store writes it itself; restore the version from a backup",
+        )
+    header = doc["header"].encode("utf-8")
+    return Manifest(len(header).to_bytes(8, "little") + header, doc["size"], tuple(doc["objects"]))
+
+
+def header_of(data: memoryview, where: str) -> Header:
+    """The header of checkpoint bytes built in memory (``checkpoint_bytes``)."""
+    return checked_header(*read_raw_header(BytesReader(data), where), where, None)
+
+
+def write_missing(storage: Storage, header: Header, data: memoryview) -> list[str]:
+    """Writes each tensor of ``data`` (a checkpoint's bytes) that no usable
+    object holds yet; returns the object of every tensor, in order. An
+    object gc marked is never reused, and a name taken by other bytes is
+    left for a fresh one."""
+    held = [n for n in storage.list(AREA) if OBJECT_RE.match(n)]
+    doomed = set(storage.list(DOOMED))
+    usable: dict[str, str] = {}
+    for name in sorted(held):
+        if name not in doomed:
+            usable.setdefault(name.split(".")[0], name)
+    taken = set(held) | doomed
+    out: list[str] = []
+    for t in header.tensors:
+        base = f"{header.hash_name}-{t.digest}"
+        if base not in usable:
+            start = header.data_start + t.begin
+            usable[base] = _create(storage, base, data[start : start + t.nbytes], taken)
+        out.append(usable[base])
+    return out
+
+
+def _create(storage: Storage, base: str, data: memoryview, taken: set[str]) -> str:
+    name = base if base not in taken else f"{base}.{secrets.token_hex(8)}"
+    while isinstance(storage.create(f"{AREA}/{name}", data), Conflict):
+        name = f"{base}.{secrets.token_hex(8)}"  # made meanwhile: its bytes are not known
+    return name
+
+
+def doomed_among(storage: Storage, objects: list[str]) -> bool:
+    """Whether gc marked one of ``objects`` (read after the manifest is written)."""
+    return bool(set(storage.list(DOOMED)) & set(objects))
+
+
+def put(
+    storage: Storage,
+    data: memoryview,
+    place: Callable[[bytes, list[str]], bool],
+    where: str,
+) -> Header:
+    """Writes a version's tensors that the store does not hold and hands its
+    manifest and objects to ``place``, which writes the manifest, then (by
+    ``doomed_among``) takes it back and returns False if gc marked one of
+    the objects; started again while it does.
+
+    Raises:
+      StoreError: if gc kept marking its objects, ``_PUT_TRIES`` times.
+    """
+    header = header_of(data, where)
+    prefix = bytes(data[: header.data_start])
+    for _ in range(_PUT_TRIES):
+        objects = write_missing(storage, header, data)
+        if place(manifest_bytes(prefix, header.file_bytes, objects), objects):
+            return header
+    raise StoreError(
+        f"gc removed this version's tensors {_PUT_TRIES} times in a row while it was put",
+        context=where,
+        hint="put it again once gc is done",
+    )
+
+
+def referenced(storage: Storage) -> set[str] | None:
+    """Every object a manifest under ``versions/`` names; None when one
+    cannot be read (then gc deletes no tensor)."""
+    out: set[str] = set()
+    for name in storage.list("versions"):
+        try:
+            check_name(name)
+        except StoreError:
+            continue
+        target = f"versions/{name}/{TENSORS_FILE}"
+        try:
+            found = storage.read(target, limit=MANIFEST_LIMIT, what="tensors manifest")
+            if found is not None:
+                out.update(parse_manifest(found[0], storage.where(target)).objects)
+        except (FormatError, StoreError, OSError):
+            return None
+    return out
+
+
+def sweep(storage: Storage) -> list[str] | None:
+    """Deletes the tensor objects no manifest names (see the module); the
+    objects deleted, or None when a manifest could not be read and
+    nothing was deleted."""
+    held = [n for n in storage.list(AREA) if OBJECT_RE.match(n)]
+    if not held:
+        return []
+    first = referenced(storage)
+    if first is None:
+        return None
+    doomed = [n for n in held if n not in first]
+    if not doomed:
+        return []
+    for name in doomed:
+        storage.create(f"{DOOMED}/{name}", b"")  # one made already stands
+    again = referenced(storage)
+    if again is None:
+        return None
+    removed = [n for n in doomed if n not in again]
+    for name in removed:
+        storage.delete(f"{AREA}/{name}")
+    return removed
+
+
+def summary(removed: list[str] | None) -> dict[str, Any]:
+    """What gc's log says of its sweep."""
+    if removed is None:
+        return {"tensors_kept": "a manifest could not be read"}
+    return {"tensors_removed": len(removed)}
