@@ -98,6 +98,28 @@ def test_a_tampered_tensor_object_is_refused_naming_the_tensor(tmp_path: Path) -
     assert store.current() == v1  # the pointer did not move, the refusal is typed
 
 
+def test_a_truncated_or_extended_tensor_object_is_refused_naming_the_tensor(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "store"
+    store = ArtifactStore.init(root, dedup=True)
+    v = store.put(_tree(5.0))
+    (head,) = _objects(root) - _objects_of(store.put(_tree(0.0)), root)
+    target = root / "tensors" / head
+    os.chmod(target, 0o644)
+    whole = target.read_bytes()
+    for changed in (whole[:-4], whole + b"\0" * 4):
+        target.write_bytes(changed)
+        with pytest.raises(IntegrityError) as e:
+            store.load_version(v, like=_tree())
+        assert e.value.path == "['head']" and e.value.version == v
+        assert f"holds {len(changed)} bytes, not the 32 of f32[8]" in str(e.value)
+
+
+def _objects_of(version: str, root: Path) -> set[str]:
+    return set(json.loads((root / "versions" / version / "tensors.json").read_text())["objects"])
+
+
 def test_gc_keeps_the_shared_tensors_and_removes_the_unshared(tmp_path: Path) -> None:
     root = tmp_path / "store"
     store = ArtifactStore.init(root, dedup=True)

@@ -85,10 +85,11 @@ class TensorsReader:
                     context=self._where,
                     hint=_HINT,
                 )
-            if source_size(src) != t.nbytes:
+            held = source_size(src)
+            if held != t.nbytes:
                 _close(src)
                 raise IntegrityError(
-                    f"tensor {t.name}: its object {AREA}/{name} holds {source_size(src)} "
+                    f"tensor {t.name}: its object {AREA}/{name} holds {held} "
                     f"bytes, not the {t.nbytes} of {t.summary()}",
                     path=t.name,
                     context=self._where,
