@@ -16,9 +16,11 @@ import os
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
 from ..diff import mismatches
 from ..errors import FormatError, IntegrityError, TreeMismatchError
-from ..hashing import HEX_RE, ShortRead, Source, announce, hash_ranges
+from ..hashing import HEX_RE, Algorithm, ShortRead, Source, announce, hash_ranges, memo
 from ..keydtype import is_key_dtype, wrap_keys
 from ..mismatch import Mismatch
 from ..spec import TreeSpec, spec_of
@@ -275,11 +277,27 @@ def load_native(  # noqa: PLR0917 - two call sites, all positional data
     if not announced:
         announce(fd, spans(header, todo))  # the plan, told to the source before any read
     read_placed(fd, header, todo, wanted, place, _on_devices(refs))
+    _remember(header.hash_name, todo, [[placed[i] for i in users[k]] for k in wanted])
     out = [
         placed[i] if src is not None else plan.values.get(i, refs[i])
         for i, src in enumerate(plan.sources)
     ]
     return build_like(like_spec, like_treedef, out), plan.surgery
+
+
+def _remember(
+    algorithm: Algorithm, todo: Sequence[TensorInfo], given: Sequence[Sequence[Any]]
+) -> None:
+    """Tells the digest memo (``hashing/memo.py``) the digest of each device
+    array a load hands back (``given``: the leaves made of each tensor of
+    ``todo``), every byte of which was checked against it. Nothing is told
+    when a numpy leaf came from the same read: its buffer is the one the jax
+    arrays may share on the CPU, and numpy may write it."""
+    if any(isinstance(x, np.ndarray) for leaves in given for x in leaves):
+        return
+    for t, leaves in zip(todo, given):
+        for x in leaves:
+            memo.remember(x, algorithm, t.digest, t.dtype, t.shape)
 
 
 #: A load onto devices reads and verifies about this many bytes at a time,

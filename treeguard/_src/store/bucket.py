@@ -35,7 +35,8 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import strictjson
-from ..checkpoint.write import checkpoint_bytes
+from ..checkpoint import Header
+from ..checkpoint.write import checkpoint_bytes, laid_out
 from ..errors import (
     FormatError,
     NotAStoreError,
@@ -296,26 +297,14 @@ class BucketBackend(BucketReads):
     # -- put -------------------------------------------------------------
 
     def put(self, tree: Any, user: dict[str, Any], version: str | None, digest: Algorithm) -> str:
-        dedup = bool(self.require().get("dedup"))
-        data = checkpoint_bytes(tree, metadata=user, digest=digest)  # the one upload needs it all
-        header = tensors.header_of(data, self.root)
-        spec = header.spec
-        record = {
-            "status": "candidate",
-            "uid": secrets.token_hex(16),
-            "created": records.now(),
-            "metadata": user,
-            "kind": "tensors" if dedup else "file",
-            "num_leaves": spec.num_leaves,
-            "num_params": spec.num_params,
-            "nbytes": spec.nbytes,
-            "stored_digest": header.digest,
-        }
-        leaf = TENSORS_FILE if dedup else MODEL_FILE
-        if dedup:
-            version = self._put_tensors(version, data, record)
+        if self.require().get("dedup"):
+            version = self._put_tensors(tree, user, version, digest)
+            leaf = TENSORS_FILE
         else:
-            version = self._reserve(version, leaf, data, record)
+            data = checkpoint_bytes(tree, metadata=user, digest=digest)  # one upload needs it all
+            header = tensors.header_of(data, len(data), self.root)
+            version = self._reserve(version, MODEL_FILE, data, _candidate(user, header, "file"))
+            leaf = MODEL_FILE
         if self.retired(version):  # gc took the data for a dead put's: undo, refuse
             for name in (STATUS_FILE, leaf):
                 self.storage.delete(version_object(version, name))
@@ -328,23 +317,27 @@ class BucketBackend(BucketReads):
         self.append("put", version, {"status": "candidate"})
         return version
 
-    def _put_tensors(self, version: str | None, data: memoryview, record: dict[str, Any]) -> str:
+    def _put_tensors(
+        self, tree: Any, user: dict[str, Any], version: str | None, digest: Algorithm
+    ) -> str:
         """A tensors version: the tensors the store lacks, then the manifest,
         which reserves the name (taken back if gc marked one of its objects:
         tensors.py), then the record."""
         names: list[str] = []
 
-        def place(raw: bytes, objects: list[str]) -> bool:
+        def place(raw: bytes, objects: list[str], header: Header) -> bool:
             def ready() -> bool:
                 return not tensors.doomed_among(self.storage, objects)
 
+            record = _candidate(user, header, "tensors")
             try:
                 names.append(self._reserve(version, TENSORS_FILE, raw, record, ready))
             except _Doomed:
                 return False
             return True
 
-        tensors.put(self.storage, data, place, self.root)
+        draft = laid_out(tree, metadata=user, digest=digest)
+        tensors.put(self.storage, draft, place, self.root)
         return names[-1]
 
     def put_sharded(
@@ -526,3 +519,19 @@ def check_name_or_none(name: str) -> str | None:
         return check_name(name)
     except UnknownVersionError:
         return None
+
+
+def _candidate(user: dict[str, Any], header: Header, kind: str) -> dict[str, Any]:
+    """The record of a version put as a candidate, of ``header``'s checkpoint."""
+    spec = header.spec
+    return {
+        "status": "candidate",
+        "uid": secrets.token_hex(16),
+        "created": records.now(),
+        "metadata": user,
+        "kind": kind,
+        "num_leaves": spec.num_leaves,
+        "num_params": spec.num_params,
+        "nbytes": spec.nbytes,
+        "stored_digest": header.digest,
+    }

@@ -35,10 +35,11 @@ deletes them once no version names them.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import re
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .. import strictjson
@@ -46,8 +47,9 @@ from ..checkpoint import Header
 from ..checkpoint.files import read_raw_header
 from ..checkpoint.format import MAX_HEADER_BYTES
 from ..checkpoint.read import checked_header
+from ..checkpoint.write import Draft
 from ..errors import FormatError, StoreError
-from ..hashing import BytesReader
+from ..hashing import BytesReader, digest, memo
 from .layout import check_name
 from .storage import Conflict, Storage
 
@@ -118,31 +120,51 @@ def parse_manifest(raw: bytes, where: str) -> Manifest:
     return Manifest(len(header).to_bytes(8, "little") + header, doc["size"], tuple(doc["objects"]))
 
 
-def header_of(data: memoryview, where: str) -> Header:
-    """The header of checkpoint bytes built in memory (``checkpoint_bytes``)."""
-    return checked_header(*read_raw_header(BytesReader(data), where), where, None)
+def header_of(prefix: bytes | memoryview, size: int, where: str) -> Header:
+    """The header of a checkpoint of ``size`` bytes that starts with
+    ``prefix`` (its 8-byte length and its header), checked as a load checks it."""
+    return checked_header(*read_raw_header(BytesReader(prefix, size=size), where), where, None)
 
 
-def write_missing(storage: Storage, header: Header, data: memoryview) -> list[str]:
-    """Writes each tensor of ``data`` (a checkpoint's bytes) that no usable
-    object holds yet; returns the object of every tensor, in order. An
-    object gc marked is never reused, and a name taken by other bytes is
-    left for a fresh one."""
+def _usable(storage: Storage) -> tuple[dict[str, str], set[str]]:
+    """The objects a put may name, by ``ALGO-HEX`` (none gc marked), and
+    every name taken (a new object takes none of them)."""
     held = [n for n in storage.list(AREA) if OBJECT_RE.match(n)]
     doomed = set(storage.list(DOOMED))
     usable: dict[str, str] = {}
     for name in sorted(held):
         if name not in doomed:
             usable.setdefault(name.split(".")[0], name)
-    taken = set(held) | doomed
-    out: list[str] = []
-    for t in header.tensors:
-        base = f"{header.hash_name}-{t.digest}"
-        if base not in usable:
-            start = header.data_start + t.begin
-            usable[base] = _create(storage, base, data[start : start + t.nbytes], taken)
-        out.append(usable[base])
-    return out
+    return usable, set(held) | doomed
+
+
+def write_missing(
+    storage: Storage, draft: Draft, known: Sequence[str | None]
+) -> tuple[list[str], list[str]]:
+    """Writes each leaf of ``draft`` that no usable object holds yet; returns
+    the object and the digest of every leaf, in order. A leaf whose digest
+    the memo knows (``known``) and whose object the store holds is neither
+    brought to the host nor hashed; every other leaf is, and is written if
+    no usable object holds its bytes. An object gc marked is never reused,
+    and a name taken by other bytes is left for a fresh one."""
+    usable, taken = _usable(storage)
+    todo = [i for i, d in enumerate(known) if d is None or f"{draft.algorithm}-{d}" not in usable]
+    objects: list[str] = []
+    digests: list[str] = []
+    for i, remembered in enumerate(known):
+        found, base = remembered, f"{draft.algorithm}-{remembered}"
+        if found is None or base not in usable:
+            at = bisect.bisect_right(todo, i)
+            if at < len(todo):
+                draft.prefetch(todo[at])  # its copy from its device runs meanwhile
+            data = draft.host_bytes(i)
+            found = digest(data, draft.algorithm)
+            base = f"{draft.algorithm}-{found}"
+            if base not in usable:
+                usable[base] = _create(storage, base, data, taken)
+        objects.append(usable[base])
+        digests.append(found)
+    return objects, digests
 
 
 def _create(storage: Storage, base: str, data: memoryview, taken: set[str]) -> str:
@@ -159,23 +181,27 @@ def doomed_among(storage: Storage, objects: list[str]) -> bool:
 
 def put(
     storage: Storage,
-    data: memoryview,
-    place: Callable[[bytes, list[str]], bool],
+    draft: Draft,
+    place: Callable[[bytes, list[str], Header], bool],
     where: str,
 ) -> Header:
-    """Writes a version's tensors that the store does not hold and hands its
-    manifest and objects to ``place``, which writes the manifest, then (by
-    ``doomed_among``) takes it back and returns False if gc marked one of
-    the objects; started again while it does.
+    """Writes a version's tensors that the store does not hold (the digest
+    memo names the leaves a verified load handed back, which are not read
+    again: ``hashing/memo.py``) and hands its manifest, objects and header
+    to ``place``, which writes the manifest, then (by ``doomed_among``)
+    takes it back and returns False if gc marked one of the objects;
+    started again while it does.
 
     Raises:
       StoreError: if gc kept marking its objects, ``_PUT_TRIES`` times.
     """
-    header = header_of(data, where)
-    prefix = bytes(data[: header.data_start])
+    known: list[str | None] = [memo.known(x, draft.algorithm) for x in draft.leaves]
     for _ in range(_PUT_TRIES):
-        objects = write_missing(storage, header, data)
-        if place(manifest_bytes(prefix, header.file_bytes, objects), objects):
+        objects, digests = write_missing(storage, draft, known)
+        known = list(digests)  # each the digest of the leaf's bytes, hashed or remembered
+        prefix = len(draft.draft).to_bytes(8, "little") + draft.header(digests)
+        header = header_of(prefix, draft.file_bytes, where)
+        if place(manifest_bytes(prefix, header.file_bytes, objects), objects, header):
             return header
     raise StoreError(
         f"gc removed this version's tensors {_PUT_TRIES} times in a row while it was put",
