@@ -124,7 +124,7 @@ def _alive_as(entry: _Entry, x: object) -> bool:
     return entry.ref() is x
 
 
-def size() -> int:
-    """How many entries the memo holds (each of a live array)."""
+def held() -> set[int]:
+    """The ``id`` of every array the memo holds an entry for (each alive)."""
     with _LOCK:
-        return len(_ENTRIES)
+        return set(_ENTRIES)
