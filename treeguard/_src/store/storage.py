@@ -33,7 +33,7 @@ import errno
 import os
 from typing import Protocol
 
-from ..atomic import atomic_write, fsync_dir, open_regular, temp_path, write_all
+from ..atomic import atomic_write, fsync_dir, open_regular, temp_path, write_new
 from ..errors import FormatError, StorageError, StoreError
 
 
@@ -143,7 +143,7 @@ class LocalStorage:
         target = self.where(name)
         tmp = temp_path(target)
         try:
-            atomic_write(tmp, lambda fd: write_all(fd, data))
+            write_new(tmp, data)  # durable once linked and the directory synced
             os.link(tmp, target)
         except FileExistsError:
             return Conflict.EXISTS

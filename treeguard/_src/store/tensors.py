@@ -40,6 +40,7 @@ import dataclasses
 import re
 import secrets
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from .. import strictjson
@@ -139,32 +140,42 @@ def _usable(storage: Storage) -> tuple[dict[str, str], set[str]]:
 
 
 def write_missing(
-    storage: Storage, draft: Draft, known: Sequence[str | None]
+    storage: Storage,
+    draft: Draft,
+    known: Sequence[str | None],
+    then: Callable[[list[str]], None] = lambda _: None,
 ) -> tuple[list[str], list[str]]:
     """Writes each leaf of ``draft`` that no usable object holds yet; returns
     the object and the digest of every leaf, in order. A leaf whose digest
     the memo knows (``known``) and whose object the store holds is neither
     brought to the host nor hashed; every other leaf is, and is written if
-    no usable object holds its bytes. An object gc marked is never reused,
-    and a name taken by other bytes is left for a fresh one."""
+    no usable object holds its bytes. ``then(digests)`` is called once every
+    digest is known, before the last object is written (the header is laid
+    out meanwhile). An object gc marked is never reused, and a name taken by
+    other bytes is left for a fresh one."""
     usable, taken = _usable(storage)
-    todo = [i for i, d in enumerate(known) if d is None or f"{draft.algorithm}-{d}" not in usable]
-    objects: list[str] = []
+    algorithm = draft.algorithm
+    todo = [i for i, d in enumerate(known) if d is None or f"{algorithm}-{d}" not in usable]
     digests: list[str] = []
+    pending: tuple[str, memoryview] | None = None  # written once the next is hashed
     for i, remembered in enumerate(known):
-        found, base = remembered, f"{draft.algorithm}-{remembered}"
-        if found is None or base not in usable:
+        found = remembered
+        if found is None or f"{algorithm}-{found}" not in usable:
             at = bisect.bisect_right(todo, i)
             if at < len(todo):
                 draft.prefetch(todo[at])  # its copy from its device runs meanwhile
             data = draft.host_bytes(i)
-            found = digest(data, draft.algorithm)
-            base = f"{draft.algorithm}-{found}"
-            if base not in usable:
-                usable[base] = _create(storage, base, data, taken)
-        objects.append(usable[base])
+            found = digest(data, algorithm)
+            base = f"{algorithm}-{found}"
+            if base not in usable and (pending is None or pending[0] != base):
+                if pending is not None:
+                    usable[pending[0]] = _create(storage, *pending, taken)
+                pending = (base, data)
         digests.append(found)
-    return objects, digests
+    then(digests)
+    if pending is not None:
+        usable[pending[0]] = _create(storage, *pending, taken)
+    return [usable[f"{algorithm}-{d}"] for d in digests], digests
 
 
 def _create(storage: Storage, base: str, data: memoryview, taken: set[str]) -> str:
@@ -190,24 +201,38 @@ def put(
     again: ``hashing/memo.py``) and hands its manifest, objects and header
     to ``place``, which writes the manifest, then (by ``doomed_among``)
     takes it back and returns False if gc marked one of the objects;
-    started again while it does.
+    started again while it does. The header is laid out and read back on a
+    thread of its own while the last object is written.
 
     Raises:
       StoreError: if gc kept marking its objects, ``_PUT_TRIES`` times.
     """
     known: list[str | None] = [memo.known(x, draft.algorithm) for x in draft.leaves]
-    for _ in range(_PUT_TRIES):
-        objects, digests = write_missing(storage, draft, known)
-        known = list(digests)  # each the digest of the leaf's bytes, hashed or remembered
-        prefix = len(draft.draft).to_bytes(8, "little") + draft.header(digests)
-        header = header_of(prefix, draft.file_bytes, where)
-        if place(manifest_bytes(prefix, header.file_bytes, objects), objects, header):
-            return header
+    signed: list[Future[tuple[bytes, Header]]] = []
+    with ThreadPoolExecutor(1, thread_name_prefix="treeguard-header") as pool:
+        for _ in range(_PUT_TRIES):
+            objects, digests = write_missing(
+                storage,
+                draft,
+                known,
+                lambda found: signed.append(pool.submit(_signed, draft, found, where)),
+            )
+            known = list(digests)  # each the digest of the leaf's bytes, hashed or remembered
+            prefix, header = signed[-1].result()
+            if place(manifest_bytes(prefix, header.file_bytes, objects), objects, header):
+                return header
     raise StoreError(
         f"gc removed this version's tensors {_PUT_TRIES} times in a row while it was put",
         context=where,
         hint="put it again once gc is done",
     )
+
+
+def _signed(draft: Draft, digests: list[str], where: str) -> tuple[bytes, Header]:
+    """The first bytes of the version's file (its header with ``digests``),
+    and that header read back as a load reads it."""
+    prefix = len(draft.draft).to_bytes(8, "little") + draft.header(digests)
+    return prefix, header_of(prefix, draft.file_bytes, where)
 
 
 def referenced(storage: Storage) -> set[str] | None:
