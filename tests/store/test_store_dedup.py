@@ -198,3 +198,24 @@ def test_store_init_dedup_on_the_command_line(tmp_path: Path) -> None:
     assert done.exit_code == 0, done.output
     v = ArtifactStore(root).put(_tree())
     assert ArtifactStore(root).info(v).kind == "tensors"
+
+
+def test_gc_clears_the_mark_of_a_tensor_a_version_names_so_puts_reuse_it(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "store"
+    store = ArtifactStore.init(root, dedup=True)
+    v1 = store.put(_tree(0.0))
+    held = _objects(root)
+    (head,) = [n for n in held if n not in _objects_of(store.put(_tree(9.0)), root)]
+    (root / "doomed" / head).write_bytes(b"")  # as a gc killed after its mark leaves it
+    v3 = store.put(_tree(0.0))  # marked: not reused, written again under a fresh name
+    (fresh,) = _objects_of(v3, root) - _objects_of(v1, root)
+    assert fresh.startswith(head + ".")
+    assert store.gc(policy=RetentionPolicy(keep_last=10)) == []
+    assert not (root / "doomed" / head).exists()  # named by v1, kept: the mark is cleared
+    before = _objects(root)
+    v4 = store.put(_tree(0.0))
+    assert _objects(root) == before and head in _objects_of(v4, root)
+    for v in (v1, v3, v4):
+        assert _same(store.load_version(v, like=_tree()), _tree(0.0))

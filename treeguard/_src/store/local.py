@@ -410,7 +410,7 @@ class LocalBackend:
         if os.path.isdir(self.layout.path(tensors.AREA)):
             self._areas()  # never through a link
             remove_stale_temps(self.layout.path(tensors.AREA))
-            removed = tensors.sweep(self.storage)
+            removed = tensors.sweep(self.storage, exclusive=True)  # under the lock
             if removed != []:
                 log.append(self.root, "sweep", None, tensors.summary(removed))
 

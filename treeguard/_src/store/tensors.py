@@ -6,8 +6,8 @@ The same names through the ``Storage`` protocol on a disk and in a bucket::
     ROOT/tensors/ALGO-HEX[.TOKEN]    one tensor's bytes (HEX: its digest),
                                      create-only, never rewritten
     ROOT/doomed/OBJECT               gc's mark, made before it deletes
-                                     OBJECT; never removed: an object so
-                                     marked is never reused by a put
+                                     OBJECT; while it stands, no put
+                                     reuses OBJECT
     ROOT/versions/NAME/tensors.json  the manifest: the checkpoint's header
                                      (its text, as in the file; its digest,
                                      ``treeguard.digest``, covers every
@@ -28,9 +28,25 @@ none. A put writes its tensors, then its manifest, then reads ``doomed/``
 and, if one of its objects is marked, takes its manifest back and starts
 again (the objects marked are not reused); only then does it write its
 record. A manifest gc's second reading missed was written after that
-reading, so after the mark, and its put sees the mark. Objects gc spared
-(a put named them in time) stay marked and are not reused; a later gc
-deletes them once no version names them.
+reading, so after the mark, and its put sees the mark.
+
+When a mark is cleared: the mark of a deleted object stays for good (a put
+whose manifest names it may not have read ``doomed/`` yet, and no object is
+made again under its name). A gc that runs alone (a local store's, under
+the store's lock: ``sweep(exclusive=True)``) clears, after its deletions,
+the mark of every object it listed, did not delete and found named by its
+last reading: the objects a put named in time (spared), and those a gc
+killed between its mark and its deletions left marked. Why no put can lose
+such an object: a mark matters only to the gc that relies on it to delete
+the object; the objects cleared exist and this gc deletes none of them, and
+no other gc runs meanwhile; a gc that comes later deletes an object only
+after a mark of its own, made before its second reading, and a put that
+names the object after that reading reads ``doomed/`` after its manifest,
+so sees that mark, as above. A put that listed ``doomed/`` before the mark
+was cleared writes the tensor again under a fresh name: wasteful, never
+wrong. In a bucket two gcs may run at once, and one could clear a mark the
+other relies on, so a bucket's gc clears none: an object it spared is not
+reused, and a later gc deletes it once no version names it.
 """
 
 from __future__ import annotations
@@ -254,10 +270,11 @@ def referenced(storage: Storage) -> set[str] | None:
     return out
 
 
-def sweep(storage: Storage) -> list[str] | None:
+def sweep(storage: Storage, *, exclusive: bool = False) -> list[str] | None:
     """Deletes the tensor objects no manifest names (see the module); the
     objects deleted, or None when a manifest could not be read and
-    nothing was deleted."""
+    nothing was deleted. ``exclusive``: no other gc runs meanwhile, so the
+    marks of the objects kept that a version names are cleared."""
     held = [n for n in storage.list(AREA) if OBJECT_RE.match(n)]
     if not held:
         return []
@@ -265,16 +282,19 @@ def sweep(storage: Storage) -> list[str] | None:
     if first is None:
         return None
     doomed = [n for n in held if n not in first]
-    if not doomed:
-        return []
     for name in doomed:
         storage.create(f"{DOOMED}/{name}", b"")  # one made already stands
-    again = referenced(storage)
+    again = referenced(storage) if doomed else first
     if again is None:
         return None
     removed = [n for n in doomed if n not in again]
     for name in removed:
         storage.delete(f"{AREA}/{name}")
+    if exclusive:
+        marked = set(storage.list(DOOMED))
+        for name in held:
+            if name in again and name in marked:  # listed, not deleted, named
+                storage.delete(f"{DOOMED}/{name}")
     return removed
 
 
