@@ -83,13 +83,13 @@ def remember(
         return False
     key = id(x)
 
-    def forget(ref: weakref.ref[Any]) -> None:
+    def gone(ref: weakref.ref[Any]) -> None:
         with _LOCK:
             entry = _ENTRIES.get(key)
             if entry is not None and entry.ref is ref:
                 del _ENTRIES[key]
 
-    entry = _Entry(weakref.ref(x, forget), algorithm, digest, np.dtype(dtype), shape)
+    entry = _Entry(weakref.ref(x, gone), algorithm, digest, np.dtype(dtype), shape)
     with _LOCK:
         _ENTRIES[key] = entry
     return True
@@ -103,14 +103,14 @@ def known(x: Any, algorithm: Algorithm) -> str | None:
     if entry is None or not _alive_as(entry, x):
         return None
     if not _is_device_array(x):  # deleted, or donated, since
-        forget(x)
+        drop(x)
         return None
     if entry.algorithm != algorithm or x.dtype != entry.dtype or tuple(x.shape) != entry.shape:
         return None
     return entry.digest
 
 
-def forget(x: Any) -> None:
+def drop(x: Any) -> None:
     """Drops ``x``'s entry, if it has one."""
     with _LOCK:
         entry = _ENTRIES.get(id(x))
