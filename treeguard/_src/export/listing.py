@@ -88,7 +88,7 @@ def listed(store: Any, versions: Iterable[Any]) -> dict[str, Listed]:
       >>> store.verify(v1).status
       'verified'
       >>> {v: x.cell() for v, x in listed(store, store.versions()).items()} == {
-      ...     v1: f"cpu (jax {jax.__version__})"}
+      ...     v1: f"{jax.default_backend()} (jax {jax.__version__})"}
       True
     """
     attached = {e.version for e in store.history() if e.action == "export"}
