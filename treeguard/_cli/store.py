@@ -93,8 +93,10 @@ def ls_command(root: Path, as_json: bool) -> None:
     algorithm, the key's fingerprint, the digest signed and when) says who
     each verdict's signature names. The exported column (and "exported" in
     --json) says what a version holds of an exported artifact (treeguard
-    export): the platforms and the jax of one a server would take, else why
-    not (unverified, uncovered, changed, missing, unreadable, refused).
+    export): the platforms and the jax of one its verdict covers, else why
+    a server would not take it (unverified, uncovered, changed, missing,
+    unreadable, refused). None of an artifact's bytes is read: a server hashes
+    them all when it loads them.
     """
     s = _open_store(root)
     current, previous = s.current(), s.previous()

@@ -14,6 +14,10 @@ signs (``verdicts.message``). ``read`` is the gate: it re-hashes the
 description against the digest a verdict recorded, then the bytes against
 the digest the description names. The store never parses what the bytes
 hold; the exporter and the server do.
+
+``peek`` is the listing's cheap look (``treeguard store ls``): the
+description read and checked against the verdict, the bytes' object found,
+none of the bytes read; their hash is the gate's, at every load.
 """
 
 from __future__ import annotations
@@ -171,3 +175,59 @@ def read(backend: Backend, version: str, expected: str | None) -> tuple[dict[str
             hint="do not serve it; export and verify the version again, or restore it",
         )
     return meta, blob_found[0]
+
+
+#: What ``peek`` says of an artifact, for each state.
+STATES = {
+    "covered": "covered by the verdict, its description unchanged, its bytes there "
+    "(a server hashes every byte when it loads them)",
+    "unverified": "attached, and the version is not verified: verify it",
+    "uncovered": "exported after the verdict: verify the version again",
+    "changed": "its description changed since the verdict: do not serve it",
+    "missing": "its description or its bytes are gone (or the export never finished): "
+    "do not serve it",
+    "unreadable": "a description this treeguard cannot read (a newer format, or not "
+    "JSON): upgrade it",
+    "refused": "the version's own gate refuses it (its verdict's signature, say)",
+}
+
+
+def peek(
+    backend: Backend, version: str, covered: str | None
+) -> tuple[str, dict[str, Any] | None] | None:
+    """What ``version`` holds of an artifact, without reading its bytes.
+
+    Args:
+      backend: the store's backend.
+      version: the version.
+      covered: the ``exported`` digest of its verdict; None when it has no
+        verdict or one that covers no artifact.
+
+    Returns:
+      None when the version holds no trace of an artifact; else a state of
+      ``STATES`` (never ``unverified`` or ``refused``: those are the
+      verdict's, see ``GatedLoads.peek_exported``) and, for ``covered``
+      alone, the description.
+    """
+    names = backend.storage.list(f"versions/{version}")
+    if META_FILE not in names:
+        return None if covered is None and ARTIFACT_FILE not in names else ("missing", None)
+    try:
+        found = backend.storage.read(
+            _name(version, META_FILE), limit=META_LIMIT, what="exported artifact's description"
+        )
+    except FormatError:  # over its limit, or not a regular file
+        return "unreadable", None
+    if found is None:  # removed since the listing
+        return "missing", None
+    if covered is None:
+        return "uncovered", None
+    if digest_of(found[0], ALGORITHM) != covered:
+        return "changed", None
+    try:
+        meta = strictjson.loads(found[0], "the exported artifact's description")
+    except FormatError:
+        return "unreadable", None
+    if not isinstance(meta, dict):
+        return "unreadable", None
+    return ("covered", meta) if ARTIFACT_FILE in names else ("missing", None)
