@@ -12,6 +12,7 @@ import scipy.stats
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from treeguard._src.bench.compare import hodges_lehmann, mann_whitney_u, wilcoxon_signed_rank
 from treeguard.bench import (
     BenchError,
     BenchResult,
@@ -21,7 +22,6 @@ from treeguard.bench import (
     compare_runs,
     compare_samples,
 )
-from treeguard.bench.stats import hodges_lehmann, mann_whitney_u, wilcoxon_signed_rank
 
 
 def timings(

@@ -11,7 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from treeguard.bench import conditions, fingerprint
+from treeguard._src.bench.conditions import fingerprint
+from treeguard.bench import conditions
 
 CPUINFO_X86 = """processor\t: 0
 vendor_id\t: AuthenticAMD
