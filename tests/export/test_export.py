@@ -18,18 +18,15 @@ from treeguard._cli.main import main
 from treeguard._src.export.compat import check_servable
 from treeguard._src.export.exporting import export_serving
 from treeguard._src.export.validation import validate
-from treeguard._src.serving.release import params_like, release_checks
 from treeguard.export import Description, export_version, served_from_store
-from treeguard.serving import Server, ServingError, ServingSpec
+from treeguard.serving import Server, ServingError, ServingSpec, verify_version
 
 
 def _exported(store, model, *, promote=True, seed=0):
     params = model.init(jax.random.key(seed))
     v = store.put(params)
     export_version(model, store, v)
-    assert store.verify(v, like=params_like(model), checks=release_checks(model)).status == (
-        "verified"
-    )
+    assert verify_version(store, v, model).status == ("verified")
     if promote:
         store.promote(v)
     return v, params
@@ -84,7 +81,7 @@ def test_a_function_without_a_symbolic_batch_axis_is_exported_per_bucket(tmp_pat
     result = export_version(m, store, v, spec=spec)
     assert result.description.batches == (1, 4)
     assert result.description.validated == ("standard", "single", "zeros", "boundary")
-    assert store.verify(v, like=params_like(m), checks=release_checks(m)).status == "verified"
+    assert verify_version(store, v, m).status == "verified"
     store.promote(v)
     served = served_from_store(store)
     server = Server(served.model, store, spec=served.spec, version_check=served.check)
@@ -190,7 +187,7 @@ def test_an_artifact_exported_after_the_verdict_or_missing_is_refused(tmp_path):
     store = treeguard.ArtifactStore(tmp_path / "s")
     m = usermodels.eqx_model
     v = store.put(m.init(m.key()))
-    store.verify(v, like=params_like(m), checks=release_checks(m))
+    verify_version(store, v, m)
     store.promote(v)
     with pytest.raises(treeguard.ArtifactError, match="holds no exported artifact") as e:
         served_from_store(store)
@@ -254,7 +251,7 @@ def test_a_swap_checks_the_artifact_of_the_version_it_goes_to(tmp_path):
     assert server.status()["active"] == v2
     # a verified version without an artifact: refused, naming it and the served one's
     bare = store.put(m.init(jax.random.key(3)))
-    assert store.verify(bare, like=params_like(m), checks=release_checks(m)).status == "verified"
+    assert verify_version(store, bare, m).status == "verified"
     with pytest.raises(ServingError) as e:
         server.weights.swap(bare)
     assert f"version {bare} holds no exported artifact" in str(e.value)

@@ -8,8 +8,8 @@ import pytest
 import usermodels
 
 import treeguard
-from treeguard._src.serving.release import params_like, release_checks
 from treeguard.export import export_version, served_from_store
+from treeguard.serving import verify_version
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("s3")]
 
@@ -19,7 +19,7 @@ def test_an_artifact_in_a_bucket_is_served_and_a_changed_one_refused(s3_url):
     m = usermodels.eqx_model
     v = store.put(m.init(m.key()))
     export_version(m, store, v)
-    assert store.verify(v, like=params_like(m), checks=release_checks(m)).status == "verified"
+    assert verify_version(store, v, m).status == "verified"
     store.promote(v)
     served = served_from_store(store)
     assert served.version == v

@@ -231,16 +231,14 @@ def store_verify_command(
     """
     s = _open_store(root)
     spec = read_like(like)
-    checks: list[Any] = []
-    if model_target is not None:
+    if model_target is None:
+        info = s.verify(version, like=spec)
+    else:
         # The release checks import JAX: only once a model is asked for.
-        from .._src.serving.release import params_like, release_checks
+        from .._src.serving.release import verify_version
 
         model = load_model(model_target, command="store verify")
-        checks = release_checks(model)
-        if spec is None:  # the model's structure, so framework params keep their types
-            spec = params_like(model)
-    info = s.verify(version, like=spec, checks=checks)
+        info = verify_version(s, version, model, like=spec)
     # -- end of the model's release checks --
     if info.status == "verified":
         console().print(f"[green]verified[/green]: {shown(version)}")

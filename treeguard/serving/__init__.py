@@ -24,6 +24,7 @@ from .._src.serving.protocol import InferRequest as InferRequest
 from .._src.serving.protocol import InferResult as InferResult
 from .._src.serving.protocol import Output as Output
 from .._src.serving.protocol import RawInput as RawInput
+from .._src.serving.release import verify_version as verify_version
 from .._src.serving.spec import CompilePolicy as CompilePolicy
 from .._src.serving.spec import Limits as Limits
 from .._src.serving.spec import Overflow as Overflow
@@ -47,4 +48,5 @@ __all__ = [
     "WatchdogPolicy",
     "plan",
     "serve",
+    "verify_version",
 ]
