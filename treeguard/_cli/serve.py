@@ -191,24 +191,16 @@ def run_command(  # noqa: PLR0917 - click passes every option
     model, spec, store, version_check = _what_to_serve(target, store, spec_file, inputs)
     token = read_token(control_token_file) if control_token_file else None
     if use_ray:
-        _run_ray(
-            None if target is None else model,
-            store_root,
-            spec,
-            replicas=replicas,
-            address=ray_address,
-            name=ray_app,
-            host=host,
-            port=port,
-            ingress=ray_ingress,
-            options={
-                "allow_unchecked": allow_unchecked,
-                "memory_budget": memory_budget,
-                "cache_dir": cache_dir or _default_cache(),
-                "control_token": token,
-                "access_log": access_log,
-            },
-        )
+        options = {
+            "allow_unchecked": allow_unchecked,
+            "memory_budget": memory_budget,
+            "cache_dir": cache_dir or _default_cache(),
+            "control_token": token,
+            "access_log": access_log,
+        }
+        where = {"address": ray_address, "name": ray_app, "host": host, "port": port}
+        model = None if target is None else model  # without it, each replica reads the artifact
+        _run_ray(model, store_root, spec, replicas, options, where | {"ingress": ray_ingress})
         return
     server = Server(
         model,
@@ -300,24 +292,22 @@ def _require_ray() -> None:
         )
 
 
-def _run_ray(
+def _run_ray(  # noqa: PLR0917 - one call site
     model: Any | None,
     store_root: Path,
     spec: Any,
-    *,
     replicas: int,
-    address: str | None,
-    name: str,
-    host: str,
-    port: int,
-    ingress: str,
     options: dict[str, Any],
+    where: dict[str, Any],
 ) -> None:
+    """Runs ``app(model, store_root, spec, num_replicas=replicas, **options)``
+    under Ray Serve, placed by ``where`` (``run_application``'s ``name``,
+    ``address``, ``host``, ``port`` and ``ingress``)."""
     _require_ray()
     # the deployment imports JAX, and Ray once the application is built
     from .._src.serving.ray.api import app, run_application, swap_command
 
-    application = app(model, store_root, spec, num_replicas=replicas, **options)
+    name = where["name"]
 
     def ready(live: dict[str, int | None], cluster: str, proxy: str) -> None:
         console().print(
@@ -327,15 +317,8 @@ def _run_ray(
             soft_wrap=True,
         )
 
-    run_application(
-        application,
-        name=name,
-        address=address,
-        host=host,
-        port=port,
-        ingress=ingress,
-        on_ready=ready,
-    )
+    built = app(model, store_root, spec, num_replicas=replicas, **options)
+    run_application(built, on_ready=ready, **where)
 
 
 @serve.command("plan")
