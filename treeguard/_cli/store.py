@@ -22,7 +22,7 @@ from .ckpt import read_like
 from .console import console, shown
 from .failures import Group
 from .loader import load_model
-from .options import given_keys, key_options
+from .options import given_keys, key_options, like_option
 
 
 @click.group("store", cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -209,9 +209,7 @@ def _checks_cell(v: Any) -> str:
 @key_options
 @click.argument("root", type=click.Path(path_type=Path))
 @click.argument("version")
-@click.option(
-    "--like", type=click.Path(path_type=Path), default=None, help="The contract to match."
-)
+@like_option("VERSION must match")
 # -- the model's release checks (serving) --
 @click.option(
     "--model",
