@@ -104,35 +104,9 @@ def ls_command(root: Path, as_json: bool) -> None:
     signatures = _signatures(s, versions)
     artifacts = listed(s, versions)
     if as_json:
-        click.echo(
-            json.dumps(
-                {
-                    "root": s.root,
-                    "current": current,
-                    "previous": previous,
-                    "versions": [
-                        {
-                            "version": v.version,
-                            "status": v.status,
-                            "signature": signatures.get(v.version, (None, ""))[0],
-                            "trail": _trail_json(v),
-                            "kind": v.kind,
-                            "reason": v.reason,
-                            "created": v.created,
-                            "num_params": v.num_params,
-                            "nbytes": v.nbytes,
-                            "metadata": v.metadata,
-                            "checks": model_checks(v.checks),  # the model's release checks
-                            "exported": (
-                                artifacts[v.version].as_json() if v.version in artifacts else None
-                            ),
-                        }
-                        for v in versions
-                    ],
-                },
-                indent=1,
-            )
-        )
+        listed_json = [_version_json(v, signatures, artifacts) for v in versions]
+        head = {"root": s.root, "current": current, "previous": previous}
+        click.echo(json.dumps(head | {"versions": listed_json}, indent=1))
         return
     table = Table(box=None, pad_edge=False)
     columns = (
@@ -168,6 +142,26 @@ def ls_command(root: Path, as_json: bool) -> None:
         f"previous: {previous or 'none'}"
     )
     out.print(table)
+
+
+def _version_json(
+    v: Any, signatures: dict[str, tuple[str, str]], artifacts: dict[str, Any]
+) -> dict[str, Any]:
+    """One version as ``store ls --json`` lists it."""
+    return {
+        "version": v.version,
+        "status": v.status,
+        "signature": signatures.get(v.version, (None, ""))[0],
+        "trail": _trail_json(v),
+        "kind": v.kind,
+        "reason": v.reason,
+        "created": v.created,
+        "num_params": v.num_params,
+        "nbytes": v.nbytes,
+        "metadata": v.metadata,
+        "checks": model_checks(v.checks),  # the model's release checks
+        "exported": artifacts[v.version].as_json() if v.version in artifacts else None,
+    }
 
 
 def _signatures(s: ArtifactStore, versions: list[Any]) -> dict[str, tuple[str, str]]:
