@@ -101,3 +101,27 @@ def test_importing_the_serving_api_pulls_in_no_http_stack():
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.slow
+def test_a_port_in_use_stops_serve_with_the_reason_not_uvicorn_s_exit(tmp_path):
+    import socket
+
+    import jax
+
+    import treeguard
+    from treeguard.examples import mlp
+
+    store = treeguard.ArtifactStore(tmp_path / "s")
+    v = store.put(mlp.init(jax.random.key(0)))
+    assert treeguard.serving.verify_version(store, v, mlp.model).status == "verified"
+    store.promote(v)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        args = ["serve", "treeguard.examples.mlp:model", "--store", str(tmp_path / "s")]
+        out = CliRunner().invoke(main, [*args, "--host", "127.0.0.1", "--port", str(port)])
+    assert out.exit_code == treeguard.serving.ServingError.exit_code, out.output
+    assert "stopped: uvicorn exited with status" in out.output  # its own code, not ours
+    assert f"the server on 127.0.0.1:{port}" in " ".join(out.output.split())

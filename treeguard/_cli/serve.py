@@ -176,7 +176,6 @@ def run_command(  # noqa: PLR0917 - click passes every option
     """
     # The server imports JAX and starlette: only once the command runs.
     from .._src.serving.app import Server
-    from .._src.serving.app import serve as run_server
 
     if not is_url(store_root) and not store_root.is_dir():  # a bucket URL: the store checks it
         raise ConfigError(f"{store_root}: no store there", hint="treeguard store put first")
@@ -212,18 +211,20 @@ def run_command(  # noqa: PLR0917 - click passes every option
         allow_unchecked=allow_unchecked,
         version_check=version_check,
     )
+    listen = {"host": host, "port": port, "grpc_port": grpc_port, "access_log": access_log}
+    _run_here(server, listen | {"control_token": token})
+
+
+def _run_here(server: Any, listen: dict[str, Any]) -> None:
+    """``serve(server, **listen)`` in this process, until it is stopped."""
+    from .._src.serving.app import serve as run_server  # starlette and uvicorn: only now
+
     try:
-        run_server(
-            server,
-            host=host,
-            port=port,
-            control_token=token,
-            grpc_port=grpc_port,
-            access_log=access_log,
-        )
+        run_server(server, **listen)
     except SystemExit as e:  # uvicorn's own exit (it logged why), not the model's
         raise ServingError(
-            f"the server on {host}:{port} stopped: uvicorn exited with status {e.code!r}",
+            f"the server on {listen['host']}:{listen['port']} stopped: uvicorn exited with "
+            f"status {e.code!r}",
             hint="its log above says why (a port in use, an address not on this machine)",
         ) from e
 
