@@ -41,18 +41,19 @@ def artifact(tmp_path_factory):
 def test_store_ls_says_each_version_s_artifact_state(tmp_path, artifact):
     meta, blob = artifact
     store = treeguard.ArtifactStore.init(tmp_path / "s")
-    covered, uncovered, unverified, changed, gone, dropped, newer, plain = (
-        store.put(mlp.init(jax.random.key(seed))) for seed in range(8)
+    covered, uncovered, unverified, changed, cut, gone, dropped, newer, plain = (
+        store.put(mlp.init(jax.random.key(seed))) for seed in range(9)
     )
     newer_meta = {**meta, "format": "treeguard.exported/2"}
-    for v in (covered, unverified, changed, gone, dropped, newer):
+    for v in (covered, unverified, changed, cut, gone, dropped, newer):
         store.attach_exported(v, blob, newer_meta if v == newer else meta)
-    for v in (covered, uncovered, changed, gone, dropped, newer, plain):
+    for v in (covered, uncovered, changed, cut, gone, dropped, newer, plain):
         assert store.verify(v).status == "verified"
     store.attach_exported(uncovered, blob, meta)  # after its verdict
     versions = Path(store.root, "versions")
     described = versions / changed / "exported.json"
     described.write_text(described.read_text().replace('"model"', '"model" ', 1))
+    (versions / cut / "exported.bin").write_bytes(blob[:-1])  # a size unlike the described
     (versions / gone / "exported.bin").unlink()
     (versions / dropped / "exported.json").unlink()  # the verdict still covers it
     assert _ls_json(store.root) == {
@@ -60,6 +61,7 @@ def test_store_ls_says_each_version_s_artifact_state(tmp_path, artifact):
         uncovered: _state("uncovered"),
         unverified: _state("unverified"),
         changed: _state("changed"),
+        cut: _state("changed"),
         gone: _state("missing"),
         dropped: _state("missing"),
         newer: _state("unreadable"),
@@ -74,7 +76,7 @@ def test_store_ls_says_each_version_s_artifact_state(tmp_path, artifact):
         assert cell in rows[v].split(), rows[v]
 
 
-def test_store_ls_reads_no_artifact_byte_and_the_server_s_gate_hashes_them(tmp_path, artifact):
+def test_store_ls_hashes_no_artifact_byte_and_the_server_s_gate_does(tmp_path, artifact):
     meta, blob = artifact
     store = treeguard.ArtifactStore.init(tmp_path / "s")
     v = store.put(mlp.init(jax.random.key(0)))
@@ -84,7 +86,7 @@ def test_store_ls_reads_no_artifact_byte_and_the_server_s_gate_hashes_them(tmp_p
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 1
     path.write_bytes(bytes(data))
-    assert _ls_json(store.root)[v]["state"] == "covered"  # the listing does not hash
+    assert _ls_json(store.root)[v]["state"] == "covered"  # the same size: the listing cannot tell
     with pytest.raises(treeguard.ArtifactError, match="does not match its digest") as e:
         store.load_exported(v)
     assert e.value.field == "digest"

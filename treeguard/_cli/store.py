@@ -95,8 +95,8 @@ def ls_command(root: Path, as_json: bool) -> None:
     --json) says what a version holds of an exported artifact (treeguard
     export): the platforms and the jax of one its verdict covers, else why
     a server would not take it (unverified, uncovered, changed, missing,
-    unreadable, refused). None of an artifact's bytes is read: a server hashes
-    them all when it loads them.
+    unreadable, refused). An artifact's size is checked, none of its bytes
+    read: a server hashes them all when it loads them.
     """
     s = _open_store(root)
     current, previous = s.current(), s.previous()

@@ -16,8 +16,9 @@ the digest the description names. The store never parses what the bytes
 hold; the exporter and the server do.
 
 ``peek`` is the listing's cheap look (``treeguard store ls``): the
-description read and checked against the verdict, the bytes' object found,
-none of the bytes read; their hash is the gate's, at every load.
+description read and checked against the verdict, the bytes' object found
+at the size the description names, none of the bytes read; their hash is
+the gate's, at every load.
 """
 
 from __future__ import annotations
@@ -179,11 +180,12 @@ def read(backend: Backend, version: str, expected: str | None) -> tuple[dict[str
 
 #: What ``peek`` says of an artifact, for each state.
 STATES = {
-    "covered": "covered by the verdict, its description unchanged, its bytes there "
-    "(a server hashes every byte when it loads them)",
+    "covered": "covered by the verdict, its description unchanged, its bytes there at "
+    "their size (a server hashes every byte when it loads them)",
     "unverified": "attached, and the version is not verified: verify it",
     "uncovered": "exported after the verdict: verify the version again",
-    "changed": "its description changed since the verdict: do not serve it",
+    "changed": "its description changed since the verdict, or its bytes are not the "
+    "size it names: do not serve it",
     "missing": "its description or its bytes are gone (or the export never finished): "
     "do not serve it",
     "unreadable": "a description this treeguard cannot read (a newer format, or not "
@@ -230,4 +232,10 @@ def peek(
         return "unreadable", None
     if not isinstance(meta, dict):
         return "unreadable", None
-    return ("covered", meta) if ARTIFACT_FILE in names else ("missing", None)
+    try:
+        size = backend.storage.size(_name(version, ARTIFACT_FILE))
+    except FormatError:  # not a regular file: not what was attached
+        return "changed", None
+    if size is None:
+        return "missing", None
+    return ("covered", meta) if size == meta.get("artifact_bytes") else ("changed", None)

@@ -61,8 +61,8 @@ class GatedLoads:
         """What ``version`` holds of an exported artifact, cheaply, for a
         listing: its verdict checked as ``check_verified`` checks it, its
         description read and matched against the digest the verdict covers,
-        its bytes found; the bytes are neither read nor hashed (``load_exported``
-        does that, at every load).
+        its bytes found at the size the description names; the bytes are
+        neither read nor hashed (``load_exported`` does that, at every load).
 
         Returns:
           None for a version that holds no artifact; else its state
