@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from benchresults import ran
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -162,19 +163,7 @@ def test_git_state_outside_a_repository(tmp_path: Path) -> None:
 
 
 def _ran_on(conds: dict[str, Any]) -> BenchResult:
-    return BenchResult(
-        name="f",
-        status="ok",
-        reason="",
-        samples_s=(1e-3,) * 10,
-        loops=1,
-        warmup=0,
-        phases={},
-        compiles={"warmup": {}, "measure": {}},
-        memory=None,
-        cost=None,
-        conditions=conds,
-    )
+    return ran((1e-3,) * 10, conds)
 
 
 def test_the_fingerprint_keeps_identity_not_load(machine: Path) -> None:
