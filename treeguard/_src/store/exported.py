@@ -186,7 +186,7 @@ STATES = {
     "uncovered": "exported after the verdict: verify the version again",
     "changed": "its description changed since the verdict, or its bytes are not the "
     "size it names: do not serve it",
-    "missing": "its description or its bytes are gone (or the export never finished): "
+    "missing": "its description or its bytes are gone (or its export has not finished): "
     "do not serve it",
     "unreadable": "a description this treeguard cannot read (a newer format, or not "
     "JSON): upgrade it",
