@@ -13,7 +13,7 @@ from benchresults import ran
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from treeguard._src.bench.compare import hodges_lehmann, mann_whitney_u, wilcoxon_signed_rank
+from treeguard._src.bench.ranks import hodges_lehmann, mann_whitney_u, wilcoxon_signed_rank
 from treeguard.bench import (
     BenchError,
     BenchResult,
