@@ -92,10 +92,21 @@ def attach(backend: Backend, version: str, blob: bytes, meta: dict[str, Any]) ->
 def digest_now(backend: Backend, version: str) -> str | None:
     """The digest of ``version``'s artifact description as it is now, or
     None when it holds none."""
+    found = _description(backend, version)
+    return None if found is None else digest_of(found, ALGORITHM)
+
+
+def _description(backend: Backend, version: str) -> bytes | None:
+    """The bytes of ``version``'s artifact description (at most ``META_LIMIT``),
+    or None when it has none.
+
+    Raises:
+      FormatError: for one over the limit, or that is not a regular file.
+    """
     found = backend.storage.read(
         _name(version, META_FILE), limit=META_LIMIT, what="exported artifact's description"
     )
-    return None if found is None else digest_of(found[0], ALGORITHM)
+    return None if found is None else found[0]
 
 
 def read(backend: Backend, version: str, expected: str | None) -> tuple[dict[str, Any], bytes]:
@@ -119,10 +130,8 @@ def read(backend: Backend, version: str, expected: str | None) -> tuple[dict[str
     """
     storage = backend.storage
     where = storage.where(_name(version, META_FILE))
-    found = storage.read(
-        _name(version, META_FILE), limit=META_LIMIT, what="exported artifact's description"
-    )
-    if found is None:
+    text = _description(backend, version)
+    if text is None:
         raise ArtifactError(
             f"version {version} holds no exported artifact",
             version=version,
@@ -131,7 +140,6 @@ def read(backend: Backend, version: str, expected: str | None) -> tuple[dict[str
             hint=f"export it: treeguard export MODULE:ATTR --store STORE {version}, then "
             "verify it again",
         )
-    text = found[0]
     now = digest_of(text, ALGORITHM)
     if expected is None:
         raise ArtifactError(
@@ -215,19 +223,17 @@ def peek(
     if META_FILE not in names:
         return None if covered is None and ARTIFACT_FILE not in names else ("missing", None)
     try:
-        found = backend.storage.read(
-            _name(version, META_FILE), limit=META_LIMIT, what="exported artifact's description"
-        )
+        text = _description(backend, version)
     except FormatError:  # over its limit, or not a regular file
         return "unreadable", None
-    if found is None:  # removed since the listing
+    if text is None:  # removed since the listing
         return "missing", None
     if covered is None:
         return "uncovered", None
-    if digest_of(found[0], ALGORITHM) != covered:
+    if digest_of(text, ALGORITHM) != covered:
         return "changed", None
     try:
-        meta = strictjson.loads(found[0], "the exported artifact's description")
+        meta = strictjson.loads(text, "the exported artifact's description")
     except FormatError:
         return "unreadable", None
     if not isinstance(meta, dict):
