@@ -279,6 +279,43 @@ def scan(raw: bytes | bytearray, budget: int) -> dict[str, Any] | None:
     return state.doc if _blank_to_end(raw, pos) else None
 
 
+def held_cost(table: Mapping[str, Any], meta: Mapping[str, str]) -> int:
+    """The bytes a header read holds: its table (each ``Entry``, each
+    distinct shape once; any other value whole) and its metadata's strings.
+
+    Example:
+      >>> held_cost({}, {}) == 2 * sys.getsizeof({})
+      True
+    """
+    cost = sys.getsizeof(table) + sys.getsizeof(meta)
+    cost += sum(sys.getsizeof(k) + sys.getsizeof(v) for k, v in meta.items())
+    shapes: set[int] = set()
+    for name, entry in table.items():
+        cost += sys.getsizeof(name)
+        if type(entry) is not Entry:
+            cost += _deep_size(entry)
+            continue
+        cost += ENTRY_COST + sys.getsizeof(entry.begin) + sys.getsizeof(entry.end)
+        if id(entry.shape) not in shapes:
+            shapes.add(id(entry.shape))
+            cost += _deep_size(entry.shape)
+    return cost
+
+
+def _deep_size(value: Any) -> int:
+    """The bytes of a JSON value and all it holds (shared parts counted each time)."""
+    cost, stack = 0, [value]
+    while stack:
+        v = stack.pop()
+        cost += sys.getsizeof(v)
+        if isinstance(v, dict):
+            stack.extend(v)
+            stack.extend(v.values())
+        elif isinstance(v, (list, tuple)):
+            stack.extend(v)
+    return cost
+
+
 def _blank_to_end(raw: bytes | bytearray, pos: int) -> bool:
     """Whether only blanks follow ``pos``."""
     return _END.fullmatch(raw, pos) is not None
