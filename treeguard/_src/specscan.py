@@ -27,7 +27,6 @@ from typing import Any
 
 from .errors import FormatError
 from .leaf import Record
-from .paths import Entry
 from .specjson import check_format, container, entry_from_json, leaf_record
 from .strictjson import MAX_DEPTH as STRICT_DEPTH
 from .strictjson import MAX_INT_DIGITS, Shape, loads
@@ -55,14 +54,17 @@ _BRACKET = re.compile(rf"{_STR}|[\[\]{{}}]")
 #: A ``str`` past its characters (ASCII, and not: up to 4 bytes a character),
 #: a slot of a dict at its fullest, a tuple past its slots and an ``int``.
 ASCII_STR_COST, STR_COST, DICT_SLOT_COST, TUPLE_COST, INT_COST = 56, 80, 72, 40, 36
-#: Per child: what stays (its ``(kind, key)`` tuple, its slots in its node's
-#: two tuples and in the records) and what is held only until its node is
-#: built (the tuple read and its slots in the frame's two lists, each list
-#: grown by an eighth past full).
-CHILD_COST, CHILD_HELD = TUPLE_COST + 16 + 2 * 8 + 16, TUPLE_COST + 16 + 2 * 2 * 8
-#: A container's ``Node`` (56 bytes and a dict of its fields of 288) and its
-#: two tuples; the frame that collects its children while it is read.
-NODE_COST, FRAME_COST = 344 + 2 * TUPLE_COST, 80 + 2 * 56
+#: Per child: what stays (its ``(kind, key)`` tuple and its slots in its
+#: node's two tuples) and what is held only until its node is built (its
+#: slots in the frame's two lists, each grown by an eighth past full).
+CHILD_COST, CHILD_HELD = TUPLE_COST + 16 + 2 * 8, 2 * 2 * 8
+#: A leaf's slot in the records (a list grown by an eighth past full).
+RECORD_SLOT_COST = 16
+#: A container's ``Node`` and its two tuples; the frame that collects its
+#: children while it is read; what keeping a node to share costs (its key
+#: tuple and a slot of a dict).
+NODE_COST = sys.getsizeof(LEAF) + 2 * TUPLE_COST
+FRAME_COST, SHARED_COST = 80 + 2 * 56, 72 + 72
 #: A leaf's record: its tuple and its dtype (numpy's own, or a key dtype).
 RECORD_COST = TUPLE_COST + 4 * 8 + 200
 
@@ -108,6 +110,7 @@ class _SpecScan:
         self.records: list[Record] = []
         self.leaves: dict[str, Record] = {}  # a leaf's text -> its record
         self.strings: dict[str, str] = {}  # each key string kept once
+        self.nodes: dict[tuple[Any, ...], Node] = {}  # each container kept once
 
     def charge(self, cost: int) -> None:
         self.cost += cost
@@ -122,6 +125,7 @@ class _SpecScan:
 
     def leaf(self, text: str) -> None:
         """Adds the record of a leaf of this text, shared with every equal leaf's."""
+        self.charge(RECORD_SLOT_COST)
         record = self.leaves.get(text)
         if record is None:
             doc_cost = Shape.of(text).cost  # held only while the record is built
@@ -146,13 +150,17 @@ class _SpecScan:
         self.charge(CHILD_COST + CHILD_HELD)
         if token[0] != '"':
             return (kind, int(token)), m.end()
-        key = _string(token)
-        if key is None:
+        return (kind, self.string(token)), m.end()
+
+    def string(self, token: str) -> str:
+        """A string token decoded, kept once however often it is read."""
+        text = _string(token)
+        if text is None:
             raise _Over
-        if (kept := self.strings.get(key)) is None:
-            self.charge(_str_cost(key) + DICT_SLOT_COST)
-            kept = self.strings[key] = key
-        return (kind, kept), m.end()
+        if (kept := self.strings.get(text)) is None:
+            self.charge(_str_cost(text) + DICT_SLOT_COST)
+            kept = self.strings[text] = text
+        return kept
 
     def open(self, pos: int, depth: int) -> tuple[_Frame, int]:
         """A container's fields before its children (``aux``, ``aux_repr``),
@@ -199,15 +207,12 @@ class _SpecScan:
         """The node whose children end at ``pos`` (its ``]``)."""
         m = self.match(_CLOSE, pos)
         kind, type_token = m.groups()
-        type_name = "" if type_token is None else _string(type_token)
-        if type_name is None:
-            raise _Over
-        self.charge(_str_cost(type_name))
+        type_name = "" if type_token is None else self.string(type_token)
+        entries = frame.entries
         try:
-            entries: list[Entry] = [
-                entry_from_json(e, kind, i, "") for i, e in enumerate(frame.entries)
-            ]
-            if kind in ("leaf", "none") and entries:
+            for i, e in enumerate(entries):
+                entry_from_json(e, kind, i, "")  # an equal tuple: ``e`` is kept
+            if kind == "none" and entries:
                 raise _Over
             node = container(
                 kind, type_name, frame.aux, frame.aux_repr, entries, frame.children, ""
@@ -215,7 +220,21 @@ class _SpecScan:
         except FormatError:
             raise _Over from None
         self.cost -= FRAME_COST + CHILD_HELD * len(entries)
-        return node, m.end()
+        return self.shared(node), m.end()
+
+    def shared(self, node: Node) -> Node:
+        """The first node read equal to ``node`` (of the same kind and type,
+        equal keys and the very same children), or ``node``, kept to share."""
+        if node.aux is not None or node.aux_repr is not None:
+            return node
+        key = (node.kind, node.type_name, node.entries, node.children)
+        found = self.nodes.get(key)
+        if found is not None:  # ``node``, its tuples and its entries dropped
+            self.cost -= NODE_COST + CHILD_COST * len(node.entries)
+            return found
+        self.charge(SHARED_COST)
+        self.nodes[key] = node
+        return node
 
     def tree(self, pos: int) -> tuple[Node, int]:
         """The node at ``pos`` and all below it, and where it ends."""

@@ -60,7 +60,7 @@ NodeKind: TypeAlias = Literal["leaf", "none", "dict", "list", "tuple", "namedtup
 _CACHE_SIZE = 512
 
 
-@dataclasses.dataclass(frozen=True, eq=False)
+@dataclasses.dataclass(frozen=True, eq=False, slots=True)
 class Node:
     """One position of a pytree's structure.
 

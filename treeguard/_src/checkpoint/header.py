@@ -1,6 +1,7 @@
 """Reading a checkpoint's header: the steps from the parsed JSON to a checked
 ``Header`` (format version, required fields, the header digest, the spec, the
-tensor table matched to the spec's leaves), within ``header_budget``."""
+tensor table matched to the spec's leaves), the table, the spec and the
+documents beside it within one ``table_budget``."""
 
 from __future__ import annotations
 
@@ -28,8 +29,6 @@ from .format import (
     ALLOWED_DTYPES,
     FORMAT,
     FORMAT_VERSION,
-    HEADER_COST_PER_BYTE,
-    HEADER_FREE_COST,
     K_DIGEST,
     K_ENV,
     K_FORMAT,
@@ -114,23 +113,13 @@ def header_from_doc(doc: dict[str, Any], header_bytes: int, size: int, name: str
     )
 
 
-def header_budget(header_bytes: int) -> int:
-    """The most bytes of objects a header's JSON, or a document inside it,
-    may cost parsed: ``HEADER_COST_PER_BYTE`` times the header's bytes, past
-    ``HEADER_FREE_COST``.
-
-    Example:
-      >>> header_budget(1000) - HEADER_FREE_COST
-      8000
-    """
-    return HEADER_COST_PER_BYTE * header_bytes + HEADER_FREE_COST
-
-
 def table_budget(header_bytes: int) -> int:
-    """The most bytes of objects reading a header's JSON (its tensor table
-    and ``__metadata__``'s strings) may cost: ``TABLE_COST_PER_BYTE`` times
-    its bytes, past ``TABLE_FREE_COST``; with the bytes themselves, at most
-    4 times the header past the allowance.
+    """The most bytes of objects reading a header may cost: its tensor table
+    and ``__metadata__``'s strings, then the stored spec and the hashes,
+    environment and metadata documents, all in one budget of
+    ``TABLE_COST_PER_BYTE`` times its bytes, past ``TABLE_FREE_COST``; with
+    the bytes themselves (held only while the table is read), at most 4
+    times the header past the allowance.
 
     Example:
       >>> table_budget(1000) - TABLE_FREE_COST
