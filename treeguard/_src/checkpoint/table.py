@@ -20,12 +20,18 @@ refuses exactly what it refused before, under the same budget.
 from __future__ import annotations
 
 import json
+import mmap
 import re
 import sys
 from collections.abc import Iterator, Mapping
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeAlias
 
 from .format import FOREIGN, NATIVE
+
+#: What a header's bytes are read into: ``bytes``, or the anonymous mapping
+#: ``files.read_raw_header`` reads them into (handed back to the system
+#: when it is closed, so no freed heap outlives the read).
+Buffer: TypeAlias = bytes | bytearray | mmap.mmap
 
 
 class Entry(NamedTuple):
@@ -132,7 +138,7 @@ DICT_COST, BYTES_COST = 240, sys.getsizeof(b"")
 _INT_COSTS = (0, 0, 0, *[28] * 7, *[32] * 9, *[36] * 2)
 
 
-def _str_cost(raw: bytes | bytearray, start: int, end: int) -> int:
+def _str_cost(raw: Buffer, start: int, end: int) -> int:
     """The most a ``str`` decoded from the string token at ``start:end`` takes."""
     if _NON_ASCII.search(raw, start, end) is None:
         return ASCII_STR_COST + end - start
@@ -151,7 +157,7 @@ def _name(token: bytes) -> str | None:
         return None
 
 
-def _decoded(raw: bytes | bytearray, start: int, end: int) -> str | None:
+def _decoded(raw: Buffer, start: int, end: int) -> str | None:
     """The string token at ``start:end`` decoded, or None where
     ``strictjson.loads`` must say what is wrong with it (not UTF-8, a bad
     escape, a lone surrogate)."""
@@ -176,7 +182,7 @@ def _sizes(dims: bytes) -> list[bytes]:
 class _Scan:
     """One header's scan: the table built so far and what it costs."""
 
-    def __init__(self, raw: bytes | bytearray, budget: int) -> None:
+    def __init__(self, raw: Buffer, budget: int) -> None:
         self.raw, self.budget = raw, budget
         self.doc: dict[str, Any] = {}
         self.shapes: dict[bytes, tuple[int, ...]] = {}
@@ -188,7 +194,7 @@ class _Scan:
         (``,`` or ``}``; None past the last such entry); a position of -1
         where ``strictjson`` must read the header."""
         raw, doc, shapes, match = self.raw, self.doc, self.shapes, _ENTRY.match
-        ascii_all, last = raw.isascii(), None
+        ascii_all, last = _NON_ASCII.search(raw) is None, None
         while (m := match(raw, pos)) is not None:
             token, dtype, dims, begin, stop, last = m.groups()
             cost = ASCII_STR_COST + len(token) + ENTRY_COST + DICT_SLOT_COST
@@ -248,7 +254,7 @@ class _Scan:
         return True
 
 
-def scan(raw: bytes | bytearray, budget: int) -> dict[str, Any] | None:
+def scan(raw: Buffer, budget: int) -> dict[str, Any] | None:
     """A safetensors header read from its bytes into ``Entry`` records, in
     at most ``budget`` bytes of objects; None for a header of another form
     or cost (the caller parses it with ``strictjson.loads``).
@@ -316,6 +322,6 @@ def _deep_size(value: Any) -> int:
     return cost
 
 
-def _blank_to_end(raw: bytes | bytearray, pos: int) -> bool:
+def _blank_to_end(raw: Buffer, pos: int) -> bool:
     """Whether only blanks follow ``pos``."""
     return _END.fullmatch(raw, pos) is not None
