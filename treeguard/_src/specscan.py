@@ -30,7 +30,7 @@ from .leaf import Record
 from .specjson import check_format, container, entry_from_json, leaf_record
 from .strictjson import MAX_DEPTH as STRICT_DEPTH
 from .strictjson import MAX_INT_DIGITS, Shape, loads
-from .walk import LEAF, MAX_DEPTH, Node, key_problems
+from .walk import LEAF, MAX_DEPTH, Node, node_key_problems
 
 _STR = r'"[^"\\\x00-\x1f]*+(?:\\[^\x00-\x1f][^"\\\x00-\x1f]*+)*+"'
 _INT = rf"-?(?:0|[1-9][0-9]{{0,{MAX_INT_DIGITS - 1}}})(?![0-9.eE])"
@@ -90,11 +90,12 @@ def _string(token: str) -> str | None:
 class _Frame:
     """A container node while its children are read."""
 
-    __slots__ = ("aux", "aux_repr", "children", "entries")
+    __slots__ = ("aux", "aux_repr", "children", "entries", "strings")
 
-    def __init__(self, aux: Any, aux_repr: str | None) -> None:
+    def __init__(self, aux: Any, aux_repr: str | None, strings: int) -> None:
         self.aux, self.aux_repr = aux, aux_repr
-        self.entries: list[tuple[str, Any]] = []
+        self.strings = strings  # how many strings were kept when it opened
+        self.entries: list[Any] = []  # (kind, key) tuples, checked when the node is built
         self.children: list[Node] = []
 
 
@@ -183,7 +184,7 @@ class _SpecScan:
                     raise _Over
                 self.charge(_str_cost(aux_repr))
                 pos = r.end()
-        return _Frame(aux, aux_repr), self.match(_CHILDREN, pos).end()
+        return _Frame(aux, aux_repr, len(self.strings)), self.match(_CHILDREN, pos).end()
 
     def value_end(self, pos: int, deepest: int) -> int:
         """Where the JSON value at ``pos`` ends (its brackets and strings
@@ -220,25 +221,40 @@ class _SpecScan:
         except FormatError:
             raise _Over from None
         self.cost -= FRAME_COST + CHILD_HELD * len(entries)
-        return self.shared(node), m.end()
+        # a string read for the first time below it: no node before is equal
+        fresh = len(self.strings) > frame.strings
+        return self.shared(node, fresh), m.end()
 
-    def shared(self, node: Node) -> Node:
+    def shared(self, node: Node, fresh: bool) -> Node:
         """The first node read equal to ``node`` (of the same kind and type,
-        equal keys and the very same children), or ``node``, kept to share."""
-        if node.aux is not None or node.aux_repr is not None:
+        equal keys and the very same children), or ``node``, kept to share
+        unless it is ``fresh`` (none can be equal to it)."""
+        if fresh or node.aux is not None or node.aux_repr is not None:
+            self.check_keys(node)
             return node
         key = (node.kind, node.type_name, node.entries, node.children)
         found = self.nodes.get(key)
         if found is not None:  # ``node``, its tuples and its entries dropped
             self.cost -= NODE_COST + CHILD_COST * len(node.entries)
             return found
+        self.check_keys(node)
         self.charge(SHARED_COST)
         self.nodes[key] = node
         return node
 
+    def check_keys(self, node: Node) -> None:
+        """Gives up a node whose keys would not read back from tensor names
+        (``walk.node_key_problems``, which holds each key's text and each
+        key in a dict while it looks)."""
+        held = sum(2 * DICT_SLOT_COST + _key_text_cost(e[1]) for e in node.entries)
+        self.charge(held)
+        if node_key_problems(node):
+            raise _Over
+        self.cost -= held
+
     def tree(self, pos: int) -> tuple[Node, int]:
         """The node at ``pos`` and all below it, and where it ends."""
-        text, stack = self.text, []
+        text, stack = self.text, list[_Frame]()
         while True:
             if len(stack) > MAX_DEPTH:  # as specjson.decode counts, the root at 0
                 raise _Over
@@ -267,6 +283,14 @@ class _SpecScan:
                 return node, pos
 
 
+def _key_text_cost(key: Any) -> int:
+    """The most the text of a key entry (``['a']``, ``repr`` of its key) takes."""
+    text = str(key)
+    if text.isascii():  # a control character's escape is 4 characters
+        return ASCII_STR_COST + 8 + 4 * len(text)
+    return STR_COST + 4 * (8 + 10 * len(text))
+
+
 def _dim_cost(d: Any) -> int:
     return _str_cost(d) if isinstance(d, str) else INT_COST
 
@@ -293,8 +317,6 @@ def scan(text: str, budget: int) -> tuple[Node, list[Record], int] | None:
         check_format(fmt)
         root, pos = state.tree(m.end())
         if pos != len(text) - 1 or text[pos] != "}" or int(m.group(2)) != len(state.records):
-            raise _Over
-        if key_problems(root):
             raise _Over
     except (_Over, FormatError):
         return None
