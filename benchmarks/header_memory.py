@@ -137,7 +137,7 @@ def _forged_spec(n: int) -> bytes:
     the header past 4 MiB) leaves: a distinct leaf, of its own shape, per
     child (about 7 times its bytes as records), the rest of the header a
     metadata string."""
-    from treeguard._src.specscan import CHILD_HELD, scan
+    from treeguard._src.specscan import scan
 
     leaf = '[["key", "{0:x}"], {{"dtype": "float32", "kind": "leaf", "shape": [{0}], ' + (
         '"weak_type": false}}]'
@@ -148,14 +148,15 @@ def _forged_spec(n: int) -> bytes:
         tree = '{"children": [' + children + '], "kind": "dict"}'
         return f'{{"format": "treeguard.spec/1", "num_leaves": {k}, "tree": {tree}}}'
 
-    def cost(k: int) -> int:  # at its peak, the children held in their frame
-        return scan(spec(k), 1 << 40)[2] + CHILD_HELD * k  # type: ignore[index]
+    def cost(k: int) -> int:
+        return scan(spec(k), 1 << 40)[2]  # type: ignore[index]
 
     # held: the header's strings (n), then the records: 3 n + 4 MiB in all
     target, k = 2 * n + (3 << 20), 100_000
     for _ in range(3):
         k = int(k * target / cost(k))
-    text = spec(int(k * 0.995))
+    while scan(text := spec(k), target) is None:  # at its peak it holds more
+        k = int(k * 0.98)
     return _forged(text, max(0, n - len(json.dumps(text))))
 
 
