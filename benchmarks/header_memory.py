@@ -102,6 +102,12 @@ def _hostile(folder: Path, mib: int) -> dict[str, Path]:
     cases["JSON under budget"] = (
         b'{"x":"' + b"a" * (n - 3 * lists) + b'","y":[' + b"[]," * lists + b"[]]}"
     )
+    # another tool's table, its fields in another order (which was read as JSON)
+    entry = b'"model.layers.%d.mlp.w":{"shape":[2,2],"dtype":"F32","data_offsets":[%d,%d]}'
+    count = n // 75
+    cases["another order"] = (
+        b"{" + b",".join(entry % (i, 16 * i, 16 * i + 16) for i in range(count)) + b"}"
+    )
     cases["forged spec under budget"] = _forged_spec(n)
     cases["forged JSON spec under budget"] = _forged_json_spec(n)
     cases["forged hashes under budget"] = _forged_hashes(n)

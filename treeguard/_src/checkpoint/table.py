@@ -4,14 +4,15 @@
 numbers (about 400 bytes for 60 of text) and needs the header decoded into
 one ``str`` beside its bytes. ``scan`` reads a header of the form every
 safetensors writer produces (``__metadata__``, a map of strings, and entries
-``{"dtype": ..., "shape": [...], "data_offsets": [a, b]}`` in that order)
-straight from its bytes: each entry becomes an ``Entry`` (its dtype name
+``{"dtype": ..., "shape": [...], "data_offsets": [a, b]}``, their fields in
+that order or any other) straight from its bytes: each entry becomes an
+``Entry`` (its dtype name
 interned, its shape a tuple shared by every entry of that shape), each name
 and metadata string is decoded once, and what each record will cost is
 computed from its bytes before it is built, so a table that would cost more
 than its budget is given up before it does.
 
-``scan`` never refuses a header: anything else (another key order, a
+``scan`` never refuses a header: anything else (another field, a
 duplicate key, an escape it cannot decode, a table over its budget) returns
 None, and the caller parses the header with ``strictjson.loads``, which
 refuses exactly what it refused before, under the same budget.
@@ -19,6 +20,7 @@ refuses exactly what it refused before, under the same budget.
 
 from __future__ import annotations
 
+import itertools
 import json
 import mmap
 import re
@@ -98,16 +100,30 @@ def _pair(key: bytes, value: bytes) -> bytes:
     return key + _WS + rb":" + _WS + value
 
 
-_ENTRY = re.compile(
-    _WS
-    + _pair(rb"(" + _STR + rb")", rb"\{" + _WS)
-    + _pair(rb'"dtype"', rb'"([A-Za-z0-9_]{1,32})"')
-    + (_WS + rb"," + _WS)
-    + _pair(rb'"shape"', rb"(" + _DIMS + rb")")
-    + (_WS + rb"," + _WS)
-    + _pair(rb'"data_offsets"', rb"\[" + _WS + rb"(" + _INT + rb")" + _WS + rb"," + _WS)
-    + (rb"(" + _INT + rb")" + _WS + rb"\]" + _WS + rb"\}" + _WS + rb"([,}])")
-)
+#: An entry's three fields, each a named group, in the order they are matched.
+_FIELDS = {
+    b"dtype": _pair(rb'"dtype"', rb'"(?P<dtype>[A-Za-z0-9_]{1,32})"'),
+    b"shape": _pair(rb'"shape"', rb"(?P<dims>" + _DIMS + rb")"),
+    b"data_offsets": _pair(
+        rb'"data_offsets"',
+        rb"\[" + _WS + rb"(?P<begin>" + _INT + rb")" + _WS + rb"," + _WS
+        + rb"(?P<stop>" + _INT + rb")" + _WS + rb"\]",
+    ),
+}  # fmt: skip
+
+
+def _entry(order: tuple[bytes, ...]) -> re.Pattern[bytes]:
+    """An entry whose fields come in ``order``, and the byte after it."""
+    fields = (_WS + rb"," + _WS).join(_FIELDS[key] for key in order)
+    head = _WS + _pair(rb"(?P<token>" + _STR + rb")", rb"\{" + _WS)
+    return re.compile(head + fields + _WS + rb"\}" + _WS + rb"(?P<last>[,}])")
+
+
+#: The usual order first (every safetensors writer's), then the five others.
+_ENTRIES = tuple(map(_entry, itertools.permutations(_FIELDS)))
+_GROUPS = ("token", "dtype", "dims", "begin", "stop", "last")
+
+
 _STRINGS = _STR + _WS + rb":" + _WS + _STR
 _META = re.compile(
     _WS
@@ -193,10 +209,10 @@ class _Scan:
         usual form; the position after them and the byte that ended the last
         (``,`` or ``}``; None past the last such entry); a position of -1
         where ``strictjson`` must read the header."""
-        raw, doc, shapes, match = self.raw, self.doc, self.shapes, _ENTRY.match
+        raw, doc, shapes, usual = self.raw, self.doc, self.shapes, _ENTRIES[0].match
         ascii_all, last = _NON_ASCII.search(raw) is None, None
-        while (m := match(raw, pos)) is not None:
-            token, dtype, dims, begin, stop, last = m.groups()
+        while (m := usual(raw, pos) or _other_order(raw, pos)) is not None:
+            token, dtype, dims, begin, stop, last = m.group(*_GROUPS)
             cost = ASCII_STR_COST + len(token) + ENTRY_COST + DICT_SLOT_COST
             if not ascii_all and not token.isascii():
                 cost += STR_COST + 3 * len(token)
@@ -262,7 +278,9 @@ def scan(raw: Buffer, budget: int) -> dict[str, Any] | None:
     Example:
       >>> scan(b'{"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}', 10_000)
       {'w': Entry(dtype='F32', shape=(2,), begin=0, end=8)}
-      >>> scan(b'{"w":{"shape":[2],"dtype":"F32","data_offsets":[0,8]}}', 10_000) is None
+      >>> scan(b'{"w":{"shape":[2],"dtype":"F32","data_offsets":[0,8]}}', 10_000)
+      {'w': Entry(dtype='F32', shape=(2,), begin=0, end=8)}
+      >>> scan(b'{"w":{"shape":[2],"dtype":"F32","data_offsets":[0,8],"x":1}}', 10_000) is None
       True
     """
     opening = _OPEN.match(raw)
@@ -283,6 +301,14 @@ def scan(raw: Buffer, budget: int) -> dict[str, Any] | None:
             if last == b"}":
                 break
     return state.doc if _blank_to_end(raw, pos) else None
+
+
+def _other_order(raw: Buffer, pos: int) -> re.Match[bytes] | None:
+    """An entry at ``pos`` whose fields come in another order, or None."""
+    for pattern in _ENTRIES[1:]:
+        if (m := pattern.match(raw, pos)) is not None:
+            return m
+    return None
 
 
 def held_cost(table: Mapping[str, Any], meta: Mapping[str, str]) -> int:
