@@ -20,6 +20,7 @@ refuses exactly what it refused before, under the same budget.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import mmap
@@ -119,9 +120,15 @@ def _entry(order: tuple[bytes, ...]) -> re.Pattern[bytes]:
     return re.compile(head + fields + _WS + rb"\}" + _WS + rb"(?P<last>[,}])")
 
 
-#: The usual order first (every safetensors writer's), then the five others.
-_ENTRIES = tuple(map(_entry, itertools.permutations(_FIELDS)))
+#: The usual order (every safetensors writer's); the five others are
+#: compiled when an entry first needs them (``_other_orders``).
+_USUAL = _entry(tuple(_FIELDS))
 _GROUPS = ("token", "dtype", "dims", "begin", "stop", "last")
+
+
+@functools.cache
+def _other_orders() -> tuple[re.Pattern[bytes], ...]:
+    return tuple(map(_entry, itertools.permutations(_FIELDS)))[1:]
 
 
 _STRINGS = _STR + _WS + rb":" + _WS + _STR
@@ -209,7 +216,7 @@ class _Scan:
         usual form; the position after them and the byte that ended the last
         (``,`` or ``}``; None past the last such entry); a position of -1
         where ``strictjson`` must read the header."""
-        raw, doc, shapes, usual = self.raw, self.doc, self.shapes, _ENTRIES[0].match
+        raw, doc, shapes, usual = self.raw, self.doc, self.shapes, _USUAL.match
         ascii_all, last = _NON_ASCII.search(raw) is None, None
         while (m := usual(raw, pos) or _other_order(raw, pos)) is not None:
             token, dtype, dims, begin, stop, last = m.group(*_GROUPS)
@@ -305,7 +312,7 @@ def scan(raw: Buffer, budget: int) -> dict[str, Any] | None:
 
 def _other_order(raw: Buffer, pos: int) -> re.Match[bytes] | None:
     """An entry at ``pos`` whose fields come in another order, or None."""
-    for pattern in _ENTRIES[1:]:
+    for pattern in _other_orders():
         if (m := pattern.match(raw, pos)) is not None:
             return m
     return None
