@@ -123,6 +123,34 @@ def test_a_spec_the_scan_reads_is_one_the_strict_reader_reads_alike(
     assert scanned is None or scanned == strict
 
 
+_NODE_EDITS = [
+    (', "children": [', '{"children": ['),
+    ('"aux": ', '"aux": {"a": 1, "a": 2}, "x": '),
+    ('"aux": ', '"aux": NaN, "x": '),
+    ('"aux_repr": "', '"aux_repr": "\\ud800'),
+    ('"type": "', '"type": "\\q'),
+    ('"kind": "custom"', '"kind": "leaf"'),
+    ('"kind": "namedtuple"', '"kind": "dict"'),
+    ('"kind": "none"', '"kind": "list"'),
+]
+
+
+@pytest.mark.parametrize(("old", "new"), _NODE_EDITS)
+def test_an_edited_node_the_scan_reads_is_one_the_strict_reader_reads_alike(
+    corpus_tree: Any, old: str, new: str
+) -> None:
+    text = _text(tg.spec_of(corpus_tree))
+    if old not in text:
+        return
+    edited = text.replace(old, new, 1)
+    try:
+        strict: tg.TreeSpec | None = tg.TreeSpec.from_json(edited)
+    except tg.FormatError:
+        strict = None
+    scanned = _scanned(edited)
+    assert scanned is None or scanned == strict
+
+
 # -- what a spec costs -----------------------------------------------------------
 
 _SPECS = {

@@ -42,7 +42,8 @@ _LEAF = re.compile(
 )
 _AUX = re.compile(r'\{"aux": ')
 _AUX_REPR = re.compile(rf', "aux_repr": ({_STR})')
-_CHILDREN = re.compile(r'(?:, |\{)"children": \[')
+_CHILDREN = re.compile(r'\{"children": \[')
+_AUX_CHILDREN = re.compile(r', "children": \[')
 _CLOSE = re.compile(
     rf'\], "kind": "(dict|list|tuple|namedtuple|custom|none)"(?:, "type": ({_STR}))?\}}'
 )
@@ -184,7 +185,8 @@ class _SpecScan:
                     raise _Over
                 self.charge(_str_cost(aux_repr))
                 pos = r.end()
-        return _Frame(aux, aux_repr, len(self.strings)), self.match(_CHILDREN, pos).end()
+        children = self.match(_CHILDREN if m is None else _AUX_CHILDREN, pos)
+        return _Frame(aux, aux_repr, len(self.strings)), children.end()
 
     def value_end(self, pos: int, deepest: int) -> int:
         """Where the JSON value at ``pos`` ends (its brackets and strings
