@@ -112,14 +112,17 @@ def test_a_spec_the_scan_reads_is_one_the_strict_reader_reads_alike(
     at = -1
     for _ in range(which % max(1, text.count(old)) + 1):
         at = text.find(old, at + 1)
-    edited = text[:at] + new + text[at + len(old) :]
+    _assert_read_alike(text[:at] + new + text[at + len(old) :])
+
+
+def _assert_read_alike(edited: str) -> None:
+    """What the scan reads the strict reader reads alike; what it refuses, the
+    scan leaves to it (None), so the refusal is its own."""
     try:
         strict: tg.TreeSpec | None = tg.TreeSpec.from_json(edited)
     except tg.FormatError:
         strict = None
     scanned = _scanned(edited)
-    # what the scan reads the strict reader reads alike; what it refuses, the
-    # scan leaves to it (None), so the refusal is its own
     assert scanned is None or scanned == strict
 
 
@@ -142,13 +145,7 @@ def test_an_edited_node_the_scan_reads_is_one_the_strict_reader_reads_alike(
     text = _text(tg.spec_of(corpus_tree))
     if old not in text:
         return
-    edited = text.replace(old, new, 1)
-    try:
-        strict: tg.TreeSpec | None = tg.TreeSpec.from_json(edited)
-    except tg.FormatError:
-        strict = None
-    scanned = _scanned(edited)
-    assert scanned is None or scanned == strict
+    _assert_read_alike(text.replace(old, new, 1))
 
 
 # -- what a spec costs -----------------------------------------------------------
