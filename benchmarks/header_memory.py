@@ -102,7 +102,15 @@ def _hostile(folder: Path, mib: int) -> dict[str, Path]:
     cases["JSON under budget"] = (
         b'{"x":"' + b"a" * (n - 3 * lists) + b'","y":[' + b"[]," * lists + b"[]]}"
     )
+    # another tool's table, its fields in another order (which was read as JSON)
+    entry = b'"model.layers.%d.mlp.w":{"shape":[2,2],"dtype":"F32","data_offsets":[%d,%d]}'
+    count = n // 75
+    cases["another order"] = (
+        b"{" + b",".join(entry % (i, 16 * i, 16 * i + 16) for i in range(count)) + b"}"
+    )
     cases["forged spec under budget"] = _forged_spec(n)
+    cases["forged JSON spec under budget"] = _forged_json_spec(n)
+    cases["forged hashes under budget"] = _forged_hashes(n)
     out = {}
     for name, header in cases.items():
         out[name] = folder / (name.replace(" ", "_") + ".safetensors")
@@ -110,25 +118,70 @@ def _hostile(folder: Path, mib: int) -> dict[str, Path]:
     return out
 
 
-def _forged_spec(n: int) -> bytes:
-    """A treeguard header, its digest recomputed as a forger would, whose
-    spec is JSON built to sit just under the spec's own budget (8 times the
-    header past 16 MiB by ``Shape.cost``): a long string and empty lists."""
+def _forged(spec: str, pad: int, hashes: str = "{}") -> bytes:
+    """A treeguard header holding ``spec``, ``hashes`` and a metadata string
+    of ``pad`` bytes, its digest recomputed as a forger would."""
     # the format's own encoder and digest: no public face writes a forged header
     from treeguard._src.checkpoint import format as ck
 
-    lists = (200 << 20) // 93 * n // (30 << 20)
-    spec = '{"pad":"' + "a" * (n - 3 * lists) + '","tree":[' + "[]," * lists + "[]]}"
     meta = {
         "treeguard.format": ck.FORMAT,
         "treeguard.spec": spec,
         "treeguard.hash": "blake3",
-        "treeguard.hashes": "{}",
+        "treeguard.hashes": hashes,
         "treeguard.env": "{}",
         "treeguard.metadata": "{}",
+        "pad": "a" * pad,
     }
     meta["treeguard.digest"] = ck.header_digest(meta, {})
     return ck.encode_header(meta, {})
+
+
+def _forged_spec(n: int) -> bytes:
+    """A forged header whose spec is of the form ``TreeSpec.to_json`` writes
+    and whose records cost all but a MiB of what the shared budget (3 times
+    the header past 4 MiB) leaves: a distinct leaf, of its own shape, per
+    child (about 7 times its bytes as records), the rest of the header a
+    metadata string."""
+    from treeguard._src.specscan import scan
+
+    leaf = '[["key", "{0:x}"], {{"dtype": "float32", "kind": "leaf", "shape": [{0}], ' + (
+        '"weak_type": false}}]'
+    )
+
+    def spec(k: int) -> str:
+        children = ", ".join(leaf.format(i) for i in range(k))
+        tree = '{"children": [' + children + '], "kind": "dict"}'
+        return f'{{"format": "treeguard.spec/1", "num_leaves": {k}, "tree": {tree}}}'
+
+    def cost(k: int) -> int:
+        return scan(spec(k), 1 << 40)[2]  # type: ignore[index]
+
+    # held: the header's strings (n), then the records: 3 n + 4 MiB in all
+    target, k = 2 * n + (3 << 20), 100_000
+    for _ in range(3):
+        k = int(k * target / cost(k))
+    while scan(text := spec(k), target) is None:  # at its peak it holds more
+        k = int(k * 0.98)
+    return _forged(text, max(0, n - len(json.dumps(text))))
+
+
+def _forged_json_spec(n: int) -> bytes:
+    """A forged header whose spec is JSON of another form (no blanks), empty
+    lists costing just under the half of what the shared budget leaves that
+    such a spec is parsed in, the rest of the header a metadata string."""
+    lists = ((n >> 1) + (1 << 20)) // 104
+    return _forged('{"tree":[' + "[]," * lists + "[]]}", n - 3 * lists)
+
+
+def _forged_hashes(n: int) -> bytes:
+    """A forged header whose ``treeguard.hashes`` is empty lists costing just
+    under what the budget leaves past a one-leaf spec."""
+    lists = (2 * n + (3 << 20)) // 104
+    spec = (
+        '{"format": "treeguard.spec/1", "num_leaves": 0, "tree": {"children": [], "kind": "dict"}}'
+    )
+    return _forged(spec, n - 3 * lists, '{"x":[' + "[]," * lists + "[]]}")
 
 
 def _measure(src: Path, small: Path, path: Path, repeats: int) -> dict[str, object]:

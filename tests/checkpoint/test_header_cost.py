@@ -147,7 +147,7 @@ def test_a_document_over_its_budget_is_refused_before_it_is_built(text: str) -> 
 
 # -- hostile headers -----------------------------------------------------------
 
-_BIG = 6 << 20  # past the fixed 16 MiB any header may cost
+_BIG = 6 << 20  # past the fixed 4 MiB any header may cost
 
 
 def _raw_header(path: Path, header: bytes) -> Path:

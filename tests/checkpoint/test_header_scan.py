@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 import pytest
 from forge import forge
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import treeguard as tg
 
@@ -186,4 +188,65 @@ def test_a_leaf_equal_but_for_its_type_is_still_refused(tmp_path: Path) -> None:
 
     forge(path, weak_one)
     with pytest.raises(tg.FormatError, match=r"weak_type must be true, false or null"):
+        tg.read_header(path)
+
+
+# -- the scan and strict JSON agree on every header the scan reads -------------------
+
+_FIELD_ORDERS = [
+    ("dtype", "shape", "data_offsets"),
+    ("shape", "dtype", "data_offsets"),
+    ("data_offsets", "shape", "dtype"),
+    ("shape", "data_offsets", "dtype"),
+]
+_BLANKS = st.sampled_from(["", " ", "\n  "])
+_VALUES = {
+    "dtype": st.sampled_from(["F32", "BF16", "U8", "X" * 33, "f32"]),
+    "shape": st.lists(st.integers(0, 2**40), max_size=3) | st.just([1.5]) | st.just("2"),
+    "data_offsets": st.lists(st.integers(0, 2**63), min_size=0, max_size=3),
+}
+
+
+@st.composite
+def _raw_tables(draw: st.DrawFn) -> bytes:
+    """A table as a writer, another tool or a forger could lay it out: any
+    field order and blanks, names with escapes, odd values and duplicates."""
+    blank = draw(_BLANKS)
+    items = []
+    for _ in range(draw(st.integers(0, 4))):
+        name = json.dumps(draw(st.text(st.characters(codec="utf-8"), max_size=4)))
+        order = draw(st.sampled_from(_FIELD_ORDERS))
+        fields = [f"{json.dumps(k)}:{blank}{json.dumps(draw(_VALUES[k]))}" for k in order]
+        items.append(f"{name}:{blank}{{{blank}{(',' + blank).join(fields)}{blank}}}")
+    if draw(st.booleans()):
+        meta = json.dumps(draw(st.dictionaries(st.text(max_size=3), st.text(max_size=3))))
+        items.insert(draw(st.integers(0, len(items))), f'"__metadata__":{blank}{meta}')
+    if items and draw(st.booleans()):
+        items.append(items[0])  # a name given twice
+    return ("{" + blank + ("," + blank).join(items) + blank + "}").encode()
+
+
+@settings(max_examples=300, deadline=None)
+@given(_raw_tables())
+def test_a_header_the_scan_reads_is_read_alike_by_strict_json(raw: bytes) -> None:
+    doc = table.scan(raw, 64 * len(raw) + _FREE)
+    try:
+        strict: Any = strictjson.loads(raw, "the header")
+    except tg.FormatError:
+        strict = None
+    # what the scan reads strict JSON reads alike; what it leaves, strict JSON refuses or reads
+    assert doc is None or {k: table.expanded(v) for k, v in doc.items()} == strict
+    if doc is not None and "__metadata__" not in doc:
+        assert list(doc) == list(strict)
+
+
+def test_another_tools_table_in_another_field_order_is_read_as_records(tmp_path: Path) -> None:
+    raw = _entries(5_000).replace(
+        b'"dtype":"F32","shape":[],"data_offsets":[0,0]',
+        b'"shape":[],"data_offsets":[0,0],"dtype":"F32"',
+    )
+    doc = table.scan(raw, table_budget(len(raw)))
+    assert doc is not None and all(type(v) is table.Entry for v in doc.values())
+    path = _st(tmp_path / "h.safetensors", raw)
+    with pytest.raises(tg.FormatError, match="without treeguard metadata"):
         tg.read_header(path)

@@ -45,16 +45,7 @@ def decode(data: Any) -> tuple[Node, list[Record]]:
     """
     if not isinstance(data, dict):
         raise FormatError(f"a spec is a JSON object, not {type(data).__name__}")
-    fmt = data.get("format")
-    m = _FORMAT_RE.match(fmt) if isinstance(fmt, str) else None
-    if m is None:
-        shown = fmt[:80] if isinstance(fmt, str) else type(fmt).__name__
-        raise FormatError(f"not a treeguard spec: format is {shown!r}, expected {FORMAT!r}")
-    if int(m.group(1)) > FORMAT_VERSION:
-        raise FormatError(
-            f"spec format {fmt!r} is newer than this treeguard reads ({FORMAT!r}); "
-            "upgrade treeguard"
-        )
+    check_format(data.get("format"))
     if "tree" not in data:
         raise FormatError("spec has no 'tree'")
     records: list[Record] = []
@@ -69,6 +60,24 @@ def decode(data: Any) -> tuple[Node, list[Record]]:
         where, what = problems[0]
         raise FormatError(f"tree{where}: {what}")
     return root, records
+
+
+def check_format(fmt: Any) -> None:
+    """Refuses a spec's ``format`` field unless it names this format at a
+    version this reads.
+
+    Raises:
+      FormatError: saying what the field holds and what was expected.
+    """
+    m = _FORMAT_RE.match(fmt) if isinstance(fmt, str) else None
+    if m is None:
+        shown = fmt[:80] if isinstance(fmt, str) else type(fmt).__name__
+        raise FormatError(f"not a treeguard spec: format is {shown!r}, expected {FORMAT!r}")
+    if int(m.group(1)) > FORMAT_VERSION:
+        raise FormatError(
+            f"spec format {fmt!r} is newer than this treeguard reads ({FORMAT!r}); "
+            "upgrade treeguard"
+        )
 
 
 _JSON_KEY_TYPES = (str, int, float, bool, type(None))
@@ -131,7 +140,7 @@ def _node_from_dict(d: Any, records: list[Record], where: str, depth: int) -> No
     if kind == "leaf":
         if "children" in d:
             raise FormatError(f"{where}: a leaf has no children")
-        records.append(_leaf_record(d, where))
+        records.append(leaf_record(d, where))
         return LEAF
     children_raw = d.get("children", [])
     if not isinstance(children_raw, list):
@@ -144,25 +153,45 @@ def _node_from_dict(d: Any, records: list[Record], where: str, depth: int) -> No
         at = f"{where}.children[{i}]"
         if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], list)):
             raise FormatError(f"{at}: expected [entry, node]")
-        e = _entry_from_json(item[0], kind, i, at)
+        e = entry_from_json(item[0], kind, i, at)
         entries.append(e)
         children.append(_node_from_dict(item[1], records, f"{where}{keystr((e,))}", depth + 1))
-    type_name = d.get("type", "")
+    return container(
+        kind, d.get("type", ""), d.get("aux"), d.get("aux_repr"), entries, children, where
+    )
+
+
+_BUILTIN = {
+    "dict": "builtins.dict",
+    "list": "builtins.list",
+    "tuple": "builtins.tuple",
+    "none": "builtins.NoneType",
+}
+
+
+def container(  # noqa: PLR0917 - a node's fields, in the order of Node's
+    kind: str,
+    type_name: Any,
+    aux: Any,
+    aux_repr: Any,
+    entries: Sequence[Entry],
+    children: Sequence[Node],
+    where: str,
+) -> Node:
+    """A container node of a spec document, its type and ``aux_repr`` checked
+    (its kind, entries and children were checked by the caller).
+
+    Raises:
+      FormatError: naming ``where`` for a type or ``aux_repr`` of the wrong type.
+    """
     if kind in ("namedtuple", "custom") and (not isinstance(type_name, str) or not type_name):
         raise FormatError(f"{where}: type must be a non-empty string")
-    aux_repr = d.get("aux_repr")
     if aux_repr is not None and not isinstance(aux_repr, str):
         raise FormatError(f"{where}: aux_repr must be a string or null")
-    builtin = {
-        "dict": "builtins.dict",
-        "list": "builtins.list",
-        "tuple": "builtins.tuple",
-        "none": "builtins.NoneType",
-    }
     return Node(
-        kind=kind,  # type: ignore[arg-type]  # checked against _KINDS above
-        type_name=builtin.get(kind, str(type_name or "")),
-        aux=d.get("aux"),
+        kind=kind,  # type: ignore[arg-type]  # checked against _KINDS by the caller
+        type_name=_BUILTIN.get(kind, str(type_name or "")),
+        aux=aux,
         aux_repr=aux_repr,
         entries=tuple(entries),
         children=tuple(children),
@@ -170,7 +199,12 @@ def _node_from_dict(d: Any, records: list[Record], where: str, depth: int) -> No
     )
 
 
-def _leaf_record(d: dict[str, Any], where: str) -> Record:
+def leaf_record(d: dict[str, Any], where: str) -> Record:
+    """A leaf's record, every field type-checked.
+
+    Raises:
+      FormatError: naming ``where`` and the field.
+    """
     shape = d.get("shape")
     if not isinstance(shape, list) or not all(
         (isinstance(x, int) and not isinstance(x, bool) and 0 <= x <= _MAX_DIM)
@@ -206,7 +240,12 @@ _CHILD_KINDS = {
 }
 
 
-def _entry_from_json(entry: list[Any], kind: str, i: int, at: str) -> Entry:
+def entry_from_json(entry: list[Any], kind: str, i: int, at: str) -> Entry:
+    """A child's key entry, checked against its container's kind and place.
+
+    Raises:
+      FormatError: naming ``at``.
+    """
     if len(entry) != 2 or entry[0] not in _CHILD_KINDS.get(kind, ()):
         raise FormatError(f"{at}: bad key entry {short_repr(entry)} for a {kind} node")
     ekind, key = entry

@@ -48,6 +48,7 @@ __all__ = [
     "flatten_with_types",
     "invalid_leaves",
     "key_problems",
+    "node_key_problems",
     "known_leaf_types",
     "qualname",
     "structure_of",
@@ -60,7 +61,7 @@ NodeKind: TypeAlias = Literal["leaf", "none", "dict", "list", "tuple", "namedtup
 _CACHE_SIZE = 512
 
 
-@dataclasses.dataclass(frozen=True, eq=False)
+@dataclasses.dataclass(frozen=True, eq=False, slots=True)
 class Node:
     """One position of a pytree's structure.
 
@@ -401,32 +402,43 @@ def key_problems(root: Node) -> list[tuple[str, str]]:
         node, path = stack.pop()
         if node.kind == "leaf":
             continue
-        where = keystr(path)
-        texts: dict[str, Entry] = {}
-        for e in node.entries:
-            problem = entry_problem(e)
-            if problem is not None:
-                out.append((where, problem))
-                continue
-            text = entry_str(e)
-            if text in texts:
-                out.append((where, f"two children print as {text[:60]!r}"))
-            texts[text] = e
-        if node.kind in ("dict", "custom", "namedtuple"):
-            seen: dict[Any, Entry] = {}
-            for e in node.entries:
-                try:
-                    other = seen.get(e[1])
-                except TypeError:
-                    continue  # unhashable keys were reported above
-                if other is not None and entry_str(other) != entry_str(e):
-                    out.append(
-                        (
-                            where,
-                            f"{entry_str(other)} and {entry_str(e)} of {node.type_name} both "
-                            f"come back as key {short_repr(e[1])} of a plain dict",
-                        )
-                    )
-                seen[e[1]] = e
+        problems = node_key_problems(node)
+        if problems:
+            where = keystr(path)
+            out.extend((where, problem) for problem in problems)
         stack.extend((c, (*path, e)) for e, c in reversed(list(zip(node.entries, node.children))))
+    return out
+
+
+def node_key_problems(node: Node) -> list[str]:
+    """``key_problems`` of one container's own keys (not those below it).
+
+    Example:
+      >>> node_key_problems(Node("dict", entries=(("key", 1), ("key", "1"))))
+      []
+    """
+    out: list[str] = []
+    texts: dict[str, Entry] = {}
+    for e in node.entries:
+        problem = entry_problem(e)
+        if problem is not None:
+            out.append(problem)
+            continue
+        text = entry_str(e)
+        if text in texts:
+            out.append(f"two children print as {text[:60]!r}")
+        texts[text] = e
+    if node.kind in ("dict", "custom", "namedtuple"):
+        seen: dict[Any, Entry] = {}
+        for e in node.entries:
+            try:
+                other = seen.get(e[1])
+            except TypeError:
+                continue  # unhashable keys were reported above
+            if other is not None and entry_str(other) != entry_str(e):
+                out.append(
+                    f"{entry_str(other)} and {entry_str(e)} of {node.type_name} both "
+                    f"come back as key {short_repr(e[1])} of a plain dict"
+                )
+            seen[e[1]] = e
     return out

@@ -8,6 +8,7 @@ the same file even if the path is replaced meanwhile.
 
 from __future__ import annotations
 
+import mmap
 import os
 from typing import Any
 
@@ -16,7 +17,7 @@ from ..errors import FormatError
 from ..hashing import Source, announce, pread_into, source_size
 from .format import ENTRY_KEYS, MAX_HEADER_BYTES
 from .header import strict_loads, table_budget
-from .table import scan
+from .table import Buffer, scan
 
 _PICKLE_HINT = (
     "this looks like a pickle or zip (torch) file; treeguard never unpickles. "
@@ -39,7 +40,7 @@ def _looks_pickled(head: bytes) -> bool:
     return head[:1] == b"\x80" or head[:2] == b"PK"
 
 
-def utf8_text(raw: bytes | bytearray, what: str, name: str) -> str:
+def utf8_text(raw: Buffer, what: str, name: str) -> str:
     """``raw`` as UTF-8 text, or a ``FormatError`` saying ``what`` is not.
 
     Example:
@@ -47,7 +48,7 @@ def utf8_text(raw: bytes | bytearray, what: str, name: str) -> str:
       '{}'
     """
     try:
-        return raw.decode("utf-8")
+        return str(raw, "utf-8")
     except UnicodeDecodeError as e:
         raise FormatError(
             f"{what} not UTF-8 text ({e.reason} at byte {e.start})", context=name
@@ -99,17 +100,18 @@ def read_raw_header(
     if n < 2:
         raise FormatError(f"a header of {n} bytes cannot hold a JSON object", context=name)
     announce(fd, [(0, size if whole else 8 + n)])
-    raw = bytearray(n)
-    if pread_into(fd, memoryview(raw), 8) != n:
-        raise FormatError("the file shrank while its header was read", context=name)
-    if raw[:1] != b"{":
-        raise FormatError("the header is not a JSON object", context=name, hint=hint)
-    budget = table_budget(n)
-    doc = scan(raw, budget)  # the usual form, into records costed before they are built
-    if doc is None:  # any other, as JSON, measured before it is parsed
-        text = utf8_text(raw, "the header is", name)
-        del raw  # held once: as text while it is parsed
-        doc = strict_loads(text, "the header", context=name, budget=budget, shared_keys=ENTRY_KEYS)
+    with mmap.mmap(-1, n) as raw:  # unmapped once read: no freed heap kept past the read
+        with memoryview(raw) as view:
+            if pread_into(fd, view, 8) != n:
+                raise FormatError("the file shrank while its header was read", context=name)
+        if raw[:1] != b"{":
+            raise FormatError("the header is not a JSON object", context=name, hint=hint)
+        doc = scan(raw, table_budget(n))  # the usual form, into records costed first
+        text = utf8_text(raw, "the header is", name) if doc is None else None
+    if text is not None:  # any other, as JSON, measured before it is parsed
+        doc = strict_loads(
+            text, "the header", context=name, budget=table_budget(n), shared_keys=ENTRY_KEYS
+        )
         del text
     if not isinstance(doc, dict):
         raise FormatError("the header is not a JSON object", context=name)

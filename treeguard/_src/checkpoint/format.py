@@ -58,24 +58,20 @@ _FORMAT_RE = re.compile(r"^treeguard\.checkpoint/(\d{1,9})$")
 
 #: The largest header read, as in the safetensors reference reader.
 MAX_HEADER_BYTES = 100_000_000
-#: What parsing a header, or a document inside it (the spec, the hashes),
-#: may cost: bytes of objects per byte of the header, past a fixed
-#: ``HEADER_FREE_COST``. By ``strictjson.Shape.cost`` an honest treeguard
-#: header costs about 3.5 times its bytes (its spec alone about 4 times the
-#: whole header), and another tool's safetensors header, all tensor table,
-#: 6 to 11 times (a dict, two lists and their numbers per tensor; the more
-#: the shorter its names), its ``ENTRY_KEYS`` counted once.
-HEADER_COST_PER_BYTE = 8
-HEADER_FREE_COST = 16 << 20
-#: What reading the header itself (the tensor table and ``__metadata__``'s
-#: strings) may cost in objects: ``TABLE_COST_PER_BYTE`` times its bytes,
-#: past ``TABLE_FREE_COST``. Its bytes are held too while it is read, so a
-#: header costs at most 4 times its bytes past the allowance. ``table.scan``
-#: reads a table of the usual form in 1.5 to 3.5 times its bytes (the
-#: shorter the names and the larger the offsets, the more); the allowance
-#: covers what does not grow with the table (dicts' first tables, the
-#: metadata's few strings: kilobytes) many times over, and lets any header
-#: under a MiB through in whatever form ``strictjson.loads`` can read.
+#: What reading a header may cost in objects: its tensor table and
+#: ``__metadata__``'s strings, then the stored spec (its records, or its JSON
+#: and the ``TreeSpec`` built from it) and the hashes, environment and
+#: metadata documents, all in one budget of ``TABLE_COST_PER_BYTE`` times
+#: its bytes, past ``TABLE_FREE_COST``. Its bytes are held too while the
+#: table is read, so a header costs at most 4 times its bytes past the
+#: allowance. ``table.scan`` reads a table of the usual form in 1.5 to 3.5
+#: times its bytes (the shorter the names and the larger the offsets, the
+#: more), ``specscan.scan`` a spec of the form ``TreeSpec.to_json`` writes
+#: in about 1.5 times its text; an honest treeguard header costs about 3
+#: times its bytes in all. The allowance covers what does not grow with the
+#: header (dicts' first tables, the metadata's few strings: kilobytes) many
+#: times over, and lets any header under a MiB through in whatever form
+#: ``strictjson.loads`` can read.
 TABLE_COST_PER_BYTE = 3
 TABLE_FREE_COST = 4 << 20
 #: The keys of every tensor entry (parsing keeps one string for each).

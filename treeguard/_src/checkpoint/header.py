@@ -1,11 +1,13 @@
 """Reading a checkpoint's header: the steps from the parsed JSON to a checked
 ``Header`` (format version, required fields, the header digest, the spec, the
-tensor table matched to the spec's leaves), within ``header_budget``."""
+tensor table matched to the spec's leaves), the table, the spec and the
+documents beside it within one ``table_budget``."""
 
 from __future__ import annotations
 
 import math
 import re
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,7 +19,8 @@ from ..keydtype import is_key_dtype
 from ..leaf import summarize
 from ..paths import keystr, parse
 from ..spec import TreeSpec
-from ..strictjson import loads
+from ..specscan import scan as scan_spec
+from ..strictjson import Shape, loads
 from .format import (
     _FORMAT_RE,
     _HEX_RE,
@@ -26,8 +29,6 @@ from .format import (
     ALLOWED_DTYPES,
     FORMAT,
     FORMAT_VERSION,
-    HEADER_COST_PER_BYTE,
-    HEADER_FREE_COST,
     K_DIGEST,
     K_ENV,
     K_FORMAT,
@@ -45,7 +46,7 @@ from .format import (
     ok_int,
     stored_layout,
 )
-from .table import STORED_NAMES, Entry, Expanded, expanded
+from .table import STORED_NAMES, Entry, Expanded, expanded, held_cost
 
 _NOT_OURS = "this is not a file treeguard.save wrote, or it was damaged; " + _RESTORE_HINT
 
@@ -95,8 +96,10 @@ def header_from_doc(doc: dict[str, Any], header_bytes: int, size: int, name: str
     # The digest covers everything below, so check it before interpreting any of it.
     _check_digest(meta, doc, algorithm, name)
     _compact_table(doc)  # before the spec is parsed, the other large thing
-    spec = _stored_spec(meta, header_bytes, name)
-    hashes, env, user = _json_objects(meta, header_bytes, name)
+    # one budget for the table, the spec and the documents beside it
+    left = table_budget(header_bytes) - held_cost(doc, meta)
+    spec, left = _stored_spec(meta, left, name)
+    hashes, env, user = _json_objects(meta, left, name)
     names = leaf_names(spec, name)
     _check_table_names(list(doc), names, name)
     if set(hashes) != set(names):
@@ -110,23 +113,13 @@ def header_from_doc(doc: dict[str, Any], header_bytes: int, size: int, name: str
     )
 
 
-def header_budget(header_bytes: int) -> int:
-    """The most bytes of objects a header's JSON, or a document inside it,
-    may cost parsed: ``HEADER_COST_PER_BYTE`` times the header's bytes, past
-    ``HEADER_FREE_COST``.
-
-    Example:
-      >>> header_budget(1000) - HEADER_FREE_COST
-      8000
-    """
-    return HEADER_COST_PER_BYTE * header_bytes + HEADER_FREE_COST
-
-
 def table_budget(header_bytes: int) -> int:
-    """The most bytes of objects reading a header's JSON (its tensor table
-    and ``__metadata__``'s strings) may cost: ``TABLE_COST_PER_BYTE`` times
-    its bytes, past ``TABLE_FREE_COST``; with the bytes themselves, at most
-    4 times the header past the allowance.
+    """The most bytes of objects reading a header may cost: its tensor table
+    and ``__metadata__``'s strings, then the stored spec and the hashes,
+    environment and metadata documents, all in one budget of
+    ``TABLE_COST_PER_BYTE`` times its bytes, past ``TABLE_FREE_COST``; with
+    the bytes themselves (held only while the table is read), at most 4
+    times the header past the allowance.
 
     Example:
       >>> table_budget(1000) - TABLE_FREE_COST
@@ -221,13 +214,23 @@ def _compact_table(table: dict[str, Any]) -> None:
             table[tensor] = Entry(STORED_NAMES.get(dtype, dtype), tuple(shape), *offsets)
 
 
-def _stored_spec(meta: dict[str, str], header_bytes: int, name: str) -> TreeSpec:
-    """The stored spec, its text dropped from ``meta`` once read."""
+def _stored_spec(meta: dict[str, str], left: int, name: str) -> tuple[TreeSpec, int]:
+    """The stored spec, read in at most ``left`` bytes of objects, and the
+    bytes left after it; its text dropped from ``meta`` once read.
+
+    The form ``TreeSpec.to_json`` writes is read into compact records
+    (``specscan.scan``); any other is parsed as JSON in half of ``left``
+    (its equal leaves one dict), the ``TreeSpec`` built from it in the rest.
+    """
+    text = meta.pop(K_SPEC)
+    left += sys.getsizeof(text)  # given back once the spec is read
+    found = scan_spec(text, max(0, left - sys.getsizeof(text)))
+    if found is not None:
+        return TreeSpec(found[0], found[1]), left - found[2]
     try:
-        text, budget = meta.pop(K_SPEC), header_budget(header_bytes)
-        doc = loads(text, "spec", budget=budget, share=_is_leaf)  # equal leaves: one dict
+        doc = loads(text, "spec", budget=max(0, left - sys.getsizeof(text)) // 2, share=_is_leaf)
         del text
-        return TreeSpec.from_dict(doc)
+        return TreeSpec.from_dict(doc), left // 2
     except FormatError as e:
         raise FormatError(f"{K_SPEC}: {e.message}", context=name, hint=_NOT_OURS) from e
 
@@ -237,12 +240,17 @@ def _is_leaf(node: dict[str, Any]) -> bool:
     return node.get("kind") == "leaf"
 
 
-def _json_objects(meta: dict[str, str], header_bytes: int, name: str) -> list[dict[str, Any]]:
+def _json_objects(meta: dict[str, str], left: int, name: str) -> list[dict[str, Any]]:
     """The header's JSON objects: ``treeguard.hashes``, ``.env`` and
-    ``.metadata``, each text dropped from ``meta`` once read."""
+    ``.metadata``, each text dropped from ``meta`` once read, together in
+    at most ``left`` bytes of objects (each text's bytes given back)."""
+    values = []
+    for field in (K_HASHES, K_ENV, K_META):
+        text = meta.pop(field)
+        value = strict_loads(text, field, context=name, budget=max(0, left))
+        left += sys.getsizeof(text) - Shape.of(text).cost
+        values.append(value)
     fields = (K_HASHES, K_ENV, K_META)
-    budget = header_budget(header_bytes)
-    values = [strict_loads(meta.pop(f), f, context=name, budget=budget) for f in fields]
     for field, value in zip(fields, values):
         if not isinstance(value, dict):
             raise FormatError(

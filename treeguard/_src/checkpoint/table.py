@@ -4,14 +4,15 @@
 numbers (about 400 bytes for 60 of text) and needs the header decoded into
 one ``str`` beside its bytes. ``scan`` reads a header of the form every
 safetensors writer produces (``__metadata__``, a map of strings, and entries
-``{"dtype": ..., "shape": [...], "data_offsets": [a, b]}`` in that order)
-straight from its bytes: each entry becomes an ``Entry`` (its dtype name
+``{"dtype": ..., "shape": [...], "data_offsets": [a, b]}``, their fields in
+that order or any other) straight from its bytes: each entry becomes an
+``Entry`` (its dtype name
 interned, its shape a tuple shared by every entry of that shape), each name
 and metadata string is decoded once, and what each record will cost is
 computed from its bytes before it is built, so a table that would cost more
 than its budget is given up before it does.
 
-``scan`` never refuses a header: anything else (another key order, a
+``scan`` never refuses a header: anything else (another field, a
 duplicate key, an escape it cannot decode, a table over its budget) returns
 None, and the caller parses the header with ``strictjson.loads``, which
 refuses exactly what it refused before, under the same budget.
@@ -19,13 +20,21 @@ refuses exactly what it refused before, under the same budget.
 
 from __future__ import annotations
 
+import functools
+import itertools
 import json
+import mmap
 import re
 import sys
 from collections.abc import Iterator, Mapping
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeAlias
 
 from .format import FOREIGN, NATIVE
+
+#: What a header's bytes are read into: ``bytes``, or the anonymous mapping
+#: ``files.read_raw_header`` reads them into (handed back to the system
+#: when it is closed, so no freed heap outlives the read).
+Buffer: TypeAlias = bytes | bytearray | mmap.mmap
 
 
 class Entry(NamedTuple):
@@ -92,16 +101,36 @@ def _pair(key: bytes, value: bytes) -> bytes:
     return key + _WS + rb":" + _WS + value
 
 
-_ENTRY = re.compile(
-    _WS
-    + _pair(rb"(" + _STR + rb")", rb"\{" + _WS)
-    + _pair(rb'"dtype"', rb'"([A-Za-z0-9_]{1,32})"')
-    + (_WS + rb"," + _WS)
-    + _pair(rb'"shape"', rb"(" + _DIMS + rb")")
-    + (_WS + rb"," + _WS)
-    + _pair(rb'"data_offsets"', rb"\[" + _WS + rb"(" + _INT + rb")" + _WS + rb"," + _WS)
-    + (rb"(" + _INT + rb")" + _WS + rb"\]" + _WS + rb"\}" + _WS + rb"([,}])")
-)
+#: An entry's three fields, each a named group, in the order they are matched.
+_FIELDS = {
+    b"dtype": _pair(rb'"dtype"', rb'"(?P<dtype>[A-Za-z0-9_]{1,32})"'),
+    b"shape": _pair(rb'"shape"', rb"(?P<dims>" + _DIMS + rb")"),
+    b"data_offsets": _pair(
+        rb'"data_offsets"',
+        rb"\[" + _WS + rb"(?P<begin>" + _INT + rb")" + _WS + rb"," + _WS
+        + rb"(?P<stop>" + _INT + rb")" + _WS + rb"\]",
+    ),
+}  # fmt: skip
+
+
+def _entry(order: tuple[bytes, ...]) -> re.Pattern[bytes]:
+    """An entry whose fields come in ``order``, and the byte after it."""
+    fields = (_WS + rb"," + _WS).join(_FIELDS[key] for key in order)
+    head = _WS + _pair(rb"(?P<token>" + _STR + rb")", rb"\{" + _WS)
+    return re.compile(head + fields + _WS + rb"\}" + _WS + rb"(?P<last>[,}])")
+
+
+#: The usual order (every safetensors writer's); the five others are
+#: compiled when an entry first needs them (``_other_orders``).
+_USUAL = _entry(tuple(_FIELDS))
+_GROUPS = ("token", "dtype", "dims", "begin", "stop", "last")
+
+
+@functools.cache
+def _other_orders() -> tuple[re.Pattern[bytes], ...]:
+    return tuple(map(_entry, itertools.permutations(_FIELDS)))[1:]
+
+
 _STRINGS = _STR + _WS + rb":" + _WS + _STR
 _META = re.compile(
     _WS
@@ -132,7 +161,7 @@ DICT_COST, BYTES_COST = 240, sys.getsizeof(b"")
 _INT_COSTS = (0, 0, 0, *[28] * 7, *[32] * 9, *[36] * 2)
 
 
-def _str_cost(raw: bytes | bytearray, start: int, end: int) -> int:
+def _str_cost(raw: Buffer, start: int, end: int) -> int:
     """The most a ``str`` decoded from the string token at ``start:end`` takes."""
     if _NON_ASCII.search(raw, start, end) is None:
         return ASCII_STR_COST + end - start
@@ -151,7 +180,7 @@ def _name(token: bytes) -> str | None:
         return None
 
 
-def _decoded(raw: bytes | bytearray, start: int, end: int) -> str | None:
+def _decoded(raw: Buffer, start: int, end: int) -> str | None:
     """The string token at ``start:end`` decoded, or None where
     ``strictjson.loads`` must say what is wrong with it (not UTF-8, a bad
     escape, a lone surrogate)."""
@@ -176,7 +205,7 @@ def _sizes(dims: bytes) -> list[bytes]:
 class _Scan:
     """One header's scan: the table built so far and what it costs."""
 
-    def __init__(self, raw: bytes | bytearray, budget: int) -> None:
+    def __init__(self, raw: Buffer, budget: int) -> None:
         self.raw, self.budget = raw, budget
         self.doc: dict[str, Any] = {}
         self.shapes: dict[bytes, tuple[int, ...]] = {}
@@ -187,10 +216,10 @@ class _Scan:
         usual form; the position after them and the byte that ended the last
         (``,`` or ``}``; None past the last such entry); a position of -1
         where ``strictjson`` must read the header."""
-        raw, doc, shapes, match = self.raw, self.doc, self.shapes, _ENTRY.match
-        ascii_all, last = raw.isascii(), None
-        while (m := match(raw, pos)) is not None:
-            token, dtype, dims, begin, stop, last = m.groups()
+        raw, doc, shapes, usual = self.raw, self.doc, self.shapes, _USUAL.match
+        ascii_all, last = _NON_ASCII.search(raw) is None, None
+        while (m := usual(raw, pos) or _other_order(raw, pos)) is not None:
+            token, dtype, dims, begin, stop, last = m.group(*_GROUPS)
             cost = ASCII_STR_COST + len(token) + ENTRY_COST + DICT_SLOT_COST
             if not ascii_all and not token.isascii():
                 cost += STR_COST + 3 * len(token)
@@ -248,7 +277,7 @@ class _Scan:
         return True
 
 
-def scan(raw: bytes | bytearray, budget: int) -> dict[str, Any] | None:
+def scan(raw: Buffer, budget: int) -> dict[str, Any] | None:
     """A safetensors header read from its bytes into ``Entry`` records, in
     at most ``budget`` bytes of objects; None for a header of another form
     or cost (the caller parses it with ``strictjson.loads``).
@@ -256,7 +285,9 @@ def scan(raw: bytes | bytearray, budget: int) -> dict[str, Any] | None:
     Example:
       >>> scan(b'{"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}', 10_000)
       {'w': Entry(dtype='F32', shape=(2,), begin=0, end=8)}
-      >>> scan(b'{"w":{"shape":[2],"dtype":"F32","data_offsets":[0,8]}}', 10_000) is None
+      >>> scan(b'{"w":{"shape":[2],"dtype":"F32","data_offsets":[0,8]}}', 10_000)
+      {'w': Entry(dtype='F32', shape=(2,), begin=0, end=8)}
+      >>> scan(b'{"w":{"shape":[2],"dtype":"F32","data_offsets":[0,8],"x":1}}', 10_000) is None
       True
     """
     opening = _OPEN.match(raw)
@@ -279,6 +310,51 @@ def scan(raw: bytes | bytearray, budget: int) -> dict[str, Any] | None:
     return state.doc if _blank_to_end(raw, pos) else None
 
 
-def _blank_to_end(raw: bytes | bytearray, pos: int) -> bool:
+def _other_order(raw: Buffer, pos: int) -> re.Match[bytes] | None:
+    """An entry at ``pos`` whose fields come in another order, or None."""
+    for pattern in _other_orders():
+        if (m := pattern.match(raw, pos)) is not None:
+            return m
+    return None
+
+
+def held_cost(table: Mapping[str, Any], meta: Mapping[str, str]) -> int:
+    """The bytes a header read holds: its table (each ``Entry``, each
+    distinct shape once; any other value whole) and its metadata's strings.
+
+    Example:
+      >>> held_cost({}, {}) == 2 * sys.getsizeof({})
+      True
+    """
+    cost = sys.getsizeof(table) + sys.getsizeof(meta)
+    cost += sum(sys.getsizeof(k) + sys.getsizeof(v) for k, v in meta.items())
+    shapes: set[int] = set()
+    for name, entry in table.items():
+        cost += sys.getsizeof(name)
+        if type(entry) is not Entry:
+            cost += _deep_size(entry)
+            continue
+        cost += ENTRY_COST + sys.getsizeof(entry.begin) + sys.getsizeof(entry.end)
+        if id(entry.shape) not in shapes:
+            shapes.add(id(entry.shape))
+            cost += _deep_size(entry.shape)
+    return cost
+
+
+def _deep_size(value: Any) -> int:
+    """The bytes of a JSON value and all it holds (shared parts counted each time)."""
+    cost, stack = 0, [value]
+    while stack:
+        v = stack.pop()
+        cost += sys.getsizeof(v)
+        if isinstance(v, dict):
+            stack.extend(v)
+            stack.extend(v.values())
+        elif isinstance(v, (list, tuple)):
+            stack.extend(v)
+    return cost
+
+
+def _blank_to_end(raw: Buffer, pos: int) -> bool:
     """Whether only blanks follow ``pos``."""
     return _END.fullmatch(raw, pos) is not None
