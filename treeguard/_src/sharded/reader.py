@@ -22,7 +22,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -77,13 +77,17 @@ def unreadable(where: str, paths: Sequence[str], error: BaseException) -> Integr
     )
 
 
-def shard_error(where: str, paths: Sequence[str], algorithm: str) -> IntegrityError:
-    """The error for arrays with a shard whose digest does not match."""
+def shard_error(
+    where: str, paths: Sequence[str], algorithm: str, first: str | None = None
+) -> IntegrityError:
+    """The error for arrays with a shard whose digest does not match;
+    ``first``: the first such shard this process read, when it can be named."""
     names = [p or "<root>" for p in paths]
     listed = ", ".join(names[:20]) + (f" and {len(names) - 20} more" if len(names) > 20 else "")
+    shown = f" (first: {first})" if first else ""
     return IntegrityError(
         f"{where}: {len(names)} {'array' if len(names) == 1 else 'arrays'} with a shard "
-        f"whose {algorithm} does not match the manifest: {listed}\n"
+        f"whose {algorithm} does not match the manifest: {listed}{shown}\n"
         "hint: the stored bytes changed after the save; load an earlier checkpoint",
         path=names[0],
     )
@@ -190,19 +194,77 @@ def _opened(where: str, future: Any, record: ArrayRecord) -> Any:
     return store
 
 
+class Pending(Protocol):
+    """A read under way: a tensorstore or ``concurrent.futures`` future."""
+
+    def result(self) -> Any:
+        """Waits for the read; raises its failure."""
+        ...
+
+    def cancel(self) -> Any:
+        """Drops the read if it has not started."""
+        ...
+
+
+class Fetch(Protocol):
+    """Where the saved shards' bytes come from: the data directory
+    (``StoredArrays``) or, in a store in a bucket, one object per shard."""
+
+    def prepare(self, records: Sequence[ArrayRecord], keys: Sequence[int]) -> None:
+        """Starts opening the arrays ``keys`` (of ``records``) that will be read."""
+        ...
+
+    def start(self, key: int, shard: Shard, buf: np.ndarray[Any, Any]) -> Pending:
+        """Starts reading the saved ``shard`` of array ``key`` into ``buf``
+        (C order, the shard's shape and the array's dtype)."""
+        ...
+
+    def name(self, key: int, shard: Shard) -> str | None:
+        """The shard, as a message shows it, where it has a name of its own."""
+        ...
+
+
+class StoredArrays:
+    """The shards of a data directory, read through tensorstore as orbax
+    wrote them (``orbax_io``)."""
+
+    def __init__(self, where: str, data: str, names: Sequence[str]) -> None:
+        self._where, self._data, self._names = where, data, names
+        self._records: Sequence[ArrayRecord] = ()
+        self._opening: dict[int, Any] = {}
+        self._stores: dict[int, Any] = {}
+
+    def prepare(self, records: Sequence[ArrayRecord], keys: Sequence[int]) -> None:
+        self._records = records
+        self._opening = dict(zip(keys, open_arrays(self._data, [self._names[k] for k in keys])))
+
+    def start(self, key: int, shard: Shard, buf: np.ndarray[Any, Any]) -> Pending:
+        if key not in self._stores:
+            self._stores[key] = _opened(self._where, self._opening[key], self._records[key])
+        return read_into(self._stores[key], shard.index, buf)  # type: ignore[no-any-return]
+
+    def name(self, key: int, shard: Shard) -> None:
+        """None: a shard is a region of its array's stored chunks."""
+
+
 class _Reads:
     """The reads of every planned shard, in order, each into a buffer of its
     own (or straight into the target shard it is), at most ``WINDOW`` bytes
     ahead of the one being consumed."""
 
     def __init__(
-        self, where: str, data: str, names: Sequence[str], plans: list[_Plan], keep: bool
+        self,
+        where: str,
+        fetch: Fetch,
+        records: Sequence[ArrayRecord],
+        plans: list[_Plan],
+        keep: bool,
     ) -> None:
         self._where = where
         self._plans = plans
         self._keep = keep
-        self._opening = open_arrays(data, [names[p.key] for p in plans])
-        self._stores: dict[int, Any] = {}
+        self._fetch = fetch
+        fetch.prepare(records, [p.key for p in plans])
         self._work = [(n, shard) for n, plan in enumerate(plans) for shard in plan.shards]
         self._next = 0
         self._ahead: collections.deque[tuple[int, Shard, Any, Any]] = collections.deque()
@@ -218,8 +280,6 @@ class _Reads:
         while self._next < len(self._work) and (not self._ahead or self._held < WINDOW):
             n, shard = self._work[self._next]
             plan = self._plans[n]
-            if n not in self._stores:
-                self._stores[n] = _opened(self._where, self._opening[n], plan.record)
             shape = tuple(b - a for a, b in shard.index)
             buf = None
             if self._keep:
@@ -228,7 +288,7 @@ class _Reads:
                         piece.buf = buf = aligned(shape, plan.record.dtype)
             if buf is None:
                 buf = self._scratch(shape, plan.record.dtype)
-            future = read_into(self._stores[n], shard.index, buf)
+            future = self._fetch.start(plan.key, shard, buf)
             self._ahead.append((n, shard, future, buf))
             self._held += buf.nbytes
             self._next += 1
@@ -308,7 +368,7 @@ def _read(
 def read_verified(
     where: str,
     manifest: Manifest,
-    names: Sequence[str],
+    fetch: Fetch,
     targets: Sequence[Any],
     *,
     local: bool = False,
@@ -321,7 +381,7 @@ def read_verified(
     Args:
       where: the checkpoint directory (for messages).
       manifest: its parsed manifest.
-      names: orbax's name of every stored array, in the manifest's order.
+      fetch: where the saved shards' bytes come from (``StoredArrays``).
       targets: a sharding per array, or None for an array left unread.
       local: this process alone: no collective, nothing exchanged.
       keep: place the arrays; with False every shard is read and hashed
@@ -340,13 +400,14 @@ def read_verified(
     out: list[Any] = [None] * len(manifest.arrays)
     flags = np.zeros(len(manifest.arrays), dtype=np.uint8)
     failure: Exception | None = None
+    first: str | None = None
     items = max(1, sum(len(p.shards) for p in plans))
     # shards of a few MiB: each hashed whole on one core, several at once
     largest = max((s.size * p.record.dtype.itemsize for p in plans for s in p.shards), default=0)
     whole = largest <= WHOLE_MAX
     with Pipeline(manifest.hash, items=items, whole=whole) as pipeline:
         try:
-            reads = _Reads(where, f"{where}/{manifest.data}", names, plans, keep)
+            reads = _Reads(where, fetch, manifest.arrays, plans, keep)
             fed = _read(reads, plans, pipeline, keep, out)
             try:
                 found = pipeline.digests()
@@ -355,6 +416,7 @@ def read_verified(
             for n, (key, shard) in enumerate(fed):
                 if found.get(n) != shard.digest:
                     flags[key] = 1
+                    first = first or fetch.name(key, shard)
         except Exception as e:  # noqa: BLE001 - the exchange below must still happen
             failure = e
             out.clear()
@@ -377,5 +439,5 @@ def read_verified(
         )
     bad = [k for k in range(len(manifest.arrays)) if agreed[k]]
     if bad:
-        raise shard_error(where, [manifest.arrays[k].path for k in bad], manifest.hash)
+        raise shard_error(where, [manifest.arrays[k].path for k in bad], manifest.hash, first)
     return out
