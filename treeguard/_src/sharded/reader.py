@@ -223,6 +223,10 @@ class Fetch(Protocol):
         """The shard, as a message shows it, where it has a name of its own."""
         ...
 
+    def close(self) -> None:
+        """Ends the reads still under way, once none is needed."""
+        ...
+
 
 class StoredArrays:
     """The shards of a data directory, read through tensorstore as orbax
@@ -245,6 +249,9 @@ class StoredArrays:
 
     def name(self, key: int, shard: Shard) -> None:
         """None: a shard is a region of its array's stored chunks."""
+
+    def close(self) -> None:
+        """Nothing to end: tensorstore's futures are cancelled one by one."""
 
 
 class _Reads:
@@ -322,6 +329,7 @@ class _Reads:
         for _, _, future, _ in self._ahead:
             future.cancel()
         self._ahead.clear()
+        self._fetch.close()
 
 
 def _read(

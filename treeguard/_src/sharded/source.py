@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from ..checkpoint.received import plain_tree, refuse_forged_claim, stored_array_bytes
 from .manifest import Manifest, read_with_digest
-from .reader import Fetch, StoredArrays
+
+if TYPE_CHECKING:
+    from .reader import Fetch
 
 
 class Source(Protocol):
@@ -52,6 +54,8 @@ class Directory:
         return found
 
     def fetch(self, manifest: Manifest, names: Sequence[str]) -> Fetch:
+        from .reader import StoredArrays  # lazy: the reader's collectives import jax
+
         return StoredArrays(self.where, f"{self.where}/{manifest.data}", names)
 
 
