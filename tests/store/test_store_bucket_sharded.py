@@ -21,7 +21,7 @@ from obstore.store import S3Store
 
 from tests.s3server import Lie, LyingProxy, Request, S3Server
 from tests.subproc import start_python, stop
-from treeguard import ArtifactStore, IntegrityError, RetentionPolicy, StoreError
+from treeguard import ArtifactStore, IntegrityError, InvalidTreeError, RetentionPolicy, StoreError
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("s3")]
 
@@ -202,7 +202,10 @@ def test_a_put_killed_before_its_manifest_leaves_no_version(
         return None
 
     with LyingProxy(s3_server.endpoint, kill_at_manifest) as proxy:
-        env = {"AWS_ENDPOINT_URL": proxy.endpoint, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+        env = {
+            "AWS_ENDPOINT_URL": proxy.endpoint,
+            "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+        }
         proc = start_python(KILLED_PUT, s3_url, env=env)
         child.append(proc.pid)
         out, err = stop(proc, timeout=120)
@@ -216,6 +219,14 @@ def test_a_put_killed_before_its_manifest_leaves_no_version(
     v3 = store.put_sharded(_placed(h))
     assert v3 == "v000003"  # a name is never reused
     _same(store.load_version(v3, _like(h)), h)
+
+
+def test_a_tree_put_sharded_refuses_is_refused_before_any_write(s3_url: str) -> None:
+    store = ArtifactStore.init(s3_url)
+    before = _names(s3_url)
+    with pytest.raises(InvalidTreeError, match="stores jax.Array leaves"):
+        store.put_sharded({"w": np.ones((4, 2), np.float32)})
+    assert _names(s3_url) == before
 
 
 def test_a_sharded_put_with_a_taken_name_writes_nothing(s3_url: str) -> None:
