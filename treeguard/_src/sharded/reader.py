@@ -216,7 +216,10 @@ class Fetch(Protocol):
 
     def start(self, key: int, shard: Shard, buf: np.ndarray[Any, Any]) -> Pending:
         """Starts reading the saved ``shard`` of array ``key`` into ``buf``
-        (C order, the shard's shape and the array's dtype)."""
+        (C order, the shard's shape and the array's dtype). A fetch that
+        hashes the bytes as it puts them in ``buf`` (by the manifest's
+        algorithm) gives their hex digest as the read's result; otherwise
+        the reader hands ``buf`` to the hashing engine once it is read."""
         ...
 
     def name(self, key: int, shard: Shard) -> str | None:
@@ -300,17 +303,18 @@ class _Reads:
             self._held += buf.nbytes
             self._next += 1
 
-    def next(self) -> tuple[_Plan, Shard, np.ndarray[Any, Any]]:
-        """The next shard's plan, shard and bytes (C order)."""
+    def next(self) -> tuple[_Plan, Shard, np.ndarray[Any, Any], str | None]:
+        """The next shard's plan, shard, bytes (C order) and their digest
+        when the fetch hashed them."""
         self._issue()
         n, shard, future, buf = self._ahead.popleft()
         self._held -= buf.nbytes
         self._issue()  # the window moved: keep the reader busy while this one is used
         try:
-            future.result()
+            done = future.result()
         except Exception as e:  # tensorstore raises many kinds
             raise unreadable(self._where, [self._plans[n].record.path], e) from e
-        return self._plans[n], shard, buf
+        return self._plans[n], shard, buf, done if isinstance(done, str) else None
 
     def _scratch(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
@@ -332,34 +336,43 @@ class _Reads:
         self._fetch.close()
 
 
-def _read(
-    reads: _Reads, plans: list[_Plan], pipeline: Pipeline, keep: bool, out: list[Any]
+def _read(  # noqa: PLR0917 - one call site
+    reads: _Reads,
+    plans: list[_Plan],
+    pipeline: Pipeline,
+    keep: bool,
+    out: list[Any],
+    hashed: dict[int, str],
 ) -> list[tuple[int, Shard]]:
     """Reads, hashes (in the background) and places every planned shard;
-    returns what was fed to ``pipeline``, in order."""
+    returns what was read, in order: the digests of the shards the fetch
+    hashed itself go to ``hashed``, the others' are ``pipeline``'s, under
+    the same place in that order."""
     fed: list[tuple[int, Shard]] = []
     # per hashing worker, the buffers it may still read: each hashes its chunks
     # in order, so a buffer is done with once DEPTH + 1 later ones were fed to it
     hashing: dict[int, collections.deque[np.ndarray[Any, Any] | None]] = {}
     try:
         for _ in range(len(reads)):
-            plan, shard, arr = reads.next()
-            flat: Any = arr.reshape(-1).view(np.uint8)
-            lane = pipeline.lane(len(fed))
-            try:
-                pipeline.feed(len(fed), memoryview(flat))
-            except Exception as e:
-                raise unhashable(plan.record.path, e) from e
-            fed.append((plan.key, shard))
+            plan, shard, arr, found = reads.next()
             kept = keep and any(piece.buf is arr for piece in plan.pieces)
+            if found is None:
+                lane = _feed(pipeline, len(fed), plan, arr)
+            else:
+                hashed[len(fed)] = found  # hashed as it was read: nothing to wait for
+            fed.append((plan.key, shard))
             if keep:
                 _scatter(plan, shard, arr)
-            ring = hashing.setdefault(lane, collections.deque())
-            ring.append(None if kept else arr)
-            if len(ring) > DEPTH + 1:
-                done = ring.popleft()
-                if done is not None:
-                    reads.reuse(done)
+            if found is not None:
+                if not kept:
+                    reads.reuse(arr)
+            else:
+                ring = hashing.setdefault(lane, collections.deque())
+                ring.append(None if kept else arr)
+                if len(ring) > DEPTH + 1:
+                    done = ring.popleft()
+                    if done is not None:
+                        reads.reuse(done)
             plan.left -= 1
             if keep and plan.left == 0:
                 out[plan.key] = _place(plan)
@@ -371,6 +384,17 @@ def _read(
     finally:
         reads.cancel()
     return fed
+
+
+def _feed(pipeline: Pipeline, n: int, plan: _Plan, arr: np.ndarray[Any, Any]) -> int:
+    """Hands a shard's bytes to ``pipeline`` as item ``n``; the lane."""
+    flat: Any = arr.reshape(-1).view(np.uint8)
+    lane = pipeline.lane(n)
+    try:
+        pipeline.feed(n, memoryview(flat))
+    except Exception as e:
+        raise unhashable(plan.record.path, e) from e
+    return lane
 
 
 def read_verified(
@@ -416,9 +440,10 @@ def read_verified(
     with Pipeline(manifest.hash, items=items, whole=whole) as pipeline:
         try:
             reads = _Reads(where, fetch, manifest.arrays, plans, keep)
-            fed = _read(reads, plans, pipeline, keep, out)
+            hashed: dict[int, str] = {}
+            fed = _read(reads, plans, pipeline, keep, out, hashed)
             try:
-                found = pipeline.digests()
+                found = pipeline.digests() | hashed
             except Exception as e:
                 raise unhashable(manifest.arrays[fed[0][0]].path if fed else "", e) from e
             for n, (key, shard) in enumerate(fed):

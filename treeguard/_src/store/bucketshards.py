@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import IntegrityError, StoreError
-from ..hashing import Algorithm
+from ..hashing import Algorithm, hasher
 from ..sharded.digests import Index, local_digests
 from ..sharded.manifest import (
     MANIFEST_NAME,
@@ -148,8 +148,8 @@ class ShardObjects:
     """The shard objects of one data prefix, read ``THREADS`` at a time (a
     ``sharded.reader.Fetch``)."""
 
-    def __init__(self, storage: ObjectStorage, prefix: str) -> None:
-        self._storage, self._prefix = storage, prefix
+    def __init__(self, storage: ObjectStorage, prefix: str, algorithm: Algorithm) -> None:
+        self._storage, self._prefix, self._algorithm = storage, prefix, algorithm
         self._pool = concurrent.futures.ThreadPoolExecutor(THREADS, SHARD_THREADS)
 
     def prepare(self, records: Sequence[ArrayRecord], keys: Sequence[int]) -> None:
@@ -157,7 +157,7 @@ class ShardObjects:
 
     def start(
         self, key: int, shard: Shard, buf: np.ndarray[Any, Any]
-    ) -> concurrent.futures.Future[None]:
+    ) -> concurrent.futures.Future[str]:
         return self._pool.submit(self._read, key, shard, buf)
 
     def name(self, key: int, shard: Shard) -> str:
@@ -168,10 +168,11 @@ class ShardObjects:
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
 
-    def _read(self, key: int, shard: Shard, buf: np.ndarray[Any, Any]) -> None:
-        """The whole object into ``buf``; refused when missing or of another size."""
+    def _read(self, key: int, shard: Shard, buf: np.ndarray[Any, Any]) -> str:
+        """The whole object (one GET) into ``buf``, then hashed there: the
+        digest of what ``buf`` holds. Refused when missing or of another size."""
         name = shard_object(self._prefix, key, shard.index)
-        found = self._storage.read(name, limit=buf.nbytes, what="shard object")
+        found = self._storage.read_buffer(name, limit=buf.nbytes, what="shard object")
         if found is None or len(found[0]) != buf.nbytes:
             held = "missing" if found is None else f"{len(found[0])} bytes"
             raise IntegrityError(
@@ -179,7 +180,11 @@ class ShardObjects:
                 context=self._storage.where(name),
                 hint="the version was damaged behind the store; do not use it",
             )
-        buf.reshape(-1).view(np.uint8)[:] = np.frombuffer(found[0], np.uint8)
+        flat = buf.reshape(-1).view(np.uint8)
+        flat[:] = np.frombuffer(found[0], np.uint8)
+        h = hasher(self._algorithm)
+        h.update(flat.data)
+        return str(h.hexdigest())
 
 
 class BucketShards:
@@ -206,4 +211,5 @@ class BucketShards:
         return parse_with_digest(found[0], self._storage.where(name), self.where, expect)
 
     def fetch(self, manifest: Manifest, names: Sequence[str]) -> ShardObjects:
-        return ShardObjects(self._storage, f"versions/{self._version}/{manifest.data}")
+        prefix = f"versions/{self._version}/{manifest.data}"
+        return ShardObjects(self._storage, prefix, manifest.hash)
