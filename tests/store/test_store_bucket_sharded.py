@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -22,6 +23,7 @@ from obstore.store import S3Store
 from tests.s3server import Lie, LyingProxy, Request, S3Server
 from tests.subproc import start_python, stop
 from treeguard import ArtifactStore, IntegrityError, InvalidTreeError, RetentionPolicy, StoreError
+from treeguard.provenance import generate_keys
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("s3")]
 
@@ -239,3 +241,13 @@ def test_a_sharded_put_with_a_taken_name_writes_nothing(s3_url: str) -> None:
     assert {n for n in _names(s3_url) if not n.startswith("log/")} == {
         n for n in before if not n.startswith("log/")
     }
+
+
+def test_exporting_a_sharded_version_in_a_bucket_is_refused(s3_url: str, tmp_path: Path) -> None:
+    key, _ = generate_keys(tmp_path / "ci", curve="P-256")
+    store = ArtifactStore.init(s3_url, signing_key=key)
+    v = store.put_sharded(_placed(_host(1.0)))
+    store.verify(v)
+    with pytest.raises(StoreError, match="sharded and kept in a bucket"):
+        store.export(v, tmp_path / "out")
+    assert not (tmp_path / "out").exists()

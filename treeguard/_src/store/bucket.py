@@ -18,12 +18,15 @@ primitives a bucket offers, conditional writes, so it needs no lock:
       versions/NAME/tensors.json    in a dedup store, the manifest instead,
                                     create-only (tensors.py), its tensors
                                     under tensors/ and gc's marks under doomed/
+      versions/NAME/treeguard.sharded.json   a sharded version's manifest instead,
+                                    create-only, written last; its shards under
+                                    versions/NAME/data-HEX/ (bucketshards.py)
       versions/NAME/verdict.json    the verdict, create-only: never replaced
 
 Nothing the store wrote is overwritten, but the marker and the pointer,
 and those only by compare-and-swap. Every read of a checkpoint goes
-through the checkpoint reader (bucketreads.py), every hash checked. Sharded
-versions are not kept in a bucket.
+through the checkpoint reader (bucketreads.py), every hash checked, a
+sharded version's through the sharded reader.
 """
 
 from __future__ import annotations
