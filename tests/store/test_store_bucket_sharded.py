@@ -75,6 +75,13 @@ def _names(url: str) -> set[str]:
     return {o["path"] for batch in obstore.list(_raw(url)) for o in batch}
 
 
+def _promoted(store: ArtifactStore, host: dict[str, Any]) -> str:
+    v = store.put_sharded(_placed(host))
+    assert store.verify(v).status == "verified"
+    store.promote(v)
+    return v
+
+
 def _shards(url: str, version: str) -> list[str]:
     return sorted(n for n in _names(url) if n.startswith(f"versions/{version}/data-"))
 
@@ -119,9 +126,7 @@ def _tamper(url: str, version: str, index: int) -> str:
 def test_a_changed_shard_object_is_refused_naming_it(s3_url: str) -> None:
     store = ArtifactStore.init(s3_url)
     h = _host(1.0)
-    v = store.put_sharded(_placed(h))
-    store.verify(v)
-    store.promote(v)
+    v = _promoted(store, h)
     name = _tamper(s3_url, v, 0)
     with pytest.raises(IntegrityError) as e:
         store.load_current(_like(h))
@@ -136,9 +141,7 @@ def test_a_changed_shard_object_is_refused_naming_it(s3_url: str) -> None:
 def test_a_missing_shard_object_is_refused_naming_it(s3_url: str) -> None:
     store = ArtifactStore.init(s3_url)
     h = _host(1.0)
-    v = store.put_sharded(_placed(h))
-    store.verify(v)
-    store.promote(v)
+    v = _promoted(store, h)
     name = _shards(s3_url, v)[5]
     obstore.delete(_raw(s3_url), name)
     with pytest.raises(IntegrityError, match="is missing") as e:
@@ -153,9 +156,7 @@ def test_a_subtree_fetches_only_its_shard_objects(
 ) -> None:
     store = ArtifactStore.init(s3_url)
     h = _host(1.0)
-    v = store.put_sharded(_placed(h))
-    store.verify(v)
-    store.promote(v)
+    _promoted(store, h)
     seen: list[tuple[str, str]] = []
     lock = threading.Lock()
 
@@ -192,9 +193,7 @@ def test_a_put_killed_before_its_manifest_leaves_no_version(
 ) -> None:
     store = ArtifactStore.init(s3_url)
     h = _host(1.0)
-    v1 = store.put_sharded(_placed(h))
-    store.verify(v1)
-    store.promote(v1)
+    v1 = _promoted(store, h)
     child: list[int] = []
 
     def kill_at_manifest(req: Request) -> Lie | None:

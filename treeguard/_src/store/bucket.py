@@ -62,7 +62,7 @@ from .layout import (
     STORE_FORMAT,
     check_name,
 )
-from .lead import lead_acts
+from .lead import lead_acts, not_made, not_recorded
 from .log import Event
 from .log import parse as parse_event
 from .objects import ObjectStorage
@@ -375,14 +375,7 @@ class BucketBackend(BucketReads, BucketGc):
         from ..sharded.save import checked_leaves  # lazy: jax
 
         spec, leaves, paths = checked_leaves(tree)  # every process refuses before any write
-        chosen = lead_acts(
-            lambda: self._begin_sharded(version),
-            failed=lambda why: StoreError(
-                f"process 0 could not make the version: {why}",
-                context=self.root,
-                hint="see process 0's error; nothing was written",
-            ),
-        )
+        chosen = lead_acts(lambda: self._begin_sharded(version), failed=not_made(self.root))
         name, seq, data = chosen.decode("ascii").split()
         prefix = version_object(name, data)
         try:
@@ -391,12 +384,7 @@ class BucketBackend(BucketReads, BucketGc):
                 lambda: self._finish_sharded(
                     name, int(seq), data, (spec, leaves, paths), user, [digest, gathered]
                 ),
-                failed=lambda why: StoreError(
-                    f"process 0 could not record version {name}: {why}",
-                    version=name,
-                    context=self.root,
-                    hint="see process 0's error; nothing of it is kept",
-                ),
+                failed=not_recorded(name, self.root, left="nothing of it is kept"),
             )
         except BaseException:
             if bucketshards.process_index() == 0:
