@@ -138,17 +138,29 @@ def test_a_changed_shard_object_is_refused_naming_it(s3_url: str) -> None:
     assert verdict.status == "rejected" and "does not match the manifest" in verdict.reason
 
 
-def test_a_missing_shard_object_is_refused_naming_it(s3_url: str) -> None:
+def test_a_missing_shard_object_is_refused_before_any_read(s3_url: str) -> None:
+    store = ArtifactStore.init(s3_url)
+    h = _host(1.0)
+    v = _promoted(store, h)
+    obstore.delete(_raw(s3_url), _shards(s3_url, v)[5])
+    with pytest.raises(IntegrityError, match="its arrays claim 17,664 bytes, its files hold") as e:
+        store.load_current(_like(h))  # the objects hold fewer bytes than the manifest claims
+    assert e.value.version == v
+    with pytest.raises(IntegrityError, match="its files hold"):
+        store.promote(v)  # every shard re-hashed first
+
+
+def test_a_shard_object_gone_among_others_is_refused_naming_it(s3_url: str) -> None:
     store = ArtifactStore.init(s3_url)
     h = _host(1.0)
     v = _promoted(store, h)
     name = _shards(s3_url, v)[5]
+    size = len(bytes(obstore.get(_raw(s3_url), name).bytes()))
     obstore.delete(_raw(s3_url), name)
-    with pytest.raises(IntegrityError, match="is missing") as e:
+    obstore.put(_raw(s3_url), name.rsplit("/", 1)[0] + "/9.0-1", b"x" * size)  # as many bytes
+    with pytest.raises(IntegrityError, match="is missing, the manifest records [0-9]+ bytes") as e:
         store.load_current(_like(h))
     assert e.value.version == v and name in str(e.value), str(e.value)
-    with pytest.raises(IntegrityError, match="is missing"):
-        store.promote(v)  # every shard re-hashed first
 
 
 def test_a_subtree_fetches_only_its_shard_objects(

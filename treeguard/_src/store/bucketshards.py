@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from ..checkpoint.received import refuse_forged_claim
 from ..errors import IntegrityError, StoreError
 from ..hashing import Algorithm, hasher
 from ..sharded.digests import Index, local_digests
@@ -175,9 +176,8 @@ class ShardObjects:
         found = self._storage.read_buffer(name, limit=buf.nbytes, what="shard object")
         if found is None or len(found[0]) != buf.nbytes:
             held = "missing" if found is None else f"{len(found[0])} bytes"
-            raise IntegrityError(
+            raise IntegrityError(  # the message names the object: no context to repeat it
                 f"{self.name(key, shard)} is {held}, the manifest records {buf.nbytes} bytes",
-                context=self._storage.where(name),
                 hint="the version was damaged behind the store; do not use it",
             )
         flat = buf.reshape(-1).view(np.uint8)
@@ -204,11 +204,19 @@ class BucketShards:
         self.where = storage.where(f"versions/{version}")
 
     def manifest(self, expect: str | None) -> tuple[Manifest, str]:
+        """The manifest, its digest compared before it is parsed; refused
+        (``FormatError``) when its arrays claim more bytes than the shard
+        objects hold, before any buffer is made for them."""
         name = f"versions/{self._version}/{MANIFEST_NAME}"
         found = self._storage.read(name, limit=MAX_MANIFEST_BYTES, what="manifest")
         if found is None:
             raise self._missing(self._version, name)
-        return parse_with_digest(found[0], self._storage.where(name), self.where, expect)
+        parsed = parse_with_digest(found[0], self._storage.where(name), self.where, expect)
+        # every array byte is a stored byte: no buffer is made for more than the objects hold
+        held = self._storage.total_size(f"versions/{self._version}/{parsed[0].data}")
+        claimed = sum(a.nbytes for a in parsed[0].arrays)
+        refuse_forged_claim(claimed, held, self.where, compressed=False)
+        return parsed
 
     def fetch(self, manifest: Manifest, names: Sequence[str]) -> ShardObjects:
         prefix = f"versions/{self._version}/{manifest.data}"

@@ -347,6 +347,18 @@ class ObjectStorage:
 
         return self._idempotent("listing", prefix or "/", names)
 
+    def total_size(self, prefix: str) -> int:
+        """The bytes of the objects directly under ``prefix`` (one listing)."""
+        import obstore  # lazy: the optional [s3] extra
+
+        base = check_object_name(prefix) + "/"
+
+        def size() -> int:
+            found = obstore.list_with_delimiter(self._store, base)
+            return sum(int(o["size"]) for o in found["objects"])
+
+        return self._idempotent("listing", prefix, size)
+
     def delete(self, name: str) -> None:
         import obstore  # lazy: the optional [s3] extra
 
