@@ -52,11 +52,10 @@ import numpy as np
 from _machine import inet_sockets
 
 import treeguard
+from treeguard.export import export_version, served_from_store
 
 # The release checks a swap runs, on purpose: the Python-model server's baseline runs them too.
-from treeguard._src.serving.release import params_like, release_checks
-from treeguard.export import export_version, served_from_store
-from treeguard.serving import Server, ServingSpec
+from treeguard.serving import Server, ServingSpec, verify_version
 
 ROOT = Path(__file__).resolve().parents[1]
 _TYPES = {"float32": "FP32", "int32": "INT32", "float16": "FP16", "bfloat16": "BF16"}
@@ -72,7 +71,7 @@ def _store(target: str, root: Path) -> tuple[Any, treeguard.ArtifactStore]:
     store = treeguard.ArtifactStore(root)
     v = store.put(model.init(model.key()))
     export_version(model, store, v)
-    info = store.verify(v, like=params_like(model), checks=release_checks(model))
+    info = verify_version(store, v, model)
     assert info.status == "verified", info.reason
     store.promote(v)
     return model, store

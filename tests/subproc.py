@@ -9,11 +9,14 @@ through :func:`run_python` or :func:`start_python`, which set the project on
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -111,3 +114,12 @@ def stop(proc: subprocess.Popen[str], *, timeout: float = 30) -> tuple[str, str]
         proc.kill()
         out, err = proc.communicate(timeout=30)
     return out, err
+
+
+def installed(module: str) -> pytest.MarkDecorator:
+    """Marks tests that run another project's command line (``python -m
+    module``): skipped, saying why, where it is not installed (the lent TPU
+    machine carries only the wheels a run needs); in CI (``CI`` set), where
+    ``.[dev]`` installs it, a missing module fails the test instead."""
+    missing = importlib.util.find_spec(module) is None and not os.environ.get("CI")
+    return pytest.mark.skipif(missing, reason=f"{module} is not installed here")

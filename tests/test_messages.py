@@ -369,11 +369,13 @@ def test_exported_artifact_refusals_name_both_sides() -> None:
     from treeguard.export import Description
 
     low, high = window()
+    here = jax.default_backend()  # the CPU box's, or the lent TPU's
+    other = "tpu" if here == "cpu" else "cpu"
 
     def described(**changes: Any) -> Description:
         spec = tg.spec_of({"w": tg.LeafSpec((2,), "float32")})
         fields = {"model": "m", "params": spec, "serving": {}, "outputs": [], "rtol": 1e-6}
-        fields |= {"atol": 1e-6, "platforms": ("cpu",), "jax": "0.9.0", "calling_convention": 10}
+        fields |= {"atol": 1e-6, "platforms": (here,), "jax": "0.9.0", "calling_convention": 10}
         return Description(**(fields | {"validated": ()} | changes))
 
     assert _message(check_servable, described(calling_convention=1), "v000002") == (
@@ -383,8 +385,8 @@ def test_exported_artifact_refusals_name_both_sides() -> None:
         "MODULE:ATTR --store STORE v000002 on a new version), or serve it with a jax whose "
         "window holds 1"
     )
-    assert _message(check_servable, described(platforms=("tpu",)), "v000002") == (
-        "version v000002's exported artifact was exported for tpu, and this process runs on cpu\n"
-        "hint: export it for cpu too: treeguard export MODULE:ATTR --store STORE VERSION "
-        "--platform cpu (on a new version), or serve it on tpu"
+    assert _message(check_servable, described(platforms=(other,)), "v000002") == (
+        f"version v000002's exported artifact was exported for {other}, and this process runs "
+        f"on {here}\nhint: export it for {here} too: treeguard export MODULE:ATTR --store STORE "
+        f"VERSION --platform {here} (on a new version), or serve it on {other}"
     )

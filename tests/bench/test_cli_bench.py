@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import textwrap
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from benchresults import ran
 from click.testing import CliRunner
 
 from treeguard._cli.main import main
@@ -82,18 +84,13 @@ def test_bench_target_and_bench_run_target(targets: Path, tmp_path: Path) -> Non
 def _result(rng: np.random.Generator, scale: float = 1.0) -> BenchResult:
     offset = rng.lognormal(0, 0.05)  # this process's own offset
     samples = 1e-3 * scale * offset * rng.lognormal(0, 0.01, 30)
-    return BenchResult(
-        name="f",
-        status="ok",
-        reason="",
-        samples_s=tuple(float(x) for x in samples),
+    conditions = {"cpu_model": "Test CPU", "usable_cores": 2, "backend": "cpu"}
+    return dataclasses.replace(
+        ran(samples, conditions),
         loops=10,
         warmup=2,
         phases={"trace_s": 0.01, "lower_s": 0.01, "compile_s": 0.1, "first_call_s": 0.001},
         compiles={"warmup": {"compile": 1}, "measure": {"compile": 0}},
-        memory=None,
-        cost=None,
-        conditions={"cpu_model": "Test CPU", "usable_cores": 2, "backend": "cpu"},
     )
 
 

@@ -9,9 +9,11 @@ import re
 import numpy as np
 import pytest
 import scipy.stats
+from benchresults import ran
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from treeguard._src.bench.ranks import hodges_lehmann, mann_whitney_u, wilcoxon_signed_rank
 from treeguard.bench import (
     BenchError,
     BenchResult,
@@ -21,7 +23,6 @@ from treeguard.bench import (
     compare_runs,
     compare_samples,
 )
-from treeguard.bench.stats import hodges_lehmann, mann_whitney_u, wilcoxon_signed_rank
 
 
 def timings(
@@ -153,20 +154,7 @@ def test_bad_levels_are_refused(kwargs: dict[str, float], message: str) -> None:
 
 def _result(samples: np.ndarray, **conditions: object) -> BenchResult:
     conds = {"cpu_model": "Test CPU", "usable_cores": 2, "backend": "cpu", "jax": "0.10.2"}
-    conds.update(conditions)
-    return BenchResult(
-        name="f",
-        status="ok",
-        reason="",
-        samples_s=tuple(float(s) for s in samples),
-        loops=1,
-        warmup=0,
-        phases={},
-        compiles={"warmup": {}, "measure": {}},
-        memory=None,
-        cost=None,
-        conditions=conds,
-    )
+    return ran(samples, conds | conditions)
 
 
 def test_different_machines_are_refused_unless_allowed() -> None:

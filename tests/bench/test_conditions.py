@@ -8,10 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from benchresults import ran
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from treeguard.bench import conditions, fingerprint
+from treeguard.bench import BenchResult, MachineMismatchError, compare, conditions
 
 CPUINFO_X86 = """processor\t: 0
 vendor_id\t: AuthenticAMD
@@ -161,7 +162,16 @@ def test_git_state_outside_a_repository(tmp_path: Path) -> None:
     assert (c["git_commit"], c["git_dirty"]) == (None, None)
 
 
+def _ran_on(conds: dict[str, Any]) -> BenchResult:
+    return ran((1e-3,) * 10, conds)
+
+
 def test_the_fingerprint_keeps_identity_not_load(machine: Path) -> None:
-    f = fingerprint(conditions(machine))
-    assert "load" not in f and "git_commit" not in f and "mhz" not in f
-    assert f["cpu_model"] == "AMD EPYC 7B13 64-Core Processor" and f["usable_cores"] == 2
+    # compare refuses results of two machines: the load, the commit and the
+    # clock speed may differ between runs of one machine, its CPU may not
+    c = conditions(machine)
+    assert c["cpu_model"] == "AMD EPYC 7B13 64-Core Processor" and c["usable_cores"] == 2
+    busier = c | {"load": {"1m": 9.0}, "git_commit": "other", "mhz": 1.0}
+    assert compare(_ran_on(c), _ran_on(busier)).verdict == "no_change"
+    with pytest.raises(MachineMismatchError, match="cpu_model"):
+        compare(_ran_on(c), _ran_on(c | {"cpu_model": "Another CPU"}))

@@ -15,21 +15,15 @@ from click.testing import CliRunner
 
 import treeguard
 from treeguard._cli.main import main
-from treeguard._src.export.compat import check_servable
-from treeguard._src.export.exporting import export_serving
-from treeguard._src.export.validation import validate
-from treeguard._src.serving.release import params_like, release_checks
-from treeguard.export import Description, export_version, served_from_store
-from treeguard.serving import Server, ServingError, ServingSpec
+from treeguard.export import export_version, served_from_store
+from treeguard.serving import Server, ServingError, ServingSpec, verify_version
 
 
 def _exported(store, model, *, promote=True, seed=0):
     params = model.init(jax.random.key(seed))
     v = store.put(params)
     export_version(model, store, v)
-    assert store.verify(v, like=params_like(model), checks=release_checks(model)).status == (
-        "verified"
-    )
+    assert verify_version(store, v, model).status == ("verified")
     if promote:
         store.promote(v)
     return v, params
@@ -84,7 +78,7 @@ def test_a_function_without_a_symbolic_batch_axis_is_exported_per_bucket(tmp_pat
     result = export_version(m, store, v, spec=spec)
     assert result.description.batches == (1, 4)
     assert result.description.validated == ("standard", "single", "zeros", "boundary")
-    assert store.verify(v, like=params_like(m), checks=release_checks(m)).status == "verified"
+    assert verify_version(store, v, m).status == "verified"
     store.promote(v)
     served = served_from_store(store)
     server = Server(served.model, store, spec=served.spec, version_check=served.check)
@@ -108,24 +102,14 @@ def test_a_host_callback_is_refused_at_export_and_nothing_is_stored(tmp_path):
     assert not (tmp_path / "s" / "versions" / v / "exported.bin").exists()
 
 
-def test_an_export_that_differs_from_the_live_model_is_refused(tmp_path):
-    # the eqx model's function checked against another model of the same
-    # shapes (the callback model doubles its input): the outputs differ
-    m = usermodels.eqx_model
-    params = m.init(m.key())
-    spec = ServingSpec.from_model(m)
-    exports = export_serving(m, spec, params)
-    with pytest.raises(treeguard.ExportValidationError, match="on the case 'standard'") as e:
-        validate(usermodels.callback_model, spec, params, {None: exports.exported[0]})
-    assert e.value.case == "standard" and e.value.exit_code == 1
-
-
 def test_an_export_unlike_the_live_model_stores_nothing(tmp_path):
     store = treeguard.ArtifactStore(tmp_path / "s")
     m = usermodels.drifting_model
     v = store.put(m.init(m.key()))
-    with pytest.raises(treeguard.ExportValidationError, match="differs from the live model's"):
+    with pytest.raises(treeguard.ExportValidationError, match="differs from the live model's") as e:
         export_version(m, store, v)
+    assert e.value.case and f"on the case {e.value.case!r}" in str(e.value)
+    assert e.value.exit_code == 1
     assert sorted(p.name for p in (tmp_path / "s" / "versions" / v).iterdir()) == [
         "model.safetensors",
         "status.json",
@@ -190,7 +174,7 @@ def test_an_artifact_exported_after_the_verdict_or_missing_is_refused(tmp_path):
     store = treeguard.ArtifactStore(tmp_path / "s")
     m = usermodels.eqx_model
     v = store.put(m.init(m.key()))
-    store.verify(v, like=params_like(m), checks=release_checks(m))
+    verify_version(store, v, m)
     store.promote(v)
     with pytest.raises(treeguard.ArtifactError, match="holds no exported artifact") as e:
         served_from_store(store)
@@ -203,31 +187,38 @@ def test_an_artifact_exported_after_the_verdict_or_missing_is_refused(tmp_path):
         export_version(m, store, v)
 
 
-def _description(**changes):
-    base = Description(
-        "m",
-        treeguard.spec_of({"w": treeguard.LeafSpec((2,), "float32")}),
-        {},
-        [],
-        1e-6,
-        1e-6,
-        ("cpu",),
-        jax.__version__,
-        10,
-        (),
-    )
-    return Description(**{**base.__dict__, **changes})
+@pytest.fixture(scope="module")
+def exported_mlp(tmp_path_factory):
+    """One export's bytes and description, attached again below with edits."""
+    store = treeguard.ArtifactStore(tmp_path_factory.mktemp("exported") / "s")
+    v, _ = _exported(store, usermodels.eqx_model)
+    return store.load_exported(v)
 
 
-def test_another_jax_window_or_platform_is_refused_naming_both_sides():
+def _served_with(tmp_path, exported, **changes):
+    """``served_from_store`` on a store whose current version's artifact
+    describes itself with ``changes`` (attached, verified and signed as any)."""
+    meta, blob = exported
+    store = treeguard.ArtifactStore(tmp_path / "s")
+    m = usermodels.eqx_model
+    v = store.put(m.init(m.key()))
+    store.attach_exported(v, blob, {**meta, **changes})
+    assert verify_version(store, v, m).status == "verified"
+    store.promote(v)
+    return served_from_store(store)
+
+
+def test_another_jax_window_or_platform_is_refused_naming_both_sides(tmp_path, exported_mlp):
     with pytest.raises(treeguard.ArtifactError) as e:
-        check_servable(_description(jax="0.4.1", calling_convention=1), "v000003")
+        _served_with(tmp_path / "jax", exported_mlp, jax="0.4.1", calling_convention=1)
     assert e.value.field == "jax"
     assert "jax 0.4.1" in str(e.value) and f"jax {jax.__version__} here" in str(e.value)
+    here = jax.default_backend()
+    other = "tpu" if here == "cpu" else "cpu"
     with pytest.raises(treeguard.ArtifactError) as e:
-        check_servable(_description(platforms=("tpu",)), "v000003")
+        _served_with(tmp_path / "other", exported_mlp, platforms=[other])
     assert e.value.field == "platform"
-    assert "exported for tpu" in str(e.value) and "runs on cpu" in str(e.value)
+    assert f"exported for {other}" in str(e.value) and f"runs on {here}" in str(e.value)
 
 
 @pytest.mark.slow
@@ -254,7 +245,7 @@ def test_a_swap_checks_the_artifact_of_the_version_it_goes_to(tmp_path):
     assert server.status()["active"] == v2
     # a verified version without an artifact: refused, naming it and the served one's
     bare = store.put(m.init(jax.random.key(3)))
-    assert store.verify(bare, like=params_like(m), checks=release_checks(m)).status == "verified"
+    assert verify_version(store, bare, m).status == "verified"
     with pytest.raises(ServingError) as e:
         server.weights.swap(bare)
     assert f"version {bare} holds no exported artifact" in str(e.value)

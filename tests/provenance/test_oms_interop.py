@@ -18,7 +18,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from tests.subproc import ROOT, run_module
+from tests.subproc import ROOT, installed, run_module
 from treeguard import FormatError
 from treeguard.provenance import (
     BadSignatureError,
@@ -43,6 +43,8 @@ MODELS = {
     "eqx_mlp": DATA / "eqx_mlp.regression.safetensors",
     "chess_cv": ROOT / "tests" / "data" / "chess_cv_pieces.safetensors",
 }
+
+pytestmark = installed("model_signing")
 
 
 def _oms(*args: str | Path) -> tuple[int, str]:

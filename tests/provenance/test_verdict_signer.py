@@ -8,13 +8,13 @@ import pytest
 
 # The verdict signer, its trail and the signed text's encoding on purpose: a store
 # reaches them only with its records around them, and these tests forge what it signs.
-from treeguard._src.provenance.trail import Trail
 from treeguard._src.provenance.trust import pae, sign_text
 from treeguard._src.provenance.verdicts import EcSigner
 from treeguard.provenance import (
     BadSignatureError,
     ProvenanceError,
     RevokedKeyError,
+    Trail,
     TrustPolicy,
     UntrustedKeyError,
     generate_keys,

@@ -10,7 +10,7 @@ import types
 import pytest
 from click.testing import CliRunner
 from serving_support import mlp_spec
-from subproc import run_python
+from subproc import run_module, run_python
 
 import treeguard.serving
 from treeguard._cli.main import main
@@ -101,3 +101,28 @@ def test_importing_the_serving_api_pulls_in_no_http_stack():
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.slow
+def test_a_port_in_use_stops_serve_with_the_reason_not_uvicorn_s_exit(tmp_path):
+    import socket
+
+    import jax
+
+    import treeguard
+    from treeguard.examples import mlp
+
+    store = treeguard.ArtifactStore(tmp_path / "s")
+    v = store.put(mlp.init(jax.random.key(0)))
+    assert treeguard.serving.verify_version(store, v, mlp.model).status == "verified"
+    store.promote(v)
+    with socket.socket() as taken:  # the server runs in a child: uvicorn sets up logging
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        args = ["serve", "treeguard.examples.mlp:model", "--store", str(tmp_path / "s")]
+        out = run_module("treeguard", [*args, "--host", "127.0.0.1", "--port", str(port)])
+    said = " ".join((out.stdout + out.stderr).split())
+    assert out.returncode == treeguard.serving.ServingError.exit_code, said
+    assert "stopped: uvicorn exited with status" in said  # its own code, not ours
+    assert f"the server on 127.0.0.1:{port}" in said

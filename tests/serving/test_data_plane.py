@@ -21,10 +21,9 @@ from serving_support import client, infer_body, metric, mlp_spec, request, rows_
 # internal: a parsed request for ``infer`` itself (no transport), and the REST
 # app built with the bodies it waits for (closed here as a shutdown closes them)
 from treeguard._src.serving.bodies import BodyReads
-from treeguard._src.serving.protocol import InferRequest, InferResult, RawInput
 from treeguard._src.serving.routes import build_app
 from treeguard.examples import mlp
-from treeguard.serving import Limits, Server, ServingError
+from treeguard.serving import InferRequest, InferResult, Limits, RawInput, Server, ServingError
 
 pytestmark = pytest.mark.anyio
 

@@ -22,9 +22,8 @@ from treeguard import LeafSpec, spec_of
 # The decoder alone on purpose (no server): it and the parsed request it takes have
 # no public name.
 from treeguard._src.serving.decode import Decoder
-from treeguard._src.serving.protocol import InferRequest, RawInput
 from treeguard.examples import mlp
-from treeguard.serving import Server, ServingSpec
+from treeguard.serving import InferRequest, RawInput, Server, ServingSpec
 
 pytestmark = pytest.mark.anyio
 URL = "/v2/models/mlp/infer"

@@ -14,6 +14,7 @@ a pointer naming a version that is gone.
 from __future__ import annotations
 
 import json
+import os
 import random
 import subprocess
 from collections.abc import Mapping
@@ -200,3 +201,7 @@ class Races:
         if self.dedup:  # every tensor of every version held is there, and whole
             for v in sorted(listed):
                 assert store.load_version(v)["b"].shape == (64,), (i, v)
+            if os.path.isdir(self.root):  # a local gc, alone under the lock, clears its marks
+                marked = set(os.listdir(os.path.join(self.root, "doomed")))
+                held = set(os.listdir(os.path.join(self.root, "tensors")))
+                assert not marked & held, (i, "an object kept is still marked", marked & held)

@@ -75,11 +75,12 @@ def test_of_many_racing_swappers_on_a_bucket_exactly_one_wins(s3_url: str) -> No
     assert outcomes.count(Conflict.CHANGED) == 5
 
 
-def test_ranged_reads_listing_and_deletion(storage: Storage) -> None:
+def test_ranged_reads_sizes_listing_and_deletion(storage: Storage) -> None:
     storage.create("versions/b", bytes(range(256)))
     storage.create("versions/a", b"x")
     assert storage.read_range("versions/b", 10, 5) == bytes(range(10, 15))
     assert storage.read_range("versions/b", 250, 100) == bytes(range(250, 256))
+    assert (storage.size("versions/b"), storage.size("versions/none")) == (256, None)
     assert storage.list("versions") == ["a", "b"]
     storage.delete("versions/a")
     storage.delete("versions/a")  # absent: nothing happens

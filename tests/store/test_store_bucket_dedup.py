@@ -72,6 +72,19 @@ def test_the_dedup_lifecycle_in_a_bucket(s3_url: str) -> None:
     assert _same(store.load_current(_tree()), _tree(0.0))
 
 
+def test_a_fine_tune_in_a_bucket_uploads_only_the_changed_tensor(s3_url: str) -> None:
+    store = ArtifactStore.init(s3_url, dedup=True)
+    v1 = store.put(_tree(0.0))
+    assert store.verify(v1).status == "verified"
+    store.promote(v1)
+    params = store.load_current(jax.tree.map(jax.numpy.asarray, _tree()))  # digests remembered
+    held = _objects(s3_url)
+    v2 = store.put({**params, "head": params["head"] + 5})
+    assert len(_objects(s3_url) - held) == 1  # the head; the body named from its digests
+    assert store.verify(v2).status == "verified"
+    assert _same(store.load_version(v2, like=_tree()), _tree(5.0))
+
+
 def test_gc_in_a_bucket_removes_only_unshared_tensors(s3_url: str) -> None:
     store = ArtifactStore.init(s3_url, dedup=True)
     versions = [store.put(_tree(float(i))) for i in range(3)]

@@ -104,7 +104,7 @@ def test_a_truncated_or_extended_tensor_object_is_refused_naming_the_tensor(
     root = tmp_path / "store"
     store = ArtifactStore.init(root, dedup=True)
     v = store.put(_tree(5.0))
-    (head,) = _objects(root) - _objects_of(store.put(_tree(0.0)), root)
+    head = _head_of(store, v, 0.0)
     target = root / "tensors" / head
     os.chmod(target, 0o644)
     whole = target.read_bytes()
@@ -114,6 +114,14 @@ def test_a_truncated_or_extended_tensor_object_is_refused_naming_the_tensor(
             store.load_version(v, like=_tree())
         assert e.value.path == "['head']" and e.value.version == v
         assert f"holds {len(changed)} bytes, not the 32 of f32[8]" in str(e.value)
+
+
+def _head_of(store: ArtifactStore, version: str, other: float) -> str:
+    """The object of ``version``'s head, which a version put now with a head
+    of ``other`` does not share."""
+    root = Path(store.root)
+    (head,) = _objects_of(version, root) - _objects_of(store.put(_tree(other)), root)
+    return head
 
 
 def _objects_of(version: str, root: Path) -> set[str]:
@@ -198,3 +206,22 @@ def test_store_init_dedup_on_the_command_line(tmp_path: Path) -> None:
     assert done.exit_code == 0, done.output
     v = ArtifactStore(root).put(_tree())
     assert ArtifactStore(root).info(v).kind == "tensors"
+
+
+def test_gc_clears_the_mark_of_a_tensor_a_version_names_so_puts_reuse_it(
+    tmp_path: Path,
+) -> None:
+    store = ArtifactStore.init(tmp_path / "store", dedup=True)
+    root, v1 = Path(store.root), store.put(_tree(0.0))
+    head = _head_of(store, v1, 9.0)  # v1's head: a tensor no other version holds
+    (root / "doomed" / head).write_bytes(b"")  # as a gc killed after its mark leaves it
+    v3 = store.put(_tree(0.0))  # marked: not reused, written again under a fresh name
+    (fresh,) = _objects_of(v3, root) - _objects_of(v1, root)
+    assert fresh.startswith(head + ".")
+    assert store.gc(policy=RetentionPolicy(keep_last=10)) == []
+    assert not (root / "doomed" / head).exists()  # named by v1, kept: the mark is cleared
+    before = _objects(root)
+    v4 = store.put(_tree(0.0))
+    assert _objects(root) == before and head in _objects_of(v4, root)
+    for v in (v1, v3, v4):
+        assert _same(store.load_version(v, like=_tree()), _tree(0.0))

@@ -22,7 +22,7 @@ from obstore.store import S3Store
 
 import treeguard as tg
 from tests.machine import cpu_mesh
-from tests.subproc import ROOT, run_module
+from tests.subproc import ROOT, installed, run_module
 from treeguard._cli.main import main
 from treeguard.examples import mlp
 from treeguard.provenance import (
@@ -37,6 +37,8 @@ from treeguard.provenance import (
 )
 
 CHESS = ROOT / "tests" / "data" / "chess_cv_pieces.safetensors"
+
+pytestmark = installed("model_signing")
 
 
 def _oms(*args: str | Path) -> tuple[int, str]:

@@ -43,6 +43,7 @@ from .console import console, shown
 from .failures import Group
 from .importing import foreign_or_none, inspect_foreign, verify_foreign
 from .loader import load_target
+from .options import like_option
 
 #: Files smaller than this verify too fast for a progress bar to help.
 _PROGRESS_MIN_BYTES = 64 * 1024 * 1024
@@ -201,12 +202,7 @@ def _part(file: Path, subtree: str, ours: bool) -> Header:
 
 @ckpt.command("verify")
 @click.argument("file", type=click.Path(path_type=Path))
-@click.option(
-    "--like",
-    type=click.Path(path_type=Path),
-    default=None,
-    help="A spec JSON or checkpoint whose contract FILE must match.",
-)
+@like_option("FILE must match")
 def verify_command(file: Path, like: Path | None) -> None:
     """Check FILE's header, every tensor's hash and (with --like) its contract.
 
@@ -290,13 +286,7 @@ def _split_rename(text: str) -> tuple[str, str]:
 @ckpt.command("migrate")
 @click.argument("old", type=click.Path(path_type=Path))
 @click.argument("new", type=click.Path(path_type=Path))
-@click.option(
-    "--like",
-    "like_path",
-    type=click.Path(path_type=Path),
-    required=True,
-    help="A spec JSON or checkpoint: the changed model's contract.",
-)
+@like_option("of the changed model", dest="like_path", required=True)
 @click.option(
     "--init",
     "init_target",

@@ -23,6 +23,7 @@ from .._src.store import ArtifactStore
 from .._src.store.objects import is_url
 from .console import console, shown
 from .failures import PARTIAL, Command
+from .options import like_option
 
 
 @click.command("import", cls=Command, context_settings={"help_option_names": ["-h", "--help"]})
@@ -36,12 +37,7 @@ from .failures import PARTIAL, Command
     help="How tensor names map to key paths: encoder.layer.0.w, encoder/layer/0/w, "
     "['encoder']['layer'][0]['w'], or one flat dict keyed by name.",
 )
-@click.option(
-    "--like",
-    type=click.Path(path_type=Path),
-    default=None,
-    help="A spec JSON or checkpoint the weights must match; the result takes its structure.",
-)
+@like_option("the weights must match; the result takes its structure")
 def import_command(src: Path, dst: Path, names: str, like: Path | None) -> None:
     """Turn the weights in SRC into a verified treeguard checkpoint DST.
 

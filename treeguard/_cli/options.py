@@ -119,6 +119,26 @@ def given_keys() -> dict[str, Any]:
     }
 
 
+def like_option(what: str, *, dest: str = "like", required: bool = False) -> Callable[[Any], Any]:
+    """``--like``: a spec JSON or a checkpoint, whose contract ``what`` says
+    the use of (``ckpt.read_like`` reads either).
+
+    Example:
+      >>> @like_option("FILE must match")
+      ... def command(like): ...
+      >>> command.__click_params__[0].help
+      'A spec JSON or checkpoint: the contract FILE must match.'
+    """
+    return click.option(
+        "--like",
+        dest,
+        type=click.Path(path_type=Path),
+        default=None,
+        required=required,
+        help=f"A spec JSON or checkpoint: the contract {what}.",
+    )
+
+
 #: ``--store``: the store a command works on.
 store_option = click.option(
     "--store",

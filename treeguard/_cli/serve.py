@@ -176,7 +176,6 @@ def run_command(  # noqa: PLR0917 - click passes every option
     """
     # The server imports JAX and starlette: only once the command runs.
     from .._src.serving.app import Server
-    from .._src.serving.app import serve as run_server
 
     if not is_url(store_root) and not store_root.is_dir():  # a bucket URL: the store checks it
         raise ConfigError(f"{store_root}: no store there", hint="treeguard store put first")
@@ -191,24 +190,16 @@ def run_command(  # noqa: PLR0917 - click passes every option
     model, spec, store, version_check = _what_to_serve(target, store, spec_file, inputs)
     token = read_token(control_token_file) if control_token_file else None
     if use_ray:
-        _run_ray(
-            None if target is None else model,
-            store_root,
-            spec,
-            replicas=replicas,
-            address=ray_address,
-            name=ray_app,
-            host=host,
-            port=port,
-            ingress=ray_ingress,
-            options={
-                "allow_unchecked": allow_unchecked,
-                "memory_budget": memory_budget,
-                "cache_dir": cache_dir or _default_cache(),
-                "control_token": token,
-                "access_log": access_log,
-            },
-        )
+        options = {
+            "allow_unchecked": allow_unchecked,
+            "memory_budget": memory_budget,
+            "cache_dir": cache_dir or _default_cache(),
+            "control_token": token,
+            "access_log": access_log,
+        }
+        where = {"address": ray_address, "name": ray_app, "host": host, "port": port}
+        model = None if target is None else model  # without it, each replica reads the artifact
+        _run_ray(model, store_root, spec, replicas, options, where | {"ingress": ray_ingress})
         return
     server = Server(
         model,
@@ -220,18 +211,20 @@ def run_command(  # noqa: PLR0917 - click passes every option
         allow_unchecked=allow_unchecked,
         version_check=version_check,
     )
+    listen = {"host": host, "port": port, "grpc_port": grpc_port, "access_log": access_log}
+    _run_here(server, listen | {"control_token": token})
+
+
+def _run_here(server: Any, listen: dict[str, Any]) -> None:
+    """``serve(server, **listen)`` in this process, until it is stopped."""
+    from .._src.serving.app import serve as run_server  # starlette and uvicorn: only now
+
     try:
-        run_server(
-            server,
-            host=host,
-            port=port,
-            control_token=token,
-            grpc_port=grpc_port,
-            access_log=access_log,
-        )
+        run_server(server, **listen)
     except SystemExit as e:  # uvicorn's own exit (it logged why), not the model's
         raise ServingError(
-            f"the server on {host}:{port} stopped: uvicorn exited with status {e.code!r}",
+            f"the server on {listen['host']}:{listen['port']} stopped: uvicorn exited with "
+            f"status {e.code!r}",
             hint="its log above says why (a port in use, an address not on this machine)",
         ) from e
 
@@ -300,24 +293,22 @@ def _require_ray() -> None:
         )
 
 
-def _run_ray(
+def _run_ray(  # noqa: PLR0917 - one call site
     model: Any | None,
     store_root: Path,
     spec: Any,
-    *,
     replicas: int,
-    address: str | None,
-    name: str,
-    host: str,
-    port: int,
-    ingress: str,
     options: dict[str, Any],
+    where: dict[str, Any],
 ) -> None:
+    """Runs ``app(model, store_root, spec, num_replicas=replicas, **options)``
+    under Ray Serve, placed by ``where`` (``run_application``'s ``name``,
+    ``address``, ``host``, ``port`` and ``ingress``)."""
     _require_ray()
     # the deployment imports JAX, and Ray once the application is built
     from .._src.serving.ray.api import app, run_application, swap_command
 
-    application = app(model, store_root, spec, num_replicas=replicas, **options)
+    name = where["name"]
 
     def ready(live: dict[str, int | None], cluster: str, proxy: str) -> None:
         console().print(
@@ -327,15 +318,8 @@ def _run_ray(
             soft_wrap=True,
         )
 
-    run_application(
-        application,
-        name=name,
-        address=address,
-        host=host,
-        port=port,
-        ingress=ingress,
-        on_ready=ready,
-    )
+    built = app(model, store_root, spec, num_replicas=replicas, **options)
+    run_application(built, on_ready=ready, **where)
 
 
 @serve.command("plan")

@@ -22,7 +22,7 @@ from .ckpt import read_like
 from .console import console, shown
 from .failures import Group
 from .loader import load_model
-from .options import given_keys, key_options
+from .options import given_keys, key_options, like_option
 
 
 @click.group("store", cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -93,8 +93,10 @@ def ls_command(root: Path, as_json: bool) -> None:
     algorithm, the key's fingerprint, the digest signed and when) says who
     each verdict's signature names. The exported column (and "exported" in
     --json) says what a version holds of an exported artifact (treeguard
-    export): the platforms and the jax of one a server would take, else why
-    not (unverified, uncovered, changed, missing, unreadable, refused).
+    export): the platforms and the jax of one its verdict covers, else why
+    a server would not take it (unverified, uncovered, changed, missing,
+    unreadable, refused). An artifact's size is checked, none of its bytes
+    read: a server hashes them all when it loads them.
     """
     s = _open_store(root)
     current, previous = s.current(), s.previous()
@@ -102,35 +104,9 @@ def ls_command(root: Path, as_json: bool) -> None:
     signatures = _signatures(s, versions)
     artifacts = listed(s, versions)
     if as_json:
-        click.echo(
-            json.dumps(
-                {
-                    "root": s.root,
-                    "current": current,
-                    "previous": previous,
-                    "versions": [
-                        {
-                            "version": v.version,
-                            "status": v.status,
-                            "signature": signatures.get(v.version, (None, ""))[0],
-                            "trail": _trail_json(v),
-                            "kind": v.kind,
-                            "reason": v.reason,
-                            "created": v.created,
-                            "num_params": v.num_params,
-                            "nbytes": v.nbytes,
-                            "metadata": v.metadata,
-                            "checks": model_checks(v.checks),  # the model's release checks
-                            "exported": (
-                                artifacts[v.version].as_json() if v.version in artifacts else None
-                            ),
-                        }
-                        for v in versions
-                    ],
-                },
-                indent=1,
-            )
-        )
+        listed_json = [_version_json(v, signatures, artifacts) for v in versions]
+        head = {"root": s.root, "current": current, "previous": previous}
+        click.echo(json.dumps(head | {"versions": listed_json}, indent=1))
         return
     table = Table(box=None, pad_edge=False)
     columns = (
@@ -166,6 +142,26 @@ def ls_command(root: Path, as_json: bool) -> None:
         f"previous: {previous or 'none'}"
     )
     out.print(table)
+
+
+def _version_json(
+    v: Any, signatures: dict[str, tuple[str, str]], artifacts: dict[str, Any]
+) -> dict[str, Any]:
+    """One version as ``store ls --json`` lists it."""
+    return {
+        "version": v.version,
+        "status": v.status,
+        "signature": signatures.get(v.version, (None, ""))[0],
+        "trail": _trail_json(v),
+        "kind": v.kind,
+        "reason": v.reason,
+        "created": v.created,
+        "num_params": v.num_params,
+        "nbytes": v.nbytes,
+        "metadata": v.metadata,
+        "checks": model_checks(v.checks),  # the model's release checks
+        "exported": artifacts[v.version].as_json() if v.version in artifacts else None,
+    }
 
 
 def _signatures(s: ArtifactStore, versions: list[Any]) -> dict[str, tuple[str, str]]:
@@ -207,9 +203,7 @@ def _checks_cell(v: Any) -> str:
 @key_options
 @click.argument("root", type=click.Path(path_type=Path))
 @click.argument("version")
-@click.option(
-    "--like", type=click.Path(path_type=Path), default=None, help="The contract to match."
-)
+@like_option("VERSION must match")
 # -- the model's release checks (serving) --
 @click.option(
     "--model",
@@ -229,16 +223,14 @@ def store_verify_command(
     """
     s = _open_store(root)
     spec = read_like(like)
-    checks: list[Any] = []
-    if model_target is not None:
+    if model_target is None:
+        info = s.verify(version, like=spec)
+    else:
         # The release checks import JAX: only once a model is asked for.
-        from .._src.serving.release import params_like, release_checks
+        from .._src.serving.release import verify_version
 
         model = load_model(model_target, command="store verify")
-        checks = release_checks(model)
-        if spec is None:  # the model's structure, so framework params keep their types
-            spec = params_like(model)
-    info = s.verify(version, like=spec, checks=checks)
+        info = verify_version(s, version, model, like=spec)
     # -- end of the model's release checks --
     if info.status == "verified":
         console().print(f"[green]verified[/green]: {shown(version)}")

@@ -83,6 +83,28 @@ def write_all(fd: int, buf: memoryview | bytes) -> None:
         view = view[n:]
 
 
+def write_new(path: str, data: bytes | memoryview) -> None:
+    """Creates ``path`` (which must not exist), writes ``data`` and fsyncs
+    it, but not its directory: for a temp file linked under its final name
+    next, whose directory the caller then fsyncs. Removed if it fails.
+
+    Raises:
+      FileExistsError: if ``path`` exists.
+      OSError: if it cannot be written.
+    """
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, FILE_MODE)
+    try:
+        try:
+            write_all(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        raise
+
+
 def atomic_write(
     path: str | os.PathLike[str],
     data: bytes | Callable[[int], None],

@@ -7,6 +7,7 @@ precision setting rather than guessed at.
 
 from __future__ import annotations
 
+import functools
 import platform
 import sys
 from typing import Any
@@ -29,6 +30,7 @@ KEYS: tuple[str, ...] = (
 )
 
 
+@functools.cache  # the module imported stays the one it is, whatever is installed since
 def _version(dist: str) -> str:
     # importlib.metadata (email, zipfile, csv...) costs a command that only reads a file
     # (``treeguard spec``) more than any other import it makes: only once a fingerprint is taken

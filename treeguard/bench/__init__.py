@@ -6,8 +6,7 @@ the result invalid when anything compiles while the clock runs. ``describe``
 gives the distribution (never a best-of), ``conditions`` the machine's state,
 ``compare`` a verdict with significance and effect size, and ``ab`` an
 interleaved A/B in one process: the form to gate CI with. ``save_results``
-and ``load_results`` keep results in a file, ``to_html`` renders them; the
-rank tests behind the verdicts are in ``treeguard.bench.stats``.
+and ``load_results`` keep results in a file, ``to_html`` renders them.
 """
 
 from .._src.bench.ab import ABResult as ABResult
@@ -19,7 +18,6 @@ from .._src.bench.compare import compare_paired as compare_paired
 from .._src.bench.compare import compare_runs as compare_runs
 from .._src.bench.compare import compare_samples as compare_samples
 from .._src.bench.conditions import conditions as conditions
-from .._src.bench.conditions import fingerprint as fingerprint
 from .._src.bench.report import load_results as load_results
 from .._src.bench.report import save_results as save_results
 from .._src.bench.report import to_html as to_html
@@ -49,7 +47,6 @@ __all__ = [
     "compare_samples",
     "conditions",
     "describe",
-    "fingerprint",
     "load_results",
     "run",
     "save_results",

@@ -27,19 +27,21 @@ from .._src.provenance.model import SignedModel as SignedModel
 from .._src.provenance.model import sign_model as sign_model
 from .._src.provenance.model import verify_model as verify_model
 from .._src.provenance.oms import ModelManifest as ModelManifest
+from .._src.provenance.trail import Trail as Trail
 from .._src.provenance.trust import TrustPolicy as TrustPolicy
 
 __all__ = [
     "BadSignatureError",
     "KeyFileError",
-    "ModelManifest",
     "MissingSignatureError",
+    "ModelManifest",
     "PrivateKey",
     "ProvenanceError",
     "PublicKey",
     "RevokedKeyError",
     "SignedDigestError",
     "SignedModel",
+    "Trail",
     "TrustPolicy",
     "UntrustedKeyError",
     "generate_keys",

@@ -20,6 +20,11 @@ from .._src.serving.app import serve as serve
 from .._src.serving.plan import BucketPlan as BucketPlan
 from .._src.serving.plan import Plan as Plan
 from .._src.serving.plan import plan as plan
+from .._src.serving.protocol import InferRequest as InferRequest
+from .._src.serving.protocol import InferResult as InferResult
+from .._src.serving.protocol import Output as Output
+from .._src.serving.protocol import RawInput as RawInput
+from .._src.serving.release import verify_version as verify_version
 from .._src.serving.spec import CompilePolicy as CompilePolicy
 from .._src.serving.spec import Limits as Limits
 from .._src.serving.spec import Overflow as Overflow
@@ -29,14 +34,19 @@ from .._src.serving.watchdog import WatchdogPolicy as WatchdogPolicy
 __all__ = [
     "BucketPlan",
     "CompilePolicy",
+    "InferRequest",
+    "InferResult",
     "InvalidRequestError",
     "Limits",
+    "Output",
     "Overflow",
     "Plan",
+    "RawInput",
     "Server",
     "ServingError",
     "ServingSpec",
     "WatchdogPolicy",
     "plan",
     "serve",
+    "verify_version",
 ]

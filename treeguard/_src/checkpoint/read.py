@@ -12,17 +12,21 @@ is returned before every hash matched.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
 from ..diff import mismatches
 from ..errors import FormatError, IntegrityError, TreeMismatchError
-from ..hashing import HEX_RE, ShortRead, Source, announce, hash_ranges
+from ..hashing import HEX_RE, Algorithm, ShortRead, Source, announce, hash_ranges, memo
 from ..keydtype import is_key_dtype, wrap_keys
 from ..mismatch import Mismatch
 from ..spec import TreeSpec, spec_of
 from ..surgery import Surgery
+from . import staged
 from .files import open_checkpoint, read_raw_header
 from .format import Header, TensorInfo
 from .header import header_from_doc
@@ -32,6 +36,7 @@ from .restore import (
     as_like,
     build_like,
     integrity_error,
+    packed,
     plain,
     read_ranges,
     walk_like,
@@ -210,16 +215,28 @@ def spans(header: Header, tensors: Sequence[TensorInfo]) -> list[tuple[int, int]
     return [(header.data_start + t.begin, t.nbytes) for t in tensors]
 
 
-def read_verified(fd: Source, header: Header, todo: Sequence[TensorInfo]) -> list[Any]:
+def read_verified(
+    fd: Source,
+    header: Header,
+    todo: Sequence[TensorInfo],
+    into: Callable[[int], Any] | None = None,
+) -> list[Any]:
     """Reads these tensors and verifies every hash: the one function a load
-    reads checkpoint bytes with; each comes back as an array of its dtype.
+    reads checkpoint bytes with; each comes back as an array of its dtype,
+    in a fresh buffer, or in ``into``'s (a staging buffer: ``staged``).
 
     Raises:
       IntegrityError: naming every tensor whose bytes differ from its hash.
       FormatError: if the file shrinks while it is read.
     """
     raw = read_ranges(
-        fd, todo, header.data_start, header.path, [t.digest for t in todo], header.hash_name
+        fd,
+        todo,
+        header.data_start,
+        header.path,
+        [t.digest for t in todo],
+        header.hash_name,
+        into=into,
     )
     out: list[Any] = []
     for t, b in zip(todo, raw):
@@ -266,15 +283,20 @@ def load_native(  # noqa: PLR0917 - two call sites, all positional data
             users.setdefault(src, []).append(i)
     placed: dict[int, Any] = {}
 
-    def place(batch: Sequence[int], arrays: Sequence[Any]) -> None:
+    def place(batch: Sequence[int], arrays: Sequence[Any]) -> list[Any]:
+        values = []
         for k, arr in zip(batch, arrays):
             for i in users[k]:
                 placed[i] = as_like(arr, refs[i])
+                values.append(placed[i])
+        return values
 
     todo = [tensors[k] for k in wanted]
     if not announced:
         announce(fd, spans(header, todo))  # the plan, told to the source before any read
-    read_placed(fd, header, todo, wanted, place, _on_devices(refs))
+    stage = isinstance(fd, int) and staged.wanted(refs)
+    read_placed(fd, header, todo, wanted, place, _on_devices(refs), stage=stage)
+    _remember(header.hash_name, todo, [[placed[i] for i in users[k]] for k in wanted])
     out = [
         placed[i] if src is not None else plan.values.get(i, refs[i])
         for i, src in enumerate(plan.sources)
@@ -282,9 +304,24 @@ def load_native(  # noqa: PLR0917 - two call sites, all positional data
     return build_like(like_spec, like_treedef, out), plan.surgery
 
 
+def _remember(
+    algorithm: Algorithm, todo: Sequence[TensorInfo], given: Sequence[Sequence[Any]]
+) -> None:
+    """Tells the digest memo (``hashing/memo.py``) the digest of each device
+    array a load hands back (``given``: the leaves made of each tensor of
+    ``todo``), every byte of which was checked against it. Nothing is told
+    when a numpy leaf came from the same read: its buffer is the one the jax
+    arrays may share on the CPU, and numpy may write it."""
+    if any(isinstance(x, np.ndarray) for leaves in given for x in leaves):
+        return
+    for t, leaves in zip(todo, given):
+        for x in leaves:
+            memo.remember(x, algorithm, t.digest, t.dtype, t.shape)
+
+
 #: A load onto devices reads and verifies about this many bytes at a time,
 #: and puts them on their devices before it reads the next.
-DEVICE_BATCH = 64 * 1024 * 1024
+DEVICE_BATCH = staged.SLOT
 
 
 def _on_devices(refs: Sequence[Any]) -> bool:
@@ -298,15 +335,19 @@ def read_placed(  # noqa: PLR0917 - one call site, all positional data
     header: Header,
     todo: Sequence[TensorInfo],
     keys: Sequence[int],
-    place: Callable[[Sequence[int], Sequence[Any]], None],
+    place: Callable[[Sequence[int], Sequence[Any]], Sequence[Any]],
     batched: bool,
+    *,
+    stage: bool = False,
 ) -> None:
     """Reads these tensors, verifies every hash and hands them to ``place``
     (with their ``keys``) once verified. For leaves bound to devices
     (``batched``), about ``DEVICE_BATCH`` bytes at a time: each batch is put
     on its devices (``jax.device_put`` returns at once) while the next is read
     and hashed, so the transfers overlap the reads, and a batch's host memory
-    is freed once it is on its devices. Nothing is placed from a batch that
+    is freed once it is on its devices. With ``stage`` (leaves on an
+    accelerator, ``staged.wanted``), the batches are read into reused
+    staging buffers instead of fresh memory. Nothing is placed from a batch that
     fails; the rest are still hashed, so the error names every tensor that
     differs, and no tree is returned.
 
@@ -317,18 +358,24 @@ def read_placed(  # noqa: PLR0917 - one call site, all positional data
     batches: list[list[int]] = [[]]
     size = 0
     for j, t in enumerate(todo):
-        if batched and batches[-1] and size + t.nbytes > DEVICE_BATCH:
+        if batched and batches[-1] and size + packed(t.nbytes) > DEVICE_BATCH:
             batches.append([])
             size = 0
         batches[-1].append(j)
-        size += t.nbytes
-    for n, batch in enumerate(batches):
-        try:
-            arrays = read_verified(fd, header, [todo[j] for j in batch])
-        except IntegrityError as e:
-            rest = [todo[j] for b in batches[n + 1 :] for j in b]
-            raise _with_rest(e, fd, header, [todo[j] for j in batch], rest) from None
-        place([keys[j] for j in batch], arrays)
+        size += packed(t.nbytes)
+    with contextlib.ExitStack() as stack:
+        staging = stack.enter_context(staged.Staging()) if stage else None
+        for n, batch in enumerate(batches):
+            try:
+                arrays = read_verified(
+                    fd, header, [todo[j] for j in batch], staging.buffer if staging else None
+                )
+            except IntegrityError as e:
+                rest = [todo[j] for b in batches[n + 1 :] for j in b]
+                raise _with_rest(e, fd, header, [todo[j] for j in batch], rest) from None
+            values = place([keys[j] for j in batch], arrays)
+            if staging is not None:
+                staging.hold(values)
 
 
 def _with_rest(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import mmap
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -23,7 +23,7 @@ from .format import StoredTensor
 
 _CHUNK = 16 * 1024 * 1024
 #: Each loaded array starts at a multiple of this in the shared buffer.
-_ALIGN = 64
+ALIGN = 64
 #: Loads of at least this many bytes go into an anonymous mapping.
 _MAPPED = 64 * 1024 * 1024
 RESTORE_HINT = "restore the file from a verified copy (ArtifactStore.rollback) or save it again"
@@ -60,6 +60,17 @@ def buffer(nbytes: int, *, populate: bool = True) -> np.ndarray[Any, Any]:
     return np.frombuffer(mmap.mmap(-1, nbytes, flags=flags), np.uint8)
 
 
+def packed(nbytes: int) -> int:
+    """The bytes a tensor of ``nbytes`` takes in ``read_ranges``' buffer
+    (each starts at a multiple of ``ALIGN``).
+
+    Example:
+      >>> packed(1), packed(64), packed(65)
+      (64, 64, 128)
+    """
+    return -(-nbytes // ALIGN) * ALIGN
+
+
 def read_ranges(  # noqa: PLR0917 - every argument is needed, all positional data
     fd: Source,
     todo: Sequence[StoredTensor],
@@ -70,6 +81,7 @@ def read_ranges(  # noqa: PLR0917 - every argument is needed, all positional dat
     truncated_hint: str = RESTORE_HINT,
     *,
     quote: bool = False,
+    into: Callable[[int], np.ndarray[Any, Any] | None] | None = None,
 ) -> list[np.ndarray[Any, Any]]:
     """Reads these tensors' byte ranges and, with ``digests``, verifies them.
 
@@ -90,6 +102,9 @@ def read_ranges(  # noqa: PLR0917 - every argument is needed, all positional dat
       algorithm: the algorithm of ``digests`` (the file's ``hash_name``).
       truncated_hint: the fix named when the file shrinks meanwhile.
       quote: name tensors quoted in messages (names another tool chose).
+      into: gives the buffer to read into for a total size (``None`` from
+        it, or no ``into``: a fresh one); a load onto an accelerator reads
+        into reused staging buffers (``staged.Staging.buffer``).
 
     Returns:
       Each tensor's bytes as a ``uint8`` array, in ``todo``'s order.
@@ -101,10 +116,12 @@ def read_ranges(  # noqa: PLR0917 - every argument is needed, all positional dat
     offsets: list[int] = []
     pos = 0
     for t in todo:
-        pos = (pos + _ALIGN - 1) // _ALIGN * _ALIGN
+        pos = packed(pos)
         offsets.append(pos)
         pos += t.nbytes
-    base = buffer(pos, populate=False)  # the readers fault them in as they fill them
+    given = into(pos) if into is not None else None
+    # the readers fault fresh pages in as they fill them
+    base = given if given is not None else buffer(pos, populate=False)
     whole = memoryview(base.data)
     views = [whole[off : off + t.nbytes] for t, off in zip(todo, offsets)]
 

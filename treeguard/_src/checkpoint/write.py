@@ -327,7 +327,7 @@ def checkpoint_bytes(
 
 
 @dataclasses.dataclass(frozen=True)
-class _Draft:
+class Draft:
     """A checked tree laid out as a checkpoint: its header with placeholder
     digests, and each leaf's bytes still in the leaf."""
 
@@ -344,8 +344,21 @@ class _Draft:
         """The header's length and the header, digests left blank."""
         return len(self.draft).to_bytes(8, "little") + self.draft
 
+    @property
+    def file_bytes(self) -> int:
+        """The size of the checkpoint file."""
+        return 8 + len(self.draft) + self.nbytes
+
     def leaf_bytes(self) -> Iterator[memoryview]:
         return _leaf_bytes(self.leaves, self.records, self.names)
+
+    def prefetch(self, i: int) -> None:
+        """Starts copying leaf ``i`` from its device to the host."""
+        _start_copy(self.leaves[i])
+
+    def host_bytes(self, i: int) -> memoryview:
+        """Leaf ``i``'s bytes, brought to the host (no copy for a leaf there)."""
+        return bytes_of(_host_array(self.leaves[i], self.records[i], self.names[i]))
 
     def header(self, digests: Sequence[str]) -> bytes:
         """The header with every leaf's digest and the header's own."""
@@ -356,13 +369,26 @@ class _Draft:
         return final
 
 
+def laid_out(
+    tree: Any, /, *, metadata: Mapping[str, Any] | None = None, digest: Algorithm = DEFAULT
+) -> Draft:
+    """A tree checked for ``save`` and laid out as a checkpoint without its
+    bytes: its header but for the digests, which ``Draft.header`` fills in,
+    and each leaf's bytes still in the leaf (``Draft.host_bytes``).
+
+    Raises:
+      InvalidTreeError, TypeError, ValueError: as ``save``.
+    """
+    return _draft(tree, metadata, digest, None)
+
+
 def _draft(
     tree: Any,
     metadata: Mapping[str, Any] | None,
     digest: Algorithm,
     surgery: Surgery | None,
     structure: Node | None = None,
-) -> _Draft:
+) -> Draft:
     """Checks a tree for ``save`` (every problem at once) and lays it out."""
     algorithm = check_algorithm(digest)
     leaves, treedef, types = flatten_with_types(tree)  # the one walk of the tree
@@ -418,7 +444,7 @@ def _draft(
     spec_json = spec.to_json(indent=None).rstrip("\n")
     meta = draft_meta(spec_json, algorithm, json.dumps(environment()), user, names)
     draft = encode_header(meta, table)
-    return _Draft(leaves, records, names, meta, table, algorithm, draft, pos)
+    return Draft(leaves, records, names, meta, table, algorithm, draft, pos)
 
 
 def _leaf_bytes(

@@ -93,12 +93,14 @@ def export_version(
       >>> store = treeguard.ArtifactStore(tempfile.mkdtemp())
       >>> v = store.put(mlp.init(jax.random.key(0)))
       >>> result = export_version(mlp.model, store, v)
-      >>> result.description.platforms, result.description.validated[:2]
-      (('cpu',), ('standard', 'single'))
+      >>> result.description.platforms == (jax.default_backend(),)  # where it runs
+      True
+      >>> result.description.validated[:2]
+      ('standard', 'single')
       >>> store.verify(v).status
       'verified'
-      >>> store.load_exported(v)[0]["platforms"]
-      ['cpu']
+      >>> store.load_exported(v)[0]["platforms"] == [jax.default_backend()]
+      True
     """
     spec = spec or ServingSpec.from_model(model)
     here = compat.here()

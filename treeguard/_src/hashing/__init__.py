@@ -25,9 +25,13 @@ Its parts:
   ``expected``); ``hash_ranges`` and ``hash_file``, keeping none of the bytes;
 * ``writes``: ``write_hashed(fd, buffers, algorithm)`` writes buffers while
   hashing them; ``copy_hashed(dest, buffers, algorithm)`` copies them into
-  memory instead.
+  memory instead;
+* ``memo``: the digests of the jax arrays a verified load handed back,
+  held weakly by identity, so that a dedup store's put need not hash them
+  again.
 """
 
+from . import memo as memo
 from .engine import ALGORITHMS as ALGORITHMS
 from .engine import CHUNK as CHUNK
 from .engine import DEFAULT as DEFAULT

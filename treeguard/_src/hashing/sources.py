@@ -66,19 +66,24 @@ def announce(src: Source, ranges: Iterable[tuple[int, int]]) -> None:
 
 
 class BytesReader:
-    """Bytes already in memory as a ``RangeReader``.
+    """Bytes already in memory as a ``RangeReader``; with ``size``, the
+    first bytes of a file of that size (a header standing for its file:
+    what lies beyond them reads as nothing).
 
     Example:
       >>> buf = bytearray(2)
       >>> BytesReader(b"abc").pread_into(memoryview(buf), 2), bytes(buf)
       (1, b'c\\x00')
+      >>> BytesReader(b"abc", size=10).size()
+      10
     """
 
-    def __init__(self, data: Any) -> None:
+    def __init__(self, data: Any, *, size: int | None = None) -> None:
         self._data = memoryview(data).cast("B")
+        self._size = len(self._data) if size is None else size
 
     def size(self) -> int:
-        return len(self._data)
+        return self._size
 
     def pread_into(self, buf: memoryview, offset: int) -> int:
         n = max(0, min(len(buf), len(self._data) - offset))

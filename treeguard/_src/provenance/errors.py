@@ -25,6 +25,8 @@ Example:
 
 from __future__ import annotations
 
+from typing import Self
+
 from ..errors import SignatureError, TreeguardError
 
 
@@ -49,16 +51,19 @@ class ProvenanceError(SignatureError):
         self.fingerprint = fingerprint
         super().__init__(message, version=version, context=context, hint=hint)
 
-    def at(self, context: str) -> ProvenanceError:
-        """The same refusal, said of ``context`` (the user's path, where the
-        check ran on a private copy)."""
-        return type(self)(
-            self.message,
-            fingerprint=self.fingerprint,
-            version=self.version,
-            context=context,
-            hint=self.hint,
-        )
+    def at(self, context: str) -> Self:
+        """The same refusal (its class and every field), said of ``context``
+        (the user's path, where the check ran on a private copy).
+
+        Example:
+          >>> e = SignedDigestError("changed", names=("w",), context="/tmp/copy").at("model")
+          >>> str(e), e.names
+          ('model: changed', ('w',))
+        """
+        moved = type(self).__new__(type(self))
+        moved.__dict__.update(self.__dict__, context=context)
+        moved.args = (moved._render(),)
+        return moved
 
 
 class MissingSignatureError(ProvenanceError):
@@ -99,17 +104,6 @@ class SignedDigestError(ProvenanceError):
         self.names = names
         super().__init__(
             message, fingerprint=fingerprint, version=version, context=context, hint=hint
-        )
-
-    def at(self, context: str) -> SignedDigestError:
-        """The same refusal, said of ``context``."""
-        return SignedDigestError(
-            self.message,
-            names=self.names,
-            fingerprint=self.fingerprint,
-            version=self.version,
-            context=context,
-            hint=self.hint,
         )
 
 

@@ -13,7 +13,8 @@ from typing import Any
 
 @dataclasses.dataclass(frozen=True)
 class Trail:
-    """Who signed a verdict, as its signature says (checked or not).
+    """Who signed a verdict, as its signature says (checked or not):
+    ``VersionInfo.trail()``.
 
     Attributes:
       algorithm: ``"ecdsa-p256-sha256"``, or ``"hmac-sha256"``.

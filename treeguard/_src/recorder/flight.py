@@ -145,6 +145,29 @@ def finite_flag(leaves: list[Any]) -> jax.Array:
 _check = jax.jit(finite_flag)
 
 
+def carried(loss: Any, ok: jax.Array) -> jax.Array | None:
+    """The loss with the step's finiteness flag folded in, traced: the loss
+    where every checked leaf is finite, NaN where one is not; so one scalar
+    read tells both (finite exactly when the flag is set, the loss itself
+    being checked). None for a loss that is not a real floating scalar: the
+    flag is read then.
+
+    Example:
+      >>> float(carried(jnp.float32(2.5), jnp.bool_(True)))
+      2.5
+      >>> float(carried(jnp.float32(2.5), jnp.bool_(False)))
+      nan
+      >>> carried(jnp.arange(3.0), jnp.bool_(True)) is None
+      True
+    """
+    dtype = getattr(loss, "dtype", None)
+    if getattr(loss, "shape", None) != () or dtype is None:
+        return None
+    if not jnp.issubdtype(dtype, jnp.floating):
+        return None
+    return jnp.where(ok, loss, jnp.full_like(loss, jnp.nan))  # keeps a weak type
+
+
 class _Dispatched(NamedTuple):
     """A dispatched step: its number, outputs, flag and arguments (a tuple:
     made on every step, where a frozen dataclass's ``__init__`` costs several
@@ -373,11 +396,13 @@ class RecordedStep:
         value, grads = jax.value_and_grad(self._loss)(params, *args)
         new_params, new_state = self._optax(params, grads, opt_state)
         trees = (value, grads, new_params, new_state)
-        return trees, finite_flag(jax.tree.leaves(trees))
+        ok = finite_flag(jax.tree.leaves(trees))
+        return trees, ok, carried(value, ok)
 
     def _traced_plain(self, params: Any, opt_state: Any, batch: Any, key: Any) -> Any:
         out = self._call_user(params, opt_state, batch, key)
-        return out, finite_flag(jax.tree.leaves(out))
+        ok = finite_flag(jax.tree.leaves(out))
+        return out, ok, carried(out[2], ok) if type(out) is tuple and len(out) > 2 else None
 
     def _eager_plain(self, params: Any, opt_state: Any, batch: Any, key: Any) -> Any:
         out = self._call_user(params, opt_state, batch, key)
@@ -389,8 +414,8 @@ class RecordedStep:
         # an f64 beyond f32's range would become Inf without x64, though the
         # caller gets it back finite
         if any(host_nonfinite(x) for x in on_host):
-            return out, False
-        return out, _check(on_device)
+            return out, False, None
+        return out, _check(on_device), None
 
     def _call_user(self, params: Any, opt_state: Any, batch: Any, key: Any) -> Any:
         out = (
@@ -417,7 +442,7 @@ class RecordedStep:
             ``.bundle``; a bundle that could not be written is in
             ``.bundle_error`` and chained).
         """
-        out, ok = self._fn(params, opt_state, batch, key)
+        out, ok, carry = self._fn(params, opt_state, batch, key)
         if self.check == "next":
             step = _Dispatched(self.step_number, out, ok, params, opt_state, batch, key)
             if isinstance(ok, jax.Array):
@@ -426,15 +451,20 @@ class RecordedStep:
             self.step_number += 1
             if earlier is not None:
                 self._settle(earlier)  # this step is dispatched: the device stays busy
-            return self._returned(out)
-        if isinstance(ok, jax.Array):
-            # the loss comes to the host with the flag, in one wait: a loop
-            # that logs it then reads it without a second transfer
-            for x in self._scalars(out):
-                x.copy_to_host_async()
-        if bool(ok):  # the one host sync: a scalar
+            return self._returned(out, None)
+        if carry is not None:
+            # the one host sync: the loss, NaN unless every checked leaf is
+            # finite; the caller's read of the loss then finds it on the host
+            finite = math.isfinite(float(carry))
+        else:
+            if isinstance(ok, jax.Array):
+                # the loss comes to the host with the flag, in one wait
+                for x in self._scalars(out):
+                    x.copy_to_host_async()
+            finite = bool(ok)  # the one host sync: a scalar
+        if finite:
             self.step_number += 1
-            return self._returned(out)
+            return self._returned(out, carry)
         # made on the error path only: a finite step with check="now" keeps nothing
         raise self._refuse(_Dispatched(self.step_number, out, ok, params, opt_state, batch, key))
 
@@ -463,11 +493,13 @@ class RecordedStep:
         extra = out[0] if self._optax is not None else out[2:]
         return [x for x in jax.tree.leaves(extra) if isinstance(x, jax.Array) and x.size == 1]
 
-    def _returned(self, out: Any) -> Any:
+    def _returned(self, out: Any, carry: Any) -> Any:
+        """What the caller gets: the step's outputs, its loss replaced by the
+        carried loss (the same value, already on the host) where there is one."""
         if self._optax is not None:
             value, _, new_params, new_state = out
-            return new_params, new_state, value
-        return out
+            return new_params, new_state, value if carry is None else carry
+        return out if carry is None else (*out[:2], carry, *out[3:])
 
     def _labelled(self, out: Any) -> list[tuple[str, Any]]:
         if self._optax is not None:

@@ -323,6 +323,9 @@ class Engine:
           started: ``time.perf_counter()`` when the request arrived (its
             latency counts from then); default now.
 
+        Returns:
+          The ``InferResult``: the outputs asked for, in order.
+
         Raises:
           InvalidRequestError: 4xx for a request refused before device work,
             or whose non-finite outputs are its input's fault (422).

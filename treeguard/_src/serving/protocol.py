@@ -136,6 +136,11 @@ class InferRequest:
       binary: per asked output name, whether to send it as raw bytes;
         ``binary_default`` for the others.
       binary_default: whether outputs go as raw bytes unless asked otherwise.
+
+    Example:
+      >>> request = InferRequest([RawInput("x", "FP32", [1, 2], [0.5, 0.25])], id="r1")
+      >>> request.inputs[0].name, request.outputs
+      ('x', None)
     """
 
     inputs: list[RawInput]
@@ -147,7 +152,13 @@ class InferRequest:
 
 @dataclasses.dataclass(eq=False, slots=True)  # made per request: no frozen __init__
 class Output:
-    """One output tensor of a response."""
+    """One output tensor of a response.
+
+    Attributes:
+      name: the output's plain name (``output``, ``a.b``).
+      array: its values.
+      binary: whether a transport sends it as raw bytes.
+    """
 
     name: str
     array: np.ndarray[Any, Any]
@@ -160,7 +171,14 @@ class Output:
 
 @dataclasses.dataclass(eq=False, slots=True)  # made per request: no frozen __init__
 class InferResult:
-    """The response to one request: the outputs asked for, in order."""
+    """The response to one request: the outputs asked for, in order.
+
+    Attributes:
+      model: the model name served.
+      version: the store version that answered.
+      outputs: the ``Output``s.
+      id: the request's id, echoed.
+    """
 
     model: str
     version: str

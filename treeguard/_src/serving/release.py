@@ -9,6 +9,7 @@ hand, before its verdict may be recorded, and the structure it is loaded into.
 its stored reference batches). A verdict whose checks hold none of these was
 recorded with no model check; ``verdicts.model_checks`` says which it ran, and
 ``treeguard serve`` refuses such a version unless ``--allow-unchecked``.
+``verify_version`` is that verify, the one the command line and Python share.
 """
 
 from __future__ import annotations
@@ -124,3 +125,38 @@ def release_checks(model: Model) -> list[tuple[str, Any]]:
         (f"{PREFIX}finite", finite),
         (f"{PREFIX}outputs", outputs),
     ]
+
+
+def verify_version(store: Any, version: str, /, model: Model, *, like: Any = None) -> Any:
+    """Verifies ``version`` with ``model``'s release checks, as ``treeguard
+    store verify STORE VERSION --model MODULE:ATTR`` does: ``store.verify``
+    with the checks ``model.contract``, ``model.finite`` and
+    ``model.outputs``, the version loaded into the model's params structure.
+    ``treeguard serve`` (and ``Server(..., allow_unchecked=False)``) takes a
+    version only once such a verdict is recorded.
+
+    Args:
+      store: the ``ArtifactStore``.
+      version: the version.
+      model: the ``treeguard.verify.Model`` whose checks run.
+      like: the tree or ``TreeSpec`` the version must match; default the
+        structure the model's params are loaded into.
+
+    Returns:
+      The updated ``VersionInfo``: ``verified``, or ``rejected`` with why.
+
+    Raises:
+      UnknownVersionError: for an unknown version.
+      StoreError: as ``ArtifactStore.verify`` does.
+
+    Example:
+      >>> import tempfile, jax, treeguard
+      >>> from treeguard.examples import mlp
+      >>> store = treeguard.ArtifactStore(tempfile.mkdtemp())
+      >>> v = store.put(mlp.init(jax.random.key(0)))
+      >>> info = verify_version(store, v, mlp.model)
+      >>> info.status, [c.name for c in info.checks if c.name.startswith("model.")]
+      ('verified', ['model.contract', 'model.finite', 'model.outputs'])
+    """
+    spec = params_like(model) if like is None else like
+    return store.verify(version, like=spec, checks=release_checks(model))

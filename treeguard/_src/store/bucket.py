@@ -38,7 +38,8 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import strictjson
-from ..checkpoint.write import checkpoint_bytes
+from ..checkpoint import Header
+from ..checkpoint.write import checkpoint_bytes, laid_out
 from ..errors import (
     FormatError,
     NotAStoreError,
@@ -300,34 +301,18 @@ class BucketBackend(BucketReads, BucketGc):
     # -- put -------------------------------------------------------------
 
     def put(self, tree: Any, user: dict[str, Any], version: str | None, digest: Algorithm) -> str:
-        dedup = bool(self.require().get("dedup"))
-        data = checkpoint_bytes(tree, metadata=user, digest=digest)  # the one upload needs it all
-        header = tensors.header_of(data, self.root)
-        kind = "tensors" if dedup else "file"
-        record = self._candidate(user, kind, header.spec, header.digest)
-        leaf = TENSORS_FILE if dedup else MODEL_FILE
-        if dedup:
-            version = self._put_tensors(version, data, record)
+        if self.require().get("dedup"):
+            version = self._put_tensors(tree, user, version, digest)
+            leaf = TENSORS_FILE
         else:
-            version = self._reserve(version, leaf, data, record)
+            data = checkpoint_bytes(tree, metadata=user, digest=digest)  # one upload needs it all
+            header = tensors.header_of(data, len(data), self.root)
+            record = _candidate(user, "file", header.spec, header.digest)
+            version = self._reserve(version, MODEL_FILE, data, record)
+            leaf = MODEL_FILE
         self._unless_retired(version, (STATUS_FILE, leaf))
         self.append("put", version, {"status": "candidate"})
         return version
-
-    @staticmethod
-    def _candidate(user: dict[str, Any], kind: str, spec: TreeSpec, digest: str) -> dict[str, Any]:
-        """A put's record: a candidate of ``kind``, its sizes from ``spec``."""
-        return {
-            "status": "candidate",
-            "uid": secrets.token_hex(16),
-            "created": records.now(),
-            "metadata": user,
-            "kind": kind,
-            "num_leaves": spec.num_leaves,
-            "num_params": spec.num_params,
-            "nbytes": spec.nbytes,
-            "stored_digest": digest,
-        }
 
     def _unless_retired(self, version: str, leaves: tuple[str, ...], data: str = "") -> None:
         """Undoes a put whose name gc retired while it ran (gc took its data
@@ -346,23 +331,27 @@ class BucketBackend(BucketReads, BucketGc):
             hint="put it again",
         )
 
-    def _put_tensors(self, version: str | None, data: memoryview, record: dict[str, Any]) -> str:
+    def _put_tensors(
+        self, tree: Any, user: dict[str, Any], version: str | None, digest: Algorithm
+    ) -> str:
         """A tensors version: the tensors the store lacks, then the manifest,
         which reserves the name (taken back if gc marked one of its objects:
         tensors.py), then the record."""
         names: list[str] = []
 
-        def place(raw: bytes, objects: list[str]) -> bool:
+        def place(raw: bytes, objects: list[str], header: Header) -> bool:
             def ready() -> bool:
                 return not tensors.doomed_among(self.storage, objects)
 
+            record = _candidate(user, "tensors", header.spec, header.digest)
             try:
                 names.append(self._reserve(version, TENSORS_FILE, raw, record, ready))
             except _Doomed:
                 return False
             return True
 
-        tensors.put(self.storage, data, place, self.root)
+        draft = laid_out(tree, metadata=user, digest=digest)
+        tensors.put(self.storage, draft, place, self.root)
         return names[-1]
 
     def put_sharded(
@@ -423,7 +412,7 @@ class BucketBackend(BucketReads, BucketGc):
         algorithm, gathered = hashed
         manifest = manifest_of(data, spec, metadata_json(user), paths, leaves, gathered, algorithm)
         raw = manifest.to_json().encode("utf-8")
-        record = self._candidate(user, "sharded", spec, hash_bytes(raw, algorithm))
+        record = _candidate(user, "sharded", spec, hash_bytes(raw, algorithm))
         if not self._commit(name, seq, MANIFEST_NAME, raw, record):
             raise _exists(name, self.root)
         self._unless_retired(name, (STATUS_FILE, MANIFEST_NAME), data)
@@ -571,3 +560,19 @@ def check_name_or_none(name: str) -> str | None:
         return check_name(name)
     except UnknownVersionError:
         return None
+
+
+def _candidate(user: dict[str, Any], kind: str, spec: TreeSpec, digest: str) -> dict[str, Any]:
+    """The record of a version of ``kind`` put as a candidate: its sizes
+    from ``spec``, ``digest`` the one its reads are checked against."""
+    return {
+        "status": "candidate",
+        "uid": secrets.token_hex(16),
+        "created": records.now(),
+        "metadata": user,
+        "kind": kind,
+        "num_leaves": spec.num_leaves,
+        "num_params": spec.num_params,
+        "nbytes": spec.nbytes,
+        "stored_digest": digest,
+    }

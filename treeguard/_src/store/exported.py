@@ -14,6 +14,11 @@ signs (``verdicts.message``). ``read`` is the gate: it re-hashes the
 description against the digest a verdict recorded, then the bytes against
 the digest the description names. The store never parses what the bytes
 hold; the exporter and the server do.
+
+``peek`` is the listing's cheap look (``treeguard store ls``): the
+description read and checked against the verdict, the bytes' object found
+at the size the description names, none of the bytes read; their hash is
+the gate's, at every load.
 """
 
 from __future__ import annotations
@@ -87,10 +92,21 @@ def attach(backend: Backend, version: str, blob: bytes, meta: dict[str, Any]) ->
 def digest_now(backend: Backend, version: str) -> str | None:
     """The digest of ``version``'s artifact description as it is now, or
     None when it holds none."""
+    found = _description(backend, version)
+    return None if found is None else digest_of(found, ALGORITHM)
+
+
+def _description(backend: Backend, version: str) -> bytes | None:
+    """The bytes of ``version``'s artifact description (at most ``META_LIMIT``),
+    or None when it has none.
+
+    Raises:
+      FormatError: for one over the limit, or that is not a regular file.
+    """
     found = backend.storage.read(
         _name(version, META_FILE), limit=META_LIMIT, what="exported artifact's description"
     )
-    return None if found is None else digest_of(found[0], ALGORITHM)
+    return None if found is None else found[0]
 
 
 def read(backend: Backend, version: str, expected: str | None) -> tuple[dict[str, Any], bytes]:
@@ -114,10 +130,8 @@ def read(backend: Backend, version: str, expected: str | None) -> tuple[dict[str
     """
     storage = backend.storage
     where = storage.where(_name(version, META_FILE))
-    found = storage.read(
-        _name(version, META_FILE), limit=META_LIMIT, what="exported artifact's description"
-    )
-    if found is None:
+    text = _description(backend, version)
+    if text is None:
         raise ArtifactError(
             f"version {version} holds no exported artifact",
             version=version,
@@ -126,7 +140,6 @@ def read(backend: Backend, version: str, expected: str | None) -> tuple[dict[str
             hint=f"export it: treeguard export MODULE:ATTR --store STORE {version}, then "
             "verify it again",
         )
-    text = found[0]
     now = digest_of(text, ALGORITHM)
     if expected is None:
         raise ArtifactError(
@@ -171,3 +184,64 @@ def read(backend: Backend, version: str, expected: str | None) -> tuple[dict[str
             hint="do not serve it; export and verify the version again, or restore it",
         )
     return meta, blob_found[0]
+
+
+#: What ``peek`` says of an artifact, for each state.
+STATES = {
+    "covered": "covered by the verdict, its description unchanged, its bytes there at "
+    "their size (a server hashes every byte when it loads them)",
+    "unverified": "attached, and the version is not verified: verify it",
+    "uncovered": "exported after the verdict: verify the version again",
+    "changed": "its description changed since the verdict, or its bytes are not the "
+    "size it names: do not serve it",
+    "missing": "its description or its bytes are gone (or its export has not finished): "
+    "do not serve it",
+    "unreadable": "a description this treeguard cannot read (a newer format, or not "
+    "JSON): upgrade it",
+    "refused": "the version's own gate refuses it (its verdict's signature, say)",
+}
+
+
+def peek(
+    backend: Backend, version: str, covered: str | None
+) -> tuple[str, dict[str, Any] | None] | None:
+    """What ``version`` holds of an artifact, without reading its bytes.
+
+    Args:
+      backend: the store's backend.
+      version: the version.
+      covered: the ``exported`` digest of its verdict; None when it has no
+        verdict or one that covers no artifact.
+
+    Returns:
+      None when the version holds no trace of an artifact; else a state of
+      ``STATES`` (never ``unverified`` or ``refused``: those are the
+      verdict's, see ``GatedLoads.peek_exported``) and, for ``covered``
+      alone, the description.
+    """
+    names = backend.storage.list(f"versions/{version}")
+    if META_FILE not in names:
+        return None if covered is None and ARTIFACT_FILE not in names else ("missing", None)
+    try:
+        text = _description(backend, version)
+    except FormatError:  # over its limit, or not a regular file
+        return "unreadable", None
+    if text is None:  # removed since the listing
+        return "missing", None
+    if covered is None:
+        return "uncovered", None
+    if digest_of(text, ALGORITHM) != covered:
+        return "changed", None
+    try:
+        meta = strictjson.loads(text, "the exported artifact's description")
+    except FormatError:
+        return "unreadable", None
+    if not isinstance(meta, dict):
+        return "unreadable", None
+    try:
+        size = backend.storage.size(_name(version, ARTIFACT_FILE))
+    except FormatError:  # not a regular file: not what was attached
+        return "changed", None
+    if size is None:
+        return "missing", None
+    return ("covered", meta) if size == meta.get("artifact_bytes") else ("changed", None)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any
 
+from ..errors import TreeguardError
 from . import exported, gates
 from .backend import Backend, Wanted, record_of
 from .signing import VerdictSigner
@@ -55,6 +56,45 @@ class GatedLoads:
         _, data, _ = gates.gate(self._backend, self._signer, version, full=False)
         covered = data.get("exported")
         return exported.read(self._backend, version, covered if isinstance(covered, str) else None)
+
+    def peek_exported(self, version: str, /) -> tuple[str, dict[str, Any] | None] | None:
+        """What ``version`` holds of an exported artifact, cheaply, for a
+        listing: its verdict checked as ``check_verified`` checks it, its
+        description read and matched against the digest the verdict covers,
+        its bytes found at the size the description names; the bytes are
+        neither read nor hashed (``load_exported`` does that, at every load).
+
+        Returns:
+          None for a version that holds no artifact; else its state
+          (``covered``, ``unverified``, ``uncovered``, ``changed``,
+          ``missing``, ``unreadable`` or ``refused``) and, when ``covered``,
+          its description (JSON).
+
+        Raises:
+          UnknownVersionError: for an unknown version.
+          StoreError: for a root that is not a store, or a damaged record.
+
+        Example:
+          >>> import tempfile, numpy as np, treeguard
+          >>> store = treeguard.ArtifactStore(tempfile.mkdtemp())
+          >>> v = store.put({"w": np.ones(3, np.float32)})
+          >>> _ = store.attach_exported(v, b"a function", {"platforms": ["cpu"]})
+          >>> store.peek_exported(v)
+          ('unverified', None)
+          >>> store.verify(v).status, store.peek_exported(v)[0]
+          ('verified', 'covered')
+        """
+        _, data = record_of(self._backend, version)
+        verified = data["status"] == "verified"
+        covered = data.get("exported") if verified else None
+        found = exported.peek(self._backend, version, covered)
+        if found is None or not verified:
+            return found if found is None else ("unverified", None)
+        try:
+            gates.gate(self._backend, self._signer, version, full=False)
+        except TreeguardError:  # a verdict the key does not vouch for, a damaged version
+            return "refused", None
+        return found
 
     def load_verified(
         self,

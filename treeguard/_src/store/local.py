@@ -20,8 +20,8 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from ..atomic import atomic_write, open_regular, pid_alive, remove_stale_temps
-from ..checkpoint import read_header, save
-from ..checkpoint.write import checkpoint_bytes
+from ..checkpoint import Header, read_header, save
+from ..checkpoint.write import laid_out
 from ..errors import (
     IntegrityError,
     RetiredVersionError,
@@ -153,7 +153,7 @@ class LocalBackend:
             version, path = self._reserve(version, user, "tensors")
         manifest = os.path.join(path, tensors.TENSORS_FILE)
 
-        def place(raw: bytes, objects: list[str]) -> bool:
+        def place(raw: bytes, objects: list[str], _: Header) -> bool:
             atomic_write(manifest, raw)
             if not tensors.doomed_among(self.storage, objects):
                 return True
@@ -162,8 +162,8 @@ class LocalBackend:
 
         try:
             with _out_of_space_is_typed(version, path):
-                data = checkpoint_bytes(tree, metadata=user, digest=digest)
-                header = tensors.put(self.storage, data, place, path)
+                draft = laid_out(tree, metadata=user, digest=digest)
+                header = tensors.put(self.storage, draft, place, path)
             self._record_candidate(version, path, header.spec, {"kind": "tensors"})
         except BaseException:
             self._discard(path)
@@ -400,7 +400,7 @@ class LocalBackend:
         if os.path.isdir(self.layout.path(tensors.AREA)):
             self._areas()  # never through a link
             remove_stale_temps(self.layout.path(tensors.AREA))
-            removed = tensors.sweep(self.storage)
+            removed = tensors.sweep(self.storage, exclusive=True)  # under the lock
             if removed != []:
                 log.append(self.root, "sweep", None, tensors.summary(removed))
 

@@ -233,19 +233,10 @@ class ObjectStorage:
         size and ETag, which must be the MD5 of ``data`` (S3's ETag of a
         single PUT; where the ETag is no MD5, as on GCS or with KMS
         encryption, the size alone is compared)."""
-        import obstore  # lazy: the optional [s3] extra
-
         if len(data) <= _HEAD_BYTES:
             found = self.read(name, limit=_HEAD_BYTES, what="object written")
             return None if found is None else (found[1], found[0] == data)
-
-        def head() -> Any:
-            try:
-                return obstore.head(self._store, name)
-            except FileNotFoundError:
-                return None
-
-        meta = self._idempotent("reading", name, head)
+        meta = self._head(name)
         if meta is None:
             return None
         etag = str(meta.get("e_tag") or "").strip('"')
@@ -292,6 +283,22 @@ class ObjectStorage:
             return memoryview(result.bytes()), self._tag(result.meta)
 
         return self._idempotent("reading", name, get)
+
+    def _head(self, name: str) -> Any:
+        """The object's metadata (its size and ETag), none of its bytes; None if absent."""
+        import obstore  # lazy: the optional [s3] extra
+
+        def head() -> Any:
+            try:
+                return obstore.head(self._store, name)
+            except FileNotFoundError:
+                return None
+
+        return self._idempotent("reading", name, head)
+
+    def size(self, name: str) -> int | None:
+        meta = self._head(check_object_name(name))
+        return None if meta is None else int(meta["size"])
 
     def read_range(self, name: str, start: int, length: int) -> bytes:
         import obstore  # lazy: the optional [s3] extra

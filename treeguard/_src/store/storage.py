@@ -7,6 +7,7 @@ are ``/``-separated, relative to the store's root, such as
 - ``create``: write an object only if none has that name;
 - ``swap``: replace an object only if it is still the one read (its tag);
 - ``read`` and ``read_range``: the bytes (and the tag) of an object;
+- ``size``: how many bytes an object holds, none of them read;
 - ``list``: the names under a prefix;
 - ``delete``: remove one object.
 
@@ -33,7 +34,7 @@ import errno
 import os
 from typing import Protocol
 
-from ..atomic import atomic_write, fsync_dir, open_regular, temp_path, write_all
+from ..atomic import atomic_write, fsync_dir, open_regular, temp_path, write_new
 from ..errors import FormatError, StorageError, StoreError
 
 
@@ -66,6 +67,10 @@ class Storage(Protocol):
 
     def read_range(self, name: str, start: int, length: int) -> bytes:
         """``length`` bytes of ``name`` from ``start`` (fewer at its end)."""
+        ...
+
+    def size(self, name: str) -> int | None:
+        """How many bytes ``name`` holds, or None if absent."""
         ...
 
     def list(self, prefix: str) -> list[str]:
@@ -143,7 +148,7 @@ class LocalStorage:
         target = self.where(name)
         tmp = temp_path(target)
         try:
-            atomic_write(tmp, lambda fd: write_all(fd, data))
+            write_new(tmp, data)  # durable once linked and the directory synced
             os.link(tmp, target)
         except FileExistsError:
             return Conflict.EXISTS
@@ -191,6 +196,16 @@ class LocalStorage:
         fd = open_regular(path)
         try:
             return os.pread(fd, length, start)
+        finally:
+            os.close(fd)
+
+    def size(self, name: str) -> int | None:
+        try:
+            fd = open_regular(self.where(name), what="object")
+        except FileNotFoundError:
+            return None
+        try:
+            return os.fstat(fd).st_size
         finally:
             os.close(fd)
 

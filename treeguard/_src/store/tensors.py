@@ -6,8 +6,8 @@ The same names through the ``Storage`` protocol on a disk and in a bucket::
     ROOT/tensors/ALGO-HEX[.TOKEN]    one tensor's bytes (HEX: its digest),
                                      create-only, never rewritten
     ROOT/doomed/OBJECT               gc's mark, made before it deletes
-                                     OBJECT; never removed: an object so
-                                     marked is never reused by a put
+                                     OBJECT; while it stands, no put
+                                     reuses OBJECT
     ROOT/versions/NAME/tensors.json  the manifest: the checkpoint's header
                                      (its text, as in the file; its digest,
                                      ``treeguard.digest``, covers every
@@ -28,17 +28,35 @@ none. A put writes its tensors, then its manifest, then reads ``doomed/``
 and, if one of its objects is marked, takes its manifest back and starts
 again (the objects marked are not reused); only then does it write its
 record. A manifest gc's second reading missed was written after that
-reading, so after the mark, and its put sees the mark. Objects gc spared
-(a put named them in time) stay marked and are not reused; a later gc
-deletes them once no version names them.
+reading, so after the mark, and its put sees the mark.
+
+When a mark is cleared: the mark of a deleted object stays for good (a put
+whose manifest names it may not have read ``doomed/`` yet, and no object is
+made again under its name). A gc that runs alone (a local store's, under
+the store's lock: ``sweep(exclusive=True)``) clears, after its deletions,
+the mark of every object it listed, did not delete and found named by its
+last reading: the objects a put named in time (spared), and those a gc
+killed between its mark and its deletions left marked. Why no put can lose
+such an object: a mark matters only to the gc that relies on it to delete
+the object; the objects cleared exist and this gc deletes none of them, and
+no other gc runs meanwhile; a gc that comes later deletes an object only
+after a mark of its own, made before its second reading, and a put that
+names the object after that reading reads ``doomed/`` after its manifest,
+so sees that mark, as above. A put that listed ``doomed/`` before the mark
+was cleared writes the tensor again under a fresh name: wasteful, never
+wrong. In a bucket two gcs may run at once, and one could clear a mark the
+other relies on, so a bucket's gc clears none: an object it spared is not
+reused, and a later gc deletes it once no version names it.
 """
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import re
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from .. import strictjson
@@ -46,8 +64,9 @@ from ..checkpoint import Header
 from ..checkpoint.files import read_raw_header
 from ..checkpoint.format import MAX_HEADER_BYTES
 from ..checkpoint.read import checked_header
+from ..checkpoint.write import Draft
 from ..errors import FormatError, StoreError
-from ..hashing import BytesReader
+from ..hashing import BytesReader, digest, memo
 from .layout import check_name
 from .storage import Conflict, Storage
 
@@ -118,31 +137,61 @@ def parse_manifest(raw: bytes, where: str) -> Manifest:
     return Manifest(len(header).to_bytes(8, "little") + header, doc["size"], tuple(doc["objects"]))
 
 
-def header_of(data: memoryview, where: str) -> Header:
-    """The header of checkpoint bytes built in memory (``checkpoint_bytes``)."""
-    return checked_header(*read_raw_header(BytesReader(data), where), where, None)
+def header_of(prefix: bytes | memoryview, size: int, where: str) -> Header:
+    """The header of a checkpoint of ``size`` bytes that starts with
+    ``prefix`` (its 8-byte length and its header), checked as a load checks it."""
+    return checked_header(*read_raw_header(BytesReader(prefix, size=size), where), where, None)
 
 
-def write_missing(storage: Storage, header: Header, data: memoryview) -> list[str]:
-    """Writes each tensor of ``data`` (a checkpoint's bytes) that no usable
-    object holds yet; returns the object of every tensor, in order. An
-    object gc marked is never reused, and a name taken by other bytes is
-    left for a fresh one."""
+def _usable(storage: Storage) -> tuple[dict[str, str], set[str]]:
+    """The objects a put may name, by ``ALGO-HEX`` (none gc marked), and
+    every name taken (a new object takes none of them)."""
     held = [n for n in storage.list(AREA) if OBJECT_RE.match(n)]
     doomed = set(storage.list(DOOMED))
     usable: dict[str, str] = {}
     for name in sorted(held):
         if name not in doomed:
             usable.setdefault(name.split(".")[0], name)
-    taken = set(held) | doomed
-    out: list[str] = []
-    for t in header.tensors:
-        base = f"{header.hash_name}-{t.digest}"
-        if base not in usable:
-            start = header.data_start + t.begin
-            usable[base] = _create(storage, base, data[start : start + t.nbytes], taken)
-        out.append(usable[base])
-    return out
+    return usable, set(held) | doomed
+
+
+def write_missing(
+    storage: Storage,
+    draft: Draft,
+    known: Sequence[str | None],
+    then: Callable[[list[str]], None] = lambda _: None,
+) -> tuple[list[str], list[str]]:
+    """Writes each leaf of ``draft`` that no usable object holds yet; returns
+    the object and the digest of every leaf, in order. A leaf whose digest
+    the memo knows (``known``) and whose object the store holds is neither
+    brought to the host nor hashed; every other leaf is, and is written if
+    no usable object holds its bytes. ``then(digests)`` is called once every
+    digest is known, before the last object is written (the header is laid
+    out meanwhile). An object gc marked is never reused, and a name taken by
+    other bytes is left for a fresh one."""
+    usable, taken = _usable(storage)
+    algorithm = draft.algorithm
+    todo = [i for i, d in enumerate(known) if d is None or f"{algorithm}-{d}" not in usable]
+    digests: list[str] = []
+    pending: tuple[str, memoryview] | None = None  # written once the next is hashed
+    for i, remembered in enumerate(known):
+        found = remembered
+        if found is None or f"{algorithm}-{found}" not in usable:
+            at = bisect.bisect_right(todo, i)
+            if at < len(todo):
+                draft.prefetch(todo[at])  # its copy from its device runs meanwhile
+            data = draft.host_bytes(i)
+            found = digest(data, algorithm)
+            base = f"{algorithm}-{found}"
+            if base not in usable and (pending is None or pending[0] != base):
+                if pending is not None:
+                    usable[pending[0]] = _create(storage, *pending, taken)
+                pending = (base, data)
+        digests.append(found)
+    then(digests)
+    if pending is not None:
+        usable[pending[0]] = _create(storage, *pending, taken)
+    return [usable[f"{algorithm}-{d}"] for d in digests], digests
 
 
 def _create(storage: Storage, base: str, data: memoryview, taken: set[str]) -> str:
@@ -159,29 +208,47 @@ def doomed_among(storage: Storage, objects: list[str]) -> bool:
 
 def put(
     storage: Storage,
-    data: memoryview,
-    place: Callable[[bytes, list[str]], bool],
+    draft: Draft,
+    place: Callable[[bytes, list[str], Header], bool],
     where: str,
 ) -> Header:
-    """Writes a version's tensors that the store does not hold and hands its
-    manifest and objects to ``place``, which writes the manifest, then (by
-    ``doomed_among``) takes it back and returns False if gc marked one of
-    the objects; started again while it does.
+    """Writes a version's tensors that the store does not hold (the digest
+    memo names the leaves a verified load handed back, which are not read
+    again: ``hashing/memo.py``) and hands its manifest, objects and header
+    to ``place``, which writes the manifest, then (by ``doomed_among``)
+    takes it back and returns False if gc marked one of the objects;
+    started again while it does. The header is laid out and read back on a
+    thread of its own while the last object is written.
 
     Raises:
       StoreError: if gc kept marking its objects, ``_PUT_TRIES`` times.
     """
-    header = header_of(data, where)
-    prefix = bytes(data[: header.data_start])
-    for _ in range(_PUT_TRIES):
-        objects = write_missing(storage, header, data)
-        if place(manifest_bytes(prefix, header.file_bytes, objects), objects):
-            return header
+    known: list[str | None] = [memo.known(x, draft.algorithm) for x in draft.leaves]
+    signed: list[Future[tuple[bytes, Header]]] = []
+    with ThreadPoolExecutor(1, thread_name_prefix="treeguard-header") as pool:
+        for _ in range(_PUT_TRIES):
+            objects, digests = write_missing(
+                storage,
+                draft,
+                known,
+                lambda found: signed.append(pool.submit(_signed, draft, found, where)),
+            )
+            known = list(digests)  # each the digest of the leaf's bytes, hashed or remembered
+            prefix, header = signed[-1].result()
+            if place(manifest_bytes(prefix, header.file_bytes, objects), objects, header):
+                return header
     raise StoreError(
         f"gc removed this version's tensors {_PUT_TRIES} times in a row while it was put",
         context=where,
         hint="put it again once gc is done",
     )
+
+
+def _signed(draft: Draft, digests: list[str], where: str) -> tuple[bytes, Header]:
+    """The first bytes of the version's file (its header with ``digests``),
+    and that header read back as a load reads it."""
+    prefix = len(draft.draft).to_bytes(8, "little") + draft.header(digests)
+    return prefix, header_of(prefix, draft.file_bytes, where)
 
 
 def referenced(storage: Storage) -> set[str] | None:
@@ -203,10 +270,11 @@ def referenced(storage: Storage) -> set[str] | None:
     return out
 
 
-def sweep(storage: Storage) -> list[str] | None:
+def sweep(storage: Storage, *, exclusive: bool = False) -> list[str] | None:
     """Deletes the tensor objects no manifest names (see the module); the
     objects deleted, or None when a manifest could not be read and
-    nothing was deleted."""
+    nothing was deleted. ``exclusive``: no other gc runs meanwhile, so the
+    marks of the objects kept that a version names are cleared."""
     held = [n for n in storage.list(AREA) if OBJECT_RE.match(n)]
     if not held:
         return []
@@ -214,16 +282,19 @@ def sweep(storage: Storage) -> list[str] | None:
     if first is None:
         return None
     doomed = [n for n in held if n not in first]
-    if not doomed:
-        return []
     for name in doomed:
         storage.create(f"{DOOMED}/{name}", b"")  # one made already stands
-    again = referenced(storage)
+    again = referenced(storage) if doomed else first
     if again is None:
         return None
     removed = [n for n in doomed if n not in again]
     for name in removed:
         storage.delete(f"{AREA}/{name}")
+    if exclusive:
+        marked = set(storage.list(DOOMED))
+        for name in held:
+            if name in again and name in marked:  # listed, not deleted, named
+                storage.delete(f"{DOOMED}/{name}")
     return removed
 
 

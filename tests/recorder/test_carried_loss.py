@@ -1,0 +1,115 @@
+"""A recorded step with ``check="now"`` reads one scalar a step: its loss,
+NaN unless every checked leaf is finite. What the caller gets back is the
+loss itself, and a step whose loss is finite but whose params are not is
+still refused, reporting the real loss."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import treeguard as tg
+
+
+def _step(dtype: Any = jnp.float32, poison: float = 1.0) -> Any:
+    @jax.jit
+    def step(params: Any, state: Any, batch: Any) -> Any:
+        new = {"w": params["w"] * poison + batch}
+        loss = jnp.sum(batch).astype(dtype)
+        return new, state, loss
+
+    return step
+
+
+def _wrap(tmp_path: Path, step: Any, **options: Any) -> tg.RecordedStep:
+    return tg.FlightRecorder(tmp_path, batch="record").wrap(step, **options)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, jnp.float16])
+def test_the_returned_loss_is_the_steps_own_value_and_dtype(tmp_path: Path, dtype: Any) -> None:
+    step = _step(dtype)
+    params, batch = {"w": jnp.ones(3)}, jnp.array([0.5, 1.25, 2.0])
+    _, _, bare = step(params, None, batch)
+    _, _, got = _wrap(tmp_path, step)(params, None, batch)
+    assert got.dtype == bare.dtype and got.shape == ()
+    assert np.asarray(got).tobytes() == np.asarray(bare).tobytes()
+
+
+def test_a_weakly_typed_loss_stays_weakly_typed(tmp_path: Path) -> None:
+    @jax.jit
+    def step(params: Any, state: Any, batch: Any) -> Any:
+        return params, state, jnp.asarray(2.0)  # a Python float: weakly typed
+
+    _, _, bare = step({"w": jnp.ones(2)}, None, jnp.ones(2))
+    _, _, got = _wrap(tmp_path, step)({"w": jnp.ones(2)}, None, jnp.ones(2))
+    assert bare.weak_type and got.weak_type and float(got) == 2.0
+
+
+def test_finite_loss_with_nonfinite_params_is_refused_naming_the_params(tmp_path: Path) -> None:
+    train = _wrap(tmp_path, _step(poison=jnp.inf))
+    with pytest.raises(tg.NonFiniteError) as info:
+        train({"w": jnp.ones(3)}, None, jnp.array([-1.0, 0.0, 1.0]))
+    message = str(info.value)
+    assert "in the updated params" in message
+    assert "in the loss" not in message  # the real loss (0.0) is what the report looks at
+    assert info.value.path == "['w']"
+
+
+def test_a_nonfinite_loss_is_refused_naming_the_loss(tmp_path: Path) -> None:
+    train = _wrap(tmp_path, _step())
+    with pytest.raises(tg.NonFiniteError) as info:
+        train({"w": jnp.ones(3)}, None, jnp.array([jnp.nan, 0.0, 1.0]))
+    assert "in the loss" in str(info.value)
+
+
+class _Out(NamedTuple):
+    params: Any
+    state: Any
+    loss: Any
+
+
+@pytest.mark.parametrize(
+    "make_loss",
+    [
+        lambda b: jnp.sum(b).astype(jnp.int32),  # not a float: the flag is read
+        lambda b: b * 2.0,  # not a scalar
+    ],
+    ids=["int-loss", "vector-loss"],
+)
+def test_steps_without_a_float_scalar_loss_are_checked_by_their_flag(
+    tmp_path: Path, make_loss: Any
+) -> None:
+    @jax.jit
+    def step(params: Any, state: Any, batch: Any) -> Any:
+        return {"w": params["w"] / batch[0]}, state, make_loss(batch)
+
+    train = _wrap(tmp_path, step)
+    _, _, loss = train({"w": jnp.ones(3)}, None, jnp.array([2.0, 1.0, 1.0]))
+    assert np.array_equal(np.asarray(loss), np.asarray(make_loss(jnp.array([2.0, 1.0, 1.0]))))
+    with pytest.raises(tg.NonFiniteError, match="in the updated params"):
+        train({"w": jnp.ones(3)}, None, jnp.array([0.0, 1.0, 1.0]))
+
+
+def test_a_named_tuple_step_comes_back_as_its_own_type(tmp_path: Path) -> None:
+    @jax.jit
+    def step(params: Any, state: Any, batch: Any) -> Any:
+        return _Out({"w": params["w"] + batch}, state, jnp.sum(batch))
+
+    train = _wrap(tmp_path, step)
+    out = train({"w": jnp.ones(2)}, None, jnp.ones(2))
+    assert isinstance(out, _Out) and float(out.loss) == 2.0
+    with pytest.raises(tg.NonFiniteError):
+        train({"w": jnp.ones(2)}, None, jnp.array([1.0, jnp.inf]))
+
+
+def test_check_next_returns_the_real_loss_of_a_step_it_refuses_later(tmp_path: Path) -> None:
+    train = _wrap(tmp_path, _step(poison=jnp.inf), check="next")
+    _, _, loss = train({"w": jnp.ones(3)}, None, jnp.array([-1.0, 0.0, 1.0]))
+    assert float(loss) == 0.0  # the step's own loss, not the NaN it carries
+    with pytest.raises(tg.NonFiniteError, match="in the updated params"):
+        train.flush()
