@@ -3,6 +3,7 @@ collectives, two devices each), started and ended by the tests."""
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import signal
@@ -14,8 +15,10 @@ from pathlib import Path
 
 import jax
 import numpy as np
+import obstore
 import pytest
-from shardtools import free_port, read
+from obstore.store import S3Store
+from shardtools import MANIFEST_NAME, free_port, read
 from subproc import start_python, stop
 
 import treeguard
@@ -25,7 +28,7 @@ WORKER = (HERE / "worker.py").read_text()
 TWO = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
 
 
-def _start(directory: Path, mode: str) -> list[subprocess.Popen[str]]:
+def _start(directory: Path | str, mode: str) -> list[subprocess.Popen[str]]:
     port = str(free_port())
     env = {**TWO, "PYTHONPATH": f"{HERE}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     return [start_python(WORKER, str(pid), port, str(directory), mode, env=env) for pid in range(2)]
@@ -170,9 +173,10 @@ def test_sigkill_at_any_moment_leaves_a_whole_version(
     assert _kill_mid_save(tmp_path / "ckpt", delay=delay, victim=victim) in (1, 2)
 
 
-@pytest.mark.slow
-def test_sharded_store_versions_across_two_processes(tmp_path: Path) -> None:
-    procs = _start(tmp_path / "store", "store")
+def _two_process_store(root: str) -> None:
+    """Both processes put, verify onto another mesh, promote (process 0),
+    load the current version, and agree on a verdict one process rejects."""
+    procs = _start(root, "store")
     outs = []
     try:
         for p in procs:
@@ -189,9 +193,27 @@ def test_sharded_store_versions_across_two_processes(tmp_path: Path) -> None:
         assert "VERIFIED verified" in out
         assert "CURRENT v000001 True" in out
         assert "AGREED v000002 rejected check first returned False" in out, out
-    store = treeguard.ArtifactStore(tmp_path / "store")
+    store = treeguard.ArtifactStore(root)
     assert [(v.version, v.status) for v in store.versions()] == [
         ("v000001", "verified"),
         ("v000002", "rejected"),
     ]
     assert [e.action for e in store.history()].count("verify") == 2
+
+
+@pytest.mark.slow
+def test_sharded_store_versions_across_two_processes(tmp_path: Path) -> None:
+    _two_process_store(str(tmp_path / "store"))
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("s3")
+def test_sharded_store_versions_across_two_processes_in_a_bucket(s3_url: str) -> None:
+    treeguard.ArtifactStore.init(s3_url)
+    _two_process_store(s3_url)
+    _, rest = s3_url.split("://", 1)
+    bucket, _, prefix = rest.partition("/")
+    raw = obstore.get(S3Store(bucket, prefix=prefix), f"versions/v000001/{MANIFEST_NAME}")
+    manifest = json.loads(bytes(raw.bytes()))
+    writers = {s["process"] for a in manifest["arrays"] for s in a["shards"]}
+    assert writers == {0, 1}  # each process wrote its own shard objects

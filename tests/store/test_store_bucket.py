@@ -285,15 +285,6 @@ def test_gc_refuses_a_missing_pointer_and_keeps_foreign_objects(s3_url: str) -> 
     assert {v.version for v in store.versions()} == set(versions[:2])
 
 
-def test_put_sharded_to_a_bucket_refuses_before_writing(s3_url: str) -> None:
-    jnp = pytest.importorskip("jax.numpy")
-    store = ArtifactStore.init(s3_url)
-    before = _names(s3_url)
-    with pytest.raises(StoreError, match="a sharded version cannot be kept in a bucket yet"):
-        store.put_sharded({"w": jnp.ones((4, 2))})
-    assert _names(s3_url) == before
-
-
 def _cli(*args: str) -> Result:
     return CliRunner().invoke(main, ["store", *args])
 

@@ -42,6 +42,7 @@ from .engine import Algorithm as Algorithm
 from .engine import Pipeline as Pipeline
 from .engine import check_algorithm as check_algorithm
 from .engine import digest as digest
+from .engine import hasher as hasher
 from .reads import MAX_READERS as MAX_READERS
 from .reads import Span as Span
 from .reads import hash_file as hash_file

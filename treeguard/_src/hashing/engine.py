@@ -63,6 +63,19 @@ def _new(algorithm: Algorithm, threads: int | None = None) -> Any:
     return hashlib.sha256()
 
 
+def hasher(algorithm: Algorithm) -> Any:
+    """An incremental hasher on one core (``update(buf)``, ``hexdigest()``),
+    for bytes hashed as they arrive.
+
+    Example:
+      >>> h = hasher("sha256")
+      >>> h.update(b"ab"); h.update(b"c")
+      >>> h.hexdigest() == digest(b"abc", "sha256")
+      True
+    """
+    return _new(check_algorithm(algorithm), 1)
+
+
 def digest(buf: Any, algorithm: Algorithm) -> str:
     """The hex digest of bytes in memory (every core for BLAKE3; the GIL is
     released either way).

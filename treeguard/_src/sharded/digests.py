@@ -11,7 +11,7 @@ whatever mesh it reads onto.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -52,14 +52,17 @@ def _host(data: Any) -> np.ndarray[Any, Any]:
 
 
 def local_digests(
-    arrays: Sequence[jax.Array], algorithm: Algorithm = DEFAULT
+    arrays: Sequence[jax.Array],
+    algorithm: Algorithm = DEFAULT,
+    each: Callable[[int, Index, memoryview], None] | None = None,
 ) -> Iterator[tuple[int, Index, str]]:
     """``(leaf, index, digest)`` for every shard this process writes.
 
     Of the replicas of one shard only the one with ``replica_id == 0`` is
     hashed, as only it is written. Each shard is brought to the host and
     handed to the hashing engine, which hashes it while the next one is
-    brought over.
+    brought over; ``each(leaf, index, bytes)`` is then given its bytes (C
+    order), to write them while they are hashed.
     """
     tasks = []
     for i, arr in enumerate(arrays):
@@ -68,8 +71,11 @@ def local_digests(
             if shard.replica_id == 0:
                 tasks.append((i, index_of(shard.index, shape), shard.data))
     with Pipeline(algorithm, items=len(tasks)) as pipeline:
-        for n, (_, _, data) in enumerate(tasks):
-            pipeline.feed(n, _bytes(_host(data)))
+        for n, (i, index, data) in enumerate(tasks):
+            view = _bytes(_host(data))
+            pipeline.feed(n, view)
+            if each is not None:
+                each(i, index, view)
         found = pipeline.digests()
     for n, (i, index, _) in enumerate(tasks):
         yield i, index, found[n]

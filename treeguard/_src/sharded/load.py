@@ -9,7 +9,6 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any, Literal
 
 from ..checkpoint.plan import SurgeryOptions, plan_load, select_part
-from ..checkpoint.received import plain_tree, refuse_forged_claim, stored_array_bytes
 from ..diff import mismatches
 from ..errors import ConfigError, InvalidTreeError
 from ..leaf import describe_sharding, same_sharding, summarize
@@ -19,9 +18,10 @@ from ..spec import TreeSpec, spec_from_leaves
 from ..surgery import Surgery
 from ..walk import flatten_with_types
 from . import hosts
-from .manifest import ArrayRecord, Manifest, read_with_digest
+from .manifest import ArrayRecord, Manifest
 from .orbax_io import param_names
 from .reader import read_verified
+from .source import Source, as_source
 
 logger = logging.getLogger("treeguard.sharded")
 IGNORED_KINDS = frozenset(("weak_type", "sharding"))
@@ -166,7 +166,7 @@ def load_sharded(
 
 
 def load_expecting(
-    directory: str | os.PathLike[str],
+    directory: str | os.PathLike[str] | Source,
     like: Any,
     /,
     *,
@@ -183,7 +183,7 @@ def load_expecting(
 
 
 def load_planned(  # noqa: PLR0917 - two call sites, all positional data
-    directory: str | os.PathLike[str],
+    directory: str | os.PathLike[str] | Source,
     like: Any,
     rename: Mapping[str, str] | None,
     allow_missing: Collection[str],
@@ -196,9 +196,9 @@ def load_planned(  # noqa: PLR0917 - two call sites, all positional data
     the plan ``load`` makes too (``checkpoint.plan``), then the arrays."""
     import jax  # lazy: reading files never imports jax
 
-    where = os.path.abspath(os.fspath(directory))
-    manifest, _ = read_with_digest(where, expect=digest)  # compared before it is parsed
-    check_received(where, manifest)
+    source = as_source(directory)
+    where = source.where
+    manifest, _ = source.manifest(digest)  # compared before it is parsed
     like_leaves, like_treedef, types = flatten_with_types(like)  # like walked once
     like_spec = spec_from_leaves(like, like_leaves, like_treedef, types)
     like_names = [keystr(p) for p in like_spec.paths]
@@ -219,7 +219,7 @@ def load_planned(  # noqa: PLR0917 - two call sites, all positional data
         if src is not None:
             targets[index[src]] = _target(like_leaves[i], like_names[i])
     _check_divides(where, manifest, targets)
-    restored = _restore_checked(where, manifest, targets)
+    restored = _restore_checked(source, manifest, targets)
     out = []
     for i, src in enumerate(plan.sources):
         if src is not None:
@@ -231,25 +231,7 @@ def load_planned(  # noqa: PLR0917 - two call sites, all positional data
     return jax.tree.unflatten(like_treedef, out), plan.surgery
 
 
-def check_received(where: str, manifest: Manifest) -> None:
-    """The gates on a checkpoint directory, run before tensorstore opens it
-    (``checkpoint.received``): no FIFO or link for it to block on or follow;
-    no array of the manifest, and no stored array, claiming more bytes than
-    the files hold; no stored chunk beyond its array and no compressing
-    codec (treeguard writes sharded arrays uncompressed, so every array byte
-    is a stored byte, and what tensorstore decodes or fills is bounded by them).
-
-    Raises:
-      FormatError: naming the entry or the array, or both byte counts.
-    """
-    on_disk = plain_tree(where, hint="copy the checkpoint again, without links or special files")
-    refuse_forged_claim(sum(a.nbytes for a in manifest.arrays), on_disk, where, compressed=False)
-    data = os.path.join(where, manifest.data)
-    stored = stored_array_bytes(data, where, compressed=False)
-    refuse_forged_claim(stored, on_disk, where, compressed=False)
-
-
-def _restore_checked(where: str, manifest: Manifest, targets: Sequence[Any]) -> list[Any]:
+def _restore_checked(source: Source, manifest: Manifest, targets: Sequence[Any]) -> list[Any]:
     """The arrays with a target sharding read onto it (None for the others),
     every saved shard read checked against its digest; a collective
     (``reader.read_verified``)."""
@@ -257,7 +239,7 @@ def _restore_checked(where: str, manifest: Manifest, targets: Sequence[Any]) -> 
 
     n = len(manifest.arrays)
     names = param_names(jax.tree.unflatten(manifest.spec.treedef, list(range(n))))
-    restored = read_verified(where, manifest, names, targets)
+    restored = read_verified(source.where, manifest, source.fetch(manifest, names), targets)
     wanted = [k for k, t in enumerate(targets) if t is not None]
     _report_resharding([manifest.arrays[k] for k in wanted], [restored[k] for k in wanted])
     return restored

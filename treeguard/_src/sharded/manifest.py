@@ -472,6 +472,21 @@ def read_with_digest(
       IntegrityError: if its digest is not ``expect``.
     """
     raw, path = _read_bytes(directory)
+    return parse_with_digest(raw, path, os.path.abspath(os.fspath(directory)), expect)
+
+
+def parse_with_digest(
+    raw: bytes, where: str, checkpoint: str, expect: str | None = None
+) -> tuple[Manifest, str]:
+    """Parses a manifest's bytes (``where``: the manifest, for messages)
+    after comparing their digest with ``expect`` when given (see
+    ``read_with_digest``; ``checkpoint`` names what was replaced); the
+    manifest and the digest of those very bytes.
+
+    Raises:
+      FormatError: for a malformed manifest.
+      IntegrityError: if its digest is not ``expect``.
+    """
     if expect is not None:
         found = {a: digest(raw, a) for a in ALGORITHMS}
         if expect not in found.values():
@@ -479,12 +494,12 @@ def read_with_digest(
                 f"the manifest's digest is {found[DEFAULT][:16]}... ({DEFAULT}; "
                 f"{found['sha256'][:16]}... as sha256), the verdict's {expect[:16]}...: "
                 "the checkpoint was replaced or edited",
-                context=os.path.abspath(os.fspath(directory)),
+                context=checkpoint,
                 hint="do not use it; restore it from a backup or verify it again",
             )
-        manifest = parse(raw, where=path)
+        manifest = parse(raw, where=where)
         return manifest, found[manifest.hash]
-    manifest = parse(raw, where=path)
+    manifest = parse(raw, where=where)
     return manifest, digest(raw, manifest.hash)
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -77,13 +77,17 @@ def unreadable(where: str, paths: Sequence[str], error: BaseException) -> Integr
     )
 
 
-def shard_error(where: str, paths: Sequence[str], algorithm: str) -> IntegrityError:
-    """The error for arrays with a shard whose digest does not match."""
+def shard_error(
+    where: str, paths: Sequence[str], algorithm: str, first: str | None = None
+) -> IntegrityError:
+    """The error for arrays with a shard whose digest does not match;
+    ``first``: the first such shard this process read, when it can be named."""
     names = [p or "<root>" for p in paths]
     listed = ", ".join(names[:20]) + (f" and {len(names) - 20} more" if len(names) > 20 else "")
+    shown = f" (first: {first})" if first else ""
     return IntegrityError(
         f"{where}: {len(names)} {'array' if len(names) == 1 else 'arrays'} with a shard "
-        f"whose {algorithm} does not match the manifest: {listed}\n"
+        f"whose {algorithm} does not match the manifest: {listed}{shown}\n"
         "hint: the stored bytes changed after the save; load an earlier checkpoint",
         path=names[0],
     )
@@ -190,19 +194,87 @@ def _opened(where: str, future: Any, record: ArrayRecord) -> Any:
     return store
 
 
+class Pending(Protocol):
+    """A read under way: a tensorstore or ``concurrent.futures`` future."""
+
+    def result(self) -> Any:
+        """Waits for the read; raises its failure."""
+        ...
+
+    def cancel(self) -> Any:
+        """Drops the read if it has not started."""
+        ...
+
+
+class Fetch(Protocol):
+    """Where the saved shards' bytes come from: the data directory
+    (``StoredArrays``) or, in a store in a bucket, one object per shard."""
+
+    def prepare(self, records: Sequence[ArrayRecord], keys: Sequence[int]) -> None:
+        """Starts opening the arrays ``keys`` (of ``records``) that will be read."""
+        ...
+
+    def start(self, key: int, shard: Shard, buf: np.ndarray[Any, Any]) -> Pending:
+        """Starts reading the saved ``shard`` of array ``key`` into ``buf``
+        (C order, the shard's shape and the array's dtype). A fetch that
+        hashes the bytes as it puts them in ``buf`` (by the manifest's
+        algorithm) gives their hex digest as the read's result; otherwise
+        the reader hands ``buf`` to the hashing engine once it is read."""
+        ...
+
+    def name(self, key: int, shard: Shard) -> str | None:
+        """The shard, as a message shows it, where it has a name of its own."""
+        ...
+
+    def close(self) -> None:
+        """Ends the reads still under way, once none is needed."""
+        ...
+
+
+class StoredArrays:
+    """The shards of a data directory, read through tensorstore as orbax
+    wrote them (``orbax_io``)."""
+
+    def __init__(self, where: str, data: str, names: Sequence[str]) -> None:
+        self._where, self._data, self._names = where, data, names
+        self._records: Sequence[ArrayRecord] = ()
+        self._opening: dict[int, Any] = {}
+        self._stores: dict[int, Any] = {}
+
+    def prepare(self, records: Sequence[ArrayRecord], keys: Sequence[int]) -> None:
+        self._records = records
+        self._opening = dict(zip(keys, open_arrays(self._data, [self._names[k] for k in keys])))
+
+    def start(self, key: int, shard: Shard, buf: np.ndarray[Any, Any]) -> Pending:
+        if key not in self._stores:
+            self._stores[key] = _opened(self._where, self._opening[key], self._records[key])
+        return read_into(self._stores[key], shard.index, buf)  # type: ignore[no-any-return]
+
+    def name(self, key: int, shard: Shard) -> None:
+        """None: a shard is a region of its array's stored chunks."""
+
+    def close(self) -> None:
+        """Nothing to end: tensorstore's futures are cancelled one by one."""
+
+
 class _Reads:
     """The reads of every planned shard, in order, each into a buffer of its
     own (or straight into the target shard it is), at most ``WINDOW`` bytes
     ahead of the one being consumed."""
 
     def __init__(
-        self, where: str, data: str, names: Sequence[str], plans: list[_Plan], keep: bool
+        self,
+        where: str,
+        fetch: Fetch,
+        records: Sequence[ArrayRecord],
+        plans: list[_Plan],
+        keep: bool,
     ) -> None:
         self._where = where
         self._plans = plans
         self._keep = keep
-        self._opening = open_arrays(data, [names[p.key] for p in plans])
-        self._stores: dict[int, Any] = {}
+        self._fetch = fetch
+        fetch.prepare(records, [p.key for p in plans])
         self._work = [(n, shard) for n, plan in enumerate(plans) for shard in plan.shards]
         self._next = 0
         self._ahead: collections.deque[tuple[int, Shard, Any, Any]] = collections.deque()
@@ -218,8 +290,6 @@ class _Reads:
         while self._next < len(self._work) and (not self._ahead or self._held < WINDOW):
             n, shard = self._work[self._next]
             plan = self._plans[n]
-            if n not in self._stores:
-                self._stores[n] = _opened(self._where, self._opening[n], plan.record)
             shape = tuple(b - a for a, b in shard.index)
             buf = None
             if self._keep:
@@ -228,22 +298,23 @@ class _Reads:
                         piece.buf = buf = aligned(shape, plan.record.dtype)
             if buf is None:
                 buf = self._scratch(shape, plan.record.dtype)
-            future = read_into(self._stores[n], shard.index, buf)
+            future = self._fetch.start(plan.key, shard, buf)
             self._ahead.append((n, shard, future, buf))
             self._held += buf.nbytes
             self._next += 1
 
-    def next(self) -> tuple[_Plan, Shard, np.ndarray[Any, Any]]:
-        """The next shard's plan, shard and bytes (C order)."""
+    def next(self) -> tuple[_Plan, Shard, np.ndarray[Any, Any], str | None]:
+        """The next shard's plan, shard, bytes (C order) and their digest
+        when the fetch hashed them."""
         self._issue()
         n, shard, future, buf = self._ahead.popleft()
         self._held -= buf.nbytes
         self._issue()  # the window moved: keep the reader busy while this one is used
         try:
-            future.result()
+            done = future.result()
         except Exception as e:  # tensorstore raises many kinds
             raise unreadable(self._where, [self._plans[n].record.path], e) from e
-        return self._plans[n], shard, buf
+        return self._plans[n], shard, buf, done if isinstance(done, str) else None
 
     def _scratch(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
@@ -262,36 +333,46 @@ class _Reads:
         for _, _, future, _ in self._ahead:
             future.cancel()
         self._ahead.clear()
+        self._fetch.close()
 
 
-def _read(
-    reads: _Reads, plans: list[_Plan], pipeline: Pipeline, keep: bool, out: list[Any]
+def _read(  # noqa: PLR0917 - one call site
+    reads: _Reads,
+    plans: list[_Plan],
+    pipeline: Pipeline,
+    keep: bool,
+    out: list[Any],
+    hashed: dict[int, str],
 ) -> list[tuple[int, Shard]]:
     """Reads, hashes (in the background) and places every planned shard;
-    returns what was fed to ``pipeline``, in order."""
+    returns what was read, in order: the digests of the shards the fetch
+    hashed itself go to ``hashed``, the others' are ``pipeline``'s, under
+    the same place in that order."""
     fed: list[tuple[int, Shard]] = []
     # per hashing worker, the buffers it may still read: each hashes its chunks
     # in order, so a buffer is done with once DEPTH + 1 later ones were fed to it
     hashing: dict[int, collections.deque[np.ndarray[Any, Any] | None]] = {}
     try:
         for _ in range(len(reads)):
-            plan, shard, arr = reads.next()
-            flat: Any = arr.reshape(-1).view(np.uint8)
-            lane = pipeline.lane(len(fed))
-            try:
-                pipeline.feed(len(fed), memoryview(flat))
-            except Exception as e:
-                raise unhashable(plan.record.path, e) from e
-            fed.append((plan.key, shard))
+            plan, shard, arr, found = reads.next()
             kept = keep and any(piece.buf is arr for piece in plan.pieces)
+            if found is None:
+                lane = _feed(pipeline, len(fed), plan, arr)
+            else:
+                hashed[len(fed)] = found  # hashed as it was read: nothing to wait for
+            fed.append((plan.key, shard))
             if keep:
                 _scatter(plan, shard, arr)
-            ring = hashing.setdefault(lane, collections.deque())
-            ring.append(None if kept else arr)
-            if len(ring) > DEPTH + 1:
-                done = ring.popleft()
-                if done is not None:
-                    reads.reuse(done)
+            if found is not None:
+                if not kept:
+                    reads.reuse(arr)
+            else:
+                ring = hashing.setdefault(lane, collections.deque())
+                ring.append(None if kept else arr)
+                if len(ring) > DEPTH + 1:
+                    done = ring.popleft()
+                    if done is not None:
+                        reads.reuse(done)
             plan.left -= 1
             if keep and plan.left == 0:
                 out[plan.key] = _place(plan)
@@ -305,10 +386,21 @@ def _read(
     return fed
 
 
+def _feed(pipeline: Pipeline, n: int, plan: _Plan, arr: np.ndarray[Any, Any]) -> int:
+    """Hands a shard's bytes to ``pipeline`` as item ``n``; the lane."""
+    flat: Any = arr.reshape(-1).view(np.uint8)
+    lane = pipeline.lane(n)
+    try:
+        pipeline.feed(n, memoryview(flat))
+    except Exception as e:
+        raise unhashable(plan.record.path, e) from e
+    return lane
+
+
 def read_verified(
     where: str,
     manifest: Manifest,
-    names: Sequence[str],
+    fetch: Fetch,
     targets: Sequence[Any],
     *,
     local: bool = False,
@@ -321,7 +413,7 @@ def read_verified(
     Args:
       where: the checkpoint directory (for messages).
       manifest: its parsed manifest.
-      names: orbax's name of every stored array, in the manifest's order.
+      fetch: where the saved shards' bytes come from (``StoredArrays``).
       targets: a sharding per array, or None for an array left unread.
       local: this process alone: no collective, nothing exchanged.
       keep: place the arrays; with False every shard is read and hashed
@@ -340,21 +432,24 @@ def read_verified(
     out: list[Any] = [None] * len(manifest.arrays)
     flags = np.zeros(len(manifest.arrays), dtype=np.uint8)
     failure: Exception | None = None
+    first: str | None = None
     items = max(1, sum(len(p.shards) for p in plans))
     # shards of a few MiB: each hashed whole on one core, several at once
     largest = max((s.size * p.record.dtype.itemsize for p in plans for s in p.shards), default=0)
     whole = largest <= WHOLE_MAX
     with Pipeline(manifest.hash, items=items, whole=whole) as pipeline:
         try:
-            reads = _Reads(where, f"{where}/{manifest.data}", names, plans, keep)
-            fed = _read(reads, plans, pipeline, keep, out)
+            reads = _Reads(where, fetch, manifest.arrays, plans, keep)
+            hashed: dict[int, str] = {}
+            fed = _read(reads, plans, pipeline, keep, out, hashed)
             try:
-                found = pipeline.digests()
+                found = pipeline.digests() | hashed
             except Exception as e:
                 raise unhashable(manifest.arrays[fed[0][0]].path if fed else "", e) from e
             for n, (key, shard) in enumerate(fed):
                 if found.get(n) != shard.digest:
                     flags[key] = 1
+                    first = first or fetch.name(key, shard)
         except Exception as e:  # noqa: BLE001 - the exchange below must still happen
             failure = e
             out.clear()
@@ -377,5 +472,5 @@ def read_verified(
         )
     bad = [k for k in range(len(manifest.arrays)) if agreed[k]]
     if bad:
-        raise shard_error(where, [manifest.arrays[k].path for k in bad], manifest.hash)
+        raise shard_error(where, [manifest.arrays[k].path for k in bad], manifest.hash, first)
     return out

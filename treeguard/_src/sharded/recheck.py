@@ -12,14 +12,14 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .load import check_received
-from .manifest import Manifest, read_with_digest
+from .manifest import Manifest
 from .orbax_io import param_names
 from .reader import read_verified
+from .source import Source, as_source
 
 
 def read_local(
-    directory: str | os.PathLike[str], /, *, digest: str | None = None, keep: bool = True
+    directory: str | os.PathLike[str] | Source, /, *, digest: str | None = None, keep: bool = True
 ) -> tuple[Manifest, str, Any]:
     """Every array of ``directory`` onto this process's first device, each
     shard's digest checked before it returns.
@@ -43,13 +43,14 @@ def read_local(
     """
     import jax  # lazy: reading files never imports jax
 
-    where = os.path.abspath(os.fspath(directory))
-    manifest, found = read_with_digest(where, expect=digest)  # compared before it is parsed
-    check_received(where, manifest)
+    source = as_source(directory)
+    where = source.where
+    manifest, found = source.manifest(digest)  # compared before it is parsed
     n = len(manifest.arrays)
     hint = "load it with `treeguard.load_sharded(DIR, like)`"
     names = param_names(manifest.tree_of(list(range(n)), where, hint=hint))
     device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-    restored = read_verified(where, manifest, names, [device] * n, local=True, keep=keep)
+    fetch = source.fetch(manifest, names)
+    restored = read_verified(where, manifest, fetch, [device] * n, local=True, keep=keep)
     tree = jax.tree.unflatten(manifest.spec.treedef, restored) if keep else None
     return manifest, found, tree

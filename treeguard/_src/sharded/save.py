@@ -20,7 +20,7 @@ from ..leaf import describe_sharding
 from ..paths import keystr
 from ..spec import TreeSpec, spec_of
 from . import hosts
-from .digests import local_digests
+from .digests import Index, local_digests
 from .manifest import (
     MANIFEST_NAME,
     ArrayRecord,
@@ -105,6 +105,42 @@ def save_sharded(
     """
     algorithm = check_algorithm(digest)
     meta = metadata_json(metadata)
+    spec, leaves, paths = checked_leaves(tree)
+    directory = os.path.abspath(os.fspath(directory))
+    os.makedirs(directory, exist_ok=True)
+    data = hosts.broadcast_text(new_data_name())
+    with concurrent.futures.ThreadPoolExecutor(1) as background:
+        hashing = background.submit(lambda: list(local_digests(leaves, algorithm)))
+        write_arrays(os.path.join(directory, data), tree)
+        digests = hashing.result()
+    gathered = hosts.allgather_bytes(digests_json(digests))
+    failure = b""
+    if hosts.process_index() == 0:
+        try:
+            manifest = manifest_of(data, spec, meta, paths, leaves, gathered, algorithm)
+            write(directory, manifest)
+            _remove_stale(directory, data)
+        except Exception as e:  # noqa: BLE001 - every process must hear of it
+            failure = f"{type(e).__name__}: {e}".encode("utf-8", "replace")[:500] or b"?"
+            error: Exception = e
+    outcome = hosts.allgather_bytes(failure)[0]  # also the barrier after the commit
+    if failure:
+        raise error
+    if outcome:
+        raise OSError(
+            f"{directory}: process 0 could not finish the save: {outcome.decode()}\n"
+            "hint: unless its manifest was written, the previous checkpoint is still current"
+        )
+
+
+def checked_leaves(tree: Any) -> tuple[TreeSpec, list[Any], list[str]]:
+    """The spec (with shardings), the leaves and their paths of a tree
+    ``save_sharded`` can store.
+
+    Raises:
+      InvalidTreeError: for typed PRNG keys or leaves that are not
+        ``jax.Array``s (and as ``spec_of`` does).
+    """
     spec = spec_of(tree, sharding=True)
     leaves = jax.tree.leaves(tree)
     paths = [keystr(p) for p in spec.paths]
@@ -129,34 +165,15 @@ def save_sharded(
         raise InvalidTreeError(
             unplaced, hint="place them first, e.g. `jax.device_put(x, NamedSharding(mesh, spec))`"
         )
-    directory = os.path.abspath(os.fspath(directory))
-    os.makedirs(directory, exist_ok=True)
-    data = hosts.broadcast_text(new_data_name())
-    with concurrent.futures.ThreadPoolExecutor(1) as background:
-        hashing = background.submit(lambda: list(local_digests(leaves, algorithm)))
-        write_arrays(os.path.join(directory, data), tree)
-        digests = hashing.result()
-    mine = [[i, [list(p) for p in index], h] for i, index, h in digests]
-    gathered = hosts.allgather_bytes(json.dumps(mine).encode("ascii"))
-    failure = b""
-    if hosts.process_index() == 0:
-        try:
-            _commit(directory, data, spec, meta, paths, leaves, gathered, algorithm)
-        except Exception as e:  # noqa: BLE001 - every process must hear of it
-            failure = f"{type(e).__name__}: {e}".encode("utf-8", "replace")[:500] or b"?"
-            error: Exception = e
-    outcome = hosts.allgather_bytes(failure)[0]  # also the barrier after the commit
-    if failure:
-        raise error
-    if outcome:
-        raise OSError(
-            f"{directory}: process 0 could not finish the save: {outcome.decode()}\n"
-            "hint: unless its manifest was written, the previous checkpoint is still current"
-        )
+    return spec, leaves, paths
 
 
-def _commit(  # noqa: PLR0917 - one call site
-    directory: str,
+def digests_json(digests: list[tuple[int, Index, str]]) -> bytes:
+    """This process's ``(leaf, index, digest)`` of each shard, to gather."""
+    return json.dumps([[i, [list(p) for p in index], h] for i, index, h in digests]).encode()
+
+
+def manifest_of(  # noqa: PLR0917 - two call sites
     data: str,
     spec: TreeSpec,
     meta: dict[str, Any],
@@ -164,9 +181,9 @@ def _commit(  # noqa: PLR0917 - one call site
     leaves: list[Any],
     gathered: list[bytes],
     algorithm: Algorithm,
-) -> None:
-    """Process 0: the manifest from every process's digests, written last,
-    then the previous save's data removed."""
+) -> Manifest:
+    """The manifest of a save, from every process's gathered digests
+    (``digests_json``, in process order)."""
     shards: list[list[Shard]] = [[] for _ in leaves]
     for process, raw in enumerate(gathered):
         for i, index, h in json.loads(raw):
@@ -181,6 +198,4 @@ def _commit(  # noqa: PLR0917 - one call site
         )
         for path, leaf, s in zip(paths, leaves, shards)
     )
-    manifest = Manifest(data, spec, hosts.process_count(), environment(), meta, arrays, algorithm)
-    write(directory, manifest)
-    _remove_stale(directory, data)
+    return Manifest(data, spec, hosts.process_count(), environment(), meta, arrays, algorithm)

@@ -18,12 +18,15 @@ primitives a bucket offers, conditional writes, so it needs no lock:
       versions/NAME/tensors.json    in a dedup store, the manifest instead,
                                     create-only (tensors.py), its tensors
                                     under tensors/ and gc's marks under doomed/
+      versions/NAME/treeguard.sharded.json   a sharded version's manifest instead,
+                                    create-only, written last; its shards under
+                                    versions/NAME/data-HEX/ (bucketshards.py)
       versions/NAME/verdict.json    the verdict, create-only: never replaced
 
 Nothing the store wrote is overwritten, but the marker and the pointer,
 and those only by compare-and-swap. Every read of a checkpoint goes
-through the checkpoint reader (bucketreads.py), every hash checked. Sharded
-versions are not kept in a bucket.
+through the checkpoint reader (bucketreads.py), every hash checked, a
+sharded version's through the sharded reader.
 """
 
 from __future__ import annotations
@@ -45,9 +48,12 @@ from ..errors import (
     UnknownVersionError,
 )
 from ..hashing import Algorithm
-from . import records, tensors
+from ..hashing import digest as hash_bytes
+from ..sharded.manifest import MANIFEST_NAME, metadata_json, new_data_name
+from ..spec import TreeSpec
+from . import bucketshards, records, tensors
+from .bucketgc import OWN_OBJECTS, VERDICT_FILE, BucketGc
 from .bucketreads import BucketReads, version_object
-from .exported import ARTIFACT_FILE, META_FILE
 from .layout import (
     AUTO_RE,
     MARKER_FILE,
@@ -57,13 +63,13 @@ from .layout import (
     STORE_FORMAT,
     check_name,
 )
+from .lead import lead_acts, not_made, not_recorded
 from .log import Event
 from .log import parse as parse_event
 from .objects import ObjectStorage
 from .storage import Conflict
 from .tensors import TENSORS_FILE
 
-VERDICT_FILE = "verdict.json"
 #: What a verdict object may set in a version's record (never its uid or sizes).
 VERDICT_FIELDS = frozenset(
     (
@@ -78,8 +84,6 @@ VERDICT_FIELDS = frozenset(
         "exported",
     )
 )
-#: The objects a version holds; gc leaves a version holding anything else.
-OWN_OBJECTS = (STATUS_FILE, VERDICT_FILE, MODEL_FILE, ARTIFACT_FILE, META_FILE, TENSORS_FILE)
 #: How many times a compare-and-swap of the marker is tried before giving up.
 _MARKER_TRIES = 64
 #: How many auto-numbered names a put tries when each is taken.
@@ -100,7 +104,7 @@ class _Doomed(Exception):
     """A put's manifest was taken back: gc marked one of its objects."""
 
 
-class BucketBackend(BucketReads):
+class BucketBackend(BucketReads, BucketGc):
     """The store's primitives under a bucket URL (see backend.py).
 
     Args:
@@ -303,19 +307,29 @@ class BucketBackend(BucketReads):
         else:
             data = checkpoint_bytes(tree, metadata=user, digest=digest)  # one upload needs it all
             header = tensors.header_of(data, len(data), self.root)
-            version = self._reserve(version, MODEL_FILE, data, _candidate(user, header, "file"))
+            record = _candidate(user, "file", header.spec, header.digest)
+            version = self._reserve(version, MODEL_FILE, data, record)
             leaf = MODEL_FILE
-        if self.retired(version):  # gc took the data for a dead put's: undo, refuse
-            for name in (STATUS_FILE, leaf):
-                self.storage.delete(version_object(version, name))
-            raise StoreError(
-                f"version {version} was removed by gc while it was put; nothing of it is kept",
-                version=version,
-                context=self.root,
-                hint="put it again",
-            )
+        self._unless_retired(version, (STATUS_FILE, leaf))
         self.append("put", version, {"status": "candidate"})
         return version
+
+    def _unless_retired(self, version: str, leaves: tuple[str, ...], data: str = "") -> None:
+        """Undoes a put whose name gc retired while it ran (gc took its data
+        for a dead put's): deletes its ``leaves`` (the record first) and its
+        shard objects under ``data``, and refuses."""
+        if not self.retired(version):
+            return
+        for name in leaves:
+            self.storage.delete(version_object(version, name))
+        if data:
+            bucketshards.discard(self.storage, version_object(version, data))
+        raise StoreError(
+            f"version {version} was removed by gc while it was put; nothing of it is kept",
+            version=version,
+            context=self.root,
+            hint="put it again",
+        )
 
     def _put_tensors(
         self, tree: Any, user: dict[str, Any], version: str | None, digest: Algorithm
@@ -329,7 +343,7 @@ class BucketBackend(BucketReads):
             def ready() -> bool:
                 return not tensors.doomed_among(self.storage, objects)
 
-            record = _candidate(user, header, "tensors")
+            record = _candidate(user, "tensors", header.spec, header.digest)
             try:
                 names.append(self._reserve(version, TENSORS_FILE, raw, record, ready))
             except _Doomed:
@@ -343,13 +357,67 @@ class BucketBackend(BucketReads):
     def put_sharded(
         self, tree: Any, user: dict[str, Any], version: str | None, digest: Algorithm
     ) -> str:
+        """Process 0 picks the name and the data prefix; every process writes
+        its shards (bucketshards.py); once all are confirmed, process 0
+        writes the manifest, then the record. Until the manifest is there no
+        version is seen, and gc removes what a put that died left."""
+        from ..sharded.save import checked_leaves  # lazy: jax
+
+        spec, leaves, paths = checked_leaves(tree)  # every process refuses before any write
+        chosen = lead_acts(lambda: self._begin_sharded(version), failed=not_made(self.root))
+        name, seq, data = chosen.decode("ascii").split()
+        prefix = version_object(name, data)
+        try:
+            gathered = bucketshards.put_everywhere(self.storage, prefix, leaves, digest)
+            lead_acts(  # also the barrier after the record
+                lambda: self._finish_sharded(
+                    name, int(seq), data, (spec, leaves, paths), user, [digest, gathered]
+                ),
+                failed=not_recorded(name, self.root, left="nothing of it is kept"),
+            )
+        except BaseException:
+            if bucketshards.process_index() == 0:
+                with contextlib.suppress(StorageError):
+                    bucketshards.discard(self.storage, prefix)
+            raise
+        return name
+
+    def _begin_sharded(self, version: str | None) -> bytes:
+        """Process 0: ``NAME SEQ DATA`` of a sharded put."""
+        self.require()
+        for _ in range(_NAME_TRIES):
+            chosen = self._choose(version)
+            if chosen is not None:
+                return f"{chosen[0]} {chosen[1]} {new_data_name()}".encode("ascii")
         raise StoreError(
-            "a sharded version cannot be kept in a bucket yet: orbax does not write to "
-            "s3:// URLs; nothing was written",
+            f"no free version name after {_NAME_TRIES} tries",
             context=self.root,
-            hint="put the tree whole with store.put(tree), or keep sharded versions in a "
-            "local store",
+            hint="too many writers at once; try again",
         )
+
+    def _finish_sharded(  # noqa: PLR0917 - one call site
+        self,
+        name: str,
+        seq: int,
+        data: str,
+        tree: tuple[Any, list[Any], list[str]],
+        user: dict[str, Any],
+        hashed: list[Any],
+    ) -> bytes:
+        """Process 0: the manifest from every process's digests, then the
+        record, then the put's event."""
+        from ..sharded.save import manifest_of  # lazy: jax
+
+        spec, leaves, paths = tree
+        algorithm, gathered = hashed
+        manifest = manifest_of(data, spec, metadata_json(user), paths, leaves, gathered, algorithm)
+        raw = manifest.to_json().encode("utf-8")
+        record = _candidate(user, "sharded", spec, hash_bytes(raw, algorithm))
+        if not self._commit(name, seq, MANIFEST_NAME, raw, record):
+            raise _exists(name, self.root)
+        self._unless_retired(name, (STATUS_FILE, MANIFEST_NAME), data)
+        self.append("put", name, {"status": "candidate"})
+        return b""
 
     def retired(self, version: str) -> bool:
         return self.storage.read(f"retired/{version}", limit=1024, what="retired name") is not None
@@ -366,56 +434,89 @@ class BucketBackend(BucketReads):
         record: dict[str, Any],
         ready: Callable[[], bool] = lambda: True,
     ) -> str:
-        """Writes the checkpoint object ``leaf`` (create-only; a tensors
-        version's manifest, taken back with ``_Doomed`` raised unless
-        ``ready()`` once it is written), then the record
-        (create-only, with the put's place in the marker's order): a record
-        is never seen without its data. The record, whose uid is random,
-        decides whose the version is: two puts of the same bytes under one
-        name both find the checkpoint object theirs (``create`` confirms the
-        bytes, not the writer), and only one makes the record. Returns the
-        name."""
+        """Picks a name (``_choose``) and writes the checkpoint object
+        ``leaf`` and the record there (``_commit``), under another name when
+        an auto-numbered one was taken meanwhile. Returns the name."""
         for _ in range(_NAME_TRIES):
-            marker = self._bump(lambda m: m | {"seq": int(m.get("seq", 0)) + 1})
-            name = version
-            if name is None:
-                taken = [
-                    int(m.group(1))
-                    for n in [*self.storage.list("versions"), *self.storage.list("retired")]
-                    if (m := AUTO_RE.match(n))
-                ]
-                number = max([int(marker.get("counter", 0)), *taken]) + 1
-                name = f"v{number:06d}"
-            if self.retired(name):
-                if version is None:
-                    continue
-                raise StoreError(
-                    f"version {name} existed and was removed by gc; a name is never reused",
-                    version=name,
-                    context=self.root,
-                    hint="pick another name",
-                )
-            if version is not None and set(self.storage.list(f"versions/{name}")) & set(
-                OWN_OBJECTS
-            ):
-                raise _exists(name, self.root)  # before the upload
-            if not isinstance(self.storage.create(version_object(name, leaf), data), Conflict):
-                if not ready():
-                    self.storage.delete(version_object(name, leaf))
-                    raise _Doomed
-                body = _dumps(
-                    record | {"seq": int(marker["seq"]), "format": STORE_FORMAT, "version": name}
-                )
-                if not isinstance(
-                    self.storage.create(version_object(name, STATUS_FILE), body), Conflict
-                ):
-                    return name
+            chosen = self._choose(version)
+            if chosen is None:
+                continue
+            if self._commit(*chosen, leaf, data, record, ready):
+                return chosen[0]
             if version is not None:
-                raise _exists(name, self.root)
+                raise _exists(chosen[0], self.root)
         raise StoreError(
             f"no free version name after {_NAME_TRIES} tries",
             context=self.root,
             hint="too many writers at once; try again",
+        )
+
+    def _choose(self, version: str | None) -> tuple[str, int] | None:
+        """A name for a put and its place in the marker's order (``seq``),
+        both taken by one compare-and-swap of the marker: an auto-numbered
+        name is the marker's ``counter``, moved past every name listed, so
+        two puts never pick the same one. None when that name was retired.
+
+        Raises:
+          StoreError: for a given name that is retired or already a version.
+        """
+        taken = (
+            []
+            if version is not None
+            else [
+                int(m.group(1))
+                for n in [*self.storage.list("versions"), *self.storage.list("retired")]
+                if (m := AUTO_RE.match(n))
+            ]
+        )
+
+        def step(m: dict[str, Any]) -> dict[str, Any]:
+            out = m | {"seq": int(m.get("seq", 0)) + 1}
+            if version is None:
+                out["counter"] = max([int(m.get("counter", 0)), *taken]) + 1
+            return out
+
+        marker = self._bump(step)
+        name = version or f"v{int(marker['counter']):06d}"
+        if self.retired(name):
+            if version is None:
+                return None
+            raise StoreError(
+                f"version {name} existed and was removed by gc; a name is never reused",
+                version=name,
+                context=self.root,
+                hint="pick another name",
+            )
+        if version is not None and set(self.storage.list(f"versions/{name}")) & set(OWN_OBJECTS):
+            raise _exists(name, self.root)  # before the upload
+        return name, int(marker["seq"])
+
+    def _commit(  # noqa: PLR0917 - two call sites
+        self,
+        name: str,
+        seq: int,
+        leaf: str,
+        data: bytes | memoryview,
+        record: dict[str, Any],
+        ready: Callable[[], bool] = lambda: True,
+    ) -> bool:
+        """Writes the checkpoint object ``leaf`` (create-only; a tensors
+        version's manifest, taken back with ``_Doomed`` raised unless
+        ``ready()`` once it is written), then the record (create-only, with
+        the put's place ``seq`` in the marker's order): a record is never
+        seen without its data. The record, whose uid is random, decides
+        whose the version is: two puts of the same bytes under one name both
+        find the checkpoint object theirs (``create`` confirms the bytes,
+        not the writer), and only one makes the record. Whether this put
+        made it."""
+        if isinstance(self.storage.create(version_object(name, leaf), data), Conflict):
+            return False
+        if not ready():
+            self.storage.delete(version_object(name, leaf))
+            raise _Doomed
+        body = _dumps(record | {"seq": seq, "format": STORE_FORMAT, "version": name})
+        return not isinstance(
+            self.storage.create(version_object(name, STATUS_FILE), body), Conflict
         )
 
     # -- verify ----------------------------------------------------------
@@ -443,66 +544,6 @@ class BucketBackend(BucketReads):
             )
         return records.parse(_dumps(record | verdict), self.storage.where(name))
 
-    # -- gc --------------------------------------------------------------
-
-    def remove(self, version: str, *, retired: bool) -> bool:
-        """Deletes the record first: the version is gone from the moment its
-        record is, and a remove killed after that leaves objects under a
-        retired name, which the next gc deletes. A version gc did not retire
-        (it had no finished record when gc listed) is never deleted once it
-        has a record: only the data of a put that died before its record."""
-        held = set(self.storage.list(f"versions/{version}"))
-        if not held <= set(OWN_OBJECTS):
-            return False  # objects the store did not write: a person must look
-        try:
-            self._record(version)
-        except UnknownVersionError:
-            if held and STATUS_FILE not in held and self.retired(version):
-                return self._delete(version, held)  # a remove killed after the record went
-            if held not in ({MODEL_FILE}, {TENSORS_FILE}):
-                return False  # nothing there, or a verdict without a record: a person must look
-            return self._remove_unrecorded(version, held.pop())
-        except (StoreError, FormatError):
-            return False  # never delete what cannot be read: a person must look
-        if not retired:
-            return False  # its record appeared after gc listed it: not what gc decided on
-        self.retire(version)  # (again) before anything is deleted
-        return self._delete(version, set(OWN_OBJECTS))
-
-    def _delete(self, version: str, held: set[str]) -> bool:
-        for leaf in OWN_OBJECTS:  # the record first: a version never lacks its data
-            if leaf in held:
-                self.storage.delete(version_object(version, leaf))
-        return True
-
-    def _remove_unrecorded(self, version: str, leaf: str) -> bool:
-        """Removes the checkpoint object (or manifest) of a put that died
-        before its record.
-
-        The name is retired first; a put still running checks for that after
-        writing its record, and undoes itself. If its record appeared
-        meanwhile, that put finished first: its version is kept (with its
-        name retired, so never made current: put it again to use it). The
-        record is looked for before the name is retired too, so only a put
-        that finishes inside that window leaves a version so retired."""
-        status = version_object(version, STATUS_FILE)
-        if self.storage.read(status, limit=SMALL_FILE_LIMIT, what="status file"):
-            return False  # its put finished since gc listed it
-        self.retire(version)
-        if self.storage.read(
-            version_object(version, STATUS_FILE), limit=SMALL_FILE_LIMIT, what="status file"
-        ):
-            return False
-        self.storage.delete(version_object(version, leaf))
-        return True
-
-    def after_gc(self) -> None:
-        """Deletes the tensor objects no version refers to (tensors.py);
-        gc deletes whole versions, and leaves no temporary objects."""
-        removed = tensors.sweep(self.storage)
-        if removed != []:
-            self.append("sweep", None, tensors.summary(removed))
-
 
 def _exists(version: str, root: str) -> StoreError:
     return StoreError(
@@ -521,9 +562,9 @@ def check_name_or_none(name: str) -> str | None:
         return None
 
 
-def _candidate(user: dict[str, Any], header: Header, kind: str) -> dict[str, Any]:
-    """The record of a version put as a candidate, of ``header``'s checkpoint."""
-    spec = header.spec
+def _candidate(user: dict[str, Any], kind: str, spec: TreeSpec, digest: str) -> dict[str, Any]:
+    """The record of a version of ``kind`` put as a candidate: its sizes
+    from ``spec``, ``digest`` the one its reads are checked against."""
     return {
         "status": "candidate",
         "uid": secrets.token_hex(16),
@@ -533,5 +574,5 @@ def _candidate(user: dict[str, Any], header: Header, kind: str) -> dict[str, Any
         "num_leaves": spec.num_leaves,
         "num_params": spec.num_params,
         "nbytes": spec.nbytes,
-        "stored_digest": header.digest,
+        "stored_digest": digest,
     }

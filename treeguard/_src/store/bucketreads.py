@@ -11,6 +11,7 @@ version, with the verdict's.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from typing import Any
@@ -18,15 +19,21 @@ from typing import Any
 from ..checkpoint import Header
 from ..checkpoint.files import read_raw_header
 from ..checkpoint.read import checked_header, load_source, verify_source
-from ..errors import FormatError, IntegrityError, UnknownVersionError
+from ..errors import FormatError, IntegrityError, StoreError, UnknownVersionError
 from ..hashing import Source
+from ..sharded.manifest import MANIFEST_NAME
 from ..spec import TreeSpec
 from . import gates
 from .backend import Record, Wanted
+from .bucketshards import BucketShards
 from .layout import MODEL_FILE
 from .objects import ObjectReader, ObjectStorage
+from .payload import ShardedPayload
+from .records import is_sharded
 from .tensorread import opened
 from .tensors import AREA, MANIFEST_LIMIT, TENSORS_FILE, parse_manifest
+
+_SHARDED = ShardedPayload()
 
 
 def version_object(version: str, leaf: str) -> str:
@@ -34,6 +41,8 @@ def version_object(version: str, leaf: str) -> str:
 
 
 def _leaf(record: Record) -> str:
+    if is_sharded(record):
+        return MANIFEST_NAME
     return TENSORS_FILE if record.get("kind") == "tensors" else MODEL_FILE
 
 
@@ -47,6 +56,13 @@ class BucketReads:
 
     def _where(self, version: str, record: Record) -> str:
         return self.storage.where(version_object(version, _leaf(record)))
+
+    @contextlib.contextmanager
+    def _shards(self, version: str, record: Record) -> Iterator[BucketShards]:
+        """A sharded version as the sharded reader's source, with the errors
+        of reading it naming the version."""
+        with gates.reading(version, since="put", where=self._where(version, record)):
+            yield BucketShards(self.storage, version, self._missing)
 
     def _missing(self, version: str, name: str) -> Exception:
         if self.retired(version):
@@ -100,27 +116,49 @@ class BucketReads:
     def load(self, version: str, location: str, record: dict[str, Any], want: Wanted) -> Any:
         # a candidate has no verdict yet: the digest recorded at put is the one to find
         expected = want.digest or record.get("stored_digest")
+        if is_sharded(record):
+            with self._shards(version, record) as source:
+                return _SHARDED.load(version, source, dataclasses.replace(want, digest=expected))
         with self._reader(version, record) as reader:  # fetches what the reader announces
             where = self._where(version, record)
             return load_source(reader, where, want.like, expected, want.subtree, want.ignore)
 
     def stored_spec(self, version: str, location: str, record: dict[str, Any]) -> TreeSpec:
+        if is_sharded(record):
+            with self._shards(version, record) as source:
+                return source.manifest(record.get("stored_digest"))[0].spec
         with self._reader(version, record) as reader:
             return self._header(version, record, reader).spec
 
     def checkpoint_source(self, version: str, location: str) -> AbstractContextManager[Source]:
-        return self._reader(version, self._record(version))
+        record = self._record(version)
+        if is_sharded(record):
+            raise StoreError(
+                f"version {version} is sharded: it has no checkpoint file to copy",
+                version=version,
+                context=self._where(version, record),
+                hint="load it onto a mesh with store.load_version(version, like)",
+            )
+        return self._reader(version, record)
 
     def check_payload(self, version: str, location: str, record: dict[str, Any]) -> None:
         """Nothing to look at: every object is read by name."""
 
     def recheck(self, version: str, location: str, record: dict[str, Any], digest: str) -> None:
+        if is_sharded(record):
+            with self._shards(version, record) as source:
+                _SHARDED.recheck(source, digest)
+            return
         with self._reader(version, record) as reader:
             verify_source(reader, self._where(version, record), expect_digest=digest)
 
     def read_for_verdict(
         self, version: str, record: Record, contract: Any, digests: list[str]
     ) -> Any:
+        if is_sharded(record):
+            digests.append(str(record.get("stored_digest")))
+            with self._shards(version, record) as source:
+                return _SHARDED.read_source(source, contract, digests[0])
         with self._reader(version, record) as reader:
             digests.append(self._header(version, record, reader).digest)
             where = self._where(version, record)

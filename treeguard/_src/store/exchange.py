@@ -38,6 +38,7 @@ from ..sharded.manifest import read as read_manifest
 from . import gates, payload
 from .backend import Backend, Record
 from .layout import MODEL_FILE
+from .objects import is_url
 from .records import is_sharded
 from .signing import VerdictSigner
 
@@ -108,6 +109,14 @@ def _checked_copy(
     manifest and data) into ``staging``, then reads the copy again, every
     tensor or shard hashed, refusing any digest but the verdict's."""
     location, record, digest = gated
+    if is_sharded(record) and is_url(location):
+        raise StoreError(
+            f"version {version} is sharded and kept in a bucket: exporting it is not supported",
+            version=version,
+            context=location,
+            hint="load it onto a mesh with store.load_verified(version, like), or put the tree "
+            "whole (store.put) and export that version",
+        )
     if is_sharded(record):
         _copy_sharded(location, staging)
     else:  # a tensors version is written as the one file it stands for

@@ -47,3 +47,24 @@ def lead_acts(act: Callable[[], bytes], *, failed: Callable[[str], StoreError]) 
     if not heard.startswith(b"+"):
         raise failed(heard[1:].decode("utf-8", "replace"))
     return heard[1:]
+
+
+def not_made(root: str) -> Callable[[str], StoreError]:
+    """``lead_acts``'s ``failed`` for a put whose version process 0 could
+    not make (nothing was written)."""
+    return lambda why: StoreError(
+        f"process 0 could not make the version: {why}",
+        context=root,
+        hint="see process 0's error; nothing was written",
+    )
+
+
+def not_recorded(version: str, root: str, *, left: str) -> Callable[[str], StoreError]:
+    """``lead_acts``'s ``failed`` for a put whose version process 0 could
+    not record; ``left``: what is left of it."""
+    return lambda why: StoreError(
+        f"process 0 could not record version {version}: {why}",
+        version=version,
+        context=root,
+        hint=f"see process 0's error; {left}",
+    )

@@ -35,7 +35,7 @@ from ..spec import TreeSpec
 from . import deleter, gates, log, payload, records, tensors
 from .backend import Record, Wanted
 from .layout import AUTO_RE, MODEL_FILE, STATUS_FILE, Layout
-from .lead import lead_acts
+from .lead import lead_acts, not_made, not_recorded
 from .log import Event
 
 
@@ -183,14 +183,7 @@ class LocalBackend:
             with self.layout.locked():
                 return self._reserve(version, user, "sharded")[0].encode("ascii")
 
-        version = lead_acts(
-            reserve,
-            failed=lambda why: StoreError(
-                f"process 0 could not make the version: {why}",
-                context=self.root,
-                hint="see process 0's error; nothing was written",
-            ),
-        ).decode("ascii")
+        version = lead_acts(reserve, failed=not_made(self.root)).decode("ascii")
         path = self.layout.version_dir(version)
         try:
             with _out_of_space_is_typed(version, path):
@@ -199,11 +192,8 @@ class LocalBackend:
                 )
             lead_acts(  # also the barrier after the record
                 lambda: self._finish_sharded(version, path),
-                failed=lambda why: StoreError(
-                    f"process 0 could not record version {version}: {why}",
-                    version=version,
-                    context=self.root,
-                    hint="see process 0's error; the version stays unfinished until gc",
+                failed=not_recorded(
+                    version, self.root, left="the version stays unfinished until gc"
                 ),
             )
         except BaseException:

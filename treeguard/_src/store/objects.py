@@ -258,11 +258,16 @@ class ObjectStorage:
         )
 
     def read(self, name: str, *, limit: int, what: str) -> tuple[bytes, str] | None:
+        found = self.read_buffer(name, limit=limit, what=what)
+        return None if found is None else (bytes(found[0]), found[1])
+
+    def read_buffer(self, name: str, *, limit: int, what: str) -> tuple[memoryview, str] | None:
+        """As ``read``, the bytes as the client holds them (no copy made)."""
         import obstore  # lazy: the optional [s3] extra
 
         check_object_name(name)
 
-        def get() -> tuple[bytes, str] | None:
+        def get() -> tuple[memoryview, str] | None:
             try:
                 result = obstore.get(self._store, name)
             except FileNotFoundError as e:
@@ -275,7 +280,7 @@ class ObjectStorage:
                     context=self.where(name),
                     hint="the store writes this object itself; restore it from a backup",
                 )
-            return bytes(result.bytes()), self._tag(result.meta)
+            return memoryview(result.bytes()), self._tag(result.meta)
 
         return self._idempotent("reading", name, get)
 
@@ -348,6 +353,18 @@ class ObjectStorage:
             return sorted(out)
 
         return self._idempotent("listing", prefix or "/", names)
+
+    def total_size(self, prefix: str) -> int:
+        """The bytes of the objects directly under ``prefix`` (one listing)."""
+        import obstore  # lazy: the optional [s3] extra
+
+        base = check_object_name(prefix) + "/"
+
+        def size() -> int:
+            found = obstore.list_with_delimiter(self._store, base)
+            return sum(int(o["size"]) for o in found["objects"])
+
+        return self._idempotent("listing", prefix, size)
 
     def delete(self, name: str) -> None:
         import obstore  # lazy: the optional [s3] extra

@@ -30,6 +30,7 @@ from ..checkpoint.read import load_source, verify_source
 from ..errors import FormatError, TreeMismatchError
 from ..sharded.manifest import read as read_manifest
 from ..sharded.manifest import sharded_digest
+from ..sharded.source import Source, as_source
 from ..spec import TreeSpec, spec_of
 from .backend import Wanted
 from .layout import MODEL_FILE, Layout
@@ -122,7 +123,7 @@ class ShardedPayload:
     def digest_now(self, version_dir: str) -> str:
         return sharded_digest(version_dir)
 
-    def recheck(self, version_dir: str, digest: str) -> None:
+    def recheck(self, version_dir: str | Source, digest: str) -> None:
         """Reads every shard again in this process and checks its digest,
         refusing another manifest digest; holds one group of arrays at a
         time, and waits on no other process."""
@@ -130,7 +131,7 @@ class ShardedPayload:
 
         read_local(version_dir, digest=digest, keep=False)
 
-    def load(self, version: str, version_dir: str, want: Wanted) -> Any:
+    def load(self, version: str, version_dir: str | Source, want: Wanted) -> Any:
         """``load_sharded`` onto ``want.like``'s shardings with every shard
         hashed, refusing a manifest whose digest is not ``want.digest`` (when
         given) before any array is read (a collective in a multi-process job)."""
@@ -152,20 +153,28 @@ class ShardedPayload:
     ) -> Any:
         """Onto ``contract``'s shardings when it has them (every process of
         a job calls verify then), else whole onto this process's first device."""
+        layout.plain_tree(version_dir, version=version)
+        digests.append(sharded_digest(version_dir))
+        return self.read_source(version_dir, contract, digests[0])
+
+    @staticmethod
+    def read_source(source: str | Source, contract: Any, digest: str) -> Any:
+        """The read a verdict is computed on, refusing another manifest
+        digest: onto ``contract``'s shardings when it has them, else whole
+        onto this process's first device, checked against ``contract``."""
         from ..sharded.load import contract_mismatches, load_expecting  # lazy: orbax
         from ..sharded.recheck import read_local  # lazy: orbax and tensorstore
 
-        layout.plain_tree(version_dir, version=version)
-        digests.append(sharded_digest(version_dir))
         if shardable(contract):
-            return load_expecting(version_dir, contract, digest=digests[0])
-        manifest = read_manifest(version_dir)
-        if contract is not None:
-            want = contract if isinstance(contract, TreeSpec) else spec_of(contract)
-            found = contract_mismatches(manifest.spec, want)
-            if found:
-                raise TreeMismatchError(found, expected_from="`like`", actual_from="the checkpoint")
-        return read_local(version_dir, digest=digests[0])[2]
+            return load_expecting(source, contract, digest=digest)
+        if contract is None:
+            return read_local(source, digest=digest)[2]
+        manifest = as_source(source).manifest(digest)[0]
+        want = contract if isinstance(contract, TreeSpec) else spec_of(contract)
+        found = contract_mismatches(manifest.spec, want)
+        if found:
+            raise TreeMismatchError(found, expected_from="`like`", actual_from="the checkpoint")
+        return read_local(source, digest=digest)[2]
 
 
 class TensorsPayload:

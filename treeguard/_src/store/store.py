@@ -371,7 +371,8 @@ class ArtifactStore(GatedLoads, exchange.SignedModels):
         digest: Algorithm = DEFAULT,
     ) -> str:
         """Saves a tree of sharded ``jax.Array``s as a new candidate version,
-        through ``save_sharded``, into the version's directory.
+        through ``save_sharded``, into the version's directory; in a bucket,
+        each saved shard as its own create-only object and the manifest last.
 
         In a multi-process job every process calls it, with its part of the
         same global arrays, as it calls ``save_sharded``: process 0 picks
@@ -381,6 +382,9 @@ class ArtifactStore(GatedLoads, exchange.SignedModels):
         Until then the version is ``writing``: never verified, promoted or
         loaded, and removed by ``gc`` once its writer is gone, so a kill at
         any moment leaves the store, and its current version, as they were.
+        In a bucket no version is seen until process 0 has written the
+        manifest and the record, after every process's shards are confirmed;
+        gc removes the shards of a put that died before that.
 
         Args:
           tree: a pytree whose leaves are ``jax.Array``s.
