@@ -16,8 +16,9 @@ written. Every process writes the shards it holds (``ObjectStorage.create``:
 hashing engine hashes them; the digests are gathered, which is the barrier
 after every shard is confirmed, and process 0 writes the manifest, then
 the record (bucket.py). A read fetches only the shards its target shardings
-overlap (a ``subtree`` only its arrays'), each object whole, and the
-sharded reader hashes every byte against the manifest
+overlap (a ``subtree`` only its arrays'), each object whole in one GET
+streamed into the shard's buffer and hashed part by part as it lands
+there, and the sharded reader compares every digest with the manifest
 (``sharded/reader.py``).
 """
 
