@@ -163,6 +163,21 @@ def test_a_shard_object_gone_among_others_is_refused_naming_it(s3_url: str) -> N
     assert e.value.version == v and name in str(e.value), str(e.value)
 
 
+def test_a_shard_object_with_a_byte_more_is_refused_naming_it(s3_url: str) -> None:
+    store = ArtifactStore.init(s3_url)
+    h = _host(1.0)
+    v = _promoted(store, h)
+    name = _shards(s3_url, v)[2]
+    raw = bytes(obstore.get(_raw(s3_url), name).bytes())
+    obstore.put(_raw(s3_url), name, raw + b"\0")  # the listing still holds enough bytes
+    want = f"is {len(raw) + 1} bytes, the manifest records {len(raw)} bytes"
+    with pytest.raises(IntegrityError, match=want) as e:
+        store.load_current(_like(h))
+    assert e.value.version == v and name in str(e.value), str(e.value)
+    with pytest.raises(IntegrityError, match=want):
+        store.promote(v)
+
+
 def test_a_subtree_fetches_only_its_shard_objects(
     s3_server: S3Server, s3_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -16,8 +16,9 @@ written. Every process writes the shards it holds (``ObjectStorage.create``:
 hashing engine hashes them; the digests are gathered, which is the barrier
 after every shard is confirmed, and process 0 writes the manifest, then
 the record (bucket.py). A read fetches only the shards its target shardings
-overlap (a ``subtree`` only its arrays'), each object whole, and the
-sharded reader hashes every byte against the manifest
+overlap (a ``subtree`` only its arrays'), each object whole in one GET
+streamed into the shard's buffer and hashed part by part as it lands
+there, and the sharded reader compares every digest with the manifest
 (``sharded/reader.py``).
 """
 
@@ -170,21 +171,25 @@ class ShardObjects:
         self._pool.shutdown(wait=True, cancel_futures=True)
 
     def _read(self, key: int, shard: Shard, buf: np.ndarray[Any, Any]) -> str:
-        """The whole object (one GET) into ``buf``, then hashed there: the
-        digest of what ``buf`` holds. Refused when missing or of another size."""
+        """The whole object (one GET) streamed into ``buf``, each part hashed
+        as it lands there: the digest of what ``buf`` holds. Refused when
+        missing or of another size."""
+        hashed = [hasher(self._algorithm)]
+
+        def each(offset: int, part: memoryview) -> None:
+            if offset == 0:  # the first part, or a retry from the start
+                hashed[0] = hasher(self._algorithm)
+            hashed[0].update(part)
+
         name = shard_object(self._prefix, key, shard.index)
-        found = self._storage.read_buffer(name, limit=buf.nbytes, what="shard object")
-        if found is None or len(found[0]) != buf.nbytes:
-            held = "missing" if found is None else f"{len(found[0])} bytes"
+        held = self._storage.read_into(name, buf.reshape(-1).view(np.uint8).data, each)
+        if held != buf.nbytes:
+            found = "missing" if held is None else f"{held} bytes"
             raise IntegrityError(  # the message names the object: no context to repeat it
-                f"{self.name(key, shard)} is {held}, the manifest records {buf.nbytes} bytes",
+                f"{self.name(key, shard)} is {found}, the manifest records {buf.nbytes} bytes",
                 hint="the version was damaged behind the store; do not use it",
             )
-        flat = buf.reshape(-1).view(np.uint8)
-        flat[:] = np.frombuffer(found[0], np.uint8)
-        h = hasher(self._algorithm)
-        h.update(flat.data)
-        return str(h.hexdigest())
+        return str(hashed[0].hexdigest())
 
 
 class BucketShards:

@@ -51,6 +51,8 @@ _URL_RE = re.compile(r"^(s3|gs):/")
 _STREAM_CHUNK = 4 << 20
 #: How many streamed chunks are downloaded ahead of the reader at most.
 _AHEAD = 4
+#: The parts a whole object is streamed in by ``read_into``, hashed while in the cache.
+_PART = 1 << 20
 #: The name of the thread that downloads ahead of a reader.
 FETCH_THREAD = "treeguard-fetch"
 #: How often a thread waiting on a full queue checks whether it was stopped.
@@ -258,21 +260,9 @@ class ObjectStorage:
         )
 
     def read(self, name: str, *, limit: int, what: str) -> tuple[bytes, str] | None:
-        found = self.read_buffer(name, limit=limit, what=what)
-        return None if found is None else (bytes(found[0]), found[1])
-
-    def read_buffer(self, name: str, *, limit: int, what: str) -> tuple[memoryview, str] | None:
-        """As ``read``, the bytes as the client holds them (no copy made)."""
-        import obstore  # lazy: the optional [s3] extra
-
-        check_object_name(name)
-
-        def get() -> tuple[memoryview, str] | None:
-            try:
-                result = obstore.get(self._store, name)
-            except FileNotFoundError as e:
-                if objecterrors.permanent(e):  # the bucket itself is missing, not the object
-                    raise self._failed("reading", name, e) from None
+        def get() -> tuple[bytes, str] | None:
+            result = self._get(name)
+            if result is None:
                 return None
             if result.meta["size"] > limit:
                 raise StoreError(
@@ -280,21 +270,47 @@ class ObjectStorage:
                     context=self.where(name),
                     hint="the store writes this object itself; restore it from a backup",
                 )
-            return memoryview(result.bytes()), self._tag(result.meta)
+            return bytes(result.bytes()), self._tag(result.meta)
 
-        return self._idempotent("reading", name, get)
+        return self._idempotent("reading", check_object_name(name), get)
+
+    def read_into(
+        self, name: str, buf: memoryview, each: Callable[[int, memoryview], None]
+    ) -> int | None:
+        """Streams ``name`` into ``buf`` in one GET when it holds ``len(buf)``
+        bytes, ``each(offset, part)`` called on each part once written (a
+        retry starts at 0 again). Its size (as read), or None if absent."""
+
+        def get() -> int | None:
+            result = self._get(name)
+            if result is None or result.meta["size"] != len(buf):
+                return None if result is None else int(result.meta["size"])
+            pos = 0
+            for chunk in result.stream(min_chunk_size=_PART):
+                n = len(chunk)
+                if pos + n > len(buf):
+                    return pos + n
+                buf[pos : pos + n] = memoryview(chunk)
+                each(pos, buf[pos : pos + n])
+                pos += n
+            return pos
+
+        return self._idempotent("reading", check_object_name(name), get)
+
+    def _get(self, name: str, *, head: bool = False) -> Any:
+        """One GET of ``name``, its bytes not yet read (a HEAD with ``head``); None if absent."""
+        import obstore  # lazy: the optional [s3] extra
+
+        try:
+            return (obstore.head if head else obstore.get)(self._store, name)
+        except FileNotFoundError as e:
+            if objecterrors.permanent(e):  # the bucket itself is missing, not the object
+                raise self._failed("reading", name, e) from None
+            return None
 
     def _head(self, name: str) -> Any:
         """The object's metadata (its size and ETag), none of its bytes; None if absent."""
-        import obstore  # lazy: the optional [s3] extra
-
-        def head() -> Any:
-            try:
-                return obstore.head(self._store, name)
-            except FileNotFoundError:
-                return None
-
-        return self._idempotent("reading", name, head)
+        return self._idempotent("reading", name, lambda: self._get(name, head=True))
 
     def size(self, name: str) -> int | None:
         meta = self._head(check_object_name(name))
