@@ -252,3 +252,46 @@ def test_an_honest_header_of_many_containers_reads(tmp_path: Path) -> None:
     header = tg.read_header(tmp_path / "c.safetensors")
     assert header.spec == tg.spec_of(tree)
     assert json.loads(header.spec.to_json())["num_leaves"] == 80_000
+
+
+@pytest.mark.slow
+def test_an_honest_header_of_40_000_distinct_containers_reads(tmp_path: Path) -> None:
+    # the costliest honest shape per byte: each container holds one leaf under
+    # a key found nowhere else (refused past about 15,000 when the root's keys
+    # were held to be checked and the hashes parsed as JSON); 13.5 MiB of header
+    tree = {f"blk{i}": {f"w{i}": np.zeros(1, np.float32)} for i in range(40_000)}
+    tg.save(tmp_path / "d.safetensors", tree)
+    header = tg.read_header(tmp_path / "d.safetensors")
+    assert header.spec == tg.spec_of(tree)
+    tg.verify_file(tmp_path / "d.safetensors")  # every digest read is the tensor's
+    assert header.tensors[-1].name == "['blk9999']['w9999']"  # flatten order sorts the keys
+
+
+@pytest.mark.parametrize(
+    ("edit", "error"),
+    [
+        (lambda h: dict(reversed(h.items())), None),  # another order: read as JSON
+        (lambda h: {k: v.upper() for k, v in h.items()}, "no valid blake3 digest"),
+        (lambda h: {**h, "['x']": "0" * 64}, "names other tensors than the stored spec"),
+        (lambda h: {"['a']": h["['a']"]}, "names other tensors than the stored spec"),
+    ],
+    ids=["reversed", "uppercase", "one more", "one fewer"],
+)
+def test_hashes_of_another_form_are_read_as_json_and_checked(
+    tmp_path: Path, edit: Any, error: str | None
+) -> None:
+    path = tmp_path / "h.safetensors"
+    tg.save(path, {"a": np.zeros(2, np.float32), "b": np.ones(3, np.int8)})
+    before = tg.read_header(path)
+
+    def mutate(meta: dict[str, str], table: dict[str, Any]) -> None:
+        meta["treeguard.hashes"] = json.dumps(edit(json.loads(meta["treeguard.hashes"])))
+
+    forge(path, mutate)
+    if error is None:
+        assert [t.digest for t in tg.read_header(path).tensors] == [
+            t.digest for t in before.tensors
+        ]
+    else:
+        with pytest.raises(tg.FormatError, match=error):
+            tg.read_header(path)

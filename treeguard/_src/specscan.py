@@ -30,12 +30,14 @@ from .leaf import Record
 from .specjson import check_format, container, entry_from_json, leaf_record
 from .strictjson import MAX_DEPTH as STRICT_DEPTH
 from .strictjson import MAX_INT_DIGITS, Shape, loads
-from .walk import LEAF, MAX_DEPTH, Node, node_key_problems
+from .walk import LEAF, MAX_DEPTH, Node, keys_ascending, node_key_problems
 
 _STR = r'"[^"\\\x00-\x1f]*+(?:\\[^\x00-\x1f][^"\\\x00-\x1f]*+)*+"'
 _INT = rf"-?(?:0|[1-9][0-9]{{0,{MAX_INT_DIGITS - 1}}})(?![0-9.eE])"
 _ROOT = re.compile(rf'\{{"format": ({_STR}), "num_leaves": ({_INT}), "tree": ')
-_CHILD = re.compile(rf'\[\["(key|index|attr|flat)", ({_STR}|{_INT})\], ')
+_ENTRY_KINDS = ("key", "index", "attr", "flat")
+_CONTAINER_KINDS = ("dict", "list", "tuple", "namedtuple", "custom", "none")
+_CHILD = re.compile(rf'\[\["({"|".join(_ENTRY_KINDS)})", ({_STR}|{_INT})\], ')
 _LEAF = re.compile(
     rf'\{{"dtype": {_STR}, "kind": "leaf", "shape": \[(?:[^\]"]|{_STR})*+\]'
     rf'(?:, "sharding": {_STR})?, "weak_type": (?:true|false|null)\}}'
@@ -44,11 +46,11 @@ _AUX = re.compile(r'\{"aux": ')
 _AUX_REPR = re.compile(rf', "aux_repr": ({_STR})')
 _CHILDREN = re.compile(r'\{"children": \[')
 _AUX_CHILDREN = re.compile(r', "children": \[')
-_CLOSE = re.compile(
-    rf'\], "kind": "(dict|list|tuple|namedtuple|custom|none)"(?:, "type": ({_STR}))?\}}'
-)
+_CLOSE = re.compile(rf'\], "kind": "({"|".join(_CONTAINER_KINDS)})"(?:, "type": ({_STR}))?\}}')
 _SCALAR = re.compile(rf"{_STR}|-?[0-9][0-9.eE+-]*|true|false|null")
 _BRACKET = re.compile(rf"{_STR}|[\[\]{{}}]")
+#: Each entry's and node's kind, one string each (a match's group is a new one).
+_KINDS = {k: k for k in (*_ENTRY_KINDS, *_CONTAINER_KINDS)}
 
 # -- what each object costs (CPython 3.11, 64-bit; upper bounds) ----------------
 
@@ -148,10 +150,13 @@ class _SpecScan:
     def entry(self, pos: int) -> tuple[tuple[str, Any], int]:
         """A child's ``[kind, key]`` at ``pos``, its key string interned."""
         m = self.match(_CHILD, pos)
-        kind, token = m.groups()
+        kind, token = _KINDS[m.group(1)], m.group(2)
         self.charge(CHILD_COST + CHILD_HELD)
         if token[0] != '"':
-            return (kind, int(token)), m.end()
+            key = int(token)
+            if not -5 <= key <= 256:  # CPython keeps one of each of those
+                self.charge(INT_COST)
+            return (kind, key), m.end()
         return (kind, self.string(token)), m.end()
 
     def string(self, token: str) -> str:
@@ -209,7 +214,7 @@ class _SpecScan:
     def close(self, frame: _Frame, pos: int) -> tuple[Node, int]:
         """The node whose children end at ``pos`` (its ``]``)."""
         m = self.match(_CLOSE, pos)
-        kind, type_token = m.groups()
+        kind, type_token = _KINDS[m.group(1)], m.group(2)
         type_name = "" if type_token is None else self.string(type_token)
         entries = frame.entries
         try:
@@ -247,8 +252,12 @@ class _SpecScan:
     def check_keys(self, node: Node) -> None:
         """Gives up a node whose keys would not read back from tensor names
         (``walk.node_key_problems``, which holds each key's text and each
-        key in a dict while it looks)."""
-        held = sum(2 * DICT_SLOT_COST + _key_text_cost(e[1]) for e in node.entries)
+        key in a dict while it looks, or, for keys in ascending order, one
+        key's text at a time)."""
+        if keys_ascending(node.entries):
+            held = max((_key_text_cost(e[1]) for e in node.entries), default=0)
+        else:
+            held = sum(2 * DICT_SLOT_COST + _key_text_cost(e[1]) for e in node.entries)
         self.charge(held)
         if node_key_problems(node):
             raise _Over

@@ -48,6 +48,7 @@ __all__ = [
     "flatten_with_types",
     "invalid_leaves",
     "key_problems",
+    "keys_ascending",
     "node_key_problems",
     "known_leaf_types",
     "qualname",
@@ -417,6 +418,8 @@ def node_key_problems(node: Node) -> list[str]:
       >>> node_key_problems(Node("dict", entries=(("key", 1), ("key", "1"))))
       []
     """
+    if keys_ascending(node.entries):  # nothing held past the entry checked
+        return [p for e in node.entries if (p := entry_problem(e)) is not None]
     out: list[str] = []
     texts: dict[str, Entry] = {}
     for e in node.entries:
@@ -442,3 +445,31 @@ def node_key_problems(node: Node) -> list[str]:
                 )
             seen[e[1]] = e
     return out
+
+
+def keys_ascending(entries: Sequence[Entry]) -> bool:
+    """Whether the entries are of one kind, their keys of one type (``str``
+    or ``int``) and strictly ascending, as JAX orders a dict's: distinct keys
+    that print distinctly and are distinct dict keys, so that only each
+    entry alone can keep a node's keys from reading back.
+
+    Example:
+      >>> keys_ascending([("key", "a"), ("key", "b")]), keys_ascending([("key", "b"), ("key", "a")])
+      (True, False)
+      >>> keys_ascending([("key", 1), ("key", "1")]), keys_ascending([("key", True)])
+      (False, False)
+    """
+    if not entries:
+        return True
+    kind, first = entries[0]
+    key_type = type(first)
+    if key_type is not str and key_type is not int:
+        return False
+    previous = None
+    for e_kind, key in entries:
+        if e_kind != kind or type(key) is not key_type:
+            return False
+        if previous is not None and not previous < key:
+            return False
+        previous = key
+    return True

@@ -21,6 +21,9 @@ from ..paths import keystr, parse
 from ..spec import TreeSpec
 from ..specscan import scan as scan_spec
 from ..strictjson import Shape, loads
+from .digests import Digests
+from .digests import cost as digests_cost
+from .digests import scan as scan_digests
 from .format import (
     _FORMAT_RE,
     _HEX_RE,
@@ -99,14 +102,18 @@ def header_from_doc(doc: dict[str, Any], header_bytes: int, size: int, name: str
     # one budget for the table, the spec and the documents beside it
     left = table_budget(header_bytes) - held_cost(doc, meta)
     spec, left = _stored_spec(meta, left, name)
-    hashes, env, user = _json_objects(meta, left, name)
+    found, left = _digests(meta, doc, left)
+    *hashes, env, user = _json_objects(meta, left, name)
     names = leaf_names(spec, name)
     _check_table_names(list(doc), names, name)
-    if set(hashes) != set(names):
-        raise FormatError(
-            f"{K_HASHES} names other tensors than the stored spec", context=name, hint=_NOT_OURS
-        )
-    tensors = _tensor_infos(doc, spec, names, hashes, algorithm, size - 8 - header_bytes, name)
+    digests: Sequence[Any] | None = found  # the table's names, in its order, where read so
+    if digests is None:
+        if set(hashes[0]) != set(names):
+            raise FormatError(
+                f"{K_HASHES} names other tensors than the stored spec", context=name, hint=_NOT_OURS
+            )
+        digests = [hashes[0][n] for n in names]
+    tensors = _tensor_infos(doc, spec, names, digests, algorithm, size - 8 - header_bytes, name)
     # in the order of Header's fields: path, format, spec, ..., file_bytes
     return Header(
         name, fmt, spec, tensors, env, user, algorithm, meta[K_DIGEST], header_bytes, size
@@ -240,17 +247,30 @@ def _is_leaf(node: dict[str, Any]) -> bool:
     return node.get("kind") == "leaf"
 
 
+def _digests(meta: dict[str, str], table: dict[str, Any], left: int) -> tuple[Digests | None, int]:
+    """``treeguard.hashes`` read into one buffer (``digests.scan``), its
+    text dropped from ``meta``, and what is left; None (and ``left``) for a
+    document of another form, left in ``meta`` to be parsed as JSON."""
+    text = meta[K_HASHES]
+    found = scan_digests(text, table, len(table), max(0, left))
+    if found is None:
+        return None, left
+    del meta[K_HASHES]
+    return found, left + sys.getsizeof(text) - digests_cost(len(table))
+
+
 def _json_objects(meta: dict[str, str], left: int, name: str) -> list[dict[str, Any]]:
-    """The header's JSON objects: ``treeguard.hashes``, ``.env`` and
-    ``.metadata``, each text dropped from ``meta`` once read, together in
-    at most ``left`` bytes of objects (each text's bytes given back)."""
+    """The header's JSON objects still in ``meta``: ``treeguard.hashes``
+    (unless read already), ``.env`` and ``.metadata``, each text dropped
+    from ``meta`` once read, together in at most ``left`` bytes of objects
+    (each text's bytes given back)."""
+    fields = [f for f in (K_HASHES, K_ENV, K_META) if f in meta]
     values = []
-    for field in (K_HASHES, K_ENV, K_META):
+    for field in fields:
         text = meta.pop(field)
         value = strict_loads(text, field, context=name, budget=max(0, left))
         left += sys.getsizeof(text) - Shape.of(text).cost
         values.append(value)
-    fields = (K_HASHES, K_ENV, K_META)
     for field, value in zip(fields, values):
         if not isinstance(value, dict):
             raise FormatError(
@@ -265,19 +285,20 @@ def _tensor_infos(  # noqa: PLR0917 - one call site, every argument needed
     table: dict[str, Any],
     spec: TreeSpec,
     names: Sequence[str],
-    hashes: dict[str, Any],
+    digests: Sequence[Any],
     algorithm: str,
     data_bytes: int,
     name: str,
 ) -> tuple[TensorInfo, ...]:
     """Every tensor's entry checked against its leaf, in flatten order, each
-    starting where the one before ended and all covering the data exactly.
+    starting where the one before ended and all covering the data exactly,
+    each with its recorded digest (``digests``, in the order of ``names``).
     Each entry is taken out of ``table`` as it is read."""
     tensors: list[TensorInfo] = []
     pos = 0
-    for leaf_name, (shape, dtype, _, _) in zip(names, spec.records):
+    for i, (leaf_name, (shape, dtype, _, _)) in enumerate(zip(names, spec.records)):
         entry = expanded(table.pop(leaf_name))
-        t = _tensor_info(leaf_name, (shape, dtype), entry, hashes[leaf_name], algorithm, name)
+        t = _tensor_info(leaf_name, (shape, dtype), entry, digests[i], algorithm, name)
         if t.begin != pos:
             raise FormatError(
                 f"tensor {t.name or '<root>'} starts at byte {t.begin:,} of the data, "
