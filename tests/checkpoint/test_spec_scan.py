@@ -242,6 +242,7 @@ def test_hashes_over_the_shared_budget_are_refused(good: Path) -> None:
         tg.read_header(good)
 
 
+@pytest.mark.slow  # 80,000 tensors saved: about 35 s of the default run on a loaded box
 def test_an_honest_header_of_many_containers_reads(tmp_path: Path) -> None:
     # 40,000 containers of two leaves, 12 MiB of header, past the allowance:
     # equal containers are one node
