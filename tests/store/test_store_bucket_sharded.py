@@ -277,3 +277,27 @@ def test_exporting_a_sharded_version_in_a_bucket_is_refused(s3_url: str, tmp_pat
     with pytest.raises(StoreError, match="sharded and kept in a bucket"):
         store.export(v, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_sharded_put_whose_event_is_not_logged_keeps_its_recorded_version(
+    s3_server: S3Server, s3_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = ArtifactStore.init(s3_url)
+    h = _host(1.0)
+
+    def lose_the_log(req: Request) -> Lie | None:
+        # every event write answered 200 and never made: the put's event fails
+        if req.method == "PUT" and "/log/" in f"/{req.key}":
+            return Lie(kind="ack")
+        return None
+
+    with LyingProxy(s3_server.endpoint, lose_the_log) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+        with pytest.raises(StoreError, match="could not be logged"):
+            ArtifactStore(s3_url).put_sharded(_placed(h))
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server.endpoint)
+    # recorded before its event failed: it keeps its shards, as a file put its checkpoint
+    (v,) = [info.version for info in store.versions()]
+    assert _shards(s3_url, v)
+    assert store.verify(v).status == "verified"
+    _same(store.load_version(v, _like(h)), h)

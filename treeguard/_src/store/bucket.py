@@ -367,16 +367,24 @@ class BucketBackend(BucketReads, BucketGc):
         chosen = lead_acts(lambda: self._begin_sharded(version), failed=not_made(self.root))
         name, seq, data = chosen.decode("ascii").split()
         prefix = version_object(name, data)
+        committed: list[bool] = []  # process 0's: the record is written
         try:
             gathered = bucketshards.put_everywhere(self.storage, prefix, leaves, digest)
             lead_acts(  # also the barrier after the record
                 lambda: self._finish_sharded(
-                    name, int(seq), data, (spec, leaves, paths), user, [digest, gathered]
+                    name,
+                    int(seq),
+                    data,
+                    (spec, leaves, paths),
+                    user,
+                    [digest, gathered, committed],
                 ),
                 failed=not_recorded(name, self.root, left="nothing of it is kept"),
             )
         except BaseException:
-            if bucketshards.process_index() == 0:
+            # once recorded, the version keeps its shards whatever fails after
+            # (its event, the barrier): as a file put keeps its checkpoint
+            if bucketshards.process_index() == 0 and not committed:
                 with contextlib.suppress(StorageError):
                     bucketshards.discard(self.storage, prefix)
             raise
@@ -405,16 +413,18 @@ class BucketBackend(BucketReads, BucketGc):
         hashed: list[Any],
     ) -> bytes:
         """Process 0: the manifest from every process's digests, then the
-        record, then the put's event."""
+        record (told to ``hashed``'s last item, the caller's flag), then the
+        put's event."""
         from ..sharded.save import manifest_of  # lazy: jax
 
         spec, leaves, paths = tree
-        algorithm, gathered = hashed
+        algorithm, gathered, committed = hashed
         manifest = manifest_of(data, spec, metadata_json(user), paths, leaves, gathered, algorithm)
         raw = manifest.to_json().encode("utf-8")
         record = _candidate(user, "sharded", spec, hash_bytes(raw, algorithm))
         if not self._commit(name, seq, MANIFEST_NAME, raw, record):
             raise _exists(name, self.root)
+        committed.append(True)
         self._unless_retired(name, (STATUS_FILE, MANIFEST_NAME), data)
         self.append("put", name, {"status": "candidate"})
         return b""
