@@ -113,3 +113,11 @@ def test_check_next_returns_the_real_loss_of_a_step_it_refuses_later(tmp_path: P
     assert float(loss) == 0.0  # the step's own loss, not the NaN it carries
     with pytest.raises(tg.NonFiniteError, match="in the updated params"):
         train.flush()
+
+
+@pytest.mark.skipif(not hasattr(jnp, "float4_e2m1fn"), reason="this jax has no float4")
+def test_a_loss_of_a_dtype_without_nan_does_not_carry_the_flag(tmp_path: Path) -> None:
+    # float4 turns NaN into a finite value: the flag is read instead
+    train = _wrap(tmp_path, _step(jnp.float4_e2m1fn, poison=jnp.inf))
+    with pytest.raises(tg.NonFiniteError, match="in the updated params"):
+        train({"w": jnp.ones(3)}, None, jnp.array([-1.0, 0.0, 1.0]))

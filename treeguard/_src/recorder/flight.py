@@ -23,6 +23,7 @@ from typing import Any, Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ..errors import ConfigError, NonFiniteError, RecorderError
 from ..leaf import is_inexact
@@ -145,12 +146,18 @@ def finite_flag(leaves: list[Any]) -> jax.Array:
 _check = jax.jit(finite_flag)
 
 
+def _holds_nan(dtype: Any) -> bool:
+    """Whether a float dtype can hold NaN (float4 and some float8 kinds
+    cannot: NaN becomes a finite value there, which would pass for a flag)."""
+    return bool(np.isnan(np.asarray(np.nan).astype(dtype).astype(np.float32)))
+
+
 def carried(loss: Any, ok: jax.Array) -> jax.Array | None:
     """The loss with the step's finiteness flag folded in, traced: the loss
     where every checked leaf is finite, NaN where one is not; so one scalar
     read tells both (finite exactly when the flag is set, the loss itself
-    being checked). None for a loss that is not a real floating scalar: the
-    flag is read then.
+    being checked). None for a loss that is not a real floating scalar of
+    a dtype that can hold NaN: the flag is read then.
 
     Example:
       >>> float(carried(jnp.float32(2.5), jnp.bool_(True)))
@@ -163,7 +170,7 @@ def carried(loss: Any, ok: jax.Array) -> jax.Array | None:
     dtype = getattr(loss, "dtype", None)
     if getattr(loss, "shape", None) != () or dtype is None:
         return None
-    if not jnp.issubdtype(dtype, jnp.floating):
+    if not jnp.issubdtype(dtype, jnp.floating) or not _holds_nan(jnp.dtype(dtype)):
         return None
     return jnp.where(ok, loss, jnp.full_like(loss, jnp.nan))  # keeps a weak type
 
