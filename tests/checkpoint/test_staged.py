@@ -31,6 +31,13 @@ class _Slow:
         return self
 
 
+class _Failed:
+    """Stands for arrays whose transfer failed: waiting for them raises."""
+
+    def block_until_ready(self) -> None:
+        raise RuntimeError("RESOURCE_EXHAUSTED: the transfer failed")
+
+
 def _taken(n: int = 2, size: int = 64) -> Any:
     return lambda: [np.zeros(size, np.uint8) for _ in range(n)]
 
@@ -66,6 +73,37 @@ def test_the_buffers_go_to_the_next_load_and_a_concurrent_load_gets_its_own() ->
             assert theirs is not mine
     with staged.Staging() as three:  # the set closed first is the one kept
         assert three.buffer(8) is theirs
+
+
+def test_a_failed_transfer_is_raised_not_swallowed() -> None:
+    stage = staged.Staging(_taken(2))
+    stage.buffer(8)
+    stage.hold([_Failed()])
+    with pytest.raises(RuntimeError, match="RESOURCE_EXHAUSTED"):
+        stage.close()
+    again = staged.Staging(_taken(1))
+    again.buffer(8)
+    again.hold([_Failed()])
+    with pytest.raises(RuntimeError, match="RESOURCE_EXHAUSTED"):
+        again.buffer(8)  # its turn comes again: the failure is the load's error
+
+
+def test_a_host_memory_space_of_an_accelerator_is_not_staged() -> None:
+    class _Device:
+        platform = "tpu"
+
+    class _Sharding:
+        device_set = frozenset({_Device()})
+
+        def __init__(self, kind: str | None) -> None:
+            self.memory_kind = kind
+
+    class _Ref:
+        def __init__(self, kind: str | None) -> None:
+            self.sharding = _Sharding(kind)
+
+    assert staged.wanted([_Ref("device"), _Ref(None)])
+    assert not staged.wanted([_Ref("device"), _Ref("pinned_host")])
 
 
 def test_no_load_stages_on_the_cpu() -> None:

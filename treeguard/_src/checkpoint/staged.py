@@ -65,6 +65,9 @@ def wanted(refs: Sequence[Any]) -> bool:
             return False
         if any(d.platform == "cpu" for d in sharding.device_set):
             return False
+        # host memory spaces of an accelerator (pinned_host, ...) may alias too
+        if getattr(sharding, "memory_kind", None) not in (None, "device"):
+            return False
     return True
 
 
@@ -106,8 +109,13 @@ class Staging:
     def __enter__(self) -> Staging:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, kind: object, *rest: object) -> None:
+        if kind is None:
+            self.close()
+            return
+        # the load already failed: its error is the one the caller sees
+        with contextlib.suppress(Exception):
+            self.close()
 
     def buffer(self, nbytes: int) -> np.ndarray[Any, Any] | None:
         """A buffer of at least ``nbytes`` that no transfer still reads, or
@@ -130,18 +138,27 @@ class Staging:
 
     def close(self) -> None:
         """Waits for every transfer from the buffers, then keeps them for the
-        next load (or frees them, if another load's are kept)."""
+        next load (or frees them, if another load's are kept).
+
+        Raises:
+          Exception: the first transfer that failed, once every buffer is
+            free (a failed transfer reads its buffer no more either).
+        """
+        failed: BaseException | None = None
         for s in range(len(self._held)):
-            self._wait(s)
+            try:
+                self._wait(s)
+            except Exception as e:  # noqa: BLE001 - raised below, once all are waited for
+                failed = failed or e
         if self._slots:
             slots, self._slots = self._slots, []
             _keep(slots)
+        if failed is not None:
+            raise failed
 
     def _wait(self, s: int) -> None:
         held, self._held[s] = self._held[s], None
         if held is not None:
             import jax  # staging is only for leaves already on devices
 
-            # a transfer that failed reads the buffer no more either
-            with contextlib.suppress(Exception):
-                jax.block_until_ready(held)  # type: ignore[no-untyped-call]
+            jax.block_until_ready(held)  # type: ignore[no-untyped-call]
