@@ -244,4 +244,6 @@ def peek(
         return "changed", None
     if size is None:
         return "missing", None
-    return ("covered", meta) if size == meta.get("artifact_bytes") else ("changed", None)
+    claimed = meta.get("artifact_bytes")
+    exact = isinstance(claimed, int) and not isinstance(claimed, bool) and size == claimed
+    return ("covered", meta) if exact else ("changed", None)
