@@ -301,3 +301,32 @@ def test_a_sharded_put_whose_event_is_not_logged_keeps_its_recorded_version(
     assert _shards(s3_url, v)
     assert store.verify(v).status == "verified"
     _same(store.load_version(v, _like(h)), h)
+
+
+def test_a_sharded_put_stops_reading_shards_once_a_write_failed(
+    s3_server: S3Server, s3_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = ArtifactStore.init(s3_url)
+    mesh = _mesh((2, 4))
+    tree = {
+        f"w{i}": jax.device_put(np.full((64, 64), i, np.float32), NamedSharding(mesh, P("x", "y")))
+        for i in range(6)
+    }  # 48 shard objects
+    tried: set[str] = set()
+    lock = threading.Lock()
+
+    def fail_shards(req: Request) -> Lie | None:
+        if req.method == "PUT" and "/data-" in req.key:
+            with lock:
+                tried.add(req.key)
+            return Lie(kind="ack")  # answered 200, never written: the read-back fails
+        return None
+
+    with LyingProxy(s3_server.endpoint, fail_shards) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+        with pytest.raises(StoreError):
+            ArtifactStore(s3_url).put_sharded(tree)
+    # at most twice the upload threads' shards were in hand when the first failed
+    assert 0 < len(tried) <= 2 * 8 < 48, len(tried)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server.endpoint)
+    assert store.versions() == []

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import re
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -80,15 +81,35 @@ def write_shards(
     hashes it; ``(leaf, index, digest)`` of each, once every write is
     confirmed.
 
+    At most ``2 * THREADS`` shards wait for their upload at once (each
+    holds its host copy), and none is read after a write failed.
+
     Raises:
       StorageError, StoreError: the first write that failed (after every
         other one ended).
     """
     futures: list[concurrent.futures.Future[None]] = []
+    # at most twice THREADS shards held on the host for their upload at once
+    window = threading.BoundedSemaphore(2 * THREADS)
+    failed_early: list[BaseException] = []
+
+    def upload(name: str, data: memoryview) -> None:
+        try:
+            _create(storage, name, data)
+        except BaseException as e:
+            failed_early.append(e)
+            raise
+        finally:
+            window.release()
+
     with concurrent.futures.ThreadPoolExecutor(THREADS, SHARD_THREADS) as pool:
 
         def each(key: int, index: Index, data: memoryview) -> None:
-            futures.append(pool.submit(_create, storage, shard_object(prefix, key, index), data))
+            window.acquire()
+            if failed_early:  # no more shards copied, hashed or sent after a failure
+                window.release()
+                raise failed_early[0]
+            futures.append(pool.submit(upload, shard_object(prefix, key, index), data))
 
         try:
             digests = list(local_digests(leaves, algorithm, each))
