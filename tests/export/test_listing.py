@@ -57,7 +57,7 @@ def test_store_ls_says_each_version_s_artifact_state(tmp_path, artifact):
     (versions / gone / "exported.bin").unlink()
     (versions / dropped / "exported.json").unlink()  # the verdict still covers it
     assert _ls_json(store.root) == {
-        covered: {"state": "covered", "platforms": ["cpu"], "jax": jax.__version__},
+        covered: {"state": "covered", "platforms": [jax.default_backend()], "jax": jax.__version__},
         uncovered: _state("uncovered"),
         unverified: _state("unverified"),
         changed: _state("changed"),
