@@ -23,7 +23,6 @@ if _typing.TYPE_CHECKING:
     from ._src.checkpoint import save as save
     from ._src.checkpoint import save_async as save_async
     from ._src.checkpoint import verify_file as verify_file
-    from ._src.checkpoint import wait_all as wait_all
     from ._src.diff import check as check
     from ._src.diff import mismatches as mismatches
     from ._src.diff import unflatten as unflatten
@@ -138,7 +137,6 @@ _EXPORTS: dict[str, str] = {
     "unflatten": "._src.diff",
     "updater": "._src.updates",
     "verify_file": "._src.checkpoint",
-    "wait_all": "._src.checkpoint",
 }
 
 

@@ -15,6 +15,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 from onecheck import check, context, example_hashes, generate_cases
+from refpaths import references_of
 from subproc import run_python
 
 import treeguard
@@ -26,7 +27,6 @@ from treeguard.verify import (
     LeafError,
     Model,
     Tolerance,
-    backend_path,
     compare_trees,
     load_references,
     record_references,
@@ -305,7 +305,7 @@ def test_missing_references_is_a_configuration_error(tmp_path: Path) -> None:
 
 def test_record_writes_references_and_then_they_are_used(tmp_path: Path) -> None:
     declared = tmp_path / "r.safetensors"
-    path = backend_path(declared, jax.default_backend())  # the declared file on the CPU
+    path = references_of(declared, jax.default_backend())  # the declared file on the CPU
     spec = tmp_path / "p.spec.json"
     m = dataclasses.replace(BASE, references=declared, params_spec=spec)
     report = run(m, record=True, bench=False)
@@ -317,7 +317,7 @@ def test_record_writes_references_and_then_they_are_used(tmp_path: Path) -> None
 
 def test_record_is_refused_when_a_check_fails(tmp_path: Path) -> None:
     declared = tmp_path / "r.safetensors"
-    path = backend_path(declared, jax.default_backend())  # the declared file on the CPU
+    path = references_of(declared, jax.default_backend())  # the declared file on the CPU
     m = dataclasses.replace(
         BASE, references=declared, update=lambda p, g: jax.tree.map(lambda a, b: a + b, p, g)
     )
