@@ -16,7 +16,7 @@ import pytest
 from corpus import seed_params
 
 import treeguard as tg
-from treeguard.provenance import generate_keys, load_public_key
+from treeguard.provenance import PublicKey, generate_keys
 
 
 def _message(fn: Any, *args: Any, **kwargs: Any) -> str:
@@ -344,7 +344,7 @@ def test_revoked_and_untrusted_verdict_messages(tmp_path: Any) -> None:
 
     key, pub = generate_keys(tmp_path / "ci")
     _, other = generate_keys(tmp_path / "other")
-    fp, other_fp = load_public_key(pub).fingerprint, load_public_key(other).fingerprint
+    fp, other_fp = PublicKey.load(pub).fingerprint, PublicKey.load(other).fingerprint
     writer = tg.ArtifactStore(tmp_path / "store", signing_key=key)
     v = writer.put({"w": np.ones(2, np.float32)})
     writer.verify(v)

@@ -13,7 +13,6 @@ import importlib as _importlib
 import typing as _typing
 
 if _typing.TYPE_CHECKING:
-    from ._src.checkpoint import ForeignHeader as ForeignHeader
     from ._src.checkpoint import Header as Header
     from ._src.checkpoint import SaveHandle as SaveHandle
     from ._src.checkpoint import import_weights as import_weights
@@ -88,7 +87,6 @@ _EXPORTS: dict[str, str] = {
     "ExportError": "._src.errors",
     "ExportValidationError": "._src.errors",
     "FlightRecorder": "._src.recorder",
-    "ForeignHeader": "._src.checkpoint",
     "FormatError": "._src.errors",
     "Header": "._src.checkpoint",
     "IntegrityError": "._src.errors",

@@ -288,12 +288,12 @@ def test_serving_a_store_without_a_current_version_says_so(tmp_path, extra):
 
 def test_serve_takes_the_store_s_keys_as_options(tmp_path):
     from treeguard.examples import mlp
-    from treeguard.provenance import generate_keys, load_public_key
+    from treeguard.provenance import PublicKey, generate_keys
 
     key, pub = generate_keys(tmp_path / "ci")
     root = tmp_path / "s"
     _exported(treeguard.ArtifactStore(root, signing_key=key), mlp.model)
-    fingerprint = load_public_key(pub).fingerprint
+    fingerprint = PublicKey.load(pub).fingerprint
     # a host that holds the release key's public half, revoked: nothing is served
     out = CliRunner().invoke(
         main, ["serve", "--store", str(root), "--trusted-key", pub, "--revoked-key", pub]

@@ -17,10 +17,10 @@ from treeguard import FormatError
 from treeguard._src.provenance.oms import read_oms_bundle, safe_name, write_oms_bundle
 from treeguard.provenance import (
     ModelManifest,
+    PrivateKey,
     ProvenanceError,
     TrustPolicy,
     generate_keys,
-    load_signing_key,
 )
 
 _PART = st.text(
@@ -53,7 +53,7 @@ def signed(tmp_path_factory: pytest.TempPathFactory) -> tuple[bytes, str]:
     """A good signature file, and the public key that checks it."""
     key, pub = generate_keys(tmp_path_factory.mktemp("k") / "k")
     return write_oms_bundle(
-        ModelManifest("m", "sha256", {"w.bin": "ab" * 32}), load_signing_key(key)
+        ModelManifest("m", "sha256", {"w.bin": "ab" * 32}), PrivateKey.load(key)
     ), pub
 
 

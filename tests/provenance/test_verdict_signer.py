@@ -12,19 +12,19 @@ from treeguard._src.provenance.trust import pae, sign_text
 from treeguard._src.provenance.verdicts import EcSigner
 from treeguard.provenance import (
     BadSignatureError,
+    PrivateKey,
     ProvenanceError,
     RevokedKeyError,
     Trail,
     TrustPolicy,
     UntrustedKeyError,
     generate_keys,
-    load_signing_key,
 )
 
 
 def test_the_writer_signs_and_a_reader_with_public_keys_only_checks(tmp_path: Path) -> None:
     key_path, pub = generate_keys(tmp_path / "ci")
-    writer = EcSigner(load_signing_key(key_path), TrustPolicy())
+    writer = EcSigner(PrivateKey.load(key_path), TrustPolicy())
     text = writer.sign(b"verdict")
     assert writer.verify(b"verdict", text) is None  # its own key counts
     reader = EcSigner(None, TrustPolicy.from_paths(trusted=[pub]))
@@ -43,7 +43,7 @@ def test_the_writer_signs_and_a_reader_with_public_keys_only_checks(tmp_path: Pa
 def test_revoked_untrusted_hmac_and_cross_purpose_signatures(tmp_path: Path) -> None:
     key_path, pub = generate_keys(tmp_path / "old")
     _, other = generate_keys(tmp_path / "new")
-    key = load_signing_key(key_path)
+    key = PrivateKey.load(key_path)
     text = EcSigner(key, TrustPolicy()).sign(b"verdict")
     with pytest.raises(RevokedKeyError, match=key.public.fingerprint):
         EcSigner(None, TrustPolicy.from_paths(trusted=[pub, other], revoked=[pub])).verify(

@@ -18,7 +18,7 @@ from refpaths import references_of
 
 from treeguard import ConfigError
 from treeguard.examples import cnn, eqx_mlp, mlp
-from treeguard.verify import Tolerance, load_references, record_references
+from treeguard.verify import References, Tolerance, record_references
 from treeguard.verify import run as verify
 
 NOW = jax.default_backend()
@@ -119,7 +119,7 @@ def test_a_run_records_to_its_own_backends_file_and_reads_it_first(tmp_path: Pat
 @pytest.mark.parametrize("example", [mlp, cnn, eqx_mlp], ids=["mlp", "cnn", "eqx_mlp"])
 def test_the_bundled_models_ship_cpu_and_tpu_references(example: Any) -> None:
     declared = Path(example.model.references)
-    cpu, tpu = (load_references(references_of(declared, b)) for b in ("cpu", "tpu"))
+    cpu, tpu = (References.load(references_of(declared, b)) for b in ("cpu", "tpu"))
     assert (cpu.backend, tpu.backend) == ("cpu", "tpu")
     assert tpu.device_kind == "TPU v5 lite"
     assert [c.name for c in cpu.cases] == [c.name for c in tpu.cases]
@@ -128,7 +128,7 @@ def test_the_bundled_models_ship_cpu_and_tpu_references(example: Any) -> None:
 
 
 def test_the_bundled_mlp_against_the_other_backends_shipped_references_names_both() -> None:
-    other = load_references(references_of(mlp.model.references, OTHER))
+    other = References.load(references_of(mlp.model.references, OTHER))
     report = verify(mlp.model, references=other.path, bench=False)
     assert report.failed == ["regression"]
     assert report["regression"].summary == cross_backend_summary(OTHER, other.device_kind, NOW)

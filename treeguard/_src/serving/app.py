@@ -80,6 +80,47 @@ class Server(Engine):
 
         return build_app(self, control_token=control_token)
 
+    def serve(
+        self,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 8000,
+        control_token: bytes | None = None,
+        grpc_port: int | None = None,
+        access_log: bool = False,
+    ) -> None:
+        """Runs this server under uvicorn, one process, one worker (JAX owns
+        the device), until it is stopped.
+
+        Scale out with replicas of this process, one per device set.
+
+        Args:
+          host: the address REST (and gRPC) bind.
+          port: the REST port.
+          control_token: the bearer token swap and rollback require; needed
+            for any host but loopback.
+          grpc_port: also serve ``inference.GRPCInferenceService`` on this port.
+          access_log: log one line per request (uvicorn's access log); off by
+            default, as ``/metrics`` counts every request by status.
+
+        Raises:
+          ConfigError: for a non-loopback ``host`` without a control token.
+          ServingError: when warm-up finds no version to serve (each named,
+            with why).
+
+        Example:
+          >>> Server.serve.__name__  # blocks while it serves: see the serving guide
+          'serve'
+        """
+        serve(
+            self,
+            host=host,
+            port=port,
+            control_token=control_token,
+            grpc_port=grpc_port,
+            access_log=access_log,
+        )
+
 
 def _hardened_protocol(
     header_timeout_s: float,
@@ -266,24 +307,7 @@ def serve(
     grpc_port: int | None = None,
     access_log: bool = False,
 ) -> None:
-    """Runs ``server`` under uvicorn, one process, one worker (JAX owns the device).
-
-    Scale out with replicas of this process, one per device set.
-
-    Args:
-      server: the ``Server``.
-      host: the address REST (and gRPC) bind.
-      port: the REST port.
-      control_token: the bearer token swap and rollback require; needed
-        for any host but loopback.
-      grpc_port: also serve ``inference.GRPCInferenceService`` on this port.
-      access_log: log one line per request (uvicorn's access log); off by
-        default, as ``/metrics`` counts every request by status.
-
-    Raises:
-      ConfigError: for a non-loopback ``host`` without a control token.
-      ServingError: when warm-up finds no version to serve (each named, with why).
-    """
+    """``Server.serve``: its docstring says what each argument does."""
     import uvicorn
 
     from .routes import build_app  # starlette, as uvicorn: only when a server runs
