@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib
 import json
 
+import blake3
 import jax
 import numpy as np
 import pytest
@@ -121,9 +122,7 @@ def test_the_verdict_covers_the_artifact_and_a_changed_artifact_is_refused(tmp_p
     v, _ = _exported(store, usermodels.eqx_model)
     vdir = tmp_path / "s" / "versions" / v
     record = json.loads((vdir / "status.json").read_text())
-    assert record["exported"] == treeguard._src.hashing.engine.digest(
-        (vdir / "exported.json").read_bytes(), "blake3"
-    )
+    assert record["exported"] == blake3.blake3((vdir / "exported.json").read_bytes()).hexdigest()
     blob = bytearray((vdir / "exported.bin").read_bytes())
     blob[len(blob) // 2] ^= 1
     (vdir / "exported.bin").write_bytes(bytes(blob))
@@ -141,7 +140,7 @@ def test_a_description_edited_with_its_digest_recomputed_fails_the_signature(tmp
     text = (json.dumps(meta, sort_keys=True, separators=(",", ":")) + "\n").encode()
     (vdir / "exported.json").write_bytes(text)
     record = json.loads((vdir / "status.json").read_text())
-    record["exported"] = treeguard._src.hashing.engine.digest(text, "blake3")
+    record["exported"] = blake3.blake3(text).hexdigest()
     (vdir / "status.json").write_text(json.dumps(record))
     with pytest.raises(treeguard.SignatureError):
         served_from_store(store)
@@ -164,7 +163,7 @@ def test_an_ec_signed_verdict_covers_the_artifact_for_a_host_with_public_keys_on
     text = (json.dumps(meta, sort_keys=True, separators=(",", ":")) + "\n").encode()
     (vdir / "exported.json").write_bytes(text)
     record = json.loads((vdir / "status.json").read_text())
-    record["exported"] = treeguard._src.hashing.engine.digest(text, "blake3")
+    record["exported"] = blake3.blake3(text).hexdigest()
     (vdir / "status.json").write_text(json.dumps(record))
     with pytest.raises(treeguard.SignatureError, match="signature does not verify"):
         served_from_store(host)

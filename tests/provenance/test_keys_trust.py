@@ -10,13 +10,13 @@ import pytest
 from click.testing import CliRunner
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from dsse import pae, sign_text
 
 from treeguard import SignatureError
 from treeguard._cli.main import main
 
 # The DSSE encoding and a raw signature on purpose: to forge signatures the public
 # calls would never write.
-from treeguard._src.provenance.trust import pae, sign_text
 from treeguard.provenance import (
     BadSignatureError,
     KeyFileError,

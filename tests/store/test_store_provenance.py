@@ -17,11 +17,8 @@ from click.testing import CliRunner
 
 import treeguard as tg
 from treeguard._cli.main import main
-from treeguard._src.provenance.trust import sign_text
-from treeguard._src.provenance.verdicts import VERDICT_TYPE
 from treeguard.provenance import (
     BadSignatureError,
-    PrivateKey,
     ProvenanceError,
     PublicKey,
     RevokedKeyError,
@@ -115,8 +112,11 @@ def test_a_writer_without_the_key_cannot_get_a_version_used(
         record["signature"] = None
     elif forgery == "hmac":
         record["signature"] = "hmac-sha256:" + "0" * 64
-    elif forgery == "own key":
-        record["signature"] = sign_text(PrivateKey.load(keys["mallory.key"]), VERDICT_TYPE, b"x")
+    elif forgery == "own key":  # a verdict signed in a store of her own, with her key
+        (mine,) = _released(tmp_path / "mallory", {"ci.key": keys["mallory.key"]}, n=1)
+        record["signature"] = json.loads(_status(tmp_path / "mallory", mine).read_text())[
+            "signature"
+        ]
     else:
         record["signature"] = json.loads(_status(root, v2).read_text())["signature"]
     _status(root, bad).write_text(json.dumps(record))
