@@ -290,7 +290,11 @@ def test_flight_recorder_without_a_batch_choice_message(tmp_path: Any) -> None:
 def test_grpc_message_refusals() -> None:
     pytest.importorskip("google.protobuf")
     # gRPC's parser: only after importorskip, since it imports protobuf
-    from treeguard._src.serving.grpc_transport import parse, pb, read_request
+    from treeguard._src.serving.grpc_transport import (  # _src: gRPC parser's messages, no server
+        parse,
+        pb,
+        read_request,
+    )
 
     assert _message(parse, b"\xff\xff", pb.ModelInferRequest) == (
         "the message is not a ModelInferRequest (it does not parse)\n"
@@ -365,7 +369,10 @@ def test_revoked_and_untrusted_verdict_messages(tmp_path: Any) -> None:
 
 def test_exported_artifact_refusals_name_both_sides() -> None:
     # the artifact's compatibility check alone: refusals from another jax or platform
-    from treeguard._src.export.compat import check_servable, window
+    from treeguard._src.export.compat import (  # _src: the jax/platform window alone
+        check_servable,
+        window,
+    )
     from treeguard.export import Description
 
     low, high = window()

@@ -25,11 +25,14 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import treeguard as tg
-from treeguard._src import strictjson
-from treeguard._src.checkpoint import format as fmt
-from treeguard._src.checkpoint import header as hdr
-from treeguard._src.checkpoint.files import open_checkpoint, read_raw_header
-from treeguard._src.checkpoint.table import expanded
+from treeguard._src import strictjson  # _src: the JSON cost model
+from treeguard._src.checkpoint import format as fmt  # _src: reference reader
+from treeguard._src.checkpoint import header as hdr  # _src: reference reader
+from treeguard._src.checkpoint.files import (  # _src: reference reader
+    open_checkpoint,
+    read_raw_header,
+)
+from treeguard._src.checkpoint.table import expanded  # _src: reference reader
 
 # -- the cost of JSON ------------------------------------------------------------
 

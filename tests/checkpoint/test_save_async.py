@@ -19,7 +19,7 @@ import pytest
 
 import treeguard as tg
 from tests.subproc import run_python, start_python
-from treeguard._src.checkpoint import asyncsave  # the writer thread's CPU yield: no public handle
+from treeguard._src.checkpoint import asyncsave  # _src: the writer's CPU yield
 from treeguard.examples import eqx_mlp
 
 

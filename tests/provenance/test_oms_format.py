@@ -14,7 +14,11 @@ from treeguard import FormatError
 
 # The OMS bundle's reader and writer alone on purpose: hostile bundles and names meet
 # them here without a model directory around them.
-from treeguard._src.provenance.oms import read_oms_bundle, safe_name, write_oms_bundle
+from treeguard._src.provenance.oms import (  # _src: bundle codec
+    read_oms_bundle,
+    safe_name,
+    write_oms_bundle,
+)
 from treeguard.provenance import (
     ModelManifest,
     PrivateKey,

@@ -7,9 +7,7 @@ from pathlib import Path
 import pytest
 from dsse import sign_text
 
-from treeguard._src.provenance.verdicts import (
-    EcSigner,  # _src: the signer apart from a store's records
-)
+from treeguard._src.provenance.verdicts import EcSigner  # _src: the signer without a store
 from treeguard.provenance import (
     BadSignatureError,
     PrivateKey,

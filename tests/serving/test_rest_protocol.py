@@ -21,7 +21,7 @@ from treeguard import LeafSpec, spec_of
 
 # The decoder alone on purpose (no server): it and the parsed request it takes have
 # no public name.
-from treeguard._src.serving.decode import Decoder
+from treeguard._src.serving.decode import Decoder  # _src: decoded arrays, not outputs
 from treeguard.examples import mlp
 from treeguard.serving import InferRequest, RawInput, Server, ServingSpec
 
