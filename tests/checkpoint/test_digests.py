@@ -30,7 +30,7 @@ from treeguard._cli.main import main
 from treeguard._src import hashing  # _src: the hashing engine
 
 # The reader's batch size on purpose: lowered to make several batches of small leaves.
-from treeguard._src.checkpoint import read  # _src: the verified reader's spans
+from treeguard._src.checkpoint import read  # _src: its batch size, lowered
 
 LEGACY = Path(__file__).parents[1] / "data" / "legacy"
 KEY = "legacy-fixture-key-0123456789abcdef"
