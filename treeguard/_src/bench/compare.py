@@ -198,13 +198,8 @@ def compare_samples(
         ``min_effect`` out of range.
 
     Example:
-      >>> import numpy as np
-      >>> rng = np.random.default_rng(0)
-      >>> base = rng.lognormal(0.0, 0.01, 30)
-      >>> compare_samples(base, base * 1.10).verdict
+      >>> compare_samples([1.0] * 9, [1.2] * 9).verdict
       'regression'
-      >>> compare_samples(base, rng.permutation(base)).verdict
-      'no_change'
     """
     _check_levels(alpha, min_effect)
     a = as_samples(base, "base")
@@ -394,10 +389,9 @@ def compare_results(
     Example:
       >>> import jax.numpy as jnp
       >>> from treeguard.bench import run
-      >>> a = run(jnp.sin, jnp.ones(8), samples=10, min_time=0.0)
-      >>> c = compare_results(a, a)
-      >>> c.ratio, c.p_value, c.verdict in ("no_change", "inconclusive")
-      (1.0, 1.0, True)
+      >>> a = run(jnp.cos, jnp.ones(8), samples=10, min_time=0.0)
+      >>> compare_results(a, a).verdict in ("no_change", "inconclusive")
+      True
     """
     diffs = fingerprint_diff(base.conditions, cand.conditions)
     if diffs and not allow_different_machines:
