@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from treeguard.bench import ab, compare_paired, conditions
+from treeguard.bench import ab, compare, conditions
 from treeguard.examples.loops import SIZE, STEPS
 from treeguard.examples.loops import base as base_target
 from treeguard.examples.loops import more as more_target
@@ -64,9 +64,10 @@ def main() -> None:
             lo, hi = cmp.ratio_ci
             verdicts[kind][cmp.verdict] += 1
             a, b = r.a.samples_s, r.b.samples_s
-            on_wall = compare_paired(
+            on_wall = compare(
                 [a[2 * k] + a[2 * k + 1] for k in range(r.rounds)],
                 [b[2 * k] + b[2 * k + 1] for k in range(r.rounds)],
+                paired=True,
             )
             wall[kind][on_wall.verdict] += 1
             print(

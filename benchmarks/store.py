@@ -105,7 +105,7 @@ def _ec(args: argparse.Namespace) -> None:
     # it signs on purpose: signing one verdict is what this section times
     from treeguard._src.provenance.verdicts import EcSigner
     from treeguard._src.store.verdicts import message
-    from treeguard.provenance import TrustPolicy, generate_keys, load_signing_key
+    from treeguard.provenance import PrivateKey, TrustPolicy, generate_keys
 
     tree = _tree(args.mib, args.leaves)
     like = tg.spec_of(tree)
@@ -130,7 +130,7 @@ def _ec(args: argparse.Namespace) -> None:
                 args.repeats,
             )
             text = message("store-id", v, store._backend.record(v)[1])
-            signer = EcSigner(load_signing_key(key), TrustPolicy.from_paths(trusted=[pub]))
+            signer = EcSigner(PrivateKey.load(key), TrustPolicy.from_paths(trusted=[pub]))
             signature = signer.sign(text)
             reps = args.repeats * 20
             sign = _median(lambda s=signer, t=text: s.sign(t), reps)

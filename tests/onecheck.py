@@ -10,7 +10,11 @@ from typing import Any
 
 # The check table, its context, the generated cases and the per-example hash on purpose:
 # they have no public name, and going through ``run`` would make each test cost a whole run.
-from treeguard._src.verify import cases, checks, splits
+from treeguard._src.verify import (  # _src: one check alone; run() costs a whole run
+    cases,
+    checks,
+    splits,
+)
 from treeguard.verify import CheckResult, Model, References
 
 Case = cases.Case

@@ -9,7 +9,10 @@ import pytest
 from subproc import ROOT, run_python
 
 # The version gate on purpose: ``import treeguard`` runs it once, with the installed jax.
-from treeguard._src.jaxversion import check_jax_version, installed_jax
+from treeguard._src.jaxversion import (  # _src: the version gate runs once at import
+    check_jax_version,
+    installed_jax,
+)
 
 MESSAGE = (
     "treeguard needs jax >= 0.10 (CI runs 0.10.2, 0.11.2 and 0.12.0.1); "

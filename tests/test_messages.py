@@ -16,7 +16,7 @@ import pytest
 from corpus import seed_params
 
 import treeguard as tg
-from treeguard.provenance import generate_keys, load_public_key
+from treeguard.provenance import PublicKey, generate_keys
 
 
 def _message(fn: Any, *args: Any, **kwargs: Any) -> str:
@@ -290,7 +290,11 @@ def test_flight_recorder_without_a_batch_choice_message(tmp_path: Any) -> None:
 def test_grpc_message_refusals() -> None:
     pytest.importorskip("google.protobuf")
     # gRPC's parser: only after importorskip, since it imports protobuf
-    from treeguard._src.serving.grpc_transport import parse, pb, read_request
+    from treeguard._src.serving.grpc_transport import (  # _src: gRPC parser's messages, no server
+        parse,
+        pb,
+        read_request,
+    )
 
     assert _message(parse, b"\xff\xff", pb.ModelInferRequest) == (
         "the message is not a ModelInferRequest (it does not parse)\n"
@@ -344,7 +348,7 @@ def test_revoked_and_untrusted_verdict_messages(tmp_path: Any) -> None:
 
     key, pub = generate_keys(tmp_path / "ci")
     _, other = generate_keys(tmp_path / "other")
-    fp, other_fp = load_public_key(pub).fingerprint, load_public_key(other).fingerprint
+    fp, other_fp = PublicKey.load(pub).fingerprint, PublicKey.load(other).fingerprint
     writer = tg.ArtifactStore(tmp_path / "store", signing_key=key)
     v = writer.put({"w": np.ones(2, np.float32)})
     writer.verify(v)
@@ -365,7 +369,10 @@ def test_revoked_and_untrusted_verdict_messages(tmp_path: Any) -> None:
 
 def test_exported_artifact_refusals_name_both_sides() -> None:
     # the artifact's compatibility check alone: refusals from another jax or platform
-    from treeguard._src.export.compat import check_servable, window
+    from treeguard._src.export.compat import (  # _src: the jax/platform window alone
+        check_servable,
+        window,
+    )
     from treeguard.export import Description
 
     low, high = window()

@@ -13,7 +13,6 @@ import importlib as _importlib
 import typing as _typing
 
 if _typing.TYPE_CHECKING:
-    from ._src.checkpoint import ForeignHeader as ForeignHeader
     from ._src.checkpoint import Header as Header
     from ._src.checkpoint import SaveHandle as SaveHandle
     from ._src.checkpoint import import_weights as import_weights
@@ -23,7 +22,6 @@ if _typing.TYPE_CHECKING:
     from ._src.checkpoint import save as save
     from ._src.checkpoint import save_async as save_async
     from ._src.checkpoint import verify_file as verify_file
-    from ._src.checkpoint import wait_all as wait_all
     from ._src.diff import check as check
     from ._src.diff import mismatches as mismatches
     from ._src.diff import unflatten as unflatten
@@ -89,7 +87,6 @@ _EXPORTS: dict[str, str] = {
     "ExportError": "._src.errors",
     "ExportValidationError": "._src.errors",
     "FlightRecorder": "._src.recorder",
-    "ForeignHeader": "._src.checkpoint",
     "FormatError": "._src.errors",
     "Header": "._src.checkpoint",
     "IntegrityError": "._src.errors",
@@ -138,7 +135,6 @@ _EXPORTS: dict[str, str] = {
     "unflatten": "._src.diff",
     "updater": "._src.updates",
     "verify_file": "._src.checkpoint",
-    "wait_all": "._src.checkpoint",
 }
 
 

@@ -1,4 +1,5 @@
-"""The comparison: its U test against scipy, its verdicts on simulated timings
+"""The comparison: its U test and signed-rank test against scipy (through
+``compare``'s statistic and p-value), its verdicts on simulated timings
 (no clock is read here), the power guard and the machine check."""
 
 from __future__ import annotations
@@ -13,16 +14,7 @@ from benchresults import ran
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from treeguard._src.bench.ranks import hodges_lehmann, mann_whitney_u, wilcoxon_signed_rank
-from treeguard.bench import (
-    BenchError,
-    BenchResult,
-    MachineMismatchError,
-    compare,
-    compare_paired,
-    compare_runs,
-    compare_samples,
-)
+from treeguard.bench import BenchError, BenchResult, MachineMismatchError, compare
 
 
 def timings(
@@ -41,10 +33,10 @@ def test_mann_whitney_agrees_with_scipy(seed: int) -> None:
     x, y = rng.normal(0, 1, n1), rng.normal(rng.uniform(-1, 1), 1, n2)
     if seed % 2:  # ties
         x, y = np.round(x, 1), np.round(y, 1)
-    u, p = mann_whitney_u(x, y)
+    c = compare(y + 10.0, x + 10.0)  # U of the candidate; a common shift keeps every rank
     ref = scipy.stats.mannwhitneyu(x, y, alternative="two-sided", method="asymptotic")
-    assert abs(u - ref.statistic) <= 1e-12 * max(1.0, ref.statistic)
-    assert abs(p - ref.pvalue) <= 1e-12
+    assert abs(c.statistic - ref.statistic) <= 1e-12 * max(1.0, ref.statistic)
+    assert abs(c.p_value - ref.pvalue) <= 1e-12
 
 
 @given(
@@ -53,7 +45,8 @@ def test_mann_whitney_agrees_with_scipy(seed: int) -> None:
 )
 @settings(max_examples=60, deadline=None)
 def test_mann_whitney_agrees_with_scipy_on_heavy_ties(x: list[int], y: list[int]) -> None:
-    u, p = mann_whitney_u(x, y)
+    c = compare([v + 1.0 for v in y], [v + 1.0 for v in x])
+    u, p = c.statistic, c.p_value
     if len(set(x + y)) == 1:
         assert p == 1.0
         return
@@ -64,24 +57,25 @@ def test_mann_whitney_agrees_with_scipy_on_heavy_ties(x: list[int], y: list[int]
 def test_hodges_lehmann_is_the_median_pairwise_difference() -> None:
     rng = np.random.default_rng(1)
     a, b = rng.normal(0, 1, 17), rng.normal(0.5, 1, 23)
-    assert hodges_lehmann(a, b) == pytest.approx(np.median([y - x for x in a for y in b]))
+    shift = compare(a + 10.0, b + 10.0).shift_s
+    assert shift == pytest.approx(np.median([y - x for x in a for y in b]))
 
 
 def test_a_five_percent_shift_at_n30_is_detected() -> None:
     rng = np.random.default_rng(5)
     base = timings(rng, 30, noise=0.02)
     cand = timings(rng, 30, noise=0.02) * 1.05
-    c = compare_samples(base, cand)
+    c = compare(base, cand)
     assert c.verdict == "regression", c.describe()
     assert c.ratio_ci[0] - 1 > 0.02 and c.change == pytest.approx(0.05, abs=0.02)
-    assert compare_samples(cand, base).verdict == "improvement"
+    assert compare(cand, base).verdict == "improvement"
 
 
 @pytest.mark.slow
 def test_a_five_percent_shift_at_n30_is_detected_nine_times_in_ten() -> None:
     rng = np.random.default_rng(6)
     hits = sum(
-        compare_samples(timings(rng, 30, noise=0.02), timings(rng, 30, noise=0.02) * 1.05).verdict
+        compare(timings(rng, 30, noise=0.02), timings(rng, 30, noise=0.02) * 1.05).verdict
         == "regression"
         for _ in range(200)
     )
@@ -94,9 +88,7 @@ def test_the_aa_false_positive_rate_is_at_most_alpha_plus_one_percent(min_effect
     rng = np.random.default_rng(7)
     alpha, trials = 0.05, 1000
     called = sum(
-        compare_samples(
-            timings(rng, 30), timings(rng, 30), alpha=alpha, min_effect=min_effect
-        ).verdict
+        compare(timings(rng, 30), timings(rng, 30), alpha=alpha, min_effect=min_effect).verdict
         in ("regression", "improvement")
         for _ in range(trials)
     )
@@ -105,15 +97,13 @@ def test_the_aa_false_positive_rate_is_at_most_alpha_plus_one_percent(min_effect
 
 def test_the_u_test_alone_is_calibrated_on_aa_data() -> None:
     rng = np.random.default_rng(8)
-    rejected = sum(
-        mann_whitney_u(timings(rng, 30), timings(rng, 30))[1] < 0.05 for _ in range(1000)
-    )
+    rejected = sum(compare(timings(rng, 30), timings(rng, 30)).p_value < 0.05 for _ in range(1000))
     assert rejected / 1000 <= 0.06
 
 
 def test_no_change_when_the_interval_lies_within_min_effect() -> None:
     rng = np.random.default_rng(9)
-    c = compare_samples(timings(rng, 200, noise=0.01), timings(rng, 200, noise=0.01))
+    c = compare(timings(rng, 200, noise=0.01), timings(rng, 200, noise=0.01))
     assert c.verdict == "no_change", c.describe()
     assert c.reason == "the interval lies within ±2.0%"
     assert c.needed_samples is None
@@ -121,14 +111,14 @@ def test_no_change_when_the_interval_lies_within_min_effect() -> None:
 
 def test_inconclusive_when_noise_hides_the_answer_with_the_samples_needed() -> None:
     rng = np.random.default_rng(10)
-    c = compare_samples(timings(rng, 12, noise=0.3), timings(rng, 12, noise=0.3) * 1.03)
+    c = compare(timings(rng, 12, noise=0.3), timings(rng, 12, noise=0.3) * 1.03)
     assert c.verdict == "inconclusive", c.describe()
     assert c.reason.startswith("the interval is neither within nor beyond ±2.0%")
     assert c.needed_samples is not None and c.needed_samples > 12
 
 
 def test_the_power_guard_refuses_too_few_samples() -> None:
-    c = compare_samples([1.0] * 5, [2.0] * 5)  # all of B above all of A, yet only 5 each
+    c = compare([1.0] * 5, [2.0] * 5)  # all of B above all of A, yet only 5 each
     assert c.verdict == "inconclusive"
     assert c.reason == "too few samples to call (5 and 5; at least 9 per side)"
     assert c.needed_samples is not None and c.needed_samples >= 9
@@ -136,7 +126,7 @@ def test_the_power_guard_refuses_too_few_samples() -> None:
 
 def test_unequal_sample_sizes_are_fine() -> None:
     rng = np.random.default_rng(11)
-    c = compare_samples(timings(rng, 15, noise=0.01), timings(rng, 90, noise=0.01) * 1.2)
+    c = compare(timings(rng, 15, noise=0.01), timings(rng, 90, noise=0.01) * 1.2)
     assert (c.n_base, c.n_cand, c.verdict) == (15, 90, "regression")
 
 
@@ -149,7 +139,7 @@ def test_unequal_sample_sizes_are_fine() -> None:
 )
 def test_bad_levels_are_refused(kwargs: dict[str, float], message: str) -> None:
     with pytest.raises(BenchError, match="^" + re.escape(message)):
-        compare_samples([1.0] * 10, [1.0] * 10, **kwargs)  # type: ignore[arg-type]
+        compare([1.0] * 10, [1.0] * 10, **kwargs)  # type: ignore[arg-type]
 
 
 def _result(samples: np.ndarray, **conditions: object) -> BenchResult:
@@ -194,8 +184,12 @@ def test_wilcoxon_signed_rank_agrees_with_scipy(seed: int) -> None:
     d = rng.normal(rng.uniform(-0.5, 0.5), 1.0, int(rng.integers(10, 60)))
     if seed % 3 == 0:  # ties, zeros dropped
         d = np.round(d, 1)
-    w, p = wilcoxon_signed_rank(d)
-    ref = scipy.stats.wilcoxon(d, method="asymptotic", correction=False, zero_method="wilcox")
+    base, cand = np.ones(d.size), np.exp(d)
+    c = compare(base, cand, paired=True)  # the signed-rank test of log(cand / base)
+    w, p = c.statistic, c.p_value
+    ref = scipy.stats.wilcoxon(
+        np.log(cand / base), method="asymptotic", correction=False, zero_method="wilcox"
+    )
     assert abs(w - ref.statistic) <= 1e-9 and abs(p - ref.pvalue) <= 1e-12
 
 
@@ -203,15 +197,15 @@ def test_pairing_cancels_a_drift_that_hides_the_difference_unpaired() -> None:
     rng = np.random.default_rng(15)
     drift = np.linspace(1.0, 2.0, 30) * rng.lognormal(0, 0.01, 30)  # the machine slows down
     base, cand = drift, drift * 1.06 * rng.lognormal(0, 0.01, 30)
-    assert compare_samples(base, cand).verdict == "inconclusive"
-    paired = compare_paired(base, cand)
+    assert compare(base, cand).verdict == "inconclusive"
+    paired = compare(base, cand, paired=True)
     assert (paired.verdict, paired.test) == ("regression", "wilcoxon-paired")
-    assert compare_paired(base, base * rng.lognormal(0, 0.005, 30)).verdict == "no_change"
-    few = compare_paired(base[:5], cand[:5])
+    assert compare(base, base * rng.lognormal(0, 0.005, 30), paired=True).verdict == "no_change"
+    few = compare(base[:5], cand[:5], paired=True)
     assert few.verdict == "inconclusive"
     assert few.reason == "too few samples to call (5 pairs; at least 9 pairs)"
     with pytest.raises(BenchError, match=r"^paired times: 30 base and 5 candidate"):
-        compare_paired(base, cand[:5])
+        compare(base, cand[:5], paired=True)
 
 
 @pytest.mark.slow
@@ -221,7 +215,10 @@ def test_the_paired_aa_false_positive_rate_is_at_most_alpha_plus_one_percent() -
     for _ in range(1000):
         drift = np.exp(np.cumsum(rng.normal(0, 0.02, 30)))  # a random-walk machine
         a, b = drift * timings(rng, 30), drift * timings(rng, 30)
-        called += compare_paired(a, b, min_effect=0.0).verdict in ("regression", "improvement")
+        called += compare(a, b, min_effect=0.0, paired=True).verdict in (
+            "regression",
+            "improvement",
+        )
     assert called / 1000 <= 0.06
 
 
@@ -261,7 +258,7 @@ def test_one_run_per_side_is_never_a_verdict_though_its_samples_differ() -> None
     assert sum(v in ("regression", "improvement") for v in within) >= 20
     # ...and across runs one run per side says nothing either way.
     for a, b in pairs:
-        c = compare_runs([a], [b])
+        c = compare([a], [b])
         assert c.verdict == "inconclusive" and c.test == "mann-whitney-runs"
         assert c.reason == "too few samples to call (1 and 1; at least 9 runs per side)"
         assert c.needed_samples is not None and c.needed_samples >= 9
@@ -270,7 +267,7 @@ def test_one_run_per_side_is_never_a_verdict_though_its_samples_differ() -> None
 def test_aa_runs_never_call_a_regression_at_the_default_alpha() -> None:
     rng = np.random.default_rng(12)
     verdicts = [
-        compare_runs([run_of(rng) for _ in range(10)], [run_of(rng) for _ in range(10)]).verdict
+        compare([run_of(rng) for _ in range(10)], [run_of(rng) for _ in range(10)]).verdict
         for _ in range(100)
     ]
     assert verdicts.count("regression") == 0
@@ -280,7 +277,7 @@ def test_aa_runs_never_call_a_regression_at_the_default_alpha() -> None:
 def test_a_real_slowdown_across_runs_is_a_regression() -> None:
     rng = np.random.default_rng(13)
     hits = sum(
-        compare_runs(
+        compare(
             [run_of(rng) for _ in range(10)], [run_of(rng, scale=1.3) for _ in range(10)]
         ).verdict
         == "regression"
@@ -295,9 +292,21 @@ def test_runs_check_machines_and_validity() -> None:
     cand = [run_of(rng) for _ in range(8)]
     other = dataclasses.replace(run_of(rng), conditions={"cpu_model": "Other CPU"})
     with pytest.raises(MachineMismatchError, match="cpu_model: 'Test CPU' in the base"):
-        compare_runs(base, [*cand, other])
+        compare(base, [*cand, other])
     bad = dataclasses.replace(run_of(rng), status="invalid", reason="1 compile(s)")
-    c = compare_runs(base, [*cand, bad])
+    c = compare(base, [*cand, bad])
     assert c.verdict == "invalid" and c.reason == "candidate 'f': 1 compile(s)"
     with pytest.raises(BenchError, match=r"^9 base and 0 candidate runs\nhint: give each side"):
-        compare_runs(base, [])
+        compare(base, [])
+
+
+def test_compare_refuses_sides_of_different_kinds() -> None:
+    rng = np.random.default_rng(18)
+    result = _result(timings(rng, 30))
+    for base, cand, paired, kinds in (
+        (result, list(timings(rng, 30)), False, "result and samples"),
+        ([result], result, False, "result and runs"),
+        (result, result, True, "result (paired)"),
+    ):
+        with pytest.raises(BenchError, match=re.escape(f"base and candidate are {kinds}")):
+            compare(base, cand, paired=paired)

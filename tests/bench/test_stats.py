@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from treeguard.bench import BenchError, describe
+from treeguard.bench import BenchError, Stats
 
 durations = st.lists(
     st.floats(min_value=0.0, max_value=10.0, allow_nan=False, allow_infinity=False),
@@ -19,7 +19,7 @@ durations = st.lists(
 
 
 def test_known_values() -> None:
-    s = describe([1.0, 2.0, 3.0, 4.0, 100.0])
+    s = Stats.of([1.0, 2.0, 3.0, 4.0, 100.0])
     assert (s.n, s.median, s.mad, s.min, s.max) == (5, 3.0, 1.0, 1.0, 100.0)
     assert s.mean == pytest.approx(22.0)
     assert s.sd == pytest.approx(np.std([1, 2, 3, 4, 100], ddof=1))
@@ -29,13 +29,13 @@ def test_known_values() -> None:
 
 def test_mild_and_severe_outliers_are_told_apart() -> None:
     base = [10.0] * 5 + [11.0] * 10 + [12.0] * 5  # Q1 = 11 - ..., IQR = 1
-    s = describe([*base, 13.8, 20.0])
+    s = Stats.of([*base, 13.8, 20.0])
     assert s.iqr == pytest.approx(1.0)
     assert (s.mild_outliers, s.severe_outliers) == (1, 1)
 
 
 def test_histogram_and_ci_of_a_constant_sample() -> None:
-    s = describe([0.5] * 7)
+    s = Stats.of([0.5] * 7)
     assert s.median_ci == (0.5, 0.5)
     assert sum(s.histogram.counts) == 7 and s.mad == 0.0 and s.severe_outliers == 0
 
@@ -43,7 +43,7 @@ def test_histogram_and_ci_of_a_constant_sample() -> None:
 @given(durations)
 @settings(max_examples=60, deadline=None)
 def test_invariants_on_any_sample(xs: list[float]) -> None:
-    s = describe(xs)
+    s = Stats.of(xs)
     assert s.n == len(xs) and sum(s.histogram.counts) == len(xs)
     assert s.min <= s.p5 <= s.p25 <= s.median <= s.p75 <= s.p95 <= s.p99 <= s.max
     assert s.min <= s.median_ci[0] <= s.median_ci[1] <= s.max
@@ -53,7 +53,7 @@ def test_invariants_on_any_sample(xs: list[float]) -> None:
 
 def test_the_ci_is_reproducible() -> None:
     xs = np.random.default_rng(3).lognormal(0, 0.1, 40)
-    assert describe(xs).median_ci == describe(xs).median_ci
+    assert Stats.of(xs).median_ci == Stats.of(xs).median_ci
 
 
 @pytest.mark.parametrize(
@@ -66,4 +66,4 @@ def test_the_ci_is_reproducible() -> None:
 )
 def test_bad_samples_are_refused(bad: list[float], message: str) -> None:
     with pytest.raises(BenchError, match="^" + re.escape(message)):
-        describe(bad)
+        Stats.of(bad)

@@ -27,10 +27,10 @@ import treeguard as tg
 from treeguard._cli.main import main
 
 # The hashing engine on purpose: its spans, ranges and threads against a plain hashlib.
-from treeguard._src import hashing
+from treeguard._src import hashing  # _src: the hashing engine
 
 # The reader's batch size on purpose: lowered to make several batches of small leaves.
-from treeguard._src.checkpoint import read
+from treeguard._src.checkpoint import read  # _src: its batch size, lowered
 
 LEGACY = Path(__file__).parents[1] / "data" / "legacy"
 KEY = "legacy-fixture-key-0123456789abcdef"

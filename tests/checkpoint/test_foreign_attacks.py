@@ -22,7 +22,7 @@ from treeguard._cli.main import main
 
 # The foreign reader's own steps and limit, on purpose: a file shrinks between two
 # of its steps, and its tensor limit is lowered to keep the files small.
-from treeguard._src.checkpoint import foreign, foreignheader
+from treeguard._src.checkpoint import foreign, foreignheader  # _src: a file shrinks mid-read
 
 
 def _run(*args: str) -> Any:

@@ -22,9 +22,9 @@ import treeguard as tg
 # The scanner and its budget, and strictjson's sharing, on purpose: the computed
 # cost is asserted against what is really built (tracemalloc), and which objects
 # are one, neither of which a public face shows.
-from treeguard._src import strictjson
-from treeguard._src.checkpoint import table
-from treeguard._src.checkpoint.header import table_budget
+from treeguard._src import strictjson  # _src: the scanner alone
+from treeguard._src.checkpoint import table  # _src: the scanner alone
+from treeguard._src.checkpoint.header import table_budget  # _src: the budget
 
 _FREE = table_budget(0)
 

@@ -24,7 +24,7 @@ import treeguard as tg
 # The scanner on purpose: its computed cost is asserted against what it really
 # builds (tracemalloc), and which specs it reads itself, neither of which a
 # public face shows.
-from treeguard._src import specscan
+from treeguard._src import specscan  # _src: the spec scanner alone
 
 _BUDGET_MESSAGE = r"its [\d,]+ bytes of JSON would take about [\d,]+ bytes of objects, over the"
 

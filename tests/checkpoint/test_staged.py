@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import treeguard as tg
-from treeguard._src.checkpoint import staged
+from treeguard._src.checkpoint import staged  # _src: staging needs an accelerator
 
 ACCELERATOR = jax.default_backend() != "cpu"
 

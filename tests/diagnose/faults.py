@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 # The one reader of a scan equation's layout, which changed between JAX releases.
-from treeguard._src.diagnose.jaxpr import scan_split
+from treeguard._src.diagnose.jaxpr import scan_split  # _src: scan layout across JAX releases
 
 _CALLS = {"jit": "jaxpr", "closed_call": "call_jaxpr", "custom_jvp_call": "call_jaxpr"}
 

@@ -13,8 +13,8 @@ import jax.numpy as jnp
 
 # The private module on purpose: it isolates the reads of JAX internals that have
 # no public API, and these tests fail loudly when a JAX release moves them.
-from treeguard._src.diagnose import jaxpr as jx
-from treeguard._src.equation import site  # the one reader of JAX's source info, on purpose
+from treeguard._src.diagnose import jaxpr as jx  # _src: jaxpr walking
+from treeguard._src.equation import site  # _src: the one reader of JAX's source info
 
 
 def traced(x: jax.Array) -> jax.Array:

@@ -11,7 +11,7 @@ from treeguard import ConfigError
 
 # The fp64 rule alone, on purpose: a property over random values, where a locate
 # call per example would compile a program each time.
-from treeguard._src.diagnose.tolerance import fp64_passes
+from treeguard._src.diagnose.tolerance import fp64_passes  # _src: fp64 rule as a property
 from treeguard.diagnose import TolerancePolicy
 from treeguard.verify import Tolerance
 

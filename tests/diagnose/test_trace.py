@@ -13,7 +13,7 @@ import pytest
 
 from tests.subproc import run_module
 from treeguard import save
-from treeguard.diagnose import DiagnosisError, load_trace, locate, record_trace
+from treeguard.diagnose import DiagnosisError, Trace, locate, record_trace
 
 
 def step(p: dict[str, jax.Array], x: jax.Array, scale: float = 1.0) -> dict[str, jax.Array]:
@@ -28,7 +28,7 @@ XS = jnp.linspace(0.0, 1.0, 6).reshape(2, 3)
 
 def test_a_trace_round_trips_and_matches_itself(tmp_path: Path) -> None:
     path = record_trace(tmp_path / "t.safetensors", jax.jit(step), P, XS, label="step")
-    trace = load_trace(path)
+    trace = Trace.load(path)
     assert [p for p, _ in trace.equations.values()] == [
         "dot_general",
         "tanh",
@@ -43,7 +43,7 @@ def test_a_trace_round_trips_and_matches_itself(tmp_path: Path) -> None:
 
 def test_a_changed_equation_is_the_culprit_and_what_follows_propagates(tmp_path: Path) -> None:
     path = record_trace(tmp_path / "t.safetensors", step, P, XS)
-    d = locate(lambda p, x: step(p, x, scale=1.001), P, XS, candidate=load_trace(path))
+    d = locate(lambda p, x: step(p, x, scale=1.001), P, XS, candidate=Trace.load(path))
     assert d.outcome == "located" and d.exit_code == 1
     assert d.equation is not None
     line = inspect.getsourcelines(step)[1] + 2
@@ -58,7 +58,7 @@ def test_a_changed_equation_is_the_culprit_and_what_follows_propagates(tmp_path:
 def test_a_checkpoint_that_is_no_trace_is_refused(tmp_path: Path) -> None:
     save(tmp_path / "params.safetensors", P)
     with pytest.raises(DiagnosisError) as e:
-        load_trace(tmp_path / "params.safetensors")
+        Trace.load(tmp_path / "params.safetensors")
     assert str(e.value).endswith(
         "is a checkpoint but not a recorded trace (format None, expected "
         "'treeguard.diagnose-trace/1')\nhint: record one with "

@@ -24,13 +24,13 @@ from treeguard.provenance import (
     BadSignatureError,
     KeyFileError,
     MissingSignatureError,
+    PrivateKey,
+    PublicKey,
     RevokedKeyError,
     SignedDigestError,
     TrustPolicy,
     UntrustedKeyError,
     generate_keys,
-    load_public_key,
-    load_signing_key,
     sign_model,
     verify_model,
 )
@@ -70,12 +70,12 @@ def _flip(path: Path, at: int) -> None:
 def test_out_model_signing_verifies_what_treeguard_signed(tmp_path: Path) -> None:
     key, pub = generate_keys(tmp_path / "alice", curve="P-384")
     model = _model_dir(tmp_path, *MODELS)
-    manifest = sign_model(model, load_signing_key(key))
+    manifest = sign_model(model, PrivateKey.load(key))
     assert set(manifest.digests) == {*(f"{n}.safetensors" for n in MODELS), "extra/config.json"}
     rc, out = _oms("verify", "key", model, "--signature", model / "model.sig", "--public_key", pub)
     assert rc == 0, out
     bundle = json.loads((model / "model.sig").read_text())
-    assert bundle["verificationMaterial"]["publicKey"]["hint"] == load_public_key(pub).fingerprint
+    assert bundle["verificationMaterial"]["publicKey"]["hint"] == PublicKey.load(pub).fingerprint
     _flip(model / "chess_cv.safetensors", 1000)
     rc, out = _oms("verify", "key", model, "--signature", model / "model.sig", "--public_key", pub)
     assert rc == 1 and "Hash mismatch for 'chess_cv.safetensors'" in out
@@ -85,7 +85,7 @@ def test_out_a_single_file_model(tmp_path: Path) -> None:
     key, pub = generate_keys(tmp_path / "alice")
     model = tmp_path / "mlp.safetensors"
     shutil.copyfile(MODELS["mlp"], model)
-    sign_model(model, load_signing_key(key), signature=tmp_path / "mlp.sig")
+    sign_model(model, PrivateKey.load(key), signature=tmp_path / "mlp.sig")
     rc, out = _oms("verify", "key", model, "--signature", tmp_path / "mlp.sig", "--public_key", pub)
     assert rc == 0, out
 
@@ -116,7 +116,7 @@ def test_in_treeguard_verifies_what_model_signing_signed(
 ) -> None:
     model, pub, _ = signed_by_model_signing
     signed = verify_model(model, policy=TrustPolicy.from_paths(trusted=[pub]))
-    assert signed.key.fingerprint == load_public_key(pub).fingerprint
+    assert signed.key.fingerprint == PublicKey.load(pub).fingerprint
     assert signed.key.curve == "P-521" and signed.manifest.algorithm == "sha256"
     assert set(signed.manifest.digests) == {
         *(f"{n}.safetensors" for n in MODELS),
@@ -160,7 +160,7 @@ def test_in_untrusted_revoked_missing_and_wrong_curve(
     _, other = generate_keys(tmp_path / "bob")
     with pytest.raises(UntrustedKeyError, match="not trusted"):
         verify_model(model, policy=TrustPolicy.from_paths(trusted=[other]))
-    with pytest.raises(RevokedKeyError, match=load_public_key(pub).fingerprint):
+    with pytest.raises(RevokedKeyError, match=PublicKey.load(pub).fingerprint):
         verify_model(model, policy=TrustPolicy.from_paths(trusted=[pub, other], revoked=[pub]))
     copy = _copy(model, tmp_path)
     (copy / "model.sig").unlink()

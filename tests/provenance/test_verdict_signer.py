@@ -5,26 +5,24 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from dsse import sign_text
 
-# The verdict signer, its trail and the signed text's encoding on purpose: a store
-# reaches them only with its records around them, and these tests forge what it signs.
-from treeguard._src.provenance.trust import pae, sign_text
-from treeguard._src.provenance.verdicts import EcSigner
+from treeguard._src.provenance.verdicts import EcSigner  # _src: the signer without a store
 from treeguard.provenance import (
     BadSignatureError,
+    PrivateKey,
     ProvenanceError,
     RevokedKeyError,
     Trail,
     TrustPolicy,
     UntrustedKeyError,
     generate_keys,
-    load_signing_key,
 )
 
 
 def test_the_writer_signs_and_a_reader_with_public_keys_only_checks(tmp_path: Path) -> None:
     key_path, pub = generate_keys(tmp_path / "ci")
-    writer = EcSigner(load_signing_key(key_path), TrustPolicy())
+    writer = EcSigner(PrivateKey.load(key_path), TrustPolicy())
     text = writer.sign(b"verdict")
     assert writer.verify(b"verdict", text) is None  # its own key counts
     reader = EcSigner(None, TrustPolicy.from_paths(trusted=[pub]))
@@ -43,7 +41,7 @@ def test_the_writer_signs_and_a_reader_with_public_keys_only_checks(tmp_path: Pa
 def test_revoked_untrusted_hmac_and_cross_purpose_signatures(tmp_path: Path) -> None:
     key_path, pub = generate_keys(tmp_path / "old")
     _, other = generate_keys(tmp_path / "new")
-    key = load_signing_key(key_path)
+    key = PrivateKey.load(key_path)
     text = EcSigner(key, TrustPolicy()).sign(b"verdict")
     with pytest.raises(RevokedKeyError, match=key.public.fingerprint):
         EcSigner(None, TrustPolicy.from_paths(trusted=[pub, other], revoked=[pub])).verify(
@@ -59,4 +57,10 @@ def test_revoked_untrusted_hmac_and_cross_purpose_signatures(tmp_path: Path) -> 
     model_sig = sign_text(key, "application/vnd.in-toto+json", b"verdict")
     with pytest.raises(BadSignatureError):
         EcSigner(key, TrustPolicy()).verify(b"verdict", model_sig)
-    assert pae("a", b"") == b"DSSEv1 1 a 0 "
+    # and one made over DSSE's encoding as its spec writes it is (the encoding is the spec's)
+    assert (
+        EcSigner(key, TrustPolicy()).verify(
+            b"v", sign_text(key, "application/vnd.treeguard.verdict+json", b"v")
+        )
+        is None
+    )

@@ -21,7 +21,11 @@ import treeguard as tg
 
 # The traced finite flag alone, on purpose: each way it marks a leaf, at sizes
 # around its threshold, with no recorder and no step around it.
-from treeguard._src.recorder.flight import PRODUCT_MIN, _marks, finite_flag
+from treeguard._src.recorder.flight import (  # _src: the in-jit finite flag's bounds
+    PRODUCT_MIN,
+    _marks,
+    finite_flag,
+)
 
 #: One leaf for each way a leaf is checked, every value at its dtype's largest
 #: (alternating in sign), so that a sum of the values themselves would overflow.

@@ -17,8 +17,8 @@ import treeguard
 
 # The dtype predicates and the host finite check themselves, on purpose: each kind is
 # judged here without a gate around it (the gates' refusals are shown through them below).
-from treeguard._src import leaf, nonfinite
-from treeguard._src.verify.model import is_float
+from treeguard._src import leaf, nonfinite  # _src: each finiteness reader, dtype by dtype
+from treeguard._src.verify.model import is_float  # _src: the float-kind rule they share
 from treeguard.diagnose import nan_origin
 
 ML_FLOATS = sorted(

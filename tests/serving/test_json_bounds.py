@@ -20,8 +20,8 @@ import treeguard
 from treeguard import LeafSpec, spec_of
 
 # The parser and the decoder alone on purpose (no server): they have no public name.
-from treeguard._src.serving.decode import Decoder
-from treeguard._src.serving.rest import read_request
+from treeguard._src.serving.decode import Decoder  # _src: decode without a server
+from treeguard._src.serving.rest import read_request  # _src: the whole= parse knob
 from treeguard.examples import mlp
 from treeguard.serving import Limits, Server, ServingSpec
 
@@ -172,8 +172,8 @@ _CHILD = """
 import os, resource, sys
 import treeguard
 from treeguard import LeafSpec, spec_of
-from treeguard._src.serving.decode import Decoder
-from treeguard._src.serving.rest import read_request
+from treeguard._src.serving.decode import Decoder  # _src: decode without a server
+from treeguard._src.serving.rest import read_request  # _src: the whole= parse knob
 from treeguard.serving import ServingSpec
 spec = ServingSpec(inputs=spec_of({"x": LeafSpec(("B", 256), "float32")}), buckets=(1,))
 decoder = Decoder(spec)

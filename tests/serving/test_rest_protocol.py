@@ -21,7 +21,7 @@ from treeguard import LeafSpec, spec_of
 
 # The decoder alone on purpose (no server): it and the parsed request it takes have
 # no public name.
-from treeguard._src.serving.decode import Decoder
+from treeguard._src.serving.decode import Decoder  # _src: decoded arrays, not outputs
 from treeguard.examples import mlp
 from treeguard.serving import InferRequest, RawInput, Server, ServingSpec
 
@@ -248,7 +248,7 @@ async def test_swap_and_rollback_need_the_bearer_token_when_one_is_set(mlp_store
 
 def test_serve_refuses_to_bind_beyond_loopback_without_a_token(mlp_server):
     with pytest.raises(treeguard.ConfigError, match="is reachable from other machines"):
-        treeguard.serving.serve(mlp_server, host="0.0.0.0", port=1)
+        mlp_server.serve(host="0.0.0.0", port=1)
 
 
 def test_64_bit_datatypes_decode_exactly_and_refuse_what_they_cannot_hold():

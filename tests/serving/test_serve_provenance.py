@@ -14,7 +14,7 @@ import tinymodel
 from serving_support import client, tiny_spec
 
 import treeguard
-from treeguard.provenance import generate_keys, load_public_key
+from treeguard.provenance import PublicKey, generate_keys
 from treeguard.serving import Server
 
 pytestmark = pytest.mark.anyio
@@ -50,7 +50,7 @@ async def test_a_public_key_host_serves_swaps_and_refuses_forgeries(
 
     host = treeguard.ArtifactStore(root, trusted_keys=[pub])
     server = Server(tinymodel.model, host, spec=tiny_spec())
-    fingerprint = load_public_key(pub).fingerprint
+    fingerprint = PublicKey.load(pub).fingerprint
     caplog.set_level(logging.INFO, logger="treeguard.serving")
     async with client(server) as c:
         assert server.status()["active"] == first
@@ -71,7 +71,7 @@ async def test_a_public_key_host_serves_swaps_and_refuses_forgeries(
     assert all(f"by key {fingerprint}" in m for m in served), served
     swaps = [e for e in host.history() if e.action.startswith("serve_swap")]
     assert swaps and swaps[-1].version == second
-    assert host.info(second).trail().fingerprint == load_public_key(pub).fingerprint
+    assert host.info(second).trail().fingerprint == PublicKey.load(pub).fingerprint
 
 
 def test_a_revoked_release_key_keeps_the_server_from_starting_on_its_versions(
@@ -83,5 +83,5 @@ def test_a_revoked_release_key_keeps_the_server_from_starting_on_its_versions(
     treeguard.ArtifactStore(root, signing_key=key).promote(v)
     host = treeguard.ArtifactStore(root, trusted_keys=[pub], revoked_keys=[pub])
     server = Server(tinymodel.model, host, spec=tiny_spec())
-    with pytest.raises(treeguard.TreeguardError, match=load_public_key(pub).fingerprint):
+    with pytest.raises(treeguard.TreeguardError, match=PublicKey.load(pub).fingerprint):
         server.start()

@@ -14,7 +14,11 @@ import treeguard
 from treeguard import ConfigError
 
 # internal: the bucket arithmetic under the batcher, tested apart from any server
-from treeguard._src.serving.buckets import admit, bucket_for, pad_rows
+from treeguard._src.serving.buckets import (  # _src: bucket arithmetic as properties
+    admit,
+    bucket_for,
+    pad_rows,
+)
 from treeguard.examples import mlp
 from treeguard.serving import CompilePolicy, Limits, Overflow, ServingSpec
 

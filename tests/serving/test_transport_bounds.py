@@ -26,8 +26,8 @@ from subproc import child_env
 import treeguard
 
 # gRPC's message classes and the metadata bound, to forge requests past each limit.
-from treeguard._src.serving import messages
-from treeguard._src.serving.transport import MAX_METADATA_BYTES
+from treeguard._src.serving import messages  # _src: message bounds, no server
+from treeguard._src.serving.transport import MAX_METADATA_BYTES  # _src: the metadata limit
 from treeguard.serving import Limits, ServingSpec
 
 grpc = pytest.importorskip("grpc")

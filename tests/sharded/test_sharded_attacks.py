@@ -35,8 +35,8 @@ from treeguard._cli.store import store as store_cli
 
 # The parts under attack on purpose: the hashing threads and the manifest parser's
 # limits have no public name.
-from treeguard._src.sharded.digests import HASH_THREADS
-from treeguard._src.sharded.manifest import parse
+from treeguard._src.sharded.digests import HASH_THREADS  # _src: thread count
+from treeguard._src.sharded.manifest import parse  # _src: forged manifests
 
 W = (np.arange(512, dtype=np.float32).reshape(32, 16) * 1.5 + 0.25).astype(np.float32)
 KEY = b"k" * 32

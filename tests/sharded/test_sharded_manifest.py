@@ -16,7 +16,7 @@ import treeguard
 
 # The manifest's parser on purpose: it meets hostile JSON here, and no public call
 # hands a manifest out.
-from treeguard._src.sharded.manifest import (
+from treeguard._src.sharded.manifest import (  # _src: forged manifests
     MANIFEST_NAME,
     ArrayRecord,
     Manifest,

@@ -17,8 +17,18 @@ from machine import needs_inet_sockets
 from treeguard import StorageError
 
 # The storage protocol and its backends on purpose: the layer under the store.
-from treeguard._src.store.objects import _AHEAD, _STREAM_CHUNK, ObjectStorage, is_url, split_url
-from treeguard._src.store.storage import Conflict, LocalStorage, Storage
+from treeguard._src.store.objects import (  # _src: the object-storage protocol itself
+    _AHEAD,
+    _STREAM_CHUNK,
+    ObjectStorage,
+    is_url,
+    split_url,
+)
+from treeguard._src.store.storage import (  # _src: the storage protocol itself
+    Conflict,
+    LocalStorage,
+    Storage,
+)
 
 LIMIT = 1 << 20
 

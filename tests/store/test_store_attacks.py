@@ -26,7 +26,7 @@ from tests.machine import needs_inet_sockets
 from tests.store.storm import storm
 from tests.subproc import child_env, run_python
 from treeguard import ArtifactStore, ConfigError, RetentionPolicy, StoreError, UnknownVersionError
-from treeguard._src.store import pointer, records  # raced and forged on purpose
+from treeguard._src.store import pointer, records  # _src: pointer and records raced and forged
 
 KEY = b"k" * 32
 

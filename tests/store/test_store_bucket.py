@@ -31,7 +31,7 @@ from treeguard import (
     read_header,
 )
 from treeguard._cli.main import main
-from treeguard._src.store import lifecycle  # a race between two steps of gc, made on purpose
+from treeguard._src.store import lifecycle  # _src: a race between two steps of gc
 from treeguard.examples import mlp
 
 # Every test here talks to the session's SeaweedFS server: the slow run starts

@@ -153,7 +153,7 @@ def test_a_deleted_or_donated_array_is_not_put_from_its_digest(tmp_path: Path) -
 
 def test_an_entry_is_gone_once_its_array_is_freed(tmp_path: Path) -> None:
     # the memo has no public face: its size is read from its module
-    from treeguard._src.hashing import memo
+    from treeguard._src.hashing import memo  # _src: the digest memo's size has no public face
 
     store = tg.ArtifactStore.init(tmp_path / "store", dedup=True)
     tree = {f"l{i}": np.full(4, i, np.float32) for i in range(3)}

@@ -29,11 +29,11 @@ from treeguard.provenance import (
     KeyFileError,
     MissingSignatureError,
     ProvenanceError,
+    PublicKey,
     RevokedKeyError,
     SignedDigestError,
     UntrustedKeyError,
     generate_keys,
-    load_public_key,
 )
 
 CHESS = ROOT / "tests" / "data" / "chess_cv_pieces.safetensors"
@@ -85,7 +85,7 @@ def _round_trip(tmp_path: Path, keys: dict[str, str], name: str, params: Any) ->
     inbox = tg.ArtifactStore(tmp_path / "inbox", trusted_keys=[keys["hf.pub"]])
     added = inbox.add_signed(theirs)
     signed = inbox.info(added).metadata["signed_model"]
-    assert signed["fingerprint"] == load_public_key(keys["hf.pub"]).fingerprint
+    assert signed["fingerprint"] == PublicKey.load(keys["hf.pub"]).fingerprint
     assert signed["digests"].keys() == {"model.safetensors"}
     # the same tensors, by name (a model put from a file is nested by its names)
     before = tg.read_foreign(out / "model.safetensors", names="flat")
@@ -206,7 +206,7 @@ def test_add_refuses_and_writes_nothing(
     trusting = tg.ArtifactStore(root, trusted_keys=[keys["hf.pub"]])
     with pytest.raises(UntrustedKeyError):
         tg.ArtifactStore(root, trusted_keys=[keys["mallory.pub"]]).add_signed(signed_chess)
-    with pytest.raises(RevokedKeyError, match=load_public_key(keys["hf.pub"]).fingerprint):
+    with pytest.raises(RevokedKeyError, match=PublicKey.load(keys["hf.pub"]).fingerprint):
         tg.ArtifactStore(
             root, trusted_keys=[keys["hf.pub"], keys["ci.pub"]], revoked_keys=[keys["hf.pub"]]
         ).add_signed(signed_chess)

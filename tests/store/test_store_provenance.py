@@ -17,16 +17,13 @@ from click.testing import CliRunner
 
 import treeguard as tg
 from treeguard._cli.main import main
-from treeguard._src.provenance.trust import sign_text
-from treeguard._src.provenance.verdicts import VERDICT_TYPE
 from treeguard.provenance import (
     BadSignatureError,
     ProvenanceError,
+    PublicKey,
     RevokedKeyError,
     UntrustedKeyError,
     generate_keys,
-    load_public_key,
-    load_signing_key,
 )
 
 
@@ -77,7 +74,7 @@ def test_the_writer_signs_and_a_host_with_public_keys_only_uses_what_it_signed(
     assert host.rollback() == v1
     host.promote(v2)
     trail = host.info(v2).trail()
-    assert trail is not None and trail.fingerprint == load_public_key(keys["ci.pub"]).fingerprint
+    assert trail is not None and trail.fingerprint == PublicKey.load(keys["ci.pub"]).fingerprint
     assert trail.algorithm == "ecdsa-p256-sha256"
 
 
@@ -115,8 +112,11 @@ def test_a_writer_without_the_key_cannot_get_a_version_used(
         record["signature"] = None
     elif forgery == "hmac":
         record["signature"] = "hmac-sha256:" + "0" * 64
-    elif forgery == "own key":
-        record["signature"] = sign_text(load_signing_key(keys["mallory.key"]), VERDICT_TYPE, b"x")
+    elif forgery == "own key":  # a verdict signed in a store of her own, with her key
+        (mine,) = _released(tmp_path / "mallory", {"ci.key": keys["mallory.key"]}, n=1)
+        record["signature"] = json.loads(_status(tmp_path / "mallory", mine).read_text())[
+            "signature"
+        ]
     else:
         record["signature"] = json.loads(_status(root, v2).read_text())["signature"]
     _status(root, bad).write_text(json.dumps(record))
@@ -149,7 +149,7 @@ def test_rotation_and_revocation(tmp_path: Path, keys: dict[str, str]) -> None:
     revoked = tg.ArtifactStore(
         root, trusted_keys=[keys["ci.pub"], keys["new.pub"]], revoked_keys=[keys["ci.pub"]]
     )
-    fingerprint = load_public_key(keys["ci.pub"]).fingerprint
+    fingerprint = PublicKey.load(keys["ci.pub"]).fingerprint
     with pytest.raises(RevokedKeyError, match=fingerprint) as e:
         revoked.load_current(_tree(0))
     assert e.value.version == v2 and e.value.fingerprint == fingerprint
@@ -236,7 +236,7 @@ def test_cli_flags(tmp_path: Path, keys: dict[str, str]) -> None:
     )
     row = json.loads(listed.output)["versions"][0]
     assert row["signature"] == "valid"
-    assert row["trail"]["fingerprint"] == load_public_key(keys["ci.pub"]).fingerprint
+    assert row["trail"]["fingerprint"] == PublicKey.load(keys["ci.pub"]).fingerprint
     assert (
         row["trail"]["digest"]
         == tg.ArtifactStore(root, trusted_keys=[keys["ci.pub"]]).info(v).digest
@@ -255,4 +255,4 @@ def test_cli_flags(tmp_path: Path, keys: dict[str, str]) -> None:
         ],
     )
     assert refused.exit_code == 1
-    assert load_public_key(keys["ci.pub"]).fingerprint in refused.output
+    assert PublicKey.load(keys["ci.pub"]).fingerprint in refused.output

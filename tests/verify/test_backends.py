@@ -14,10 +14,11 @@ from typing import Any
 import jax
 import pytest
 from forge import forge
+from refpaths import references_of
 
 from treeguard import ConfigError
 from treeguard.examples import cnn, eqx_mlp, mlp
-from treeguard.verify import Tolerance, backend_path, load_references, record_references
+from treeguard.verify import References, Tolerance, record_references
 from treeguard.verify import run as verify
 
 NOW = jax.default_backend()
@@ -101,33 +102,33 @@ def test_a_run_records_to_its_own_backends_file_and_reads_it_first(tmp_path: Pat
     model = dataclasses.replace(mlp.model, references=declared)
     # only another backend's references: compared with, and said so
     shutil.copy(
-        _recorded_on(_drifted(tmp_path), OTHER, "TPU v5 lite"), backend_path(declared, OTHER)
+        _recorded_on(_drifted(tmp_path), OTHER, "TPU v5 lite"), references_of(declared, OTHER)
     )
     report = verify(model, bench=False)
-    assert report.references == str(backend_path(declared, OTHER))
+    assert report.references == str(references_of(declared, OTHER))
     assert report["regression"].summary == cross_backend_summary(OTHER, "TPU v5 lite", NOW)
     # --record writes this backend's file beside them and leaves theirs alone
-    before = backend_path(declared, OTHER).read_bytes()
+    before = references_of(declared, OTHER).read_bytes()
     recorded = verify(model, record=True, bench=False)
-    assert recorded.recorded == str(backend_path(declared, NOW)) == recorded.references
-    assert backend_path(declared, OTHER).read_bytes() == before
+    assert recorded.recorded == str(references_of(declared, NOW)) == recorded.references
+    assert references_of(declared, OTHER).read_bytes() == before
     again = verify(model, bench=False)
-    assert again.exit_code == 0 and again.references == str(backend_path(declared, NOW))
+    assert again.exit_code == 0 and again.references == str(references_of(declared, NOW))
 
 
 @pytest.mark.parametrize("example", [mlp, cnn, eqx_mlp], ids=["mlp", "cnn", "eqx_mlp"])
 def test_the_bundled_models_ship_cpu_and_tpu_references(example: Any) -> None:
     declared = Path(example.model.references)
-    cpu, tpu = (load_references(backend_path(declared, b)) for b in ("cpu", "tpu"))
+    cpu, tpu = (References.load(references_of(declared, b)) for b in ("cpu", "tpu"))
     assert (cpu.backend, tpu.backend) == ("cpu", "tpu")
     assert tpu.device_kind == "TPU v5 lite"
     assert [c.name for c in cpu.cases] == [c.name for c in tpu.cases]
     # so a run on either backend reads its own file (``run`` prefers it to the declared one)
-    assert backend_path(declared, NOW).is_file()
+    assert references_of(declared, NOW).is_file()
 
 
 def test_the_bundled_mlp_against_the_other_backends_shipped_references_names_both() -> None:
-    other = load_references(backend_path(mlp.model.references, OTHER))
+    other = References.load(references_of(mlp.model.references, OTHER))
     report = verify(mlp.model, references=other.path, bench=False)
     assert report.failed == ["regression"]
     assert report["regression"].summary == cross_backend_summary(OTHER, other.device_kind, NOW)

@@ -15,6 +15,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 from onecheck import check, context, example_hashes, generate_cases
+from refpaths import references_of
 from subproc import run_python
 
 import treeguard
@@ -25,10 +26,9 @@ from treeguard.verify import (
     InvalidInput,
     LeafError,
     Model,
+    References,
     Tolerance,
-    backend_path,
     compare_trees,
-    load_references,
     record_references,
     run,
     trace_keys,
@@ -218,7 +218,7 @@ _ctx = context
 
 
 def test_environment_fails_when_x64_differs(tmp_path: Path) -> None:
-    loaded = load_references(record_references(BASE, tmp_path / "r.safetensors"))
+    loaded = References.load(record_references(BASE, tmp_path / "r.safetensors"))
     assert check("environment", _ctx(BASE, loaded)).status == "pass"
     changed = dataclasses.replace(loaded, environment={**loaded.environment, "x64": True})
     result = check("environment", _ctx(BASE, changed))
@@ -229,7 +229,7 @@ def test_environment_fails_when_x64_differs(tmp_path: Path) -> None:
 
 
 def test_environment_does_not_block_a_rerecord(tmp_path: Path) -> None:
-    loaded = load_references(record_references(BASE, tmp_path / "r.safetensors"))
+    loaded = References.load(record_references(BASE, tmp_path / "r.safetensors"))
     changed = dataclasses.replace(loaded, environment={**loaded.environment, "x64": True})
     ctx = context(BASE, changed, record=True)
     result = check("environment", ctx)
@@ -238,7 +238,7 @@ def test_environment_does_not_block_a_rerecord(tmp_path: Path) -> None:
 
 
 def test_environment_tolerates_a_version_change(tmp_path: Path) -> None:
-    loaded = load_references(record_references(BASE, tmp_path / "r.safetensors"))
+    loaded = References.load(record_references(BASE, tmp_path / "r.safetensors"))
     changed = dataclasses.replace(loaded, environment={**loaded.environment, "jax": "0.0.1"})
     result = check("environment", _ctx(BASE, changed))
     assert result.status == "pass"
@@ -305,7 +305,7 @@ def test_missing_references_is_a_configuration_error(tmp_path: Path) -> None:
 
 def test_record_writes_references_and_then_they_are_used(tmp_path: Path) -> None:
     declared = tmp_path / "r.safetensors"
-    path = backend_path(declared, jax.default_backend())  # the declared file on the CPU
+    path = references_of(declared, jax.default_backend())  # the declared file on the CPU
     spec = tmp_path / "p.spec.json"
     m = dataclasses.replace(BASE, references=declared, params_spec=spec)
     report = run(m, record=True, bench=False)
@@ -317,7 +317,7 @@ def test_record_writes_references_and_then_they_are_used(tmp_path: Path) -> None
 
 def test_record_is_refused_when_a_check_fails(tmp_path: Path) -> None:
     declared = tmp_path / "r.safetensors"
-    path = backend_path(declared, jax.default_backend())  # the declared file on the CPU
+    path = references_of(declared, jax.default_backend())  # the declared file on the CPU
     m = dataclasses.replace(
         BASE, references=declared, update=lambda p, g: jax.tree.map(lambda a, b: a + b, p, g)
     )
@@ -396,13 +396,13 @@ def test_references_never_import_a_module_they_name(
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     src = record_references(BASE, tmp_path / "r.safetensors")
-    cases = load_references(src).manifest["cases"]
+    cases = References.load(src).manifest["cases"]
     cases[-1]["raises"] = ["tg_side_effect.Boom"]
     hostile = _rewrite_manifest(src, tmp_path / "hostile.safetensors", cases=cases)
     with pytest.raises(
         FormatError, match=r"name the exception .tg_side_effect.Boom., which is neither"
     ):
-        load_references(hostile, exceptions=[ValueError])  # what BASE declares
+        References.load(hostile, exceptions=[ValueError])  # what BASE declares
     assert not marker.exists() and "tg_side_effect" not in sys.modules
 
 
@@ -427,13 +427,13 @@ def test_references_resolve_the_exceptions_the_model_declares(tmp_path: Path) ->
         ],
     )
     path = record_references(m, tmp_path / "r.safetensors")
-    loaded = load_references(path, exceptions=[ValueError, BadBatchError])  # m declares them
+    loaded = References.load(path, exceptions=[ValueError, BadBatchError])  # m declares them
     assert [c.raises for c in loaded.cases if c.negative] == [(ValueError,), (BadBatchError,)]
     with pytest.raises(FormatError, match=r"BadBatchError'.*hint: declare it in"):
-        load_references(path)  # the model's own exception is resolved only when declared
+        References.load(path)  # the model's own exception is resolved only when declared
     # treeguard's own errors resolve without being declared.
     m2 = dataclasses.replace(BASE, invalid_raises=(InvalidTreeError, ValueError))
-    again = load_references(record_references(m2, tmp_path / "r2.safetensors"))
+    again = References.load(record_references(m2, tmp_path / "r2.safetensors"))
     assert again.cases[-1].raises == (InvalidTreeError, ValueError)
     assert run(dataclasses.replace(m, references=path), bench=False).passed
 
@@ -444,10 +444,10 @@ def test_references_with_a_malformed_format_are_a_format_error(tmp_path: Path) -
     src = record_references(BASE, tmp_path / "r.safetensors")
     bad = _rewrite_manifest(src, tmp_path / "bad.safetensors", format="treeguard.regression/one")
     with pytest.raises(FormatError, match=r"format 'treeguard.regression/one' is not 'treeguard"):
-        load_references(bad)
+        References.load(bad)
     newer = _rewrite_manifest(src, tmp_path / "new.safetensors", format="treeguard.regression/2")
     with pytest.raises(FormatError, match="newer than this treeguard reads"):
-        load_references(newer)
+        References.load(newer)
 
 
 def _run_isolated(code: str) -> str:

@@ -12,10 +12,11 @@ from pathlib import Path
 import jax
 import pytest
 from click.testing import CliRunner
+from refpaths import references_of
 from subproc import run_python
 
 from treeguard._cli.verify import verify
-from treeguard.verify import CHECKS, backend_path
+from treeguard.verify import CHECKS
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -161,7 +162,7 @@ def test_missing_references_exit_2_then_record_then_pass_then_corrupt(fresh_modu
     code, out, _ = _invoke("fresh_mlp:model", *report, "--record", path=fresh_module)
     assert code == 0, out
     assert "recorded references:" in out
-    refs = backend_path(
+    refs = references_of(
         fresh_module / "refs.safetensors", jax.default_backend()
     )  # the CPU's: as named
     assert refs.exists()

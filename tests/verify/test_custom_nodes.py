@@ -14,9 +14,10 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from refpaths import references_of
 
 from treeguard.examples import mlp
-from treeguard.verify import Model, backend_path, run
+from treeguard.verify import Model, run
 
 Dense = collections.namedtuple("Dense", "w b")
 Params = collections.namedtuple("Params", "dense1 dense2")
@@ -72,7 +73,7 @@ def test_recorded_namedtuple_references_pass_and_catch_a_drift(tmp_path: Path) -
     recorded = run(model, record=True, bench=False)
     assert recorded.passed, {c.name: c.evidence for c in recorded.checks if not c.passed}
     assert recorded.recorded == str(
-        backend_path(tmp_path / "refs.safetensors", jax.default_backend())
+        references_of(tmp_path / "refs.safetensors", jax.default_backend())
     )
 
     again = run(model, bench=False)

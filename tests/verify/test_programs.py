@@ -56,7 +56,7 @@ def test_a_failure_while_preparing_fails_the_check_that_needs_it() -> None:
 def test_only_options_this_xla_knows_are_passed(monkeypatch: pytest.MonkeyPatch) -> None:
     # The compiler options alone, on purpose: an option this XLA lacks cannot be
     # made to appear through a public call.
-    from treeguard._src.verify import programs
+    from treeguard._src.verify import programs  # _src: XLA options a public call cannot fake
 
     programs._known_cpu_options.cache_clear()
     monkeypatch.setitem(programs.CPU_COMPILER_OPTIONS, "xla_no_such_option_anywhere", 1)

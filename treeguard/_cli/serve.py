@@ -216,11 +216,9 @@ def run_command(  # noqa: PLR0917 - click passes every option
 
 
 def _run_here(server: Any, listen: dict[str, Any]) -> None:
-    """``serve(server, **listen)`` in this process, until it is stopped."""
-    from .._src.serving.app import serve as run_server  # starlette and uvicorn: only now
-
+    """``server.serve(**listen)`` in this process, until it is stopped."""
     try:
-        run_server(server, **listen)
+        server.serve(**listen)
     except SystemExit as e:  # uvicorn's own exit (it logged why), not the model's
         raise ServingError(
             f"the server on {listen['host']}:{listen['port']} stopped: uvicorn exited with "

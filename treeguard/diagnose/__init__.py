@@ -5,7 +5,8 @@ and down to the first jaxpr equation; find where a NaN is born.
 differs between the eager reference and a candidate; ``nan_origin(fn,
 *args)`` lists every equation that turns finite inputs into NaN or Inf;
 ``diagnose(model)`` runs the stage ladder on a ``treeguard.verify.Model``;
-``record_trace`` and ``load_trace`` carry a reference run to another machine;
+``record_trace`` and ``Trace.load`` carry a reference run to another machine
+(``locate(fn, *args, candidate=trace)`` compares with it);
 ``replay_bundle(bundle, model)`` replays a flight-recorder bundle.
 ``treeguard diagnose MODULE:ATTR`` does it from the shell.
 """
@@ -22,8 +23,6 @@ from .._src.diagnose.replay import replay_bundle as replay_bundle
 from .._src.diagnose.report import Diagnosis as Diagnosis
 from .._src.diagnose.report import StageResult as StageResult
 from .._src.diagnose.trace import Trace as Trace
-from .._src.diagnose.trace import compare_trace as compare_trace
-from .._src.diagnose.trace import load_trace as load_trace
 from .._src.diagnose.trace import record_trace as record_trace
 from .._src.errors import DiagnosisError as DiagnosisError
 from .._src.tolerance import TolerancePolicy as TolerancePolicy
@@ -39,9 +38,7 @@ __all__ = [
     "StageResult",
     "TolerancePolicy",
     "Trace",
-    "compare_trace",
     "diagnose",
-    "load_trace",
     "locate",
     "nan_origin",
     "record_trace",

@@ -21,8 +21,6 @@ from .._src.provenance.errors import UntrustedKeyError as UntrustedKeyError
 from .._src.provenance.keys import PrivateKey as PrivateKey
 from .._src.provenance.keys import PublicKey as PublicKey
 from .._src.provenance.keys import generate_keys as generate_keys
-from .._src.provenance.keys import load_public_key as load_public_key
-from .._src.provenance.keys import load_signing_key as load_signing_key
 from .._src.provenance.model import SignedModel as SignedModel
 from .._src.provenance.model import sign_model as sign_model
 from .._src.provenance.model import verify_model as verify_model
@@ -45,8 +43,6 @@ __all__ = [
     "TrustPolicy",
     "UntrustedKeyError",
     "generate_keys",
-    "load_public_key",
-    "load_signing_key",
     "sign_model",
     "verify_model",
 ]

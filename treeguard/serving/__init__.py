@@ -16,7 +16,6 @@ and protobuf (the ``grpc`` extra), are imported only when a server is built.
 from .._src.errors import InvalidRequestError as InvalidRequestError
 from .._src.errors import ServingError as ServingError
 from .._src.serving.app import Server as Server
-from .._src.serving.app import serve as serve
 from .._src.serving.plan import BucketPlan as BucketPlan
 from .._src.serving.plan import Plan as Plan
 from .._src.serving.plan import plan as plan
@@ -47,6 +46,5 @@ __all__ = [
     "ServingSpec",
     "WatchdogPolicy",
     "plan",
-    "serve",
     "verify_version",
 ]

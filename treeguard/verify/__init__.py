@@ -18,8 +18,6 @@ from .._src.verify.context import CheckResult as CheckResult
 from .._src.verify.model import InvalidInput as InvalidInput
 from .._src.verify.model import Model as Model
 from .._src.verify.refs import References as References
-from .._src.verify.refs import backend_path as backend_path
-from .._src.verify.refs import load_references as load_references
 from .._src.verify.report import Benchmark as Benchmark
 from .._src.verify.report import Report as Report
 from .._src.verify.run import record_references as record_references
@@ -37,9 +35,7 @@ __all__ = [
     "References",
     "Report",
     "Tolerance",
-    "backend_path",
     "compare_trees",
-    "load_references",
     "record_references",
     "run",
     "trace_keys",

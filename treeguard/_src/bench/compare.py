@@ -22,8 +22,11 @@ A power guard calls ``inconclusive`` whenever a side has fewer than
 ``MIN_SAMPLES`` samples, or when no outcome of the test could reach
 ``alpha`` with these sample sizes.
 
-``compare_paired`` applies the same rules to paired times (the rounds of an
-interleaved A/B), with the Wilcoxon signed-rank test of the log ratios.
+``compare`` takes two results, two lists of runs or two arrays of samples
+(``compare_results``, ``compare_runs``, ``compare_samples``).
+``compare(..., paired=True)`` (``compare_paired``) applies the same rules to
+paired times (the rounds of an interleaved A/B), with the Wilcoxon
+signed-rank test of the log ratios.
 
 ``compare_runs`` gives the verdict across runs (each a fresh process, as
 pyperf runs them): the samples of one process share its memory layout, its
@@ -61,6 +64,7 @@ __all__ = [
     "Comparison",
     "compare",
     "compare_paired",
+    "compare_results",
     "compare_runs",
     "compare_samples",
     "decide",
@@ -194,13 +198,8 @@ def compare_samples(
         ``min_effect`` out of range.
 
     Example:
-      >>> import numpy as np
-      >>> rng = np.random.default_rng(0)
-      >>> base = rng.lognormal(0.0, 0.01, 30)
-      >>> compare_samples(base, base * 1.10).verdict
+      >>> compare_samples([1.0] * 9, [1.2] * 9).verdict
       'regression'
-      >>> compare_samples(base, rng.permutation(base)).verdict
-      'no_change'
     """
     _check_levels(alpha, min_effect)
     a = as_samples(base, "base")
@@ -355,7 +354,7 @@ def compare_paired(
     return decide(evidence)
 
 
-def compare(
+def compare_results(
     base: BenchResult,
     cand: BenchResult,
     /,
@@ -390,10 +389,9 @@ def compare(
     Example:
       >>> import jax.numpy as jnp
       >>> from treeguard.bench import run
-      >>> a = run(jnp.sin, jnp.ones(8), samples=10, min_time=0.0)
-      >>> c = compare(a, a)
-      >>> c.ratio, c.p_value, c.verdict in ("no_change", "inconclusive")
-      (1.0, 1.0, True)
+      >>> a = run(jnp.cos, jnp.ones(8), samples=10, min_time=0.0)
+      >>> compare_results(a, a).verdict in ("no_change", "inconclusive")
+      True
     """
     diffs = fingerprint_diff(base.conditions, cand.conditions)
     if diffs and not allow_different_machines:
@@ -488,3 +486,102 @@ def compare_runs(
     if bad:
         return dataclasses.replace(result, verdict="invalid", reason="; ".join(bad))
     return result
+
+
+def compare(
+    base: BenchResult | Sequence[BenchResult] | Sequence[float] | np.ndarray[Any, Any],
+    cand: BenchResult | Sequence[BenchResult] | Sequence[float] | np.ndarray[Any, Any],
+    /,
+    *,
+    paired: bool = False,
+    alpha: float = 0.05,
+    min_effect: float = 0.02,
+    allow_different_machines: bool = False,
+    clock: str = "wall",
+) -> Comparison:
+    """The verdict on ``cand`` against ``base``: two results, two lists of runs,
+    or two arrays of durations (see the module's rules).
+
+    - Two ``BenchResult``: their samples, with the U test; ``invalid`` when
+      either result is.
+    - Two lists of ``BenchResult`` (runs of one benchmark, each a process):
+      each run's median is one observation, so the run-to-run variance is in
+      the verdict (``test`` is ``mann-whitney-runs``, ``n_base`` and
+      ``n_cand`` count runs); fewer than 9 runs a side is ``inconclusive``.
+    - Two arrays of durations in seconds: the U test; with ``paired=True``,
+      ``cand[i]`` ran right beside ``base[i]`` (the rounds of an interleaved
+      A/B): the Wilcoxon signed-rank test of the log ratios, so a drift of the
+      machine that spans a pair cancels (``test`` is ``wilcoxon-paired``).
+
+    Args:
+      base: the base: a result, a list of runs, or durations.
+      cand: the candidate, of the same kind.
+      paired: for durations, whether they are paired.
+      alpha: the significance level of the test, and ``1 - level`` of the
+        interval.
+      min_effect: the smallest relative change of the median that counts.
+      allow_different_machines: compare results whose machine fingerprints
+        differ (CPU, cores, backend, devices, JAX versions, x64, matmul
+        precision, ``XLA_FLAGS``); refused by default.
+      clock: for results, ``"wall"`` (the default) or ``"cpu"``: the process
+        CPU time, which on the CPU backend leaves out the time other
+        processes took.
+
+    Returns:
+      The ``Comparison``.
+
+    Raises:
+      MachineMismatchError: if results' fingerprints differ and
+        ``allow_different_machines`` is False.
+      BenchError: for sides of different kinds, ``paired`` with results,
+        empty, non-finite or (paired) unequal or zero durations, no run on a
+        side, ``alpha`` or ``min_effect`` out of range, or a clock the
+        results lack.
+
+    Example:
+      >>> import numpy as np
+      >>> rng = np.random.default_rng(0)
+      >>> base = rng.lognormal(0.0, 0.01, 30)
+      >>> compare(base, base * 1.10).verdict
+      'regression'
+      >>> compare(base, rng.permutation(base)).verdict
+      'no_change'
+      >>> drift = np.linspace(1.0, 3.0, 15)  # the machine slows down threefold
+      >>> compare(drift, drift * 1.05, paired=True).verdict
+      'regression'
+      >>> import jax.numpy as jnp
+      >>> from treeguard.bench import run
+      >>> a = run(jnp.sin, jnp.ones(8), samples=10, min_time=0.0)
+      >>> c = compare(a, a)
+      >>> c.ratio, c.p_value, c.verdict in ("no_change", "inconclusive")
+      (1.0, 1.0, True)
+    """
+    kinds = {_kind(base), _kind(cand)} - {"empty"} or {"samples"}
+    if len(kinds) != 1 or (paired and kinds != {"samples"}):
+        given = " and ".join(sorted(kinds)) + (" (paired)" if paired else "")
+        raise BenchError(
+            f"compare: base and candidate are {given}",
+            hint="give two results, two lists of runs, or two arrays of durations"
+            " (paired=True only for durations)",
+        )
+    machines = {"allow_different_machines": allow_different_machines, "clock": clock}
+    levels = {"alpha": alpha, "min_effect": min_effect}
+    if kinds == {"result"}:
+        return compare_results(base, cand, **levels, **machines)  # type: ignore[arg-type]
+    if kinds == {"runs"}:
+        return compare_runs(base, cand, **levels, **machines)  # type: ignore[arg-type]
+    if paired:
+        return compare_paired(base, cand, **levels)  # type: ignore[arg-type]
+    return compare_samples(base, cand, **levels)  # type: ignore[arg-type]
+
+
+def _kind(side: Any) -> str:
+    """``result``, ``runs`` (a sequence of results), ``samples``, or ``empty``
+    (an empty sequence: of the other side's kind, which refuses it)."""
+    if isinstance(side, BenchResult):
+        return "result"
+    if isinstance(side, Sequence) and not side:
+        return "empty"
+    if isinstance(side, Sequence) and side and all(isinstance(r, BenchResult) for r in side):
+        return "runs"
+    return "samples"

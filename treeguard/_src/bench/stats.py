@@ -165,24 +165,29 @@ class Stats:
         out["histogram"] = self.histogram.to_dict()
         return out
 
+    @classmethod
+    def of(cls, samples: Sequence[float] | np.ndarray[Any, Any], /) -> Stats:
+        """The summary of ``samples``.
+
+        Args:
+          samples: durations in seconds (any order).
+
+        Returns:
+          The ``Stats``.
+
+        Raises:
+          BenchError: for empty, negative or non-finite samples.
+
+        Example:
+          >>> s = Stats.of([1.0, 2.0, 3.0, 4.0, 100.0])
+          >>> s.n, s.median, s.mad, s.min, s.severe_outliers
+          (5, 3.0, 1.0, 1.0, 1)
+        """
+        return describe(samples)
+
 
 def describe(samples: Sequence[float] | np.ndarray[Any, Any], /) -> Stats:
-    """The summary of ``samples``.
-
-    Args:
-      samples: durations in seconds (any order).
-
-    Returns:
-      The ``Stats``.
-
-    Raises:
-      BenchError: for empty, negative or non-finite samples.
-
-    Example:
-      >>> s = describe([1.0, 2.0, 3.0, 4.0, 100.0])
-      >>> s.n, s.median, s.mad, s.min, s.severe_outliers
-      (5, 3.0, 1.0, 1.0, 1)
-    """
+    """``Stats.of``, whose docstring says what it computes and refuses."""
     a = as_samples(samples)
     med = float(np.median(a))
     p5, p25, p75, p95, p99 = (float(v) for v in np.percentile(a, [5, 25, 75, 95, 99]))

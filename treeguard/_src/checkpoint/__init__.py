@@ -25,7 +25,6 @@ if _typing.TYPE_CHECKING:
     from ..atomic import remove_stale_temps as remove_stale_temps
     from .asyncsave import SaveHandle as SaveHandle
     from .asyncsave import save_async as save_async
-    from .asyncsave import wait_all as wait_all
     from .foreignheader import ForeignHeader as ForeignHeader
     from .loading import load as load
     from .read import read_header as read_header
@@ -48,7 +47,6 @@ _LAZY = {
     "save_async": ".asyncsave",
     "user_metadata_json": ".write",
     "verify_file": ".read",
-    "wait_all": ".asyncsave",
 }
 
 if not _typing.TYPE_CHECKING:  # type checkers see the imports above
@@ -77,5 +75,4 @@ __all__ = [
     "spec_reader",
     "user_metadata_json",
     "verify_file",
-    "wait_all",
 ]

@@ -240,27 +240,6 @@ def wait_for_slot(max_in_flight: int) -> None:
         oldest._finished.wait()
 
 
-def wait_all() -> list[Header]:
-    """Waits for every save started with ``save_async`` that is still running.
-
-    Returns:
-      The header of each save waited for, oldest first.
-
-    Raises:
-      InvalidTreeError, OSError, TypeError: the error of the first of them
-        that failed, once all have finished.
-
-    Example:
-      >>> wait_all()
-      []
-    """
-    with _lock:
-        pending = list(_in_flight)
-    for h in pending:
-        h._finished.wait()
-    return [h.result() for h in pending]
-
-
 def _finish_at_exit() -> None:
     """Has interpreter exit wait for the pending saves before the thread pools
     that hash them refuse new work.

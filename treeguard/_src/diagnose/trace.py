@@ -87,6 +87,23 @@ class Trace:
         ]
         return out
 
+    @classmethod
+    def load(cls, path: str | os.PathLike[str], /) -> Trace:
+        """Reads a recorded trace, every hash verified.
+
+        Args:
+          path: the file ``record_trace`` wrote.
+
+        Returns:
+          The ``Trace``, to pass to ``locate(fn, *args, candidate=trace)``.
+
+        Raises:
+          FormatError: if the file is not a checkpoint, or not a trace.
+          IntegrityError: if its bytes do not match their hashes.
+          DiagnosisError: if the trace's manifest is malformed.
+        """
+        return load_trace(path)
+
 
 def _tape(
     closed: Any, flat: Sequence[Any], limit: int = MAX_BYTES
@@ -146,7 +163,7 @@ def record_trace(
       >>> import os, tempfile, jax.numpy as jnp
       >>> p = record_trace(os.path.join(tempfile.mkdtemp(), "t.safetensors"),
       ...                  lambda x: jnp.sin(x) * 2, jnp.ones(3))
-      >>> load_trace(p).equations
+      >>> Trace.load(p).equations
       {'0': ('sin', ...), '1': ('mul', ...)}
     """
     closed, _ = jx.as_closed(fn, *args)
@@ -179,13 +196,7 @@ def record_trace(
 
 
 def load_trace(path: str | os.PathLike[str], /) -> Trace:
-    """Reads a recorded trace, every hash verified.
-
-    Raises:
-      FormatError: if the file is not a checkpoint, or not a trace.
-      IntegrityError: if its bytes do not match their hashes.
-      DiagnosisError: if the trace's manifest is malformed.
-    """
+    """``Trace.load``, whose docstring says what it reads and refuses."""
     header = checkpoint.read_header(path)
     meta = header.metadata
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
@@ -240,7 +251,7 @@ def compare_trace(
     Args:
       fn: the same function the trace was recorded from, traced here on
         the recorded inputs.
-      trace: the ``Trace`` (``load_trace(path)``).
+      trace: the ``Trace`` (``Trace.load(path)``).
       *like: arguments of the recorded structure (their values are not
         used): the recorded flat inputs are put back into this tree. None
         passes the flat inputs as positional arguments.

@@ -112,6 +112,28 @@ class PublicKey:
             serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
         )
 
+    @classmethod
+    def load(cls, path: str | os.PathLike[str], /) -> PublicKey:
+        """Reads an EC public key from a PEM file.
+
+        Args:
+          path: the ``.pub`` file (``-----BEGIN PUBLIC KEY-----``).
+
+        Returns:
+          The key, with its fingerprint and curve.
+
+        Raises:
+          KeyFileError: for a file that is not a regular file, not a PEM public
+            key, not EC, or on another curve.
+
+        Example:
+          >>> import tempfile, os
+          >>> key, pub = generate_keys(os.path.join(tempfile.mkdtemp(), "alice"))
+          >>> PublicKey.load(pub).curve
+          'P-256'
+        """
+        return load_public_key(path)
+
 
 @dataclasses.dataclass(frozen=True)
 class PrivateKey:
@@ -128,6 +150,31 @@ class PrivateKey:
     def sign(self, data: bytes, /) -> bytes:
         """The DER-encoded ECDSA signature of ``data``."""
         return self.key.sign(data, ec.ECDSA(_hash(self.public.curve)()))
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str], /, *, outside: str | None = None) -> PrivateKey:
+        """Reads an unencrypted EC private key from a PEM file only its owner may read.
+
+        Args:
+          path: the ``.key`` file.
+          outside: a directory the key may not lie in (a store's root, where
+            anyone who can write the store could read or replace it).
+
+        Returns:
+          The key and its public half.
+
+        Raises:
+          KeyFileError: for a file that is not regular, that group or others
+            may read or write, that lies inside ``outside``, that is encrypted,
+            not PEM, not EC, or on another curve.
+
+        Example:
+          >>> import tempfile, os
+          >>> key, _ = generate_keys(os.path.join(tempfile.mkdtemp(), "alice"), curve="P-384")
+          >>> PrivateKey.load(key).public.algorithm
+          'ecdsa-p384-sha384'
+        """
+        return load_signing_key(path, outside=outside)
 
 
 def _hash(curve: Curve) -> type[hashes.HashAlgorithm]:
@@ -174,24 +221,7 @@ def _read(
 
 
 def load_public_key(path: str | os.PathLike[str], /) -> PublicKey:
-    """Reads an EC public key from a PEM file.
-
-    Args:
-      path: the ``.pub`` file (``-----BEGIN PUBLIC KEY-----``).
-
-    Returns:
-      The key, with its fingerprint and curve.
-
-    Raises:
-      KeyFileError: for a file that is not a regular file, not a PEM public
-        key, not EC, or on another curve.
-
-    Example:
-      >>> import tempfile, os
-      >>> key, pub = generate_keys(os.path.join(tempfile.mkdtemp(), "alice"))
-      >>> load_public_key(pub).curve
-      'P-256'
-    """
+    """``PublicKey.load``, whose docstring says what it reads and refuses."""
     name, data, _ = _read(path, "public key file")
     try:
         key = serialization.load_pem_public_key(data)
@@ -208,27 +238,7 @@ def load_public_key(path: str | os.PathLike[str], /) -> PublicKey:
 
 
 def load_signing_key(path: str | os.PathLike[str], /, *, outside: str | None = None) -> PrivateKey:
-    """Reads an unencrypted EC private key from a PEM file only its owner may read.
-
-    Args:
-      path: the ``.key`` file.
-      outside: a directory the key may not lie in (a store's root, where
-        anyone who can write the store could read or replace it).
-
-    Returns:
-      The key and its public half.
-
-    Raises:
-      KeyFileError: for a file that is not regular, that group or others
-        may read or write, that lies inside ``outside``, that is encrypted,
-        not PEM, not EC, or on another curve.
-
-    Example:
-      >>> import tempfile, os
-      >>> key, _ = generate_keys(os.path.join(tempfile.mkdtemp(), "alice"), curve="P-384")
-      >>> load_signing_key(key).public.algorithm
-      'ecdsa-p384-sha384'
-    """
+    """``PrivateKey.load``, whose docstring says what it reads and refuses."""
     name, data, mode = _read(path, "private key file", outside)
     if mode & 0o077:
         raise KeyFileError(
@@ -285,8 +295,8 @@ def generate_keys(name: str | os.PathLike[str], /, *, curve: Curve = "P-256") ->
     Example:
       >>> import tempfile, os, stat
       >>> key, pub = generate_keys(os.path.join(tempfile.mkdtemp(), "alice"))
-      >>> oct(stat.S_IMODE(os.stat(key).st_mode)), load_public_key(pub).fingerprint == (
-      ...     load_signing_key(key).public.fingerprint)
+      >>> oct(stat.S_IMODE(os.stat(key).st_mode)), PublicKey.load(pub).fingerprint == (
+      ...     PrivateKey.load(key).public.fingerprint)
       ('0o600', True)
     """
     base = os.fspath(name)

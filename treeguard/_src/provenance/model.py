@@ -168,16 +168,16 @@ def sign_model(
 
     Example:
       >>> import os, pathlib, tempfile
-      >>> from treeguard.provenance import generate_keys, load_signing_key, TrustPolicy
+      >>> from treeguard.provenance import generate_keys, PrivateKey, TrustPolicy
       >>> d = tempfile.mkdtemp()
       >>> key, pub = generate_keys(os.path.join(d, "alice"))
       >>> model = os.path.join(d, "model")
       >>> os.mkdir(model)
       >>> _ = pathlib.Path(model, "w.bin").write_bytes(b"weights")
-      >>> sorted(sign_model(model, load_signing_key(key)).digests)
+      >>> sorted(sign_model(model, PrivateKey.load(key)).digests)
       ['w.bin']
       >>> ok = verify_model(model, policy=TrustPolicy.from_paths(trusted=[pub]))
-      >>> ok.key.fingerprint == load_signing_key(key).public.fingerprint
+      >>> ok.key.fingerprint == PrivateKey.load(key).public.fingerprint
       True
     """
     model = os.fspath(path)

@@ -224,10 +224,10 @@ def write_oms_bundle(manifest: ModelManifest, key: PrivateKey, /) -> bytes:
 
     Example:
       >>> import json, os, tempfile
-      >>> from treeguard.provenance import generate_keys, load_signing_key
+      >>> from treeguard.provenance import generate_keys, PrivateKey
       >>> path, _ = generate_keys(os.path.join(tempfile.mkdtemp(), "k"))
       >>> m = ModelManifest("mlp", "blake3", {"model.safetensors": "ab" * 32})
-      >>> json.loads(write_oms_bundle(m, load_signing_key(path)))["mediaType"] == MEDIA_TYPE
+      >>> json.loads(write_oms_bundle(m, PrivateKey.load(path)))["mediaType"] == MEDIA_TYPE
       True
     """
     payload = manifest.statement()

@@ -64,11 +64,11 @@ class TrustPolicy:
 
     Example:
       >>> import os, tempfile
-      >>> from treeguard.provenance import generate_keys, load_signing_key
+      >>> from treeguard.provenance import generate_keys, PrivateKey
       >>> d = tempfile.mkdtemp()
       >>> (old_key, old), (_, new) = (generate_keys(os.path.join(d, n)) for n in ("old", "new"))
       >>> policy = TrustPolicy.from_paths(trusted=[old, new])
-      >>> signer = load_signing_key(old_key)
+      >>> signer = PrivateKey.load(old_key)
       >>> sig = signer.sign(pae("t", b"data"))
       >>> policy.check("t", b"data", sig, fingerprint=signer.public.fingerprint).key.source == old
       True
@@ -199,9 +199,9 @@ def sign_text(key: PrivateKey, payload_type: str, payload: bytes, /) -> str:
 
     Example:
       >>> import os, tempfile
-      >>> from treeguard.provenance import generate_keys, load_signing_key
+      >>> from treeguard.provenance import generate_keys, PrivateKey
       >>> path, _ = generate_keys(os.path.join(tempfile.mkdtemp(), "k"))
-      >>> sign_text(load_signing_key(path), "t", b"x").split(":")[0]
+      >>> sign_text(PrivateKey.load(path), "t", b"x").split(":")[0]
       'ecdsa-p256-sha256'
     """
     raw = key.sign(pae(payload_type, payload))

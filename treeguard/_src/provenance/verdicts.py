@@ -33,10 +33,10 @@ class EcSigner:
 
     Example:
       >>> import os, tempfile
-      >>> from treeguard.provenance import TrustPolicy, generate_keys, load_signing_key
+      >>> from treeguard.provenance import TrustPolicy, generate_keys, PrivateKey
       >>> d = tempfile.mkdtemp()
       >>> key_path, pub = generate_keys(os.path.join(d, "ci"))
-      >>> writer = EcSigner(load_signing_key(key_path), TrustPolicy())
+      >>> writer = EcSigner(PrivateKey.load(key_path), TrustPolicy())
       >>> text = writer.sign(b"a verdict")
       >>> reader = EcSigner(None, TrustPolicy.from_paths(trusted=[pub]))
       >>> reader.verify(b"a verdict", text) is None

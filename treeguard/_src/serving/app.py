@@ -80,6 +80,100 @@ class Server(Engine):
 
         return build_app(self, control_token=control_token)
 
+    def serve(
+        self,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 8000,
+        control_token: bytes | None = None,
+        grpc_port: int | None = None,
+        access_log: bool = False,
+    ) -> None:
+        """Runs this server under uvicorn, one process, one worker (JAX owns
+        the device), until it is stopped.
+
+        Scale out with replicas of this process, one per device set.
+
+        Args:
+          host: the address REST (and gRPC) bind.
+          port: the REST port.
+          control_token: the bearer token swap and rollback require; needed
+            for any host but loopback.
+          grpc_port: also serve ``inference.GRPCInferenceService`` on this port.
+          access_log: log one line per request (uvicorn's access log); off by
+            default, as ``/metrics`` counts every request by status.
+
+        Raises:
+          ConfigError: for a non-loopback ``host`` without a control token.
+          ServingError: when warm-up finds no version to serve (each named,
+            with why).
+
+        Example:
+          >>> Server.serve.__name__  # blocks while it serves: see the serving guide
+          'serve'
+        """
+        import uvicorn
+
+        from .routes import build_app  # starlette, as uvicorn: only when a server runs
+
+        if control_token is None and not is_loopback(host):
+            raise ConfigError(
+                f"--host {host} is reachable from other machines, and swap and rollback would "
+                "have no authentication",
+                hint="pass --control-token-file FILE, or bind 127.0.0.1",
+            )
+        limits = self.spec.limits
+        files = raise_file_limit()
+        connections = connection_cap(limits.max_connections, files.soft)
+
+        def dropped(reason: str) -> None:
+            self.metrics.dropped.labels(model=self.spec.name, reason=reason).inc()
+
+        # bodies still arriving when the server shuts down are answered 503 at
+        # once: uvicorn would wait out its grace period, then cancel their
+        # requests with a traceback each
+        bodies = BodyReads()
+        config = uvicorn.Config(
+            build_app(self, control_token=control_token, bodies=bodies),
+            host=host,
+            port=port,
+            workers=1,
+            log_level="info",
+            access_log=access_log,
+            http=_hardened_protocol(limits.header_timeout_s, connections, dropped, bodies.close),
+            limit_concurrency=connections + 1,
+            backlog=connections,
+            h11_max_incomplete_event_size=MAX_METADATA_BYTES,
+            timeout_keep_alive=5,
+            timeout_graceful_shutdown=5,
+            log_config=_log_config(uvicorn.config.LOGGING_CONFIG),
+        )
+        log.info(
+            "%s; at most %d connections per transport%s",
+            files.describe(),
+            connections,
+            ""
+            if connections == limits.max_connections
+            else f" (limits.max_connections is {limits.max_connections}: "
+            "the file limit leaves less)",
+        )
+        if grpc_port is not None:
+            # grpcio and protobuf are imported only when gRPC is served (the grpc extra)
+            from .grpc_transport import grpc_transport
+
+            self.transports.append(
+                grpc_transport(self, host=host, port=grpc_port, connections=connections)
+            )
+        runner = uvicorn.Server(config)
+
+        def fatal(_: ServingError) -> None:
+            runner.should_exit = True
+
+        self.on_fatal = fatal
+        runner.run()
+        if self.start_error is not None:
+            raise self.start_error
+
 
 def _hardened_protocol(
     header_timeout_s: float,
@@ -255,92 +349,3 @@ def _log_config(base: dict[str, Any]) -> dict[str, Any]:
     config = copy.deepcopy(base)
     config["loggers"]["treeguard"] = {"handlers": ["default"], "level": "INFO", "propagate": False}
     return config
-
-
-def serve(
-    server: Server,
-    *,
-    host: str = "127.0.0.1",
-    port: int = 8000,
-    control_token: bytes | None = None,
-    grpc_port: int | None = None,
-    access_log: bool = False,
-) -> None:
-    """Runs ``server`` under uvicorn, one process, one worker (JAX owns the device).
-
-    Scale out with replicas of this process, one per device set.
-
-    Args:
-      server: the ``Server``.
-      host: the address REST (and gRPC) bind.
-      port: the REST port.
-      control_token: the bearer token swap and rollback require; needed
-        for any host but loopback.
-      grpc_port: also serve ``inference.GRPCInferenceService`` on this port.
-      access_log: log one line per request (uvicorn's access log); off by
-        default, as ``/metrics`` counts every request by status.
-
-    Raises:
-      ConfigError: for a non-loopback ``host`` without a control token.
-      ServingError: when warm-up finds no version to serve (each named, with why).
-    """
-    import uvicorn
-
-    from .routes import build_app  # starlette, as uvicorn: only when a server runs
-
-    if control_token is None and not is_loopback(host):
-        raise ConfigError(
-            f"--host {host} is reachable from other machines, and swap and rollback would "
-            "have no authentication",
-            hint="pass --control-token-file FILE, or bind 127.0.0.1",
-        )
-    limits = server.spec.limits
-    files = raise_file_limit()
-    connections = connection_cap(limits.max_connections, files.soft)
-
-    def dropped(reason: str) -> None:
-        server.metrics.dropped.labels(model=server.spec.name, reason=reason).inc()
-
-    # bodies still arriving when the server shuts down are answered 503 at
-    # once: uvicorn would wait out its grace period, then cancel their
-    # requests with a traceback each
-    bodies = BodyReads()
-    config = uvicorn.Config(
-        build_app(server, control_token=control_token, bodies=bodies),
-        host=host,
-        port=port,
-        workers=1,
-        log_level="info",
-        access_log=access_log,
-        http=_hardened_protocol(limits.header_timeout_s, connections, dropped, bodies.close),
-        limit_concurrency=connections + 1,
-        backlog=connections,
-        h11_max_incomplete_event_size=MAX_METADATA_BYTES,
-        timeout_keep_alive=5,
-        timeout_graceful_shutdown=5,
-        log_config=_log_config(uvicorn.config.LOGGING_CONFIG),
-    )
-    log.info(
-        "%s; at most %d connections per transport%s",
-        files.describe(),
-        connections,
-        ""
-        if connections == limits.max_connections
-        else f" (limits.max_connections is {limits.max_connections}: the file limit leaves less)",
-    )
-    if grpc_port is not None:
-        # grpcio and protobuf are imported only when gRPC is served (the grpc extra)
-        from .grpc_transport import grpc_transport
-
-        server.transports.append(
-            grpc_transport(server, host=host, port=grpc_port, connections=connections)
-        )
-    runner = uvicorn.Server(config)
-
-    def fatal(_: ServingError) -> None:
-        runner.should_exit = True
-
-    server.on_fatal = fatal
-    runner.run()
-    if server.start_error is not None:
-        raise server.start_error

@@ -82,6 +82,40 @@ class References:
         value = self.environment.get("device_kind")
         return value if isinstance(value, str) else None
 
+    @classmethod
+    def load(
+        cls, path: str | os.PathLike[str], /, *, exceptions: Iterable[type[BaseException]] = ()
+    ) -> References:
+        """Reads a references file back, every hash verified.
+
+        Each negative case's expected exception is stored by name. A name is
+        resolved only to a builtin exception, to one of treeguard's errors, or
+        to one of ``exceptions``: nothing named in a file is ever imported.
+
+        Args:
+          path: the references file.
+          exceptions: the exception types the model declares for its invalid
+            inputs (``declared_exceptions(model)``), which the file may name.
+
+        Returns:
+          The ``References``.
+
+        Raises:
+          FileNotFoundError: if there is no file.
+          FormatError: if it is not a references file of a known version, or it
+            names an exception that is none of the above.
+          IntegrityError: if stored bytes do not match their hashes.
+
+        Example:
+          >>> import os, tempfile
+          >>> from treeguard.examples.mlp import model
+          >>> from treeguard._src.verify.run import record_references
+          >>> p = record_references(model, os.path.join(tempfile.mkdtemp(), "r.safetensors"))
+          >>> References.load(p).cases[-1].raises
+          (<class 'ValueError'>,)
+        """
+        return load_references(path, exceptions=exceptions)
+
 
 def backend_path(declared: str | os.PathLike[str], backend: str) -> Path:
     """Where references recorded on ``backend`` go: the declared file for the
@@ -243,34 +277,7 @@ def save_references(
 def load_references(
     path: str | os.PathLike[str], /, *, exceptions: Iterable[type[BaseException]] = ()
 ) -> References:
-    """Reads a references file back, every hash verified.
-
-    Each negative case's expected exception is stored by name. A name is
-    resolved only to a builtin exception, to one of treeguard's errors, or
-    to one of ``exceptions``: nothing named in a file is ever imported.
-
-    Args:
-      path: the references file.
-      exceptions: the exception types the model declares for its invalid
-        inputs (``declared_exceptions(model)``), which the file may name.
-
-    Returns:
-      The ``References``.
-
-    Raises:
-      FileNotFoundError: if there is no file.
-      FormatError: if it is not a references file of a known version, or it
-        names an exception that is none of the above.
-      IntegrityError: if stored bytes do not match their hashes.
-
-    Example:
-      >>> import os, tempfile
-      >>> from treeguard.examples.mlp import model
-      >>> from treeguard._src.verify.run import record_references
-      >>> p = record_references(model, os.path.join(tempfile.mkdtemp(), "r.safetensors"))
-      >>> load_references(p).cases[-1].raises
-      (<class 'ValueError'>,)
-    """
+    """``References.load``, whose docstring says what it reads and refuses."""
     source = Path(path)
     if not source.exists():
         raise FileNotFoundError(f"no references at {source}")

@@ -287,7 +287,7 @@ def record_references(
       >>> import os, tempfile
       >>> from treeguard.examples.mlp import model
       >>> p = record_references(model, os.path.join(tempfile.mkdtemp(), "r.safetensors"))
-      >>> [c.name for c in refs_mod.load_references(p).cases]
+      >>> [c.name for c in refs_mod.References.load(p).cases]
       ['standard', 'single', 'zeros', 'boundary', 'invalid_shape']
     """
     return _record(Programs(model), generate_cases(model), path, name or model.name)
