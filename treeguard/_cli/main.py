@@ -21,13 +21,15 @@ from __future__ import annotations
 import importlib
 import json
 import math
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 
 from .._src.display import fmt_bytes, printable
-from .console import console, shown
+from .console import console, plain_stdout, shown
 from .failures import FAILED, PASSED, Group
 
 if TYPE_CHECKING:
@@ -70,6 +72,24 @@ def _may_be_safetensors(path: Path) -> bool:
     return len(head) < 8 or 0 in head
 
 
+#: A line's text in pieces, each with its rich style ("" for none).
+_Label = list[tuple[str, str]]
+
+
+class _Branch:
+    """One line of the printed tree and the lines below it."""
+
+    __slots__ = ("children", "label")
+
+    def __init__(self, label: _Label) -> None:
+        self.label, self.children = label, list[_Branch]()
+
+    def add(self, label: _Label) -> _Branch:
+        child = _Branch(label)
+        self.children.append(child)
+        return child
+
+
 def _size(record: Record) -> int | None:
     shape = record[0]
     if any(isinstance(d, str) for d in shape):
@@ -77,21 +97,47 @@ def _size(record: Record) -> int | None:
     return math.prod(int(d) for d in shape)
 
 
-def _render(node: Node, records: list[Record], start: int, branch: Tree) -> None:
+def _spec_tree(file: Path, spec: TreeSpec) -> _Branch:
+    """The lines ``treeguard spec`` prints for ``spec``, read from ``file``."""
+    from .._src.leaf import summarize
+
+    params = spec.num_params
+    tree = _Branch(
+        [
+            (printable(file), "bold"),
+            (f"  {spec.num_leaves} leaves  ", ""),
+            ((f"{params:,} params  " if params is not None else "symbolic dims  "), ""),
+            (fmt_bytes(spec.nbytes), ""),
+        ]
+    )
+    root = spec.structure
+    if root.kind == "leaf":
+        rec = spec.records[0]
+        tree.add([(printable(summarize(rec[0], rec[1])), "cyan")])
+    else:
+        _render(root, spec.records, 0, tree)
+    return tree
+
+
+def _render(node: Node, records: list[Record], start: int, branch: _Branch) -> None:
     from .._src.leaf import summarize
     from .._src.paths import entry_str
 
     off = start
     for entry, child in zip(node.entries, node.children):
-        label = shown(entry_str(entry))
+        label = (printable(entry_str(entry)), "bold")
         if child.kind == "leaf":
             rec = records[off]
             n = _size(rec)
             count = f"{n:,}" if n is not None else "symbolic"
             nbytes = n * rec[1].itemsize if n is not None else None
             branch.add(
-                f"[bold]{label}[/bold] [cyan]{shown(summarize(rec[0], rec[1]))}[/cyan]"
-                f"  {count} params  {fmt_bytes(nbytes)}"
+                [
+                    label,
+                    (" ", ""),
+                    (printable(summarize(rec[0], rec[1])), "cyan"),
+                    (f"  {count} params  {fmt_bytes(nbytes)}", ""),
+                ]
             )
         else:
             sub = records[off : off + child.num_leaves]
@@ -102,8 +148,13 @@ def _render(node: Node, records: list[Record], start: int, branch: Tree) -> None
                 else child.kind
             )
             sub_branch = branch.add(
-                f"[bold]{label}[/bold] [magenta]{shown(kind)}[/magenta]  {child.num_leaves} leaves"
-                + (f"  {params:,} params" if params is not None else "")
+                [
+                    label,
+                    (" ", ""),
+                    (printable(kind), "magenta"),
+                    (f"  {child.num_leaves} leaves", ""),
+                    ((f"  {params:,} params" if params is not None else ""), ""),
+                ]
             )
             _render(child, records, off, sub_branch)
         off += child.num_leaves
@@ -112,6 +163,27 @@ def _render(node: Node, records: list[Record], start: int, branch: Tree) -> None
 def _sum_params(records: list[Record]) -> int | None:
     sizes = [_size(r) for r in records]
     return None if any(s is None for s in sizes) else sum(s for s in sizes if s is not None)
+
+
+def _plain_lines(branch: _Branch, prefix: str = "") -> Iterator[str]:
+    """The lines below ``branch`` as rich's ``Tree`` draws them on a UTF-8
+    stream without styles (the guides of ``Tree.TREE_GUIDES[0]``)."""
+    last = len(branch.children) - 1
+    for i, child in enumerate(branch.children):
+        yield prefix + ("└── " if i == last else "├── ") + "".join(t for t, _ in child.label)
+        yield from _plain_lines(child, prefix + ("    " if i == last else "│   "))
+
+
+def _rich_tree(branch: _Branch, parent: Tree | None = None) -> Tree:
+    """``branch`` as a rich ``Tree``: its labels as ``Text`` (never markup)."""
+    from rich.text import Text
+    from rich.tree import Tree
+
+    label = Text.assemble(*branch.label)
+    tree = Tree(label) if parent is None else parent.add(label)
+    for child in branch.children:
+        _rich_tree(child, tree)
+    return tree
 
 
 class _LazyGroup(Group):
@@ -197,28 +269,19 @@ def main() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the spec as JSON.")
 def spec_command(file: Path, as_json: bool) -> None:
     """Print the contract in FILE as a tree with shapes, dtypes, sizes and counts."""
-    from rich.tree import Tree
-
-    from .._src.leaf import summarize
-
     spec = read_spec(file)
     if as_json:
         click.echo(spec.to_json(), nl=False)
         return
-    params = spec.num_params
-    head = (
-        f"[bold]{shown(file)}[/bold]  {spec.num_leaves} leaves  "
-        + (f"{params:,} params  " if params is not None else "symbolic dims  ")
-        + fmt_bytes(spec.nbytes)
-    )
-    root = spec.structure
-    tree = Tree(head)
-    if root.kind == "leaf":
-        rec = spec.records[0]
-        tree.add(f"[cyan]{shown(summarize(rec[0], rec[1]))}[/cyan]")
+    tree = _spec_tree(file, spec)
+    if plain_stdout():  # what rich would print, without importing it
+        out = sys.stdout
+        out.write("".join(t for t, _ in tree.label) + "\n")
+        for line in _plain_lines(tree):
+            out.write(line + "\n")
+        out.flush()
     else:
-        _render(root, spec.records, 0, tree)
-    console().print(tree)
+        console().print(_rich_tree(tree))
 
 
 @main.command("diff")
