@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import TYPE_CHECKING
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, TypeAlias
 
 from .._src.display import printable
 
 if TYPE_CHECKING:
     from rich.console import Console
+    from rich.tree import Tree
 
 #: The width of output that is not a terminal: wide enough that no table
 #: column is ever squeezed, so nothing is cut or folded in a pipe or a log.
@@ -56,6 +58,62 @@ def plain_stdout() -> bool:
 def _isatty(stream: object) -> bool:
     isatty = getattr(stream, "isatty", None)
     return isatty is not None and bool(isatty())
+
+
+#: A line's text in pieces, each with its rich style ("" for none).
+Label: TypeAlias = list[tuple[str, str]]
+
+
+class Branch:
+    """One line of a tree ``print_tree`` prints, and the lines below it.
+
+    Its label's pieces are printed as they are (never read as markup): text
+    from outside goes through ``printable`` first."""
+
+    __slots__ = ("children", "label")
+
+    def __init__(self, label: Label) -> None:
+        self.label, self.children = label, list[Branch]()
+
+    def add(self, label: Label) -> Branch:
+        child = Branch(label)
+        self.children.append(child)
+        return child
+
+
+def print_tree(tree: Branch) -> None:
+    """Prints ``tree`` on stdout as rich's ``Tree`` draws it: through rich
+    on a terminal, and without importing rich where it would print plain
+    text (``plain_stdout``), byte for byte the same."""
+    if not plain_stdout():
+        console().print(_rich_tree(tree))
+        return
+    out = sys.stdout
+    out.write("".join(t for t, _ in tree.label) + "\n")
+    for line in _plain_lines(tree):
+        out.write(line + "\n")
+    out.flush()
+
+
+def _plain_lines(branch: Branch, prefix: str = "") -> Iterator[str]:
+    """The lines below ``branch`` as rich's ``Tree`` draws them on a UTF-8
+    stream without styles (the guides of ``Tree.TREE_GUIDES[0]``)."""
+    last = len(branch.children) - 1
+    for i, child in enumerate(branch.children):
+        yield prefix + ("└── " if i == last else "├── ") + "".join(t for t, _ in child.label)
+        yield from _plain_lines(child, prefix + ("    " if i == last else "│   "))
+
+
+def _rich_tree(branch: Branch, parent: Tree | None = None) -> Tree:
+    """``branch`` as a rich ``Tree``: its labels as ``Text`` (never markup)."""
+    from rich.text import Text
+    from rich.tree import Tree
+
+    label = Text.assemble(*branch.label)
+    tree = Tree(label) if parent is None else parent.add(label)
+    for child in branch.children:
+        _rich_tree(child, tree)
+    return tree
 
 
 def shown(text: object) -> str:

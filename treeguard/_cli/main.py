@@ -21,20 +21,16 @@ from __future__ import annotations
 import importlib
 import json
 import math
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 
 from .._src.display import fmt_bytes, printable
-from .console import console, plain_stdout, shown
+from .console import Branch, console, print_tree, shown
 from .failures import FAILED, PASSED, Group
 
 if TYPE_CHECKING:
-    from rich.tree import Tree
-
     from .._src.leaf import Record
     from .._src.spec import TreeSpec
     from .._src.walk import Node
@@ -72,24 +68,6 @@ def _may_be_safetensors(path: Path) -> bool:
     return len(head) < 8 or 0 in head
 
 
-#: A line's text in pieces, each with its rich style ("" for none).
-_Label = list[tuple[str, str]]
-
-
-class _Branch:
-    """One line of the printed tree and the lines below it."""
-
-    __slots__ = ("children", "label")
-
-    def __init__(self, label: _Label) -> None:
-        self.label, self.children = label, list[_Branch]()
-
-    def add(self, label: _Label) -> _Branch:
-        child = _Branch(label)
-        self.children.append(child)
-        return child
-
-
 def _size(record: Record) -> int | None:
     shape = record[0]
     if any(isinstance(d, str) for d in shape):
@@ -97,12 +75,12 @@ def _size(record: Record) -> int | None:
     return math.prod(int(d) for d in shape)
 
 
-def _spec_tree(file: Path, spec: TreeSpec) -> _Branch:
+def _spec_tree(file: Path, spec: TreeSpec) -> Branch:
     """The lines ``treeguard spec`` prints for ``spec``, read from ``file``."""
     from .._src.leaf import summarize
 
     params = spec.num_params
-    tree = _Branch(
+    tree = Branch(
         [
             (printable(file), "bold"),
             (f"  {spec.num_leaves} leaves  ", ""),
@@ -119,7 +97,7 @@ def _spec_tree(file: Path, spec: TreeSpec) -> _Branch:
     return tree
 
 
-def _render(node: Node, records: list[Record], start: int, branch: _Branch) -> None:
+def _render(node: Node, records: list[Record], start: int, branch: Branch) -> None:
     from .._src.leaf import summarize
     from .._src.paths import entry_str
 
@@ -163,27 +141,6 @@ def _render(node: Node, records: list[Record], start: int, branch: _Branch) -> N
 def _sum_params(records: list[Record]) -> int | None:
     sizes = [_size(r) for r in records]
     return None if any(s is None for s in sizes) else sum(s for s in sizes if s is not None)
-
-
-def _plain_lines(branch: _Branch, prefix: str = "") -> Iterator[str]:
-    """The lines below ``branch`` as rich's ``Tree`` draws them on a UTF-8
-    stream without styles (the guides of ``Tree.TREE_GUIDES[0]``)."""
-    last = len(branch.children) - 1
-    for i, child in enumerate(branch.children):
-        yield prefix + ("└── " if i == last else "├── ") + "".join(t for t, _ in child.label)
-        yield from _plain_lines(child, prefix + ("    " if i == last else "│   "))
-
-
-def _rich_tree(branch: _Branch, parent: Tree | None = None) -> Tree:
-    """``branch`` as a rich ``Tree``: its labels as ``Text`` (never markup)."""
-    from rich.text import Text
-    from rich.tree import Tree
-
-    label = Text.assemble(*branch.label)
-    tree = Tree(label) if parent is None else parent.add(label)
-    for child in branch.children:
-        _rich_tree(child, tree)
-    return tree
 
 
 class _LazyGroup(Group):
@@ -273,15 +230,7 @@ def spec_command(file: Path, as_json: bool) -> None:
     if as_json:
         click.echo(spec.to_json(), nl=False)
         return
-    tree = _spec_tree(file, spec)
-    if plain_stdout():  # what rich would print, without importing it
-        out = sys.stdout
-        out.write("".join(t for t, _ in tree.label) + "\n")
-        for line in _plain_lines(tree):
-            out.write(line + "\n")
-        out.flush()
-    else:
-        console().print(_rich_tree(tree))
+    print_tree(_spec_tree(file, spec))
 
 
 @main.command("diff")
