@@ -14,7 +14,13 @@ the rounds; the baseline is measured in the same rounds.
 A checkpoint of a ml_dtypes type (bf16, float8) costs one import of
 ``ml_dtypes`` more, which ``import jax`` pays too; the ``bf16`` row shows it.
 
-    .venv/bin/python benchmarks/cli_startup.py [--rounds 15]
+With ``--against TREE`` (another checkout's root, such as main's) each
+``treeguard`` command runs a second time in every round with that tree
+first on ``PYTHONPATH``, so a change is measured against the tree before it
+in the same rounds, at the same load; the rows of the other tree are marked
+``[against]``.
+
+    .venv/bin/python benchmarks/cli_startup.py [--rounds 15] [--against ../main]
 """
 
 from __future__ import annotations
@@ -67,6 +73,7 @@ def _seconds(argv: list[str], env: dict[str, str]) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--against", type=Path, help="another tree, run in the same rounds")
     args = parser.parse_args()
 
     env = dict(os.environ, JAX_PLATFORMS="cpu")
@@ -94,19 +101,26 @@ def main() -> None:
             'python -c "import numpy"': [sys.executable, "-c", "import numpy"],
             'python -c "pass"': [sys.executable, "-c", "pass"],
         }
+        envs = {name: env for name in commands}
+        if args.against is not None:
+            paths = (str(args.against), env.get("PYTHONPATH", ""))
+            other = dict(env, PYTHONPATH=os.pathsep.join(p for p in paths if p))
+            for name, argv in list(commands.items()):
+                if name.startswith("treeguard"):
+                    commands[f"{name} [against]"], envs[f"{name} [against]"] = argv, other
         times: dict[str, list[float]] = {name: [] for name in commands}
-        for argv in commands.values():  # warm-up: page cache and .pyc files
-            _seconds(argv, env)
+        for name, argv in commands.items():  # warm-up: page cache and .pyc files
+            _seconds(argv, envs[name])
         for _ in range(args.rounds):
             for name, argv in commands.items():
-                times[name].append(_seconds(argv, env))
+                times[name].append(_seconds(argv, envs[name]))
 
     medians = {name: statistics.median(ts) for name, ts in times.items()}
     base = medians['python -c "import jax" (baseline)']
     print(f"median of {args.rounds} interleaved rounds after one warm-up, one process each")
-    print(f"{'command':<40} {'median':>10} {'x import jax':>13}")
+    print(f"{'command':<50} {'median':>10} {'x import jax':>13}")
     for name, seconds in medians.items():
-        print(f"{name:<40} {seconds * 1e3:>8.1f}ms {seconds / base:>12.2f}x")
+        print(f"{name:<50} {seconds * 1e3:>8.1f}ms {seconds / base:>12.2f}x")
     for name in ("treeguard spec CKPT (f32)", "treeguard spec SPEC.json", "treeguard --help"):
         ratio = medians[name] / base
         verdict = "met" if ratio <= TARGET else "MISSED"

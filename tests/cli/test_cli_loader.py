@@ -324,7 +324,7 @@ def test_the_help_lists_each_command_by_its_own_summary_importing_none() -> None
         "from treeguard._cli.main import main\n"
         "assert CliRunner().invoke(main, ['--help']).exit_code == 0\n"
         "print(sorted(m for m in sys.modules if m.startswith('treeguard._cli.') or m in "
-        "('numpy', 'treeguard._src.checkpoint')))"  # the reader the help must not load
+        "('numpy', 'rich', 'treeguard._src.checkpoint')))"  # what the help must not load
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == [

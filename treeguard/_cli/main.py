@@ -27,12 +27,10 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from .._src.display import fmt_bytes, printable
-from .console import console, shown
+from .console import Branch, console, print_tree, shown
 from .failures import FAILED, PASSED, Group
 
 if TYPE_CHECKING:
-    from rich.tree import Tree
-
     from .._src.leaf import Record
     from .._src.spec import TreeSpec
     from .._src.walk import Node
@@ -77,21 +75,47 @@ def _size(record: Record) -> int | None:
     return math.prod(int(d) for d in shape)
 
 
-def _render(node: Node, records: list[Record], start: int, branch: Tree) -> None:
+def _spec_tree(file: Path, spec: TreeSpec) -> Branch:
+    """The lines ``treeguard spec`` prints for ``spec``, read from ``file``."""
+    from .._src.leaf import summarize
+
+    params = spec.num_params
+    tree = Branch(
+        [
+            (printable(file), "bold"),
+            (f"  {spec.num_leaves} leaves  ", ""),
+            ((f"{params:,} params  " if params is not None else "symbolic dims  "), ""),
+            (fmt_bytes(spec.nbytes), ""),
+        ]
+    )
+    root = spec.structure
+    if root.kind == "leaf":
+        rec = spec.records[0]
+        tree.add([(printable(summarize(rec[0], rec[1])), "cyan")])
+    else:
+        _render(root, spec.records, 0, tree)
+    return tree
+
+
+def _render(node: Node, records: list[Record], start: int, branch: Branch) -> None:
     from .._src.leaf import summarize
     from .._src.paths import entry_str
 
     off = start
     for entry, child in zip(node.entries, node.children):
-        label = shown(entry_str(entry))
+        label = (printable(entry_str(entry)), "bold")
         if child.kind == "leaf":
             rec = records[off]
             n = _size(rec)
             count = f"{n:,}" if n is not None else "symbolic"
             nbytes = n * rec[1].itemsize if n is not None else None
             branch.add(
-                f"[bold]{label}[/bold] [cyan]{shown(summarize(rec[0], rec[1]))}[/cyan]"
-                f"  {count} params  {fmt_bytes(nbytes)}"
+                [
+                    label,
+                    (" ", ""),
+                    (printable(summarize(rec[0], rec[1])), "cyan"),
+                    (f"  {count} params  {fmt_bytes(nbytes)}", ""),
+                ]
             )
         else:
             sub = records[off : off + child.num_leaves]
@@ -102,8 +126,13 @@ def _render(node: Node, records: list[Record], start: int, branch: Tree) -> None
                 else child.kind
             )
             sub_branch = branch.add(
-                f"[bold]{label}[/bold] [magenta]{shown(kind)}[/magenta]  {child.num_leaves} leaves"
-                + (f"  {params:,} params" if params is not None else "")
+                [
+                    label,
+                    (" ", ""),
+                    (printable(kind), "magenta"),
+                    (f"  {child.num_leaves} leaves", ""),
+                    ((f"  {params:,} params" if params is not None else ""), ""),
+                ]
             )
             _render(child, records, off, sub_branch)
         off += child.num_leaves
@@ -197,28 +226,11 @@ def main() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the spec as JSON.")
 def spec_command(file: Path, as_json: bool) -> None:
     """Print the contract in FILE as a tree with shapes, dtypes, sizes and counts."""
-    from rich.tree import Tree
-
-    from .._src.leaf import summarize
-
     spec = read_spec(file)
     if as_json:
         click.echo(spec.to_json(), nl=False)
         return
-    params = spec.num_params
-    head = (
-        f"[bold]{shown(file)}[/bold]  {spec.num_leaves} leaves  "
-        + (f"{params:,} params  " if params is not None else "symbolic dims  ")
-        + fmt_bytes(spec.nbytes)
-    )
-    root = spec.structure
-    tree = Tree(head)
-    if root.kind == "leaf":
-        rec = spec.records[0]
-        tree.add(f"[cyan]{shown(summarize(rec[0], rec[1]))}[/cyan]")
-    else:
-        _render(root, spec.records, 0, tree)
-    console().print(tree)
+    print_tree(_spec_tree(file, spec))
 
 
 @main.command("diff")
