@@ -17,7 +17,8 @@ from machine import needs_inet_sockets
 from treeguard import StorageError
 
 # The storage protocol and its backends on purpose: the layer under the store.
-from treeguard._src.store.objects import _AHEAD, _STREAM_CHUNK, ObjectStorage, is_url, split_url
+from treeguard._src.store.download import AHEAD
+from treeguard._src.store.objects import _STREAM_CHUNK, ObjectStorage, is_url, split_url
 from treeguard._src.store.storage import Conflict, LocalStorage, Storage
 
 LIMIT = 1 << 20
@@ -153,7 +154,7 @@ def test_a_reader_that_stops_early_holds_a_bounded_download_and_joins_its_thread
         time.sleep(0.05)
     assert still == 10
     # the first bytes, the chunks queued ahead, one waiting to be queued and the one being read
-    assert fetched <= (1 << 16) + (_AHEAD + 2) * (_STREAM_CHUNK + (1 << 20)) < len(data)
+    assert fetched <= (1 << 16) + (AHEAD + 2) * (_STREAM_CHUNK + (1 << 20)) < len(data)
     reader.close()
     reader.close()
     assert not [t for t in threading.enumerate() if t.name == "treeguard-fetch"]

@@ -160,16 +160,20 @@ class Backend(Protocol):
         """Whether ``version``'s name was retired."""
         ...
 
-    def remove(self, version: str, *, retired: bool) -> bool:
+    def remove(self, version: str, *, retired: bool, grace: float) -> bool:
         """Removes a version gc does not protect, retiring its name first;
         whether it was removed (never what cannot be read or is foreign).
         ``retired``: gc retired it (it had a finished record when gc listed);
-        one gc did not retire is never removed once it has a record."""
+        one gc did not retire is never removed once it has a record.
+        ``grace``: where a put's data is there before anything tells a live
+        put from a dead one (a bucket), the seconds its objects must be old
+        before they are removed as a dead put's (grace.py)."""
         ...
 
-    def after_gc(self) -> None:
+    def after_gc(self, grace: float) -> None:
         """Clears what gc leaves behind (trash, stale temporary files) and
-        deletes the tensor objects no version refers to (tensors.py)."""
+        deletes the tensor objects no version refers to (tensors.py); in a
+        bucket only those older than ``grace`` seconds."""
         ...
 
 

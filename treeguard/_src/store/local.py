@@ -381,9 +381,11 @@ class LocalBackend:
 
     # -- gc --------------------------------------------------------------
 
-    def remove(self, version: str, *, retired: bool) -> bool:
+    def remove(self, version: str, *, retired: bool, grace: float) -> bool:
         """Removes a version under the lock (nothing changes between gc's
-        listing and this), retiring the name first when gc did not."""
+        listing and this), retiring the name first when gc did not. No
+        ``grace``: a put holds a ``writing`` record from the start, with its
+        pid, and gc leaves a live writer's version alone."""
         base = self.layout.versions_dir()
 
         def may_remove(fd: int) -> bool:
@@ -394,7 +396,11 @@ class LocalBackend:
 
         return deleter.remove_version(base, version, may_remove=may_remove)
 
-    def after_gc(self) -> None:
+    def after_gc(self, grace: float) -> None:
+        """Clears the trash and stale temporary files, and sweeps the tensor
+        objects no version names, whatever their age (``grace`` applies to
+        a bucket: a local dedup put whose tensors gc took writes them again,
+        tensors.py)."""
         deleter.clean(self.layout.versions_dir())
         remove_stale_temps(self.root)
         if os.path.isdir(self.layout.path(tensors.AREA)):

@@ -270,18 +270,27 @@ def referenced(storage: Storage) -> set[str] | None:
     return out
 
 
-def sweep(storage: Storage, *, exclusive: bool = False) -> list[str] | None:
+def sweep(
+    storage: Storage,
+    *,
+    exclusive: bool = False,
+    young: Callable[[], set[str]] = set,
+) -> list[str] | None:
     """Deletes the tensor objects no manifest names (see the module); the
     objects deleted, or None when a manifest could not be read and
     nothing was deleted. ``exclusive``: no other gc runs meanwhile, so the
-    marks of the objects kept that a version names are cleared."""
+    marks of the objects kept that a version names are cleared.
+    ``young``: the objects too young to delete (a put may have written
+    them and not yet its manifest), read after the objects are listed."""
     held = [n for n in storage.list(AREA) if OBJECT_RE.match(n)]
     if not held:
         return []
     first = referenced(storage)
     if first is None:
         return None
-    doomed = [n for n in held if n not in first]
+    unnamed = [n for n in held if n not in first]
+    spared = young() if unnamed else set()
+    doomed = [n for n in unnamed if n not in spared]
     for name in doomed:
         storage.create(f"{DOOMED}/{name}", b"")  # one made already stands
     again = referenced(storage) if doomed else first
