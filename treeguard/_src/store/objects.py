@@ -363,7 +363,7 @@ class ObjectStorage:
             found = obstore.list_with_delimiter(self._store, base or None)
             out = [p["path"][len(base) :] for p in found["objects"]]
             out += [p[len(base) :].rstrip("/") for p in found["common_prefixes"]]
-            return sorted(out)
+            return sorted(n for n in out if n)  # never the prefix itself (a folder's marker)
 
         return self._idempotent("listing", prefix or "/", names)
 
@@ -374,7 +374,8 @@ class ObjectStorage:
         base = check_object_name(prefix) + "/"
 
         def objects() -> Sequence[Any]:
-            return [*obstore.list_with_delimiter(self._store, base)["objects"]]
+            found = obstore.list_with_delimiter(self._store, base)["objects"]
+            return [o for o in found if o["path"][len(base) :]]  # never the prefix itself
 
         return self._idempotent("listing", prefix, objects)
 
