@@ -161,3 +161,19 @@ def test_a_reader_that_stops_early_holds_a_bounded_download_and_joins_its_thread
     assert reader.pread_into(buf, len(data) - len(buf)) == len(buf) and buf == data[-len(buf) :]
     reader.close()
     assert not [t for t in threading.enumerate() if t.name == "treeguard-fetch"]
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("s3")
+def test_a_buckets_clock_and_ages_are_the_servers_and_leave_nothing(s3_url: str) -> None:
+    storage = ObjectStorage(s3_url)
+    storage.create("a/x", b"1")
+    storage.create("a/y", b"2")
+    storage.delete("a/y")
+    written = storage.modified("a")
+    assert list(written) == ["x"]  # objects only, none deleted, never the prefix itself
+    now = storage.now()
+    assert now >= written["x"]  # both on the server's clock
+    assert storage.list("clock") == []  # the object whose time it read is gone
+    storage.delete("a/x")
+    assert storage.modified("a") == {} and storage.list("a") == []
