@@ -23,6 +23,7 @@ from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 from ..hashing import Algorithm, Source
+from ..hashing.memo import Carried
 from ..spec import TreeSpec
 from .layout import check_name
 from .log import Event
@@ -96,9 +97,18 @@ class Backend(Protocol):
         """The names that may be versions (foreign entries left out)."""
         ...
 
-    def put(self, tree: Any, user: dict[str, Any], version: str | None, digest: Algorithm) -> str:
+    def put(
+        self,
+        tree: Any,
+        user: dict[str, Any],
+        version: str | None,
+        digest: Algorithm,
+        carried: Carried | None = None,
+    ) -> str:
         """Writes a file version (a tensors version in a ``dedup`` store) as
-        a candidate; its name."""
+        a candidate; its name. ``carried``: the digests a host copy of the
+        tree carries from the memo (a non-blocking put's), for a tensors
+        version's leaves (tensors.py)."""
         ...
 
     def put_sharded(

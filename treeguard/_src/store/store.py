@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..checkpoint import asyncsave
-from ..hashing import DEFAULT, Algorithm
+from ..hashing import DEFAULT, Algorithm, memo
 from ..spec import TreeSpec
 from . import exchange, exported, lifecycle, log, objects, records, verdicts
 from .backend import Backend, record_of
@@ -332,10 +332,11 @@ class ArtifactStore(GatedLoads, exchange.SignedModels):
         user, algorithm = records.put_arguments(metadata, version, digest)
         if not block:  # the same put, on a background thread, from a host copy
             asyncsave.wait_for_slot(1)
-            host = asyncsave.host_copy(tree)
+            carried = memo.Carried(algorithm)  # what the memo knew of the arrays copied
+            host = asyncsave.host_copy(tree, carried.add)
             return asyncsave.start(
                 self.root,
-                lambda: self.put(host, metadata=user, version=version, digest=algorithm),
+                lambda: self._backend.put(host, user, version, algorithm, carried),
                 exclusive=False,
             )
         return self._backend.put(tree, user, version, algorithm)

@@ -211,10 +211,12 @@ def put(
     draft: Draft,
     place: Callable[[bytes, list[str], Header], bool],
     where: str,
+    carried: memo.Carried | None = None,
 ) -> Header:
     """Writes a version's tensors that the store does not hold (the digest
     memo names the leaves a verified load handed back, which are not read
-    again: ``hashing/memo.py``) and hands its manifest, objects and header
+    again: ``hashing/memo.py``; ``carried`` the digests a host copy of
+    such leaves carries, for a non-blocking put) and hands its manifest, objects and header
     to ``place``, which writes the manifest, then (by ``doomed_among``)
     takes it back and returns False if gc marked one of the objects;
     started again while it does. The header is laid out and read back on a
@@ -223,7 +225,8 @@ def put(
     Raises:
       StoreError: if gc kept marking its objects, ``_PUT_TRIES`` times.
     """
-    known: list[str | None] = [memo.known(x, draft.algorithm) for x in draft.leaves]
+    lookup = memo.known if carried is None else carried.known
+    known: list[str | None] = [lookup(x, draft.algorithm) for x in draft.leaves]
     signed: list[Future[tuple[bytes, Header]]] = []
     with ThreadPoolExecutor(1, thread_name_prefix="treeguard-header") as pool:
         for _ in range(_PUT_TRIES):
