@@ -11,8 +11,9 @@ class RetentionPolicy:
 
     Whatever the policy, gc never removes the current version, the previous
     verified one (the one ``rollback`` returns to), a version still being
-    written by a live process, a version whose record cannot be read, or a
-    directory holding files the store did not write.
+    written by a live process (in a bucket, what a put wrote before its
+    record until it is ``orphan_grace_s`` old), a version whose record
+    cannot be read, or a directory holding files the store did not write.
 
     Attributes:
       keep_last: how many of the newest finished versions to keep whatever
