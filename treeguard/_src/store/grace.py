@@ -7,12 +7,17 @@ fail. So gc deletes such an object only once it is older than the grace.
 Ages come from the storage's own clock, never the client's: the time
 each object was last written (a bucket's ``LastModified``) against the
 time the server gives an object gc writes and deletes at once
-(``ObjectStorage.now``), read once per ``Grace``.
+(``ObjectStorage.now``), read once per ``Grace``. Where that clock cannot
+be read (the write failed), every object is taken as young: gc goes on
+and deletes none of them, and the next gc looks again.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Protocol
+
+from ..errors import StorageError
 
 
 class Clocked(Protocol):
@@ -50,5 +55,8 @@ class Grace:
         if not written:
             return set()
         if self._now is None:
-            self._now = self._storage.now()
+            try:
+                self._now = self._storage.now()
+            except StorageError:  # no clock: nothing is old (gc has removed versions already)
+                self._now = -math.inf
         return {name for name, at in written.items() if self._now - at < self._seconds}
