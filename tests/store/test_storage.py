@@ -17,8 +17,8 @@ from machine import needs_inet_sockets
 from treeguard import StorageError
 
 # The storage protocol and its backends on purpose: the layer under the store.
+from treeguard._src.store.download import AHEAD  # _src: the download's read-ahead bound
 from treeguard._src.store.objects import (  # _src: the object-storage protocol itself
-    _AHEAD,
     _STREAM_CHUNK,
     ObjectStorage,
     is_url,
@@ -163,10 +163,26 @@ def test_a_reader_that_stops_early_holds_a_bounded_download_and_joins_its_thread
         time.sleep(0.05)
     assert still == 10
     # the first bytes, the chunks queued ahead, one waiting to be queued and the one being read
-    assert fetched <= (1 << 16) + (_AHEAD + 2) * (_STREAM_CHUNK + (1 << 20)) < len(data)
+    assert fetched <= (1 << 16) + (AHEAD + 2) * (_STREAM_CHUNK + (1 << 20)) < len(data)
     reader.close()
     reader.close()
     assert not [t for t in threading.enumerate() if t.name == "treeguard-fetch"]
     assert reader.pread_into(buf, len(data) - len(buf)) == len(buf) and buf == data[-len(buf) :]
     reader.close()
     assert not [t for t in threading.enumerate() if t.name == "treeguard-fetch"]
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("s3")
+def test_a_buckets_clock_and_ages_are_the_servers_and_leave_nothing(s3_url: str) -> None:
+    storage = ObjectStorage(s3_url)
+    storage.create("a/x", b"1")
+    storage.create("a/y", b"2")
+    storage.delete("a/y")
+    written = storage.modified("a")
+    assert list(written) == ["x"]  # objects only, none deleted, never the prefix itself
+    now = storage.now()
+    assert now >= written["x"]  # both on the server's clock
+    assert storage.list("clock") == []  # the object whose time it read is gone
+    storage.delete("a/x")
+    assert storage.modified("a") == {} and storage.list("a") == []

@@ -184,6 +184,9 @@ def test_gc_keeps_current_previous_and_newest(tmp_path: Path) -> None:
     assert store.history()[-1].action == "gc"
     with pytest.raises(ValueError, match="keep"):
         store.gc(policy=RetentionPolicy(keep_last=-1))
+    for grace in (-1.0, float("nan"), True, "3600"):
+        with pytest.raises(ValueError, match="orphan_grace_s must be 0 or more seconds"):
+            RetentionPolicy(orphan_grace_s=grace)  # type: ignore[arg-type]
 
 
 def test_gc_removes_dead_writers_and_reserved_dirs(tmp_path: Path) -> None:

@@ -420,8 +420,11 @@ def test_a_put_killed_between_its_data_and_its_record_leaves_nothing_visible(
     with pytest.raises(StoreError, match="version v000002 already exists"):
         store.put(_params(1), version="v000002")
     assert store.put(_params(1)) == "v000003"
-    # the first gc removes it, whatever the policy keeps, and retires its name
-    assert store.gc(policy=RetentionPolicy(keep_last=10)) == ["v000002"]
+    # younger than the grace, it is left (a put could still be writing its record)
+    assert store.gc(policy=RetentionPolicy(keep_last=10)) == []
+    assert [v.version for v in store.versions()] == [v1, "v000003"]
+    # once older, gc removes it, whatever the policy keeps, and retires its name
+    assert store.gc(policy=RetentionPolicy(keep_last=10, orphan_grace_s=0)) == ["v000002"]
     assert not any(n.startswith("versions/v000002/") for n in _names(s3_url))
     with pytest.raises(StoreError, match="never reused"):
         store.put(_params(1), version="v000002")

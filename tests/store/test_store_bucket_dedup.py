@@ -1,10 +1,12 @@
 """Tensors stored once per content in a bucket (``dedup=True``): create-only
 tensor objects keyed by digest, every load checking every byte, gc
 deleting a tensor only once no version refers to it, export writing the one
-plain file, and file versions put before dedup still usable."""
+plain file, file versions put before dedup still usable, and a gc during a
+put leaving the tensors it uploaded (younger than the grace) unmarked."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +17,7 @@ import pytest
 import safetensors.numpy
 from obstore.store import S3Store
 
+from tests.s3server import Lie, LyingProxy, Request, S3Server
 from treeguard import ArtifactStore, IntegrityError, RetentionPolicy
 from treeguard.provenance import generate_keys
 
@@ -89,6 +92,9 @@ def test_gc_in_a_bucket_removes_only_unshared_tensors(s3_url: str) -> None:
     store = ArtifactStore.init(s3_url, dedup=True)
     versions = [store.put(_tree(float(i))) for i in range(3)]
     assert store.gc(policy=RetentionPolicy(keep_last=1)) == versions[:2]
+    # the tensors no version names now are younger than the grace: a put may be naming them
+    assert len(_objects(s3_url)) > 4 + 1
+    assert store.gc(policy=RetentionPolicy(keep_last=1, orphan_grace_s=0)) == []
     assert len(_objects(s3_url)) == 4 + 1
     assert _same(store.load_version(versions[2], like=_tree()), _tree(2.0))
     v = store.put(_tree(0.0))  # a head gc removed (and marked) is written anew
@@ -126,3 +132,31 @@ def test_export_and_file_versions_in_a_dedup_bucket(s3_url: str, tmp_path: Path)
     assert plain["['head']"][0] == 3.0
     assert store.rollback() == f
     assert _same(store.load_current(_tree()), _tree(0.0))
+
+
+@pytest.mark.parametrize("grace", [3600.0, 0.0])
+def test_a_gc_during_a_dedup_put_marks_none_of_its_young_tensors(
+    s3_server: S3Server, s3_url: str, monkeypatch: pytest.MonkeyPatch, grace: float
+) -> None:
+    store = ArtifactStore.init(s3_url, dedup=True)
+    removed: list[list[str]] = []
+    once = threading.Lock()
+
+    def gc_before_the_manifest(req: Request) -> Lie | None:
+        # the put's tensors are uploaded, the manifest that names them is not
+        if req.method == "PUT" and req.key.endswith("/tensors.json") and once.acquire(False):
+            removed.append(store.gc(policy=RetentionPolicy(keep_last=0, orphan_grace_s=grace)))
+        return None
+
+    with LyingProxy(s3_server.endpoint, gc_before_the_manifest) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+        v = ArtifactStore(s3_url).put(_tree(3.0))
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server.endpoint)
+    assert removed == [[]]
+    marked = list(obstore.list(_raw(s3_url), prefix="doomed/"))
+    names = _objects(s3_url)
+    if grace:  # left alone: the put wrote each tensor once, under its digest
+        assert marked == [] and len(names) == 5 and not any("." in n for n in names)
+    else:  # what the grace prevents: gc took them, the put wrote them again under new names
+        assert marked and len(names) == 5 and all("." in n for n in names)
+    assert _same(store.load_version(v, like=_tree()), _tree(3.0))

@@ -2,7 +2,8 @@
 a 2x4 mesh of the 8 CPU devices, verify, promote, load onto a 4x2 mesh,
 rollback and gc; a changed or missing shard object refused by name; a
 partial load that fetches only its shards; a put killed between its shards
-and its manifest, which leaves no version and whose objects gc removes."""
+and its manifest, which leaves no version and whose objects gc removes
+once older than the grace; a gc during a put, which leaves its shards."""
 
 from __future__ import annotations
 
@@ -241,7 +242,9 @@ def test_a_put_killed_before_its_manifest_leaves_no_version(
     left = [n for n in _names(s3_url) if n.startswith("versions/v000002/")]
     assert len(left) == 8 and all("/data-" in n for n in left), left  # shards only
     assert [v.version for v in store.versions()] == [v1]  # no version seen
-    assert store.gc() == ["v000002"]
+    assert store.gc() == []  # younger than the grace: it could be a put still uploading
+    assert len([n for n in _names(s3_url) if n.startswith("versions/v000002/")]) == 8
+    assert store.gc(policy=RetentionPolicy(orphan_grace_s=0)) == ["v000002"]
     assert not [n for n in _names(s3_url) if n.startswith("versions/v000002/")]
     assert "retired/v000002" in _names(s3_url)
     v3 = store.put_sharded(_placed(h))
@@ -330,3 +333,61 @@ def test_a_sharded_put_stops_reading_shards_once_a_write_failed(
     assert 0 < len(tried) <= 2 * 8 < 48, len(tried)
     monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server.endpoint)
     assert store.versions() == []
+
+
+def _put_with_gc_inside(
+    s3_server: S3Server, s3_url: str, monkeypatch: pytest.MonkeyPatch, policy: RetentionPolicy
+) -> tuple[list[list[str]], Any]:
+    """A sharded put into a store whose gc (``policy``, from another client
+    straight to the server) runs once the put's first shard object is
+    written: when the put reads it back. What gc removed, and what the put
+    returned or raised."""
+    gc_store = ArtifactStore(s3_url)  # its client talks to the server itself
+    h = _host(1.0)
+    removed: list[list[str]] = []
+    shards_then: list[int] = []
+    once = threading.Lock()
+
+    def gc_after_a_shard(req: Request) -> Lie | None:
+        if req.method == "GET" and "/data-" in req.key and once.acquire(blocking=False):
+            shards_then.append(len(_shards(s3_url, "v000002")))
+            removed.append(gc_store.gc(policy=policy))
+        return None
+
+    with LyingProxy(s3_server.endpoint, gc_after_a_shard) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+        try:
+            out: Any = ArtifactStore(s3_url).put_sharded(_placed(h))
+        except StoreError as e:
+            out = e
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server.endpoint)
+    assert shards_then and shards_then[0] >= 1, shards_then  # gc saw shards of the put
+    return removed, out
+
+
+def test_a_gc_during_a_sharded_put_leaves_its_shards(
+    s3_server: S3Server, s3_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = ArtifactStore.init(s3_url)
+    h = _host(1.0)
+    v1 = _promoted(store, h)
+    removed, v = _put_with_gc_inside(s3_server, s3_url, monkeypatch, RetentionPolicy(keep_last=0))
+    assert removed == [[]] and v == "v000002"  # its shards are younger than the grace
+    assert "retired/v000002" not in _names(s3_url)
+    assert store.verify(v).status == "verified"
+    _same(store.load_version(v, _like(h)), h)
+    assert [info.version for info in store.versions()] == [v1, v]
+
+
+def test_a_gc_with_no_grace_during_a_sharded_put_makes_it_fail(
+    s3_server: S3Server, s3_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = ArtifactStore.init(s3_url)
+    v1 = _promoted(store, _host(1.0))
+    # what the grace prevents: gc takes a live put's shards for a dead put's
+    removed, out = _put_with_gc_inside(
+        s3_server, s3_url, monkeypatch, RetentionPolicy(keep_last=0, orphan_grace_s=0)
+    )
+    assert removed == [["v000002"]] and isinstance(out, StoreError), out
+    assert [info.version for info in store.versions()] == [v1]
+    assert not _shards(s3_url, "v000002")

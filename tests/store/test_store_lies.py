@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from tests.s3server import Lie, LyingProxy, Request, S3Server
-from treeguard import ArtifactStore, IntegrityError, StorageError
+from treeguard import ArtifactStore, IntegrityError, RetentionPolicy, StorageError
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("s3")]
 
@@ -191,3 +191,19 @@ def test_a_load_the_bucket_lies_to_returns_nothing_unverified(
     with pytest.raises((IntegrityError, StorageError)):
         store.load_current(_params(0.0))
     assert np.array_equal(honest.load_current(_params(0.0))["w"], _params(1.0)["w"])
+
+
+def test_a_gc_whose_clock_write_is_not_performed_reports_its_removals_and_keeps_young_data(
+    lying: tuple[ArtifactStore, ArtifactStore], liar: Liar
+) -> None:
+    store, honest = lying
+    v1, v2 = _first_of_two_promoted(store)
+    liar.arm("ack", "PUT", "status.json")  # a put that leaves its checkpoint object, no record
+    with pytest.raises(StorageError):
+        store.put(_params(3.0))
+    liar.arm("ack", "PUT", "")
+    liar.pick = lambda req: req.method == "PUT" and "/clock/" in f"/{req.key}"
+    # the bucket's clock cannot be read: nothing is old, and gc still ends with what it removed
+    assert store.gc(policy=RetentionPolicy(keep_last=0, orphan_grace_s=1e-9)) == [v2]
+    assert liar.times == 0 and [v.version for v in honest.versions()] == [v1]
+    assert honest.gc(policy=RetentionPolicy(keep_last=0, orphan_grace_s=0)) == ["v000003"]

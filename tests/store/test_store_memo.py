@@ -183,3 +183,27 @@ def test_numpy_leaves_are_read_again_whatever_a_load_gave(tmp_path: Path) -> Non
     mixed["a"][...] = 5.0
     now = {k: np.asarray(x).copy() for k, x in mixed.items()}
     assert _same(store.load_version(store.put(mixed)), now)
+
+
+def test_a_non_blocking_put_carries_the_memo_s_digests_to_its_host_copy(tmp_path: Path) -> None:
+    # the carried digests have no public face: they are read from the memo's module
+    from treeguard._src.checkpoint.asyncsave import host_copy
+    from treeguard._src.hashing import memo
+
+    root = tmp_path / "store"
+    store = tg.ArtifactStore.init(root, dedup=True)
+    tree = {f"l{i}": np.full((16, 4), i, np.float32) for i in range(4)}
+    params = _current(store, store.put(tree), {k: jnp.asarray(v) for k, v in tree.items()})
+    changed = {**params, "l2": params["l2"] + 100, "l1": np.asarray(params["l1"])}
+    carried = memo.Carried("blake3")
+    host = host_copy(changed, carried.add)
+    for k in ("l0", "l3"):  # loaded and verified: their copies carry the digests
+        assert carried.known(host[k], "blake3") == memo.known(params[k], "blake3") is not None
+        assert carried.known(host[k], "sha256") is None  # another algorithm: not known
+        assert carried.known(host[k].copy(), "blake3") is None  # only that very copy
+    assert carried.known(host["l2"], "blake3") is None  # a new array: hashed by the put
+    assert carried.known(host["l1"], "blake3") is None  # numpy: never trusted
+    before = _objects(root)
+    v = store.put(changed, block=False).result()
+    assert len(_objects(root) - before) == 1  # the changed tensor
+    assert _same(_current(store, v, changed), changed)

@@ -121,14 +121,19 @@ def yield_cpu() -> None:
             os.setpriority(os.PRIO_PROCESS, tid, lower)
 
 
-def host_copy(tree: Any) -> Any:
+def host_copy(tree: Any, copied: Callable[[Any, Any], None] = lambda x, c: None) -> Any:
     """The tree with every array copied to host memory (typed PRNG keys stay
-    jax arrays: JAX never donates a buffer a key array shares)."""
+    jax arrays: JAX never donates a buffer a key array shares);
+    ``copied(array, copy)`` is called for each jax array copied."""
     import jax  # only a tree holding jax arrays needs it; it is imported by then
 
     def copy(x: Any) -> Any:
         if isinstance(x, jax.Array):
-            return x if is_key_dtype(x.dtype) else np.array(jax.device_get(x), copy=True)
+            if is_key_dtype(x.dtype):
+                return x
+            out = np.array(jax.device_get(x), copy=True)
+            copied(x, out)
+            return out
         if isinstance(x, np.ndarray):
             return np.array(x, copy=True)
         return x

@@ -128,3 +128,36 @@ def held() -> set[int]:
     """The ``id`` of every array the memo holds an entry for (each alive)."""
     with _LOCK:
         return set(_ENTRIES)
+
+
+class Carried:
+    """The digests the memo knew of the arrays a host copy was made from,
+    for those copies (a non-blocking put's, ``ArtifactStore.put(block=False)``).
+
+    A copy's digest is its array's: the array's bytes cannot change (a jax
+    array is immutable), the copy is made from them before the call
+    returns, and it is held only by the put, which writes nothing into it.
+    A copy is matched by identity (``is``), never by ``id`` alone; it is
+    never entered in the memo, whose entries stay jax arrays only.
+
+    Args:
+      algorithm: the put's hash algorithm.
+    """
+
+    def __init__(self, algorithm: Algorithm) -> None:
+        self._algorithm = algorithm
+        self._copies: dict[int, tuple[Any, str]] = {}
+
+    def add(self, array: Any, copy: Any) -> None:
+        """Carries ``array``'s digest, if the memo knows it, to ``copy``
+        (made from it just now, with its dtype and shape)."""
+        found = known(array, self._algorithm)
+        if found is not None and copy.dtype == array.dtype and copy.shape == array.shape:
+            self._copies[id(copy)] = (copy, found)
+
+    def known(self, x: Any, algorithm: Algorithm) -> str | None:
+        """The digest of ``x``'s bytes: a copy's carried one, or the memo's."""
+        carried = self._copies.get(id(x))
+        if carried is not None and carried[0] is x and algorithm == self._algorithm:
+            return carried[1]
+        return known(x, algorithm)

@@ -23,6 +23,7 @@ from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 from ..hashing import Algorithm, Source
+from ..hashing.memo import Carried
 from ..spec import TreeSpec
 from .layout import check_name
 from .log import Event
@@ -96,9 +97,18 @@ class Backend(Protocol):
         """The names that may be versions (foreign entries left out)."""
         ...
 
-    def put(self, tree: Any, user: dict[str, Any], version: str | None, digest: Algorithm) -> str:
+    def put(
+        self,
+        tree: Any,
+        user: dict[str, Any],
+        version: str | None,
+        digest: Algorithm,
+        carried: Carried | None = None,
+    ) -> str:
         """Writes a file version (a tensors version in a ``dedup`` store) as
-        a candidate; its name."""
+        a candidate; its name. ``carried``: the digests a host copy of the
+        tree carries from the memo (a non-blocking put's), for a tensors
+        version's leaves (tensors.py)."""
         ...
 
     def put_sharded(
@@ -160,16 +170,20 @@ class Backend(Protocol):
         """Whether ``version``'s name was retired."""
         ...
 
-    def remove(self, version: str, *, retired: bool) -> bool:
+    def remove(self, version: str, *, retired: bool, grace: float) -> bool:
         """Removes a version gc does not protect, retiring its name first;
         whether it was removed (never what cannot be read or is foreign).
         ``retired``: gc retired it (it had a finished record when gc listed);
-        one gc did not retire is never removed once it has a record."""
+        one gc did not retire is never removed once it has a record.
+        ``grace``: where a put's data is there before anything tells a live
+        put from a dead one (a bucket), the seconds its objects must be old
+        before they are removed as a dead put's (grace.py)."""
         ...
 
-    def after_gc(self) -> None:
+    def after_gc(self, grace: float) -> None:
         """Clears what gc leaves behind (trash, stale temporary files) and
-        deletes the tensor objects no version refers to (tensors.py)."""
+        deletes the tensor objects no version refers to (tensors.py); in a
+        bucket only those older than ``grace`` seconds."""
         ...
 
 

@@ -49,6 +49,7 @@ from ..errors import (
 )
 from ..hashing import Algorithm
 from ..hashing import digest as hash_bytes
+from ..hashing.memo import Carried
 from ..sharded.manifest import MANIFEST_NAME, metadata_json, new_data_name
 from ..spec import TreeSpec
 from . import bucketshards, records, tensors
@@ -90,6 +91,8 @@ _MARKER_TRIES = 64
 _NAME_TRIES = 64
 #: How many times a log event is written before its error is raised.
 _LOG_TRIES = 3
+#: A put's hash algorithm, and the digests its host copy carries.
+_Hashed = tuple[Algorithm, Carried | None]
 _NOT_A_STORE_HINT = (
     "pass the URL given to `treeguard store init`, or make this prefix a store with "
     "`treeguard store init URL` (ArtifactStore.init(url))"
@@ -300,9 +303,16 @@ class BucketBackend(BucketReads, BucketGc):
 
     # -- put -------------------------------------------------------------
 
-    def put(self, tree: Any, user: dict[str, Any], version: str | None, digest: Algorithm) -> str:
+    def put(
+        self,
+        tree: Any,
+        user: dict[str, Any],
+        version: str | None,
+        digest: Algorithm,
+        carried: Carried | None = None,
+    ) -> str:
         if self.require().get("dedup"):
-            version = self._put_tensors(tree, user, version, digest)
+            version = self._put_tensors(tree, user, version, (digest, carried))
             leaf = TENSORS_FILE
         else:
             data = checkpoint_bytes(tree, metadata=user, digest=digest)  # one upload needs it all
@@ -315,9 +325,8 @@ class BucketBackend(BucketReads, BucketGc):
         return version
 
     def _unless_retired(self, version: str, leaves: tuple[str, ...], data: str = "") -> None:
-        """Undoes a put whose name gc retired while it ran (gc took its data
-        for a dead put's): deletes its ``leaves`` (the record first) and its
-        shard objects under ``data``, and refuses."""
+        """Undoes a put whose name gc retired while it ran (gc took its data for a
+        dead put's): deletes its ``leaves`` (record first) and shards under ``data``."""
         if not self.retired(version):
             return
         for name in leaves:
@@ -332,11 +341,12 @@ class BucketBackend(BucketReads, BucketGc):
         )
 
     def _put_tensors(
-        self, tree: Any, user: dict[str, Any], version: str | None, digest: Algorithm
+        self, tree: Any, user: dict[str, Any], version: str | None, hashed: _Hashed
     ) -> str:
         """A tensors version: the tensors the store lacks, then the manifest,
         which reserves the name (taken back if gc marked one of its objects:
-        tensors.py), then the record."""
+        tensors.py), then the record. ``hashed``: its algorithm and the
+        digests its host copy carries (``put``'s ``carried``)."""
         names: list[str] = []
 
         def place(raw: bytes, objects: list[str], header: Header) -> bool:
@@ -350,8 +360,8 @@ class BucketBackend(BucketReads, BucketGc):
                 return False
             return True
 
-        draft = laid_out(tree, metadata=user, digest=digest)
-        tensors.put(self.storage, draft, place, self.root)
+        draft = laid_out(tree, metadata=user, digest=hashed[0])
+        tensors.put(self.storage, draft, place, self.root, hashed[1])
         return names[-1]
 
     def put_sharded(

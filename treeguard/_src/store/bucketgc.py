@@ -1,8 +1,10 @@
 """How ``BucketBackend`` removes versions (gc's primitives, see backend.py):
 the record first, then every other object, a sharded version's shards
 last; the data of a put that died before its record (a checkpoint object,
-a tensors manifest, or a sharded put's shards and manifest) only after its
-name is retired; never anything the store did not write."""
+a tensors manifest, or a sharded put's shards and manifest) only once
+every object of it is older than the grace (grace.py: a put still
+uploading is left alone) and after its name is retired; never anything
+the store did not write."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from ..sharded.manifest import MANIFEST_NAME, is_data_name
 from . import bucketshards, tensors
 from .bucketreads import version_object
 from .exported import ARTIFACT_FILE, META_FILE
+from .grace import Grace
 from .layout import MODEL_FILE, SMALL_FILE_LIMIT, STATUS_FILE
 from .objects import ObjectStorage
 from .tensors import TENSORS_FILE
@@ -42,13 +45,14 @@ class BucketGc:
 
     # -- gc --------------------------------------------------------------
 
-    def remove(self, version: str, *, retired: bool) -> bool:
+    def remove(self, version: str, *, retired: bool, grace: float) -> bool:
         """Deletes the record first: the version is gone from the moment its
         record is, and a remove killed after that leaves objects under a
         retired name, which the next gc deletes. A version gc did not retire
         (it had no finished record when gc listed) is never deleted once it
         has a record: only the data of a put that died before its record (a
-        checkpoint object, or a sharded put's shards and manifest)."""
+        checkpoint object, or a sharded put's shards and manifest), and
+        only once none of its objects is younger than ``grace`` seconds."""
         held = self._held(version)
         if held is None:
             return False  # objects the store did not write: a person must look
@@ -61,6 +65,8 @@ class BucketGc:
             sharded = own != held and own <= {MANIFEST_NAME}
             if own not in ({MODEL_FILE}, {TENSORS_FILE}) and not sharded:
                 return False  # nothing there, or a verdict without a record: a person must look
+            if self._young(version, held, Grace(self.storage, grace)):
+                return False  # its put may still be writing it
             return self._remove_unrecorded(version, held)
         except (StoreError, FormatError):
             return False  # never delete what cannot be read: a person must look
@@ -80,6 +86,12 @@ class BucketGc:
             if not all(bucketshards.is_shard_name(n) for n in inside):
                 return None
         return held
+
+    def _young(self, version: str, held: set[str], grace: Grace) -> bool:
+        """Whether an object of ``version`` (one of its own, or a shard under
+        one of its data prefixes) is younger than ``grace``."""
+        data = [version_object(version, n) for n in sorted(held) if is_data_name(n)]
+        return any(grace.young(prefix) for prefix in [f"versions/{version}", *data])
 
     def _delete(self, version: str, held: set[str]) -> bool:
         """The record first (a version never lacks its data), then every
@@ -108,9 +120,12 @@ class BucketGc:
             return False
         return self._delete(version, held)
 
-    def after_gc(self) -> None:
-        """Deletes the tensor objects no version refers to (tensors.py);
-        gc deletes whole versions, and leaves no temporary objects."""
-        removed = tensors.sweep(self.storage)
+    def after_gc(self, grace: float) -> None:
+        """Deletes the tensor objects no version refers to (tensors.py) once
+        older than ``grace`` seconds (a put uploads its tensors before its
+        manifest names them); gc deletes whole versions, and leaves no
+        temporary objects."""
+        ages = Grace(self.storage, grace)
+        removed = tensors.sweep(self.storage, young=lambda: ages.young(tensors.AREA))
         if removed != []:
             self.append("sweep", None, tensors.summary(removed))

@@ -168,9 +168,12 @@ def gc(backend: Backend, signer: VerdictSigner | None, policy: RetentionPolicy) 
                 backend.retire(name)
         spared = _fence(backend) if doomed else set()
         removed = [
-            n for n in doomed if n not in spared and backend.remove(n, retired=n in finished)
+            n
+            for n in doomed
+            if n not in spared
+            and backend.remove(n, retired=n in finished, grace=policy.orphan_grace_s)
         ]
-        backend.after_gc()
+        backend.after_gc(policy.orphan_grace_s)
         if removed or spared & set(doomed):
             backend.append(
                 "gc",

@@ -30,6 +30,7 @@ from ..errors import (
     UnknownVersionError,
 )
 from ..hashing import Algorithm, Source
+from ..hashing.memo import Carried
 from ..sharded.manifest import read as read_manifest
 from ..spec import TreeSpec
 from . import deleter, gates, log, payload, records, tensors
@@ -126,10 +127,17 @@ class LocalBackend:
 
     # -- put -------------------------------------------------------------
 
-    def put(self, tree: Any, user: dict[str, Any], version: str | None, digest: Algorithm) -> str:
+    def put(
+        self,
+        tree: Any,
+        user: dict[str, Any],
+        version: str | None,
+        digest: Algorithm,
+        carried: Carried | None = None,
+    ) -> str:
         self._open_for_put()
         if self.layout.require().get("dedup"):
-            return self._put_tensors(tree, user, version, digest)
+            return self._put_tensors(tree, user, version, digest, carried)
         with self.layout.locked():
             version, path = self._reserve(version, user)
         try:
@@ -143,7 +151,12 @@ class LocalBackend:
         return version
 
     def _put_tensors(
-        self, tree: Any, user: dict[str, Any], version: str | None, digest: Algorithm
+        self,
+        tree: Any,
+        user: dict[str, Any],
+        version: str | None,
+        digest: Algorithm,
+        carried: Carried | None,
     ) -> str:
         """A tensors version: its tensors the store lacks, then its manifest
         (taken back if gc marked one of its objects: tensors.py), then its
@@ -163,7 +176,7 @@ class LocalBackend:
         try:
             with _out_of_space_is_typed(version, path):
                 draft = laid_out(tree, metadata=user, digest=digest)
-                header = tensors.put(self.storage, draft, place, path)
+                header = tensors.put(self.storage, draft, place, path, carried)
             self._record_candidate(version, path, header.spec, {"kind": "tensors"})
         except BaseException:
             self._discard(path)
@@ -381,9 +394,11 @@ class LocalBackend:
 
     # -- gc --------------------------------------------------------------
 
-    def remove(self, version: str, *, retired: bool) -> bool:
+    def remove(self, version: str, *, retired: bool, grace: float) -> bool:
         """Removes a version under the lock (nothing changes between gc's
-        listing and this), retiring the name first when gc did not."""
+        listing and this), retiring the name first when gc did not. No
+        ``grace``: a put holds a ``writing`` record from the start, with its
+        pid, and gc leaves a live writer's version alone."""
         base = self.layout.versions_dir()
 
         def may_remove(fd: int) -> bool:
@@ -394,7 +409,11 @@ class LocalBackend:
 
         return deleter.remove_version(base, version, may_remove=may_remove)
 
-    def after_gc(self) -> None:
+    def after_gc(self, grace: float) -> None:
+        """Clears the trash and stale temporary files, and sweeps the tensor
+        objects no version names, whatever their age (``grace`` applies to
+        a bucket: a local dedup put whose tensors gc took writes them again,
+        tensors.py)."""
         deleter.clean(self.layout.versions_dir())
         remove_stale_temps(self.root)
         if os.path.isdir(self.layout.path(tensors.AREA)):

@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import hashlib
 import os
-import queue
 import re
+import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -38,8 +38,11 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..errors import FormatError, StorageError, StoreError, TreeguardError
 from . import objecterrors
+from .download import Download
 from .storage import Conflict, check_object_name
 
+#: Where ``now`` writes the object whose time it reads.
+CLOCK = "clock"
 #: The URL schemes this backend serves.
 SCHEMES = ("s3", "gs")
 #: How many times an idempotent request is tried, and the first pause between tries.
@@ -49,14 +52,8 @@ _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.\-_]{1,220}$")
 _URL_RE = re.compile(r"^(s3|gs):/")
 #: The least bytes a streamed read hands over at a time.
 _STREAM_CHUNK = 4 << 20
-#: How many streamed chunks are downloaded ahead of the reader at most.
-_AHEAD = 4
 #: The parts a whole object is streamed in by ``read_into``, hashed while in the cache.
 _PART = 1 << 20
-#: The name of the thread that downloads ahead of a reader.
-FETCH_THREAD = "treeguard-fetch"
-#: How often a thread waiting on a full queue checks whether it was stopped.
-_POLL = 0.05
 #: The first bytes of an object fetched (and kept) on its first read: a
 #: checkpoint's header, parsed more than once, in one request.
 _HEAD_BYTES = 64 << 10
@@ -366,21 +363,51 @@ class ObjectStorage:
             found = obstore.list_with_delimiter(self._store, base or None)
             out = [p["path"][len(base) :] for p in found["objects"]]
             out += [p[len(base) :].rstrip("/") for p in found["common_prefixes"]]
-            return sorted(out)
+            return sorted(n for n in out if n)  # never the prefix itself (a folder's marker)
 
         return self._idempotent("listing", prefix or "/", names)
 
-    def total_size(self, prefix: str) -> int:
-        """The bytes of the objects directly under ``prefix`` (one listing)."""
+    def _objects(self, prefix: str) -> Sequence[Any]:
+        """The metadata of the objects directly under ``prefix`` (one listing)."""
         import obstore  # lazy: the optional [s3] extra
 
         base = check_object_name(prefix) + "/"
 
-        def size() -> int:
-            found = obstore.list_with_delimiter(self._store, base)
-            return sum(int(o["size"]) for o in found["objects"])
+        def objects() -> Sequence[Any]:
+            found = obstore.list_with_delimiter(self._store, base)["objects"]
+            return [o for o in found if o["path"][len(base) :]]  # never the prefix itself
 
-        return self._idempotent("listing", prefix, size)
+        return self._idempotent("listing", prefix, objects)
+
+    def total_size(self, prefix: str) -> int:
+        """The bytes of the objects directly under ``prefix`` (one listing)."""
+        return sum(int(o["size"]) for o in self._objects(prefix))
+
+    def modified(self, prefix: str) -> dict[str, float]:
+        """When each object directly under ``prefix`` was last written: its
+        ``LastModified``, in seconds since the epoch by the server's clock
+        (one listing)."""
+        base = len(prefix) + 1
+        return {o["path"][base:]: o["last_modified"].timestamp() for o in self._objects(prefix)}
+
+    def now(self) -> float:
+        """The server's clock now, in seconds since the epoch: the
+        ``LastModified`` of an empty object written under ``clock/`` with a
+        random name, read back and deleted at once (never the client's
+        clock, which may differ).
+
+        Raises:
+          StorageError: for a write the server acknowledged and did not make.
+        """
+        name = f"{CLOCK}/{secrets.token_hex(8)}"
+        try:
+            self.create(name, b"")  # confirmed by reading it back; a random name is never taken
+            meta = self._head(name)
+        finally:
+            self.delete(name)
+        if meta is None:
+            raise self._unconfirmed(name, None, None)
+        return float(meta["last_modified"].timestamp())
 
     def delete(self, name: str) -> None:
         import obstore  # lazy: the optional [s3] extra
@@ -396,7 +423,7 @@ class ObjectReader:
     Its first bytes come with its size and etag, in the one request that
     makes it (``ObjectStorage.reader``), and are kept: a header is parsed
     more than once. A read elsewhere is served by a streamed GET that a
-    thread of its own (``_Download``) pulls ahead of the reader, so the
+    thread of its own (``Download``) pulls ahead of the reader, so the
     next chunks arrive while the last ones are copied into the caller's
     buffer and hashed; a read that continues where the last one ended
     continues the same stream: a whole checkpoint is one GET of its data.
@@ -416,7 +443,7 @@ class ObjectReader:
         self._etag = meta.get("e_tag")
         self._head = head
         self._plan: Sequence[tuple[int, int]] | None = None
-        self._download: _Download | None = None
+        self._download: Download | None = None
         self._pos = 0
         self._until = 0  # where the download under way ends
         self._left = memoryview(b"")
@@ -485,7 +512,7 @@ class ObjectReader:
         self._pos = offset
         stop = self._until = min(self._stop(offset, want), self._size)
         if stop > offset:
-            self._download = _Download(lambda stopped: self._chunks(offset, stop, stopped))
+            self._download = Download(lambda stopped: self._chunks(offset, stop, stopped))
 
     def _chunks(self, start: int, stop: int, stopped: threading.Event) -> Iterator[Any]:
         """The bytes of ``[start, stop)`` in chunks, by one streamed GET,
@@ -534,67 +561,3 @@ class ObjectReader:
                 hint="something else writes under the store's prefix; read it again",
             )
         return self._storage._failed("reading", self._name, e)
-
-
-class _Download:
-    """Chunks pulled by a thread of their own (``FETCH_THREAD``), at most
-    ``_AHEAD`` of them ahead of the reader.
-
-    ``next`` hands them over in order, then None, and raises in the
-    reader's thread what the pulling raised. ``close`` stops the thread and
-    joins it: it ends once the request in flight answers (every request has
-    the client's timeout). Where no thread can be started (the interpreter
-    shutting down), the chunks are pulled in the reader's thread.
-
-    Args:
-      chunks: given the event that ``close`` sets, yields the chunks.
-    """
-
-    def __init__(self, chunks: Callable[[threading.Event], Iterator[Any]]) -> None:
-        self._queue: queue.Queue[Any] = queue.Queue(_AHEAD)
-        self._stopped = threading.Event()
-        self._ended = False
-        self._inline: Iterator[Any] | None = None
-        self._thread: threading.Thread | None = threading.Thread(
-            target=self._pull, args=(chunks,), name=FETCH_THREAD, daemon=True
-        )
-        try:
-            self._thread.start()
-        except RuntimeError:  # "can't create new thread at interpreter shutdown"
-            self._thread, self._inline = None, chunks(self._stopped)
-
-    def _pull(self, chunks: Callable[[threading.Event], Iterator[Any]]) -> None:
-        try:
-            for chunk in chunks(self._stopped):
-                if not self._hand(chunk):
-                    return
-        except BaseException as e:  # noqa: BLE001 - raised again in the reader's thread
-            self._hand(e)
-            return
-        self._hand(None)
-
-    def _hand(self, item: Any) -> bool:
-        """Queues ``item``; False once ``close`` was called."""
-        while not self._stopped.is_set():
-            try:
-                self._queue.put(item, timeout=_POLL)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def next(self) -> Any:
-        """The next chunk, or None at the end."""
-        if self._ended:
-            return None
-        item = next(self._inline, None) if self._inline is not None else self._queue.get()
-        if isinstance(item, BaseException):
-            self._ended = True
-            raise item
-        self._ended = item is None
-        return item
-
-    def close(self) -> None:
-        self._stopped.set()
-        if self._thread is not None:
-            self._thread.join()

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..checkpoint import asyncsave
-from ..hashing import DEFAULT, Algorithm
+from ..hashing import DEFAULT, Algorithm, memo
 from ..spec import TreeSpec
 from . import exchange, exported, lifecycle, log, objects, records, verdicts
 from .backend import Backend, record_of
@@ -332,10 +332,11 @@ class ArtifactStore(GatedLoads, exchange.SignedModels):
         user, algorithm = records.put_arguments(metadata, version, digest)
         if not block:  # the same put, on a background thread, from a host copy
             asyncsave.wait_for_slot(1)
-            host = asyncsave.host_copy(tree)
+            carried = memo.Carried(algorithm)  # what the memo knew of the arrays copied
+            host = asyncsave.host_copy(tree, carried.add)
             return asyncsave.start(
                 self.root,
-                lambda: self.put(host, metadata=user, version=version, digest=algorithm),
+                lambda: self._backend.put(host, user, version, algorithm, carried),
                 exclusive=False,
             )
         return self._backend.put(tree, user, version, algorithm)
@@ -551,7 +552,9 @@ class ArtifactStore(GatedLoads, exchange.SignedModels):
         It never removes the current version or any former current one the
         pointer remembers (whatever their status files say), the newest
         versions the policy keeps, a version being written by a live
-        process (or by one on another host, whose pid means nothing here), a
+        process (or by one on another host, whose pid means nothing here; in
+        a bucket, what a put wrote before its record, until it is
+        ``policy.orphan_grace_s`` old by the bucket's clock), a
         version whose record cannot be read, in a store with a key a version
         whose verdict is unsigned or wrongly signed (which ``keep_verified``
         never counts as verified), or a directory that holds files the store

@@ -211,10 +211,12 @@ def put(
     draft: Draft,
     place: Callable[[bytes, list[str], Header], bool],
     where: str,
+    carried: memo.Carried | None = None,
 ) -> Header:
     """Writes a version's tensors that the store does not hold (the digest
     memo names the leaves a verified load handed back, which are not read
-    again: ``hashing/memo.py``) and hands its manifest, objects and header
+    again: ``hashing/memo.py``; ``carried`` the digests a host copy of
+    such leaves carries, for a non-blocking put) and hands its manifest, objects and header
     to ``place``, which writes the manifest, then (by ``doomed_among``)
     takes it back and returns False if gc marked one of the objects;
     started again while it does. The header is laid out and read back on a
@@ -223,7 +225,8 @@ def put(
     Raises:
       StoreError: if gc kept marking its objects, ``_PUT_TRIES`` times.
     """
-    known: list[str | None] = [memo.known(x, draft.algorithm) for x in draft.leaves]
+    lookup = memo.known if carried is None else carried.known
+    known: list[str | None] = [lookup(x, draft.algorithm) for x in draft.leaves]
     signed: list[Future[tuple[bytes, Header]]] = []
     with ThreadPoolExecutor(1, thread_name_prefix="treeguard-header") as pool:
         for _ in range(_PUT_TRIES):
@@ -270,18 +273,27 @@ def referenced(storage: Storage) -> set[str] | None:
     return out
 
 
-def sweep(storage: Storage, *, exclusive: bool = False) -> list[str] | None:
+def sweep(
+    storage: Storage,
+    *,
+    exclusive: bool = False,
+    young: Callable[[], set[str]] = set,
+) -> list[str] | None:
     """Deletes the tensor objects no manifest names (see the module); the
     objects deleted, or None when a manifest could not be read and
     nothing was deleted. ``exclusive``: no other gc runs meanwhile, so the
-    marks of the objects kept that a version names are cleared."""
+    marks of the objects kept that a version names are cleared.
+    ``young``: the objects too young to delete (a put may have written
+    them and not yet its manifest), read after the objects are listed."""
     held = [n for n in storage.list(AREA) if OBJECT_RE.match(n)]
     if not held:
         return []
     first = referenced(storage)
     if first is None:
         return None
-    doomed = [n for n in held if n not in first]
+    unnamed = [n for n in held if n not in first]
+    spared = young() if unnamed else set()
+    doomed = [n for n in unnamed if n not in spared]
     for name in doomed:
         storage.create(f"{DOOMED}/{name}", b"")  # one made already stands
     again = referenced(storage) if doomed else first

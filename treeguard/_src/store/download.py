@@ -1,0 +1,80 @@
+"""The thread that downloads an object ahead of its reader (``ObjectReader``
+in objects.py): chunks pulled into a bounded queue, handed over in order."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+#: How many streamed chunks are downloaded ahead of the reader at most.
+AHEAD = 4
+#: The name of the thread that downloads ahead of a reader.
+FETCH_THREAD = "treeguard-fetch"
+#: How often a thread waiting on a full queue checks whether it was stopped.
+_POLL = 0.05
+
+
+class Download:
+    """Chunks pulled by a thread of their own (``FETCH_THREAD``), at most
+    ``AHEAD`` of them ahead of the reader.
+
+    ``next`` hands them over in order, then None, and raises in the
+    reader's thread what the pulling raised. ``close`` stops the thread and
+    joins it: it ends once the request in flight answers (every request has
+    the client's timeout). Where no thread can be started (the interpreter
+    shutting down), the chunks are pulled in the reader's thread.
+
+    Args:
+      chunks: given the event that ``close`` sets, yields the chunks.
+    """
+
+    def __init__(self, chunks: Callable[[threading.Event], Iterator[Any]]) -> None:
+        self._queue: queue.Queue[Any] = queue.Queue(AHEAD)
+        self._stopped = threading.Event()
+        self._ended = False
+        self._inline: Iterator[Any] | None = None
+        self._thread: threading.Thread | None = threading.Thread(
+            target=self._pull, args=(chunks,), name=FETCH_THREAD, daemon=True
+        )
+        try:
+            self._thread.start()
+        except RuntimeError:  # "can't create new thread at interpreter shutdown"
+            self._thread, self._inline = None, chunks(self._stopped)
+
+    def _pull(self, chunks: Callable[[threading.Event], Iterator[Any]]) -> None:
+        try:
+            for chunk in chunks(self._stopped):
+                if not self._hand(chunk):
+                    return
+        except BaseException as e:  # noqa: BLE001 - raised again in the reader's thread
+            self._hand(e)
+            return
+        self._hand(None)
+
+    def _hand(self, item: Any) -> bool:
+        """Queues ``item``; False once ``close`` was called."""
+        while not self._stopped.is_set():
+            try:
+                self._queue.put(item, timeout=_POLL)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def next(self) -> Any:
+        """The next chunk, or None at the end."""
+        if self._ended:
+            return None
+        item = next(self._inline, None) if self._inline is not None else self._queue.get()
+        if isinstance(item, BaseException):
+            self._ended = True
+            raise item
+        self._ended = item is None
+        return item
+
+    def close(self) -> None:
+        self._stopped.set()
+        if self._thread is not None:
+            self._thread.join()
