@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/recorder.py
     .venv/bin/python benchmarks/recorder.py --width 1024 --rounds 40
+    .venv/bin/python benchmarks/recorder.py --width 8   # per-call overhead dominates
 
 One run, every ratio against a baseline measured in the same run by
 ``treeguard.bench.ab``: after a warm-up (the compiles), the two sides in ABBA
@@ -65,16 +66,19 @@ def _loss(params: Any, batch: Any) -> jax.Array:
     return jnp.mean((x - batch["y"]) ** 2)
 
 
-def _line(name: str, r: ABResult) -> str:
+def _line(name: str, r: ABResult, steps: int = 1) -> str:
     """The ratio of one A/B on its verdict's clock, its interval and verdict,
-    then on the other clock."""
+    what B costs more a step (a call of each side being ``steps`` steps), then
+    the other clock."""
     c = r.comparison
+    more = (c.cand_median - c.base_median) / steps * 1e6
     other = "wall" if c.clock == "cpu" else "cpu"
     o_a, o_b = (statistics.median(x.samples(other)) for x in (r.a, r.b))
     shown = {"cpu": "CPU time", "wall": "wall clock"}
     return (
         f"{name}: {c.ratio:.3f}x {shown[c.clock]} [{c.ratio_ci[0]:.3f}, {c.ratio_ci[1]:.3f}] "
-        f"({c.cand_median * 1e3:.3f} ms / {c.base_median * 1e3:.3f} ms; {c.verdict}), "
+        f"({c.cand_median * 1e3:.3f} ms / {c.base_median * 1e3:.3f} ms, {more:+.1f} us a step; "
+        f"{c.verdict}), "
         f"{o_b / o_a if o_a else float('nan'):.3f}x {shown[other]} "
         f"({o_b * 1e3:.3f} ms / {o_a * 1e3:.3f} ms)"
     )
@@ -171,6 +175,7 @@ def main() -> None:
             f"jitted step, {args.burst} steps dispatched back to back, recorded with "
             'check="next" / bare (target <= 1.05)',
             pipelined,
+            args.burst,
         )
     )
     print(_line("optax_step, recorded / grad + optax_step", optaxed))
