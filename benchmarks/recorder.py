@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/recorder.py
     .venv/bin/python benchmarks/recorder.py --width 1024 --rounds 40
-    .venv/bin/python benchmarks/recorder.py --width 8   # per-call overhead dominates
+    .venv/bin/python benchmarks/recorder.py --width 4 --batch 1   # the per-call overhead
 
 One run, every ratio against a baseline measured in the same run by
 ``treeguard.bench.ab``: after a warm-up (the compiles), the two sides in ABBA
@@ -25,8 +25,9 @@ other clock's ratio is printed beside it. Each side keeps its own params.
   state) over a jitted ``value_and_grad`` then the same ``optax_step``
   (which checks the new params and state itself).
 
-The step is an MLP of four ``width x width`` layers on a batch of 256 with
-``optax.adam``.
+The step is an MLP of four ``width x width`` layers on a batch of 256 rows
+(``--batch``) with ``optax.adam``; ``--width 4 --batch 1`` leaves little but
+the per-call overhead of each side.
 """
 
 from __future__ import annotations
@@ -87,6 +88,7 @@ def _line(name: str, r: ABResult, steps: int = 1) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--width", type=int, default=512)
+    parser.add_argument("--batch", type=int, default=256, help="rows of the batch")
     parser.add_argument("--rounds", type=int, default=30, help="ABBA rounds of each A/B")
     parser.add_argument("--min-time", type=float, default=0.1, help="seconds of one sample")
     parser.add_argument(
@@ -95,8 +97,8 @@ def main() -> None:
     args = parser.parse_args()
     opt = optax.adam(1e-3)
     batch = {
-        "x": jax.random.normal(jax.random.key(1), (256, args.width), jnp.float32),
-        "y": jnp.zeros((256, args.width), jnp.float32),
+        "x": jax.random.normal(jax.random.key(1), (args.batch, args.width), jnp.float32),
+        "y": jnp.zeros((args.batch, args.width), jnp.float32),
     }
 
     @jax.jit
@@ -165,7 +167,7 @@ def main() -> None:
     load = conditions().get("load") or {}
     device = jax.devices()[0]
     print(
-        f"MLP of 4 layers {args.width}x{args.width}, batch 256, adam; {args.rounds} ABBA "
+        f"MLP of 4 layers {args.width}x{args.width}, batch {args.batch}, adam; {args.rounds} ABBA "
         f"rounds; {jax.default_backend()} ({device.device_kind}), jax {jax.__version__}; "
         f"load {load.get('1m')}/{load.get('5m')}/{load.get('15m')}"
     )
