@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/recorder.py
     .venv/bin/python benchmarks/recorder.py --width 1024 --rounds 40
+    .venv/bin/python benchmarks/recorder.py --width 4 --batch 1   # the per-call overhead
 
 One run, every ratio against a baseline measured in the same run by
 ``treeguard.bench.ab``: after a warm-up (the compiles), the two sides in ABBA
@@ -24,8 +25,9 @@ other clock's ratio is printed beside it. Each side keeps its own params.
   state) over a jitted ``value_and_grad`` then the same ``optax_step``
   (which checks the new params and state itself).
 
-The step is an MLP of four ``width x width`` layers on a batch of 256 with
-``optax.adam``.
+The step is an MLP of four ``width x width`` layers on a batch of 256 rows
+(``--batch``) with ``optax.adam``; ``--width 4 --batch 1`` leaves little but
+the per-call overhead of each side.
 """
 
 from __future__ import annotations
@@ -65,16 +67,19 @@ def _loss(params: Any, batch: Any) -> jax.Array:
     return jnp.mean((x - batch["y"]) ** 2)
 
 
-def _line(name: str, r: ABResult) -> str:
+def _line(name: str, r: ABResult, steps: int = 1) -> str:
     """The ratio of one A/B on its verdict's clock, its interval and verdict,
-    then on the other clock."""
+    what B costs more a step (a call of each side being ``steps`` steps), then
+    the other clock."""
     c = r.comparison
+    more = (c.cand_median - c.base_median) / steps * 1e6
     other = "wall" if c.clock == "cpu" else "cpu"
     o_a, o_b = (statistics.median(x.samples(other)) for x in (r.a, r.b))
     shown = {"cpu": "CPU time", "wall": "wall clock"}
     return (
         f"{name}: {c.ratio:.3f}x {shown[c.clock]} [{c.ratio_ci[0]:.3f}, {c.ratio_ci[1]:.3f}] "
-        f"({c.cand_median * 1e3:.3f} ms / {c.base_median * 1e3:.3f} ms; {c.verdict}), "
+        f"({c.cand_median * 1e3:.3f} ms / {c.base_median * 1e3:.3f} ms, {more:+.1f} us a step; "
+        f"{c.verdict}), "
         f"{o_b / o_a if o_a else float('nan'):.3f}x {shown[other]} "
         f"({o_b * 1e3:.3f} ms / {o_a * 1e3:.3f} ms)"
     )
@@ -83,6 +88,7 @@ def _line(name: str, r: ABResult) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--width", type=int, default=512)
+    parser.add_argument("--batch", type=int, default=256, help="rows of the batch")
     parser.add_argument("--rounds", type=int, default=30, help="ABBA rounds of each A/B")
     parser.add_argument("--min-time", type=float, default=0.1, help="seconds of one sample")
     parser.add_argument(
@@ -91,8 +97,8 @@ def main() -> None:
     args = parser.parse_args()
     opt = optax.adam(1e-3)
     batch = {
-        "x": jax.random.normal(jax.random.key(1), (256, args.width), jnp.float32),
-        "y": jnp.zeros((256, args.width), jnp.float32),
+        "x": jax.random.normal(jax.random.key(1), (args.batch, args.width), jnp.float32),
+        "y": jnp.zeros((args.batch, args.width), jnp.float32),
     }
 
     @jax.jit
@@ -161,7 +167,7 @@ def main() -> None:
     load = conditions().get("load") or {}
     device = jax.devices()[0]
     print(
-        f"MLP of 4 layers {args.width}x{args.width}, batch 256, adam; {args.rounds} ABBA "
+        f"MLP of 4 layers {args.width}x{args.width}, batch {args.batch}, adam; {args.rounds} ABBA "
         f"rounds; {jax.default_backend()} ({device.device_kind}), jax {jax.__version__}; "
         f"load {load.get('1m')}/{load.get('5m')}/{load.get('15m')}"
     )
@@ -171,6 +177,7 @@ def main() -> None:
             f"jitted step, {args.burst} steps dispatched back to back, recorded with "
             'check="next" / bare (target <= 1.05)',
             pipelined,
+            args.burst,
         )
     )
     print(_line("optax_step, recorded / grad + optax_step", optaxed))

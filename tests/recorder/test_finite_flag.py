@@ -21,7 +21,7 @@ import treeguard as tg
 
 # The traced finite flag alone, on purpose: each way it marks a leaf, at sizes
 # around its threshold, with no recorder and no step around it.
-from treeguard._src.recorder.flight import (  # _src: the in-jit finite flag's bounds
+from treeguard._src.recorder.finite import (  # _src: the in-jit finite flag's bounds
     PRODUCT_MIN,
     _marks,
     finite_flag,
@@ -79,19 +79,37 @@ def _poisoned(leaves: list[np.ndarray], i: int, bad: Any, at: int) -> list[np.nd
 @pytest.mark.parametrize("name", list(SHAPES))
 def test_each_way_of_checking_a_leaf_is_taken_where_the_shapes_say(name: str) -> None:
     shape, dtype = SHAPES[name]
-    jaxpr = str(jax.make_jaxpr(_marks)(jnp.zeros(shape, dtype)))
-    if jax.default_backend() != "cpu":  # an accelerator sums every leaf in one fused pass
-        assert "dot_general" not in jaxpr and "reduce_sum" in jaxpr, jaxpr
-        return
+    jaxpr = str(jax.make_jaxpr(lambda x: _marks(x, "cpu"))(jnp.zeros(shape, dtype)))
     assert ("dot_general" in jaxpr) == ("product" in name), jaxpr
     assert ("reduce_sum" in jaxpr) == ("sum" in name), jaxpr
     assert (int(np.prod(shape)) >= PRODUCT_MIN) == ("small" not in name and "scalar" not in name)
 
 
-def test_one_nan_or_inf_anywhere_in_any_leaf_makes_the_flag_false() -> None:
+@pytest.mark.parametrize("name", list(SHAPES))
+def test_an_accelerator_marks_each_leaf_in_its_own_shape_to_add_leaves_of_a_shape(
+    name: str,
+) -> None:
+    shape, dtype = SHAPES[name]
+    jaxpr = jax.make_jaxpr(lambda x: _marks(x, "shape"))(jnp.zeros(shape, dtype))
+    assert [e.primitive.name for e in jaxpr.eqns] == ["sub"], jaxpr
+    assert jaxpr.out_avals[0].shape == shape
+
+
+# "leaf": a sum for each of the 6 leaves, then one of their 6 sums
+@pytest.mark.parametrize(("way", "reductions"), [("shape", 3), ("leaf", 7)])
+def test_one_accelerator_reduces_the_leaves_of_a_shape_together_several_each_leaf(
+    way: Any, reductions: int
+) -> None:
+    leaves = [jnp.zeros(s) for s in [(64, 64), (64, 64), (8,), (64, 64), (8,), ()]]
+    jaxpr = str(jax.make_jaxpr(lambda xs: finite_flag(xs, way=way))(leaves))
+    assert jaxpr.count("reduce_sum") == reductions, jaxpr
+
+
+@pytest.mark.parametrize("way", ["cpu", "shape", "leaf"])
+def test_one_nan_or_inf_anywhere_in_any_leaf_makes_the_flag_false(way: Any) -> None:
     leaves = [_largest(shape, dtype) for shape, dtype in SHAPES.values()]
     leaves.append(np.arange(4096, dtype=np.int32))  # not checked: it cannot hold NaN
-    check = jax.jit(finite_flag)
+    check = jax.jit(lambda xs: finite_flag(xs, way=way))
     assert bool(check(leaves))
     for i, bad, at in _cases(leaves[:-1]):
         name = list(SHAPES)[i]

@@ -4,8 +4,9 @@ behind everything needed to replay it.
 The check is traced into the step when the step is jitted: it reads each
 leaf of the loss, the grads, the new params and the new state once (on the
 CPU a large f32 or complex leaf through a product with zeros, which XLA runs
-as a matrix-vector product; on an accelerator a fused sum; past ``PER_LEAF``
-leaves, one reduction per dtype over the joined leaves), and one scalar is
+as a matrix-vector product; on one accelerator a fused sum over the leaves
+of each shape; past ``PER_LEAF`` leaves, one reduction per dtype over the
+joined leaves), and one scalar is
 read per step: at once (``check="now"``), or, without stalling the device's
 queue, when the next step has been dispatched (``check="next"``, the flag
 copied to the host in the background meanwhile). Which leaves hold what is
@@ -22,16 +23,14 @@ from collections.abc import Callable
 from typing import Any, Literal, NamedTuple
 
 import jax
-import jax.numpy as jnp
-import numpy as np
 
 from ..errors import ConfigError, NonFiniteError, RecorderError
-from ..leaf import is_inexact
-from ..nonfinite import all_finite, host_nonfinite, typed_sharding
+from ..nonfinite import host_nonfinite
 from ..optimizer import OptaxStep
 from ..updates.compiled import nonfinite_sections
 from ..updates.layout import labelled_trees
 from .bundle import BATCH_MODES, BatchMode, Found, write_bundle
+from .finite import carried, finite_flag
 
 _BATCH_HINT = (
     'pass batch="record" to keep the raw batch in the bundle (it can then be replayed as '
@@ -40,139 +39,13 @@ _BATCH_HINT = (
     "may hold personal data, so this is a choice written in the code"
 )
 
-#: Up to this many leaves, each leaf is reduced on its own; beyond it, the
-#: leaves of a dtype are joined first (``all_finite``), which compiles faster.
-PER_LEAF = 256
-
-
-#: Leaves of at least this many values, of a dtype in ``_BY_PRODUCT``, are
-#: checked by a product with zeros rather than by a sum.
-PRODUCT_MIN = 4096
-
-#: The dtypes XLA multiplies as they are: on the CPU a matrix-vector product
-#: reads an f32 leaf in about a third of the CPU time of a sum of ``x - x``.
-#: Half-precision leaves would be converted to f32 first, a pass more.
-_BY_PRODUCT = frozenset(
-    jnp.dtype(d) for d in (jnp.float32, jnp.float64, jnp.complex64, jnp.complex128)
-)
-
-#: The longest and the shortest row of the matrix a leaf is viewed as for the
-#: product; a leaf whose size has no power-of-two factor that long is summed.
-_ROW = 512
-_ROW_MIN = 64
-
-
 #: When a step's finiteness flag is read: ``"now"``, before the call returns;
 #: ``"next"``, once the next step is dispatched (or at ``flush``).
 CheckWhen = Literal["now", "next"]
 CHECK_WHEN: tuple[CheckWhen, ...] = ("now", "next")
 
 
-def _accumulator(dtype: Any) -> Any:
-    wide = jnp.issubdtype(dtype, jnp.complexfloating) or dtype.itemsize > 4
-    return dtype if wide else jnp.float32
-
-
-def _finite_sum(x: jax.Array) -> jax.Array:
-    """0 when every value of ``x`` is finite, NaN otherwise, in one pass.
-
-    ``x - x`` is exactly 0 for a finite value and NaN for NaN or an
-    infinity, and a sum of zeros stays 0 while a NaN stays NaN, so the
-    sum is exact where a sum of ``x`` itself could overflow.
-    """
-    return jnp.sum(x - x, dtype=_accumulator(x.dtype))
-
-
-def _marks(x: Any) -> jax.Array:
-    """A vector of zeros and NaNs that is all zeros when every value of ``x`` is
-    finite.
-
-    A large leaf of a dtype in ``_BY_PRODUCT`` is viewed (without a copy) as a
-    matrix with rows of up to ``_ROW`` values and multiplied by a vector of
-    zeros: each product ``v * 0`` is 0 for a finite ``v`` and NaN for NaN or
-    an infinity (a complex one too: both parts of ``v * (0 + 0j)`` are sums of
-    such products), and a row's sum of them is 0 or NaN, with nothing to
-    overflow. A leaf sharded over Explicit mesh axes is summed as it is (its
-    sharding is part of its type, and JAX refuses to reshape it), as is one of
-    another dtype or with no long row; a small leaf is marked value by value.
-    """
-    x = jnp.asarray(x)
-    if typed_sharding(x) or jax.default_backend() != "cpu":
-        # an accelerator fuses the sum into one pass at its memory's speed,
-        # where a product at "highest" precision takes several passes
-        return _finite_sum(x).reshape(1)
-    if x.size < PRODUCT_MIN:
-        flat = jnp.ravel(x).astype(_accumulator(x.dtype))
-        return flat - flat
-    row = math.gcd(x.size, _ROW)
-    if x.dtype in _BY_PRODUCT and row >= _ROW_MIN:
-        zeros = jnp.zeros(row, x.dtype)
-        # at full precision: a product rounded to bf16 would take f32's largest to Inf
-        return jnp.dot(
-            x.reshape(-1, row), zeros, precision="highest", preferred_element_type=x.dtype
-        )
-    return _finite_sum(x).reshape(1)
-
-
-def finite_flag(leaves: list[Any]) -> jax.Array:
-    """Whether every value of every leaf is finite, as one traceable bool.
-
-    Each floating or complex leaf gives a vector of zeros and NaNs
-    (``_marks``); the vectors of one dtype and length are added up and each
-    sum reduced, so a step whose leaves share a few shapes costs one read of
-    each large leaf, a few short reductions and no copy.
-
-    Example:
-      >>> import jax.numpy as jnp
-      >>> bool(finite_flag([jnp.ones(3), jnp.array(jnp.nan), jnp.arange(2)]))
-      False
-      >>> bool(finite_flag([jnp.full(4, jnp.finfo(jnp.float32).max), jnp.arange(2)]))
-      True
-    """
-    if len(leaves) > PER_LEAF:
-        return all_finite(leaves)
-    added: dict[tuple[Any, int], jax.Array] = {}
-    for x in leaves:
-        if is_inexact(jnp.result_type(x)):
-            marks = _marks(x)
-            key = (marks.dtype, marks.size)
-            added[key] = added[key] + marks if key in added else marks
-    ok = jnp.asarray(True)
-    for marks in added.values():
-        ok = jnp.logical_and(ok, jnp.isfinite(jnp.sum(marks)))
-    return ok
-
-
 _check = jax.jit(finite_flag)
-
-
-def _holds_nan(dtype: Any) -> bool:
-    """Whether a float dtype can hold NaN (float4 and some float8 kinds
-    cannot: NaN becomes a finite value there, which would pass for a flag)."""
-    return bool(np.isnan(np.asarray(np.nan).astype(dtype).astype(np.float32)))
-
-
-def carried(loss: Any, ok: jax.Array) -> jax.Array | None:
-    """The loss with the step's finiteness flag folded in, traced: the loss
-    where every checked leaf is finite, NaN where one is not; so one scalar
-    read tells both (finite exactly when the flag is set, the loss itself
-    being checked). None for a loss that is not a real floating scalar of
-    a dtype that can hold NaN: the flag is read then.
-
-    Example:
-      >>> float(carried(jnp.float32(2.5), jnp.bool_(True)))
-      2.5
-      >>> float(carried(jnp.float32(2.5), jnp.bool_(False)))
-      nan
-      >>> carried(jnp.arange(3.0), jnp.bool_(True)) is None
-      True
-    """
-    dtype = getattr(loss, "dtype", None)
-    if getattr(loss, "shape", None) != () or dtype is None:
-        return None
-    if not jnp.issubdtype(dtype, jnp.floating) or not _holds_nan(jnp.dtype(dtype)):
-        return None
-    return jnp.where(ok, loss, jnp.full_like(loss, jnp.nan))  # keeps a weak type
 
 
 class _Dispatched(NamedTuple):
@@ -403,13 +276,20 @@ class RecordedStep:
         value, grads = jax.value_and_grad(self._loss)(params, *args)
         new_params, new_state = self._optax(params, grads, opt_state)
         trees = (value, grads, new_params, new_state)
-        ok = finite_flag(jax.tree.leaves(trees))
-        return trees, ok, carried(value, ok)
+        return (trees, *self._flag(value, finite_flag(jax.tree.leaves(trees))))
 
     def _traced_plain(self, params: Any, opt_state: Any, batch: Any, key: Any) -> Any:
         out = self._call_user(params, opt_state, batch, key)
-        ok = finite_flag(jax.tree.leaves(out))
-        return out, ok, carried(out[2], ok) if type(out) is tuple and len(out) > 2 else None
+        value = out[2] if type(out) is tuple and len(out) > 2 else None
+        return (out, *self._flag(value, finite_flag(jax.tree.leaves(out))))
+
+    def _flag(self, loss: Any, ok: jax.Array) -> tuple[Any, Any]:
+        """The program's flag outputs, ``(ok, carried loss)``, one of them None: the
+        loss carrying the flag with ``check="now"`` where it can, the flag itself
+        otherwise (``check="next"`` copies the flag alone to the host). Each
+        output the program does not need is a buffer less made on every step."""
+        carry = carried(loss, ok) if self.check == "now" and loss is not None else None
+        return (ok, None) if carry is None else (None, carry)
 
     def _eager_plain(self, params: Any, opt_state: Any, batch: Any, key: Any) -> Any:
         out = self._call_user(params, opt_state, batch, key)
