@@ -206,3 +206,17 @@ def test_the_check_finds_one_nan_or_inf_in_any_float_dtype_and_passes_the_larges
                 poisoned[i] = leaves[i].copy()
                 poisoned[i][at] = bad
                 assert not bool(check(poisoned)), (dtype, bad, at)
+
+
+@pytest.mark.skipif(not hasattr(jnp, "float8_e8m0fnu"), reason="this jax has no float8_e8m0fnu")
+@pytest.mark.parametrize("way", ["cpu", "shape", "leaf"])
+@pytest.mark.parametrize("shape", [(), (8,), (64, 64)])
+def test_a_dtype_without_a_zero_is_finite_when_its_values_are(way: Any, shape: Any) -> None:
+    # float8_e8m0fnu holds powers of two and NaN, no zero: its own x - x is NaN
+    dtype = jnp.float8_e8m0fnu
+    check = jax.jit(lambda xs: finite_flag(xs, way=way))
+    leaf = np.full(shape, 2.0, np.float32).astype(dtype)
+    assert bool(check([jnp.ones(4), leaf]))
+    poisoned = np.full(shape, 2.0, np.float32)
+    poisoned.flat[-1] = np.nan
+    assert not bool(check([jnp.ones(4), poisoned.astype(dtype)]))

@@ -5,6 +5,7 @@ so that one scalar read a step tells both."""
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Literal
 
@@ -42,6 +43,18 @@ def _accumulator(dtype: Any) -> Any:
     return dtype if wide else jnp.float32
 
 
+@functools.cache
+def _holds_zero(dtype: Any) -> bool:
+    """Whether ``dtype`` has a zero (``float8_e8m0fnu`` has none: its ``x - x`` is NaN)."""
+    return bool(np.asarray(0, np.float32).astype(dtype) == 0)
+
+
+def _subtractable(x: jax.Array) -> jax.Array:
+    """``x``, or ``x`` as float32 where its dtype has no zero, so that ``x - x``
+    is 0 for every finite value."""
+    return x if _holds_zero(x.dtype) else x.astype(jnp.float32)
+
+
 def _finite_sum(x: jax.Array) -> jax.Array:
     """0 when every value of ``x`` is finite, NaN otherwise, in one pass.
 
@@ -49,6 +62,7 @@ def _finite_sum(x: jax.Array) -> jax.Array:
     infinity, and a sum of zeros stays 0 while a NaN stays NaN, so the
     sum is exact where a sum of ``x`` itself could overflow.
     """
+    x = _subtractable(x)
     return jnp.sum(x - x, dtype=_accumulator(x.dtype))
 
 
@@ -89,6 +103,7 @@ def _marks(x: Any, way: MarkWay) -> jax.Array:
     # an accelerator fuses the sum into one pass at its memory's speed,
     # where a product at "highest" precision takes several passes
     if way == "shape":
+        x = _subtractable(x)
         return jnp.subtract(x, x)
     if way == "leaf":
         return _finite_sum(x).reshape(1)
