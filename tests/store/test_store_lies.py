@@ -12,9 +12,11 @@ from typing import Any
 
 import numpy as np
 import pytest
+from click.testing import CliRunner
 
 from tests.s3server import Lie, LyingProxy, Request, S3Server
 from treeguard import ArtifactStore, IntegrityError, RetentionPolicy, StorageError
+from treeguard._cli.main import main
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("s3")]
 
@@ -204,6 +206,25 @@ def test_a_gc_whose_clock_write_is_not_performed_reports_its_removals_and_keeps_
     liar.arm("ack", "PUT", "")
     liar.pick = lambda req: req.method == "PUT" and "/clock/" in f"/{req.key}"
     # the bucket's clock cannot be read: nothing is old, and gc still ends with what it removed
-    assert store.gc(policy=RetentionPolicy(keep_last=0, orphan_grace_s=1e-9)) == [v2]
+    with pytest.warns(RuntimeWarning, match="could not read the storage's clock"):
+        assert store.gc(policy=RetentionPolicy(keep_last=0, orphan_grace_s=1e-9)) == [v2]
     assert liar.times == 0 and [v.version for v in honest.versions()] == [v1]
     assert honest.gc(policy=RetentionPolicy(keep_last=0, orphan_grace_s=0)) == ["v000003"]
+
+
+def test_store_gc_keeps_a_dead_put_s_data_for_its_grace_and_removes_it_with_grace_0(
+    lying: tuple[ArtifactStore, ArtifactStore], liar: Liar
+) -> None:
+    store, honest = lying
+    v1 = _verified(store, 1.0)
+    liar.arm("ack", "PUT", "status.json")  # a put that leaves its checkpoint object, no record
+    with pytest.raises(StorageError):
+        store.put(_params(3.0))
+    gc = ["store", "gc", str(honest.root), "--keep", "1"]
+    kept = CliRunner().invoke(main, gc)
+    assert kept.exit_code == 0 and "removed 0: nothing" in kept.output, kept.output
+    removed = CliRunner().invoke(main, [*gc, "--orphan-grace", "0"])
+    assert removed.exit_code == 0 and "removed 1: v000002" in removed.output, removed.output
+    assert [v.version for v in honest.versions()] == [v1]
+    refused = CliRunner().invoke(main, [*gc, "--orphan-grace", "-1"])
+    assert refused.exit_code == 2 and "--orphan-grace" in refused.output

@@ -335,8 +335,17 @@ def repair_command(root: Path, version: str) -> None:
     show_default=True,
     help="How many of the newest versions to keep.",
 )
-def gc_command(root: Path, keep: int) -> None:
+@click.option(
+    "--orphan-grace",
+    type=click.FloatRange(min=0),
+    default=RetentionPolicy().orphan_grace_s,
+    show_default=True,
+    metavar="SECONDS",
+    help="In a bucket, how old (by the bucket's clock) the data of a put with no"
+    " record must be to be removed; 0 once no put is running.",
+)
+def gc_command(root: Path, keep: int, orphan_grace: float) -> None:
     """Remove old versions; never the current or a former current one."""
     s = _open_store(root)
-    removed = s.gc(policy=RetentionPolicy(keep_last=keep))
+    removed = s.gc(policy=RetentionPolicy(keep_last=keep, orphan_grace_s=orphan_grace))
     console().print(f"removed {len(removed)}: {shown(', '.join(removed)) or 'nothing'}")

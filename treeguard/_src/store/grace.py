@@ -8,13 +8,15 @@ Ages come from the storage's own clock, never the client's: the time
 each object was last written (a bucket's ``LastModified``) against the
 time the server gives an object gc writes and deletes at once
 (``ObjectStorage.now``), read once per ``Grace``. Where that clock cannot
-be read (the write failed), every object is taken as young: gc goes on
-and deletes none of them, and the next gc looks again.
+be read (the write failed), every object is taken as young: gc goes on,
+deletes none of them and warns (``RuntimeWarning``), and the next gc looks
+again. ``LastModified`` has whole seconds, so an age is known to a second.
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Protocol
 
 from ..errors import StorageError
@@ -57,6 +59,14 @@ class Grace:
         if self._now is None:
             try:
                 self._now = self._storage.now()
-            except StorageError:  # no clock: nothing is old (gc has removed versions already)
+            except StorageError as e:  # no clock: nothing is old (gc has removed versions already)
                 self._now = -math.inf
+                warnings.warn(
+                    f"gc could not read the storage's clock ({type(e).__name__}): it kept"
+                    " every object of a put with no record, however old; the next gc"
+                    " looks again. If this repeats, check that the store may write and"
+                    " delete objects under clock/",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
         return {name for name, at in written.items() if self._now - at < self._seconds}
