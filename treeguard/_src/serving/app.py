@@ -109,8 +109,16 @@ class Server(Engine):
             with why).
 
         Example:
-          >>> Server.serve.__name__  # blocks while it serves: see the serving guide
-          'serve'
+          Serving blocks until the process is stopped (the serving guide starts
+          one); an address other machines can reach is refused without a token:
+
+          >>> import tempfile
+          >>> import treeguard
+          >>> from treeguard.examples import mlp
+          >>> server = Server(mlp.model, treeguard.ArtifactStore.init(tempfile.mkdtemp()))
+          >>> server.serve(host="0.0.0.0")
+          Traceback (most recent call last):
+          treeguard.ConfigError: --host 0.0.0.0 is reachable from other machines, ...
         """
         import uvicorn
 
