@@ -452,6 +452,20 @@ def test_a_gc_killed_between_its_deletes_leaves_no_half_version(s3_url: str) -> 
     assert [v.version for v in store.versions()] == [v3]
 
 
+def test_gc_deletes_a_clock_object_a_killed_gc_left_once_it_is_as_old_as_the_grace(
+    s3_url: str,
+) -> None:
+    store = ArtifactStore.init(s3_url)
+    v1 = store.put(_params(1))
+    raw = _raw(s3_url)
+    obstore.put(raw, "clock/0123456789abcdef", b"")  # a gc killed between its write and delete
+    assert store.gc() == []
+    assert "clock/0123456789abcdef" in _names(s3_url)  # younger than the hour's grace
+    assert store.gc(policy=RetentionPolicy(orphan_grace_s=0)) == []
+    assert not [n for n in _names(s3_url) if n.startswith("clock/")]
+    assert [v.version for v in store.versions()] == [v1]
+
+
 def test_a_version_gc_removes_while_it_is_read_is_unknown_not_damaged(s3_url: str) -> None:
     store = ArtifactStore.init(s3_url)
     v1 = store.put(_params(0))

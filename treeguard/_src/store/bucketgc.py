@@ -18,7 +18,7 @@ from .bucketreads import version_object
 from .exported import ARTIFACT_FILE, META_FILE
 from .grace import Grace
 from .layout import MODEL_FILE, SMALL_FILE_LIMIT, STATUS_FILE
-from .objects import ObjectStorage
+from .objects import CLOCK, ObjectStorage
 from .tensors import TENSORS_FILE
 
 VERDICT_FILE = "verdict.json"
@@ -124,8 +124,13 @@ class BucketGc:
         """Deletes the tensor objects no version refers to (tensors.py) once
         older than ``grace`` seconds (a put uploads its tensors before its
         manifest names them); gc deletes whole versions, and leaves no
-        temporary objects."""
+        temporary objects: it also deletes what an earlier gc, killed between
+        the two, left of the objects it reads the bucket's clock by, once as
+        old as the grace (a clock object lives for milliseconds)."""
         ages = Grace(self.storage, grace)
         removed = tensors.sweep(self.storage, young=lambda: ages.young(tensors.AREA))
         if removed != []:
             self.append("sweep", None, tensors.summary(removed))
+        left = set(self.storage.modified(CLOCK))
+        for name in sorted(left - ages.young(CLOCK) if left else ()):
+            self.storage.delete(f"{CLOCK}/{name}")
