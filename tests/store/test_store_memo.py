@@ -21,6 +21,9 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec
 import treeguard as tg
 from tests.machine import cpu_mesh
 from tests.subproc import ROOT
+
+# the memo's entries (what it holds, what a host copy carries) have no public face
+from treeguard._src.hashing import memo  # _src: the digest memo's entries
 from treeguard.examples import cnn, eqx_mlp, mlp
 
 CHESS = ROOT / "tests" / "data" / "chess_cv_pieces.safetensors"
@@ -152,9 +155,6 @@ def test_a_deleted_or_donated_array_is_not_put_from_its_digest(tmp_path: Path) -
 
 
 def test_an_entry_is_gone_once_its_array_is_freed(tmp_path: Path) -> None:
-    # the memo has no public face: its size is read from its module
-    from treeguard._src.hashing import memo  # _src: the digest memo's size has no public face
-
     store = tg.ArtifactStore.init(tmp_path / "store", dedup=True)
     tree = {f"l{i}": np.full(4, i, np.float32) for i in range(3)}
     params = _current(store, store.put(tree), {k: jnp.asarray(v) for k, v in tree.items()})
@@ -186,9 +186,8 @@ def test_numpy_leaves_are_read_again_whatever_a_load_gave(tmp_path: Path) -> Non
 
 
 def test_a_non_blocking_put_carries_the_memo_s_digests_to_its_host_copy(tmp_path: Path) -> None:
-    # the carried digests have no public face: they are read from the memo's module
-    from treeguard._src.checkpoint.asyncsave import host_copy
-    from treeguard._src.hashing import memo
+    # the carried digests have no public face: they are read from the memo
+    from treeguard._src.checkpoint.asyncsave import host_copy  # _src: the copy that carries them
 
     root = tmp_path / "store"
     store = tg.ArtifactStore.init(root, dedup=True)
