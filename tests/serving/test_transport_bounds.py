@@ -25,9 +25,8 @@ from subproc import child_env
 
 import treeguard
 
-# gRPC's message classes and the metadata bound, to forge requests past each limit.
+# gRPC's message classes, to forge requests past each limit.
 from treeguard._src.serving import messages  # _src: message bounds, no server
-from treeguard._src.serving.transport import MAX_METADATA_BYTES  # _src: the metadata limit
 from treeguard.serving import Limits, ServingSpec
 
 grpc = pytest.importorskip("grpc")
@@ -36,6 +35,8 @@ pb = messages.load_messages()
 SERVICE = "/inference.GRPCInferenceService"
 #: A bound on each wait that only a hung server reaches, never a measure of speed.
 PATIENCE_S = 60
+#: docs/guides/serve.md: the bound on a REST request line and headers, and on gRPC metadata.
+MAX_METADATA_BYTES = 16 * 1024
 LIMITS = Limits(
     header_timeout_s=1.0,
     body_timeout_s=1.0,
