@@ -33,10 +33,8 @@ from treeguard import (
 )
 from treeguard._cli.store import store as store_cli
 
-# The parts under attack on purpose: the hashing threads and the manifest parser's
-# limits have no public name.
+# The hashing threads on purpose: they have no public name.
 from treeguard._src.sharded.digests import HASH_THREADS  # _src: thread count
-from treeguard._src.sharded.manifest import parse  # _src: forged manifests
 
 W = (np.arange(512, dtype=np.float32).reshape(32, 16) * 1.5 + 0.25).astype(np.float32)
 KEY = b"k" * 32
@@ -299,40 +297,50 @@ def _cut_where_b_starts(ck: Path, tree: dict[str, Any]) -> bool:
     raise AssertionError("the second array's bytes are in no file")
 
 
-def _with_shards(directory: Path, shards: list[tuple[tuple[int, int], ...]]) -> str:
-    """The manifest of ``directory`` (one array) with ``shards`` as its shard list."""
+def _with_shards(directory: Path, shards: list[tuple[tuple[int, int], ...]]) -> Path:
+    """``directory`` (one array) with ``shards`` as its manifest's shard list,
+    each shard's digest one its bytes do not have."""
     doc = json.loads((directory / MANIFEST_NAME).read_text())
     doc["arrays"][0]["shards"] = [
         {"index": [list(p) for p in index], "process": 0, "blake3": "0" * 64} for index in shards
     ]
-    return json.dumps(doc)
+    (directory / MANIFEST_NAME).write_text(json.dumps(doc))
+    return directory
+
+
+def _parsed(directory: Path, like: Any) -> None:
+    """A load of ``directory`` gets past the manifest's parse: the first thing
+    it refuses is a shard's bytes, which ``_with_shards`` left unmatched."""
+    with pytest.raises(IntegrityError, match="shard whose blake3 does not match the manifest"):
+        load_sharded(directory, like)
 
 
 def test_a_shard_list_is_checked_in_time_linear_in_its_cells(tmp_path: Path) -> None:
     k = 400
-    save_sharded(tmp_path / "sq", {"w": jnp.zeros((k, k), jnp.int8)})
-    save_sharded(tmp_path / "line", {"w": jnp.zeros(5_000, jnp.int8)})
+    square, line = {"w": jnp.zeros((k, k), jnp.int8)}, {"w": jnp.zeros(5_000, jnp.int8)}
+    save_sharded(tmp_path / "sq", square)
+    save_sharded(tmp_path / "line", line)
     # one element a shard: a grid of 5,000 cells, each covered once
-    parse(_with_shards(tmp_path / "line", [((i, i + 1),) for i in range(5_000)]))
+    _parsed(_with_shards(tmp_path / "line", [((i, i + 1),) for i in range(5_000)]), line)
     # the same with one shard twice and one missing: an overlap, found on the grid
     twice = [((i, i + 1),) for i in range(5_000)]
     twice[7] = twice[6]
     with pytest.raises(FormatError, match=r"arrays\[0\]\.shards: two shards overlap"):
-        parse(_with_shards(tmp_path / "line", twice))
+        load_sharded(_with_shards(tmp_path / "line", twice), line)
     # each row cut at its own column: no grid, pair by pair, only a few hundred
     rows = [((i, i + 1), (0, i + 1)) for i in range(k)] + [
         ((i, i + 1), (i + 1, k)) for i in range(k - 1)
     ]
     with pytest.raises(FormatError, match=r"799 shards that do not lie on one grid"):
-        parse(_with_shards(tmp_path / "sq", rows))
+        load_sharded(_with_shards(tmp_path / "sq", rows), square)
     small = [((i, i + 1), (0, i + 1)) for i in range(20)] + [
         ((i, i + 1), (i + 1, k)) for i in range(20)
     ]
     small.append(((20, k), (0, k)))
-    parse(_with_shards(tmp_path / "sq", small))
+    _parsed(_with_shards(tmp_path / "sq", small), square)
     small[0] = ((1, 2), (0, 1))  # as large as the shard it replaces, inside row 1's
     with pytest.raises(FormatError, match="two shards overlap"):
-        parse(_with_shards(tmp_path / "sq", small))
+        load_sharded(_with_shards(tmp_path / "sq", small), square)
 
 
 def test_a_replaced_manifest_is_refused_by_its_digest_before_it_is_parsed(tmp_path: Path) -> None:
