@@ -24,14 +24,12 @@ from serving_support import metric, put_verified, request
 from subproc import child_env
 
 import treeguard
-
-# gRPC's message classes, to forge requests past each limit.
-from treeguard._src.serving import messages  # _src: message bounds, no server
 from treeguard.serving import Limits, ServingSpec
 
 grpc = pytest.importorskip("grpc")
 pytestmark = pytest.mark.slow
-pb = messages.load_messages()
+# the protocol's messages as another client compiles them, to forge requests past each limit
+pb = pytest.importorskip("tritonclient.grpc.service_pb2")
 SERVICE = "/inference.GRPCInferenceService"
 #: A bound on each wait that only a hung server reaches, never a measure of speed.
 PATIENCE_S = 60
