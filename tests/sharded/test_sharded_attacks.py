@@ -33,9 +33,6 @@ from treeguard import (
 )
 from treeguard._cli.store import store as store_cli
 
-# The hashing threads on purpose: they have no public name.
-from treeguard._src.sharded.digests import HASH_THREADS  # _src: thread count
-
 W = (np.arange(512, dtype=np.float32).reshape(32, 16) * 1.5 + 0.25).astype(np.float32)
 KEY = b"k" * 32
 
@@ -105,18 +102,24 @@ def test_with_a_key_kind_confusion_is_a_signature_error(tmp_path: Path) -> None:
         store.load_current(_like())
 
 
-def _threads() -> set[threading.Thread]:
-    """The shard-hashing threads alive now (other libraries' pools, orbax's
-    among them, may start and stop threads of their own meanwhile)."""
-    return {t for t in threading.enumerate() if t.name.startswith(HASH_THREADS)}
-
-
 _BLAKE3 = blake3.blake3
+#: The names of the threads that were handed array bytes to hash.
+_HASHED_IN: list[str] = []
 
 
-class _FailingBlake3:
-    """A BLAKE3 hasher that fails on array bytes (handed over as memoryviews),
-    as a hashing thread may, and hashes anything else (the manifest) as usual."""
+def _threads() -> set[threading.Thread]:
+    """The shard-hashing threads alive now: those named like a thread seen
+    hashing array bytes, its pool's name without the worker's number (other
+    libraries' pools, orbax's among them, may start and stop threads of their
+    own meanwhile)."""
+    pools = {re.sub(r"[-_]\d+$", "", name) for name in _HASHED_IN}
+    assert pools and threading.main_thread().name not in pools, _HASHED_IN
+    return {t for t in threading.enumerate() if t.name.startswith(tuple(pools))}
+
+
+class _NotingBlake3:
+    """A BLAKE3 hasher that notes the name of each thread handed array bytes
+    (as memoryviews; the manifest comes as bytes)."""
 
     AUTO = _BLAKE3.AUTO
 
@@ -125,17 +128,28 @@ class _FailingBlake3:
 
     def update(self, data: Any) -> None:
         if isinstance(data, memoryview):
-            raise MemoryError("no memory for the hash state")
+            _HASHED_IN.append(threading.current_thread().name)
         self._real.update(data)
 
     def hexdigest(self) -> str:
         return str(self._real.hexdigest())
 
 
+class _FailingBlake3(_NotingBlake3):
+    """A BLAKE3 hasher that fails on array bytes, as a hashing thread may, and
+    hashes anything else (the manifest) as usual."""
+
+    def update(self, data: Any) -> None:
+        super().update(data)
+        if isinstance(data, memoryview):
+            raise MemoryError("no memory for the hash state")
+
+
 def test_a_failing_hash_thread_is_a_typed_error_and_no_thread_is_left(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     save_sharded(tmp_path / "ck", _params())
+    _HASHED_IN.clear()
     monkeypatch.setattr(blake3, "blake3", _FailingBlake3)
     with pytest.raises(IntegrityError, match=r"\['(w|b)'\]: a shard could not be hashed") as e:
         load_sharded(tmp_path / "ck", _params())
@@ -247,7 +261,7 @@ def test_two_processes_put_verify_promote_and_gc_sharded_versions_at_once(tmp_pa
 
 
 def test_a_group_whose_restore_fails_is_a_typed_error_and_no_thread_is_left(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # two arrays of more than 16 MiB each: the first one's shard hashed in
     # a thread while the second is read (and fails)
@@ -264,6 +278,8 @@ def test_a_group_whose_restore_fails_is_a_typed_error_and_no_thread_is_left(
             break
     else:
         raise AssertionError("orbax wrote b's bytes before a's in one file eight times")
+    _HASHED_IN.clear()
+    monkeypatch.setattr(blake3, "blake3", _NotingBlake3)
     message = "the stored arrays ['b'] could not be read"
     with pytest.raises(IntegrityError, match=re.escape(message)) as e:
         load_sharded(ck, tree)
