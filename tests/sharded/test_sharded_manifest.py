@@ -1,4 +1,7 @@
-"""The manifest parser against hostile JSON, and a round-trip property."""
+"""The manifest's reader against hostile JSON, and round trips, through the
+public readers: ``load_sharded`` and ``treeguard ckpt inspect DIR --json``
+(which reads the manifest alone). The manifests are written by hand, field
+by field, as a hostile writer would."""
 
 from __future__ import annotations
 
@@ -7,49 +10,122 @@ import os
 from pathlib import Path
 from typing import Any
 
+import jax
 import numpy as np
 import pytest
+from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from shardtools import MANIFEST_NAME, sharded_digest
 
 import treeguard
-
-# The manifest's parser on purpose: it meets hostile JSON here, and no public call
-# hands a manifest out.
-from treeguard._src.sharded.manifest import (  # _src: forged manifests
-    MANIFEST_NAME,
-    ArrayRecord,
-    Manifest,
-    Shard,
-    is_sharded,
-    parse,
-    read,
-    sharded_digest,
-)
+from treeguard._cli.main import main
 
 HEX = "ab" * 32
-
-
-def _manifest() -> Manifest:
-    spec = treeguard.spec_of({"b": np.zeros(4, np.float32), "w": np.zeros((4, 2), np.int8)})
-    b = ArrayRecord(
-        "['b']",
-        (4,),
-        np.dtype("float32"),
-        "single",
-        (Shard(((0, 2),), 0, HEX), Shard(((2, 4),), 1, HEX)),
-    )
-    w = ArrayRecord("['w']", (4, 2), np.dtype("int8"), None, (Shard(((0, 4), (0, 2)), 0, HEX),))
-    return Manifest("data-0123456789abcdef", spec, 2, {"jax": "x"}, {"step": 1}, (b, w))
+_SPEC = treeguard.spec_of({"b": np.zeros(4, np.float32), "w": np.zeros((4, 2), np.int8)})
 
 
 def _doc() -> dict[str, Any]:
-    return json.loads(_manifest().to_json())
+    """A well-formed manifest of two processes: ``b`` in two shards, ``w`` in one."""
+    return {
+        "format": "treeguard.sharded/1",
+        "data": "data-0123456789abcdef",
+        "spec": _SPEC.to_dict(),
+        "process_count": 2,
+        "hash": "blake3",
+        "env": {"jax": "x"},
+        "metadata": {"step": 1},
+        "arrays": [
+            {
+                "path": "['b']",
+                "shape": [4],
+                "dtype": "float32",
+                "sharding": "single",
+                "shards": [
+                    {"index": [[0, 2]], "process": 0, "blake3": HEX},
+                    {"index": [[2, 4]], "process": 1, "blake3": HEX},
+                ],
+            },
+            {
+                "path": "['w']",
+                "shape": [4, 2],
+                "dtype": "int8",
+                "sharding": None,
+                "shards": [{"index": [[0, 4], [0, 2]], "process": 0, "blake3": HEX}],
+            },
+        ],
+    }
 
 
-def test_round_trip() -> None:
-    m = _manifest()
-    assert parse(m.to_json()) == m
+def _write(directory: Path, text: str | bytes) -> Path:
+    directory.mkdir(exist_ok=True)
+    raw = text.encode() if isinstance(text, str) else text
+    (directory / MANIFEST_NAME).write_bytes(raw)
+    return directory
+
+
+def _inspect(directory: Path) -> dict[str, Any]:
+    """``ckpt inspect DIR --json``'s report."""
+    res = CliRunner().invoke(main, ["ckpt", "inspect", str(directory), "--json"])
+    assert res.exit_code == 0, res.output
+    report: dict[str, Any] = json.loads(res.output)
+    return report
+
+
+def _refused(directory: Path) -> treeguard.FormatError:
+    """The error of ``load_sharded`` on ``directory``; the CLI says the same."""
+    with pytest.raises(treeguard.FormatError) as e:
+        treeguard.load_sharded(directory, _SPEC)
+    res = CliRunner().invoke(main, ["ckpt", "inspect", str(directory)])
+    assert res.exit_code == 2 and str(e.value).splitlines()[0] in res.output, res.output
+    return e.value
+
+
+def _assert_reports(report: dict[str, Any], doc: dict[str, Any]) -> None:
+    """The report shows every field of ``doc`` as written."""
+    for field in ("format", "data", "hash", "process_count", "env", "metadata", "spec"):
+        assert report[field] == doc[field], field
+    arrays = [
+        (a["path"], a["dtype"], a["shape"], a["sharding"], len(a["shards"])) for a in doc["arrays"]
+    ]
+    assert [
+        (a["path"], a["dtype"], a["shape"], a["sharding"], a["shards"]) for a in report["arrays"]
+    ] == arrays
+    per = [{"process": p, "shards": 0, "nbytes": 0} for p in range(doc["process_count"])]
+    for a in doc["arrays"]:
+        itemsize = np.dtype(treeguard.LeafSpec((), a["dtype"]).dtype).itemsize
+        assert report["arrays"][doc["arrays"].index(a)]["nbytes"] == (
+            int(np.prod(a["shape"])) * itemsize
+        )
+        for shard in a["shards"]:
+            per[shard["process"]]["shards"] += 1
+            per[shard["process"]]["nbytes"] += (
+                int(np.prod([hi - lo for lo, hi in shard["index"]])) * itemsize
+            )
+    assert report["processes"] == per
+
+
+def test_round_trip(tmp_path: Path) -> None:
+    doc = _doc()
+    ck = _write(tmp_path / "ck", json.dumps(doc))
+    _assert_reports(_inspect(ck), doc)
+    _write(ck, json.dumps(doc, indent=1, sort_keys=True))  # the same manifest, other bytes
+    _assert_reports(_inspect(ck), doc)
+
+
+def test_round_trip_of_a_save(tmp_path: Path) -> None:
+    """What ``save_sharded`` writes, read back: the spec, shards and metadata."""
+    mesh = jax.make_mesh((2,), ("x",), devices=jax.devices()[:2])
+    b = jax.device_put(np.arange(4, dtype=np.float32), jax.sharding.NamedSharding(mesh, jax.P("x")))
+    tree = {"b": b, "w": jax.numpy.arange(8, dtype=np.int8).reshape(4, 2)}
+    treeguard.save_sharded(tmp_path / "ck", tree, metadata={"step": 3, "note": "é"})
+    report = _inspect(tmp_path / "ck")
+    assert report["spec"] == treeguard.spec_of(tree, sharding=True).to_dict()
+    assert report["metadata"] == {"step": 3, "note": "é"}
+    assert [(a["path"], a["shards"]) for a in report["arrays"]] == [("['b']", 2), ("['w']", 1)]
+    assert report["digest"] == sharded_digest(tmp_path / "ck")
+    back = treeguard.load_sharded(tmp_path / "ck", tree)
+    assert np.asarray(back["b"]).tolist() == [0.0, 1.0, 2.0, 3.0]
 
 
 def _set(doc: dict[str, Any], path: tuple[Any, ...], value: Any) -> dict[str, Any]:
@@ -182,21 +258,18 @@ HOSTILE = [
 @pytest.mark.parametrize(
     ("path", "value", "message"), [h[1:] for h in HOSTILE], ids=[h[0] for h in HOSTILE]
 )
-def test_hostile_fields(path: tuple[Any, ...], value: Any, message: str) -> None:
-    text = json.dumps(_set(_doc(), path, value))
-    with pytest.raises(treeguard.FormatError) as e:
-        parse(text, where="M")
-    assert message in str(e.value)
-    assert str(e.value).startswith("M")
+def test_hostile_fields(tmp_path: Path, path: tuple[Any, ...], value: Any, message: str) -> None:
+    ck = _write(tmp_path / "ck", json.dumps(_set(_doc(), path, value)))
+    error = _refused(ck)
+    assert message in str(error)
+    assert str(error).startswith(str(ck / MANIFEST_NAME))
 
 
-def test_missing_field() -> None:
+def test_missing_field(tmp_path: Path) -> None:
     doc = _doc()
     del doc["arrays"][0]["shards"][0]["process"]
-    with pytest.raises(
-        treeguard.FormatError, match=r"arrays\[0\]\.shards\[0\]: missing field 'process'"
-    ):
-        parse(json.dumps(doc))
+    error = _refused(_write(tmp_path / "ck", json.dumps(doc)))
+    assert "arrays[0].shards[0]: missing field 'process'" in str(error)
 
 
 @pytest.mark.parametrize(
@@ -224,84 +297,76 @@ def test_missing_field() -> None:
         "format_type",
     ],
 )
-def test_hostile_json(text: str | bytes, message: str) -> None:
-    with pytest.raises(treeguard.FormatError) as e:
-        parse(text)
-    assert message in str(e.value)
+def test_hostile_json(tmp_path: Path, text: str | bytes, message: str) -> None:
+    assert message in str(_refused(_write(tmp_path / "ck", text)))
 
 
-def test_duplicate_inside_an_array_record() -> None:
-    text = (
-        _manifest().to_json().replace('"dtype": "float32"', '"dtype": "float32", "dtype": "int8"')
-    )
-    with pytest.raises(treeguard.FormatError, match="the key 'dtype' appears twice"):
-        parse(text)
+def test_duplicate_inside_an_array_record(tmp_path: Path) -> None:
+    text = json.dumps(_doc()).replace('"dtype": "float32"', '"dtype": "float32", "dtype": "int8"')
+    error = _refused(_write(tmp_path / "ck", text))
+    assert "the key 'dtype' appears twice" in str(error)
 
 
 def test_file_checks(tmp_path: Path) -> None:
-    assert not is_sharded(tmp_path)
-    with pytest.raises(
-        treeguard.FormatError, match=f"no {MANIFEST_NAME}: not a sharded checkpoint"
-    ):
-        read(tmp_path)
+    assert f"no {MANIFEST_NAME}: not a sharded checkpoint" in str(_refused(tmp_path))
     real = tmp_path / "real.json"
-    real.write_text(_manifest().to_json())
+    real.write_text(json.dumps(_doc()))
     os.symlink(real, tmp_path / MANIFEST_NAME)
-    assert not is_sharded(tmp_path)
-    with pytest.raises(treeguard.FormatError, match="not a regular file"):
-        read(tmp_path)
+    assert "not a regular file" in str(_refused(tmp_path))
     os.unlink(tmp_path / MANIFEST_NAME)
     (tmp_path / MANIFEST_NAME).mkdir()
-    with pytest.raises(treeguard.FormatError, match="not a regular file"):
-        sharded_digest(tmp_path)
+    assert "not a regular file" in str(_refused(tmp_path))
 
 
 def test_digest_is_over_the_parsed_manifest(tmp_path: Path) -> None:
-    (tmp_path / MANIFEST_NAME).write_text(_manifest().to_json())
-    assert is_sharded(tmp_path)
-    first = sharded_digest(tmp_path)
-    assert len(first) == 64 and first == sharded_digest(tmp_path)
+    """The digest is of the very bytes parsed, given only once they parse."""
+    ck = _write(tmp_path / "ck", json.dumps(_doc()))
+    first = _inspect(ck)["digest"]
+    assert len(first) == 64 and first == _inspect(ck)["digest"] == sharded_digest(ck)
     doc = _doc()
     doc["arrays"][0]["shards"][0]["blake3"] = "cd" * 32
-    (tmp_path / MANIFEST_NAME).write_text(json.dumps(doc))
-    assert sharded_digest(tmp_path) != first
-    (tmp_path / MANIFEST_NAME).write_text("{}")
-    with pytest.raises(treeguard.FormatError):
-        sharded_digest(tmp_path)
+    _write(ck, json.dumps(doc))
+    assert _inspect(ck)["digest"] not in (first, None)
+    assert _inspect(ck)["digest"] == sharded_digest(ck)
+    _write(ck, "{}")
+    _refused(ck)
 
 
 @st.composite
-def _manifests(draw: st.DrawFn) -> Manifest:
+def _docs(draw: st.DrawFn) -> dict[str, Any]:
     nproc = draw(st.integers(1, 4))
     dtypes = ["float32", "bfloat16", "int8", "bool", "complex64"]
     tree: dict[str, Any] = {}
-    records = []
+    arrays = []
     names = draw(
         st.lists(
             st.text("abcxyz._[]'\"", min_size=1, max_size=5), min_size=1, max_size=4, unique=True
         )
     )
     for name in sorted(names):
-        shape = tuple(draw(st.lists(st.integers(1, 6), max_size=3)))
-        dtype = treeguard.LeafSpec(shape, draw(st.sampled_from(dtypes))).dtype
-        tree[name] = treeguard.LeafSpec(shape, dtype)
+        shape = draw(st.lists(st.integers(1, 6), max_size=3))
+        dtype = draw(st.sampled_from(dtypes))
+        tree[name] = treeguard.LeafSpec(tuple(shape), dtype)
         cuts = [
             sorted(draw(st.sets(st.integers(1, n - 1), max_size=2))) if n > 1 else [] for n in shape
         ]
-        bounds = [list(zip([0, *c], [*c, n])) for c, n in zip(cuts, shape)]
-        grid: list[tuple[tuple[int, int], ...]] = [()]
+        bounds = [[[lo, hi] for lo, hi in zip([0, *c], [*c, n])] for c, n in zip(cuts, shape)]
+        grid: list[list[list[int]]] = [[]]
         for axis in bounds:
-            grid = [(*g, b) for g in grid for b in axis]
-        shards = tuple(
-            Shard(index, draw(st.integers(0, nproc - 1)), draw(st.sampled_from([HEX, "0" * 64])))
+            grid = [[*g, b] for g in grid for b in axis]
+        shards = [
+            {
+                "index": index,
+                "process": draw(st.integers(0, nproc - 1)),
+                "blake3": draw(st.sampled_from([HEX, "0" * 64])),
+            }
             for index in grid
+        ]
+        sharding = draw(st.one_of(st.none(), st.just("single")))
+        arrays.append(
+            {"path": f"[{name!r}]", "shape": shape, "dtype": dtype, "sharding": sharding}
+            | {"shards": shards}
         )
-        records.append((name, shape, dtype, shards))
-    spec = treeguard.spec_of(tree)
-    arrays = tuple(
-        ArrayRecord(f"[{n!r}]", shape, dtype, draw(st.one_of(st.none(), st.just("single"))), shards)
-        for n, shape, dtype, shards in records
-    )
     meta = draw(
         st.dictionaries(
             st.text(max_size=4),
@@ -313,12 +378,20 @@ def _manifests(draw: st.DrawFn) -> Manifest:
             max_size=3,
         )
     )
-    return Manifest("data-" + "f" * 16, spec, nproc, {"jax": "v"}, meta, arrays)
+    return {
+        "format": "treeguard.sharded/1",
+        "data": "data-" + "f" * 16,
+        "spec": treeguard.spec_of(tree).to_dict(),
+        "process_count": nproc,
+        "hash": "blake3",
+        "env": {"jax": "v"},
+        "metadata": meta,
+        "arrays": arrays,
+    }
 
 
 @settings(max_examples=40, deadline=None)
-@given(_manifests())
-def test_round_trip_property(m: Manifest) -> None:
-    again = parse(m.to_json())
-    assert again == m
-    assert again.to_json() == m.to_json()
+@given(_docs())
+def test_round_trip_property(tmp_path_factory: pytest.TempPathFactory, doc: dict[str, Any]) -> None:
+    ck = _write(tmp_path_factory.mktemp("ck"), json.dumps(doc))
+    _assert_reports(_inspect(ck), doc)
