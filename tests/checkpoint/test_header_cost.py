@@ -28,6 +28,21 @@ from hypothesis import strategies as st
 import treeguard as tg
 from treeguard._src import strictjson  # _src: the JSON cost model, its cost and depth alone
 
+# -- equal objects shared: a stored spec's equal leaves, one dict --------------
+
+
+def test_equal_leaves_of_a_spec_are_one_object_and_only_equal_ones() -> None:
+    leaf = '{"kind": "leaf", "shape": [%s], "weak_type": %s}'
+    text = (
+        "[" + ",".join(leaf % p for p in [("1", "true")] * 2 + [("1", "1"), ("1.0", "true")]) + "]"
+    )
+    doc = strictjson.loads(text, "spec", share=lambda node: node.get("kind") == "leaf")
+    assert doc == json.loads(text)
+    assert doc[0] is doc[1]
+    assert doc[2] is not doc[0] and doc[3] is not doc[0]  # 1, true and 1.0 stay apart
+    assert [type(d["weak_type"]) for d in doc] == [bool, bool, int, bool]
+
+
 # -- the cost of JSON ------------------------------------------------------------
 
 _ENTRY_KEYS = ("dtype", "shape", "data_offsets")  # a safetensors table entry's keys

@@ -2,7 +2,7 @@
 costed before it is built: an honest header reads as before, a hostile one
 is refused under a budget of 3 times its bytes (4 with the bytes held) past
 a fixed 4 MiB, and anything the scanner does not read is refused exactly as
-``strictjson.loads`` refused it."""
+strict JSON refuses it."""
 
 from __future__ import annotations
 
@@ -19,11 +19,9 @@ from hypothesis import strategies as st
 
 import treeguard as tg
 
-# The scanner and strictjson's sharing, on purpose: the computed cost is asserted
-# against what is really built (tracemalloc), and which objects are one, neither
-# of which a public face shows.
-from treeguard._src import strictjson  # _src: the scanner alone
-from treeguard._src.checkpoint import table  # _src: the scanner alone
+# The scanner on purpose: its computed cost is asserted against what it really
+# builds (tracemalloc), and the records it builds, neither of which a public face shows.
+from treeguard._src.checkpoint import table  # _src: the scanner alone, its cost and records
 
 _FREE = 4 << 20  # docs/explanation/guarantees.md: a header's objects may cost
 
@@ -168,18 +166,6 @@ def test_a_forged_table_in_another_key_order_still_reads(tmp_path: Path) -> None
 # -- the stored spec's equal leaves, one dict ------------------------------------
 
 
-def test_equal_leaves_of_a_spec_are_one_object_and_only_equal_ones() -> None:
-    leaf = '{"kind": "leaf", "shape": [%s], "weak_type": %s}'
-    text = (
-        "[" + ",".join(leaf % p for p in [("1", "true")] * 2 + [("1", "1"), ("1.0", "true")]) + "]"
-    )
-    doc = strictjson.loads(text, "spec", share=lambda node: node.get("kind") == "leaf")
-    assert doc == json.loads(text)
-    assert doc[0] is doc[1]
-    assert doc[2] is not doc[0] and doc[3] is not doc[0]  # 1, true and 1.0 stay apart
-    assert [type(d["weak_type"]) for d in doc] == [bool, bool, int, bool]
-
-
 def test_a_leaf_equal_but_for_its_type_is_still_refused(tmp_path: Path) -> None:
     path = tmp_path / "c.safetensors"
     tg.save(path, {"a": np.zeros(1, np.float32), "b": np.zeros(1, np.float32)})
@@ -230,14 +216,32 @@ def _raw_tables(draw: st.DrawFn) -> bytes:
     return ("{" + blank + ("," + blank).join(items) + blank + "}").encode()
 
 
+def _no_twice(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    keys = [k for k, _ in pairs]
+    if len(set(keys)) != len(keys):
+        raise ValueError("a key appears twice")
+    return dict(pairs)
+
+
+def _refused(constant: str) -> Any:
+    raise ValueError(f"{constant} is not a JSON number")
+
+
+def _strict(raw: bytes) -> Any:
+    """Strict JSON as the format page asks it, by the standard library: UTF-8,
+    no key twice in an object, no NaN or Infinity (None where it refuses).
+    The tables drawn hold no lone surrogates and no integer past 2**63."""
+    try:
+        return json.loads(raw.decode("utf-8"), object_pairs_hook=_no_twice, parse_constant=_refused)
+    except ValueError:  # json's own errors and UnicodeDecodeError among them
+        return None
+
+
 @settings(max_examples=300, deadline=None)
 @given(_raw_tables())
 def test_a_header_the_scan_reads_is_read_alike_by_strict_json(raw: bytes) -> None:
     doc = table.scan(raw, 64 * len(raw) + _FREE)
-    try:
-        strict: Any = strictjson.loads(raw, "the header")
-    except tg.FormatError:
-        strict = None
+    strict = _strict(raw)
     # what the scan reads strict JSON reads alike; what it leaves, strict JSON refuses or reads
     assert doc is None or {k: table.expanded(v) for k, v in doc.items()} == strict
     if doc is not None and "__metadata__" not in doc:
