@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import treeguard as tg
-from treeguard._src import strictjson  # _src: the JSON cost model, its cost and depth alone
+from treeguard._src import strictjson  # _src: the JSON cost model: cost, depth, sharing
 
 # -- equal objects shared: a stored spec's equal leaves, one dict --------------
 
