@@ -1,7 +1,8 @@
 """Pinned error text: a message is part of the interface.
 
 A request's refusals are pinned as a client reads them, through the REST app
-(tests/serving/test_data_plane.py and test_json_bounds.py), and a run against
+(tests/serving/test_data_plane.py and test_json_bounds.py) and over gRPC to a live
+server (tests/serving/test_transport_bounds.py, slow), and a run against
 another backend's references through ``verify.run`` (tests/verify/test_backends.py).
 """
 
@@ -287,29 +288,6 @@ def test_flight_recorder_without_a_batch_choice_message(tmp_path: Any) -> None:
     )
 
 
-def test_grpc_message_refusals() -> None:
-    pytest.importorskip("google.protobuf")
-    # gRPC's parser: only after importorskip, since it imports protobuf
-    from treeguard._src.serving.grpc_transport import (  # _src: gRPC parser's messages, no server
-        parse,
-        pb,
-        read_request,
-    )
-
-    assert _message(parse, b"\xff\xff", pb.ModelInferRequest) == (
-        "the message is not a ModelInferRequest (it does not parse)\n"
-        "hint: send the Open Inference Protocol's message, as a generated client does"
-    )
-    msg = pb.ModelInferRequest(model_name="mlp")
-    msg.inputs.add(name="x", datatype="FP32", shape=[1, 2]).contents.fp32_contents.extend([1, 2])
-    msg.raw_input_contents.append(b"\0" * 8)
-    assert _message(read_request, msg) == (
-        "inputs[0] has both typed contents and raw_input_contents\n"
-        "hint: send each input's elements one way: raw_input_contents for every input, "
-        "or contents in each"
-    )
-
-
 def _two_promoted(root: Any) -> tg.ArtifactStore:
     import numpy as np
 
@@ -367,32 +345,39 @@ def test_revoked_and_untrusted_verdict_messages(tmp_path: Any) -> None:
     )
 
 
-def test_exported_artifact_refusals_name_both_sides() -> None:
-    # the artifact's compatibility check alone: refusals from another jax or platform
-    from treeguard._src.export.compat import (  # _src: the jax/platform window alone
-        check_servable,
-        window,
-    )
-    from treeguard.export import Description
+def test_exported_artifact_refusals_name_both_sides(tmp_path: Any) -> None:
+    # an artifact from another jax or platform, as served_from_store meets it: its
+    # description is checked before its bytes are read, so these stand in for a function
+    from jax import export
 
-    low, high = window()
+    from treeguard.export import Description, served_from_store
+
+    low = export.minimum_supported_calling_convention_version
+    high = export.maximum_supported_calling_convention_version
     here = jax.default_backend()  # the CPU box's, or the lent TPU's
     other = "tpu" if here == "cpu" else "cpu"
 
-    def described(**changes: Any) -> Description:
+    def served(name: str, **changes: Any) -> Any:
         spec = tg.spec_of({"w": tg.LeafSpec((2,), "float32")})
         fields = {"model": "m", "params": spec, "serving": {}, "outputs": [], "rtol": 1e-6}
         fields |= {"atol": 1e-6, "platforms": (here,), "jax": "0.9.0", "calling_convention": 10}
-        return Description(**(fields | {"validated": ()} | changes))
+        described = Description(**(fields | {"validated": ()} | changes))
+        store = tg.ArtifactStore(tmp_path / name)
+        store.put({"w": jnp.zeros(2)})  # v000001: the refused one is v000002
+        v = store.put({"w": jnp.ones(2)})
+        store.attach_exported(v, b"a function", described.to_dict())
+        assert store.verify(v).status == "verified"
+        store.promote(v)
+        return served_from_store(store)
 
-    assert _message(check_servable, described(calling_convention=1), "v000002") == (
+    assert _message(served, "jax", calling_convention=1) == (
         f"version v000002's exported artifact was written by jax 0.9.0 (calling convention 1), "
         f"outside the window of jax {jax.__version__} here (calling conventions {low} to {high})\n"
         f"hint: export the version again with jax {jax.__version__} (treeguard export "
         "MODULE:ATTR --store STORE v000002 on a new version), or serve it with a jax whose "
         "window holds 1"
     )
-    assert _message(check_servable, described(platforms=(other,)), "v000002") == (
+    assert _message(served, "platform", platforms=(other,)) == (
         f"version v000002's exported artifact was exported for {other}, and this process runs "
         f"on {here}\nhint: export it for {here} too: treeguard export MODULE:ATTR --store STORE "
         f"VERSION --platform {here} (on a new version), or serve it on {other}"

@@ -10,7 +10,7 @@ import click
 import pytest
 
 from treeguard._cli.main import main
-from treeguard._src.serving.ray.api import swap_command  # _src: what the CLI prints, without Ray
+from treeguard._src.serving.ray.api import swap_command  # _src: printed only under Ray
 
 
 def _pasted(command: str) -> tuple[dict[str, str], list[str]]:

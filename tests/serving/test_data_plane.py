@@ -20,8 +20,8 @@ from serving_support import client, infer_body, metric, mlp_spec, request, rows_
 
 # internal: a parsed request for ``infer`` itself (no transport), and the REST
 # app built with the bodies it waits for (closed here as a shutdown closes them)
-from treeguard._src.serving.bodies import BodyReads  # _src: bodies a shutdown closes
-from treeguard._src.serving.routes import build_app  # _src: the app built with those bodies
+from treeguard._src.serving.bodies import BodyReads  # _src: only uvicorn's shutdown closes them
+from treeguard._src.serving.routes import build_app  # _src: Server.app() hides its bodies
 from treeguard.examples import mlp
 from treeguard.serving import InferRequest, InferResult, Limits, RawInput, Server, ServingError
 

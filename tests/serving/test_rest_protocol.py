@@ -4,6 +4,7 @@ that lie, bounded decoding, and the control token."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import tracemalloc
@@ -12,16 +13,13 @@ import dtypemodel
 import ml_dtypes
 import numpy as np
 import pytest
+from echomodel import decoding, echo_server
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from serving_support import client, mlp_spec, request
 
 import treeguard
-from treeguard import LeafSpec, spec_of
-
-# The decoder alone on purpose (no server): it and the parsed request it takes have
-# no public name.
-from treeguard._src.serving.decode import Decoder  # _src: decoded arrays, not outputs
+from treeguard import LeafSpec
 from treeguard.examples import mlp
 from treeguard.serving import InferRequest, RawInput, Server, ServingSpec
 
@@ -251,10 +249,13 @@ def test_serve_refuses_to_bind_beyond_loopback_without_a_token(mlp_server):
         mlp_server.serve(host="0.0.0.0", port=1)
 
 
-def test_64_bit_datatypes_decode_exactly_and_refuse_what_they_cannot_hold():
-    # values at the edges of 64 bits, no server needed
-    inputs = spec_of({k: LeafSpec(("B", 1), k) for k in ("int64", "uint64", "float64")})
-    decoder = Decoder(ServingSpec(inputs=inputs, buckets=(1,)))
+# -- decoding, seen through a server that answers with what it decoded (echomodel) ----
+
+
+async def test_64_bit_datatypes_decode_exactly_and_refuse_what_they_cannot_hold(tmp_path):
+    # values at the edges of 64 bits
+    inputs = {k: LeafSpec(("B", 1), k) for k in ("int64", "uint64", "float64")}
+    server = echo_server(tmp_path / "s", inputs, (1,))
 
     def req(i64, u64, f64):
         return InferRequest([
@@ -263,68 +264,88 @@ def test_64_bit_datatypes_decode_exactly_and_refuse_what_they_cannot_hold():
             RawInput("float64", "FP64", [1, 1], [f64]),
         ])  # fmt: skip
 
-    f, i, u = decoder.decode(req(-(2**63), 2**64 - 1, 1e300))  # in key order
-    assert (int(i[0, 0]), int(u[0, 0]), float(f[0, 0])) == (-(2**63), 2**64 - 1, 1e300)
-    for bad, message in (
-        (req(2**63, 0, 0.0), "input ['int64']: a value is out of range for INT64"),
-        (req(0, -1, 0.0), "input ['uint64']: a value is out of range for UINT64"),
-        (req(0, 0, 1e309), "input ['float64']: a value is beyond the range of FP64"),
-    ):
-        with pytest.raises(
-            treeguard.serving.InvalidRequestError, match=message.replace("[", r"\[")
+    async with decoding(server) as decode:
+        f, i, u = await decode(req(-(2**63), 2**64 - 1, 1e300))  # in key order
+        assert (i.dtype, u.dtype, f.dtype) == (np.int64, np.uint64, np.float64)
+        assert (int(i[0, 0]), int(u[0, 0]), float(f[0, 0])) == (-(2**63), 2**64 - 1, 1e300)
+        for bad, message in (
+            (req(2**63, 0, 0.0), "input ['int64']: a value is out of range for INT64"),
+            (req(0, -1, 0.0), "input ['uint64']: a value is out of range for UINT64"),
+            (req(0, 0, 1e309), "input ['float64']: a value is beyond the range of FP64"),
         ):
-            decoder.decode(bad)
+            with pytest.raises(
+                treeguard.serving.InvalidRequestError, match=message.replace("[", r"\[")
+            ):
+                await decode(bad)
 
 
-def test_float_values_are_refused_beyond_the_range_and_as_nan_wherever_they_sit():
+async def test_float_values_are_refused_beyond_the_range_and_as_nan_wherever_they_sit(tmp_path):
     # typed contents (gRPC) may hold a NaN, which JSON cannot
-    spec = ServingSpec(inputs=spec_of({"x": LeafSpec(("B", 2), "float32")}), buckets=(1,))
-    decoder = Decoder(spec)
+    server = echo_server(tmp_path / "s", {"x": LeafSpec(("B", 2), "float32")}, (1,))
 
     def req(a, b):
         return InferRequest([RawInput("x", "FP32", [1, 2], [a, b])])
 
     top = float(np.finfo(np.float32).max)
-    (x,) = decoder.decode(req(-top, 3.4028235e38))  # the largest float32, as written
-    assert x.tolist() == [[-top, top]]
-    for a, b, reason in (
-        (1.0, float("nan"), "nonfinite"),
-        (float("nan"), 1.0, "nonfinite"),
-        (1.0, 3.5e38, "nonfinite"),
-        (-(10**400), 1.0, "nonfinite"),
-        (float("inf"), float("-inf"), "nonfinite"),
-    ):
-        with pytest.raises(treeguard.serving.InvalidRequestError) as e:
-            decoder.decode(req(a, b))
-        assert (e.value.reason, str(e.value)) == (
-            reason,
-            "input ['x']: a value is beyond the range of FP32",
-        )
+    async with decoding(server) as decode:
+        (x,) = await decode(req(-top, 3.4028235e38))  # the largest float32, as written
+        assert x.tolist() == [[-top, top]]
+        for a, b, reason in (
+            (1.0, float("nan"), "nonfinite"),
+            (float("nan"), 1.0, "nonfinite"),
+            (1.0, 3.5e38, "nonfinite"),
+            (-(10**400), 1.0, "nonfinite"),
+            (float("inf"), float("-inf"), "nonfinite"),
+        ):
+            with pytest.raises(treeguard.serving.InvalidRequestError) as e:
+                await decode(req(a, b))
+            assert (e.value.reason, str(e.value)) == (
+                reason,
+                "input ['x']: a value is beyond the range of FP32",
+            )
 
 
-@settings(max_examples=60, deadline=None)
-@given(
-    data=st.data(), dtype=st.sampled_from([np.float16, np.float32, np.float64, ml_dtypes.bfloat16])
-)
-def test_json_numbers_decode_as_their_float64_value_cast_to_the_dtype(data, dtype):
+#: In the spec's order (its inputs' names sorted), the order the server decodes them in.
+FLOATS = {"BF16": ml_dtypes.bfloat16, "FP16": np.float16, "FP32": np.float32, "FP64": np.float64}
+
+
+@pytest.fixture(scope="module")
+def float_echo(tmp_path_factory):
+    """An echo server of one input of each float datatype, 1 to 12 values each."""
+    inputs = {name: LeafSpec(("B",), np.dtype(dt).name) for name, dt in FLOATS.items()}
+    return echo_server(tmp_path_factory.mktemp("floats") / "s", inputs, (12,))
+
+
+async def test_json_numbers_decode_as_their_float64_value_cast_to_the_dtype(float_echo):
     # every number within the datatype's range, float or integer, decodes as
-    # its float64 value cast to the dtype
-    top = float(ml_dtypes.finfo(dtype).max)
-    number = st.one_of(st.floats(-top, top), st.integers(-int(top), int(top)))
-    values = data.draw(st.lists(number, min_size=1, max_size=12))
-    name = {np.float16: "FP16", np.float32: "FP32", np.float64: "FP64"}.get(dtype, "BF16")
-    spec = ServingSpec(inputs=spec_of({"x": LeafSpec(("B",), np.dtype(dtype).name)}), buckets=(1,))
-    (x,) = Decoder(spec).decode(InferRequest([RawInput("x", name, [len(values)], values)]))
-    expected = np.array(values, np.float64).astype(dtype)
-    assert x.dtype == np.dtype(dtype) and x.tobytes() == expected.tobytes()
+    # its float64 value cast to the dtype (the examples run in a thread, each
+    # request on the running server's loop)
+    loop = asyncio.get_running_loop()
+
+    @settings(max_examples=60, deadline=None)
+    @given(data=st.data())
+    def check(data):
+        n = data.draw(st.integers(1, 12))
+        values = {}
+        for name, dtype in FLOATS.items():
+            top = float(ml_dtypes.finfo(dtype).max)
+            number = st.one_of(st.floats(-top, top), st.integers(-int(top), int(top)))
+            values[name] = data.draw(st.lists(number, min_size=n, max_size=n), label=name)
+        request = InferRequest([RawInput(k, k, [n], v) for k, v in values.items()])
+        arrays = asyncio.run_coroutine_threadsafe(decode(request), loop).result()
+        for (name, dtype), x in zip(FLOATS.items(), arrays, strict=True):
+            expected = np.array(values[name], np.float64).astype(dtype)
+            assert x.dtype == np.dtype(dtype) and x.tobytes() == expected.tobytes(), name
+
+    async with decoding(float_echo) as decode:
+        await asyncio.to_thread(check)
 
 
-def test_inputs_of_a_two_input_spec_decode_in_any_order_and_each_refusal_names_the_input():
-    spec = ServingSpec(
-        inputs=spec_of({"a": LeafSpec(("B", 2), "float32"), "b": LeafSpec(("B",), "int32")}),
-        buckets=(1, 2),
-    )
-    decoder = Decoder(spec)
+async def test_inputs_of_a_two_input_spec_decode_in_any_order_and_each_refusal_names_the_input(
+    tmp_path,
+):
+    inputs = {"a": LeafSpec(("B", 2), "float32"), "b": LeafSpec(("B",), "int32")}
+    server = echo_server(tmp_path / "s", inputs, (1, 2))
 
     def a(shape=None, name="a"):
         shape = [2, 2] if shape is None else shape  # as JSON gives it, a list
@@ -333,20 +354,21 @@ def test_inputs_of_a_two_input_spec_decode_in_any_order_and_each_refusal_names_t
     def b(rows=2, name="b"):
         return RawInput(name, "INT32", [rows], list(range(rows)))
 
-    for inputs in ([a(), b()], [b(), a()], [a(name="['a']"), b(name="['b']")]):
-        x, y = decoder.decode(InferRequest(inputs))  # in spec order, by name or key path
-        assert (x.shape, y.tolist()) == ((2, 2), [0, 1])
-    x, _ = decoder.decode(InferRequest([a(shape=(2, 2)), b()]))  # a tuple shape (typed clients)
-    assert x.shape == (2, 2)
-    for inputs, message in (
-        ([a()], "missing input(s) b\nhint: the inputs are a, b"),
-        ([b()], "missing input(s) a\nhint: the inputs are a, b"),
-        ([a(), a(name="['a']"), b()], "input ['a'] is given twice"),
-        ([a(), b(rows=1)], "input ['b']: 1 rows, while the other inputs have 2"),
-        ([a(shape=[2.0, 2]), b()], "input ['a']: shape must be a list of sizes"),
-        ([a(shape=[True, 2]), b()], "input ['a']: shape must be a list of sizes"),
-        ([a(shape=[2, 2, 1]), b()], "input ['a']: shape [2,2,1] in the request, f32[B,2]"),
-    ):
-        with pytest.raises(treeguard.serving.InvalidRequestError) as e:
-            decoder.decode(InferRequest(inputs))
-        assert str(e.value).startswith(message), str(e.value)
+    async with decoding(server) as decode:
+        for inputs in ([a(), b()], [b(), a()], [a(name="['a']"), b(name="['b']")]):
+            x, y = await decode(InferRequest(inputs))  # in spec order, by name or key path
+            assert (x.shape, y.tolist()) == ((2, 2), [0, 1])
+        x, _ = await decode(InferRequest([a(shape=(2, 2)), b()]))  # a tuple shape (typed clients)
+        assert x.shape == (2, 2)
+        for inputs, message in (
+            ([a()], "missing input(s) b\nhint: the inputs are a, b"),
+            ([b()], "missing input(s) a\nhint: the inputs are a, b"),
+            ([a(), a(name="['a']"), b()], "input ['a'] is given twice"),
+            ([a(), b(rows=1)], "input ['b']: 1 rows, while the other inputs have 2"),
+            ([a(shape=[2.0, 2]), b()], "input ['a']: shape must be a list of sizes"),
+            ([a(shape=[True, 2]), b()], "input ['a']: shape must be a list of sizes"),
+            ([a(shape=[2, 2, 1]), b()], "input ['a']: shape [2,2,1] in the request, f32[B,2]"),
+        ):
+            with pytest.raises(treeguard.serving.InvalidRequestError) as e:
+                await decode(InferRequest(inputs))
+            assert str(e.value).startswith(message), str(e.value)

@@ -1,26 +1,29 @@
-"""ServingSpec's JSON and validation; bucketing and padding as properties."""
+"""ServingSpec's JSON and validation; bucketing, admission and padding as a server runs them."""
 
 from __future__ import annotations
 
 import json
+from typing import Any
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-from serving_support import mlp_spec
+from serving_support import mlp_spec, put_verified
 
 import treeguard
-from treeguard import ConfigError
-
-# internal: the bucket arithmetic under the batcher, tested apart from any server
-from treeguard._src.serving.buckets import (  # _src: bucket arithmetic as properties
-    admit,
-    bucket_for,
-    pad_rows,
-)
+from treeguard import ConfigError, LeafSpec, spec_of
 from treeguard.examples import mlp
-from treeguard.serving import CompilePolicy, Limits, Overflow, ServingSpec
+from treeguard.serving import (
+    CompilePolicy,
+    InferRequest,
+    InvalidRequestError,
+    Limits,
+    Overflow,
+    RawInput,
+    Server,
+    ServingSpec,
+)
+from treeguard.verify import Model
 
 
 def test_json_round_trip(tmp_path):
@@ -87,44 +90,116 @@ def test_inputs_must_come_from_the_batch_spec_with_the_batch_axis_first():
         ServingSpec(inputs=bad)
 
 
-BUCKETS = st.lists(st.integers(1, 512), min_size=1, max_size=8, unique=True).map(
-    lambda b: tuple(sorted(b))
+# -- buckets, admission and padding, as a server runs them --------------------------
+#
+# A probe model reports, for each row, the size of the batch it ran in (its bucket)
+# and the sums of each input over that whole batch: padding with anything but zero
+# rows shows in the sums, a wrong bucket in the sizes. Every row count up to past
+# max_rows is sent to each server, so every bucket boundary is crossed.
+
+
+def _probe(p: Any, batch: Any) -> dict[str, Any]:
+    x, n = batch["x"], batch["n"]
+    size = x.shape[0]
+    return {
+        "x": x * p["one"],
+        "n": n,
+        "bucket": jnp.full((size,), size, jnp.int32),
+        "x_sum": jnp.broadcast_to(jnp.sum(x), (size,)),
+        "n_sum": jnp.broadcast_to(jnp.sum(n.astype(jnp.int32)), (size,)),
+    }
+
+
+PROBE = Model(
+    init=lambda key: {"one": np.ones((), np.float32)},
+    apply=_probe,
+    loss=lambda p, b: jnp.zeros(()),
+    batch_spec=spec_of({"x": LeafSpec(("B", 3), "float32"), "n": LeafSpec(("B",), "int8")}),
+    rtol=0.0,
+    atol=0.0,
+    name="probe",
 )
 
 
-@settings(max_examples=50)
-@given(BUCKETS, st.integers(-3, 600))
-def test_smallest_bucket_that_fits(buckets, rows):
-    b = bucket_for(rows, buckets)
-    fitting = [x for x in buckets if x >= rows] if rows >= 1 else []
-    assert b == (min(fitting) if fitting else None)
+@pytest.fixture(scope="module")
+def probe_store(tmp_path_factory):
+    store = treeguard.ArtifactStore(tmp_path_factory.mktemp("probe") / "s")
+    store.promote(put_verified(store, {"one": np.ones((), np.float32)}))
+    return store
 
 
-@settings(max_examples=50)
-@given(BUCKETS, st.integers(-3, 2000), st.integers(1, 1500), st.sampled_from(list(Overflow)))
-def test_admission_reasons_and_chunks(buckets, rows, max_rows, overflow):
-    a = admit(rows, buckets, max_rows=max_rows, overflow=overflow)
-    if rows < 1:
-        assert a.reason == "empty"
-    elif rows > max_rows:
-        assert a.reason == "over_max_rows" and str(max_rows) in a.detail
-    elif rows > buckets[-1] and overflow is Overflow.REJECT:
-        assert a.reason == "over_largest_bucket" and str(buckets[-1]) in a.detail
-    else:
-        assert a.ok and sum(a.chunks) == rows
-        assert all(1 <= c <= buckets[-1] for c in a.chunks)
+def _smallest_fitting(rows: int, buckets: tuple[int, ...]) -> int:
+    return min(b for b in buckets if b >= rows)
 
 
-@settings(max_examples=50)
-@given(st.integers(1, 64), st.integers(0, 64), st.integers(1, 3))
-def test_padding_keeps_rows_and_adds_zeros(rows, extra, cols):
-    x = np.arange(rows * cols, dtype=np.float32).reshape(rows, cols) + 1
-    p = pad_rows(x, rows + extra)
-    assert p.shape == (rows + extra, cols) and p.dtype == x.dtype
-    np.testing.assert_array_equal(p[:rows], x)
-    assert not p[rows:].any()
+def _rows(rows: int) -> InferRequest:
+    x = np.arange(3 * rows, dtype=np.float32).reshape(rows, 3) + 1  # no zero anywhere
+    n = (np.arange(rows) % 100 + 1).astype(np.int8)
+    return InferRequest([
+        RawInput("x", "FP32", [rows, 3], x.ravel().tolist()),
+        RawInput("n", "INT8", [rows], n.tolist()),
+    ])  # fmt: skip
 
 
-def test_padding_refuses_too_many_rows():
-    with pytest.raises(ValueError, match="5 rows do not fit the bucket 4"):
-        pad_rows(np.zeros((5, 2)), 4)
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("buckets", "max_rows", "overflow"),
+    [
+        ((3, 5, 6, 16), 40, "split"),
+        ((2, 7), 12, "reject"),
+        ((4,), 3, "reject"),  # max_rows under the largest bucket
+    ],
+)
+async def test_each_row_count_runs_in_the_smallest_bucket_padded_with_zeros_or_is_refused(
+    probe_store, buckets, max_rows, overflow
+):
+    spec = ServingSpec(
+        inputs=PROBE.batch_spec,
+        buckets=buckets,
+        overflow=overflow,
+        limits=Limits(max_rows=max_rows),
+        name="probe",
+    )
+    server = Server(PROBE, probe_store, spec=spec)
+    server.start()
+    largest = buckets[-1]
+    async with server.running():
+        for rows in range(max_rows + 3):
+            req = _rows(rows)
+            x, n = (np.array(i.data).reshape(i.shape) for i in req.inputs)
+            try:
+                out = {o.name: o.array for o in (await server.infer(req, "probe")).outputs}
+            except InvalidRequestError as e:
+                refused = (e.status, e.reason, str(e).split(";")[0])
+            else:
+                refused = None
+            if rows < 1:
+                assert refused == (422, "size", "the request has 0 rows")
+            elif rows > max_rows:
+                assert refused == (
+                    413, "size", f"the request has {rows} rows, over the limit of {max_rows}"
+                )  # fmt: skip
+            elif rows > largest and overflow == "reject":
+                assert refused == (
+                    413,
+                    "size",
+                    f"the request has {rows} rows, over the largest batch bucket {largest}",
+                )
+            else:
+                assert refused is None, (rows, refused)
+                np.testing.assert_array_equal(out["x"], x)  # every row kept, in order
+                np.testing.assert_array_equal(out["n"], n)
+                # split into chunks of the largest bucket, the rest in the smallest that fits
+                full, rest = divmod(rows, largest)
+                chunks = [largest] * full + ([rest] if rest else [])
+                assert out["bucket"].tolist() == [
+                    _smallest_fitting(c, buckets) for c in chunks for _ in range(c)
+                ]
+                # each batch's sums are its own rows' sums: what padded it was zeros
+                at, x_sums, n_sums = 0, [], []
+                for c in chunks:
+                    x_sums += [x[at : at + c].sum()] * c
+                    n_sums += [int(n[at : at + c].astype(np.int32).sum())] * c
+                    at += c
+                np.testing.assert_array_equal(out["x_sum"], np.array(x_sums, np.float32))
+                assert out["n_sum"].tolist() == n_sums

@@ -17,7 +17,7 @@ import treeguard
 
 # The replica's health verdict on purpose: Ray calls it in a replica, and these
 # tests hold it to a server in this process without a Ray cluster.
-from treeguard._src.serving.ray.health import unhealthy  # _src: the health rule without Ray
+from treeguard._src.serving.ray.health import unhealthy  # _src: only Ray calls it, in a replica
 from treeguard.serving import Server, ServingError, WatchdogPolicy
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow, pytest.mark.xdist_group("ray")]
