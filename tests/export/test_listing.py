@@ -71,7 +71,7 @@ def test_store_ls_says_each_version_s_artifact_state(tmp_path, artifact):
     assert out.exit_code == 0, out.output
     rows = {line.split()[0]: line for line in out.output.splitlines()[1:] if line.split()}
     assert "exported" in rows["version"]
-    assert f"cpu (jax {jax.__version__})" in rows[covered]
+    assert f"{jax.default_backend()} (jax {jax.__version__})" in rows[covered]
     for v, cell in ((uncovered, "uncovered"), (unverified, "unverified"), (gone, "missing")):
         assert cell in rows[v].split(), rows[v]
 
