@@ -45,14 +45,14 @@ def _in_transpose(e: Any, it: int | None, n: int) -> bool:
 def test_a_site_reads_the_user_line_and_the_name_stack() -> None:
     where = f"test_jaxpr.py:{_line(traced)} (traced)"
     grad = jax.grad(lambda x: jnp.sum(traced(x)))
-    d = locate(grad, X, candidate=perturbing("cos"))
+    d = locate(grad, X, candidate=perturbing("cos"), check_precision=False)
     assert d.equation is not None
     assert (d.equation.primitive, d.equation.source, d.equation.name_stack) == (
         "cos",
         where,
         "jvp()",
     )
-    d = locate(grad, X, candidate=Perturbing(_in_transpose))
+    d = locate(grad, X, candidate=Perturbing(_in_transpose), check_precision=False)
     assert d.equation is not None
     assert (d.equation.primitive, d.equation.source, d.equation.name_stack) == (
         "mul",
