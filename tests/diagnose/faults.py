@@ -15,8 +15,16 @@ import jax.extend.core as jex
 import jax.numpy as jnp
 import numpy as np
 
-# The one reader of a scan equation's layout, which changed between JAX releases.
-from treeguard._src.diagnose.jaxpr import scan_split  # _src: scan layout across JAX releases
+
+def _scan_layout(params: Any) -> tuple[int, int]:
+    """(constants, carries) among a scan equation's inputs, read here rather
+    than through the interpreter under test. JAX 0.10 names the counts; later
+    releases group the inputs as (consts, carry, xs) in ``ft_in``."""
+    if "ft_in" in params:
+        consts, carry, _ = params["ft_in"].elts
+        return len(list(consts)), len(list(carry))
+    return params["num_consts"], params["num_carry"]
+
 
 _CALLS = {"jit": "jaxpr", "closed_call": "call_jaxpr", "custom_jvp_call": "call_jaxpr"}
 
@@ -62,7 +70,7 @@ class Perturbing:
                 outs = self.run(branch, invals[1:], it, n_top)
             elif name == "scan":
                 p = eqn.params
-                nc, nk = scan_split(p)
+                nc, nk = _scan_layout(p)
                 consts, carry, xs = invals[:nc], invals[nc : nc + nk], invals[nc + nk :]
                 ys = []
                 for i in range(p["length"]):
