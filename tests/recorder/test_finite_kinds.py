@@ -15,11 +15,12 @@ import pytest
 
 import treeguard
 
-# The dtype predicates and the host finite check themselves, on purpose: each kind is
-# judged here without a gate around it (the gates' refusals are shown through them below).
-from treeguard._src import leaf, nonfinite  # _src: each finiteness reader, dtype by dtype
-from treeguard._src.verify.model import is_float  # _src: the float-kind rule they share
+# The host finite check itself, on purpose: its few-values Python path and its NaN/Inf
+# split are read by gates behind a served model or a verify run alone, and its block and
+# cast bounds are lowered here (the gates' refusals are shown through it below).
+from treeguard._src import nonfinite  # _src: the host finite check, dtype by dtype
 from treeguard.diagnose import nan_origin
+from treeguard.verify import Model, run
 
 ML_FLOATS = sorted(
     n for n in dir(ml_dtypes) if n.startswith(("float", "bfloat")) and n[-1].isalnum()
@@ -65,19 +66,60 @@ def test_every_float_kind_is_known() -> None:
     assert any(dt.kind == "V" for dt in FLOATS)  # the kind ``in "fc"`` missed
 
 
+_INT_HINT = "hint: integer or bool params cannot take a float or complex update"
+
+
+def _update_hint(param: np.dtype[Any], update: np.dtype[Any]) -> str:
+    """The hint of ``apply_updates`` refusing an update of another dtype."""
+    with pytest.raises(treeguard.TreeMismatchError) as e:
+        treeguard.apply_updates({"w": np.zeros(3, param)}, {"w": np.zeros(3, update)})
+    return str(e.value).splitlines()[-1]
+
+
 @pytest.mark.parametrize("dtype", FLOATS, ids=str)
-def test_is_inexact_knows_every_float_kind(dtype: np.dtype[Any]) -> None:
-    assert leaf.is_inexact(dtype) and leaf.is_inexact(dtype.name)
-    assert is_float(dtype) == (dtype.kind != "c")
+def test_an_update_of_every_float_kind_is_a_float_update(dtype: np.dtype[Any]) -> None:
+    # an int param refuses it as a float update; a param of that kind takes
+    # an int update's refusal as a cast's, not as an int param's
+    assert _update_hint(np.dtype(np.int8), dtype).startswith(_INT_HINT)
+    assert not _update_hint(dtype, np.dtype(np.int8)).startswith(_INT_HINT)
 
 
 @pytest.mark.parametrize("dtype", NOT_FLOATS, ids=str)
-def test_is_inexact_is_false_for_ints_bools_and_keys(dtype: np.dtype[Any]) -> None:
-    assert not leaf.is_inexact(dtype) and not is_float(dtype)
-    assert (
-        nonfinite.host_all_finite(np.zeros(3, dtype))
-        and nonfinite.host_nonfinite(np.zeros(3, dtype)) == 0
+def test_ints_bools_and_keys_are_not_floats(dtype: np.dtype[Any]) -> None:
+    assert _update_hint(dtype, np.dtype(np.float32)).startswith(_INT_HINT)
+    assert nonfinite.host_all_finite(np.zeros(3, dtype))
+    assert treeguard.find_nonfinite({"x": np.zeros(3, dtype)}) == {}
+
+
+def test_verify_draws_every_real_float_kind_as_a_float() -> None:
+    # between the bounds 0.5 and 1.5, the generated cases draw floats for each
+    # real float kind (not all 1), and the one integer 1 for numpy's int kinds
+    # (verify draws bools as bools, and no int4)
+    seen: list[dict[str, np.ndarray[Any, Any]]] = []
+
+    def apply(params: Any, batch: Any) -> Any:
+        seen.append({k: np.asarray(v) for k, v in batch.items()})
+        return {"y": params["w"] * jnp.ones(batch["int8"].shape[0])}
+
+    kinds = [dt for dt in FLOATS if dt.kind != "c"] + [dt for dt in NOT_FLOATS if dt.kind in "iu"]
+    model = Model(
+        init=lambda key: {"w": jnp.ones(())},
+        apply=apply,
+        loss=lambda p, b: jnp.sum(apply(p, b)["y"]),
+        batch_spec=treeguard.spec_of(
+            {dt.name: treeguard.LeafSpec(("B",), dt.name) for dt in kinds}
+        ),
+        bounds=(0.5, 1.5),
+        batch_size=64,
+        rtol=1e-3,
+        atol=1e-3,
     )
+    run(model, bench=False)
+    first = seen[0]  # the standard batch
+    for dt in kinds:
+        drawn = first[dt.name].astype(np.float64)
+        assert first[dt.name].dtype == dt
+        assert (drawn == 1).all() == (dt not in FLOATS), (dt, drawn)
 
 
 @pytest.mark.parametrize("dtype", FLOATS, ids=str)
