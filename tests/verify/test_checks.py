@@ -543,3 +543,25 @@ def test_finite_names_each_non_finite_leaf() -> None:
     assert "case 'standard' grads ['dense1']['b'] f32[3]: 3 of 3 non-finite (nan)" in (
         result.evidence
     )
+
+
+def test_cases_for_complex_and_four_bit_int_leaves() -> None:
+    spec = spec_of(
+        {
+            "z": LeafSpec(("B", 2), "complex64"),
+            "q": LeafSpec(("B",), "int4"),
+            "u": LeafSpec(("B",), "uint4"),
+        }
+    )
+    m = dataclasses.replace(BASE, batch_spec=spec, output_spec=None, bounds=(1.0, 5.0))
+    by = {c.name: c for c in generate_cases(m)}
+    z = by["standard"].batch["z"]
+    assert z.dtype == np.complex64
+    for part in (z.real, z.imag):
+        assert part.min() >= 1.0 and part.max() <= 5.0 and len(np.unique(part)) > 1
+    assert set(np.unique(by["boundary"].batch["z"].real)) == {1.0, 5.0}
+    for name, dtype in (("q", ml_dtypes.int4), ("u", ml_dtypes.uint4)):
+        assert by["standard"].batch[name].dtype == dtype
+        values = by["standard"].batch[name].astype(np.int32)
+        assert values.min() >= 1 and values.max() <= 5
+        assert set(np.unique(by["boundary"].batch[name].astype(np.int32))) == {1, 5}

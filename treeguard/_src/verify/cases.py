@@ -14,6 +14,7 @@ import dataclasses
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from ..errors import ConfigError
@@ -75,13 +76,17 @@ def _fill(
         if kind == "boundary":
             return np.asarray(np.arange(int(np.prod(shape))) % 2 == 1).reshape(shape)
         return rng.integers(0, 2, shape).astype(bool)
-    if is_float(dt):
+    if is_float(dt) or dt.kind == "c":
         if kind == "boundary":
             vals = np.where(np.arange(int(np.prod(shape))) % 2 == 0, lo, hi).reshape(shape)
         else:
             vals = rng.uniform(lo, hi, shape)
+        if dt.kind == "c":  # both parts within the bounds
+            imag = vals[..., ::-1] if kind == "boundary" else rng.uniform(lo, hi, shape)
+            return np.asarray(vals + 1j * imag).astype(dt)
         return np.asarray(vals, np.float32).astype(dt)
-    info = np.iinfo(dt)
+    # int4 and uint4 too, which numpy's iinfo does not know
+    info = jnp.iinfo(dt)  # type: ignore[no-untyped-call]
     ilo, ihi = max(int(np.ceil(lo)), int(info.min)), min(int(np.floor(hi)), int(info.max))
     if kind == "boundary":
         return np.where(np.arange(int(np.prod(shape))) % 2 == 0, ilo, ihi).reshape(shape).astype(dt)
