@@ -5,7 +5,8 @@ or sha256 in older manifests).
 ``manifest`` (the JSON file and its strict parser), ``hosts`` (the few
 collectives), ``digests`` (hashing at save), ``orbax_io`` (the one place
 orbax and tensorstore are called), ``reader`` (a verified read onto any
-mesh), ``save``, ``load``, ``recheck`` and ``inspect``. Importing this
+mesh), ``runs`` (a saved shard read straight into the target shards it
+overlaps, hashed there), ``save``, ``load``, ``recheck`` and ``inspect``. Importing this
 package imports neither orbax nor tensorstore.
 """
 

@@ -81,3 +81,16 @@ def read_into(store: Any, index: tuple[tuple[int, int], ...], buf: Any) -> Any:
     if index:
         region = region.translate_to[tuple(0 for _ in index)]
     return dest.write(region)
+
+
+def read_into_parts(store: Any, index: tuple[tuple[int, int], ...], parts: Any) -> Any:
+    """Starts reading the region ``index`` of an opened stored array straight
+    into ``parts``: ``(offset, view)`` pairs, each a writable numpy view
+    (any strides) of the region's part that starts at ``offset`` within it,
+    together covering it exactly once; returns the future."""
+    import tensorstore as ts  # lazy: tensorstore comes with orbax
+
+    layers = [ts.array(view, copy=False, write=True).translate_to[at] for at, view in parts]
+    dest = layers[0] if len(layers) == 1 else ts.overlay(layers)
+    region = store[tuple(slice(a, b) for a, b in index)].translate_to[tuple(0 for _ in index)]
+    return dest.write(region)

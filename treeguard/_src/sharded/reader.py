@@ -4,10 +4,12 @@ Each process reads only the saved shards that its own target shards
 overlap, each one whole and once (one tensorstore read of its region, which
 orbax wrote as that shard's own chunks), and hands it to the hashing engine
 as it arrives, so the digest covers exactly the saved bytes with no copy
-made to hash them. The pieces of the shard are then copied into the buffers
-of the target shards (a target shard that is a saved shard, or lies inside
-one, uses the read buffer itself), and each array is placed on its devices
-once its last shard is in. Reads run ahead of the hashing and the copies
+made to hash them. A saved shard that is a target shard is read into it in
+place; one whose pieces the target shards of this process hold whole, as a
+grid, is read straight through views of them and hashed there, run by run
+in its own C order (``runs``); any other is read into a buffer of its own
+and its pieces copied on. Each array is placed on its devices once its last
+shard is in. Reads run ahead of the hashing and the copies
 (tensorstore's own threads), up to ``WINDOW`` bytes. Nothing is returned
 before every digest is in and every process agrees that all of them match
 (a collective, unless ``local``).
@@ -33,7 +35,8 @@ from ..leaf import summarize
 from . import hosts
 from .digests import Index, index_of, intersect
 from .manifest import ArrayRecord, Manifest, Shard
-from .orbax_io import open_arrays, read_into, shape_and_dtype
+from .orbax_io import open_arrays, read_into, read_into_parts, shape_and_dtype
+from .runs import Runs, fits, grid
 
 #: The bytes of saved shards read ahead of the one being hashed and copied.
 WINDOW = 64 * 1024 * 1024
@@ -125,6 +128,37 @@ class _Plan:
     pieces: list[_Piece]
     shards: list[Shard]
     left: int
+
+
+@dataclasses.dataclass
+class _Part:
+    """The region of a saved shard that one target shard holds, and the view of
+    that target shard's buffer it is read into."""
+
+    region: Index
+    #: where the region starts within the saved shard
+    at: tuple[int, ...]
+    view: np.ndarray[Any, Any]
+
+
+def _parts(plan: _Plan, shard: Shard) -> tuple[list[_Part], Runs] | None:
+    """The target parts to read ``shard`` straight into, and its bytes as
+    runs of them; None where they do not tile it (a part this process does
+    not hold), or its runs are too many and small to hash one by one."""
+    if shard.size == 0:
+        return None
+    found = [(p, r) for p in plan.pieces if (r := intersect(p.index, shard.index)) is not None]
+    if grid(shard.index, [r for _, r in found]) is None:
+        return None
+    parts = []
+    for piece, region in found:
+        if piece.buf is None:
+            piece.buf = aligned(tuple(b - a for a, b in piece.index), plan.record.dtype)
+        within: Any = (..., *_relative(region, piece.index))  # a view, also of a 0-d array
+        at = tuple(lo - o for (lo, _), (o, _) in zip(region, shard.index))
+        parts.append(_Part(region, at, piece.buf[within]))
+    runs = Runs(shard.index, [p.region for p in parts], [p.view for p in parts])
+    return (parts, runs) if fits(runs) else None
 
 
 def _plans(records: Sequence[ArrayRecord], targets: Sequence[Any]) -> list[_Plan]:
@@ -250,11 +284,31 @@ class StoredArrays:
             self._stores[key] = _opened(self._where, self._opening[key], self._records[key])
         return read_into(self._stores[key], shard.index, buf)  # type: ignore[no-any-return]
 
+    def start_parts(self, key: int, shard: Shard, parts: Sequence[_Part]) -> Pending:
+        """Starts reading the saved ``shard`` of array ``key`` straight into
+        the target ``parts`` that tile it."""
+        if key not in self._stores:
+            self._stores[key] = _opened(self._where, self._opening[key], self._records[key])
+        at = [(p.at, p.view) for p in parts]
+        return read_into_parts(self._stores[key], shard.index, at)  # type: ignore[no-any-return]
+
     def name(self, key: int, shard: Shard) -> None:
         """None: a shard is a region of its array's stored chunks."""
 
     def close(self) -> None:
         """Nothing to end: tensorstore's futures are cancelled one by one."""
+
+
+@dataclasses.dataclass
+class _Ahead:
+    """A read under way: the place of its shard in the work, the shard, the
+    read, and what it reads into (a buffer of its own, or ``Runs``)."""
+
+    n: int
+    shard: Shard
+    future: Pending
+    buf: Any
+    runs: Runs | None
 
 
 class _Reads:
@@ -269,15 +323,19 @@ class _Reads:
         records: Sequence[ArrayRecord],
         plans: list[_Plan],
         keep: bool,
+        *,
+        direct: bool = False,
     ) -> None:
         self._where = where
         self._plans = plans
         self._keep = keep
         self._fetch = fetch
+        #: read a resharded shard straight into its target parts (``runs``)
+        self._direct = fetch if direct and keep and isinstance(fetch, StoredArrays) else None
         fetch.prepare(records, [p.key for p in plans])
         self._work = [(n, shard) for n, plan in enumerate(plans) for shard in plan.shards]
         self._next = 0
-        self._ahead: collections.deque[tuple[int, Shard, Any, Any]] = collections.deque()
+        self._ahead: collections.deque[_Ahead] = collections.deque()
         self._held = 0
         #: Buffers of saved shards already hashed and copied, by size, to read into again
         #: (fresh memory costs its page faults; a reshard's target shards pay them once).
@@ -291,30 +349,38 @@ class _Reads:
             n, shard = self._work[self._next]
             plan = self._plans[n]
             shape = tuple(b - a for a, b in shard.index)
-            buf = None
+            buf, runs = None, None
             if self._keep:
                 for piece in plan.pieces:
                     if piece.index == shard.index and piece.buf is None:
                         piece.buf = buf = aligned(shape, plan.record.dtype)
-            if buf is None:
-                buf = self._scratch(shape, plan.record.dtype)
-            future = self._fetch.start(plan.key, shard, buf)
-            self._ahead.append((n, shard, future, buf))
-            self._held += buf.nbytes
+            direct = self._direct
+            parts = _parts(plan, shard) if buf is None and direct is not None else None
+            if direct is not None and parts is not None:
+                future = direct.start_parts(plan.key, shard, parts[0])
+                runs = parts[1]
+                self._held += runs.nbytes
+            else:
+                buf = buf if buf is not None else self._scratch(shape, plan.record.dtype)
+                future = self._fetch.start(plan.key, shard, buf)
+                self._held += buf.nbytes
+            self._ahead.append(_Ahead(n, shard, future, buf, runs))
             self._next += 1
 
-    def next(self) -> tuple[_Plan, Shard, np.ndarray[Any, Any], str | None]:
-        """The next shard's plan, shard, bytes (C order) and their digest
-        when the fetch hashed them."""
+    def next(self) -> tuple[_Plan, Shard, np.ndarray[Any, Any] | Runs, str | None]:
+        """The next shard's plan, shard, bytes (in a buffer of their own, C
+        order, or as ``Runs`` of the target shards they were read into) and
+        their digest when the fetch hashed them."""
         self._issue()
-        n, shard, future, buf = self._ahead.popleft()
-        self._held -= buf.nbytes
+        got = self._ahead.popleft()
+        self._held -= got.runs.nbytes if got.runs is not None else got.buf.nbytes
         self._issue()  # the window moved: keep the reader busy while this one is used
         try:
-            done = future.result()
+            done = got.future.result()
         except Exception as e:  # tensorstore raises many kinds
-            raise unreadable(self._where, [self._plans[n].record.path], e) from e
-        return self._plans[n], shard, buf, done if isinstance(done, str) else None
+            raise unreadable(self._where, [self._plans[got.n].record.path], e) from e
+        found = done if isinstance(done, str) else None
+        return self._plans[got.n], got.shard, got.runs if got.runs is not None else got.buf, found
 
     def _scratch(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
@@ -330,8 +396,8 @@ class _Reads:
 
     def cancel(self) -> None:
         """Drops the reads still in flight."""
-        for _, _, future, _ in self._ahead:
-            future.cancel()
+        for got in self._ahead:
+            got.future.cancel()
         self._ahead.clear()
         self._fetch.close()
 
@@ -354,17 +420,19 @@ def _read(  # noqa: PLR0917 - one call site
     hashing: dict[int, collections.deque[np.ndarray[Any, Any] | None]] = {}
     try:
         for _ in range(len(reads)):
-            plan, shard, arr, found = reads.next()
-            kept = keep and any(piece.buf is arr for piece in plan.pieces)
+            plan, shard, got, found = reads.next()
+            # read straight into its target shards (``Runs`` of them), or into them in place
+            kept = isinstance(got, Runs) or (keep and any(p.buf is got for p in plan.pieces))
             if found is None:
-                lane = _feed(pipeline, len(fed), plan, arr)
+                lane = _feed(pipeline, len(fed), plan, got)
             else:
                 hashed[len(fed)] = found  # hashed as it was read: nothing to wait for
             fed.append((plan.key, shard))
-            if keep:
+            arr = None if isinstance(got, Runs) else got
+            if keep and arr is not None:
                 _scatter(plan, shard, arr)
             if found is not None:
-                if not kept:
+                if not kept and arr is not None:
                     reads.reuse(arr)
             else:
                 ring = hashing.setdefault(lane, collections.deque())
@@ -386,12 +454,15 @@ def _read(  # noqa: PLR0917 - one call site
     return fed
 
 
-def _feed(pipeline: Pipeline, n: int, plan: _Plan, arr: np.ndarray[Any, Any]) -> int:
+def _feed(pipeline: Pipeline, n: int, plan: _Plan, arr: np.ndarray[Any, Any] | Runs) -> int:
     """Hands a shard's bytes to ``pipeline`` as item ``n``; the lane."""
-    flat: Any = arr.reshape(-1).view(np.uint8)
     lane = pipeline.lane(n)
     try:
-        pipeline.feed(n, memoryview(flat))
+        if isinstance(arr, Runs):
+            pipeline.feed_runs(n, arr)
+        else:
+            flat: Any = arr.reshape(-1).view(np.uint8)
+            pipeline.feed(n, memoryview(flat))
     except Exception as e:
         raise unhashable(plan.record.path, e) from e
     return lane
@@ -439,7 +510,7 @@ def read_verified(
     whole = largest <= WHOLE_MAX
     with Pipeline(manifest.hash, items=items, whole=whole) as pipeline:
         try:
-            reads = _Reads(where, fetch, manifest.arrays, plans, keep)
+            reads = _Reads(where, fetch, manifest.arrays, plans, keep, direct=whole)
             hashed: dict[int, str] = {}
             fed = _read(reads, plans, pipeline, keep, out, hashed)
             try:
