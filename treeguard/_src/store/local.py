@@ -15,12 +15,13 @@ import errno
 import os
 import secrets
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from typing import Any
 
-from ..atomic import atomic_write, open_regular, pid_alive, remove_stale_temps
-from ..checkpoint import Header, read_header, save
+from ..atomic import open_regular, pid_alive, remove_stale_temps
+from ..checkpoint import read_header, save
 from ..checkpoint.write import laid_out
 from ..errors import (
     IntegrityError,
@@ -33,7 +34,7 @@ from ..hashing import Algorithm, Source
 from ..hashing.memo import Carried
 from ..sharded.manifest import read as read_manifest
 from ..spec import TreeSpec
-from . import deleter, gates, log, payload, records, tensors
+from . import deleter, gates, log, payload, records, tensorput, tensors
 from .backend import Record, Wanted
 from .layout import AUTO_RE, MODEL_FILE, STATUS_FILE, Layout
 from .lead import lead_acts, not_made, not_recorded
@@ -142,7 +143,7 @@ class LocalBackend:
             version, path = self._reserve(version, user)
         try:
             model = os.path.join(path, MODEL_FILE)
-            with _out_of_space_is_typed(version, path):
+            with _out_of_space_is_typed(lambda: (version, path)):
                 save(model, tree, metadata=user, digest=digest)
             self._record_candidate(version, path, read_header(model).spec, {})
         except BaseException:
@@ -158,30 +159,32 @@ class LocalBackend:
         digest: Algorithm,
         carried: Carried | None,
     ) -> str:
-        """A tensors version: its tensors the store lacks, then its manifest
-        (taken back if gc marked one of its objects: tensors.py), then its
-        record as a candidate."""
+        """A tensors version: its name reserved on a thread while its tensors
+        the store lacks are hashed and written, then its manifest (taken
+        back if gc marked one of its objects), then its record as a
+        candidate (tensorput.py says which orders matter)."""
         self._areas()
-        with self.layout.locked():
-            version, path = self._reserve(version, user, "tensors")
-        manifest = os.path.join(path, tensors.TENSORS_FILE)
-
-        def place(raw: bytes, objects: list[str], _: Header) -> bool:
-            atomic_write(manifest, raw)
-            if not tensors.doomed_among(self.storage, objects):
-                return True
-            os.unlink(manifest)
-            return False
-
-        try:
-            with _out_of_space_is_typed(version, path):
-                draft = laid_out(tree, metadata=user, digest=digest)
-                header = tensors.put(self.storage, draft, place, path, carried)
-            self._record_candidate(version, path, header.spec, {"kind": "tensors"})
-        except BaseException:
-            self._discard(path)
-            raise
+        with ThreadPoolExecutor(tensorput.THREADS, thread_name_prefix="treeguard-put") as pool:
+            reserved = pool.submit(self._reserve_dir, version, user)  # first: the others wait on it
+            try:
+                with _out_of_space_is_typed(lambda: _named(reserved.result())):
+                    draft = laid_out(tree, metadata=user, digest=digest)
+                    tensorput.put(self.storage, draft, pool, reserved, carried)
+                version, path = _named(reserved.result())
+                self._record_candidate(version, path, draft.spec, {"kind": "tensors"})
+            except BaseException as e:
+                refused = reserved.exception()  # waits for it
+                if refused is None:
+                    self._discard(reserved.result())
+                elif isinstance(e, Exception) and e is not refused:
+                    raise refused from None  # a name refused: what a put says first
+                raise
         return version
+
+    def _reserve_dir(self, version: str | None, user: dict[str, Any]) -> str:
+        """``_reserve`` of a tensors version under the lock: its directory."""
+        with self.layout.locked():
+            return self._reserve(version, user, "tensors")[1]
 
     def put_sharded(
         self, tree: Any, user: dict[str, Any], version: str | None, digest: Algorithm
@@ -199,7 +202,7 @@ class LocalBackend:
         version = lead_acts(reserve, failed=not_made(self.root)).decode("ascii")
         path = self.layout.version_dir(version)
         try:
-            with _out_of_space_is_typed(version, path):
+            with _out_of_space_is_typed(lambda: (version, path)):
                 save_sharded(  # a collective failing in every process
                     path, tree, metadata=user, digest=digest
                 )
@@ -455,11 +458,17 @@ class LocalBackend:
         return not (isinstance(pid, int) and pid_alive(pid))
 
 
+def _named(path: str) -> tuple[str, str]:
+    """A version's name and its directory."""
+    return os.path.basename(path), path
+
+
 @contextlib.contextmanager
-def _out_of_space_is_typed(version: str, path: str) -> Iterator[None]:
+def _out_of_space_is_typed(named: Callable[[], tuple[str, str]]) -> Iterator[None]:
     """Turns a full disk or quota while a version is written (an ``OSError``,
     or tensorstore's ``ValueError('RESOURCE_EXHAUSTED: ...')``) into a
-    ``StorageError`` naming the version; the caller removes what was written."""
+    ``StorageError`` naming the version (``named()``: its name and
+    directory); the caller removes what was written."""
     try:
         yield
     except (OSError, ValueError) as e:
@@ -470,6 +479,7 @@ def _out_of_space_is_typed(version: str, path: str) -> Iterator[None]:
         )
         if not full:
             raise
+        version, path = named()
         raise StorageError(
             f"writing version {version} failed: no space left on the device",
             version=version,
