@@ -16,7 +16,7 @@ import os
 import secrets
 import socket
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -164,15 +164,20 @@ class LocalBackend:
         back if gc marked one of its objects), then its record as a
         candidate (tensorput.py says which orders matter)."""
         self._areas()
-        with ThreadPoolExecutor(tensorput.THREADS, thread_name_prefix="treeguard-put") as pool:
+        with ThreadPoolExecutor(tensorput.THREADS + 1, thread_name_prefix="treeguard-put") as pool:
             reserved = pool.submit(self._reserve_dir, version, user)  # first: the others wait on it
+            record: Future[tuple[dict[str, Any], str]] | None = None
             try:
                 with _out_of_space_is_typed(lambda: _named(reserved.result())):
                     draft = laid_out(tree, metadata=user, digest=digest)
+                    record = pool.submit(self._stage_candidate, reserved, draft.spec)
                     tensorput.put(self.storage, draft, pool, reserved, carried)
                 version, path = _named(reserved.result())
-                self._record_candidate(version, path, draft.spec, {"kind": "tensors"})
+                self._commit_candidate(version, path, record.result(), draft.spec)
             except BaseException as e:
+                if record is not None:  # a live writer's temp: the directory's removal keeps it
+                    with contextlib.suppress(Exception):
+                        os.unlink(record.result()[1])
                 refused = reserved.exception()  # waits for it
                 if refused is None:
                     self._discard(reserved.result())
@@ -180,6 +185,30 @@ class LocalBackend:
                     raise refused from None  # a name refused: what a put says first
                 raise
         return version
+
+    def _stage_candidate(self, reserved: Future[str], spec: TreeSpec) -> tuple[dict[str, Any], str]:
+        """The ``writing`` record read once reserved, and its candidate
+        written to a temp file (fsynced while the tensors are), for
+        ``_commit_candidate``."""
+        version, path = _named(reserved.result())
+        data = records.read(path)
+        return data, records.staged(path, version, _as_candidate(data, spec))
+
+    def _commit_candidate(
+        self, version: str, path: str, record: tuple[dict[str, Any], str], spec: TreeSpec
+    ) -> None:
+        """``_record_candidate`` of a tensors version with the candidate
+        ``_stage_candidate`` wrote: renamed over the record if that is still
+        the one read, else written anew from the record now there."""
+        read, tmp = record
+        with self.layout.locked():
+            now = records.read(path)
+            if now == read:
+                records.commit(path, tmp)
+            else:
+                os.unlink(tmp)
+                records.write(path, version, _as_candidate(now, spec))
+            log.append(self.root, "put", version, {"status": "candidate", "kind": "tensors"})
 
     def _reserve_dir(self, version: str | None, user: dict[str, Any]) -> str:
         """``_reserve`` of a tensors version under the lock: its directory."""
@@ -300,15 +329,7 @@ class LocalBackend:
         """Turns a reserved version whose data is written into a candidate,
         with the sizes of its ``spec``, and logs the put (with ``detail``)."""
         with self.layout.locked():
-            data = records.read(path)
-            data.update(
-                status="candidate",
-                pid=None,
-                num_leaves=spec.num_leaves,
-                num_params=spec.num_params,
-                nbytes=spec.nbytes,
-            )
-            records.write(path, version, data)
+            records.write(path, version, _as_candidate(records.read(path), spec))
             log.append(self.root, "put", version, {"status": "candidate", **detail})
 
     def _discard(self, path: str) -> None:
@@ -456,6 +477,17 @@ class LocalBackend:
             return False  # its writer's pid means nothing here: gc on the writer's host takes it
         pid = data.get("pid")
         return not (isinstance(pid, int) and pid_alive(pid))
+
+
+def _as_candidate(data: dict[str, Any], spec: TreeSpec) -> dict[str, Any]:
+    """A ``writing`` record as a candidate's, with the sizes of ``spec``."""
+    return data | {
+        "status": "candidate",
+        "pid": None,
+        "num_leaves": spec.num_leaves,
+        "num_params": spec.num_params,
+        "nbytes": spec.nbytes,
+    }
 
 
 def _named(path: str) -> tuple[str, str]:
