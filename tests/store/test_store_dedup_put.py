@@ -127,3 +127,19 @@ def test_a_leaf_the_memo_does_not_know_but_the_store_holds_is_not_kept_twice(
     v = store.put({**params, "body": {**params["body"], "l1": copy}})
     assert _area(root) == before  # its temp dropped, no second object
     assert store.verify(v).status == "verified"
+
+
+def test_a_fine_tune_changing_more_leaves_than_are_written_at_once_keeps_each(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "store"
+    store = _store(root)
+    params = store.load_current(_like())  # the memo knows the head: the rest are written eagerly
+    before = _area(root)
+    body = {k: x + 10.0 for k, x in params["body"].items()}  # four new tensors, two at a time
+    v = store.put({**params, "body": body})
+    added = _area(root) - before
+    assert len(added) == 4 and not [n for n in added if n.startswith(".")]
+    assert store.verify(v).status == "verified"
+    store.promote(v)
+    assert store.load_current(_tree())["body"]["l3"][0, 0] == 13.0

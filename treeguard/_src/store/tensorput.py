@@ -48,6 +48,8 @@ from .storage import Conflict, LocalStorage
 
 #: The threads of one put: the reservation, the objects' writes, the manifest.
 THREADS = 3
+#: The most leaves being written at once (each held on the host meanwhile).
+IN_FLIGHT = 2
 
 
 def put(
@@ -131,6 +133,7 @@ class _Put:
         draft, algorithm = self.draft, self.draft.algorithm
         todo = [i for i, d in enumerate(known) if d is None or f"{algorithm}-{d}" not in usable]
         digests: list[str] = []
+        flight: list[Future[str]] = []
         for i, remembered in enumerate(known):
             if remembered is not None and f"{algorithm}-{remembered}" in usable:
                 digests.append(remembered)
@@ -139,19 +142,25 @@ class _Put:
             if at < len(todo):
                 draft.prefetch(todo[at])  # its copy from its device runs meanwhile
             data = draft.host_bytes(i)
-            early = self._stage(data) if self.eager else None
+            early = self._stage(data, flight) if self.eager else None
             found = digest(data, algorithm)
             base = f"{algorithm}-{found}"
             if base in usable or base in staged:
                 if early is not None:
                     dropped.append(early)
             else:
-                staged[base] = early or self._stage(data)
+                staged[base] = early or self._stage(data, flight)
             digests.append(found)
         return digests
 
-    def _stage(self, data: memoryview) -> Future[str]:
-        return self.pool.submit(self.storage.stage, f"{tensors.AREA}/staged", data)
+    def _stage(self, data: memoryview, flight: list[Future[str]]) -> Future[str]:
+        """Writes ``data`` to a temp file on a thread, once no more than
+        ``IN_FLIGHT`` others are being written (so few leaves are held on
+        the host at once, as a ``save`` holds them)."""
+        while len(flight) >= IN_FLIGHT:
+            flight.pop(0).exception()  # waits; its error is raised where its path is used
+        flight.append(self.pool.submit(self.storage.stage, f"{tensors.AREA}/staged", data))
+        return flight[-1]
 
     def _write_manifest(self, digests: list[str], objects: list[str]) -> str:
         """The header laid out with ``digests``, and the manifest naming
