@@ -97,6 +97,7 @@ class _Put:
         usable, taken = tensors.usable_objects(self.storage)
         staged: dict[str, Future[str]] = {}  # ALGO-HEX: its temp file, written and fsynced
         dropped: list[Future[str]] = []  # temps of bytes a usable object holds
+        manifest: Future[str] | None = None
         try:
             digests = self._hashed(known, usable, staged, dropped)
             names = {base: _fresh(base, taken) for base in staged}
@@ -119,6 +120,9 @@ class _Put:
             for left in [*staged.values(), *dropped]:  # temps no object was made of
                 with contextlib.suppress(Exception):
                     os.unlink(left.result())
+            if manifest is not None:  # settled before a failed put removes the directory
+                with contextlib.suppress(Exception):
+                    manifest.result()
 
     def _hashed(
         self,
