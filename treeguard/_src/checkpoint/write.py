@@ -329,7 +329,8 @@ def checkpoint_bytes(
 @dataclasses.dataclass(frozen=True)
 class Draft:
     """A checked tree laid out as a checkpoint: its header with placeholder
-    digests, and each leaf's bytes still in the leaf."""
+    digests, and each leaf's bytes still in the leaf; ``spec``, the spec
+    the header holds."""
 
     leaves: Sequence[Any]
     records: Sequence[Record]
@@ -339,6 +340,7 @@ class Draft:
     algorithm: Algorithm
     draft: bytes
     nbytes: int
+    spec: TreeSpec
 
     def start(self) -> bytes:
         """The header's length and the header, digests left blank."""
@@ -444,7 +446,7 @@ def _draft(
     spec_json = spec.to_json(indent=None).rstrip("\n")
     meta = draft_meta(spec_json, algorithm, json.dumps(environment()), user, names)
     draft = encode_header(meta, table)
-    return Draft(leaves, records, names, meta, table, algorithm, draft, pos)
+    return Draft(leaves, records, names, meta, table, algorithm, draft, pos, spec)
 
 
 def _leaf_bytes(

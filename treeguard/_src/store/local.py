@@ -15,12 +15,13 @@ import errno
 import os
 import secrets
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from typing import Any
 
-from ..atomic import atomic_write, open_regular, pid_alive, remove_stale_temps
-from ..checkpoint import Header, read_header, save
+from ..atomic import open_regular, pid_alive, remove_stale_temps
+from ..checkpoint import read_header, save
 from ..checkpoint.write import laid_out
 from ..errors import (
     IntegrityError,
@@ -33,7 +34,7 @@ from ..hashing import Algorithm, Source
 from ..hashing.memo import Carried
 from ..sharded.manifest import read as read_manifest
 from ..spec import TreeSpec
-from . import deleter, gates, log, payload, records, tensors
+from . import deleter, gates, log, payload, records, tensorput, tensors
 from .backend import Record, Wanted
 from .layout import AUTO_RE, MODEL_FILE, STATUS_FILE, Layout
 from .lead import lead_acts, not_made, not_recorded
@@ -142,7 +143,7 @@ class LocalBackend:
             version, path = self._reserve(version, user)
         try:
             model = os.path.join(path, MODEL_FILE)
-            with _out_of_space_is_typed(version, path):
+            with _out_of_space_is_typed(lambda: (version, path)):
                 save(model, tree, metadata=user, digest=digest)
             self._record_candidate(version, path, read_header(model).spec, {})
         except BaseException:
@@ -158,30 +159,61 @@ class LocalBackend:
         digest: Algorithm,
         carried: Carried | None,
     ) -> str:
-        """A tensors version: its tensors the store lacks, then its manifest
-        (taken back if gc marked one of its objects: tensors.py), then its
-        record as a candidate."""
+        """A tensors version: its name reserved on a thread while its tensors
+        the store lacks are hashed and written, then its manifest (taken
+        back if gc marked one of its objects), then its record as a
+        candidate (tensorput.py says which orders matter)."""
         self._areas()
-        with self.layout.locked():
-            version, path = self._reserve(version, user, "tensors")
-        manifest = os.path.join(path, tensors.TENSORS_FILE)
-
-        def place(raw: bytes, objects: list[str], _: Header) -> bool:
-            atomic_write(manifest, raw)
-            if not tensors.doomed_among(self.storage, objects):
-                return True
-            os.unlink(manifest)
-            return False
-
-        try:
-            with _out_of_space_is_typed(version, path):
-                draft = laid_out(tree, metadata=user, digest=digest)
-                header = tensors.put(self.storage, draft, place, path, carried)
-            self._record_candidate(version, path, header.spec, {"kind": "tensors"})
-        except BaseException:
-            self._discard(path)
-            raise
+        with ThreadPoolExecutor(tensorput.THREADS + 1, thread_name_prefix="treeguard-put") as pool:
+            reserved = pool.submit(self._reserve_dir, version, user)  # first: the others wait on it
+            record: Future[tuple[dict[str, Any], str]] | None = None
+            try:
+                with _out_of_space_is_typed(lambda: _named(reserved.result())):
+                    draft = laid_out(tree, metadata=user, digest=digest)
+                    record = pool.submit(self._stage_candidate, reserved, draft.spec)
+                    tensorput.put(self.storage, draft, pool, reserved, carried)
+                version, path = _named(reserved.result())
+                self._commit_candidate(version, path, record.result(), draft.spec)
+            except BaseException as e:
+                if record is not None:  # a live writer's temp: the directory's removal keeps it
+                    with contextlib.suppress(Exception):
+                        os.unlink(record.result()[1])
+                refused = reserved.exception()  # waits for it
+                if refused is None:
+                    self._discard(reserved.result())
+                elif isinstance(e, Exception) and e is not refused:
+                    raise refused from None  # a name refused: what a put says first
+                raise
         return version
+
+    def _stage_candidate(self, reserved: Future[str], spec: TreeSpec) -> tuple[dict[str, Any], str]:
+        """The ``writing`` record read once reserved, and its candidate
+        written to a temp file (fsynced while the tensors are), for
+        ``_commit_candidate``."""
+        version, path = _named(reserved.result())
+        data = records.read(path)
+        return data, records.staged(path, version, _as_candidate(data, spec))
+
+    def _commit_candidate(
+        self, version: str, path: str, record: tuple[dict[str, Any], str], spec: TreeSpec
+    ) -> None:
+        """``_record_candidate`` of a tensors version with the candidate
+        ``_stage_candidate`` wrote: renamed over the record if that is still
+        the one read, else written anew from the record now there."""
+        read, tmp = record
+        with self.layout.locked():
+            now = records.read(path)
+            if now == read:
+                records.commit(path, tmp)
+            else:
+                os.unlink(tmp)
+                records.write(path, version, _as_candidate(now, spec))
+            log.append(self.root, "put", version, {"status": "candidate", "kind": "tensors"})
+
+    def _reserve_dir(self, version: str | None, user: dict[str, Any]) -> str:
+        """``_reserve`` of a tensors version under the lock: its directory."""
+        with self.layout.locked():
+            return self._reserve(version, user, "tensors")[1]
 
     def put_sharded(
         self, tree: Any, user: dict[str, Any], version: str | None, digest: Algorithm
@@ -199,7 +231,7 @@ class LocalBackend:
         version = lead_acts(reserve, failed=not_made(self.root)).decode("ascii")
         path = self.layout.version_dir(version)
         try:
-            with _out_of_space_is_typed(version, path):
+            with _out_of_space_is_typed(lambda: (version, path)):
                 save_sharded(  # a collective failing in every process
                     path, tree, metadata=user, digest=digest
                 )
@@ -297,15 +329,7 @@ class LocalBackend:
         """Turns a reserved version whose data is written into a candidate,
         with the sizes of its ``spec``, and logs the put (with ``detail``)."""
         with self.layout.locked():
-            data = records.read(path)
-            data.update(
-                status="candidate",
-                pid=None,
-                num_leaves=spec.num_leaves,
-                num_params=spec.num_params,
-                nbytes=spec.nbytes,
-            )
-            records.write(path, version, data)
+            records.write(path, version, _as_candidate(records.read(path), spec))
             log.append(self.root, "put", version, {"status": "candidate", **detail})
 
     def _discard(self, path: str) -> None:
@@ -455,11 +479,28 @@ class LocalBackend:
         return not (isinstance(pid, int) and pid_alive(pid))
 
 
+def _as_candidate(data: dict[str, Any], spec: TreeSpec) -> dict[str, Any]:
+    """A ``writing`` record as a candidate's, with the sizes of ``spec``."""
+    return data | {
+        "status": "candidate",
+        "pid": None,
+        "num_leaves": spec.num_leaves,
+        "num_params": spec.num_params,
+        "nbytes": spec.nbytes,
+    }
+
+
+def _named(path: str) -> tuple[str, str]:
+    """A version's name and its directory."""
+    return os.path.basename(path), path
+
+
 @contextlib.contextmanager
-def _out_of_space_is_typed(version: str, path: str) -> Iterator[None]:
+def _out_of_space_is_typed(named: Callable[[], tuple[str, str]]) -> Iterator[None]:
     """Turns a full disk or quota while a version is written (an ``OSError``,
     or tensorstore's ``ValueError('RESOURCE_EXHAUSTED: ...')``) into a
-    ``StorageError`` naming the version; the caller removes what was written."""
+    ``StorageError`` naming the version (``named()``: its name and
+    directory); the caller removes what was written."""
     try:
         yield
     except (OSError, ValueError) as e:
@@ -470,6 +511,7 @@ def _out_of_space_is_typed(version: str, path: str) -> Iterator[None]:
         )
         if not full:
             raise
+        version, path = named()
         raise StorageError(
             f"writing version {version} failed: no space left on the device",
             version=version,

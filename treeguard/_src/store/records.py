@@ -19,7 +19,7 @@ import os
 from typing import Any
 
 from .. import strictjson
-from ..atomic import atomic_write, read_regular
+from ..atomic import atomic_write, fsync_dir, read_regular, temp_path, write_new
 from ..checkpoint import user_metadata_json
 from ..errors import FormatError, StoreError
 from ..hashing import Algorithm, check_algorithm
@@ -220,10 +220,29 @@ def checkpoint_path(version_dir: str, data: dict[str, Any]) -> str:
 
 def write(version_dir: str, version: str, data: dict[str, Any]) -> dict[str, Any]:
     """Replaces the record atomically; returns what was written."""
+    data, raw = _stamped(version, data)
+    atomic_write(os.path.join(version_dir, STATUS_FILE), raw)
+    return data
+
+
+def staged(version_dir: str, version: str, data: dict[str, Any]) -> str:
+    """Writes the record ``write`` would to a temp file beside it, fsynced,
+    for ``commit``; its path (the record is unchanged until then)."""
+    tmp = temp_path(os.path.join(version_dir, STATUS_FILE))
+    write_new(tmp, _stamped(version, data)[1])
+    return tmp
+
+
+def commit(version_dir: str, tmp: str) -> None:
+    """Replaces the record with the one ``staged`` wrote to ``tmp``, durably."""
+    os.replace(tmp, os.path.join(version_dir, STATUS_FILE))
+    fsync_dir(version_dir)
+
+
+def _stamped(version: str, data: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
     data = {**data, "format": STORE_FORMAT, "version": version, "updated": now()}
     text = json.dumps(data, indent=2, sort_keys=True, ensure_ascii=True, allow_nan=False)
-    atomic_write(os.path.join(version_dir, STATUS_FILE), (text + "\n").encode("ascii"))
-    return data
+    return data, (text + "\n").encode("ascii")
 
 
 def check_results(raw: list[Any], where: str) -> tuple[CheckRecord, ...]:

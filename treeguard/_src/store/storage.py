@@ -145,10 +145,29 @@ class LocalStorage:
             os.close(fd)
 
     def create(self, name: str, data: bytes | memoryview) -> str | Conflict:
-        target = self.where(name)
-        tmp = temp_path(target)
+        tag = self.link(self.stage(name, data), name)
+        if not isinstance(tag, Conflict):
+            fsync_dir(os.path.dirname(self.where(name)))
+        return tag
+
+    def stage(self, name: str, data: bytes | memoryview) -> str:
+        """Writes ``data`` to a fresh temp file beside ``name`` and fsyncs it;
+        its path, for ``link`` (the first half of ``create``, which a caller
+        may run while it still works out the name: any name in the same
+        directory will do)."""
+        tmp = temp_path(self.where(name))
         try:
             write_new(tmp, data)  # durable once linked and the directory synced
+        except OSError as e:
+            raise self._failed("creating", name, e) from None
+        return tmp
+
+    def link(self, tmp: str, name: str) -> str | Conflict:
+        """Names the temp file ``stage`` wrote ``name``, only if absent, and
+        removes the temp; the new tag, or ``Conflict.EXISTS``. Durable once
+        the caller fsyncs the directory (one fsync for several links)."""
+        target = self.where(name)
+        try:
             os.link(tmp, target)
         except FileExistsError:
             return Conflict.EXISTS
@@ -157,7 +176,6 @@ class LocalStorage:
         finally:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
-        fsync_dir(os.path.dirname(target))
         return self._tag_of(target) or ""
 
     def swap(self, name: str, data: bytes, expected: str | None) -> str | Conflict:

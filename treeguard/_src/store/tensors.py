@@ -24,11 +24,13 @@ Why a tensor that a version refers to is never deleted: gc lists the
 objects, reads every manifest (every name under ``versions/``, finished or
 being written), marks each object no manifest names ``doomed/``, reads
 every manifest again, and deletes only the marked objects still named by
-none. A put writes its tensors, then its manifest, then reads ``doomed/``
-and, if one of its objects is marked, takes its manifest back and starts
-again (the objects marked are not reused); only then does it write its
-record. A manifest gc's second reading missed was written after that
-reading, so after the mark, and its put sees the mark.
+none. A put writes its tensors and its manifest (a local put links its
+new objects while its manifest is written: tensorput.py), then reads
+``doomed/`` and, if one of its objects is marked, takes its manifest back
+and starts again (the objects marked are not reused); only then does it
+write its record. A manifest gc's second reading missed was written after
+that reading, so after the mark, and its put sees the mark (whenever its
+objects were linked: gc deletes only objects it listed).
 
 When a mark is cleared: the mark of a deleted object stays for good (a put
 whose manifest names it may not have read ``doomed/`` yet, and no object is
@@ -79,7 +81,7 @@ DOOMED = "doomed"
 #: The most bytes a manifest may have: a header and its list of objects.
 MANIFEST_LIMIT = 3 * MAX_HEADER_BYTES
 #: How many times a put starts again when gc marked one of its objects.
-_PUT_TRIES = 16
+PUT_TRIES = 16
 
 OBJECT_RE = re.compile(r"^(blake3|sha256)-[0-9a-f]{64}(\.[0-9a-f]{16})?$")
 
@@ -143,7 +145,7 @@ def header_of(prefix: bytes | memoryview, size: int, where: str) -> Header:
     return checked_header(*read_raw_header(BytesReader(prefix, size=size), where), where, None)
 
 
-def _usable(storage: Storage) -> tuple[dict[str, str], set[str]]:
+def usable_objects(storage: Storage) -> tuple[dict[str, str], set[str]]:
     """The objects a put may name, by ``ALGO-HEX`` (none gc marked), and
     every name taken (a new object takes none of them)."""
     held = [n for n in storage.list(AREA) if OBJECT_RE.match(n)]
@@ -169,7 +171,7 @@ def write_missing(
     digest is known, before the last object is written (the header is laid
     out meanwhile). An object gc marked is never reused, and a name taken by
     other bytes is left for a fresh one."""
-    usable, taken = _usable(storage)
+    usable, taken = usable_objects(storage)
     algorithm = draft.algorithm
     todo = [i for i, d in enumerate(known) if d is None or f"{algorithm}-{d}" not in usable]
     digests: list[str] = []
@@ -223,31 +225,36 @@ def put(
     thread of its own while the last object is written.
 
     Raises:
-      StoreError: if gc kept marking its objects, ``_PUT_TRIES`` times.
+      StoreError: if gc kept marking its objects, ``PUT_TRIES`` times.
     """
     lookup = memo.known if carried is None else carried.known
     known: list[str | None] = [lookup(x, draft.algorithm) for x in draft.leaves]
     signed: list[Future[tuple[bytes, Header]]] = []
     with ThreadPoolExecutor(1, thread_name_prefix="treeguard-header") as pool:
-        for _ in range(_PUT_TRIES):
+        for _ in range(PUT_TRIES):
             objects, digests = write_missing(
                 storage,
                 draft,
                 known,
-                lambda found: signed.append(pool.submit(_signed, draft, found, where)),
+                lambda found: signed.append(pool.submit(signed_header, draft, found, where)),
             )
             known = list(digests)  # each the digest of the leaf's bytes, hashed or remembered
             prefix, header = signed[-1].result()
             if place(manifest_bytes(prefix, header.file_bytes, objects), objects, header):
                 return header
-    raise StoreError(
-        f"gc removed this version's tensors {_PUT_TRIES} times in a row while it was put",
+    raise gc_kept_marking(where)
+
+
+def gc_kept_marking(where: str) -> StoreError:
+    """The error of a put that gc's marks sent back ``PUT_TRIES`` times."""
+    return StoreError(
+        f"gc removed this version's tensors {PUT_TRIES} times in a row while it was put",
         context=where,
         hint="put it again once gc is done",
     )
 
 
-def _signed(draft: Draft, digests: list[str], where: str) -> tuple[bytes, Header]:
+def signed_header(draft: Draft, digests: list[str], where: str) -> tuple[bytes, Header]:
     """The first bytes of the version's file (its header with ``digests``),
     and that header read back as a load reads it."""
     prefix = len(draft.draft).to_bytes(8, "little") + draft.header(digests)

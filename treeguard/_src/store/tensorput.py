@@ -1,0 +1,183 @@
+"""A local store's put of a ``tensors`` version, its writes overlapped.
+
+A put writes the version's name reserved (the marker, its directory, a
+``writing`` record), each tensor the store lacks as an object, the
+manifest, and then the record that makes it a candidate. Only these orders
+matter, and each is kept:
+
+- no object is named before the name is reserved (a put refused its name
+  leaves nothing);
+- the manifest is written before ``doomed/`` is read (tensors.py: a
+  manifest gc's second reading missed was written after gc's marks, so the
+  put sees them). Whether an object is linked before or after the manifest
+  does not matter to gc: an object it deletes was listed, so linked, before
+  gc read the manifests;
+- every object and the manifest are durable (each fsynced, then its
+  directory) before the record, the one write that makes the version
+  visible. A kill before it leaves a ``writing`` version of a dead process,
+  which no load, verify or promote takes and gc removes, with any object
+  no manifest names.
+
+So the reservation runs on a thread while the tree is laid out and hashed;
+each tensor the store lacks is written to a temp file and fsynced on a
+second thread (while it is hashed, when the memo knew some leaf of the
+tree: a tree a verified load handed back, whose leaves the memo does not
+know were changed since, so are new bytes; otherwise once it is hashed and
+found missing, as most of a numpy tree's leaves are held); and the header
+is laid out, and the manifest written and fsynced, on a third, while the
+tensor's bytes are synced. The header is not parsed back (the draft holds
+its spec; verify and every load parse it). The temp files are linked under
+their digests' names once the name is reserved, with one fsync of
+``tensors/`` for all of them, while the manifest's directory is synced.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import dataclasses
+import os
+import secrets
+from concurrent.futures import Future, ThreadPoolExecutor
+
+from ..atomic import atomic_write, fsync_dir
+from ..checkpoint.write import Draft
+from ..hashing import digest, memo
+from . import tensors
+from .storage import Conflict, LocalStorage
+
+#: The threads of one put: the reservation, the objects' writes, the manifest.
+THREADS = 3
+#: The most leaves being written at once (each held on the host meanwhile).
+IN_FLIGHT = 2
+
+
+def put(
+    storage: LocalStorage,
+    draft: Draft,
+    pool: ThreadPoolExecutor,
+    reserved: Future[str],
+    carried: memo.Carried | None = None,
+) -> None:
+    """Writes a version's tensors that the store lacks and its manifest
+    (see the module), on ``pool``'s threads; ``reserved`` is the reservation
+    running there, whose result is the version's directory. Started again
+    while gc marks one of its objects (tensors.py).
+
+    Raises:
+      StoreError: if gc kept marking its objects, ``PUT_TRIES`` times.
+      StorageError: if a tensor could not be written.
+    """
+    lookup = memo.known if carried is None else carried.known
+    known: list[str | None] = [lookup(x, draft.algorithm) for x in draft.leaves]
+    eager = any(k is not None for k in known)  # the others were changed since a load
+    run = _Put(storage, draft, pool, reserved, eager)
+    for _ in range(tensors.PUT_TRIES):
+        done, digests = run.attempt(known)
+        if done:
+            return
+        known = list(digests)
+    raise tensors.gc_kept_marking(storage.where(tensors.AREA))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Put:
+    """One put's store, draft and threads; ``eager``: stage each leaf the
+    memo does not know while it is hashed."""
+
+    storage: LocalStorage
+    draft: Draft
+    pool: ThreadPoolExecutor
+    reserved: Future[str]
+    eager: bool
+
+    def attempt(self, known: list[str | None]) -> tuple[bool, list[str]]:
+        """One try: whether the manifest stands (not if gc marked an object
+        or a name was taken meanwhile), and every leaf's digest."""
+        usable, taken = tensors.usable_objects(self.storage)
+        staged: dict[str, Future[str]] = {}  # ALGO-HEX: its temp file, written and fsynced
+        dropped: list[Future[str]] = []  # temps of bytes a usable object holds
+        manifest: Future[str] | None = None
+        try:
+            digests = self._hashed(known, usable, staged, dropped)
+            names = {base: _fresh(base, taken) for base in staged}
+            algorithm = self.draft.algorithm
+            objects = [usable.get(f"{algorithm}-{d}") or names[f"{algorithm}-{d}"] for d in digests]
+            manifest = self.pool.submit(self._write_manifest, digests, objects)
+            self.reserved.result()  # no object is named before the version's name is reserved
+            linked = [
+                self.storage.link(staged.pop(b).result(), f"{tensors.AREA}/{name}")
+                for b, name in names.items()
+            ]
+            if linked:
+                fsync_dir(self.storage.where(tensors.AREA))
+            path = manifest.result()
+            if Conflict.EXISTS in linked or tensors.doomed_among(self.storage, objects):
+                os.unlink(path)  # a name taken meanwhile, or marked by gc: start again
+                return False, digests
+            return True, digests
+        finally:
+            for left in [*staged.values(), *dropped]:  # temps no object was made of
+                with contextlib.suppress(Exception):
+                    os.unlink(left.result())
+            if manifest is not None:  # settled before a failed put removes the directory
+                with contextlib.suppress(Exception):
+                    manifest.result()
+
+    def _hashed(
+        self,
+        known: list[str | None],
+        usable: dict[str, str],
+        staged: dict[str, Future[str]],
+        dropped: list[Future[str]],
+    ) -> list[str]:
+        """Every leaf's digest; each leaf no usable object holds is staged
+        (written while it is hashed when ``eager``; such a temp whose bytes
+        are held is ``dropped``, to be removed)."""
+        draft, algorithm = self.draft, self.draft.algorithm
+        todo = [i for i, d in enumerate(known) if d is None or f"{algorithm}-{d}" not in usable]
+        digests: list[str] = []
+        flight: list[Future[str]] = []
+        for i, remembered in enumerate(known):
+            if remembered is not None and f"{algorithm}-{remembered}" in usable:
+                digests.append(remembered)
+                continue
+            at = bisect.bisect_right(todo, i)
+            if at < len(todo):
+                draft.prefetch(todo[at])  # its copy from its device runs meanwhile
+            data = draft.host_bytes(i)
+            early = self._stage(data, flight) if self.eager else None
+            found = digest(data, algorithm)
+            base = f"{algorithm}-{found}"
+            if base in usable or base in staged:
+                if early is not None:
+                    dropped.append(early)
+            else:
+                staged[base] = early or self._stage(data, flight)
+            digests.append(found)
+        return digests
+
+    def _stage(self, data: memoryview, flight: list[Future[str]]) -> Future[str]:
+        """Writes ``data`` to a temp file on a thread, once no more than
+        ``IN_FLIGHT`` others are being written (so few leaves are held on
+        the host at once, as a ``save`` holds them)."""
+        while len(flight) >= IN_FLIGHT:
+            flight.pop(0).exception()  # waits; its error is raised where its path is used
+        flight.append(self.pool.submit(self.storage.stage, f"{tensors.AREA}/staged", data))
+        return flight[-1]
+
+    def _write_manifest(self, digests: list[str], objects: list[str]) -> str:
+        """The header laid out with ``digests``, and the manifest naming
+        ``objects`` written into the reserved directory (fsynced, then its
+        directory); the manifest's path. The header is not parsed back: the
+        draft holds its spec, and verify reads it as every load does."""
+        draft = self.draft
+        prefix = len(draft.draft).to_bytes(8, "little") + draft.header(digests)
+        target = os.path.join(self.reserved.result(), tensors.TENSORS_FILE)
+        atomic_write(target, tensors.manifest_bytes(prefix, draft.file_bytes, objects))
+        return target
+
+
+def _fresh(base: str, taken: set[str]) -> str:
+    """The name of a new object holding ``base``'s bytes: none taken."""
+    return base if base not in taken else f"{base}.{secrets.token_hex(8)}"
