@@ -16,6 +16,7 @@ import pytest
 from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from machine import cpu_mesh
 from shardtools import MANIFEST_NAME, sharded_digest
 
 import treeguard
@@ -115,9 +116,10 @@ def test_round_trip(tmp_path: Path) -> None:
 
 def test_round_trip_of_a_save(tmp_path: Path) -> None:
     """What ``save_sharded`` writes, read back: the spec, shards and metadata."""
-    mesh = jax.make_mesh((2,), ("x",), devices=jax.devices()[:2])
+    mesh = cpu_mesh((2,), ("x",))  # CPU devices whatever the default backend (a TPU has one)
     b = jax.device_put(np.arange(4, dtype=np.float32), jax.sharding.NamedSharding(mesh, jax.P("x")))
-    tree = {"b": b, "w": jax.numpy.arange(8, dtype=np.int8).reshape(4, 2)}
+    w = jax.device_put(np.arange(8, dtype=np.int8).reshape(4, 2), mesh.devices.flat[0])
+    tree = {"b": b, "w": w}
     treeguard.save_sharded(tmp_path / "ck", tree, metadata={"step": 3, "note": "é"})
     report = _inspect(tmp_path / "ck")
     assert report["spec"] == treeguard.spec_of(tree, sharding=True).to_dict()
