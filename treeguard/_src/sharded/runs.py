@@ -101,8 +101,8 @@ class Runs:
         self._rows = math.prod(hi - lo for lo, hi in shard[:lead])
         self._parts: dict[tuple[int, ...], np.ndarray[Any, Any]] = {}
         for region, view in zip(regions, views):
-            flat = view.view()
-            flat.shape = (*view.shape[:lead], -1)  # raises rather than copy
+            # a view, not a copy: ``_tail`` joins only axes contiguous in every part
+            flat = view.reshape((*view.shape[:lead], -1))
             self._parts[_cell(region, cells)] = flat.view(np.uint8)
 
     def __len__(self) -> int:
