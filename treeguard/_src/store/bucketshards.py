@@ -34,7 +34,7 @@ import numpy as np
 
 from ..checkpoint.received import refuse_forged_claim
 from ..errors import IntegrityError, StoreError
-from ..hashing import Algorithm, hasher, prefault
+from ..hashing import Algorithm, hasher
 from ..sharded.digests import Index, local_digests
 from ..sharded.manifest import (
     MANIFEST_NAME,
@@ -173,8 +173,8 @@ def discard(storage: ObjectStorage, prefix: str) -> None:
 class ShardObjects:
     """The shard objects of one data prefix, read ``THREADS`` at a time (a
     ``sharded.reader.Fetch`` that streams: each object hashed as it
-    arrives, in the thread that reads it, which also faults in the buffer
-    it fills, or fills none for a check)."""
+    arrives, in the thread that reads it, which also faults in the pages
+    of the buffer it fills as they arrive, or fills none for a check)."""
 
     window: int = WINDOW
     streams: bool = True
@@ -217,9 +217,8 @@ class ShardObjects:
             nbytes = shard.size * self._records[key].dtype.itemsize
             held = self._storage.stream(name, nbytes, each)
         else:
-            nbytes, flat = buf.nbytes, memoryview(buf.reshape(-1).view(np.uint8).data)
-            prefault(flat)  # every page in one call here, not a fault at a time, nor in the reader
-            held = self._storage.read_into(name, flat, each)
+            nbytes = buf.nbytes
+            held = self._storage.read_into(name, buf.reshape(-1).view(np.uint8).data, each)
         if held != nbytes:
             found = "missing" if held is None else f"{held} bytes"
             raise IntegrityError(  # the message names the object: no context to repeat it

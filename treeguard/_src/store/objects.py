@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 
 from ..errors import FormatError, StorageError, StoreError, TreeguardError
+from ..hashing import prefault
 from . import objecterrors
 from .download import Download
 from .storage import Conflict, check_object_name
@@ -300,12 +301,14 @@ class ObjectStorage:
     ) -> int | None:
         """Streams ``name`` into ``buf`` in one GET when it holds ``len(buf)``
         bytes, ``each(offset, part)`` called on each part once written (a
-        retry starts at 0 again). Its size (as read), or None if absent."""
-
+        retry starts at 0 again). Its size (as read), or None if absent.
+        The pages of each part are faulted in as it arrives, in one call
+        (``hashing.prefault``): not before the GET, nor a fault at a time."""
         dest = np.frombuffer(buf, np.uint8)
 
         def into(pos: int, chunk: memoryview) -> None:
             end = pos + len(chunk)
+            prefault(buf[pos:end])
             dest[pos:end] = np.frombuffer(chunk, np.uint8)  # numpy copies without the GIL
             each(pos, buf[pos:end])
 
