@@ -56,8 +56,9 @@ _URL_RE = re.compile(r"^(s3|gs):/")
 #: The least bytes a streamed read hands over at a time.
 _STREAM_CHUNK = 4 << 20
 #: The least bytes ``stream`` hands over at a time: the client's own parts
-#: (a few hundred KiB on a fast link) pass as they are, hashed while in the cache.
-_PART = 256 << 10
+#: (a few hundred KiB on a fast link) pass as they come, with no copy to join
+#: them, each hashed while in the cache.
+_PART = 64 << 10
 #: The first bytes of an object fetched (and kept) on its first read: a
 #: checkpoint's header, parsed more than once, in one request.
 _HEAD_BYTES = 64 << 10
