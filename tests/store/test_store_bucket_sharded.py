@@ -1,6 +1,7 @@
 """Sharded versions in a bucket, against a real SeaweedFS S3 server: put on
 a 2x4 mesh of the 8 CPU devices, verify, promote, load onto a 4x2 mesh,
-rollback and gc; a changed or missing shard object refused by name; a
+rollback and gc; a changed or missing shard object refused by name, by a
+load and by a promote's check, also a byte changed late in a large one; a
 partial load that fetches only its shards; a put killed between its shards
 and its manifest, which leaves no version and whose objects gc removes
 once older than the grace; a gc during a put, which leaves its shards."""
@@ -162,6 +163,9 @@ def test_a_shard_object_gone_among_others_is_refused_naming_it(s3_url: str) -> N
     with pytest.raises(IntegrityError, match="is missing, the manifest records [0-9]+ bytes") as e:
         store.load_current(_like(h))
     assert e.value.version == v and name in str(e.value), str(e.value)
+    with pytest.raises(IntegrityError, match="is missing, the manifest records [0-9]+ bytes") as e:
+        store.promote(v)  # a check: streamed and hashed into no buffer
+    assert name in str(e.value), str(e.value)
 
 
 def test_a_shard_object_with_a_byte_more_is_refused_naming_it(s3_url: str) -> None:
@@ -177,6 +181,31 @@ def test_a_shard_object_with_a_byte_more_is_refused_naming_it(s3_url: str) -> No
     assert e.value.version == v and name in str(e.value), str(e.value)
     with pytest.raises(IntegrityError, match=want):
         store.promote(v)
+
+
+def test_a_byte_changed_late_in_a_streamed_shard_object_is_refused(s3_url: str) -> None:
+    store = ArtifactStore.init(s3_url)
+    host = np.random.default_rng(3).standard_normal((1024, 2048)).astype(np.float32)
+    sharding = NamedSharding(_mesh((2, 4)), P("x", "y"))
+    tree = {"w": jax.device_put(host, sharding)}
+    like = {"w": jax.ShapeDtypeStruct(host.shape, host.dtype, sharding=sharding)}
+    v1, v2 = store.put_sharded(tree), store.put_sharded(tree)
+    assert store.verify(v1).status == "verified"
+    store.promote(v1)
+    assert store.verify(v2).status == "verified"
+    name = _shards(s3_url, v2)[6]
+    raw = bytearray(obstore.get(_raw(s3_url), name).bytes())
+    assert len(raw) == 1 << 20  # streamed in several parts, each hashed as it arrives
+    raw[-1] ^= 1  # in the last part
+    obstore.put(_raw(s3_url), name, bytes(raw))
+    with pytest.raises(IntegrityError, match="does not match the manifest") as e:
+        store.promote(v2)  # a check: every shard object streamed and hashed, kept nowhere
+    assert e.value.version == v2 and name in str(e.value), str(e.value)
+    assert store.current() == v1
+    with pytest.raises(IntegrityError, match="does not match the manifest") as e:
+        store.load_version(v2, like)  # streamed into the arrays' buffers
+    assert e.value.version == v2 and name in str(e.value), str(e.value)
+    _same(store.load_current(like), {"w": host})
 
 
 def test_a_subtree_fetches_only_its_shard_objects(

@@ -10,7 +10,7 @@ grid, is read straight through views of them and hashed there, run by run
 in its own C order (``runs``); any other is read into a buffer of its own
 and its pieces copied on. Each array is placed on its devices once its last
 shard is in. Reads run ahead of the hashing and the copies
-(tensorstore's own threads), up to ``WINDOW`` bytes. Nothing is returned
+(tensorstore's own threads), up to the fetch's ``window`` of bytes. Nothing is returned
 before every digest is in and every process agrees that all of them match
 (a collective, unless ``local``).
 
@@ -48,15 +48,19 @@ WHOLE_MAX = 64 * 1024 * 1024
 ALIGN = 64
 
 
-def aligned(shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
+def aligned(
+    shape: tuple[int, ...], dtype: np.dtype[Any], *, fault: bool = True
+) -> np.ndarray[Any, Any]:
     """An uninitialised C-order array whose data starts on an ``ALIGN``
-    boundary, its pages faulted in at once, small ones: a reshard's first
+    boundary, on small pages, faulted in at once unless ``fault`` is False
+    (the fetch that fills it does so in its own thread): a reshard's first
     load into fresh memory taken a fault at a time, on the huge pages numpy
     asks for, spent more CPU in the copies than the reads and hashes did."""
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     raw = np.empty(nbytes + ALIGN, dtype=np.uint8)
     small_pages(memoryview(raw.data))  # no stall compacting memory for a huge page
-    prefault(memoryview(raw.data))  # and every page in one call, not a fault at a time
+    if fault:
+        prefault(memoryview(raw.data))  # and every page in one call, not a fault at a time
     skip = -raw.ctypes.data % ALIGN
     out: np.ndarray[Any, Any] = raw[skip : skip + nbytes].view(dtype).reshape(shape)
     return out
@@ -242,18 +246,29 @@ class Pending(Protocol):
 
 class Fetch(Protocol):
     """Where the saved shards' bytes come from: the data directory
-    (``StoredArrays``) or, in a store in a bucket, one object per shard."""
+    (``StoredArrays``) or, in a store in a bucket, one object per shard.
+
+    Attributes:
+      window: the bytes of saved shards read ahead of the one being used.
+      streams: whether ``start`` hashes the bytes as they arrive, in a
+        thread of its own that also faults in the buffer's pages; such a
+        fetch is given no buffer for a read that keeps nothing (a check).
+    """
+
+    window: int
+    streams: bool
 
     def prepare(self, records: Sequence[ArrayRecord], keys: Sequence[int]) -> None:
         """Starts opening the arrays ``keys`` (of ``records``) that will be read."""
         ...
 
-    def start(self, key: int, shard: Shard, buf: np.ndarray[Any, Any]) -> Pending:
+    def start(self, key: int, shard: Shard, buf: np.ndarray[Any, Any] | None) -> Pending:
         """Starts reading the saved ``shard`` of array ``key`` into ``buf``
-        (C order, the shard's shape and the array's dtype). A fetch that
-        hashes the bytes as it puts them in ``buf`` (by the manifest's
-        algorithm) gives their hex digest as the read's result; otherwise
-        the reader hands ``buf`` to the hashing engine once it is read."""
+        (C order, the shard's shape and the array's dtype; None: nowhere,
+        for a fetch that ``streams``). A fetch that hashes the bytes as it
+        reads them (by the manifest's algorithm) gives their hex digest as
+        the read's result; otherwise the reader hands ``buf`` to the hashing
+        engine once it is read."""
         ...
 
     def name(self, key: int, shard: Shard) -> str | None:
@@ -269,6 +284,9 @@ class StoredArrays:
     """The shards of a data directory, read through tensorstore as orbax
     wrote them (``orbax_io``)."""
 
+    window: int = WINDOW
+    streams: bool = False
+
     def __init__(self, where: str, data: str, names: Sequence[str]) -> None:
         self._where, self._data, self._names = where, data, names
         self._records: Sequence[ArrayRecord] = ()
@@ -279,7 +297,7 @@ class StoredArrays:
         self._records = records
         self._opening = dict(zip(keys, open_arrays(self._data, [self._names[k] for k in keys])))
 
-    def start(self, key: int, shard: Shard, buf: np.ndarray[Any, Any]) -> Pending:
+    def start(self, key: int, shard: Shard, buf: np.ndarray[Any, Any] | None) -> Pending:
         if key not in self._stores:
             self._stores[key] = _opened(self._where, self._opening[key], self._records[key])
         return read_into(self._stores[key], shard.index, buf)  # type: ignore[no-any-return]
@@ -309,11 +327,12 @@ class _Ahead:
     future: Pending
     buf: Any
     runs: Runs | None
+    nbytes: int
 
 
 class _Reads:
     """The reads of every planned shard, in order, each into a buffer of its
-    own (or straight into the target shard it is), at most ``WINDOW`` bytes
+    own (or straight into the target shard it is), at most the fetch's ``window`` of bytes
     ahead of the one being consumed."""
 
     def __init__(
@@ -345,7 +364,8 @@ class _Reads:
         return len(self._work)
 
     def _issue(self) -> None:
-        while self._next < len(self._work) and (not self._ahead or self._held < WINDOW):
+        fault = not self._fetch.streams  # a fetch that streams faults its buffers in itself
+        while self._next < len(self._work) and (not self._ahead or self._held < self._fetch.window):
             n, shard = self._work[self._next]
             plan = self._plans[n]
             shape = tuple(b - a for a, b in shard.index)
@@ -353,40 +373,47 @@ class _Reads:
             if self._keep:
                 for piece in plan.pieces:
                     if piece.index == shard.index and piece.buf is None:
-                        piece.buf = buf = aligned(shape, plan.record.dtype)
+                        piece.buf = buf = aligned(shape, plan.record.dtype, fault=fault)
             direct = self._direct
             parts = _parts(plan, shard) if buf is None and direct is not None else None
             if direct is not None and parts is not None:
                 future = direct.start_parts(plan.key, shard, parts[0])
                 runs = parts[1]
-                self._held += runs.nbytes
+                nbytes = runs.nbytes
             else:
-                buf = buf if buf is not None else self._scratch(shape, plan.record.dtype)
-                future = self._fetch.start(plan.key, shard, buf)
-                self._held += buf.nbytes
-            self._ahead.append(_Ahead(n, shard, future, buf, runs))
+                if buf is None and (self._keep or not self._fetch.streams):
+                    buf = self._scratch(shape, plan.record.dtype, fault)
+                future = self._fetch.start(plan.key, shard, buf)  # None: a check that streams
+                nbytes = int(np.prod(shape, dtype=np.int64)) * plan.record.dtype.itemsize
+            self._held += nbytes
+            self._ahead.append(_Ahead(n, shard, future, buf, runs, nbytes))
             self._next += 1
 
-    def next(self) -> tuple[_Plan, Shard, np.ndarray[Any, Any] | Runs, str | None]:
+    def next(self) -> tuple[_Plan, Shard, np.ndarray[Any, Any] | Runs | None, str | None]:
         """The next shard's plan, shard, bytes (in a buffer of their own, C
-        order, or as ``Runs`` of the target shards they were read into) and
-        their digest when the fetch hashed them."""
+        order, or as ``Runs`` of the target shards they were read into; None
+        for a check by a fetch that streams) and their digest when the fetch
+        hashed them."""
         self._issue()
         got = self._ahead.popleft()
-        self._held -= got.runs.nbytes if got.runs is not None else got.buf.nbytes
+        self._held -= got.nbytes
         self._issue()  # the window moved: keep the reader busy while this one is used
         try:
             done = got.future.result()
         except Exception as e:  # tensorstore raises many kinds
             raise unreadable(self._where, [self._plans[got.n].record.path], e) from e
         found = done if isinstance(done, str) else None
+        if found is None and got.buf is None and got.runs is None:  # a defect of the fetch
+            raise TypeError("a fetch that streams gave no digest of a shard it kept nowhere")
         return self._plans[got.n], got.shard, got.runs if got.runs is not None else got.buf, found
 
-    def _scratch(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
+    def _scratch(
+        self, shape: tuple[int, ...], dtype: np.dtype[Any], fault: bool
+    ) -> np.ndarray[Any, Any]:
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         free = self._free.get(nbytes)
         if not free:
-            return aligned(shape, dtype)
+            return aligned(shape, dtype, fault=fault)
         out: np.ndarray[Any, Any] = free.pop().reshape(-1).view(np.uint8).view(dtype)
         return out.reshape(shape)
 
@@ -423,10 +450,10 @@ def _read(  # noqa: PLR0917 - one call site
             plan, shard, got, found = reads.next()
             # read straight into its target shards (``Runs`` of them), or into them in place
             kept = isinstance(got, Runs) or (keep and any(p.buf is got for p in plan.pieces))
-            if found is None:
-                lane = _feed(pipeline, len(fed), plan, got)
-            else:
+            if found is not None:
                 hashed[len(fed)] = found  # hashed as it was read: nothing to wait for
+            elif got is not None:  # never None without a digest (``_Reads.next``)
+                lane = _feed(pipeline, len(fed), plan, got)
             fed.append((plan.key, shard))
             arr = None if isinstance(got, Runs) else got
             if keep and arr is not None:

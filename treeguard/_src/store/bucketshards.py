@@ -49,6 +49,9 @@ from .storage import Conflict
 
 #: How many shard objects one process writes or reads at once.
 THREADS = 8
+#: The bytes of shard objects a read has under way at once: ``THREADS``
+#: GETs of shards up to 32 MiB each in flight, not two.
+WINDOW = THREADS * (32 << 20)
 #: The name of the threads that write and read shard objects.
 SHARD_THREADS = "treeguard-shard"
 _SHARD_RE = re.compile(r"^\d{1,12}(\.\d{1,19}-\d{1,19}){0,64}$")
@@ -169,17 +172,24 @@ def discard(storage: ObjectStorage, prefix: str) -> None:
 
 class ShardObjects:
     """The shard objects of one data prefix, read ``THREADS`` at a time (a
-    ``sharded.reader.Fetch``)."""
+    ``sharded.reader.Fetch`` that streams: each object hashed as it
+    arrives, in the thread that reads it, which also faults in the pages
+    of the buffer it fills as they arrive, or fills none for a check)."""
+
+    window: int = WINDOW
+    streams: bool = True
 
     def __init__(self, storage: ObjectStorage, prefix: str, algorithm: Algorithm) -> None:
         self._storage, self._prefix, self._algorithm = storage, prefix, algorithm
+        self._records: Sequence[ArrayRecord] = ()
         self._pool = concurrent.futures.ThreadPoolExecutor(THREADS, SHARD_THREADS)
 
     def prepare(self, records: Sequence[ArrayRecord], keys: Sequence[int]) -> None:
         """Nothing to open: each shard is its own object."""
+        self._records = records
 
     def start(
-        self, key: int, shard: Shard, buf: np.ndarray[Any, Any]
+        self, key: int, shard: Shard, buf: np.ndarray[Any, Any] | None
     ) -> concurrent.futures.Future[str]:
         return self._pool.submit(self._read, key, shard, buf)
 
@@ -191,10 +201,10 @@ class ShardObjects:
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
 
-    def _read(self, key: int, shard: Shard, buf: np.ndarray[Any, Any]) -> str:
-        """The whole object (one GET) streamed into ``buf``, each part hashed
-        as it lands there: the digest of what ``buf`` holds. Refused when
-        missing or of another size."""
+    def _read(self, key: int, shard: Shard, buf: np.ndarray[Any, Any] | None) -> str:
+        """The whole object (one GET) streamed into ``buf`` (or hashed
+        only, without one), each part hashed as it lands there: the digest
+        of what ``buf`` holds. Refused when missing or of another size."""
         hashed = [hasher(self._algorithm)]
 
         def each(offset: int, part: memoryview) -> None:
@@ -203,11 +213,16 @@ class ShardObjects:
             hashed[0].update(part)
 
         name = shard_object(self._prefix, key, shard.index)
-        held = self._storage.read_into(name, buf.reshape(-1).view(np.uint8).data, each)
-        if held != buf.nbytes:
+        if buf is None:
+            nbytes = shard.size * self._records[key].dtype.itemsize
+            held = self._storage.stream(name, nbytes, each)
+        else:
+            nbytes = buf.nbytes
+            held = self._storage.read_into(name, buf.reshape(-1).view(np.uint8).data, each)
+        if held != nbytes:
             found = "missing" if held is None else f"{held} bytes"
             raise IntegrityError(  # the message names the object: no context to repeat it
-                f"{self.name(key, shard)} is {found}, the manifest records {buf.nbytes} bytes",
+                f"{self.name(key, shard)} is {found}, the manifest records {nbytes} bytes",
                 hint="the version was damaged behind the store; do not use it",
             )
         return str(hashed[0].hexdigest())

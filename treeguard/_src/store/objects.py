@@ -36,7 +36,10 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import numpy as np
+
 from ..errors import FormatError, StorageError, StoreError, TreeguardError
+from ..hashing import prefault
 from . import objecterrors
 from .download import Download
 from .storage import Conflict, check_object_name
@@ -52,8 +55,10 @@ _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.\-_]{1,220}$")
 _URL_RE = re.compile(r"^(s3|gs):/")
 #: The least bytes a streamed read hands over at a time.
 _STREAM_CHUNK = 4 << 20
-#: The parts a whole object is streamed in by ``read_into``, hashed while in the cache.
-_PART = 1 << 20
+#: The least bytes ``stream`` hands over at a time: the client's own parts
+#: (a few hundred KiB on a fast link) pass as they come, with no copy to join
+#: them, each hashed while in the cache.
+_PART = 64 << 10
 #: The first bytes of an object fetched (and kept) on its first read: a
 #: checkpoint's header, parsed more than once, in one request.
 _HEAD_BYTES = 64 << 10
@@ -271,28 +276,44 @@ class ObjectStorage:
 
         return self._idempotent("reading", check_object_name(name), get)
 
+    def stream(self, name: str, size: int, each: Callable[[int, memoryview], None]) -> int | None:
+        """Streams ``name`` in one GET when it holds ``size`` bytes,
+        ``each(offset, part)`` called on each part as it arrives (the
+        client's memory, valid during the call; a retry starts at 0 again),
+        never past ``size`` bytes. Its size (as read), or None if absent."""
+
+        def get() -> int | None:
+            result = self._get(name)
+            if result is None or result.meta["size"] != size:
+                return None if result is None else int(result.meta["size"])
+            pos = 0
+            for chunk in result.stream(min_chunk_size=_PART):
+                n = len(chunk)
+                if pos + n > size:
+                    return pos + n
+                each(pos, memoryview(chunk))
+                pos += n
+            return pos
+
+        return self._idempotent("reading", check_object_name(name), get)
+
     def read_into(
         self, name: str, buf: memoryview, each: Callable[[int, memoryview], None]
     ) -> int | None:
         """Streams ``name`` into ``buf`` in one GET when it holds ``len(buf)``
         bytes, ``each(offset, part)`` called on each part once written (a
-        retry starts at 0 again). Its size (as read), or None if absent."""
+        retry starts at 0 again). Its size (as read), or None if absent.
+        The pages of each part are faulted in as it arrives, in one call
+        (``hashing.prefault``): not before the GET, nor a fault at a time."""
+        dest = np.frombuffer(buf, np.uint8)
 
-        def get() -> int | None:
-            result = self._get(name)
-            if result is None or result.meta["size"] != len(buf):
-                return None if result is None else int(result.meta["size"])
-            pos = 0
-            for chunk in result.stream(min_chunk_size=_PART):
-                n = len(chunk)
-                if pos + n > len(buf):
-                    return pos + n
-                buf[pos : pos + n] = memoryview(chunk)
-                each(pos, buf[pos : pos + n])
-                pos += n
-            return pos
+        def into(pos: int, chunk: memoryview) -> None:
+            end = pos + len(chunk)
+            prefault(buf[pos:end])
+            dest[pos:end] = np.frombuffer(chunk, np.uint8)  # numpy copies without the GIL
+            each(pos, buf[pos:end])
 
-        return self._idempotent("reading", check_object_name(name), get)
+        return self.stream(name, len(buf), into)
 
     def _get(self, name: str, *, head: bool = False) -> Any:
         """One GET of ``name``, its bytes not yet read (a HEAD with ``head``); None if absent."""
