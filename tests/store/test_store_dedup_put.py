@@ -6,10 +6,12 @@ object, and bytes the store holds are not kept twice."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 from pathlib import Path
 from typing import Any
 
+import blake3
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -143,3 +145,59 @@ def test_a_fine_tune_changing_more_leaves_than_are_written_at_once_keeps_each(
     assert store.verify(v).status == "verified"
     store.promote(v)
     assert store.load_current(_tree())["body"]["l3"][0, 0] == 13.0
+
+
+def _created_in_tensors(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the files created in a store's ``tensors/`` from now on
+    (``os.open`` with ``O_CREAT`` watched)."""
+    created: list[str] = []
+    real = os.open
+
+    def watched(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        if flags & os.O_CREAT and os.path.basename(os.path.dirname(str(path))) == "tensors":
+            created.append(os.path.basename(str(path)))
+        return real(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", watched)
+    return created
+
+
+def test_numpy_copies_of_held_tensors_beside_a_loaded_leaf_are_hashed_not_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "store"
+    store = _store(root)
+    params = store.load_current(_like())  # the memo knows the head
+    copies = {k: np.array(x) for k, x in params["body"].items()}  # held bytes, unknown to it
+    created = _created_in_tensors(monkeypatch)
+    v = store.put({"body": copies, "head": params["head"]})
+    monkeypatch.undo()
+    assert created == []  # no leaf staged: each numpy copy was found held first
+    assert store.verify(v).status == "verified"
+
+
+def test_a_put_interrupted_while_it_hashes_a_leaf_leaves_no_temp_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "store"
+    store = _store(root)
+    params = store.load_current(_like())
+    before = _area(root)
+    new_head = params["head"] + 1.0  # a jax array the memo does not know: staged as hashed
+    created = _created_in_tensors(monkeypatch)
+
+    class Interrupted:  # a hasher interrupted (Ctrl-C) at its first bytes
+        AUTO = blake3.blake3.AUTO
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            pass
+
+        def update(self, data: Any) -> Any:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(blake3, "blake3", Interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        store.put({**params, "head": new_head})
+    monkeypatch.undo()
+    assert created  # the head's temp was being written while it was hashed
+    assert _area(root) == before  # and is gone

@@ -549,6 +549,7 @@ def test_cases_for_complex_and_four_bit_int_leaves() -> None:
     spec = spec_of(
         {
             "z": LeafSpec(("B", 2), "complex64"),
+            "s": LeafSpec((), "complex128"),  # a scalar: no axis to reverse
             "q": LeafSpec(("B",), "int4"),
             "u": LeafSpec(("B",), "uint4"),
         }
@@ -560,6 +561,7 @@ def test_cases_for_complex_and_four_bit_int_leaves() -> None:
     for part in (z.real, z.imag):
         assert part.min() >= 1.0 and part.max() <= 5.0 and len(np.unique(part)) > 1
     assert set(np.unique(by["boundary"].batch["z"].real)) == {1.0, 5.0}
+    assert by["boundary"].batch["s"] == 1.0 + 1.0j
     for name, dtype in (("q", ml_dtypes.int4), ("u", ml_dtypes.uint4)):
         assert by["standard"].batch[name].dtype == dtype
         values = by["standard"].batch[name].astype(np.int32)

@@ -40,6 +40,8 @@ import os
 import secrets
 from concurrent.futures import Future, ThreadPoolExecutor
 
+import numpy as np
+
 from ..atomic import atomic_write, fsync_dir
 from ..checkpoint.write import Draft
 from ..hashing import digest, memo
@@ -109,8 +111,9 @@ class _Put:
                 self.storage.link(staged.pop(b).result(), f"{tensors.AREA}/{name}")
                 for b, name in names.items()
             ]
-            if linked:
-                fsync_dir(self.storage.where(tensors.AREA))
+            # also when this put linked nothing: an object it names may have been
+            # linked by another put that has not synced the directory yet
+            fsync_dir(self.storage.where(tensors.AREA))
             path = manifest.result()
             if Conflict.EXISTS in linked or tensors.doomed_among(self.storage, objects):
                 os.unlink(path)  # a name taken meanwhile, or marked by gc: start again
@@ -146,13 +149,16 @@ class _Put:
             if at < len(todo):
                 draft.prefetch(todo[at])  # its copy from its device runs meanwhile
             data = draft.host_bytes(i)
-            early = self._stage(data, flight) if self.eager else None
+            early = None
+            # a numpy leaf is hashed first: it is as often a copy of a held tensor
+            if self.eager and not isinstance(draft.leaves[i], np.ndarray):
+                early = self._stage(data, flight)
+                dropped.append(early)  # removed, unless it becomes the object below
             found = digest(data, algorithm)
             base = f"{algorithm}-{found}"
-            if base in usable or base in staged:
+            if base not in usable and base not in staged:
                 if early is not None:
-                    dropped.append(early)
-            else:
+                    dropped.remove(early)
                 staged[base] = early or self._stage(data, flight)
             digests.append(found)
         return digests

@@ -82,7 +82,7 @@ def _fill(
         else:
             vals = rng.uniform(lo, hi, shape)
         if dt.kind == "c":  # both parts within the bounds
-            imag = vals[..., ::-1] if kind == "boundary" else rng.uniform(lo, hi, shape)
+            imag = np.flip(vals) if kind == "boundary" else rng.uniform(lo, hi, shape)
             return np.asarray(vals + 1j * imag).astype(dt)
         return np.asarray(vals, np.float32).astype(dt)
     # int4 and uint4 too, which numpy's iinfo does not know
