@@ -20,10 +20,11 @@ matter, and each is kept:
 
 So the reservation runs on a thread while the tree is laid out and hashed;
 each tensor the store lacks is written to a temp file and fsynced on a
-second thread (while it is hashed, when the memo knew some leaf of the
-tree: a tree a verified load handed back, whose leaves the memo does not
-know were changed since, so are new bytes; otherwise once it is hashed and
-found missing, as most of a numpy tree's leaves are held); and the header
+second thread (while it is hashed, for a jax array when the memo knew some
+leaf of the tree: a tree a verified load handed back, whose arrays the memo
+does not know were changed since, so are new bytes; otherwise, and for
+every numpy leaf, which is as often a copy of a held tensor, once it is
+hashed and found missing); and the header
 is laid out, and the manifest written and fsynced, on a third, while the
 tensor's bytes are synced. The header is not parsed back (the draft holds
 its spec; verify and every load parse it). The temp files are linked under
