@@ -13,21 +13,14 @@ from typing import Any
 import numpy as np
 import obstore
 import pytest
-from obstore.store import S3Store
 
 from tests.s3server import CuttingProxy, S3Server
+from tests.store.buckets import raw_store
 from treeguard import ArtifactStore, IntegrityError, StorageError
 
 # Every test here talks to the session's SeaweedFS server: the slow run starts
 # it, on the one worker that runs the group.
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("s3")]
-
-
-def _raw(url: str) -> S3Store:
-    """The bucket under the store, as a client that bypasses it."""
-    _, rest = url.split("://", 1)
-    bucket, _, prefix = rest.partition("/")
-    return S3Store(bucket, prefix=prefix, config={"conditional_put": "etag"})
 
 
 def _fetch_threads() -> list[threading.Thread]:
@@ -66,7 +59,7 @@ def test_a_download_the_network_breaks_resumes_where_it_stopped(
     s3_server: S3Server, s3_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _, v, tree = _big_promoted(s3_url)
-    size = obstore.head(_raw(s3_url), f"versions/{v}/model.safetensors")["size"]
+    size = obstore.head(raw_store(s3_url), f"versions/{v}/model.safetensors")["size"]
     with CuttingProxy(s3_server.endpoint, after=5 << 20, cuts=2) as proxy:
         monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
         got = ArtifactStore(s3_url).load_current(tree)
@@ -170,7 +163,7 @@ def test_an_object_replaced_between_a_break_and_its_resume_is_an_integrity_error
 ) -> None:
     store, v, tree = _big_promoted(s3_url)
     other = store.put({"w": tree["w"] + 1})
-    raw = _raw(s3_url)
+    raw = raw_store(s3_url)
     data = bytes(obstore.get(raw, f"versions/{other}/model.safetensors").bytes())
 
     def replace() -> None:

@@ -12,9 +12,9 @@ import numpy as np
 import obstore
 import pytest
 from click.testing import CliRunner, Result
-from obstore.store import S3Store
 
 from tests.s3server import CuttingProxy, S3Server
+from tests.store.buckets import raw_store
 from treeguard import (
     ArtifactStore,
     ConflictError,
@@ -43,19 +43,12 @@ def _params(seed: int = 0) -> Any:
     return mlp.init(jax.random.key(seed))
 
 
-def _raw(url: str) -> S3Store:
-    """The bucket under the store, as a client that bypasses it."""
-    _, rest = url.split("://", 1)
-    bucket, _, prefix = rest.partition("/")
-    return S3Store(bucket, prefix=prefix, config={"conditional_put": "etag"})
-
-
 def _fetch_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name == "treeguard-fetch"]
 
 
 def _names(url: str) -> set[str]:
-    return {o["path"] for batch in obstore.list(_raw(url)) for o in batch}
+    return {o["path"] for batch in obstore.list(raw_store(url)) for o in batch}
 
 
 def test_the_lifecycle_in_a_bucket(s3_url: str) -> None:
@@ -167,7 +160,7 @@ def test_a_signed_store_refuses_a_forged_unsigned_verdict(s3_url: str) -> None:
         forged.verify(v2)
     # a verdict object written behind the store, unsigned
     obstore.put(
-        _raw(s3_url),
+        raw_store(s3_url),
         f"versions/{v2}/verdict.json",
         json.dumps({"status": "verified", "digest": signed.info(v1).digest}).encode(),
     )
@@ -180,7 +173,7 @@ def test_a_signed_store_refuses_a_forged_unsigned_verdict(s3_url: str) -> None:
 
 def test_a_signed_store_refuses_a_forged_rejected_verdict_as_forged(s3_url: str) -> None:
     signed, v1, v2 = _signed_with_a_candidate(s3_url)
-    raw = _raw(s3_url)
+    raw = raw_store(s3_url)
     # an unsigned rejected verdict written behind the store, on a candidate
     obstore.put(
         raw,
@@ -219,7 +212,7 @@ def test_an_object_replaced_behind_the_store_is_an_integrity_error(s3_url: str) 
     store.promote(v1)
     v2 = store.put(_params(1))
     store.verify(v2)
-    raw = _raw(s3_url)
+    raw = raw_store(s3_url)
     other = bytes(obstore.get(raw, f"versions/{v2}/model.safetensors").bytes())
     obstore.put(raw, f"versions/{v1}/model.safetensors", other)
     with pytest.raises(IntegrityError, match="version v000001: its checkpoint") as e:
@@ -243,7 +236,7 @@ def test_an_object_replaced_behind_the_store_is_an_integrity_error(s3_url: str) 
 def test_a_candidate_replaced_before_verify_is_rejected(s3_url: str) -> None:
     store = ArtifactStore.init(s3_url)
     v1, v2 = store.put(_params(0)), store.put(_params(1))
-    raw = _raw(s3_url)
+    raw = raw_store(s3_url)
     obstore.put(
         raw,
         f"versions/{v1}/model.safetensors",
@@ -266,7 +259,7 @@ def test_a_prefix_that_is_not_a_store_is_refused_and_nothing_created(s3_url: str
         with pytest.raises(StoreError, match="not a store: the prefix holds no STORE.json"):
             call()
     assert _names(s3_url) == set()
-    obstore.put(_raw(s3_url), "someone-elses.txt", b"x")
+    obstore.put(raw_store(s3_url), "someone-elses.txt", b"x")
     with pytest.raises(StoreError, match="holds objects but no store marker"):
         ArtifactStore.init(s3_url)
     assert _names(s3_url) == {s3_url.split("/", 3)[3] + "/someone-elses.txt"} or _names(s3_url) == {
@@ -279,9 +272,9 @@ def test_gc_refuses_a_missing_pointer_and_keeps_foreign_objects(s3_url: str) -> 
     versions = [store.put(_params(i)) for i in range(3)]
     store.verify(versions[0])
     store.promote(versions[0])
-    obstore.put(_raw(s3_url), f"versions/{versions[1]}/notes.txt", b"mine")
+    obstore.put(raw_store(s3_url), f"versions/{versions[1]}/notes.txt", b"mine")
     assert store.gc(policy=RetentionPolicy(keep_last=0)) == [versions[2]]
-    obstore.delete(_raw(s3_url), "CURRENT.json")
+    obstore.delete(raw_store(s3_url), "CURRENT.json")
     with pytest.raises(StoreError, match="the pointer is damaged: it is missing"):
         store.gc(policy=RetentionPolicy(keep_last=0))
     assert {v.version for v in store.versions()} == set(versions[:2])
@@ -318,7 +311,7 @@ def test_a_verdict_object_cannot_change_what_was_recorded_at_put(s3_url: str) ->
     store = ArtifactStore.init(s3_url)
     v1, v2 = store.put(_params(0)), store.put(_params(1))
     store.verify(v2)
-    raw = _raw(s3_url)
+    raw = raw_store(s3_url)
     obstore.put(
         raw,
         f"versions/{v1}/model.safetensors",
@@ -335,7 +328,7 @@ def test_a_verdict_object_cannot_change_what_was_recorded_at_put(s3_url: str) ->
 def _flip_tensor(s3_url: str, version: str, tensor: str, tmp_path: Path) -> None:
     """Replaces the version's object behind the store by one whose bytes of
     ``tensor`` are changed (its header, and so its digest, unchanged)."""
-    raw = _raw(s3_url)
+    raw = raw_store(s3_url)
     name = f"versions/{version}/model.safetensors"
     data = bytearray(bytes(obstore.get(raw, name).bytes()))
     local = tmp_path / "copy.safetensors"
@@ -374,7 +367,9 @@ def test_a_partial_load_fetches_the_header_and_the_selected_ranges_only(
     tree = {name: np.full(1 << 18, i, np.float32) for i, name in enumerate("abcd")}
     v = store.put(tree)
     local = tmp_path / "v.safetensors"
-    local.write_bytes(bytes(obstore.get(_raw(s3_url), f"versions/{v}/model.safetensors").bytes()))
+    local.write_bytes(
+        bytes(obstore.get(raw_store(s3_url), f"versions/{v}/model.safetensors").bytes())
+    )
     header = read_header(local)
     by_name = {t.name: t for t in header.tensors}
     b, c = by_name["['b']"], by_name["['c']"]
@@ -414,7 +409,7 @@ def test_a_put_killed_between_its_data_and_its_record_leaves_nothing_visible(
 ) -> None:
     store = ArtifactStore.init(s3_url)
     v1 = store.put(_params(0))
-    raw = _raw(s3_url)
+    raw = raw_store(s3_url)
     data = bytes(obstore.get(raw, f"versions/{v1}/model.safetensors").bytes())
     # what a put killed after its checkpoint object and before its record leaves
     obstore.put(raw, "versions/v000002/model.safetensors", data)
@@ -439,7 +434,7 @@ def test_a_gc_killed_between_its_deletes_leaves_no_half_version(s3_url: str) -> 
     store.verify(v2)
     store.verify(v3)
     store.promote(v3)
-    raw = _raw(s3_url)
+    raw = raw_store(s3_url)
     # a remove of v2 killed after its record went: its verdict and data remain
     obstore.put(raw, f"retired/{v2}", b"")
     obstore.delete(raw, f"versions/{v2}/status.json")
@@ -459,7 +454,7 @@ def test_gc_deletes_a_clock_object_a_killed_gc_left_once_it_is_as_old_as_the_gra
 ) -> None:
     store = ArtifactStore.init(s3_url)
     v1 = store.put(_params(1))
-    raw = _raw(s3_url)
+    raw = raw_store(s3_url)
     obstore.put(raw, "clock/0123456789abcdef", b"")  # a gc killed between its write and delete
     assert store.gc() == []
     assert "clock/0123456789abcdef" in _names(s3_url)  # younger than the hour's grace
@@ -471,7 +466,7 @@ def test_gc_deletes_a_clock_object_a_killed_gc_left_once_it_is_as_old_as_the_gra
 def test_a_version_gc_removes_while_it_is_read_is_unknown_not_damaged(s3_url: str) -> None:
     store = ArtifactStore.init(s3_url)
     v1 = store.put(_params(0))
-    raw = _raw(s3_url)
+    raw = raw_store(s3_url)
     # the record was read, then gc retired the name and deleted the data
     record = store.info(v1)
     obstore.put(raw, f"retired/{v1}", b"")
@@ -516,7 +511,7 @@ def test_gc_stops_on_a_pointer_naming_an_absent_version_in_a_bucket(s3_url: str)
     for v in (v1, v2):
         store.verify(v)
         store.promote(v)
-    raw = _raw(s3_url)
+    raw = raw_store(s3_url)
     pointer = json.loads(bytes(obstore.get(raw, "CURRENT.json").bytes()))
     obstore.put(raw, "CURRENT.json", json.dumps({**pointer, "current": "v000009"}).encode())
     with pytest.raises(DanglingPointerError, match="names version v000009 as current"):
@@ -535,7 +530,7 @@ def test_promote_and_rollback_refuse_a_name_gc_retired_in_a_bucket(s3_url: str) 
     store.promote(v1)
     store.promote(v2)
     for v in (v1, v3):  # as a gc leaves them between retiring the names and deleting
-        obstore.put(_raw(s3_url), f"retired/{v}", b"")
+        obstore.put(raw_store(s3_url), f"retired/{v}", b"")
     with pytest.raises(RetiredVersionError, match=f"version {v3} was retired by gc"):
         store.promote(v3)
     with pytest.raises(StoreError, match=f"skipped {v1}: .*{v1} was retired by gc"):

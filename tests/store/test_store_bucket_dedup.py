@@ -15,9 +15,9 @@ import numpy as np
 import obstore
 import pytest
 import safetensors.numpy
-from obstore.store import S3Store
 
 from tests.s3server import Lie, LyingProxy, Request, S3Server
+from tests.store.buckets import raw_store
 from treeguard import ArtifactStore, IntegrityError, RetentionPolicy
 from treeguard.provenance import generate_keys
 
@@ -32,16 +32,10 @@ def _tree(head: float = 0.0) -> dict[str, Any]:
     }
 
 
-def _raw(url: str) -> S3Store:
-    _, rest = url.split("://", 1)
-    bucket, _, prefix = rest.partition("/")
-    return S3Store(bucket, prefix=prefix, config={"conditional_put": "etag"})
-
-
 def _objects(url: str) -> set[str]:
     return {
         o["path"].split("/", 1)[1]
-        for batch in obstore.list(_raw(url), prefix="tensors/")
+        for batch in obstore.list(raw_store(url), prefix="tensors/")
         for o in batch
     }
 
@@ -106,9 +100,11 @@ def test_a_tampered_tensor_object_in_a_bucket_is_refused_naming_it(s3_url: str) 
     v = store.put(_tree(7.0))
     assert store.verify(v).status == "verified"
     (head,) = [
-        n for n in _objects(s3_url) if obstore.head(_raw(s3_url), f"tensors/{n}")["size"] == 8 * 4
+        n
+        for n in _objects(s3_url)
+        if obstore.head(raw_store(s3_url), f"tensors/{n}")["size"] == 8 * 4
     ]
-    obstore.put(_raw(s3_url), f"tensors/{head}", np.full(8, 9.0, np.float32).tobytes())
+    obstore.put(raw_store(s3_url), f"tensors/{head}", np.full(8, 9.0, np.float32).tobytes())
     with pytest.raises(IntegrityError) as e:
         store.load_version(v)
     assert e.value.path == "['head']" and e.value.version == v
@@ -153,7 +149,7 @@ def test_a_gc_during_a_dedup_put_marks_none_of_its_young_tensors(
         v = ArtifactStore(s3_url).put(_tree(3.0))
     monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server.endpoint)
     assert removed == [[]]
-    marked = list(obstore.list(_raw(s3_url), prefix="doomed/"))
+    marked = list(obstore.list(raw_store(s3_url), prefix="doomed/"))
     names = _objects(s3_url)
     if grace:  # left alone: the put wrote each tensor once, under its digest
         assert marked == [] and len(names) == 5 and not any("." in n for n in names)

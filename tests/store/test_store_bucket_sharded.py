@@ -20,9 +20,9 @@ import obstore
 import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
-from obstore.store import S3Store
 
 from tests.s3server import Lie, LyingProxy, Request, S3Server
+from tests.store.buckets import raw_store
 from tests.subproc import start_python, stop
 from treeguard import ArtifactStore, IntegrityError, InvalidTreeError, RetentionPolicy, StoreError
 from treeguard.provenance import generate_keys
@@ -67,14 +67,8 @@ def _same(out: Any, host: Any) -> None:
         assert np.asarray(a).tobytes() == np.asarray(h).tobytes()
 
 
-def _raw(url: str) -> S3Store:
-    _, rest = url.split("://", 1)
-    bucket, _, prefix = rest.partition("/")
-    return S3Store(bucket, prefix=prefix)
-
-
 def _names(url: str) -> set[str]:
-    return {o["path"] for batch in obstore.list(_raw(url)) for o in batch}
+    return {o["path"] for batch in obstore.list(raw_store(url)) for o in batch}
 
 
 def _promoted(store: ArtifactStore, host: dict[str, Any]) -> str:
@@ -119,9 +113,9 @@ def test_the_lifecycle_of_a_sharded_version_in_a_bucket(s3_url: str) -> None:
 
 def _tamper(url: str, version: str, index: int) -> str:
     name = _shards(url, version)[index]
-    raw = bytearray(obstore.get(_raw(url), name).bytes())
+    raw = bytearray(obstore.get(raw_store(url), name).bytes())
     raw[len(raw) // 2] ^= 1
-    obstore.put(_raw(url), name, bytes(raw))
+    obstore.put(raw_store(url), name, bytes(raw))
     return name
 
 
@@ -144,7 +138,7 @@ def test_a_missing_shard_object_is_refused_before_any_read(s3_url: str) -> None:
     store = ArtifactStore.init(s3_url)
     h = _host(1.0)
     v = _promoted(store, h)
-    obstore.delete(_raw(s3_url), _shards(s3_url, v)[5])
+    obstore.delete(raw_store(s3_url), _shards(s3_url, v)[5])
     with pytest.raises(IntegrityError, match="its arrays claim 17,664 bytes, its files hold") as e:
         store.load_current(_like(h))  # the objects hold fewer bytes than the manifest claims
     assert e.value.version == v
@@ -157,9 +151,9 @@ def test_a_shard_object_gone_among_others_is_refused_naming_it(s3_url: str) -> N
     h = _host(1.0)
     v = _promoted(store, h)
     name = _shards(s3_url, v)[5]
-    size = len(bytes(obstore.get(_raw(s3_url), name).bytes()))
-    obstore.delete(_raw(s3_url), name)
-    obstore.put(_raw(s3_url), name.rsplit("/", 1)[0] + "/9.0-1", b"x" * size)  # as many bytes
+    size = len(bytes(obstore.get(raw_store(s3_url), name).bytes()))
+    obstore.delete(raw_store(s3_url), name)
+    obstore.put(raw_store(s3_url), name.rsplit("/", 1)[0] + "/9.0-1", b"x" * size)  # as many bytes
     with pytest.raises(IntegrityError, match="is missing, the manifest records [0-9]+ bytes") as e:
         store.load_current(_like(h))
     assert e.value.version == v and name in str(e.value), str(e.value)
@@ -173,8 +167,8 @@ def test_a_shard_object_with_a_byte_more_is_refused_naming_it(s3_url: str) -> No
     h = _host(1.0)
     v = _promoted(store, h)
     name = _shards(s3_url, v)[2]
-    raw = bytes(obstore.get(_raw(s3_url), name).bytes())
-    obstore.put(_raw(s3_url), name, raw + b"\0")  # the listing still holds enough bytes
+    raw = bytes(obstore.get(raw_store(s3_url), name).bytes())
+    obstore.put(raw_store(s3_url), name, raw + b"\0")  # the listing still holds enough bytes
     want = f"is {len(raw) + 1} bytes, the manifest records {len(raw)} bytes"
     with pytest.raises(IntegrityError, match=want) as e:
         store.load_current(_like(h))
@@ -194,10 +188,10 @@ def test_a_byte_changed_late_in_a_streamed_shard_object_is_refused(s3_url: str) 
     store.promote(v1)
     assert store.verify(v2).status == "verified"
     name = _shards(s3_url, v2)[6]
-    raw = bytearray(obstore.get(_raw(s3_url), name).bytes())
+    raw = bytearray(obstore.get(raw_store(s3_url), name).bytes())
     assert len(raw) == 1 << 20  # streamed in several parts, each hashed as it arrives
     raw[-1] ^= 1  # in the last part
-    obstore.put(_raw(s3_url), name, bytes(raw))
+    obstore.put(raw_store(s3_url), name, bytes(raw))
     with pytest.raises(IntegrityError, match="does not match the manifest") as e:
         store.promote(v2)  # a check: every shard object streamed and hashed, kept nowhere
     assert e.value.version == v2 and name in str(e.value), str(e.value)
