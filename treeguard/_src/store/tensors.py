@@ -236,7 +236,7 @@ def put(
                 storage,
                 draft,
                 known,
-                lambda found: signed.append(pool.submit(signed_header, draft, found, where)),
+                lambda found: signed.append(pool.submit(_signed, draft, found, where)),
             )
             known = list(digests)  # each the digest of the leaf's bytes, hashed or remembered
             prefix, header = signed[-1].result()
@@ -254,7 +254,7 @@ def gc_kept_marking(where: str) -> StoreError:
     )
 
 
-def signed_header(draft: Draft, digests: list[str], where: str) -> tuple[bytes, Header]:
+def _signed(draft: Draft, digests: list[str], where: str) -> tuple[bytes, Header]:
     """The first bytes of the version's file (its header with ``digests``),
     and that header read back as a load reads it."""
     prefix = len(draft.draft).to_bytes(8, "little") + draft.header(digests)
