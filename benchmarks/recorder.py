@@ -18,8 +18,9 @@ other clock's ratio is printed beside it. Each side keeps its own params.
   ``step(params, opt_state, batch) -> (params, opt_state, loss)``, target
   <= 1.05, twice: a loop that reads its loss every step (as one that logs it
   does; ``check="now"`` then reads the flag beside it), and a loop that
-  dispatches steps without reading anything (``check="next"`` reads each
-  flag once the next step is dispatched, so the device's queue never drains);
+  dispatches steps without reading anything (``check="next"`` keeps the flag
+  on the device and reads it every 16 steps, so the device's queue never
+  drains);
 * an ``OptaxStep``: ``recorder.wrap(optax_step(adam), loss=loss)`` (one
   program: grads, update and the check of the loss, grads, params and
   state) over a jitted ``value_and_grad`` then the same ``optax_step``

@@ -59,51 +59,6 @@ def test_the_batch_is_a_choice_written_in_the_code(tmp_path: Path) -> None:
     assert not (tmp_path / "nan").exists()  # nothing is written before a bundle is
 
 
-def _train_next(directory: Path) -> tg.RecordedStep:
-    recorder = tg.FlightRecorder(directory, batch="record")
-    return recorder.wrap(tg.optax_step(optax.sgd(0.1)), loss=nm.tiny_loss, check="next")
-
-
-def test_check_next_raises_for_a_step_from_the_call_after_it(tmp_path: Path) -> None:
-    train = _train_next(tmp_path / "nan")
-    params = {"w": jnp.ones(3)}
-    state = train.init(params)
-    for _ in range(2):
-        params, state, _ = train(params, state, GOOD)
-    before = jax.tree.map(np.asarray, params)
-    bad_params, bad_state, loss = train(params, state, BAD)  # returned: its flag is not read yet
-    assert not np.isfinite(loss) and train.step_number == 3
-    with pytest.raises(tg.NonFiniteError) as info:
-        train(bad_params, bad_state, GOOD)  # reads step 2's flag once this step is dispatched
-    e = info.value
-    assert str(e).splitlines()[0] == "step 2: 1 leaf holds NaN or Inf in the loss:"
-    assert e.bundle == str(tmp_path / "nan" / "000001-step2")
-    assert "check='next'" in str(e).splitlines()[-1]
-    np.testing.assert_array_equal(np.asarray(e.params["w"]), before["w"])  # from before step 2
-    assert train.step_number == 2  # neither step 2 nor the one after it is taken
-    assert sorted(os.listdir(tmp_path / "nan")) == ["000001-step2"]
-    train.flush()  # nothing is pending after the error
-
-
-def test_check_next_flushes_the_last_step_and_matches_check_now(tmp_path: Path) -> None:
-    now, lagged = _train(tmp_path / "a"), _train_next(tmp_path / "b")
-    sides = []
-    for train in (now, lagged):
-        params = {"w": jnp.ones(3)}
-        state = train.init(params)
-        for _ in range(3):
-            params, state, _ = train(params, state, GOOD)
-        train.flush()
-        sides.append(params)
-    np.testing.assert_array_equal(np.asarray(sides[0]["w"]), np.asarray(sides[1]["w"]))
-    params, state, _ = lagged(sides[1], lagged.init(sides[1]), BAD)
-    with pytest.raises(tg.NonFiniteError, match="^step 3: 1 leaf holds NaN or Inf in the loss"):
-        lagged.flush()
-    lagged.flush()  # once
-    with pytest.raises(tg.ConfigError, match="check must be 'now' or 'next', got 'later'"):
-        tg.FlightRecorder(tmp_path, batch="record").wrap(nm.tiny_loss, check="later")  # type: ignore[arg-type]
-
-
 def test_the_first_nonfinite_step_leaves_a_bundle_and_names_its_first_leaf(
     tmp_path: Path,
 ) -> None:

@@ -6,23 +6,27 @@ leaf of the loss, the grads, the new params and the new state once (on the
 CPU a large f32 or complex leaf through a product with zeros, which XLA runs
 as a matrix-vector product; on one accelerator a fused sum over the leaves
 of each shape; past ``PER_LEAF`` leaves, one reduction per dtype over the
-joined leaves), and one scalar is
-read per step: at once (``check="now"``), or, without stalling the device's
-queue, when the next step has been dispatched (``check="next"``, the flag
-copied to the host in the background meanwhile). Which leaves hold what is
-worked out on the host, on the error path only. The params and the state
-from before the step are the call's own arguments, kept alive until the flag
-is read; nothing is copied while the step is finite.
+joined leaves). With ``check="now"`` one scalar is read per step, before the
+call returns; the params and the state from before the step are the call's
+own arguments. With ``check="next"`` the program keeps a flag on the device
+that sticks at the first non-finite step and from then on returns the params
+and the state it was given (``sticky``), and the host reads that flag every
+``READ_EVERY`` steps without stalling the device's queue; the step that went
+wrong is replayed from the held params and its kept batch, on the error path
+only. Which leaves hold what is worked out on the host, on the error path
+only; nothing is copied while the steps are finite.
 """
 
 from __future__ import annotations
 
 import math
 import os
+from collections import deque
 from collections.abc import Callable
 from typing import Any, Literal, NamedTuple
 
 import jax
+import numpy as np
 
 from ..errors import ConfigError, NonFiniteError, RecorderError
 from ..nonfinite import host_nonfinite
@@ -31,6 +35,7 @@ from ..updates.compiled import nonfinite_sections
 from ..updates.layout import labelled_trees
 from .bundle import BATCH_MODES, BatchMode, Found, write_bundle
 from .finite import carried, finite_flag
+from .sticky import COUNT, FIRST_BAD, READ_EVERY, advance, hold, start_watch
 
 _BATCH_HINT = (
     'pass batch="record" to keep the raw batch in the bundle (it can then be replayed as '
@@ -39,8 +44,11 @@ _BATCH_HINT = (
     "may hold personal data, so this is a choice written in the code"
 )
 
+#: The trees ``check="next"`` holds from before a non-finite step, as its errors name them.
+_HELD = ("the params", "the optimizer state")
+
 #: When a step's finiteness flag is read: ``"now"``, before the call returns;
-#: ``"next"``, once the next step is dispatched (or at ``flush``).
+#: ``"next"``, later, every ``READ_EVERY`` steps (or at ``flush``), from the device.
 CheckWhen = Literal["now", "next"]
 CHECK_WHEN: tuple[CheckWhen, ...] = ("now", "next")
 
@@ -58,6 +66,15 @@ class _Dispatched(NamedTuple):
     ok: Any
     params: Any
     opt_state: Any
+    batch: Any
+    key: Any
+
+
+class _Unread(NamedTuple):
+    """A step of ``check="next"`` whose flag is not read yet: what replaying it
+    needs beside the held params and state."""
+
+    number: int
     batch: Any
     key: Any
 
@@ -170,14 +187,18 @@ class FlightRecorder:
           check: when a step's finiteness flag is read. ``"now"`` (the
             default): before the call returns, so a non-finite step raises
             from its own call and its outputs never reach the caller; the
-            host waits for every step. ``"next"``: the flag is copied to the
-            host in the background and read once the next step has been
-            dispatched, so the device's queue never drains (the accelerator's
-            pace); a non-finite step then raises from the next call (whose
-            own step is discarded) or from ``flush()``, the bundle and the
-            error's ``params`` are of the step that went wrong, and the
-            caller already holds its non-finite outputs. Call ``flush()``
-            after the last step. It keeps one more step's inputs alive.
+            host waits for every step. ``"next"`` (a jitted step or an
+            ``OptaxStep``; the accelerator's pace): the flag stays on the
+            device, sticking at the first non-finite step, from which on
+            every step returns the params and the state it was given
+            unchanged; the host reads it every 16 steps, in the background,
+            so the device's queue never drains. A non-finite step then
+            raises from a call up to 17 steps after it, or from ``flush()``:
+            the bundle and the error's ``params`` are of the step that went
+            wrong (replayed from the held params and its batch), and the
+            params the caller holds are those from before it. Call
+            ``flush()`` after the last step. It keeps the batches and keys
+            of the steps not read yet alive (up to 17), and no params.
 
         Returns:
           The ``RecordedStep``.
@@ -185,7 +206,8 @@ class FlightRecorder:
         Raises:
           ConfigError: for an ``OptaxStep`` without ``loss`` (or ``loss``
             with a function), an ``OptaxStep`` whose ``on_nonfinite`` is not
-            ``"raise"``, a step that is not callable, or an unknown ``check``.
+            ``"raise"``, a step that is not callable, an unknown ``check``,
+            or ``check="next"`` with a step function that is not jitted.
         """
         return RecordedStep(self, step, loss=loss, start=start, check=check)
 
@@ -219,8 +241,13 @@ class RecordedStep:
         self.recorder = recorder
         self.step_number = start
         self.check: CheckWhen = check
-        #: the dispatched step whose flag is not read yet (check="next")
-        self._pending: _Dispatched | None = None
+        # check="next": the watch on the device, the steps it has not been read
+        # for, the watch whose copy to the host is under way, and the newest
+        # params and state (those from before a non-finite step, once it sticks)
+        self._watch: jax.Array | None = None
+        self._unread: deque[_Unread] = deque()
+        self._probe: jax.Array | None = None
+        self._held: tuple[Any, Any] = (None, None)
         self._optax: OptaxStep | None = None
         if isinstance(step, OptaxStep):
             if not callable(loss):
@@ -240,7 +267,9 @@ class RecordedStep:
                 step.optimizer, dtype_policy=step.dtype_policy, on_nonfinite="ignore"
             )
             self._loss = loss
-            self._fn: Callable[..., Any] = jax.jit(self._traced_optax)
+            self._fn: Callable[..., Any] = jax.jit(
+                self._traced_optax if check == "now" else self._traced_optax_next
+            )
         elif callable(step):
             if loss is not None:
                 raise ConfigError(
@@ -248,7 +277,15 @@ class RecordedStep:
                     hint="recorder.wrap(step) for a function step(params, opt_state, batch)",
                 )
             self._user = step
+            if check == "next" and not _is_jitted(step):
+                raise ConfigError(
+                    'check="next" compiles the flag into the step\'s program, and the step '
+                    "is not jitted",
+                    hint='record jax.jit(step), or use check="now"',
+                )
             self._fn = jax.jit(self._traced_plain) if _is_jitted(step) else self._eager_plain
+            if check == "next":
+                self._fn = jax.jit(self._traced_plain_next)
         else:
             raise ConfigError(
                 f"the step to record is a {type(step).__name__}, not a function or an OptaxStep",
@@ -270,25 +307,47 @@ class RecordedStep:
 
     # -- the traced programs ------------------------------------------------------------
 
-    def _traced_optax(self, params: Any, opt_state: Any, batch: Any, key: Any) -> Any:
+    def _optax_trees(self, params: Any, opt_state: Any, batch: Any, key: Any) -> Any:
+        """The loss, the grads, the new params and the new state (traced)."""
         assert self._optax is not None
         args = (batch,) if key is None else (batch, key)
         value, grads = jax.value_and_grad(self._loss)(params, *args)
         new_params, new_state = self._optax(params, grads, opt_state)
-        trees = (value, grads, new_params, new_state)
-        return (trees, *self._flag(value, finite_flag(jax.tree.leaves(trees))))
+        return (value, grads, new_params, new_state)
+
+    def _traced_optax(self, params: Any, opt_state: Any, batch: Any, key: Any) -> Any:
+        trees = self._optax_trees(params, opt_state, batch, key)
+        return (trees, *self._flag(trees[0], finite_flag(jax.tree.leaves(trees))))
+
+    def _traced_optax_next(
+        self, params: Any, opt_state: Any, batch: Any, key: Any, watch: jax.Array
+    ) -> Any:
+        value, grads, new_params, new_state = self._optax_trees(params, opt_state, batch, key)
+        watch = advance(watch, finite_flag(jax.tree.leaves((value, grads, new_params, new_state))))
+        new_params, new_state = hold(
+            watch, (params, opt_state), (new_params, new_state), what=_HELD
+        )
+        # the grads stay in the program: a replay remakes them for an error
+        return (value, None, new_params, new_state), watch
 
     def _traced_plain(self, params: Any, opt_state: Any, batch: Any, key: Any) -> Any:
         out = self._call_user(params, opt_state, batch, key)
         value = out[2] if type(out) is tuple and len(out) > 2 else None
         return (out, *self._flag(value, finite_flag(jax.tree.leaves(out))))
 
+    def _traced_plain_next(
+        self, params: Any, opt_state: Any, batch: Any, key: Any, watch: jax.Array
+    ) -> Any:
+        out = self._call_user(params, opt_state, batch, key)
+        watch = advance(watch, finite_flag(jax.tree.leaves(out)))
+        rest = (*hold(watch, (params, opt_state), out[:2], what=_HELD), *out[2:])
+        return (type(out)._make(rest) if hasattr(out, "_make") else rest), watch
+
     def _flag(self, loss: Any, ok: jax.Array) -> tuple[Any, Any]:
         """The program's flag outputs, ``(ok, carried loss)``, one of them None: the
-        loss carrying the flag with ``check="now"`` where it can, the flag itself
-        otherwise (``check="next"`` copies the flag alone to the host). Each
+        loss carrying the flag where it can, the flag itself otherwise. Each
         output the program does not need is a buffer less made on every step."""
-        carry = carried(loss, ok) if self.check == "now" and loss is not None else None
+        carry = carried(loss, ok) if loss is not None else None
         return (ok, None) if carry is None else (None, carry)
 
     def _eager_plain(self, params: Any, opt_state: Any, batch: Any, key: Any) -> Any:
@@ -329,16 +388,9 @@ class RecordedStep:
             ``.bundle``; a bundle that could not be written is in
             ``.bundle_error`` and chained).
         """
-        out, ok, carry = self._fn(params, opt_state, batch, key)
         if self.check == "next":
-            step = _Dispatched(self.step_number, out, ok, params, opt_state, batch, key)
-            if isinstance(ok, jax.Array):
-                ok.copy_to_host_async()  # ready on the host by the next call
-            earlier, self._pending = self._pending, step
-            self.step_number += 1
-            if earlier is not None:
-                self._settle(earlier)  # this step is dispatched: the device stays busy
-            return self._returned(out, None)
+            return self._call_next(params, opt_state, batch, key)
+        out, ok, carry = self._fn(params, opt_state, batch, key)
         if carry is not None:
             # the one host sync: the loss, NaN unless every checked leaf is
             # finite; the caller's read of the loss then finds it on the host
@@ -355,25 +407,53 @@ class RecordedStep:
         # made on the error path only: a finite step with check="now" keeps nothing
         raise self._refuse(_Dispatched(self.step_number, out, ok, params, opt_state, batch, key))
 
+    def _call_next(self, params: Any, opt_state: Any, batch: Any, key: Any) -> Any:
+        """A step with ``check="next"``: dispatched with the watch; the watch of
+        an earlier step read once this one is dispatched, when its copy began."""
+        if self._watch is None:
+            self._watch = start_watch(self.step_number)
+        out, self._watch = self._fn(params, opt_state, batch, key, self._watch)
+        self._unread.append(_Unread(self.step_number, batch, key))
+        self.step_number += 1
+        self._held = (out[2], out[3]) if self._optax is not None else (out[0], out[1])
+        probe, self._probe = self._probe, None
+        if probe is not None:
+            self._read(np.asarray(probe))  # copied meanwhile: the device stays busy
+        if len(self._unread) >= READ_EVERY:
+            self._watch.copy_to_host_async()
+            self._probe = self._watch
+        return self._returned(out, None)
+
     def flush(self) -> None:
         """Reads the flag of the last dispatched step (``check="next"``);
         nothing to do with ``check="now"``.
 
         Raises:
-          NonFiniteError: if that step held NaN or Inf, as ``__call__`` does.
+          NonFiniteError: if that step, or one not read yet before it, held
+            NaN or Inf, as ``__call__`` does.
         """
-        earlier, self._pending = self._pending, None
-        if earlier is not None:
-            self._settle(earlier)
+        self._probe = None
+        if self._watch is not None:
+            self._read(np.asarray(self._watch))
 
-    def _settle(self, step: _Dispatched) -> None:
-        """Reads a dispatched step's flag; on NaN or Inf, drops the steps after
-        it and raises for it."""
-        if bool(step.ok):
+    def _read(self, watch: np.ndarray[Any, Any]) -> None:
+        """Takes a watch read on the host: the steps it covers are finite, or the
+        first that is not is refused (and the steps after it are not taken)."""
+        count, bad = int(watch[COUNT]), int(watch[FIRST_BAD])
+        while self._unread and self._unread[0].number < (count if bad < 0 else bad):
+            self._unread.popleft()
+        if bad < 0:
             return
-        self._pending = None
-        self.step_number = step.number  # the steps after it are not taken either
-        raise self._refuse(step)
+        unread, (params, opt_state) = self._unread.popleft(), self._held
+        self._unread.clear()
+        self._watch = self._probe = None
+        self._held = (None, None)
+        self.step_number = bad
+        replay = jax.jit(self._optax_trees if self._optax is not None else self._call_user)
+        out = replay(params, opt_state, unread.batch, unread.key)
+        raise self._refuse(
+            _Dispatched(bad, out, False, params, opt_state, unread.batch, unread.key)
+        )
 
     def _scalars(self, out: Any) -> list[jax.Array]:
         """The step's scalar outputs beside the params and the state (the loss)."""
@@ -430,8 +510,8 @@ class RecordedStep:
         before = (
             "the step was not applied (your params hold the values from before it)"
             if self.check == "now"
-            else "the step's outputs were returned before its flag was read (check='next'): "
-            "restart from this error's .params and .state, the values from before it"
+            else "its flag was read later (check='next'): from it on, the steps returned the "
+            "params and the state from before it unchanged (this error's .params and .state)"
         )
         hint = (
             f"{before}; replay it with `treeguard diagnose --bundle {bundle} MODULE:ATTR`"

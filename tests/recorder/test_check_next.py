@@ -1,0 +1,160 @@
+"""``check="next"``: the flag stays on the device and sticks at the first
+non-finite step, whose params and state every later step then returns
+unchanged; the host reads it every 16 steps (the documented window) or at
+``flush``, and refuses the step that went wrong with its own bundle."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import treeguard as tg
+
+from . import nanmodels as nm
+
+GOOD = {"x": jnp.array([1.0, 4.0, 9.0])}
+BAD = {"x": jnp.array([1.0, -4.0, 9.0])}
+#: The documented window: a non-finite step raises from a call at most this
+#: many steps after it.
+WINDOW = 17
+
+
+def _train_next(directory: Path) -> tg.RecordedStep:
+    recorder = tg.FlightRecorder(directory, batch="record")
+    return recorder.wrap(tg.optax_step(optax.sgd(0.1)), loss=nm.tiny_loss, check="next")
+
+
+def _until_refused(train: tg.RecordedStep, params: Any, state: Any) -> tuple[int, Any]:
+    """Good steps until one raises: how many calls it took, and the error;
+    every step after the bad one returns the params it was given."""
+    for calls in range(1, 3 * WINDOW):
+        try:
+            new_params, state, _ = train(params, state, GOOD)
+        except tg.NonFiniteError as e:
+            return calls, e
+        np.testing.assert_array_equal(np.asarray(new_params["w"]), np.asarray(params["w"]))
+        params = new_params
+    raise AssertionError("the non-finite step was never refused")
+
+
+def test_a_nonfinite_step_is_held_on_the_device_and_refused_within_the_window(
+    tmp_path: Path,
+) -> None:
+    train = _train_next(tmp_path / "nan")
+    params = {"w": jnp.ones(3)}
+    state = train.init(params)
+    for _ in range(5):
+        params, state, _ = train(params, state, GOOD)
+    before = np.asarray(params["w"])
+    held, state, loss = train(params, state, BAD)  # returned: its flag is not read yet
+    assert not np.isfinite(loss) and train.step_number == 6
+    np.testing.assert_array_equal(np.asarray(held["w"]), before)  # the step held, not applied
+    calls, e = _until_refused(train, held, state)
+    assert calls <= WINDOW
+    assert str(e).splitlines()[0] == "step 5: 1 leaf holds NaN or Inf in the loss:"
+    assert e.bundle == str(tmp_path / "nan" / "000001-step5")
+    assert "check='next'" in str(e).splitlines()[-1]
+    np.testing.assert_array_equal(np.asarray(e.params["w"]), before)  # from before step 5
+    assert train.step_number == 5  # neither step 5 nor the ones after it are taken
+    bundle = tg.read_bundle(e.bundle)
+    assert bundle.step == 5
+    np.testing.assert_array_equal(np.asarray(bundle.load_batch()["x"]), np.asarray(BAD["x"]))
+    np.testing.assert_array_equal(np.asarray(bundle.load_state("params", params)["w"]), before)
+    train.flush()  # nothing is pending after the error
+
+
+def test_the_steps_after_an_error_are_numbered_from_it_and_watched_afresh(
+    tmp_path: Path,
+) -> None:
+    train = _train_next(tmp_path / "nan")
+    params = {"w": jnp.ones(3)}
+    state = train.init(params)
+    params, state, _ = train(params, state, BAD)
+    with pytest.raises(tg.NonFiniteError, match="^step 0: "):
+        train.flush()
+    for _ in range(3):  # resumed from the error's params: finite steps are applied again
+        params, state, loss = train(params, state, GOOD)
+    assert np.isfinite(loss) and train.step_number == 3
+    train(params, state, BAD)
+    with pytest.raises(tg.NonFiniteError, match="^step 3: "):
+        train.flush()
+
+
+def test_check_next_flushes_the_last_step_and_matches_check_now(tmp_path: Path) -> None:
+    now = tg.FlightRecorder(tmp_path / "a", batch="record").wrap(
+        tg.optax_step(optax.sgd(0.1)), loss=nm.tiny_loss
+    )
+    lagged = _train_next(tmp_path / "b")
+    sides = []
+    for train in (now, lagged):
+        params = {"w": jnp.ones(3)}
+        state = train.init(params)
+        for _ in range(2 * WINDOW):
+            params, state, _ = train(params, state, GOOD)
+        train.flush()
+        sides.append(params)
+    np.testing.assert_array_equal(np.asarray(sides[0]["w"]), np.asarray(sides[1]["w"]))
+    params, state, _ = lagged(sides[1], lagged.init(sides[1]), BAD)
+    with pytest.raises(tg.NonFiniteError, match=f"^step {2 * WINDOW}: 1 leaf holds NaN"):
+        lagged.flush()
+    lagged.flush()  # once
+    with pytest.raises(tg.ConfigError, match="check must be 'now' or 'next', got 'later'"):
+        tg.FlightRecorder(tmp_path, batch="record").wrap(nm.tiny_loss, check="later")  # type: ignore[arg-type]
+
+
+class _Out(NamedTuple):
+    params: Any
+    state: Any
+    loss: Any
+
+
+def _poisoned(dtype: Any = jnp.float32) -> Any:
+    @jax.jit
+    def step(params: Any, state: Any, batch: Any) -> Any:
+        new = {"w": (params["w"] * jnp.where(batch < 0, jnp.inf, 1.0) + batch).astype(dtype)}
+        return _Out(new, state, jnp.sum(batch))
+
+    return step
+
+
+def test_a_jitted_step_function_is_held_and_replayed_naming_its_params(tmp_path: Path) -> None:
+    train = tg.FlightRecorder(tmp_path, batch="digest").wrap(_poisoned(), check="next")
+    params = {"w": jnp.ones(3)}
+    out = train(params, None, jnp.ones(3))
+    assert isinstance(out, _Out)  # its own type, as with check="now"
+    held = train(out.params, None, jnp.array([-1.0, 0.0, 1.0]))
+    assert float(held.loss) == 0.0  # the step's own loss: it is finite
+    np.testing.assert_array_equal(np.asarray(held.params["w"]), np.asarray(out.params["w"]))
+    with pytest.raises(tg.NonFiniteError) as info:
+        train.flush()
+    assert (
+        str(info.value).splitlines()[0] == "step 1: 1 leaf holds NaN or Inf in the updated params:"
+    )
+    assert info.value.path == "['w']"
+
+
+def test_check_next_refuses_a_step_it_cannot_hold(tmp_path: Path) -> None:
+    recorder = tg.FlightRecorder(tmp_path, batch="digest")
+
+    def eager(params: Any, state: Any, batch: Any) -> Any:
+        return params, state, jnp.sum(batch)
+
+    with pytest.raises(tg.ConfigError) as info:
+        recorder.wrap(eager, check="next")
+    assert str(info.value) == (
+        'check="next" compiles the flag into the step\'s program, and the step is not jitted\n'
+        'hint: record jax.jit(step), or use check="now"'
+    )
+    train = recorder.wrap(_poisoned(jnp.bfloat16), check="next")
+    with pytest.raises(tg.ConfigError) as info:
+        train({"w": jnp.ones(3)}, None, jnp.ones(3))
+    lines = str(info.value).splitlines()
+    assert lines[0] == "the step returned the params['w'] as bfloat16[3], given float32[3]"
+    assert lines[1].startswith('hint: check="next" returns the params and the state from before')
+    assert not tmp_path.exists() or not list(tmp_path.iterdir())
