@@ -211,22 +211,25 @@ def test_two_promoters_one_wins_and_the_other_hears_who(
     shutil.copytree(root, tmp_path / "copy")
     ArtifactStore(tmp_path / "copy").promote(v2)
     theirs = (tmp_path / "copy" / "CURRENT.json").read_bytes()
-    real_open, opened = os.open, []
+    real_open, moments = os.open, []
 
     def moved_after_ours_was_read(path: Any, *args: Any, **kw: Any) -> int:
-        # the other process moves the pointer once ours has read it, before ours writes
+        # the other process moves the pointer once ours has read it (at the look
+        # at the marker that follows), before ours writes
         name = os.path.basename(path)
-        if name in ("CURRENT.json", "STORE.json"):
-            opened.append(name)
-        if opened[-2:] == ["CURRENT.json", "STORE.json"] and opened.count("CURRENT.json") == 1:
+        if name == "CURRENT.json" and not moments:
+            moments.append("ours read")
+        elif name == "STORE.json" and moments == ["ours read"]:
             (tmp_path / "theirs").write_bytes(theirs)
             os.replace(tmp_path / "theirs", root / "CURRENT.json")
+            moments.append("theirs written")
         return real_open(path, *args, **kw)
 
     monkeypatch.setattr(os, "open", moved_after_ours_was_read)
     with pytest.raises(tg.ConflictError, match=f"version {v2} is current") as e:
         store.promote(v3)
     monkeypatch.undo()
+    assert moments == ["ours read", "theirs written"]
     assert e.value.version == v2 and store.current() == v2
     assert [e.action for e in store.history()].count("promote") == (0 if first else 1)
 
