@@ -18,8 +18,8 @@ import prometheus_client
 import pytest
 from serving_support import client, infer_body, metric, mlp_spec, request, rows_of
 
-# internal: a parsed request for ``infer`` itself (no transport), and the REST
-# app built with the bodies it waits for (closed here as a shutdown closes them)
+# the REST app built with the bodies it waits for, closed here as uvicorn's
+# shutdown closes them (``Server.app()`` keeps its own, which nothing closes)
 from treeguard._src.serving import bodies, routes  # _src: only uvicorn's shutdown closes them
 from treeguard.examples import mlp
 from treeguard.serving import InferRequest, InferResult, Limits, RawInput, Server, ServingError
