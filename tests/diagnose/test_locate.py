@@ -214,6 +214,11 @@ def _one_ulp_up(closed: Any, args: Sequence[Any]) -> list[Any]:
     ]
 
 
+def _a_thousandth_up(closed: Any, args: Sequence[Any]) -> list[Any]:
+    """Compiled, with every scalar output 0.1% higher: far worse than eager's own error."""
+    return [o * 1.001 if o.ndim == 0 else o for o in jax.jit(jex.jaxpr_as_fun(closed))(*args)]
+
+
 def test_the_fp64_rule_accepts_a_candidate_as_close_to_fp64_as_the_reference() -> None:
     x = jnp.linspace(0.0, 3.0, 10001)
     strict = TolerancePolicy(default=Tolerance(0.0, 0.0))
@@ -223,6 +228,9 @@ def test_the_fp64_rule_accepts_a_candidate_as_close_to_fp64_as_the_reference() -
     # error against fp64 is then up to about 4x eager's, within 5x.
     relative = dataclasses.replace(strict, fp64=5.0)
     assert locate(_summed, x, candidate=_one_ulp_up, tolerances=relative).outcome == "none"
+    # the rule's refusal: an error against fp64 many times the reference's still diverges
+    worse = locate(_summed, x, candidate=_a_thousandth_up, tolerances=relative, descend=False)
+    assert worse.outcome != "none" and [e.path for e in worse.leaves if not e.ok] == [""]
 
 
 def test_a_backend_that_drops_outputs_is_refused() -> None:

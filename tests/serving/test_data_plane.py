@@ -18,10 +18,9 @@ import prometheus_client
 import pytest
 from serving_support import client, infer_body, metric, mlp_spec, request, rows_of
 
-# internal: a parsed request for ``infer`` itself (no transport), and the REST
-# app built with the bodies it waits for (closed here as a shutdown closes them)
-from treeguard._src.serving.bodies import BodyReads  # _src: only uvicorn's shutdown closes them
-from treeguard._src.serving.routes import build_app  # _src: Server.app() hides its bodies
+# the REST app built with the bodies it waits for, closed here as uvicorn's
+# shutdown closes them (``Server.app()`` keeps its own, which nothing closes)
+from treeguard._src.serving import bodies, routes  # _src: only uvicorn's shutdown closes them
 from treeguard.examples import mlp
 from treeguard.serving import InferRequest, InferResult, Limits, RawInput, Server, ServingError
 
@@ -288,8 +287,8 @@ def _infer_scope(length: int) -> dict[str, Any]:
 async def test_closing_the_bodies_answers_those_arriving_503_and_still_serves_whole_ones(
     mlp_server,
 ):
-    bodies = BodyReads()
-    app = build_app(mlp_server, bodies=bodies)
+    reads = bodies.BodyReads()
+    app = routes.build_app(mlp_server, bodies=reads)
     body = json.dumps(request(1)).encode()
     more = asyncio.Event()  # never set: the rest of the body never comes
 
@@ -314,9 +313,9 @@ async def test_closing_the_bodies_answers_those_arriving_503_and_still_serves_wh
         cut: list[dict[str, Any]] = []
         waiting = asyncio.create_task(app(_infer_scope(len(body)), trickle, sink(cut)))
         await started.wait()
-        while not bodies.waiting:  # it waits for the rest of its body
+        while not reads.waiting:  # it waits for the rest of its body
             await asyncio.sleep(0)
-        bodies.close()
+        reads.close()
         await asyncio.wait_for(waiting, 5)
         late: list[dict[str, Any]] = []
         started = asyncio.Event()  # a body that begins to arrive after the close
@@ -329,14 +328,14 @@ async def test_closing_the_bodies_answers_those_arriving_503_and_still_serves_wh
         assert (b"connection", b"close") in answer[0]["headers"]
         assert "shutting down" in json.loads(answer[1]["body"])["error"]
     assert served[0]["status"] == 200
-    assert not bodies.waiting
+    assert not reads.waiting
     assert metric(text, "treeguard_dropped_requests_total", reason="shutdown") == 2
     assert metric(text, "treeguard_dropped_requests_total", reason="body_timeout") == 0
 
 
 async def test_a_body_deadline_and_the_close_at_once_end_the_read_once(mlp_server):
-    bodies = BodyReads()
-    app = build_app(mlp_server, bodies=bodies)
+    reads = bodies.BodyReads()
+    app = routes.build_app(mlp_server, bodies=reads)
     body = json.dumps(request(1)).encode()
     parts = [body[:9]]
     sent: list[dict[str, Any]] = []
@@ -347,9 +346,9 @@ async def test_a_body_deadline_and_the_close_at_once_end_the_read_once(mlp_serve
         await asyncio.sleep(0)  # the app waits for this receive from here on
         # the body's deadline passes and the server shuts down before the
         # read sees either: the first ends it, the second cancels nothing more
-        (deadline,) = bodies.waiting
+        (deadline,) = reads.waiting
         deadline.expire()
-        bodies.close()
+        reads.close()
         await asyncio.sleep(5)
         raise AssertionError("unreachable")
 

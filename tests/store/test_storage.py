@@ -18,17 +18,7 @@ from machine import needs_inet_sockets
 from treeguard import StorageError
 
 # The storage protocol and its backends on purpose: the layer under the store.
-from treeguard._src.store.objects import (  # _src: the object-storage protocol itself
-    _STREAM_CHUNK,
-    ObjectStorage,
-    is_url,
-    split_url,
-)
-from treeguard._src.store.storage import (  # _src: the storage protocol itself
-    Conflict,
-    LocalStorage,
-    Storage,
-)
+from treeguard._src.store import objects, storage  # _src: the storage protocol itself
 
 LIMIT = 1 << 20
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,44 +37,44 @@ S3 = (pytest.mark.slow, pytest.mark.xdist_group("s3"))  # the session's SeaweedF
 
 
 @pytest.fixture(params=["local", pytest.param("s3", marks=S3)])
-def storage(request: pytest.FixtureRequest, tmp_path: Path) -> Storage:
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> storage.Storage:
     if request.param == "local":
         (tmp_path / "versions").mkdir()
-        return LocalStorage(str(tmp_path))
-    return ObjectStorage(request.getfixturevalue("s3_url"))
+        return storage.LocalStorage(str(tmp_path))
+    return objects.ObjectStorage(request.getfixturevalue("s3_url"))
 
 
-def test_create_writes_once_and_reports_an_existing_name(storage: Storage) -> None:
-    tag = storage.create("versions/a", b"first")
+def test_create_writes_once_and_reports_an_existing_name(backend: storage.Storage) -> None:
+    tag = backend.create("versions/a", b"first")
     assert isinstance(tag, str)
-    assert storage.create("versions/a", b"second") is Conflict.EXISTS
-    assert storage.read("versions/a", limit=LIMIT, what="object") == (b"first", tag)
-    assert storage.read("versions/missing", limit=LIMIT, what="object") is None
+    assert backend.create("versions/a", b"second") is storage.Conflict.EXISTS
+    assert backend.read("versions/a", limit=LIMIT, what="object") == (b"first", tag)
+    assert backend.read("versions/missing", limit=LIMIT, what="object") is None
 
 
-def test_swap_replaces_only_what_was_read(storage: Storage) -> None:
-    assert storage.swap("POINTER", b"one", "not-a-tag") is Conflict.CHANGED  # absent
-    first = storage.swap("POINTER", b"one", None)
+def test_swap_replaces_only_what_was_read(backend: storage.Storage) -> None:
+    assert backend.swap("POINTER", b"one", "not-a-tag") is storage.Conflict.CHANGED  # absent
+    first = backend.swap("POINTER", b"one", None)
     assert isinstance(first, str)
-    assert storage.swap("POINTER", b"two", None) is Conflict.CHANGED  # present now
-    second = storage.swap("POINTER", b"two", first)
+    assert backend.swap("POINTER", b"two", None) is storage.Conflict.CHANGED  # present now
+    second = backend.swap("POINTER", b"two", first)
     assert isinstance(second, str) and second != first
-    assert storage.swap("POINTER", b"three", first) is Conflict.CHANGED  # stale
-    assert storage.read("POINTER", limit=LIMIT, what="object") == (b"two", second)
+    assert backend.swap("POINTER", b"three", first) is storage.Conflict.CHANGED  # stale
+    assert backend.read("POINTER", limit=LIMIT, what="object") == (b"two", second)
 
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("s3")
 def test_of_many_racing_swappers_on_a_bucket_exactly_one_wins(s3_url: str) -> None:
-    storage = ObjectStorage(s3_url)
-    tag = storage.create("POINTER", b"start")
+    backend = objects.ObjectStorage(s3_url)
+    tag = backend.create("POINTER", b"start")
     assert isinstance(tag, str)
-    outcomes: list[str | Conflict] = []
+    outcomes: list[str | storage.Conflict] = []
     barrier = threading.Barrier(6)
 
     def promote(i: int) -> None:
         barrier.wait(timeout=30)
-        outcomes.append(storage.swap("POINTER", f"winner {i}".encode(), tag))
+        outcomes.append(backend.swap("POINTER", f"winner {i}".encode(), tag))
 
     threads = [threading.Thread(target=promote, args=(i,)) for i in range(6)]
     for t in threads:
@@ -92,27 +82,27 @@ def test_of_many_racing_swappers_on_a_bucket_exactly_one_wins(s3_url: str) -> No
     for t in threads:
         t.join(timeout=60)
     assert sum(isinstance(o, str) for o in outcomes) == 1
-    assert outcomes.count(Conflict.CHANGED) == 5
+    assert outcomes.count(storage.Conflict.CHANGED) == 5
 
 
-def test_ranged_reads_sizes_listing_and_deletion(storage: Storage) -> None:
-    storage.create("versions/b", bytes(range(256)))
-    storage.create("versions/a", b"x")
-    assert storage.read_range("versions/b", 10, 5) == bytes(range(10, 15))
-    assert storage.read_range("versions/b", 250, 100) == bytes(range(250, 256))
-    assert (storage.size("versions/b"), storage.size("versions/none")) == (256, None)
-    assert storage.list("versions") == ["a", "b"]
-    storage.delete("versions/a")
-    storage.delete("versions/a")  # absent: nothing happens
-    assert storage.list("versions") == ["b"]
+def test_ranged_reads_sizes_listing_and_deletion(backend: storage.Storage) -> None:
+    backend.create("versions/b", bytes(range(256)))
+    backend.create("versions/a", b"x")
+    assert backend.read_range("versions/b", 10, 5) == bytes(range(10, 15))
+    assert backend.read_range("versions/b", 250, 100) == bytes(range(250, 256))
+    assert (backend.size("versions/b"), backend.size("versions/none")) == (256, None)
+    assert backend.list("versions") == ["a", "b"]
+    backend.delete("versions/a")
+    backend.delete("versions/a")  # absent: nothing happens
+    assert backend.list("versions") == ["b"]
     with pytest.raises(ValueError, match="is not an object name inside a store"):
-        storage.read("../escape", limit=LIMIT, what="object")
+        backend.read("../escape", limit=LIMIT, what="object")
 
 
-def test_an_object_over_the_limit_is_refused_by_name(storage: Storage) -> None:
-    storage.create("big", b"x" * 100)
+def test_an_object_over_the_limit_is_refused_by_name(backend: storage.Storage) -> None:
+    backend.create("big", b"x" * 100)
     with pytest.raises(Exception, match="the marker is 100 bytes, more than the 10 allowed"):
-        storage.read("big", limit=10, what="marker")
+        backend.read("big", limit=10, what="marker")
 
 
 def test_an_unreachable_server_is_a_storage_error_naming_the_object_never_the_key(
@@ -127,11 +117,11 @@ def test_an_unreachable_server_is_a_storage_error_naming_the_object_never_the_ke
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "very-secret-key")
     monkeypatch.setenv("AWS_REGION", "us-east-1")
     monkeypatch.setenv("AWS_ALLOW_HTTP", "true")
-    storage = ObjectStorage("s3://treeguard/nowhere")
+    backend = objects.ObjectStorage("s3://treeguard/nowhere")
     for call in (
-        lambda: storage.read("STORE.json", limit=LIMIT, what="marker"),
-        lambda: storage.create("versions/v1/status.json", b"{}"),
-        lambda: storage.list("versions"),
+        lambda: backend.read("STORE.json", limit=LIMIT, what="marker"),
+        lambda: backend.create("versions/v1/status.json", b"{}"),
+        lambda: backend.list("versions"),
     ):
         with pytest.raises(StorageError, match="failed: the connection failed") as e:
             call()
@@ -141,12 +131,13 @@ def test_an_unreachable_server_is_a_storage_error_naming_the_object_never_the_ke
 
 
 def test_store_urls_are_parsed_strictly() -> None:
-    assert is_url("s3://bucket/a/b") and is_url("gs://bucket") and not is_url("/tmp/s3:")
-    assert split_url("s3://models/mlp/") == ("s3", "models", "mlp")
+    urls = ("s3://bucket/a/b", "gs://bucket", "/tmp/s3:")
+    assert [objects.is_url(u) for u in urls] == [True, True, False]
+    assert objects.split_url("s3://models/mlp/") == ("s3", "models", "mlp")
     for bad in ("s3://", "s3://B/x", "s3://bucket/a//b", "gs://bucket/../x"):
         with pytest.raises(Exception, match="not a store URL"):
-            split_url(bad)
-    assert os.sep not in split_url("gs://bucket")[2]
+            objects.split_url(bad)
+    assert os.sep not in objects.split_url("gs://bucket")[2]
 
 
 @pytest.mark.slow
@@ -154,10 +145,10 @@ def test_store_urls_are_parsed_strictly() -> None:
 def test_a_reader_that_stops_early_holds_a_bounded_download_and_joins_its_thread(
     s3_url: str,
 ) -> None:
-    storage = ObjectStorage(s3_url)
+    backend = objects.ObjectStorage(s3_url)
     data = np.arange(12 << 20, dtype=np.uint32).tobytes()  # 48 MiB: twelve streamed chunks
-    storage.create("big", data)
-    reader = storage.reader("big")
+    backend.create("big", data)
+    reader = backend.reader("big")
     assert reader is not None
     reader.plan(None)  # the whole object, pulled ahead by the thread
     buf = memoryview(bytearray(1 << 20))
@@ -175,7 +166,7 @@ def test_a_reader_that_stops_early_holds_a_bounded_download_and_joins_its_thread
     # the first bytes, the chunks queued ahead, one waiting to be queued and the one being read
     assert (
         fetched
-        <= (1 << 16) + (_documented_read_ahead() + 2) * (_STREAM_CHUNK + (1 << 20))
+        <= (1 << 16) + (_documented_read_ahead() + 2) * (objects._STREAM_CHUNK + (1 << 20))
         < len(data)
     )
     reader.close()
@@ -189,14 +180,14 @@ def test_a_reader_that_stops_early_holds_a_bounded_download_and_joins_its_thread
 @pytest.mark.slow
 @pytest.mark.xdist_group("s3")
 def test_a_buckets_clock_and_ages_are_the_servers_and_leave_nothing(s3_url: str) -> None:
-    storage = ObjectStorage(s3_url)
-    storage.create("a/x", b"1")
-    storage.create("a/y", b"2")
-    storage.delete("a/y")
-    written = storage.modified("a")
+    backend = objects.ObjectStorage(s3_url)
+    backend.create("a/x", b"1")
+    backend.create("a/y", b"2")
+    backend.delete("a/y")
+    written = backend.modified("a")
     assert list(written) == ["x"]  # objects only, none deleted, never the prefix itself
-    now = storage.now()
+    now = backend.now()
     assert now >= written["x"]  # both on the server's clock
-    assert storage.list("clock") == []  # the object whose time it read is gone
-    storage.delete("a/x")
-    assert storage.modified("a") == {} and storage.list("a") == []
+    assert backend.list("clock") == []  # the object whose time it read is gone
+    backend.delete("a/x")
+    assert backend.modified("a") == {} and backend.list("a") == []

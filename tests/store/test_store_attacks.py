@@ -1,13 +1,13 @@
 """The local store against the attacks and faults that used to get through:
 a link swapped into gc's path, gc killed mid-removal, a signed store opened
 without its key, a first promote killed half-way, unsafe key files, a clock
-that steps back, verify racing gc, and two promoters racing (on a disk and
-in a bucket). Each test shows the refusal (or the
-recovery) and then the invariant."""
+that steps back, verify racing gc, and two promoters racing (on a disk; in a
+bucket, tests/store/test_store_bucket.py races them). Each test shows the
+refusal (or the recovery) and then the invariant. A race is made by what the
+other party leaves on disk, at the moment a standard-library call marks."""
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import shutil
@@ -26,7 +26,6 @@ from tests.machine import needs_inet_sockets
 from tests.store.storm import storm
 from tests.subproc import child_env, run_python
 from treeguard import ArtifactStore, ConfigError, RetentionPolicy, StoreError, UnknownVersionError
-from treeguard._src.store import pointer, records  # _src: pointer and records raced and forged
 
 KEY = b"k" * 32
 
@@ -53,23 +52,27 @@ def test_gc_never_deletes_through_a_link_swapped_in_while_it_reads_a_record(
     for scale in (2.0, 3.0, 4.0):
         store.put(_params(scale))
     versions = tmp_path / "a" / "versions"
-    real_read = records.read
-    reads = []
+    old_inode = (versions / old).stat().st_ino
+    real_stat = os.stat
 
-    def swap_then_read(version_dir: str, **kw: Any) -> dict[str, Any]:
-        # while gc parses the record to decide (its second read, after the
-        # listing), the version's directory becomes a link to the other
-        # store's promoted version
-        if os.path.basename(version_dir) == old:
-            reads.append(version_dir)
-        if len(reads) == 2 and not (versions / old).is_symlink():
+    def swap_then_stat(path: Any, *args: Any, dir_fd: int | None = None, **kw: Any) -> Any:
+        # as gc looks at the record to decide, through the directory it holds
+        # open (after the listing), the version's directory becomes a link to
+        # the other store's promoted version
+        if (
+            path == "status.json"
+            and dir_fd is not None
+            and not (versions / old).is_symlink()
+            and os.fstat(dir_fd).st_ino == old_inode
+        ):
             (versions / old).rename(versions / ".moved")
             (versions / old).symlink_to(tmp_path / "victim" / "versions" / theirs)
-        return real_read(version_dir, **kw)
+        return real_stat(path, *args, dir_fd=dir_fd, **kw)
 
-    monkeypatch.setattr(records, "read", swap_then_read)
+    monkeypatch.setattr(os, "stat", swap_then_stat)
     store.gc(policy=RetentionPolicy(keep_last=3))
     monkeypatch.undo()
+    assert (versions / ".moved").is_dir()  # the swap happened while gc held the directory
     assert victim_model.is_file()
     assert victim.load_current(_params())["w"][0, 0] == 5.0
     assert not (versions / old).exists()  # the link is gone, unfollowed
@@ -163,14 +166,14 @@ def test_gc_keeps_the_newest_puts_after_the_clock_stepped_back(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store = ArtifactStore(tmp_path)
-    ticks = itertools.count()
-    # the clock steps back by a minute at every look
-    monkeypatch.setattr(
-        records, "now", lambda: f"2026-01-01T00:{59 - next(ticks):02d}:00.000+00:00"
-    )
     a = store.put(_params(1.0), version="a")
     b = store.put(_params(2.0), version="b")
     c = store.put(_params(3.0), version="c")
+    # the clock stepped back by a minute at every put, as each record says
+    for minute, version in zip((59, 58, 57), (a, b, c), strict=True):
+        status = tmp_path / "versions" / version / "status.json"
+        record = json.loads(status.read_text())
+        status.write_text(json.dumps(record | {"created": f"2026-01-01T00:{minute}:00.000+00:00"}))
     assert [v.version for v in store.versions()] == [a, b, c]
     assert store.gc(policy=RetentionPolicy(keep_last=2)) == [a]
 
@@ -180,40 +183,55 @@ def test_verify_racing_gc_that_removed_the_version_is_an_unknown_version(
 ) -> None:
     store = ArtifactStore(tmp_path)
     v = store.put(_params(1.0))
-    real_read = records.read
+    version_dir = tmp_path / "versions" / v
+    real_lexists = os.path.lexists
 
-    def read_then_removed(version_dir: str, **kw: Any) -> dict[str, Any]:
-        data = real_read(version_dir, **kw)
-        shutil.rmtree(version_dir)  # gc takes it right after verify read its record
-        return data
+    def removed_then_looked_at(path: Any) -> bool:
+        # gc takes the version right after verify read its record, as verify
+        # looks at what its directory holds
+        if os.path.dirname(path) == str(version_dir) and version_dir.is_dir():
+            shutil.rmtree(version_dir)
+        return real_lexists(path)
 
-    monkeypatch.setattr(records, "read", read_then_removed)
+    monkeypatch.setattr(os.path, "lexists", removed_then_looked_at)
     with pytest.raises(UnknownVersionError, match=f"version {v} was removed while it was verified"):
         store.verify(v)
 
 
-S3 = (pytest.mark.slow, pytest.mark.xdist_group("s3"))  # the session's SeaweedFS server
-
-
-@pytest.mark.parametrize("where", ["local", pytest.param("s3", marks=S3)])
 @pytest.mark.parametrize("first", [True, False], ids=["first-promote", "later-promote"])
 def test_two_promoters_one_wins_and_the_other_hears_who(
-    tmp_path: Path, request: pytest.FixtureRequest, where: str, first: bool
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, first: bool
 ) -> None:
-    root = str(tmp_path) if where == "local" else request.getfixturevalue("s3_url")
+    root = tmp_path / "store"
     store = ArtifactStore.init(root)
-    other = ArtifactStore(root)  # another process's view of the same store
-    v1, v2 = _verified(store, 1.0), _verified(store, 2.0)
+    v1, v2, v3 = _verified(store, 1.0), _verified(store, 2.0), _verified(store, 3.0)
     if not first:
         store.promote(v1)
+    # the pointer another process's promote of v2 writes, made in a copy of the store as it is
+    shutil.copytree(root, tmp_path / "copy")
+    ArtifactStore(tmp_path / "copy").promote(v2)
+    theirs = (tmp_path / "copy" / "CURRENT.json").read_bytes()
+    real_open, moments = os.open, []
 
-    storage = store._backend.storage
-    seen = pointer.read(storage, promoted=not first)  # the race's first read
-    assert seen.tag is None if first else seen.tag is not None
-    other.promote(v2)  # another process moves the pointer after ours was read
+    def moved_after_ours_was_read(path: Any, *args: Any, **kw: Any) -> int:
+        # the other process moves the pointer once ours has read it (at the look
+        # at the marker that follows), before ours writes
+        name = os.path.basename(path)
+        if name == "CURRENT.json" and not moments:
+            moments.append("ours read")
+        elif name == "STORE.json" and moments == ["ours read"]:
+            (tmp_path / "theirs").write_bytes(theirs)
+            os.replace(tmp_path / "theirs", root / "CURRENT.json")
+            moments.append("theirs written")
+        return real_open(path, *args, **kw)
+
+    monkeypatch.setattr(os, "open", moved_after_ours_was_read)
     with pytest.raises(tg.ConflictError, match=f"version {v2} is current") as e:
-        pointer.write(storage, pointer.Pointer(v1, ()), replacing=seen)
-    assert e.value.version == v2 and store.current() == v2 == other.current()
+        store.promote(v3)
+    monkeypatch.undo()
+    assert moments == ["ours read", "theirs written"]
+    assert e.value.version == v2 and store.current() == v2
+    assert [e.action for e in store.history()].count("promote") == (0 if first else 1)
 
 
 _FILL_DISK = """
