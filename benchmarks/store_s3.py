@@ -22,7 +22,7 @@ shard object read again and re-hashed) against the same gets; the plain
 requests run 8 at a time, as the store's do.
 
 Each figure is the median of ``--runs`` runs after one warm-up, the store's
-and the baseline's runs alternating; the ratio is the store's over the
+and the baseline's runs alternating in ABBA rounds; the ratio is the store's over the
 baseline's, measured in the same run.
 """
 
@@ -50,13 +50,15 @@ from treeguard import ArtifactStore
 
 
 def _medians(ours: Callable[[], object], base: Callable[[], object], runs: int) -> list[float]:
-    """The median time of each call, the two alternating run by run (so a
-    change in the machine's load reaches both alike), after one warm-up each."""
+    """The median time of each call, the two alternating in ABBA rounds (so a
+    change in the machine's load reaches both alike, and neither always runs
+    first), after one warm-up each."""
     ours()
     base()
     times: list[list[float]] = [[], []]
-    for _ in range(runs):
-        for call, out in ((ours, times[0]), (base, times[1])):
+    pairs = [(ours, times[0]), (base, times[1])]
+    for n in range(runs):
+        for call, out in pairs if n % 2 == 0 else pairs[::-1]:
             start = time.perf_counter()
             call()
             out.append(time.perf_counter() - start)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import tracemalloc
 from pathlib import Path
 from typing import Any
 
@@ -223,6 +224,43 @@ def test_a_subtree_fetches_only_its_shard_objects(
     # dense is the first subtree (b, then w: keys 0 and 1): 4 + 8 shards, embed's none
     assert fetched and all(n.split(".")[0] in ("0", "1") for n in fetched), fetched
     assert len(fetched) == 12
+
+
+def test_a_resharded_load_of_many_shard_sizes_holds_a_bounded_scratch(
+    s3_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # _src: no public knob sets a bucket read's window; at its 256 MiB default the bound
+    # shows only past a GiB of shards
+    from treeguard._src.store.bucketshards import ShardObjects
+
+    window = 128 << 10
+    monkeypatch.setattr(ShardObjects, "window", window)
+    store = ArtifactStore.init(s3_url)
+    # 24 arrays, each of a shard size of its own (8 shards of 32 to 55 KiB on 2x4),
+    # each saved shard read into scratch and copied onto the 4x2 mesh
+    rng = np.random.default_rng(7)
+    host = {f"a{k}": rng.standard_normal((64, 512 + 32 * k)).astype(np.float32) for k in range(24)}
+    save, load = _mesh((2, 4)), _mesh((4, 2))
+    v = store.put_sharded(jax.device_put(host, NamedSharding(save, P("x", "y"))))
+    assert store.verify(v).status == "verified"
+    store.promote(v)
+    sharding = NamedSharding(load, P("x", "y"))
+    like = {k: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding) for k, a in host.items()}
+    total = sum(a.nbytes for a in host.values())
+    largest = max(a.nbytes for a in host.values()) // 8
+    tracemalloc.start()  # numpy reports its buffers to it
+    try:
+        tracemalloc.reset_peak()
+        start = tracemalloc.get_traced_memory()[0]
+        out = store.load_current(like)
+        peak = tracemalloc.get_traced_memory()[1] - start
+    finally:
+        tracemalloc.stop()
+    _same(out, host)
+    # the arrays, a window of reads in flight and at most a window of free scratch, and 2 MiB
+    # for the rest (6.3 MB in all here; every buffer kept by its exact size held 10.2 MB)
+    bound = total + 2 * window + 2 * largest + (2 << 20)
+    assert peak <= bound, (peak, bound)
 
 
 KILLED_PUT = r"""

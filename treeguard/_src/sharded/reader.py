@@ -29,7 +29,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..errors import IntegrityError
-from ..hashing import Pipeline, prefault, small_pages
+from ..hashing import Pipeline
 from ..hashing.engine import DEPTH
 from ..leaf import summarize
 from . import hosts
@@ -37,33 +37,13 @@ from .digests import Index, index_of, intersect
 from .manifest import ArrayRecord, Manifest, Shard
 from .orbax_io import open_arrays, read_into, read_into_parts, shape_and_dtype
 from .runs import Runs, fits, grid
+from .scratch import Scratch, aligned
 
 #: The bytes of saved shards read ahead of the one being hashed and copied.
 WINDOW = 64 * 1024 * 1024
 #: The largest shard for which each shard is hashed on one core, several
 #: shards at once; past it one hash spreads over every core.
 WHOLE_MAX = 64 * 1024 * 1024
-#: The alignment of every buffer read into: on the CPU backend, JAX places an
-#: array this aligned on a device without copying it.
-ALIGN = 64
-
-
-def aligned(
-    shape: tuple[int, ...], dtype: np.dtype[Any], *, fault: bool = True
-) -> np.ndarray[Any, Any]:
-    """An uninitialised C-order array whose data starts on an ``ALIGN``
-    boundary, on small pages, faulted in at once unless ``fault`` is False
-    (the fetch that fills it does so in its own thread): a reshard's first
-    load into fresh memory taken a fault at a time, on the huge pages numpy
-    asks for, spent more CPU in the copies than the reads and hashes did."""
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    raw = np.empty(nbytes + ALIGN, dtype=np.uint8)
-    small_pages(memoryview(raw.data))  # no stall compacting memory for a huge page
-    if fault:
-        prefault(memoryview(raw.data))  # and every page in one call, not a fault at a time
-    skip = -raw.ctypes.data % ALIGN
-    out: np.ndarray[Any, Any] = raw[skip : skip + nbytes].view(dtype).reshape(shape)
-    return out
 
 
 def group_names(paths: Sequence[str]) -> str:
@@ -356,9 +336,9 @@ class _Reads:
         self._next = 0
         self._ahead: collections.deque[_Ahead] = collections.deque()
         self._held = 0
-        #: Buffers of saved shards already hashed and copied, by size, to read into again
-        #: (fresh memory costs its page faults; a reshard's target shards pay them once).
-        self._free: dict[int, list[np.ndarray[Any, Any]]] = {}
+        #: buffers of saved shards already hashed and copied, to read into again (fresh
+        #: memory costs its page faults), at most a window of them kept
+        self.scratch = Scratch(fetch.window)
 
     def __len__(self) -> int:
         return len(self._work)
@@ -382,7 +362,7 @@ class _Reads:
                 nbytes = runs.nbytes
             else:
                 if buf is None and (self._keep or not self._fetch.streams):
-                    buf = self._scratch(shape, plan.record.dtype, fault)
+                    buf = self.scratch.take(shape, plan.record.dtype, fault=fault)
                 future = self._fetch.start(plan.key, shard, buf)  # None: a check that streams
                 nbytes = int(np.prod(shape, dtype=np.int64)) * plan.record.dtype.itemsize
             self._held += nbytes
@@ -407,19 +387,9 @@ class _Reads:
             raise TypeError("a fetch that streams gave no digest of a shard it kept nowhere")
         return self._plans[got.n], got.shard, got.runs if got.runs is not None else got.buf, found
 
-    def _scratch(
-        self, shape: tuple[int, ...], dtype: np.dtype[Any], fault: bool
-    ) -> np.ndarray[Any, Any]:
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        free = self._free.get(nbytes)
-        if not free:
-            return aligned(shape, dtype, fault=fault)
-        out: np.ndarray[Any, Any] = free.pop().reshape(-1).view(np.uint8).view(dtype)
-        return out.reshape(shape)
-
     def reuse(self, buf: np.ndarray[Any, Any]) -> None:
         """Takes back a shard's buffer once nothing reads it any more."""
-        self._free.setdefault(buf.nbytes, []).append(buf)
+        self.scratch.give(buf)
 
     def cancel(self) -> None:
         """Drops the reads still in flight."""

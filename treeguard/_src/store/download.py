@@ -1,12 +1,15 @@
 """The thread that downloads an object ahead of its reader (``ObjectReader``
-in objects.py): chunks pulled into a bounded queue, handed over in order."""
+in objects.py): chunks pulled into a bounded queue, handed over in order;
+and the hand-over of a streamed object's parts, never past its size."""
 
 from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
+
+from . import objecterrors
 
 #: How many streamed chunks are downloaded ahead of the reader at most.
 AHEAD = 4
@@ -14,6 +17,29 @@ AHEAD = 4
 FETCH_THREAD = "treeguard-fetch"
 #: How often a thread waiting on a full queue checks whether it was stopped.
 _POLL = 0.05
+
+
+def hand_over(
+    parts: Iterable[Any], size: int, each: Callable[[int, memoryview], None], where: str
+) -> int:
+    """Hands the ``parts`` of an object of ``size`` bytes (as its answer
+    announced) to ``each(offset, part)`` in order; ``size``.
+
+    Raises:
+      IntegrityError: naming the object at ``where`` and its size, when the
+        parts run past ``size`` (before the part that would, which is never
+        handed over) or end short of it.
+    """
+    pos = 0
+    for part in parts:
+        n = len(part)
+        if pos + n > size:
+            raise objecterrors.stream_size(where, size, pos + n, more=True)
+        each(pos, memoryview(part))
+        pos += n
+    if pos != size:
+        raise objecterrors.stream_size(where, size, pos, more=False)
+    return pos
 
 
 class Download:

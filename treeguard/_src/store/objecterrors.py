@@ -5,15 +5,16 @@ status, a missing bucket, the client's words for a timeout or for an answer
 that is not the byte range asked for. They are read here, once: ``typed``
 makes a ``StorageError`` naming the operation, the object and which failure
 it was, ``permanent`` says whether a retry could mend it, and ``status``
-gives the status the server answered. A credential or a byte of an answer
-is never put in a message.
+gives the status the server answered, and ``stream_size`` is the
+``IntegrityError`` of a streamed answer that is not the size it announced.
+A credential or a byte of an answer is never put in a message.
 """
 
 from __future__ import annotations
 
 import re
 
-from ..errors import StorageError
+from ..errors import IntegrityError, StorageError
 
 _STATUS_RE = re.compile(r"status code: (\d{3})")
 #: The client's words for a request that ran past its timeout (``AWS_TIMEOUT``,
@@ -103,3 +104,26 @@ def typed(e: BaseException, doing: str, where: str, scheme: str, bucket: str) ->
     else:
         why = type(e).__name__
     return StorageError(f"{doing} failed: {why}", context=where, hint=hint)
+
+
+def stream_size(where: str, size: int, came: int, *, more: bool) -> IntegrityError:
+    """The error for an object whose streamed bytes are not the ``size`` it
+    was read for (the size its answer announced): ``came`` bytes, and
+    ``more`` when the stream ran past ``size`` (``came`` is then the bytes
+    up to the part that went past it).
+
+    Example:
+      >>> print(str(stream_size("s3://m/a", 1024, 1030, more=True)).splitlines()[0])
+      s3://m/a: the object's stream ran past its 1,024 bytes: 1,030 or more came
+    """
+    why = (
+        f"ran past its {size:,} bytes: {came:,} or more came"
+        if more
+        else (f"ended after {came:,} of its {size:,} bytes")
+    )
+    return IntegrityError(
+        f"the object's stream {why}",
+        context=where,
+        hint="the server or a proxy in front of it sent other bytes than the object's; nothing "
+        "read was used: check it, then read again",
+    )

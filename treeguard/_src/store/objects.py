@@ -41,7 +41,7 @@ import numpy as np
 from ..errors import FormatError, StorageError, StoreError, TreeguardError
 from ..hashing import prefault
 from . import objecterrors
-from .download import Download
+from .download import Download, hand_over
 from .storage import Conflict, check_object_name
 
 #: Where ``now`` writes the object whose time it reads.
@@ -280,20 +280,15 @@ class ObjectStorage:
         """Streams ``name`` in one GET when it holds ``size`` bytes,
         ``each(offset, part)`` called on each part as it arrives (the
         client's memory, valid during the call; a retry starts at 0 again),
-        never past ``size`` bytes. Its size (as read), or None if absent."""
+        never past ``size`` bytes. Its size (as read), or None if absent; a
+        stream that runs past ``size`` or ends short of it is an
+        ``IntegrityError`` naming the object (``download.hand_over``)."""
 
         def get() -> int | None:
             result = self._get(name)
             if result is None or result.meta["size"] != size:
                 return None if result is None else int(result.meta["size"])
-            pos = 0
-            for chunk in result.stream(min_chunk_size=_PART):
-                n = len(chunk)
-                if pos + n > size:
-                    return pos + n
-                each(pos, memoryview(chunk))
-                pos += n
-            return pos
+            return hand_over(result.stream(min_chunk_size=_PART), size, each, self.where(name))
 
         return self._idempotent("reading", check_object_name(name), get)
 
