@@ -13,6 +13,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
+from machine import cpu_mesh
 
 import treeguard as tg
 
@@ -158,3 +161,26 @@ def test_check_next_refuses_a_step_it_cannot_hold(tmp_path: Path) -> None:
     assert lines[0] == "the step returned the params['w'] as bfloat16[3], given float32[3]"
     assert lines[1].startswith('hint: check="next" returns the params and the state from before')
     assert not tmp_path.exists() or not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("axis_type", [AxisType.Auto, AxisType.Explicit])
+def test_check_next_holds_and_refuses_params_sharded_over_a_mesh(
+    tmp_path: Path, axis_type: Any
+) -> None:
+    mesh = cpu_mesh((2, 4), ("x", "y"), (axis_type,) * 2)
+    sharding = NamedSharding(mesh, P("x", "y"))
+    train = tg.FlightRecorder(tmp_path, batch="record").wrap(
+        tg.optax_step(optax.sgd(0.1)), loss=nm.tiny_loss, check="next"
+    )
+    good = {"x": jax.device_put(jnp.ones((8, 8)), sharding)}
+    params = {"w": jax.device_put(jnp.ones((8, 8)), sharding)}
+    state = train.init(params)
+    with jax.set_mesh(mesh):
+        for _ in range(WINDOW):  # a read of the watch, placed beside the params
+            params, state, _ = train(params, state, good)
+        before = np.asarray(params["w"])
+        held, state, _ = train(params, state, {"x": -good["x"]})
+        assert held["w"].sharding == sharding
+        np.testing.assert_array_equal(np.asarray(held["w"]), before)
+        with pytest.raises(tg.NonFiniteError, match=f"^step {WINDOW}: 1 leaf holds NaN"):
+            train.flush()
