@@ -19,14 +19,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import treeguard as tg
-from treeguard.examples import cnn, eqx_mlp
+from tests.drawn import cnn_params
+from treeguard.examples import eqx_mlp
 
 
-def _trained(init: Any) -> dict[str, Any]:
+def _trained(params: Any) -> dict[str, Any]:
     """A training checkpoint's tree: params and adam's state after one step,
     with the params as their own grads (one compiled update: eager optax
     dispatches each leaf's ops one by one)."""
-    params = init(jax.random.key(0))
     opt = optax.adam(1e-2)
     state = opt.init(params)
     updates, state = jax.jit(lambda p, s: opt.update(p, s, p))(params, state)
@@ -35,7 +35,7 @@ def _trained(init: Any) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def cnn_ckpt(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
-    tree = _trained(cnn.init)
+    tree = _trained(cnn_params(0))
     path = tmp_path_factory.mktemp("partial") / "cnn.safetensors"
     tg.save(path, tree)
     return path, tree
@@ -50,7 +50,7 @@ def _equal(a: Any, b: Any) -> None:
 @pytest.mark.slow
 def test_subtree_loads_the_params_of_a_training_checkpoint(cnn_ckpt: Any) -> None:
     path, tree = cnn_ckpt
-    fresh = cnn.init(jax.random.key(1))
+    fresh = cnn_params(1)
     got = tg.load(path, like=fresh, subtree="['params']")
     _equal(got, tree["params"])
     assert type(got) is type(fresh)
@@ -58,7 +58,7 @@ def test_subtree_loads_the_params_of_a_training_checkpoint(cnn_ckpt: Any) -> Non
 
 def test_ignore_leaves_the_optimizer_state_unread(cnn_ckpt: Any) -> None:
     path, tree = cnn_ckpt
-    got = tg.load(path, like={"params": cnn.init(jax.random.key(1))}, ignore=["['opt_state']"])
+    got = tg.load(path, like={"params": cnn_params(1)}, ignore=["['opt_state']"])
     _equal(got, {"params": tree["params"]})
 
 
@@ -73,7 +73,7 @@ def test_subtree_without_like_rebuilds_the_stored_part(cnn_ckpt: Any) -> None:
 
 @pytest.mark.slow
 def test_subtree_and_ignore_together_on_the_equinox_mlp(tmp_path: Path) -> None:
-    tree = _trained(eqx_mlp.init)
+    tree = _trained(eqx_mlp.init(jax.random.key(0)))
     path = tmp_path / "eqx.safetensors"
     tg.save(path, tree)
     got = tg.load(path, like=tree["opt_state"][0].mu, subtree="['opt_state'][0].nu")
@@ -85,7 +85,7 @@ def test_subtree_and_ignore_together_on_the_equinox_mlp(tmp_path: Path) -> None:
 
 def test_every_mismatch_of_the_selected_part_is_listed(cnn_ckpt: Any) -> None:
     path, _ = cnn_ckpt
-    like = cnn.init(jax.random.key(1))
+    like = cnn_params(1)
     like["linear2"]["kernel"] = nnx.Param(jnp.zeros((32, 11)))
     like["conv1"]["bias"] = nnx.Param(jnp.zeros(8, jnp.bfloat16))
     with pytest.raises(tg.TreeMismatchError) as info:
@@ -101,7 +101,7 @@ def test_every_mismatch_of_the_selected_part_is_listed(cnn_ckpt: Any) -> None:
 def test_a_part_left_out_of_like_is_still_a_mismatch(cnn_ckpt: Any) -> None:
     path, _ = cnn_ckpt
     with pytest.raises(tg.TreeMismatchError, match=r"\['opt_state'\]"):
-        tg.load(path, like={"params": cnn.init(jax.random.key(1))})
+        tg.load(path, like={"params": cnn_params(1)})
 
 
 @pytest.mark.parametrize(
@@ -158,7 +158,7 @@ def test_a_foreign_file_refuses_a_selection(tmp_path: Path) -> None:
 
 def test_rename_applies_inside_the_selected_part(cnn_ckpt: Any) -> None:
     path, tree = cnn_ckpt
-    params = cnn.init(jax.random.key(1))
+    params = cnn_params(1)
     like = nnx.State({"out": dict(params["linear2"].items())})  # State holds plain dicts
     got = tg.load(
         path,
@@ -234,7 +234,7 @@ def test_the_store_loads_a_part_of_its_current_version(tmp_path: Path, cnn_ckpt:
     v = store.put(tree)
     assert store.verify(v).status == "verified"
     store.promote(v)
-    like = cnn.init(jax.random.key(1))
+    like = cnn_params(1)
     _equal(store.load_current(like, subtree="['params']"), tree["params"])
     _equal(
         store.load_verified(v, {"params": like}, ignore=["['opt_state']"]),

@@ -15,6 +15,7 @@ import pytest
 from flax import nnx
 
 import treeguard as tg
+from tests.drawn import drawn
 from treeguard.examples import cnn, eqx_mlp
 
 
@@ -220,12 +221,12 @@ def test_moments_follow_a_renamed_layer_of_the_equinox_mlp(tmp_path: Path) -> No
 
 
 def test_an_nnx_optimizer_state_follows_a_head_added_to_the_cnn() -> None:
-    model = cnn.CNN(rngs=nnx.Rngs(0))
+    model = drawn(lambda: cnn.CNN(rngs=nnx.Rngs(0)), 0)  # the form, no initializer compiled
     old_opt = nnx.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)
     old_params = nnx.state(model, nnx.Param)
     grads = jax.tree.map(jnp.ones_like, old_params)
     old_opt.update(model, grads)
-    bigger = CNNWithHead(rngs=nnx.Rngs(1))
+    bigger = drawn(lambda: CNNWithHead(rngs=nnx.Rngs(1)), 1)
     new_opt = nnx.Optimizer(bigger, optax.adam(1e-2), wrt=nnx.Param)
     state, report = tg.migrate_opt_state(
         new_opt, nnx.state(old_opt), old_params, nnx.state(bigger, nnx.Param)
