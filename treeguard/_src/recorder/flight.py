@@ -435,6 +435,7 @@ class RecordedStep:
         self._probe = None
         if self._watch is not None:
             self._read(np.asarray(self._watch))
+        self._held = (None, None)  # every step is read: nothing is replayed from them
 
     def _read(self, watch: np.ndarray[Any, Any]) -> None:
         """Takes a watch read on the host: the steps it covers are finite, or the
