@@ -5,6 +5,8 @@ unchanged; the host reads it every 16 steps (the documented window) or at
 
 from __future__ import annotations
 
+import gc
+import weakref
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -184,3 +186,33 @@ def test_check_next_holds_and_refuses_params_sharded_over_a_mesh(
         np.testing.assert_array_equal(np.asarray(held["w"]), before)
         with pytest.raises(tg.NonFiniteError, match=f"^step {WINDOW}: 1 leaf holds NaN"):
             train.flush()
+
+
+def test_check_next_keeps_no_params_alive_once_flushed(tmp_path: Path) -> None:
+    train = _train_next(tmp_path)
+    params = {"w": jnp.ones(3)}
+    state = train.init(params)
+    for _ in range(3):
+        params, state, _ = train(params, state, GOOD)
+    train.flush()
+    newest = weakref.ref(params["w"])
+    del params, state
+    gc.collect()
+    assert newest() is None  # the caller's last params are the caller's alone
+
+
+def test_check_next_refuses_a_step_numbered_past_int32(tmp_path: Path) -> None:
+    recorder = tg.FlightRecorder(tmp_path, batch="record")
+    train = recorder.wrap(
+        tg.optax_step(optax.sgd(0.1)), loss=nm.tiny_loss, start=2**31 - 2, check="next"
+    )
+    params = {"w": jnp.ones(3)}
+    state = train.init(params)
+    for _ in range(3):  # the third is numbered 2**31: the watch counts from its own start
+        params, state, _ = train(params, state, GOOD)
+    before = np.asarray(params["w"])
+    held, state, _ = train(params, state, BAD)
+    np.testing.assert_array_equal(np.asarray(held["w"]), before)
+    with pytest.raises(tg.NonFiniteError, match=f"^step {2**31 + 1}: 1 leaf holds NaN"):
+        train.flush()
+    assert train.step_number == 2**31 + 1

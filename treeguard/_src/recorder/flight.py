@@ -245,6 +245,9 @@ class RecordedStep:
         # for, the watch whose copy to the host is under way, and the newest
         # params and state (those from before a non-finite step, once it sticks)
         self._watch: jax.Array | None = None
+        #: the number of the watch's first step: the watch counts from 0, so that
+        #: an int32 holds any step number (a resumed run's ``start`` past 2**31)
+        self._base = start
         self._unread: deque[_Unread] = deque()
         self._probe: jax.Array | None = None
         self._held: tuple[Any, Any] = (None, None)
@@ -411,7 +414,7 @@ class RecordedStep:
         """A step with ``check="next"``: dispatched with the watch; the watch of
         an earlier step read once this one is dispatched, when its copy began."""
         if self._watch is None:
-            self._watch = start_watch(self.step_number)
+            self._watch, self._base = start_watch(0), self.step_number
         out, self._watch = self._fn(params, opt_state, batch, key, self._watch)
         self._unread.append(_Unread(self.step_number, batch, key))
         self.step_number += 1
@@ -435,11 +438,13 @@ class RecordedStep:
         self._probe = None
         if self._watch is not None:
             self._read(np.asarray(self._watch))
+        self._held = (None, None)  # every step is read: nothing is replayed from them
 
     def _read(self, watch: np.ndarray[Any, Any]) -> None:
         """Takes a watch read on the host: the steps it covers are finite, or the
         first that is not is refused (and the steps after it are not taken)."""
-        count, bad = int(watch[COUNT]), int(watch[FIRST_BAD])
+        count, bad = self._base + int(watch[COUNT]), int(watch[FIRST_BAD])
+        bad = self._base + bad if bad >= 0 else -1
         while self._unread and self._unread[0].number < (count if bad < 0 else bad):
             self._unread.popleft()
         if bad < 0:

@@ -5,7 +5,8 @@ Reading a value from an accelerator costs the host about as long as
 dispatching a small step (about 0.1 ms on a TPU v5e host), so a loop that
 reads nothing else must not read a flag every step. Instead each step's
 program carries the *watch*, two int32 on the device: the number of the next
-step and the number of the first non-finite step (-1 while there is none).
+step and the number of the first non-finite step (-1 while there is none),
+counted from the watch's first step (the host adds the run's own number).
 Once it is set, every later program returns the params and the state it was
 given, so whenever the host reads the watch the newest params are those from
 before the step that went wrong. The host reads it every ``READ_EVERY``
