@@ -216,3 +216,23 @@ def test_check_next_refuses_a_step_numbered_past_int32(tmp_path: Path) -> None:
     with pytest.raises(tg.NonFiniteError, match=f"^step {2**31 + 1}: 1 leaf holds NaN"):
         train.flush()
     assert train.step_number == 2**31 + 1
+
+
+def test_a_batch_changed_in_place_before_its_flag_is_read_is_named(tmp_path: Path) -> None:
+    train = _train_next(tmp_path)
+    params = {"w": jnp.ones(3)}
+    state = train.init(params)
+    buffer = np.array([1.0, -4.0, 9.0], np.float32)  # a loader's reused host buffer
+    train(params, state, {"x": buffer})
+    buffer[:] = [1.0, 4.0, 9.0]  # the next batch written over it before the flag is read
+    with pytest.raises(tg.NonFiniteError) as info:
+        train.flush()
+    first = str(info.value).splitlines()[0]
+    assert first.startswith("step 0: its flag was set on the device, but replaying it from")
+    assert "the batch was changed in place after the call" in first
+
+
+def test_the_step_number_is_read_only(tmp_path: Path) -> None:
+    train = _train_next(tmp_path)
+    with pytest.raises(AttributeError):
+        train.step_number = 100  # type: ignore[misc]

@@ -198,7 +198,8 @@ class FlightRecorder:
             wrong (replayed from the held params and its batch), and the
             params the caller holds are those from before it. Call
             ``flush()`` after the last step. It keeps the batches and keys
-            of the steps not read yet alive (up to 17), and no params.
+            of the steps not read yet alive (up to 17), and no params: a
+            batch must not be changed in place until its flag is read.
 
         Returns:
           The ``RecordedStep``.
@@ -217,7 +218,8 @@ class RecordedStep:
 
     Attributes:
       recorder: the ``FlightRecorder``.
-      step_number: the number the next call gets.
+      step_number: the number the next call gets (read-only: the recorder
+        numbers the steps it has not read yet by it).
     """
 
     def __init__(
@@ -239,7 +241,7 @@ class RecordedStep:
                 "reads it once the next step is dispatched",
             )
         self.recorder = recorder
-        self.step_number = start
+        self._number = start
         self.check: CheckWhen = check
         # check="next": the watch on the device, the steps it has not been read
         # for, the watch whose copy to the host is under way, and the newest
@@ -295,8 +297,13 @@ class RecordedStep:
                 hint="recorder.wrap(train_step) or recorder.wrap(tg.optax_step(opt), loss=loss)",
             )
 
+    @property
+    def step_number(self) -> int:
+        """The number the next call gets."""
+        return self._number
+
     def __repr__(self) -> str:
-        return f"RecordedStep({self.recorder!r}, step_number={self.step_number})"
+        return f"RecordedStep({self.recorder!r}, step_number={self._number})"
 
     def init(self, params: Any, /) -> Any:
         """The optimizer's first state (``OptaxStep.init``), for an ``OptaxStep``.
@@ -405,19 +412,19 @@ class RecordedStep:
                     x.copy_to_host_async()
             finite = bool(ok)  # the one host sync: a scalar
         if finite:
-            self.step_number += 1
+            self._number += 1
             return self._returned(out, carry)
         # made on the error path only: a finite step with check="now" keeps nothing
-        raise self._refuse(_Dispatched(self.step_number, out, ok, params, opt_state, batch, key))
+        raise self._refuse(_Dispatched(self._number, out, ok, params, opt_state, batch, key))
 
     def _call_next(self, params: Any, opt_state: Any, batch: Any, key: Any) -> Any:
         """A step with ``check="next"``: dispatched with the watch; the watch of
         an earlier step read once this one is dispatched, when its copy began."""
         if self._watch is None:
-            self._watch, self._base = start_watch(0), self.step_number
+            self._watch, self._base = start_watch(0), self._number
         out, self._watch = self._fn(params, opt_state, batch, key, self._watch)
-        self._unread.append(_Unread(self.step_number, batch, key))
-        self.step_number += 1
+        self._unread.append(_Unread(self._number, batch, key))
+        self._number += 1
         self._held = (out[2], out[3]) if self._optax is not None else (out[0], out[1])
         probe, self._probe = self._probe, None
         if probe is not None:
@@ -453,7 +460,7 @@ class RecordedStep:
         self._unread.clear()
         self._watch = self._probe = None
         self._held = (None, None)
-        self.step_number = bad
+        self._number = bad
         replay = jax.jit(self._optax_trees if self._optax is not None else self._call_user)
         out = replay(params, opt_state, unread.batch, unread.key)
         raise self._refuse(
@@ -493,6 +500,12 @@ class RecordedStep:
         checked = labelled_trees(self._labelled(out))
         sections, found_all = nonfinite_sections(checked)
         found = [Found(lay.label, f) for lay, f in zip(checked, found_all) if f]
+        if not found and self.check == "next":
+            sections = [
+                "its flag was set on the device, but replaying it from the params held "
+                "before it and its kept batch gave finite values: the batch was changed in "
+                "place after the call, or the replay computed differently"
+            ]
         rec = self.recorder
         bundle: str | None = None
         failure: RecorderError | None = None
