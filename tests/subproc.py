@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -54,6 +55,44 @@ def run_python(
         [sys.executable, "-c", code, *args],
         cwd=cwd or ROOT,
         env=child_env(env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def run_on_a_small_disk(
+    code: str, disk: Path, options: str, *args: str, timeout: float = 180
+) -> subprocess.CompletedProcess[str]:
+    """Runs ``python -c code args...`` as :func:`run_python` does, with a
+    fresh tmpfs (``mount -o options``, such as ``size=1m``) at ``disk`` (an
+    empty directory), in a private mount namespace as a mapped root user:
+    a real full disk, without root and without mocks. Skips the test where
+    ``unshare(1)``, ``mount(8)`` or user namespaces are missing."""
+    if shutil.which("unshare") is None or shutil.which("mount") is None:
+        pytest.skip("needs unshare(1) and mount(8) to make a small file system")
+    namespace = ["unshare", "--user", "--map-root-user", "--mount"]
+    probe = subprocess.run([*namespace, "true"], capture_output=True, check=False, timeout=30)
+    if probe.returncode != 0:
+        pytest.skip("user namespaces are not allowed here")
+    mount = 'mount -t tmpfs -o "$1" tmpfs "$2" && shift 2 && exec "$@"'
+    return subprocess.run(
+        [
+            *namespace,
+            "sh",
+            "-c",
+            mount,
+            "sh",
+            options,
+            str(disk),
+            sys.executable,
+            "-c",
+            code,
+            *args,
+        ],
+        cwd=ROOT,
+        env=child_env(),
         capture_output=True,
         text=True,
         timeout=timeout,

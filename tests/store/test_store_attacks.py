@@ -13,8 +13,6 @@ import os
 import shutil
 import signal
 import socket
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +22,7 @@ import pytest
 import treeguard as tg
 from tests.machine import needs_inet_sockets
 from tests.store.storm import storm
-from tests.subproc import child_env, run_python
+from tests.subproc import run_on_a_small_disk, run_python
 from treeguard import ArtifactStore, ConfigError, RetentionPolicy, StoreError, UnknownVersionError
 
 KEY = b"k" * 32
@@ -250,37 +248,9 @@ print(sorted(os.listdir(os.path.join(sys.argv[1], "versions"))))
 
 @pytest.mark.slow
 def test_a_full_disk_during_put_is_a_storage_error_naming_the_version(tmp_path: Path) -> None:
-    if shutil.which("unshare") is None or shutil.which("mount") is None:
-        pytest.skip("needs unshare(1) and mount(8) to make a small file system")
     disk = tmp_path / "disk"
     disk.mkdir()
-    script = tmp_path / "fill.py"
-    script.write_text(_FILL_DISK)
-    probe = subprocess.run(
-        ["unshare", "--user", "--map-root-user", "--mount", "true"],
-        capture_output=True,
-        check=False,
-        timeout=30,
-    )
-    if probe.returncode != 0:
-        pytest.skip("user namespaces are not allowed here")
-    done = subprocess.run(
-        [
-            "unshare",
-            "--user",
-            "--map-root-user",
-            "--mount",
-            "sh",
-            "-c",
-            f'mount -t tmpfs -o size=1m tmpfs "{disk}" && exec "{sys.executable}" "{script}" '
-            f'"{disk}/store"',
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=180,
-        env=child_env(),
-    )
+    done = run_on_a_small_disk(_FILL_DISK, disk, "size=1m", f"{disk}/store")
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.splitlines() == [
         "StorageError put writing version put failed: no space left on the device",

@@ -1,7 +1,8 @@
 """A dedup store's put, whose writes overlap (the name's reservation, the
 new tensors, the manifest): a kill between any two of them leaves no
-visible version that names a missing tensor, a refused name leaves no
-object, and bytes the store holds are not kept twice."""
+visible version that names a missing tensor, every entry it made is
+durable before its record (a file put's too), a refused name or a full
+disk leaves no object, and bytes the store holds are not kept twice."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tests.subproc import run_python
+from tests.subproc import run_on_a_small_disk, run_python
 from treeguard import ArtifactStore, StoreError
 
 
@@ -148,14 +149,17 @@ def test_a_fine_tune_changing_more_leaves_than_are_written_at_once_keeps_each(
 
 
 def _created_in_tensors(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The names of the files created in a store's ``tensors/`` from now on
-    (``os.open`` with ``O_CREAT`` watched)."""
+    """The names of the leaves' temp files created in a store's ``tensors/``
+    from now on (``os.open`` with ``O_CREAT`` watched; the manifest's temp,
+    also staged there, is not a leaf's)."""
     created: list[str] = []
     real = os.open
 
     def watched(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
-        if flags & os.O_CREAT and os.path.basename(os.path.dirname(str(path))) == "tensors":
-            created.append(os.path.basename(str(path)))
+        name = os.path.basename(str(path))
+        in_area = os.path.basename(os.path.dirname(str(path))) == "tensors"
+        if flags & os.O_CREAT and in_area and not name.startswith(".tensors.json."):
+            created.append(name)
         return real(path, flags, *args, **kwargs)
 
     monkeypatch.setattr(os, "open", watched)
@@ -201,3 +205,94 @@ def test_a_put_interrupted_while_it_hashes_a_leaf_leaves_no_temp_file(
     monkeypatch.undo()
     assert created  # the head's temp was being written while it was hashed
     assert _area(root) == before  # and is gone
+
+
+#: The child, on a 1 MiB disk: a dedup store of small tensors, then a put of
+#: a fine-tune (a new jax leaf staged while it is hashed) and of a numpy tree,
+#: each with a new leaf of 4 MiB; what each put raised, and what is left.
+_FILL_DISK = """
+import os, sys
+import jax, jax.numpy as jnp, numpy as np
+from treeguard import ArtifactStore, StorageError
+root = sys.argv[1]
+store = ArtifactStore.init(root, dedup=True)
+base = {"body": {"w": np.ones((16, 16), np.float32)}, "head": np.zeros(8, np.float32)}
+v = store.put(base)
+store.verify(v)
+store.promote(v)
+params = store.load_current(jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), base))
+for tree in ({**params, "extra": jnp.ones((1024, 1024))},
+             {**base, "body": {"w": base["body"]["w"], "big": np.ones((1024, 1024), np.float32)}}):
+    try:
+        store.put(tree)
+    except StorageError as e:
+        print(type(e).__name__, e.version, str(e).splitlines()[0].split(": ", 1)[1])
+print(*[i.version for i in store.versions()])
+print(len([n for n in os.listdir(os.path.join(root, "tensors")) if n.startswith(".")]), "temps")
+print(store.load_current(base)["body"]["w"][0, 0])
+"""
+
+
+@pytest.mark.slow
+def test_a_full_disk_while_a_tensor_is_staged_names_the_version_and_the_leaf(
+    tmp_path: Path,
+) -> None:
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    done = run_on_a_small_disk(_FILL_DISK, disk, "size=1m", f"{disk}/store")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines() == [
+        "StorageError v000002 writing version v000002 failed at ['extra']: no space left on "
+        "the device",
+        "StorageError v000003 writing version v000003 failed at ['body']['big']: no space left "
+        "on the device",
+        "v000001",  # nothing of either put is kept
+        "0 temps",
+        "1.0",
+    ]
+
+
+def _watched_writes(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str, str]]:
+    """Every ``mkdir``, ``link``, ``rename`` and ``fsync`` from now on, in
+    order, as ``(op, path, source)``: an fsync names the file or directory
+    its descriptor is open on (read from ``/proc``)."""
+    events: list[tuple[str, str, str]] = []
+    for op in ("mkdir", "link", "replace", "rename", "fsync"):
+        real = getattr(os, op)
+
+        def watched(*a: Any, _op: str = op, _real: Any = real, **k: Any) -> Any:
+            if _op == "fsync":
+                events.append(("fsync", os.readlink(f"/proc/self/fd/{a[0]}"), ""))
+            out = _real(*a, **k)
+            if _op != "fsync":
+                target = str(a[1] if _op in ("link", "replace", "rename") else a[0])
+                events.append((_op, os.path.abspath(target), str(a[0]) if len(a) > 1 else ""))
+            return out
+
+        monkeypatch.setattr(os, op, watched)
+    return events
+
+
+@pytest.mark.parametrize("dedup", [True, False], ids=["tensors", "file"])
+def test_a_put_makes_every_entry_durable_before_the_record_that_shows_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dedup: bool
+) -> None:
+    if not os.path.isdir("/proc/self/fd"):
+        pytest.skip("needs /proc to name what each fsync syncs")
+    root = tmp_path / "store"
+    store = _store(root) if dedup else ArtifactStore.init(root)
+    params = store.load_current(_like()) if dedup else _tree()
+    events = _watched_writes(monkeypatch)
+    v = store.put({**params, "head": params["head"] + 1.0})
+    monkeypatch.undo()
+    record = str(root / "versions" / v / "status.json")
+    last = max(i for i, (op, path, _) in enumerate(events) if path == record and op != "fsync")
+    synced = {path for op, path, _ in events[last:] if op == "fsync"}
+    assert str(root / "versions" / v) in synced  # the record itself, before put returns
+    for i, (op, path, source) in enumerate(events[:last]):
+        if op == "fsync":
+            continue
+        later = {p for o, p, _ in events[i + 1 : last] if o == "fsync"}
+        assert os.path.dirname(path) in later, (op, path)  # its entry, before the record
+        if source:  # a file renamed or linked: its bytes synced before
+            assert ("fsync", source, "") in events[:i], (op, path)

@@ -19,7 +19,9 @@ import os
 import re
 import secrets
 import stat
+import threading
 from collections.abc import Callable
+from concurrent.futures import Executor
 
 from .errors import FormatError
 
@@ -75,6 +77,69 @@ def fsync_dir(dirname: str) -> None:
         os.close(dfd)
 
 
+class DirSyncs:
+    """Directories whose new entries (a rename, a link, a ``mkdir``) are
+    made durable later, together: ``sync`` fsyncs each once. A writer whose
+    entries must all be durable before one last write (a store's put before
+    its record) syncs them in one batch there, rather than one after each
+    entry: on a journaling file system the first fsync commits them all and
+    the others return at once, and none of them waits, one after another,
+    behind a large file's bytes another thread is syncing. Safe to share
+    between threads.
+
+    Example:
+      >>> import tempfile, os
+      >>> d = tempfile.mkdtemp()
+      >>> later = DirSyncs()
+      >>> atomic_write(os.path.join(d, "a"), b"1", dirs=later)  # the file fsynced, not d
+      >>> later.pending() == [d]
+      True
+      >>> later.sync(); later.pending()
+      []
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._dirs: dict[str, None] = {}  # in the order added, each once
+
+    def add(self, dirname: str) -> None:
+        """Makes ``dirname`` one of the directories the next ``sync`` fsyncs."""
+        with self._lock:
+            self._dirs[os.path.abspath(dirname or ".")] = None
+
+    def pending(self) -> list[str]:
+        """The directories the next ``sync`` fsyncs."""
+        with self._lock:
+            return list(self._dirs)
+
+    def sync(self, pool: Executor | None = None) -> None:
+        """Fsyncs each directory added since the last ``sync``, once; all
+        at the same time when ``pool``'s threads are given (each fsync may
+        wait for its own flush of the disk's cache; flushes asked for at
+        once are served by one)."""
+        with self._lock:
+            dirs, self._dirs = list(self._dirs), {}
+        if pool is None:
+            for dirname in dirs:
+                fsync_dir(dirname)
+            return
+        others = [pool.submit(fsync_dir, d) for d in dirs[1:]]
+        try:
+            for dirname in dirs[:1]:
+                fsync_dir(dirname)
+        finally:
+            for f in others:
+                f.result()
+
+
+def sync_dir(dirname: str, later: DirSyncs | None = None) -> None:
+    """Fsyncs ``dirname`` now, or leaves it to ``later`` when given."""
+    if later is None:
+        fsync_dir(dirname)
+    else:
+        later.add(dirname)
+
+
 def write_all(fd: int, buf: memoryview | bytes) -> None:
     """Writes every byte of ``buf`` (``os.write`` may write fewer)."""
     view = memoryview(buf).cast("B")
@@ -111,6 +176,7 @@ def atomic_write(
     /,
     *,
     sync: bool = True,
+    dirs: DirSyncs | None = None,
 ) -> None:
     """Replaces ``path`` with new content, atomically and durably.
 
@@ -120,6 +186,9 @@ def atomic_write(
       data: the bytes, or a function that writes them to the open file
         descriptor it is given (and may ``pwrite`` into it).
       sync: fsync the file and the directory (turn off only for scratch files).
+      dirs: with ``sync``, the directory is added to these, for the caller
+        to sync later with others (the file itself is fsynced before its
+        rename all the same), instead of synced now.
 
     Raises:
       OSError: if the directory cannot be written; nothing is left behind.
@@ -150,7 +219,7 @@ def atomic_write(
             os.unlink(tmp)
         raise
     if sync:
-        fsync_dir(os.path.dirname(target))
+        sync_dir(os.path.dirname(target), dirs)
 
 
 def current_umask() -> int:

@@ -36,7 +36,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from .. import dirtree, strictjson
-from ..atomic import FILE_MODE, file_kind
+from ..atomic import FILE_MODE, DirSyncs, file_kind
 from ..errors import (
     ConflictError,
     FormatError,
@@ -178,14 +178,15 @@ class Layout:
             )
         return data
 
-    def write_marker(self, marker: dict[str, Any]) -> None:
-        """Replaces the marker read last, only if it is still that one.
+    def write_marker(self, marker: dict[str, Any], *, dirs: DirSyncs | None = None) -> None:
+        """Replaces the marker read last, only if it is still that one
+        (``dirs``: the root's fsync is left to these, ``atomic.DirSyncs``).
 
         Raises:
           ConflictError: if another process changed it since.
         """
         got = self.storage.swap(
-            MARKER_FILE, (strictjson.dumps(marker) + "\n").encode(), self._marker_tag
+            MARKER_FILE, (strictjson.dumps(marker) + "\n").encode(), self._marker_tag, dirs=dirs
         )
         if isinstance(got, Conflict):
             raise ConflictError(

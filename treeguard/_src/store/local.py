@@ -11,22 +11,20 @@ and gc retires a name in the marker before it deletes anything of it.
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import secrets
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from typing import Any
 
-from ..atomic import open_regular, pid_alive, remove_stale_temps
+from ..atomic import DirSyncs, open_regular, pid_alive, remove_stale_temps
 from ..checkpoint import read_header, save
 from ..checkpoint.write import laid_out
 from ..errors import (
     IntegrityError,
     RetiredVersionError,
-    StorageError,
     StoreError,
     UnknownVersionError,
 )
@@ -34,7 +32,7 @@ from ..hashing import Algorithm, Source
 from ..hashing.memo import Carried
 from ..sharded.manifest import read as read_manifest
 from ..spec import TreeSpec
-from . import deleter, gates, log, payload, records, tensorput, tensors
+from . import deleter, gates, log, payload, records, space, tensorput, tensors
 from .backend import Record, Wanted
 from .layout import AUTO_RE, MODEL_FILE, STATUS_FILE, Layout
 from .lead import lead_acts, not_made, not_recorded
@@ -143,7 +141,7 @@ class LocalBackend:
             version, path = self._reserve(version, user)
         try:
             model = os.path.join(path, MODEL_FILE)
-            with _out_of_space_is_typed(lambda: (version, path)):
+            with space.typed(lambda: path):
                 save(model, tree, metadata=user, digest=digest)
             self._record_candidate(version, path, read_header(model).spec, {})
         except BaseException:
@@ -162,18 +160,22 @@ class LocalBackend:
         """A tensors version: its name reserved on a thread while its tensors
         the store lacks are hashed and written, then its manifest (taken
         back if gc marked one of its objects), then its record as a
-        candidate (tensorput.py says which orders matter)."""
+        candidate (tensorput.py says which orders matter). The directories
+        the reservation, the objects and the manifest add entries to are
+        synced in one batch (``dirs``), after the last of those entries and
+        before the record."""
         self._areas()
+        dirs = DirSyncs()
         with ThreadPoolExecutor(tensorput.THREADS + 1, thread_name_prefix="treeguard-put") as pool:
-            reserved = pool.submit(self._reserve_dir, version, user)  # first: the others wait on it
+            reserved = pool.submit(self._reserve_dir, version, user, dirs)  # first: others wait
             record: Future[tuple[dict[str, Any], str]] | None = None
             try:
-                with _out_of_space_is_typed(lambda: _named(reserved.result())):
+                with space.typed(reserved.result):
                     draft = laid_out(tree, metadata=user, digest=digest)
                     record = pool.submit(self._stage_candidate, reserved, draft.spec)
-                    tensorput.put(self.storage, draft, pool, reserved, carried)
+                    tensorput.put(self.storage, draft, pool, reserved, dirs=dirs, carried=carried)
                 version, path = _named(reserved.result())
-                self._commit_candidate(version, path, record.result(), draft.spec)
+                self._commit_candidate(version, path, record.result(), draft.spec, pool)
             except BaseException as e:
                 if record is not None:  # a live writer's temp: the directory's removal keeps it
                     with contextlib.suppress(Exception):
@@ -195,25 +197,39 @@ class LocalBackend:
         return data, records.staged(path, version, _as_candidate(data, spec))
 
     def _commit_candidate(
-        self, version: str, path: str, record: tuple[dict[str, Any], str], spec: TreeSpec
+        self,
+        version: str,
+        path: str,
+        record: tuple[dict[str, Any], str],
+        spec: TreeSpec,
+        pool: ThreadPoolExecutor,
     ) -> None:
         """``_record_candidate`` of a tensors version with the candidate
         ``_stage_candidate`` wrote: renamed over the record if that is still
-        the one read, else written anew from the record now there."""
+        the one read, else written anew from the record now there. The
+        directory is synced on ``pool`` while the log's line is written and
+        synced (a line that outlives its record in a crash names a put that
+        did not finish; nothing decides by a put's line)."""
         read, tmp = record
+        later = DirSyncs()
         with self.layout.locked():
             now = records.read(path)
             if now == read:
-                records.commit(path, tmp)
+                records.commit(path, tmp, dirs=later)
             else:
                 os.unlink(tmp)
-                records.write(path, version, _as_candidate(now, spec))
-            log.append(self.root, "put", version, {"status": "candidate", "kind": "tensors"})
+                records.write(path, version, _as_candidate(now, spec), dirs=later)
+            synced = pool.submit(later.sync)
+            try:
+                log.append(self.root, "put", version, {"status": "candidate", "kind": "tensors"})
+            finally:
+                synced.result()
 
-    def _reserve_dir(self, version: str | None, user: dict[str, Any]) -> str:
-        """``_reserve`` of a tensors version under the lock: its directory."""
+    def _reserve_dir(self, version: str | None, user: dict[str, Any], dirs: DirSyncs) -> str:
+        """``_reserve`` of a tensors version under the lock, its directories
+        left to ``dirs``: its directory."""
         with self.layout.locked():
-            return self._reserve(version, user, "tensors")[1]
+            return self._reserve(version, user, "tensors", dirs)[1]
 
     def put_sharded(
         self, tree: Any, user: dict[str, Any], version: str | None, digest: Algorithm
@@ -231,7 +247,7 @@ class LocalBackend:
         version = lead_acts(reserve, failed=not_made(self.root)).decode("ascii")
         path = self.layout.version_dir(version)
         try:
-            with _out_of_space_is_typed(lambda: (version, path)):
+            with space.typed(lambda: path):
                 save_sharded(  # a collective failing in every process
                     path, tree, metadata=user, digest=digest
                 )
@@ -267,9 +283,22 @@ class LocalBackend:
         self.layout.init()
 
     def _reserve(
-        self, version: str | None, user: dict[str, Any], kind: str = "file"
+        self,
+        version: str | None,
+        user: dict[str, Any],
+        kind: str = "file",
+        dirs: DirSyncs | None = None,
     ) -> tuple[str, str]:
-        """Picks the name, creates its directory and its ``writing`` record (under the lock)."""
+        """Picks the name, creates its directory and its ``writing`` record
+        (under the lock). The marker and the record are each fsynced before
+        their rename (a crash never leaves either torn); the directories
+        their new entries are in (the root, ``versions/``, the version's)
+        are synced before it returns, or left to ``dirs`` when given, for
+        the caller to sync before anything that makes the version visible.
+        Until they are synced a crash may lose the name; no put has
+        returned it then, and a name made durable is never handed out
+        again (the counter, the names held and those gc retired)."""
+        later = DirSyncs() if dirs is None else dirs
         marker = self.layout.require()
         marker["seq"] = seq = int(marker.get("seq", 0)) + 1  # the order of puts, not the clock
         if version is None:
@@ -288,7 +317,7 @@ class LocalBackend:
                 context=self.root,
                 hint="pick another name",
             )
-        self.layout.write_marker(marker)
+        self.layout.write_marker(marker, dirs=later)
         path = self.layout.version_dir(version)
         try:
             os.mkdir(path)
@@ -299,6 +328,7 @@ class LocalBackend:
                 context=self.root,
                 hint="pick another name, or leave version= out to number it",
             ) from None
+        later.add(self.layout.versions_dir())
         try:
             records.write(
                 path,
@@ -313,10 +343,13 @@ class LocalBackend:
                     "kind": kind,
                     "seq": seq,
                 },
+                dirs=later,
             )
         except BaseException:
             self._discard(path)
             raise
+        if dirs is None:
+            later.sync()
         return version, path
 
     def _finish_sharded(self, version: str, path: str) -> bytes:
@@ -493,29 +526,3 @@ def _as_candidate(data: dict[str, Any], spec: TreeSpec) -> dict[str, Any]:
 def _named(path: str) -> tuple[str, str]:
     """A version's name and its directory."""
     return os.path.basename(path), path
-
-
-@contextlib.contextmanager
-def _out_of_space_is_typed(named: Callable[[], tuple[str, str]]) -> Iterator[None]:
-    """Turns a full disk or quota while a version is written (an ``OSError``,
-    or tensorstore's ``ValueError('RESOURCE_EXHAUSTED: ...')``) into a
-    ``StorageError`` naming the version (``named()``: its name and
-    directory); the caller removes what was written."""
-    try:
-        yield
-    except (OSError, ValueError) as e:
-        full = (
-            e.errno in (errno.ENOSPC, errno.EDQUOT)
-            if isinstance(e, OSError)
-            else str(e).startswith("RESOURCE_EXHAUSTED")
-        )
-        if not full:
-            raise
-        version, path = named()
-        raise StorageError(
-            f"writing version {version} failed: no space left on the device",
-            version=version,
-            context=path,
-            hint="free space (store.gc() removes old versions) and put it again; nothing of "
-            "this version was kept",
-        ) from None

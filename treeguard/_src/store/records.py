@@ -19,7 +19,7 @@ import os
 from typing import Any
 
 from .. import strictjson
-from ..atomic import atomic_write, fsync_dir, read_regular, temp_path, write_new
+from ..atomic import DirSyncs, atomic_write, read_regular, sync_dir, temp_path, write_new
 from ..checkpoint import user_metadata_json
 from ..errors import FormatError, StoreError
 from ..hashing import Algorithm, check_algorithm
@@ -218,10 +218,13 @@ def checkpoint_path(version_dir: str, data: dict[str, Any]) -> str:
     return os.path.join(version_dir, MODEL_FILE)
 
 
-def write(version_dir: str, version: str, data: dict[str, Any]) -> dict[str, Any]:
-    """Replaces the record atomically; returns what was written."""
+def write(
+    version_dir: str, version: str, data: dict[str, Any], *, dirs: DirSyncs | None = None
+) -> dict[str, Any]:
+    """Replaces the record atomically; returns what was written. ``dirs``:
+    the directory's fsync is left to these (``atomic.DirSyncs``)."""
     data, raw = _stamped(version, data)
-    atomic_write(os.path.join(version_dir, STATUS_FILE), raw)
+    atomic_write(os.path.join(version_dir, STATUS_FILE), raw, dirs=dirs)
     return data
 
 
@@ -233,10 +236,11 @@ def staged(version_dir: str, version: str, data: dict[str, Any]) -> str:
     return tmp
 
 
-def commit(version_dir: str, tmp: str) -> None:
-    """Replaces the record with the one ``staged`` wrote to ``tmp``, durably."""
+def commit(version_dir: str, tmp: str, *, dirs: DirSyncs | None = None) -> None:
+    """Replaces the record with the one ``staged`` wrote to ``tmp``, durably
+    (once ``dirs`` are synced, when given)."""
     os.replace(tmp, os.path.join(version_dir, STATUS_FILE))
-    fsync_dir(version_dir)
+    sync_dir(version_dir, dirs)
 
 
 def _stamped(version: str, data: dict[str, Any]) -> tuple[dict[str, Any], bytes]:

@@ -34,7 +34,7 @@ import errno
 import os
 from typing import Protocol
 
-from ..atomic import atomic_write, fsync_dir, open_regular, temp_path, write_new
+from ..atomic import DirSyncs, atomic_write, open_regular, sync_dir, temp_path, write_new
 from ..errors import FormatError, StorageError, StoreError
 
 
@@ -144,10 +144,14 @@ class LocalStorage:
         finally:
             os.close(fd)
 
-    def create(self, name: str, data: bytes | memoryview) -> str | Conflict:
+    def create(
+        self, name: str, data: bytes | memoryview, *, dirs: DirSyncs | None = None
+    ) -> str | Conflict:
+        """As the protocol's; ``dirs``: the directory's fsync is left to
+        these (``atomic.DirSyncs``) rather than made now."""
         tag = self.link(self.stage(name, data), name)
         if not isinstance(tag, Conflict):
-            fsync_dir(os.path.dirname(self.where(name)))
+            sync_dir(os.path.dirname(self.where(name)), dirs)
         return tag
 
     def stage(self, name: str, data: bytes | memoryview) -> str:
@@ -159,7 +163,7 @@ class LocalStorage:
         try:
             write_new(tmp, data)  # durable once linked and the directory synced
         except OSError as e:
-            raise self._failed("creating", name, e) from None
+            raise self._failed("creating", name, e) from e
         return tmp
 
     def link(self, tmp: str, name: str) -> str | Conflict:
@@ -172,22 +176,25 @@ class LocalStorage:
         except FileExistsError:
             return Conflict.EXISTS
         except OSError as e:
-            raise self._failed("creating", name, e) from None
+            raise self._failed("creating", name, e) from e
         finally:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
         return self._tag_of(target) or ""
 
-    def swap(self, name: str, data: bytes, expected: str | None) -> str | Conflict:
+    def swap(
+        self, name: str, data: bytes, expected: str | None, *, dirs: DirSyncs | None = None
+    ) -> str | Conflict:
+        """As the protocol's; ``dirs`` as ``create``'s."""
         target = self.where(name)
         if self._tag_of(target) != expected:
             return Conflict.CHANGED
         if expected is None:
-            return self.create(name, data)
+            return self.create(name, data, dirs=dirs)
         try:
-            atomic_write(target, data)
+            atomic_write(target, data, dirs=dirs)
         except OSError as e:
-            raise self._failed("writing", name, e) from None
+            raise self._failed("writing", name, e) from e
         return self._tag_of(target) or ""
 
     def read(self, name: str, *, limit: int, what: str) -> tuple[bytes, str] | None:
@@ -241,7 +248,7 @@ class LocalStorage:
         try:
             fd = open_dir(self.root)
         except OSError as e:
-            raise self._failed("deleting", name, e) from None
+            raise self._failed("deleting", name, e) from e
         try:
             for d in dirs:
                 sub = open_dir(d, dir_fd=fd)
@@ -253,7 +260,7 @@ class LocalStorage:
         except OSError as e:
             if e.errno in (errno.EISDIR, errno.EPERM):
                 raise ValueError(f"{name} is a directory, not an object") from None
-            raise self._failed("deleting", name, e) from None
+            raise self._failed("deleting", name, e) from e
         finally:
             os.close(fd)
 

@@ -12,29 +12,39 @@ matter, and each is kept:
   put sees them). Whether an object is linked before or after the manifest
   does not matter to gc: an object it deletes was listed, so linked, before
   gc read the manifests;
-- every object and the manifest are durable (each fsynced, then its
-  directory) before the record, the one write that makes the version
-  visible. A kill before it leaves a ``writing`` version of a dead process,
-  which no load, verify or promote takes and gc removes, with any object
-  no manifest names.
+- every entry the put made is durable before the record, the one write
+  that makes the version visible: each file (the marker, the ``writing``
+  record, each object, the manifest) is fsynced before its rename or link,
+  and every directory that got a new entry (the root, ``versions/``, the
+  version's, ``tensors/``) is fsynced after its last entry and before the
+  record. A kill before the record leaves a ``writing`` version of a dead
+  process, which no load, verify or promote takes and gc removes, with any
+  object no manifest names; a crash of the machine may lose the
+  reservation too (the name was never returned: a name made durable is
+  never handed out again).
 
-So the reservation runs on a thread while the tree is laid out and hashed;
-each tensor the store lacks is written to a temp file and fsynced on a
-second thread (while it is hashed, for a jax array when the memo knew some
-leaf of the tree: a tree a verified load handed back, whose arrays the memo
-does not know were changed since, so are new bytes; otherwise, and for
-every numpy leaf, which is as often a copy of a held tensor, once it is
-hashed and found missing); and the header
-is laid out, and the manifest written and fsynced, on a third, while the
-tensor's bytes are synced. The header is not parsed back (the draft holds
-its spec; verify and every load parse it). The temp files are linked under
-their digests' names once the name is reserved, with one fsync of
-``tensors/`` for all of them, while the manifest's directory is synced.
+So the reservation runs on a thread while the tree is laid out and hashed,
+its directories' fsyncs left to the put (``atomic.DirSyncs``): under the
+lock it syncs only the marker's and the record's own bytes, which a sync
+of the tensor's bytes on another thread makes wait; each tensor the store
+lacks is written to a temp file and fsynced on a second thread (while it
+is hashed, for a jax array when the memo knew some leaf of the tree: a
+tree a verified load handed back, whose arrays the memo does not know were
+changed since, so are new bytes; otherwise, and for every numpy leaf,
+which is as often a copy of a held tensor, once it is hashed and found
+missing); and the header is laid out, and the manifest written to a temp
+file beside the objects and fsynced, on a third, while the tensor's bytes
+sync and before the name is reserved. The header is not parsed back (the
+draft holds its spec; verify and every load parse it). Once the name is
+reserved the manifest is renamed into its directory and the temp files
+are linked under their digests' names; then every directory the put gave
+an entry is fsynced at once, on the pool's threads (on a journaling file
+system one commit serves them all), and the record's rename is synced
+while the log's line is.
 """
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import dataclasses
 import os
@@ -43,10 +53,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
-from ..atomic import atomic_write, fsync_dir
+from ..atomic import DirSyncs
 from ..checkpoint.write import Draft
 from ..hashing import digest, memo
-from . import tensors
+from . import space, tensors
 from .storage import Conflict, LocalStorage
 
 #: The threads of one put: the reservation, the objects' writes, the manifest.
@@ -60,11 +70,15 @@ def put(
     draft: Draft,
     pool: ThreadPoolExecutor,
     reserved: Future[str],
+    *,
+    dirs: DirSyncs,
     carried: memo.Carried | None = None,
 ) -> None:
     """Writes a version's tensors that the store lacks and its manifest
     (see the module), on ``pool``'s threads; ``reserved`` is the reservation
-    running there, whose result is the version's directory. Started again
+    running there, whose result is the version's directory, and ``dirs``
+    the directories whose new entries it left unsynced, which are synced
+    with those of the objects and the manifest. Started again
     while gc marks one of its objects (tensors.py).
 
     Raises:
@@ -74,7 +88,7 @@ def put(
     lookup = memo.known if carried is None else carried.known
     known: list[str | None] = [lookup(x, draft.algorithm) for x in draft.leaves]
     eager = any(k is not None for k in known)  # the others were changed since a load
-    run = _Put(storage, draft, pool, reserved, eager)
+    run = _Put(storage, draft, pool, reserved, dirs, eager)
     for _ in range(tensors.PUT_TRIES):
         done, digests = run.attempt(known)
         if done:
@@ -92,6 +106,7 @@ class _Put:
     draft: Draft
     pool: ThreadPoolExecutor
     reserved: Future[str]
+    dirs: DirSyncs
     eager: bool
 
     def attempt(self, known: list[str | None]) -> tuple[bool, list[str]]:
@@ -114,8 +129,9 @@ class _Put:
             ]
             # also when this put linked nothing: an object it names may have been
             # linked by another put that has not synced the directory yet
-            fsync_dir(self.storage.where(tensors.AREA))
+            self.dirs.add(self.storage.where(tensors.AREA))
             path = manifest.result()
+            self.dirs.sync(self.pool)  # the reservation's, the objects', the manifest's: at once
             if Conflict.EXISTS in linked or tensors.doomed_among(self.storage, objects):
                 os.unlink(path)  # a name taken meanwhile, or marked by gc: start again
                 return False, digests
@@ -139,49 +155,61 @@ class _Put:
         (written while it is hashed when ``eager``; such a temp whose bytes
         are held is ``dropped``, to be removed)."""
         draft, algorithm = self.draft, self.draft.algorithm
-        todo = [i for i, d in enumerate(known) if d is None or f"{algorithm}-{d}" not in usable]
         digests: list[str] = []
         flight: list[Future[str]] = []
-        for i, remembered in enumerate(known):
-            if remembered is not None and f"{algorithm}-{remembered}" in usable:
-                digests.append(remembered)
+        for i, got in tensors.leaves_to_hash(draft, known, usable):
+            if isinstance(got, str):
+                digests.append(got)
                 continue
-            at = bisect.bisect_right(todo, i)
-            if at < len(todo):
-                draft.prefetch(todo[at])  # its copy from its device runs meanwhile
-            data = draft.host_bytes(i)
             early = None
             # a numpy leaf is hashed first: it is as often a copy of a held tensor
             if self.eager and not isinstance(draft.leaves[i], np.ndarray):
-                early = self._stage(data, flight)
+                early = self._stage(i, got, flight)
                 dropped.append(early)  # removed, unless it becomes the object below
-            found = digest(data, algorithm)
+            found = digest(got, algorithm)
             base = f"{algorithm}-{found}"
             if base not in usable and base not in staged:
                 if early is not None:
                     dropped.remove(early)
-                staged[base] = early or self._stage(data, flight)
+                staged[base] = early or self._stage(i, got, flight)
             digests.append(found)
         return digests
 
-    def _stage(self, data: memoryview, flight: list[Future[str]]) -> Future[str]:
-        """Writes ``data`` to a temp file on a thread, once no more than
-        ``IN_FLIGHT`` others are being written (so few leaves are held on
-        the host at once, as a ``save`` holds them)."""
+    def _stage(self, i: int, data: memoryview, flight: list[Future[str]]) -> Future[str]:
+        """Writes leaf ``i``'s bytes ``data`` to a temp file on a thread,
+        once no more than ``IN_FLIGHT`` others are being written (so few
+        leaves are held on the host at once, as a ``save`` holds them)."""
         while len(flight) >= IN_FLIGHT:
             flight.pop(0).exception()  # waits; its error is raised where its path is used
-        flight.append(self.pool.submit(self.storage.stage, f"{tensors.AREA}/staged", data))
+        flight.append(self.pool.submit(self._write_temp, i, data))
         return flight[-1]
+
+    def _write_temp(self, i: int, data: memoryview) -> str:
+        """Leaf ``i``'s bytes in a fresh temp file beside the objects,
+        fsynced; its path. A full disk is the error naming the version and
+        the leaf's key path (the reservation waited for)."""
+        with space.typed(self.reserved.result, self.draft.names[i]):
+            return self.storage.stage(f"{tensors.AREA}/staged", data)
 
     def _write_manifest(self, digests: list[str], objects: list[str]) -> str:
         """The header laid out with ``digests``, and the manifest naming
-        ``objects`` written into the reserved directory (fsynced, then its
-        directory); the manifest's path. The header is not parsed back: the
-        draft holds its spec, and verify reads it as every load does."""
+        ``objects`` written to a temp file beside the objects and fsynced
+        (while the name may still be being reserved), then renamed into the
+        reserved directory (whose fsync is left to ``dirs``); the manifest's
+        path. The header is not parsed back: the draft holds its spec, and
+        verify reads it as every load does."""
         draft = self.draft
         prefix = len(draft.draft).to_bytes(8, "little") + draft.header(digests)
-        target = os.path.join(self.reserved.result(), tensors.TENSORS_FILE)
-        atomic_write(target, tensors.manifest_bytes(prefix, draft.file_bytes, objects))
+        raw = tensors.manifest_bytes(prefix, draft.file_bytes, objects)
+        tmp = self.storage.stage(f"{tensors.AREA}/{tensors.TENSORS_FILE}", raw)
+        try:
+            target = os.path.join(self.reserved.result(), tensors.TENSORS_FILE)
+            os.replace(tmp, target)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        self.dirs.add(os.path.dirname(target))
         return target
 
 

@@ -57,7 +57,7 @@ import bisect
 import dataclasses
 import re
 import secrets
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -157,6 +157,27 @@ def usable_objects(storage: Storage) -> tuple[dict[str, str], set[str]]:
     return usable, set(held) | doomed
 
 
+def leaves_to_hash(
+    draft: Draft, known: Sequence[str | None], usable: dict[str, str]
+) -> Iterator[tuple[int, str | memoryview]]:
+    """Each leaf of ``draft`` in order with, when the memo knew its digest
+    (``known``) and a usable object holds its bytes, that digest: the leaf
+    is neither brought to the host nor hashed; else its bytes on the host,
+    for the caller to hash (the next such leaf's copy from its device runs
+    meanwhile). The one walk both puts (``write_missing``, tensorput.py)
+    make over a tree."""
+    algorithm = draft.algorithm
+    todo = [i for i, d in enumerate(known) if d is None or f"{algorithm}-{d}" not in usable]
+    for i, remembered in enumerate(known):
+        if remembered is not None and f"{algorithm}-{remembered}" in usable:
+            yield i, remembered
+            continue
+        at = bisect.bisect_right(todo, i)
+        if at < len(todo):
+            draft.prefetch(todo[at])  # its copy from its device runs meanwhile
+        yield i, draft.host_bytes(i)
+
+
 def write_missing(
     storage: Storage,
     draft: Draft,
@@ -173,22 +194,16 @@ def write_missing(
     other bytes is left for a fresh one."""
     usable, taken = usable_objects(storage)
     algorithm = draft.algorithm
-    todo = [i for i, d in enumerate(known) if d is None or f"{algorithm}-{d}" not in usable]
     digests: list[str] = []
     pending: tuple[str, memoryview] | None = None  # written once the next is hashed
-    for i, remembered in enumerate(known):
-        found = remembered
-        if found is None or f"{algorithm}-{found}" not in usable:
-            at = bisect.bisect_right(todo, i)
-            if at < len(todo):
-                draft.prefetch(todo[at])  # its copy from its device runs meanwhile
-            data = draft.host_bytes(i)
-            found = digest(data, algorithm)
-            base = f"{algorithm}-{found}"
-            if base not in usable and (pending is None or pending[0] != base):
-                if pending is not None:
-                    usable[pending[0]] = _create(storage, *pending, taken)
-                pending = (base, data)
+    for _, got in leaves_to_hash(draft, known, usable):
+        found = got if isinstance(got, str) else digest(got, algorithm)
+        base = f"{algorithm}-{found}"
+        fresh = pending is None or pending[0] != base
+        if not isinstance(got, str) and base not in usable and fresh:
+            if pending is not None:
+                usable[pending[0]] = _create(storage, *pending, taken)
+            pending = (base, got)
         digests.append(found)
     then(digests)
     if pending is not None:
