@@ -57,6 +57,7 @@ def _consistent(url: str, acknowledged: str | None) -> None:
 
 
 @pytest.mark.reliability
+@pytest.mark.xdist_group("s3")  # the session's SeaweedFS server, one per run
 def test_a_writer_killed_at_random_moments_leaves_a_bucket_store_consistent(
     s3_url: str,
 ) -> None:
