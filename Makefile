@@ -58,8 +58,14 @@ bench-update: $(STAMP)
 bench-checkpoint: $(STAMP)
 	$(BIN)/python benchmarks/checkpoint.py
 
+# The reliability suite: the Ray replica kills alone (.ci/run says why), then
+# the rest two tests at a time: its verdicts are states and counts, and its
+# time limits safety stops far above what a test needs; the tests that share
+# a server carry `xdist_group`, so one worker runs each such group.
 reliability: $(STAMP)
-	TREEGUARD_RELIABILITY=1 $(BIN)/python -m pytest -q -n 0 -m reliability
+	TREEGUARD_RELIABILITY=1 $(BIN)/python -m pytest -q -n 0 -m reliability tests/serving/ray
+	TREEGUARD_RELIABILITY=1 $(BIN)/python -m pytest -q -n 2 --dist loadgroup -m reliability \
+	  --ignore=tests/serving/ray
 
 clean:
 	rm -rf $(VENV) .venv-* build dist *.egg-info

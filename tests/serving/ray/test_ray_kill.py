@@ -6,7 +6,9 @@ from __future__ import annotations
 import pytest
 from fleet import checked_store, deploy, kill_one_under_load
 
-pytestmark = pytest.mark.reliability
+# The session's cluster: with the reliability suite on two workers, the
+# worker that runs the other Ray tests (one cluster at a time).
+pytestmark = [pytest.mark.reliability, pytest.mark.xdist_group("ray")]
 
 # What Ray's proxy answers a request that was on a replica when it died (or
 # was routed to it before the proxy learned of its death): a bare 500. The
