@@ -20,6 +20,9 @@ ROUNDS = 12
 RELIABILITY_ROUNDS = 1000
 #: A bucket's rounds in the reliability run: about 15 a minute on the 2-core box
 #: behind the delaying proxy, so 1,000 would take an hour of CI's 90 minutes.
+#: They run as two histories of half as many rounds, each on a server of its own
+#: and, on the reliability run's two workers, side by side (one history of 150
+#: was that run's longest test, on one worker while the other stood idle).
 BUCKET_RELIABILITY_ROUNDS = 150
 
 
@@ -79,12 +82,18 @@ def test_concurrent_rounds_on_a_dedup_bucket_lose_no_tensor(
     print("typed failures over the rounds:", errors)
 
 
-@pytest.mark.xdist_group("s3")
 @pytest.mark.parametrize(
     "rounds",
     [
-        pytest.param(ROUNDS * 2, marks=pytest.mark.slow),
-        pytest.param(BUCKET_RELIABILITY_ROUNDS, marks=pytest.mark.reliability),
+        pytest.param(ROUNDS * 2, marks=[pytest.mark.slow, pytest.mark.xdist_group("s3")]),
+        *(
+            pytest.param(
+                BUCKET_RELIABILITY_ROUNDS // 2,
+                marks=[pytest.mark.reliability, pytest.mark.xdist_group(group)],
+                id=f"history-{name}",
+            )
+            for name, group in (("a", "s3"), ("b", "s3-races"))
+        ),
     ],
 )
 def test_concurrent_gc_promote_rollback_and_put_lose_nothing_in_a_bucket(
