@@ -48,14 +48,20 @@ def _until_refused(train: tg.RecordedStep, params: Any, state: Any) -> tuple[int
     raise AssertionError("the non-finite step was never refused")
 
 
+def _trained(train: tg.RecordedStep, steps: int) -> tuple[Any, Any]:
+    """The params and state after ``steps`` finite steps from ones."""
+    params = {"w": jnp.ones(3)}
+    state = train.init(params)
+    for _ in range(steps):
+        params, state, _ = train(params, state, GOOD)
+    return params, state
+
+
 def test_a_nonfinite_step_is_held_on_the_device_and_refused_within_the_window(
     tmp_path: Path,
 ) -> None:
     train = _train_next(tmp_path / "nan")
-    params = {"w": jnp.ones(3)}
-    state = train.init(params)
-    for _ in range(5):
-        params, state, _ = train(params, state, GOOD)
+    params, state = _trained(train, 5)
     before = np.asarray(params["w"])
     held, state, loss = train(params, state, BAD)  # returned: its flag is not read yet
     assert not np.isfinite(loss) and train.step_number == 6
@@ -78,8 +84,7 @@ def test_the_steps_after_an_error_are_numbered_from_it_and_watched_afresh(
     tmp_path: Path,
 ) -> None:
     train = _train_next(tmp_path / "nan")
-    params = {"w": jnp.ones(3)}
-    state = train.init(params)
+    params, state = _trained(train, 0)
     params, state, _ = train(params, state, BAD)
     with pytest.raises(tg.NonFiniteError, match="^step 0: "):
         train.flush()
