@@ -15,7 +15,7 @@ from pathlib import Path
 from subproc import ROOT, run_python
 
 MESSAGE = (
-    "treeguard needs jax >= 0.10 (CI runs 0.10.2, 0.11.2 and 0.12.0.1); "
+    "treeguard needs jax >= 0.10 (CI runs 0.10.2, 0.11.2 and 0.12.1); "
     "this environment has jax 0.9.2\n"
     "hint: pip install -U 'jax>=0.10' 'jaxlib>=0.10'"
 )

@@ -387,7 +387,7 @@ def test_a_signed_legacy_store_signs_blake3_versions_the_same_way(tmp_path: Path
 def test_a_legacy_sharded_checkpoint_loads_and_mixes_in_a_store(tmp_path: Path) -> None:
     directory = _copy("sharded", tmp_path)
     want = {"b": np.ones(4, np.float32), "w": np.arange(32, dtype=np.float32).reshape(8, 4)}
-    one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    one = jax.sharding.make_single_device_sharding(jax.devices()[0])
     like = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=one), want)
     _assert_trees_equal(tg.load_sharded(directory, like), want)
     store = tg.ArtifactStore(tmp_path / "s")
@@ -432,7 +432,7 @@ def test_a_load_onto_devices_in_batches_verifies_each_before_placing_it(tmp_path
     tree = {f"l{i}": np.full(n, i, np.float32) for i in range(3)}
     path = tmp_path / "p.safetensors"
     tg.save(path, tree)
-    one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    one = jax.sharding.make_single_device_sharding(jax.devices()[0])
     like = {k: jax.ShapeDtypeStruct((n,), jnp.float32, sharding=one) for k in tree}
     loaded = tg.load(path, like=like)
     assert all(isinstance(x, jax.Array) for x in jax.tree.leaves(loaded))

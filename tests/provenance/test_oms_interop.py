@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -78,7 +79,7 @@ def test_out_model_signing_verifies_what_treeguard_signed(tmp_path: Path) -> Non
     assert bundle["verificationMaterial"]["publicKey"]["hint"] == PublicKey.load(pub).fingerprint
     _flip(model / "chess_cv.safetensors", 1000)
     rc, out = _oms("verify", "key", model, "--signature", model / "model.sig", "--public_key", pub)
-    assert rc == 1 and "Hash mismatch for 'chess_cv.safetensors'" in out
+    assert rc == 1 and re.search(r"Hash mismatch for \\*'chess_cv\.safetensors", out)
 
 
 def test_out_a_single_file_model(tmp_path: Path) -> None:

@@ -33,7 +33,7 @@ def _params() -> dict[str, Any]:
 
 
 def _abstract(tree: Any) -> Any:
-    one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    one = jax.sharding.make_single_device_sharding(jax.devices()[0])
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=one), tree)
 
 
@@ -130,7 +130,7 @@ def test_rename_and_allow_missing(saved: Path) -> None:
 
 
 def test_surgery_options_work_as_for_load_and_report_the_same(saved: Path, tmp_path: Path) -> None:
-    one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    one = jax.sharding.make_single_device_sharding(jax.devices()[0])
     new = _abstract({k: v for k, v in _params().items() if k != "dense2"})
     new["head"] = {"w": jax.ShapeDtypeStruct((2,), jnp.float32, sharding=one)}
     init = {"head": {"w": jnp.full((2,), 0.5)}}

@@ -42,7 +42,7 @@ def _params(scale: float = 1.0) -> dict[str, Any]:
 
 
 def _like() -> Any:
-    one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    one = jax.sharding.make_single_device_sharding(jax.devices()[0])
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=one), _params())
 
 
@@ -166,7 +166,7 @@ from pathlib import Path
 import jax, jax.numpy as jnp, numpy as np
 from treeguard import ArtifactStore
 
-one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+one = jax.sharding.make_single_device_sharding(jax.devices()[0])
 params = {"w": jnp.ones((32, 16)), "b": jnp.arange(16.0)}
 like = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=one), params)
 for attempt in range(60):
@@ -212,7 +212,7 @@ import jax, jax.numpy as jnp
 from treeguard import ArtifactStore, RetentionPolicy
 
 root, me, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+one = jax.sharding.make_single_device_sharding(jax.devices()[0])
 params = {"w": jnp.ones((32, 16)), "b": jnp.arange(16.0)}
 like = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=one), params)
 store = ArtifactStore(root)

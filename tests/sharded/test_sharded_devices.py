@@ -13,7 +13,7 @@ EIGHT = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
 SCRIPT = r"""
 import logging, sys
 import jax, jax.numpy as jnp, numpy as np
-from jax.sharding import NamedSharding, PartitionSpec as P, SingleDeviceSharding
+from jax.sharding import NamedSharding, PartitionSpec as P
 import treeguard
 sys.path.insert(0, sys.argv[2])
 from shardtools import flip_byte
@@ -52,7 +52,7 @@ like = jax.tree.map(lambda h, s: jax.ShapeDtypeStruct(np.shape(h), np.asarray(h)
 flat = dict(jax.tree_util.tree_flatten_with_path(shardings)[0])
 check(treeguard.load_sharded(d, like), lambda p: flat[p])
 assert any("['dense1']['w']: resharded from named(mesh[x=2:Explicit,y=4:Explicit], spec('x', 'y')) to named(mesh[x=4:Explicit,y=2:Explicit], spec('x', 'y'))" in r for r in records), records
-one = SingleDeviceSharding(jax.devices()[3])
+one = jax.sharding.make_single_device_sharding(jax.devices()[3])
 single = jax.tree.map(lambda h: jax.ShapeDtypeStruct(np.shape(h), np.asarray(h).dtype, sharding=one), host)
 check(treeguard.load_sharded(d, single), lambda p: one)
 print("RESTORED")

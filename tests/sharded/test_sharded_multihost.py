@@ -143,7 +143,7 @@ def _kill_mid_save(directory: Path, delay: float, victim: int = 1) -> int:
                 if pipe is not None:
                     pipe.close()
     version = int(read(directory)["metadata"]["version"])
-    one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    one = jax.sharding.make_single_device_sharding(jax.devices()[0])
     rng = np.random.default_rng(version)
     rows = 1 << 15
     expect = {

@@ -183,7 +183,7 @@ def test_claim_bombs_are_refused_in_the_memory_of_an_honest_file(tmp_path: Path)
 
 
 def _one() -> jax.sharding.Sharding:
-    return jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    return jax.sharding.make_single_device_sharding(jax.devices()[0])
 
 
 def test_a_link_or_a_deep_nest_in_the_data_directory_is_refused_by_name(tmp_path: Path) -> None:

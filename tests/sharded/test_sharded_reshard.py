@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import AxisType, NamedSharding, SingleDeviceSharding
+from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 from machine import cpu_devices, cpu_mesh
 from shardtools import MANIFEST_NAME, flip_byte
@@ -84,7 +84,7 @@ def _saved(directory: Path) -> None:
 
 def _like(name: str) -> Any:
     if name == "one device":
-        one = SingleDeviceSharding(cpu_devices(8)[5])
+        one = jax.sharding.make_single_device_sharding(cpu_devices(8)[5])
         return jax.tree.map(
             lambda h: jax.ShapeDtypeStruct(np.shape(h), np.asarray(h).dtype, sharding=one), _host()
         )

@@ -41,7 +41,7 @@ def _params(scale: float = 1.0) -> dict[str, Any]:
 
 
 def _like() -> Any:
-    one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    one = jax.sharding.make_single_device_sharding(jax.devices()[0])
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=one), _params())
 
 

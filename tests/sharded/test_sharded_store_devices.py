@@ -94,7 +94,7 @@ import sys
 import jax, jax.numpy as jnp, numpy as np
 import treeguard
 store = treeguard.ArtifactStore(sys.argv[1])
-one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+one = jax.sharding.make_single_device_sharding(jax.devices()[0])
 like = {f"l{i}": jax.ShapeDtypeStruct((256, 1024), jnp.float32, sharding=one) for i in range(8)}
 out = store.load_current(like)
 assert all(float(out[f"l{i}"][3, 5]) == float(i) for i in range(8))

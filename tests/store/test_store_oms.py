@@ -6,6 +6,7 @@ tampered, untrusted, revoked, unsigned or wrong-curve one with nothing written."
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -121,7 +122,7 @@ def test_an_exported_byte_changed_fails_model_signing(tmp_path: Path, keys: dict
     rc, text = _oms(
         "verify", "key", out, "--signature", out / "model.sig", "--public_key", keys["ci.pub"]
     )
-    assert rc == 1 and "Hash mismatch for 'model.safetensors'" in text
+    assert rc == 1 and re.search(r"Hash mismatch for \\*'model\.safetensors", text)
 
 
 def test_export_refuses_without_a_signing_key_an_unverified_version_or_an_existing_dir(

@@ -17,7 +17,7 @@ import re
 FLOOR = (0, 10)
 _VERSION = re.compile(r'^_version(?::\s*str)?\s*=\s*"([^"]+)"', re.MULTILINE)
 #: The releases CI runs, oldest first.
-TESTED = ("0.10.2", "0.11.2", "0.12.0.1")
+TESTED = ("0.10.2", "0.11.2", "0.12.1")
 
 
 def supported_range() -> str:
@@ -25,7 +25,7 @@ def supported_range() -> str:
 
     Example:
       >>> supported_range()
-      'jax >= 0.10 (CI runs 0.10.2, 0.11.2 and 0.12.0.1)'
+      'jax >= 0.10 (CI runs 0.10.2, 0.11.2 and 0.12.1)'
     """
     tested = ", ".join(TESTED[:-1]) + f" and {TESTED[-1]}"
     return f"jax >= {FLOOR[0]}.{FLOOR[1]} (CI runs {tested})"
@@ -46,7 +46,7 @@ def check_jax_version(found: str | None) -> None:
       >>> check_jax_version("0.9.2")
       Traceback (most recent call last):
       ...
-      ImportError: treeguard needs jax >= 0.10 (CI runs 0.10.2, 0.11.2 and 0.12.0.1); \
+      ImportError: treeguard needs jax >= 0.10 (CI runs 0.10.2, 0.11.2 and 0.12.1); \
 this environment has jax 0.9.2
       hint: pip install -U 'jax>=0.10' 'jaxlib>=0.10'
     """

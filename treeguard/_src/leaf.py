@@ -199,7 +199,13 @@ def describe_sharding(x: Any) -> str | None:
         else:
             mesh = ",".join(f"{n}={s}:{t}" for (n, s), t in zip(sizes, types))
         return f"named(mesh[{mesh}], spec{_trimmed(tuple(sharding.spec))})"
-    if isinstance(sharding, jax.sharding.SingleDeviceSharding):
+    # jax 0.12.1 deprecates the class's name for its predicate
+    probe = getattr(jax.sharding, "is_single_device_sharding", None)
+    if (
+        probe(sharding)
+        if probe is not None
+        else isinstance(sharding, jax.sharding.SingleDeviceSharding)
+    ):
         return "single"
     return f"{type(sharding).__name__}({len(sharding.device_set)} devices)"
 

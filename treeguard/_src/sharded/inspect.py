@@ -112,7 +112,7 @@ def verify(directory: str | os.PathLike[str], /, *, like: TreeSpec | None = None
             raise TreeMismatchError(
                 found, expected_from="`like`", actual_from="the checkpoint", context=where
             )
-    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    device = jax.sharding.make_single_device_sharding(jax.local_devices()[0])  # type: ignore[no-untyped-call]
     struct: Any = jax.ShapeDtypeStruct
     leaves = [struct(a.shape, a.dtype, sharding=device) for a in m.arrays]
     hint = "verify it with `treeguard.load_sharded(DIR, like)` in Python"

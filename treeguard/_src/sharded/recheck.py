@@ -49,7 +49,7 @@ def read_local(
     n = len(manifest.arrays)
     hint = "load it with `treeguard.load_sharded(DIR, like)`"
     names = param_names(manifest.tree_of(list(range(n)), where, hint=hint))
-    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    device = jax.sharding.make_single_device_sharding(jax.local_devices()[0])  # type: ignore[no-untyped-call]
     fetch = source.fetch(manifest, names)
     restored = read_verified(where, manifest, fetch, [device] * n, local=True, keep=keep)
     tree = jax.tree.unflatten(manifest.spec.treedef, restored) if keep else None
