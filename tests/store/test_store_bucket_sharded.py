@@ -229,9 +229,9 @@ def test_a_subtree_fetches_only_its_shard_objects(
 def test_a_resharded_load_of_many_shard_sizes_holds_a_bounded_scratch(
     s3_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # _src: no public knob sets a bucket read's window; at its 256 MiB default the bound
+    # no public knob sets a bucket read's window; at its 256 MiB default the bound
     # shows only past a GiB of shards
-    from treeguard._src.store.bucketshards import ShardObjects
+    from treeguard._src.store.bucketshards import ShardObjects  # _src: the read window, lowered
 
     window = 128 << 10
     monkeypatch.setattr(ShardObjects, "window", window)
