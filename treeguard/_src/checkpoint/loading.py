@@ -15,7 +15,7 @@ from .files import open_checkpoint, read_raw_header
 from .foreign import Unverified, check_unverified, load_foreign
 from .foreignheader import foreign_header, is_foreign
 from .names import NamingRule
-from .plan import SurgeryOptions
+from .plan import LoadOptions, SurgeryOptions
 from .read import check_expect_digest, checked_header, load_native
 
 
@@ -196,9 +196,8 @@ def load(
                 fd, fh, like, names or "keypath", rename or {}, allow_missing, expect_digest
             )
         header = checked_header(doc, header_bytes, size, name, expect_digest)
-        tree, changes = load_native(
-            fd, header, like, rename or {}, allow_missing, subtree, ignore, surgery
-        )
+        options = LoadOptions(rename or {}, tuple(allow_missing), subtree, ignore, surgery)
+        tree, changes = load_native(fd, header, like, options)
     finally:
         os.close(fd)
     return (tree, changes) if report else tree

@@ -77,25 +77,32 @@ class SurgeryOptions:
             )
 
 
+@dataclasses.dataclass(frozen=True)
+class LoadOptions:
+    """What a load asks of the stored tree beyond reading it whole into the
+    plain contract (see ``load``): the part to read (``subtree``,
+    ``ignore``), the migration (``rename``, ``allow_missing``) and the
+    surgery; the defaults ask for nothing."""
+
+    rename: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    allow_missing: Sequence[str] = ()
+    subtree: str | None = None
+    ignore: Collection[str] = ()
+    surgery: SurgeryOptions = SurgeryOptions()
+
+
 def _all_text(x: Any) -> bool:
     return isinstance(x, (list, tuple, set, frozenset)) and all(isinstance(t, str) for t in x)
 
 
-def select_part(
-    stored: TreeSpec,
-    *,
-    subtree: str | None,
-    ignore: Collection[str],
-    surgery: SurgeryOptions,
-    where: str,
-) -> Selection:
+def select_part(stored: TreeSpec, options: LoadOptions, *, where: str) -> Selection:
     """The part of ``stored`` that ``subtree=``, ``ignore=`` and the paths
     named in ``unexpected=`` leave to read.
 
     Raises:
       ConfigError: for a path that names nothing stored.
     """
-    named = surgery.named
+    subtree, ignore, named = options.subtree, options.ignore, options.surgery.named
     if subtree is None and not ignore and not named:
         return Selection(stored, list(range(stored.num_leaves)))
     left_out = ignore if isinstance(ignore, str) else [*ignore, *named]  # str: refused
@@ -120,14 +127,12 @@ class LoadPlan:
     surgery: Surgery
 
 
-def plan_load(  # noqa: PLR0917 - two call sites, all positional data
+def plan_load(
     part: Selection,
     where: str,
     like_spec: TreeSpec,
     like_leaves: list[Any] | None,
-    rename: Mapping[str, str],
-    allow_missing: Sequence[str],
-    surgery: SurgeryOptions,
+    options: LoadOptions,
     *,
     ignored: frozenset[str] = frozenset(("weak_type",)),
 ) -> LoadPlan:
@@ -139,8 +144,7 @@ def plan_load(  # noqa: PLR0917 - two call sites, all positional data
       where: the file or directory, for messages.
       like_spec: the spec of the tree to load into.
       like_leaves: its leaves (None for a ``TreeSpec``).
-      rename, allow_missing: as ``load`` takes them.
-      surgery: the ``missing``/``init``/``unexpected`` options.
+      options: the load's (``part`` is its selection).
       ignored: mismatch kinds the plain contract does not count (a file
         keeps no weak types; a sharded restore reshards).
 
@@ -148,6 +152,7 @@ def plan_load(  # noqa: PLR0917 - two call sites, all positional data
       TreeMismatchError: for every difference the options do not cover, and
         every ``init`` leaf missing or of another shape or dtype.
     """
+    rename, allow_missing, surgery = options.rename, options.allow_missing, options.surgery
     stored = in_like_containers(part.spec, like_spec, part.cut)
     if not rename and not allow_missing and not surgery.active:
         found = [m for m in mismatches(stored, like_spec) if m.kind not in ignored]

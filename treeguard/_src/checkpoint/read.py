@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 import numpy as np
@@ -30,7 +30,7 @@ from . import staged
 from .files import open_checkpoint, read_raw_header
 from .format import Header, TensorInfo
 from .header import header_from_doc
-from .plan import SurgeryOptions, plan_load, select_part
+from .plan import LoadOptions, plan_load, select_part
 from .restore import (
     RESTORE_HINT,
     as_like,
@@ -200,8 +200,8 @@ def load_source(  # noqa: PLR0917 - one call site, all positional data
     check_expect_digest(expect_digest)
     whole = subtree is None and not ignore  # then every tensor is read, or nothing is
     header = _parse_header(src, name, expect_digest, whole=whole)
-    surgery = SurgeryOptions("error", None, "error")
-    return load_native(src, header, like, {}, (), subtree, ignore, surgery, announced=whole)[0]
+    options = LoadOptions(subtree=subtree, ignore=ignore)
+    return load_native(src, header, like, options, announced=whole)[0]
 
 
 def _contract_mismatches(stored: TreeSpec, like: TreeSpec) -> list[Mismatch]:
@@ -245,26 +245,15 @@ def read_verified(
     return out
 
 
-def load_native(  # noqa: PLR0917 - two call sites, all positional data
-    fd: Source,
-    header: Header,
-    like: Any,
-    rename: Mapping[str, str],
-    allow_missing: Collection[str],
-    subtree: str | None,
-    ignore: Collection[str],
-    surgery: SurgeryOptions,
-    *,
-    announced: bool = False,
+def load_native(
+    fd: Source, header: Header, like: Any, options: LoadOptions, *, announced: bool = False
 ) -> tuple[Any, Surgery]:
     """``load`` of a treeguard checkpoint whose header was checked: the
     selection, then the contract, then the selected tensors, verified.
     Before they are read, their spans are announced to the source, unless
     the whole file was (``announced``: every tensor is read). Returns the
     tree and what was changed on the way."""
-    part = select_part(
-        header.spec, subtree=subtree, ignore=ignore, surgery=surgery, where=header.path
-    )
+    part = select_part(header.spec, options, where=header.path)
     tensors = [header.tensors[i] for i in part.indices]
     if like is None:
         if not announced:
@@ -272,9 +261,7 @@ def load_native(  # noqa: PLR0917 - two call sites, all positional data
         got = read_verified(fd, header, tensors)
         return plain(part.spec.structure, iter(got)), Surgery.of((), header.path)
     like_spec, like_leaves, like_treedef = walk_like(like)
-    plan = plan_load(
-        part, header.path, like_spec, like_leaves, rename, tuple(allow_missing), surgery
-    )
+    plan = plan_load(part, header.path, like_spec, like_leaves, options)
     wanted = sorted({k for k in plan.sources if k is not None})
     refs = like_leaves if like_leaves is not None else [None] * len(plan.sources)
     users: dict[int, list[int]] = {}

@@ -8,7 +8,7 @@ import os
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any, Literal
 
-from ..checkpoint.plan import SurgeryOptions, plan_load, select_part
+from ..checkpoint.plan import LoadOptions, SurgeryOptions, plan_load, select_part
 from ..diff import mismatches
 from ..errors import ConfigError, InvalidTreeError
 from ..leaf import describe_sharding, same_sharding, summarize
@@ -161,7 +161,8 @@ def load_sharded(
     """
     surgery = SurgeryOptions(missing, init, unexpected)
     surgery.check(like)
-    tree, changes = load_planned(directory, like, rename, allow_missing, subtree, ignore, surgery)
+    options = LoadOptions(rename or {}, tuple(allow_missing), subtree, ignore, surgery)
+    tree, changes = load_planned(directory, like, options)
     return (tree, changes) if report else tree
 
 
@@ -178,18 +179,14 @@ def load_expecting(
     migration, refusing (before any array is read) a manifest whose digest
     is not ``digest`` when one is given; the digest is taken over the very
     bytes that are parsed and used."""
-    plain = SurgeryOptions()
-    return load_planned(directory, like, None, (), subtree, ignore, plain, digest)[0]
+    options = LoadOptions(subtree=subtree, ignore=ignore)
+    return load_planned(directory, like, options, digest)[0]
 
 
-def load_planned(  # noqa: PLR0917 - two call sites, all positional data
+def load_planned(
     directory: str | os.PathLike[str] | Source,
     like: Any,
-    rename: Mapping[str, str] | None,
-    allow_missing: Collection[str],
-    subtree: str | None,
-    ignore: Collection[str],
-    surgery: SurgeryOptions,
+    options: LoadOptions,
     digest: str | None = None,
 ) -> tuple[Any, Surgery]:
     """The one body of ``load_sharded`` and ``load_expecting``: the manifest,
@@ -202,17 +199,8 @@ def load_planned(  # noqa: PLR0917 - two call sites, all positional data
     like_leaves, like_treedef, types = flatten_with_types(like)  # like walked once
     like_spec = spec_from_leaves(like, like_leaves, like_treedef, types)
     like_names = [keystr(p) for p in like_spec.paths]
-    part = select_part(manifest.spec, subtree=subtree, ignore=ignore, surgery=surgery, where=where)
-    plan = plan_load(
-        part,
-        where,
-        like_spec,
-        like_leaves,
-        rename or {},
-        tuple(allow_missing),
-        surgery,
-        ignored=IGNORED_KINDS,
-    )
+    part = select_part(manifest.spec, options, where=where)
+    plan = plan_load(part, where, like_spec, like_leaves, options, ignored=IGNORED_KINDS)
     index = part.indices
     targets: list[Any] = [None] * len(manifest.arrays)
     for i, src in enumerate(plan.sources):

@@ -48,6 +48,26 @@ class Wanted:
     ignore: Collection[str] = ()
 
 
+@dataclasses.dataclass(frozen=True)
+class Offered:
+    """What a put asks to write.
+
+    Attributes:
+      tree: the tree.
+      user: the user's metadata, checked (``records.put_arguments``).
+      version: the name asked for, or None for the next free one.
+      digest: the hash algorithm of the tensors (or shards) and the header.
+      carried: the digests a host copy of the tree carries from the memo (a
+        non-blocking put's), for a tensors version's leaves (tensors.py).
+    """
+
+    tree: Any
+    user: dict[str, Any]
+    version: str | None
+    digest: Algorithm
+    carried: Carried | None = None
+
+
 #: A version's validated record.
 Record = dict[str, Any]
 
@@ -97,24 +117,13 @@ class Backend(Protocol):
         """The names that may be versions (foreign entries left out)."""
         ...
 
-    def put(
-        self,
-        tree: Any,
-        user: dict[str, Any],
-        version: str | None,
-        digest: Algorithm,
-        carried: Carried | None = None,
-    ) -> str:
+    def put(self, offered: Offered) -> str:
         """Writes a file version (a tensors version in a ``dedup`` store) as
-        a candidate; its name. ``carried``: the digests a host copy of the
-        tree carries from the memo (a non-blocking put's), for a tensors
-        version's leaves (tensors.py)."""
+        a candidate; its name."""
         ...
 
-    def put_sharded(
-        self, tree: Any, user: dict[str, Any], version: str | None, digest: Algorithm
-    ) -> str:
-        """Writes a sharded version as a candidate; its name."""
+    def put_sharded(self, offered: Offered) -> str:
+        """Writes a sharded version as a candidate; its name (``carried`` unused)."""
         ...
 
     def verifiable(self, version: str, location: str, record: dict[str, Any]) -> None:

@@ -47,12 +47,11 @@ from ..errors import (
     StoreError,
     UnknownVersionError,
 )
-from ..hashing import Algorithm
 from ..hashing import digest as hash_bytes
-from ..hashing.memo import Carried
 from ..sharded.manifest import MANIFEST_NAME, metadata_json, new_data_name
 from ..spec import TreeSpec
 from . import bucketshards, records, tensors
+from .backend import Offered
 from .bucketgc import OWN_OBJECTS, VERDICT_FILE, BucketGc
 from .bucketreads import BucketReads, version_object
 from .layout import (
@@ -91,8 +90,6 @@ _MARKER_TRIES = 64
 _NAME_TRIES = 64
 #: How many times a log event is written before its error is raised.
 _LOG_TRIES = 3
-#: A put's hash algorithm, and the digests its host copy carries.
-_Hashed = tuple[Algorithm, Carried | None]
 _NOT_A_STORE_HINT = (
     "pass the URL given to `treeguard store init`, or make this prefix a store with "
     "`treeguard store init URL` (ArtifactStore.init(url))"
@@ -303,22 +300,17 @@ class BucketBackend(BucketReads, BucketGc):
 
     # -- put -------------------------------------------------------------
 
-    def put(
-        self,
-        tree: Any,
-        user: dict[str, Any],
-        version: str | None,
-        digest: Algorithm,
-        carried: Carried | None = None,
-    ) -> str:
+    def put(self, offered: Offered) -> str:
         if self.require().get("dedup"):
-            version = self._put_tensors(tree, user, version, (digest, carried))
+            version = self._put_tensors(offered)
             leaf = TENSORS_FILE
         else:
-            data = checkpoint_bytes(tree, metadata=user, digest=digest)  # one upload needs it all
+            user, digest = offered.user, offered.digest
+            # one upload needs it all
+            data = checkpoint_bytes(offered.tree, metadata=user, digest=digest)
             header = tensors.header_of(data, len(data), self.root)
             record = _candidate(user, "file", header.spec, header.digest)
-            version = self._reserve(version, MODEL_FILE, data, record)
+            version = self._reserve(offered.version, MODEL_FILE, data, record)
             leaf = MODEL_FILE
         self._unless_retired(version, (STATUS_FILE, leaf))
         self.append("put", version, {"status": "candidate"})
@@ -340,41 +332,37 @@ class BucketBackend(BucketReads, BucketGc):
             hint="put it again",
         )
 
-    def _put_tensors(
-        self, tree: Any, user: dict[str, Any], version: str | None, hashed: _Hashed
-    ) -> str:
+    def _put_tensors(self, offered: Offered) -> str:
         """A tensors version: the tensors the store lacks, then the manifest,
         which reserves the name (taken back if gc marked one of its objects:
-        tensors.py), then the record. ``hashed``: its algorithm and the
-        digests its host copy carries (``put``'s ``carried``)."""
+        tensors.py), then the record."""
         names: list[str] = []
 
         def place(raw: bytes, objects: list[str], header: Header) -> bool:
             def ready() -> bool:
                 return not tensors.doomed_among(self.storage, objects)
 
-            record = _candidate(user, "tensors", header.spec, header.digest)
+            record = _candidate(offered.user, "tensors", header.spec, header.digest)
             try:
-                names.append(self._reserve(version, TENSORS_FILE, raw, record, ready))
+                names.append(self._reserve(offered.version, TENSORS_FILE, raw, record, ready))
             except _Doomed:
                 return False
             return True
 
-        draft = laid_out(tree, metadata=user, digest=hashed[0])
-        tensors.put(self.storage, draft, place, self.root, hashed[1])
+        draft = laid_out(offered.tree, metadata=offered.user, digest=offered.digest)
+        tensors.put(self.storage, draft, place, self.root, offered.carried)
         return names[-1]
 
-    def put_sharded(
-        self, tree: Any, user: dict[str, Any], version: str | None, digest: Algorithm
-    ) -> str:
+    def put_sharded(self, offered: Offered) -> str:
         """Process 0 picks the name and the data prefix; every process writes
         its shards (bucketshards.py); once all are confirmed, process 0
         writes the manifest, then the record. Until the manifest is there no
         version is seen, and gc removes what a put that died left."""
         from ..sharded.save import checked_leaves  # lazy: jax
 
-        spec, leaves, paths = checked_leaves(tree)  # every process refuses before any write
-        chosen = lead_acts(lambda: self._begin_sharded(version), failed=not_made(self.root))
+        user, digest = offered.user, offered.digest
+        spec, leaves, paths = checked_leaves(offered.tree)  # every process refuses before any write
+        chosen = lead_acts(lambda: self._begin_sharded(offered.version), failed=not_made(self.root))
         name, seq, data = chosen.decode("ascii").split()
         prefix = version_object(name, data)
         committed: list[bool] = []  # process 0's: the record is written

@@ -28,12 +28,11 @@ from ..errors import (
     StoreError,
     UnknownVersionError,
 )
-from ..hashing import Algorithm, Source
-from ..hashing.memo import Carried
+from ..hashing import Source
 from ..sharded.manifest import read as read_manifest
 from ..spec import TreeSpec
 from . import deleter, gates, log, payload, records, space, tensorput, tensors
-from .backend import Record, Wanted
+from .backend import Offered, Record, Wanted
 from .layout import AUTO_RE, MODEL_FILE, STATUS_FILE, Layout
 from .lead import lead_acts, not_made, not_recorded
 from .log import Event
@@ -126,37 +125,23 @@ class LocalBackend:
 
     # -- put -------------------------------------------------------------
 
-    def put(
-        self,
-        tree: Any,
-        user: dict[str, Any],
-        version: str | None,
-        digest: Algorithm,
-        carried: Carried | None = None,
-    ) -> str:
+    def put(self, offered: Offered) -> str:
         self._open_for_put()
         if self.layout.require().get("dedup"):
-            return self._put_tensors(tree, user, version, digest, carried)
+            return self._put_tensors(offered)
         with self.layout.locked():
-            version, path = self._reserve(version, user)
+            version, path = self._reserve(offered.version, offered.user)
         try:
             model = os.path.join(path, MODEL_FILE)
             with space.typed(lambda: path):
-                save(model, tree, metadata=user, digest=digest)
+                save(model, offered.tree, metadata=offered.user, digest=offered.digest)
             self._record_candidate(version, path, read_header(model).spec, {})
         except BaseException:
             self._discard(path)
             raise
         return version
 
-    def _put_tensors(
-        self,
-        tree: Any,
-        user: dict[str, Any],
-        version: str | None,
-        digest: Algorithm,
-        carried: Carried | None,
-    ) -> str:
+    def _put_tensors(self, offered: Offered) -> str:
         """A tensors version: its name reserved on a thread while its tensors
         the store lacks are hashed and written, then its manifest (taken
         back if gc marked one of its objects), then its record as a
@@ -167,12 +152,14 @@ class LocalBackend:
         self._areas()
         dirs = DirSyncs()
         with ThreadPoolExecutor(tensorput.THREADS + 1, thread_name_prefix="treeguard-put") as pool:
-            reserved = pool.submit(self._reserve_dir, version, user, dirs)  # first: others wait
+            # first: others wait
+            reserved = pool.submit(self._reserve_dir, offered.version, offered.user, dirs)
             record: Future[tuple[dict[str, Any], str]] | None = None
             try:
                 with space.typed(reserved.result):
-                    draft = laid_out(tree, metadata=user, digest=digest)
+                    draft = laid_out(offered.tree, metadata=offered.user, digest=offered.digest)
                     record = pool.submit(self._stage_candidate, reserved, draft.spec)
+                    carried = offered.carried
                     tensorput.put(self.storage, draft, pool, reserved, dirs=dirs, carried=carried)
                 version, path = _named(reserved.result())
                 self._commit_candidate(version, path, record.result(), draft.spec, pool)
@@ -231,9 +218,7 @@ class LocalBackend:
         with self.layout.locked():
             return self._reserve(version, user, "tensors", dirs)[1]
 
-    def put_sharded(
-        self, tree: Any, user: dict[str, Any], version: str | None, digest: Algorithm
-    ) -> str:
+    def put_sharded(self, offered: Offered) -> str:
         from ..sharded import hosts  # lazy: jax's multi-process utilities
         from ..sharded.save import save_sharded  # lazy: orbax and tensorstore
 
@@ -242,14 +227,14 @@ class LocalBackend:
         def reserve() -> bytes:
             self._open_for_put()
             with self.layout.locked():
-                return self._reserve(version, user, "sharded")[0].encode("ascii")
+                return self._reserve(offered.version, offered.user, "sharded")[0].encode("ascii")
 
         version = lead_acts(reserve, failed=not_made(self.root)).decode("ascii")
         path = self.layout.version_dir(version)
         try:
             with space.typed(lambda: path):
                 save_sharded(  # a collective failing in every process
-                    path, tree, metadata=user, digest=digest
+                    path, offered.tree, metadata=offered.user, digest=offered.digest
                 )
             lead_acts(  # also the barrier after the record
                 lambda: self._finish_sharded(version, path),

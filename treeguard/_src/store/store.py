@@ -11,7 +11,7 @@ from ..checkpoint import asyncsave
 from ..hashing import DEFAULT, Algorithm, memo
 from ..spec import TreeSpec
 from . import exchange, exported, lifecycle, log, objects, records, verdicts
-from .backend import Backend, record_of
+from .backend import Backend, Offered, record_of
 from .bucket import BucketBackend
 from .checks import Check
 from .layout import check_name
@@ -336,10 +336,10 @@ class ArtifactStore(GatedLoads, exchange.SignedModels):
             host = asyncsave.host_copy(tree, carried.add)
             return asyncsave.start(
                 self.root,
-                lambda: self._backend.put(host, user, version, algorithm, carried),
+                lambda: self._backend.put(Offered(host, user, version, algorithm, carried)),
                 exclusive=False,
             )
-        return self._backend.put(tree, user, version, algorithm)
+        return self._backend.put(Offered(tree, user, version, algorithm))
 
     def attach_exported(self, version: str, blob: bytes, meta: dict[str, Any], /) -> str:
         """Keeps an exported function (``treeguard.export``'s) beside
@@ -413,7 +413,7 @@ class ArtifactStore(GatedLoads, exchange.SignedModels):
           Array(8., dtype=float32)
         """
         user, algorithm = records.put_arguments(metadata, version, digest)
-        return self._backend.put_sharded(tree, user, version, algorithm)
+        return self._backend.put_sharded(Offered(tree, user, version, algorithm))
 
     def verify(
         self,
