@@ -107,11 +107,37 @@ def test_a_named_tuple_step_comes_back_as_its_own_type(tmp_path: Path) -> None:
         train({"w": jnp.ones(2)}, None, jnp.array([1.0, jnp.inf]))
 
 
-def test_check_next_returns_the_real_loss_of_a_step_it_refuses_later(tmp_path: Path) -> None:
+def test_check_next_returns_nan_as_the_loss_from_the_step_it_refuses_later(
+    tmp_path: Path,
+) -> None:
+    # the loss carries the mark: the step's own loss while every step is finite,
+    # NaN from the first step that is not (its params held), until the read refuses it
+    params, _, loss = _wrap(tmp_path, _step(), check="next")(
+        {"w": jnp.ones(3)}, None, jnp.array([0.5, 0.25, 1.0])
+    )
+    assert float(loss) == 1.75
     train = _wrap(tmp_path, _step(poison=jnp.inf), check="next")
-    _, _, loss = train({"w": jnp.ones(3)}, None, jnp.array([-1.0, 0.0, 1.0]))
-    assert float(loss) == 0.0  # the step's own loss, not the NaN it carries
-    with pytest.raises(tg.NonFiniteError, match="in the updated params"):
+    held, _, loss = train({"w": jnp.ones(3)}, None, jnp.array([-1.0, 0.0, 1.0]))
+    assert np.isnan(float(loss))  # the step's own loss is 0.0: the NaN is the mark
+    assert np.asarray(held["w"]).tolist() == [1.0, 1.0, 1.0]  # from before the step
+    with pytest.raises(tg.NonFiniteError, match="in the updated params") as info:
+        train.flush()
+    assert "in the loss" not in str(info.value)  # the report replays the real loss (0.0)
+
+
+def test_check_next_with_a_weakly_typed_loss_keeps_its_type(tmp_path: Path) -> None:
+    @jax.jit
+    def step(params: Any, state: Any, batch: Any) -> Any:
+        return {"w": params["w"] + batch}, state, jnp.asarray(2.0)  # weakly typed
+
+    train = _wrap(tmp_path, step, check="next")
+    params: Any = {"w": jnp.ones(2)}
+    for _ in range(3):
+        params, _, loss = train(params, None, jnp.ones(2))
+        assert loss.weak_type and float(loss) == 2.0
+    train.flush()
+    params, _, loss = train(params, None, jnp.array([1.0, jnp.inf]))
+    with pytest.raises(tg.NonFiniteError, match="step 3: .* in the updated params"):
         train.flush()
 
 

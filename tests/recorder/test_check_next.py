@@ -30,9 +30,33 @@ BAD = {"x": jnp.array([1.0, -4.0, 9.0])}
 WINDOW = 17
 
 
-def _train_next(directory: Path) -> tg.RecordedStep:
+#: The two marks a step's program hands on: its loss, carrying the flag, where
+#: the loss is a floating scalar; the watch (two int32) otherwise.
+MARKS = pytest.mark.parametrize("mark", ["carried", "watch"])
+SGD = optax.sgd(0.1)
+
+
+@jax.jit
+def _sgd_step(params: Any, state: Any, batch: Any) -> Any:
+    """The optax step's update as a step function, its loss a vector of one
+    value (not a scalar, so it cannot carry the flag: the watch does)."""
+    loss, grads = jax.value_and_grad(nm.tiny_loss)(params, batch)
+    updates, state = SGD.update(grads, state, params)
+    return optax.apply_updates(params, updates), state, loss.reshape(1)
+
+
+def _train_next(directory: Path, mark: str = "carried") -> tg.RecordedStep:
     recorder = tg.FlightRecorder(directory, batch="record")
-    return recorder.wrap(tg.optax_step(optax.sgd(0.1)), loss=nm.tiny_loss, check="next")
+    if mark == "watch":
+        return recorder.wrap(_sgd_step, check="next")
+    return recorder.wrap(tg.optax_step(SGD), loss=nm.tiny_loss, check="next")
+
+
+def _init(train: tg.RecordedStep, params: Any) -> Any:
+    try:
+        return train.init(params)
+    except tg.ConfigError:  # a step function: no optimizer of its own
+        return SGD.init(params)
 
 
 def _until_refused(train: tg.RecordedStep, params: Any, state: Any) -> tuple[int, Any]:
@@ -51,16 +75,17 @@ def _until_refused(train: tg.RecordedStep, params: Any, state: Any) -> tuple[int
 def _trained(train: tg.RecordedStep, steps: int) -> tuple[Any, Any]:
     """The params and state after ``steps`` finite steps from ones."""
     params = {"w": jnp.ones(3)}
-    state = train.init(params)
+    state = _init(train, params)
     for _ in range(steps):
         params, state, _ = train(params, state, GOOD)
     return params, state
 
 
+@MARKS
 def test_a_nonfinite_step_is_held_on_the_device_and_refused_within_the_window(
-    tmp_path: Path,
+    tmp_path: Path, mark: str
 ) -> None:
-    train = _train_next(tmp_path / "nan")
+    train = _train_next(tmp_path / "nan", mark)
     params, state = _trained(train, 5)
     before = np.asarray(params["w"])
     held, state, loss = train(params, state, BAD)  # returned: its flag is not read yet
@@ -80,10 +105,11 @@ def test_a_nonfinite_step_is_held_on_the_device_and_refused_within_the_window(
     train.flush()  # nothing is pending after the error
 
 
+@MARKS
 def test_the_steps_after_an_error_are_numbered_from_it_and_watched_afresh(
-    tmp_path: Path,
+    tmp_path: Path, mark: str
 ) -> None:
-    train = _train_next(tmp_path / "nan")
+    train = _train_next(tmp_path / "nan", mark)
     params, state = _trained(train, 0)
     params, state, _ = train(params, state, BAD)
     with pytest.raises(tg.NonFiniteError, match="^step 0: "):
@@ -170,18 +196,17 @@ def test_check_next_refuses_a_step_it_cannot_hold(tmp_path: Path) -> None:
     assert not tmp_path.exists() or not list(tmp_path.iterdir())
 
 
+@MARKS
 @pytest.mark.parametrize("axis_type", [AxisType.Auto, AxisType.Explicit])
 def test_check_next_holds_and_refuses_params_sharded_over_a_mesh(
-    tmp_path: Path, axis_type: Any
+    tmp_path: Path, axis_type: Any, mark: str
 ) -> None:
     mesh = cpu_mesh((2, 4), ("x", "y"), (axis_type,) * 2)
     sharding = NamedSharding(mesh, P("x", "y"))
-    train = tg.FlightRecorder(tmp_path, batch="record").wrap(
-        tg.optax_step(optax.sgd(0.1)), loss=nm.tiny_loss, check="next"
-    )
+    train = _train_next(tmp_path, mark)
     good = {"x": jax.device_put(jnp.ones((8, 8)), sharding)}
     params = {"w": jax.device_put(jnp.ones((8, 8)), sharding)}
-    state = train.init(params)
+    state = _init(train, params)
     with jax.set_mesh(mesh):
         for _ in range(WINDOW):  # a read of the watch, placed beside the params
             params, state, _ = train(params, state, good)
@@ -206,13 +231,14 @@ def test_check_next_keeps_no_params_alive_once_flushed(tmp_path: Path) -> None:
     assert newest() is None  # the caller's last params are the caller's alone
 
 
-def test_check_next_refuses_a_step_numbered_past_int32(tmp_path: Path) -> None:
+@MARKS
+def test_check_next_refuses_a_step_numbered_past_int32(tmp_path: Path, mark: str) -> None:
     recorder = tg.FlightRecorder(tmp_path, batch="record")
-    train = recorder.wrap(
-        tg.optax_step(optax.sgd(0.1)), loss=nm.tiny_loss, start=2**31 - 2, check="next"
-    )
+    step = _sgd_step if mark == "watch" else tg.optax_step(SGD)
+    loss = None if mark == "watch" else nm.tiny_loss
+    train = recorder.wrap(step, loss=loss, start=2**31 - 2, check="next")
     params = {"w": jnp.ones(3)}
-    state = train.init(params)
+    state = _init(train, params)
     for _ in range(3):  # the third is numbered 2**31: the watch counts from its own start
         params, state, _ = train(params, state, GOOD)
     before = np.asarray(params["w"])
@@ -241,3 +267,34 @@ def test_the_step_number_is_read_only(tmp_path: Path) -> None:
     train = _train_next(tmp_path)
     with pytest.raises(AttributeError):
         train.step_number = 100  # type: ignore[misc]
+
+
+@MARKS
+@pytest.mark.parametrize("placed", ["one device", "mesh"])
+def test_placed_params_compile_the_recorded_program_once(
+    tmp_path: Path, mark: str, placed: str
+) -> None:
+    # the first step's mark lies where the program puts the marks it returns:
+    # an uncommitted one beside committed params compiled the program twice
+    if placed == "mesh":
+        target: Any = NamedSharding(cpu_mesh((8,), ("d",), (AxisType.Auto,)), P())
+    else:
+        target = jax.devices("cpu")[1]
+    train = _train_next(tmp_path, mark)
+    params = {"w": jax.device_put(jnp.ones(3), target)}
+    state = _init(train, params)
+    params, state, _ = train(params, state, GOOD)  # compiles
+    compiles: list[str] = []
+
+    def listen(event: str, duration: float, **_: Any) -> None:
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiles.append(event)
+
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        for _ in range(3):
+            params, state, _ = train(params, state, GOOD)
+        train.flush()
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)
+    assert compiles == []

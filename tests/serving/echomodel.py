@@ -3,8 +3,9 @@ from a request is what it answers, so decoding is tested through the public
 ``Server`` (its ``infer`` and its REST app) rather than through its decoder.
 
 It runs under ``jax.enable_x64`` so that 64-bit inputs reach the model whole,
-and with no batching delay, so that each batch runs on the event loop's
-thread, where that setting holds.
+on the CPU backend whatever the default one is (a TPU's float64 is not IEEE
+binary64: 1e300 does not come back), and with no batching delay, so that
+each batch runs on the event loop's thread, where those settings hold.
 """
 
 from __future__ import annotations
@@ -35,6 +36,13 @@ def _params(key: Any = None) -> dict[str, np.ndarray[Any, Any]]:
     return {"on": np.asarray(True)}
 
 
+@contextlib.contextmanager
+def _exact() -> Any:
+    """64-bit values, on the CPU backend."""
+    with jax.enable_x64(True), jax.default_device(jax.devices("cpu")[0]):
+        yield
+
+
 def echo_server(
     root: Path, inputs: dict[str, LeafSpec], buckets: tuple[int, ...], **limits: Any
 ) -> Server:
@@ -55,7 +63,7 @@ def echo_server(
     store.promote(v)
     limits = {"max_delay_ms": 0.0, **limits}
     spec = ServingSpec(inputs=batch, buckets=buckets, name="echo", limits=Limits(**limits))
-    with jax.enable_x64(True):
+    with _exact():
         server = Server(model, store, spec=spec)
         server.start()
     return server
@@ -75,7 +83,7 @@ async def decoding(server: Server) -> AsyncIterator[Decode]:
         arrays = {o.name: o.array for o in result.outputs}
         return [arrays[n] for n in names]
 
-    with jax.enable_x64(True):
+    with _exact():
         async with server.running():
             yield decode
 
@@ -84,7 +92,7 @@ async def decoding(server: Server) -> AsyncIterator[Decode]:
 async def posting(server: Server) -> AsyncIterator[httpx.AsyncClient]:
     """A client of ``server``'s REST app, in process."""
     app = server.app()
-    with jax.enable_x64(True):
+    with _exact():
         async with app.router.lifespan_context(app):
             transport = httpx.ASGITransport(app)
             async with httpx.AsyncClient(transport=transport, base_url="http://test") as c:

@@ -179,9 +179,20 @@ def carried(loss: Any, ok: jax.Array) -> jax.Array | None:
       >>> carried(jnp.arange(3.0), jnp.bool_(True)) is None
       True
     """
-    dtype = getattr(loss, "dtype", None)
-    if getattr(loss, "shape", None) != () or dtype is None:
-        return None
-    if not jnp.issubdtype(dtype, jnp.floating) or not _holds_nan(jnp.dtype(dtype)):
+    if not carries(loss):
         return None
     return jnp.where(ok, loss, jnp.full_like(loss, jnp.nan))  # keeps a weak type
+
+
+def carries(loss: Any) -> bool:
+    """Whether ``loss`` (an array, or its ``jax.ShapeDtypeStruct``) can carry a
+    flag: a real floating scalar of a dtype that can hold NaN.
+
+    Example:
+      >>> carries(jnp.float32(1.0)), carries(jnp.arange(3.0)), carries(jnp.int32(1))
+      (True, False, False)
+    """
+    dtype = getattr(loss, "dtype", None)
+    if getattr(loss, "shape", None) != () or dtype is None:
+        return False
+    return bool(jnp.issubdtype(dtype, jnp.floating) and _holds_nan(jnp.dtype(dtype)))

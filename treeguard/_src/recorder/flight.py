@@ -21,12 +21,10 @@ from __future__ import annotations
 
 import math
 import os
-from collections import deque
 from collections.abc import Callable
 from typing import Any, Literal, NamedTuple
 
 import jax
-import numpy as np
 
 from ..errors import ConfigError, NonFiniteError, RecorderError
 from ..nonfinite import host_nonfinite
@@ -34,8 +32,9 @@ from ..optimizer import OptaxStep
 from ..updates.compiled import nonfinite_sections
 from ..updates.layout import labelled_trees
 from .bundle import BATCH_MODES, BatchMode, Found, write_bundle
-from .finite import carried, finite_flag
-from .sticky import COUNT, FIRST_BAD, READ_EVERY, advance, hold, start_watch
+from .finite import carried, carries, finite_flag
+from .pending import Pending, Refused, Unread
+from .sticky import first_mark, hold, moved
 
 _BATCH_HINT = (
     'pass batch="record" to keep the raw batch in the bundle (it can then be replayed as '
@@ -66,15 +65,6 @@ class _Dispatched(NamedTuple):
     ok: Any
     params: Any
     opt_state: Any
-    batch: Any
-    key: Any
-
-
-class _Unread(NamedTuple):
-    """A step of ``check="next"`` whose flag is not read yet: what replaying it
-    needs beside the held params and state."""
-
-    number: int
     batch: Any
     key: Any
 
@@ -243,16 +233,10 @@ class RecordedStep:
         self.recorder = recorder
         self._number = start
         self.check: CheckWhen = check
-        # check="next": the watch on the device, the steps it has not been read
-        # for, the watch whose copy to the host is under way, and the newest
-        # params and state (those from before a non-finite step, once it sticks)
-        self._watch: jax.Array | None = None
-        #: the number of the watch's first step: the watch counts from 0, so that
-        #: an int32 holds any step number (a resumed run's ``start`` past 2**31)
-        self._base = start
-        self._unread: deque[_Unread] = deque()
-        self._probe: jax.Array | None = None
-        self._held: tuple[Any, Any] = (None, None)
+        # check="next": the steps not read yet; whether the loss carries the
+        # mark (decided at the first call, from the step's output shapes)
+        self._pending = Pending()
+        self._carrier: Any = None
         self._optax: OptaxStep | None = None
         if isinstance(step, OptaxStep):
             if not callable(loss):
@@ -337,15 +321,15 @@ class RecordedStep:
         return trees, ok, carry
 
     def _traced_optax_next(
-        self, params: Any, opt_state: Any, batch: Any, key: Any, watch: jax.Array
+        self, params: Any, opt_state: Any, batch: Any, key: Any, mark: jax.Array
     ) -> Any:
         value, grads, new_params, new_state = self._optax_trees(params, opt_state, batch, key)
-        watch = advance(watch, finite_flag(jax.tree.leaves((value, grads, new_params, new_state))))
-        new_params, new_state = hold(
-            watch, (params, opt_state), (new_params, new_state), what=_HELD
-        )
-        # the grads stay in the program: a replay remakes them for an error
-        return (value, None, new_params, new_state), watch
+        ok = finite_flag(jax.tree.leaves((value, grads, new_params, new_state)))
+        bad, mark = moved(mark, ok, value)
+        new_params, new_state = hold(bad, (params, opt_state), (new_params, new_state), what=_HELD)
+        # the grads stay in the program: a replay remakes them for an error; a
+        # carried loss stands for the loss
+        return (None if mark.ndim == 0 else value, None, new_params, new_state), mark
 
     def _traced_plain(self, params: Any, opt_state: Any, batch: Any, key: Any) -> Any:
         out = self._call_user(params, opt_state, batch, key)
@@ -356,12 +340,17 @@ class RecordedStep:
         return out, ok, carry
 
     def _traced_plain_next(
-        self, params: Any, opt_state: Any, batch: Any, key: Any, watch: jax.Array
+        self, params: Any, opt_state: Any, batch: Any, key: Any, mark: jax.Array
     ) -> Any:
         out = self._call_user(params, opt_state, batch, key)
-        watch = advance(watch, finite_flag(jax.tree.leaves(out)))
-        rest = (*hold(watch, (params, opt_state), out[:2], what=_HELD), *out[2:])
-        return (type(out)._make(rest) if hasattr(out, "_make") else rest), watch
+        bad, mark = moved(
+            mark, finite_flag(jax.tree.leaves(out)), out[2] if mark.ndim == 0 else None
+        )
+        held = hold(bad, (params, opt_state), out[:2], what=_HELD)
+        if mark.ndim == 0:  # a carried loss stands for the loss: no output more than the step's
+            return (*held, None, *out[3:]), mark
+        rest = (*held, *out[2:])
+        return (type(out)._make(rest) if hasattr(out, "_make") else rest), mark
 
     def _flag(self, loss: Any, ok: jax.Array) -> tuple[Any, Any]:
         """The program's flag outputs, ``(ok, carried loss)``, one of them None: the
@@ -441,21 +430,31 @@ class RecordedStep:
         return (*out[:2], replayed[2], *out[3:])
 
     def _call_next(self, params: Any, opt_state: Any, batch: Any, key: Any) -> Any:
-        """A step with ``check="next"``: dispatched with the watch; the watch of
-        an earlier step read once this one is dispatched, when its copy began."""
-        if self._watch is None:
-            self._watch, self._base = start_watch(0), self._number
-        out, self._watch = self._fn(params, opt_state, batch, key, self._watch)
-        self._unread.append(_Unread(self._number, batch, key))
+        """A step with ``check="next"``: dispatched with the mark the step before
+        it returned; the mark of an earlier step read once this one is
+        dispatched, when its copy began."""
+        pending = self._pending
+        if pending.mark is None:
+            pending.start(self._first_mark(params, opt_state, batch, key), self._number)
+        out, mark = self._fn(params, opt_state, batch, key, pending.mark)
+        held = (out[2], out[3]) if self._optax is not None else (out[0], out[1])
+        refused = pending.dispatched(Unread(self._number, batch, key, mark), mark, held)
         self._number += 1
-        self._held = (out[2], out[3]) if self._optax is not None else (out[0], out[1])
-        probe, self._probe = self._probe, None
-        if probe is not None:
-            self._read(np.asarray(probe))  # copied meanwhile: the device stays busy
-        if len(self._unread) >= READ_EVERY:
-            self._watch.copy_to_host_async()
-            self._probe = self._watch
-        return self._returned(out, None)
+        if refused is not None:
+            self._refuse_held(refused)
+        return self._returned(out, mark if mark.ndim == 0 else None)
+
+    def _first_mark(self, params: Any, opt_state: Any, batch: Any, key: Any) -> jax.Array:
+        """The mark of a run's first step: a carried loss where the step returns
+        a floating scalar loss, strongly typed, that can hold NaN (found from
+        its output shapes, once); the watch otherwise."""
+        if self._carrier is None:
+            shapes = jax.eval_shape(self._replay, params, opt_state, batch, key)
+            plain = type(shapes) is tuple and len(shapes) > 2
+            loss = shapes[0] if self._optax is not None else shapes[2] if plain else None
+            weak = getattr(loss, "weak_type", False)
+            self._carrier = getattr(loss, "dtype", False) if carries(loss) and not weak else False
+        return first_mark((params, opt_state), None if self._carrier is False else self._carrier)
 
     def flush(self) -> None:
         """Reads the flag of the last dispatched step (``check="next"``);
@@ -465,28 +464,18 @@ class RecordedStep:
           NonFiniteError: if that step, or one not read yet before it, held
             NaN or Inf, as ``__call__`` does.
         """
-        self._probe = None
-        if self._watch is not None:
-            self._read(np.asarray(self._watch))
-        self._held = (None, None)  # every step is read: nothing is replayed from them
+        refused = self._pending.flush()
+        if refused is not None:
+            self._refuse_held(refused)
 
-    def _read(self, watch: np.ndarray[Any, Any]) -> None:
-        """Takes a watch read on the host: the steps it covers are finite, or the
-        first that is not is refused (and the steps after it are not taken)."""
-        count, bad = self._base + int(watch[COUNT]), int(watch[FIRST_BAD])
-        bad = self._base + bad if bad >= 0 else -1
-        while self._unread and self._unread[0].number < (count if bad < 0 else bad):
-            self._unread.popleft()
-        if bad < 0:
-            return
-        unread, (params, opt_state) = self._unread.popleft(), self._held
-        self._unread.clear()
-        self._watch = self._probe = None
-        self._held = (None, None)
-        self._number = bad
-        out = self._replay(params, opt_state, unread.batch, unread.key)
+    def _refuse_held(self, refused: Refused) -> None:
+        """Raises for the first non-finite step of ``check="next"``, replayed from
+        the params and state held from before it."""
+        step, params, opt_state = refused
+        self._number = step.number
+        out = self._replay(params, opt_state, step.batch, step.key)
         raise self._refuse(
-            _Dispatched(bad, out, False, params, opt_state, unread.batch, unread.key)
+            _Dispatched(step.number, out, False, params, opt_state, step.batch, step.key)
         )
 
     def _scalars(self, out: Any) -> list[jax.Array]:

@@ -1,20 +1,32 @@
-"""The device-side watch of ``check="next"``: a flag that sticks at the
+"""The device-side mark of ``check="next"``: a flag that sticks at the
 first non-finite step, and the params and state held from before it.
 
 Reading a value from an accelerator costs the host about as long as
-dispatching a small step (about 0.1 ms on a TPU v5e host), so a loop that
-reads nothing else must not read a flag every step. Instead each step's
-program carries the *watch*, two int32 on the device: the number of the next
-step and the number of the first non-finite step (-1 while there is none),
-counted from the watch's first step (the host adds the run's own number).
-Once it is set, every later program returns the params and the state it was
-given, so whenever the host reads the watch the newest params are those from
-before the step that went wrong. The host reads it every ``READ_EVERY``
-steps (and at ``flush``), in the background.
+dispatching a small step (about 0.1 ms on a TPU v5e host), and so does each
+output buffer a program makes (about 10 us there), so a loop that reads
+nothing else must neither read a flag every step nor grow the step's
+outputs. Each step's program takes the *mark* the step before it returned
+and returns the next one; once a step is not finite, every later program
+returns the params and the state it was given, so whenever the host looks
+the newest params are those from before the step that went wrong. The host
+reads the mark every ``READ_EVERY`` steps (and at ``flush``), in the
+background.
+
+The mark is one of two:
+
+* the step's *carried loss* (``start_carrier``), where the step returns a
+  floating scalar loss that can hold NaN: the loss itself, NaN from the
+  first non-finite step on. It is an output the step makes anyway, so the
+  program makes no buffer more than the bare step; the host finds the first
+  step that went wrong among the marks of the steps it has not read yet;
+* otherwise the *watch* (``start_watch``), two int32: the number of the next
+  step and that of the first non-finite one (-1 while there is none),
+  counted from the watch's first step (the host adds the run's own number).
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -37,15 +49,67 @@ _HOLD_HINT = (
 )
 
 
+def first_mark(trees: Any, dtype: Any) -> jax.Array:
+    """A run's first mark: a carried loss of ``dtype``, or the watch where
+    ``dtype`` is None; made by a program over ``trees`` (the step's params and
+    state), so that it lies where the step's program puts the marks it
+    returns, and the second step compiles nothing (an uncommitted first mark
+    beside committed params would make a program of its own).
+
+    Example:
+      >>> first_mark({"w": jnp.ones(2)}, None).tolist(), float(first_mark(None, jnp.float32))
+      ([0, -1], 0.0)
+    """
+    mark: jax.Array = _first_mark(trees, None if dtype is None else jnp.dtype(dtype))
+    return mark
+
+
+@functools.partial(jax.jit, static_argnums=1, keep_unused=True)
+def _first_mark(trees: Any, dtype: Any) -> jax.Array:
+    return start_watch(0) if dtype is None else start_carrier(dtype)
+
+
 def start_watch(step: int) -> jax.Array:
-    """A watch for the step numbered ``step``, none of them non-finite yet
-    (uncommitted, so that it joins the step's devices).
+    """A watch for the step numbered ``step``, none of them non-finite yet.
 
     Example:
       >>> start_watch(7).tolist()
       [7, -1]
     """
     return jnp.asarray([step, -1], dtype=jnp.int32)
+
+
+def start_carrier(dtype: Any) -> jax.Array:
+    """A carried loss for the first step: a finite scalar of the loss's dtype.
+
+    Example:
+      >>> float(start_carrier(jnp.bfloat16))
+      0.0
+    """
+    return jnp.zeros((), dtype)
+
+
+def moved(mark: jax.Array, ok: jax.Array, loss: Any) -> tuple[jax.Array, jax.Array]:
+    """Whether this step or one before it was not finite, and the mark to hand
+    on, traced: a carried loss (a scalar mark) becomes ``loss``, or NaN from the
+    first non-finite step on; a watch advances.
+
+    Example:
+      >>> bad, mark = moved(start_carrier(jnp.float32), jnp.bool_(True), jnp.float32(2.5))
+      >>> bool(bad), float(mark)
+      (False, 2.5)
+      >>> bad, mark = moved(jnp.float32(jnp.nan), jnp.bool_(True), jnp.float32(2.5))
+      >>> bool(bad), float(mark)
+      (True, nan)
+      >>> bad, watch = moved(start_watch(0), jnp.bool_(False), None)
+      >>> bool(bad), watch.tolist()
+      (True, [1, 0])
+    """
+    if mark.ndim == 0:
+        bad = jnp.isnan(mark) | jnp.logical_not(ok)
+        return bad, jnp.where(bad, jnp.full_like(loss, jnp.nan), loss)
+    watch = advance(mark, ok)
+    return watch[FIRST_BAD] >= 0, watch
 
 
 def advance(watch: jax.Array, ok: jax.Array) -> jax.Array:
@@ -87,10 +151,11 @@ def _matched(before: Any, after: Any, what: str) -> tuple[list[jax.Array], list[
 
 
 def hold(
-    watch: jax.Array, before: tuple[Any, ...], after: tuple[Any, ...], *, what: tuple[str, ...]
+    bad: jax.Array, before: tuple[Any, ...], after: tuple[Any, ...], *, what: tuple[str, ...]
 ) -> tuple[Any, ...]:
-    """``after``, or ``before`` once the watch has a non-finite step (traced;
-    each pair of trees of one structure, shapes and dtypes, named by ``what``).
+    """``after``, or ``before`` once ``bad`` (``moved``) says a step was not
+    finite (traced; each pair of trees of one structure, shapes and dtypes,
+    named by ``what``).
 
     A conditional rather than a select: while the steps are finite the program
     hands its new values out as they are, with no pass over them (a select
@@ -102,13 +167,14 @@ def hold(
         step's output does not match its input.
 
     Example:
-      >>> hold(start_watch(0), ({"w": jnp.ones(2)},), ({"w": jnp.zeros(2)},), what=("the params",))
+      >>> before, after = ({"w": jnp.ones(2)},), ({"w": jnp.zeros(2)},)
+      >>> hold(jnp.bool_(False), before, after, what=("the params",))
       ({'w': Array([0., 0.], dtype=float32)},)
     """
     matched = [_matched(b, a, w) for b, a, w in zip(before, after, what, strict=True)]
     given = [leaf for m in matched for leaf in m[0]]
     new = [jnp.asarray(leaf) for m in matched for leaf in m[1]]
-    out = lax.cond(watch[FIRST_BAD] >= 0, lambda: given, lambda: new)
+    out = lax.cond(bad, lambda: given, lambda: new)
     held, at = [], 0
     for _, leaves, treedef in matched:
         held.append(jax.tree.unflatten(treedef, out[at : at + len(leaves)]))
