@@ -249,6 +249,18 @@ def _refused_at_k(e: tg.NonFiniteError, run: Run, train: tg.RecordedStep) -> Non
     train.flush()  # nothing pending once refused
 
 
+def _resumes(train: tg.RecordedStep, run: Run, e: tg.NonFiniteError) -> None:
+    """Training resumed from the error's params and state, past the bad
+    batch, is numbered from ``K`` and gives the bare loop's params again."""
+    params, state = e.params, e.state
+    for i in range(K, K + 3):
+        params, state, _ = train(params, state, run.batches[i])
+    train.flush()
+    assert train.step_number == K + 3
+    _bitwise(params, run.history[K + 2][0])
+    _bitwise(state, run.history[K + 2][1])
+
+
 @pytest.mark.parametrize("case", BOTH)
 def test_a_nan_at_step_k_is_refused_on_a_later_call(case: tuple[str, str], tmp_path: Path) -> None:
     run = _run(*case)
@@ -256,6 +268,7 @@ def test_a_nan_at_step_k_is_refused_on_a_later_call(case: tuple[str, str], tmp_p
     raised, e = _until_refused(train, run, STEPS)
     assert raised is not None and K < raised <= K + WINDOW
     _refused_at_k(e, run, train)
+    _resumes(train, run, e)
 
 
 @pytest.mark.parametrize("case", _cases(("jit",)))
@@ -289,3 +302,4 @@ def test_the_mlp_over_a_mesh_is_held_and_refused_as_on_one_device(
         shardings = [x.sharding for x in jax.tree.leaves(e.params)]
         assert shardings == [x.sharding for x in jax.tree.leaves(history[K - 1][0])]
         _refused_at_k(e, run, train)
+        _resumes(train, run, e)
