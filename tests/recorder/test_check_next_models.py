@@ -10,6 +10,7 @@ the flag's carrier is the recorder's own business."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Callable
 from pathlib import Path
@@ -136,42 +137,52 @@ def _batches(ex: Example, put: Callable[[Any], Any]) -> tuple[list[Batch], Batch
 
 
 @functools.cache
-def _run(name: str, kind: str) -> Run:
+def _mesh(axis_type: Any) -> jax.sharding.Mesh:
+    """Eight CPU devices on one ``data`` axis of ``axis_type``."""
+    return cpu_mesh((8,), ("data",), (axis_type,))
+
+
+def _placed(axis_type: Any) -> tuple[Callable[[Any], Any], Callable[[Any], Any]]:
+    """How batches and params are put: uncommitted on one device (``None``),
+    or the batch split over ``_mesh(axis_type)`` and the params replicated."""
+    if axis_type is None:
+        return (lambda b: jax.tree.map(jnp.asarray, b)), (lambda t: t)
+    mesh = _mesh(axis_type)
+    rows, whole = NamedSharding(mesh, P("data")), NamedSharding(mesh, P())
+    return (lambda b: jax.device_put(b, rows)), (lambda t: jax.device_put(t, whole))
+
+
+@functools.cache
+def _run(name: str, kind: str, axis_type: Any = None) -> Run:
     """The example ``name`` recorded as ``kind`` (``"jit"``: its jitted step;
-    ``"optax_step"``: ``tg.optax_step`` with its loss), with the bare loop of
-    the same step run once for the module's tests."""
+    ``"optax_step"``: ``tg.optax_step`` with its loss), placed as ``_placed``
+    says, with the bare loop of the same step run once for the module's tests."""
     ex = EXAMPLES[name]
-    batches, bad = _batches(ex, lambda b: jax.tree.map(jnp.asarray, b))
-    params = ex.init()
-    if kind == "jit":
-        step = _jitted(ex)
-        state = None if ex.optimizer is None else ex.optimizer.init(params)
-        return Run(
-            batches,
-            bad,
-            (params, state),
-            _bare(step, params, state, batches),
-            lambda rec: rec.wrap(step, check="next"),
-        )
+    put_batch, put_tree = _placed(axis_type)
+    batches, bad = _batches(ex, put_batch)
+    params = put_tree(ex.init())
     opt = _optimizer(ex)
-    state = opt.init(params)
-    return Run(
-        batches,
-        bad,
-        (params, state),
-        _bare(_jitted(ex._replace(optimizer=opt)), params, state, batches),
-        lambda rec: rec.wrap(tg.optax_step(opt), loss=ex.loss, check="next"),
-    )
+    step = _jitted(ex if kind == "jit" else ex._replace(optimizer=opt))
+    state = None if kind == "jit" and ex.optimizer is None else put_tree(opt.init(params))
+
+    def wrap(rec: tg.FlightRecorder) -> tg.RecordedStep:
+        if kind == "jit":
+            return rec.wrap(step, check="next")
+        return rec.wrap(tg.optax_step(opt), loss=ex.loss, check="next")
+
+    with jax.set_mesh(_mesh(axis_type)) if axis_type is not None else contextlib.nullcontext():
+        history = _bare(step, params, state, batches)
+    return Run(batches, bad, (params, state), history, wrap)
 
 
-def _cases(kinds: tuple[str, ...]) -> list[Any]:
-    """Each example recorded as each of ``kinds``; the CNN's compiles (seconds
-    each) put its cases in the slow run."""
+def _cases(kinds: tuple[str, ...], fast: tuple[str, ...] = ("mlp", "eqx-mlp")) -> list[Any]:
+    """Each example recorded as each of ``kinds``, the cases whose example or
+    id is not in ``fast`` in the slow run (the CNN's compiles take seconds)."""
     return [
         pytest.param(
             (name, kind),
             id=f"{name}-{kind}",
-            marks=[pytest.mark.slow] if name == "nnx-cnn" else [],
+            marks=[] if {name, f"{name}-{kind}"} & set(fast) else [pytest.mark.slow],
         )
         for name in EXAMPLES
         for kind in kinds
@@ -280,26 +291,20 @@ def test_a_nan_in_the_last_steps_is_refused_at_flush(case: tuple[str, str], tmp_
     _refused_at_k(e, run, train)
 
 
-@pytest.mark.parametrize("axis_type", [AxisType.Auto, AxisType.Explicit])
-def test_the_mlp_over_a_mesh_is_held_and_refused_as_on_one_device(
-    tmp_path: Path, axis_type: Any
+@pytest.mark.parametrize("axis_type", [AxisType.Auto, AxisType.Explicit], ids=["auto", "explicit"])
+@pytest.mark.parametrize("case", _cases(("jit", "optax_step"), fast=("mlp-jit",)))
+def test_a_model_over_a_mesh_is_held_and_refused_as_on_one_device(
+    case: tuple[str, str], axis_type: Any, tmp_path: Path
 ) -> None:
-    """The seed's MLP, its batch split over 8 devices and its params
-    replicated: the bare loop's params bit for bit, the held params keep
-    their sharding, and step ``K`` is refused."""
-    mesh = cpu_mesh((8,), ("data",), (axis_type,))
-    rows, whole = NamedSharding(mesh, P("data")), NamedSharding(mesh, P())
-    ex = EXAMPLES["mlp"]
-    batches, bad = _batches(ex, lambda b: jax.device_put(b, rows))
-    params = jax.device_put(ex.init(), whole)
-    step = _jitted(ex)
-    with jax.set_mesh(mesh):
-        history = _bare(step, params, None, batches)
-        run = Run(batches, bad, (params, None), history, lambda rec: rec.wrap(step, check="next"))
+    """The batch split over 8 devices, the params replicated: the bare
+    loop's params bit for bit, the held params keep their sharding, step
+    ``K`` is refused and training resumes past it."""
+    run = _run(*case, axis_type)
+    with jax.set_mesh(_mesh(axis_type)):
         train = run.wrap(tg.FlightRecorder(tmp_path / "nan", batch="record"))
         raised, e = _until_refused(train, run, STEPS)
         assert raised is not None and K < raised <= K + WINDOW
         shardings = [x.sharding for x in jax.tree.leaves(e.params)]
-        assert shardings == [x.sharding for x in jax.tree.leaves(history[K - 1][0])]
+        assert shardings == [x.sharding for x in jax.tree.leaves(run.history[K - 1][0])]
         _refused_at_k(e, run, train)
         _resumes(train, run, e)
