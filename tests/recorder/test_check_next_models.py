@@ -5,8 +5,11 @@ partition, adam), each recorded as a jitted step function and as an
 ``optax_step``. Finite steps give the params a bare loop of the same step
 gives, bit for bit; a NaN fed in the inputs of step ``K`` is refused on a
 later call (or at ``flush``) naming step ``K``, with the bare loop's params
-from before it, and a bundle that reads back as step ``K``. Public API only:
-the flag's carrier is the recorder's own business."""
+from before it, and a bundle that reads back as step ``K``; training resumed
+from the error's params goes on as the bare loop does. The same over Auto and
+Explicit meshes. Public API only: the flag's carrier is the recorder's own
+business. The default run trains the two MLPs (under a second a test); the
+CNN's compiles take seconds, so its cases are in the slow run."""
 
 from __future__ import annotations
 
@@ -37,6 +40,7 @@ WINDOW = 17
 K = 5
 #: Steps in a run: past ``K + WINDOW``, so the refusal comes from a call.
 STEPS = K + WINDOW + 2
+#: Rows a batch: the examples' 64 training rows make 8 batches, cycled.
 BATCH = 8
 
 
