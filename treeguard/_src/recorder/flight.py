@@ -8,12 +8,13 @@ as a matrix-vector product; on one accelerator a fused sum over the leaves
 of each shape; past ``PER_LEAF`` leaves, one reduction per dtype over the
 joined leaves). With ``check="now"`` one scalar is read per step, before the
 call returns; the params and the state from before the step are the call's
-own arguments. With ``check="next"`` the program keeps a flag on the device
-that sticks at the first non-finite step and from then on returns the params
-and the state it was given (``sticky``), and the host reads that flag every
-``READ_EVERY`` steps without stalling the device's queue; the step that went
-wrong is replayed from the held params and its kept batch, on the error path
-only. Which leaves hold what is worked out on the host, on the error path
+own arguments. With ``check="next"`` each program hands the next one a mark
+that sticks at the first non-finite step (the step's own loss, NaN from then
+on, where it can carry it; a two-int32 watch otherwise), and from then on
+returns the params and the state it was given (``sticky``); the host reads
+the mark every ``READ_EVERY`` steps without stalling the device's queue
+(``pending``), and the step that went wrong is replayed from the held params
+and its kept batch, on the error path only. Which leaves hold what is worked out on the host, on the error path
 only; nothing is copied while the steps are finite.
 """
 
@@ -181,8 +182,10 @@ class FlightRecorder:
             ``OptaxStep``; the accelerator's pace): the flag stays on the
             device, sticking at the first non-finite step, from which on
             every step returns the params and the state it was given
-            unchanged; the host reads it every 16 steps, in the background,
-            so the device's queue never drains. A non-finite step then
+            unchanged, and a floating scalar loss comes back NaN (it carries
+            the flag from step to step: the program makes no output more
+            than the step's own); the host reads it every 16 steps, in the
+            background, so the device's queue never drains. A non-finite step then
             raises from a call up to 17 steps after it, or from ``flush()``:
             the bundle and the error's ``params`` are of the step that went
             wrong (replayed from the held params and its batch), and the
