@@ -11,6 +11,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 import treeguard as tg
@@ -112,7 +113,7 @@ def test_check_next_returns_nan_as_the_loss_from_the_step_it_refuses_later(
 ) -> None:
     # the loss carries the mark: the step's own loss while every step is finite,
     # NaN from the first step that is not (its params held), until the read refuses it
-    params, _, loss = _wrap(tmp_path, _step(), check="next")(
+    _, _, loss = _wrap(tmp_path, _step(), check="next")(
         {"w": jnp.ones(3)}, None, jnp.array([0.5, 0.25, 1.0])
     )
     assert float(loss) == 1.75
@@ -147,3 +148,36 @@ def test_a_loss_of_a_dtype_without_nan_does_not_carry_the_flag(tmp_path: Path) -
     train = _wrap(tmp_path, _step(jnp.float4_e2m1fn, poison=jnp.inf))
     with pytest.raises(tg.NonFiniteError, match="in the updated params"):
         train({"w": jnp.ones(3)}, None, jnp.array([-1.0, 0.0, 1.0]))
+
+
+def test_a_nonfinite_loss_its_replay_does_not_repeat_is_still_named(tmp_path: Path) -> None:
+    # the program returns the carried loss in the loss's place; a refused step's real
+    # loss comes from a replay, and a loss that does not repeat (atomics, another
+    # fusion near overflow; here a host callback that is NaN once) is still named
+    calls = []
+
+    def once() -> np.ndarray[Any, Any]:
+        calls.append(1)
+        return np.float32(np.nan if len(calls) == 1 else 0.0)
+
+    @jax.jit
+    def step(params: Any, state: Any, batch: Any) -> Any:
+        extra = jax.pure_callback(once, jax.ShapeDtypeStruct((), jnp.float32))
+        return {"w": params["w"] + batch}, state, jnp.sum(batch) + extra
+
+    with pytest.raises(tg.NonFiniteError) as info:
+        _wrap(tmp_path, step)({"w": jnp.ones(3)}, None, jnp.ones(3))
+    assert str(info.value).splitlines()[0] == "step 0: 1 leaf holds NaN or Inf in the loss:"
+    assert len(calls) == 2  # the step and its replay
+
+
+def test_an_optax_steps_grads_are_replayed_for_its_report(tmp_path: Path) -> None:
+    # with check="now" an OptaxStep's program leaves the grads out; the report has them
+    train = tg.FlightRecorder(tmp_path, batch="record").wrap(
+        tg.optax_step(optax.sgd(0.1)), loss=lambda p, b: jnp.sum(jnp.sqrt(b) * p["w"])
+    )
+    params = {"w": jnp.ones(3)}
+    with pytest.raises(tg.NonFiniteError) as info:
+        train(params, train.init(params), jnp.array([1.0, -1.0, 4.0]))
+    message = str(info.value)
+    assert "in the grads" in message and "in the loss" in message

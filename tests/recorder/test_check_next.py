@@ -298,3 +298,72 @@ def test_placed_params_compile_the_recorded_program_once(
     finally:
         jax.monitoring.unregister_event_duration_listener(listen)
     assert compiles == []
+
+
+def test_a_loss_that_stops_carrying_the_mark_mid_run_is_refused(tmp_path: Path) -> None:
+    # a float loss first, an integer one later: the NaN mark would become an int and
+    # stop sticking, and a later non-finite step would go unread
+    train = tg.FlightRecorder(tmp_path, batch="digest").wrap(
+        jax.jit(lambda p, s, b: ({"w": p["w"] * b.sum()}, s, jnp.sum(b, axis=0))), check="next"
+    )
+    params, _, _ = train({"w": jnp.ones(3)}, None, jnp.ones(3))
+    with pytest.raises(tg.ConfigError) as info:
+        train(params, None, jnp.ones(3, jnp.int32))
+    assert str(info.value).splitlines() == [
+        "the step returned its loss as int32[], and the run's first step as a float32 scalar: "
+        'with check="next" that loss carries the flag from one step to the next',
+        'hint: keep the loss one strongly typed scalar dtype for the whole run, or use check="now"',
+    ]
+    with pytest.raises(tg.ConfigError, match=r"its loss as float32\[1\], and"):
+        train(params, None, jnp.ones((3, 1)))  # a vector loss would be read as the watch
+    train.flush()  # the finite steps before it are read
+
+
+def test_a_deleted_returned_loss_is_named_not_a_deleted_buffer(tmp_path: Path) -> None:
+    train = _train_next(tmp_path)
+    params = {"w": jnp.ones(3)}
+    state = _init(train, params)
+    params, state, loss = train(params, state, GOOD)
+    loss.delete()  # as a jitted update that donates it would
+    for attempt in (lambda: train(params, state, GOOD), train.flush):
+        with pytest.raises(tg.ConfigError) as info:
+            attempt()
+        assert str(info.value).startswith("the loss a step returned was deleted or donated")
+        assert "donate jnp.copy(loss) instead" in str(info.value)
+
+
+@pytest.mark.skipif(not hasattr(jnp, "float8_e8m0fnu"), reason="this jax has no float8_e8m0fnu")
+def test_a_loss_of_a_dtype_without_zero_carries_the_mark(tmp_path: Path) -> None:
+    # float8_e8m0fnu holds NaN but no zero: a first mark of zero would be NaN
+    @jax.jit
+    def step(params: Any, state: Any, batch: Any) -> Any:
+        return {"w": params["w"] + batch}, state, jnp.sum(batch).astype(jnp.float8_e8m0fnu)
+
+    train = tg.FlightRecorder(tmp_path, batch="digest").wrap(step, check="next")
+    params: Any = {"w": jnp.ones(3)}
+    for _ in range(3):
+        params, _, _ = train(params, None, jnp.ones(3))
+    train.flush()
+    assert np.asarray(params["w"]).tolist() == [4.0, 4.0, 4.0]
+    params, _, _ = train(params, None, jnp.array([1.0, jnp.inf, 1.0]))
+    with pytest.raises(tg.NonFiniteError, match="^step 3: "):
+        train.flush()
+
+
+def test_host_params_are_moved_to_the_device_once_at_the_first_step(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    # the first mark is made beside the params' device arrays only: host ones
+    # would be moved for it and again for the step
+    train = _train_next(tmp_path, "watch")
+    params = {"w": np.ones(3, np.float32)}  # as loaded from a file
+    state = _init(train, params)
+    capfd.readouterr()
+    with jax.transfer_guard_host_to_device("log"):
+        train(params, state, GOOD)
+    logged = capfd.readouterr().err.splitlines()
+    moved = [
+        line for line in logged if "host-to-device transfer: aval=ShapedArray(float32[3])" in line
+    ]
+    assert len(moved) == 1, logged  # the params, once (the batch is on the device already)
+    train.flush()

@@ -14,8 +14,9 @@ on, where it can carry it; a two-int32 watch otherwise), and from then on
 returns the params and the state it was given (``sticky``); the host reads
 the mark every ``READ_EVERY`` steps without stalling the device's queue
 (``pending``), and the step that went wrong is replayed from the held params
-and its kept batch, on the error path only. Which leaves hold what is worked out on the host, on the error path
-only; nothing is copied while the steps are finite.
+and its kept batch, on the error path only. Which leaves hold what is worked
+out on the host, on the error path only; nothing is copied while the steps
+are finite.
 """
 
 from __future__ import annotations
@@ -184,15 +185,19 @@ class FlightRecorder:
             every step returns the params and the state it was given
             unchanged, and a floating scalar loss comes back NaN (it carries
             the flag from step to step: the program makes no output more
-            than the step's own); the host reads it every 16 steps, in the
-            background, so the device's queue never drains. A non-finite step then
-            raises from a call up to 17 steps after it, or from ``flush()``:
-            the bundle and the error's ``params`` are of the step that went
-            wrong (replayed from the held params and its batch), and the
-            params the caller holds are those from before it. Call
-            ``flush()`` after the last step. It keeps the batches and keys
-            of the steps not read yet alive (up to 17), and no params: a
-            batch must not be changed in place until its flag is read.
+            than the step's own; a loss of another kind comes back as the
+            step computed it from the held params); the host reads the flag
+            every 16 steps, in the background, so the device's queue never
+            drains. A non-finite step then raises from a call up to 17 steps
+            after it, or from ``flush()``: the bundle and the error's
+            ``params`` are of the step that went wrong (replayed from the
+            held params and its batch), and the params the caller holds are
+            those from before it. Call ``flush()`` after the last step, and
+            pass each call the params and state the call before returned
+            (the recorder replays from the newest it was given). It keeps
+            the batches, keys and losses of the steps not read yet alive (up
+            to 17), and no params: a batch must not be changed in place, nor
+            a returned loss deleted or donated, until its flag is read.
 
         Returns:
           The ``RecordedStep``.
@@ -317,11 +322,11 @@ class RecordedStep:
         return (value, grads, new_params, new_state)
 
     def _traced_optax(self, params: Any, opt_state: Any, batch: Any, key: Any) -> Any:
-        trees = self._optax_trees(params, opt_state, batch, key)
-        ok, carry = self._flag(trees[0], finite_flag(jax.tree.leaves(trees)))
-        if carry is not None:  # the carry stands for the loss: one output less
-            trees = (None, *trees[1:])
-        return trees, ok, carry
+        value, _, new_params, new_state = trees = self._optax_trees(params, opt_state, batch, key)
+        ok, carry = self._flag(value, finite_flag(jax.tree.leaves(trees)))
+        # the grads stay in the program, and the loss where the carry stands for
+        # it: a refused step's replay remakes them
+        return (value if carry is None else None, None, new_params, new_state), ok, carry
 
     def _traced_optax_next(
         self, params: Any, opt_state: Any, batch: Any, key: Any, mark: jax.Array
@@ -346,9 +351,8 @@ class RecordedStep:
         self, params: Any, opt_state: Any, batch: Any, key: Any, mark: jax.Array
     ) -> Any:
         out = self._call_user(params, opt_state, batch, key)
-        bad, mark = moved(
-            mark, finite_flag(jax.tree.leaves(out)), out[2] if mark.ndim == 0 else None
-        )
+        loss = out[2] if mark.ndim == 0 and type(out) is tuple and len(out) > 2 else None
+        bad, mark = moved(mark, finite_flag(jax.tree.leaves(out)), loss)
         held = hold(bad, (params, opt_state), out[:2], what=_HELD)
         if mark.ndim == 0:  # a carried loss stands for the loss: no output more than the step's
             return (*held, None, *out[3:]), mark
@@ -402,6 +406,10 @@ class RecordedStep:
             state hold NaN or Inf, after the bundle is written (its path in
             ``.bundle``; a bundle that could not be written is in
             ``.bundle_error`` and chained).
+          ConfigError: with ``check="next"``, for a step that returns params
+            or state of other shapes or dtypes than it was given, a loss
+            that stops being the scalar of the run's first step, or a
+            returned loss that was deleted or donated.
         """
         if self.check == "next":
             return self._call_next(params, opt_state, batch, key)
@@ -420,26 +428,35 @@ class RecordedStep:
             self._number += 1
             return self._returned(out, carry)
         # made on the error path only: a finite step with check="now" keeps nothing
-        if carry is not None:
-            out = self._with_loss(out, params, opt_state, batch, key)
+        if carry is not None or self._optax is not None:
+            out = self._completed(out, carry, (params, opt_state, batch, key))
         raise self._refuse(_Dispatched(self._number, out, ok, params, opt_state, batch, key))
 
-    def _with_loss(self, out: Any, params: Any, opt_state: Any, batch: Any, key: Any) -> Any:
-        """A refused step's outputs with the loss its program left out (the carry
-        stood for it, NaN once any leaf was not finite), replayed."""
-        replayed = self._replay(params, opt_state, batch, key)
+    def _completed(self, out: Any, carry: Any, args: tuple[Any, Any, Any, Any]) -> Any:
+        """A refused step's outputs with what its program left out, replayed: the
+        loss the carry stood for (NaN once any leaf was not finite) and an
+        ``OptaxStep``'s grads. Where everything is then finite, the replay did
+        not compute what the step did; the loss, the one output the carry
+        stands for, is then reported as the carry (non-finite)."""
+        replayed = self._replay(*args)
         if self._optax is not None:
-            return (replayed[0], *out[1:])
-        return (*out[:2], replayed[2], *out[3:])
+            at, full = 0, (out[0] if carry is None else replayed[0], replayed[1], *out[2:])
+        else:
+            at, full = 2, (*out[:2], replayed[2], *out[3:]) if carry is not None else out
+        if carry is not None and bool(_check(jax.tree.leaves(full))):
+            full = (*full[:at], carry, *full[at + 1 :])
+        return full
 
     def _call_next(self, params: Any, opt_state: Any, batch: Any, key: Any) -> Any:
         """A step with ``check="next"``: dispatched with the mark the step before
         it returned; the mark of an earlier step read once this one is
         dispatched, when its copy began."""
         pending = self._pending
-        if pending.mark is None:
-            pending.start(self._first_mark(params, opt_state, batch, key), self._number)
-        out, mark = self._fn(params, opt_state, batch, key, pending.mark)
+        mark = pending.next_mark()
+        if mark is None:
+            mark = self._first_mark(params, opt_state, batch, key)
+            pending.start(mark, self._number)
+        out, mark = self._fn(params, opt_state, batch, key, mark)
         held = (out[2], out[3]) if self._optax is not None else (out[0], out[1])
         refused = pending.dispatched(Unread(self._number, batch, key, mark), mark, held)
         self._number += 1

@@ -20,7 +20,25 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
+from ..errors import ConfigError
 from .sticky import FIRST_BAD, READ_EVERY
+
+_DELETED = (
+    'the loss a step returned was deleted or donated: with check="next" it carries the '
+    "flag into the steps after it, until the flag is read"
+)
+_DELETED_HINT = 'keep the returned loss alive (donate jnp.copy(loss) instead), or use check="now"'
+
+
+def _alive(mark: jax.Array) -> jax.Array:
+    """``mark``, refused where the caller deleted or donated it.
+
+    Raises:
+      ConfigError: for a deleted mark.
+    """
+    if mark.is_deleted():
+        raise ConfigError(_DELETED, hint=_DELETED_HINT)
+    return mark
 
 
 class Unread(NamedTuple):
@@ -61,6 +79,15 @@ class Pending:
         #: the newest params and state: from before a non-finite step, once it sticks
         self._held: tuple[Any, Any] = (None, None)
 
+    def next_mark(self) -> jax.Array | None:
+        """The mark the next step's program takes (None before a run's first step).
+
+        Raises:
+          ConfigError: where the caller deleted or donated it (a carried loss
+            is the loss a call returned).
+        """
+        return None if self.mark is None else _alive(self.mark)
+
     def start(self, mark: jax.Array, number: int) -> None:
         """Starts a run of marks at step ``number`` with the first mark."""
         self.mark, self._base = mark, number
@@ -98,7 +125,7 @@ class Pending:
     def _read(self, through: int, mark: jax.Array) -> Refused | None:
         """Takes the mark of step ``through`` on the host: the steps up to it are
         finite, or the first that is not is refused (and those after it dropped)."""
-        value = np.asarray(mark)
+        value = np.asarray(_alive(mark))
         if mark.ndim == 0:
             bad = self._first_marked() if math.isnan(float(value)) else -1
         else:
@@ -116,4 +143,4 @@ class Pending:
     def _first_marked(self) -> int:
         """The number of the first kept step whose carried loss is NaN (the
         marks stick, so it is the step that went wrong)."""
-        return next(u.number for u in self._unread if math.isnan(float(np.asarray(u.mark))))
+        return next(u.number for u in self._unread if math.isnan(float(_alive(u.mark))))

@@ -34,6 +34,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from ..errors import ConfigError
+from .finite import carries
 
 #: How many steps apart ``check="next"`` reads the watch (its copy to the
 #: host starts then and is read at the following step).
@@ -51,16 +52,18 @@ _HOLD_HINT = (
 
 def first_mark(trees: Any, dtype: Any) -> jax.Array:
     """A run's first mark: a carried loss of ``dtype``, or the watch where
-    ``dtype`` is None; made by a program over ``trees`` (the step's params and
-    state), so that it lies where the step's program puts the marks it
+    ``dtype`` is None; made by a program over the device arrays of ``trees``
+    (the step's params and state; host arrays are left out, so nothing is
+    moved), so that it lies where the step's program puts the marks it
     returns, and the second step compiles nothing (an uncommitted first mark
     beside committed params would make a program of its own).
 
     Example:
       >>> first_mark({"w": jnp.ones(2)}, None).tolist(), float(first_mark(None, jnp.float32))
-      ([0, -1], 0.0)
+      ([0, -1], 1.0)
     """
-    mark: jax.Array = _first_mark(trees, None if dtype is None else jnp.dtype(dtype))
+    placed = [x for x in jax.tree.leaves(trees) if isinstance(x, jax.Array)]  # none moved
+    mark: jax.Array = _first_mark(placed, None if dtype is None else jnp.dtype(dtype))
     return mark
 
 
@@ -80,13 +83,14 @@ def start_watch(step: int) -> jax.Array:
 
 
 def start_carrier(dtype: Any) -> jax.Array:
-    """A carried loss for the first step: a finite scalar of the loss's dtype.
+    """A carried loss for the first step: a finite scalar of the loss's dtype
+    (one: ``float8_e8m0fnu`` has no zero, its zero is NaN).
 
     Example:
       >>> float(start_carrier(jnp.bfloat16))
-      0.0
+      1.0
     """
-    return jnp.zeros((), dtype)
+    return jnp.ones((), dtype)
 
 
 def moved(mark: jax.Array, ok: jax.Array, loss: Any) -> tuple[jax.Array, jax.Array]:
@@ -106,10 +110,38 @@ def moved(mark: jax.Array, ok: jax.Array, loss: Any) -> tuple[jax.Array, jax.Arr
       (True, [1, 0])
     """
     if mark.ndim == 0:
+        _same_carrier(mark, loss)
         bad = jnp.isnan(mark) | jnp.logical_not(ok)
         return bad, jnp.where(bad, jnp.full_like(loss, jnp.nan), loss)
     watch = advance(mark, ok)
     return watch[FIRST_BAD] >= 0, watch
+
+
+def _same_carrier(mark: jax.Array, loss: Any) -> None:
+    """Refuses a loss that cannot carry on the run's mark (traced).
+
+    Raises:
+      ConfigError: for a loss that is no longer a strongly typed floating
+        scalar of the first step's loss's dtype.
+    """
+    if (
+        loss is not None
+        and carries(loss)
+        and jnp.result_type(loss) == mark.dtype
+        and not getattr(jax.typeof(loss), "weak_type", False)
+    ):
+        return
+    shown = (
+        f"{jnp.result_type(loss)}{list(jnp.shape(loss))}"
+        if loss is not None and hasattr(loss, "dtype")
+        else type(loss).__name__
+    )
+    raise ConfigError(
+        f"the step returned its loss as {shown}, and the run's first step as a "
+        f'{mark.dtype} scalar: with check="next" that loss carries the flag from one '
+        "step to the next",
+        hint='keep the loss one strongly typed scalar dtype for the whole run, or use check="now"',
+    )
 
 
 def advance(watch: jax.Array, ok: jax.Array) -> jax.Array:
