@@ -367,3 +367,19 @@ def test_host_params_are_moved_to_the_device_once_at_the_first_step(
     ]
     assert len(moved) == 1, logged  # the params, once (the batch is on the device already)
     train.flush()
+
+
+def test_an_older_returned_loss_deleted_before_its_read_is_named(tmp_path: Path) -> None:
+    # the step that went wrong is found among the losses of the steps not read
+    # yet: one of them deleted is named, not read as a deleted buffer
+    train = _train_next(tmp_path)
+    params = {"w": jnp.ones(3)}
+    state = _init(train, params)
+    losses = []
+    for _ in range(4):
+        params, state, loss = train(params, state, GOOD)
+        losses.append(loss)
+    losses[1].delete()
+    train(params, state, BAD)
+    with pytest.raises(tg.ConfigError, match="^the loss a step returned was deleted or donated"):
+        train.flush()

@@ -71,6 +71,12 @@ class _Dispatched(NamedTuple):
     key: Any
 
 
+def _loss_of(out: Any) -> Any:
+    """A step function's loss among its outputs: the third item of a plain
+    tuple (a named tuple's fields are its own, and keep their places)."""
+    return out[2] if type(out) is tuple and len(out) > 2 else None
+
+
 def _is_jitted(fn: Any) -> bool:
     return callable(fn) and hasattr(fn, "lower") and hasattr(fn, "trace")
 
@@ -341,7 +347,7 @@ class RecordedStep:
 
     def _traced_plain(self, params: Any, opt_state: Any, batch: Any, key: Any) -> Any:
         out = self._call_user(params, opt_state, batch, key)
-        value = out[2] if type(out) is tuple and len(out) > 2 else None
+        value = _loss_of(out)
         ok, carry = self._flag(value, finite_flag(jax.tree.leaves(out)))
         if carry is not None:  # the carry stands for the loss: one output less
             out = (*out[:2], None, *out[3:])
@@ -351,7 +357,7 @@ class RecordedStep:
         self, params: Any, opt_state: Any, batch: Any, key: Any, mark: jax.Array
     ) -> Any:
         out = self._call_user(params, opt_state, batch, key)
-        loss = out[2] if mark.ndim == 0 and type(out) is tuple and len(out) > 2 else None
+        loss = _loss_of(out) if mark.ndim == 0 else None
         bad, mark = moved(mark, finite_flag(jax.tree.leaves(out)), loss)
         held = hold(bad, (params, opt_state), out[:2], what=_HELD)
         if mark.ndim == 0:  # a carried loss stands for the loss: no output more than the step's
@@ -458,7 +464,7 @@ class RecordedStep:
             pending.start(mark, self._number)
         out, mark = self._fn(params, opt_state, batch, key, mark)
         held = (out[2], out[3]) if self._optax is not None else (out[0], out[1])
-        refused = pending.dispatched(Unread(self._number, batch, key, mark), mark, held)
+        refused = pending.dispatched(Unread(self._number, batch, key, mark), held)
         self._number += 1
         if refused is not None:
             self._refuse_held(refused)
@@ -470,8 +476,7 @@ class RecordedStep:
         its output shapes, once); the watch otherwise."""
         if self._carrier is None:
             shapes = jax.eval_shape(self._replay, params, opt_state, batch, key)
-            plain = type(shapes) is tuple and len(shapes) > 2
-            loss = shapes[0] if self._optax is not None else shapes[2] if plain else None
+            loss = shapes[0] if self._optax is not None else _loss_of(shapes)
             weak = getattr(loss, "weak_type", False)
             self._carrier = getattr(loss, "dtype", False) if carries(loss) and not weak else False
         return first_mark((params, opt_state), None if self._carrier is False else self._carrier)

@@ -43,7 +43,8 @@ def _alive(mark: jax.Array) -> jax.Array:
 
 class Unread(NamedTuple):
     """A step whose flag is not read yet: what replaying it needs beside the
-    held params and state, and its carried loss (None with a watch)."""
+    held params and state, and the mark its program returned (a carried loss
+    is read to find the step that went wrong; a watch names it itself)."""
 
     number: int
     batch: Any
@@ -92,16 +93,18 @@ class Pending:
         """Starts a run of marks at step ``number`` with the first mark."""
         self.mark, self._base = mark, number
 
-    def dispatched(self, step: Unread, mark: jax.Array, held: tuple[Any, Any]) -> Refused | None:
-        """Takes a dispatched step: its mark (the next step's input) and the
-        params and state its program returned. Reads the mark whose copy began a
-        step ago, and begins a copy every ``READ_EVERY`` steps.
+    def dispatched(self, step: Unread, held: tuple[Any, Any]) -> Refused | None:
+        """Takes a dispatched step, with its mark (the next step's input; kept
+        with the step where it is a carried loss), and the params and state its
+        program returned. Reads the mark whose copy began a step ago, and begins
+        a copy every ``READ_EVERY`` steps.
 
         Returns:
           The refused step, when the mark read shows one.
         """
-        self.mark, self._held = mark, held
-        self._unread.append(step if mark.ndim == 0 else step._replace(mark=None))
+        mark = self.mark = step.mark
+        self._held = held
+        self._unread.append(step)
         probe, self._probe = self._probe, None
         refused = self._read(*probe) if probe is not None else None
         if refused is None and len(self._unread) >= READ_EVERY:
