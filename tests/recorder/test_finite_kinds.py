@@ -2,10 +2,13 @@
 complex, bfloat16 and each float8 (and float4/6) of ml_dtypes, whose dtype
 kind is ``'V'`` (``float8_e5m2``'s is ``'f'``), so ``kind in "fc"`` misses
 them. Each gate that reads host arrays goes through it; each is shown here
-refusing a NaN or Inf of each kind."""
+refusing a NaN or Inf of each kind, through the public calls that read host
+arrays: ``find_nonfinite`` (the count), ``nan_origin`` (NaN apart from Inf)
+and the release check ``model.finite`` of ``serving.verify_version``."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import jax.numpy as jnp
@@ -14,12 +17,8 @@ import numpy as np
 import pytest
 
 import treeguard
-
-# The host finite check itself, on purpose: its few-values Python path and its NaN/Inf
-# split are read by gates behind a served model or a verify run alone, and its block and
-# cast bounds are lowered here (the gates' refusals are shown through it below).
-from treeguard._src import nonfinite  # _src: the host finite check, dtype by dtype
 from treeguard.diagnose import nan_origin
+from treeguard.serving import verify_version
 from treeguard.verify import Model, run
 
 ML_FLOATS = sorted(
@@ -87,8 +86,11 @@ def test_an_update_of_every_float_kind_is_a_float_update(dtype: np.dtype[Any]) -
 @pytest.mark.parametrize("dtype", NOT_FLOATS, ids=str)
 def test_ints_bools_and_keys_are_not_floats(dtype: np.dtype[Any]) -> None:
     assert _update_hint(dtype, np.dtype(np.float32)).startswith(_INT_HINT)
-    assert nonfinite.host_all_finite(np.zeros(3, dtype))
     assert treeguard.find_nonfinite({"x": np.zeros(3, dtype)}) == {}
+
+
+def test_the_release_check_passes_ints_bools_and_keys(store: treeguard.ArtifactStore) -> None:
+    assert _refused(store, {dt.name: np.zeros((3, 1), dt) for dt in NOT_FLOATS}) == []
 
 
 def test_verify_draws_every_real_float_kind_as_a_float() -> None:
@@ -122,50 +124,127 @@ def test_verify_draws_every_real_float_kind_as_a_float() -> None:
         assert (drawn == 1).all() == (dt not in FLOATS), (dt, drawn)
 
 
-@pytest.mark.parametrize("dtype", FLOATS, ids=str)
-@pytest.mark.parametrize("size", [1, nonfinite.SMALL, nonfinite.SMALL + 1, 1000])
-def test_the_host_check_finds_one_nan_or_inf_wherever_it_sits(
-    dtype: np.dtype[Any], size: int
-) -> None:
-    # small arrays are read in Python, larger ones with numpy, a block at a
-    # time: both see every position, and the largest finite value is finite
-    x = np.full((size, 1), _top(dtype), dtype)
-    signed = nonfinite.host_nonfinite(np.array([-1.0]).astype(dtype)) == 0  # not float8_e8m0fnu
-    assert nonfinite.host_all_finite(x) and (nonfinite.host_all_finite(-x) or not signed)
-    assert nonfinite.host_nonfinite(x) == 0 and nonfinite.host_nan_inf(x) == (0, 0)
-    for bad in _bad_values(dtype):
-        for at in sorted({0, size // 2, size - 1}):
-            y = x.copy()
-            y[at, 0] = bad
-            assert not nonfinite.host_all_finite(y), (bad, at)
-            assert nonfinite.host_nonfinite(y) == 1
-            nan, inf = nonfinite.host_nan_inf(y)
-            assert nan + inf == 1
+def _count(x: np.ndarray[Any, Any]) -> int:
+    """The NaN and Inf values of one host array, counted at its own dtype."""
+    return sum(treeguard.find_nonfinite({"x": x}).values())
 
 
-def test_the_host_check_counts_across_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(nonfinite, "_BLOCK", 7)
-    x = np.ones(50, ml_dtypes.bfloat16)
-    x[[0, 6, 7, 49]] = [np.nan, np.inf, -np.inf, np.nan]
-    assert (
-        nonfinite.host_nonfinite(x) == 4
-        and nonfinite.host_nan_inf(x) == (2, 2)
-        and not nonfinite.host_all_finite(x)
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> treeguard.ArtifactStore:
+    return treeguard.ArtifactStore(tmp_path_factory.mktemp("finite") / "s")
+
+
+def _refused(store: treeguard.ArtifactStore, tree: dict[str, Any]) -> list[str]:
+    """The leaves the release check ``model.finite`` names (host arrays, each at its
+    own dtype), in flatten order; empty when it passes the version."""
+    model = Model(
+        init=lambda key: tree,
+        apply=lambda params, batch: jnp.zeros(1),
+        loss=lambda params, batch: jnp.zeros(()),
+        batch_spec=treeguard.spec_of({"x": treeguard.LeafSpec(("B",), "float32")}),
+        rtol=1e-3,
+        atol=1e-3,
     )
+    info = verify_version(store, store.put(tree), model, like=treeguard.spec_of(tree))
+    failed = [c for c in info.checks if not c.ok]
+    assert [c.name for c in failed] in ([], ["model.finite"]), failed
+    if not failed:
+        assert info.status == "verified"
+        return []
+    head = "ValueError: NaN or Inf in "
+    assert info.status == "rejected" and failed[0].detail.startswith(head)
+    return failed[0].detail.removeprefix(head).split(", ")
+
+
+#: Around the release check's few-values path (read in Python up to 64 values).
+SIZES = [1, 64, 65, 1000]
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=str)
+@pytest.mark.parametrize("size", SIZES)
+def test_the_host_check_finds_one_nan_or_inf_wherever_it_sits(
+    store: treeguard.ArtifactStore, dtype: np.dtype[Any], size: int
+) -> None:
+    # a few values are read in Python, more with numpy, a block at a time: both
+    # see every position, and the largest finite value is finite
+    x = np.full((size, 1), _top(dtype), dtype)
+    signed = _count(np.array([-1.0]).astype(dtype)) == 0  # not float8_e8m0fnu
+    clean = {"top": x, "neg": -x} if signed else {"top": x}
+    assert _count(x) == 0 and (_count(-x) == 0 or not signed)
+    if not _bad_values(dtype):
+        assert _refused(store, clean) == []
+    ats = sorted({0, size // 2, size - 1})
+    for bad in _bad_values(dtype):
+        poisoned = {}
+        for i, at in enumerate(ats):
+            y = poisoned[f"bad{i}"] = x.copy()
+            y[at, 0] = bad
+            assert _count(y) == 1, (bad, at)
+        assert _refused(store, clean | poisoned) == [f"['bad{i}']" for i in range(len(ats))], bad
+
+
+def _births(x: np.ndarray[Any, Any]) -> list[tuple[str, int]]:
+    """The kind (``nan``, ``inf`` or both) and count of the non-finite values
+    ``log`` makes of ``x``'s finite values, counted at ``x``'s dtype."""
+    return [(s.kind, s.count) for s in nan_origin(jnp.log, x)]
+
+
+#: The real float kinds that hold -1, 0 and NaN: log makes NaN and -Inf (or NaN) of them.
+SIGNED = [
+    dt
+    for dt in FLOATS
+    if dt.kind != "c"
+    and _bad_values(dt)
+    and np.isfinite(np.array([-1.0, 0.0]).astype(dt).astype(np.float32)).all()
+]
+
+
+@pytest.mark.parametrize("dtype", SIGNED, ids=str)
+def test_nan_and_inf_are_told_apart_at_every_float_kind(dtype: np.dtype[Any]) -> None:
+    # log(-1) is NaN; log(0) is -Inf, or NaN where the kind has no Inf
+    x = np.ones(9, np.float32)
+    x[[0, 4, 8]] = -1.0
+    assert _births(x.astype(dtype)) == [("nan", 3)]
+    kind = "inf" if np.isinf(np.array([-np.inf]).astype(dtype).astype(np.float32))[0] else "nan"
+    assert _births(np.zeros(9, dtype)) == [(kind, 9)]
+    assert _births(np.ones(9, dtype)) == []
+
+
+#: Host arrays are read this many values at a time (``nonfinite._BLOCK``).
+BLOCK = 1 << 22
+
+
+def test_the_host_check_counts_across_blocks() -> None:
+    # a bfloat16 leaf of two blocks, NaN and Inf on both sides of their boundary
+    x = np.ones(BLOCK + 8, ml_dtypes.bfloat16)
+    x[[0, BLOCK - 1, BLOCK, BLOCK + 7]] = [np.nan, np.inf, -np.inf, np.nan]
+    assert _count(x) == 4
+    born = np.ones(BLOCK + 8, ml_dtypes.bfloat16)
+    born[[0, BLOCK + 7]] = -1.0  # log: NaN, one in each block
+    assert _births(born) == [("nan", 2)]
+    born[[BLOCK - 1, BLOCK]] = 0.0  # log: -Inf on both sides of the boundary
+    assert _births(born) == [("nan+inf", 4)]
+    born[[0, BLOCK + 7]] = 1.0
+    assert _births(born) == [("inf", 2)]
     strided = np.ones((10, 10), np.float32)[:, ::3]  # not contiguous
     strided[4, 2] = np.nan
-    assert nonfinite.host_nonfinite(strided) == 1
+    assert _count(strided) == 1
 
 
 @pytest.mark.parametrize("dtype", [dt for dt in FLOATS if _bad_values(dt)], ids=str)
 def test_find_nonfinite_and_its_message_name_the_path_and_dtype(dtype: np.dtype[Any]) -> None:
+    # the message of a refused update names the leaf's path, count, dtype and
+    # shape (a served version's refusal, the same lines, is pinned in
+    # tests/serving/test_finite_gate.py)
     tree = {"a": np.ones(3, np.float32), "w": np.ones((2, 3), dtype)}
-    assert nonfinite.describe_nonfinite(tree, where="v1") is None
+    ones = {"a": np.ones(3, np.float32), "w": np.ones((2, 3), dtype)}  # float8_e8m0fnu has no 0
+    treeguard.apply_updates(tree, ones, on_nonfinite="raise")  # finite: no refusal
     tree["w"][1, 2] = _bad_values(dtype)[0]
     assert treeguard.find_nonfinite(tree) == {"['w']": 1}
-    text = nonfinite.describe_nonfinite(tree, where="the params of v1")
-    assert text is not None
-    assert text.splitlines()[0] == "1 leaf holds NaN or Inf in the params of v1:"
+    with pytest.raises(treeguard.NonFiniteError) as info:
+        treeguard.apply_updates(tree, ones, on_nonfinite="raise")
+    text = str(info.value)
+    assert text.splitlines()[0] == "1 leaf holds NaN or Inf in the updated params:"
     assert text.splitlines()[1].startswith("  ['w']: 1 of 6 values (")
     assert "[2,3])" in text
 
@@ -196,20 +275,38 @@ def test_the_recorder_refuses_a_host_value_of_every_float_kind(tmp_path, dtype) 
     assert info.value.where == "the loss"
 
 
+def _leaves(values: np.ndarray[Any, Any], cast: bool) -> Iterator[np.ndarray[Any, Any]]:
+    """``values`` as leaves the host check reads by a cast to float32 (a few
+    values of an ml_dtypes float) or directly (many: bfloat16's exponent bits,
+    numpy's own ufunc), each value in a leaf as many times as in ``values``."""
+    if cast:
+        for start in range(0, values.size, 256):
+            yield values[start : start + 256]
+    else:
+        yield np.tile(values, -(-(1 << 17) // max(values.size, 1)))  # the values, many times
+
+
+def _counted(values: np.ndarray[Any, Any], cast: bool) -> int:
+    """The NaN and Inf values of ``values``, through leaves read one way."""
+    leaves = list(_leaves(values, cast))
+    found = treeguard.find_nonfinite({f"{i:03d}": x for i, x in enumerate(leaves)})
+    total = sum(x.size for x in leaves)
+    if total == 0:
+        return 0
+    assert sum(found.values()) % (total // values.size) == 0
+    return sum(found.values()) // (total // values.size)
+
+
 @pytest.mark.parametrize("cast", [True, False], ids=["cast", "direct"])
 @pytest.mark.parametrize("dtype", [dt for dt in FLOATS if dt.kind == "V"], ids=str)
 def test_every_bit_pattern_of_an_ml_dtypes_float_is_judged_as_float32_judges_it(
-    monkeypatch: pytest.MonkeyPatch, dtype: np.dtype[Any], cast: bool
+    dtype: np.dtype[Any], cast: bool
 ) -> None:
     # each way the check reads a block (a cast for a few values, bfloat16's
     # exponent bits, numpy's own ufunc) against every value the dtype holds
-    monkeypatch.setattr(nonfinite, "_CAST", 1 << 20 if cast else 0)
     bits = np.arange(1 << (8 * dtype.itemsize), dtype=f"u{dtype.itemsize}").view(dtype)
     want = ~np.isfinite(bits.astype(np.float32))
-    assert nonfinite.host_nonfinite(bits) == int(want.sum())
-    assert nonfinite.host_nonfinite(bits[~want]) == 0 and nonfinite.host_all_finite(bits[~want])
+    assert _counted(bits, cast) == int(want.sum())
+    assert _counted(bits[~want], cast) == 0
     if want.any():
-        assert (
-            not nonfinite.host_all_finite(bits[want][-1:])
-            and nonfinite.host_nonfinite(bits[want]) == want.sum()
-        )
+        assert _counted(bits[want][-1:], cast) == 1 and _counted(bits[want], cast) == want.sum()
