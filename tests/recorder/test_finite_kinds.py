@@ -134,16 +134,22 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> treeguard.ArtifactStore:
     return treeguard.ArtifactStore(tmp_path_factory.mktemp("finite") / "s")
 
 
+def _apply(params: Any, batch: Any) -> Any:
+    return jnp.zeros(1)  # one function: jit compiles it once for every version
+
+
+def _loss(params: Any, batch: Any) -> Any:
+    return jnp.zeros(())
+
+
+_BATCH = treeguard.spec_of({"x": treeguard.LeafSpec(("B",), "float32")})
+
+
 def _refused(store: treeguard.ArtifactStore, tree: dict[str, Any]) -> list[str]:
     """The leaves the release check ``model.finite`` names (host arrays, each at its
-    own dtype), in flatten order; empty when it passes the version."""
+    own dtype; the first 5), in flatten order; empty when it passes the version."""
     model = Model(
-        init=lambda key: tree,
-        apply=lambda params, batch: jnp.zeros(1),
-        loss=lambda params, batch: jnp.zeros(()),
-        batch_spec=treeguard.spec_of({"x": treeguard.LeafSpec(("B",), "float32")}),
-        rtol=1e-3,
-        atol=1e-3,
+        init=lambda key: tree, apply=_apply, loss=_loss, batch_spec=_BATCH, rtol=1e-3, atol=1e-3
     )
     info = verify_version(store, store.put(tree), model, like=treeguard.spec_of(tree))
     failed = [c for c in info.checks if not c.ok]
@@ -171,16 +177,20 @@ def test_the_host_check_finds_one_nan_or_inf_wherever_it_sits(
     signed = _count(np.array([-1.0]).astype(dtype)) == 0  # not float8_e8m0fnu
     clean = {"top": x, "neg": -x} if signed else {"top": x}
     assert _count(x) == 0 and (_count(-x) == 0 or not signed)
-    if not _bad_values(dtype):
-        assert _refused(store, clean) == []
     ats = sorted({0, size // 2, size - 1})
-    for bad in _bad_values(dtype):
-        poisoned = {}
-        for i, at in enumerate(ats):
-            y = poisoned[f"bad{i}"] = x.copy()
+    bads = _bad_values(dtype)
+    for bad in bads:
+        for at in ats:
+            y = x.copy()
             y[at, 0] = bad
             assert _count(y) == 1, (bad, at)
-        assert _refused(store, clean | poisoned) == [f"['bad{i}']" for i in range(len(ats))], bad
+    # the release check, one version for each kind and size: a leaf poisoned at
+    # each position, the bad values taken in turn (each reads alike in Python)
+    poisoned = {}
+    for i, at in enumerate(ats if bads else []):
+        y = poisoned[f"bad{i}"] = x.copy()
+        y[at, 0] = bads[i % len(bads)]
+    assert _refused(store, clean | poisoned) == [f"['{name}']" for name in poisoned]
 
 
 def _births(x: np.ndarray[Any, Any]) -> list[tuple[str, int]]:
@@ -232,21 +242,38 @@ def test_the_host_check_counts_across_blocks() -> None:
 
 
 @pytest.mark.parametrize("dtype", [dt for dt in FLOATS if _bad_values(dt)], ids=str)
-def test_find_nonfinite_and_its_message_name_the_path_and_dtype(dtype: np.dtype[Any]) -> None:
-    # the message of a refused update names the leaf's path, count, dtype and
-    # shape (a served version's refusal, the same lines, is pinned in
-    # tests/serving/test_finite_gate.py)
+def test_find_nonfinite_names_the_path_at_every_float_kind(dtype: np.dtype[Any]) -> None:
     tree = {"a": np.ones(3, np.float32), "w": np.ones((2, 3), dtype)}
-    ones = {"a": np.ones(3, np.float32), "w": np.ones((2, 3), dtype)}  # float8_e8m0fnu has no 0
-    treeguard.apply_updates(tree, ones, on_nonfinite="raise")  # finite: no refusal
+    assert treeguard.find_nonfinite(tree) == {}
     tree["w"][1, 2] = _bad_values(dtype)[0]
     assert treeguard.find_nonfinite(tree) == {"['w']": 1}
+
+
+def test_the_message_names_the_path_count_dtype_and_shape_of_every_float_kind() -> None:
+    # a refused update's message (a served version's refusal, the same lines for
+    # each leaf, is pinned in tests/serving/test_finite_gate.py); one update of
+    # a leaf of each kind, so the updater compiles once
+    kinds = [dt for dt in FLOATS if _bad_values(dt)]
+    tree = {dt.name: np.ones((2, 3), dt) for dt in kinds}
+    ones = {dt.name: np.ones((2, 3), dt) for dt in kinds}  # float8_e8m0fnu has no 0
+    treeguard.apply_updates(tree, ones, on_nonfinite="raise")  # finite: no refusal
+    for dt in kinds:
+        tree[dt.name][1, 2] = _bad_values(dt)[0]
     with pytest.raises(treeguard.NonFiniteError) as info:
         treeguard.apply_updates(tree, ones, on_nonfinite="raise")
-    text = str(info.value)
-    assert text.splitlines()[0] == "1 leaf holds NaN or Inf in the updated params:"
-    assert text.splitlines()[1].startswith("  ['w']: 1 of 6 values (")
-    assert "[2,3])" in text
+    lines = str(info.value).splitlines()
+    assert lines[0] == f"{len(kinds)} leaves hold NaN or Inf in the updated params:"
+    for line, name in zip(lines[1:], sorted(tree), strict=False):
+        assert line.startswith(f"  ['{name}']: 1 of 6 values (") and line.endswith("[2,3])")
+    assert lines[len(kinds) + 1].startswith("hint: ")
+    with pytest.raises(treeguard.NonFiniteError) as one:
+        treeguard.apply_updates(
+            {"w": tree["bfloat16"]}, {"w": ones["bfloat16"]}, on_nonfinite="raise"
+        )
+    assert str(one.value).splitlines()[:2] == [
+        "1 leaf holds NaN or Inf in the updated params:",
+        "  ['w']: 1 of 6 values (bf16[2,3])",
+    ]
 
 
 def test_a_float8_nan_born_in_a_conversion_is_located() -> None:
