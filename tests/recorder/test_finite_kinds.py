@@ -263,7 +263,7 @@ def test_the_message_names_the_path_count_dtype_and_shape_of_every_float_kind() 
         treeguard.apply_updates(tree, ones, on_nonfinite="raise")
     lines = str(info.value).splitlines()
     assert lines[0] == f"{len(kinds)} leaves hold NaN or Inf in the updated params:"
-    for line, name in zip(lines[1:], sorted(tree), strict=False):
+    for line, name in zip(lines[1 : len(kinds) + 1], sorted(tree), strict=True):
         assert line.startswith(f"  ['{name}']: 1 of 6 values (") and line.endswith("[2,3])")
     assert lines[len(kinds) + 1].startswith("hint: ")
     with pytest.raises(treeguard.NonFiniteError) as one:
@@ -303,9 +303,10 @@ def test_the_recorder_refuses_a_host_value_of_every_float_kind(tmp_path, dtype) 
 
 
 def _leaves(values: np.ndarray[Any, Any], cast: bool) -> Iterator[np.ndarray[Any, Any]]:
-    """``values`` as leaves the host check reads by a cast to float32 (a few
-    values of an ml_dtypes float) or directly (many: bfloat16's exponent bits,
-    numpy's own ufunc), each value in a leaf as many times as in ``values``."""
+    """``values`` as leaves the host check reads by a cast to float32 (leaves of
+    a few values of an ml_dtypes float) or directly (one leaf of many values:
+    bfloat16's exponent bits, numpy's own ufunc): ``values`` cut in pieces, or
+    repeated."""
     if cast:
         for start in range(0, values.size, 256):
             yield values[start : start + 256]
@@ -314,7 +315,8 @@ def _leaves(values: np.ndarray[Any, Any], cast: bool) -> Iterator[np.ndarray[Any
 
 
 def _counted(values: np.ndarray[Any, Any], cast: bool) -> int:
-    """The NaN and Inf values of ``values``, through leaves read one way."""
+    """The NaN and Inf values of ``values``, through leaves read one way (a
+    count over repeated values divided by the repeats)."""
     leaves = list(_leaves(values, cast))
     found = treeguard.find_nonfinite({f"{i:03d}": x for i, x in enumerate(leaves)})
     total = sum(x.size for x in leaves)
