@@ -15,10 +15,11 @@ import os
 import secrets
 import socket
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Executor, Future
 from contextlib import AbstractContextManager
 from typing import Any
 
+from .. import kept
 from ..atomic import DirSyncs, open_regular, pid_alive, remove_stale_temps
 from ..checkpoint import read_header, save
 from ..checkpoint.write import laid_out
@@ -151,7 +152,7 @@ class LocalBackend:
         before the record."""
         self._areas()
         dirs = DirSyncs()
-        with ThreadPoolExecutor(tensorput.THREADS + 1, thread_name_prefix="treeguard-put") as pool:
+        with kept.borrowed(tensorput.THREADS + 1, "treeguard-put") as pool:
             # first: others wait
             reserved = pool.submit(self._reserve_dir, offered.version, offered.user, dirs)
             record: Future[tuple[dict[str, Any], str]] | None = None
@@ -189,7 +190,7 @@ class LocalBackend:
         path: str,
         record: tuple[dict[str, Any], str],
         spec: TreeSpec,
-        pool: ThreadPoolExecutor,
+        pool: Executor,
     ) -> None:
         """``_record_candidate`` of a tensors version with the candidate
         ``_stage_candidate`` wrote: renamed over the record if that is still

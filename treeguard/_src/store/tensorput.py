@@ -49,7 +49,7 @@ import contextlib
 import dataclasses
 import os
 import secrets
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Executor, Future
 
 import numpy as np
 
@@ -68,7 +68,7 @@ IN_FLIGHT = 2
 def put(
     storage: LocalStorage,
     draft: Draft,
-    pool: ThreadPoolExecutor,
+    pool: Executor,
     reserved: Future[str],
     *,
     dirs: DirSyncs,
@@ -104,7 +104,7 @@ class _Put:
 
     storage: LocalStorage
     draft: Draft
-    pool: ThreadPoolExecutor
+    pool: Executor
     reserved: Future[str]
     dirs: DirSyncs
     eager: bool
