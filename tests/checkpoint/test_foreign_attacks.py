@@ -8,7 +8,10 @@ import json
 import os
 import resource
 import shutil
+import struct
 import zipfile
+import zlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +23,10 @@ from click.testing import CliRunner
 import treeguard as tg
 from treeguard._cli.main import main
 
-# The foreign reader's tensor limit, on purpose: lowered to keep the files small
-# (refusing a million-tensor msgpack and safetensors file took 34 s here).
-from treeguard._src.checkpoint import foreignheader  # _src: its million-tensor limit, lowered
+#: The most tensors a foreign file may hold, as docs/explanation/guarantees.md
+#: gives it ("more than a million tensors" are refused), and the refusal naming it.
+LIMIT = 1_000_000
+TOO_MANY = f"holds more than {LIMIT:,} tensors"
 
 
 def _run(*args: str) -> Any:
@@ -259,29 +263,92 @@ def test_orbax_hostile_metadata_json(tmp_path: Path, metadata: bytes, message: s
         tg.read_foreign(ck)
 
 
-def test_too_many_tensors_is_refused_before_arrays_are_made(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def test_the_tensor_limit_tested_is_the_documented_one() -> None:
+    guarantees = Path(__file__).parents[2] / "docs" / "explanation" / "guarantees.md"
+    assert "more than a million tensors" in guarantees.read_text()
+
+
+def _peak_growth(read: Callable[[], Any]) -> tuple[int, BaseException | None]:
+    """How far this process's peak resident memory rose over what it held
+    while ``read`` ran (Linux resets the peak through ``clear_refs``), and
+    what ``read`` raised."""
+    status = Path("/proc/self/status")
+
+    def kib(field: str) -> int:
+        line = next(x for x in status.read_text().splitlines() if x.startswith(field + ":"))
+        return int(line.split()[1])
+
+    Path("/proc/self/clear_refs").write_text("5")  # the peak is what is resident now
+    before = kib("VmRSS")
+    error: BaseException | None = None
+    try:
+        read()
+    except Exception as e:  # returned for the test to judge
+        error = e
+    return (kib("VmHWM") - before) * 1024, error
+
+
+def _wide_safetensors(path: Path, count: int) -> Path:
+    """A header of ``count`` zero-size tensors, written as text; the names are
+    as long as a model's (a header of names a few characters long is refused
+    sooner, by its memory budget)."""
+    entry = '"model.layers.{:07d}.mlp.weight":{{"dtype":"U8","shape":[0],"data_offsets":[0,0]}}'
+    raw = ("{" + ",".join(map(entry.format, range(count))) + "}").encode()
+    path.write_bytes(len(raw).to_bytes(8, "little") + raw)
+    return path
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux's clear_refs")
+@pytest.mark.parametrize("entry", ["load", "cli-inspect"])
+def test_a_safetensors_file_of_too_many_tensors_is_refused_before_its_arrays(
+    tmp_path: Path, entry: str
 ) -> None:
-    """A small file of many tiny leaves (each a numpy array of ~100 bytes from
-    two bytes of msgpack) is refused by count, in every format."""
+    """A million and one zero-size tensors in 78 MiB of header, each a record
+    and an array once read: refused by count once the header's table is read
+    (its read bounded to 4 times the header; 3.5 times the file at the peak
+    here), before a record or array is made of any tensor (10 times with the
+    count check taken out)."""
+    f = _wide_safetensors(tmp_path / "wide.safetensors", LIMIT + 1)
+    if entry == "cli-inspect":
+        res = _run("ckpt", "inspect", str(f))
+        assert res.exit_code == 2 and TOO_MANY in res.output, res.output
+        return
+    grown, error = _peak_growth(lambda: tg.load(f, unverified="allow"))
+    assert grown < 6 * f.stat().st_size, f"{grown:,} bytes over {f.stat().st_size:,} of file"
+    assert isinstance(error, tg.FormatError) and TOO_MANY in str(error), error
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("leaves", "refusal"),
+    [(LIMIT + 1, TOO_MANY), (LIMIT, r"\[\d+\]: a NoneType, not an array")],
+    ids=["one-too-many", "exactly-the-limit"],
+)
+def test_a_msgpack_file_of_too_many_leaves_is_refused_before_any_array(
+    tmp_path: Path, leaves: int, refusal: str
+) -> None:
+    """Each leaf of two bytes of msgpack would be an array of ~100 bytes. These
+    are nils, which no array is made of: had a leaf been made one before the
+    count, the refusal would name that leaf. At the limit the count passes and
+    the first leaf is refused."""
     import msgpack
 
-    monkeypatch.setattr(foreignheader, "MAX_TENSORS", 50)
-    wide = tmp_path / "wide.msgpack"
-    wide.write_bytes(msgpack.packb({str(i): i for i in range(51)}))
-    with pytest.raises(tg.FormatError, match="holds more than 50 tensors"):
-        tg.read_foreign(wide, names="flat")
-    np.savez(tmp_path / "wide.npz", **{f"w{i}": np.zeros(0) for i in range(51)})
-    with pytest.raises(tg.FormatError, match="holds more than 50 tensors"):
-        tg.read_foreign(tmp_path / "wide.npz")
-    table = {f"w{i}": {"dtype": "F32", "shape": [0], "data_offsets": [0, 0]} for i in range(51)}
-    f = _st(tmp_path / "wide.safetensors", table)
-    with pytest.raises(tg.FormatError, match="holds more than 50 tensors"):
-        tg.load(f, unverified="allow")
-    res = _run("ckpt", "inspect", str(f))
-    assert res.exit_code == 2 and "more than 50 tensors" in res.output, res.output
-    wide.write_bytes(msgpack.packb({str(i): i for i in range(50)}))
-    assert len(tg.read_foreign(wide, names="flat")) == 50
+    f = tmp_path / "wide.msgpack"
+    f.write_bytes(msgpack.packb([None] * leaves))
+    with pytest.raises(tg.FormatError, match=refusal):
+        tg.read_foreign(f, names="flat")
+
+
+@pytest.mark.slow
+def test_an_npz_archive_of_too_many_members_is_refused_before_any_is_read(tmp_path: Path) -> None:
+    """A million and one stored members of no bytes, none an .npy array: had
+    one been read before the count, the refusal would name it."""
+    members = [(f"w{i}.npy".encode(), b"") for i in range(LIMIT + 1)]
+    path = tmp_path / "wide.npz"
+    path.write_bytes(_zip64(members))
+    with pytest.raises(tg.FormatError, match=TOO_MANY):
+        tg.read_foreign(path)
 
 
 @pytest.mark.parametrize("kind", ["symlink", "fifo", "directory"])
@@ -339,9 +406,6 @@ def test_recorded_digest_beats_the_unverified_refusal(tmp_path: Path) -> None:
 
 def _local(name: bytes, data: bytes) -> bytes:
     """A stored zip member's local header and data."""
-    import struct
-    import zlib
-
     crc = zlib.crc32(data)
     head = struct.pack(
         "<IHHHHHIIIHH", 0x04034B50, 20, 0, 0, 0, 0, crc, len(data), len(data), len(name), 0
@@ -350,9 +414,6 @@ def _local(name: bytes, data: bytes) -> bytes:
 
 
 def _central(name: bytes, data: bytes, offset: int) -> bytes:
-    import struct
-    import zlib
-
     crc = zlib.crc32(data)
     return (
         struct.pack(
@@ -379,11 +440,25 @@ def _central(name: bytes, data: bytes, offset: int) -> bytes:
     )
 
 
+def _zip64(members: list[tuple[bytes, bytes]]) -> bytes:
+    """A zip archive of these stored members, its end record in the zip64 form
+    that more than 65,535 members need."""
+    local, central, offset = [], [], 0
+    for name, data in members:
+        local.append(_local(name, data))
+        central.append(_central(name, data, offset))
+        offset += len(local[-1])
+    directory = b"".join(central)
+    n = len(members)
+    end64 = struct.pack("<IQHHIIQQQQ", 0x06064B50, 44, 45, 45, 0, 0, n, n, len(directory), offset)
+    locator = struct.pack("<IIQI", 0x07064B50, 0, offset + len(directory), 1)
+    end = struct.pack("<IHHHHIIH", 0x06054B50, 0, 0, 0xFFFF, 0xFFFF, 2**32 - 1, 2**32 - 1, 0)
+    return b"".join(local) + directory + end64 + locator + end
+
+
 def test_npz_members_that_overlap_are_refused(tmp_path: Path) -> None:
     """Member a's bytes hold member b whole (the overlap a zip bomb repeats for
     every member); each reads as a valid array on its own."""
-    import struct
-
     b_data = _npy(np.zeros(256, np.float32))
     b_entry = _local(b"b.npy", b_data)
     a_head = _npy(np.zeros(len(b_entry), np.uint8))[: -len(b_entry)]
