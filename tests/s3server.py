@@ -275,8 +275,12 @@ class Lie:
       kind: None (pass it on), ``"etag"`` (a wrong ETag in the answer),
         ``"ack"`` (a 200 for a write it does not pass on), ``"refuse"`` (a
         412 for a write the server performed), ``"short"`` (a ranged answer
-        cut to half its bytes, its Content-Range claiming all of them) or
-        ``"reorder"`` (a ranged answer's two halves swapped).
+        cut to half its bytes, its Content-Range claiming all of them),
+        ``"reorder"`` (a ranged answer's two halves swapped), or
+        ``"longer"`` and ``"shorter"`` (a whole object's answer sent chunked,
+        its Content-Length still announcing the object's size, with 100
+        bytes more, or half its bytes: the client reads a chunked body to its
+        end, whatever the Content-Length says).
     """
 
     delay: float = 0.0
@@ -316,7 +320,10 @@ class LyingProxy:
                 for k, v in headers:
                     self.send_header(k, v)
                 self.end_headers()
-                if self.command != "HEAD":
+                if self.command != "HEAD" and ("Transfer-Encoding", "chunked") in headers:
+                    chunk = b"%x\r\n%s\r\n" % (len(answer), answer) if answer else b""
+                    self.wfile.write(chunk + b"0\r\n\r\n")
+                elif self.command != "HEAD":
                     self.wfile.write(answer)
 
             do_GET = do_PUT = do_HEAD = do_DELETE = do_POST = handle_one
@@ -374,4 +381,7 @@ class LyingProxy:
             body = body[:half] if kind == "short" else body[half:] + body[:half]
             headers = [(k, v) for k, v in headers if k.lower() != "content-length"]
             headers.append(("Content-Length", str(len(body))))
+        if kind in ("longer", "shorter") and status == 200 and req.method == "GET":
+            body = body + bytes(100) if kind == "longer" else body[: len(body) // 2]
+            headers.append(("Transfer-Encoding", "chunked"))  # the Content-Length stays
         return status, headers, body

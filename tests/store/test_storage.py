@@ -1,27 +1,33 @@
-"""The storage protocol under a store, on a local disk and in a real S3
-bucket (SeaweedFS): create-only writes, compare-and-swap, reads, ranged
-reads, listing and deletion, with the same typed outcomes on both."""
+"""The guarantees a store rests on, through ``ArtifactStore`` on a local disk
+and in a real S3 bucket (SeaweedFS): strict store URLs, an unreachable
+server named by object and never by key, an over-large pointer refused by
+name, of many promotes racing on one pointer exactly one winning, gc's ages
+on the bucket's clock, never the client's; and a bucket reader stopped
+early, which no public call reaches (below the store)."""
 
 from __future__ import annotations
 
-import os
 import re
 import socket
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import obstore
 import pytest
 from machine import needs_inet_sockets
 
-from treeguard import StorageError
+from tests.s3server import Lie, LyingProxy, Request, S3Server
+from tests.store.buckets import raw_store
+from treeguard import ArtifactStore, ConflictError, RetentionPolicy, StorageError, StoreError
+from treeguard._src.store import objects  # _src: no public call stops a bucket reader midway
 
-# The storage protocol and its backends on purpose: the layer under the store.
-from treeguard._src.store import objects, storage  # _src: the storage protocol itself
-
-LIMIT = 1 << 20
 ROOT = Path(__file__).resolve().parents[2]
+#: The most bytes a store reads of a pointer, a marker or a status file.
+SMALL_FILE_LIMIT = 16 << 20
+S3 = (pytest.mark.slow, pytest.mark.xdist_group("s3"))  # the session's SeaweedFS server
 
 
 def _documented_read_ahead() -> int:
@@ -33,76 +39,26 @@ def _documented_read_ahead() -> int:
     return ["one", "two", "three", "four", "five", "six", "seven", "eight"].index(found[1]) + 1
 
 
-S3 = (pytest.mark.slow, pytest.mark.xdist_group("s3"))  # the session's SeaweedFS server
+def _params(value: float) -> dict[str, Any]:
+    return {"w": np.full((4, 4), value, np.float32)}
 
 
 @pytest.fixture(params=["local", pytest.param("s3", marks=S3)])
-def backend(request: pytest.FixtureRequest, tmp_path: Path) -> storage.Storage:
-    if request.param == "local":
-        (tmp_path / "versions").mkdir()
-        return storage.LocalStorage(str(tmp_path))
-    return objects.ObjectStorage(request.getfixturevalue("s3_url"))
+def root(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A store's root: a local directory, or a prefix in the session's bucket."""
+    return (
+        str(tmp_path / "store") if request.param == "local" else request.getfixturevalue("s3_url")
+    )
 
 
-def test_create_writes_once_and_reports_an_existing_name(backend: storage.Storage) -> None:
-    tag = backend.create("versions/a", b"first")
-    assert isinstance(tag, str)
-    assert backend.create("versions/a", b"second") is storage.Conflict.EXISTS
-    assert backend.read("versions/a", limit=LIMIT, what="object") == (b"first", tag)
-    assert backend.read("versions/missing", limit=LIMIT, what="object") is None
-
-
-def test_swap_replaces_only_what_was_read(backend: storage.Storage) -> None:
-    assert backend.swap("POINTER", b"one", "not-a-tag") is storage.Conflict.CHANGED  # absent
-    first = backend.swap("POINTER", b"one", None)
-    assert isinstance(first, str)
-    assert backend.swap("POINTER", b"two", None) is storage.Conflict.CHANGED  # present now
-    second = backend.swap("POINTER", b"two", first)
-    assert isinstance(second, str) and second != first
-    assert backend.swap("POINTER", b"three", first) is storage.Conflict.CHANGED  # stale
-    assert backend.read("POINTER", limit=LIMIT, what="object") == (b"two", second)
-
-
-@pytest.mark.slow
-@pytest.mark.xdist_group("s3")
-def test_of_many_racing_swappers_on_a_bucket_exactly_one_wins(s3_url: str) -> None:
-    backend = objects.ObjectStorage(s3_url)
-    tag = backend.create("POINTER", b"start")
-    assert isinstance(tag, str)
-    outcomes: list[str | storage.Conflict] = []
-    barrier = threading.Barrier(6)
-
-    def promote(i: int) -> None:
-        barrier.wait(timeout=30)
-        outcomes.append(backend.swap("POINTER", f"winner {i}".encode(), tag))
-
-    threads = [threading.Thread(target=promote, args=(i,)) for i in range(6)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
-    assert sum(isinstance(o, str) for o in outcomes) == 1
-    assert outcomes.count(storage.Conflict.CHANGED) == 5
-
-
-def test_ranged_reads_sizes_listing_and_deletion(backend: storage.Storage) -> None:
-    backend.create("versions/b", bytes(range(256)))
-    backend.create("versions/a", b"x")
-    assert backend.read_range("versions/b", 10, 5) == bytes(range(10, 15))
-    assert backend.read_range("versions/b", 250, 100) == bytes(range(250, 256))
-    assert (backend.size("versions/b"), backend.size("versions/none")) == (256, None)
-    assert backend.list("versions") == ["a", "b"]
-    backend.delete("versions/a")
-    backend.delete("versions/a")  # absent: nothing happens
-    assert backend.list("versions") == ["b"]
-    with pytest.raises(ValueError, match="is not an object name inside a store"):
-        backend.read("../escape", limit=LIMIT, what="object")
-
-
-def test_an_object_over_the_limit_is_refused_by_name(backend: storage.Storage) -> None:
-    backend.create("big", b"x" * 100)
-    with pytest.raises(Exception, match="the marker is 100 bytes, more than the 10 allowed"):
-        backend.read("big", limit=10, what="marker")
+def test_store_urls_are_parsed_strictly(tmp_path: Path) -> None:
+    assert ArtifactStore("s3://models/mlp/").root == "s3://models/mlp"
+    assert ArtifactStore("gs://bucket").root == "gs://bucket"
+    assert ArtifactStore(tmp_path / "s3:").root == str(tmp_path / "s3:")  # a local path
+    for bad in ("s3://", "s3://B/x", "s3://bucket/a//b", "gs://bucket/../x"):
+        with pytest.raises(StoreError, match="not a store URL") as e:
+            ArtifactStore(bad)
+        assert str(e.value).startswith(f"{bad}: ") and "://BUCKET/PREFIX" in str(e.value)
 
 
 def test_an_unreachable_server_is_a_storage_error_naming_the_object_never_the_key(
@@ -117,27 +73,88 @@ def test_an_unreachable_server_is_a_storage_error_naming_the_object_never_the_ke
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "very-secret-key")
     monkeypatch.setenv("AWS_REGION", "us-east-1")
     monkeypatch.setenv("AWS_ALLOW_HTTP", "true")
-    backend = objects.ObjectStorage("s3://treeguard/nowhere")
-    for call in (
-        lambda: backend.read("STORE.json", limit=LIMIT, what="marker"),
-        lambda: backend.create("versions/v1/status.json", b"{}"),
-        lambda: backend.list("versions"),
-    ):
-        with pytest.raises(StorageError, match="failed: the connection failed") as e:
-            call()
-        text = str(e.value)
-        assert "s3://treeguard/nowhere/" in text
-        assert "very-secret-key" not in text and "AKIDVISIBLEID" not in text
+    with pytest.raises(StorageError, match="reading STORE.json failed: the connection failed") as e:
+        ArtifactStore("s3://treeguard/nowhere").versions()
+    text = str(e.value)
+    assert text.startswith("s3://treeguard/nowhere/STORE.json: "), text
+    assert "very-secret-key" not in text and "AKIDVISIBLEID" not in text
 
 
-def test_store_urls_are_parsed_strictly() -> None:
-    urls = ("s3://bucket/a/b", "gs://bucket", "/tmp/s3:")
-    assert [objects.is_url(u) for u in urls] == [True, True, False]
-    assert objects.split_url("s3://models/mlp/") == ("s3", "models", "mlp")
-    for bad in ("s3://", "s3://B/x", "s3://bucket/a//b", "gs://bucket/../x"):
-        with pytest.raises(Exception, match="not a store URL"):
-            objects.split_url(bad)
-    assert os.sep not in objects.split_url("gs://bucket")[2]
+def test_a_pointer_over_the_limit_is_refused_by_name(root: str) -> None:
+    store = ArtifactStore.init(root)
+    huge = b" " * (SMALL_FILE_LIMIT + 1)
+    if root.startswith("s3://"):
+        obstore.put(raw_store(root), "CURRENT.json", huge)
+    else:
+        Path(root, "CURRENT.json").write_bytes(huge)
+    with pytest.raises(StoreError, match=f"more than the {SMALL_FILE_LIMIT} allowed") as e:
+        store.current()
+    assert str(e.value).startswith(f"{root}/CURRENT.json: "), str(e.value)
+    assert f"the pointer is {SMALL_FILE_LIMIT + 1} bytes" in str(e.value)
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("s3")
+def test_of_many_promotes_racing_on_a_bucket_exactly_one_wins(
+    s3_server: S3Server, s3_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    honest = ArtifactStore.init(s3_url)
+    versions = [honest.put(_params(i)) for i in range(7)]
+    for v in versions:
+        honest.verify(v)
+    honest.promote(versions[0])
+    # every promote reads the pointer before any writes it (its write waits for all six),
+    # then they write it one at a time, each once the one before returned
+    met, turn = threading.Barrier(6), threading.Semaphore(1)
+
+    def together(req: Request) -> Lie | None:
+        if req.method == "PUT" and req.key.endswith("/CURRENT.json"):
+            met.wait(timeout=60)
+            assert turn.acquire(timeout=60)
+        return None
+
+    won: list[str] = []
+    lost: list[ConflictError] = []
+
+    def promote(v: str) -> None:
+        try:
+            ArtifactStore(s3_url).promote(v)
+            won.append(v)
+        except ConflictError as e:
+            lost.append(e)
+        finally:
+            turn.release()
+
+    with LyingProxy(s3_server.endpoint, together) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+        threads = [threading.Thread(target=promote, args=(v,)) for v in versions[1:]]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+    assert len(won) == 1 and len(lost) == 5, (won, lost)
+    assert honest.current() == won[0] and honest.previous() == versions[0]
+    for e in lost:
+        assert "another process moved the pointer first" in str(e)
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("s3")
+def test_gc_ages_a_dead_puts_objects_on_the_buckets_clock_never_the_clients(
+    s3_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = ArtifactStore.init(s3_url)
+    v1 = store.put(_params(1.0))
+    raw = raw_store(s3_url)
+    data = bytes(obstore.get(raw, f"versions/{v1}/model.safetensors").bytes())
+    obstore.put(raw, "versions/v000002/model.safetensors", data)  # a put killed before its record
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() + 86400)  # the client's clock a day ahead
+    assert store.gc(policy=RetentionPolicy(keep_last=10)) == []  # younger than the hour's grace
+    monkeypatch.undo()
+    assert store.gc(policy=RetentionPolicy(keep_last=10, orphan_grace_s=0)) == ["v000002"]
+    names = {o["path"] for batch in obstore.list(raw) for o in batch}
+    assert not [n for n in names if n.startswith(("clock/", "versions/v000002/"))], names
 
 
 @pytest.mark.slow
@@ -175,19 +192,3 @@ def test_a_reader_that_stops_early_holds_a_bounded_download_and_joins_its_thread
     assert reader.pread_into(buf, len(data) - len(buf)) == len(buf) and buf == data[-len(buf) :]
     reader.close()
     assert not [t for t in threading.enumerate() if t.name == "treeguard-fetch"]
-
-
-@pytest.mark.slow
-@pytest.mark.xdist_group("s3")
-def test_a_buckets_clock_and_ages_are_the_servers_and_leave_nothing(s3_url: str) -> None:
-    backend = objects.ObjectStorage(s3_url)
-    backend.create("a/x", b"1")
-    backend.create("a/y", b"2")
-    backend.delete("a/y")
-    written = backend.modified("a")
-    assert list(written) == ["x"]  # objects only, none deleted, never the prefix itself
-    now = backend.now()
-    assert now >= written["x"]  # both on the server's clock
-    assert backend.list("clock") == []  # the object whose time it read is gone
-    backend.delete("a/x")
-    assert backend.modified("a") == {} and backend.list("a") == []

@@ -1,18 +1,24 @@
 """A bucket that lies, through a proxy in front of a real SeaweedFS server:
-wrong ETags, short and reordered ranges, a 200 for a write it did not
-perform and a 412 for one it did. Every case ends typed, nothing unverified
+wrong ETags, short and reordered ranges, a shard object's stream longer or
+shorter than the size its answer announced (sent chunked, which the client
+reads to its end whatever the Content-Length says), a 200 for a write it
+did not perform and a 412 for one it did. Every case ends typed, nothing unverified
 is returned, nothing is lost, and no success is reported for what did not
 happen; a transient read failure never becomes a permanent verdict."""
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import jax
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from tests.s3server import Lie, LyingProxy, Request, S3Server
 from treeguard import ArtifactStore, IntegrityError, RetentionPolicy, StorageError
@@ -228,3 +234,38 @@ def test_store_gc_keeps_a_dead_put_s_data_for_its_grace_and_removes_it_with_grac
     assert [v.version for v in honest.versions()] == [v1]
     refused = CliRunner().invoke(main, [*gc, "--orphan-grace", "-1"])
     assert refused.exit_code == 2 and "--orphan-grace" in refused.output
+
+
+def _sharded(store: ArtifactStore) -> tuple[str, Any, np.ndarray[Any, Any]]:
+    """A sharded version of one array in 8 shard objects of 16 KiB
+    (``0.0-4096``, ``0.4096-8192``, ...), the ``like`` to load it, and the array."""
+    sharding = NamedSharding(jax.make_mesh((8,), ("x",), devices=jax.devices("cpu")[:8]), P("x"))
+    w = np.arange(8 * 4096, dtype=np.float32)
+    v = store.put_sharded({"w": jax.device_put(w, sharding)})
+    return v, {"w": jax.ShapeDtypeStruct(w.shape, w.dtype, sharding=sharding)}, w
+
+
+@pytest.mark.parametrize(
+    ("kind", "came"),
+    [
+        ("longer", "ran past its 16,384 bytes: 16,484 or more came"),
+        ("shorter", "ended after 8,192 of its 16,384 bytes"),
+    ],
+    ids=["longer", "shorter"],
+)
+def test_a_shard_object_streamed_past_or_short_of_its_announced_size_is_refused_by_name(
+    lying: tuple[ArtifactStore, ArtifactStore], liar: Liar, s3_url: str, kind: str, came: str
+) -> None:
+    store, honest = lying
+    v, like, w = _sharded(honest)
+    assert honest.verify(v).status == "verified"
+    said = rf"{re.escape(s3_url)}/versions/{v}/data-[0-9a-f]{{16}}/0\.4096-8192: "
+    said += rf"the object's stream {re.escape(came)}$"
+    # a load streams each shard into its buffer (100 bytes more would not fit it: refused
+    # before a byte past it is handed over); a promote's check streams it through the hash
+    for read in (lambda: store.load_version(v, like), lambda: store.promote(v)):
+        liar.arm(kind, "GET", "/0.4096-8192", times=100)  # on every try
+        with pytest.raises(IntegrityError) as e:
+            read()
+        assert liar.times < 100 and re.search(said, str(e.value), re.MULTILINE), str(e.value)
+    assert honest.current() is None and np.array_equal(honest.load_version(v, like)["w"], w)
