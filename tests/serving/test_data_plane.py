@@ -19,8 +19,11 @@ import pytest
 from serving_support import client, infer_body, metric, mlp_spec, request, rows_of
 
 # the REST app built with the bodies it waits for, closed here as uvicorn's
-# shutdown closes them (``Server.app()`` keeps its own, which nothing closes)
-from treeguard._src.serving import bodies, routes  # _src: only uvicorn's shutdown closes them
+# shutdown closes them (``Server.app()`` keeps its own, which nothing closes):
+# a body that starts after the close, or a deadline that fires with it, needs
+# the close at a moment no client of a real server can choose (test_hardening
+# stops a real server on a body still arriving)
+from treeguard._src.serving import bodies, routes  # _src: the close at a moment no client picks
 from treeguard.examples import mlp
 from treeguard.serving import InferRequest, InferResult, Limits, RawInput, Server, ServingError
 
