@@ -80,7 +80,10 @@ class Cluster:
         self.url = f"127.0.0.1:{self.port}"
         self.log = open(folder / "driver.log", "wb")  # noqa: SIM115 - closed in close()
         env = dict(os.environ, TREEGUARD_PICKY_PIDS=str(folder / "picky-pids"))
-        env["PYTHONPATH"] = os.pathsep.join([str(HERE), env.get("PYTHONPATH", "")])
+        # the models here and the server tests' (``ailing`` builds on ``tinymodel``)
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(HERE), str(HERE.parent), env.get("PYTHONPATH", "")]
+        )
         self.picky_pids = folder / "picky-pids"
         # Ray's sockets live under its temp dir, and a Unix socket's path is at
         # most 107 bytes: pytest's folders (deeper under xdist) are too long.

@@ -14,7 +14,10 @@ Commands (``op``): ``deploy`` (``target`` MODULE:ATTR, ``store``, ``name``,
 until ``n`` replicas run, none of these pids), ``address`` (the cluster's),
 ``clear`` (delete every application), ``delete``, ``fetch`` (``url``: the body
 of a GET from here), ``importable`` (``module``: whether a worker finds it),
-``stop``.
+``health`` (``old``, ``gone``, ``n``: Ray Serve's status of the application
+until ``gone`` of the replicas ``old`` are replaced and ``n`` run, healthy),
+``check_health`` (``times``: the replicas' own health check, called as a
+method through the application's handle), ``stop``.
 """
 
 from __future__ import annotations
@@ -43,6 +46,9 @@ INGRESS = sys.argv[3] if len(sys.argv) > 3 else "proxy"
 if INGRESS == "haproxy":  # Ray reads these as its processes start
     for key, value in tg_ray.haproxy_environment(os.path.join(sys.argv[1], "hap")).items():
         os.environ.setdefault(key, value)
+
+#: This folder; the replicas import the models here and in the server tests' above it.
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 import ray  # noqa: E402 - after the environment above
 from ray import serve  # noqa: E402
@@ -98,6 +104,11 @@ def handle(cmd: dict[str, Any]) -> Any:
                 return live
             time.sleep(0.5)
         return {"error": f"replicas never settled: {tg_ray.replicas(name)}"}
+    if op == "health":
+        return _health(name, set(cmd["old"]), cmd["gone"], cmd["n"])
+    if op == "check_health":
+        handle = serve.get_app_handle(name)
+        return [_outcome(handle.check_health.remote()) for _ in range(cmd["times"])]
     if op == "address":
         return ray.get_runtime_context().gcs_address
     if op == "clear":
@@ -115,6 +126,33 @@ def handle(cmd: dict[str, Any]) -> Any:
     raise ValueError(f"unknown op {op!r}")
 
 
+def _health(name: str, old: set[str], gone: int, n: int) -> dict[str, Any]:
+    """Every status (and its trigger) Ray Serve gave the application's
+    deployment until ``gone`` of ``old`` are replaced and ``n`` replicas run,
+    healthy; then the replicas."""
+    seen: list[list[str]] = []
+    stop = time.monotonic() + 240.0  # a safety stop, not a verdict
+    while time.monotonic() < stop:
+        (deployment,) = serve.status().applications[name].deployments.values()
+        state = [str(deployment.status.value), str(deployment.status_trigger.value)]
+        if state not in seen:
+            seen.append(state)
+        live = tg_ray.replicas(name)
+        if len(old - set(live)) >= gone and len(live) == n and state[0] == "HEALTHY":
+            return {"seen": seen, "replicas": live}
+        time.sleep(0.1)
+    return {"error": f"never settled: {tg_ray.replicas(name)}", "seen": seen}
+
+
+def _outcome(response: Any) -> str:
+    """``"ok"``, or the last line of the error a handle's call raised (the replica's own)."""
+    try:
+        response.result(timeout_s=60)
+    except Exception as e:  # the replica's own error, as text for the test
+        return str(e).strip().splitlines()[-1]
+    return "ok"
+
+
 def main() -> None:
     temp_dir, port = sys.argv[1], int(sys.argv[2])
     ray.init(
@@ -123,7 +161,7 @@ def main() -> None:
         _temp_dir=temp_dir,
         _node_ip_address="127.0.0.1",
         log_to_driver=False,
-        runtime_env={"env_vars": {"PYTHONPATH": os.path.dirname(os.path.abspath(__file__))}},
+        runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join([HERE, os.path.dirname(HERE)])}},
     )
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     if INGRESS == "haproxy":

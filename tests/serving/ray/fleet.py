@@ -152,7 +152,9 @@ def wait_until(predicate: Any, deadline_s: float = 180.0) -> None:
         time.sleep(0.2)
 
 
-def deploy(cluster: Any, versions: Versions, name: str, target: str) -> dict[str, int]:
+def deploy(
+    cluster: Any, versions: Versions, name: str, target: str, *, allow_unchecked: bool = False
+) -> dict[str, int]:
     """Runs ``target`` as the application ``name`` (2 replicas), the only one on the proxy."""
     return cluster.call(  # type: ignore[no-any-return]
         "deploy",
@@ -161,7 +163,14 @@ def deploy(cluster: Any, versions: Versions, name: str, target: str) -> dict[str
         name=name,
         replicas=2,
         inputs=["['x']"],
+        allow_unchecked=allow_unchecked,
     )
+
+
+def controller_log(cluster: Any) -> str:
+    """What Ray Serve's controller logged (each failed health check, with its error)."""
+    logs = sorted(Path(cluster.ray_dir).glob("session_latest/logs/serve/controller_*.log"))
+    return "\n".join(log.read_text(errors="replace") for log in logs)
 
 
 def served_requests(metrics_text: str) -> float:

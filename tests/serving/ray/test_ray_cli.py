@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import shlex
 import signal
 import subprocess
 import sys
@@ -52,6 +53,22 @@ def test_ray_usage_errors(args, message, tmp_path, monkeypatch):
     assert message in out.output
 
 
+#: An application name a shell would split, and run the rest of, were it not quoted.
+HOSTILE = "cli's app; touch injected"
+
+
+def _auth_settings(folder: Path) -> dict[str, str]:
+    """Ray's token settings for a process that connects by address: token
+    mode, the cluster's token in a file whose path needs quoting, and in
+    ``$RAY_AUTH_TOKEN`` too (which must never be printed)."""
+    named = os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token"
+    token = os.environ.get("RAY_AUTH_TOKEN") or Path(named).read_text().strip()
+    path = folder / "ray token" / "auth_token"
+    path.parent.mkdir()
+    path.write_text(token)
+    return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(path), "RAY_AUTH_TOKEN": token}
+
+
 @pytest.mark.slow
 @pytest.mark.xdist_group("ray")  # the session's cluster
 def test_serve_ray_and_swap_ray_on_a_running_cluster(cluster, tmp_path):
@@ -59,13 +76,14 @@ def test_serve_ray_and_swap_ray_on_a_running_cluster(cluster, tmp_path):
     v1, v2 = versions.names
     cluster.call("clear")
     address = cluster.call("address")
-    env = dict(os.environ, RAY_AUTH_MODE="token")  # Ray's token authentication, on by default
+    bare = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH_")}
+    auth = _auth_settings(tmp_path)
     args = ["treeguard.examples.mlp:model", "--store", str(versions.store.root), "--input", "['x']"]
     proc = subprocess.Popen(
-        [*SERVE, *args, "--ray", "--replicas", "2", "--ray-address", address, "--ray-app", "cli"],
+        [*SERVE, *args, "--ray", "--replicas", "2", "--ray-address", address, "--ray-app", HOSTILE],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
-        env=env,
+        env=bare | auth,
         start_new_session=True,
     )
     lines: queue.Queue[bytes] = queue.Queue()
@@ -73,25 +91,36 @@ def test_serve_ray_and_swap_ray_on_a_running_cluster(cluster, tmp_path):
     try:
         first = lines.get(timeout=300).decode()  # a safety stop
         assert first.startswith(
-            f"serving 'cli' on http://{cluster.url} with 2 replicas; swap them with: "
+            f"serving {HOSTILE!r} on http://{cluster.url} with 2 replicas; swap them with: "
         )
-        assert f"--ray-address {address}" in first
         x = np.full((1, 2), 0.5, np.float32)
         url = f"http://{cluster.url}/v2/models/mlp/infer"
         assert httpx.post(url, json=body(x)).json()["model_version"] == v1
-        # the command it printed, pasted in a shell without Ray's settings
+        # the command it printed: Ray's token settings in front, never the token
         printed = first.split("swap them with: ", 1)[1].rsplit("; Ctrl-C stops it", 1)[0]
-        assert printed.startswith("RAY_AUTH_MODE=token treeguard serve swap --ray VERSION ")
-        pasted = {k: v for k, v in env.items() if k != "RAY_AUTH_MODE"}
+        leaked = auth["RAY_AUTH_TOKEN"] in printed
+        assert not leaked, "the printed command holds the token"  # the token never shown
+        assert shlex.split(printed) == [
+            "RAY_AUTH_MODE=token",
+            f"RAY_AUTH_TOKEN_PATH={auth['RAY_AUTH_TOKEN_PATH']}",
+            *("treeguard", "serve", "swap", "--ray", "VERSION"),
+            *("--ray-address", address, "--ray-app", HOSTILE),
+        ]
+        # pasted in a POSIX shell with none of Ray's settings, and a home
+        # without Ray's token file: it swaps with what it carries alone
+        (tmp_path / "home").mkdir()
+        pasted = bare | {"HOME": str(tmp_path / "home")}
         pasted["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{pasted.get('PATH', '')}"
         swap = subprocess.run(
-            ["bash", "-c", printed.replace(" VERSION ", f" {v2} ")],
+            ["sh", "-c", printed.replace(" VERSION ", f" {v2} ")],
             capture_output=True,
             env=pasted,
+            cwd=tmp_path,
             timeout=300,
         )
         assert swap.returncode == 0, swap.stderr.decode()[-2000:]
         assert swap.stdout.decode().strip().endswith(f"serving {v2} on 2 replicas")
+        assert not (tmp_path / "injected").exists()
         assert httpx.post(url, json=body(x)).json()["model_version"] == v2
         assert versions.store.current() == v2
     finally:

@@ -40,6 +40,9 @@ SERVER = (
     "main()\n"
 )
 TARGET = "usermodels:eqx_model"
+#: How the server's first line goes on: with no token file named (no
+#: ``RAY_AUTH_TOKEN_PATH``), the swap command it prints names none.
+PRINTED = "with 2 replicas; swap them with: RAY_AUTH_MODE=token treeguard serve swap --ray VERSION "
 
 
 def _cli(*args: str) -> str:
@@ -68,6 +71,13 @@ def _run(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.Complete
     )
 
 
+def _token_mode() -> dict[str, str]:
+    """This environment with Ray's token authentication (on by default for a
+    cluster Ray starts) and its default token file (no ``RAY_AUTH_TOKEN_PATH``)."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_AUTH_TOKEN_PATH"}
+    return env | {"RAY_AUTH_MODE": "token"}
+
+
 def test_replicas_serve_the_artifact_and_swaps_check_each_version_s_artifact(cluster, tmp_path):
     model = usermodels.eqx_model
     store = treeguard.ArtifactStore.init(tmp_path / "store")
@@ -82,7 +92,7 @@ def test_replicas_serve_the_artifact_and_swaps_check_each_version_s_artifact(clu
     cluster.call("clear")
     assert cluster.call("importable", module="usermodels") is False
     address = cluster.call("address")
-    env = dict(os.environ, RAY_AUTH_MODE="token")  # Ray's token authentication, on by default
+    env = _token_mode()
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     ray_args = ["--ray-address", address, "--ray-app", "exported"]
@@ -110,7 +120,7 @@ def test_replicas_serve_the_artifact_and_swaps_check_each_version_s_artifact(clu
 
     try:
         first = lines.get(timeout=300).decode()  # a safety stop
-        assert first.startswith(f"serving 'exported' on http://{cluster.url} with 2 replicas")
+        assert first.startswith(f"serving 'exported' on http://{cluster.url} {PRINTED}")
         answer(v1)
         swap = ["serve", "swap", "--ray", v2, *ray_args]
         done = _run(swap, env, elsewhere)

@@ -1,73 +1,92 @@
-"""When a replica tells Ray to replace it (``check_health``): after a
-quarantine, a compile the policy forbids, or a failed warm-up; never for a
-quarantine it inherited from the store."""
+"""Ray replaces a replica that tells it to (its ``check_health``): after a
+compile the policy forbids, or after its watchdog quarantined a version;
+the replacement starts with the quarantine on record and is healthy. Seen
+as Ray sees it: the deployment's status (``serve.status()``), the replicas
+it runs, and what its controller logged of each failed health check."""
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
+import re
 
-import jax.numpy as jnp
+import ailing
+import httpx
 import numpy as np
 import pytest
 import tinymodel
-from serving_support import client, request, tiny_spec
+from fleet import Load, Versions, body, controller_log, deploy
+from serving_support import tiny_spec
 
 import treeguard
 
-# The replica's health verdict on purpose: Ray calls it in a replica, and these
-# tests hold it to a server in this process without a Ray cluster.
-from treeguard._src.serving.ray.health import unhealthy  # _src: only Ray calls it, in a replica
-from treeguard.serving import Server, ServingError, WatchdogPolicy
+# A failed warm-up never reaches Ray's health check: a replica warms in its
+# constructor, so Ray sees that as a replica that did not start.
+from treeguard._src.serving.ray.health import unhealthy  # _src: unreachable through Ray
+from treeguard.serving import Server
 
-pytestmark = [pytest.mark.anyio, pytest.mark.slow, pytest.mark.xdist_group("ray")]
-
-URL = "/v2/models/tiny/infer"
-POLICY = WatchdogPolicy(window=10, min_requests=4, max_nonfinite_rate=0.2)
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]  # the session's cluster
 
 
-async def test_a_replica_whose_watchdog_quarantined_a_version_is_unhealthy(tiny_store):
-    store, v = tiny_store
-    server = Server(tinymodel.model, store, spec=tiny_spec(), watchdog=POLICY)
-    async with client(server) as c:
-        baseline = frozenset(server.weights.quarantined)
-        assert unhealthy(server, baseline) is None
-        assert (await c.post("/v2/treeguard/swap", json={"version": v["nan"]})).status_code == 200
-        for _ in range(6):
-            await c.post(URL, json=request(2, value=0.5))
-    assert server.status()["active"] == v["good"]
-    assert unhealthy(server, baseline) == f"the watchdog quarantined {v['nan']} and rolled back"
-    # its replacement starts with the quarantine on record, and is healthy
-    fresh = Server(tinymodel.model, store, spec=tiny_spec())
-    fresh.start()
-    assert fresh.weights.quarantined == {v["nan"]}
-    assert unhealthy(fresh, frozenset(fresh.weights.quarantined)) is None
+def _ailing_store(tmp_path) -> Versions:
+    """A store of the ailing model: a good version, current, and one whose
+    outputs are NaN on traffic (its params finite, verified without the
+    model's checks, which would see the NaN)."""
+    store = treeguard.ArtifactStore.init(tmp_path / "ailing")
+    names, params = [], {}
+    for eps in (1.0, -1.0):
+        tree = ailing.params(eps)
+        v = store.put(tree)
+        assert store.verify(v).status == "verified"
+        names.append(v)
+        params[v] = tree
+    store.promote(names[0])
+    return Versions(store, names, params, ailing.model)
 
 
-def test_a_replica_that_compiled_under_forbid_is_unhealthy(tiny_store):
-    store, _ = tiny_store
-    server = Server(tinymodel.model, store, spec=tiny_spec())
-    server.start()
-    slot = server.weights.active
-    weak = dataclasses.replace(slot, params={**slot.params, "eps": jnp.asarray(1.0)})
-    with pytest.raises(ServingError):
-        server.runner.run(weak, [np.full((1, 2), 0.5, np.float32)], 1)
-    assert unhealthy(server, frozenset()) == (
-        "1 compile(s) while serving, which the compile policy forbids"
-    )
+def _infer(cluster, value: float) -> httpx.Response:
+    x = np.full((1, 2), value, np.float32)
+    return httpx.post(f"http://{cluster.url}/v2/models/ailing/infer", json=body(x), timeout=60)
 
 
-def test_a_compile_the_policy_allows_leaves_a_replica_healthy(tiny_store):
-    store, _ = tiny_store
-    server = Server(tinymodel.model, store, spec=tiny_spec(compile_policy="allow"))
-    server.start()
-    slot = server.weights.active
-    weak = dataclasses.replace(slot, params={**slot.params, "eps": jnp.asarray(1.0)})
-    server.runner.run(weak, [np.full((1, 2), 0.5, np.float32)], 1)
-    assert server.status()["compiles"]["serving"] == 1
-    assert unhealthy(server, frozenset()) is None
+def test_ray_replaces_a_replica_that_compiled_under_forbid_or_quarantined(cluster, tmp_path):
+    versions = _ailing_store(tmp_path)
+    good, bad = versions.names
+    first = deploy(cluster, versions, "ailing", "ailing:model", allow_unchecked=True)
+    assert cluster.call("check_health", name="ailing", times=4) == ["ok"] * 4
+
+    # a batch after the trigger compiles on the replica that saw it: 503, and Ray replaces it
+    assert _infer(cluster, ailing.TRIGGER).status_code == 200
+    with Load(cluster.url, "ailing", versions, threads=1) as load:
+        seen = cluster.call("health", name="ailing", old=list(first), gone=1, n=2)
+    assert "error" not in seen, seen
+    assert ["UNHEALTHY", "HEALTH_CHECK_FAILED"] in seen["seen"]
+    (ill,) = set(first) - set(seen["replicas"])
+    assert any(o.status == 503 and "which the policy forbids" in o.error for o in load.outcomes), {
+        (o.status, o.error[:80]) for o in load.outcomes
+    }
+    forbidden = rf"replica {ill} is unhealthy: \d+ compile\(s\) while serving, which the compile"
+    assert re.search(forbidden + " policy forbids", controller_log(cluster))
+
+    # a version whose outputs are NaN: each replica's watchdog quarantines it and
+    # rolls back, and Ray replaces both; the replacements skip it, and are healthy
+    second = seen["replicas"]
+    assert cluster.call("swap", name="ailing", version=bad)["version"] == bad
+    with Load(cluster.url, "ailing", versions, threads=1):
+        seen = cluster.call("health", name="ailing", old=list(second), gone=2, n=2)
+    assert "error" not in seen, seen
+    assert ["UNHEALTHY", "HEALTH_CHECK_FAILED"] in seen["seen"]
+    logged = controller_log(cluster)
+    for replica in second:
+        assert (
+            f"replica {replica} is unhealthy: the watchdog quarantined {bad} and rolled back"
+            in logged
+        )
+    assert versions.store.info(bad).status == "rejected"
+    assert _infer(cluster, 0.5).json()["model_version"] == good
+    assert cluster.call("check_health", name="ailing", times=6) == ["ok"] * 6
 
 
+@pytest.mark.anyio
 async def test_a_replica_whose_warm_up_failed_is_unhealthy(tmp_path):
     store = treeguard.ArtifactStore.init(tmp_path / "empty")
     server = Server(tinymodel.model, store, spec=tiny_spec())

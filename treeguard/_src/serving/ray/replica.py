@@ -226,7 +226,10 @@ class Replica:
         if why is None and self.listener.done():
             why = "it no longer listens for swaps"
         if why is not None:
-            raise ServingError(f"replica {self.replica} is unhealthy: {why}", status=503)
+            # a built-in type: Ray pickles the error to its controller, and
+            # ServingError's __module__ ("treeguard") does not export it, so
+            # cloudpickle copies the class by value and its __init__ fails there
+            raise RuntimeError(f"replica {self.replica} is unhealthy: {why}")
 
     async def _listen(self, after: int) -> None:
         while True:
