@@ -6,23 +6,15 @@ it runs, and what its controller logged of each failed health check."""
 
 from __future__ import annotations
 
-import asyncio
 import re
 
 import ailing
 import httpx
 import numpy as np
 import pytest
-import tinymodel
 from fleet import Load, Versions, body, controller_log, deploy
-from serving_support import tiny_spec
 
 import treeguard
-
-# A failed warm-up never reaches Ray's health check: a replica warms in its
-# constructor, so Ray sees that as a replica that did not start.
-from treeguard._src.serving.ray.health import unhealthy  # _src: unreachable through Ray
-from treeguard.serving import Server
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]  # the session's cluster
 
@@ -84,17 +76,3 @@ def test_ray_replaces_a_replica_that_compiled_under_forbid_or_quarantined(cluste
     assert versions.store.info(bad).status == "rejected"
     assert _infer(cluster, 0.5).json()["model_version"] == good
     assert cluster.call("check_health", name="ailing", times=6) == ["ok"] * 6
-
-
-@pytest.mark.anyio
-async def test_a_replica_whose_warm_up_failed_is_unhealthy(tmp_path):
-    store = treeguard.ArtifactStore.init(tmp_path / "empty")
-    server = Server(tinymodel.model, store, spec=tiny_spec())
-    async with server.running():
-        for _ in range(2000):  # a bounded wait for the warm-up thread
-            if server.start_error is not None:
-                break
-            await asyncio.sleep(0.01)
-    why = unhealthy(server, frozenset())
-    assert why is not None and why.startswith("warm-up failed: the store ")
-    assert why.endswith("has no current version")

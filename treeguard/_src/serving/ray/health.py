@@ -1,12 +1,13 @@
 """When a replica must be replaced: what its ``check_health`` reports to Ray.
 
-A replica is unhealthy once its warm-up failed, once a request needed a
-compile the spec's policy forbids (a dtype or shape nobody warmed: the
-replica's compile cache can no longer be trusted to stay bounded), or once
-its watchdog quarantined a version (it rolled back on its own, so it may
-now serve another version than the rest of the fleet). Ray then replaces
-it, and the new replica loads the store's current verified version, which
-the quarantine has made skip the bad one.
+A replica warms in its constructor, so a failed warm-up is a replica that
+never started (Ray retries it), never a failed health check. A replica is
+unhealthy once a request needed a compile the spec's policy forbids (a
+dtype or shape nobody warmed: the replica's compile cache can no longer be
+trusted to stay bounded), or once its watchdog quarantined a version (it
+rolled back on its own, so it may now serve another version than the rest
+of the fleet). Ray then replaces it, and the new replica loads the store's
+current verified version, which the quarantine has made skip the bad one.
 """
 
 from __future__ import annotations
@@ -32,8 +33,6 @@ def unhealthy(engine: Engine, quarantined_at_start: frozenset[str]) -> str | Non
       >>> print(unhealthy(engine, frozenset()))  # before ``start``
       not warm: no version is loaded yet
     """
-    if engine.start_error is not None:
-        return f"warm-up failed: {str(engine.start_error).splitlines()[0]}"
     weights = engine.weights
     if not weights.ready:
         return "not warm: no version is loaded yet"
