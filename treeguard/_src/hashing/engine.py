@@ -269,7 +269,20 @@ class Pipeline:
         self._put(self._queues[lane], (key, _Runs(runs)))
 
     def digests(self) -> dict[Hashable, str]:
-        """Waits for every chunk fed; returns each key's hex digest."""
+        """Waits for every chunk fed; returns each key's hex digest.
+
+        Raises:
+          RuntimeError: if the pipeline was closed first (its digests would
+            leave out the chunks it dropped).
+
+        Example:
+          >>> p = Pipeline("sha256")
+          >>> p.close()
+          >>> p.digests()
+          Traceback (most recent call last):
+          ...
+          RuntimeError: the hashing pipeline was closed; its digests are incomplete
+        """
         if not self._inline:
             for q in self._queues:
                 self._put(q, None)

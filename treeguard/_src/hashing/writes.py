@@ -84,6 +84,21 @@ def copy_hashed(
       >>> found = copy_hashed(dest, [memoryview(b"ab"), memoryview(b"c")], "blake3")
       >>> bytes(dest), found[1] == digest(b"c", "blake3")
       (b'abc', True)
+
+      Buffers that overfill ``dest``, or leave some of it unwritten, are
+      refused, and no hashing thread is left running:
+
+      >>> copy_hashed(memoryview(bytearray(2)), [memoryview(b"abc")], "blake3")
+      Traceback (most recent call last):
+      ...
+      ValueError: the buffers hold more than the 2 bytes of dest
+      >>> copy_hashed(memoryview(bytearray(4)), [memoryview(b"abc")], "sha256")
+      Traceback (most recent call last):
+      ...
+      ValueError: the buffers hold 3 bytes, dest 4
+      >>> import threading
+      >>> [t.name for t in threading.enumerate() if t.name.startswith("treeguard-hash")]
+      []
     """
     pos = 0
 
