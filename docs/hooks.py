@@ -140,8 +140,9 @@ def _cell(text: str) -> str:
 def errors_reference() -> str:
     """A table of every exception class of treeguard, with its exit code."""
     module = importlib.import_module(ERRORS_MODULE)
-    # The classes present themselves as ``treeguard.X`` (their ``__module__``),
-    # so they are found as the exception and warning classes the module defines.
+    # The classes present themselves as their public face's (``treeguard.X``,
+    # ``treeguard.serving.X``: their ``__module__``), so they are found as the
+    # exception and warning classes the module holds.
     classes = [
         obj
         for obj in vars(module).values()

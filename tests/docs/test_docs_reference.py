@@ -128,7 +128,7 @@ def _faces() -> dict[str, ast.Module]:
 
 def _homes() -> dict[str, set[str]]:
     """Each public name and the modules it comes from: a class's or function's
-    ``__module__`` when it names one (an error class shows ``treeguard``), else
+    ``__module__`` when it names one (an error class shows its face), else
     the module a namespace imports it from."""
     imported: dict[tuple[str, str], str] = {}
     for namespace, tree in _faces().items():

@@ -45,6 +45,12 @@ input that could not be used, 4 for a model whose own code failed or exited,
 130 for an interrupted run. The command line reads it from the class and
 never chooses another.
 
+Each class names the public face that exports it as its ``__module__`` (a
+``ServingError`` shows as ``treeguard.serving.ServingError``; ``FACES`` says
+which face), and pickles from its fields, never through its ``__init__``, so
+an error crosses a process boundary (a Ray replica, a process pool) whole:
+its class, every field, its text and its exit code.
+
 Example:
   >>> e = FormatError("header is not JSON", context="model.safetensors", hint="re-save it")
   >>> print(e)
@@ -59,6 +65,7 @@ from __future__ import annotations
 from .base import LISTED as LISTED
 from .base import TreeguardError as TreeguardError
 from .base import cap_lines as cap_lines
+from .base import present_as as present_as
 from .data import FormatError as FormatError
 from .data import IntegrityError as IntegrityError
 from .data import InvalidTreeError as InvalidTreeError
@@ -90,38 +97,49 @@ from .store import StorageError as StorageError
 from .store import StoreError as StoreError
 from .store import UnknownVersionError as UnknownVersionError
 
-#: The public classes, shown as ``treeguard.X`` in tracebacks.
-PUBLIC = (
-    TreeguardError,
-    TreeMismatchError,
-    InvalidTreeError,
-    FormatError,
-    IntegrityError,
-    VerificationError,
-    NonFiniteError,
-    RecorderError,
-    TracedValueError,
-    StoreError,
-    NotAStoreError,
-    UnknownVersionError,
-    SignatureError,
-    ConflictError,
-    StorageError,
-    ConfigError,
+#: Each public face and the classes it exports: each class names its face as
+#: its ``__module__`` (``treeguard.serving.ServingError`` in a traceback, and
+#: where pickle finds it). The provenance errors, defined beside their code,
+#: name theirs there.
+FACES: dict[str, tuple[type[BaseException], ...]] = {
+    "treeguard": (
+        TreeguardError,
+        TreeMismatchError,
+        InvalidTreeError,
+        FormatError,
+        IntegrityError,
+        VerificationError,
+        NonFiniteError,
+        RecorderError,
+        TracedValueError,
+        StoreError,
+        NotAStoreError,
+        UnknownVersionError,
+        RetiredVersionError,
+        DanglingPointerError,
+        SignatureError,
+        ConflictError,
+        StorageError,
+        ConfigError,
+        ExportError,
+        ExportValidationError,
+        ArtifactError,
+        UnverifiedWeightsWarning,
+    ),
+    "treeguard.serving": (ServingError, InvalidRequestError),
+    "treeguard.diagnose": (DiagnosisError,),
+    "treeguard.bench": (BenchError, MachineMismatchError),
+}
+for _face, _classes in FACES.items():
+    present_as(_face, *_classes)
+del _face, _classes
+
+#: Every class of this package: those of a face, then those no face exports
+#: (they keep the module they are defined in, where pickle finds them too).
+CLASSES: tuple[type[BaseException], ...] = (
+    *(cls for classes in FACES.values() for cls in classes),
     ModelCodeError,
     ModelExitError,
     RunInterruptedError,
-    DiagnosisError,
-    ServingError,
     NonFiniteVersionError,
-    InvalidRequestError,
-    ExportError,
-    ExportValidationError,
-    ArtifactError,
-    BenchError,
-    MachineMismatchError,
-    UnverifiedWeightsWarning,
 )
-for _cls in PUBLIC:
-    _cls.__module__ = "treeguard"
-del _cls

@@ -1,9 +1,13 @@
 """``TreeguardError``, the base of every exception: a message rendered from
-its fields (context, message, hint) with an exit code; and the cap on listed lines."""
+its fields (context, message, hint) with an exit code; how an error is
+pickled (from its fields, never through its ``__init__``) and which module
+it names; and the cap on listed lines."""
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Sequence
+from typing import Any
 
 #: How many problems a message lists before it says how many it left out.
 LISTED = 20
@@ -20,6 +24,75 @@ def cap_lines(lines: Sequence[str], *, limit: int = LISTED, indent: str = "  ") 
     if len(lines) > limit:
         out.append(f"{indent}... and {len(lines) - limit} more")
     return out
+
+
+def rebuild(cls: type[BaseException] | str, args: tuple[Any, ...], fields: dict[str, Any]) -> Any:
+    """The error (or warning) of class ``cls`` with ``args`` and ``fields`` as
+    its attributes, made without calling its ``__init__``: what unpickling
+    one calls (see ``by_fields``). ``cls`` may be given as
+    ``"module:qualname"``, found as pickle finds a class: by importing the
+    module.
+
+    Example:
+      >>> e = rebuild("treeguard:TreeguardError", ("m: bad",),
+      ...             {"message": "bad", "context": "m", "hint": None})
+      >>> type(e).__name__, str(e), e.args
+      ('TreeguardError', 'm: bad', ('m: bad',))
+    """
+    if isinstance(cls, str):
+        module, _, name = cls.partition(":")
+        found: type[BaseException] = getattr(importlib.import_module(module), name)
+    else:
+        found = cls
+    err = found.__new__(found)
+    err.args = args
+    err.__dict__.update(fields)
+    return err
+
+
+def by_fields(err: BaseException) -> tuple[Any, ...]:
+    """How pickle (and ``copy``) takes ``err`` apart: its class, its ``args``
+    and its fields, which ``rebuild`` puts back as they were.
+
+    Exception pickling would call ``type(err)(*err.args)``, which fails for
+    any class whose ``__init__`` takes other arguments than its text (the
+    keyword-only fields most treeguard errors have): a Ray replica, a
+    ``multiprocessing`` worker or a ``ProcessPoolExecutor`` would then get a
+    ``TypeError`` instead of the error. Its ``__cause__`` and traceback are
+    left behind, as pickle leaves them for every exception.
+
+    A class of treeguard's goes by its module and name: cloudpickle (Ray's
+    pickler) would copy, by value, a class whose module this process has
+    not imported yet (``treeguard.serving`` in a replica), and the copy is
+    another class, which no ``except ServingError`` catches. Any other class
+    (a subclass in ``__main__``) goes as pickle takes it.
+
+    Example:
+      >>> import pickle
+      >>> e = pickle.loads(pickle.dumps(TreeguardError("bad", hint="fix it")))
+      >>> type(e) is TreeguardError, e.hint
+      (True, 'fix it')
+    """
+    cls = type(err)
+    name = f"{cls.__module__}:{cls.__qualname__}"
+    ours = cls.__module__.split(".")[0] == "treeguard"
+    return rebuild, (name if ours else cls, err.args, dict(vars(err)))
+
+
+def present_as(face: str, *classes: type[BaseException]) -> None:
+    """Name the public face that exports each of ``classes`` as its
+    ``__module__``: tracebacks then show ``treeguard.serving.ServingError``,
+    and pickle finds the class there. A class no face exports keeps the
+    module it is defined in, which pickle finds as well.
+
+    Example:
+      >>> class Local(Exception): ...
+      >>> present_as("treeguard.examples", Local)
+      >>> Local.__module__
+      'treeguard.examples'
+    """
+    for cls in classes:
+        cls.__module__ = face
 
 
 class TreeguardError(Exception):
@@ -51,3 +124,6 @@ class TreeguardError(Exception):
 
     def __str__(self) -> str:
         return self._render()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return by_fields(self)

@@ -5,8 +5,9 @@ for weights no hash checked."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
-from .base import TreeguardError, cap_lines
+from .base import TreeguardError, by_fields, cap_lines
 
 
 class ConfigError(TreeguardError, ValueError):
@@ -195,3 +196,6 @@ class UnverifiedWeightsWarning(UserWarning):
             'hint: pass unverified="allow" to load it on purpose without this warning, or '
             "turn it into a hashed checkpoint once with `treeguard import SRC DST`"
         )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return by_fields(self)

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from typing import Self
 
-from ..errors import SignatureError, TreeguardError
+from ..errors import SignatureError, TreeguardError, present_as
 
 
 class ProvenanceError(SignatureError):
@@ -121,3 +121,15 @@ class KeyFileError(TreeguardError, ValueError):
     ) -> None:
         self.path = path
         super().__init__(message, context=context or path, hint=hint)
+
+
+present_as(
+    "treeguard.provenance",
+    ProvenanceError,
+    MissingSignatureError,
+    BadSignatureError,
+    UntrustedKeyError,
+    RevokedKeyError,
+    SignedDigestError,
+    KeyFileError,
+)

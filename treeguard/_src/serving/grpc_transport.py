@@ -155,7 +155,7 @@ def skim(data: bytes, nested: dict[int, Any], *, limit: int = MAX_FIELDS) -> Non
       >>> skim(b"\\x32\\x00" * 5, INFER_FIELDS, limit=4)
       Traceback (most recent call last):
       ...
-      treeguard.InvalidRequestError: the message holds more than 4 fields
+      treeguard.serving.InvalidRequestError: the message holds more than 4 fields
       hint: name each output once, and send at most 64 parameters
     """
     seen = 0
@@ -215,7 +215,7 @@ def parse(data: bytes, kind: Any) -> Any:
       >>> parse(b"\\xff\\xff", pb.ModelInferRequest)
       Traceback (most recent call last):
       ...
-      treeguard.InvalidRequestError: the message is not a ModelInferRequest (it does not parse)
+      treeguard.serving.InvalidRequestError: the message is not a ModelInferRequest (it does ...
       hint: send the Open Inference Protocol's message, as a generated client does
     """
     if kind is pb.ModelInferRequest:

@@ -223,7 +223,7 @@ def check_request_fields(rid: Any, outputs: int) -> None:
       >>> check_request_fields("x" * 300, 0)
       Traceback (most recent call last):
       ...
-      treeguard.InvalidRequestError: the request id must be a string of at most 256 characters
+      treeguard.serving.InvalidRequestError: the request id must be a string of at most 256 ...
     """
     if rid is not None and (not isinstance(rid, str) or len(rid) > MAX_ID):
         raise refuse(f"the request id must be a string of at most {MAX_ID} characters")
@@ -256,7 +256,7 @@ def requested_outputs(names: Sequence[str] | None, known: Sequence[str]) -> list
       >>> requested_outputs(["c"], ["a", "b"])
       Traceback (most recent call last):
       ...
-      treeguard.InvalidRequestError: the request asks for an unknown output
+      treeguard.serving.InvalidRequestError: the request asks for an unknown output
       hint: the outputs are a, b
     """
     if names is None:

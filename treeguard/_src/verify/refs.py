@@ -163,11 +163,13 @@ def _exc_name(t: type[BaseException]) -> str:
 
 def _treeguard_errors() -> dict[str, type[BaseException]]:
     """Every exception class treeguard defines, by each name a references
-    file may use for it: the public ``treeguard.X`` and, for files recorded
-    before errors moved into one module, the older private module paths."""
+    file may use for it: its public face's (``treeguard.serving.X``) and, for
+    files recorded before, ``treeguard.X`` (every class's name until each
+    named its face) and the older private module paths."""
     found: dict[str, type[BaseException]] = {}
-    for cls in errors.PUBLIC:
+    for cls in errors.CLASSES:
         found[_exc_name(cls)] = cls
+        found[f"treeguard.{cls.__qualname__}"] = cls
         found[f"treeguard._src.errors.{cls.__qualname__}"] = cls
     for legacy in ("NonFiniteError", "TracedValueError"):
         found[f"treeguard._src.nonfinite.{legacy}"] = getattr(errors, legacy)

@@ -226,9 +226,9 @@ class Replica:
         if why is None and self.listener.done():
             why = "it no longer listens for swaps"
         if why is not None:
-            # a built-in type: Ray pickles the error to its controller, and
-            # ServingError's __module__ ("treeguard") does not export it, so
-            # cloudpickle copies the class by value and its __init__ fails there
+            # a built-in type: Ray's controller only logs its text, and
+            # unpickles a builtin whatever its environment holds (a
+            # ServingError needs treeguard there); nothing was refused with a status
             raise RuntimeError(f"replica {self.replica} is unhealthy: {why}")
 
     async def _listen(self, after: int) -> None:
