@@ -336,7 +336,7 @@ def test_a_leaf_equal_but_for_its_type_is_still_refused(tmp_path: Path) -> None:
         tg.read_header(path)
 
 
-@pytest.mark.slow  # 20,000 tensors saved and read under tracemalloc: about 10 s
+@pytest.mark.slow  # 20,000 tensors saved and read under tracemalloc: about 15 s
 def test_an_honest_header_is_read_within_its_budget(tmp_path: Path) -> None:
     tree = {f"block_{i:05d}": {"w": np.zeros((i % 3, 2), np.float32)} for i in range(20_000)}
     tg.save(tmp_path / "c.safetensors", tree)

@@ -260,7 +260,7 @@ _SPECS = {
 }
 
 
-@pytest.mark.slow  # each header of 2 to 6 MiB read under tracemalloc: about 30 s in all
+@pytest.mark.slow  # each header of 2 to 6 MiB read under tracemalloc: about 50 s in all
 @pytest.mark.parametrize("tree", _SPECS.values(), ids=_SPECS.keys())
 def test_an_honest_spec_is_read_within_the_documented_budget(tmp_path: Path, tree: Any) -> None:
     spec = tg.spec_of(tree)
