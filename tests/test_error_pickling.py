@@ -9,6 +9,7 @@ from __future__ import annotations
 import concurrent.futures
 import copy
 import importlib
+import io
 import multiprocessing
 import pickle
 from collections.abc import Callable, Iterator
@@ -227,3 +228,55 @@ def test_errors_cross_a_spawned_process_pool_both_ways() -> None:
     with concurrent.futures.ProcessPoolExecutor(1, mp_context=context) as pool:
         back = pool.submit(copy.copy, errors).result()
     assert [_fields(e) for e in back] == [_fields(e) for e in errors]
+
+
+class _TreeguardsOnly(pickle.Unpickler):
+    """How a process that takes treeguard's errors from peers it does not
+    trust unpickles them: it finds treeguard's globals, and no other."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module.partition(".")[0] != "treeguard":
+            raise pickle.UnpicklingError(f"{module}.{name} is not treeguard's")
+        return super().find_class(module, name)
+
+
+def _only_treeguards(data: bytes) -> Any:
+    return _TreeguardsOnly(io.BytesIO(data)).load()
+
+
+@pytest.mark.parametrize("cls", CLASSES, ids=lambda c: c.__name__)
+def test_an_error_pickle_names_only_treeguards_globals(cls: type[BaseException]) -> None:
+    err = _built(cls) if cls in ERRORS else cls("model.safetensors")
+    back = _only_treeguards(pickle.dumps(err))
+    assert type(back) is cls and _fields(back) == _fields(err)
+
+
+class _Asking:
+    """A crafted pickle: the errors' own rebuilder asked for ``target``."""
+
+    def __init__(self, target: str) -> None:
+        self.target = target
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        rebuild = tg.TreeguardError("x").__reduce__()[0]  # what every error pickle calls
+        return rebuild, (self.target, (), {"root": "/etc", "pid": 1})
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        "sched:scheduler",  # a class of another module, made without its __init__
+        "no_such_module_anywhere:Error",  # never imported: the name alone is refused
+        "subprocess:CalledProcessError",  # another module's exception
+        "treeguard:ArtifactStore",  # treeguard's, but no exception
+        "treeguard:StoreError.__init__",
+        "treeguard._src.errors:FACES",
+    ],
+)
+def test_the_rebuilder_makes_no_other_object_than_a_treeguard_error(target: str) -> None:
+    # the rebuilder is a treeguard global, so an unpickler that admits only
+    # treeguard's globals calls it: it must not import or make anything else
+    with pytest.raises(
+        pickle.UnpicklingError, match="names only treeguard.s own exception classes"
+    ):
+        _only_treeguards(pickle.dumps(_Asking(target)))

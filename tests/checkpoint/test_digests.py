@@ -390,19 +390,29 @@ def _hook(monkeypatch: pytest.MonkeyPatch, algorithm: str, on_bytes: Callable[[s
         monkeypatch.setattr(hashlib, "sha256", lambda *a: _Hooked(real(*a), on_bytes))
 
 
+#: Before the first hash, at most about two tensors a hashing thread are fed
+#: (sha256 runs one a core; each tensor goes as an empty item, then its one
+#: chunk, into a queue of two) and some 16 more are being read: a tree of
+#: ``96 + AHEAD * cores`` tensors cut two thirds in (past 64 + 2 * cores) is
+#: cut beyond them on any machine.
+AHEAD = 3
+
+
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_a_file_that_shrinks_while_it_is_read_is_refused_leaving_no_hashing_thread(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, algorithm: str
 ) -> None:
-    """The file is cut at tensor 64 of 96 once the first chunk is read: by
-    verify_file's progress, and, for a load, by the first hash of tensor
-    bytes (no reader gets that far ahead of the hashing threads: each
-    holds at most a few chunks queued). Both name the truncation."""
-    tree = {f"w{i:02}": np.full(1024, i, np.float32) for i in range(96)}
+    """The file is cut two thirds of the way in (``AHEAD``) once the first
+    chunk is read: by verify_file's progress, and, for a load, by the first
+    hash of tensor bytes. Both name the tensor cut. (A fixed cut, 64 of 96
+    tensors, could be read before the first hash on 25 cores or more.)"""
+    count = 96 + AHEAD * (os.cpu_count() or 1)
+    cut_at = 2 * count // 3
+    tree = {f"w{i:04}": np.full(1024, i, np.float32) for i in range(count)}
     path = tmp_path / "p.safetensors"
     tg.save(path, tree, digest=algorithm)  # type: ignore[arg-type]
     h = tg.read_header(path)
-    cut = h.data_start + h.tensors[64].begin + 10
+    cut = h.data_start + h.tensors[cut_at].begin + 10
 
     def shrink(*_: object) -> None:
         if os.path.getsize(path) > cut:
@@ -419,7 +429,7 @@ def test_a_file_that_shrinks_while_it_is_read_is_refused_leaving_no_hashing_thre
         shrink()
 
     _hook(monkeypatch, algorithm, note_and_shrink)
-    message = r"tensor \['w64'\]: the file was truncated while it was read"
+    message = rf"tensor \['w{cut_at:04}'\]: the file was truncated while it was read"
     with pytest.raises(tg.FormatError, match=message):
         tg.load(path, like=tree)
     assert seen and all(name.startswith(HASH_THREADS) for name in seen)

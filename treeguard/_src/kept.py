@@ -74,7 +74,9 @@ def borrowed(workers: int, name: str) -> Iterator[Job]:
             if not spare:
                 kept.append(pool)
         if spare:
-            pool.shutdown(wait=False)  # its tasks are done: its threads end now
+            # its tasks are done, so this only joins its idle threads: none is
+            # left when the job ends (wait=False left them ending after it)
+            pool.shutdown(wait=True)
 
 
 def _forget() -> None:

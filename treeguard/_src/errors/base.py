@@ -6,6 +6,7 @@ it names; and the cap on listed lines."""
 from __future__ import annotations
 
 import importlib
+import pickle
 from collections.abc import Sequence
 from typing import Any
 
@@ -31,19 +32,41 @@ def rebuild(cls: type[BaseException] | str, args: tuple[Any, ...], fields: dict[
     its attributes, made without calling its ``__init__``: what unpickling
     one calls (see ``by_fields``). ``cls`` may be given as
     ``"module:qualname"``, found as pickle finds a class: by importing the
-    module.
+    module, which must be treeguard's (``by_fields`` names no other), and
+    only when the name is an exception class that module defines under that
+    name. So a pickle calls this to make nothing but an exception: an
+    unpickler that admits treeguard's globals alone (as a process taking
+    errors from peers it does not trust may use) admits no other module or
+    class through it.
+
+    Raises:
+      pickle.UnpicklingError: for any other ``cls``, before a module
+        outside treeguard is imported.
 
     Example:
       >>> e = rebuild("treeguard:TreeguardError", ("m: bad",),
       ...             {"message": "bad", "context": "m", "hint": None})
       >>> type(e).__name__, str(e), e.args
       ('TreeguardError', 'm: bad', ('m: bad',))
+      >>> rebuild("subprocess:Popen", (), {})
+      Traceback (most recent call last):
+      ...
+      _pickle.UnpicklingError: 'subprocess:Popen' is not an exception class of treeguard's; ...
     """
+    found: object = cls
     if isinstance(cls, str):
         module, _, name = cls.partition(":")
-        found: type[BaseException] = getattr(importlib.import_module(module), name)
-    else:
-        found = cls
+        found = None
+        if module.split(".")[0] == "treeguard":
+            found = getattr(importlib.import_module(module), name, None)
+        if not isinstance(found, type) or f"{found.__module__}:{found.__qualname__}" != cls:
+            found = None
+    if not (isinstance(found, type) and issubclass(found, BaseException)):
+        shown = repr(cls[:200]) if isinstance(cls, str) else repr(cls)[:200]
+        raise pickle.UnpicklingError(
+            f"{shown} is not an exception class of treeguard's; a pickle of a treeguard "
+            "error names only treeguard's own exception classes"
+        )
     err = found.__new__(found)
     err.args = args
     err.__dict__.update(fields)
