@@ -11,7 +11,8 @@ from __future__ import annotations
 import functools
 import math
 import socket
-from collections.abc import Sequence
+import tracemalloc
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -113,3 +114,15 @@ def needs_peak_rss_counted_once() -> None:
             f"this kernel's ru_maxrss grows by {per_byte:.1f} bytes per byte allocated and "
             "touched, so a bound on peak memory in bytes cannot be checked here"
         )
+
+
+def traced_peak(run: Callable[[], Any]) -> tuple[Any, int]:
+    """What ``run`` returns and the most bytes of Python objects it held at
+    once (tracemalloc, started and stopped around it); an exception it raises
+    propagates."""
+    tracemalloc.start()
+    try:
+        out = run()
+        return out, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()

@@ -14,7 +14,6 @@ import copy
 import json
 import math
 import re
-import tracemalloc
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ import pytest
 from forge import forge, header_digest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
+from machine import traced_peak
 
 import treeguard as tg
 from treeguard._src import strictjson  # _src: the JSON cost model: cost, depth, sharing
@@ -70,12 +70,7 @@ _HOSTILE_JSON = {
 
 def _built(text: str) -> int:
     """The bytes ``json.loads`` allocates for ``text`` at its peak."""
-    tracemalloc.start()
-    try:
-        json.loads(text)
-        return tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    return traced_peak(lambda: json.loads(text))[1]
 
 
 @pytest.mark.parametrize("text", _HOSTILE_JSON.values(), ids=_HOSTILE_JSON.keys())

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import re
-import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ import pytest
 from forge import forge, header_digest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from machine import traced_peak
 
 import treeguard as tg
 
@@ -35,14 +35,14 @@ def _budget(header_bytes: int, times: int = 3) -> int:
 def _peak(read: Callable[[], Any]) -> tuple[Any, int]:
     """What ``read`` returns (or the ``FormatError`` it raises) and the most
     bytes of Python objects it held at once (tracemalloc)."""
-    tracemalloc.start()
-    try:
+
+    def caught() -> Any:
         try:
-            return read(), tracemalloc.get_traced_memory()[1]
+            return read()
         except tg.FormatError as e:
-            return e, tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+            return e
+
+    return traced_peak(caught)
 
 
 def _st(path: Path, header: bytes, data: bytes = b"") -> Path:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import tracemalloc
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ import pytest
 from forge import forge, header_digest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from machine import traced_peak
 
 import treeguard as tg
 
@@ -266,12 +266,7 @@ def test_an_honest_spec_is_read_within_the_documented_budget(tmp_path: Path, tre
     spec = tg.spec_of(tree)
     path = _checkpoint(tmp_path / "c.safetensors", _text(spec), spec.leaves)
     tg.read_header(_checkpoint(tmp_path / "w.safetensors", _text(tg.spec_of({})), ()))
-    tracemalloc.start()
-    try:
-        header = tg.read_header(path)
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    header, peak = traced_peak(lambda: tg.read_header(path))
     assert header.spec == spec
     assert peak <= 3 * header.header_bytes + _FREE  # its objects, the bytes apart
 
