@@ -8,6 +8,7 @@ so a tensor name is never ambiguous and ``load`` never mis-assigns a leaf.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -31,6 +32,10 @@ from ..walk import Node, flatten_with_types, key_problems, structure_of
 from .format import ALLOWED_DTYPES, draft_meta, encode_header, signed_meta, stored_layout
 from .restore import buffer
 
+#: The most leaves of a tree whose layout is kept for the next save of the
+#: same (four such layouts at most: a few MiB).
+KEPT_LAYOUT_LEAVES = 10_000
+
 _KEY_HINT = (
     "use str or int dict keys (not enums, numpy scalars or other objects) and attribute "
     "names that are identifiers, each distinct within its node"
@@ -41,7 +46,15 @@ def _is_key_array(x: Any) -> bool:
     """Whether a leaf is a typed PRNG key array (``jax.random.key``)."""
     import jax
 
-    return isinstance(x, jax.Array) and jax.numpy.issubdtype(x.dtype, jax.dtypes.prng_key)
+    return isinstance(x, jax.Array) and _is_key_dtype(x.dtype)
+
+
+@functools.lru_cache(maxsize=256)
+def _is_key_dtype(dtype: Any) -> bool:
+    """Whether a jax array's dtype is a typed PRNG key's (asked per dtype)."""
+    import jax
+
+    return bool(jax.numpy.issubdtype(dtype, jax.dtypes.prng_key))
 
 
 def _known_key(x: Any) -> bool:
@@ -64,7 +77,12 @@ def _leaf_problem(x: Any, record: Record) -> str | None:
         info = np.iinfo(dtype)
         if not info.min <= x <= info.max:
             return f"a Python int outside the range of {dtype.name}, the dtype JAX gives it"
-    dtype = record[1]
+    return _dtype_problem(record[1])
+
+
+@functools.lru_cache(maxsize=256)
+def _dtype_problem(dtype: np.dtype[Any]) -> str | None:
+    """Why leaves of ``dtype`` cannot be stored, or None (asked per dtype)."""
     if dtype.name not in ALLOWED_DTYPES and not is_key_dtype(dtype):
         return f"dtype {dtype.name} cannot be stored"
     return None
@@ -399,9 +417,9 @@ def _draft(
     root = structure_of(tree, treedef, types) if structure is None else structure
     if root.num_leaves != len(leaves):
         raise ValueError(f"{len(leaves)} leaves for a structure of {root.num_leaves}")
-    problems = key_problems(root)
+    problems = _key_problems(root)
     if problems:
-        raise InvalidTreeError(problems, hint=_KEY_HINT)
+        raise InvalidTreeError(list(problems), hint=_KEY_HINT)
     keys = [i for i, x in enumerate(leaves) if _is_key_array(x) and not _known_key(x)]
     if keys:  # a spec holds only the key implementations keydtype.py knows
         paths = root.leaf_paths()
@@ -415,23 +433,59 @@ def _draft(
             ],
             hint="save the raw key bits with jax.random.key_data(key) and rewrap on load",
         )
-    spec = TreeSpec(root, spec_from_leaves(tree, leaves, treedef, types).records)
-    records = spec.records
-    names = [keystr(p) for p in spec.paths]
-    problems = []
-    for x, leaf_name, record in zip(leaves, names, records):
-        problem = _leaf_problem(x, record)
-        if problem is not None:
-            problems.append((leaf_name, problem))
-    if len(set(names)) != len(names):  # pragma: no cover - key_problems makes names distinct
-        problems.append(("", "two leaves share one key path"))
-    if problems:
+    records = tuple(spec_from_leaves(tree, leaves, treedef, types).records)
+    bad = [(i, p) for i, (x, r) in enumerate(zip(leaves, records)) if (p := _leaf_problem(x, r))]
+    if bad:
+        paths = root.leaf_paths()
         raise InvalidTreeError(
-            problems,
+            [(keystr(paths[i]), problem) for i, problem in bad],
             hint="store numeric arrays with values (jax.random.key_data(k) for typed keys, "
             "np.int64 arrays for large ints)",
         )
     user = user_metadata_json(with_surgery(metadata, surgery))
+    env = json.dumps(environment())
+    if len(records) <= KEPT_LAYOUT_LEAVES:
+        out = _kept_layout(root, records, user, algorithm, env)
+    else:
+        out = _layout(root, records, user, algorithm, env)
+    return Draft(
+        leaves, records, out.names, out.meta, out.table, algorithm, out.draft, out.nbytes, out.spec
+    )
+
+
+@functools.lru_cache(maxsize=64)
+def _key_problems(root: Node) -> tuple[tuple[str, str], ...]:
+    """``key_problems`` of a structure, kept per structure (a ``Node`` is
+    compared by identity, and ``structure_of`` hands back one per treedef)."""
+    return tuple(key_problems(root))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Layout:
+    """What a draft's header holds but its digests: each leaf's name, the
+    tensor table, the metadata and the header, and the spec."""
+
+    names: tuple[str, ...]
+    table: Mapping[str, Any]
+    meta: Mapping[str, str]
+    draft: bytes
+    nbytes: int
+    spec: TreeSpec
+
+
+def _layout(
+    root: Node, records: tuple[Record, ...], user: str, algorithm: Algorithm, env: str
+) -> _Layout:
+    """A draft's header laid out from its structure, its leaves' records,
+    its metadata's JSON, the algorithm and the environment's JSON alone,
+    and kept for the next tree of the same (a training run's checkpoints,
+    a store's puts of fine-tunes: the same layout each time) by
+    ``_kept_layout`` when it has at most ``KEPT_LAYOUT_LEAVES`` leaves. Its
+    parts are only read (``Draft.header`` builds new ones)."""
+    spec = TreeSpec(root, list(records))
+    names = tuple(keystr(p) for p in spec.paths)
+    if len(set(names)) != len(names):  # pragma: no cover - key_problems makes names distinct
+        raise InvalidTreeError([("", "two leaves share one key path")], hint=_KEY_HINT)
     table: dict[str, Any] = {}
     pos = 0
     for leaf_name, (shape, dtype, _, _) in zip(names, records):
@@ -444,9 +498,11 @@ def _draft(
         }
         pos += nbytes
     spec_json = spec.to_json(indent=None).rstrip("\n")
-    meta = draft_meta(spec_json, algorithm, json.dumps(environment()), user, names)
-    draft = encode_header(meta, table)
-    return Draft(leaves, records, names, meta, table, algorithm, draft, pos, spec)
+    meta = draft_meta(spec_json, algorithm, env, user, names)
+    return _Layout(names, table, meta, encode_header(meta, table), pos, spec)
+
+
+_kept_layout = functools.lru_cache(maxsize=4)(_layout)
 
 
 def _leaf_bytes(
