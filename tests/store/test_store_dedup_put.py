@@ -296,3 +296,27 @@ def test_a_put_makes_every_entry_durable_before_the_record_that_shows_it(
         assert os.path.dirname(path) in later, (op, path)  # its entry, before the record
         if source:  # a file renamed or linked: its bytes synced before
             assert ("fsync", source, "") in events[:i], (op, path)
+
+
+def test_a_fine_tune_s_name_is_reserved_before_any_tensor_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reservation's fsyncs come before the first tensor's bytes (issued
+    while a tensor's bytes were being synced, they waited behind them)."""
+    if not os.path.isdir("/proc/self/fd"):
+        pytest.skip("needs /proc to name what each fsync syncs")
+    root = tmp_path / "store"
+    store = _store(root)
+    params = store.load_current(_like())
+    events = _watched_writes(monkeypatch)
+    v = store.put({**params, "head": params["head"] + 1.0})
+    monkeypatch.undo()
+    record = str(root / "versions" / v / "status.json")
+    reserved = next(
+        i for i, (op, path, _) in enumerate(events) if op == "replace" and path == record
+    )
+    assert ("fsync", str(root / "versions" / v), "") not in events[:reserved]  # left to the batch
+    first = min(
+        i for i, (op, path, _) in enumerate(events) if path.startswith(str(root / "tensors"))
+    )
+    assert reserved < first

@@ -143,8 +143,8 @@ class LocalBackend:
         return version
 
     def _put_tensors(self, offered: Offered) -> str:
-        """A tensors version: its name reserved on a thread while its tensors
-        the store lacks are hashed and written, then its manifest (taken
+        """A tensors version: its name reserved first, then its tensors the
+        store lacks hashed and written (tensorput.py), then its manifest (taken
         back if gc marked one of its objects), then its record as a
         candidate (tensorput.py says which orders matter). The directories
         the reservation, the objects and the manifest add entries to are
@@ -153,26 +153,27 @@ class LocalBackend:
         self._areas()
         dirs = DirSyncs()
         with kept.borrowed(tensorput.THREADS + 1, "treeguard-put") as pool:
-            # first: others wait
-            reserved = pool.submit(self._reserve_dir, offered.version, offered.user, dirs)
+            # first, before any write: a refused name leaves nothing, and the
+            # reservation's fsyncs never wait behind a tensor's bytes
+            version, path = _named(self._reserve_dir(offered.version, offered.user, dirs))
+            reserved: Future[str] = Future()
+            reserved.set_result(path)
+            early: tensorput.Early | None = None
             record: Future[tuple[dict[str, Any], str]] | None = None
             try:
                 with space.typed(reserved.result):
                     draft = laid_out(offered.tree, metadata=offered.user, digest=offered.digest)
+                    early = tensorput.start(self.storage, draft, pool, reserved, offered.carried)
                     record = pool.submit(self._stage_candidate, reserved, draft.spec)
-                    carried = offered.carried
-                    tensorput.put(self.storage, draft, pool, reserved, dirs=dirs, carried=carried)
-                version, path = _named(reserved.result())
+                    tensorput.put(self.storage, draft, pool, reserved, dirs=dirs, early=early)
                 self._commit_candidate(version, path, record.result(), draft.spec, pool)
-            except BaseException as e:
+            except BaseException:
+                if early is not None:  # writes not handed over
+                    early.discard()
                 if record is not None:  # a live writer's temp: the directory's removal keeps it
                     with contextlib.suppress(Exception):
                         os.unlink(record.result()[1])
-                refused = reserved.exception()  # waits for it
-                if refused is None:
-                    self._discard(reserved.result())
-                elif isinstance(e, Exception) and e is not refused:
-                    raise refused from None  # a name refused: what a put says first
+                self._discard(path)
                 raise
         return version
 

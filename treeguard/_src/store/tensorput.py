@@ -23,22 +23,27 @@ matter, and each is kept:
   reservation too (the name was never returned: a name made durable is
   never handed out again).
 
-So the reservation runs on a thread while the tree is laid out and hashed,
-its directories' fsyncs left to the put (``atomic.DirSyncs``): under the
-lock it syncs only the marker's and the record's own bytes, which a sync
-of the tensor's bytes on another thread makes wait; each tensor the store
-lacks is written to a temp file and fsynced on a second thread (while it
-is hashed, for a jax array when the memo knew some leaf of the tree: a
-tree a verified load handed back, whose arrays the memo does not know were
-changed since, so are new bytes; otherwise, and for every numpy leaf,
-which is as often a copy of a held tensor, once it is hashed and found
-missing); and the header is laid out, and the manifest written to a temp
-file beside the objects and fsynced, on a third, while the tensor's bytes
-sync and before the name is reserved. The header is not parsed back (the
-draft holds its spec; verify and every load parse it). Once the name is
-reserved the manifest is renamed into its directory and the temp files
-are linked under their digests' names; then every directory the put gave
-an entry is fsynced at once, on the pool's threads (on a journaling file
+So the name is reserved first, before any other write, on the calling
+thread (its marker's and record's fsyncs are quick then; issued while a
+tensor's bytes are being synced they waited behind those bytes, and on
+the TPU host one issued as that sync began made both take 91 ms, once
+measured), its
+directories' fsyncs left to the put (``atomic.DirSyncs``). Then the tree
+is laid out (``save``'s layout, kept for the next tree of the same
+structure) and, for a tree the memo knows some leaves of (a tree a
+verified load handed back, whose arrays the memo does not know were
+changed since, so are new bytes), the first leaves it does not know are
+brought to the host and written to temp files and fsynced on the pool's
+threads at once (``start``), while the rest is hashed; every other leaf
+the store lacks is written on a second thread (while it is hashed, in
+that case; otherwise, and for every numpy leaf, which is as often a copy
+of a held tensor, once it is hashed and found missing); and the header is
+laid out, and the manifest written to a temp file beside the objects and
+fsynced, on a third, while the tensor's bytes sync. The header is not
+parsed back (the draft holds its spec; verify and every load parse it).
+The manifest is then renamed into its directory and the temp files are
+linked under their digests' names; then every directory the put gave an
+entry is fsynced at once, on the pool's threads (on a journaling file
 system one commit serves them all), and the record's rename is synced
 while the log's line is.
 """
@@ -59,10 +64,62 @@ from ..hashing import digest, memo
 from . import space, tensors
 from .storage import Conflict, LocalStorage
 
-#: The threads of one put: the reservation, the objects' writes, the manifest.
+#: The threads of one put: the objects' writes (``IN_FLIGHT`` at once), the manifest.
 THREADS = 3
 #: The most leaves being written at once (each held on the host meanwhile).
 IN_FLIGHT = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class Early:
+    """A put's first writes, started before its name is reserved (``start``).
+
+    Attributes:
+      known: each leaf's digest as the memo remembers it, or None.
+      eager: whether each leaf the memo does not know is written while it
+        is hashed (it knew some leaf of the tree: one a verified load handed
+        back, whose other arrays are new bytes).
+      writes: the temp file of each leaf written already, by its index.
+    """
+
+    known: list[str | None]
+    eager: bool
+    writes: dict[int, Future[str]]
+
+    def discard(self) -> None:
+        """Removes the temps of the writes not handed to ``put`` (for a put
+        stopped before it), each once written."""
+        for write in self.writes.values():
+            with contextlib.suppress(Exception):
+                os.unlink(write.result())
+        self.writes.clear()
+
+
+def start(
+    storage: LocalStorage,
+    draft: Draft,
+    pool: Executor,
+    reserved: Future[str],
+    carried: memo.Carried | None = None,
+) -> Early:
+    """Looks each leaf of ``draft`` up in the digest memo (``carried``: the
+    digests a host copy carries) and, for a tree it knows some leaves of,
+    starts writing the first ``IN_FLIGHT`` leaves it does not know to temp
+    files on ``pool``'s threads (each brought to the host there), before
+    the caller reserves the version's name (``reserved``, whose result
+    names the version in a full disk's error). Those writes are what a
+    fine-tune's put waits on; started first, the rest of the put (the
+    reservation, the hashing, the manifest) runs while they do."""
+    lookup = memo.known if carried is None else carried.known
+    known: list[str | None] = [lookup(x, draft.algorithm) for x in draft.leaves]
+    eager = any(k is not None for k in known)
+    writes: dict[int, Future[str]] = {}
+    for i, remembered in enumerate(known):
+        if not eager or len(writes) >= IN_FLIGHT:
+            break
+        if remembered is None and not isinstance(draft.leaves[i], np.ndarray):
+            writes[i] = pool.submit(_write_temp, storage, draft, reserved, i)
+    return Early(known, eager, writes)
 
 
 def put(
@@ -72,23 +129,22 @@ def put(
     reserved: Future[str],
     *,
     dirs: DirSyncs,
-    carried: memo.Carried | None = None,
+    early: Early,
 ) -> None:
     """Writes a version's tensors that the store lacks and its manifest
-    (see the module), on ``pool``'s threads; ``reserved`` is the reservation
-    running there, whose result is the version's directory, and ``dirs``
-    the directories whose new entries it left unsynced, which are synced
-    with those of the objects and the manifest. Started again
-    while gc marks one of its objects (tensors.py).
+    (see the module), on ``pool``'s threads, taking over ``early``'s
+    writes (``start``); ``reserved`` is the reservation, whose result is
+    the version's directory, and ``dirs`` the directories whose new entries
+    it left unsynced, which are synced with those of the objects and the
+    manifest. Started again while gc marks one of its objects (tensors.py).
 
     Raises:
       StoreError: if gc kept marking its objects, ``PUT_TRIES`` times.
       StorageError: if a tensor could not be written.
     """
-    lookup = memo.known if carried is None else carried.known
-    known: list[str | None] = [lookup(x, draft.algorithm) for x in draft.leaves]
-    eager = any(k is not None for k in known)  # the others were changed since a load
-    run = _Put(storage, draft, pool, reserved, dirs, eager)
+    run = _Put(storage, draft, pool, reserved, dirs, early.eager, dict(early.writes))
+    early.writes.clear()  # this put removes them now
+    known = early.known
     for _ in range(tensors.PUT_TRIES):
         done, digests = run.attempt(known)
         if done:
@@ -100,7 +156,8 @@ def put(
 @dataclasses.dataclass(frozen=True)
 class _Put:
     """One put's store, draft and threads; ``eager``: stage each leaf the
-    memo does not know while it is hashed."""
+    memo does not know while it is hashed; ``first``: the leaves ``start``
+    began writing, taken by the first try."""
 
     storage: LocalStorage
     draft: Draft
@@ -108,16 +165,19 @@ class _Put:
     reserved: Future[str]
     dirs: DirSyncs
     eager: bool
+    first: dict[int, Future[str]]
 
     def attempt(self, known: list[str | None]) -> tuple[bool, list[str]]:
         """One try: whether the manifest stands (not if gc marked an object
         or a name was taken meanwhile), and every leaf's digest."""
         usable, taken = tensors.usable_objects(self.storage)
         staged: dict[str, Future[str]] = {}  # ALGO-HEX: its temp file, written and fsynced
-        dropped: list[Future[str]] = []  # temps of bytes a usable object holds
+        first = dict(self.first)
+        self.first.clear()
+        dropped = list(first.values())  # temps of bytes a usable object holds
         manifest: Future[str] | None = None
         try:
-            digests = self._hashed(known, usable, staged, dropped)
+            digests = self._hashed(known, usable, staged, dropped, first)
             names = {base: _fresh(base, taken) for base in staged}
             algorithm = self.draft.algorithm
             objects = [usable.get(f"{algorithm}-{d}") or names[f"{algorithm}-{d}"] for d in digests]
@@ -150,13 +210,15 @@ class _Put:
         usable: dict[str, str],
         staged: dict[str, Future[str]],
         dropped: list[Future[str]],
+        first: dict[int, Future[str]],
     ) -> list[str]:
         """Every leaf's digest; each leaf no usable object holds is staged
-        (written while it is hashed when ``eager``; such a temp whose bytes
-        are held is ``dropped``, to be removed)."""
+        (written while it is hashed when ``eager``, or before by ``start``:
+        ``first``; such a temp whose bytes are held is ``dropped``, to be
+        removed)."""
         draft, algorithm = self.draft, self.draft.algorithm
         digests: list[str] = []
-        flight: list[Future[str]] = []
+        flight: list[Future[str]] = list(first.values())
         for i, got in tensors.leaves_to_hash(draft, known, usable):
             if isinstance(got, str):
                 digests.append(got)
@@ -164,8 +226,10 @@ class _Put:
             early = None
             # a numpy leaf is hashed first: it is as often a copy of a held tensor
             if self.eager and not isinstance(draft.leaves[i], np.ndarray):
-                early = self._stage(i, got, flight)
-                dropped.append(early)  # removed, unless it becomes the object below
+                early = first.pop(i, None)
+                if early is None:
+                    early = self._stage(i, got, flight)
+                    dropped.append(early)  # removed, unless it becomes the object below
             found = digest(got, algorithm)
             base = f"{algorithm}-{found}"
             if base not in usable and base not in staged:
@@ -181,15 +245,10 @@ class _Put:
         leaves are held on the host at once, as a ``save`` holds them)."""
         while len(flight) >= IN_FLIGHT:
             flight.pop(0).exception()  # waits; its error is raised where its path is used
-        flight.append(self.pool.submit(self._write_temp, i, data))
+        flight.append(
+            self.pool.submit(_write_temp, self.storage, self.draft, self.reserved, i, data)
+        )
         return flight[-1]
-
-    def _write_temp(self, i: int, data: memoryview) -> str:
-        """Leaf ``i``'s bytes in a fresh temp file beside the objects,
-        fsynced; its path. A full disk is the error naming the version and
-        the leaf's key path (the reservation waited for)."""
-        with space.typed(self.reserved.result, self.draft.names[i]):
-            return self.storage.stage(f"{tensors.AREA}/staged", data)
 
     def _write_manifest(self, digests: list[str], objects: list[str]) -> str:
         """The header laid out with ``digests``, and the manifest naming
@@ -211,6 +270,23 @@ class _Put:
             raise
         self.dirs.add(os.path.dirname(target))
         return target
+
+
+def _write_temp(
+    storage: LocalStorage,
+    draft: Draft,
+    reserved: Future[str],
+    i: int,
+    data: memoryview | None = None,
+) -> str:
+    """Leaf ``i``'s bytes (``data``, else brought to the host here) in a
+    fresh temp file beside the objects, fsynced; its path. A full disk is
+    the error naming the version and the leaf's key path (the reservation
+    waited for)."""
+    with space.typed(reserved.result, draft.names[i]):
+        return storage.stage(
+            f"{tensors.AREA}/staged", draft.host_bytes(i) if data is None else data
+        )
 
 
 def _fresh(base: str, taken: set[str]) -> str:
