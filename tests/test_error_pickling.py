@@ -12,6 +12,7 @@ import importlib
 import io
 import multiprocessing
 import pickle
+import traceback
 from collections.abc import Callable, Iterator
 from functools import partial
 from typing import Any
@@ -201,6 +202,25 @@ def test_an_error_names_a_module_that_holds_it(cls: type[BaseException]) -> None
         assert cls.__module__ in exported_by
     else:  # a private one as the module it is defined in
         assert cls.__module__.startswith("treeguard._src.")
+
+
+#: The errors only the command line (a model's failing code, Ctrl-C) or the
+#: server (a version that is not finite) raise, and the face each is public in.
+RAISED_BY_THE_CLI_OR_THE_SERVER = {
+    "ModelCodeError": "treeguard",
+    "ModelExitError": "treeguard",
+    "RunInterruptedError": "treeguard",
+    "NonFiniteVersionError": "treeguard.serving",
+}
+
+
+@pytest.mark.parametrize(("name", "face"), RAISED_BY_THE_CLI_OR_THE_SERVER.items())
+def test_an_error_of_the_command_line_or_the_server_is_public(name: str, face: str) -> None:
+    module = importlib.import_module(face)
+    assert name in module.__all__ and getattr(module, name) is BY_NAME[name]
+    # a traceback shows it as the face's, where a user finds it to catch it
+    shown = traceback.format_exception_only(_built(BY_NAME[name]))[0]
+    assert shown.startswith(f"{face}.{name}: ")
 
 
 class ModelOwnError(tg.TreeguardError):
