@@ -18,6 +18,7 @@ from functools import partial
 from typing import Any
 
 import pytest
+from subproc import run_python
 
 import treeguard as tg
 
@@ -247,6 +248,25 @@ def test_errors_cross_a_spawned_process_pool_both_ways() -> None:
     context = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(1, mp_context=context) as pool:
         back = pool.submit(copy.copy, errors).result()
+    assert [_fields(e) for e in back] == [_fields(e) for e in errors]
+
+
+#: A child without the ``sign`` extra: ``cryptography`` cannot be imported. It
+#: unpickles the errors given (hex on argv), then pickles them back on stdout.
+WITHOUT_CRYPTOGRAPHY = """
+import pickle, sys
+sys.modules["cryptography"] = None  # every import of it now fails
+errors = pickle.loads(bytes.fromhex(sys.argv[1]))
+print(pickle.dumps(errors).hex())
+"""
+
+
+def test_a_provenance_error_unpickles_where_cryptography_is_not_installed() -> None:
+    errors = [_built(c) for c in ERRORS if c.__module__ == "treeguard.provenance"]
+    assert len(errors) == 7  # the walk found them all
+    done = run_python(WITHOUT_CRYPTOGRAPHY, pickle.dumps(errors).hex())
+    assert done.returncode == 0, done.stderr[-2000:]
+    back = pickle.loads(bytes.fromhex(done.stdout.strip()))
     assert [_fields(e) for e in back] == [_fields(e) for e in errors]
 
 
