@@ -12,11 +12,13 @@ import importlib
 import io
 import multiprocessing
 import pickle
+import traceback
 from collections.abc import Callable, Iterator
 from functools import partial
 from typing import Any
 
 import pytest
+from subproc import run_python
 
 import treeguard as tg
 
@@ -203,6 +205,25 @@ def test_an_error_names_a_module_that_holds_it(cls: type[BaseException]) -> None
         assert cls.__module__.startswith("treeguard._src.")
 
 
+#: The errors only the command line (a model's failing code, Ctrl-C) or the
+#: server (a version that is not finite) raise, and the face each is public in.
+RAISED_BY_THE_CLI_OR_THE_SERVER = {
+    "ModelCodeError": "treeguard",
+    "ModelExitError": "treeguard",
+    "RunInterruptedError": "treeguard",
+    "NonFiniteVersionError": "treeguard.serving",
+}
+
+
+@pytest.mark.parametrize(("name", "face"), RAISED_BY_THE_CLI_OR_THE_SERVER.items())
+def test_an_error_of_the_command_line_or_the_server_is_public(name: str, face: str) -> None:
+    module = importlib.import_module(face)
+    assert name in module.__all__ and getattr(module, name) is BY_NAME[name]
+    # a traceback shows it as the face's, where a user finds it to catch it
+    shown = traceback.format_exception_only(_built(BY_NAME[name]))[0]
+    assert shown.startswith(f"{face}.{name}: ")
+
+
 class ModelOwnError(tg.TreeguardError):
     """A user's subclass, outside treeguard: pickled as any class is."""
 
@@ -227,6 +248,25 @@ def test_errors_cross_a_spawned_process_pool_both_ways() -> None:
     context = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(1, mp_context=context) as pool:
         back = pool.submit(copy.copy, errors).result()
+    assert [_fields(e) for e in back] == [_fields(e) for e in errors]
+
+
+#: A child without the ``sign`` extra: ``cryptography`` cannot be imported. It
+#: unpickles the errors given (hex on argv), then pickles them back on stdout.
+WITHOUT_CRYPTOGRAPHY = """
+import pickle, sys
+sys.modules["cryptography"] = None  # every import of it now fails
+errors = pickle.loads(bytes.fromhex(sys.argv[1]))
+print(pickle.dumps(errors).hex())
+"""
+
+
+def test_a_provenance_error_unpickles_where_cryptography_is_not_installed() -> None:
+    errors = [_built(c) for c in ERRORS if c.__module__ == "treeguard.provenance"]
+    assert len(errors) == 7  # the walk found them all
+    done = run_python(WITHOUT_CRYPTOGRAPHY, pickle.dumps(errors).hex())
+    assert done.returncode == 0, done.stderr[-2000:]
+    back = pickle.loads(bytes.fromhex(done.stdout.strip()))
     assert [_fields(e) for e in back] == [_fields(e) for e in errors]
 
 

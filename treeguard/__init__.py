@@ -35,10 +35,13 @@ if _typing.TYPE_CHECKING:
     from ._src.errors import FormatError as FormatError
     from ._src.errors import IntegrityError as IntegrityError
     from ._src.errors import InvalidTreeError as InvalidTreeError
+    from ._src.errors import ModelCodeError as ModelCodeError
+    from ._src.errors import ModelExitError as ModelExitError
     from ._src.errors import NonFiniteError as NonFiniteError
     from ._src.errors import NotAStoreError as NotAStoreError
     from ._src.errors import RecorderError as RecorderError
     from ._src.errors import RetiredVersionError as RetiredVersionError
+    from ._src.errors import RunInterruptedError as RunInterruptedError
     from ._src.errors import SignatureError as SignatureError
     from ._src.errors import StorageError as StorageError
     from ._src.errors import StoreError as StoreError
@@ -93,6 +96,8 @@ _EXPORTS: dict[str, str] = {
     "InvalidTreeError": "._src.errors",
     "LeafSpec": "._src.spec",
     "Mismatch": "._src.mismatch",
+    "ModelCodeError": "._src.errors",
+    "ModelExitError": "._src.errors",
     "NonFiniteError": "._src.errors",
     "NotAStoreError": "._src.errors",
     "OptaxStep": "._src.optimizer",
@@ -100,6 +105,7 @@ _EXPORTS: dict[str, str] = {
     "RecorderError": "._src.errors",
     "RetentionPolicy": "._src.store",
     "RetiredVersionError": "._src.errors",
+    "RunInterruptedError": "._src.errors",
     "SaveHandle": "._src.checkpoint",
     "SignatureError": "._src.errors",
     "StorageError": "._src.errors",

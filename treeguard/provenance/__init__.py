@@ -9,8 +9,15 @@ that ``model_signing sign key`` wrote. A store takes its keys from
 ``$TREEGUARD_REVOKED_KEYS`` (paths joined by ``os.pathsep``); a signature
 is written as ``model.sig``. Needs the ``sign`` extra
 (``pip install 'treeguard[sign]'``).
+
+The errors and ``Trail`` are imported with the package; every other name
+resolves on first use, so an error crosses to a process without the
+``sign`` extra (a store's refusal, unpickled on a Ray replica) whole.
 """
 
+import typing as _typing
+
+from .._src import faces as _faces
 from .._src.provenance.errors import BadSignatureError as BadSignatureError
 from .._src.provenance.errors import KeyFileError as KeyFileError
 from .._src.provenance.errors import MissingSignatureError as MissingSignatureError
@@ -18,15 +25,32 @@ from .._src.provenance.errors import ProvenanceError as ProvenanceError
 from .._src.provenance.errors import RevokedKeyError as RevokedKeyError
 from .._src.provenance.errors import SignedDigestError as SignedDigestError
 from .._src.provenance.errors import UntrustedKeyError as UntrustedKeyError
-from .._src.provenance.keys import PrivateKey as PrivateKey
-from .._src.provenance.keys import PublicKey as PublicKey
-from .._src.provenance.keys import generate_keys as generate_keys
-from .._src.provenance.model import SignedModel as SignedModel
-from .._src.provenance.model import sign_model as sign_model
-from .._src.provenance.model import verify_model as verify_model
-from .._src.provenance.oms import ModelManifest as ModelManifest
 from .._src.provenance.trail import Trail as Trail
-from .._src.provenance.trust import TrustPolicy as TrustPolicy
+
+if _typing.TYPE_CHECKING:
+    from .._src.provenance.keys import PrivateKey as PrivateKey
+    from .._src.provenance.keys import PublicKey as PublicKey
+    from .._src.provenance.keys import generate_keys as generate_keys
+    from .._src.provenance.model import SignedModel as SignedModel
+    from .._src.provenance.model import sign_model as sign_model
+    from .._src.provenance.model import verify_model as verify_model
+    from .._src.provenance.oms import ModelManifest as ModelManifest
+    from .._src.provenance.trust import TrustPolicy as TrustPolicy
+
+#: Each name that needs ``cryptography``, by the module that defines it.
+_LAZY = {
+    name: f"treeguard._src.provenance.{module}"
+    for module, names in {
+        "keys": ("PrivateKey", "PublicKey", "generate_keys"),
+        "model": ("SignedModel", "sign_model", "verify_model"),
+        "oms": ("ModelManifest",),
+        "trust": ("TrustPolicy",),
+    }.items()
+    for name in names
+}
+
+if not _typing.TYPE_CHECKING:  # type checkers see the imports above
+    __getattr__, __dir__ = _faces.lazy_face(__name__, _LAZY)
 
 __all__ = [
     "BadSignatureError",

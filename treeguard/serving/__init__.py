@@ -14,6 +14,7 @@ and protobuf (the ``grpc`` extra), are imported only when a server is built.
 """
 
 from .._src.errors import InvalidRequestError as InvalidRequestError
+from .._src.errors import NonFiniteVersionError as NonFiniteVersionError
 from .._src.errors import ServingError as ServingError
 from .._src.serving.app import Server as Server
 from .._src.serving.plan import BucketPlan as BucketPlan
@@ -37,6 +38,7 @@ __all__ = [
     "InferResult",
     "InvalidRequestError",
     "Limits",
+    "NonFiniteVersionError",
     "Output",
     "Overflow",
     "Plan",

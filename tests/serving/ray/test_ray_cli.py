@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import secrets
 import shlex
 import signal
 import subprocess
@@ -18,6 +19,7 @@ import pytest
 from bridge import can_isolate
 from click.testing import CliRunner
 from fleet import body, checked_store, wait_until
+from subproc import run_module
 
 from treeguard._cli.main import main
 
@@ -130,6 +132,36 @@ def test_serve_ray_and_swap_ray_on_a_running_cluster(cluster, tmp_path):
     assert proc.returncode == 0
     # the application is gone from the cluster it ran on; the cluster stays
     wait_until(lambda: httpx.post(url, json=body(x)).status_code == 404)
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("ray")  # the session's cluster
+@pytest.mark.parametrize("token", ["wrong", "missing"])
+def test_swap_ray_without_the_clusters_token_names_the_address_and_the_fix(
+    cluster, tmp_path, token
+):
+    address = cluster.call("address")
+    wrong = secrets.token_hex(16)
+    (tmp_path / "home").mkdir()  # no ~/.ray/auth_token
+    path = tmp_path / "auth_token"
+    if token == "wrong":
+        path.write_text(wrong)
+    settings = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(path), "RAY_AUTH_TOKEN": ""}
+    done = run_module(
+        "treeguard",
+        ["serve", "swap", "--ray", "v1", "--ray-address", address],
+        env=settings | {"HOME": str(tmp_path / "home")},
+        cwd=tmp_path,
+        timeout=300,  # a safety stop
+    )
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr
+    # Ray's reason (a wrong token: it gave up connecting; none: it has none to send)
+    reason = "Failed to connect" if token == "wrong" else "RAY_AUTH_TOKEN_PATH is set but"
+    assert f"error: cannot connect to the Ray cluster at {address}: {reason}" in done.stderr
+    assert "hint: is a cluster running there? One with token authentication" in done.stderr
+    assert "$RAY_AUTH_TOKEN_PATH names, or in ~/.ray/auth_token" in done.stderr
+    assert wrong not in done.stdout + done.stderr  # the token is never shown
 
 
 @pytest.mark.slow

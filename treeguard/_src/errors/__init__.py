@@ -121,12 +121,15 @@ FACES: dict[str, tuple[type[BaseException], ...]] = {
         ConflictError,
         StorageError,
         ConfigError,
+        ModelCodeError,
+        ModelExitError,
+        RunInterruptedError,
         ExportError,
         ExportValidationError,
         ArtifactError,
         UnverifiedWeightsWarning,
     ),
-    "treeguard.serving": (ServingError, InvalidRequestError),
+    "treeguard.serving": (ServingError, NonFiniteVersionError, InvalidRequestError),
     "treeguard.diagnose": (DiagnosisError,),
     "treeguard.bench": (BenchError, MachineMismatchError),
 }
@@ -134,12 +137,7 @@ for _face, _classes in FACES.items():
     present_as(_face, *_classes)
 del _face, _classes
 
-#: Every class of this package: those of a face, then those no face exports
-#: (they keep the module they are defined in, where pickle finds them too).
-CLASSES: tuple[type[BaseException], ...] = (
-    *(cls for classes in FACES.values() for cls in classes),
-    ModelCodeError,
-    ModelExitError,
-    RunInterruptedError,
-    NonFiniteVersionError,
+#: Every class of this package, each exported by a face.
+CLASSES: tuple[type[BaseException], ...] = tuple(
+    cls for classes in FACES.values() for cls in classes
 )

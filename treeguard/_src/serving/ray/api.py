@@ -165,8 +165,10 @@ def connect(address: str | None, *, ingress: str = "proxy") -> Any:
     imported, so it is set here first.
 
     Raises:
-      ConfigError: see ``check_ingress``, or when the installed Ray Serve
-        has no HAProxy mode.
+      ConfigError: see ``check_ingress``; when the installed Ray Serve
+        has no HAProxy mode; or when the cluster at ``address`` cannot be
+        joined (none there, no token or a wrong one): naming where Ray
+        looks for the token, never the token.
     """
     check_ingress(address, ingress)
     ray = _ray()
@@ -185,13 +187,24 @@ def connect(address: str | None, *, ingress: str = "proxy") -> Any:
             return ray
         try:
             ray.init(address=address)
-        except ConnectionError as e:
+        except _refusals(ray) as e:
+            reason = str(e.args[0]).splitlines()[0] if e.args else type(e).__name__
             raise ConfigError(
-                f"cannot connect to the Ray cluster at {address}: {str(e).splitlines()[0]}",
-                hint="a cluster with token authentication (Ray's default) needs "
-                "RAY_AUTH_MODE=token and its token (~/.ray/auth_token or $RAY_AUTH_TOKEN)",
+                f"cannot connect to the Ray cluster at {address}: {reason}",
+                hint="is a cluster running there? One with token authentication (Ray's "
+                "default) needs RAY_AUTH_MODE=token here and the cluster's token: in "
+                "$RAY_AUTH_TOKEN, in the file $RAY_AUTH_TOKEN_PATH names, or in "
+                "~/.ray/auth_token (copy it from a node of the cluster)",
             ) from e
     return ray
+
+
+def _refusals(ray: Any) -> tuple[type[Exception], ...]:
+    """What ``ray.init(address=...)`` raises when it cannot join: a
+    ``ConnectionError`` (no cluster, or a wrong token: Ray retries, then gives
+    up) or Ray's ``AuthenticationError``, where it has one (no token to send)."""
+    refused = getattr(ray.exceptions, "AuthenticationError", None)
+    return (ConnectionError,) if refused is None else (ConnectionError, refused)
 
 
 #: Ray's settings of token authentication that a process connecting to a
