@@ -281,8 +281,8 @@ class ObjectStorage:
         ``each(offset, part)`` called on each part as it arrives (the
         client's memory, valid during the call; a retry starts at 0 again),
         never past ``size`` bytes. Its size (as read), or None if absent; a
-        stream that runs past ``size`` or ends short of it is an
-        ``IntegrityError`` naming the object (``download.hand_over``)."""
+        stream that runs past ``size`` or ends short of it is a
+        ``StorageError`` naming the object (``download.hand_over``)."""
 
         def get() -> int | None:
             result = self._get(name)
