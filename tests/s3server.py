@@ -280,7 +280,11 @@ class Lie:
         ``"longer"`` and ``"shorter"`` (a whole object's answer sent chunked,
         its Content-Length still announcing the object's size, with 100
         bytes more, or half its bytes: the client reads a chunked body to its
-        end, whatever the Content-Length says).
+        end, whatever the Content-Length says), ``"inflated"`` (a whole
+        object's answer sent chunked with all its bytes, its Content-Length
+        announcing 100 bytes more), or ``"cut"`` (a ranged answer sent
+        chunked with half its bytes, its Content-Length and Content-Range
+        still announcing all of them: the body ends early, cleanly).
     """
 
     delay: float = 0.0
@@ -383,5 +387,11 @@ class LyingProxy:
             headers.append(("Content-Length", str(len(body))))
         if kind in ("longer", "shorter") and status == 200 and req.method == "GET":
             body = body + bytes(100) if kind == "longer" else body[: len(body) // 2]
+            headers.append(("Transfer-Encoding", "chunked"))  # the Content-Length stays
+        if kind == "inflated" and status == 200 and req.method == "GET":
+            headers = [(k, v) for k, v in headers if k.lower() != "content-length"]
+            headers += [("Content-Length", str(len(body) + 100)), ("Transfer-Encoding", "chunked")]
+        if kind == "cut" and status == 206 and len(body) > 1:
+            body = body[: len(body) // 2]
             headers.append(("Transfer-Encoding", "chunked"))  # the Content-Length stays
         return status, headers, body

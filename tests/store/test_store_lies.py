@@ -1,10 +1,11 @@
 """A bucket that lies, through a proxy in front of a real SeaweedFS server:
-wrong ETags, short and reordered ranges, a shard object's stream longer or
+wrong ETags, short, cut and reordered ranges, a shard object's stream longer or
 shorter than the size its answer announced (sent chunked, which the client
-reads to its end whatever the Content-Length says), a 200 for a write it
-did not perform and a 412 for one it did. Every case ends typed, nothing unverified
-is returned, nothing is lost, and no success is reported for what did not
-happen; a transient read failure never becomes a permanent verdict."""
+reads to its end whatever the Content-Length says) or a size its HEAD
+contradicts, a 200 for a write it did not perform and a 412 for one it did.
+Every case ends typed, nothing unverified is returned, nothing is lost, and no
+success is reported for what did not happen; a transient read failure, or an
+answer that lies on every try, never becomes a permanent verdict."""
 
 from __future__ import annotations
 
@@ -15,12 +16,14 @@ from typing import Any
 
 import jax
 import numpy as np
+import obstore
 import pytest
 from click.testing import CliRunner
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from tests.s3server import Lie, LyingProxy, Request, S3Server
+from tests.store.buckets import raw_store
 from treeguard import ArtifactStore, IntegrityError, RetentionPolicy, StorageError
 from treeguard._cli.main import main
 
@@ -188,15 +191,23 @@ def test_a_read_that_fails_on_every_try_is_no_verdict(
     assert honest.info(v).status == "candidate"  # verify it again once the server is mended
 
 
-@pytest.mark.parametrize("kind", ["short", "reorder", "etag"])
+@pytest.mark.parametrize(
+    ("kind", "times"),
+    [("short", 1), ("cut", 1), ("short", 100), ("cut", 100), ("reorder", 100), ("etag", 100)],
+    ids=str,
+)
 def test_a_load_the_bucket_lies_to_returns_nothing_unverified(
-    lying: tuple[ArtifactStore, ArtifactStore], liar: Liar, kind: str
+    lying: tuple[ArtifactStore, ArtifactStore], liar: Liar, kind: str, times: int
 ) -> None:
     store, honest = lying
     v = _verified(honest, 1.0)
     honest.promote(v)
-    liar.arm(kind, "GET", "model.safetensors", times=100, data=kind != "etag")
-    with pytest.raises((IntegrityError, StorageError)):
+    liar.arm(kind, "GET", "model.safetensors", times=times, data=kind != "etag")
+    if times == 1:  # a range whose body ended early, with no error: the rest asked for again
+        assert np.array_equal(store.load_current(_params(0.0))["w"], _params(1.0)["w"])
+        assert liar.times == 0
+        return
+    with pytest.raises((IntegrityError, StorageError)):  # every try: refused
         store.load_current(_params(0.0))
     assert np.array_equal(honest.load_current(_params(0.0))["w"], _params(1.0)["w"])
 
@@ -269,3 +280,47 @@ def test_a_shard_object_streamed_past_or_short_of_its_announced_size_is_refused_
             read()
         assert liar.times < 100 and re.search(said, str(e.value), re.MULTILINE), str(e.value)
     assert honest.current() is None and np.array_equal(honest.load_version(v, like)["w"], w)
+
+
+_SHARD = "/0.4096-8192"
+
+
+@pytest.mark.parametrize("kind", ["longer", "shorter", "inflated"])
+@pytest.mark.parametrize("times", [1, 100], ids=["once", "always"])
+def test_a_shard_object_the_transport_lies_about_is_no_rejected_verdict(
+    lying: tuple[ArtifactStore, ArtifactStore], liar: Liar, s3_url: str, kind: str, times: int
+) -> None:
+    store, honest = lying
+    v, _, _ = _sharded(honest)
+    liar.arm(kind, "GET", _SHARD, times=times)
+    if times == 1:  # read again, whole: verified
+        assert store.verify(v).status == "verified"
+        assert liar.times == 0 and honest.info(v).status == "verified"
+        return
+    # a stream of another length than announced, or an announced size the object's HEAD
+    # contradicts, on every try: a failed read, not a verdict on bytes that were never seen
+    with pytest.raises(StorageError, match="for its verdict failed 3 times.*no verdict") as e:
+        store.verify(v)
+    said = rf"{re.escape(s3_url)}/versions/{v}/data-[0-9a-f]{{16}}/0\.4096-8192"
+    assert liar.times < 100 and re.search(said, str(e.value)), str(e.value)
+    assert honest.info(v).status == "candidate"  # verify it again once the server is mended
+    liar.times = 0
+    assert store.verify(v).status == "verified"
+
+
+def test_a_shard_object_stored_with_a_byte_more_is_rejected(
+    lying: tuple[ArtifactStore, ArtifactStore], s3_url: str
+) -> None:
+    store, honest = lying
+    v, _, _ = _sharded(honest)
+    name = next(
+        o["path"]
+        for batch in obstore.list(raw_store(s3_url), f"versions/{v}/")
+        for o in batch
+        if o["path"].endswith(_SHARD)
+    )
+    raw = bytes(obstore.get(raw_store(s3_url), name).bytes())
+    obstore.put(raw_store(s3_url), name, raw + b"\0")  # its HEAD and its GET agree
+    verdict = store.verify(v)
+    assert verdict.status == "rejected", verdict
+    assert f"is {len(raw) + 1} bytes, the manifest records {len(raw)}" in (verdict.reason or "")

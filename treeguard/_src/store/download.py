@@ -26,7 +26,7 @@ def hand_over(
     announced) to ``each(offset, part)`` in order; ``size``.
 
     Raises:
-      IntegrityError: naming the object at ``where`` and its size, when the
+      StorageError: naming the object at ``where`` and its size, when the
         parts run past ``size`` (before the part that would, which is never
         handed over) or end short of it.
     """

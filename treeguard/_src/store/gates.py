@@ -34,7 +34,7 @@ from typing import Any
 
 from ..errors import FormatError, IntegrityError, StoreError, TreeguardError
 from ..sharded.manifest import MANIFEST_NAME
-from . import pointer, verdicts
+from . import objecterrors, pointer, verdicts
 from .backend import Backend, Wanted
 from .layout import MODEL_FILE, check_name
 from .signing import VerdictSigner
@@ -124,6 +124,8 @@ def reading(
     relabel of every backend: bytes that hash wrong are a checkpoint that
     changed since it was ``since`` (``"put"`` or ``"verified"``), and a read
     that fails (one of ``unreadable``) is a checkpoint that no longer reads,
+    and one caused by a request to storage that failed
+    (``objecterrors.from_a_request``) a checkpoint that could not be read,
     each an ``IntegrityError`` caused by what was raised (an error that
     names the version already passes unchanged).
 
@@ -142,12 +144,17 @@ def reading(
     except IntegrityError as e:
         if e.version == version:
             raise
+        if objecterrors.from_a_request(e):  # the storage failed: nothing said of the bytes
+            what, hint = "could not be read", "check the server or a proxy in front of it; retry"
+        else:
+            what = f"changed since it was {since}"
+            hint = "do not use it; restore it from a backup, or put the weights again"
         raise IntegrityError(
-            f"version {version}: its checkpoint changed since it was {since}: {e.message}",
+            f"version {version}: its checkpoint {what}: {e.message}",
             path=e.path,
             version=version,
             context=where,
-            hint="do not use it; restore it from a backup, or put the weights again",
+            hint=hint,
         ) from e
     except unreadable as e:
         why = (

@@ -6,7 +6,9 @@ that is not the byte range asked for. They are read here, once: ``typed``
 makes a ``StorageError`` naming the operation, the object and which failure
 it was, ``permanent`` says whether a retry could mend it, and ``status``
 gives the status the server answered, and ``stream_size`` is the
-``IntegrityError`` of a streamed answer that is not the size it announced.
+``StorageError`` of a streamed answer that is not the size it announced (a
+failed request, not evidence about the stored bytes); ``from_a_request``
+says whether an error was, however deep, such a failed request.
 A credential or a byte of an answer is never put in a message.
 """
 
@@ -14,7 +16,7 @@ from __future__ import annotations
 
 import re
 
-from ..errors import IntegrityError, StorageError
+from ..errors import StorageError
 
 _STATUS_RE = re.compile(r"status code: (\d{3})")
 #: The client's words for a request that ran past its timeout (``AWS_TIMEOUT``,
@@ -106,11 +108,32 @@ def typed(e: BaseException, doing: str, where: str, scheme: str, bucket: str) ->
     return StorageError(f"{doing} failed: {why}", context=where, hint=hint)
 
 
-def stream_size(where: str, size: int, came: int, *, more: bool) -> IntegrityError:
+def from_a_request(e: BaseException) -> bool:
+    """Whether ``e`` is, or was caused (however deep in its ``__cause__``
+    chain) by, a ``StorageError``: a request to storage that failed, which
+    says nothing of the bytes stored.
+
+    Example:
+      >>> from_a_request(ValueError("hash mismatch")), from_a_request(StorageError("refused"))
+      (False, True)
+    """
+    seen: set[int] = set()
+    cause: BaseException | None = e
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, StorageError):
+            return True
+        seen.add(id(cause))
+        cause = cause.__cause__
+    return False
+
+
+def stream_size(where: str, size: int, came: int, *, more: bool) -> StorageError:
     """The error for an object whose streamed bytes are not the ``size`` it
     was read for (the size its answer announced): ``came`` bytes, and
     ``more`` when the stream ran past ``size`` (``came`` is then the bytes
-    up to the part that went past it).
+    up to the part that went past it). The answer contradicts itself, so it
+    says nothing of what is stored: a failed read, which ``verify`` reads
+    again and never makes a verdict.
 
     Example:
       >>> print(str(stream_size("s3://m/a", 1024, 1030, more=True)).splitlines()[0])
@@ -121,7 +144,7 @@ def stream_size(where: str, size: int, came: int, *, more: bool) -> IntegrityErr
         if more
         else (f"ended after {came:,} of its {size:,} bytes")
     )
-    return IntegrityError(
+    return StorageError(
         f"the object's stream {why}",
         context=where,
         hint="the server or a proxy in front of it sent other bytes than the object's; nothing "

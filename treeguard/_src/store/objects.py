@@ -281,8 +281,8 @@ class ObjectStorage:
         ``each(offset, part)`` called on each part as it arrives (the
         client's memory, valid during the call; a retry starts at 0 again),
         never past ``size`` bytes. Its size (as read), or None if absent; a
-        stream that runs past ``size`` or ends short of it is an
-        ``IntegrityError`` naming the object (``download.hand_over``)."""
+        stream that runs past ``size`` or ends short of it is a
+        ``StorageError`` naming the object (``download.hand_over``)."""
 
         def get() -> int | None:
             result = self._get(name)
@@ -533,11 +533,14 @@ class ObjectReader:
     def _chunks(self, start: int, stop: int, stopped: threading.Event) -> Iterator[Any]:
         """The bytes of ``[start, stop)`` in chunks, by one streamed GET,
         resumed from the offset reached when the network or the server
-        fails (after a pause; ``_TRIES`` failures in a row end it)."""
+        fails (after a pause; ``_TRIES`` failures in a row end it), or when
+        an answer ends before its range does (a body cut short with no
+        error: ``_TRIES`` such answers end it, whatever bytes they brought,
+        and the reader reports a short read)."""
         import obstore  # lazy: the optional [s3] extra
         from obstore.exceptions import GenericError
 
-        pos, stream, failures, pause = start, None, 0, _PAUSE
+        pos, stream, failures, short, pause = start, None, 0, 0, _PAUSE
         while pos < stop:
             try:
                 if stream is None:
@@ -558,8 +561,12 @@ class ObjectReader:
                 continue
             except Exception as e:  # noqa: BLE001 - typed by _failed
                 raise self._failed(e) from None
-            if chunk is None:
-                return  # the object ended early: the reader reports a short read
+            if chunk is None:  # the answer ended before its range: read the rest again
+                short += 1
+                if short == _TRIES or stopped.wait(_PAUSE * 2 ** (short - 1)):
+                    return  # the reader reports a short read
+                stream = None
+                continue
             failures, pause = 0, _PAUSE
             pos += len(chunk)
             self.fetched += len(chunk)

@@ -32,7 +32,7 @@ from ..errors import (
     TreeMismatchError,
 )
 from ..provenance.errors import ProvenanceError
-from . import exported, payload, pointer, records
+from . import exported, objecterrors, payload, pointer, records
 from .backend import Backend, record_of
 from .checks import Check, run_checks
 from .lead import lead_acts
@@ -318,7 +318,12 @@ def _about_the_bytes(e: Exception) -> bool:
     """Whether a failed read for a verdict says the bytes are wrong: they
     hash wrong, or are no checkpoint, as read whole; not a read that failed
     (``gates.reading`` makes those an ``IntegrityError`` caused by the
-    failure: a broken or short answer, a replaced object, an ``OSError``)."""
+    failure: a broken or short answer, a replaced object, an ``OSError``),
+    nor anything caused, however deep, by a request to object storage that
+    failed (a ``StorageError``: the network, the server, an answer that
+    contradicts itself or the object's HEAD)."""
+    if objecterrors.from_a_request(e):
+        return False
     if isinstance(e, IntegrityError):
         return not isinstance(e.__cause__, (FormatError, OSError))
     return isinstance(e, FormatError)
