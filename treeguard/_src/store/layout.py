@@ -112,6 +112,11 @@ class Layout:
     def path(self, *parts: str) -> str:
         return os.path.join(self.root, *parts)
 
+    def kind(self, *parts: str) -> str | None:
+        """What is at a path under the root: ``"dir"``, another kind of
+        file (``atomic.file_kind``), or None for nothing; no link is followed."""
+        return _kind(self.path(*parts))
+
     # -- the marker ------------------------------------------------------
 
     def exists(self) -> bool:
@@ -283,6 +288,12 @@ class Layout:
             hint="`treeguard store ls ROOT` lists the versions",
         )
 
+    def names_taken(self) -> list[str]:
+        """Every name under ``versions/``, whatever it is (a new version's
+        name takes none of them; one syscall, where ``version_names`` looks
+        at each)."""
+        return os.listdir(self.versions_dir())
+
     def version_names(self) -> list[str]:
         """The names of the real directories under ``versions/`` that may be versions."""
         base = self.versions_dir()
@@ -336,10 +347,12 @@ class Layout:
     # -- the lock --------------------------------------------------------
 
     @contextlib.contextmanager
-    def locked(self) -> Iterator[None]:
+    def locked(self, *, check: bool = True) -> Iterator[None]:
         """Holds the store's exclusive lock (``flock`` on ``.lock``), after
-        checking that the root is a store."""
-        self.require()
+        checking that the root is a store (``check``; left out by a caller
+        that reads the marker under the lock, or whose version it holds)."""
+        if check:
+            self.require()
         path = self.path(LOCK_FILE)
         flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
         try:

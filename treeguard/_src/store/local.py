@@ -14,6 +14,7 @@ import contextlib
 import os
 import secrets
 import socket
+import threading
 from collections.abc import Iterator
 from concurrent.futures import Executor, Future
 from contextlib import AbstractContextManager
@@ -69,10 +70,12 @@ class LocalBackend:
     def _areas(self) -> None:
         """Makes a dedup store's ``tensors/`` and ``doomed/`` (real directories)."""
         for name in (tensors.AREA, tensors.DOOMED):
-            path = self.layout.path(name)
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(path)
-            if os.path.islink(path) or not os.path.isdir(path):
+            kind = self.layout.kind(name)
+            if kind is None:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(self.layout.path(name))
+                kind = self.layout.kind(name)
+            if kind != "dir":
                 raise StoreError(
                     f"{name} is not a directory",
                     context=self.root,
@@ -127,8 +130,7 @@ class LocalBackend:
     # -- put -------------------------------------------------------------
 
     def put(self, offered: Offered) -> str:
-        self._open_for_put()
-        if self.layout.require().get("dedup"):
+        if self._open_for_put().get("dedup"):
             return self._put_tensors(offered)
         with self.layout.locked():
             version, path = self._reserve(offered.version, offered.user)
@@ -164,11 +166,12 @@ class LocalBackend:
                 with space.typed(reserved.result):
                     draft = laid_out(offered.tree, metadata=offered.user, digest=offered.digest)
                     early = tensorput.start(self.storage, draft, pool, reserved, offered.carried)
-                    record = pool.submit(self._stage_candidate, reserved, draft.spec)
+                    record = pool.submit(self._stage_candidate, reserved, draft.spec, early.written)
                     tensorput.put(self.storage, draft, pool, reserved, dirs=dirs, early=early)
                 self._commit_candidate(version, path, record.result(), draft.spec, pool)
             except BaseException:
-                if early is not None:  # writes not handed over
+                if early is not None:  # writes not handed over; nothing waits in vain
+                    early.written.set()
                     early.discard()
                 if record is not None:  # a live writer's temp: the directory's removal keeps it
                     with contextlib.suppress(Exception):
@@ -177,13 +180,17 @@ class LocalBackend:
                 raise
         return version
 
-    def _stage_candidate(self, reserved: Future[str], spec: TreeSpec) -> tuple[dict[str, Any], str]:
+    def _stage_candidate(
+        self, reserved: Future[str], spec: TreeSpec, written: threading.Event
+    ) -> tuple[dict[str, Any], str]:
         """The ``writing`` record read once reserved, and its candidate
-        written to a temp file (fsynced while the tensors are), for
-        ``_commit_candidate``."""
+        written to a temp file and fsynced once the tensors are
+        (``written``: tensorput.Early), for ``_commit_candidate``."""
         version, path = _named(reserved.result())
         data = records.read(path)
-        return data, records.staged(path, version, _as_candidate(data, spec))
+        candidate = _as_candidate(data, spec)
+        written.wait()
+        return data, records.staged(path, version, candidate)
 
     def _commit_candidate(
         self,
@@ -201,7 +208,7 @@ class LocalBackend:
         did not finish; nothing decides by a put's line)."""
         read, tmp = record
         later = DirSyncs()
-        with self.layout.locked():
+        with self.layout.locked(check=False):  # the store's, whose version this put reserved
             now = records.read(path)
             if now == read:
                 records.commit(path, tmp, dirs=later)
@@ -217,7 +224,7 @@ class LocalBackend:
     def _reserve_dir(self, version: str | None, user: dict[str, Any], dirs: DirSyncs) -> str:
         """``_reserve`` of a tensors version under the lock, its directories
         left to ``dirs``: its directory."""
-        with self.layout.locked():
+        with self.layout.locked(check=False):  # _reserve reads the marker under it
             return self._reserve(version, user, "tensors", dirs)[1]
 
     def put_sharded(self, offered: Offered) -> str:
@@ -250,11 +257,11 @@ class LocalBackend:
             raise
         return version
 
-    def _open_for_put(self) -> None:
+    def _open_for_put(self) -> dict[str, Any]:
+        """Makes the store if the root is empty; its marker."""
         with contextlib.suppress(FileNotFoundError):
             if self.layout.exists():
-                self.layout.require()
-                return
+                return self.layout.require()
         if os.path.isdir(self.root) and not os.path.islink(self.root):
             content = set(os.listdir(self.root))
             versions = os.path.join(self.root, "versions")
@@ -268,6 +275,7 @@ class LocalBackend:
             ):
                 self.layout.require()  # raises: a directory with content that is not a store
         self.layout.init()
+        return self.layout.require()
 
     def _reserve(
         self,
@@ -291,7 +299,7 @@ class LocalBackend:
         if version is None:
             existing = [
                 int(m.group(1))
-                for n in [*self.layout.version_names(), *marker["retired"]]
+                for n in [*self.layout.names_taken(), *marker["retired"]]
                 if (m := AUTO_RE.match(n))
             ]
             number = max([marker["counter"], *existing]) + 1
