@@ -22,11 +22,10 @@ from ..hashing import pread_into
 from ..paths import Path, keystr
 from ..strictjson import loads
 from ..walk import MAX_DEPTH
-from . import foreignheader
 from .files import read_raw_header, utf8_text
 from .foreign import check_bools, read_tensors
 from .foreignheader import ForeignHeader, foreign_header, is_foreign
-from .format import ALLOWED_DTYPES, MAX_HEADER_BYTES
+from .format import ALLOWED_DTYPES, MAX_HEADER_BYTES, refuse_too_many
 from .loading import load
 from .names import NamingRule, namer
 from .received import DEFLATE_MAX_RATIO, plain_tree, refuse_forged_claim, stored_array_bytes
@@ -100,13 +99,10 @@ def flat_names(tree: Any, names: NamingRule, name: str) -> dict[str, np.ndarray[
 
 
 def _at_most_max_tensors(count: int, name: str) -> None:
-    """Refuses a source of more than ``foreignheader.MAX_TENSORS`` tensors."""
-    if count > foreignheader.MAX_TENSORS:
-        raise FormatError(
-            f"holds more than {foreignheader.MAX_TENSORS:,} tensors; no model has that many",
-            context=name,
-            hint="a file this wide is a decompression bomb or corrupt; get a fresh copy",
-        )
+    """Refuses a source of more than ``MAX_TENSORS`` tensors."""
+    refuse_too_many(
+        count, name, hint="a file this wide is a decompression bomb or corrupt; get a fresh copy"
+    )
 
 
 def _read_safetensors(
