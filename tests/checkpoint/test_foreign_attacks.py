@@ -7,9 +7,7 @@ import io
 import json
 import os
 import shutil
-import struct
 import zipfile
-import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,6 +17,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 from machine import traced_peak
+from zips import central, eocd, local, zip64
 
 import treeguard as tg
 from treeguard._cli.main import main
@@ -378,7 +377,7 @@ def test_an_npz_archive_of_too_many_members_is_refused_before_any_is_read(tmp_pa
     one been read before the count, the refusal would name it."""
     members = [(f"w{i}.npy".encode(), b"") for i in range(LIMIT + 1)]
     path = tmp_path / "wide.npz"
-    path.write_bytes(_zip64(members))
+    path.write_bytes(zip64(members))
     with pytest.raises(tg.FormatError, match=TOO_MANY):
         tg.read_foreign(path)
 
@@ -436,71 +435,18 @@ def test_recorded_digest_beats_the_unverified_refusal(tmp_path: Path) -> None:
         assert "unverified" not in str(e.value)
 
 
-def _local(name: bytes, data: bytes) -> bytes:
-    """A stored zip member's local header and data."""
-    crc = zlib.crc32(data)
-    head = struct.pack(
-        "<IHHHHHIIIHH", 0x04034B50, 20, 0, 0, 0, 0, crc, len(data), len(data), len(name), 0
-    )
-    return head + name + data
-
-
-def _central(name: bytes, data: bytes, offset: int) -> bytes:
-    crc = zlib.crc32(data)
-    return (
-        struct.pack(
-            "<IHHHHHHIIIHHHHHII",
-            0x02014B50,
-            20,
-            20,
-            0,
-            0,
-            0,
-            0,
-            crc,
-            len(data),
-            len(data),
-            len(name),
-            0,
-            0,
-            0,
-            0,
-            0,
-            offset,
-        )
-        + name
-    )
-
-
-def _zip64(members: list[tuple[bytes, bytes]]) -> bytes:
-    """A zip archive of these stored members, its end record in the zip64 form
-    that more than 65,535 members need."""
-    local, central, offset = [], [], 0
-    for name, data in members:
-        local.append(_local(name, data))
-        central.append(_central(name, data, offset))
-        offset += len(local[-1])
-    directory = b"".join(central)
-    n = len(members)
-    end64 = struct.pack("<IQHHIIQQQQ", 0x06064B50, 44, 45, 45, 0, 0, n, n, len(directory), offset)
-    locator = struct.pack("<IIQI", 0x07064B50, 0, offset + len(directory), 1)
-    end = struct.pack("<IHHHHIIH", 0x06054B50, 0, 0, 0xFFFF, 0xFFFF, 2**32 - 1, 2**32 - 1, 0)
-    return b"".join(local) + directory + end64 + locator + end
-
-
 def test_npz_members_that_overlap_are_refused(tmp_path: Path) -> None:
     """Member a's bytes hold member b whole (the overlap a zip bomb repeats for
     every member); each reads as a valid array on its own."""
     b_data = _npy(np.zeros(256, np.float32))
-    b_entry = _local(b"b.npy", b_data)
+    b_entry = local(b"b.npy", b_data)
     a_head = _npy(np.zeros(len(b_entry), np.uint8))[: -len(b_entry)]
     a_data = a_head + b_entry
-    archive = _local(b"a.npy", a_data)
+    archive = local(b"a.npy", a_data)
     b_offset = 30 + len(b"a.npy") + len(a_head)
-    central = _central(b"a.npy", a_data, 0) + _central(b"b.npy", b_data, b_offset)
-    end = struct.pack("<IHHHHIIH", 0x06054B50, 0, 0, 2, 2, len(central), len(archive), 0)
+    directory = central(b"a.npy", a_data, 0) + central(b"b.npy", b_data, b_offset)
     path = tmp_path / "overlap.npz"
-    path.write_bytes(archive + central + end)
+    path.write_bytes(archive + directory + eocd(2, len(directory), len(archive)))
     with zipfile.ZipFile(path) as z:  # zipfile itself reads both
         assert len(z.read("a.npy")) == len(a_data) and z.read("b.npy") == b_data
     with pytest.raises(tg.FormatError, match="member 'a.npy' overlaps the next one"):
