@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 from machine import traced_peak
-from zips import zip64
+from zips import eocd, zip64
 
 import treeguard as tg
 from treeguard._cli.main import main
@@ -87,6 +87,33 @@ def test_an_npz_in_zip64_form_reads(tmp_path: Path, claimed: int | None, comment
     got = tg.read_foreign(path)
     assert sorted(got) == ["b", "w"]
     np.testing.assert_array_equal(got["w"], _W)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"PK\x05\x06" + bytes(10),
+        struct.pack("<IIQI", 0x07064B50, 0, 2**63, 1) + eocd(0xFFFF, 0, 0),
+    ],
+    ids=["eocd-cut-short", "locator-past-the-end"],
+)
+def test_end_records_cut_short_or_pointing_nowhere_are_a_format_error(
+    tmp_path: Path, raw: bytes
+) -> None:
+    """Records the count cannot read claim nothing: zipfile then says what is wrong."""
+    path = tmp_path / "bad.npz"
+    path.write_bytes(raw)
+    assert "not a readable .npz archive" in _refusal(path)
+
+
+def test_a_locator_naming_no_record_claims_nothing(tmp_path: Path) -> None:
+    """A ZIP64 locator whose offset and the bytes before it hold no ZIP64
+    record: the EOCD's count stands, and zipfile reads its empty directory."""
+    path = tmp_path / "empty.npz"
+    path.write_bytes(
+        b"PK\x03\x04" + bytes(60) + struct.pack("<IIQI", 0x07064B50, 0, 0, 1) + eocd(1, 0, 0)
+    )
+    assert tg.read_foreign(path) == {}
 
 
 @pytest.mark.slow

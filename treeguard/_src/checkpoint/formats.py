@@ -121,8 +121,8 @@ def _read_safetensors(
 def _read_npz(fd: int, name: str) -> dict[str, np.ndarray[Any, Any]]:
     size = os.fstat(fd).st_size
     out: dict[str, np.ndarray[Any, Any]] = {}
-    _at_most_max_tensors(claimed_entries(fd, size), name)  # before zipfile reads the directory
     try:
+        _at_most_max_tensors(claimed_entries(fd, size), name)  # before zipfile reads the directory
         with os.fdopen(os.dup(fd), "rb") as f, zipfile.ZipFile(f) as zf:
             _at_most_max_tensors(len(zf.infolist()), name)  # what it holds, whatever it claims
             _no_overlap(zf, name)

@@ -53,20 +53,27 @@ def _eocd_at(fd: int, size: int) -> int | None:
     return start + found
 
 
+def _record(fd: int, kind: struct.Struct, offset: int, sig: bytes) -> tuple[int, ...] | None:
+    """The record of ``kind`` at ``offset``, or None where another signature
+    is there, or too few bytes (the file shrank since its size was taken)."""
+    data = _read(fd, offset, kind.size) if offset >= 0 else b""
+    if len(data) < kind.size or data[:4] != sig:
+        return None
+    return tuple(int(x) for x in kind.unpack(data)[1:])
+
+
 def _eocd64_counts(fd: int, at: int) -> int:
     """The most entries a ZIP64 EOCD claims, as the locator before ``at`` points
     to it (0 where there is none)."""
-    if at < _LOCATOR.size:
-        return 0
-    sig, _, offset, _ = _LOCATOR.unpack(_read(fd, at - _LOCATOR.size, _LOCATOR.size))
-    if sig != _LOCATOR_SIG:
+    locator = _record(fd, _LOCATOR, at - _LOCATOR.size, _LOCATOR_SIG)
+    if locator is None:
         return 0
     most = 0
-    for place in {at - _LOCATOR.size - _EOCD64.size, offset}:
-        if 0 <= place <= at - _EOCD64.size:
-            record = _EOCD64.unpack(_read(fd, place, _EOCD64.size))
-            if record[0] == _EOCD64_SIG:
-                most = max(most, int(record[6]), int(record[7]))
+    for place in {at - _LOCATOR.size - _EOCD64.size, locator[1]}:
+        if place <= at - _EOCD64.size:
+            record = _record(fd, _EOCD64, place, _EOCD64_SIG)
+            if record is not None:
+                most = max(most, record[5], record[6])
     return most
 
 
@@ -87,7 +94,7 @@ def claimed_entries(fd: int, size: int) -> int:
       >>> os.close(fd); os.remove(path)
     """
     at = _eocd_at(fd, size)
-    if at is None:
+    eocd = None if at is None else _record(fd, _EOCD, at, _EOCD_SIG)
+    if at is None or eocd is None:
         return 0
-    eocd = _EOCD.unpack(_read(fd, at, _EOCD.size))
-    return max(int(eocd[3]), int(eocd[4]), _eocd64_counts(fd, at))
+    return max(eocd[2], eocd[3], _eocd64_counts(fd, at))
