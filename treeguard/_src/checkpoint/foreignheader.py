@@ -114,7 +114,8 @@ def foreign_header(doc: dict[str, Any], header_bytes: int, size: int, name: str)
     if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
         raise FormatError("__metadata__ must be a map of strings", context=name, hint=BAD_FILE_HINT)
     data_bytes = size - 8 - header_bytes
-    # the header of the usual form was counted as it was read (``files.read_raw_header``)
+    # a header read as JSON is counted here; one of the usual form was counted from its
+    # bytes before its records were built (``files.read_raw_header``)
     refuse_too_many(len(doc) - ("__metadata__" in doc), name, hint=BAD_FILE_HINT)
     tensors: list[ForeignTensor] = []
     for tensor, entry in doc.items():
