@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 from corpus import seed_params
+from zips import zip64
 
 import treeguard as tg
 from treeguard.provenance import PublicKey, generate_keys
@@ -264,6 +265,18 @@ def test_header_json_cost_message(tmp_path: Any) -> None:
         "objects, over the 13,194,340 its reader allows\n"
         "hint: this is not a file treeguard.save wrote, or it was damaged; restore the file "
         "from a verified copy (ArtifactStore.rollback) or save it again"
+    )
+
+
+def test_npz_of_too_many_members_message(tmp_path: Any) -> None:
+    """Given once for an archive that claims too many members (its end
+    records) and for one that holds them (its directory, as zipfile read it):
+    the two counts are pinned to this text in tests/checkpoint/test_foreign_counts.py."""
+    path = tmp_path / "wide.npz"
+    path.write_bytes(zip64([(b"w.npy", b"")], claimed=1_000_001))
+    assert _message(tg.read_foreign, path) == (
+        f"{path}: holds more than 1,000,000 tensors; no model has that many\n"
+        "hint: a file this wide is a decompression bomb or corrupt; get a fresh copy"
     )
 
 

@@ -15,9 +15,9 @@ from typing import Any
 from ..atomic import open_regular
 from ..errors import FormatError
 from ..hashing import Source, announce, pread_into, source_size
-from .format import ENTRY_KEYS, MAX_HEADER_BYTES
+from .format import BAD_FILE_HINT, ENTRY_KEYS, MAX_HEADER_BYTES, MAX_TENSORS, refuse_too_many
 from .header import strict_loads, table_budget
-from .table import Buffer, scan
+from .table import Buffer, entries_past, scan
 
 _PICKLE_HINT = (
     "this looks like a pickle or zip (torch) file; treeguard never unpickles. "
@@ -66,9 +66,13 @@ def read_raw_header(
     with ``whole`` (the caller reads every byte next), the whole file is
     announced instead, so its data arrives while the header is parsed.
 
+    A header of more than ``MAX_TENSORS`` entries of the usual form is
+    refused when they are counted from its bytes, before any record is built.
+
     Raises:
       FormatError: for a file too short, a header too long or beyond the
-        file, bytes that are not UTF-8 JSON of one object.
+        file, bytes that are not UTF-8 JSON of one object, a header of too
+        many entries.
     """
     size = source_size(fd)
     if size < 8:
@@ -106,6 +110,8 @@ def read_raw_header(
                 raise FormatError("the file shrank while its header was read", context=name)
         if raw[:1] != b"{":
             raise FormatError("the header is not a JSON object", context=name, hint=hint)
+        if entries_past(raw, MAX_TENSORS):  # counted before a record is built
+            refuse_too_many(MAX_TENSORS + 1, name, hint=BAD_FILE_HINT)
         doc = scan(raw, table_budget(n))  # the usual form, into records costed first
         text = utf8_text(raw, "the header is", name) if doc is None else None
     if text is not None:  # any other, as JSON, measured before it is parsed

@@ -35,7 +35,8 @@ from ..leaf import summarize
 from ..mismatch import Mismatch
 from ..paths import Path, keystr, parse_user_path, starts_with
 from ..spec import LeafSpec, TreeSpec
-from .foreignheader import BAD_FILE_HINT, ForeignHeader, tensor_name
+from .foreignheader import ForeignHeader, tensor_name
+from .format import BAD_FILE_HINT
 from .migrate import flat_mismatches
 from .names import NamingRule, index_once, namer, nest, rule_label, style_of
 from .restore import as_like, build_like, read_ranges, walk_like

@@ -24,7 +24,17 @@ from ..leaf import dtype_of, summarize
 from ..spec import TreeSpec
 from ..specjson import FORMAT as SPEC_FORMAT
 from .files import open_checkpoint, read_raw_header
-from .format import FOREIGN, K_FORMAT, MAX_NDIM, Framed, StoredTensor, data_offsets, ok_int
+from .format import (
+    BAD_FILE_HINT,
+    FOREIGN,
+    K_FORMAT,
+    MAX_NDIM,
+    Framed,
+    StoredTensor,
+    data_offsets,
+    ok_int,
+    refuse_too_many,
+)
 from .table import expanded
 
 #: safetensors dtype name -> numpy dtype name, for every dtype a foreign file may hold.
@@ -32,16 +42,8 @@ FOREIGN_DTYPES: dict[str, str] = {**FOREIGN, "F8_E8M0": "float8_e8m0fnu"}  # ml_
 #: Sub-byte dtypes are packed several to a byte; no numpy dtype holds them one per element.
 _PACKED = ("F4", "F6_E2M3", "F6_E3M2")
 
-#: The hint of every refusal of a foreign header.
-BAD_FILE_HINT = (
-    "the header does not describe the file (truncated, or a forged header); "
-    "get a fresh copy from where the weights came from"
-)
 #: The most bytes numpy lets an array's axes span, counting a 0 axis as 1.
 MAX_ARRAY_BYTES = 2**63 - 1
-#: The most tensors a foreign file may hold (a large mixture of experts holds about 10**5);
-#: each one costs Python objects many times its bytes in the file.
-MAX_TENSORS = 1_000_000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,12 +114,9 @@ def foreign_header(doc: dict[str, Any], header_bytes: int, size: int, name: str)
     if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
         raise FormatError("__metadata__ must be a map of strings", context=name, hint=BAD_FILE_HINT)
     data_bytes = size - 8 - header_bytes
-    if len(doc) - ("__metadata__" in doc) > MAX_TENSORS:
-        raise FormatError(
-            f"holds more than {MAX_TENSORS:,} tensors; no model has that many",
-            context=name,
-            hint=BAD_FILE_HINT,
-        )
+    # a header read as JSON is counted here; one of the usual form was counted from its
+    # bytes before its records were built (``files.read_raw_header``)
+    refuse_too_many(len(doc) - ("__metadata__" in doc), name, hint=BAD_FILE_HINT)
     tensors: list[ForeignTensor] = []
     for tensor, entry in doc.items():
         if tensor == "__metadata__":

@@ -58,6 +58,16 @@ _FORMAT_RE = re.compile(r"^treeguard\.checkpoint/(\d{1,9})$")
 
 #: The largest header read, as in the safetensors reference reader.
 MAX_HEADER_BYTES = 100_000_000
+#: The most tensors a file may hold (a large mixture of experts holds about 10**5);
+#: each one costs Python objects many times its bytes in the file. No treeguard
+#: header comes near it: each of its tensors has an entry and a 64-digit hash,
+#: over 100 bytes, so ``MAX_HEADER_BYTES`` holds fewer than a million.
+MAX_TENSORS = 1_000_000
+#: The hint of every refusal of a foreign header.
+BAD_FILE_HINT = (
+    "the header does not describe the file (truncated, or a forged header); "
+    "get a fresh copy from where the weights came from"
+)
 #: What reading a header may cost in objects: its tensor table and
 #: ``__metadata__``'s strings, then the stored spec (its records, or its JSON
 #: and the ``TreeSpec`` built from it) and the hashes, environment and
@@ -349,3 +359,21 @@ def data_offsets(entry: Mapping[str, Any], bad: Callable[[str], FormatError]) ->
     if begin > end:
         raise bad(f"data_offsets {offsets} run backwards")
     return begin, end
+
+
+def refuse_too_many(count: int, name: str, *, hint: str) -> None:
+    """Refuses a file that holds (or claims) more than ``MAX_TENSORS`` tensors:
+    the one refusal of every reader that counts them, early or late.
+
+    Raises:
+      FormatError: naming the limit, for a ``count`` over it.
+
+    Example:
+      >>> refuse_too_many(MAX_TENSORS, "f", hint="")
+    """
+    if count > MAX_TENSORS:
+        raise FormatError(
+            f"holds more than {MAX_TENSORS:,} tensors; no model has that many",
+            context=name,
+            hint=hint,
+        )

@@ -1,7 +1,9 @@
 """One reader per foreign format, each through its own library, into a flat
 ``{tensor name: numpy array}`` (or, for our own file, its verified tree):
-safetensors, ``.npz`` (every member's ``.npy`` header checked before any
-array is allocated; object arrays refused, so pickle is never reached), flax
+safetensors, ``.npz`` (its entry count, as its end records claim it, checked
+before ``zipfile`` reads its directory, and as ``zipfile`` read it after;
+every member's ``.npy`` header checked before any array is allocated; object
+arrays refused, so pickle is never reached), flax
 msgpack and orbax directories (their JSON read strictly first). Nested
 sources are named by the same rule as flat ones (``flat_names``).
 """
@@ -22,14 +24,14 @@ from ..hashing import pread_into
 from ..paths import Path, keystr
 from ..strictjson import loads
 from ..walk import MAX_DEPTH
-from . import foreignheader
 from .files import read_raw_header, utf8_text
 from .foreign import check_bools, read_tensors
 from .foreignheader import ForeignHeader, foreign_header, is_foreign
-from .format import ALLOWED_DTYPES, MAX_HEADER_BYTES
+from .format import ALLOWED_DTYPES, MAX_HEADER_BYTES, refuse_too_many
 from .loading import load
 from .names import NamingRule, namer
 from .received import DEFLATE_MAX_RATIO, plain_tree, refuse_forged_claim, stored_array_bytes
+from .zipend import claimed_entries
 
 SourceKind = Literal["safetensors", "treeguard", "npz", "msgpack", "orbax"]
 
@@ -100,13 +102,10 @@ def flat_names(tree: Any, names: NamingRule, name: str) -> dict[str, np.ndarray[
 
 
 def _at_most_max_tensors(count: int, name: str) -> None:
-    """Refuses a source of more than ``foreignheader.MAX_TENSORS`` tensors."""
-    if count > foreignheader.MAX_TENSORS:
-        raise FormatError(
-            f"holds more than {foreignheader.MAX_TENSORS:,} tensors; no model has that many",
-            context=name,
-            hint="a file this wide is a decompression bomb or corrupt; get a fresh copy",
-        )
+    """Refuses a source of more than ``MAX_TENSORS`` tensors."""
+    refuse_too_many(
+        count, name, hint="a file this wide is a decompression bomb or corrupt; get a fresh copy"
+    )
 
 
 def _read_safetensors(
@@ -123,8 +122,9 @@ def _read_npz(fd: int, name: str) -> dict[str, np.ndarray[Any, Any]]:
     size = os.fstat(fd).st_size
     out: dict[str, np.ndarray[Any, Any]] = {}
     try:
+        _at_most_max_tensors(claimed_entries(fd, size), name)  # before zipfile reads the directory
         with os.fdopen(os.dup(fd), "rb") as f, zipfile.ZipFile(f) as zf:
-            _at_most_max_tensors(len(zf.infolist()), name)
+            _at_most_max_tensors(len(zf.infolist()), name)  # what it holds, whatever it claims
             _no_overlap(zf, name)
             for info in zf.infolist():
                 key = _member_name(info.filename, name)

@@ -12,6 +12,10 @@ and metadata string is decoded once, and what each record will cost is
 computed from its bytes before it is built, so a table that would cost more
 than its budget is given up before it does.
 
+``entries_past`` counts the entries ``scan`` would read, by the same
+grammar and building nothing, so that a header of too many is refused
+before a record is made of any.
+
 ``scan`` never refuses a header: anything else (another field, a
 duplicate key, an escape it cannot decode, a table over its budget) returns
 None, and the caller parses the header with ``strictjson.loads``, which
@@ -308,6 +312,58 @@ def scan(raw: Buffer, budget: int) -> dict[str, Any] | None:
             if last == b"}":
                 break
     return state.doc if _blank_to_end(raw, pos) else None
+
+
+#: A key every entry ``scan`` reads holds, as these bytes: no string token holds
+#: them but at its end (a quote inside one is escaped), so they are counted alike.
+_OFFSETS_KEY = b'"data_offsets"'
+#: The shortest entry ``scan`` reads, with the byte after it.
+_SHORTEST_ENTRY = len(b'"":{"dtype":"X","shape":[],"data_offsets":[0,0]},')
+
+
+def entries_past(raw: Buffer, most: int) -> bool:
+    """Whether ``scan`` would read more than ``most`` entries from ``raw``:
+    counted by its grammar alone, stopping at the first past ``most``, no name
+    decoded and no record built. Only bytes that could hold so many entries
+    are matched at all: enough of them for that many of the shortest entry,
+    holding the key ``"data_offsets"`` more than ``most`` times.
+
+    Example:
+      >>> entry = b'"w%d":{"dtype":"U8","shape":[0],"data_offsets":[0,0]}'
+      >>> raw = b"{" + b",".join(entry % i for i in range(3)) + b"}"
+      >>> entries_past(raw, 2), entries_past(raw, 3)
+      (True, False)
+    """
+    if len(raw) <= most * _SHORTEST_ENTRY or not _holds_more(raw, _OFFSETS_KEY, most):
+        return False
+    opening = _OPEN.match(raw)
+    if opening is None:
+        return False
+    pos, count = opening.end(), 0
+    while count <= most:
+        m = _USUAL.match(raw, pos) or _other_order(raw, pos)
+        if m is None:
+            m = _META.match(raw, pos)
+            if m is None:
+                return False  # the scan stops here too, and so would count no more
+        else:
+            count += 1
+        pos = m.end()
+        if raw[pos - 1 : pos] == b"}":  # each pattern ends with the byte after its value
+            return count > most
+    return True
+
+
+def _holds_more(raw: Buffer, token: bytes, most: int) -> bool:
+    """Whether ``raw`` holds ``token`` more than ``most`` times (an ``mmap``
+    has no ``count``)."""
+    at, found = raw.find(token), 0
+    while at >= 0:
+        found += 1
+        if found > most:
+            return True
+        at = raw.find(token, at + len(token))
+    return False
 
 
 def _other_order(raw: Buffer, pos: int) -> re.Match[bytes] | None:
