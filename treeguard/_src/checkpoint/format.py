@@ -128,6 +128,14 @@ ML_DTYPES = (
 ALLOWED_DTYPES: frozenset[str] = frozenset([*NATIVE, "complex128", *ML_DTYPES])
 
 _RESTORE_HINT = "restore the file from a verified copy (ArtifactStore.rollback) or save it again"
+#: The fix for a header over its budget, which may be one ``save`` wrote.
+OVER_BUDGET_HINT = (
+    f"a reader allows {TABLE_COST_PER_BYTE} bytes of objects per byte of header past "
+    f"{TABLE_FREE_COST >> 20} MiB, and no option raises it; a file treeguard.save wrote for a "
+    "tree of very many leaves or keys each of its own can be over it: read its tensors "
+    "unverified with safetensors.numpy.load_file and save them as fewer leaves; a damaged "
+    "file: " + _RESTORE_HINT
+)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -40,6 +40,7 @@ from .format import (
     K_META,
     K_SPEC,
     MAX_NDIM,
+    OVER_BUDGET_HINT,
     TABLE_COST_PER_BYTE,
     TABLE_FREE_COST,
     Header,
@@ -62,10 +63,16 @@ def strict_loads(
     budget: int | None = None,
     shared_keys: Sequence[str] = (),
 ) -> Any:
-    """``strictjson.loads`` with the checkpoint's hint (and ``budget``, the
+    """``strictjson.loads`` with the checkpoint's hints (and ``budget``, the
     most bytes its objects may take, and its ``shared_keys``)."""
     return loads(
-        text, what, context=context, hint=_NOT_OURS, budget=budget, shared_keys=shared_keys
+        text,
+        what,
+        context=context,
+        hint=_NOT_OURS,
+        budget=budget,
+        over_hint=OVER_BUDGET_HINT,
+        shared_keys=shared_keys,
     )
 
 
@@ -235,11 +242,13 @@ def _stored_spec(meta: dict[str, str], left: int, name: str) -> tuple[TreeSpec, 
     if found is not None:
         return TreeSpec(found[0], found[1]), left - found[2]
     try:
-        doc = loads(text, "spec", budget=max(0, left - sys.getsizeof(text)) // 2, share=_is_leaf)
+        budget = max(0, left - sys.getsizeof(text)) // 2
+        doc = loads(text, "spec", budget=budget, over_hint=OVER_BUDGET_HINT, share=_is_leaf)
         del text
         return TreeSpec.from_dict(doc), left // 2
     except FormatError as e:
-        raise FormatError(f"{K_SPEC}: {e.message}", context=name, hint=_NOT_OURS) from e
+        hint = OVER_BUDGET_HINT if e.hint == OVER_BUDGET_HINT else _NOT_OURS
+        raise FormatError(f"{K_SPEC}: {e.message}", context=name, hint=hint) from e
 
 
 def _is_leaf(node: dict[str, Any]) -> bool:
@@ -344,6 +353,8 @@ def _check_table_names(table: Sequence[str], names: Sequence[str], name: str) ->
     """The tensor table names exactly the spec's leaves, one to one, in flatten order."""
     for tensor in table:
         check_name(tensor, name)
+    if len(table) == len(names) and all(t == n for t, n in zip(table, names)):
+        return  # as save writes it: no set of either built
     known, listed = set(names), set(table)  # once: a set per name made this quadratic
     unknown = [t for t in table if t not in known]
     if unknown:
