@@ -111,8 +111,10 @@ def header_from_doc(doc: dict[str, Any], header_bytes: int, size: int, name: str
     spec, left = _stored_spec(meta, left, name)
     found, left = _digests(meta, doc, left)
     *hashes, env, user = _json_objects(meta, left, name)
-    names = leaf_names(spec, name)
-    _check_table_names(list(doc), names, name)
+    listed = list(doc)
+    names = leaf_names(spec, name, listed)
+    _check_table_names(listed, names, name)
+    del listed
     digests: Sequence[Any] | None = found  # the table's names, in its order, where read so
     if digests is None:
         if set(hashes[0]) != set(names):
@@ -334,15 +336,16 @@ def _tensor_infos(  # noqa: PLR0917 - one call site, every argument needed
     return tuple(tensors)
 
 
-def leaf_names(spec: TreeSpec, name: str) -> list[str]:
+def leaf_names(spec: TreeSpec, name: str, listed: Sequence[str] = ()) -> list[str]:
     """The tensor names a stored spec gives its leaves, checked to be distinct.
 
     A spec that passed ``TreeSpec.from_json`` has distinct, readable entries
     in every node, so distinct names follow; this is checked again here
-    because the names are what the tensors are matched by.
+    because the names are what the tensors are matched by. Names equal, in
+    order, to ``listed`` (a table's keys, distinct) need no set to show it.
     """
     names = [keystr(p) for p in spec.paths]
-    if len(set(names)) != len(names):
+    if names != listed and len(set(names)) != len(names):
         raise FormatError(
             "two leaves of the stored spec share one key path", context=name, hint=_NOT_OURS
         )
