@@ -263,8 +263,11 @@ def test_header_json_cost_message(tmp_path: Any) -> None:
     assert _message(tg.read_header, path) == (
         f"{path}: the header: its 3,000,012 bytes of JSON would take about 104,000,371 bytes of "
         "objects, over the 13,194,340 its reader allows\n"
-        "hint: this is not a file treeguard.save wrote, or it was damaged; restore the file "
-        "from a verified copy (ArtifactStore.rollback) or save it again"
+        "hint: a reader allows 3 bytes of objects per byte of header past 4 MiB, and no option "
+        "raises it; a file treeguard.save wrote for a tree of very many leaves or keys each of "
+        "its own can be over it: read its tensors unverified with safetensors.numpy.load_file "
+        "and save them as fewer leaves; a damaged file: restore the file from a verified copy "
+        "(ArtifactStore.rollback) or save it again"
     )
 
 

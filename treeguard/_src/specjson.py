@@ -9,6 +9,8 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+import numpy as np
+
 from .errors import FormatError, InvalidTreeError
 from .keydtype import dtype_name
 from .leaf import Record, dtype_of
@@ -20,7 +22,7 @@ FORMAT = "treeguard.spec/1"
 FORMAT_VERSION = 1
 _FORMAT_RE = re.compile(r"^treeguard\.spec/(\d{1,9})$")
 #: The largest size a spec's dimension may give (any real array is smaller).
-_MAX_DIM = 2**62
+MAX_DIM = 2**62
 
 
 def encode(root: Node, records: Sequence[Record]) -> dict[str, Any]:
@@ -207,12 +209,28 @@ def leaf_record(d: dict[str, Any], where: str) -> Record:
     """
     shape = d.get("shape")
     if not isinstance(shape, list) or not all(
-        (isinstance(x, int) and not isinstance(x, bool) and 0 <= x <= _MAX_DIM)
+        (isinstance(x, int) and not isinstance(x, bool) and 0 <= x <= MAX_DIM)
         or (isinstance(x, str) and x)
         for x in shape
     ):
         raise FormatError(f"{where}: bad shape {short_repr(shape)}")
-    text = d.get("dtype")
+    dtype = leaf_dtype(d.get("dtype"), where)
+    weak = d.get("weak_type")
+    if weak is not None and not isinstance(weak, bool):
+        raise FormatError(f"{where}: weak_type must be true, false or null")
+    sharding = d.get("sharding")
+    if sharding is not None and not isinstance(sharding, str):
+        raise FormatError(f"{where}: sharding must be a string")
+    return (tuple(shape), dtype, weak, sharding)
+
+
+def leaf_dtype(text: Any, where: str) -> np.dtype[Any]:
+    """A leaf's ``dtype`` field read: a name of a dtype of native byte order.
+
+    Raises:
+      FormatError: naming ``where``, for a field of another type, a name of
+        no dtype or a dtype of non-native byte order.
+    """
     if text is not None and not isinstance(text, str):
         raise FormatError(f"{where}: dtype must be a string, not {type(text).__name__}")
     dtype = dtype_of(text)
@@ -221,13 +239,7 @@ def leaf_record(d: dict[str, Any], where: str) -> Record:
             f"{where}: dtype {str(text)[:20]!r} has non-native byte order; a spec names dtypes "
             "by name (float32), stored in native order"
         )
-    weak = d.get("weak_type")
-    if weak is not None and not isinstance(weak, bool):
-        raise FormatError(f"{where}: weak_type must be true, false or null")
-    sharding = d.get("sharding")
-    if sharding is not None and not isinstance(sharding, str):
-        raise FormatError(f"{where}: sharding must be a string")
-    return (tuple(shape), dtype, weak, sharding)
+    return dtype
 
 
 #: The entry kind each container kind's children carry.

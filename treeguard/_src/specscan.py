@@ -6,10 +6,13 @@ string per key and kind, and ``specjson.decode`` then builds the ``Node``
 tree and records beside them: together several times the text. ``scan``
 reads the form ``TreeSpec.to_json`` writes (keys sorted, ``", "`` and
 ``": "`` between them) with a few regular expressions, one match per child:
-each key string is interned, each leaf's text is read once and its record
-(shape and dtype) shared by every equal leaf, and what each object costs is
-added to the total before it is built, so a spec that would cost more than
-its budget is given up before it does.
+each key string is interned, each leaf's fields are read from its match
+(its sizes as integers, its dtype once per name) into a record (a tuple of
+shape, dtype, weak type and sharding) shared by every equal leaf, and what
+each object costs is added to the total before it is built, so a spec that
+would cost more than its budget is given up before it does. The memos that
+share key strings and records hold at most ``MEMO_SIZE`` each: a spec whose
+every leaf or key is its own pays for no slot past them.
 
 ``scan`` never refuses a spec: anything else (another key order or spacing,
 a key of a type other than a string or an integer, a field of a wrong
@@ -25,11 +28,14 @@ import re
 import sys
 from typing import Any
 
+import numpy as np
+
 from .errors import FormatError
-from .leaf import Record
-from .specjson import check_format, container, entry_from_json, leaf_record
+from .leaf import Record, Shape
+from .specjson import MAX_DIM, check_format, container, entry_from_json, leaf_dtype, leaf_record
 from .strictjson import MAX_DEPTH as STRICT_DEPTH
-from .strictjson import MAX_INT_DIGITS, Shape, loads
+from .strictjson import MAX_INT_DIGITS, loads
+from .strictjson import Shape as Measure
 from .walk import LEAF, MAX_DEPTH, Node, keys_ascending, node_key_problems
 
 _STR = r'"[^"\\\x00-\x1f]*+(?:\\[^\x00-\x1f][^"\\\x00-\x1f]*+)*+"'
@@ -39,9 +45,14 @@ _ENTRY_KINDS = ("key", "index", "attr", "flat")
 _CONTAINER_KINDS = ("dict", "list", "tuple", "namedtuple", "custom", "none")
 _CHILD = re.compile(rf'\[\["({"|".join(_ENTRY_KINDS)})", ({_STR}|{_INT})\], ')
 _LEAF = re.compile(
-    rf'\{{"dtype": {_STR}, "kind": "leaf", "shape": \[(?:[^\]"]|{_STR})*+\]'
-    rf'(?:, "sharding": {_STR})?, "weak_type": (?:true|false|null)\}}'
+    rf'\{{"dtype": ({_STR}), "kind": "leaf", "shape": \[((?:[^\]"]|{_STR})*+)\]'
+    rf'(?:, "sharding": ({_STR}))?, "weak_type": (true|false|null)\}}'
 )
+#: A shape's sizes as ``to_json`` writes them: plain integers of at most
+#: ``MAX_INT_DIGITS`` digits (any other is read from the leaf's JSON).
+_SIZE = rf"(?:0|[1-9][0-9]{{0,{MAX_INT_DIGITS - 1}}})"
+_SIZES = re.compile(rf"(?:{_SIZE}(?:, {_SIZE})*)?")
+_WEAK = {"true": True, "false": False, "null": None}
 _AUX = re.compile(r'\{"aux": ')
 _AUX_REPR = re.compile(rf', "aux_repr": ({_STR})')
 _CHILDREN = re.compile(r'\{"children": \[')
@@ -68,8 +79,17 @@ RECORD_SLOT_COST = 16
 #: tuple and a slot of a dict).
 NODE_COST = sys.getsizeof(LEAF) + 2 * TUPLE_COST
 FRAME_COST, SHARED_COST = 80 + 2 * 56, 72 + 72
-#: A leaf's record: its tuple and its dtype (numpy's own, or a key dtype).
-RECORD_COST = TUPLE_COST + 4 * 8 + 200
+#: A leaf's record: its tuple of four.
+RECORD_COST = TUPLE_COST + 4 * 8
+#: How many distinct records, key strings and shardings a scan keeps to
+#: share with the equal ones read after them (a slot of a dict each); each
+#: new one past them is built on its own and costs only itself, so a spec of
+#: leaves or keys each of its own pays no slot for each (models repeat a few
+#: hundred at most).
+MEMO_SIZE = 1 << 12
+#: A dtype read from a name: numpy's own dtypes are one object each, a key
+#: dtype may be a new one (kept once per name, with its name and its slot).
+DTYPE_COST = 200
 
 
 def _str_cost(text: str) -> int:
@@ -97,7 +117,7 @@ class _Frame:
 
     def __init__(self, aux: Any, aux_repr: str | None, strings: int) -> None:
         self.aux, self.aux_repr = aux, aux_repr
-        self.strings = strings  # how many strings were kept when it opened
+        self.strings = strings  # how many key strings were new when it opened
         self.entries: list[Any] = []  # (kind, key) tuples, checked when the node is built
         self.children: list[Node] = []
 
@@ -112,8 +132,11 @@ class _SpecScan:
     def __init__(self, text: str, budget: int) -> None:
         self.text, self.budget, self.cost = text, budget, 0
         self.records: list[Record] = []
-        self.leaves: dict[str, Record] = {}  # a leaf's text -> its record
+        self.kept_records: dict[Record, Record] = {}  # each distinct record kept once
+        self.dtypes: dict[str, np.dtype[Any]] = {}  # a dtype's token -> the dtype
+        self.leaf_strings: dict[str, str] = {}  # a sharding's token -> its text
         self.strings: dict[str, str] = {}  # each key string kept once
+        self.new_strings = 0  # key strings found in no memo: read for the first time, or not kept
         self.nodes: dict[tuple[Any, ...], Node] = {}  # each container kept once
 
     def charge(self, cost: int) -> None:
@@ -127,25 +150,72 @@ class _SpecScan:
             raise _Over
         return m
 
-    def leaf(self, text: str) -> None:
-        """Adds the record of a leaf of this text, shared with every equal leaf's."""
+    def leaf(self, m: re.Match[str]) -> None:
+        """Adds the record of the leaf ``m`` matched (``_LEAF``): one tuple
+        shared by every equal leaf, its dtype and sharding kept once each."""
         self.charge(RECORD_SLOT_COST)
-        record = self.leaves.get(text)
-        if record is None:
-            doc_cost = Shape.of(text).cost  # held only while the record is built
-            self.charge(_str_cost(text) + DICT_SLOT_COST + RECORD_COST)
-            if self.cost + doc_cost > self.budget:
-                raise _Over
-            try:  # the strings checked as strictjson checks them
-                record = leaf_record(loads(text, "leaf"), "")
+        dtype_token, sizes, sharding_token, weak = m.groups()
+        shape: Shape | None = _sizes(sizes)
+        if shape is None:  # a symbolic size, or sizes spaced otherwise
+            shape, dtype, _, sharding = self.leaf_json(m.group())  # its weak_type as matched
+        else:
+            dtype = self.dtype(dtype_token)
+            sharding = None if sharding_token is None else self.leaf_string(sharding_token)
+        held = _shape_cost(shape)
+        self.charge(held)
+        record = (shape, dtype, _WEAK[weak], sharding)
+        kept = self.kept_records.get(record)
+        if kept is not None:  # ``record`` and its shape dropped
+            self.cost -= held
+            record = kept
+        elif len(self.kept_records) < MEMO_SIZE:
+            self.charge(RECORD_COST + DICT_SLOT_COST)
+            self.kept_records[record] = record
+        else:
+            self.charge(RECORD_COST)
+        self.records.append(record)
+
+    def leaf_json(self, text: str) -> Record:
+        """The record of a leaf's ``text`` read as JSON (its sizes as they
+        come), its dtype and sharding costed as its own."""
+        doc_cost = Measure.of(text).cost  # held only while the record is built
+        if self.cost + doc_cost > self.budget:
+            raise _Over
+        try:  # the strings checked as strictjson checks them
+            record = leaf_record(loads(text, "leaf"), "")
+        except FormatError:
+            raise _Over from None
+        sharding = record[3]
+        self.charge(DTYPE_COST + (0 if sharding is None else _str_cost(sharding)))
+        return record
+
+    def dtype(self, token: str) -> np.dtype[Any]:
+        """The dtype a leaf's ``dtype`` token names, read once per token."""
+        dtype = self.dtypes.get(token)
+        if dtype is None:
+            self.charge(_str_cost(token) + DICT_SLOT_COST + DTYPE_COST)
+            name = _string(token)
+            try:
+                if name is None:
+                    raise _Over
+                dtype = self.dtypes[token] = leaf_dtype(name, "")
             except FormatError:
                 raise _Over from None
-            shape, dtype, weak, sharding = record
-            self.charge(TUPLE_COST + sum(8 + _dim_cost(d) for d in shape))
-            if sharding is not None:
-                self.charge(_str_cost(sharding))
-            self.leaves[text] = record = (tuple(shape), dtype, weak, sharding)
-        self.records.append(record)
+        return dtype
+
+    def leaf_string(self, token: str) -> str:
+        """A leaf's sharding token decoded, kept once however often it is read."""
+        text = self.leaf_strings.get(token)
+        if text is None:
+            text = _string(token)
+            if text is None:
+                raise _Over
+            if len(self.leaf_strings) < MEMO_SIZE:
+                self.charge(_str_cost(token) + _str_cost(text) + DICT_SLOT_COST)
+                self.leaf_strings[token] = text
+            else:
+                self.charge(_str_cost(text))
+        return text
 
     def entry(self, pos: int) -> tuple[tuple[str, Any], int]:
         """A child's ``[kind, key]`` at ``pos``, its key string interned."""
@@ -165,8 +235,13 @@ class _SpecScan:
         if text is None:
             raise _Over
         if (kept := self.strings.get(text)) is None:
-            self.charge(_str_cost(text) + DICT_SLOT_COST)
-            kept = self.strings[text] = text
+            self.new_strings += 1
+            if len(self.strings) < MEMO_SIZE:
+                self.charge(_str_cost(text) + DICT_SLOT_COST)
+                kept = self.strings[text] = text
+            else:
+                self.charge(_str_cost(text))
+                kept = text
         return kept
 
     def open(self, pos: int, depth: int) -> tuple[_Frame, int]:
@@ -178,7 +253,7 @@ class _SpecScan:
             # the value nests in the node's object, itself 2 + 3 * depth deep
             end = self.value_end(m.end(), STRICT_DEPTH - 3 - 3 * depth)
             piece = self.text[m.end() : end]
-            self.charge(_str_cost(piece) + Shape.of(piece).cost)
+            self.charge(_str_cost(piece) + Measure.of(piece).cost)
             try:
                 aux = loads(piece, "aux")
             except FormatError:
@@ -191,7 +266,7 @@ class _SpecScan:
                 self.charge(_str_cost(aux_repr))
                 pos = r.end()
         children = self.match(_CHILDREN if m is None else _AUX_CHILDREN, pos)
-        return _Frame(aux, aux_repr, len(self.strings)), children.end()
+        return _Frame(aux, aux_repr, self.new_strings), children.end()
 
     def value_end(self, pos: int, deepest: int) -> int:
         """Where the JSON value at ``pos`` ends (its brackets and strings
@@ -228,8 +303,8 @@ class _SpecScan:
         except FormatError:
             raise _Over from None
         self.cost -= FRAME_COST + CHILD_HELD * len(entries)
-        # a string read for the first time below it: no node before is equal
-        fresh = len(self.strings) > frame.strings
+        # a key string below it found in no memo: no node kept before is equal
+        fresh = self.new_strings > frame.strings
         return self.shared(node, fresh), m.end()
 
     def shared(self, node: Node, fresh: bool) -> Node:
@@ -270,7 +345,7 @@ class _SpecScan:
             if len(stack) > MAX_DEPTH:  # as specjson.decode counts, the root at 0
                 raise _Over
             if (m := _LEAF.match(text, pos)) is not None:
-                self.leaf(m.group())
+                self.leaf(m)
                 node, pos = LEAF, m.end()
             else:
                 frame, pos = self.open(pos, len(stack))
@@ -302,8 +377,31 @@ def _key_text_cost(key: Any) -> int:
     return STR_COST + 4 * (8 + 10 * len(text))
 
 
-def _dim_cost(d: Any) -> int:
-    return _str_cost(d) if isinstance(d, str) else INT_COST
+def _sizes(text: str) -> tuple[int, ...] | None:
+    """A shape's sizes read from the text between its brackets, where they
+    are plain integers as ``to_json`` writes them; None where they are not.
+
+    Raises:
+      _Over: for a size the strict reader refuses (past ``MAX_DIM``).
+    """
+    if _SIZES.fullmatch(text) is None:
+        return None
+    sizes = tuple(int(d) for d in text.split(", ")) if text else ()
+    if any(d > MAX_DIM for d in sizes):
+        raise _Over
+    return sizes
+
+
+def _shape_cost(shape: tuple[Any, ...]) -> int:
+    """The most a shape's tuple and its sizes take (CPython keeps one of
+    each int from -5 to 256)."""
+    cost = TUPLE_COST + 8 * len(shape)
+    for d in shape:
+        if isinstance(d, str):
+            cost += _str_cost(d)
+        elif not -5 <= d <= 256:
+            cost += INT_COST
+    return cost
 
 
 def scan(text: str, budget: int) -> tuple[Node, list[Record], int] | None:

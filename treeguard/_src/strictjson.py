@@ -248,6 +248,7 @@ def loads(
     context: str | None = None,
     hint: str | None = None,
     budget: int | None = None,
+    over_hint: str | None = None,
     shared_keys: Sequence[str] = (),
     share: Callable[[dict[str, Any]], bool] | None = None,
 ) -> Any:
@@ -262,6 +263,7 @@ def loads(
       hint: the fix the message ends with.
       budget: the most bytes the parsed objects may take (``Shape.cost``);
         None for no bound.
+      over_hint: the fix for a document over ``budget`` (``hint`` if None).
       shared_keys: keys expected many times (a table's column names), whose
         repeats ``Shape.cost`` does not count.
       share: picks objects of scalars (and lists of them) that may be one
@@ -286,11 +288,13 @@ def loads(
       treeguard.FormatError: the header: its 3,004 bytes of JSON would take about 104,200 \
 bytes of objects, over the 10,000 its reader allows
     """
+    fix = hint
     try:
         if isinstance(text, bytes):
             text = text.decode("utf-8")
         shape = Shape.of(text, shared_keys)
         if budget is not None and shape.cost > budget:
+            fix = over_hint or hint
             raise FormatError(
                 f"its {len(text):,} bytes of JSON would take about {shape.cost:,} bytes of "
                 f"objects, over the {budget:,} its reader allows"
@@ -309,7 +313,7 @@ bytes of objects, over the 10,000 its reader allows
             _no_surrogates(value)
         return value
     except FormatError as e:
-        raise FormatError(f"{what}: {e.message}", context=context, hint=hint) from None
+        raise FormatError(f"{what}: {e.message}", context=context, hint=fix) from None
     except (UnicodeError, ValueError, RecursionError) as e:
         message = f"{what} is not valid JSON: {e}"
         raise FormatError(message, context=context, hint=hint) from None

@@ -40,6 +40,7 @@ from .format import (
     K_META,
     K_SPEC,
     MAX_NDIM,
+    OVER_BUDGET_HINT,
     TABLE_COST_PER_BYTE,
     TABLE_FREE_COST,
     Header,
@@ -62,10 +63,16 @@ def strict_loads(
     budget: int | None = None,
     shared_keys: Sequence[str] = (),
 ) -> Any:
-    """``strictjson.loads`` with the checkpoint's hint (and ``budget``, the
+    """``strictjson.loads`` with the checkpoint's hints (and ``budget``, the
     most bytes its objects may take, and its ``shared_keys``)."""
     return loads(
-        text, what, context=context, hint=_NOT_OURS, budget=budget, shared_keys=shared_keys
+        text,
+        what,
+        context=context,
+        hint=_NOT_OURS,
+        budget=budget,
+        over_hint=OVER_BUDGET_HINT,
+        shared_keys=shared_keys,
     )
 
 
@@ -104,8 +111,10 @@ def header_from_doc(doc: dict[str, Any], header_bytes: int, size: int, name: str
     spec, left = _stored_spec(meta, left, name)
     found, left = _digests(meta, doc, left)
     *hashes, env, user = _json_objects(meta, left, name)
-    names = leaf_names(spec, name)
-    _check_table_names(list(doc), names, name)
+    listed = list(doc)
+    names = leaf_names(spec, name, listed)
+    _check_table_names(listed, names, name)
+    del listed
     digests: Sequence[Any] | None = found  # the table's names, in its order, where read so
     if digests is None:
         if set(hashes[0]) != set(names):
@@ -235,11 +244,13 @@ def _stored_spec(meta: dict[str, str], left: int, name: str) -> tuple[TreeSpec, 
     if found is not None:
         return TreeSpec(found[0], found[1]), left - found[2]
     try:
-        doc = loads(text, "spec", budget=max(0, left - sys.getsizeof(text)) // 2, share=_is_leaf)
+        budget = max(0, left - sys.getsizeof(text)) // 2
+        doc = loads(text, "spec", budget=budget, over_hint=OVER_BUDGET_HINT, share=_is_leaf)
         del text
         return TreeSpec.from_dict(doc), left // 2
     except FormatError as e:
-        raise FormatError(f"{K_SPEC}: {e.message}", context=name, hint=_NOT_OURS) from e
+        hint = OVER_BUDGET_HINT if e.hint == OVER_BUDGET_HINT else _NOT_OURS
+        raise FormatError(f"{K_SPEC}: {e.message}", context=name, hint=hint) from e
 
 
 def _is_leaf(node: dict[str, Any]) -> bool:
@@ -325,15 +336,16 @@ def _tensor_infos(  # noqa: PLR0917 - one call site, every argument needed
     return tuple(tensors)
 
 
-def leaf_names(spec: TreeSpec, name: str) -> list[str]:
+def leaf_names(spec: TreeSpec, name: str, listed: Sequence[str] = ()) -> list[str]:
     """The tensor names a stored spec gives its leaves, checked to be distinct.
 
     A spec that passed ``TreeSpec.from_json`` has distinct, readable entries
     in every node, so distinct names follow; this is checked again here
-    because the names are what the tensors are matched by.
+    because the names are what the tensors are matched by. Names equal, in
+    order, to ``listed`` (a table's keys, distinct) need no set to show it.
     """
     names = [keystr(p) for p in spec.paths]
-    if len(set(names)) != len(names):
+    if names != listed and len(set(names)) != len(names):
         raise FormatError(
             "two leaves of the stored spec share one key path", context=name, hint=_NOT_OURS
         )
@@ -344,6 +356,8 @@ def _check_table_names(table: Sequence[str], names: Sequence[str], name: str) ->
     """The tensor table names exactly the spec's leaves, one to one, in flatten order."""
     for tensor in table:
         check_name(tensor, name)
+    if len(table) == len(names) and all(t == n for t, n in zip(table, names)):
+        return  # as save writes it: no set of either built
     known, listed = set(names), set(table)  # once: a set per name made this quadratic
     unknown = [t for t in table if t not in known]
     if unknown:
