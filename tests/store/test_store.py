@@ -362,6 +362,18 @@ def test_a_failed_save_in_put_removes_the_version_dir_and_burns_its_name(tmp_pat
     assert store.put(_params()) == "v000002"  # a name is never handed out twice
 
 
+@pytest.mark.parametrize("dedup", [False, True], ids=["file", "tensors"])
+def test_an_auto_named_put_passes_over_a_name_something_else_holds(
+    tmp_path: Path, dedup: bool
+) -> None:
+    store = ArtifactStore.init(tmp_path, dedup=dedup)
+    assert store.put(_params()) == "v000001"
+    (tmp_path / "versions" / "v000002").write_bytes(b"")  # not a version, but the name is held
+    (tmp_path / "versions" / "v000003").symlink_to(tmp_path)
+    assert store.put(_params()) == "v000004"
+    assert [i.version for i in store.versions()] == ["v000001", "v000004"]
+
+
 def test_verify_refuses_a_version_still_being_written(tmp_path: Path) -> None:
     store = ArtifactStore(tmp_path)
     v = store.put(_params())

@@ -13,7 +13,7 @@ import json
 import math
 import os
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
 
@@ -448,9 +448,8 @@ def _draft(
         out = _kept_layout(root, records, user, algorithm, env)
     else:
         out = _layout(root, records, user, algorithm, env)
-    return Draft(
-        leaves, records, out.names, out.meta, out.table, algorithm, out.draft, out.nbytes, out.spec
-    )
+    names, table, meta, draft, nbytes, spec = out
+    return Draft(leaves, records, names, meta, table, algorithm, draft, nbytes, spec)
 
 
 @functools.lru_cache(maxsize=64)
@@ -460,17 +459,11 @@ def _key_problems(root: Node) -> tuple[tuple[str, str], ...]:
     return tuple(key_problems(root))
 
 
-@dataclasses.dataclass(frozen=True)
-class _Layout:
-    """What a draft's header holds but its digests: each leaf's name, the
-    tensor table, the metadata and the header, and the spec."""
-
-    names: tuple[str, ...]
-    table: Mapping[str, Any]
-    meta: Mapping[str, str]
-    draft: bytes
-    nbytes: int
-    spec: TreeSpec
+#: What a draft's header holds but its digests: each leaf's name, the
+#: tensor table, the metadata, the header, the tensors' bytes and the spec.
+_Layout: TypeAlias = tuple[
+    tuple[str, ...], Mapping[str, Any], Mapping[str, str], bytes, int, TreeSpec
+]
 
 
 def _layout(
@@ -499,7 +492,7 @@ def _layout(
         pos += nbytes
     spec_json = spec.to_json(indent=None).rstrip("\n")
     meta = draft_meta(spec_json, algorithm, env, user, names)
-    return _Layout(names, table, meta, encode_header(meta, table), pos, spec)
+    return names, table, meta, encode_header(meta, table), pos, spec
 
 
 _kept_layout = functools.lru_cache(maxsize=4)(_layout)
