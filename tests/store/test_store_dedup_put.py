@@ -320,3 +320,34 @@ def test_a_fine_tune_s_name_is_reserved_before_any_tensor_is_written(
         i for i, (op, path, _) in enumerate(events) if path.startswith(str(root / "tensors"))
     )
     assert reserved < first
+
+
+#: The child: a put interrupted (Ctrl-C) on its first wait for a tensor's
+#: write on the calling thread, the manifest's writer already started.
+_INTERRUPTED = """
+import sys, threading
+from concurrent.futures import Future
+import numpy as np
+from treeguard import ArtifactStore
+store = ArtifactStore.init(sys.argv[1], dedup=True)
+real = Future.exception
+def interrupted(self, timeout=None):
+    if threading.current_thread() is threading.main_thread():
+        raise KeyboardInterrupt
+    return real(self, timeout)
+Future.exception = interrupted
+try:
+    store.put({"w": np.arange(1024, dtype=np.float32)})
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+"""
+
+
+def test_a_put_interrupted_while_its_tensors_are_written_ends_and_leaves_nothing(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "store"
+    done = run_python(_INTERRUPTED, str(root), timeout=60)  # a hang: TimeoutExpired
+    assert done.stdout.split() == ["interrupted"], done.stderr[-2000:]
+    assert _area(root) == set()
+    assert ArtifactStore(root).versions() == []

@@ -213,6 +213,7 @@ class _Put:
                 with contextlib.suppress(Exception):
                     os.unlink(left.result())
             if manifest is not None:  # settled before a failed put removes the directory
+                self.written.set()  # stopped before it was set: its writer waits no more
                 with contextlib.suppress(Exception):
                     manifest.result()
 
