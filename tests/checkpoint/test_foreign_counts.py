@@ -117,14 +117,43 @@ def test_a_locator_naming_no_record_claims_nothing(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_an_npz_claiming_few_but_holding_too_many_is_refused_once_read(tmp_path: Path) -> None:
+def test_an_npz_claiming_few_but_holding_too_many_is_refused_before_its_directory(
+    tmp_path: Path,
+) -> None:
     """Its end records claim one entry; its directory holds a million and one
-    members of no bytes, none an .npy array: had one been read before the
-    count of what zipfile read, the refusal would name it."""
+    members of no bytes, none an .npy array: refused by the directory's size
+    at the cost of its end records (zipfile's read of it held 477 MiB)."""
     members = [(f"w{i}.npy".encode(), b"") for i in range(LIMIT + 1)]
     path = tmp_path / "hides.npz"
     path.write_bytes(zip64(members, claimed=1))
-    assert _refusal(path) == f"{path}: {TOO_MANY}"
+
+    def refused() -> str:
+        return _refusal(path)
+
+    message, peak = traced_peak(refused)
+    assert message == f"{path}: {TOO_MANY}"
+    assert peak < 1 << 20, f"{peak:,} bytes of objects"
+
+
+@pytest.mark.parametrize("extra", [0, 1])
+def test_an_npz_whose_directory_could_hold_too_many_is_refused_unread(
+    tmp_path: Path, extra: int
+) -> None:
+    """An EOCD that claims one entry and a directory of room for the limit's
+    entries of 46 bytes (or one more): the directory is not read (it holds a
+    local header and zeros, which zipfile calls a bad magic number), refused
+    by its size alone."""
+    directory = 46 * (LIMIT + extra)
+    path = tmp_path / "room.npz"
+    with path.open("wb") as f:
+        f.write(b"PK\x03\x04")  # a zip archive's first bytes
+        f.truncate(directory)  # sparse: no 46 MB written
+        f.seek(directory)
+        f.write(eocd(1, directory, 0))
+    if extra:
+        assert _refusal(path) == f"{path}: {TOO_MANY}"
+    else:
+        assert "not a readable .npz archive" in _refusal(path)
 
 
 @pytest.mark.slow

@@ -320,3 +320,62 @@ def test_a_fine_tune_s_name_is_reserved_before_any_tensor_is_written(
         i for i, (op, path, _) in enumerate(events) if path.startswith(str(root / "tensors"))
     )
     assert reserved < first
+
+
+#: The child: a put of new bytes (argv[3] "fine-tune": of a tree a verified
+#: load handed back, two leaves changed) interrupted (Ctrl-C) at its Nth wait
+#: on the calling thread for a thread's work (N: argv[2]); "put" once it returned.
+_INTERRUPTED = """
+import sys, threading
+from concurrent.futures import Future
+import numpy as np
+from treeguard import ArtifactStore
+store = ArtifactStore.init(sys.argv[1], dedup=True)
+base = {"a": np.ones(1000, np.float32), "b": np.ones(10, np.float32), "c": np.zeros(5, np.float32)}
+v = store.put(base)
+store.verify(v)
+store.promote(v)
+if sys.argv[3] == "fine-tune":
+    tree = store.load_current(base)
+    tree = {**tree, "a": tree["a"] + 2, "c": tree["c"] + 3}
+else:
+    tree = {k: x + 1 for k, x in base.items()}
+waits = [0]
+def interrupted(real):
+    def wait(self, timeout=None):
+        if threading.current_thread() is threading.main_thread():
+            waits[0] += 1
+            if waits[0] == int(sys.argv[2]):
+                raise KeyboardInterrupt
+        return real(self, timeout)
+    return wait
+Future.exception, Future.result = interrupted(Future.exception), interrupted(Future.result)
+try:
+    store.put(tree)
+    print("put", flush=True)
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["new", "fine-tune"])
+def test_a_put_interrupted_at_each_wait_ends_and_leaves_no_temp(tmp_path: Path, kind: str) -> None:
+    """Interrupted at any wait for its threads (the tensors' writes, the
+    links, the manifest, the record), a put ends (its manifest's writer no
+    longer waits forever for the tensors) and leaves no version and no temp
+    file (which gc would keep while the process lives): only objects no
+    manifest names, which gc removes."""
+    for n in range(1, 40):
+        root = tmp_path / f"store{n}"
+        # a hang is a TimeoutExpired
+        done = run_python(_INTERRUPTED, str(root), str(n), kind, timeout=60)
+        assert done.returncode == 0, done.stderr[-2000:]
+        if done.stdout.split() == ["put"]:
+            break
+        assert done.stdout.split() == ["interrupted"], done.stderr[-2000:]
+        assert not [p for p in _area(root) if p.startswith(".")], n  # no temp left
+        assert [i.status for i in ArtifactStore(root).versions()] == ["verified"], n
+    else:
+        pytest.fail("the put was interrupted at every one of 39 waits")
+    assert n > 4  # interrupted at its writes', its links' and its manifest's waits

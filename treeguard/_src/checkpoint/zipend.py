@@ -9,8 +9,11 @@ last EOCD signature in the last 64 KiB and 22 bytes (a comment is at most
 locator gives (where the format puts it). The count is the largest any of
 those records claims, so an archive that claims too many entries anywhere
 ``zipfile`` may look is refused. ``zipfile`` itself reads the directory by
-its size, whatever count it claims: an archive that claims few entries and
-holds many is refused by its reader once ``zipfile`` has read them.
+its size, whatever count it claims, so the count is also at least what a
+directory of the size the records give (at most the file's) could hold: an
+archive that claims few entries and holds many is refused before its
+directory is read too (and so is one whose directory is over 46 MB, which
+no archive of fewer tensors than the limit needs but for long names).
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ _EOCD64 = struct.Struct("<4sQ2H2L4Q")
 _EOCD_SIG, _LOCATOR_SIG, _EOCD64_SIG = b"PK\x05\x06", b"PK\x06\x07", b"PK\x06\x06"
 #: How far from the end ``zipfile`` looks for the EOCD: a comment of at most 64 KiB.
 _SEARCHED = (1 << 16) + _EOCD.size
+#: The fewest bytes of a central directory entry (one of an empty name).
+CENTRAL_ENTRY = 46
 
 
 def _read(fd: int, offset: int, n: int) -> bytes:
@@ -62,24 +67,23 @@ def _record(fd: int, kind: struct.Struct, offset: int, sig: bytes) -> tuple[int,
     return tuple(int(x) for x in kind.unpack(data)[1:])
 
 
-def _eocd64_counts(fd: int, at: int) -> int:
-    """The most entries a ZIP64 EOCD claims, as the locator before ``at`` points
-    to it (0 where there is none)."""
+def _eocd64_records(fd: int, at: int) -> list[tuple[int, ...]]:
+    """The ZIP64 EOCDs where ``zipfile`` may read one, as the locator before
+    ``at`` points to them (none where there is no locator)."""
     locator = _record(fd, _LOCATOR, at - _LOCATOR.size, _LOCATOR_SIG)
     if locator is None:
-        return 0
-    most = 0
-    for place in {at - _LOCATOR.size - _EOCD64.size, locator[1]}:
-        if place <= at - _EOCD64.size:
-            record = _record(fd, _EOCD64, place, _EOCD64_SIG)
-            if record is not None:
-                most = max(most, record[5], record[6])
-    return most
+        return []
+    places = {at - _LOCATOR.size - _EOCD64.size, locator[1]}
+    found = [_record(fd, _EOCD64, p, _EOCD64_SIG) for p in places if p <= at - _EOCD64.size]
+    return [r for r in found if r is not None]
 
 
 def claimed_entries(fd: int, size: int) -> int:
     """The most entries the end records of the zip archive of ``size`` bytes
-    open at ``fd`` claim; 0 where it has none (``zipfile`` refuses it).
+    open at ``fd`` claim, or could hold: ``zipfile`` reads as many bytes of
+    directory as they say, whatever count they claim, and builds an object
+    for each entry in them (``CENTRAL_ENTRY`` bytes at least); 0 where it has
+    no end record (``zipfile`` refuses it).
 
     Example:
       >>> import io, os, tempfile, zipfile
@@ -97,4 +101,8 @@ def claimed_entries(fd: int, size: int) -> int:
     eocd = None if at is None else _record(fd, _EOCD, at, _EOCD_SIG)
     if at is None or eocd is None:
         return 0
-    return max(eocd[2], eocd[3], _eocd64_counts(fd, at))
+    zip64 = _eocd64_records(fd, at)
+    counts = [eocd[2], eocd[3], *(n for r in zip64 for n in (r[5], r[6]))]
+    # the directory's size: a ZIP64 EOCD's where zipfile finds one, else the EOCD's
+    directory = max(r[7] for r in zip64) if zip64 else eocd[4]
+    return max(*counts, min(directory, size) // CENTRAL_ENTRY)

@@ -195,10 +195,10 @@ class _Put:
                 write.exception()
             self.written.set()
             self.reserved.result()  # no object is named before the version's name is reserved
-            linked = [
-                self.storage.link(staged.pop(b).result(), f"{tensors.AREA}/{name}")
-                for b, name in names.items()
-            ]
+            linked = []
+            for b, name in names.items():  # each left in staged until linked (a temp to remove)
+                linked.append(self.storage.link(staged[b].result(), f"{tensors.AREA}/{name}"))
+                del staged[b]
             # also when this put linked nothing: an object it names may have been
             # linked by another put that has not synced the directory yet
             self.dirs.add(self.storage.where(tensors.AREA))
@@ -213,6 +213,7 @@ class _Put:
                 with contextlib.suppress(Exception):
                     os.unlink(left.result())
             if manifest is not None:  # settled before a failed put removes the directory
+                self.written.set()  # stopped before it was set: its writer waits no more
                 with contextlib.suppress(Exception):
                     manifest.result()
 
