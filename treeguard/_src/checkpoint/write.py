@@ -7,11 +7,13 @@ so a tensor name is never ambiguous and ``load`` never mis-assigns a leaf.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import json
 import math
 import os
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, TypeAlias
 
@@ -32,9 +34,13 @@ from ..walk import Node, flatten_with_types, key_problems, structure_of
 from .format import ALLOWED_DTYPES, draft_meta, encode_header, signed_meta, stored_layout
 from .restore import buffer
 
-#: The most leaves of a tree whose layout is kept for the next save of the
-#: same (four such layouts at most: a few MiB).
-KEPT_LAYOUT_LEAVES = 10_000
+#: The layouts kept for the next save of the same tree: the last
+#: ``KEPT_LAYOUTS``, each of a header of at most ``KEPT_LAYOUT_BYTES`` (what
+#: a layout holds as Python objects is several times its header's bytes).
+KEPT_LAYOUTS = 4
+KEPT_LAYOUT_BYTES = 256 * 1024
+#: Fewer bytes than any leaf's entry in a header (name, table entry, digest).
+_LEAF_HEADER_BYTES = 64
 
 _KEY_HINT = (
     "use str or int dict keys (not enums, numpy scalars or other objects) and attribute "
@@ -444,11 +450,7 @@ def _draft(
         )
     user = user_metadata_json(with_surgery(metadata, surgery))
     env = json.dumps(environment())
-    if len(records) <= KEPT_LAYOUT_LEAVES:
-        out = _kept_layout(root, records, user, algorithm, env)
-    else:
-        out = _layout(root, records, user, algorithm, env)
-    names, table, meta, draft, nbytes, spec = out
+    names, table, meta, draft, nbytes, spec = _kept_layout(root, records, user, algorithm, env)
     return Draft(leaves, records, names, meta, table, algorithm, draft, nbytes, spec)
 
 
@@ -471,10 +473,7 @@ def _layout(
 ) -> _Layout:
     """A draft's header laid out from its structure, its leaves' records,
     its metadata's JSON, the algorithm and the environment's JSON alone,
-    and kept for the next tree of the same (a training run's checkpoints,
-    a store's puts of fine-tunes: the same layout each time) by
-    ``_kept_layout`` when it has at most ``KEPT_LAYOUT_LEAVES`` leaves. Its
-    parts are only read (``Draft.header`` builds new ones)."""
+    its parts only read (``Draft.header`` builds new ones)."""
     spec = TreeSpec(root, list(records))
     names = tuple(keystr(p) for p in spec.paths)
     if len(set(names)) != len(names):  # pragma: no cover - key_problems makes names distinct
@@ -495,7 +494,31 @@ def _layout(
     return names, table, meta, encode_header(meta, table), pos, spec
 
 
-_kept_layout = functools.lru_cache(maxsize=4)(_layout)
+_kept: collections.OrderedDict[tuple[Any, ...], _Layout] = collections.OrderedDict()
+_kept_lock = threading.Lock()
+
+
+def _kept_layout(
+    root: Node, records: tuple[Record, ...], user: str, algorithm: Algorithm, env: str
+) -> _Layout:
+    """``_layout``, kept for the next tree of the same (a training run's
+    checkpoints, a store's puts of fine-tunes: the same layout each time)
+    when its header is small (``KEPT_LAYOUT_BYTES``; a larger one costs
+    more to keep than its layout costs to make, beside its tensors)."""
+    if len(records) * _LEAF_HEADER_BYTES > KEPT_LAYOUT_BYTES:
+        return _layout(root, records, user, algorithm, env)
+    key = (root, records, user, algorithm, env)
+    with _kept_lock:
+        if key in _kept:
+            _kept.move_to_end(key)
+            return _kept[key]
+    out = _layout(*key)
+    if len(out[3]) <= KEPT_LAYOUT_BYTES:
+        with _kept_lock:
+            _kept[key] = out
+            while len(_kept) > KEPT_LAYOUTS:
+                _kept.popitem(last=False)
+    return out
 
 
 def _leaf_bytes(
