@@ -110,21 +110,25 @@ def start(
     """Looks each leaf of ``draft`` up in the digest memo (``carried``: the
     digests a host copy carries) and, for a tree it knows some leaves of,
     starts writing the first ``IN_FLIGHT`` leaves it does not know to temp
-    files on ``pool``'s threads (each brought to the host there), before
-    the caller reserves the version's name (``reserved``, whose result
-    names the version in a full disk's error). Those writes are what a
-    fine-tune's put waits on; started first, the rest of the put (the
-    reservation, the hashing, the manifest) runs while they do."""
+    files on ``pool``'s threads (each brought to the host there;
+    ``reserved``: the version's reservation, whose result names the
+    version in a full disk's error). Those writes are what a fine-tune's
+    put waits on; started first, the rest of the put (the hashing, the
+    manifest) runs while they do."""
     lookup = memo.known if carried is None else carried.known
     known: list[str | None] = [lookup(x, draft.algorithm) for x in draft.leaves]
     eager = any(k is not None for k in known)
-    writes: dict[int, Future[str]] = {}
-    for i, remembered in enumerate(known):
-        if not eager or len(writes) >= IN_FLIGHT:
-            break
-        if remembered is None and not isinstance(draft.leaves[i], np.ndarray):
-            writes[i] = pool.submit(_write_temp, storage, draft, reserved, i)
-    return Early(known, eager, writes)
+    early = Early(known, eager, {})
+    try:
+        for i, remembered in enumerate(known):
+            if not eager or len(early.writes) >= IN_FLIGHT:
+                break
+            if remembered is None and not isinstance(draft.leaves[i], np.ndarray):
+                early.writes[i] = pool.submit(_write_temp, storage, draft, reserved, i)
+    except BaseException:  # an interrupt: the writes made are removed
+        early.discard()
+        raise
+    return early
 
 
 def put(
@@ -147,8 +151,8 @@ def put(
       StoreError: if gc kept marking its objects, ``PUT_TRIES`` times.
       StorageError: if a tensor could not be written.
     """
-    run = _Put(storage, draft, pool, reserved, dirs, early.eager, dict(early.writes), early.written)
-    early.writes.clear()  # this put removes them now
+    # early's writes, taken (and so removed) by the first try; left there, the caller's
+    run = _Put(storage, draft, pool, reserved, dirs, early.eager, early.writes, early.written)
     known = early.known
     try:
         for _ in range(tensors.PUT_TRIES):
@@ -182,10 +186,10 @@ class _Put:
         usable, taken = tensors.usable_objects(self.storage)
         staged: dict[str, Future[str]] = {}  # ALGO-HEX: its temp file, written and fsynced
         first = dict(self.first)
-        self.first.clear()
         dropped = list(first.values())  # temps of bytes a usable object holds
         manifest: Future[str] | None = None
         try:
+            self.first.clear()  # removed by this try's end now
             digests = self._hashed(known, usable, staged, dropped, first)
             names = {base: _fresh(base, taken) for base in staged}
             algorithm = self.draft.algorithm
