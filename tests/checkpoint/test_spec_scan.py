@@ -268,6 +268,7 @@ def test_an_honest_spec_is_read_within_the_documented_budget(tmp_path: Path, tre
     assert peak <= 3 * header.header_bytes + _FREE  # its objects, the bytes apart
 
 
+@pytest.mark.slow  # 10,000 leaves saved, read and loaded: about 4 s
 def test_a_tree_of_leaves_each_of_its_own_shape_reads_back(tmp_path: Path) -> None:
     # 10,000 leaves, no two records equal: written by save, then refused by
     # every read as over the header's budget until records were made smaller
