@@ -37,8 +37,10 @@ threads at once (``start``), while the rest is hashed; every other leaf
 the store lacks is written on a second thread (while it is hashed, in
 that case; otherwise, and for every numpy leaf, which is as often a copy
 of a held tensor, once it is hashed and found missing); and the header is
-laid out, and the manifest written to a temp file beside the objects and
-fsynced, on a third, while the tensor's bytes sync. The header is not
+laid out on a third while the tensors are written, its manifest written to
+a temp file beside the objects and fsynced once they are (``Early.written``:
+a small file's fsync issued while a tensor's bytes sync waits behind them),
+as is the record that will make the version a candidate. The header is not
 parsed back (the draft holds its spec; verify and every load parse it).
 The manifest is then renamed into its directory and the temp files are
 linked under their digests' names; then every directory the put gave an
@@ -72,7 +74,8 @@ IN_FLIGHT = 2
 
 @dataclasses.dataclass(frozen=True)
 class Early:
-    """A put's first writes, started before its name is reserved (``start``).
+    """A put's first writes, started once its name is reserved, before the
+    rest of the tree is hashed (``start``).
 
     Attributes:
       known: each leaf's digest as the memo remembers it, or None.
