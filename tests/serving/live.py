@@ -8,7 +8,6 @@ answers nothing."""
 from __future__ import annotations
 
 import contextlib
-import socket
 import subprocess
 import threading
 import time
@@ -17,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+from ports import free_port
 from serving_support import mlp_spec
 from subproc import start_python
 
@@ -26,12 +26,6 @@ from treeguard._cli.serve import serve
 sys.argv = ["treeguard", *sys.argv[1:]]
 serve()
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

@@ -11,7 +11,8 @@ import time
 import httpx
 import numpy as np
 import pytest
-from live import SERVER, free_port, served_mlp
+from live import SERVER, served_mlp
+from ports import free_port
 from serving_support import metric, request
 from subproc import start_python, stop
 

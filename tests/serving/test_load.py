@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import time
 
 import httpx
 import numpy as np
 import pytest
+from ports import free_port
 from serving_support import client, infer_body, mlp_spec, request, rows_of
 from subproc import start_python, stop
 
@@ -140,12 +140,6 @@ async def test_ten_thousand_mixed_requests_give_no_crash_and_no_5xx_for_bad_inpu
     assert bad_codes <= {400, 413, 422}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 SERVER = """
 import sys
 from treeguard._cli.serve import serve
@@ -157,7 +151,7 @@ serve()
 @pytest.mark.slow
 def test_uvicorn_end_to_end_with_the_cli(mlp_store, tmp_path):
     store, v = mlp_store
-    port = _free_port()
+    port = free_port()
     cache = tmp_path / "cache"
     token = tmp_path / "token"
     token.write_text("a-control-token-for-the-test\n")

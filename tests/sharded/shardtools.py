@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +15,6 @@ __all__ = [
     "MANIFEST_NAME",
     "data_dir",
     "flip_byte",
-    "free_port",
     "read",
     "sharded_digest",
 ]
@@ -59,10 +57,3 @@ def flip_byte(directory: str | os.PathLike[str], needle: bytes) -> Path:
                 path.write_bytes(bytes(raw))
                 return path
     raise AssertionError("the array's bytes are in no stored file")
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])

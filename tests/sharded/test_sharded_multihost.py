@@ -18,7 +18,8 @@ import numpy as np
 import obstore
 import pytest
 from obstore.store import S3Store
-from shardtools import MANIFEST_NAME, free_port, read
+from ports import free_port
+from shardtools import MANIFEST_NAME, read
 from subproc import start_python, stop
 
 import treeguard

@@ -5,7 +5,6 @@ real SeaweedFS S3 server."""
 from __future__ import annotations
 
 import json
-import socket
 import time
 import urllib.error
 import urllib.request
@@ -15,6 +14,7 @@ import jax
 import numpy as np
 import pytest
 from click.testing import CliRunner, Result
+from ports import free_port
 
 from tests.subproc import child_env, start_python, stop
 from treeguard import ArtifactStore, load
@@ -64,12 +64,6 @@ def test_store_verify_with_the_model_checks_on_a_bucket(s3_url: str) -> None:
     assert row["status"] == "verified" and row["checks"], row
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _get(url: str) -> tuple[int, bytes]:
     try:
         with urllib.request.urlopen(url, timeout=5) as r:
@@ -85,7 +79,7 @@ def test_serve_from_a_store_in_a_bucket(s3_url: str) -> None:
         _cli("store", "verify", s3_url, v, "--model", "treeguard.examples.mlp:model").exit_code == 0
     )
     store.promote(v)
-    port = _free_port()
+    port = free_port()
     code = "import sys; from treeguard._cli.main import main; main(sys.argv[1:])"
     args = ["serve", "run", "treeguard.examples.mlp:model", "--store", s3_url, "--port", str(port)]
     proc = start_python(code, *args, env=child_env())

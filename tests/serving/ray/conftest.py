@@ -22,7 +22,6 @@ import os
 import queue
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -33,6 +32,7 @@ from typing import Any
 
 import pytest
 from bridge import can_isolate, forward, tcp_listener, unix_connector
+from ports import free_port
 
 HERE = Path(__file__).resolve().parent
 
@@ -41,12 +41,6 @@ collect_ignore = ["driver.py", "picky.py", "bridge.py", "isolated_cli.py"]
 
 if importlib.util.find_spec("ray") is None:
     pytest.skip("ray is not installed (pip install 'treeguard[ray]')", allow_module_level=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def descendants(pid: int) -> set[int]:
