@@ -289,13 +289,20 @@ def test_a_put_makes_every_entry_durable_before_the_record_that_shows_it(
     last = max(i for i, (op, path, _) in enumerate(events) if path == record and op != "fsync")
     synced = {path for op, path, _ in events[last:] if op == "fsync"}
     assert str(root / "versions" / v) in synced  # the record itself, before put returns
+    manifest = str(root / "versions" / v / "tensors.json")
     for i, (op, path, source) in enumerate(events[:last]):
         if op == "fsync":
             continue
         later = {p for o, p, _ in events[i + 1 : last] if o == "fsync"}
         assert os.path.dirname(path) in later, (op, path)  # its entry, before the record
-        if source:  # a file renamed or linked: its bytes synced before
+        if path == manifest:  # read by nothing before the record: its bytes synced by then
+            assert manifest in later, (op, path)
+        elif source:  # a file renamed or linked: its bytes synced before
             assert ("fsync", source, "") in events[:i], (op, path)
+    if dedup:  # no small file's fsync waits behind a tensor's bytes
+        tensor = max(i for i, e in enumerate(events) if e[0] == "fsync" and ".staged." in e[1])
+        small = [i for i, e in enumerate(events) if e[0] == "fsync" and e[1] == manifest]
+        assert small and min(small) > tensor
 
 
 def test_a_fine_tune_s_name_is_reserved_before_any_tensor_is_written(

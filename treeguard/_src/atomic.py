@@ -78,14 +78,14 @@ def fsync_dir(dirname: str) -> None:
 
 
 class DirSyncs:
-    """Directories whose new entries (a rename, a link, a ``mkdir``) are
-    made durable later, together: ``sync`` fsyncs each once. A writer whose
-    entries must all be durable before one last write (a store's put before
-    its record) syncs them in one batch there, rather than one after each
-    entry: on a journaling file system the first fsync commits them all and
-    the others return at once, and none of them waits, one after another,
-    behind a large file's bytes another thread is syncing. Safe to share
-    between threads.
+    """Directories whose new entries (a rename, a link, a ``mkdir``), and
+    files whose bytes, are made durable later, together: ``sync`` fsyncs
+    each once. A writer whose entries must all be durable before one last
+    write (a store's put before its record) syncs them in one batch there,
+    rather than one after each entry: on a journaling file system the first
+    fsync commits them all and the others return at once, and none of them
+    waits, one after another, behind a large file's bytes another thread is
+    syncing. Safe to share between threads.
 
     Example:
       >>> import tempfile, os
@@ -96,40 +96,75 @@ class DirSyncs:
       True
       >>> later.sync(); later.pending()
       []
+      >>> write_new(os.path.join(d, "b"), b"2", sync=False)  # its fsync left to later
+      >>> later.add_file(os.path.join(d, "b")); later.add(d)
+      >>> later.sync(); later.pending()
+      []
+      >>> later.add_file(os.path.join(d, "gone")); later.sync()
+      Traceback (most recent call last):
+      ...
+      FileNotFoundError: [Errno 2] No such file or directory: '...gone'
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._dirs: dict[str, None] = {}  # in the order added, each once
+        self._files: dict[str, None] = {}
 
     def add(self, dirname: str) -> None:
         """Makes ``dirname`` one of the directories the next ``sync`` fsyncs."""
         with self._lock:
             self._dirs[os.path.abspath(dirname or ".")] = None
 
-    def pending(self) -> list[str]:
-        """The directories the next ``sync`` fsyncs."""
+    def add_file(self, path: str) -> None:
+        """Makes the file at ``path`` (written, not yet fsynced, and not to
+        be renamed before the ``sync``) one of those the next ``sync``
+        fsyncs; its directory's entry is ``add``'s to ask for."""
         with self._lock:
-            return list(self._dirs)
+            self._files[os.path.abspath(path)] = None
+
+    def pending(self) -> list[str]:
+        """The directories and files the next ``sync`` fsyncs."""
+        with self._lock:
+            return [*self._dirs, *self._files]
 
     def sync(self, pool: Executor | None = None) -> None:
-        """Fsyncs each directory added since the last ``sync``, once; all
-        at the same time when ``pool``'s threads are given (each fsync may
-        wait for its own flush of the disk's cache; flushes asked for at
-        once are served by one)."""
+        """Fsyncs each directory and file added since the last ``sync``,
+        once; all at the same time when ``pool``'s threads are given (each
+        fsync may wait for its own flush of the disk's cache; flushes asked
+        for at once are served by one).
+
+        Raises:
+          OSError: if a file could not be synced (a directory's failed
+            fsync is ignored where the file system has none).
+        """
         with self._lock:
-            dirs, self._dirs = list(self._dirs), {}
+            jobs = [(fsync_dir, d) for d in self._dirs] + [(fsync_file, f) for f in self._files]
+            self._dirs, self._files = {}, {}
         if pool is None:
-            for dirname in dirs:
-                fsync_dir(dirname)
+            for job, path in jobs:
+                job(path)
             return
-        others = [pool.submit(fsync_dir, d) for d in dirs[1:]]
+        others = [pool.submit(job, path) for job, path in jobs[1:]]
         try:
-            for dirname in dirs[:1]:
-                fsync_dir(dirname)
+            for job, path in jobs[:1]:
+                job(path)
         finally:
             for f in others:
                 f.result()
+
+
+def fsync_file(path: str) -> None:
+    """Makes the bytes a writer left in the regular file at ``path`` durable.
+
+    Raises:
+      OSError: if it cannot be opened or synced.
+    """
+    fd = os.open(path, os.O_RDONLY | _NOFOLLOW | _CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def sync_dir(dirname: str, later: DirSyncs | None = None) -> None:
@@ -148,10 +183,11 @@ def write_all(fd: int, buf: memoryview | bytes) -> None:
         view = view[n:]
 
 
-def write_new(path: str, data: bytes | memoryview) -> None:
+def write_new(path: str, data: bytes | memoryview, *, sync: bool = True) -> None:
     """Creates ``path`` (which must not exist), writes ``data`` and fsyncs
-    it, but not its directory: for a temp file linked under its final name
-    next, whose directory the caller then fsyncs. Removed if it fails.
+    it (unless not ``sync``: the caller's ``DirSyncs.add_file`` then), but
+    not its directory: for a temp file linked under its final name next,
+    whose directory the caller then fsyncs. Removed if it fails.
 
     Raises:
       FileExistsError: if ``path`` exists.
@@ -161,7 +197,8 @@ def write_new(path: str, data: bytes | memoryview) -> None:
     try:
         try:
             write_all(fd, data)
-            os.fsync(fd)
+            if sync:
+                os.fsync(fd)
         finally:
             os.close(fd)
     except BaseException:

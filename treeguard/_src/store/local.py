@@ -14,7 +14,6 @@ import contextlib
 import os
 import secrets
 import socket
-import threading
 from collections.abc import Iterator
 from concurrent.futures import Executor, Future
 from contextlib import AbstractContextManager
@@ -136,7 +135,7 @@ class LocalBackend:
             version, path = self._reserve(offered.version, offered.user)
         try:
             model = os.path.join(path, MODEL_FILE)
-            with space.typed(lambda: path):
+            with space.typed(path):
                 save(model, offered.tree, metadata=offered.user, digest=offered.digest)
             self._record_candidate(version, path, read_header(model).spec, {})
         except BaseException:
@@ -149,29 +148,28 @@ class LocalBackend:
         store lacks hashed and written (tensorput.py), then its manifest (taken
         back if gc marked one of its objects), then its record as a
         candidate (tensorput.py says which orders matter). The directories
-        the reservation, the objects and the manifest add entries to are
-        synced in one batch (``dirs``), after the last of those entries and
-        before the record."""
+        the reservation, the objects and the manifest add entries to, the
+        manifest's bytes and the candidate record's are synced in one batch
+        (``dirs``), after the last of those entries and before the record."""
         self._areas()
         dirs = DirSyncs()
         with kept.borrowed(tensorput.THREADS + 1, "treeguard-put") as pool:
             # first, before any write: a refused name leaves nothing, and the
             # reservation's fsyncs never wait behind a tensor's bytes
             version, path = _named(self._reserve_dir(offered.version, offered.user, dirs))
-            reserved: Future[str] = Future()
-            reserved.set_result(path)
             early: tensorput.Early | None = None
             record: Future[tuple[dict[str, Any], str]] | None = None
             try:
-                with space.typed(reserved.result):
+                with space.typed(path):
                     draft = laid_out(offered.tree, metadata=offered.user, digest=offered.digest)
-                    early = tensorput.start(self.storage, draft, pool, reserved, offered.carried)
-                    record = pool.submit(self._stage_candidate, reserved, draft.spec, early.written)
-                    tensorput.put(self.storage, draft, pool, reserved, dirs=dirs, early=early)
+                    early = tensorput.start(self.storage, draft, pool, path, offered.carried)
+                    record = pool.submit(self._stage_candidate, path, draft.spec)
+                    tensorput.put(self.storage, draft, pool, path, dirs=dirs, early=early)
+                    dirs.add_file(record.result()[1])
+                    dirs.sync(pool)  # the reservation's, the objects', the manifest's: at once
                 self._commit_candidate(version, path, record.result(), draft.spec, pool)
             except BaseException:
-                if early is not None:  # writes not handed over; nothing waits in vain
-                    early.written.set()
+                if early is not None:  # writes not handed over
                     early.discard()
                 if record is not None:  # a live writer's temp: the directory's removal keeps it
                     with contextlib.suppress(Exception):
@@ -180,17 +178,13 @@ class LocalBackend:
                 raise
         return version
 
-    def _stage_candidate(
-        self, reserved: Future[str], spec: TreeSpec, written: threading.Event
-    ) -> tuple[dict[str, Any], str]:
-        """The ``writing`` record read once reserved, and its candidate
-        written to a temp file and fsynced once the tensors are
-        (``written``: tensorput.Early), for ``_commit_candidate``."""
-        version, path = _named(reserved.result())
+    def _stage_candidate(self, path: str, spec: TreeSpec) -> tuple[dict[str, Any], str]:
+        """The ``writing`` record of the version at ``path``, and its
+        candidate written to a temp file, unsynced (the caller syncs it with
+        the put's other files), for ``_commit_candidate``."""
+        version = os.path.basename(path)
         data = records.read(path)
-        candidate = _as_candidate(data, spec)
-        written.wait()
-        return data, records.staged(path, version, candidate)
+        return data, records.staged(path, version, _as_candidate(data, spec), sync=False)
 
     def _commit_candidate(
         self,
@@ -241,7 +235,7 @@ class LocalBackend:
         version = lead_acts(reserve, failed=not_made(self.root)).decode("ascii")
         path = self.layout.version_dir(version)
         try:
-            with space.typed(lambda: path):
+            with space.typed(path):
                 save_sharded(  # a collective failing in every process
                     path, offered.tree, metadata=offered.user, digest=offered.digest
                 )

@@ -228,11 +228,12 @@ def write(
     return data
 
 
-def staged(version_dir: str, version: str, data: dict[str, Any]) -> str:
-    """Writes the record ``write`` would to a temp file beside it, fsynced,
-    for ``commit``; its path (the record is unchanged until then)."""
+def staged(version_dir: str, version: str, data: dict[str, Any], *, sync: bool = True) -> str:
+    """Writes the record ``write`` would to a temp file beside it, fsynced
+    (unless not ``sync``: then the caller's, before ``commit``), for
+    ``commit``; its path (the record is unchanged until then)."""
     tmp = temp_path(os.path.join(version_dir, STATUS_FILE))
-    write_new(tmp, _stamped(version, data)[1])
+    write_new(tmp, _stamped(version, data)[1], sync=sync)
     return tmp
 
 

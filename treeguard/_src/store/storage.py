@@ -154,14 +154,15 @@ class LocalStorage:
             sync_dir(os.path.dirname(self.where(name)), dirs)
         return tag
 
-    def stage(self, name: str, data: bytes | memoryview) -> str:
-        """Writes ``data`` to a fresh temp file beside ``name`` and fsyncs it;
-        its path, for ``link`` (the first half of ``create``, which a caller
-        may run while it still works out the name: any name in the same
-        directory will do)."""
+    def stage(self, name: str, data: bytes | memoryview, *, sync: bool = True) -> str:
+        """Writes ``data`` to a fresh temp file beside ``name`` and fsyncs it
+        (unless not ``sync``: then the caller's, before anything relies on
+        it); its path, for ``link`` (the first half of ``create``, which a
+        caller may run while it still works out the name: any name in the
+        same directory will do)."""
         tmp = temp_path(self.where(name))
         try:
-            write_new(tmp, data)  # durable once linked and the directory synced
+            write_new(tmp, data, sync=sync)  # durable once linked and the directory synced
         except OSError as e:
             raise self._failed("creating", name, e) from e
         return tmp

@@ -14,19 +14,18 @@ matter, and each is kept:
   gc read the manifests;
 - every entry the put made is durable before the record, the one write
   that makes the version visible: each file (the marker, the ``writing``
-  record, each object, the manifest) is fsynced before its rename or link,
-  and every directory that got a new entry (the root, ``versions/``, the
-  version's, ``tensors/``) is fsynced after its last entry and before the
-  record. A kill before the record leaves a ``writing`` version of a dead
-  process, which no load, verify or promote takes and gc removes, with any
-  object no manifest names; a crash of the machine may lose the
-  reservation too (the name was never returned: a name made durable is
-  never handed out again).
+  record, each object, the candidate record) is fsynced before its rename
+  or link, the manifest before the record, and every directory that got a
+  new entry (the root, ``versions/``, the version's, ``tensors/``) is
+  fsynced after its last entry and before the record. A kill before the
+  record leaves a ``writing`` version of a dead process, which no load,
+  verify or promote takes and gc removes, with any object no manifest
+  names; a crash of the machine may lose the reservation too (the name
+  was never returned: a name made durable is never handed out again).
 
 So the name is reserved first, before any other write, on the calling
 thread (issued while a tensor's bytes were being synced, the marker's and
-the record's fsyncs waited behind them, 7 to 8 ms on the TPU host, and the
-put's last steps waited for the reservation), its
+the record's fsyncs waited behind them, 7 to 8 ms on the TPU host), its
 directories' fsyncs left to the put (``atomic.DirSyncs``). Then the tree
 is laid out (``save``'s layout, kept for the next tree of the same
 structure) and, for a tree the memo knows some leaves of (a tree a
@@ -37,16 +36,21 @@ threads at once (``start``), while the rest is hashed; every other leaf
 the store lacks is written on a second thread (while it is hashed, in
 that case; otherwise, and for every numpy leaf, which is as often a copy
 of a held tensor, once it is hashed and found missing); and the header is
-laid out on a third while the tensors are written, its manifest written to
-a temp file beside the objects and fsynced once they are (``Early.written``:
-a small file's fsync issued while a tensor's bytes sync waits behind them),
-as is the record that will make the version a candidate. The header is not
-parsed back (the draft holds its spec; verify and every load parse it).
-The manifest is then renamed into its directory and the temp files are
-linked under their digests' names; then every directory the put gave an
-entry is fsynced at once, on the pool's threads (on a journaling file
-system one commit serves them all), and the record's rename is synced
-while the log's line is.
+laid out on a third while the tensors are written, its manifest written
+to a temp file beside the objects and renamed into the version's
+directory, not yet fsynced. The header is not parsed back (the draft
+holds its spec; verify and every load parse it). Once the tensors are
+written the temp files are linked under their digests' names. The
+manifest's bytes, the record's candidate (written beside the record, as
+unsynced) and every directory the put gave an entry are then synced at
+once, on the pool's threads (on a journaling file system one commit
+serves them all, and none of them was issued while a tensor's bytes were
+being synced, which a small file's fsync waits behind), and the record's
+rename is synced while the log's line is. The manifest alone is renamed
+before its fsync: until the record names the version a candidate, no
+load, verify or promote reads it, and a manifest a crash left torn is in
+a ``writing`` version of a dead process, which gc removes (while one is
+there, gc's reading of manifests fails and it deletes no tensor).
 """
 
 from __future__ import annotations
@@ -55,7 +59,6 @@ import contextlib
 import dataclasses
 import os
 import secrets
-import threading
 from concurrent.futures import Executor, Future
 
 import numpy as np
@@ -83,16 +86,11 @@ class Early:
         is hashed (it knew some leaf of the tree: one a verified load handed
         back, whose other arrays are new bytes).
       writes: the temp file of each leaf written already, by its index.
-      written: set once the put's tensors are written and fsynced (or it
-        stopped): the small files a put syncs (its manifest, its record)
-        wait for it, since a small file's fsync issued while a tensor's
-        bytes are being synced waits behind them.
     """
 
     known: list[str | None]
     eager: bool
     writes: dict[int, Future[str]]
-    written: threading.Event = dataclasses.field(default_factory=threading.Event)
 
     def discard(self) -> None:
         """Removes the temps of the writes not handed to ``put`` (for a put
@@ -107,17 +105,16 @@ def start(
     storage: LocalStorage,
     draft: Draft,
     pool: Executor,
-    reserved: Future[str],
+    reserved: str,
     carried: memo.Carried | None = None,
 ) -> Early:
     """Looks each leaf of ``draft`` up in the digest memo (``carried``: the
     digests a host copy carries) and, for a tree it knows some leaves of,
     starts writing the first ``IN_FLIGHT`` leaves it does not know to temp
     files on ``pool``'s threads (each brought to the host there;
-    ``reserved``: the version's reservation, whose result names the
-    version in a full disk's error). Those writes are what a fine-tune's
-    put waits on; started first, the rest of the put (the hashing, the
-    manifest) runs while they do."""
+    ``reserved``: the version's directory, named in a full disk's error).
+    Those writes are what a fine-tune's put waits on; started first, the
+    rest of the put (the hashing, the manifest) runs while they do."""
     lookup = memo.known if carried is None else carried.known
     known: list[str | None] = [lookup(x, draft.algorithm) for x in draft.leaves]
     eager = any(k is not None for k in known)
@@ -138,33 +135,31 @@ def put(
     storage: LocalStorage,
     draft: Draft,
     pool: Executor,
-    reserved: Future[str],
+    reserved: str,
     *,
     dirs: DirSyncs,
     early: Early,
 ) -> None:
     """Writes a version's tensors that the store lacks and its manifest
     (see the module), on ``pool``'s threads, taking over ``early``'s
-    writes (``start``); ``reserved`` is the reservation, whose result is
-    the version's directory, and ``dirs`` the directories whose new entries
-    it left unsynced, which are synced with those of the objects and the
-    manifest. Started again while gc marks one of its objects (tensors.py).
+    writes (``start``); ``reserved`` is the version's directory. The
+    manifest's bytes and the new entries of the objects and the manifest
+    are left to ``dirs`` (with those the reservation left there), which
+    the caller syncs before the record. Started again while gc marks one
+    of its objects (tensors.py).
 
     Raises:
       StoreError: if gc kept marking its objects, ``PUT_TRIES`` times.
       StorageError: if a tensor could not be written.
     """
     # early's writes, taken (and so removed) by the first try; left there, the caller's
-    run = _Put(storage, draft, pool, reserved, dirs, early.eager, early.writes, early.written)
+    run = _Put(storage, draft, pool, reserved, dirs, early.eager, early.writes)
     known = early.known
-    try:
-        for _ in range(tensors.PUT_TRIES):
-            done, digests = run.attempt(known)
-            if done:
-                return
-            known = list(digests)
-    finally:
-        early.written.set()  # nothing waits for it in vain
+    for _ in range(tensors.PUT_TRIES):
+        done, digests = run.attempt(known)
+        if done:
+            return
+        known = list(digests)
     raise tensors.gc_kept_marking(storage.where(tensors.AREA))
 
 
@@ -177,11 +172,10 @@ class _Put:
     storage: LocalStorage
     draft: Draft
     pool: Executor
-    reserved: Future[str]
+    reserved: str
     dirs: DirSyncs
     eager: bool
     first: dict[int, Future[str]]
-    written: threading.Event
 
     def attempt(self, known: list[str | None]) -> tuple[bool, list[str]]:
         """One try: whether the manifest stands (not if gc marked an object
@@ -198,10 +192,6 @@ class _Put:
             algorithm = self.draft.algorithm
             objects = [usable.get(f"{algorithm}-{d}") or names[f"{algorithm}-{d}"] for d in digests]
             manifest = self.pool.submit(self._write_manifest, digests, objects)
-            for write in staged.values():  # then the small files sync (Early.written)
-                write.exception()
-            self.written.set()
-            self.reserved.result()  # no object is named before the version's name is reserved
             linked = []
             for b, name in names.items():  # each left in staged until linked (a temp to remove)
                 linked.append(self.storage.link(staged[b].result(), f"{tensors.AREA}/{name}"))
@@ -210,17 +200,16 @@ class _Put:
             # linked by another put that has not synced the directory yet
             self.dirs.add(self.storage.where(tensors.AREA))
             path = manifest.result()
-            self.dirs.sync(self.pool)  # the reservation's, the objects', the manifest's: at once
             if Conflict.EXISTS in linked or tensors.doomed_among(self.storage, objects):
                 os.unlink(path)  # a name taken meanwhile, or marked by gc: start again
                 return False, digests
+            self.dirs.add_file(path)  # its bytes, synced with the directories
             return True, digests
         finally:
             for left in [*staged.values(), *dropped]:  # temps no object was made of
                 with contextlib.suppress(Exception):
                     os.unlink(left.result())
             if manifest is not None:  # settled before a failed put removes the directory
-                self.written.set()  # stopped before it was set: its writer waits no more
                 with contextlib.suppress(Exception):
                     manifest.result()
 
@@ -272,18 +261,17 @@ class _Put:
 
     def _write_manifest(self, digests: list[str], objects: list[str]) -> str:
         """The header laid out with ``digests``, and the manifest naming
-        ``objects`` written to a temp file beside the objects and fsynced
-        (while the name may still be being reserved), then renamed into the
-        reserved directory (whose fsync is left to ``dirs``); the manifest's
-        path. The header is not parsed back: the draft holds its spec, and
-        verify reads it as every load does."""
+        ``objects`` written to a temp file beside the objects, unsynced,
+        then renamed into the version's directory (the caller leaves its
+        fsync, and the directory's, to ``dirs``); the manifest's path. The
+        header is not parsed back: the draft holds its spec, and verify
+        reads it as every load does."""
         draft = self.draft
         prefix = len(draft.draft).to_bytes(8, "little") + draft.header(digests)
         raw = tensors.manifest_bytes(prefix, draft.file_bytes, objects)
-        self.written.wait()
-        tmp = self.storage.stage(f"{tensors.AREA}/{tensors.TENSORS_FILE}", raw)
+        tmp = self.storage.stage(f"{tensors.AREA}/{tensors.TENSORS_FILE}", raw, sync=False)
         try:
-            target = os.path.join(self.reserved.result(), tensors.TENSORS_FILE)
+            target = os.path.join(self.reserved, tensors.TENSORS_FILE)
             os.replace(tmp, target)
         except BaseException:
             with contextlib.suppress(OSError):
@@ -296,15 +284,15 @@ class _Put:
 def _write_temp(
     storage: LocalStorage,
     draft: Draft,
-    reserved: Future[str],
+    reserved: str,
     i: int,
     data: memoryview | None = None,
 ) -> str:
     """Leaf ``i``'s bytes (``data``, else brought to the host here) in a
     fresh temp file beside the objects, fsynced; its path. A full disk is
-    the error naming the version and the leaf's key path (the reservation
-    waited for)."""
-    with space.typed(reserved.result, draft.names[i]):
+    the error naming the version (``reserved``: its directory) and the
+    leaf's key path."""
+    with space.typed(reserved, draft.names[i]):
         return storage.stage(
             f"{tensors.AREA}/staged", draft.host_bytes(i) if data is None else data
         )
