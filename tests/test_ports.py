@@ -13,7 +13,7 @@ from ports import free_port, free_ports, port_range
 def test_ports_are_distinct_free_and_below_the_ephemeral_range() -> None:
     needs_inet_sockets()
     low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    picked = free_ports(8) + [free_port(), free_port()]
+    picked = [*free_ports(8), free_port(), free_port()]
     assert len(set(picked)) == len(picked)  # never the same port twice in one process
     for port in picked:
         assert port in port_range() and port < low and port > 19999

@@ -26,7 +26,9 @@ import importlib
 import importlib.util
 import json
 import os
+import socket
 import sys
+import threading
 import time
 import traceback
 from typing import Any
@@ -153,8 +155,25 @@ def _outcome(response: Any) -> str:
     return "ok"
 
 
+def _keep_haproxy_log(path: str) -> None:
+    """HAProxy's access log (syslog over UDP to 127.0.0.1:514, in this
+    namespace of its own), appended line by line to ``path``: a request it
+    failed names there why (its termination state), for the test's message."""
+    sink = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sink.bind(("127.0.0.1", 514))
+
+    def drain() -> None:
+        with open(path, "ab", buffering=0) as out:
+            while True:
+                out.write(sink.recv(65536).rstrip(b"\n") + b"\n")
+
+    threading.Thread(target=drain, daemon=True).start()
+
+
 def main() -> None:
     temp_dir, port = sys.argv[1], int(sys.argv[2])
+    if INGRESS == "haproxy":
+        _keep_haproxy_log(os.path.join(temp_dir, "haproxy-access.log"))
     ray.init(
         num_cpus=2,
         include_dashboard=False,

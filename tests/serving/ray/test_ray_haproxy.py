@@ -32,6 +32,14 @@ def haproxy_servers(cluster) -> list[str]:
     return re.findall(r"^\s*server (SERVE_REPLICA_\S+) 127\.0\.0\.1:\d+", config.read_text(), re.M)
 
 
+def haproxy_failures(cluster) -> list[str]:
+    """The lines of HAProxy's access log (kept by the driver) of requests it
+    answered with an error status: each names why (its termination state)."""
+    log = Path(cluster.ray_dir, "haproxy-access.log")
+    lines = log.read_text(errors="replace").splitlines() if log.exists() else []
+    return [line for line in lines if re.search(r" 5\d\d ", line)]
+
+
 @pytest.fixture(scope="module")
 def fleet(haproxy_cluster, tmp_path_factory):
     versions = checked_store(tmp_path_factory.mktemp("haproxy"), "mlp")
@@ -93,5 +101,8 @@ def test_a_killed_replica_behind_haproxy_fails_no_request(haproxy_cluster, fleet
     # one; what may still fail is a keep-alive connection HAProxy closed as
     # it reloaded its configuration (the replica's removal, then its
     # replacement's arrival): closed unanswered, never an error status
-    assert all(f == (0, "RemoteProtocolError") for f in failed), failed
+    assert all(f == (0, "RemoteProtocolError") for f in failed), (
+        failed,
+        haproxy_failures(haproxy_cluster),
+    )
     print(f"{len(answered)} answered, {len(failed)} closed unanswered")
