@@ -33,6 +33,7 @@ from .acyclic import (
     one_level,
     top_levels,
 )
+from .bounded import Bounded
 from .errors import InvalidTreeError
 from .paths import Entry, Path, entry_of, entry_problem, entry_str, keystr, short_repr
 
@@ -150,24 +151,8 @@ def to_jsonable(x: Any) -> Any:
     raise TypeError(f"{type(x).__name__} has no JSON form")
 
 
-class _StructureCache:
-    """A small bounded map from (treedef, key types) to Node; treedefs hash
-    and compare in C++."""
-
-    def __init__(self, size: int) -> None:
-        self._size = size
-        self._data: dict[Any, Node] = {}
-
-    def get(self, key: Any) -> Node | None:
-        return self._data.get(key)
-
-    def put(self, key: Any, node: Node) -> None:
-        if len(self._data) >= self._size:
-            self._data.pop(next(iter(self._data)))
-        self._data[key] = node
-
-
-_structures = _StructureCache(_CACHE_SIZE)
+#: (treedef, key types) to Node; treedefs hash and compare in C++.
+_structures: Bounded[Any, Node] = Bounded(_CACHE_SIZE)
 
 _PLAIN_TYPES = frozenset((dict, list, tuple, type(None), str))
 

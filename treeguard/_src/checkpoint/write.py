@@ -7,19 +7,18 @@ so a tensor name is never ambiguous and ``load`` never mis-assigns a leaf.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import functools
 import json
 import math
 import os
-import threading
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, TypeAlias
 
 import numpy as np
 
 from ..atomic import atomic_write, remove_stale_temps, write_all
+from ..bounded import Bounded
 from ..env import environment
 from ..errors import InvalidTreeError
 from ..hashing import DEFAULT, Algorithm, check_algorithm, copy_hashed, write_hashed
@@ -494,8 +493,7 @@ def _layout(
     return names, table, meta, encode_header(meta, table), pos, spec
 
 
-_kept: collections.OrderedDict[tuple[Any, ...], _Layout] = collections.OrderedDict()
-_kept_lock = threading.Lock()
+_kept: Bounded[tuple[Any, ...], _Layout] = Bounded(KEPT_LAYOUTS)
 
 
 def _kept_layout(
@@ -508,16 +506,12 @@ def _kept_layout(
     if len(records) * _LEAF_HEADER_BYTES > KEPT_LAYOUT_BYTES:
         return _layout(root, records, user, algorithm, env)
     key = (root, records, user, algorithm, env)
-    with _kept_lock:
-        if key in _kept:
-            _kept.move_to_end(key)
-            return _kept[key]
+    kept = _kept.get(key)
+    if kept is not None:
+        return kept
     out = _layout(*key)
     if len(out[3]) <= KEPT_LAYOUT_BYTES:
-        with _kept_lock:
-            _kept[key] = out
-            while len(_kept) > KEPT_LAYOUTS:
-                _kept.popitem(last=False)
+        _kept.put(key, out)
     return out
 
 

@@ -33,6 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..bounded import Bounded
 from ..errors import InvalidTreeError, NonFiniteError, TreeguardError
 from ..leaf import summarize
 from ..nonfinite import all_finite, describe_counts, find_nonfinite
@@ -86,7 +87,7 @@ class CompiledStep:
         self._donated = donated if donate else ()
         self._pinned = tuple(pinned)
         self._jit: Callable[..., Any] | None = None
-        self._by_sharding: dict[Any, Callable[..., Any]] = {}
+        self._by_sharding: Bounded[Any, Callable[..., Any]] = Bounded(MAX_SHARDINGS)
         self._multi: bool | None = None
         self._traces = 0
         self._skipped: Any = None
@@ -127,9 +128,7 @@ class CompiledStep:
         if fn is None:
             shardings = plan_shardings_all(labelled_trees(labelled()), self._pinned)
             fn = self._make(shardings)
-            if len(self._by_sharding) >= MAX_SHARDINGS:
-                self._by_sharding.pop(next(iter(self._by_sharding)))
-            self._by_sharding[key] = fn
+            self._by_sharding.put(key, fn)
         return fn
 
     def _make(self, shardings: Shardings) -> Callable[..., Any]:
