@@ -311,6 +311,7 @@ class _Asking:
         "treeguard:ArtifactStore",  # treeguard's, but no exception
         "treeguard:StoreError.__init__",
         "treeguard._src.errors:FACES",
+        "treeguard._src.serving.grpc_transport:DecodeError",  # another's, in treeguard's module
     ],
 )
 def test_the_rebuilder_makes_no_other_object_than_a_treeguard_error(target: str) -> None:
@@ -320,3 +321,19 @@ def test_the_rebuilder_makes_no_other_object_than_a_treeguard_error(target: str)
         pickle.UnpicklingError, match="names only treeguard.s own exception classes"
     ):
         _only_treeguards(pickle.dumps(_Asking(target)))
+
+
+@pytest.mark.parametrize(
+    ("old", "cls"),
+    [
+        ("treeguard._src.errors.run:ModelCodeError", tg.ModelCodeError),
+        ("treeguard._src.errors.run:RunInterruptedError", tg.RunInterruptedError),
+        ("treeguard._src.errors.run:NonFiniteVersionError", tg.serving.NonFiniteVersionError),
+    ],
+)
+def test_a_pickle_an_older_build_wrote_naming_the_private_module_unpickles(
+    old: str, cls: type[BaseException]
+) -> None:
+    # before these errors were public, their pickles named the module that defines them
+    back = _only_treeguards(pickle.dumps(_Asking(old)))
+    assert type(back) is cls and back.root == "/etc"  # type: ignore[attr-defined]

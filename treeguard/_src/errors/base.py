@@ -33,8 +33,9 @@ def rebuild(cls: type[BaseException] | str, args: tuple[Any, ...], fields: dict[
     one calls (see ``by_fields``). ``cls`` may be given as
     ``"module:qualname"``, found as pickle finds a class: by importing the
     module, which must be treeguard's (``by_fields`` names no other), and
-    only when the name is an exception class that module defines under that
-    name. So a pickle calls this to make nothing but an exception: an
+    only when the name is an exception class of treeguard's under that name
+    there (defined there, or, for a pickle an older build wrote, imported
+    from where it is defined now). So a pickle calls this to make nothing but an exception: an
     unpickler that admits treeguard's globals alone (as a process taking
     errors from peers it does not trust may use) admits no other module or
     class through it.
@@ -59,8 +60,12 @@ def rebuild(cls: type[BaseException] | str, args: tuple[Any, ...], fields: dict[
         found = None
         if module.split(".")[0] == "treeguard":
             found = getattr(importlib.import_module(module), name, None)
-        if not isinstance(found, type) or f"{found.__module__}:{found.__qualname__}" != cls:
-            found = None
+        if (
+            not isinstance(found, type)
+            or found.__module__.split(".")[0] != "treeguard"
+            or found.__qualname__ != name
+        ):
+            found = None  # not a class of treeguard's, or one under another name
     if not (isinstance(found, type) and issubclass(found, BaseException)):
         shown = repr(cls[:200]) if isinstance(cls, str) else repr(cls)[:200]
         raise pickle.UnpicklingError(
