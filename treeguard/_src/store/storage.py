@@ -167,10 +167,12 @@ class LocalStorage:
             raise self._failed("creating", name, e) from e
         return tmp
 
-    def link(self, tmp: str, name: str) -> str | Conflict:
+    def link(self, tmp: str, name: str, *, tag: bool = True) -> str | Conflict:
         """Names the temp file ``stage`` wrote ``name``, only if absent, and
-        removes the temp; the new tag, or ``Conflict.EXISTS``. Durable once
-        the caller fsyncs the directory (one fsync for several links)."""
+        removes the temp; the new tag (``""`` when not ``tag``: a caller
+        that needs none saves opening the file), or ``Conflict.EXISTS``.
+        Durable once the caller fsyncs the directory (one fsync for several
+        links)."""
         target = self.where(name)
         try:
             os.link(tmp, target)
@@ -181,7 +183,7 @@ class LocalStorage:
         finally:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
-        return self._tag_of(target) or ""
+        return (self._tag_of(target) or "") if tag else ""
 
     def swap(
         self, name: str, data: bytes, expected: str | None, *, dirs: DirSyncs | None = None

@@ -194,7 +194,8 @@ class _Put:
             manifest = self.pool.submit(self._write_manifest, digests, objects)
             linked = []
             for b, name in names.items():  # each left in staged until linked (a temp to remove)
-                linked.append(self.storage.link(staged[b].result(), f"{tensors.AREA}/{name}"))
+                made = self.storage.link(staged[b].result(), f"{tensors.AREA}/{name}", tag=False)
+                linked.append(made)
                 del staged[b]
             # also when this put linked nothing: an object it names may have been
             # linked by another put that has not synced the directory yet
