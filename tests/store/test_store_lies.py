@@ -264,6 +264,7 @@ _LIES = {
     "longer": "reading {name} failed: its stream ran past its 16,384 bytes: 16,484 or more came",
     "shorter": "reading {name} failed: its stream ended after 8,192 of its 16,384 bytes",
     "inflated": "reading {name} failed: its answer was 16,484 bytes, its HEAD 16,384 bytes",
+    "missing": "reading {name} failed: its answer was a 404, its HEAD 16,384 bytes",
 }
 
 

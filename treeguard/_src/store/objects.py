@@ -285,25 +285,24 @@ class ObjectStorage:
         client's memory, valid during the call; a retry starts at 0 again),
         never past ``size`` bytes. Its size (as read), or None if absent. An
         answer that lies is read again, as a 5xx is: a stream that runs past
-        ``size`` or ends short of it (``download.hand_over``), another
-        size its HEAD does not confirm (``_confirmed``)."""
+        ``size`` or ends short of it (``download.hand_over``), a 404 or
+        another size its HEAD does not confirm (``_confirmed``)."""
 
         def get() -> int | None:
             result = self._get(name)
-            if result is None:
-                return None
-            if result.meta["size"] != size:
-                return self._confirmed(name, size, int(result.meta["size"]))
+            if result is None or result.meta["size"] != size:
+                held = None if result is None else int(result.meta["size"])
+                return self._confirmed(name, size, held)
             parts = result.stream(min_chunk_size=_PART)
             return hand_over(parts, size, each, name=name, where=self.where(name))
 
         return self._idempotent("reading", check_object_name(name), get)
 
-    def _confirmed(self, name: str, size: int, answered: int) -> int:
-        """``answered`` (a size other than ``size``) once the object's HEAD
-        agrees; else ``objecterrors.Contradicted``."""
+    def _confirmed(self, name: str, size: int, answered: int | None) -> int | None:
+        """``answered`` (a GET's 404 as None, or a size other than ``size``)
+        once the object's HEAD agrees; else ``objecterrors.Contradicted``."""
         found = self.size(name)
-        if found != size:
+        if found is None or (answered is not None and found != size):
             return answered
         raise objecterrors.head_contradicts(name, self.where(name), answered, found)
 
