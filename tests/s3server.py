@@ -271,9 +271,10 @@ class Lie:
         bytes more, or half its bytes: the client reads a chunked body to its
         end, whatever the Content-Length says), ``"inflated"`` (a whole
         object's answer sent chunked with all its bytes, its Content-Length
-        announcing 100 bytes more), or ``"cut"`` (a ranged answer sent
+        announcing 100 bytes more), ``"cut"`` (a ranged answer sent
         chunked with half its bytes, its Content-Length and Content-Range
-        still announcing all of them: the body ends early, cleanly).
+        still announcing all of them: the body ends early, cleanly), or
+        ``"missing"`` (a 404 for an object the server holds).
     """
 
     delay: float = 0.0
@@ -362,6 +363,9 @@ class LyingProxy:
         if kind == "ack":  # a write acknowledged, never passed on
             etag = f'"{hashlib.md5(req.body).hexdigest()}"'
             return 200, [("ETag", etag), ("Content-Length", "0")], b""
+        if kind == "missing":  # never passed on
+            error = b"<Error><Code>NoSuchKey</Code></Error>"
+            return 404, [("Content-Length", str(len(error)))], error
         status, headers, body = self._forward(req)
         if kind == "refuse" and status == 200:
             error = b"<Error><Code>PreconditionFailed</Code></Error>"

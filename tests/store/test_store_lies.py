@@ -1,11 +1,12 @@
 """A bucket that lies, through a proxy in front of a real SeaweedFS server:
 wrong ETags, short, cut and reordered ranges, a shard object's stream longer or
 shorter than the size its answer announced (sent chunked, which the client
-reads to its end whatever the Content-Length says) or a size its HEAD
+reads to its end whatever the Content-Length says), a size or a 404 its HEAD
 contradicts, a 200 for a write it did not perform and a 412 for one it did.
 Every case ends typed, nothing unverified is returned, nothing is lost, and no
 success is reported for what did not happen; a transient read failure, or an
-answer that lies on every try, never becomes a permanent verdict."""
+answer that lies on every try, never becomes a permanent verdict; a load or a
+verify lied to once reads that object again and succeeds."""
 
 from __future__ import annotations
 
@@ -256,39 +257,57 @@ def _sharded(store: ArtifactStore) -> tuple[str, Any, np.ndarray[Any, Any]]:
     return v, {"w": jax.ShapeDtypeStruct(w.shape, w.dtype, sharding=sharding)}, w
 
 
-@pytest.mark.parametrize(
-    ("kind", "came"),
-    [
-        ("longer", "ran past its 16,384 bytes: 16,484 or more came"),
-        ("shorter", "ended after 8,192 of its 16,384 bytes"),
-    ],
-    ids=["longer", "shorter"],
-)
-def test_a_shard_object_streamed_past_or_short_of_its_announced_size_is_refused_by_name(
-    lying: tuple[ArtifactStore, ArtifactStore], liar: Liar, s3_url: str, kind: str, came: str
+_SHARD = "/0.4096-8192"
+#: What each lie about the shard object ``_SHARD`` makes its answer say, after
+#: the object's URL (16,384 bytes, as its HEAD says).
+_LIES = {
+    "longer": "reading {name} failed: its stream ran past its 16,384 bytes: 16,484 or more came",
+    "shorter": "reading {name} failed: its stream ended after 8,192 of its 16,384 bytes",
+    "inflated": "reading {name} failed: its answer was 16,484 bytes, its HEAD 16,384 bytes",
+    "missing": "reading {name} failed: its answer was a 404, its HEAD 16,384 bytes",
+}
+
+
+@pytest.mark.parametrize("kind", list(_LIES))
+def test_a_shard_object_lied_about_once_is_read_again_by_every_load(
+    lying: tuple[ArtifactStore, ArtifactStore], liar: Liar, kind: str
 ) -> None:
     store, honest = lying
     v, like, w = _sharded(honest)
     assert honest.verify(v).status == "verified"
-    said = rf"{re.escape(s3_url)}/versions/{v}/data-[0-9a-f]{{16}}/0\.4096-8192: "
-    said += rf"the object's stream {re.escape(came)}$"
+    honest.promote(v)
+    for load in (lambda: store.load_version(v, like), lambda: store.load_current(like)):
+        liar.arm(kind, "GET", _SHARD)  # one answer lies; the next is the object's
+        got = load()["w"]
+        assert liar.times == 0 and np.array_equal(np.asarray(got), w)
+
+
+@pytest.mark.parametrize("kind", list(_LIES))
+def test_a_shard_object_lied_about_on_every_try_is_a_storage_error_naming_it(
+    lying: tuple[ArtifactStore, ArtifactStore], liar: Liar, s3_url: str, kind: str
+) -> None:
+    store, honest = lying
+    v, like, w = _sharded(honest)
+    assert honest.verify(v).status == "verified"
+    name = rf"versions/{v}/data-[0-9a-f]{{16}}/0\.4096-8192"
+    said = rf"^{re.escape(s3_url)}/{name}: "
+    said += re.escape(_LIES[kind]).replace(r"\{name\}", name) + r" \(on each of 3 tries\)$"
     # a load streams each shard into its buffer (100 bytes more would not fit it: refused
     # before a byte past it is handed over); a promote's check streams it through the hash
     for read in (lambda: store.load_version(v, like), lambda: store.promote(v)):
-        liar.arm(kind, "GET", "/0.4096-8192", times=100)  # on every try
-        with pytest.raises(IntegrityError) as e:
+        liar.arm(kind, "GET", _SHARD, times=100)  # on every try
+        with pytest.raises(StorageError) as e:
             read()
+        assert not isinstance(e.value, IntegrityError)  # nothing said of the stored bytes
         assert liar.times < 100 and re.search(said, str(e.value), re.MULTILINE), str(e.value)
+        assert "hint: the server or a proxy in front of it" in str(e.value)
     assert honest.current() is None and np.array_equal(honest.load_version(v, like)["w"], w)
 
 
-_SHARD = "/0.4096-8192"
-
-
-@pytest.mark.parametrize("kind", ["longer", "shorter", "inflated"])
+@pytest.mark.parametrize("kind", list(_LIES))
 @pytest.mark.parametrize("times", [1, 100], ids=["once", "always"])
 def test_a_shard_object_the_transport_lies_about_is_no_rejected_verdict(
-    lying: tuple[ArtifactStore, ArtifactStore], liar: Liar, s3_url: str, kind: str, times: int
+    lying: tuple[ArtifactStore, ArtifactStore], liar: Liar, kind: str, times: int
 ) -> None:
     store, honest = lying
     v, _, _ = _sharded(honest)
@@ -297,11 +316,11 @@ def test_a_shard_object_the_transport_lies_about_is_no_rejected_verdict(
         assert store.verify(v).status == "verified"
         assert liar.times == 0 and honest.info(v).status == "verified"
         return
-    # a stream of another length than announced, or an announced size the object's HEAD
-    # contradicts, on every try: a failed read, not a verdict on bytes that were never seen
+    # a stream of another length than announced, or an announced size or a 404 the object's
+    # HEAD contradicts, on every try: a failed read, not a verdict on bytes never seen
     with pytest.raises(StorageError, match="for its verdict failed 3 times.*no verdict") as e:
         store.verify(v)
-    said = rf"{re.escape(s3_url)}/versions/{v}/data-[0-9a-f]{{16}}/0\.4096-8192"
+    said = rf"\(last: reading versions/{v}/data-[0-9a-f]{{16}}/0\.4096-8192 failed: "
     assert liar.times < 100 and re.search(said, str(e.value)), str(e.value)
     assert honest.info(v).status == "candidate"  # verify it again once the server is mended
     liar.times = 0

@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ..errors import IntegrityError
+from ..errors import IntegrityError, StorageError
 from ..hashing import Pipeline
 from ..hashing.engine import DEPTH
 from ..leaf import summarize
@@ -380,6 +380,8 @@ class _Reads:
         self._issue()  # the window moved: keep the reader busy while this one is used
         try:
             done = got.future.result()
+        except StorageError:
+            raise  # a request to storage failed: it names the object, and says nothing of it
         except Exception as e:  # tensorstore raises many kinds
             raise unreadable(self._where, [self._plans[got.n].record.path], e) from e
         found = done if isinstance(done, str) else None
@@ -495,6 +497,8 @@ def read_verified(
         whose bytes differ from their digest (in any process), an array
         that could not be read or does not match its record (in the process
         that failed; the others name that process and the array).
+      StorageError: in the process whose fetch's request to storage failed
+        (the fetch's own error, naming the object; the others as above).
     """
     plans = _plans(manifest.arrays, targets)
     out: list[Any] = [None] * len(manifest.arrays)

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from ..checkpoint.received import refuse_forged_claim
-from ..errors import IntegrityError, StorageError, StoreError
+from ..errors import IntegrityError, StoreError
 from ..hashing import Algorithm, hasher
 from ..sharded.digests import Index, local_digests
 from ..sharded.manifest import (
@@ -219,18 +219,13 @@ class ShardObjects:
         else:
             nbytes = buf.nbytes
             held = self._storage.read_into(name, buf.reshape(-1).view(np.uint8).data, each)
-        if held != nbytes:
+        if held != nbytes:  # its GET and its HEAD agree (``ObjectStorage.stream``)
             found = "missing" if held is None else f"{held} bytes"
-            if held is not None and self._storage.size(name) == nbytes:  # its GET alone says so
-                raise StorageError(
-                    f"reading {self.name(key, shard)} failed: its answer announced {found}, "
-                    f"its HEAD the {nbytes} bytes the manifest records",
-                    hint="the server or a proxy in front of it announces another size than the "
-                    "object's; nothing read was used: check it, then read again",
-                )
             raise IntegrityError(  # the message names the object: no context to repeat it
                 f"{self.name(key, shard)} is {found}, the manifest records {nbytes} bytes",
-                hint="the version was damaged behind the store; do not use it",
+                hint="the version lost data behind the store (an object deleted or replaced by "
+                "hand, a lifecycle rule, another client); do not use it: load or promote "
+                "another version, or put the weights again",
             )
         return str(hashed[0].hexdigest())
 

@@ -20,13 +20,24 @@ _POLL = 0.05
 
 
 def hand_over(
-    parts: Iterable[Any], size: int, each: Callable[[int, memoryview], None], where: str
+    parts: Iterable[Any],
+    size: int,
+    each: Callable[[int, memoryview], None],
+    *,
+    name: str,
+    where: str,
 ) -> int:
     """Hands the ``parts`` of an object of ``size`` bytes (as its answer
     announced) to ``each(offset, part)`` in order; ``size``.
 
+    Args:
+      parts: the object's bytes, in order, as its answer streams them.
+      size: the bytes its answer announced.
+      each: given each part and its offset.
+      name, where: the object's name and URL, for the error.
+
     Raises:
-      StorageError: naming the object at ``where`` and its size, when the
+      objecterrors.Contradicted: naming the object and its size, when the
         parts run past ``size`` (before the part that would, which is never
         handed over) or end short of it.
     """
@@ -34,11 +45,11 @@ def hand_over(
     for part in parts:
         n = len(part)
         if pos + n > size:
-            raise objecterrors.stream_size(where, size, pos + n, more=True)
+            raise objecterrors.stream_size(name, where, size, pos + n, more=True)
         each(pos, memoryview(part))
         pos += n
     if pos != size:
-        raise objecterrors.stream_size(where, size, pos, more=False)
+        raise objecterrors.stream_size(name, where, size, pos, more=False)
     return pos
 
 

@@ -5,10 +5,12 @@ status, a missing bucket, the client's words for a timeout or for an answer
 that is not the byte range asked for. They are read here, once: ``typed``
 makes a ``StorageError`` naming the operation, the object and which failure
 it was, ``permanent`` says whether a retry could mend it, and ``status``
-gives the status the server answered, and ``stream_size`` is the
-``StorageError`` of a streamed answer that is not the size it announced (a
-failed request, not evidence about the stored bytes); ``from_a_request``
-says whether an error was, however deep, such a failed request.
+gives the status the server answered. ``stream_size`` (a streamed answer
+that is not the size it announced) and ``head_contradicts`` (a 404 or a
+size the object's HEAD does not confirm) are ``Contradicted``: a failed
+request, not evidence about the stored bytes, which ``ObjectStorage``
+tries again as it does a 5xx; ``from_a_request`` says whether an error
+was, however deep, such a failed request.
 A credential or a byte of an answer is never put in a message.
 """
 
@@ -127,26 +129,66 @@ def from_a_request(e: BaseException) -> bool:
     return False
 
 
-def stream_size(where: str, size: int, came: int, *, more: bool) -> StorageError:
-    """The error for an object whose streamed bytes are not the ``size`` it
-    was read for (the size its answer announced): ``came`` bytes, and
-    ``more`` when the stream ran past ``size`` (``came`` is then the bytes
-    up to the part that went past it). The answer contradicts itself, so it
-    says nothing of what is stored: a failed read, which ``verify`` reads
-    again and never makes a verdict.
+class Contradicted(StorageError):
+    """An answer that contradicts itself or the object's HEAD (a body
+    longer or shorter than it announced, a size or a 404 its HEAD does not
+    confirm): a failed request, which says nothing of the stored bytes and
+    which another try may mend (``ObjectStorage`` tries it again, then
+    raises ``tried``)."""
+
+    def tried(self, tries: int) -> StorageError:
+        """The error once ``tries`` answers in a row lied: a plain
+        ``StorageError`` (never tried again by the request's retries), its
+        message saying so.
+
+        Example:
+          >>> lied = Contradicted("its answer was a 404", context="s3://m/a", hint="check it")
+          >>> print(str(lied.tried(3)).splitlines()[0])
+          s3://m/a: its answer was a 404 (on each of 3 tries)
+        """
+        return StorageError(
+            f"{self.message} (on each of {tries} tries)", context=self.context, hint=self.hint
+        )
+
+
+def stream_size(name: str, where: str, size: int, came: int, *, more: bool) -> Contradicted:
+    """The error for object ``name`` (at ``where``) whose streamed bytes are
+    not the ``size`` it was read for (the size its answer announced):
+    ``came`` bytes, and ``more`` when the stream ran past ``size`` (``came``
+    is then the bytes up to the part that went past it). The answer
+    contradicts itself, so it says nothing of what is stored: a failed read,
+    which is read again and never makes a verdict.
 
     Example:
-      >>> print(str(stream_size("s3://m/a", 1024, 1030, more=True)).splitlines()[0])
-      s3://m/a: the object's stream ran past its 1,024 bytes: 1,030 or more came
+      >>> print(str(stream_size("a", "s3://m/a", 1024, 1030, more=True)).splitlines()[0])
+      s3://m/a: reading a failed: its stream ran past its 1,024 bytes: 1,030 or more came
     """
     why = (
         f"ran past its {size:,} bytes: {came:,} or more came"
         if more
         else (f"ended after {came:,} of its {size:,} bytes")
     )
-    return StorageError(
-        f"the object's stream {why}",
+    return Contradicted(
+        f"reading {name} failed: its stream {why}",
         context=where,
         hint="the server or a proxy in front of it sent other bytes than the object's; nothing "
         "read was used: check it, then read again",
+    )
+
+
+def head_contradicts(name: str, where: str, answered: int | None, head: int) -> Contradicted:
+    """The error for a GET of object ``name`` (at ``where``) that ``answered``
+    a 404 (None) or a size that its HEAD, finding ``head`` bytes, does not
+    confirm: a failed read, which is read again and never makes a verdict.
+
+    Example:
+      >>> print(str(head_contradicts("a", "s3://m/a", None, 1024)).splitlines()[0])
+      s3://m/a: reading a failed: its answer was a 404, its HEAD 1,024 bytes
+    """
+    said = "a 404" if answered is None else f"{answered:,} bytes"
+    return Contradicted(
+        f"reading {name} failed: its answer was {said}, its HEAD {head:,} bytes",
+        context=where,
+        hint="the server or a proxy in front of it answers otherwise than the object holds; "
+        "nothing read was used: check it, then read again",
     )

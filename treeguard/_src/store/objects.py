@@ -155,6 +155,9 @@ class ObjectStorage:
         for attempt in range(_TRIES):
             try:
                 return call()
+            except objecterrors.Contradicted as e:  # an answer that lied: the next may not
+                if attempt == _TRIES - 1:
+                    raise e.tried(_TRIES) from None
             except GenericError as e:  # the network or a 5xx: worth another try
                 if attempt == _TRIES - 1 or objecterrors.permanent(e):
                     raise self._failed(operation, name, e) from None
@@ -280,17 +283,28 @@ class ObjectStorage:
         """Streams ``name`` in one GET when it holds ``size`` bytes,
         ``each(offset, part)`` called on each part as it arrives (the
         client's memory, valid during the call; a retry starts at 0 again),
-        never past ``size`` bytes. Its size (as read), or None if absent; a
-        stream that runs past ``size`` or ends short of it is a
-        ``StorageError`` naming the object (``download.hand_over``)."""
+        never past ``size`` bytes. Its size (as read), or None if absent. An
+        answer that lies is read again, as a 5xx is: a stream that runs past
+        ``size`` or ends short of it (``download.hand_over``), a 404 or
+        another size its HEAD does not confirm (``_confirmed``)."""
 
         def get() -> int | None:
             result = self._get(name)
             if result is None or result.meta["size"] != size:
-                return None if result is None else int(result.meta["size"])
-            return hand_over(result.stream(min_chunk_size=_PART), size, each, self.where(name))
+                held = None if result is None else int(result.meta["size"])
+                return self._confirmed(name, size, held)
+            parts = result.stream(min_chunk_size=_PART)
+            return hand_over(parts, size, each, name=name, where=self.where(name))
 
         return self._idempotent("reading", check_object_name(name), get)
+
+    def _confirmed(self, name: str, size: int, answered: int | None) -> int | None:
+        """``answered`` (a GET's 404 as None, or a size other than ``size``)
+        once the object's HEAD agrees; else ``objecterrors.Contradicted``."""
+        found = self.size(name)
+        if found is None or (answered is not None and found != size):
+            return answered
+        raise objecterrors.head_contradicts(name, self.where(name), answered, found)
 
     def read_into(
         self, name: str, buf: memoryview, each: Callable[[int, memoryview], None]
