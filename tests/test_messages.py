@@ -264,9 +264,9 @@ def test_header_json_cost_message(tmp_path: Any) -> None:
         f"{path}: the header: its 3,000,012 bytes of JSON would take about 104,000,371 bytes of "
         "objects, over the 13,194,340 its reader allows\n"
         "hint: a reader allows 3 bytes of objects per byte of header past 4 MiB, and no option "
-        "raises it; a file treeguard.save wrote for a tree of very many leaves or keys each of "
-        "its own can be over it: read its tensors unverified with safetensors.numpy.load_file "
-        "and save them as fewer leaves; a damaged file: restore the file from a verified copy "
+        "raises it; a file an older treeguard.save wrote for a tree of very many leaves or keys "
+        "each of its own can be over it: read its tensors unverified with "
+        "safetensors.numpy.load_file and save them as fewer leaves; a damaged file: restore the file from a verified copy "
         "(ArtifactStore.rollback) or save it again"
     )
 
@@ -398,3 +398,24 @@ def test_exported_artifact_refusals_name_both_sides(tmp_path: Any) -> None:
         f"on {here}\nhint: export it for {here} too: treeguard export MODULE:ATTR --store STORE "
         f"VERSION --platform {here} (on a new version), or serve it on {other}"
     )
+
+
+def test_save_over_the_readers_budget_message(tmp_path: Any) -> None:
+    import re
+
+    import numpy as np
+
+    path = tmp_path / "c.safetensors"
+    message = _message(tg.save, path, {"w": np.zeros(2, np.float32)}, metadata={"x": [[]] * 60_000})
+    # the header's bytes and what is left of the budget hold the environment's JSON
+    assert re.fullmatch(
+        r"1 invalid leaf or node in the tree:\n"
+        r"  <root>: the header of [0-9,]+ bytes for 1 leaf in 1 container would be refused by "
+        r"read_header and load: reading it would cost more than their [0-9,]+ bytes of objects "
+        r"\(3 per byte of header past 4 MiB\); treeguard.metadata: its 240,007 bytes of JSON "
+        r"would take about 6,240,267 bytes of objects, over the [0-9,]+ its reader allows\n"
+        r"hint: nothing was written; save the tree as several checkpoints \(a part of it in "
+        r"each\) or with treeguard.save_sharded, or as fewer leaves and containers \(stack "
+        r"leaves of one shape into one array\), and keep large documents out of metadata=",
+        message,
+    ), message

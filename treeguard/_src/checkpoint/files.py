@@ -108,17 +108,43 @@ def read_raw_header(
         with memoryview(raw) as view:
             if pread_into(fd, view, 8) != n:
                 raise FormatError("the file shrank while its header was read", context=name)
-        if raw[:1] != b"{":
-            raise FormatError("the header is not a JSON object", context=name, hint=hint)
-        if entries_past(raw, MAX_TENSORS):  # counted before a record is built
-            refuse_too_many(MAX_TENSORS + 1, name, hint=BAD_FILE_HINT)
-        doc = scan(raw, table_budget(n))  # the usual form, into records costed first
-        text = utf8_text(raw, "the header is", name) if doc is None else None
-    if text is not None:  # any other, as JSON, measured before it is parsed
+        found = _scanned(raw, name, hint)
+    return _parsed(found, n, name), n, size
+
+
+def header_doc(raw: Buffer, name: str) -> dict[str, Any]:
+    """A header's bytes parsed as ``read_raw_header`` parses them, within
+    ``table_budget`` (``save`` reads the header it laid out so).
+
+    Raises:
+      FormatError: as ``read_raw_header``, once the header's bytes are read.
+
+    Example:
+      >>> header_doc(b'{"__metadata__": {"a": "b"}}', "f")
+      {'__metadata__': {'a': 'b'}}
+    """
+    return _parsed(_scanned(raw, name, BAD_FILE_HINT), len(raw), name)
+
+
+def _scanned(raw: Buffer, name: str, hint: str) -> dict[str, Any] | str:
+    """A header's bytes read into records where of the usual form (costed
+    first), or else as text for ``_parsed``."""
+    if raw[:1] != b"{":
+        raise FormatError("the header is not a JSON object", context=name, hint=hint)
+    if entries_past(raw, MAX_TENSORS):  # counted before a record is built
+        refuse_too_many(MAX_TENSORS + 1, name, hint=BAD_FILE_HINT)
+    doc = scan(raw, table_budget(len(raw)))  # the usual form, into records costed first
+    return utf8_text(raw, "the header is", name) if doc is None else doc
+
+
+def _parsed(found: dict[str, Any] | str, n: int, name: str) -> dict[str, Any]:
+    """``_scanned``'s records, or its text parsed as JSON, measured first."""
+    doc: Any = found
+    if isinstance(found, str):  # any other, as JSON, measured before it is parsed
         doc = strict_loads(
-            text, "the header", context=name, budget=table_budget(n), shared_keys=ENTRY_KEYS
+            found, "the header", context=name, budget=table_budget(n), shared_keys=ENTRY_KEYS
         )
-        del text
+        del found
     if not isinstance(doc, dict):
         raise FormatError("the header is not a JSON object", context=name)
-    return doc, n, size
+    return doc

@@ -79,8 +79,8 @@ BAD_FILE_HINT = (
 #: more), ``specscan.scan`` a spec of the form ``TreeSpec.to_json`` writes
 #: in about 1.5 times its text (3.4 times where each leaf has a shape of its
 #: own, 4.4 where each also sits in a container of keys found nowhere else,
-#: so that a tree of 20,000 such is over the budget though ``save`` wrote
-#: it; see ``OVER_BUDGET_HINT``); an honest treeguard header costs about 3
+#: so that a tree of 20,500 such is over the budget: ``save`` refuses it,
+#: ``readback.check_readable``); an honest treeguard header costs about 3
 #: times its bytes in all. The allowance covers what does not grow with the
 #: header (dicts' first tables, the metadata's few strings: kilobytes) many
 #: times over, and lets any header under a MiB through in whatever form
@@ -144,9 +144,9 @@ _RESTORE_HINT = "restore the file from a verified copy (ArtifactStore.rollback) 
 #: The fix for a header over its budget, which may be one ``save`` wrote.
 OVER_BUDGET_HINT = (
     f"a reader allows {TABLE_COST_PER_BYTE} bytes of objects per byte of header past "
-    f"{TABLE_FREE_COST >> 20} MiB, and no option raises it; a file treeguard.save wrote for a "
-    "tree of very many leaves or keys each of its own can be over it: read its tensors "
-    "unverified with safetensors.numpy.load_file and save them as fewer leaves; a damaged "
+    f"{TABLE_FREE_COST >> 20} MiB, and no option raises it; a file an older treeguard.save "
+    "wrote for a tree of very many leaves or keys each of its own can be over it: read its "
+    "tensors unverified with safetensors.numpy.load_file and save them as fewer leaves; a damaged "
     "file: " + _RESTORE_HINT
 )
 

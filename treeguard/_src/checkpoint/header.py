@@ -105,12 +105,7 @@ def header_from_doc(doc: dict[str, Any], header_bytes: int, size: int, name: str
     fmt, algorithm = _known_fields(meta, name)
     # The digest covers everything below, so check it before interpreting any of it.
     _check_digest(meta, doc, algorithm, name)
-    _compact_table(doc)  # before the spec is parsed, the other large thing
-    # one budget for the table, the spec and the documents beside it
-    left = table_budget(header_bytes) - held_cost(doc, meta)
-    spec, left = _stored_spec(meta, left, name)
-    found, left = _digests(meta, doc, left)
-    *hashes, env, user = _json_objects(meta, left, name)
+    spec, found, (*hashes, env, user) = _documents(doc, meta, header_bytes, name)
     listed = list(doc)
     names = leaf_names(spec, name, listed)
     _check_table_names(listed, names, name)
@@ -127,6 +122,32 @@ def header_from_doc(doc: dict[str, Any], header_bytes: int, size: int, name: str
     return Header(
         name, fmt, spec, tensors, env, user, algorithm, meta[K_DIGEST], header_bytes, size
     )
+
+
+def within_budget(doc: dict[str, Any], header_bytes: int, name: str) -> None:
+    """Reads a parsed header's spec and documents in its one budget, as
+    ``header_from_doc`` does, and no more (its digests are not checked):
+    how ``save`` learns, before it writes a byte, that a reader would take
+    the header it laid out.
+
+    Raises:
+      FormatError: as ``header_from_doc`` refuses the header, for the spec
+        or a document over what is left of the budget.
+    """
+    _documents(doc, _metadata(doc, name), header_bytes, name)
+
+
+def _documents(
+    doc: dict[str, Any], meta: dict[str, str], header_bytes: int, name: str
+) -> tuple[TreeSpec, Digests | None, list[dict[str, Any]]]:
+    """The stored spec, the digests (where read into one buffer) and the
+    JSON objects still in ``meta``, all in one budget with the table."""
+    _compact_table(doc)  # before the spec is parsed, the other large thing
+    # one budget for the table, the spec and the documents beside it
+    left = table_budget(header_bytes) - held_cost(doc, meta)
+    spec, left = _stored_spec(meta, left, name)
+    found, left = _digests(meta, doc, left)
+    return spec, found, _json_objects(meta, left, name)
 
 
 def table_budget(header_bytes: int) -> int:

@@ -31,6 +31,7 @@ from ..strictjson import MAX_DEPTH, MAX_INT_DIGITS
 from ..surgery import METADATA_KEY, Surgery
 from ..walk import Node, flatten_with_types, key_problems, structure_of
 from .format import ALLOWED_DTYPES, draft_meta, encode_header, signed_meta, stored_layout
+from .readback import check_readable
 from .restore import buffer
 
 #: The layouts kept for the next save of the same tree: the last
@@ -259,7 +260,10 @@ def save(
         other than threefry2x32, rbg and unsafe_rbg, Python ints out of
         their dtype's range, keys that would not read back from a tensor name
         (enums, numpy scalars, lone surrogates, two keys that print alike),
-        or arrays spread over several processes; each named by path.
+        or arrays spread over several processes; each named by path. Also
+        (at ``<root>``) for a tree whose header every read would refuse as
+        over its budget of objects (very many containers and keys each of
+        their own, or a large ``metadata``), before a byte is written.
       TypeError: if ``metadata`` is not JSON-serialisable, naming the key.
       ValueError: for a ``digest`` other than ``"blake3"`` and ``"sha256"``.
       OSError: if the file cannot be written; ``path`` is then unchanged.
@@ -490,7 +494,9 @@ def _layout(
         pos += nbytes
     spec_json = spec.to_json(indent=None).rstrip("\n")
     meta = draft_meta(spec_json, algorithm, env, user, names)
-    return names, table, meta, encode_header(meta, table), pos, spec
+    header = encode_header(meta, table)
+    check_readable(header, root)  # before a byte is written: one a reader takes
+    return names, table, meta, header, pos, spec
 
 
 _kept: Bounded[tuple[Any, ...], _Layout] = Bounded(KEPT_LAYOUTS)

@@ -1,0 +1,96 @@
+"""What ``save`` learns before it writes a byte: whether a reader would take
+the header it laid out.
+
+A reader holds a header to one budget of objects (``header.table_budget``),
+and some trees ``save`` accepts (containers nested around one leaf each,
+under keys found nowhere else; a large document in ``metadata=``) lay out a
+header over it. ``check_readable`` reads the laid-out header with the
+reader's own steps (``files.header_doc``, ``header.within_budget``), so the
+refusal and the reader can never disagree: one cost model, the reader's.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+
+from ..errors import FormatError, InvalidTreeError
+from ..hashing import digest
+from ..walk import Node
+from .files import header_doc
+from .format import TABLE_COST_PER_BYTE, TABLE_FREE_COST
+from .header import table_budget, within_budget
+
+#: The digests of the last headers read back within the reader's budget, so
+#: that the same tree saved again (same metadata) is not read again.
+READ_HEADERS = 16
+
+_HINT = (
+    "nothing was written; save the tree as several checkpoints (a part of it in each) or "
+    "with treeguard.save_sharded, or as fewer leaves and containers (stack leaves of one "
+    "shape into one array), and keep large documents out of metadata="
+)
+
+_read: collections.OrderedDict[str, None] = collections.OrderedDict()
+_read_lock = threading.Lock()
+
+
+def check_readable(header: bytes, root: Node) -> None:
+    """Reads the header laid out for ``root`` as a reader does, in its
+    budget (its digests, still blank, have their final length), so that
+    ``save`` refuses, before it writes a byte, a tree whose file no reader
+    would take. A header read so is remembered by its digest
+    (``READ_HEADERS`` of them): saving the same tree again costs a hash.
+
+    Raises:
+      InvalidTreeError: naming the header's bytes, how many leaves and
+        containers, the reader's budget and the part it refused.
+
+    Example:
+      >>> import numpy as np
+      >>> from treeguard._src.checkpoint.write import laid_out  # which calls this
+      >>> draft = laid_out({"w": np.zeros(2, np.float32)})
+      >>> check_readable(draft.draft, draft.spec.structure)  # read once: remembered
+      >>> laid_out({"w": np.zeros(2, np.float32)}, metadata={"x": [[]] * 60_000})
+      Traceback (most recent call last):
+      ...
+      treeguard.InvalidTreeError: 1 invalid leaf or node in the tree:
+        <root>: the header of ... bytes for 1 leaf in 1 container would be refused by ...
+      hint: nothing was written; ...
+    """
+    key = digest(header, "blake3")
+    with _read_lock:
+        if key in _read:
+            _read.move_to_end(key)
+            return
+    try:
+        within_budget(header_doc(header, "the header"), len(header), "the header")
+    except FormatError as e:
+        problem = (
+            f"the header of {len(header):,} bytes for {_many(root.num_leaves, 'leaf', 'leaves')} "
+            f"in {_many(_containers(root), 'container', 'containers')} would be refused by "
+            "read_header and load: reading it would cost more than their "
+            f"{table_budget(len(header)):,} bytes of objects ({TABLE_COST_PER_BYTE} per byte "
+            f"of header past {TABLE_FREE_COST >> 20} MiB); {e.message}"
+        )
+        raise InvalidTreeError([("", problem)], hint=_HINT) from None
+    with _read_lock:
+        _read[key] = None
+        while len(_read) > READ_HEADERS:
+            _read.popitem(last=False)
+
+
+def _many(n: int, one: str, more: str) -> str:
+    """``n`` and its noun: ``1 leaf``, ``2 leaves``."""
+    return f"{n:,} {one if n == 1 else more}"
+
+
+def _containers(root: Node) -> int:
+    """How many containers ``root`` holds, itself included, each as often as it is met."""
+    count, stack = 0, [root]
+    while stack:
+        node = stack.pop()
+        if node.kind != "leaf":
+            count += 1
+            stack.extend(node.children)
+    return count
