@@ -11,9 +11,7 @@ refusal and the reader can never disagree: one cost model, the reader's.
 
 from __future__ import annotations
 
-import collections
-import threading
-
+from ..bounded import Bounded
 from ..errors import FormatError, InvalidTreeError
 from ..hashing import digest
 from ..walk import Node
@@ -31,8 +29,7 @@ _HINT = (
     "shape into one array), and keep large documents out of metadata="
 )
 
-_read: collections.OrderedDict[str, None] = collections.OrderedDict()
-_read_lock = threading.Lock()
+_read: Bounded[str, bool] = Bounded(READ_HEADERS)
 
 
 def check_readable(header: bytes, root: Node) -> None:
@@ -59,10 +56,8 @@ def check_readable(header: bytes, root: Node) -> None:
       hint: nothing was written; ...
     """
     key = digest(header, "blake3")
-    with _read_lock:
-        if key in _read:
-            _read.move_to_end(key)
-            return
+    if _read.get(key):
+        return
     try:
         within_budget(header_doc(header, "the header"), len(header), "the header")
     except FormatError as e:
@@ -74,10 +69,7 @@ def check_readable(header: bytes, root: Node) -> None:
             f"of header past {TABLE_FREE_COST >> 20} MiB); {e.message}"
         )
         raise InvalidTreeError([("", problem)], hint=_HINT) from None
-    with _read_lock:
-        _read[key] = None
-        while len(_read) > READ_HEADERS:
-            _read.popitem(last=False)
+    _read.put(key, True)
 
 
 def _many(n: int, one: str, more: str) -> str:
