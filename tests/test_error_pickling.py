@@ -106,6 +106,7 @@ BUILD: dict[str, Callable[[type[Any]], BaseException]] = {
                     "SignatureError": "the verdict of v3 is unsigned",
                     "ConflictError": "another promote won",
                     "StorageError": "PUT timed out",
+                    "Contradicted": "its answer was a 404, its HEAD 1,024 bytes",
                 },
             ),
             (
