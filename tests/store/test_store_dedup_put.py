@@ -6,6 +6,7 @@ disk leaves no object, and bytes the store holds are not kept twice."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -386,3 +387,31 @@ def test_a_put_interrupted_at_each_wait_ends_and_leaves_no_temp(tmp_path: Path, 
     else:
         pytest.fail("the put was interrupted at every one of 39 waits")
     assert n > 4  # interrupted at its writes', its links' and its manifest's waits
+
+
+def test_a_put_whose_directory_cannot_be_synced_fails_before_its_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The disk failing the fsync of ``tensors/`` (an EIO: the new objects'
+    names may not outlive a crash) fails the put before the record that
+    would show a version naming them; a file system without directory
+    fsyncs (EINVAL) is no failure."""
+    if not os.path.isdir("/proc/self/fd"):
+        pytest.skip("needs /proc to name what each fsync syncs")
+    root = tmp_path / "store"
+    store = _store(root)
+    real = os.fsync
+    failing = [errno.EIO]
+
+    def fsync(fd: int) -> None:
+        if os.readlink(f"/proc/self/fd/{fd}") == str(root / "tensors"):
+            raise OSError(failing[0], os.strerror(failing[0]))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    with pytest.raises(OSError, match="Input/output error"):
+        store.put({**_tree(), "head": jnp.full((8,), 5.0)})
+    assert [i.status for i in store.versions()] == ["verified"]
+    failing[0] = errno.EINVAL
+    v = store.put({**_tree(), "head": jnp.full((8,), 6.0)})
+    assert [i.status for i in store.versions()] == ["verified", "candidate"], v

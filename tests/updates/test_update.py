@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import pickle
 from typing import Any
 
 import jax
@@ -463,3 +465,17 @@ def test_optax_step_raise_names_the_leaf() -> None:
         step(params, nan_grads(), state)
     assert e.value.counts == {"['dense2']['w']": 2}
     assert e.value.params is params and e.value.state is state
+
+
+def _sgd(p: Any, g: Any, *, lr: float) -> Any:  # module-level: pickled by name
+    return p - lr * g
+
+
+def test_an_updater_pickles_and_deep_copies_as_it_did_before_its_caches_had_a_lock() -> None:
+    """A step's per-sharding programs are kept in a map with a lock: a copy
+    (pickled to a worker, or ``copy.deepcopy`` of an object holding the
+    step) gets its own map and lock, and the copy steps as the original."""
+    fresh = updater(_sgd)
+    params, grads = seed_params(), seed_grads()
+    for copied in (pickle.loads(pickle.dumps(fresh)), copy.deepcopy(fresh)):
+        assert_trees_equal(copied(params, grads, lr=0.1), fresh(params, grads, lr=0.1))

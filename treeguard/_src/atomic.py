@@ -63,16 +63,32 @@ def temp_path(target: str) -> str:
     return os.path.join(dirname, f".{base}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
 
 
+#: What ``fsync`` of a directory answers where the file system or the
+#: platform has none: no failure of the disk, and nothing to sync.
+_NO_DIR_FSYNC = frozenset(
+    getattr(errno, name)
+    for name in ("EINVAL", "EBADF", "ENOSYS", "ENOTSUP", "EOPNOTSUPP", "EROFS")
+    if hasattr(errno, name)
+)
+
+
 def fsync_dir(dirname: str) -> None:
-    """Makes a rename or an unlink in ``dirname`` durable."""
+    """Makes a rename or an unlink in ``dirname`` durable.
+
+    Raises:
+      OSError: if the disk failed the fsync (an EIO, a full disk): the
+        entries may not outlive a crash. A file system or platform without
+        directory fsyncs is no failure.
+    """
     try:
         dfd = os.open(dirname or ".", os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _CLOEXEC)
     except OSError:  # pragma: no cover - platforms that cannot open directories
         return
     try:
         os.fsync(dfd)
-    except OSError:  # pragma: no cover - file systems without directory fsync
-        pass
+    except OSError as e:
+        if e.errno not in _NO_DIR_FSYNC:
+            raise
     finally:
         os.close(dfd)
 
@@ -135,8 +151,8 @@ class DirSyncs:
         for at once are served by one).
 
         Raises:
-          OSError: if a file could not be synced (a directory's failed
-            fsync is ignored where the file system has none).
+          OSError: if a file or a directory could not be synced (a
+            directory's fsync is skipped where the file system has none).
         """
         with self._lock:
             jobs = [(fsync_dir, d) for d in self._dirs] + [(fsync_file, f) for f in self._files]

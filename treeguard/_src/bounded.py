@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import collections
 import threading
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 _K = TypeVar("_K")
 _V = TypeVar("_V")
@@ -16,7 +16,8 @@ _V = TypeVar("_V")
 class Bounded(Generic[_K, _V]):
     """At most ``size`` entries; ``get`` makes an entry the most recently
     used, ``put`` forgets the least recently used one when full. Safe to
-    share between threads.
+    share between threads; a copy (``pickle``, ``copy.deepcopy``: of an
+    object that holds one) has its own lock and entries.
 
     Args:
       size: the most entries kept (at least 1).
@@ -62,6 +63,15 @@ class Bounded(Generic[_K, _V]):
         """Forgets every entry."""
         with self._lock:
             self._data.clear()
+
+    def __getstate__(self) -> dict[str, Any]:
+        with self._lock:  # never the lock itself, which cannot be copied
+            return {"size": self._size, "entries": list(self._data.items())}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._size = state["size"]
+        self._data = collections.OrderedDict(state["entries"])
+        self._lock = threading.Lock()
 
     def __len__(self) -> int:
         with self._lock:
