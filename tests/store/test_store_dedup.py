@@ -156,6 +156,47 @@ def test_gc_deletes_no_tensor_while_a_manifest_cannot_be_read(tmp_path: Path) ->
     assert store.history()[-2].detail == {"tensors_kept": "a manifest could not be read"}
 
 
+def _crashed_mid_put(root: Path, version: str, writer: str | None) -> None:
+    """``version`` as a machine crash in its put may leave it: its record
+    still ``writing``, its pid now another live process's (this one: a
+    container's first process gets the same pid after a restart), its
+    manifest renamed into place but empty (its bytes were never synced)."""
+    record = root / "versions" / version / "status.json"
+    doc = json.loads(record.read_text())
+    doc.update(status="writing", pid=os.getpid())
+    doc.pop("writer", None)
+    record.write_text(json.dumps({**doc, **({"writer": writer} if writer else {})}))
+    (root / "versions" / version / "tensors.json").write_bytes(b"")
+
+
+def test_gc_takes_a_crashed_put_whose_pid_another_process_got_and_sweeps_again(
+    tmp_path: Path,
+) -> None:
+    if not Path("/proc/sys/kernel/random/boot_id").exists():
+        pytest.skip("needs Linux's /proc to tell a process from another with its pid")
+    root = tmp_path / "store"
+    store = ArtifactStore.init(root, dedup=True)
+    v1, v2, v3 = store.put(_tree(0.0)), store.put(_tree(1.0)), store.put(_tree(2.0))
+    _crashed_mid_put(root, v3, writer="c3d4031f-another-boot:12345")
+    held = _objects(root)
+    assert sorted(store.gc(policy=RetentionPolicy(keep_last=1))) == [v1, v3]
+    assert len(_objects(root)) == len(held) - 2  # v1's head and v3's: v2's five stay
+    assert _same(store.load_version(v2, like=_tree()), _tree(1.0))
+
+
+def test_gc_keeps_a_writing_version_whose_writer_may_still_run(tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    store = ArtifactStore.init(root, dedup=True)
+    v1, _, v3 = store.put(_tree(0.0)), store.put(_tree(1.0)), store.put(_tree(2.0))
+    record = json.loads((root / "versions" / v1 / "status.json").read_text())
+    mine = record.get("writer")  # this process's mark, as its put recorded it (Linux)
+    _crashed_mid_put(root, v3, writer=mine)  # the writer itself, or an older build's record
+    held = _objects(root)
+    assert store.gc(policy=RetentionPolicy(keep_last=1)) == [v1]
+    assert _objects(root) == held  # v3's manifest does not read: no tensor is deleted
+    assert store.info(v3).status == "writing"
+
+
 def test_a_changed_manifest_is_refused(tmp_path: Path) -> None:
     root = tmp_path / "store"
     store = ArtifactStore.init(root, dedup=True)

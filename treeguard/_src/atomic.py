@@ -282,6 +282,44 @@ def current_umask() -> int:
     return mask
 
 
+def process_mark(pid: int | None = None) -> str | None:
+    """What tells a process apart from any other that had or will have its
+    pid on this host: the boot's id and the process's start time (in clock
+    ticks since the boot), ``"BOOT:START"``; None where ``/proc`` does not
+    say (not Linux, or no such process). ``pid``: this process by default.
+
+    Example:
+      >>> mark = process_mark()
+      >>> mark is None or mark == process_mark(os.getpid())
+      True
+    """
+    try:
+        boot = _read_proc("/proc/sys/kernel/random/boot_id").strip()
+        stat = _read_proc(f"/proc/{os.getpid() if pid is None else pid}/stat")
+        start = stat[stat.rindex(")") + 2 :].split()[19]  # field 22, after the name
+    except (OSError, ValueError, IndexError):
+        return None
+    return f"{boot}:{start}" if boot and start.isdigit() else None
+
+
+def _read_proc(path: str) -> str:
+    with open(path, encoding="ascii", errors="replace") as f:
+        return f.read(4096)
+
+
+def writer_alive(pid: int, mark: object = None) -> bool:
+    """Whether the writer that recorded ``pid`` (and ``mark``, its
+    ``process_mark`` then, if it recorded one) still runs on this host: a
+    process with that pid exists and, where both marks can be read, is the
+    same process (not one that got the pid after a restart or a reboot)."""
+    if not pid_alive(pid):
+        return False
+    if not isinstance(mark, str):
+        return True  # recorded by an older build, or where /proc said nothing
+    now = process_mark(pid)
+    return now is None or now == mark
+
+
 def pid_alive(pid: int) -> bool:
     """Whether a process with this pid exists on this host."""
     if pid <= 0:

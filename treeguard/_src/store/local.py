@@ -20,7 +20,7 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from .. import kept
-from ..atomic import DirSyncs, open_regular, pid_alive, remove_stale_temps
+from ..atomic import DirSyncs, open_regular, process_mark, remove_stale_temps, writer_alive
 from ..checkpoint import read_header, save
 from ..checkpoint.write import laid_out
 from ..errors import (
@@ -326,6 +326,7 @@ class LocalBackend:
                     "status": "writing",
                     "pid": os.getpid(),
                     "host": socket.gethostname(),
+                    **({"writer": mark} if (mark := process_mark()) else {}),
                     "uid": secrets.token_hex(16),
                     "created": records.now(),
                     "metadata": user,
@@ -497,8 +498,8 @@ class LocalBackend:
         host = data.get("host")
         if host is not None and host != socket.gethostname():
             return False  # its writer's pid means nothing here: gc on the writer's host takes it
-        pid = data.get("pid")
-        return not (isinstance(pid, int) and pid_alive(pid))
+        pid = data.get("pid")  # and the writer's mark: a pid reused after a restart is not it
+        return not (isinstance(pid, int) and writer_alive(pid, data.get("writer")))
 
 
 def _as_candidate(data: dict[str, Any], spec: TreeSpec) -> dict[str, Any]:

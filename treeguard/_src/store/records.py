@@ -59,6 +59,7 @@ _FIELDS: dict[str, tuple[type, ...]] = {
     "version": (str,),
     "kind": (str,),
     "host": (str,),
+    "writer": (str,),
     "seq": (int,),
     "stored_digest": (str,),
     "exported": (str,),

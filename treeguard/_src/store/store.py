@@ -552,10 +552,11 @@ class ArtifactStore(GatedLoads, exchange.SignedModels):
         It never removes the current version or any former current one the
         pointer remembers (whatever their status files say), the newest
         versions the policy keeps, a version being written by a live
-        process (or by one on another host, whose pid means nothing here; in
-        a bucket, what a put wrote before its record, until it is
-        ``policy.orphan_grace_s`` old by the bucket's clock), a
-        version whose record cannot be read, in a store with a key a version
+        process (the writer itself: on Linux, not another process that got
+        its pid after a restart or a reboot; or one on another host, whose
+        pid means nothing here; in a bucket, what a put wrote before its
+        record, until it is ``policy.orphan_grace_s`` old by the bucket's
+        clock), a version whose record cannot be read, in a store with a key a version
         whose verdict is unsigned or wrongly signed (which ``keep_verified``
         never counts as verified), or a directory that holds files the store
         did not write. It refuses to run when the pointer is damaged.
