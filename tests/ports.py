@@ -18,7 +18,7 @@ import random
 import socket
 from pathlib import Path
 
-__all__ = ["free_port", "free_ports", "port_range"]
+__all__ = ["ephemeral", "free_port", "free_ports", "port_range"]
 
 #: Ray's workers take ports up to this one by default (``max_worker_port``).
 _RAY_WORKERS_TOP = 19999
@@ -26,14 +26,27 @@ _RAY_WORKERS_TOP = 19999
 _given: set[int] = set()
 
 
-def port_range() -> range:
-    """The ports handed out: above Ray's worker ports, below the kernel's
-    ephemeral range (read from ``/proc``; 32768 where it cannot be read)."""
+def ephemeral() -> range:
+    """The kernel's ephemeral ports (read from ``/proc``; Linux's default
+    where it cannot be read)."""
     try:
-        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        low = 32768
-    return range(_RAY_WORKERS_TOP + 1, max(low, _RAY_WORKERS_TOP + 1025))
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999
+    return range(low, high + 1)
+
+
+def port_range() -> range:
+    """The ports handed out: above Ray's worker ports and below the
+    ephemeral range, or above it; where neither leaves 1,024 ports (an
+    ephemeral range widened to most ports), those below 32768, whose race
+    only reserving them (``ip_local_reserved_ports``) would end."""
+    taken = ephemeral()
+    if taken.start - (_RAY_WORKERS_TOP + 1) >= 1024:
+        return range(_RAY_WORKERS_TOP + 1, taken.start)
+    if 65536 - taken.stop >= 1024:
+        return range(taken.stop, 65536)
+    return range(_RAY_WORKERS_TOP + 1, 32768)
 
 
 def _worker() -> tuple[int, int]:
