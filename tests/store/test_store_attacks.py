@@ -259,6 +259,38 @@ def test_a_full_disk_during_put_is_a_storage_error_naming_the_version(tmp_path: 
     ]
 
 
+_FULL_BEFORE_THE_NAME = """
+import os, sys
+import numpy as np
+from treeguard import ArtifactStore, StorageError
+stores = [ArtifactStore.init(os.path.join(sys.argv[1], k), dedup=k == "dedup") for k in ("plain", "dedup")]
+fd = os.open(os.path.join(sys.argv[1], "filler"), os.O_WRONLY | os.O_CREAT)
+try:
+    while True:
+        os.write(fd, bytes(4096))
+except OSError:
+    pass
+for store in stores:
+    try:
+        store.put({"w": np.ones(4, np.float32)})
+    except StorageError as e:
+        print(type(e).__name__, e.version, str(e).splitlines()[0].split(": ", 1)[1])
+    print(sorted(os.listdir(os.path.join(store.root, "versions"))))
+"""
+
+
+@pytest.mark.slow
+def test_a_disk_full_before_the_name_is_reserved_is_a_storage_error_naming_it(
+    tmp_path: Path,
+) -> None:
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    done = run_on_a_small_disk(_FULL_BEFORE_THE_NAME, disk, "size=256k", str(disk))
+    assert done.returncode == 0, done.stderr[-2000:]
+    said = "StorageError v000001 writing version v000001 failed: no space left on the device"
+    assert done.stdout.splitlines() == [said, "[]", said, "[]"]
+
+
 def test_a_bucket_url_is_never_taken_for_a_local_path(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

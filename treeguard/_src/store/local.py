@@ -306,8 +306,20 @@ class LocalBackend:
                 context=self.root,
                 hint="pick another name",
             )
-        self.layout.write_marker(marker, dirs=later)
         path = self.layout.version_dir(version)
+        with space.typed(path):  # a full disk names the version, whose name was picked
+            self.layout.write_marker(marker, dirs=later)
+            self._make_writing(path, user, kind, seq, later=later)
+        if dirs is None:
+            later.sync()
+        return version, path
+
+    def _make_writing(
+        self, path: str, user: dict[str, Any], kind: str, seq: int, *, later: DirSyncs
+    ) -> None:
+        """The reserved version's directory, and its ``writing`` record naming
+        its writer (``_reserve``)."""
+        version = os.path.basename(path)
         try:
             os.mkdir(path)
         except FileExistsError:
@@ -338,9 +350,6 @@ class LocalBackend:
         except BaseException:
             self._discard(path)
             raise
-        if dirs is None:
-            later.sync()
-        return version, path
 
     def _finish_sharded(self, version: str, path: str) -> bytes:
         self._record_candidate(version, path, read_manifest(path).spec, {"kind": "sharded"})
