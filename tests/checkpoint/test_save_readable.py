@@ -119,3 +119,54 @@ def test_nested_one_leaf_containers_read_back_up_to_where_save_refuses(tmp_path:
         leaves="10,900 leaves", nodes="21,801 containers", part="treeguard.spec: spec"
     )
     _refused_untouched(tmp_path, lambda p: tg.save(p, _nested(10_900)), pattern)
+
+
+def _header_bytes(path: Path) -> int:
+    """The JSON header's length, as a safetensors file's first 8 bytes give it."""
+    return int.from_bytes(path.read_bytes()[:8], "little")
+
+
+def _deep_lists(n: int) -> dict[str, Any]:
+    """Metadata of the dearest JSON per byte: lists nested 500 deep (each
+    ``[]`` costs the reader 96 bytes of objects for its 2 bytes)."""
+    deep: list[Any] = []
+    for _ in range(500):
+        deep = [deep]
+    return {"x": [deep] * n}
+
+
+@pytest.mark.slow  # a search of about 15 saves each: about 7 s in all
+@pytest.mark.parametrize(
+    ("tree", "metadata"),
+    [
+        ({"w": np.zeros(2, np.float32)}, _deep_lists),
+        ({"w": np.zeros(2, np.float32)}, _empty_lists),
+        ("nested", lambda n: {"x": n}),
+    ],
+    ids=["deep-lists", "empty-lists", "nested-containers"],
+)
+def test_a_header_save_does_not_read_back_is_within_every_readers_budget(
+    tmp_path: Path, tree: Any, metadata: Any
+) -> None:
+    # save reads back no header of at most ALWAYS_READ bytes: a byte of header
+    # costs a reader at most MAX_COST_PER_BYTE bytes of objects, so none can be
+    # over its budget. The dearest contents at that size must read back.
+    from treeguard._src.checkpoint.readback import ALWAYS_READ  # _src: the bound under test
+
+    def small(n: int) -> bool:  # whether save leaves n's header unread
+        path = tmp_path / f"{n}.safetensors"
+        try:
+            tg.save(path, _nested(n) if tree == "nested" else tree, metadata=metadata(n))
+        except tg.InvalidTreeError:  # read back, and over the budget: a larger header
+            return False
+        return _header_bytes(path) <= ALWAYS_READ
+
+    low, high = 1, 2
+    while small(high):
+        low, high = high, high * 2
+    while high - low > 1:  # the most whose header save does not read back
+        mid = (low + high) // 2
+        low, high = (mid, high) if small(mid) else (low, mid)
+    path = tmp_path / f"{low}.safetensors"
+    assert ALWAYS_READ * 0.98 < _header_bytes(path) <= ALWAYS_READ
+    assert tg.read_header(path).metadata is not None  # read in the budget, never refused

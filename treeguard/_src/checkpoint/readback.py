@@ -22,6 +22,17 @@ from .header import table_budget, within_budget
 #: The digests of the last headers read back within the reader's budget, so
 #: that the same tree saved again (same metadata) is not read again.
 READ_HEADERS = 16
+#: The most bytes of objects a reader builds for one byte of header, with
+#: room to spare: the dearest JSON value, an empty list, costs the JSON
+#: reader 96 bytes for the 2 of ``[]`` (``strictjson``'s upper bounds), a
+#: document inside the header is also a string there (about a byte more),
+#: and the spec scanner's records cost less per byte of spec than either.
+MAX_COST_PER_BYTE = 64
+#: No header of at most this many bytes can be over a reader's budget
+#: (``TABLE_COST_PER_BYTE`` per byte past ``TABLE_FREE_COST``), so
+#: ``check_readable`` does not read one: 68,759 bytes, a tree of a few
+#: hundred leaves (the bundled models' headers are a few KiB).
+ALWAYS_READ = TABLE_FREE_COST // (MAX_COST_PER_BYTE - TABLE_COST_PER_BYTE)
 
 _HINT = (
     "nothing was written; save the tree as several checkpoints (a part of it in each) or "
@@ -38,6 +49,8 @@ def check_readable(header: bytes, root: Node) -> None:
     ``save`` refuses, before it writes a byte, a tree whose file no reader
     would take. A header read so is remembered by its digest
     (``READ_HEADERS`` of them): saving the same tree again costs a hash.
+    A header of at most ``ALWAYS_READ`` bytes is within any reader's
+    budget, so it is not read at all.
 
     Raises:
       InvalidTreeError: naming the header's bytes, how many leaves and
@@ -47,7 +60,7 @@ def check_readable(header: bytes, root: Node) -> None:
       >>> import numpy as np
       >>> from treeguard._src.checkpoint.write import laid_out  # which calls this
       >>> draft = laid_out({"w": np.zeros(2, np.float32)})
-      >>> check_readable(draft.draft, draft.spec.structure)  # read once: remembered
+      >>> check_readable(draft.draft, draft.spec.structure)  # small: within any budget
       >>> laid_out({"w": np.zeros(2, np.float32)}, metadata={"x": [[]] * 60_000})
       Traceback (most recent call last):
       ...
@@ -55,6 +68,8 @@ def check_readable(header: bytes, root: Node) -> None:
         <root>: the header of ... bytes for 1 leaf in 1 container would be refused by ...
       hint: nothing was written; ...
     """
+    if len(header) <= ALWAYS_READ:
+        return  # within the budget whatever it holds: read by nothing
     key = digest(header, "blake3")
     if _read.get(key):
         return
