@@ -65,6 +65,7 @@ def test_metadata_no_reader_would_take_is_refused_before_a_byte_is_written(
     )
 
 
+@pytest.mark.slow  # its save runs in the idle scheduling class: 20 s while other tests load both cores
 def test_save_async_refuses_it_too_and_writes_nothing(tmp_path: Path) -> None:
     def save(path: Path) -> None:
         tree = {"w": np.zeros(2, np.float32)}
