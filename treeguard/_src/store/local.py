@@ -144,29 +144,33 @@ class LocalBackend:
         return version
 
     def _put_tensors(self, offered: Offered) -> str:
-        """A tensors version: its name reserved first, then its tensors the
-        store lacks hashed and written (tensorput.py), then its manifest (taken
-        back if gc marked one of its objects), then its record as a
-        candidate (tensorput.py says which orders matter). The directories
-        the reservation, the objects and the manifest add entries to, the
-        manifest's bytes and the candidate record's are synced in one batch
-        (``dirs``), after the last of those entries and before the record."""
+        """A tensors version: its name reserved on a thread while the tree
+        is laid out and the first leaves the memo does not know are written
+        to temp files, then its tensors the store lacks hashed and written
+        (tensorput.py), then its manifest (taken back if gc marked one of
+        its objects), then its record as a candidate (tensorput.py says
+        which orders matter: no object is named before the name is
+        reserved, and a refused name leaves nothing). The directories the
+        reservation adds entries to are synced with the candidate record
+        and the manifest with its directory, each on its thread while the
+        tensors' bytes are; ``tensors/`` once the objects are linked; all
+        before the record."""
         self._areas()
         dirs = DirSyncs()
         with kept.borrowed(tensorput.THREADS + 1, "treeguard-put") as pool:
-            # first, before any write: a refused name leaves nothing, and the
-            # reservation's fsyncs never wait behind a tensor's bytes
-            version, path = _named(self._reserve_dir(offered.version, offered.user, dirs))
+            reserving = pool.submit(self._reserve_dir, offered.version, offered.user, dirs)
             early: tensorput.Early | None = None
             record: Future[tuple[dict[str, Any], str]] | None = None
+            path: str | None = None
             try:
+                draft = laid_out(offered.tree, metadata=offered.user, digest=offered.digest)
+                early = tensorput.start(self.storage, draft, pool, reserving, offered.carried)
+                version, path = _named(reserving.result())
                 with space.typed(path):
-                    draft = laid_out(offered.tree, metadata=offered.user, digest=offered.digest)
-                    early = tensorput.start(self.storage, draft, pool, path, offered.carried)
-                    record = pool.submit(self._stage_candidate, path, draft.spec)
+                    record = pool.submit(self._stage_candidate, path, draft.spec, dirs)
                     tensorput.put(self.storage, draft, pool, path, dirs=dirs, early=early)
-                    dirs.add_file(record.result()[1])
-                    dirs.sync(pool)  # the reservation's, the objects', the manifest's: at once
+                    record.result()
+                    dirs.sync(pool)  # the objects' (the others' synced meanwhile)
                 self._commit_candidate(version, path, record.result(), draft.spec, pool)
             except BaseException:
                 if early is not None:  # writes not handed over
@@ -174,17 +178,30 @@ class LocalBackend:
                 if record is not None:  # a live writer's temp: the directory's removal keeps it
                     with contextlib.suppress(Exception):
                         os.unlink(record.result()[1])
-                self._discard(path)
+                if path is None:  # the reservation, if it was made, is taken back
+                    with contextlib.suppress(Exception):
+                        path = reserving.result()
+                if path is not None:
+                    self._discard(path)
                 raise
         return version
 
-    def _stage_candidate(self, path: str, spec: TreeSpec) -> tuple[dict[str, Any], str]:
+    def _stage_candidate(
+        self, path: str, spec: TreeSpec, dirs: DirSyncs
+    ) -> tuple[dict[str, Any], str]:
         """The ``writing`` record of the version at ``path``, and its
-        candidate written to a temp file, unsynced (the caller syncs it with
-        the put's other files), for ``_commit_candidate``."""
+        candidate written to a temp file and fsynced, with the directories
+        the reservation left to ``dirs`` (while the tensors' bytes are being
+        synced: the record waits for both), for ``_commit_candidate``."""
         version = os.path.basename(path)
         data = records.read(path)
-        return data, records.staged(path, version, _as_candidate(data, spec), sync=False)
+        staged = records.staged(path, version, _as_candidate(data, spec))
+        try:
+            dirs.sync()
+        except BaseException:
+            os.unlink(staged)
+            raise
+        return data, staged
 
     def _commit_candidate(
         self,

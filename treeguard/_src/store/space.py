@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from ..errors import StorageError
 
@@ -27,16 +27,18 @@ def is_full(e: BaseException) -> bool:
 
 
 @contextlib.contextmanager
-def typed(directory: str, leaf: str | None = None) -> Iterator[None]:
+def typed(directory: str | Callable[[], str], leaf: str | None = None) -> Iterator[None]:
     """Turns a full disk or quota met inside into a ``StorageError`` naming
-    the version (``directory``: its directory) and ``leaf``, the key path
-    of the leaf being written, if one was."""
+    the version (``directory``: its directory, or what returns it once the
+    disk is full, for a write started while the version's name is being
+    picked; what it raises is raised then) and ``leaf``, the key path of
+    the leaf being written, if one was."""
     try:
         yield
     except (OSError, ValueError) as e:
         if not is_full(e):
             raise
-        path = directory
+        path = directory if isinstance(directory, str) else directory()
         version = os.path.basename(path)
         at = "" if leaf is None else f" at {leaf}"
         raise StorageError(

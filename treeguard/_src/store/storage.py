@@ -34,7 +34,15 @@ import errno
 import os
 from typing import Protocol
 
-from ..atomic import DirSyncs, atomic_write, open_regular, sync_dir, temp_path, write_new
+from ..atomic import (
+    DirSyncs,
+    atomic_write,
+    fsync_file,
+    open_regular,
+    sync_dir,
+    temp_path,
+    write_new,
+)
 from ..errors import FormatError, StorageError, StoreError
 
 
@@ -166,6 +174,15 @@ class LocalStorage:
         except OSError as e:
             raise self._failed("creating", name, e) from e
         return tmp
+
+    def sync_staged(self, name: str, tmp: str) -> None:
+        """Fsyncs the temp file ``stage`` wrote beside ``name`` with
+        ``sync=False`` (before ``link``: a name is only given to bytes made
+        durable)."""
+        try:
+            fsync_file(tmp)
+        except OSError as e:
+            raise self._failed("creating", name, e) from e
 
     def link(self, tmp: str, name: str, *, tag: bool = True) -> str | Conflict:
         """Names the temp file ``stage`` wrote ``name``, only if absent, and

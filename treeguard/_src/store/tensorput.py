@@ -23,34 +23,32 @@ matter, and each is kept:
   names; a crash of the machine may lose the reservation too (the name
   was never returned: a name made durable is never handed out again).
 
-So the name is reserved first, before any other write, on the calling
-thread (issued while a tensor's bytes were being synced, the marker's and
-the record's fsyncs waited behind them, 7 to 8 ms on the TPU host), its
-directories' fsyncs left to the put (``atomic.DirSyncs``). Then the tree
-is laid out (``save``'s layout, kept for the next tree of the same
+So the name is reserved on one of the pool's threads while the tree is
+laid out (``save``'s layout, kept for the next tree of the same
 structure) and, for a tree the memo knows some leaves of (a tree a
 verified load handed back, whose arrays the memo does not know were
 changed since, so are new bytes), the first leaves it does not know are
-brought to the host and written to temp files and fsynced on the pool's
-threads at once (``start``), while the rest is hashed; every other leaf
-the store lacks is written on a second thread (while it is hashed, in
-that case; otherwise, and for every numpy leaf, which is as often a copy
-of a held tensor, once it is hashed and found missing); and the header is
-laid out on a third while the tensors are written, its manifest written
-to a temp file beside the objects and renamed into the version's
-directory, not yet fsynced. The header is not parsed back (the draft
-holds its spec; verify and every load parse it). Once the tensors are
-written the temp files are linked under their digests' names. The
-manifest's bytes, the record's candidate (written beside the record, as
-unsynced) and every directory the put gave an entry are then synced at
-once, on the pool's threads (on a journaling file system one commit
-serves them all, and none of them was issued while a tensor's bytes were
-being synced, which a small file's fsync waits behind), and the record's
-rename is synced while the log's line is. The manifest alone is renamed
-before its fsync: until the record names the version a candidate, no
-load, verify or promote reads it, and a manifest a crash left torn is in
-a ``writing`` version of a dead process, which gc removes (while one is
-there, gc's reading of manifests fails and it deletes no tensor).
+brought to the host and written to temp files on other threads
+(``start``); each such temp is fsynced only once the name is reserved:
+the reservation's fsyncs (the marker's and the ``writing`` record's
+bytes), issued while a tensor's bytes were being synced, waited behind
+them (7 to 8 ms on the TPU host), but beside the bytes' copy into the
+page cache they do not. The reservation's directories are synced on the
+thread that writes the candidate record (to a temp file beside the
+record, fsynced), which waits for the name. Meanwhile the rest is
+hashed; every other leaf the store lacks is written on a second thread
+(while it is hashed, in that case; otherwise, and for every numpy leaf,
+which is as often a copy of a held tensor, once it is hashed and found
+missing); and the header is laid out on a third while the tensors are
+written, its manifest written to a temp file beside the objects,
+fsynced, renamed into the version's directory and that directory
+fsynced. The header is not parsed back (the draft holds its spec; verify
+and every load parse it). These small syncs are issued while the
+tensors' bytes are being synced and end with them (they wait behind
+them), so they cost the put no time of its own. Once the tensors are
+written the temp files are linked under their digests' names and
+``tensors/`` is synced, and the record's rename is synced while the
+log's line is.
 """
 
 from __future__ import annotations
@@ -59,11 +57,12 @@ import contextlib
 import dataclasses
 import os
 import secrets
+from collections.abc import Callable
 from concurrent.futures import Executor, Future
 
 import numpy as np
 
-from ..atomic import DirSyncs
+from ..atomic import DirSyncs, fsync_dir
 from ..checkpoint.write import Draft
 from ..hashing import digest, memo
 from . import space, tensors
@@ -105,14 +104,16 @@ def start(
     storage: LocalStorage,
     draft: Draft,
     pool: Executor,
-    reserved: str,
+    reserving: Future[str],
     carried: memo.Carried | None = None,
 ) -> Early:
     """Looks each leaf of ``draft`` up in the digest memo (``carried``: the
     digests a host copy carries) and, for a tree it knows some leaves of,
     starts writing the first ``IN_FLIGHT`` leaves it does not know to temp
     files on ``pool``'s threads (each brought to the host there;
-    ``reserved``: the version's directory, named in a full disk's error).
+    ``reserving``: the version's directory once its name is reserved,
+    named in a full disk's error; temp files are no objects, so they are
+    written while the name is picked).
     Those writes are what a fine-tune's put waits on; started first, the
     rest of the put (the hashing, the manifest) runs while they do."""
     lookup = memo.known if carried is None else carried.known
@@ -124,7 +125,7 @@ def start(
             if not eager or len(early.writes) >= IN_FLIGHT:
                 break
             if remembered is None and not isinstance(draft.leaves[i], np.ndarray):
-                early.writes[i] = pool.submit(_write_temp, storage, draft, reserved, i)
+                early.writes[i] = pool.submit(_write_temp, storage, draft, reserving.result, i)
     except BaseException:  # an interrupt: the writes made are removed
         early.discard()
         raise
@@ -204,7 +205,6 @@ class _Put:
             if Conflict.EXISTS in linked or tensors.doomed_among(self.storage, objects):
                 os.unlink(path)  # a name taken meanwhile, or marked by gc: start again
                 return False, digests
-            self.dirs.add_file(path)  # its bytes, synced with the directories
             return True, digests
         finally:
             for left in [*staged.values(), *dropped]:  # temps no object was made of
@@ -262,15 +262,16 @@ class _Put:
 
     def _write_manifest(self, digests: list[str], objects: list[str]) -> str:
         """The header laid out with ``digests``, and the manifest naming
-        ``objects`` written to a temp file beside the objects, unsynced,
-        then renamed into the version's directory (the caller leaves its
-        fsync, and the directory's, to ``dirs``); the manifest's path. The
-        header is not parsed back: the draft holds its spec, and verify
-        reads it as every load does."""
+        ``objects`` written to a temp file beside the objects and fsynced,
+        then renamed into the version's directory, which is fsynced (on
+        this thread, while the tensors' bytes are being synced: the record
+        waits for both); the manifest's path. The header is not parsed
+        back: the draft holds its spec, and verify reads it as every load
+        does."""
         draft = self.draft
         prefix = len(draft.draft).to_bytes(8, "little") + draft.header(digests)
         raw = tensors.manifest_bytes(prefix, draft.file_bytes, objects)
-        tmp = self.storage.stage(f"{tensors.AREA}/{tensors.TENSORS_FILE}", raw, sync=False)
+        tmp = self.storage.stage(f"{tensors.AREA}/{tensors.TENSORS_FILE}", raw)
         try:
             target = os.path.join(self.reserved, tensors.TENSORS_FILE)
             os.replace(tmp, target)
@@ -278,25 +279,35 @@ class _Put:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             raise
-        self.dirs.add(os.path.dirname(target))
+        fsync_dir(self.reserved)
         return target
 
 
 def _write_temp(
     storage: LocalStorage,
     draft: Draft,
-    reserved: str,
+    reserved: str | Callable[[], str],
     i: int,
     data: memoryview | None = None,
 ) -> str:
     """Leaf ``i``'s bytes (``data``, else brought to the host here) in a
-    fresh temp file beside the objects, fsynced; its path. A full disk is
-    the error naming the version (``reserved``: its directory) and the
-    leaf's key path."""
+    fresh temp file beside the objects, fsynced; its path. ``reserved``:
+    the version's directory, or what waits for its reservation (``start``'s
+    writes, made while the name is picked), whose fsyncs go first: issued
+    while these bytes are being synced, they would wait behind them. A full
+    disk is the error naming the version and the leaf's key path."""
+    name = f"{tensors.AREA}/staged"
     with space.typed(reserved, draft.names[i]):
-        return storage.stage(
-            f"{tensors.AREA}/staged", draft.host_bytes(i) if data is None else data
-        )
+        tmp = storage.stage(name, draft.host_bytes(i) if data is None else data, sync=False)
+        try:
+            if not isinstance(reserved, str):
+                reserved()  # raises what refused the name
+            storage.sync_staged(name, tmp)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        return tmp
 
 
 def _fresh(base: str, taken: set[str]) -> str:
