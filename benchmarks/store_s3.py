@@ -19,7 +19,11 @@ devices (8 shards), and the rows are ``put_sharded`` against a plain
 ``obstore.put`` of each shard's bytes, ``load_current`` onto the same mesh
 against a plain ``obstore.get`` of each shard object, and ``promote`` (every
 shard object read again and re-hashed) against the same gets; the plain
-requests run 8 at a time, as the store's do.
+requests run 8 at a time, as the store's do. The ``load_placed`` row times
+``load_current`` again against those gets made into the array a plain load
+would return: each shard's bytes placed on its device (``jax.device_put``)
+and the shards made one array on the mesh
+(``jax.make_array_from_single_device_arrays``), none of it verified.
 
 Each figure is the median of ``--runs`` runs after one warm-up, the store's
 and the baseline's runs alternating in ABBA rounds; the ratio is the store's over the
@@ -131,6 +135,8 @@ def _sharded(mib: int, runs: int) -> None:
     tree = {"w": jax.device_put(host, NamedSharding(mesh, P("x", "y")))}
     like = {"w": jax.ShapeDtypeStruct(host.shape, host.dtype, sharding=tree["w"].sharding)}
     shards = [np.asarray(s.data).tobytes() for s in tree["w"].addressable_shards]
+    devices = [s.device for s in tree["w"].addressable_shards]
+    shapes = [s.data.shape for s in tree["w"].addressable_shards]
     pool = concurrent.futures.ThreadPoolExecutor(8)
 
     def each(call: Callable[[int], object]) -> None:
@@ -158,10 +164,19 @@ def _sharded(mib: int, runs: int) -> None:
         def get_plain() -> None:
             each(lambda n: obstore.get(raw, f"s{n}").bytes())
 
+        def get_placed() -> None:
+            got = pool.map(lambda n: obstore.get(raw, f"s{n}").bytes(), range(len(shards)))
+            bufs = [np.frombuffer(memoryview(b), host.dtype) for b in got]
+            placed = jax.device_put([b.reshape(s) for b, s in zip(bufs, shapes)], devices)
+            jax.block_until_ready(
+                jax.make_array_from_single_device_arrays(host.shape, tree["w"].sharding, placed)
+            )
+
         put_plain()
-        rows = [
+        rows: list[tuple[str, Callable[[], object], Callable[[], object]]] = [
             ("put_sharded", lambda: store.put_sharded(tree), put_plain),
             ("load_current", lambda: jax.block_until_ready(store.load_current(like)), get_plain),
+            ("load_placed", lambda: jax.block_until_ready(store.load_current(like)), get_placed),
             ("promote", promote, get_plain),
         ]
         print(f"{mib} MiB in {len(shards)} shards on a 2x4 mesh, median of {runs} runs")
