@@ -12,6 +12,8 @@ import numpy as np
 import optax
 import pytest
 from corpus import CORPUS, seed_params
+from jax.sharding import NamedSharding, PartitionSpec
+from machine import cpu_mesh
 
 from treeguard import (
     Cast,
@@ -479,3 +481,18 @@ def test_an_updater_pickles_and_deep_copies_as_it_did_before_its_caches_had_a_lo
     params, grads = seed_params(), seed_grads()
     for copied in (pickle.loads(pickle.dumps(fresh)), copy.deepcopy(fresh)):
         assert_trees_equal(copied(params, grads, lr=0.1), fresh(params, grads, lr=0.1))
+
+
+def test_an_updater_used_on_several_devices_still_pickles() -> None:
+    """Its programs are kept per sharding, keyed by devices, which do not
+    pickle: a copy starts without them and compiles its own."""
+    sharding = NamedSharding(cpu_mesh((8,), ("x",)), PartitionSpec("x"))
+    params = {"w": jax.device_put(jnp.ones((8, 4)), sharding)}
+    grads = {"w": jax.device_put(jnp.full((8, 4), 2.0), sharding)}
+    step = updater(_sgd)
+    want = step(params, grads, lr=0.5)
+    for copied in (pickle.loads(pickle.dumps(step)), copy.deepcopy(step)):
+        got = copied(params, grads, lr=0.5)
+        assert_trees_equal(got, want)
+        assert got["w"].sharding.is_equivalent_to(sharding, 2)
+        assert copied.compile_count == step.compile_count + 1  # its own program

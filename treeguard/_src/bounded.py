@@ -16,8 +16,11 @@ _V = TypeVar("_V")
 class Bounded(Generic[_K, _V]):
     """At most ``size`` entries; ``get`` makes an entry the most recently
     used, ``put`` forgets the least recently used one when full. Safe to
-    share between threads; a copy (``pickle``, ``copy.deepcopy``: of an
-    object that holds one) has its own lock and entries.
+    share between threads. A copy (``pickle``, ``copy.deepcopy``: of an
+    object that holds one, an updater sent to a worker) has its own lock
+    and starts empty: what a map keeps was worked out in one process
+    (programs compiled for its devices, the devices themselves, which do
+    not pickle) and is worked out again where it is needed.
 
     Args:
       size: the most entries kept (at least 1).
@@ -33,6 +36,8 @@ class Bounded(Generic[_K, _V]):
       >>> kept.put("c", 3)  # so "b" is forgotten
       >>> kept.get("b") is None, kept.get("c"), len(kept)
       (True, 3, 2)
+      >>> import copy; len(copy.deepcopy(kept))
+      0
     """
 
     def __init__(self, size: int) -> None:
@@ -65,12 +70,11 @@ class Bounded(Generic[_K, _V]):
             self._data.clear()
 
     def __getstate__(self) -> dict[str, Any]:
-        with self._lock:  # never the lock itself, which cannot be copied
-            return {"size": self._size, "entries": list(self._data.items())}
+        return {"size": self._size}  # neither the lock nor the entries (see the class)
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self._size = state["size"]
-        self._data = collections.OrderedDict(state["entries"])
+        self._data = collections.OrderedDict()
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
