@@ -22,7 +22,8 @@ import numpy as np
 import pytest
 
 from tests.subproc import run_on_a_small_disk, run_python
-from treeguard import ArtifactStore, StoreError
+from treeguard import ArtifactStore, StorageError, StoreError
+from treeguard._src.store import space  # _src: a race no public call orders
 
 
 def _tree() -> dict[str, Any]:
@@ -432,3 +433,34 @@ def test_a_put_whose_directory_cannot_be_synced_fails_before_its_record(
     failing[0] = errno.EINVAL
     v = store.put({**_tree(), "head": jnp.full((8,), 6.0)})
     assert [i.status for i in store.versions()] == ["verified", "candidate"], v
+
+
+def test_a_leaf_that_fills_the_disk_while_the_name_is_reserved_is_named() -> None:
+    """A leaf's bytes written while the name is being reserved may fill the
+    disk under the reservation too: the leaf's error then names the version
+    the reservation picked, and the leaf; a name refused for another reason
+    is that refusal."""
+    full = OSError(errno.ENOSPC, "No space left on device")
+    picked = StorageError(
+        "writing version v000002 failed: no space left on the device",
+        version="v000002",
+        context="/s/versions/v000002",
+    )
+
+    def reservation_met_it_too() -> str:
+        raise picked
+
+    with pytest.raises(StorageError) as e, space.typed(reservation_met_it_too, "['extra']"):
+        raise full
+    assert str(e.value).splitlines()[0] == (
+        "/s/versions/v000002: writing version v000002 failed at ['extra']: no space left on "
+        "the device"
+    )
+    taken = StoreError("version v000002 already exists", version="v000002")
+
+    def name_taken() -> str:
+        raise taken
+
+    with pytest.raises(StoreError) as refused, space.typed(name_taken, "['extra']"):
+        raise full
+    assert refused.value is taken

@@ -26,6 +26,7 @@ from ..checkpoint.write import laid_out
 from ..errors import (
     IntegrityError,
     RetiredVersionError,
+    StorageError,
     StoreError,
     UnknownVersionError,
 )
@@ -165,7 +166,10 @@ class LocalBackend:
             try:
                 draft = laid_out(offered.tree, metadata=offered.user, digest=offered.digest)
                 early = tensorput.start(self.storage, draft, pool, reserving, offered.carried)
-                version, path = _named(reserving.result())
+                try:
+                    version, path = _named(reserving.result())
+                except StorageError as refused:  # a full disk: a leaf's error says more
+                    raise early.failed() or refused from None
                 with space.typed(path):
                     record = pool.submit(self._stage_candidate, path, draft.spec, dirs)
                     tensorput.put(self.storage, draft, pool, path, dirs=dirs, early=early)

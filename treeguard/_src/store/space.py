@@ -31,14 +31,14 @@ def typed(directory: str | Callable[[], str], leaf: str | None = None) -> Iterat
     """Turns a full disk or quota met inside into a ``StorageError`` naming
     the version (``directory``: its directory, or what returns it once the
     disk is full, for a write started while the version's name is being
-    picked; what it raises is raised then) and ``leaf``, the key path of
-    the leaf being written, if one was."""
+    picked) and ``leaf``, the key path of the leaf being written, if one
+    was."""
     try:
         yield
     except (OSError, ValueError) as e:
         if not is_full(e):
             raise
-        path = directory if isinstance(directory, str) else directory()
+        path = directory if isinstance(directory, str) else _reserved(directory)
         version = os.path.basename(path)
         at = "" if leaf is None else f" at {leaf}"
         raise StorageError(
@@ -48,3 +48,16 @@ def typed(directory: str | Callable[[], str], leaf: str | None = None) -> Iterat
             hint="free space (store.gc() removes old versions) and put it again; nothing of "
             "this version was kept",
         ) from None
+
+
+def _reserved(reserving: Callable[[], str]) -> str:
+    """The directory ``reserving`` returns once the name is reserved; if
+    the same full disk stopped the reservation, the directory of the
+    version it names (this leaf's error says more: what filled the disk);
+    anything else that refused the name is raised."""
+    try:
+        return reserving()
+    except StorageError as e:
+        if e.version is None or not e.context or os.path.basename(e.context) != e.version:
+            raise
+        return e.context

@@ -64,6 +64,7 @@ import numpy as np
 
 from ..atomic import DirSyncs, fsync_dir
 from ..checkpoint.write import Draft
+from ..errors import StorageError
 from ..hashing import digest, memo
 from . import space, tensors
 from .storage import Conflict, LocalStorage
@@ -90,6 +91,16 @@ class Early:
     known: list[str | None]
     eager: bool
     writes: dict[int, Future[str]]
+
+    def failed(self) -> StorageError | None:
+        """The first of the writes' errors that is a ``StorageError`` (a
+        full disk, naming the leaf), once each write has ended; None if
+        there is none."""
+        for write in self.writes.values():
+            error = write.exception()
+            if isinstance(error, StorageError):
+                return error
+        return None
 
     def discard(self) -> None:
         """Removes the temps of the writes not handed to ``put`` (for a put
