@@ -417,3 +417,25 @@ def test_a_file_version_s_404_its_head_contradicts_is_read_again_then_a_storage_
         "(on each of 3 tries)"
     )
     assert liar.times == 97 and str(e.value).splitlines()[0] == said, str(e.value)
+
+
+def test_a_file_version_s_answers_of_another_length_on_every_try_are_a_storage_error(
+    lying: tuple[ArtifactStore, ArtifactStore], liar: Liar, s3_url: str
+) -> None:
+    store, honest = lying
+    v, name, tree, size, _ = _file_version(honest, s3_url)
+    said = f"{s3_url}/{name}: reading {name} failed: its stream of the range at "
+    # the first bytes cut to half, and the data's range with 100 bytes past its end
+    for kind, data, why in [
+        ("cut", False, "0 ended after 32,768 of its 65,536 bytes"),
+        ("longer", True, f"65,536 ran past its {size - 65536:,} bytes: {size - 65436:,} or more"),
+    ]:
+        liar.arm(kind, "GET", "model.safetensors", times=100, data=data)
+        with pytest.raises(StorageError) as e:
+            store.load_version(v, tree)
+        assert not isinstance(e.value, IntegrityError)
+        first = str(e.value).splitlines()[0]
+        assert liar.times == 97 and first.startswith(said + why), first
+        assert first.endswith(" (on each of 3 tries)"), first
+        liar.arm(kind, "GET", "model.safetensors", data=data)  # once: read again
+        assert np.array_equal(store.load_version(v, tree)["z"], tree["z"]) and liar.times == 0
