@@ -266,8 +266,9 @@ class Lie:
         412 for a write the server performed), ``"short"`` (a ranged answer
         cut to half its bytes, its Content-Range claiming all of them),
         ``"reorder"`` (a ranged answer's two halves swapped), or
-        ``"longer"`` and ``"shorter"`` (a whole object's answer sent chunked,
-        its Content-Length still announcing the object's size, with 100
+        ``"longer"`` and ``"shorter"`` (an answer sent chunked, its
+        Content-Length (and a range's Content-Range) still announcing the
+        object's size or the range's, with 100
         bytes more, or half its bytes: the client reads a chunked body to its
         end, whatever the Content-Length says), ``"inflated"`` (a whole
         object's answer sent chunked with all its bytes, its Content-Length
@@ -378,7 +379,7 @@ class LyingProxy:
             body = body[:half] if kind == "short" else body[half:] + body[:half]
             headers = [(k, v) for k, v in headers if k.lower() != "content-length"]
             headers.append(("Content-Length", str(len(body))))
-        if kind in ("longer", "shorter") and status == 200 and req.method == "GET":
+        if kind in ("longer", "shorter") and status in (200, 206) and req.method == "GET":
             body = body + bytes(100) if kind == "longer" else body[: len(body) // 2]
             headers.append(("Transfer-Encoding", "chunked"))  # the Content-Length stays
         if kind == "inflated" and status == 200 and req.method == "GET":

@@ -22,7 +22,7 @@ from machine import needs_inet_sockets
 from tests.s3server import Lie, LyingProxy, Request, S3Server
 from tests.store.buckets import raw_store
 from treeguard import ArtifactStore, ConflictError, RetentionPolicy, StorageError, StoreError
-from treeguard._src.store import objects  # _src: no public call stops a bucket reader midway
+from treeguard._src.store import objectreader, objects  # _src: no public call stops a reader midway
 
 ROOT = Path(__file__).resolve().parents[2]
 #: The most bytes a store reads of a pointer, a marker or a status file.
@@ -165,7 +165,7 @@ def test_a_reader_that_stops_early_holds_a_bounded_download_and_joins_its_thread
     backend = objects.ObjectStorage(s3_url)
     data = np.arange(12 << 20, dtype=np.uint32).tobytes()  # 48 MiB: twelve streamed chunks
     backend.create("big", data)
-    reader = backend.reader("big")
+    reader = objectreader.open_reader(backend, "big")
     assert reader is not None
     reader.plan(None)  # the whole object, pulled ahead by the thread
     buf = memoryview(bytearray(1 << 20))

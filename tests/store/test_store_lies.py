@@ -10,6 +10,7 @@ verify lied to once reads that object again and succeeds."""
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 from collections.abc import Callable, Iterator
@@ -208,8 +209,11 @@ def test_a_load_the_bucket_lies_to_returns_nothing_unverified(
         assert np.array_equal(store.load_current(_params(0.0))["w"], _params(1.0)["w"])
         assert liar.times == 0
         return
-    with pytest.raises((IntegrityError, StorageError)):  # every try: refused
+    with pytest.raises((IntegrityError, StorageError)) as e:  # every try: refused
         store.load_current(_params(0.0))
+    # a range cut short is a request that lied; bytes that hash wrong, or an object that
+    # its If-Match says was replaced, speak of the version
+    assert isinstance(e.value, IntegrityError) == (kind in ("reorder", "etag")), str(e.value)
     assert np.array_equal(honest.load_current(_params(0.0))["w"], _params(1.0)["w"])
 
 
@@ -343,3 +347,95 @@ def test_a_shard_object_stored_with_a_byte_more_is_rejected(
     verdict = store.verify(v)
     assert verdict.status == "rejected", verdict
     assert f"is {len(raw) + 1} bytes, the manifest records {len(raw)}" in (verdict.reason or "")
+
+
+def _file_version(store: ArtifactStore, s3_url: str) -> tuple[str, str, dict[str, Any], int, int]:
+    """A verified, promoted file version of two 128 KiB arrays (``a`` before
+    ``z``), its checkpoint object's name, the tree, the object's size and
+    where ``a`` ends in it."""
+    tree = {k: np.arange(128 * 256, dtype=np.float32) + i for i, k in enumerate("az")}
+    v = store.put(tree)
+    assert store.verify(v).status == "verified"
+    store.promote(v)
+    name = f"versions/{v}/model.safetensors"
+    raw = raw_store(s3_url)
+    header = int.from_bytes(bytes(obstore.get_range(raw, name, start=0, length=8)), "little")
+    meta = json.loads(bytes(obstore.get_range(raw, name, start=8, length=header)))
+    size = int(obstore.head(raw, name)["size"])
+    return v, name, tree, size, 8 + header + meta["['a']"]["data_offsets"][1]
+
+
+def _cut_on_each_try(start: int, stop: int) -> str:
+    """What the range ``[start, stop)`` cut to half its bytes on each of three
+    tries says on the last: each try resumes where the last one's bytes ended."""
+    for _ in range(2):
+        start += (stop - start) // 2
+    n = stop - start
+    return f"its stream of the range at {start:,} ended after {n // 2:,} of its {n:,} bytes"
+
+
+@pytest.mark.parametrize("kind", ["cut", "short"])
+def test_a_file_version_s_range_cut_short_on_every_try_is_a_storage_error_naming_it(
+    lying: tuple[ArtifactStore, ArtifactStore], liar: Liar, s3_url: str, kind: str
+) -> None:
+    store, honest = lying
+    v, name, tree, size, a_end = _file_version(honest, s3_url)
+    whole = _cut_on_each_try(1 << 16, size)  # the data past the first 64 KiB, in one GET
+    part = _cut_on_each_try(1 << 16, a_end)  # a partial load asks for ``a``'s bytes only
+    reads = [
+        (lambda: store.load_version(v, tree), whole),
+        (lambda: store.load_current(tree), whole),
+        (lambda: store.load_version(v, tree["a"], subtree="['a']"), part),
+        (lambda: store.promote(v), whole),  # its check reads every byte again
+    ]
+    for read, why in reads:
+        liar.arm(kind, "GET", "model.safetensors", times=100, data=True)
+        with pytest.raises(StorageError) as e:
+            read()
+        assert not isinstance(e.value, IntegrityError)  # nothing said of the stored bytes
+        said = f"{s3_url}/{name}: reading {name} failed: {why} (on each of 3 tries)"
+        assert liar.times == 97 and str(e.value).splitlines()[0] == said, str(e.value)
+        assert "hint: the server or a proxy in front of it" in str(e.value)
+    liar.times = 0
+    assert np.array_equal(store.load_version(v, tree["a"], subtree="['a']"), tree["a"])
+
+
+@pytest.mark.parametrize("data", [False, True], ids=["first-bytes", "data"])
+def test_a_file_version_s_404_its_head_contradicts_is_read_again_then_a_storage_error(
+    lying: tuple[ArtifactStore, ArtifactStore], liar: Liar, s3_url: str, data: bool
+) -> None:
+    store, honest = lying
+    v, name, tree, size, _ = _file_version(honest, s3_url)
+    liar.arm("missing", "GET", "model.safetensors", data=data)  # once: read again
+    assert np.array_equal(store.load_current(tree)["z"], tree["z"]) and liar.times == 0
+    liar.arm("missing", "GET", "model.safetensors", times=100, data=data)
+    with pytest.raises(StorageError) as e:
+        store.load_version(v, tree)
+    assert not isinstance(e.value, IntegrityError)  # never "its checkpoint object is missing"
+    said = (
+        f"{s3_url}/{name}: reading {name} failed: its answer was a 404, its HEAD {size:,} bytes "
+        "(on each of 3 tries)"
+    )
+    assert liar.times == 97 and str(e.value).splitlines()[0] == said, str(e.value)
+
+
+def test_a_file_version_s_answers_of_another_length_on_every_try_are_a_storage_error(
+    lying: tuple[ArtifactStore, ArtifactStore], liar: Liar, s3_url: str
+) -> None:
+    store, honest = lying
+    v, name, tree, size, _ = _file_version(honest, s3_url)
+    said = f"{s3_url}/{name}: reading {name} failed: its stream of the range at "
+    # the first bytes cut to half, and the data's range with 100 bytes past its end
+    for kind, data, why in [
+        ("cut", False, "0 ended after 32,768 of its 65,536 bytes"),
+        ("longer", True, f"65,536 ran past its {size - 65536:,} bytes: {size - 65436:,} or more"),
+    ]:
+        liar.arm(kind, "GET", "model.safetensors", times=100, data=data)
+        with pytest.raises(StorageError) as e:
+            store.load_version(v, tree)
+        assert not isinstance(e.value, IntegrityError)
+        first = str(e.value).splitlines()[0]
+        assert liar.times == 97 and first.startswith(said + why), first
+        assert first.endswith(" (on each of 3 tries)"), first
+        liar.arm(kind, "GET", "model.safetensors", data=data)  # once: read again
+        assert np.array_equal(store.load_version(v, tree)["z"], tree["z"]) and liar.times == 0

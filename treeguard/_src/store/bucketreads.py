@@ -27,7 +27,8 @@ from . import gates
 from .backend import Record, Wanted
 from .bucketshards import BucketShards
 from .layout import MODEL_FILE
-from .objects import ObjectReader, ObjectStorage
+from .objectreader import ObjectReader, open_reader
+from .objects import ObjectStorage
 from .payload import ShardedPayload
 from .records import is_sharded
 from .tensorread import opened
@@ -94,7 +95,7 @@ class BucketReads:
                 with opened(manifest, self._open_tensor, where) as (tensors, _):
                     yield tensors
                 return
-            reader = self.storage.reader(name)
+            reader = open_reader(self.storage, name)
             if reader is None:
                 raise self._missing(version, name)
             try:
@@ -103,7 +104,7 @@ class BucketReads:
                 reader.close()
 
     def _open_tensor(self, name: str) -> ObjectReader | None:
-        reader = self.storage.reader(f"{AREA}/{name}")
+        reader = open_reader(self.storage, f"{AREA}/{name}")
         if reader is not None:
             reader.plan(None)  # each tensor is read whole
         return reader

@@ -1,6 +1,6 @@
 """The thread that downloads an object ahead of its reader (``ObjectReader``
-in objects.py): chunks pulled into a bounded queue, handed over in order;
-and the hand-over of a streamed object's parts, never past its size."""
+in objectreader.py): chunks pulled into a bounded queue, handed over in
+order; and the hand-over of a streamed object's parts, never past its size."""
 
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ def hand_over(
     *,
     name: str,
     where: str,
+    at: int | None = None,
 ) -> int:
     """Hands the ``parts`` of an object of ``size`` bytes (as its answer
     announced) to ``each(offset, part)`` in order; ``size``.
@@ -35,6 +36,8 @@ def hand_over(
       size: the bytes its answer announced.
       each: given each part and its offset.
       name, where: the object's name and URL, for the error.
+      at: where the range streamed starts in the object, for the error
+        (None: the whole object).
 
     Raises:
       objecterrors.Contradicted: naming the object and its size, when the
@@ -45,12 +48,17 @@ def hand_over(
     for part in parts:
         n = len(part)
         if pos + n > size:
-            raise objecterrors.stream_size(name, where, size, pos + n, more=True)
+            raise objecterrors.stream_size(name, where, size, pos + n, more=True, at=at)
         each(pos, memoryview(part))
         pos += n
     if pos != size:
-        raise objecterrors.stream_size(name, where, size, pos, more=False)
+        raise objecterrors.stream_size(name, where, size, pos, more=False, at=at)
     return pos
+
+
+class Stopped(Exception):
+    """Raised to a ``Download``'s producer by a hand-over after ``close``:
+    it ends the pulling (never a failed request, never tried again)."""
 
 
 class Download:
@@ -60,35 +68,47 @@ class Download:
     ``next`` hands them over in order, then None, and raises in the
     reader's thread what the pulling raised. ``close`` stops the thread and
     joins it: it ends once the request in flight answers (every request has
-    the client's timeout). Where no thread can be started (the interpreter
-    shutting down), the chunks are pulled in the reader's thread.
+    the client's timeout; during a pause before another try, once that
+    try's request answers). Where no thread
+    can be started (the interpreter shutting down), the chunks are pulled
+    in the reader's thread, all of them before the first is handed over.
 
     Args:
-      chunks: given the event that ``close`` sets, yields the chunks.
+      pull: given the function that hands over one chunk (which raises
+        ``Stopped`` once ``close`` was called), pulls them all.
     """
 
-    def __init__(self, chunks: Callable[[threading.Event], Iterator[Any]]) -> None:
+    def __init__(self, pull: Callable[[Callable[[Any], None]], None]) -> None:
         self._queue: queue.Queue[Any] = queue.Queue(AHEAD)
         self._stopped = threading.Event()
         self._ended = False
         self._inline: Iterator[Any] | None = None
         self._thread: threading.Thread | None = threading.Thread(
-            target=self._pull, args=(chunks,), name=FETCH_THREAD, daemon=True
+            target=self._pull, args=(pull,), name=FETCH_THREAD, daemon=True
         )
         try:
             self._thread.start()
         except RuntimeError:  # "can't create new thread at interpreter shutdown"
-            self._thread, self._inline = None, chunks(self._stopped)
+            self._thread, pulled = None, list[Any]()
+            try:
+                pull(pulled.append)
+            except Exception as e:  # noqa: BLE001 - raised again by next
+                pulled.append(e)
+            self._inline = iter(pulled)
 
-    def _pull(self, chunks: Callable[[threading.Event], Iterator[Any]]) -> None:
+    def _pull(self, pull: Callable[[Callable[[Any], None]], None]) -> None:
         try:
-            for chunk in chunks(self._stopped):
-                if not self._hand(chunk):
-                    return
+            pull(self._put)
+        except Stopped:
+            return
         except BaseException as e:  # noqa: BLE001 - raised again in the reader's thread
             self._hand(e)
             return
         self._hand(None)
+
+    def _put(self, chunk: Any) -> None:
+        if not self._hand(chunk):
+            raise Stopped
 
     def _hand(self, item: Any) -> bool:
         """Queues ``item``; False once ``close`` was called."""

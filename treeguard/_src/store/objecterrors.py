@@ -151,25 +151,32 @@ class Contradicted(StorageError):
         )
 
 
-def stream_size(name: str, where: str, size: int, came: int, *, more: bool) -> Contradicted:
+def stream_size(
+    name: str, where: str, size: int, came: int, *, more: bool, at: int | None = None
+) -> Contradicted:
     """The error for object ``name`` (at ``where``) whose streamed bytes are
-    not the ``size`` it was read for (the size its answer announced):
-    ``came`` bytes, and ``more`` when the stream ran past ``size`` (``came``
-    is then the bytes up to the part that went past it). The answer
-    contradicts itself, so it says nothing of what is stored: a failed read,
-    which is read again and never makes a verdict.
+    not the ``size`` it was read for (the size its answer announced, or
+    the range asked for from offset ``at``): ``came`` bytes, and ``more``
+    when the stream ran past ``size`` (``came`` is then the bytes up to the
+    part that went past it). The answer contradicts itself, so it says
+    nothing of what is stored: a failed read, which is read again and never
+    makes a verdict.
 
     Example:
       >>> print(str(stream_size("a", "s3://m/a", 1024, 1030, more=True)).splitlines()[0])
       s3://m/a: reading a failed: its stream ran past its 1,024 bytes: 1,030 or more came
+      >>> cut = stream_size("a", "s3://m/a", 1024, 512, more=False, at=4096)
+      >>> print(cut.message)
+      reading a failed: its stream of the range at 4,096 ended after 512 of its 1,024 bytes
     """
     why = (
         f"ran past its {size:,} bytes: {came:,} or more came"
         if more
         else (f"ended after {came:,} of its {size:,} bytes")
     )
+    stream = "its stream" if at is None else f"its stream of the range at {at:,}"
     return Contradicted(
-        f"reading {name} failed: its stream {why}",
+        f"reading {name} failed: {stream} {why}",
         context=where,
         hint="the server or a proxy in front of it sent other bytes than the object's; nothing "
         "read was used: check it, then read again",

@@ -31,17 +31,16 @@ import hashlib
 import os
 import re
 import secrets
-import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
-from ..errors import FormatError, StorageError, StoreError, TreeguardError
+from ..errors import FormatError, StorageError, StoreError
 from ..hashing import prefault
 from . import objecterrors
-from .download import Download, hand_over
+from .download import hand_over
 from .storage import Conflict, check_object_name
 
 #: Where ``now`` writes the object whose time it reads.
@@ -148,24 +147,35 @@ class ObjectStorage:
             e, f"{operation} {name}", f"{self.url}/{name.lstrip('/')}", self._scheme, self.bucket
         )
 
-    def _idempotent(self, operation: str, name: str, call: Callable[[], _T]) -> _T:
+    def _idempotent(
+        self, operation: str, name: str, call: Callable[[], _T], progress: Callable[[], int] = int
+    ) -> _T:
+        """``call()``, tried again after a pause when it failed in a way that
+        another try may mend: the network or a 5xx, or an answer that lied
+        (``objecterrors.Contradicted``); ``_TRIES`` such failures end it.
+        A try that brought bytes (``progress``, the bytes handed over so far,
+        grew) before the network or the server broke it starts the count
+        again, as a download resumed where it stopped; an answer that lied
+        counts whatever it brought."""
         from obstore.exceptions import BaseError, GenericError  # lazy: the optional [s3] extra
 
-        pause = _PAUSE
-        for attempt in range(_TRIES):
+        pause, failed = _PAUSE, 0
+        while True:
+            before = progress()
             try:
                 return call()
             except objecterrors.Contradicted as e:  # an answer that lied: the next may not
-                if attempt == _TRIES - 1:
+                failed += 1
+                if failed == _TRIES:
                     raise e.tried(_TRIES) from None
             except GenericError as e:  # the network or a 5xx: worth another try
-                if attempt == _TRIES - 1 or objecterrors.permanent(e):
+                pause, failed = (_PAUSE, 1) if progress() != before else (pause, failed + 1)
+                if failed == _TRIES or objecterrors.permanent(e):
                     raise self._failed(operation, name, e) from None
             except (BaseError, OSError) as e:  # refused by the server: no retry helps
                 raise self._failed(operation, name, e) from None
             time.sleep(pause)
             pause *= 2
-        raise AssertionError("unreachable")  # pragma: no cover
 
     @staticmethod
     def _tag(meta: Any) -> str:
@@ -353,9 +363,11 @@ class ObjectStorage:
             lambda: bytes(obstore.get_range(self._store, name, start=start, length=length)),
         )
 
-    def reader(self, name: str) -> ObjectReader | None:
-        """A ``RangeReader`` of one object, or None if there is no such
-        object. Its first bytes, size and etag come in one ranged GET."""
+    def first_bytes(self, name: str) -> tuple[Any, bytes] | None:
+        """The metadata (size, etag) and first ``_HEAD_BYTES`` bytes of
+        ``name``, in one ranged GET; None if there is no such object (its
+        HEAD agreeing: a 404 it contradicts, or first bytes of another
+        length than asked, is an answer that lied, read again)."""
         import obstore  # lazy: the optional [s3] extra
         from obstore.exceptions import GenericError
 
@@ -364,15 +376,22 @@ class ObjectStorage:
         def first() -> tuple[Any, bytes] | None:
             try:
                 result = obstore.get(self._store, name, options={"range": (0, _HEAD_BYTES)})
-                return result.meta, bytes(result.bytes())
+                head = bytes(result.bytes())
             except FileNotFoundError as e:
                 if objecterrors.permanent(e):  # the bucket itself is missing, not the object
                     raise self._failed("reading", name, e) from None
+                self._confirmed(name, 0, None)  # Contradicted if its HEAD finds it
                 return None
             except GenericError as e:
                 if objecterrors.status(e) != "416":
                     raise
                 refused = e
+            else:
+                asked = min(_HEAD_BYTES, int(result.meta["size"]))
+                if len(head) != asked:
+                    where, more = self.where(name), len(head) > asked
+                    raise objecterrors.stream_size(name, where, asked, len(head), more=more, at=0)
+                return result.meta, head
             try:  # an empty object has no first byte to ask for
                 meta = obstore.head(self._store, name)
             except FileNotFoundError:
@@ -381,8 +400,51 @@ class ObjectStorage:
                 raise refused
             return meta, b""
 
-        found = self._idempotent("reading", name, first)
-        return None if found is None else ObjectReader(self, name, *found)
+        return self._idempotent("reading", name, first)
+
+    def stream_range(
+        self, name: str, span: tuple[int, int], etag: str | None, each: Callable[[memoryview], None]
+    ) -> None:
+        """Streams the bytes ``[start, stop)`` of ``name`` to ``each`` in
+        order, by one GET carrying ``If-Match: etag``; after a failure
+        another GET asks for the rest, from where the bytes handed over
+        ended (``_idempotent``: an answer that lies, a body that ends short
+        of its range or runs past it (``download.hand_over``) or a 404 its
+        HEAD contradicts, is read again as a 5xx is).
+
+        Raises:
+          FormatError: when the object no longer has that etag (it was
+            replaced while it was read).
+          StorageError: naming the object, after the last try.
+        """
+        import obstore  # lazy: the optional [s3] extra
+        from obstore.exceptions import PreconditionError
+
+        check_object_name(name)
+        pos, stop = span
+
+        def handed(_: int, part: memoryview) -> None:
+            nonlocal pos
+            each(part)
+            pos += len(part)
+
+        def rest() -> None:
+            options: Any = {"range": (pos, stop)} | ({"if_match": etag} if etag else {})
+            try:
+                result = obstore.get(self._store, name, options=options)
+            except FileNotFoundError as e:  # gone, or a 404 its HEAD contradicts
+                if objecterrors.permanent(e) or self._confirmed(name, 0, None) is None:
+                    raise self._failed("reading", name, e) from None
+            except PreconditionError:
+                raise FormatError(
+                    "the object was replaced while it was read",
+                    context=self.where(name),
+                    hint="something else writes under the store's prefix; read it again",
+                ) from None
+            parts = result.stream(min_chunk_size=_STREAM_CHUNK)
+            hand_over(parts, stop - pos, handed, name=name, where=self.where(name), at=pos)
+
+        self._idempotent("reading", name, rest, lambda: pos)
 
     def list(self, prefix: str) -> list[str]:
         import obstore  # lazy: the optional [s3] extra
@@ -444,157 +506,3 @@ class ObjectStorage:
 
         check_object_name(name)
         self._idempotent("deleting", name, lambda: obstore.delete(self._store, name))
-
-
-class ObjectReader:
-    """One object's bytes at any offset, for the hashing engine and the
-    checkpoint reader (a ``hashing.RangeReader``), fetched as they are read.
-
-    Its first bytes come with its size and etag, in the one request that
-    makes it (``ObjectStorage.reader``), and are kept: a header is parsed
-    more than once. A read elsewhere is served by a streamed GET that a
-    thread of its own (``Download``) pulls ahead of the reader, so the
-    next chunks arrive while the last ones are copied into the caller's
-    buffer and hashed; a read that continues where the last one ended
-    continues the same stream: a whole checkpoint is one GET of its data.
-    A GET runs to the end of the planned range it starts in (``plan``, which
-    also starts the first one), to the end of the object when there is no
-    plan, or covers only the bytes asked for when the read lies outside
-    every planned range. Every GET carries ``If-Match`` with the etag read
-    when the reader was made, so an object replaced meanwhile fails the read
-    (``FormatError``) instead of mixing two objects; for the same reason a
-    stream broken by the network or a 5xx is resumed where it stopped.
-    """
-
-    def __init__(self, storage: ObjectStorage, name: str, meta: Any, head: bytes) -> None:
-        self._storage = storage
-        self._name = name
-        self._size = int(meta["size"])
-        self._etag = meta.get("e_tag")
-        self._head = head
-        self._plan: Sequence[tuple[int, int]] | None = None
-        self._download: Download | None = None
-        self._pos = 0
-        self._until = 0  # where the download under way ends
-        self._left = memoryview(b"")
-        #: how many bytes the server sent so far, in every request
-        self.fetched = len(head)
-
-    def size(self) -> int:
-        return self._size
-
-    def plan(self, ranges: Sequence[tuple[int, int]] | None) -> None:
-        """The ``(offset, length)`` ranges the next reads will cover (None:
-        read to the end of the object; empty: fetch only what each read
-        asks). The download of the first range beyond the kept first bytes
-        starts at once."""
-        self._plan = ranges
-        self.close()
-        start = len(self._head)
-        if ranges is None:
-            self._open(start, self._size - start)
-            return
-        for offset, length in ranges:
-            if offset + length > start:
-                self._open(max(offset, start), offset + length - max(offset, start))
-                return
-
-    def close(self) -> None:
-        """Stops the download under way, if any, and joins its thread."""
-        if self._download is not None:
-            self._download.close()
-        self._download, self._left = None, memoryview(b"")
-
-    def pread_into(self, buf: memoryview, offset: int) -> int:
-        want = max(0, min(len(buf), self._size - offset))
-        done = max(0, min(want, len(self._head) - offset))
-        buf[:done] = self._head[offset : offset + done]
-        if done == want:
-            return done
-        if self._download is None or offset + done != self._pos:
-            self._open(offset + done, want - done)
-        while done < want:
-            if not self._left:
-                chunk = self._download.next() if self._download is not None else None
-                if chunk is None and self._pos == self._until < self._size:
-                    self._open(self._pos, want - done)  # a GET ended where it was planned to
-                    continue
-                if chunk is None:
-                    break  # the object ended early
-                self._left = memoryview(chunk)
-            n = min(len(self._left), want - done)
-            buf[done : done + n] = self._left[:n]
-            self._left = self._left[n:]
-            done += n
-            self._pos += n
-        return done
-
-    def _stop(self, offset: int, want: int) -> int:
-        if self._plan is None:
-            return self._size
-        for start, length in self._plan:
-            if start <= offset < start + length:
-                return max(start + length, offset + want)
-        return offset + want
-
-    def _open(self, offset: int, want: int) -> None:
-        self.close()
-        self._pos = offset
-        stop = self._until = min(self._stop(offset, want), self._size)
-        if stop > offset:
-            self._download = Download(lambda stopped: self._chunks(offset, stop, stopped))
-
-    def _chunks(self, start: int, stop: int, stopped: threading.Event) -> Iterator[Any]:
-        """The bytes of ``[start, stop)`` in chunks, by one streamed GET,
-        resumed from the offset reached when the network or the server
-        fails (after a pause; ``_TRIES`` failures in a row end it), or when
-        an answer ends before its range does (a body cut short with no
-        error: ``_TRIES`` such answers end it, whatever bytes they brought,
-        and the reader reports a short read)."""
-        import obstore  # lazy: the optional [s3] extra
-        from obstore.exceptions import GenericError
-
-        pos, stream, failures, short, pause = start, None, 0, 0, _PAUSE
-        while pos < stop:
-            try:
-                if stream is None:
-                    options: Any = {"range": (pos, stop)}
-                    if self._etag:
-                        options["if_match"] = self._etag
-                    result = obstore.get(self._storage._store, self._name, options=options)
-                    stream = iter(result.stream(min_chunk_size=_STREAM_CHUNK))
-                chunk = next(stream, None)
-            except GenericError as e:  # the network or a 5xx: resume where it stopped
-                failures += 1
-                if failures == _TRIES:
-                    raise self._failed(e) from None
-                stream = None
-                if stopped.wait(pause):
-                    return
-                pause *= 2
-                continue
-            except Exception as e:  # noqa: BLE001 - typed by _failed
-                raise self._failed(e) from None
-            if chunk is None:  # the answer ended before its range: read the rest again
-                short += 1
-                if short == _TRIES or stopped.wait(_PAUSE * 2 ** (short - 1)):
-                    return  # the reader reports a short read
-                stream = None
-                continue
-            failures, pause = 0, _PAUSE
-            pos += len(chunk)
-            self.fetched += len(chunk)
-            yield chunk
-
-    def _failed(self, e: BaseException) -> TreeguardError:
-        """A failed read as the store's error; an object replaced since the
-        reader was made is a ``FormatError``."""
-        from obstore.exceptions import PreconditionError  # lazy: the optional [s3] extra
-
-        if isinstance(e, PreconditionError):
-            return FormatError(
-                "the object was replaced while it was read",
-                context=self._storage.where(self._name),
-                hint="something else writes under the store's prefix; read it again",
-            )
-        return self._storage._failed("reading", self._name, e)
