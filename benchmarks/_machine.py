@@ -3,7 +3,8 @@
 The lent TPU machine opens no internet socket, not even on the loopback
 (only unix sockets): the benchmarks that drive a server through real sockets
 say so there and stop, and ``serving.py`` leaves out its socket section. The
-check itself is the tests' (``tests/machine.py``).
+check itself is the tests' (``tests/machine.py``), as are the servers the
+benchmarks start (``tests/s3server.py``), whose folder goes on the path here.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# the tests' helpers import each other by their bare names, as pytest finds them
+sys.path.insert(1, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from tests.machine import inet_sockets
 
