@@ -464,3 +464,55 @@ def test_a_leaf_that_fills_the_disk_while_the_name_is_reserved_is_named() -> Non
     with pytest.raises(StoreError) as refused, space.typed(name_taken, "['extra']"):
         raise full
     assert refused.value is taken
+
+
+#: The child: a fine-tune put while another writer holds the store's lock
+#: (a gc deleting a large version, a process stopped while it held it), and
+#: Ctrl-C sent to the calling thread once the put waits for that lock; then
+#: the lock is let go, and what is left is printed.
+_INTERRUPTED_AT_THE_LOCK = """
+import fcntl, os, signal, sys, threading
+import numpy as np
+from treeguard import ArtifactStore
+root = sys.argv[1]
+store = ArtifactStore.init(root, dedup=True)
+base = {"a": np.ones(1000, np.float32), "b": np.ones(10, np.float32)}
+v = store.put(base)
+store.verify(v)
+store.promote(v)
+tree = store.load_current(base)
+tree = {**tree, "a": tree["a"] + 2}
+held = os.open(os.path.join(root, ".lock"), os.O_RDWR)
+fcntl.flock(held, fcntl.LOCK_EX)  # another open file: the put's flock waits for it
+waiting, real = threading.Event(), fcntl.flock
+def flock(fd, op):
+    if fd != held:
+        waiting.set()
+    return real(fd, op)
+def interrupt():
+    waiting.wait()
+    signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+fcntl.flock = flock
+threading.Thread(target=interrupt, daemon=True).start()
+try:
+    store.put(tree)
+    print("put", flush=True)
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+fcntl.flock = real
+os.close(held)
+print(*[i.status for i in store.versions()])
+print(len([n for n in os.listdir(os.path.join(root, "tensors")) if n.startswith(".")]), "temps")
+print(len(os.listdir(os.path.join(root, "versions"))), "versions")
+"""
+
+
+@pytest.mark.slow
+def test_a_put_waiting_for_another_writer_s_lock_ends_when_interrupted(tmp_path: Path) -> None:
+    """Ctrl-C while a put waits for the store's lock (held by another
+    writer for as long as it likes) ends the put at once, leaving nothing:
+    the wait is on the calling thread, not on a thread the put must then
+    wait for before it can take back what it started."""
+    done = run_python(_INTERRUPTED_AT_THE_LOCK, str(tmp_path / "store"), timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines() == ["interrupted", "verified", "0 temps", "1 versions"]

@@ -14,6 +14,7 @@ import pytest
 from corpus import CORPUS, seed_params
 from jax.sharding import NamedSharding, PartitionSpec
 from machine import cpu_mesh
+from subproc import run_python
 
 from treeguard import (
     Cast,
@@ -496,3 +497,29 @@ def test_an_updater_used_on_several_devices_still_pickles() -> None:
         assert_trees_equal(got, want)
         assert got["w"].sharding.is_equivalent_to(sharding, 2)
         assert copied.compile_count == step.compile_count + 1  # its own program
+
+
+#: The child, on one device: an updater used once, then pickled and deep-copied.
+_ONE_DEVICE_COPY = """
+import copy, pickle
+import jax, jax.numpy as jnp
+from treeguard import updater
+def sgd(p, g, *, lr):
+    return p - lr * g
+step = updater(sgd)
+params, grads = {"w": jnp.ones((4, 2))}, {"w": jnp.full((4, 2), 2.0)}
+want = step(params, grads, lr=0.5)
+for copied in (pickle.loads(pickle.dumps(step)), copy.deepcopy(step)):
+    got = copied(params, grads, lr=0.5)
+    print(jax.device_count(), bool((got["w"] == want["w"]).all()), step.compile_count,
+          copied.compile_count)
+"""
+
+
+def test_an_updater_used_on_one_device_pickles_and_its_copy_counts_its_own_programs() -> None:
+    """As on several devices: a copy starts without the program the step
+    compiled (a closure that counts into the step that made it, which does
+    not pickle) and compiles its own, counted as its own."""
+    done = run_python(_ONE_DEVICE_COPY, env={"XLA_FLAGS": ""}, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines() == ["1 True 1 2", "1 True 1 2"]

@@ -159,7 +159,11 @@ class LocalBackend:
         self._areas()
         dirs = DirSyncs()
         with kept.borrowed(tensorput.THREADS + 1, "treeguard-put") as pool:
-            reserving = pool.submit(self._reserve_dir, offered.version, offered.user, dirs)
+            with contextlib.ExitStack() as held:  # its wait ends with an interrupt here
+                held.enter_context(self.layout.locked(check=False))
+                reserving = pool.submit(
+                    self._reserve_held, held.pop_all(), offered.version, offered.user, dirs
+                )
             early: tensorput.Early | None = None
             record: Future[tuple[dict[str, Any], str]] | None = None
             path: str | None = None
@@ -236,10 +240,15 @@ class LocalBackend:
             finally:
                 synced.result()
 
-    def _reserve_dir(self, version: str | None, user: dict[str, Any], dirs: DirSyncs) -> str:
-        """``_reserve`` of a tensors version under the lock, its directories
-        left to ``dirs``: its directory."""
-        with self.layout.locked(check=False):  # _reserve reads the marker under it
+    def _reserve_held(
+        self, held: contextlib.ExitStack, version: str | None, user: dict[str, Any], dirs: DirSyncs
+    ) -> str:
+        """``_reserve`` of a tensors version under the store's lock, which
+        the calling thread took (``held``: a wait for another writer's lock
+        on a pool's thread is one no interrupt ends, and the put waits for
+        it before it can take back its writes) and this releases; its
+        directories left to ``dirs``: its directory."""
+        with held:  # _reserve reads the marker under it
             return self._reserve(version, user, "tensors", dirs)[1]
 
     def put_sharded(self, offered: Offered) -> str:

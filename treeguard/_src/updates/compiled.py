@@ -93,6 +93,11 @@ class CompiledStep:
         self._skipped: Any = None
         self._casts: dict[tuple[str, str, str, str], Cast] = {}
 
+    def __getstate__(self) -> dict[str, Any]:
+        # a copy compiles its own program, as ``_by_sharding`` starts empty: the
+        # one kept counts into this step and records its casts here, and does not pickle
+        return {**self.__dict__, "_jit": None}
+
     @property
     def compile_count(self) -> int:
         """How many times the step has been traced."""
