@@ -51,19 +51,36 @@ def test_a_donated_training_step_may_run_while_the_save_writes(tmp_path: Path) -
         np.testing.assert_array_equal(np.asarray(a), b)
 
 
-def test_a_second_save_to_a_path_being_written_is_refused(tmp_path: Path) -> None:
-    big = {"w": np.ones(32 * 1024 * 1024 // 4, np.float32)}
-    first = tg.save_async(tmp_path / "x.safetensors", big, max_in_flight=2)
+def test_a_second_save_to_a_path_being_written_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tree = {"w": np.ones(1 << 18, np.float32)}
+    asked = threading.Event()
+    real_fsync, real_fdatasync = os.fsync, os.fdatasync
+
+    def held(real: Any) -> Any:
+        def sync(fd: int) -> None:  # the first save's syncs wait for the second call
+            if threading.current_thread() is not threading.main_thread():
+                asked.wait(60)
+            real(fd)
+
+        return sync
+
+    monkeypatch.setattr(os, "fsync", held(real_fsync))
+    monkeypatch.setattr(os, "fdatasync", held(real_fdatasync))
+    first = tg.save_async(tmp_path / "x.safetensors", tree, max_in_flight=2)
     try:
-        if not first.done():
-            with pytest.raises(tg.ConfigError) as info:
-                tg.save_async(tmp_path / "x.safetensors", big, max_in_flight=2)
-            assert str(info.value).endswith(
-                "x.safetensors: another save is still writing this path\n"
-                "hint: wait for its handle (handle.result()), or save to another path"
-            )
+        assert not first.done()
+        with pytest.raises(tg.ConfigError) as info:
+            tg.save_async(tmp_path / "x.safetensors", tree, max_in_flight=2)
+        assert str(info.value).endswith(
+            "x.safetensors: another save is still writing this path\n"
+            "hint: wait for its handle (handle.result()), or save to another path"
+        )
     finally:
+        asked.set()
         first.result(timeout=120)
+    assert tg.load(tmp_path / "x.safetensors", like=tree)["w"][0] == 1.0
 
 
 def test_at_most_max_in_flight_saves_run_and_each_handle_gives_its_header(
