@@ -10,6 +10,7 @@ verify lied to once reads that object again and succeeds."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import threading
@@ -116,6 +117,36 @@ def test_a_checkpoint_put_refused_but_performed_is_the_putters(
     v = store.put(_params(1.0), version="release-1")
     assert liar.times == 0 and v == "release-1"
     assert honest.verify(v).status == "verified"
+
+
+def test_a_checkpoint_put_answered_with_a_wrong_etag_is_confirmed_by_its_bytes(
+    lying: tuple[ArtifactStore, ArtifactStore], liar: Liar
+) -> None:
+    # the answer's ETag is not the object's: its MD5 decides, and it is the put's
+    store, honest = lying
+    liar.arm("etag", "PUT", "model.safetensors")
+    v = store.put(_params(1.0))
+    assert liar.times == 0
+    assert honest.verify(v).status == "verified"
+
+
+def test_a_large_write_its_put_s_answer_tags_is_confirmed_without_an_md5(
+    s3_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the HEAD's size and ETag are the PUT answer's: hashing the bytes again
+    # would cost four times their BLAKE3 digest
+    store = ArtifactStore.init(s3_url)
+    hashed: list[int] = []
+    md5 = hashlib.md5
+
+    def counted(data: Any = b"", **kwargs: Any) -> Any:
+        hashed.append(len(data))
+        return md5(data, **kwargs)
+
+    monkeypatch.setattr(hashlib, "md5", counted)
+    v = store.put(_params(1.0))
+    assert hashed == []
+    assert store.verify(v).status == "verified"
 
 
 def test_a_pointer_write_acknowledged_but_not_performed_is_no_promote(

@@ -212,7 +212,7 @@ class ObjectStorage:
         """
         check_object_name(name)
         got = self._put(name, data, "create", Conflict.EXISTS)
-        held = self._holding(name, data)
+        held = self._holding(name, data, None if isinstance(got, Conflict) else got)
         if held is not None and held[1]:
             return held[0]
         if isinstance(got, Conflict) and held is not None:
@@ -244,12 +244,21 @@ class ObjectStorage:
             raise self._unconfirmed(name, None, None if found is None else (found[1], False))
         return Conflict.CHANGED
 
-    def _holding(self, name: str, data: bytes | memoryview) -> tuple[str, bool] | None:
+    def _holding(
+        self, name: str, data: bytes | memoryview, answered: str | None
+    ) -> tuple[str, bool] | None:
         """The object's tag now and whether it holds exactly ``data``; None if
         absent. A small object is read whole; a large one is asked for its
-        size and ETag, which must be the MD5 of ``data`` (S3's ETag of a
-        single PUT; where the ETag is no MD5, as on GCS or with KMS
-        encryption, the size alone is compared)."""
+        size and ETag. The ETag must be the one the server answered the PUT
+        with (``answered``: its tag of the bytes it stored), or else the MD5
+        of ``data`` (S3's ETag of a single PUT; where the ETag is no MD5, as
+        on GCS or with KMS encryption, the size alone is compared). The MD5,
+        about four times the cost of the BLAKE3 digest over the same bytes,
+        is computed only when the PUT was answered 412 or its ETag is not the
+        object's: bytes changed on their way to the server, which the server
+        would tag as it received them, are left to the digests every load
+        and verify checks.
+        """
         if len(data) <= _HEAD_BYTES:
             found = self.read(name, limit=_HEAD_BYTES, what="object written")
             return None if found is None else (found[1], found[0] == data)
@@ -257,8 +266,11 @@ class ObjectStorage:
         if meta is None:
             return None
         etag = str(meta.get("e_tag") or "").strip('"')
+        said = (answered or "").partition("|")[0].strip('"')
         same = int(meta["size"]) == len(data) and (
-            not _MD5_RE.match(etag) or etag == hashlib.md5(data).hexdigest()
+            (bool(etag) and etag == said)
+            or not _MD5_RE.match(etag)
+            or etag == hashlib.md5(data).hexdigest()
         )
         return self._tag(meta), same
 
