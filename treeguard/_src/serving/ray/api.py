@@ -13,7 +13,6 @@ import contextlib
 import os
 import shlex
 import shutil
-import socket
 import tempfile
 import time
 from collections.abc import Callable
@@ -24,6 +23,7 @@ from ...store import ArtifactStore
 from ...verify.model import Model
 from ..spec import ServingSpec
 from ..watchdog import WatchdogPolicy
+from .ports import server_ports
 from .rollout import Decision, decide, refusal
 
 #: The application's name when none is given.
@@ -51,11 +51,16 @@ def haproxy_environment(folder: str | os.PathLike[str]) -> dict[str, str]:
     of going through Ray's Python proxy and Ray's RPC. These variables must
     be in the environment of the process that starts the cluster (before
     ``ray.init`` or ``ray start``, and before ``import ray``): Ray reads them
-    as its processes start. HAProxy's files go under ``folder``; its stats
-    page, its Prometheus exporter and Ray's fallback proxy get free ports
-    instead of Ray's fixed 8404, 9101 and 8500 (HAProxy binds the first two
-    on every interface); a request that a replica dropped unanswered
-    (killed, or its connection refused) is sent again to another replica
+    as its processes start. HAProxy's files go under ``folder``. Its stats
+    page, its Prometheus exporter and Ray's fallback proxy get ports of
+    their own instead of Ray's fixed 8404, 9101 and 8500 (HAProxy binds the
+    first two on every interface), each free when picked (a bind succeeds),
+    from 20000 up (above Ray's worker ports), apart from Ray Serve's replica
+    ports, and outside the kernel's ephemeral range (``ip_local_port_range``
+    under ``/proc``; 32768-65535 where there is none), so that no outgoing
+    connection takes one as its local port before HAProxy binds it. A
+    request that a replica dropped unanswered (killed, or its connection
+    refused) is sent again to another replica
     (``retry-on conn-failure empty-response``); an inference is a pure
     function of its inputs and the version, so sending it twice is safe.
     A replica that stops is drained for 2 s rather than Ray's 30 s: the
@@ -70,7 +75,8 @@ def haproxy_environment(folder: str | os.PathLike[str]) -> dict[str, str]:
       The variables, ``{name: value}``; set the ones not set already.
 
     Raises:
-      ConfigError: when ``folder`` is too long for HAProxy's socket paths.
+      ConfigError: when ``folder`` is too long for HAProxy's socket paths, or
+        fewer than three free ports lie outside the ephemeral range.
 
     Example:
       >>> env = haproxy_environment("/tmp/tg-haproxy")
@@ -86,6 +92,7 @@ def haproxy_environment(folder: str | os.PathLike[str]) -> dict[str, str]:
             hint="pick a shorter folder, such as one made by "
             "tempfile.mkdtemp(prefix='tghap-', dir='/tmp')",
         )
+    stats, metrics, fallback = server_ports(3)
     return {
         "RAY_SERVE_ENABLE_HA_PROXY": "1",
         "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": os.path.join(root, "haproxy.cfg"),
@@ -93,9 +100,9 @@ def haproxy_environment(folder: str | os.PathLike[str]) -> dict[str, str]:
         "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": root,
         "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": os.path.join(root, "server-state"),
         "RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH": os.path.join(root, "metrics.sock"),
-        "RAY_SERVE_HAPROXY_STATS_PORT": str(_free_port()),
-        "RAY_SERVE_HAPROXY_METRICS_PORT": str(_free_port()),
-        "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT": str(_free_port()),
+        "RAY_SERVE_HAPROXY_STATS_PORT": str(stats),
+        "RAY_SERVE_HAPROXY_METRICS_PORT": str(metrics),
+        "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT": str(fallback),
         "RAY_SERVE_HAPROXY_RETRY_ON": "conn-failure empty-response",
         "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "2",
     }
@@ -103,12 +110,6 @@ def haproxy_environment(folder: str | os.PathLike[str]) -> dict[str, str]:
 
 #: The longest Unix socket path HAProxy 2.8 accepts.
 _HAPROXY_MAX_SOCKET_PATH = 97
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _check_haproxy_mode() -> None:
