@@ -107,7 +107,7 @@ def test_a_port_held_on_any_interface_is_never_picked() -> None:
         with pytest.raises(tg.ConfigError) as info:
             pick_free([held], 1)
     assert str(info.value) == (
-        "1 ports wanted for servers, and 0 of the 1 outside the kernel's ephemeral range "
+        "1 port wanted for servers, and 0 of the 1 outside the kernel's ephemeral range "
         "are free\n"
         "hint: stop the servers that hold them, or narrow the ephemeral range "
         "(net.ipv4.ip_local_port_range) to leave more ports outside it"

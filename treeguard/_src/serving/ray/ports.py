@@ -115,8 +115,9 @@ def pick_free(candidates: Sequence[int], count: int) -> list[int]:
             picked.append(port)
     if len(picked) < count:
         raise ConfigError(
-            f"{count} ports wanted for servers, and {len(picked)} of the {len(unique)} "
-            "outside the kernel's ephemeral range are free",
+            f"{count} {'port' if count == 1 else 'ports'} wanted for servers, and "
+            f"{len(picked)} of the {len(unique)} outside the kernel's ephemeral range "
+            f"{'is' if len(picked) == 1 else 'are'} free",
             hint="stop the servers that hold them, or narrow the ephemeral range "
             "(net.ipv4.ip_local_port_range) to leave more ports outside it",
         )
