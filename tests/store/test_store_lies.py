@@ -12,20 +12,15 @@ from __future__ import annotations
 
 import json
 import re
-import threading
-from collections.abc import Callable, Iterator
 from typing import Any
 
-import jax
 import numpy as np
 import obstore
 import pytest
 from click.testing import CliRunner
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
 
-from tests.s3server import Lie, LyingProxy, Request, S3Server
-from tests.store.buckets import raw_store
+from tests.store.buckets import raw_store, sharded_version
+from tests.store.liars import Liar
 from treeguard import ArtifactStore, IntegrityError, RetentionPolicy, StorageError
 from treeguard._cli.main import main
 
@@ -36,54 +31,6 @@ def _params(value: float) -> dict[str, Any]:
     # larger than the first ranged GET (64 KiB), so the data comes in a second one
     w = np.random.default_rng(int(value)).standard_normal((128, 256)).astype(np.float32)
     return {"w": w, "b": np.zeros(8, np.float32)}
-
-
-class Liar:
-    """Lies ``kind`` about the next ``times`` requests that ``pick`` selects."""
-
-    def __init__(self) -> None:
-        self.kind: str | None = None
-        self.times = 0
-        self.pick: Callable[[Request], bool] = lambda r: False
-        self._lock = threading.Lock()
-
-    def __call__(self, req: Request) -> Lie | None:
-        with self._lock:
-            if self.kind is None or self.times <= 0 or not self.pick(req):
-                return None
-            self.times -= 1
-            return Lie(kind=self.kind)
-
-    def arm(self, kind: str, method: str, leaf: str, *, times: int = 1, data: bool = False) -> None:
-        """Lies about ``method`` requests of objects named ``.../leaf``
-        (with ``data``: only ranged GETs past the first bytes)."""
-
-        def pick(req: Request) -> bool:
-            ranged = req.header("range") or ""
-            return (
-                req.method == method
-                and req.key.endswith(leaf)
-                and (not data or (ranged != "" and not ranged.startswith("bytes=0-")))
-            )
-
-        with self._lock:
-            self.kind, self.times, self.pick = kind, times, pick
-
-
-@pytest.fixture
-def liar() -> Liar:
-    return Liar()
-
-
-@pytest.fixture
-def lying(
-    s3_url: str, s3_server: S3Server, liar: Liar, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[tuple[ArtifactStore, ArtifactStore]]:
-    """The store through the lying proxy, and the same store seen honestly."""
-    honest = ArtifactStore.init(s3_url)
-    with LyingProxy(s3_server.endpoint, liar) as proxy:
-        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
-        yield ArtifactStore(s3_url), honest
 
 
 def _verified(store: ArtifactStore, value: float) -> str:
@@ -252,15 +199,6 @@ def test_store_gc_keeps_a_dead_put_s_data_for_its_grace_and_removes_it_with_grac
     assert refused.exit_code == 2 and "--orphan-grace" in refused.output
 
 
-def _sharded(store: ArtifactStore) -> tuple[str, Any, np.ndarray[Any, Any]]:
-    """A sharded version of one array in 8 shard objects of 16 KiB
-    (``0.0-4096``, ``0.4096-8192``, ...), the ``like`` to load it, and the array."""
-    sharding = NamedSharding(jax.make_mesh((8,), ("x",), devices=jax.devices("cpu")[:8]), P("x"))
-    w = np.arange(8 * 4096, dtype=np.float32)
-    v = store.put_sharded({"w": jax.device_put(w, sharding)})
-    return v, {"w": jax.ShapeDtypeStruct(w.shape, w.dtype, sharding=sharding)}, w
-
-
 _SHARD = "/0.4096-8192"
 #: What each lie about the shard object ``_SHARD`` makes its answer say, after
 #: the object's URL (16,384 bytes, as its HEAD says).
@@ -277,7 +215,7 @@ def test_a_shard_object_lied_about_once_is_read_again_by_every_load(
     lying: tuple[ArtifactStore, ArtifactStore], liar: Liar, kind: str
 ) -> None:
     store, honest = lying
-    v, like, w = _sharded(honest)
+    v, like, w = sharded_version(honest)
     assert honest.verify(v).status == "verified"
     honest.promote(v)
     for load in (lambda: store.load_version(v, like), lambda: store.load_current(like)):
@@ -291,7 +229,7 @@ def test_a_shard_object_lied_about_on_every_try_is_a_storage_error_naming_it(
     lying: tuple[ArtifactStore, ArtifactStore], liar: Liar, s3_url: str, kind: str
 ) -> None:
     store, honest = lying
-    v, like, w = _sharded(honest)
+    v, like, w = sharded_version(honest)
     assert honest.verify(v).status == "verified"
     name = rf"versions/{v}/data-[0-9a-f]{{16}}/0\.4096-8192"
     said = rf"^{re.escape(s3_url)}/{name}: "
@@ -314,7 +252,7 @@ def test_a_shard_object_the_transport_lies_about_is_no_rejected_verdict(
     lying: tuple[ArtifactStore, ArtifactStore], liar: Liar, kind: str, times: int
 ) -> None:
     store, honest = lying
-    v, _, _ = _sharded(honest)
+    v, _, _ = sharded_version(honest)
     liar.arm(kind, "GET", _SHARD, times=times)
     if times == 1:  # read again, whole: verified
         assert store.verify(v).status == "verified"
@@ -335,7 +273,7 @@ def test_a_shard_object_stored_with_a_byte_more_is_rejected(
     lying: tuple[ArtifactStore, ArtifactStore], s3_url: str
 ) -> None:
     store, honest = lying
-    v, _, _ = _sharded(honest)
+    v, _, _ = sharded_version(honest)
     name = next(
         o["path"]
         for batch in obstore.list(raw_store(s3_url), f"versions/{v}/")

@@ -274,10 +274,20 @@ class ObjectStorage:
             "was taken as written: check it, then try again",
         )
 
-    def read(self, name: str, *, limit: int, what: str) -> tuple[bytes, str] | None:
+    def read(
+        self, name: str, *, limit: int, what: str, confirm_missing: bool = False
+    ) -> tuple[bytes, str] | None:
+        """The bytes and tag of ``name``, at most ``limit`` of them (``what``
+        it is, for the error); None if absent. With ``confirm_missing`` (an
+        object whose absence would say something of a version), a 404 is
+        taken only once the object's HEAD agrees (``_confirmed``): one its
+        HEAD contradicts is an answer that lied, read again."""
+
         def get() -> tuple[bytes, str] | None:
             result = self._get(name)
             if result is None:
+                if confirm_missing:
+                    self._confirmed(name, 0, None)  # Contradicted if its HEAD finds it
                 return None
             if result.meta["size"] > limit:
                 raise StoreError(
