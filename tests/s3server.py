@@ -297,7 +297,8 @@ class Lie:
       delay: seconds to wait before the request is passed on.
       kind: None (pass it on), ``"etag"`` (a wrong ETag in the answer),
         ``"ack"`` (a 200 for a write it does not pass on), ``"refuse"`` (a
-        412 for a write the server performed), ``"short"`` (a ranged answer
+        412 for a write the server performed, or for a read it answered:
+        for a GET's ``If-Match`` the object holds), ``"short"`` (a ranged answer
         cut to half its bytes, its Content-Range claiming all of them),
         ``"reorder"`` (a ranged answer's two halves swapped), or
         ``"longer"`` and ``"shorter"`` (an answer sent chunked, its
@@ -402,7 +403,7 @@ class LyingProxy:
             error = b"<Error><Code>NoSuchKey</Code></Error>"
             return 404, [("Content-Length", str(len(error)))], error
         status, headers, body = self._forward(req)
-        if kind == "refuse" and status == 200:
+        if kind == "refuse" and status in (200, 206):
             error = b"<Error><Code>PreconditionFailed</Code></Error>"
             return 412, [("Content-Length", str(len(error)))], error
         if kind == "etag":

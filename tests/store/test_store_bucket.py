@@ -13,7 +13,7 @@ import obstore
 import pytest
 from click.testing import CliRunner, Result
 
-from tests.s3server import CuttingProxy, S3Server
+from tests.s3server import CuttingProxy, LyingProxy, Request, S3Server
 from tests.store.buckets import raw_store
 from treeguard import (
     ArtifactStore,
@@ -565,3 +565,25 @@ def test_a_version_recorded_and_promoted_after_gc_listed_it_unrecorded_is_kept(
     assert v2 not in store.gc(policy=RetentionPolicy(keep_last=0))
     monkeypatch.undo()
     assert store.current() == v2 and store.load_current(_params(1)) is not None
+
+
+def test_a_load_reads_the_store_s_marker_once(
+    s3_server: S3Server, s3_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = ArtifactStore.init(s3_url)
+    v = store.put(_params(0))
+    store.verify(v)
+    store.promote(v)
+    seen: list[tuple[str, str]] = []
+
+    def watch(req: Request) -> None:
+        seen.append((req.method, req.key))
+
+    with LyingProxy(s3_server.endpoint, watch) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+        through = ArtifactStore(s3_url)
+        for load in (through.load_current, lambda like: through.load_verified(v, like)):
+            seen.clear()
+            load(_params(1))
+            # the pointer's check and the gate's take the one marker the load read
+            assert [m for m, k in seen if k.endswith("/STORE.json")] == ["GET"], seen

@@ -1,8 +1,9 @@
 """A bucket that lies, through a proxy in front of a real SeaweedFS server:
 wrong ETags, short, cut and reordered ranges, a shard object's stream longer or
 shorter than the size its answer announced (sent chunked, which the client
-reads to its end whatever the Content-Length says), a size or a 404 its HEAD
-contradicts, a 200 for a write it did not perform and a 412 for one it did.
+reads to its end whatever the Content-Length says), a size, a 404 or a 412
+its HEAD contradicts, a 200 for a write it did not perform and a 412 for one
+it did.
 Every case ends typed, nothing unverified is returned, nothing is lost, and no
 success is reported for what did not happen; a transient read failure, or an
 answer that lies on every try, never becomes a permanent verdict; a load or a
@@ -13,20 +14,15 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import threading
-from collections.abc import Callable, Iterator
 from typing import Any
 
-import jax
 import numpy as np
 import obstore
 import pytest
 from click.testing import CliRunner
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
 
-from tests.s3server import Lie, LyingProxy, Request, S3Server
-from tests.store.buckets import raw_store
+from tests.store.buckets import raw_store, sharded_version
+from tests.store.liars import Liar
 from treeguard import ArtifactStore, IntegrityError, RetentionPolicy, StorageError
 from treeguard._cli.main import main
 
@@ -37,54 +33,6 @@ def _params(value: float) -> dict[str, Any]:
     # larger than the first ranged GET (64 KiB), so the data comes in a second one
     w = np.random.default_rng(int(value)).standard_normal((128, 256)).astype(np.float32)
     return {"w": w, "b": np.zeros(8, np.float32)}
-
-
-class Liar:
-    """Lies ``kind`` about the next ``times`` requests that ``pick`` selects."""
-
-    def __init__(self) -> None:
-        self.kind: str | None = None
-        self.times = 0
-        self.pick: Callable[[Request], bool] = lambda r: False
-        self._lock = threading.Lock()
-
-    def __call__(self, req: Request) -> Lie | None:
-        with self._lock:
-            if self.kind is None or self.times <= 0 or not self.pick(req):
-                return None
-            self.times -= 1
-            return Lie(kind=self.kind)
-
-    def arm(self, kind: str, method: str, leaf: str, *, times: int = 1, data: bool = False) -> None:
-        """Lies about ``method`` requests of objects named ``.../leaf``
-        (with ``data``: only ranged GETs past the first bytes)."""
-
-        def pick(req: Request) -> bool:
-            ranged = req.header("range") or ""
-            return (
-                req.method == method
-                and req.key.endswith(leaf)
-                and (not data or (ranged != "" and not ranged.startswith("bytes=0-")))
-            )
-
-        with self._lock:
-            self.kind, self.times, self.pick = kind, times, pick
-
-
-@pytest.fixture
-def liar() -> Liar:
-    return Liar()
-
-
-@pytest.fixture
-def lying(
-    s3_url: str, s3_server: S3Server, liar: Liar, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[tuple[ArtifactStore, ArtifactStore]]:
-    """The store through the lying proxy, and the same store seen honestly."""
-    honest = ArtifactStore.init(s3_url)
-    with LyingProxy(s3_server.endpoint, liar) as proxy:
-        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
-        yield ArtifactStore(s3_url), honest
 
 
 def _verified(store: ArtifactStore, value: float) -> str:
@@ -213,12 +161,13 @@ def test_a_read_that_lies_once_during_verify_is_read_again_not_rejected(
     assert liar.times == 0 and honest.info(v).status == "verified"
 
 
+@pytest.mark.parametrize("kind", ["short", "refuse"])
 def test_a_read_that_fails_on_every_try_is_no_verdict(
-    lying: tuple[ArtifactStore, ArtifactStore], liar: Liar
+    lying: tuple[ArtifactStore, ArtifactStore], liar: Liar, kind: str
 ) -> None:
     store, honest = lying
     v = store.put(_params(1.0))
-    liar.arm("short", "GET", "model.safetensors", times=100, data=True)
+    liar.arm(kind, "GET", "model.safetensors", times=100, data=True)  # refuse: a 412
     with pytest.raises(StorageError, match="for its verdict failed 3 times.*no verdict"):
         store.verify(v)
     assert honest.info(v).status == "candidate"  # verify it again once the server is mended
@@ -226,7 +175,7 @@ def test_a_read_that_fails_on_every_try_is_no_verdict(
 
 @pytest.mark.parametrize(
     ("kind", "times"),
-    [("short", 1), ("cut", 1), ("short", 100), ("cut", 100), ("reorder", 100), ("etag", 100)],
+    [("short", 1), ("cut", 1), ("short", 100), ("cut", 100), ("reorder", 100)],
     ids=str,
 )
 def test_a_load_the_bucket_lies_to_returns_nothing_unverified(
@@ -235,16 +184,16 @@ def test_a_load_the_bucket_lies_to_returns_nothing_unverified(
     store, honest = lying
     v = _verified(honest, 1.0)
     honest.promote(v)
-    liar.arm(kind, "GET", "model.safetensors", times=times, data=kind != "etag")
+    liar.arm(kind, "GET", "model.safetensors", times=times, data=True)
     if times == 1:  # a range whose body ended early, with no error: the rest asked for again
         assert np.array_equal(store.load_current(_params(0.0))["w"], _params(1.0)["w"])
         assert liar.times == 0
         return
     with pytest.raises((IntegrityError, StorageError)) as e:  # every try: refused
         store.load_current(_params(0.0))
-    # a range cut short is a request that lied; bytes that hash wrong, or an object that
-    # its If-Match says was replaced, speak of the version
-    assert isinstance(e.value, IntegrityError) == (kind in ("reorder", "etag")), str(e.value)
+    # a range cut short is a request that lied; bytes that hash wrong speak of the version
+    # (ETags that lie: test_store_lies_heads.py)
+    assert isinstance(e.value, IntegrityError) == (kind == "reorder"), str(e.value)
     assert np.array_equal(honest.load_current(_params(0.0))["w"], _params(1.0)["w"])
 
 
@@ -283,15 +232,6 @@ def test_store_gc_keeps_a_dead_put_s_data_for_its_grace_and_removes_it_with_grac
     assert refused.exit_code == 2 and "--orphan-grace" in refused.output
 
 
-def _sharded(store: ArtifactStore) -> tuple[str, Any, np.ndarray[Any, Any]]:
-    """A sharded version of one array in 8 shard objects of 16 KiB
-    (``0.0-4096``, ``0.4096-8192``, ...), the ``like`` to load it, and the array."""
-    sharding = NamedSharding(jax.make_mesh((8,), ("x",), devices=jax.devices("cpu")[:8]), P("x"))
-    w = np.arange(8 * 4096, dtype=np.float32)
-    v = store.put_sharded({"w": jax.device_put(w, sharding)})
-    return v, {"w": jax.ShapeDtypeStruct(w.shape, w.dtype, sharding=sharding)}, w
-
-
 _SHARD = "/0.4096-8192"
 #: What each lie about the shard object ``_SHARD`` makes its answer say, after
 #: the object's URL (16,384 bytes, as its HEAD says).
@@ -308,7 +248,7 @@ def test_a_shard_object_lied_about_once_is_read_again_by_every_load(
     lying: tuple[ArtifactStore, ArtifactStore], liar: Liar, kind: str
 ) -> None:
     store, honest = lying
-    v, like, w = _sharded(honest)
+    v, like, w = sharded_version(honest)
     assert honest.verify(v).status == "verified"
     honest.promote(v)
     for load in (lambda: store.load_version(v, like), lambda: store.load_current(like)):
@@ -322,7 +262,7 @@ def test_a_shard_object_lied_about_on_every_try_is_a_storage_error_naming_it(
     lying: tuple[ArtifactStore, ArtifactStore], liar: Liar, s3_url: str, kind: str
 ) -> None:
     store, honest = lying
-    v, like, w = _sharded(honest)
+    v, like, w = sharded_version(honest)
     assert honest.verify(v).status == "verified"
     name = rf"versions/{v}/data-[0-9a-f]{{16}}/0\.4096-8192"
     said = rf"^{re.escape(s3_url)}/{name}: "
@@ -345,7 +285,7 @@ def test_a_shard_object_the_transport_lies_about_is_no_rejected_verdict(
     lying: tuple[ArtifactStore, ArtifactStore], liar: Liar, kind: str, times: int
 ) -> None:
     store, honest = lying
-    v, _, _ = _sharded(honest)
+    v, _, _ = sharded_version(honest)
     liar.arm(kind, "GET", _SHARD, times=times)
     if times == 1:  # read again, whole: verified
         assert store.verify(v).status == "verified"
@@ -366,7 +306,7 @@ def test_a_shard_object_stored_with_a_byte_more_is_rejected(
     lying: tuple[ArtifactStore, ArtifactStore], s3_url: str
 ) -> None:
     store, honest = lying
-    v, _, _ = _sharded(honest)
+    v, _, _ = sharded_version(honest)
     name = next(
         o["path"]
         for batch in obstore.list(raw_store(s3_url), f"versions/{v}/")
@@ -431,23 +371,32 @@ def test_a_file_version_s_range_cut_short_on_every_try_is_a_storage_error_naming
     assert np.array_equal(store.load_version(v, tree["a"], subtree="['a']"), tree["a"])
 
 
-@pytest.mark.parametrize("data", [False, True], ids=["first-bytes", "data"])
-def test_a_file_version_s_404_its_head_contradicts_is_read_again_then_a_storage_error(
-    lying: tuple[ArtifactStore, ArtifactStore], liar: Liar, s3_url: str, data: bool
+@pytest.mark.parametrize(
+    ("kind", "data"),
+    [("missing", False), ("missing", True), ("refuse", True)],
+    ids=["404-first-bytes", "404-data", "412-data"],
+)
+def test_a_file_version_s_404_or_412_its_head_contradicts_is_read_again_then_a_storage_error(
+    lying: tuple[ArtifactStore, ArtifactStore], liar: Liar, s3_url: str, kind: str, data: bool
 ) -> None:
     store, honest = lying
     v, name, tree, size, _ = _file_version(honest, s3_url)
-    liar.arm("missing", "GET", "model.safetensors", data=data)  # once: read again
+    liar.arm(kind, "GET", "model.safetensors", data=data)  # once: read again
     assert np.array_equal(store.load_current(tree)["z"], tree["z"]) and liar.times == 0
-    liar.arm("missing", "GET", "model.safetensors", times=100, data=data)
+    liar.arm(kind, "GET", "model.safetensors", times=100, data=data)
     with pytest.raises(StorageError) as e:
         store.load_version(v, tree)
-    assert not isinstance(e.value, IntegrityError)  # never "its checkpoint object is missing"
-    said = (
-        f"{s3_url}/{name}: reading {name} failed: its answer was a 404, its HEAD {size:,} bytes "
-        "(on each of 3 tries)"
+    # never "its checkpoint object is missing", nor "the object was replaced" (a 412 for
+    # the ETag asked for, which the object's HEAD gives)
+    assert not isinstance(e.value, IntegrityError)
+    answer = (
+        f"a 404, its HEAD {size:,} bytes"
+        if kind == "missing"
+        else "a 412 for the ETag its HEAD gives"
     )
+    said = f"{s3_url}/{name}: reading {name} failed: its answer was {answer} (on each of 3 tries)"
     assert liar.times == 97 and str(e.value).splitlines()[0] == said, str(e.value)
+    assert "hint: the server or a proxy in front of it answers otherwise" in str(e.value)
 
 
 def test_a_file_version_s_answers_of_another_length_on_every_try_are_a_storage_error(

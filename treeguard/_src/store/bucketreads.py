@@ -88,7 +88,9 @@ class BucketReads:
         where = self._where(version, record)
         with gates.reading(version, since="put", where=where, unreadable=(FormatError,)):
             if _leaf(record) == TENSORS_FILE:
-                found = self.storage.read(name, limit=MANIFEST_LIMIT, what="tensors manifest")
+                found = self.storage.read(
+                    name, limit=MANIFEST_LIMIT, what="tensors manifest", confirm_missing=True
+                )
                 if found is None:
                     raise self._missing(version, name)
                 manifest = parse_manifest(found[0], where)

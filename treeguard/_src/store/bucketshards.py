@@ -251,7 +251,9 @@ class BucketShards:
         (``FormatError``) when its arrays claim more bytes than the shard
         objects hold, before any buffer is made for them."""
         name = f"versions/{self._version}/{MANIFEST_NAME}"
-        found = self._storage.read(name, limit=MAX_MANIFEST_BYTES, what="manifest")
+        found = self._storage.read(
+            name, limit=MAX_MANIFEST_BYTES, what="manifest", confirm_missing=True
+        )
         if found is None:
             raise self._missing(self._version, name)
         parsed = parse_with_digest(found[0], self._storage.where(name), self.where, expect)

@@ -42,11 +42,24 @@ from .tensors import TENSORS_FILE
 
 
 def gate(
-    backend: Backend, signer: VerdictSigner | None, version: str, *, full: bool
+    backend: Backend,
+    signer: VerdictSigner | None,
+    version: str,
+    *,
+    full: bool,
+    marker: dict[str, Any] | None = None,
 ) -> tuple[str, dict[str, Any], str]:
     """Checks that ``version`` may be used: verified, its verdict signed when
     the store has a signer, its record's kind what it holds and (``full``)
     its every byte matching the verdict's digest.
+
+    Args:
+      backend, signer: the store's.
+      version: the version.
+      full: whether every byte is read and hashed again.
+      marker: the store's marker as the caller read it during this
+        operation (a load reads it once, for the pointer and the gate);
+        read here when None.
 
     Returns:
       Its location, record and recorded digest.
@@ -58,7 +71,7 @@ def gate(
       UnknownVersionError: for an unknown version.
     """
     check_name(version)
-    marker = backend.require()
+    marker = backend.require() if marker is None else marker
     location, data = backend.record(version)
     verdicts.check_verdict(signer, marker, version, data)
     digest = require_verified(version, data)
@@ -68,11 +81,18 @@ def gate(
     return location, data, digest
 
 
-def load_gated(backend: Backend, signer: VerdictSigner | None, version: str, want: Wanted) -> Any:
+def load_gated(
+    backend: Backend,
+    signer: VerdictSigner | None,
+    version: str,
+    want: Wanted,
+    marker: dict[str, Any] | None = None,
+) -> Any:
     """The part of ``version`` that ``want`` selects, once it passes every
-    gate, its bytes checked against the verdict's digest on the read that
-    loads them (``want.digest`` is ignored)."""
-    location, data, digest = gate(backend, signer, version, full=False)
+    gate (``marker`` as ``gate`` takes it), its bytes checked against the
+    verdict's digest on the read that loads them (``want.digest`` is
+    ignored)."""
+    location, data, digest = gate(backend, signer, version, full=False, marker=marker)
     return backend.load(version, location, data, dataclasses.replace(want, digest=digest))
 
 
@@ -81,13 +101,15 @@ def load_current(
 ) -> Any:
     """The current version through every gate; with ``fallback``, the most
     recent former current one that passes them all when it fails one (the
-    fall back logged).
+    fall back logged). The marker is read once, for the pointer and the
+    current version's gate (a former one's gate, later, reads it again).
 
     Raises:
       StoreError: if nothing was promoted yet, or the current version fails
         a gate (and, with ``fallback``, every former one too).
     """
-    ptr = pointer.of_store(backend)
+    marker = backend.require()
+    ptr = pointer.of_store(backend, marker)
     if ptr.current is None:
         raise StoreError(
             "no current version",
@@ -95,7 +117,7 @@ def load_current(
             hint="promote a verified version first: store.promote(version)",
         )
     try:
-        return load_gated(backend, signer, ptr.current, want)
+        return load_gated(backend, signer, ptr.current, want, marker)
     except (IntegrityError, FormatError, OSError, StoreError) as first:
         if not fallback:
             raise

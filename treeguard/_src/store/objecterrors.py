@@ -6,8 +6,10 @@ that is not the byte range asked for. They are read here, once: ``typed``
 makes a ``StorageError`` naming the operation, the object and which failure
 it was, ``permanent`` says whether a retry could mend it, and ``status``
 gives the status the server answered. ``stream_size`` (a streamed answer
-that is not the size it announced) and ``head_contradicts`` (a 404 or a
-size the object's HEAD does not confirm) are ``Contradicted``: a failed
+that is not the size it announced), ``head_contradicts`` (a 404 or a
+size the object's HEAD does not confirm) and ``etag_contradicts`` (a 412,
+or a first answer's ETag, the object's HEAD does not confirm) are
+``Contradicted``: a failed
 request, not evidence about the stored bytes, which ``ObjectStorage``
 tries again as it does a 5xx; ``from_a_request`` says whether an error
 was, however deep, such a failed request.
@@ -30,6 +32,11 @@ _RANGE_RE = re.compile(r"NotPartial|UnexpectedRange|ContentRange")
 #: and the client's word for an http endpoint it may not use (no AWS_ALLOW_HTTP).
 _NO_BUCKET = "NoSuchBucket"
 _BAD_SCHEME = "BadScheme"
+#: The hint of an answer that the object's HEAD contradicts.
+_HEAD_SAYS_OTHERWISE = (
+    "the server or a proxy in front of it answers otherwise than the object holds; "
+    "nothing read was used: check it, then read again"
+)
 #: How a bucket is made, for the hint of a missing one.
 _MAKE_BUCKET = {"s3": "`aws s3 mb s3://", "gs": "`gcloud storage buckets create gs://"}
 
@@ -196,6 +203,32 @@ def head_contradicts(name: str, where: str, answered: int | None, head: int) -> 
     return Contradicted(
         f"reading {name} failed: its answer was {said}, its HEAD {head:,} bytes",
         context=where,
-        hint="the server or a proxy in front of it answers otherwise than the object holds; "
-        "nothing read was used: check it, then read again",
+        hint=_HEAD_SAYS_OTHERWISE,
+    )
+
+
+def etag_contradicts(name: str, where: str, *, first: bool) -> Contradicted:
+    """The error for a GET of object ``name`` (at ``where``) carrying
+    ``If-Match`` that the object's HEAD contradicts: a 412 while the HEAD
+    has the ETag asked for, or (``first``) an ETag asked for that came from
+    the first answer, which the HEAD does not give (the first bytes, read
+    again under the HEAD's ETag, were the same: the first answer's ETag
+    lied, not the object). A failed read, which is read again and never
+    makes a verdict; no ETag is put in the message.
+
+    Example:
+      >>> print(str(etag_contradicts("a", "s3://m/a", first=False)).splitlines()[0])
+      s3://m/a: reading a failed: its answer was a 412 for the ETag its HEAD gives
+      >>> print(etag_contradicts("a", "s3://m/a", first=True).message)
+      reading a failed: its first answer's ETag is not its HEAD's, with the same first bytes
+    """
+    said = (
+        "its first answer's ETag is not its HEAD's, with the same first bytes"
+        if first
+        else "its answer was a 412 for the ETag its HEAD gives"
+    )
+    return Contradicted(
+        f"reading {name} failed: {said}",
+        context=where,
+        hint=_HEAD_SAYS_OTHERWISE,
     )

@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .download import Download
-from .objects import ObjectStorage
+from .objects import ObjectStorage, Pin
 
 
 class ObjectReader:
@@ -31,15 +31,18 @@ class ObjectReader:
     (``FormatError``) instead of mixing two objects; for the same reason a
     stream broken by the network or a 5xx, or cut short by an answer that
     lied, is resumed where it stopped (``ObjectStorage.stream_range``: after
-    the last try, a ``StorageError`` naming the object).
+    the last try, a ``StorageError`` naming the object). A 412 is taken
+    for a replaced object only once the object's HEAD agrees: a first
+    answer whose ETag lied, the first bytes being the same under the HEAD's,
+    goes on under the HEAD's ETag (``ObjectStorage._refused``; ``Pin``).
     """
 
     def __init__(self, storage: ObjectStorage, name: str, meta: Any, head: bytes) -> None:
         self._storage = storage
         self._name = name
         self._size = int(meta["size"])
-        self._etag = meta.get("e_tag")
         self._head = head
+        self._pin = Pin(meta.get("e_tag"), head)
         self._plan: Sequence[tuple[int, int]] | None = None
         self._download: Download | None = None
         self._pos = 0
@@ -121,7 +124,7 @@ class ObjectReader:
                 self.fetched += len(part)
                 put(part)
 
-            self._storage.stream_range(self._name, (start, stop), self._etag, each)
+            self._storage.stream_range(self._name, (start, stop), self._pin, each)
 
         return pull
 

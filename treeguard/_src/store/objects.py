@@ -27,6 +27,7 @@ object back and report what it holds (a 200 for a write not performed is a
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import re
@@ -67,6 +68,18 @@ _MD5_RE = re.compile(r"^[0-9a-f]{32}$")
 
 if TYPE_CHECKING:
     from obstore.store import RetryConfig
+
+
+@dataclasses.dataclass
+class Pin:
+    """The one object a reader reads (``ObjectStorage.stream_range``): the
+    ETag its first answer gave with its first bytes ``head``, and whether
+    the server confirmed that ETag (``sure``: a GET carrying it as
+    ``If-Match`` was answered); until then it is only that answer's word."""
+
+    etag: str | None
+    head: bytes
+    sure: bool = False
 
 
 def is_url(root: object) -> bool:
@@ -286,10 +299,20 @@ class ObjectStorage:
             "was taken as written: check it, then try again",
         )
 
-    def read(self, name: str, *, limit: int, what: str) -> tuple[bytes, str] | None:
+    def read(
+        self, name: str, *, limit: int, what: str, confirm_missing: bool = False
+    ) -> tuple[bytes, str] | None:
+        """The bytes and tag of ``name``, at most ``limit`` of them (``what``
+        it is, for the error); None if absent. With ``confirm_missing`` (an
+        object whose absence would say something of a version), a 404 is
+        taken only once the object's HEAD agrees (``_confirmed``): one its
+        HEAD contradicts is an answer that lied, read again."""
+
         def get() -> tuple[bytes, str] | None:
             result = self._get(name)
             if result is None:
+                if confirm_missing:
+                    self._confirmed(name, 0, None)  # Contradicted if its HEAD finds it
                 return None
             if result.meta["size"] > limit:
                 raise StoreError(
@@ -415,14 +438,15 @@ class ObjectStorage:
         return self._idempotent("reading", name, first)
 
     def stream_range(
-        self, name: str, span: tuple[int, int], etag: str | None, each: Callable[[memoryview], None]
+        self, name: str, span: tuple[int, int], pin: Pin, each: Callable[[memoryview], None]
     ) -> None:
         """Streams the bytes ``[start, stop)`` of ``name`` to ``each`` in
-        order, by one GET carrying ``If-Match: etag``; after a failure
+        order, by one GET carrying ``If-Match: pin.etag``; after a failure
         another GET asks for the rest, from where the bytes handed over
         ended (``_idempotent``: an answer that lies, a body that ends short
-        of its range or runs past it (``download.hand_over``) or a 404 its
-        HEAD contradicts, is read again as a 5xx is).
+        of its range or runs past it (``download.hand_over``), a 404 its
+        HEAD contradicts, or a 412 its HEAD and the first bytes tell to be
+        a lie (``_refused``), is read again as a 5xx is).
 
         Raises:
           FormatError: when the object no longer has that etag (it was
@@ -441,6 +465,7 @@ class ObjectStorage:
             pos += len(part)
 
         def rest() -> None:
+            etag = pin.etag
             options: Any = {"range": (pos, stop)} | ({"if_match": etag} if etag else {})
             try:
                 result = obstore.get(self._store, name, options=options)
@@ -448,15 +473,55 @@ class ObjectStorage:
                 if objecterrors.permanent(e) or self._confirmed(name, 0, None) is None:
                     raise self._failed("reading", name, e) from None
             except PreconditionError:
-                raise FormatError(
-                    "the object was replaced while it was read",
-                    context=self.where(name),
-                    hint="something else writes under the store's prefix; read it again",
-                ) from None
+                raise self._refused(name, pin) from None
+            pin.sure = pin.sure or etag is not None
             parts = result.stream(min_chunk_size=_STREAM_CHUNK)
             hand_over(parts, stop - pos, handed, name=name, where=self.where(name), at=pos)
 
         self._idempotent("reading", name, rest, lambda: pos)
+
+    def _refused(self, name: str, pin: Pin) -> Exception:
+        """Why a GET carrying ``If-Match: pin.etag`` was answered 412, as the
+        object's HEAD tells. An answer that lied (``Contradicted``, read
+        again): the HEAD has that ETag (the 412 lied), or the server never
+        confirmed ``pin.etag`` and the object's first bytes, read again
+        under the HEAD's ETag, are ``pin.head`` (the first answer's ETag
+        lied; ``pin`` takes the HEAD's, which that read confirmed). Else a
+        ``FormatError``: the object was replaced (or removed) while it was
+        read, and no byte of two objects is mixed."""
+        meta = self._head(name)
+        now = None if meta is None else meta.get("e_tag")
+        where = self.where(name)
+        if now is not None and now == pin.etag:
+            return objecterrors.etag_contradicts(name, where, first=False)
+        if now is not None and not pin.sure and self._begins(name, now, pin.head):
+            pin.etag, pin.sure = now, True
+            return objecterrors.etag_contradicts(name, where, first=True)
+        return FormatError(
+            "the object was replaced while it was read",
+            context=where,
+            hint="something else writes under the store's prefix; read it again",
+        )
+
+    def _begins(self, name: str, etag: str, head: bytes) -> bool:
+        """Whether ``name``, while its ETag is ``etag``, begins with ``head``:
+        one ranged GET carrying ``If-Match: etag`` (False after a 412 or a
+        404; first bytes of another length than asked are an answer that
+        lied)."""
+        import obstore  # lazy: the optional [s3] extra
+        from obstore.exceptions import PreconditionError
+
+        options: Any = {"range": (0, len(head)), "if_match": etag}
+        try:
+            got = bytes(obstore.get(self._store, name, options=options).bytes())
+        except (FileNotFoundError, PreconditionError):
+            return False
+        if len(got) != len(head):
+            more = len(got) > len(head)
+            raise objecterrors.stream_size(
+                name, self.where(name), len(head), len(got), more=more, at=0
+            )
+        return got == head
 
     def list(self, prefix: str) -> list[str]:
         import obstore  # lazy: the optional [s3] extra

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import secrets
+from typing import Any
 
 from .. import strictjson
 from ..errors import ConflictError, FormatError, StorageError, StoreError
@@ -129,14 +130,19 @@ def read(storage: Storage, *, promoted: bool) -> Pointer:
     )
 
 
-def of_store(backend: Backend) -> Pointer:
+def of_store(backend: Backend, marker: dict[str, Any] | None = None) -> Pointer:
     """The store's pointer; a missing one is damaged once the store has
     moved it (its marker says promoted and its log records a move).
+
+    Args:
+      backend: the store's.
+      marker: the store's marker, read before the pointer by the caller
+        (a load passes the one its gate checks); read here when None.
 
     Raises:
       StoreError: if the root is not a store or the pointer is damaged.
     """
-    marker = backend.require()
+    marker = backend.require() if marker is None else marker
     ptr = read(backend.storage, promoted=False)
     if ptr.tag is None and marker.get("promoted") and _ever_moved(backend):
         return read(backend.storage, promoted=True)  # raises: damaged

@@ -69,8 +69,12 @@ class Storage(Protocol):
         None); its new tag, or ``Conflict.CHANGED``."""
         ...
 
-    def read(self, name: str, *, limit: int, what: str) -> tuple[bytes, str] | None:
-        """The bytes and tag of ``name``, or None if absent."""
+    def read(
+        self, name: str, *, limit: int, what: str, confirm_missing: bool = False
+    ) -> tuple[bytes, str] | None:
+        """The bytes and tag of ``name``, or None if absent (with
+        ``confirm_missing``, absent by a second account where the storage
+        has one: an object's HEAD beside its GET's 404)."""
         ...
 
     def read_range(self, name: str, start: int, length: int) -> bytes:
@@ -217,7 +221,11 @@ class LocalStorage:
             raise self._failed("writing", name, e) from e
         return self._tag_of(target) or ""
 
-    def read(self, name: str, *, limit: int, what: str) -> tuple[bytes, str] | None:
+    def read(
+        self, name: str, *, limit: int, what: str, confirm_missing: bool = False
+    ) -> tuple[bytes, str] | None:
+        """The file's bytes and tag; None if absent (the file system's word,
+        which ``confirm_missing`` has no second account of)."""
         path = self.where(name)
         try:
             fd = open_regular(path, what=what)

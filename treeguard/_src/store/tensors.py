@@ -287,7 +287,9 @@ def referenced(storage: Storage) -> set[str] | None:
             continue
         target = f"versions/{name}/{TENSORS_FILE}"
         try:
-            found = storage.read(target, limit=MANIFEST_LIMIT, what="tensors manifest")
+            found = storage.read(  # a 404 its HEAD contradicts: no tensor of it is taken
+                target, limit=MANIFEST_LIMIT, what="tensors manifest", confirm_missing=True
+            )
             if found is not None:
                 out.update(parse_manifest(found[0], storage.where(target)).objects)
         except (FormatError, StoreError, OSError):
