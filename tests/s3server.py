@@ -131,7 +131,12 @@ def seaweedfs(
             os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
         log.close()
-        for sock in directory.rglob("*.sock"):
+        # and those it makes in /tmp, named by the filer's and the S3 port
+        own = [
+            Path(f"/tmp/seaweedfs-{kind}-{port}.sock")
+            for kind, port in (("filer", filer), ("s3", s3))
+        ]
+        for sock in [*directory.rglob("*.sock"), *own]:
             with contextlib.suppress(OSError):
                 sock.unlink()
 
