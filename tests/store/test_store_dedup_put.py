@@ -407,34 +407,6 @@ def test_a_put_interrupted_at_each_wait_ends_and_leaves_no_temp(tmp_path: Path, 
     assert n > 4  # interrupted at its writes', its links' and its manifest's waits
 
 
-def test_a_put_whose_directory_cannot_be_synced_fails_before_its_record(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The disk failing the fsync of ``tensors/`` (an EIO: the new objects'
-    names may not outlive a crash) fails the put before the record that
-    would show a version naming them; a file system without directory
-    fsyncs (EINVAL) is no failure."""
-    if not os.path.isdir("/proc/self/fd"):
-        pytest.skip("needs /proc to name what each fsync syncs")
-    root = tmp_path / "store"
-    store = _store(root)
-    real = os.fsync
-    failing = [errno.EIO]
-
-    def fsync(fd: int) -> None:
-        if os.readlink(f"/proc/self/fd/{fd}") == str(root / "tensors"):
-            raise OSError(failing[0], os.strerror(failing[0]))
-        real(fd)
-
-    monkeypatch.setattr(os, "fsync", fsync)
-    with pytest.raises(OSError, match="Input/output error"):
-        store.put({**_tree(), "head": jnp.full((8,), 5.0)})
-    assert [i.status for i in store.versions()] == ["verified"]
-    failing[0] = errno.EINVAL
-    v = store.put({**_tree(), "head": jnp.full((8,), 6.0)})
-    assert [i.status for i in store.versions()] == ["verified", "candidate"], v
-
-
 def test_a_leaf_that_fills_the_disk_while_the_name_is_reserved_is_named() -> None:
     """A leaf's bytes written while the name is being reserved may fill the
     disk under the reservation too: the leaf's error then names the version

@@ -178,7 +178,8 @@ class LocalBackend:
                     record = pool.submit(self._stage_candidate, path, draft.spec, dirs)
                     tensorput.put(self.storage, draft, pool, path, dirs=dirs, early=early)
                     record.result()
-                    dirs.sync(pool)  # the objects' (the others' synced meanwhile)
+                    with space.syncing(path):
+                        dirs.sync(pool)  # the objects' (the others' synced meanwhile)
                 self._commit_candidate(version, path, record.result(), draft.spec, pool)
             except BaseException:
                 if early is not None:  # writes not handed over
@@ -205,9 +206,11 @@ class LocalBackend:
         data = records.read(path)
         staged = records.staged(path, version, _as_candidate(data, spec))
         try:
-            dirs.sync()
+            with space.syncing(path):
+                dirs.sync()
         except BaseException:
-            os.unlink(staged)
+            with contextlib.suppress(OSError):  # the sync's error is the one raised
+                os.unlink(staged)
             raise
         return data, staged
 
@@ -238,7 +241,8 @@ class LocalBackend:
             try:
                 log.append(self.root, "put", version, {"status": "candidate", "kind": "tensors"})
             finally:
-                synced.result()
+                with space.syncing(path):
+                    synced.result()
 
     def _reserve_held(
         self, held: contextlib.ExitStack, version: str | None, user: dict[str, Any], dirs: DirSyncs
