@@ -6,7 +6,6 @@ disk leaves no object, and bytes the store holds are not kept twice."""
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import signal
@@ -22,8 +21,7 @@ import numpy as np
 import pytest
 
 from tests.subproc import run_on_a_small_disk, run_python
-from treeguard import ArtifactStore, StorageError, StoreError
-from treeguard._src.store import space  # _src: a race no public call orders
+from treeguard import ArtifactStore, StoreError
 
 
 def _tree() -> dict[str, Any]:
@@ -405,37 +403,6 @@ def test_a_put_interrupted_at_each_wait_ends_and_leaves_no_temp(tmp_path: Path, 
     else:
         pytest.fail("the put was interrupted at every one of 39 waits")
     assert n > 4  # interrupted at its writes', its links' and its manifest's waits
-
-
-def test_a_leaf_that_fills_the_disk_while_the_name_is_reserved_is_named() -> None:
-    """A leaf's bytes written while the name is being reserved may fill the
-    disk under the reservation too: the leaf's error then names the version
-    the reservation picked, and the leaf; a name refused for another reason
-    is that refusal."""
-    full = OSError(errno.ENOSPC, "No space left on device")
-    picked = StorageError(
-        "writing version v000002 failed: no space left on the device",
-        version="v000002",
-        context="/s/versions/v000002",
-    )
-
-    def reservation_met_it_too() -> str:
-        raise picked
-
-    with pytest.raises(StorageError) as e, space.typed(reservation_met_it_too, "['extra']"):
-        raise full
-    assert str(e.value).splitlines()[0] == (
-        "/s/versions/v000002: writing version v000002 failed at ['extra']: no space left on "
-        "the device"
-    )
-    taken = StoreError("version v000002 already exists", version="v000002")
-
-    def name_taken() -> str:
-        raise taken
-
-    with pytest.raises(StoreError) as refused, space.typed(name_taken, "['extra']"):
-        raise full
-    assert refused.value is taken
 
 
 #: The child: a fine-tune put while another writer holds the store's lock

@@ -173,7 +173,10 @@ class LocalBackend:
                 try:
                     version, path = _named(reserving.result())
                 except StorageError as refused:  # a full disk: a leaf's error says more
-                    raise early.failed() or refused from None
+                    leaf = early.failed() if space.filled(refused) else None
+                    if leaf is None:
+                        raise
+                    raise leaf from None
                 with space.typed(path):
                     record = pool.submit(self._stage_candidate, path, draft.spec, dirs)
                     tensorput.put(self.storage, draft, pool, path, dirs=dirs, early=early)

@@ -15,9 +15,14 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import weakref
 from collections.abc import Callable, Iterator
 
 from ..errors import StorageError
+
+#: The errors ``typed`` raised for a full disk, told apart by identity (no
+#: field of theirs is inferred from).
+_FULL: weakref.WeakSet[StorageError] = weakref.WeakSet()
 
 
 def is_full(e: BaseException) -> bool:
@@ -27,6 +32,12 @@ def is_full(e: BaseException) -> bool:
     if isinstance(e, OSError):
         return e.errno in (errno.ENOSPC, errno.EDQUOT)
     return isinstance(e, ValueError) and str(e).startswith("RESOURCE_EXHAUSTED")
+
+
+def filled(e: BaseException) -> bool:
+    """Whether ``e`` is the error ``typed`` raised for a full disk (which
+    names the version: a leaf's error met with it says more)."""
+    return isinstance(e, StorageError) and e in _FULL
 
 
 @contextlib.contextmanager
@@ -43,12 +54,14 @@ def typed(directory: str | Callable[[], str], leaf: str | None = None) -> Iterat
             raise
         path = directory if isinstance(directory, str) else _reserved(directory)
         at = "" if leaf is None else f" at {leaf}"
-        raise _failed(
+        error = _failed(
             path,
             f"{at}: no space left on the device",
             where=path,
             fix="free space (store.gc() removes old versions) and put it again",
-        ) from None
+        )
+        _FULL.add(error)
+        raise error from None
 
 
 @contextlib.contextmanager
@@ -89,6 +102,6 @@ def _reserved(reserving: Callable[[], str]) -> str:
     try:
         return reserving()
     except StorageError as e:
-        if e.version is None or not e.context or os.path.basename(e.context) != e.version:
+        if not filled(e) or not e.context:
             raise
         return e.context
