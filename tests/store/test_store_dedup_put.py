@@ -348,12 +348,15 @@ def test_a_fine_tune_s_tensor_is_written_while_its_name_is_reserved_and_synced_a
 
 #: The child: a put of new bytes (argv[3] "fine-tune": of a tree a verified
 #: load handed back, two leaves changed) interrupted (Ctrl-C) at its Nth wait
-#: on the calling thread for a thread's work (N: argv[2]); "put" once it returned.
+#: on the calling thread for a thread's work (argv[2]: N), or once its name's
+#: reservation is submitted ("submitted"), or once its candidate record is
+#: renamed over its writing one ("renamed"); "put" once it returned.
 _INTERRUPTED = """
-import sys, threading
+import os, sys, threading
 from concurrent.futures import Future
 import numpy as np
 from treeguard import ArtifactStore
+from treeguard._src import kept  # _src: where the put submits its first task, the reservation
 store = ArtifactStore.init(sys.argv[1], dedup=True)
 base = {"a": np.ones(1000, np.float32), "b": np.ones(10, np.float32), "c": np.zeros(5, np.float32)}
 v = store.put(base)
@@ -364,15 +367,29 @@ if sys.argv[3] == "fine-tune":
     tree = {**tree, "a": tree["a"] + 2, "c": tree["c"] + 3}
 else:
     tree = {k: x + 1 for k, x in base.items()}
+at = sys.argv[2]
+real_submit, real_replace = kept.Job.submit, os.replace
+def submit(self, fn, *a, **k):
+    kept.Job.submit = real_submit
+    real_submit(self, fn, *a, **k)
+    raise KeyboardInterrupt
+def replace(src, dst, *a, **k):
+    real_replace(src, dst, *a, **k)
+    if str(dst).endswith("status.json") and '"candidate"' in open(dst).read():
+        raise KeyboardInterrupt
 waits = [0]
 def interrupted(real):
     def wait(self, timeout=None):
         if threading.current_thread() is threading.main_thread():
             waits[0] += 1
-            if waits[0] == int(sys.argv[2]):
+            if str(waits[0]) == at:
                 raise KeyboardInterrupt
         return real(self, timeout)
     return wait
+if at == "submitted":
+    kept.Job.submit = submit
+elif at == "renamed":
+    os.replace = replace
 Future.exception, Future.result = interrupted(Future.exception), interrupted(Future.result)
 try:
     store.put(tree)
@@ -382,14 +399,35 @@ except KeyboardInterrupt:
 """
 
 
+def _whole_or_nothing(root: Path) -> None:
+    """What an interrupted put leaves: its version whole (a candidate, its
+    log's line, every tensor: it verifies) or nothing a later put, gc or
+    verify trips on (no version, no line, no temp file, which gc would
+    keep while the process lives: only objects no manifest names)."""
+    store = ArtifactStore(root)
+    listed = store.versions()
+    assert [i.version for i in listed] == [e.version for e in store.history() if e.action == "put"]
+    assert [i.status for i in listed] in (["verified"], ["verified", "candidate"])
+    assert not [p for p in _area(root) if p.startswith(".")]
+    assert all(store.verify(i.version).status == "verified" for i in listed)
+    store.gc()
+    tree = {
+        "a": np.full(1000, 7, np.float32),
+        "b": np.ones(10, np.float32),
+        "c": np.ones(5, np.float32),
+    }
+    assert store.verify(store.put(tree)).status == "verified"  # the child's tree, new bytes
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["new", "fine-tune"])
-def test_a_put_interrupted_at_each_wait_ends_and_leaves_no_temp(tmp_path: Path, kind: str) -> None:
+def test_a_put_interrupted_at_each_wait_ends_and_leaves_it_whole_or_nothing(
+    tmp_path: Path, kind: str
+) -> None:
     """Interrupted at any wait for its threads (the tensors' writes, the
-    links, the manifest, the record), a put ends (its manifest's writer no
-    longer waits forever for the tensors) and leaves no version and no temp
-    file (which gc would keep while the process lives): only objects no
-    manifest names, which gc removes."""
+    links, the manifest, the record, the record's sync), a put ends (its
+    manifest's writer no longer waits forever for the tensors) and leaves
+    its version whole or nothing of it."""
     for n in range(1, 40):
         root = tmp_path / f"store{n}"
         # a hang is a TimeoutExpired
@@ -398,11 +436,28 @@ def test_a_put_interrupted_at_each_wait_ends_and_leaves_no_temp(tmp_path: Path, 
         if done.stdout.split() == ["put"]:
             break
         assert done.stdout.split() == ["interrupted"], done.stderr[-2000:]
-        assert not [p for p in _area(root) if p.startswith(".")], n  # no temp left
-        assert [i.status for i in ArtifactStore(root).versions()] == ["verified"], n
+        _whole_or_nothing(root)
     else:
         pytest.fail("the put was interrupted at every one of 39 waits")
     assert n > 4  # interrupted at its writes', its links' and its manifest's waits
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["new", "fine-tune"])
+@pytest.mark.parametrize("at", ["submitted", "renamed"])
+def test_a_put_interrupted_as_its_name_is_asked_for_or_its_record_renamed_leaves_no_trace(
+    tmp_path: Path, at: str, kind: str
+) -> None:
+    """Interrupted between two waits, once its name's reservation is handed
+    to a thread (which goes on to reserve it) or once its candidate record
+    is renamed in (before its log's line), a put leaves nothing: the
+    reservation is taken back once its thread has ended."""
+    root = tmp_path / "store"
+    done = run_python(_INTERRUPTED, str(root), at, kind, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["interrupted"], done.stderr[-2000:]
+    assert [i.status for i in ArtifactStore(root).versions()] == ["verified"]
+    _whole_or_nothing(root)
 
 
 #: The child: a fine-tune put while another writer holds the store's lock
