@@ -76,9 +76,9 @@ def fsync_dir(dirname: str) -> None:
     """Makes a rename or an unlink in ``dirname`` durable.
 
     Raises:
-      OSError: if the disk failed the fsync (an EIO, a full disk): the
-        entries may not outlive a crash. A file system or platform without
-        directory fsyncs is no failure.
+      OSError: if the disk failed the fsync (an EIO, a full disk), naming
+        the directory: the entries may not outlive a crash. A file system
+        or platform without directory fsyncs is no failure.
     """
     try:
         dfd = os.open(dirname or ".", os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _CLOEXEC)
@@ -88,9 +88,14 @@ def fsync_dir(dirname: str) -> None:
         os.fsync(dfd)
     except OSError as e:
         if e.errno not in _NO_DIR_FSYNC:
-            raise
+            raise _naming(e, dirname or ".") from None
     finally:
         os.close(dfd)
+
+
+def _naming(e: OSError, path: str) -> OSError:
+    """``e``, a failed call on a descriptor, as the error naming ``path``."""
+    return OSError(e.errno, e.strerror, os.path.abspath(path))
 
 
 class DirSyncs:
@@ -174,11 +179,13 @@ def fsync_file(path: str) -> None:
     """Makes the bytes a writer left in the regular file at ``path`` durable.
 
     Raises:
-      OSError: if it cannot be opened or synced.
+      OSError: if it cannot be opened or synced, naming it.
     """
     fd = os.open(path, os.O_RDONLY | _NOFOLLOW | _CLOEXEC)
     try:
         os.fsync(fd)
+    except OSError as e:
+        raise _naming(e, path) from None
     finally:
         os.close(fd)
 

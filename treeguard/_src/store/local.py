@@ -155,43 +155,49 @@ class LocalBackend:
         reservation adds entries to are synced with the candidate record
         and the manifest with its directory, each on its thread while the
         tensors' bytes are; ``tensors/`` once the objects are linked; all
-        before the record."""
+        before the record. A put that fails or is interrupted before its
+        log's line removes its version once every thread of it has ended
+        (one interrupted after it keeps the version, whole)."""
         self._areas()
         dirs = DirSyncs()
-        with kept.borrowed(tensorput.THREADS + 1, "treeguard-put") as pool:
-            with contextlib.ExitStack() as held:  # its wait ends with an interrupt here
-                held.enter_context(self.layout.locked(check=False))
-                reserving = pool.submit(
-                    self._reserve_held, held.pop_all(), offered.version, offered.user, dirs
-                )
-            early: tensorput.Early | None = None
-            record: Future[tuple[dict[str, Any], str]] | None = None
-            path: str | None = None
-            try:
-                draft = laid_out(offered.tree, metadata=offered.user, digest=offered.digest)
-                early = tensorput.start(self.storage, draft, pool, reserving, offered.carried)
+        made: list[str] = []  # the reserved directory, while the put would take it back
+        try:
+            with kept.borrowed(tensorput.THREADS + 1, "treeguard-put") as pool:
+                with contextlib.ExitStack() as held:  # its wait ends with an interrupt here
+                    held.enter_context(self.layout.locked(check=False))
+                    reserving = pool.submit(self._reserve_held, held.pop_all(), offered, dirs, made)
+                early: tensorput.Early | None = None
+                record: Future[tuple[dict[str, Any], str]] | None = None
                 try:
-                    version, path = _named(reserving.result())
-                except StorageError as refused:  # a full disk: a leaf's error says more
-                    raise early.failed() or refused from None
-                with space.typed(path):
-                    record = pool.submit(self._stage_candidate, path, draft.spec, dirs)
-                    tensorput.put(self.storage, draft, pool, path, dirs=dirs, early=early)
-                    record.result()
-                    dirs.sync(pool)  # the objects' (the others' synced meanwhile)
-                self._commit_candidate(version, path, record.result(), draft.spec, pool)
-            except BaseException:
-                if early is not None:  # writes not handed over
-                    early.discard()
-                if record is not None:  # a live writer's temp: the directory's removal keeps it
-                    with contextlib.suppress(Exception):
-                        os.unlink(record.result()[1])
-                if path is None:  # the reservation, if it was made, is taken back
-                    with contextlib.suppress(Exception):
-                        path = reserving.result()
-                if path is not None:
-                    self._discard(path)
-                raise
+                    draft = laid_out(offered.tree, metadata=offered.user, digest=offered.digest)
+                    early = tensorput.start(self.storage, draft, pool, reserving, offered.carried)
+                    try:
+                        version, path = _named(reserving.result())
+                    except StorageError as refused:  # a full disk: a leaf's error says more
+                        leaf = early.failed() if space.filled(refused) else None
+                        if leaf is None:
+                            raise
+                        raise leaf from None
+                    with space.typed(path):
+                        record = pool.submit(self._stage_candidate, path, draft.spec, dirs)
+                        tensorput.put(self.storage, draft, pool, path, dirs=dirs, early=early)
+                        record.result()
+                        with space.syncing(path):
+                            dirs.sync(pool)  # the objects' (the others' synced meanwhile)
+                    self._commit_candidate(
+                        version, path, record.result(), draft.spec, pool, made=made
+                    )
+                except BaseException:
+                    if early is not None:  # writes not handed over
+                        early.discard()
+                    if record is not None:  # a live writer's temp: the directory's removal keeps it
+                        with contextlib.suppress(Exception):
+                            os.unlink(record.result()[1])
+                    raise
+        except BaseException:
+            for reserved in made:  # every thread ended: nothing writes in it any more
+                self._discard(reserved)
+            raise
         return version
 
     def _stage_candidate(
@@ -205,9 +211,11 @@ class LocalBackend:
         data = records.read(path)
         staged = records.staged(path, version, _as_candidate(data, spec))
         try:
-            dirs.sync()
+            with space.syncing(path):
+                dirs.sync()
         except BaseException:
-            os.unlink(staged)
+            with contextlib.suppress(OSError):  # the sync's error is the one raised
+                os.unlink(staged)
             raise
         return data, staged
 
@@ -218,13 +226,17 @@ class LocalBackend:
         record: tuple[dict[str, Any], str],
         spec: TreeSpec,
         pool: Executor,
+        *,
+        made: list[str],
     ) -> None:
         """``_record_candidate`` of a tensors version with the candidate
         ``_stage_candidate`` wrote: renamed over the record if that is still
         the one read, else written anew from the record now there. The
         directory is synced on ``pool`` while the log's line is written and
         synced (a line that outlives its record in a crash names a put that
-        did not finish; nothing decides by a put's line)."""
+        did not finish; nothing decides by a put's line). Once the line is
+        written the version is whole: ``made`` is emptied, so an interrupt
+        no longer takes it back; a failed sync still does."""
         read, tmp = record
         later = DirSyncs()
         with self.layout.locked(check=False):  # the store's, whose version this put reserved
@@ -235,21 +247,28 @@ class LocalBackend:
                 os.unlink(tmp)
                 records.write(path, version, _as_candidate(now, spec), dirs=later)
             synced = pool.submit(later.sync)
+            log.append(self.root, "put", version, {"status": "candidate", "kind": "tensors"})
+            made.clear()
             try:
-                log.append(self.root, "put", version, {"status": "candidate", "kind": "tensors"})
-            finally:
-                synced.result()
+                with space.syncing(path):
+                    synced.result()
+            except Exception:
+                made.append(path)  # not durable: taken back, its line left as a crash leaves it
+                raise
 
     def _reserve_held(
-        self, held: contextlib.ExitStack, version: str | None, user: dict[str, Any], dirs: DirSyncs
+        self, held: contextlib.ExitStack, offered: Offered, dirs: DirSyncs, made: list[str]
     ) -> str:
         """``_reserve`` of a tensors version under the store's lock, which
         the calling thread took (``held``: a wait for another writer's lock
         on a pool's thread is one no interrupt ends, and the put waits for
         it before it can take back its writes) and this releases; its
-        directories left to ``dirs``: its directory."""
+        directories left to ``dirs``: its directory, also added to
+        ``made`` (the put takes it back if it fails)."""
         with held:  # _reserve reads the marker under it
-            return self._reserve(version, user, "tensors", dirs)[1]
+            path = self._reserve(offered.version, offered.user, "tensors", dirs)[1]
+        made.append(path)
+        return path
 
     def put_sharded(self, offered: Offered) -> str:
         from ..sharded import hosts  # lazy: jax's multi-process utilities

@@ -1,10 +1,13 @@
-"""A disk that fills up while a version is written, as one typed error.
+"""A disk that fills up or fails while a version is written, as one typed
+error.
 
 A full disk or quota (``ENOSPC``, ``EDQUOT``; tensorstore's
 ``ValueError('RESOURCE_EXHAUSTED: ...')``), met by the put itself or by
 the storage under it (a ``StorageError`` raised from such an ``OSError``),
 becomes a ``StorageError`` that names the version, and the leaf being
-written when it was one leaf's bytes; the caller removes what was written.
+written when it was one leaf's bytes; a sync the disk failed (``syncing``)
+one that names the version and what was synced. The caller removes what
+was written.
 """
 
 from __future__ import annotations
@@ -12,9 +15,14 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import weakref
 from collections.abc import Callable, Iterator
 
 from ..errors import StorageError
+
+#: The errors ``typed`` raised for a full disk, told apart by identity (no
+#: field of theirs is inferred from).
+_FULL: weakref.WeakSet[StorageError] = weakref.WeakSet()
 
 
 def is_full(e: BaseException) -> bool:
@@ -24,6 +32,12 @@ def is_full(e: BaseException) -> bool:
     if isinstance(e, OSError):
         return e.errno in (errno.ENOSPC, errno.EDQUOT)
     return isinstance(e, ValueError) and str(e).startswith("RESOURCE_EXHAUSTED")
+
+
+def filled(e: BaseException) -> bool:
+    """Whether ``e`` is the error ``typed`` raised for a full disk (which
+    names the version: a leaf's error met with it says more)."""
+    return isinstance(e, StorageError) and e in _FULL
 
 
 @contextlib.contextmanager
@@ -39,15 +53,45 @@ def typed(directory: str | Callable[[], str], leaf: str | None = None) -> Iterat
         if not is_full(e):
             raise
         path = directory if isinstance(directory, str) else _reserved(directory)
-        version = os.path.basename(path)
         at = "" if leaf is None else f" at {leaf}"
-        raise StorageError(
-            f"writing version {version} failed{at}: no space left on the device",
-            version=version,
-            context=path,
-            hint="free space (store.gc() removes old versions) and put it again; nothing of "
-            "this version was kept",
-        ) from None
+        error = _failed(
+            path,
+            f"{at}: no space left on the device",
+            where=path,
+            fix="free space (store.gc() removes old versions) and put it again",
+        )
+        _FULL.add(error)
+        raise error from None
+
+
+@contextlib.contextmanager
+def syncing(directory: str) -> Iterator[None]:
+    """Turns a sync the disk failed inside (``atomic.fsync_dir``'s or
+    ``fsync_file``'s ``OSError``, which names what it synced) into a
+    ``StorageError`` naming the version (``directory``: its directory) and
+    what was synced: the entries written may not outlive a crash."""
+    try:
+        yield
+    except OSError as e:
+        synced = e.filename if isinstance(e.filename, str) else directory
+        raise _failed(
+            directory,
+            f": syncing it to the disk failed ({e.strerror or type(e).__name__})",
+            where=synced,
+            fix="check the disk (the kernel's log says why it failed) and put it again",
+        ) from e
+
+
+def _failed(path: str, why: str, *, where: str, fix: str) -> StorageError:
+    """The error of a version (at ``path``) whose write failed ``why``, at
+    ``where``; nothing of it is kept."""
+    version = os.path.basename(path)
+    return StorageError(
+        f"writing version {version} failed{why}",
+        version=version,
+        context=where,
+        hint=f"{fix}; nothing of this version was kept",
+    )
 
 
 def _reserved(reserving: Callable[[], str]) -> str:
@@ -58,6 +102,6 @@ def _reserved(reserving: Callable[[], str]) -> str:
     try:
         return reserving()
     except StorageError as e:
-        if e.version is None or not e.context or os.path.basename(e.context) != e.version:
+        if not filled(e) or not e.context:
             raise
         return e.context

@@ -290,7 +290,8 @@ class _Put:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             raise
-        fsync_dir(self.reserved)
+        with space.syncing(self.reserved):
+            fsync_dir(self.reserved)
         return target
 
 

@@ -1,0 +1,198 @@
+"""A dedup store's put that the disk fails: a directory whose sync fails, a
+name refused while a leaf's write failed too, a temp that cannot be removed
+after a failed sync. Each is the ``StorageError`` that says what failed,
+naming the version, and the put leaves no version behind."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from treeguard import ArtifactStore, StorageError, StoreError
+from treeguard._src.store import space  # _src: a race no public call orders
+
+
+def _tree() -> dict[str, Any]:
+    return {"body": {"w": np.ones((16, 8), np.float32)}, "head": np.zeros(8, np.float32)}
+
+
+def _store(root: Path) -> ArtifactStore:
+    """A dedup store whose current version holds ``_tree()``."""
+    store = ArtifactStore.init(root, dedup=True)
+    store.promote(store.verify(store.put(_tree())).version)
+    return store
+
+
+def _fine_tune(store: ArtifactStore) -> dict[str, Any]:
+    """A tree a verified load handed back, its head changed: the memo knows
+    the rest, so the head's bytes are written while the name is reserved."""
+    like = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), _tree())
+    params = store.load_current(like)
+    return {**params, "head": params["head"] + 1.0}
+
+
+def _nothing_left(root: Path) -> None:
+    assert [i.status for i in ArtifactStore(root).versions()] == ["verified"]
+    assert sorted(os.listdir(root / "versions")) == ["v000001"]
+    assert not [n for n in os.listdir(root / "tensors") if n.startswith(".")]
+
+
+def _synced(fd: int) -> str:
+    return os.readlink(f"/proc/self/fd/{fd}")
+
+
+#: Which directory's fsync the disk fails (under the store's root), and
+#: whether only once the candidate record is in it (the record's own sync).
+_FAILS = {
+    "root": ("", False),
+    "versions": ("versions", False),
+    "version": ("versions/v000002", False),
+    "tensors": ("tensors", False),
+    "record": ("versions/v000002", True),
+}
+
+
+@pytest.mark.parametrize("failing", list(_FAILS))
+def test_a_directory_the_disk_fails_to_sync_is_a_storage_error_naming_it_and_the_version(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failing: str
+) -> None:
+    """The disk failing a directory's fsync (an EIO: the entries made in it
+    may not outlive a crash) fails the put before anything shows the
+    version, or takes it back once its record is in: the error names the
+    version and the directory, and nothing of the version is left (its
+    log's line, if written, names a put that did not finish, as a crash
+    leaves it). A file system without directory fsyncs (EINVAL) is no
+    failure."""
+    if not os.path.isdir("/proc/self/fd"):
+        pytest.skip("needs /proc to name what each fsync syncs")
+    root = tmp_path / "store"
+    store = _store(root)
+    name, once_recorded = _FAILS[failing]
+    directory = str(root / name)
+    real = os.fsync
+    code = [errno.EIO]
+
+    def fsync(fd: int) -> None:
+        record = Path(directory) / "status.json"
+        if _synced(fd) == directory and (
+            not once_recorded or json.loads(record.read_text())["status"] == "candidate"
+        ):
+            raise OSError(code[0], os.strerror(code[0]))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    with pytest.raises(StorageError) as e:
+        store.put({**_tree(), "head": jnp.full((8,), 5.0)})
+    assert e.value.version == "v000002"
+    assert str(e.value).splitlines() == [
+        f"{directory}: writing version v000002 failed: syncing it to the disk failed "
+        "(Input/output error)",
+        "hint: check the disk (the kernel's log says why it failed) and put it again; nothing "
+        "of this version was kept",
+    ]
+    _nothing_left(root)
+    code[0] = errno.EINVAL
+    v = store.put({**_tree(), "head": jnp.full((8,), 6.0)})
+    assert [i.status for i in store.versions()] == ["verified", "candidate"], v
+
+
+def test_a_name_refused_beside_a_failed_leaf_is_the_refusal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A name refused for another reason than a full disk (the marker's
+    write denied) is the error raised, not that of the leaf written
+    meanwhile (denied too), which says nothing of why the name was not
+    given."""
+    root = tmp_path / "store"
+    store = _store(root)
+    tree = _fine_tune(store)
+    real = os.open
+
+    def denied(path: Any, *a: Any, **k: Any) -> int:
+        name = os.path.basename(str(path))
+        if name.startswith((".STORE.json.", ".staged.")):  # the marker's temp, the leaf's
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+        return real(path, *a, **k)
+
+    monkeypatch.setattr(os, "open", denied)
+    with pytest.raises(StorageError) as e:
+        store.put(tree)
+    monkeypatch.undo()
+    assert e.value.context == str(root / "STORE.json")
+    assert "writing STORE.json failed: Permission denied" in str(e.value)
+    _nothing_left(root)
+
+
+def test_a_leaf_that_fills_the_disk_while_the_name_is_reserved_is_named() -> None:
+    """A leaf's bytes written while the name is being reserved may fill the
+    disk under the reservation too: the leaf's error then names the version
+    the reservation picked, and the leaf; a name refused for another reason
+    is that refusal, even one that names the version's directory."""
+    full = OSError(errno.ENOSPC, "No space left on device")
+    with pytest.raises(StorageError) as met, space.typed("/s/versions/v000002"):
+        raise full
+    picked = met.value
+
+    def reservation_met_it_too() -> str:
+        raise picked
+
+    with pytest.raises(StorageError) as e, space.typed(reservation_met_it_too, "['extra']"):
+        raise full
+    assert str(e.value).splitlines()[0] == (
+        "/s/versions/v000002: writing version v000002 failed at ['extra']: no space left on "
+        "the device"
+    )
+    for refusal in (
+        StoreError("version v000002 already exists", version="v000002"),
+        StorageError(  # fields like a full disk's, and no full disk
+            "writing version v000002 failed: its record was refused",
+            version="v000002",
+            context="/s/versions/v000002",
+        ),
+    ):
+
+        def refused(refusal: StoreError = refusal) -> str:
+            raise refusal
+
+        with pytest.raises(StoreError) as got, space.typed(refused, "['extra']"):
+            raise full
+        assert got.value is refusal
+
+
+def test_a_temp_that_cannot_be_removed_after_a_failed_sync_leaves_the_sync_s_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The candidate record's temp, removed when the reservation's
+    directories' sync failed, may fail to go too: the error raised is still
+    the sync's, which says what failed."""
+    if not os.path.isdir("/proc/self/fd"):
+        pytest.skip("needs /proc to name what each fsync syncs")
+    root = tmp_path / "store"
+    store = _store(root)
+    real_fsync, real_unlink = os.fsync, os.unlink
+
+    def fsync(fd: int) -> None:
+        if _synced(fd) == str(root):  # the marker's entry, synced with the record's temp
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        real_fsync(fd)
+
+    def unlink(path: Any, *a: Any, **k: Any) -> None:
+        if os.path.basename(str(path)).startswith(".status.json.") and not k.get("dir_fd"):
+            raise OSError(errno.EBUSY, os.strerror(errno.EBUSY), str(path))
+        real_unlink(path, *a, **k)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "unlink", unlink)
+    with pytest.raises(StorageError) as e:
+        store.put({**_tree(), "head": jnp.full((8,), 5.0)})
+    monkeypatch.undo()
+    assert e.value.context == str(root)
+    assert "syncing it to the disk failed (Input/output error)" in str(e.value)
