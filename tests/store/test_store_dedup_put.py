@@ -350,7 +350,8 @@ def test_a_fine_tune_s_tensor_is_written_while_its_name_is_reserved_and_synced_a
 #: load handed back, two leaves changed) interrupted (Ctrl-C) at its Nth wait
 #: on the calling thread for a thread's work (argv[2]: N), or once its name's
 #: reservation is submitted ("submitted"), or once its candidate record is
-#: renamed over its writing one ("renamed"); "put" once it returned.
+#: renamed over its writing one ("renamed"), or while its log's line is
+#: synced ("logged"); "put" once it returned.
 _INTERRUPTED = """
 import os, sys, threading
 from concurrent.futures import Future
@@ -386,10 +387,18 @@ def interrupted(real):
                 raise KeyboardInterrupt
         return real(self, timeout)
     return wait
+real_fsync = os.fsync
+def fsync(fd):
+    real_fsync(fd)
+    if os.readlink(f"/proc/self/fd/{fd}").endswith("log.jsonl"):
+        os.fsync = real_fsync
+        raise KeyboardInterrupt
 if at == "submitted":
     kept.Job.submit = submit
 elif at == "renamed":
     os.replace = replace
+elif at == "logged":
+    os.fsync = fsync
 Future.exception, Future.result = interrupted(Future.exception), interrupted(Future.result)
 try:
     store.put(tree)
@@ -457,6 +466,22 @@ def test_a_put_interrupted_as_its_name_is_asked_for_or_its_record_renamed_leaves
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["interrupted"], done.stderr[-2000:]
     assert [i.status for i in ArtifactStore(root).versions()] == ["verified"]
+    _whole_or_nothing(root)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="tells the log's fd by /proc")
+@pytest.mark.parametrize("kind", ["new", "fine-tune"])
+def test_a_put_interrupted_once_its_log_s_line_is_written_keeps_its_version(
+    tmp_path: Path, kind: str
+) -> None:
+    """Interrupted while its log's line is synced, a put keeps its version
+    whole: the line names it."""
+    root = tmp_path / "store"
+    done = run_python(_INTERRUPTED, str(root), "logged", kind, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["interrupted"], done.stderr[-2000:]
+    assert [i.status for i in ArtifactStore(root).versions()] == ["verified", "candidate"]
     _whole_or_nothing(root)
 
 

@@ -235,8 +235,9 @@ class LocalBackend:
         directory is synced on ``pool`` while the log's line is written and
         synced (a line that outlives its record in a crash names a put that
         did not finish; nothing decides by a put's line). Once the line is
-        written the version is whole: ``made`` is emptied, so an interrupt
-        no longer takes it back; a failed sync still does."""
+        written (before the log's sync) the version is whole: ``made`` is
+        emptied, so an interrupt no longer takes it back; a failed sync of
+        the record's directory still does."""
         read, tmp = record
         later = DirSyncs()
         with self.layout.locked(check=False):  # the store's, whose version this put reserved
@@ -247,8 +248,8 @@ class LocalBackend:
                 os.unlink(tmp)
                 records.write(path, version, _as_candidate(now, spec), dirs=later)
             synced = pool.submit(later.sync)
-            log.append(self.root, "put", version, {"status": "candidate", "kind": "tensors"})
-            made.clear()
+            detail = {"status": "candidate", "kind": "tensors"}
+            log.append(self.root, "put", version, detail, written=made.clear)
             try:
                 with space.syncing(path):
                     synced.result()

@@ -13,6 +13,7 @@ import dataclasses
 import json
 import os
 import stat
+from collections.abc import Callable
 from typing import Any
 
 from .. import strictjson
@@ -44,8 +45,17 @@ class Event:
     detail: dict[str, Any]
 
 
-def append(root: str, action: str, version: str | None, detail: dict[str, Any]) -> None:
-    """Appends one event; call it under the store's lock."""
+def append(
+    root: str,
+    action: str,
+    version: str | None,
+    detail: dict[str, Any],
+    *,
+    written: Callable[[], object] | None = None,
+) -> None:
+    """Appends one event; call it under the store's lock. ``written`` is
+    called once the line is written, before it is synced (an interrupt
+    during the sync then comes after it)."""
     line = json.dumps(
         {"time": now(), "action": action, "version": version, "detail": detail},
         sort_keys=True,
@@ -79,6 +89,8 @@ def append(root: str, action: str, version: str | None, detail: dict[str, Any]) 
             )
         torn = st.st_size > 0 and os.pread(fd, 1, st.st_size - 1) != b"\n"
         os.write(fd, (b"\n" if torn else b"") + line + b"\n")
+        if written is not None:
+            written()
         os.fsync(fd)
     finally:
         os.close(fd)
