@@ -196,3 +196,24 @@ def test_a_temp_that_cannot_be_removed_after_a_failed_sync_leaves_the_sync_s_err
     monkeypatch.undo()
     assert e.value.context == str(root)
     assert "syncing it to the disk failed (Input/output error)" in str(e.value)
+
+
+def test_a_directory_that_cannot_be_opened_for_its_sync_fails_the_put(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No descriptor left to open a directory for its fsync: the sync did
+    not happen, and the put does not report its version as written."""
+    root = tmp_path / "store"
+    store = _store(root)
+    real = os.open
+
+    def open_(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        if flags & os.O_DIRECTORY and str(path).startswith(str(root / "versions")):
+            monkeypatch.setattr(os, "open", real)  # once: the put's cleanup has its descriptors
+            raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+        return real(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", open_)
+    with pytest.raises(StorageError, match=r"v000002 failed: syncing it to the disk failed \(Too"):
+        store.put({**_tree(), "head": np.ones(8, np.float32)})
+    _nothing_left(root)

@@ -72,18 +72,29 @@ _NO_DIR_FSYNC = frozenset(
 )
 
 
+#: What opening a directory for its fsync answers when the process or the
+#: disk, not the platform, fails it: the sync did not happen.
+_NO_DIR_OPEN_NOW = frozenset(
+    getattr(errno, name) for name in ("EMFILE", "ENFILE", "ENOMEM", "EIO") if hasattr(errno, name)
+)
+
+
 def fsync_dir(dirname: str) -> None:
     """Makes a rename or an unlink in ``dirname`` durable.
 
     Raises:
-      OSError: if the disk failed the fsync (an EIO, a full disk), naming
-        the directory: the entries may not outlive a crash. A file system
-        or platform without directory fsyncs is no failure.
+      OSError: if the disk failed the fsync (an EIO, a full disk), or the
+        directory could not be opened for it (no descriptor left, an EIO),
+        naming the directory: the entries may not outlive a crash. A file
+        system or platform without directory fsyncs (or that opens no
+        directory) is no failure.
     """
     try:
         dfd = os.open(dirname or ".", os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _CLOEXEC)
-    except OSError:  # pragma: no cover - platforms that cannot open directories
-        return
+    except OSError as e:
+        if e.errno in _NO_DIR_OPEN_NOW:
+            raise _naming(e, dirname or ".") from None
+        return  # a platform that opens no directory, or one gone: nothing to sync
     try:
         os.fsync(dfd)
     except OSError as e:
