@@ -131,11 +131,9 @@ def seaweedfs(
             os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
         log.close()
-        # and those it makes in /tmp, named by the filer's and the S3 port
-        own = [
-            Path(f"/tmp/seaweedfs-{kind}-{port}.sock")
-            for kind, port in (("filer", filer), ("s3", s3))
-        ]
+        # and those it makes in /tmp, each named by one of its ports
+        ports = (s3, master, volume, filer, g_s3, g_master, g_volume, g_filer)
+        own = [p for port in ports for p in Path("/tmp").glob(f"seaweedfs-*-{port}.sock")]
         for sock in [*directory.rglob("*.sock"), *own]:
             with contextlib.suppress(OSError):
                 sock.unlink()
@@ -150,7 +148,11 @@ def _wait_ready(server: S3Server, proc: subprocess.Popen[bytes], log: Path, time
             raise RuntimeError(f"weed server exited with status {proc.returncode}")
         try:
             if not made:
-                server.make_bucket(probe)
+                try:
+                    server.make_bucket(probe)
+                except urllib.error.HTTPError as e:
+                    if e.code != 409:  # 409: made by a try whose answer was lost
+                        raise
                 made = True
             server.put_object(probe, "ready", b"ready")  # a volume took a write
             return

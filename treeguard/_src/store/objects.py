@@ -63,7 +63,7 @@ _PART = 64 << 10
 #: checkpoint's header, parsed more than once, in one request.
 _HEAD_BYTES = 64 << 10
 _T = TypeVar("_T")
-#: An ETag that is the MD5 of the object's bytes (a single PUT, no KMS).
+#: An ETag of an MD5's form (a single PUT's, without SSE-KMS or SSE-C, is the MD5).
 _MD5_RE = re.compile(r"^[0-9a-f]{32}$")
 
 if TYPE_CHECKING:
@@ -264,8 +264,10 @@ class ObjectStorage:
         absent. A small object is read whole; a large one is asked for its
         size and ETag. The ETag must be the one the server answered the PUT
         with (``answered``: its tag of the bytes it stored), or else the MD5
-        of ``data`` (S3's ETag of a single PUT; where the ETag is no MD5, as
-        on GCS or with KMS encryption, the size alone is compared). The MD5,
+        of ``data`` (S3's ETag of a single PUT; where the ETag is not of an
+        MD5's form, as on GCS, the size alone is compared; one of that form
+        that is no MD5, as with SSE-KMS, makes a write answered 412 look like
+        another writer's, ``Conflict.EXISTS``). The MD5,
         about four times the cost of the BLAKE3 digest over the same bytes,
         is computed only when the PUT was answered 412 or its ETag is not the
         object's: bytes changed on their way to the server, which the server
