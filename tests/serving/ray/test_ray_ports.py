@@ -18,6 +18,8 @@ import treeguard as tg
 from treeguard._src.serving.ray.ports import (  # _src: the range file is no public parameter
     ephemeral_ports,
     pick_free,
+    quiet_ports,
+    replica_ports,
     server_ports,
 )
 from treeguard.serving import ray as tg_ray
@@ -69,18 +71,43 @@ def test_ports_lie_outside_any_ephemeral_range_that_leaves_room(
     assert set(ports) <= left, (ports, low, high)
 
 
-def test_an_ephemeral_range_over_every_port_is_refused(tmp_path: Path) -> None:
+def test_an_ephemeral_range_over_every_port_warns_and_picks_inside_it(tmp_path: Path) -> None:
+    needs_inet_sockets()
     source = tmp_path / "ip_local_port_range"
     source.write_text("1\t65535\n")
-    with pytest.raises(tg.ConfigError) as info:
-        server_ports(3, source=source)
-    assert str(info.value) == (
+    with pytest.warns(RuntimeWarning) as caught:
+        ports = server_ports(3, source=source, environ={})
+    assert str(caught[0].message) == (
         f"the kernel's ephemeral ports 1-65535 (from {source}) leave no port from 20000 up "
-        "for a server: one picked there could be taken by any outgoing connection before "
-        "the server binds it\n"
-        "hint: narrow the range, for example "
+        "for HAProxy's servers: they are picked among the ephemeral ones, where an outgoing "
+        "connection may take one before HAProxy binds it; narrow the range, for example "
         "sysctl -w net.ipv4.ip_local_port_range='32768 60999'"
     )
+    assert len(set(ports)) == 3 and not set(ports) & {*REPLICAS, 52365}
+
+
+def test_the_replicas_ports_ray_reads_from_the_environment_are_never_picked(
+    tmp_path: Path,
+) -> None:
+    needs_inet_sockets()
+    source = tmp_path / "ip_local_port_range"
+    source.write_text("32768\t65535\n")  # below it: 20000 to 32767
+    moved = {  # the replicas' HTTP ports moved over all of them but the last 67
+        "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT": "20000",
+        "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT": "32700",
+    }
+    for _ in range(10):
+        assert set(server_ports(3, source=source, environ=moved)) <= set(range(32701, 32768))
+    with pytest.raises(
+        tg.ConfigError, match=r"^RAY_SERVE_DIRECT_INGRESS_MAX_GRPC_PORT is 'many', not a port"
+    ):
+        server_ports(1, source=source, environ={"RAY_SERVE_DIRECT_INGRESS_MAX_GRPC_PORT": "many"})
+
+
+def test_ray_s_dashboard_agent_port_is_never_picked(tmp_path: Path) -> None:
+    source = tmp_path / "ip_local_port_range"
+    source.write_text("32768\t50000\n")  # 52365 lies above it
+    assert 52365 not in quiet_ports(ephemeral_ports(source), replica_ports({}))
 
 
 def test_a_range_file_that_holds_no_range_is_refused(tmp_path: Path) -> None:

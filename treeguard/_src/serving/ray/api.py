@@ -55,10 +55,10 @@ def haproxy_environment(folder: str | os.PathLike[str]) -> dict[str, str]:
     page, its Prometheus exporter and Ray's fallback proxy get ports of
     their own instead of Ray's fixed 8404, 9101 and 8500 (HAProxy binds the
     first two on every interface), each free when picked (a bind succeeds),
-    from 20000 up (above Ray's worker ports), apart from Ray Serve's replica
-    ports, and outside the kernel's ephemeral range (``ip_local_port_range``
-    under ``/proc``; 32768-65535 where there is none), so that no outgoing
-    connection takes one as its local port before HAProxy binds it. A
+    from 20000 up, apart from Ray's own ports, and outside the kernel's
+    ephemeral range, so that no outgoing connection takes one before HAProxy
+    binds it (inside it, with a ``RuntimeWarning``, where it leaves none;
+    see ``ports.py``). A
     request that a replica dropped unanswered (killed, or its connection
     refused) is sent again to another replica
     (``retry-on conn-failure empty-response``); an inference is a pure
@@ -75,8 +75,8 @@ def haproxy_environment(folder: str | os.PathLike[str]) -> dict[str, str]:
       The variables, ``{name: value}``; set the ones not set already.
 
     Raises:
-      ConfigError: when ``folder`` is too long for HAProxy's socket paths, or
-        fewer than three free ports lie outside the ephemeral range.
+      ConfigError: when ``folder`` is too long for HAProxy's socket paths,
+        fewer than three ports are free, or a Ray port variable holds none.
 
     Example:
       >>> env = haproxy_environment("/tmp/tg-haproxy")

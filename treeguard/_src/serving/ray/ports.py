@@ -13,9 +13,13 @@ asks for it by number binds it.
 The ports here lie above Ray's worker ports (``max_worker_port``, 19999 by
 default), outside the ephemeral range (Linux's, read from ``/proc``) and
 apart from the ports Ray Serve gives its replicas in HAProxy mode (30000 to
-31000 for HTTP, 40000 to 41000 for gRPC, by default). Each is checked free
-by a bind when picked, in a random order, so that two clusters started at
-once are unlikely to pick the same one.
+31000 for HTTP, 40000 to 41000 for gRPC, by default, or as Ray reads them
+from the environment) and Ray's fixed ports above them (the dashboard
+agent's, 52365). Each is checked free by a bind when picked, in a random
+order, so that two clusters started at once are unlikely to pick the same
+one. Where the ephemeral range leaves no such port (a host that widened it
+to 1024-65535), they are picked inside it, as binding port 0 would, with a
+``RuntimeWarning`` that says what that risks and how to avoid it.
 """
 
 from __future__ import annotations
@@ -24,7 +28,8 @@ import errno
 import os
 import random
 import socket
-from collections.abc import Sequence
+import warnings
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from ...errors import ConfigError
@@ -38,9 +43,44 @@ ELSEWHERE = range(32768, 65536)
 #: The lowest port handed out: Ray's own ports (6379, 8000, 8265, 9000,
 #: 10001, ...) and its workers' (10002-19999 by default) lie below.
 LOWEST = 20000
-#: The ports Ray Serve gives its replicas in HAProxy mode by default
-#: (``RAY_SERVE_DIRECT_INGRESS_{MIN,MAX}_{HTTP,GRPC}_PORT``).
-REPLICA_PORTS = (range(30000, 31001), range(40000, 41001))
+#: The ports Ray Serve gives its replicas in HAProxy mode: the variables
+#: Ray reads them from, each with its default.
+REPLICA_PORTS = {
+    "HTTP": (
+        ("RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT", 30000),
+        ("RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT", 31000),
+    ),
+    "GRPC": (
+        ("RAY_SERVE_DIRECT_INGRESS_MIN_GRPC_PORT", 40000),
+        ("RAY_SERVE_DIRECT_INGRESS_MAX_GRPC_PORT", 41000),
+    ),
+}
+#: Ray's fixed ports from ``LOWEST`` up: its dashboard agent's.
+RAY_FIXED = frozenset({52365})
+
+
+def replica_ports(environ: Mapping[str, str]) -> list[range]:
+    """The ranges of ports Ray Serve gives its replicas, as Ray reads them
+    from ``environ``.
+
+    Raises:
+      ConfigError: a variable that holds no port.
+    """
+    ranges = []
+    for bounds in REPLICA_PORTS.values():
+        low, high = (_port(environ, name, default) for name, default in bounds)
+        ranges.append(range(low, high + 1))
+    return ranges
+
+
+def _port(environ: Mapping[str, str], name: str, default: int) -> int:
+    text = environ.get(name, str(default)).strip()
+    if not text.isdigit() or not 0 < int(text) < 65536:
+        raise ConfigError(
+            f"{name} is {text[:20]!r}, not a port",
+            hint=f"set it to a port from 1 to 65535, or unset it (Ray's default is {default})",
+        )
+    return int(text)
 
 
 def ephemeral_ports(source: str | os.PathLike[str] = EPHEMERAL_RANGE_FILE) -> range:
@@ -75,13 +115,13 @@ def ephemeral_ports(source: str | os.PathLike[str] = EPHEMERAL_RANGE_FILE) -> ra
     return range(int(fields[0]), int(fields[1]) + 1)
 
 
-def quiet_ports(ephemeral: range) -> list[int]:
+def quiet_ports(ephemeral: range, replicas: Sequence[range] = ()) -> list[int]:
     """The ports that may be handed out: from ``LOWEST`` up, outside
-    ``ephemeral`` and outside ``REPLICA_PORTS``, in increasing order."""
+    ``ephemeral``, ``replicas`` and ``RAY_FIXED``, in increasing order."""
     return [
         port
         for port in range(LOWEST, 65536)
-        if port not in ephemeral and not any(port in r for r in REPLICA_PORTS)
+        if port not in ephemeral and port not in RAY_FIXED and not any(port in r for r in replicas)
     ]
 
 
@@ -124,23 +164,33 @@ def pick_free(candidates: Sequence[int], count: int) -> list[int]:
     return picked
 
 
-def server_ports(count: int, *, source: str | os.PathLike[str] = EPHEMERAL_RANGE_FILE) -> list[int]:
+def server_ports(
+    count: int,
+    *,
+    source: str | os.PathLike[str] = EPHEMERAL_RANGE_FILE,
+    environ: Mapping[str, str] | None = None,
+) -> list[int]:
     """``count`` distinct ports for servers, outside the kernel's ephemeral
-    range (read from ``source``), each free when picked.
+    range (read from ``source``) and Ray's ports (its replicas' as read from
+    ``environ``, ``os.environ`` by default), each free when picked; inside
+    the ephemeral range, with a ``RuntimeWarning``, where it leaves none.
 
     Raises:
-      ConfigError: when the ephemeral range leaves no port above Ray's
-        worker ports, or fewer than ``count`` free ones.
+      ConfigError: fewer than ``count`` free ports, or a replica port
+        variable that holds no port.
     """
     ephemeral = ephemeral_ports(source)
-    candidates = quiet_ports(ephemeral)
+    replicas = replica_ports(os.environ if environ is None else environ)
+    candidates = quiet_ports(ephemeral, replicas)
     if not candidates:
-        raise ConfigError(
+        warnings.warn(
             f"the kernel's ephemeral ports {ephemeral.start}-{ephemeral.stop - 1} "
-            f"(from {os.fspath(source)}) leave no port from {LOWEST} up for a server: "
-            "one picked there could be taken by any outgoing connection before "
-            "the server binds it",
-            hint="narrow the range, for example "
-            "sysctl -w net.ipv4.ip_local_port_range='32768 60999'",
+            f"(from {os.fspath(source)}) leave no port from {LOWEST} up for HAProxy's "
+            "servers: they are picked among the ephemeral ones, where an outgoing "
+            "connection may take one before HAProxy binds it; narrow the range, for "
+            "example sysctl -w net.ipv4.ip_local_port_range='32768 60999'",
+            RuntimeWarning,
+            stacklevel=3,
         )
+        candidates = quiet_ports(range(0), replicas)
     return pick_free(candidates, count)
