@@ -134,3 +134,34 @@ def test_log_events_answered_404_never_make_a_missing_pointer_an_empty_one(
     with pytest.raises(StoreError, match="the pointer is damaged: it is missing"):
         store.gc(policy=RetentionPolicy(keep_last=0))
     assert liar.times < 100 and [v.version for v in honest.versions()] == [v1, v2]
+
+
+def test_a_record_answered_404_after_gc_retired_a_dead_put_s_name_keeps_its_data(
+    lying: tuple[ArtifactStore, ArtifactStore], liar: Liar, s3_url: str, s3_server: S3Server
+) -> None:
+    """gc looks for the record of a put it found without one, retires the
+    name, and looks again: a put that wrote its record between the two (and
+    found its name not yet retired) is finished, and the second look is
+    answered 404."""
+    store, honest = lying
+    v = honest.put(_params(1.0))
+    _, rest = s3_url.split("://", 1)
+    bucket, _, prefix = rest.partition("/")
+    direct = S3Store(bucket, prefix=prefix, endpoint=s3_server.endpoint)  # past the proxy
+    status = f"versions/{v}/status.json"
+    record = bytes(obstore.get(direct, status).bytes())
+    obstore.delete(direct, status)  # the put between its data and its record when gc lists
+    late: list[bool] = []
+
+    def pick(req: Request) -> bool:
+        if req.method == "PUT" and req.key.endswith(f"retired/{v}") and not late:
+            obstore.put(direct, status, record)  # the put ends before gc retires its name
+            late.append(True)
+            return False
+        return bool(late) and req.method == "GET" and req.key.endswith(status)
+
+    _lie_about(liar, pick, 1)
+    # before: gc took the second look's 404 and deleted the finished version's checkpoint
+    assert store.gc(policy=RetentionPolicy(keep_last=10, orphan_grace_s=0)) == []
+    assert late and liar.times == 0
+    assert np.array_equal(honest.load_version(v, _params(0.0))["w"], _params(1.0)["w"])
