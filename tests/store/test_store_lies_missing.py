@@ -165,3 +165,63 @@ def test_a_record_answered_404_after_gc_retired_a_dead_put_s_name_keeps_its_data
     assert store.gc(policy=RetentionPolicy(keep_last=10, orphan_grace_s=0)) == []
     assert late and liar.times == 0
     assert np.array_equal(honest.load_version(v, _params(0.0))["w"], _params(1.0)["w"])
+
+
+@pytest.mark.parametrize("times", [2, 100], ids=["twice", "always"])
+def test_a_pointer_answered_404_is_read_again_never_called_damaged(
+    lying: tuple[ArtifactStore, ArtifactStore], liar: Liar, times: int
+) -> None:
+    store, honest = lying
+    v1, v2 = _verified(honest, 1.0), _verified(honest, 2.0)
+    honest.promote(v1)
+    operations = [
+        lambda: store.promote(v2),
+        store.rollback,
+        lambda: store.load_current(_params(0.0)),
+        lambda: store.gc(policy=RetentionPolicy(keep_last=2)),
+    ]
+    for operation in operations:
+        liar.arm("missing", "GET", "CURRENT.json", times=times)
+        if times == 2:  # before: "the pointer is damaged: it is missing"
+            operation()
+            assert liar.times == 0
+        else:
+            with pytest.raises(StorageError, match="reading CURRENT.json failed: its answer was"):
+                operation()
+    assert [v.version for v in honest.versions()] == [v1, v2]
+    assert honest.current() == v1
+
+
+@pytest.mark.parametrize(
+    ("leaf", "nth"),
+    [("CURRENT.json", 1), ("CURRENT.json", 2), ("status.json", 1)],
+    ids=["pointer-swap", "pointer-id", "record"],
+)
+def test_an_object_written_then_answered_404_is_read_again_and_the_write_taken(
+    lying: tuple[ArtifactStore, ArtifactStore], liar: Liar, leaf: str, nth: int
+) -> None:
+    """The ``nth`` read of ``leaf`` after its write is answered 404: the
+    storage's own read back (1), or the pointer's, for its id (2)."""
+    store, honest = lying
+    v1, v2 = _verified(honest, 1.0), _verified(honest, 2.0)
+    honest.promote(v1)
+    seen: list[int] = []
+
+    def after_a_write(req: Request) -> bool:
+        if req.key.endswith(leaf) and req.method == "PUT":
+            seen.append(0)
+        elif req.key.endswith(leaf) and req.method == "GET" and seen:
+            seen[-1] += 1
+            return seen[-1] == nth
+        return False
+
+    _lie_about(liar, after_a_write, 1)
+    # before: "the server acknowledged it, but reading it back found no such object"
+    # (or "but the pointer does not hold it"), for a write it had made
+    if leaf == "CURRENT.json":
+        store.promote(v2)
+        assert honest.current() == v2
+    else:
+        v3 = store.put(_params(3.0))
+        assert honest.info(v3).status == "candidate"
+    assert liar.times == 0
