@@ -225,3 +225,20 @@ def test_an_object_written_then_answered_404_is_read_again_and_the_write_taken(
         v3 = store.put(_params(3.0))
         assert honest.info(v3).status == "candidate"
     assert liar.times == 0
+
+
+def test_an_exported_artifact_answered_404_is_read_again_and_covered_by_the_verdict(
+    lying: tuple[ArtifactStore, ArtifactStore], liar: Liar
+) -> None:
+    store, honest = lying
+    v = honest.put(_params(1.0))
+    honest.attach_exported(v, b"a function", {"platforms": ["cpu"]})
+    # before: the verdict, never replaced in a bucket, recorded no artifact: "uncovered"
+    liar.arm("missing", "GET", "exported.json", times=2)
+    assert store.verify(v).status == "verified"
+    peeked = honest.peek_exported(v)
+    assert liar.times == 0 and peeked is not None and peeked[0] == "covered", peeked
+    for leaf in ("exported.json", "exported.bin"):
+        liar.arm("missing", "GET", leaf)  # before: "holds no exported artifact", "absent now"
+        assert store.load_exported(v)[1] == b"a function"
+        assert liar.times == 0
