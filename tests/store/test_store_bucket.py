@@ -587,3 +587,28 @@ def test_a_load_reads_the_store_s_marker_once(
             load(_params(1))
             # the pointer's check and the gate's take the one marker the load read
             assert [m for m, k in seen if k.endswith("/STORE.json")] == ["GET"], seen
+
+
+def test_a_promote_and_a_rollback_read_the_store_s_marker_once(
+    s3_server: S3Server, s3_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = ArtifactStore.init(s3_url)
+    v1, v2 = store.put(_params(0)), store.put(_params(1))
+    for v in (v1, v2):
+        store.verify(v)
+    store.promote(v1)
+    seen: list[tuple[str, str]] = []
+
+    def watch(req: Request) -> None:
+        seen.append((req.method, req.key))
+
+    with LyingProxy(s3_server.endpoint, watch) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+        through = ArtifactStore(s3_url)
+        for move in (lambda: through.promote(v2), through.rollback):
+            seen.clear()
+            move()
+            # the pointer's damage rule and every gate take the one marker it read; a
+            # store already marked promoted is not marked again
+            assert [m for m, k in seen if k.endswith("/STORE.json")] == ["GET"], seen
+    assert (store.current(), store.previous()) == (v1, None)

@@ -118,7 +118,9 @@ class BucketBackend(BucketReads, BucketGc):
     # -- the marker ------------------------------------------------------
 
     def _read_marker(self) -> tuple[dict[str, Any], str] | None:
-        found = self.storage.read(MARKER_FILE, limit=SMALL_FILE_LIMIT, what="marker")
+        found = self.storage.read(
+            MARKER_FILE, limit=SMALL_FILE_LIMIT, what="marker", confirm_missing=True
+        )
         if found is None:
             return None
         raw, tag = found
@@ -246,7 +248,9 @@ class BucketBackend(BucketReads, BucketGc):
         """Every readable event, oldest first; a foreign object is skipped."""
         out: list[Event] = []
         for name in self.storage.list("log"):
-            found = self.storage.read(f"log/{name}", limit=SMALL_FILE_LIMIT, what="log event")
+            found = self.storage.read(
+                f"log/{name}", limit=SMALL_FILE_LIMIT, what="log event", confirm_missing=True
+            )
             event = parse_event(found[0]) if found is not None else None
             if event is not None:
                 out.append(event)
@@ -265,7 +269,9 @@ class BucketBackend(BucketReads, BucketGc):
 
     def _record(self, version: str) -> dict[str, Any]:
         name = version_object(version, STATUS_FILE)
-        found = self.storage.read(name, limit=SMALL_FILE_LIMIT, what="status file")
+        found = self.storage.read(
+            name, limit=SMALL_FILE_LIMIT, what="status file", confirm_missing=True
+        )
         if found is None:
             raise UnknownVersionError(
                 f"version {version} does not exist",
@@ -275,7 +281,9 @@ class BucketBackend(BucketReads, BucketGc):
             )
         data = records.parse(found[0], self.storage.where(name))
         verdict_name = version_object(version, VERDICT_FILE)
-        verdict = self.storage.read(verdict_name, limit=SMALL_FILE_LIMIT, what="verdict")
+        verdict = self.storage.read(
+            verdict_name, limit=SMALL_FILE_LIMIT, what="verdict", confirm_missing=True
+        )
         if verdict is not None:
             where = self.storage.where(verdict_name)
             try:
@@ -428,7 +436,10 @@ class BucketBackend(BucketReads, BucketGc):
         return b""
 
     def retired(self, version: str) -> bool:
-        return self.storage.read(f"retired/{version}", limit=1024, what="retired name") is not None
+        found = self.storage.read(
+            f"retired/{version}", limit=1024, what="retired name", confirm_missing=True
+        )
+        return found is not None
 
     def retire(self, version: str) -> None:
         """Creates ``retired/NAME`` (create-only: a second gc finds it made)."""

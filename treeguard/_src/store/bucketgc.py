@@ -112,13 +112,21 @@ class BucketGc:
         name retired, so never made current: put it again to use it). The
         record is looked for before the name is retired too, so only a put
         that finishes inside that window leaves a version so retired."""
-        status = version_object(version, STATUS_FILE)
-        if self.storage.read(status, limit=SMALL_FILE_LIMIT, what="status file"):
+        if self._recorded(version):
             return False  # its put finished since gc listed it
         self.retire(version)
-        if self.storage.read(status, limit=SMALL_FILE_LIMIT, what="status file"):
+        if self._recorded(version):
             return False
         return self._delete(version, held)
+
+    def _recorded(self, version: str) -> bool:
+        """Whether ``version`` has a record now; a 404 its HEAD contradicts is
+        read again (``confirm_missing``): gc deletes a put's data on its word."""
+        status = version_object(version, STATUS_FILE)
+        found = self.storage.read(
+            status, limit=SMALL_FILE_LIMIT, what="status file", confirm_missing=True
+        )
+        return found is not None
 
     def after_gc(self, grace: float) -> None:
         """Deletes the tensor objects no version refers to (tensors.py) once

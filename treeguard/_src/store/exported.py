@@ -104,7 +104,10 @@ def _description(backend: Backend, version: str) -> bytes | None:
       FormatError: for one over the limit, or that is not a regular file.
     """
     found = backend.storage.read(
-        _name(version, META_FILE), limit=META_LIMIT, what="exported artifact's description"
+        _name(version, META_FILE),
+        limit=META_LIMIT,
+        what="exported artifact's description",
+        confirm_missing=True,  # its absence is recorded in a verdict, never replaced
     )
     return None if found is None else found[0]
 
@@ -169,7 +172,10 @@ def read(backend: Backend, version: str, expected: str | None) -> tuple[dict[str
             context=where,
         ) from e
     blob_found = storage.read(
-        _name(version, ARTIFACT_FILE), limit=ARTIFACT_LIMIT, what="exported artifact"
+        _name(version, ARTIFACT_FILE),
+        limit=ARTIFACT_LIMIT,
+        what="exported artifact",
+        confirm_missing=True,
     )
     want = meta.get("artifact_digest") if isinstance(meta, dict) else None
     got = None if blob_found is None else digest_of(blob_found[0], ALGORITHM)

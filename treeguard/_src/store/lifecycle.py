@@ -13,6 +13,8 @@ operation; this module holds how it is done.
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..errors import (
     ConflictError,
     DanglingPointerError,
@@ -80,12 +82,13 @@ def listing(backend: Backend) -> tuple[list[str], list[VersionInfo]]:
 
 
 def promote(backend: Backend, signer: VerdictSigner | None, version: str) -> None:
-    """``ArtifactStore.promote``."""
+    """``ArtifactStore.promote``. The marker is read once (``_marker``)."""
     check_name(version)
     with backend.locked():
-        gate(backend, signer, version, full=True)
+        marker = _marker(backend)
+        gate(backend, signer, version, full=True, marker=marker)
         for _ in range(_POINTER_TRIES):
-            ptr = pointer.of_store(backend)
+            ptr = pointer.of_store(backend, marker)
             if ptr.current == version:
                 return
             _refuse_retired(backend, version)  # after reading the pointer: see gc
@@ -95,8 +98,21 @@ def promote(backend: Backend, signer: VerdictSigner | None, version: str) -> Non
             raise _kept_moving(backend.root)
         # after the pointer: from now on a missing pointer is a damaged one (for
         # readers that look at the marker); a kill between the two reads as it is
-        backend.mark("promoted")
+        if not marker.get("promoted"):
+            backend.mark("promoted")
         backend.append("promote", version, {"previous": ptr.current})
+
+
+def _marker(backend: Backend) -> dict[str, Any]:
+    """The marker, read once by a promote or a rollback for the pointer's
+    damage rule (``pointer.of_store``) and every gate. Once is enough: what
+    they read of it never goes back. Its ``id`` never changes; ``signed``
+    and ``promoted`` only ever turn on, so an earlier read can miss only a
+    flag set meanwhile, which a second read could miss as well (the gate
+    read it at its start, before its long re-read of the bytes, either
+    way); and a ``promoted`` set meanwhile comes after its promote's
+    pointer, which the pointer read that follows then finds."""
+    return backend.require()
 
 
 def _refuse_retired(backend: Backend, version: str) -> None:
@@ -112,14 +128,15 @@ def _refuse_retired(backend: Backend, version: str) -> None:
 
 
 def rollback(backend: Backend, signer: VerdictSigner | None) -> str:
-    """``ArtifactStore.rollback``."""
+    """``ArtifactStore.rollback``. The marker is read once (``_marker``)."""
     with backend.locked():
+        marker = _marker(backend)
         for _ in range(_POINTER_TRIES):
-            ptr = pointer.of_store(backend)
+            ptr = pointer.of_store(backend, marker)
             skipped: list[str] = []
             for i, v in enumerate(ptr.previous):
                 try:
-                    gate(backend, signer, v, full=True)
+                    gate(backend, signer, v, full=True, marker=marker)
                     _refuse_retired(backend, v)  # after reading the pointer: see gc
                 except (StoreError, IntegrityError, FormatError, OSError) as e:
                     skipped.append(f"{v}: {str(e).splitlines()[0]}")

@@ -248,7 +248,7 @@ class ObjectStorage:
             e_tag, _, version = expected.partition("|")
             mode = {"e_tag": e_tag} | ({"version": version} if version else {})
             got = self._put(name, data, mode, Conflict.CHANGED)
-        found = self.read(name, limit=max(len(data), _HEAD_BYTES), what="object written")
+        found = self._read_back(name, max(len(data), _HEAD_BYTES))
         if found is not None and found[0] == data:
             return found[1]
         if isinstance(got, Conflict):
@@ -275,7 +275,7 @@ class ObjectStorage:
         and verify checks.
         """
         if len(data) <= _HEAD_BYTES:
-            found = self.read(name, limit=_HEAD_BYTES, what="object written")
+            found = self._read_back(name, _HEAD_BYTES)
             return None if found is None else (found[1], found[0] == data)
         meta = self._head(name)
         if meta is None:
@@ -288,6 +288,11 @@ class ObjectStorage:
             or etag == hashlib.md5(data).hexdigest()
         )
         return self._tag(meta), same
+
+    def _read_back(self, name: str, limit: int) -> tuple[bytes, str] | None:
+        """An object just written, read back; a 404 its HEAD contradicts is
+        read again (``confirm_missing``), never a write taken as not made."""
+        return self.read(name, limit=limit, what="object written", confirm_missing=True)
 
     def _unconfirmed(
         self, name: str, answer: str | None, held: tuple[str, bool] | None

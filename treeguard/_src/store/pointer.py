@@ -97,7 +97,9 @@ def read(storage: Storage, *, promoted: bool) -> Pointer:
     """
     path = storage.where(POINTER_FILE)
     try:
-        found = storage.read(POINTER_FILE, limit=SMALL_FILE_LIMIT, what="pointer")
+        found = storage.read(
+            POINTER_FILE, limit=SMALL_FILE_LIMIT, what="pointer", confirm_missing=True
+        )
         if found is None:
             if promoted:
                 raise _damaged(path, "it is missing, but the store has promoted versions")
@@ -166,7 +168,9 @@ def salvage(storage: Storage) -> Pointer:
     try:
         return read(storage, promoted=False)
     except StoreError:
-        found = storage.read(POINTER_FILE, limit=SMALL_FILE_LIMIT, what="pointer")
+        found = storage.read(
+            POINTER_FILE, limit=SMALL_FILE_LIMIT, what="pointer", confirm_missing=True
+        )
         return Pointer(None, (), None if found is None else found[1])
 
 
