@@ -1,13 +1,16 @@
-"""A dedup store's put that the disk fails: a directory whose sync fails, a
-name refused while a leaf's write failed too, a temp that cannot be removed
-after a failed sync. Each is the ``StorageError`` that says what failed,
-naming the version, and the put leaves no version behind."""
+"""A put that the disk fails. A dedup store's: a directory whose sync
+fails, a name refused while a leaf's write failed too, a temp that cannot
+be removed after a failed sync; a file or sharded version's: a sync of its
+reservation, its checkpoint or its record. Each is the ``StorageError``
+that says what failed, naming the version, and the put leaves no version
+behind."""
 
 from __future__ import annotations
 
 import errno
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +18,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
+from tests.machine import cpu_mesh
 from treeguard import ArtifactStore, StorageError, StoreError
 from treeguard._src.store import space  # _src: a race no public call orders
 
@@ -217,3 +223,86 @@ def test_a_directory_that_cannot_be_opened_for_its_sync_fails_the_put(
     with pytest.raises(StorageError, match=r"v000002 failed: syncing it to the disk failed \(Too"):
         store.put({**_tree(), "head": np.ones(8, np.float32)})
     _nothing_left(root)
+
+
+def _failing_fsync(monkeypatch: pytest.MonkeyPatch, fails: Callable[[str], bool]) -> None:
+    """Every fsync of a path ``fails`` picks is the disk's EIO."""
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        if fails(_synced(fd)):
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+
+
+def _is_candidate(path: str) -> bool:
+    """Whether ``path`` is a candidate record being written (its temp)."""
+    return "status.json" in os.path.basename(path) and '"candidate"' in Path(path).read_text()
+
+
+#: What the disk fails in a file version's put: the directory a reservation's
+#: entry is in, the checkpoint's bytes (its temp, renamed once synced), the
+#: candidate record's bytes; and the message's first line past the path.
+_FILE_PUT = {
+    "root": (lambda root, p: p == str(root), "syncing it to the disk failed (Input/output error)"),
+    "versions": (
+        lambda root, p: p == str(root / "versions"),
+        "syncing it to the disk failed (Input/output error)",
+    ),
+    "version": (
+        lambda root, p: p == str(root / "versions" / "v000002"),
+        "syncing it to the disk failed (Input/output error)",
+    ),
+    "checkpoint": (lambda root, p: "model.safetensors" in p, "Input/output error"),
+    "record": (lambda root, p: _is_candidate(p), "Input/output error"),
+}
+
+
+@pytest.mark.parametrize("failing", list(_FILE_PUT))
+def test_a_file_version_s_put_the_disk_fails_is_a_storage_error_and_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failing: str
+) -> None:
+    """A store without dedup: the disk failing a sync of the reservation's
+    directories, of the checkpoint or of the candidate record is the
+    ``StorageError`` naming the version and what failed (before, an
+    ``OSError``: a bare ``[Errno 5] Input/output error`` for the files, and
+    a reservation's failed sync left the version's directory behind)."""
+    if not os.path.isdir("/proc/self/fd"):
+        pytest.skip("needs /proc to name what each fsync syncs")
+    root = tmp_path / "store"
+    store = ArtifactStore.init(root)
+    store.promote(store.verify(store.put(_tree())).version)
+    fails, why = _FILE_PUT[failing]
+    _failing_fsync(monkeypatch, lambda p: fails(root, p))
+    with pytest.raises(StorageError) as e:
+        store.put({**_tree(), "head": np.full(8, 5.0, np.float32)})
+    assert e.value.version == "v000002"
+    first = str(e.value).splitlines()[0]
+    assert first.startswith(f"{root}") and first.endswith(
+        f": writing version v000002 failed: {why}"
+    )
+    assert [i.status for i in ArtifactStore(root).versions()] == ["verified"]
+    assert sorted(os.listdir(root / "versions")) == ["v000001"]
+
+
+def test_a_sharded_version_s_put_the_disk_fails_is_a_storage_error_and_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sharded version's candidate record whose sync the disk fails: the
+    ``StorageError`` naming the version and the record, nothing left."""
+    if not os.path.isdir("/proc/self/fd"):
+        pytest.skip("needs /proc to name what each fsync syncs")
+    mesh = cpu_mesh((2,), ("x",))
+    placed = {"w": jax.device_put(np.arange(16.0, dtype=np.float32), NamedSharding(mesh, P("x")))}
+    root = tmp_path / "store"
+    store = ArtifactStore.init(root)
+    _failing_fsync(monkeypatch, _is_candidate)
+    with pytest.raises(StorageError) as e:
+        store.put_sharded(placed)
+    assert e.value.version == "v000001"
+    assert str(e.value).splitlines()[0] == (
+        f"{root}/versions/v000001/status.json: writing version v000001 failed: Input/output error"
+    )
+    assert os.listdir(root / "versions") == []

@@ -230,15 +230,32 @@ def write_new(path: str, data: bytes | memoryview, *, sync: bool = True) -> None
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, FILE_MODE)
     try:
         try:
-            write_all(fd, data)
-            if sync:
-                os.fsync(fd)
+            _written(fd, data, sync, path)
         finally:
             os.close(fd)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(path)
         raise
+
+
+def _written(
+    fd: int, data: bytes | memoryview | Callable[[int], None], sync: bool, path: str
+) -> None:
+    """``data`` written to ``fd`` (or written by it, a function of the
+    descriptor), fsynced when ``sync``; a write or a sync that fails is the
+    ``OSError`` naming ``path`` (the file the caller means: a temp's target)."""
+    try:
+        if callable(data):
+            data(fd)
+        else:
+            write_all(fd, data)
+        if sync:
+            os.fsync(fd)
+    except OSError as e:
+        if e.filename is not None:
+            raise
+        raise _naming(e, path) from None
 
 
 def atomic_write(
@@ -276,12 +293,7 @@ def atomic_write(
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, FILE_MODE)
     try:
         try:
-            if callable(data):
-                data(fd)
-            else:
-                write_all(fd, data)
-            if sync:
-                os.fsync(fd)
+            _written(fd, data, sync, target)
         finally:
             os.close(fd)
         os.replace(tmp, target)  # a failed rename (a directory there) leaves no temp

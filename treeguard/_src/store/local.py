@@ -136,9 +136,9 @@ class LocalBackend:
             version, path = self._reserve(offered.version, offered.user)
         try:
             model = os.path.join(path, MODEL_FILE)
-            with space.typed(path):
+            with space.typed(path), space.writing(path):  # a disk's failure names the version
                 save(model, offered.tree, metadata=offered.user, digest=offered.digest)
-            self._record_candidate(version, path, read_header(model).spec, {})
+                self._record_candidate(version, path, read_header(model).spec, {})
         except BaseException:
             self._discard(path)
             raise
@@ -285,7 +285,7 @@ class LocalBackend:
         version = lead_acts(reserve, failed=not_made(self.root)).decode("ascii")
         path = self.layout.version_dir(version)
         try:
-            with space.typed(path):
+            with space.typed(path), space.writing(path):  # a disk's failure names the version
                 save_sharded(  # a collective failing in every process
                     path, offered.tree, metadata=offered.user, digest=offered.digest
                 )
@@ -361,7 +361,12 @@ class LocalBackend:
             self.layout.write_marker(marker, dirs=later)
             self._make_writing(path, user, kind, seq, later=later)
         if dirs is None:
-            later.sync()
+            try:
+                with space.syncing(path):
+                    later.sync()
+            except BaseException:  # the name stays taken (the marker's counter holds it)
+                self._discard(path)
+                raise
         return version, path
 
     def _make_writing(
@@ -402,7 +407,8 @@ class LocalBackend:
             raise
 
     def _finish_sharded(self, version: str, path: str) -> bytes:
-        self._record_candidate(version, path, read_manifest(path).spec, {"kind": "sharded"})
+        with space.writing(path):  # a disk's failure names the version
+            self._record_candidate(version, path, read_manifest(path).spec, {"kind": "sharded"})
         return b""
 
     def _record_candidate(

@@ -6,8 +6,9 @@ A full disk or quota (``ENOSPC``, ``EDQUOT``; tensorstore's
 the storage under it (a ``StorageError`` raised from such an ``OSError``),
 becomes a ``StorageError`` that names the version, and the leaf being
 written when it was one leaf's bytes; a sync the disk failed (``syncing``)
-one that names the version and what was synced. The caller removes what
-was written.
+one that names the version and what was synced, and any other failure of
+a write (``writing``) one that names the version and the file. The caller
+removes what was written.
 """
 
 from __future__ import annotations
@@ -78,6 +79,26 @@ def syncing(directory: str) -> Iterator[None]:
             directory,
             f": syncing it to the disk failed ({e.strerror or type(e).__name__})",
             where=synced,
+            fix="check the disk (the kernel's log says why it failed) and put it again",
+        ) from e
+
+
+@contextlib.contextmanager
+def writing(directory: str) -> Iterator[None]:
+    """Turns an ``OSError`` met inside while a version's files are written
+    (a write or a sync the disk failed: ``EIO``; a full disk is left to
+    ``typed``) into a ``StorageError`` naming the version (``directory``:
+    its directory) and the file the error names, else the directory."""
+    try:
+        yield
+    except OSError as e:
+        if is_full(e):
+            raise
+        where = e.filename if isinstance(e.filename, str) else directory
+        raise _failed(
+            directory,
+            f": {e.strerror or type(e).__name__}",
+            where=where,
             fix="check the disk (the kernel's log says why it failed) and put it again",
         ) from e
 
