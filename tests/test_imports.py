@@ -17,6 +17,9 @@ import pytest
 
 import treeguard
 
+# one worker runs the file: the package's modules are parsed once, not once in each worker
+pytestmark = pytest.mark.xdist_group("imports")
+
 ROOT = Path(treeguard.__file__).parent
 #: The private tree, named on purpose: its layering is what these tests check.
 SRC = "treeguard._src"
