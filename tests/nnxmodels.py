@@ -8,6 +8,7 @@ points at in the CLI tests.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import equinox as eqx
@@ -64,8 +65,18 @@ def eqx_net(key: Any, *, head: bool) -> Any:
     return EqxNet(key)
 
 
-#: The new nnx model's whole state (params, batch statistics, PRNG streams).
-NEW_STATE = nnx.state(NetWithHead(nnx.Rngs(1)))
+@functools.cache
+def _new_state() -> Any:
+    return nnx.state(NetWithHead(nnx.Rngs(1)))
+
+
+def __getattr__(name: str) -> Any:
+    """``NEW_STATE``, the new nnx model's whole state (params, batch statistics,
+    PRNG streams), built on first use rather than at import: every pytest
+    worker imports this module while collecting, most never read it."""
+    if name == "NEW_STATE":
+        return _new_state()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def new_leaf(path: str) -> Any:

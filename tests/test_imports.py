@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import ast
 import collections
+import functools
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 import treeguard
+
+# one worker runs the file: the package's modules are parsed once, not once in each worker
+pytestmark = pytest.mark.xdist_group("imports")
 
 ROOT = Path(treeguard.__file__).parent
 #: The private tree, named on purpose: its layering is what these tests check.
@@ -91,11 +95,20 @@ def _deferred(tree: ast.Module) -> Iterator[ast.Import | ast.ImportFrom]:
                     yield node
 
 
-TREES = {name: ast.parse(path.read_text(encoding="utf-8")) for name, path in MODULES.items()}
-GRAPH: dict[str, set[str]] = {
-    name: {t for node in _module_level(tree.body) for t in _targets(node, name)}
-    for name, tree in TREES.items()
-}
+@functools.cache
+def _trees() -> dict[str, ast.Module]:
+    """Every module's syntax tree, parsed on first use rather than at import
+    (each pytest worker imports this file while collecting)."""
+    return {name: ast.parse(path.read_text(encoding="utf-8")) for name, path in MODULES.items()}
+
+
+@functools.cache
+def _graph() -> dict[str, set[str]]:
+    """The treeguard modules each module imports at module level."""
+    return {
+        name: {t for node in _module_level(tree.body) for t in _targets(node, name)}
+        for name, tree in _trees().items()
+    }
 
 
 def _path(start: str, goal: str) -> list[str] | None:
@@ -109,7 +122,7 @@ def _path(start: str, goal: str) -> list[str] | None:
             while (prev := before[chain[-1]]) is not None:
                 chain.append(prev)
             return chain[::-1]
-        for nxt in sorted(GRAPH[here]):
+        for nxt in sorted(_graph()[here]):
             if nxt not in before:
                 before[nxt] = here
                 queue.append(nxt)
@@ -118,7 +131,7 @@ def _path(start: str, goal: str) -> list[str] | None:
 
 def test_no_import_inside_a_function_hides_a_circle() -> None:
     circles = []
-    for importer, tree in TREES.items():
+    for importer, tree in _trees().items():
         for node in _deferred(tree):
             for target in _targets(node, importer):
                 if target == importer:
@@ -134,7 +147,7 @@ def test_no_import_inside_a_function_hides_a_circle() -> None:
 
 def test_every_other_import_inside_a_function_says_why() -> None:
     silent = []
-    for importer, tree in TREES.items():
+    for importer, tree in _trees().items():
         if importer.startswith(UNCOMMENTED_YET):
             continue
         lines = MODULES[importer].read_text(encoding="utf-8").splitlines()
@@ -159,7 +172,8 @@ def test_the_checks_see_a_hidden_circle() -> None:
 
 @pytest.mark.parametrize("package", [f"{SRC}.diagnose", f"{SRC}.verify"])
 def test_a_package_has_no_circle_at_module_level(package: str) -> None:
-    inside = [m for m in GRAPH if m.startswith(package + ".")]
+    graph = _graph()
+    inside = [m for m in graph if m.startswith(package + ".")]
     for a in inside:
-        for b in GRAPH[a] & set(inside):
+        for b in graph[a] & set(inside):
             assert _path(b, a) is None, f"{a} and {b} import each other"

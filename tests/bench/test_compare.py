@@ -6,15 +6,23 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from typing import Any
 
 import numpy as np
 import pytest
-import scipy.stats
 from benchresults import ran
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from treeguard.bench import BenchError, BenchResult, MachineMismatchError, compare
+
+
+def _scipy_stats() -> Any:
+    """scipy.stats, imported by the tests that compare with it rather than at
+    collection (half a second, in each pytest worker, for this file alone)."""
+    import scipy.stats  # the reference implementation; only this file uses scipy
+
+    return scipy.stats
 
 
 def timings(
@@ -34,7 +42,7 @@ def test_mann_whitney_agrees_with_scipy(seed: int) -> None:
     if seed % 2:  # ties
         x, y = np.round(x, 1), np.round(y, 1)
     c = compare(y + 10.0, x + 10.0)  # U of the candidate; a common shift keeps every rank
-    ref = scipy.stats.mannwhitneyu(x, y, alternative="two-sided", method="asymptotic")
+    ref = _scipy_stats().mannwhitneyu(x, y, alternative="two-sided", method="asymptotic")
     assert abs(c.statistic - ref.statistic) <= 1e-12 * max(1.0, ref.statistic)
     assert abs(c.p_value - ref.pvalue) <= 1e-12
 
@@ -50,7 +58,7 @@ def test_mann_whitney_agrees_with_scipy_on_heavy_ties(x: list[int], y: list[int]
     if len(set(x + y)) == 1:
         assert p == 1.0
         return
-    ref = scipy.stats.mannwhitneyu(x, y, alternative="two-sided", method="asymptotic")
+    ref = _scipy_stats().mannwhitneyu(x, y, alternative="two-sided", method="asymptotic")
     assert abs(u - ref.statistic) <= 1e-9 and abs(p - ref.pvalue) <= 1e-12
 
 
@@ -187,7 +195,7 @@ def test_wilcoxon_signed_rank_agrees_with_scipy(seed: int) -> None:
     base, cand = np.ones(d.size), np.exp(d)
     c = compare(base, cand, paired=True)  # the signed-rank test of log(cand / base)
     w, p = c.statistic, c.p_value
-    ref = scipy.stats.wilcoxon(
+    ref = _scipy_stats().wilcoxon(
         np.log(cand / base), method="asymptotic", correction=False, zero_method="wilcox"
     )
     assert abs(w - ref.statistic) <= 1e-9 and abs(p - ref.pvalue) <= 1e-12

@@ -22,6 +22,10 @@ import treeguard as tg
 from tests.drawn import cnn_params
 from treeguard.examples import eqx_mlp
 
+# one worker runs the file: its module fixture (a trained CNN checkpoint) is saved once, not
+# once in each worker
+pytestmark = pytest.mark.xdist_group("ckpt_partial")
+
 
 def _trained(params: Any) -> dict[str, Any]:
     """A training checkpoint's tree: params and adam's state after one step,

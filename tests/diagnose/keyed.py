@@ -5,6 +5,7 @@ barrier NaN at the line marked ``# NaN is born here``."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -16,17 +17,26 @@ from nnxmodels import Net
 from treeguard import LeafSpec, spec_of
 from treeguard.verify import Model
 
-GRAPH, PARAMS, REST = nnx.split(Net(nnx.Rngs(0)), nnx.Param, ...)
+
+@functools.cache
+def _split() -> tuple[Any, Any, Any]:
+    """The module's graph, params and the rest (batch statistics, streams).
+
+    Built on first use rather than at import (pytest's doctest collection
+    imports this file in every worker), and first used where ``model`` is
+    read, outside any trace."""
+    return nnx.split(Net(nnx.Rngs(0)), nnx.Param, ...)
 
 
 def init(key: Any) -> Any:
-    return PARAMS
+    return _split()[1]
 
 
 def _model(params: Any) -> Any:
     """The module, with a fresh copy of its batch statistics and streams (a
     training call updates them, inside whatever trace runs it)."""
-    return nnx.merge(GRAPH, params, jax.tree.map(lambda x: x, REST))
+    graph, _, rest = _split()
+    return nnx.merge(graph, params, jax.tree.map(lambda x: x, rest))
 
 
 def apply(params: Any, batch: Any) -> Any:
@@ -42,13 +52,23 @@ def loss(params: Any, batch: Any, key: Any) -> Any:
     return jnp.mean(y**2) - 1e-3 * barrier
 
 
-model = Model(
-    init=init,
-    apply=apply,
-    loss=loss,
-    optimizer=optax.sgd(0.1),
-    batch_spec=spec_of({"x": LeafSpec(("B", 4), "float32")}),
-    rtol=1e-5,
-    atol=1e-5,
-    name="keyed:model",
-)
+@functools.cache
+def _keyed_model() -> Model:
+    _split()  # the nnx model is built here, eagerly, before any step traces init or loss
+    return Model(
+        init=init,
+        apply=apply,
+        loss=loss,
+        optimizer=optax.sgd(0.1),
+        batch_spec=spec_of({"x": LeafSpec(("B", 4), "float32")}),
+        rtol=1e-5,
+        atol=1e-5,
+        name="keyed:model",
+    )
+
+
+def __getattr__(name: str) -> Any:
+    """``model``, the ``Model`` that ``keyed:model`` names, made on first read."""
+    if name == "model":
+        return _keyed_model()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -17,6 +17,9 @@ from treeguard._cli.main import main
 from treeguard.examples import mlp
 from treeguard.export import export_version
 
+# one worker runs the file: its module fixture (a real export) is made once, not once in each worker
+pytestmark = pytest.mark.xdist_group("export_listing")
+
 
 def _ls_json(root: str, *args: str) -> dict[str, dict | None]:
     out = CliRunner().invoke(main, ["store", "ls", root, "--json", *args])

@@ -45,7 +45,8 @@ MODELS = {
     "chess_cv": ROOT / "tests" / "data" / "chess_cv_pieces.safetensors",
 }
 
-pytestmark = installed("model_signing")
+# one worker runs the file: the module fixture signs with model_signing once
+pytestmark = [installed("model_signing"), pytest.mark.xdist_group("oms_interop")]
 
 
 def _oms(*args: str | Path) -> tuple[int, str]:

@@ -30,7 +30,9 @@ from treeguard import LeafSpec
 from treeguard.examples import mlp
 from treeguard.serving import Limits, Server
 
-pytestmark = pytest.mark.anyio
+# one worker runs the file: its module fixtures (a child measuring costs, an
+# echo server) are made once rather than once in each worker
+pytestmark = [pytest.mark.anyio, pytest.mark.xdist_group("json_bounds")]
 DTYPES = ["bool", "int8", "int32", "int64", "uint8", "uint64"]
 DTYPES += ["float16", "float32", "float64", "bfloat16"]
 NAMES = {"bool": "BOOL", "bfloat16": "BF16"}

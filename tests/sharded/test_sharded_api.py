@@ -21,6 +21,10 @@ from shardtools import MANIFEST_NAME, data_dir, flip_byte, read, sharded_digest
 import treeguard
 from treeguard._cli.ckpt import ckpt
 
+# one worker runs the file: its module fixture (a saved sharded checkpoint) is saved once, not
+# once in each worker
+pytestmark = pytest.mark.xdist_group("sharded_api")
+
 #: More than 1 KiB, so OCDBT stores it in a data file rather than inline in its index.
 W = (np.arange(512, dtype=np.float32).reshape(32, 16) * 1.5 + 0.25).astype(np.float32)
 

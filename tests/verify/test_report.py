@@ -15,6 +15,10 @@ from rich.console import Console
 from treeguard.examples import mlp
 from treeguard.verify import CHECKS, CheckResult, Report, run
 
+# one worker runs the file: the two reports it reads (two verify runs, kept in _CACHE) are made
+# once, not once in each worker
+pytestmark = pytest.mark.xdist_group("verify_report")
+
 _CACHE: dict[str, Report] = {}
 
 
