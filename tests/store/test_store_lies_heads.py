@@ -8,10 +8,12 @@ every try is a ``StorageError`` naming the object, never an
 ``IntegrityError`` about the version nor a ``rejected`` verdict, nor a gc
 that takes a version's tensors; an object really replaced while it is
 read still fails the read as replaced, whatever its first answer's ETag
-said."""
+said. A write answered 412 whose ETag is no MD5 of its bytes (SSE-KMS's)
+is judged by its bytes read back."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -21,7 +23,7 @@ import pytest
 from tests.s3server import Lie, LyingProxy, Request, S3Server
 from tests.store.buckets import raw_store, sharded_version
 from tests.store.liars import Liar
-from treeguard import ArtifactStore, IntegrityError, RetentionPolicy, StorageError
+from treeguard import ArtifactStore, IntegrityError, RetentionPolicy, StorageError, StoreError
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("s3")]
 
@@ -140,3 +142,53 @@ def test_a_dedup_manifest_s_404_its_head_contradicts_is_read_again_by_a_load_and
     assert liar.times < 100
     for v, tree in ((v1, _TREE), (v2, _other(1.0))):
         assert np.array_equal(honest.load_version(v, _TREE)["z"], tree["z"])
+
+
+def _kms_like(refused: str) -> Callable[[Request], Lie | None]:
+    """A server whose ETags are of an MD5's form but no MD5 of the bytes
+    (SSE-KMS's): every HEAD of an object named ``.../refused`` answers
+    another ETag, and its create-only PUT is performed but answered 412
+    (an answer lost, the retry refused)."""
+
+    def tamper(req: Request) -> Lie | None:
+        if not req.key.endswith(refused):
+            return None
+        return Lie(kind={"PUT": "refuse", "HEAD": "etag"}.get(req.method))
+
+    return tamper
+
+
+def test_a_put_refused_but_performed_under_etags_that_are_no_md5_is_confirmed_by_its_bytes(
+    s3_url: str, s3_server: S3Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The checkpoint's ETag is neither the PUT's answer (a 412 has none)
+    nor its bytes' MD5: the object is read back and compared, and the put
+    is the putter's. Before, the put took it for another writer's object
+    (``Conflict.EXISTS``) and failed."""
+    honest = ArtifactStore.init(s3_url)
+    with LyingProxy(s3_server.endpoint, _kms_like("model.safetensors")) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+        v = ArtifactStore(s3_url).put(_TREE, version="release-1")
+    assert v == "release-1"
+    assert honest.verify(v).status == "verified"
+
+
+def test_another_writer_s_object_under_etags_that_are_no_md5_is_still_another_s(
+    s3_url: str, s3_server: S3Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same server, the name's checkpoint object already written by
+    another writer with other bytes of the same size (its put not yet
+    recorded): read back, its bytes differ, so it is not taken for this
+    put's (the read back confirms only the putter's own bytes)."""
+    honest = ArtifactStore.init(s3_url)
+    other = honest.put(_other(1.0))
+    raw = raw_store(s3_url)  # the server's, not the proxy's
+    data = bytes(obstore.get(raw, f"versions/{other}/model.safetensors").bytes())
+    taken = "versions/release-1/model.safetensors"
+    obstore.put(raw, taken, data)
+    with LyingProxy(s3_server.endpoint, _kms_like(taken)) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+        with pytest.raises(StoreError) as e:
+            ArtifactStore(s3_url).put(_TREE, version="release-1")
+    assert "release-1" in str(e.value)
+    assert bytes(obstore.get(raw, taken).bytes()) == data

@@ -261,19 +261,13 @@ class ObjectStorage:
         self, name: str, data: bytes | memoryview, answered: str | None
     ) -> tuple[str, bool] | None:
         """The object's tag now and whether it holds exactly ``data``; None if
-        absent. A small object is read whole; a large one is asked for its
-        size and ETag. The ETag must be the one the server answered the PUT
-        with (``answered``: its tag of the bytes it stored), or else the MD5
-        of ``data`` (S3's ETag of a single PUT; where the ETag is not of an
-        MD5's form, as on GCS, the size alone is compared; one of that form
-        that is no MD5, as with SSE-KMS, makes a write answered 412 look like
-        another writer's, ``Conflict.EXISTS``). The MD5,
-        about four times the cost of the BLAKE3 digest over the same bytes,
-        is computed only when the PUT was answered 412 or its ETag is not the
-        object's: bytes changed on their way to the server, which the server
-        would tag as it received them, are left to the digests every load
-        and verify checks.
-        """
+        absent. A small object is read whole; a large one's size and ETag
+        are asked for: the ETag the PUT was answered with (``answered``),
+        else the MD5 of ``data`` (S3's for a single PUT), else the bytes
+        read back (``_reads_as``: GCS's and SSE-KMS's ETags are no MD5)
+        confirm it. The MD5 (four times the BLAKE3 digest's cost) and a read
+        back are paid only after a 412 or a wrong ETag: bytes changed on
+        their way to the server are left to the digests every load checks."""
         if len(data) <= _HEAD_BYTES:
             found = self._read_back(name, _HEAD_BYTES)
             return None if found is None else (found[1], found[0] == data)
@@ -284,10 +278,24 @@ class ObjectStorage:
         said = (answered or "").partition("|")[0].strip('"')
         same = int(meta["size"]) == len(data) and (
             (bool(etag) and etag == said)
-            or not _MD5_RE.match(etag)
-            or etag == hashlib.md5(data).hexdigest()
+            or (bool(_MD5_RE.match(etag)) and etag == hashlib.md5(data).hexdigest())
+            or self._reads_as(name, data)
         )
         return self._tag(meta), same
+
+    def _reads_as(self, name: str, data: bytes | memoryview) -> bool:
+        """Whether ``name`` holds exactly ``data``, streamed back and compared
+        part by part (never held whole)."""
+        want = np.frombuffer(data, np.uint8)
+        same = [True]
+
+        def each(pos: int, part: memoryview) -> None:
+            if pos == 0:
+                same[0] = True  # a retry starts again
+            got = np.frombuffer(part, np.uint8)
+            same[0] = same[0] and np.array_equal(want[pos : pos + len(got)], got)
+
+        return self.stream(name, len(want), each) is not None and same[0]
 
     def _read_back(self, name: str, limit: int) -> tuple[bytes, str] | None:
         """An object just written, read back; a 404 its HEAD contradicts is
