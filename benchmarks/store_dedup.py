@@ -15,7 +15,9 @@ costs, against baselines measured in the same run.
    (goal: at most 1.1x), in ABBA order (the write first every other time). Then the
    same tree put with ``block=False`` (waited for) against a put with
    ``block=False`` of fresh copies of its arrays, which the memo does not
-   know: what the digests carried to the host copy save.
+   know: what the digests carried to the host copy save. ``--leaves``
+   changes the base's leaf count (so the changed leaf's size: the put's
+   fixed cost against the bytes).
 4. ``--versions`` fine-tunes over a base of ``--fine-mib`` in 100 tensors,
    each changing 2 of them (2%): the store's bytes against the base's
    (goal: at most 4x).
@@ -122,11 +124,11 @@ def one_changed(mib: int, repeats: int) -> None:
     )
 
 
-def fine_tune(mib: int, repeats: int) -> None:
+def fine_tune(mib: int, repeats: int, leaves: int = 64) -> None:
     import jax
     import jax.numpy as jnp
 
-    tree = _tree(mib, 64)
+    tree = _tree(mib, leaves)
     with tempfile.TemporaryDirectory() as d:
         store = tg.ArtifactStore.init(os.path.join(d, "dedup"), dedup=True)
         v = store.put(tree)
@@ -151,7 +153,7 @@ def fine_tune(mib: int, repeats: int) -> None:
             if i == repeats:
                 _non_blocking(store, params, repeats)
     put, write = statistics.median(puts), statistics.median(writes)
-    print(f"fine-tune: load_current onto jax arrays, 1 of 64 leaves replaced ({mib} MiB):")
+    print(f"fine-tune: load_current onto jax arrays, 1 of {leaves} leaves replaced ({mib} MiB):")
     print(f"  put                    {put * 1e3:>12.1f} ms")
     print(f"  write the tensor alone {write * 1e3:>12.1f} ms   put / write {put / write:.2f}x")
     print(f"  ratios, run by run     {' '.join(f'{p / w:.2f}' for p, w in zip(puts, writes))}")
@@ -200,10 +202,13 @@ def main() -> None:
     parser.add_argument("--versions", type=int, default=100)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--fine-tune-only", action="store_true", help="run part 3 alone")
+    parser.add_argument(
+        "--leaves", type=int, default=64, help="part 3's leaves (1 GiB in 16: 64 MiB changed)"
+    )
     args = parser.parse_args()
     if not args.fine_tune_only:
         one_changed(args.mib, args.repeats)
-    fine_tune(args.mib, args.repeats)
+    fine_tune(args.mib, args.repeats, args.leaves)
     if not args.fine_tune_only:
         fine_tunes(args.fine_mib, args.versions)
 

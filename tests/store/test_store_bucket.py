@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -567,13 +569,12 @@ def test_a_version_recorded_and_promoted_after_gc_listed_it_unrecorded_is_kept(
     assert store.current() == v2 and store.load_current(_params(1)) is not None
 
 
-def test_a_load_reads_the_store_s_marker_once(
+@contextlib.contextmanager
+def _seen_through_a_proxy(
     s3_server: S3Server, s3_url: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    store = ArtifactStore.init(s3_url)
-    v = store.put(_params(0))
-    store.verify(v)
-    store.promote(v)
+) -> Iterator[tuple[ArtifactStore, list[tuple[str, str]]]]:
+    """The store through a proxy that passes every request on, and the
+    method and key of each request it saw."""
     seen: list[tuple[str, str]] = []
 
     def watch(req: Request) -> None:
@@ -581,7 +582,17 @@ def test_a_load_reads_the_store_s_marker_once(
 
     with LyingProxy(s3_server.endpoint, watch) as proxy:
         monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
-        through = ArtifactStore(s3_url)
+        yield ArtifactStore(s3_url), seen
+
+
+def test_a_load_reads_the_store_s_marker_once(
+    s3_server: S3Server, s3_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = ArtifactStore.init(s3_url)
+    v = store.put(_params(0))
+    store.verify(v)
+    store.promote(v)
+    with _seen_through_a_proxy(s3_server, s3_url, monkeypatch) as (through, seen):
         for load in (through.load_current, lambda like: through.load_verified(v, like)):
             seen.clear()
             load(_params(1))
@@ -597,14 +608,7 @@ def test_a_promote_and_a_rollback_read_the_store_s_marker_once(
     for v in (v1, v2):
         store.verify(v)
     store.promote(v1)
-    seen: list[tuple[str, str]] = []
-
-    def watch(req: Request) -> None:
-        seen.append((req.method, req.key))
-
-    with LyingProxy(s3_server.endpoint, watch) as proxy:
-        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
-        through = ArtifactStore(s3_url)
+    with _seen_through_a_proxy(s3_server, s3_url, monkeypatch) as (through, seen):
         for move in (lambda: through.promote(v2), through.rollback):
             seen.clear()
             move()

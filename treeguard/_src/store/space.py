@@ -74,13 +74,7 @@ def syncing(directory: str) -> Iterator[None]:
     try:
         yield
     except OSError as e:
-        synced = e.filename if isinstance(e.filename, str) else directory
-        raise _failed(
-            directory,
-            f": syncing it to the disk failed ({e.strerror or type(e).__name__})",
-            where=synced,
-            fix="check the disk (the kernel's log says why it failed) and put it again",
-        ) from e
+        raise _disk(directory, e, "syncing it to the disk failed ({})") from e
 
 
 @contextlib.contextmanager
@@ -94,13 +88,19 @@ def writing(directory: str) -> Iterator[None]:
     except OSError as e:
         if is_full(e):
             raise
-        where = e.filename if isinstance(e.filename, str) else directory
-        raise _failed(
-            directory,
-            f": {e.strerror or type(e).__name__}",
-            where=where,
-            fix="check the disk (the kernel's log says why it failed) and put it again",
-        ) from e
+        raise _disk(directory, e, "{}") from e
+
+
+def _disk(directory: str, e: OSError, why: str) -> StorageError:
+    """The error of the version at ``directory`` whose disk failed ``e``
+    (``why``: the message's end, ``{}`` the disk's reason), at the file or
+    directory ``e`` names, else at ``directory``."""
+    return _failed(
+        directory,
+        ": " + why.format(e.strerror or type(e).__name__),
+        where=e.filename if isinstance(e.filename, str) else directory,
+        fix="check the disk (the kernel's log says why it failed) and put it again",
+    )
 
 
 def _failed(path: str, why: str, *, where: str, fix: str) -> StorageError:
