@@ -192,3 +192,32 @@ def test_another_writer_s_object_under_etags_that_are_no_md5_is_still_another_s(
             ArtifactStore(s3_url).put(_TREE, version="release-1")
     assert "release-1" in str(e.value)
     assert bytes(obstore.get(raw, taken).bytes()) == data
+
+
+def test_a_put_s_object_replaced_by_one_of_another_size_during_its_read_back_is_not_its_own(
+    s3_url: str, s3_server: S3Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same server, the put's checkpoint object replaced with other
+    bytes of another size between its HEAD (its size then the put's) and
+    the GET that reads it back: the read back ends with another size, so
+    the object is not the putter's. Before, ``_reads_as`` took any size
+    the stream returned for a match (no part was compared), and the put
+    returned ``release-1`` recorded over bytes that are not its own."""
+    honest = ArtifactStore.init(s3_url)
+    raw = raw_store(s3_url)  # the server's, not the proxy's
+    taken = "versions/release-1/model.safetensors"
+    kms = _kms_like("model.safetensors")
+    replaced: list[bool] = []
+
+    def tamper(req: Request) -> Lie | None:
+        if req.method == "GET" and req.key.endswith(taken) and not replaced:
+            replaced.append(True)  # another writer's object, 100 bytes longer
+            obstore.put(raw, taken, bytes(obstore.get(raw, taken).bytes()) + bytes(100))
+        return kms(req)
+
+    with LyingProxy(s3_server.endpoint, tamper) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+        with pytest.raises(StoreError) as e:
+            ArtifactStore(s3_url).put(_TREE, version="release-1")
+    assert replaced and "release-1" in str(e.value)
+    assert [i.version for i in honest.versions() if i.status != "writing"] == []

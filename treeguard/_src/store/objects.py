@@ -285,7 +285,8 @@ class ObjectStorage:
 
     def _reads_as(self, name: str, data: bytes | memoryview) -> bool:
         """Whether ``name`` holds exactly ``data``, streamed back and compared
-        part by part (never held whole)."""
+        part by part (never held whole); one of another size (``stream``
+        returns it once its HEAD agrees, no part handed over) does not."""
         want = np.frombuffer(data, np.uint8)
         same = [True]
 
@@ -295,7 +296,7 @@ class ObjectStorage:
             got = np.frombuffer(part, np.uint8)
             same[0] = same[0] and np.array_equal(want[pos : pos + len(got)], got)
 
-        return self.stream(name, len(want), each) is not None and same[0]
+        return self.stream(name, len(want), each) == len(want) and same[0]
 
     def _read_back(self, name: str, limit: int) -> tuple[bytes, str] | None:
         """An object just written, read back; a 404 its HEAD contradicts is
