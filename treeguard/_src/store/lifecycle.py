@@ -111,7 +111,11 @@ def _marker(backend: Backend) -> dict[str, Any]:
     flag set meanwhile, which a second read could miss as well (the gate
     read it at its start, before its long re-read of the bytes, either
     way); and a ``promoted`` set meanwhile comes after its promote's
-    pointer, which the pointer read that follows then finds."""
+    pointer, which the pointer read that follows then finds. Only the first
+    gate after it takes it: a rollback's later gate reads it again, as a
+    gate's read at its start would come after the earlier gate's long
+    re-read, in which the store may have been marked signed (a verdict
+    unsigned then must be refused without the key)."""
     return backend.require()
 
 
@@ -128,9 +132,10 @@ def _refuse_retired(backend: Backend, version: str) -> None:
 
 
 def rollback(backend: Backend, signer: VerdictSigner | None) -> str:
-    """``ArtifactStore.rollback``. The marker is read once (``_marker``)."""
+    """``ArtifactStore.rollback``. The marker is read once for the pointer
+    and the first gate (``_marker``); a later gate reads it again."""
     with backend.locked():
-        marker = _marker(backend)
+        marker: dict[str, Any] | None = _marker(backend)
         for _ in range(_POINTER_TRIES):
             ptr = pointer.of_store(backend, marker)
             skipped: list[str] = []
@@ -141,6 +146,8 @@ def rollback(backend: Backend, signer: VerdictSigner | None) -> str:
                 except (StoreError, IntegrityError, FormatError, OSError) as e:
                     skipped.append(f"{v}: {str(e).splitlines()[0]}")
                     continue
+                finally:
+                    marker = None  # the next gate reads it again, after this one's re-read
                 if not pointer.write(
                     backend.storage, pointer.Pointer(v, ptr.previous[i + 1 :]), replacing=ptr
                 ):
