@@ -306,3 +306,40 @@ def test_a_sharded_version_s_put_the_disk_fails_is_a_storage_error_and_leaves_no
         f"{root}/versions/v000001/status.json: writing version v000001 failed: Input/output error"
     )
     assert os.listdir(root / "versions") == []
+
+
+@pytest.mark.parametrize("failing", ["root", "versions", "version", "checkpoint", "record"])
+def test_a_file_version_s_put_whose_sync_finds_the_disk_full_is_the_full_disk_s_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failing: str
+) -> None:
+    """A sync the disk answers ``ENOSPC`` (NFS, a thin volume: the space is
+    taken when the data is flushed), of the reservation's directories as
+    of the files, is the full disk's error naming the version, as a dedup
+    put's is (before, the reservation's was 'syncing it to the disk failed
+    (No space left on device)', whose hint says to check the disk rather
+    than to free space)."""
+    if not os.path.isdir("/proc/self/fd"):
+        pytest.skip("needs /proc to name what each fsync syncs")
+    root = tmp_path / "store"
+    store = ArtifactStore.init(root)
+    store.promote(store.verify(store.put(_tree())).version)
+    fails = _FILE_PUT[failing][0]
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        if fails(root, _synced(fd)):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    with pytest.raises(StorageError) as e:
+        store.put({**_tree(), "head": np.full(8, 5.0, np.float32)})
+    assert e.value.version == "v000002"
+    assert (
+        str(e.value)
+        .splitlines()[0]
+        .endswith("writing version v000002 failed: no space left on the device")
+    )
+    assert "store.gc()" in (e.value.hint or "")
+    assert [i.status for i in ArtifactStore(root).versions()] == ["verified"]
+    assert sorted(os.listdir(root / "versions")) == ["v000001"]

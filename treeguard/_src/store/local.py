@@ -360,13 +360,13 @@ class LocalBackend:
         with space.typed(path):  # a full disk names the version, whose name was picked
             self.layout.write_marker(marker, dirs=later)
             self._make_writing(path, user, kind, seq, later=later)
-        if dirs is None:
-            try:
-                with space.syncing(path):
-                    later.sync()
-            except BaseException:  # the name stays taken (the marker's counter holds it)
-                self._discard(path)
-                raise
+            if dirs is None:  # a sync the disk answers ENOSPC is a full disk's error too
+                try:
+                    with space.syncing(path):
+                        later.sync()
+                except BaseException:  # the name stays taken (the marker's counter holds it)
+                    self._discard(path)
+                    raise
         return version, path
 
     def _make_writing(
