@@ -284,9 +284,8 @@ class ObjectStorage:
         return self._tag(meta), same
 
     def _reads_as(self, name: str, data: bytes | memoryview) -> bool:
-        """Whether ``name`` holds exactly ``data``, streamed back and compared
-        part by part (never held whole); one of another size (``stream``
-        returns it once its HEAD agrees, no part handed over) does not."""
+        """Whether ``name`` holds exactly ``data``, streamed back part by part
+        (never held whole); not one of another size (``stream``'s answer)."""
         want = np.frombuffer(data, np.uint8)
         same = [True]
 
