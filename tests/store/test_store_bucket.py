@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +13,7 @@ import obstore
 import pytest
 from click.testing import CliRunner, Result
 
-from tests.s3server import CuttingProxy, LyingProxy, Request, S3Server
+from tests.s3server import CuttingProxy, S3Server
 from tests.store.buckets import raw_store
 from treeguard import (
     ArtifactStore,
@@ -567,52 +565,3 @@ def test_a_version_recorded_and_promoted_after_gc_listed_it_unrecorded_is_kept(
     assert v2 not in store.gc(policy=RetentionPolicy(keep_last=0))
     monkeypatch.undo()
     assert store.current() == v2 and store.load_current(_params(1)) is not None
-
-
-@contextlib.contextmanager
-def _seen_through_a_proxy(
-    s3_server: S3Server, s3_url: str, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[tuple[ArtifactStore, list[tuple[str, str]]]]:
-    """The store through a proxy that passes every request on, and the
-    method and key of each request it saw."""
-    seen: list[tuple[str, str]] = []
-
-    def watch(req: Request) -> None:
-        seen.append((req.method, req.key))
-
-    with LyingProxy(s3_server.endpoint, watch) as proxy:
-        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
-        yield ArtifactStore(s3_url), seen
-
-
-def test_a_load_reads_the_store_s_marker_once(
-    s3_server: S3Server, s3_url: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    store = ArtifactStore.init(s3_url)
-    v = store.put(_params(0))
-    store.verify(v)
-    store.promote(v)
-    with _seen_through_a_proxy(s3_server, s3_url, monkeypatch) as (through, seen):
-        for load in (through.load_current, lambda like: through.load_verified(v, like)):
-            seen.clear()
-            load(_params(1))
-            # the pointer's check and the gate's take the one marker the load read
-            assert [m for m, k in seen if k.endswith("/STORE.json")] == ["GET"], seen
-
-
-def test_a_promote_and_a_rollback_read_the_store_s_marker_once(
-    s3_server: S3Server, s3_url: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    store = ArtifactStore.init(s3_url)
-    v1, v2 = store.put(_params(0)), store.put(_params(1))
-    for v in (v1, v2):
-        store.verify(v)
-    store.promote(v1)
-    with _seen_through_a_proxy(s3_server, s3_url, monkeypatch) as (through, seen):
-        for move in (lambda: through.promote(v2), through.rollback):
-            seen.clear()
-            move()
-            # the pointer's damage rule and every gate take the one marker it read; a
-            # store already marked promoted is not marked again
-            assert [m for m, k in seen if k.endswith("/STORE.json")] == ["GET"], seen
-    assert (store.current(), store.previous()) == (v1, None)

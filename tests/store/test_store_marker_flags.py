@@ -1,18 +1,21 @@
-"""What a promote or a rollback reads of the store's marker once
-(``lifecycle._marker``) against a flag another process sets meanwhile: a
-rollback that gates several versions, one of them read again whole, must not
+"""What a load, a promote or a rollback reads of the store's marker: once
+(one GET of ``STORE.json``, ``lifecycle._marker``), and against a flag
+another process sets meanwhile: a rollback that gates several versions, one of them read again whole, must not
 take a verdict by a marker read before that read, when the store was marked
 signed during it (a process without the key must refuse every verdict from
 then on)."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import obstore
 import pytest
 
+from tests.s3server import LyingProxy, Request, S3Server
 from tests.store.buckets import raw_store
 from treeguard import ArtifactStore, StoreError
 from treeguard._src.store import lifecycle  # _src: a verify between two gates of a rollback
@@ -60,3 +63,52 @@ def test_a_rollback_s_later_gate_sees_the_store_signed_during_an_earlier_gate(
         store.rollback()
     monkeypatch.undo()
     assert signed == ["verified"] and store.current() == v3
+
+
+@contextlib.contextmanager
+def _seen_through_a_proxy(
+    s3_server: S3Server, s3_url: str, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[ArtifactStore, list[tuple[str, str]]]]:
+    """The store through a proxy that passes every request on, and the
+    method and key of each request it saw."""
+    seen: list[tuple[str, str]] = []
+
+    def watch(req: Request) -> None:
+        seen.append((req.method, req.key))
+
+    with LyingProxy(s3_server.endpoint, watch) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+        yield ArtifactStore(s3_url), seen
+
+
+def test_a_load_reads_the_store_s_marker_once(
+    s3_server: S3Server, s3_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = ArtifactStore.init(s3_url)
+    v = store.put(_params(0))
+    store.verify(v)
+    store.promote(v)
+    with _seen_through_a_proxy(s3_server, s3_url, monkeypatch) as (through, seen):
+        for load in (through.load_current, lambda like: through.load_verified(v, like)):
+            seen.clear()
+            load(_params(1))
+            # the pointer's check and the gate's take the one marker the load read
+            assert [m for m, k in seen if k.endswith("/STORE.json")] == ["GET"], seen
+
+
+def test_a_promote_and_a_rollback_read_the_store_s_marker_once(
+    s3_server: S3Server, s3_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = ArtifactStore.init(s3_url)
+    v1, v2 = store.put(_params(0)), store.put(_params(1))
+    for v in (v1, v2):
+        store.verify(v)
+    store.promote(v1)
+    with _seen_through_a_proxy(s3_server, s3_url, monkeypatch) as (through, seen):
+        for move in (lambda: through.promote(v2), through.rollback):
+            seen.clear()
+            move()
+            # the pointer's damage rule and every gate take the one marker it read; a
+            # store already marked promoted is not marked again
+            assert [m for m, k in seen if k.endswith("/STORE.json")] == ["GET"], seen
+    assert (store.current(), store.previous()) == (v1, None)

@@ -343,3 +343,37 @@ def test_a_file_version_s_put_whose_sync_finds_the_disk_full_is_the_full_disk_s_
     assert "store.gc()" in (e.value.hint or "")
     assert [i.status for i in ArtifactStore(root).versions()] == ["verified"]
     assert sorted(os.listdir(root / "versions")) == ["v000001"]
+
+
+@pytest.mark.parametrize(
+    ("code", "fix"),
+    [
+        (errno.EROFS, "the file system is mounted read-only: remount it writable"),
+        (errno.EACCES, "this user may not write there: check the store directory's permissions"),
+    ],
+)
+def test_a_put_refused_by_the_file_system_says_what_to_mend_rather_than_the_disk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int, fix: str
+) -> None:
+    """A checkpoint's write refused for another reason than a failing disk
+    (a read-only mount, no permission) names that reason's fix, not the
+    kernel's log."""
+    if not os.path.isdir("/proc/self/fd"):
+        pytest.skip("needs /proc to name what each fsync syncs")
+    root = tmp_path / "store"
+    store = ArtifactStore.init(root)
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        if "model.safetensors" in _synced(fd):
+            raise OSError(code, os.strerror(code))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    with pytest.raises(StorageError) as e:
+        store.put(_tree())
+    assert (
+        str(e.value).splitlines()[1]
+        == f"hint: {fix} and put it again; nothing of this version was kept"
+    )
+    assert os.listdir(root / "versions") == []

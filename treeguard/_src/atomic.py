@@ -244,7 +244,8 @@ def _written(
 ) -> None:
     """``data`` written to ``fd`` (or written by it, a function of the
     descriptor), fsynced when ``sync``; a write or a sync that fails is the
-    ``OSError`` naming ``path`` (the file the caller means: a temp's target)."""
+    ``OSError`` naming ``path`` (the file the caller means: ``atomic_write``'s
+    target, ``write_new``'s own path)."""
     try:
         if callable(data):
             data(fd)

@@ -99,8 +99,18 @@ def _disk(directory: str, e: OSError, why: str) -> StorageError:
         directory,
         ": " + why.format(e.strerror or type(e).__name__),
         where=e.filename if isinstance(e.filename, str) else directory,
-        fix="check the disk (the kernel's log says why it failed) and put it again",
+        fix=_FIXES.get(e.errno or 0, "check the disk (the kernel's log says why it failed)")
+        + " and put it again",
     )
+
+
+#: The likely fix of a failure that is not the disk's own.
+_FIXES = {
+    errno.EROFS: "the file system is mounted read-only: remount it writable",
+    errno.EACCES: "this user may not write there: check the store directory's permissions",
+    errno.EPERM: "this user may not write there: check the store directory's permissions",
+    errno.ENOENT: "a directory of the store was removed meanwhile: check what removes it",
+}
 
 
 def _failed(path: str, why: str, *, where: str, fix: str) -> StorageError:
