@@ -30,6 +30,19 @@ settings.register_profile("treeguard", deadline=None)
 settings.load_profile("treeguard")
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Runs the tests marked ``long(SECONDS)`` first, the longest first, the
+    others after them in their order: under ``--dist loadgroup`` the workers
+    take tests in this order, so a test of minutes starts at once instead of
+    last, alone while the other worker stands idle."""
+
+    def seconds(item: pytest.Item) -> float:
+        mark = item.get_closest_marker("long")
+        return float(mark.args[0]) if mark is not None else 0.0
+
+    items.sort(key=lambda item: -seconds(item))
+
+
 @pytest.fixture(params=[factory for _, factory in CORPUS], ids=[name for name, _ in CORPUS])
 def corpus_tree(request: pytest.FixtureRequest) -> Any:
     """Each tree of the corpus in turn."""

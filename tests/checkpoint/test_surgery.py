@@ -56,6 +56,8 @@ def _leaf(tree: Any, path: str) -> np.ndarray:
     return np.asarray(leaves[[leaf.path for leaf in spec.leaves].index(path)])
 
 
+# Its tests share one xdist group: on two workers the module's fixture would
+# otherwise be made once on each (a CNN trained for 3 steps, 5.5 s each).
 @pytest.fixture(scope="module")
 def trained_cnn(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
     params, _, losses = _train(cnn.init(jax.random.key(0)), cnn.loss, _cnn_batch(), 3)
@@ -66,6 +68,7 @@ def trained_cnn(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("trained_cnn")
 def test_a_head_added_is_initialised_and_training_resumes(trained_cnn: Any) -> None:
     path, old = trained_cnn
     new = _params(CNNWithHead, 1)
@@ -89,6 +92,7 @@ def test_a_head_added_is_initialised_and_training_resumes(trained_cnn: Any) -> N
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("trained_cnn")
 def test_without_options_the_added_head_is_still_an_error(trained_cnn: Any) -> None:
     path, _ = trained_cnn
     with pytest.raises(tg.TreeMismatchError) as info:
@@ -150,6 +154,7 @@ def test_init_as_a_function_of_the_key_path(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("trained_cnn")
 def test_the_report_goes_into_the_metadata_of_what_is_saved(
     trained_cnn: Any, tmp_path: Path
 ) -> None:

@@ -56,12 +56,11 @@ def _consistent(url: str, acknowledged: str | None) -> None:
     assert left == {v.version for v in store.versions()}
 
 
-# The "s3" group (the session's SeaweedFS server) holds this storm and the
-# bucket races, the reliability run's longest test: on two workers under
-# --dist loadgroup the largest group starts first, so the races never start
-# last and run alone at the end.
+# In no xdist group (on its worker, the session's SeaweedFS server, one a
+# worker): after the bucket races the reliability run's longest test, it
+# starts right after one of them (``long``) rather than last, alone at the end.
 @pytest.mark.reliability
-@pytest.mark.xdist_group("s3")
+@pytest.mark.long(120)
 def test_a_writer_killed_at_random_moments_leaves_a_bucket_store_consistent(
     s3_url: str,
 ) -> None:

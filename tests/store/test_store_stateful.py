@@ -348,6 +348,7 @@ test_store_state_machine = StoreMachine.TestCase
 
 
 @pytest.mark.reliability
+@pytest.mark.long(70)
 def test_reliability_store_state_machine_long() -> None:
     examples = int(os.environ.get("TREEGUARD_STATEFUL_EXAMPLES", "300"))
     run_state_machine_as_test(StoreMachine, settings=_settings(examples))
