@@ -100,6 +100,7 @@ def seaweedfs(
     s3, master, volume, filer, g_s3, g_master, g_volume, g_filer = free_ports(8)
     args = [
         weed,
+        f"-logdir={directory}",  # its log files, else left in /tmp (glog's default)
         "server",
         f"-dir={directory}",
         "-ip=127.0.0.1",
