@@ -30,7 +30,7 @@ from ..errors import ArtifactError, FormatError, StoreError
 from ..hashing import Algorithm
 from ..hashing.engine import digest as digest_of
 from .backend import Backend, record_of
-from .storage import Conflict
+from .storage import Conflict, Storage
 
 #: The serialized function, in the version's directory.
 ARTIFACT_FILE = "exported.bin"
@@ -131,8 +131,14 @@ def read(backend: Backend, version: str, expected: str | None) -> tuple[dict[str
         covers none: it was exported after it was verified), ``digest``
         (the description or the bytes changed since).
     """
-    storage = backend.storage
-    where = storage.where(_name(version, META_FILE))
+    meta = _described(backend, version, expected)
+    return meta, _artifact_bytes(backend.storage, version, meta)
+
+
+def _described(backend: Backend, version: str, expected: str | None) -> Any:
+    """``version``'s artifact description, parsed, once its digest is
+    checked against ``expected`` (``read``)."""
+    where = backend.storage.where(_name(version, META_FILE))
     text = _description(backend, version)
     if text is None:
         raise ArtifactError(
@@ -163,7 +169,7 @@ def read(backend: Backend, version: str, expected: str | None) -> tuple[dict[str
             hint="do not serve it; export and verify the version again, or restore it",
         )
     try:
-        meta = strictjson.loads(text, "the exported artifact's description", context=where)
+        return strictjson.loads(text, "the exported artifact's description", context=where)
     except FormatError as e:  # its digest matched: the store wrote it so
         raise ArtifactError(
             f"version {version}'s exported artifact description is not JSON: {e.message}",
@@ -171,6 +177,11 @@ def read(backend: Backend, version: str, expected: str | None) -> tuple[dict[str
             field="digest",
             context=where,
         ) from e
+
+
+def _artifact_bytes(storage: Storage, version: str, meta: Any) -> bytes:
+    """``version``'s artifact bytes, checked against the digest its
+    description ``meta`` names (``read``)."""
     blob_found = storage.read(
         _name(version, ARTIFACT_FILE),
         limit=ARTIFACT_LIMIT,
@@ -189,7 +200,7 @@ def read(backend: Backend, version: str, expected: str | None) -> tuple[dict[str
             context=storage.where(_name(version, ARTIFACT_FILE)),
             hint="do not serve it; export and verify the version again, or restore it",
         )
-    return meta, blob_found[0]
+    return blob_found[0]
 
 
 #: What ``peek`` says of an artifact, for each state.
