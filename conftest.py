@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import sys
 import tempfile
+from collections.abc import Generator
 from pathlib import Path
 
 import pytest
-from _pytest.doctest import DoctestItem
+from _pytest.doctest import DoctestItem, DoctestModule
 
 try:  # pytest >= 9.2: a node's id is structured (older pytest: xdist's own suffix holds)
     from _pytest.nodeid import NodeId
@@ -82,6 +83,25 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
     tests/store tests/sharded``) failed to collect the second ("import file
     mismatch"). Its fixtures and hooks load as before."""
     return True if collection_path.name == "conftest.py" else None
+
+
+#: The folder of the test files, which hold no doctest.
+TESTS = Path(__file__).parent / "tests"
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_collect_file(
+    file_path: Path,
+) -> Generator[None, list[pytest.Collector], list[pytest.Collector]]:
+    """A test file under ``tests/`` is collected as its tests alone, not also
+    as a module of doctests (it has none): under ``--doctest-modules``
+    pytest registered each of its fixtures twice, once for each collector,
+    and ``pytest --fixtures tests/store`` stopped on sorting the two
+    ("'<' not supported between instances of 'FixtureDef'")."""
+    found = yield
+    if not file_path.is_relative_to(TESTS):
+        return found
+    return [c for c in found if not isinstance(c, DoctestModule)]
 
 
 @pytest.hookimpl(trylast=True)  # after xdist's own suffixing, which it checks
