@@ -8,6 +8,9 @@ under a prefix. Every write is conditional, so no lock server is needed:
 - ``swap`` is a PUT with ``If-Match: <etag>`` (on GCS, the generation), or
   a create when the object was absent (a 412 is ``Conflict.CHANGED``).
 
+An ETag is sent and compared in one form whatever form an answer gave it
+in (weak through a compressing proxy, unquoted: etags.py).
+
 Credentials, region and endpoint come from the standard environment
 (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
 ``AWS_REGION``, ``AWS_ALLOW_HTTP``; ``GOOGLE_*`` for GCS), read by the
@@ -27,7 +30,6 @@ object back and report what it holds (a 200 for a write not performed is a
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import os
 import re
@@ -40,8 +42,9 @@ import numpy as np
 
 from ..errors import FormatError, StorageError, StoreError
 from ..hashing import prefault
-from . import objecterrors
+from . import etags, objecterrors
 from .download import hand_over
+from .etags import Pin
 from .storage import Conflict, check_object_name
 
 #: Where ``now`` writes the object whose time it reads.
@@ -68,18 +71,6 @@ _MD5_RE = re.compile(r"^[0-9a-f]{32}$")
 
 if TYPE_CHECKING:
     from obstore.store import RetryConfig
-
-
-@dataclasses.dataclass
-class Pin:
-    """The one object a reader reads (``ObjectStorage.stream_range``): the
-    ETag its first answer gave with its first bytes ``head``, and whether
-    the server confirmed that ETag (``sure``: a GET carrying it as
-    ``If-Match`` was answered); until then it is only that answer's word."""
-
-    etag: str | None
-    head: bytes
-    sure: bool = False
 
 
 def is_url(root: object) -> bool:
@@ -192,11 +183,14 @@ class ObjectStorage:
 
     @staticmethod
     def _tag(meta: Any) -> str:
-        return f"{meta.get('e_tag') or ''}|{meta.get('version') or ''}"
+        """The object's tag: its ETag as ``If-Match`` carries it (so tags read
+        in other forms compare equal) and its version, if any."""
+        return f"{etags.condition(meta.get('e_tag')) or ''}|{meta.get('version') or ''}"
 
     def _put(
         self, name: str, data: bytes | memoryview, mode: Any, lost: Conflict
-    ) -> str | Conflict:
+    ) -> str | Conflict | None:
+        """The ETag the PUT was answered with, as it came; ``lost`` after a 412."""
         import obstore  # lazy: the optional [s3] extra
         from obstore.exceptions import AlreadyExistsError, PreconditionError
 
@@ -210,7 +204,7 @@ class ObjectStorage:
             return lost  # replacing an object that is gone
         except (obstore.exceptions.BaseError, OSError) as e:
             raise self._failed("writing", name, e) from None
-        return self._tag(got)
+        return got.get("e_tag")
 
     def create(self, name: str, data: bytes | memoryview) -> str | Conflict:
         """Writes ``name`` only if absent, and confirms it by reading back.
@@ -275,7 +269,7 @@ class ObjectStorage:
         if meta is None:
             return None
         etag = str(meta.get("e_tag") or "").strip('"')
-        said = (answered or "").partition("|")[0].strip('"')
+        said = (answered or "").strip('"')
         same = int(meta["size"]) == len(data) and (
             (bool(etag) and etag == said)
             or (bool(_MD5_RE.match(etag)) and etag == hashlib.md5(data).hexdigest())
@@ -456,7 +450,8 @@ class ObjectStorage:
         self, name: str, span: tuple[int, int], pin: Pin, each: Callable[[memoryview], None]
     ) -> None:
         """Streams the bytes ``[start, stop)`` of ``name`` to ``each`` in
-        order, by one GET carrying ``If-Match: pin.etag``; after a failure
+        order, by one GET carrying ``If-Match: pin.etag`` (its strong form,
+        ``etags.condition``: a weak one is refused); after a failure
         another GET asks for the rest, from where the bytes handed over
         ended (``_idempotent``: an answer that lies, a body that ends short
         of its range or runs past it (``download.hand_over``), a 404 its
@@ -480,7 +475,7 @@ class ObjectStorage:
             pos += len(part)
 
         def rest() -> None:
-            etag = pin.etag
+            etag = etags.condition(pin.etag)
             options: Any = {"range": (pos, stop)} | ({"if_match": etag} if etag else {})
             try:
                 result = obstore.get(self._store, name, options=options)
@@ -505,9 +500,9 @@ class ObjectStorage:
         ``FormatError``: the object was replaced (or removed) while it was
         read, and no byte of two objects is mixed."""
         meta = self._head(name)
-        now = None if meta is None else meta.get("e_tag")
+        now = None if meta is None else etags.condition(meta.get("e_tag"))
         where = self.where(name)
-        if now is not None and now == pin.etag:
+        if now is not None and etags.same_object(now, pin.etag):
             return objecterrors.etag_contradicts(name, where, first=False)
         if now is not None and not pin.sure and self._begins(name, now, pin.head):
             pin.etag, pin.sure = now, True
