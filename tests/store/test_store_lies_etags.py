@@ -9,7 +9,8 @@ marker changed under 64 tries in a row"), every promote, rollback and gc
 ("writing the pointer failed: the server refused it as a conflict, but
 the pointer is unchanged") and every read of a file version past its
 first 64 KiB ("its answer was a 412 for the ETag its HEAD gives (on each
-of 3 tries)"). An object replaced while read, or a pointer moved by
+of 3 tries)"). A weak ETag still proves nothing of the bytes: a write it
+tags is read back; an object replaced while read, or a pointer moved by
 another writer, is still told apart."""
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from treeguard import (
     ConflictError,
     IntegrityError,
     RetentionPolicy,
+    StorageError,
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("s3")]
@@ -147,6 +149,65 @@ def test_a_checkpoint_restored_by_a_multipart_upload_verifies_promotes_and_loads
         assert store.verify(v).status == "verified"
         store.promote(v)
         assert np.array_equal(store.load_current(_TREE)["z"], _TREE["z"])
+
+
+def test_a_write_its_answer_and_head_tag_weakly_alike_is_read_back_never_taken_on_them(
+    s3_url: str, s3_server: S3Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A proxy answers the checkpoint's PUT 200 without passing it on, as
+    another writer's object of the same size, one byte apart, lands under
+    that name, and tags the PUT and the object's HEAD with the same weak
+    ETag of its own (a CDN's, which names no bytes). A weak ETag proves
+    nothing of the bytes: they are read back, and the put fails. Before,
+    the two weak ETags, alike, were taken for the bytes: the put returned
+    ``release-1``, recorded over another writer's bytes (every load of it
+    an ``IntegrityError``)."""
+    honest = ArtifactStore.init(s3_url)
+    raw = raw_store(s3_url)  # the server's, not the proxy's
+    mine = bytearray(obstore.get(raw, f"versions/{honest.put(_TREE)}/model.safetensors").bytes())
+    mine[-1] ^= 1  # another writer's bytes: the same size, one bit apart
+    taken, cdn = "versions/release-1/model.safetensors", 'W/"3a-18c2e"'
+
+    def tamper(req: Request) -> Lie | None:
+        if not req.key.endswith(taken):
+            return None
+        if req.method == "PUT":
+            obstore.put(raw, taken, bytes(mine))  # after the put looked for the name
+            return Lie(kind="ack", etag=cdn)
+        return Lie(kind="etag", etag=cdn) if req.method == "HEAD" else None
+
+    with LyingProxy(s3_server.endpoint, tamper) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+        with pytest.raises(StorageError) as e:
+            ArtifactStore(s3_url).put(_TREE, version="release-1")
+    said = "the server acknowledged it, but reading it back found the object holds other bytes"
+    assert said in str(e.value), str(e.value)
+    assert bytes(obstore.get(raw, taken).bytes()) == mine
+    assert "release-1" not in [i.version for i in honest.versions() if i.status != "writing"]
+
+
+def test_a_put_whose_answers_are_all_weak_is_confirmed_by_its_bytes_read_back(
+    s3_url: str, s3_server: S3Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The checkpoint's PUT answered, and its HEAD, with its ETag made weak:
+    the checkpoint is read back whole (a GET without a range) before the put
+    is taken as written. Before, the weak ETags, alike, were taken for the
+    bytes."""
+    honest = ArtifactStore.init(s3_url)
+    read_back: list[str] = []
+
+    def tamper(req: Request) -> Lie | None:
+        if not req.key.endswith("model.safetensors"):
+            return None
+        if req.method == "GET":
+            read_back.append(req.header("range") or "whole")
+        return Lie(kind="weak")
+
+    with LyingProxy(s3_server.endpoint, tamper) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+        v = ArtifactStore(s3_url).put(_TREE)
+    assert read_back == ["whole"]
+    assert honest.verify(v).status == "verified"
 
 
 def test_an_object_replaced_while_read_through_a_weakening_proxy_is_still_replaced(

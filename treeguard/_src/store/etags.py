@@ -16,19 +16,28 @@ Every ETag the store sends or compares goes through here:
 - ``same_object``: whether two ETags name one state of an object, whatever
   their form (RFC 9110's weak comparison): a tag read twice, or a 412
   told apart from a replaced object. Nothing about the bytes is taken
-  from it;
+  from it.
+- ``same_bytes`` and ``md5_of``: an ETag taken as proof that an object
+  holds given bytes, only when strong; a weak one proves nothing of the
+  bytes (a proxy may give its own, as a CDN does, to other bytes), which
+  are then read back and compared;
 - ``Pin``: the ETag a reader pins its object with, and whether the server
   confirmed it.
 
 Example (RFC 9110, section 8.8.3.2):
   >>> pairs = [('W/"1"', 'W/"1"'), ('W/"1"', 'W/"2"'), ('W/"1"', '"1"'), ('"1"', '"1"')]
-  >>> [same_object(a, b) for a, b in pairs]
-  [True, False, True, True]
+  >>> [(same_bytes(a, b), same_object(a, b)) for a, b in pairs]
+  [(False, True), (False, False), (False, True), (True, True)]
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import re
+
+#: An ETag's value of an MD5's form (a single PUT's, without SSE-KMS or SSE-C, is the MD5).
+_MD5_RE = re.compile(r"^[0-9a-f]{32}$")
 
 
 @dataclasses.dataclass
@@ -73,3 +82,28 @@ def same_object(a: str | None, b: str | None) -> bool:
     """
     value = _value(a)[0]
     return bool(value) and value == _value(b)[0]
+
+
+def same_bytes(a: str | None, b: str | None) -> bool:
+    """Whether ``a`` and ``b`` prove the bytes alike: both strong, of one
+    value (quoted or not).
+
+    Example:
+      >>> same_bytes('"9b2c"', "9b2c"), same_bytes('W/"9b2c"', 'W/"9b2c"')
+      (True, False)
+    """
+    return not _value(a)[1] and not _value(b)[1] and same_object(a, b)
+
+
+def md5_of(etag: str | None, data: bytes | memoryview) -> bool:
+    """Whether ``etag`` is strong and the MD5 of ``data`` (S3's ETag of a
+    single PUT); the MD5 is computed only for an ETag of its form.
+
+    Example:
+      >>> md5_of('"900150983cd24fb0d6963f7d28e17f72"', b"abc"), md5_of(
+      ...     'W/"900150983cd24fb0d6963f7d28e17f72"', b"abc"
+      ... )
+      (True, False)
+    """
+    value, weak = _value(etag)
+    return not weak and _MD5_RE.match(value) is not None and value == hashlib.md5(data).hexdigest()

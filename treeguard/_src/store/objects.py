@@ -9,7 +9,8 @@ under a prefix. Every write is conditional, so no lock server is needed:
   a create when the object was absent (a 412 is ``Conflict.CHANGED``).
 
 An ETag is sent and compared in one form whatever form an answer gave it
-in (weak through a compressing proxy, unquoted: etags.py).
+in (weak through a compressing proxy, unquoted), and taken as proof of the
+bytes only when strong (etags.py).
 
 Credentials, region and endpoint come from the standard environment
 (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
@@ -30,7 +31,6 @@ object back and report what it holds (a 200 for a write not performed is a
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import secrets
@@ -66,8 +66,6 @@ _PART = 64 << 10
 #: checkpoint's header, parsed more than once, in one request.
 _HEAD_BYTES = 64 << 10
 _T = TypeVar("_T")
-#: An ETag of an MD5's form (a single PUT's, without SSE-KMS or SSE-C, is the MD5).
-_MD5_RE = re.compile(r"^[0-9a-f]{32}$")
 
 if TYPE_CHECKING:
     from obstore.store import RetryConfig
@@ -259,20 +257,20 @@ class ObjectStorage:
         are asked for: the ETag the PUT was answered with (``answered``),
         else the MD5 of ``data`` (S3's for a single PUT), else the bytes
         read back (``_reads_as``: GCS's and SSE-KMS's ETags are no MD5)
-        confirm it. The MD5 (four times the BLAKE3 digest's cost) and a read
-        back are paid only after a 412 or a wrong ETag: bytes changed on
-        their way to the server are left to the digests every load checks."""
+        confirm it; a weak ETag confirms nothing (``etags.same_bytes``). The
+        MD5 (four times the BLAKE3 digest's cost) and a read back are paid
+        only after a 412 or a wrong or weak ETag: bytes changed on their way
+        to the server are left to the digests every load checks."""
         if len(data) <= _HEAD_BYTES:
             found = self._read_back(name, _HEAD_BYTES)
             return None if found is None else (found[1], found[0] == data)
         meta = self._head(name)
         if meta is None:
             return None
-        etag = str(meta.get("e_tag") or "").strip('"')
-        said = (answered or "").strip('"')
+        etag = meta.get("e_tag")
         same = int(meta["size"]) == len(data) and (
-            (bool(etag) and etag == said)
-            or (bool(_MD5_RE.match(etag)) and etag == hashlib.md5(data).hexdigest())
+            etags.same_bytes(etag, answered)
+            or etags.md5_of(etag, data)
             or self._reads_as(name, data)
         )
         return self._tag(meta), same
