@@ -303,8 +303,9 @@ class Lie:
 
     Attributes:
       delay: seconds to wait before the request is passed on.
-      kind: None (pass it on), ``"etag"`` (a wrong ETag in the answer),
-        ``"ack"`` (a 200 for a write it does not pass on), ``"refuse"`` (a
+      kind: None (pass it on), ``"etag"`` (a wrong ETag in the answer: ``etag``,
+        or else one of zeros), ``"ack"`` (a 200 for a write it does not pass
+        on, its ETag ``etag`` or else the MD5 of its body), ``"refuse"`` (a
         412 for a write the server performed, or for a read it answered:
         for a GET's ``If-Match`` the object holds), ``"short"`` (a ranged answer
         cut to half its bytes, its Content-Range claiming all of them),
@@ -318,11 +319,15 @@ class Lie:
         announcing 100 bytes more), ``"cut"`` (a ranged answer sent
         chunked with half its bytes, its Content-Length and Content-Range
         still announcing all of them: the body ends early, cleanly), or
-        ``"missing"`` (a 404 for an object the server holds).
+        ``"missing"`` (a 404 for an object the server holds), ``"weak"`` (the
+        answer's ETag made weak, ``W/"..."``, as a proxy that compresses
+        answers makes it) or ``"unquoted"`` (the answer's ETag without its
+        quotes).
     """
 
     delay: float = 0.0
     kind: str | None = None
+    etag: str | None = None
 
 
 class LyingProxy:
@@ -401,11 +406,12 @@ class LyingProxy:
         if lie is not None and lie.delay:
             time.sleep(lie.delay)
         kind = lie.kind if lie is not None else None
+        forged = lie.etag if lie is not None else None
         if kind is not None:
             with self._lock:
                 self.lies.append((kind, req.method, req.key))
         if kind == "ack":  # a write acknowledged, never passed on
-            etag = f'"{hashlib.md5(req.body).hexdigest()}"'
+            etag = forged or f'"{hashlib.md5(req.body).hexdigest()}"'
             return 200, [("ETag", etag), ("Content-Length", "0")], b""
         if kind == "missing":  # never passed on
             error = b"<Error><Code>NoSuchKey</Code></Error>"
@@ -416,7 +422,18 @@ class LyingProxy:
             return 412, [("Content-Length", str(len(error)))], error
         if kind == "etag":
             headers = [(k, v) for k, v in headers if k.lower() != "etag"]
-            headers.append(("ETag", '"00000000000000000000000000000000"'))
+            headers.append(("ETag", forged or '"00000000000000000000000000000000"'))
+        if kind in ("weak", "unquoted"):  # the server's ETag, in another form
+            form = "W/{}" if kind == "weak" else "{}"
+            headers = [
+                (
+                    k,
+                    form.format(v if kind == "weak" else v.strip('"'))
+                    if k.lower() == "etag"
+                    else v,
+                )
+                for k, v in headers
+            ]
         if kind in ("short", "reorder") and status == 206 and len(body) > 1:
             half = len(body) // 2
             body = body[:half] if kind == "short" else body[half:] + body[:half]

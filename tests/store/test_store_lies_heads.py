@@ -176,21 +176,33 @@ def test_a_put_refused_but_performed_under_etags_that_are_no_md5_is_confirmed_by
 def test_another_writer_s_object_under_etags_that_are_no_md5_is_still_another_s(
     s3_url: str, s3_server: S3Server, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The same server, the name's checkpoint object already written by
-    another writer with other bytes of the same size (its put not yet
-    recorded): read back, its bytes differ, so it is not taken for this
-    put's (the read back confirms only the putter's own bytes)."""
+    """The same server, another writer's object of the same size (one bit
+    apart) written under the name as the put's PUT arrives (after the put
+    looked for the name), so the server refuses the create-only PUT: read
+    back (a GET of the whole object), its bytes differ, so it is not taken
+    for this put's (the read back confirms only the putter's own bytes).
+    Before, the object was written before the put, which found the name
+    taken by its listing and never came to the read back."""
     honest = ArtifactStore.init(s3_url)
-    other = honest.put(_other(1.0))
     raw = raw_store(s3_url)  # the server's, not the proxy's
-    data = bytes(obstore.get(raw, f"versions/{other}/model.safetensors").bytes())
+    data = bytearray(obstore.get(raw, f"versions/{honest.put(_TREE)}/model.safetensors").bytes())
+    data[-1] ^= 1
     taken = "versions/release-1/model.safetensors"
-    obstore.put(raw, taken, data)
-    with LyingProxy(s3_server.endpoint, _kms_like(taken)) as proxy:
+    kms = _kms_like(taken)
+    read_back: list[str] = []
+
+    def tamper(req: Request) -> Lie | None:
+        if req.key.endswith(taken) and req.method == "PUT":
+            obstore.put(raw, taken, bytes(data))  # another writer's, first
+        if req.key.endswith(taken) and req.method == "GET":
+            read_back.append(req.header("range") or "whole")
+        return kms(req)
+
+    with LyingProxy(s3_server.endpoint, tamper) as proxy:
         monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
-        with pytest.raises(StoreError) as e:
+        with pytest.raises(StoreError, match="version release-1 already exists"):
             ArtifactStore(s3_url).put(_TREE, version="release-1")
-    assert "release-1" in str(e.value)
+    assert read_back == ["whole"]
     assert bytes(obstore.get(raw, taken).bytes()) == data
 
 

@@ -9,7 +9,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .download import Download
-from .objects import ObjectStorage, Pin
+from .etags import Pin
+from .objects import ObjectStorage
 
 
 class ObjectReader:

@@ -8,6 +8,10 @@ under a prefix. Every write is conditional, so no lock server is needed:
 - ``swap`` is a PUT with ``If-Match: <etag>`` (on GCS, the generation), or
   a create when the object was absent (a 412 is ``Conflict.CHANGED``).
 
+An ETag is sent and compared in one form whatever form an answer gave it
+in (weak through a compressing proxy, unquoted), and taken as proof of the
+bytes only when strong (etags.py).
+
 Credentials, region and endpoint come from the standard environment
 (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
 ``AWS_REGION``, ``AWS_ALLOW_HTTP``; ``GOOGLE_*`` for GCS), read by the
@@ -27,8 +31,6 @@ object back and report what it holds (a 200 for a write not performed is a
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
 import os
 import re
 import secrets
@@ -40,8 +42,9 @@ import numpy as np
 
 from ..errors import FormatError, StorageError, StoreError
 from ..hashing import prefault
-from . import objecterrors
+from . import etags, objecterrors
 from .download import hand_over
+from .etags import Pin
 from .storage import Conflict, check_object_name
 
 #: Where ``now`` writes the object whose time it reads.
@@ -63,23 +66,9 @@ _PART = 64 << 10
 #: checkpoint's header, parsed more than once, in one request.
 _HEAD_BYTES = 64 << 10
 _T = TypeVar("_T")
-#: An ETag of an MD5's form (a single PUT's, without SSE-KMS or SSE-C, is the MD5).
-_MD5_RE = re.compile(r"^[0-9a-f]{32}$")
 
 if TYPE_CHECKING:
     from obstore.store import RetryConfig
-
-
-@dataclasses.dataclass
-class Pin:
-    """The one object a reader reads (``ObjectStorage.stream_range``): the
-    ETag its first answer gave with its first bytes ``head``, and whether
-    the server confirmed that ETag (``sure``: a GET carrying it as
-    ``If-Match`` was answered); until then it is only that answer's word."""
-
-    etag: str | None
-    head: bytes
-    sure: bool = False
 
 
 def is_url(root: object) -> bool:
@@ -192,11 +181,14 @@ class ObjectStorage:
 
     @staticmethod
     def _tag(meta: Any) -> str:
-        return f"{meta.get('e_tag') or ''}|{meta.get('version') or ''}"
+        """The object's tag: its ETag as ``If-Match`` carries it (so tags read
+        in other forms compare equal) and its version, if any."""
+        return f"{etags.condition(meta.get('e_tag')) or ''}|{meta.get('version') or ''}"
 
     def _put(
         self, name: str, data: bytes | memoryview, mode: Any, lost: Conflict
-    ) -> str | Conflict:
+    ) -> str | Conflict | None:
+        """The ETag the PUT was answered with, as it came; ``lost`` after a 412."""
         import obstore  # lazy: the optional [s3] extra
         from obstore.exceptions import AlreadyExistsError, PreconditionError
 
@@ -210,7 +202,7 @@ class ObjectStorage:
             return lost  # replacing an object that is gone
         except (obstore.exceptions.BaseError, OSError) as e:
             raise self._failed("writing", name, e) from None
-        return self._tag(got)
+        return got.get("e_tag")
 
     def create(self, name: str, data: bytes | memoryview) -> str | Conflict:
         """Writes ``name`` only if absent, and confirms it by reading back.
@@ -265,20 +257,20 @@ class ObjectStorage:
         are asked for: the ETag the PUT was answered with (``answered``),
         else the MD5 of ``data`` (S3's for a single PUT), else the bytes
         read back (``_reads_as``: GCS's and SSE-KMS's ETags are no MD5)
-        confirm it. The MD5 (four times the BLAKE3 digest's cost) and a read
-        back are paid only after a 412 or a wrong ETag: bytes changed on
-        their way to the server are left to the digests every load checks."""
+        confirm it; a weak ETag confirms nothing (``etags.same_bytes``). The
+        MD5 (four times the BLAKE3 digest's cost) and a read back are paid
+        only after a 412 or a wrong or weak ETag: bytes changed on their way
+        to the server are left to the digests every load checks."""
         if len(data) <= _HEAD_BYTES:
             found = self._read_back(name, _HEAD_BYTES)
             return None if found is None else (found[1], found[0] == data)
         meta = self._head(name)
         if meta is None:
             return None
-        etag = str(meta.get("e_tag") or "").strip('"')
-        said = (answered or "").partition("|")[0].strip('"')
+        etag = meta.get("e_tag")
         same = int(meta["size"]) == len(data) and (
-            (bool(etag) and etag == said)
-            or (bool(_MD5_RE.match(etag)) and etag == hashlib.md5(data).hexdigest())
+            etags.same_bytes(etag, answered)
+            or etags.md5_of(etag, data)
             or self._reads_as(name, data)
         )
         return self._tag(meta), same
@@ -456,7 +448,8 @@ class ObjectStorage:
         self, name: str, span: tuple[int, int], pin: Pin, each: Callable[[memoryview], None]
     ) -> None:
         """Streams the bytes ``[start, stop)`` of ``name`` to ``each`` in
-        order, by one GET carrying ``If-Match: pin.etag``; after a failure
+        order, by one GET carrying ``If-Match: pin.etag`` (its strong form,
+        ``etags.condition``: a weak one is refused); after a failure
         another GET asks for the rest, from where the bytes handed over
         ended (``_idempotent``: an answer that lies, a body that ends short
         of its range or runs past it (``download.hand_over``), a 404 its
@@ -480,7 +473,7 @@ class ObjectStorage:
             pos += len(part)
 
         def rest() -> None:
-            etag = pin.etag
+            etag = etags.condition(pin.etag)
             options: Any = {"range": (pos, stop)} | ({"if_match": etag} if etag else {})
             try:
                 result = obstore.get(self._store, name, options=options)
@@ -505,9 +498,9 @@ class ObjectStorage:
         ``FormatError``: the object was replaced (or removed) while it was
         read, and no byte of two objects is mixed."""
         meta = self._head(name)
-        now = None if meta is None else meta.get("e_tag")
+        now = None if meta is None else etags.condition(meta.get("e_tag"))
         where = self.where(name)
-        if now is not None and now == pin.etag:
+        if now is not None and etags.same_object(now, pin.etag):
             return objecterrors.etag_contradicts(name, where, first=False)
         if now is not None and not pin.sure and self._begins(name, now, pin.head):
             pin.etag, pin.sure = now, True
