@@ -12,7 +12,12 @@ Every ETag the store sends or compares goes through here:
 - ``condition``: the form an ``If-Match`` carries, quoted and never
   weak. A server compares ``If-Match`` strongly, so a weak ETag sent
   back is refused (412) whatever the object holds; the tag a proxy
-  weakened is the server's own, which pins the object as before.
+  weakened is the server's own, which pins the object as before. None
+  for an answer that gave no ETag, or one of no value (``""``, ``W/""``:
+  a proxy that blanks it): it pins nothing, and no request is sent
+  without its condition in its place (a server takes ``If-Match:`` with
+  no value as no condition at all: a compare-and-swap would replace
+  whatever the object holds);
 - ``same_object``: whether two ETags name one state of an object, whatever
   their form (RFC 9110's weak comparison): a tag read twice, or a 412
   told apart from a replaced object. Nothing about the bytes is taken
@@ -54,7 +59,7 @@ class Pin:
 
 def _value(etag: str | None) -> tuple[str, bool]:
     """The ETag's opaque value, without a weak prefix or quotes ('' for
-    none), and whether it is weak."""
+    none, or one of no value), and whether it is weak."""
     text = (etag or "").strip()
     weak = text.startswith("W/")
     return text.removeprefix("W/").strip('"'), weak
@@ -62,11 +67,14 @@ def _value(etag: str | None) -> tuple[str, bool]:
 
 def condition(etag: str | None) -> str | None:
     """The ETag as an ``If-Match`` carries it: its value quoted, never weak;
-    None for no ETag.
+    None for no ETag or one of no value, which pins nothing (the caller
+    sends no request without the condition in its place).
 
     Example:
       >>> condition('W/"9b2c-3"'), condition("9b2c"), condition('"9b2c"'), condition("")
       ('"9b2c-3"', '"9b2c"', '"9b2c"', None)
+      >>> condition('""'), condition('W/""'), condition(None)
+      (None, None, None)
     """
     value = _value(etag)[0]
     return f'"{value}"' if value else None
@@ -74,10 +82,10 @@ def condition(etag: str | None) -> str | None:
 
 def same_object(a: str | None, b: str | None) -> bool:
     """Whether ``a`` and ``b`` name one state of an object, whatever their
-    form (weak or not, quoted or not); never for no ETag.
+    form (weak or not, quoted or not); never for no ETag or one of no value.
 
     Example:
-      >>> same_object('W/"9b2c"', "9b2c"), same_object('"9b2c"', '"9b2d"'), same_object("", "")
+      >>> same_object('W/"9b2c"', "9b2c"), same_object('"9b2c"', '"9b2d"'), same_object('""', '""')
       (True, False, False)
     """
     value = _value(a)[0]
@@ -91,6 +99,8 @@ def same_bytes(a: str | None, b: str | None) -> bool:
     Example:
       >>> same_bytes('"9b2c"', "9b2c"), same_bytes('W/"9b2c"', 'W/"9b2c"')
       (True, False)
+      >>> same_bytes('""', '""')
+      False
     """
     return not _value(a)[1] and not _value(b)[1] and same_object(a, b)
 

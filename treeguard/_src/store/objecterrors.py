@@ -7,8 +7,9 @@ makes a ``StorageError`` naming the operation, the object and which failure
 it was, ``permanent`` says whether a retry could mend it, and ``status``
 gives the status the server answered. ``stream_size`` (a streamed answer
 that is not the size it announced), ``head_contradicts`` (a 404 or a
-size the object's HEAD does not confirm) and ``etag_contradicts`` (a 412,
-or a first answer's ETag, the object's HEAD does not confirm) are
+size the object's HEAD does not confirm), ``etag_contradicts`` (a 412,
+or a first answer's ETag, the object's HEAD does not confirm) and
+``no_etag`` (an object whose answers give no ETag to pin it with) are
 ``Contradicted``: a failed
 request, not evidence about the stored bytes, which ``ObjectStorage``
 tries again as it does a 5xx; ``from_a_request`` says whether an error
@@ -231,4 +232,23 @@ def etag_contradicts(name: str, where: str, *, first: bool) -> Contradicted:
         f"reading {name} failed: {said}",
         context=where,
         hint=_HEAD_SAYS_OTHERWISE,
+    )
+
+
+def no_etag(name: str, where: str) -> Contradicted:
+    """The error for object ``name`` (at ``where``) read in parts while
+    neither its first answer nor its HEAD gave an ETag (none, or one of no
+    value) that an ``If-Match`` could pin it with: its parts could be of
+    two objects, so none is asked for. A failed read, which is read again
+    and never makes a verdict.
+
+    Example:
+      >>> print(no_etag("a", "s3://m/a").message)
+      reading a failed: neither its answer nor its HEAD gave an ETag to pin it with
+    """
+    return Contradicted(
+        f"reading {name} failed: neither its answer nor its HEAD gave an ETag to pin it with",
+        context=where,
+        hint="a proxy in front of the server removes or blanks ETags; nothing read was used: "
+        "reach the server without it, or have it pass ETags on, then read again",
     )

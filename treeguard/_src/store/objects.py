@@ -232,12 +232,15 @@ class ObjectStorage:
         since (whether this write landed first cannot be told from the
         bytes: the pointer's ids tell, see pointer.py). A write acknowledged
         while the object is still the one it was to replace, or gone, is a
-        ``StorageError``."""
+        ``StorageError``; so is an ``expected`` tag without the ETag (on
+        GCS, the generation) a condition needs (``_unconditional``)."""
         check_object_name(name)
         if expected is None:
             got = self._put(name, data, "create", Conflict.CHANGED)
         else:
             e_tag, _, version = expected.partition("|")
+            if not (e_tag if self._s3 else version):
+                raise self._unconditional(name)
             mode = {"e_tag": e_tag} | ({"version": version} if version else {})
             got = self._put(name, data, mode, Conflict.CHANGED)
         found = self._read_back(name, max(len(data), _HEAD_BYTES))
@@ -248,6 +251,19 @@ class ObjectStorage:
         if found is None or found[1] == expected:
             raise self._unconfirmed(name, None, None if found is None else (found[1], False))
         return Conflict.CHANGED
+
+    def _unconditional(self, name: str) -> StorageError:
+        """The error for replacing ``name``, read without an ETag (none, or
+        one of no value: ``etags.condition``): a PUT with an empty
+        ``If-Match`` is taken as one with no condition, which would replace
+        whatever another writer wrote since the read."""
+        return StorageError(
+            f"replacing {name} failed: it was read without an ETag (none, or an empty one), "
+            "so it cannot be replaced only if unchanged; nothing was written",
+            context=self.where(name),
+            hint="a proxy in front of the server removes or blanks ETags: reach the server "
+            "without it, or have it pass ETags on, then try again",
+        )
 
     def _holding(
         self, name: str, data: bytes | memoryview, answered: str | None
@@ -449,7 +465,8 @@ class ObjectStorage:
     ) -> None:
         """Streams the bytes ``[start, stop)`` of ``name`` to ``each`` in
         order, by one GET carrying ``If-Match: pin.etag`` (its strong form,
-        ``etags.condition``: a weak one is refused); after a failure
+        ``etags.condition``: a weak one is refused; with none, or one of no
+        value, no GET is sent before ``_refused`` pins the HEAD's); after a failure
         another GET asks for the rest, from where the bytes handed over
         ended (``_idempotent``: an answer that lies, a body that ends short
         of its range or runs past it (``download.hand_over``), a 404 its
@@ -474,7 +491,9 @@ class ObjectStorage:
 
         def rest() -> None:
             etag = etags.condition(pin.etag)
-            options: Any = {"range": (pos, stop)} | ({"if_match": etag} if etag else {})
+            if etag is None:  # nothing pins the object: the HEAD's ETag may
+                raise self._refused(name, pin)
+            options: Any = {"range": (pos, stop), "if_match": etag}
             try:
                 result = obstore.get(self._store, name, options=options)
             except FileNotFoundError as e:  # gone, or a 404 its HEAD contradicts
@@ -482,16 +501,18 @@ class ObjectStorage:
                     raise self._failed("reading", name, e) from None
             except PreconditionError:
                 raise self._refused(name, pin) from None
-            pin.sure = pin.sure or etag is not None
+            pin.sure = True
             parts = result.stream(min_chunk_size=_STREAM_CHUNK)
             hand_over(parts, stop - pos, handed, name=name, where=self.where(name), at=pos)
 
         self._idempotent("reading", name, rest, lambda: pos)
 
     def _refused(self, name: str, pin: Pin) -> Exception:
-        """Why a GET carrying ``If-Match: pin.etag`` was answered 412, as the
-        object's HEAD tells. An answer that lied (``Contradicted``, read
-        again): the HEAD has that ETag (the 412 lied), or the server never
+        """Why a GET carrying ``If-Match: pin.etag`` was answered 412 (or
+        why none can carry it: ``pin.etag`` pins nothing), as the object's
+        HEAD tells. An answer that lied (``Contradicted``, read again): the
+        HEAD has that ETag (the 412 lied), or none either
+        (``objecterrors.no_etag``), or the server never
         confirmed ``pin.etag`` and the object's first bytes, read again
         under the HEAD's ETag, are ``pin.head`` (the first answer's ETag
         lied; ``pin`` takes the HEAD's, which that read confirmed). Else a
@@ -500,6 +521,8 @@ class ObjectStorage:
         meta = self._head(name)
         now = None if meta is None else etags.condition(meta.get("e_tag"))
         where = self.where(name)
+        if meta is not None and now is None:
+            return objecterrors.no_etag(name, where)
         if now is not None and etags.same_object(now, pin.etag):
             return objecterrors.etag_contradicts(name, where, first=False)
         if now is not None and not pin.sure and self._begins(name, now, pin.head):
