@@ -59,10 +59,12 @@ class Pin:
 
 def _value(etag: str | None) -> tuple[str, bool]:
     """The ETag's opaque value, without a weak prefix or quotes ('' for
-    none, or one of no value), and whether it is weak."""
+    none, or one of no value), and whether it is weak: ``W/``, also as a
+    proxy may write it, ``w/`` (a tag that says it is weak in any case
+    proves no bytes)."""
     text = (etag or "").strip()
-    weak = text.startswith("W/")
-    return text.removeprefix("W/").strip('"'), weak
+    weak = text[:2] in ("W/", "w/")
+    return (text[2:] if weak else text).strip().strip('"'), weak
 
 
 def condition(etag: str | None) -> str | None:
@@ -99,8 +101,8 @@ def same_bytes(a: str | None, b: str | None) -> bool:
     Example:
       >>> same_bytes('"9b2c"', "9b2c"), same_bytes('W/"9b2c"', 'W/"9b2c"')
       (True, False)
-      >>> same_bytes('""', '""')
-      False
+      >>> same_bytes('w/"9b2c"', 'w/"9b2c"'), same_bytes('""', '""')
+      (False, False)
     """
     return not _value(a)[1] and not _value(b)[1] and same_object(a, b)
 
