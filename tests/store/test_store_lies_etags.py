@@ -153,19 +153,21 @@ def test_a_checkpoint_restored_by_a_multipart_upload_verifies_promotes_and_loads
         assert np.array_equal(store.load_current(_TREE)["z"], _TREE["z"])
 
 
-@pytest.mark.parametrize("cdn", ['W/"3a-18c2e"', 'w/"3a-18c2e"'])
-def test_a_write_its_answer_and_head_tag_weakly_alike_is_read_back_never_taken_on_them(
+@pytest.mark.parametrize("cdn", ['W/"3a-18c2e"', 'w/"3a-18c2e"', '"3a-18c2e"'])
+def test_a_write_its_answer_and_head_tag_alike_of_a_proxy_s_own_is_never_taken_on_them(
     s3_url: str, s3_server: S3Server, monkeypatch: pytest.MonkeyPatch, cdn: str
 ) -> None:
     """A proxy answers the checkpoint's PUT 200 without passing it on, as
     another writer's object of the same size, one byte apart, lands under
-    that name, and tags the PUT and the object's HEAD with the same weak
-    ETag of its own (a CDN's, which names no bytes). A weak ETag proves
-    nothing of the bytes: they are read back, and the put fails. Before,
-    the two weak ETags, alike, were taken for the bytes: the put returned
-    ``release-1``, recorded over another writer's bytes (every load of it
-    an ``IntegrityError``); with ``w/`` for ``W/``, as a proxy may write
-    it, they still were, as strong ETags."""
+    that name, and tags the PUT and the object's HEAD with the same ETag
+    of its own (a CDN's, which names no bytes), weak or strong. A weak ETag
+    proves nothing of the bytes, and a strong one only once the server
+    vouches for it (a GET carrying it as ``If-Match`` is refused here): the
+    bytes are read back, and the put fails. Before, the two weak ETags,
+    alike, were taken for the bytes: the put returned ``release-1``,
+    recorded over another writer's bytes (every load of it an
+    ``IntegrityError``); so were, until now, two strong ones, or weak ones
+    written ``w/``, as a proxy may write ``W/``."""
     honest = ArtifactStore.init(s3_url)
     raw = raw_store(s3_url)  # the server's, not the proxy's
     mine = bytearray(obstore.get(raw, f"versions/{honest.put(_TREE)}/model.safetensors").bytes())

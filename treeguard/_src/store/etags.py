@@ -22,17 +22,20 @@ Every ETag the store sends or compares goes through here:
   their form (RFC 9110's weak comparison): a tag read twice, or a 412
   told apart from a replaced object. Nothing about the bytes is taken
   from it.
-- ``same_bytes`` and ``md5_of``: an ETag taken as proof that an object
+- ``strong`` and ``md5_of``: an ETag taken as proof that an object
   holds given bytes, only when strong; a weak one proves nothing of the
   bytes (a proxy may give its own, as a CDN does, to other bytes), which
-  are then read back and compared;
+  are then read back and compared. Nor does a strong one on an answer's
+  word alone: the one a PUT was answered with is sent back in
+  ``If-Match``, for the server to vouch for it (a proxy may give strong
+  ETags of its own too, alike on the PUT's answer and the HEAD's);
 - ``Pin``: the ETag a reader pins its object with, and whether the server
   confirmed it.
 
-Example (RFC 9110, section 8.8.3.2):
+Example (RFC 9110, section 8.8.3.2: a weak comparison):
   >>> pairs = [('W/"1"', 'W/"1"'), ('W/"1"', 'W/"2"'), ('W/"1"', '"1"'), ('"1"', '"1"')]
-  >>> [(same_bytes(a, b), same_object(a, b)) for a, b in pairs]
-  [(False, True), (False, False), (False, True), (True, True)]
+  >>> [(strong(a), same_object(a, b)) for a, b in pairs]
+  [(None, True), (None, False), (None, True), ('"1"', True)]
 """
 
 from __future__ import annotations
@@ -94,17 +97,16 @@ def same_object(a: str | None, b: str | None) -> bool:
     return bool(value) and value == _value(b)[0]
 
 
-def same_bytes(a: str | None, b: str | None) -> bool:
-    """Whether ``a`` and ``b`` prove the bytes alike: both strong, of one
-    value (quoted or not).
+def strong(etag: str | None) -> str | None:
+    """The ETag as ``condition`` gives it when it is strong, the only kind
+    that may prove bytes; None for a weak one (``W/``, ``w/``), none, or
+    one of no value.
 
     Example:
-      >>> same_bytes('"9b2c"', "9b2c"), same_bytes('W/"9b2c"', 'W/"9b2c"')
-      (True, False)
-      >>> same_bytes('w/"9b2c"', 'w/"9b2c"'), same_bytes('""', '""')
-      (False, False)
+      >>> strong('"9b2c"'), strong("9b2c"), strong('W/"9b2c"'), strong('w/"9b2c"'), strong('""')
+      ('"9b2c"', '"9b2c"', None, None, None)
     """
-    return not _value(a)[1] and not _value(b)[1] and same_object(a, b)
+    return None if _value(etag)[1] else condition(etag)
 
 
 def md5_of(etag: str | None, data: bytes | memoryview) -> bool:
