@@ -321,8 +321,9 @@ class Lie:
         still announcing all of them: the body ends early, cleanly), or
         ``"missing"`` (a 404 for an object the server holds), ``"weak"`` (the
         answer's ETag made weak, ``W/"..."``, as a proxy that compresses
-        answers makes it) or ``"unquoted"`` (the answer's ETag without its
-        quotes).
+        answers makes it), ``"unquoted"`` (the answer's ETag without its
+        quotes) or ``"no-etag"`` (the answer without an ETag, as nginx before
+        1.7.3 sent an answer it compressed).
     """
 
     delay: float = 0.0
@@ -423,6 +424,8 @@ class LyingProxy:
         if kind == "etag":
             headers = [(k, v) for k, v in headers if k.lower() != "etag"]
             headers.append(("ETag", forged or '"00000000000000000000000000000000"'))
+        if kind == "no-etag":
+            headers = [(k, v) for k, v in headers if k.lower() != "etag"]
         if kind in ("weak", "unquoted"):  # the server's ETag, in another form
             form = "W/{}" if kind == "weak" else "{}"
             headers = [

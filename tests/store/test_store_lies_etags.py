@@ -16,8 +16,9 @@ another writer, is still told apart."""
 from __future__ import annotations
 
 import contextlib
+import json
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -32,6 +33,7 @@ from treeguard import (
     IntegrityError,
     RetentionPolicy,
     StorageError,
+    StoreError,
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("s3")]
@@ -151,22 +153,26 @@ def test_a_checkpoint_restored_by_a_multipart_upload_verifies_promotes_and_loads
         assert np.array_equal(store.load_current(_TREE)["z"], _TREE["z"])
 
 
-def test_a_write_its_answer_and_head_tag_weakly_alike_is_read_back_never_taken_on_them(
-    s3_url: str, s3_server: S3Server, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("cdn", ['W/"3a-18c2e"', 'w/"3a-18c2e"', '"3a-18c2e"'])
+def test_a_write_its_answer_and_head_tag_alike_of_a_proxy_s_own_is_never_taken_on_them(
+    s3_url: str, s3_server: S3Server, monkeypatch: pytest.MonkeyPatch, cdn: str
 ) -> None:
     """A proxy answers the checkpoint's PUT 200 without passing it on, as
     another writer's object of the same size, one byte apart, lands under
-    that name, and tags the PUT and the object's HEAD with the same weak
-    ETag of its own (a CDN's, which names no bytes). A weak ETag proves
-    nothing of the bytes: they are read back, and the put fails. Before,
-    the two weak ETags, alike, were taken for the bytes: the put returned
-    ``release-1``, recorded over another writer's bytes (every load of it
-    an ``IntegrityError``)."""
+    that name, and tags the PUT and the object's HEAD with the same ETag
+    of its own (a CDN's, which names no bytes), weak or strong. A weak ETag
+    proves nothing of the bytes, and a strong one only once the server
+    vouches for it (a GET carrying it as ``If-Match`` is refused here): the
+    bytes are read back, and the put fails. Before, the two weak ETags,
+    alike, were taken for the bytes: the put returned ``release-1``,
+    recorded over another writer's bytes (every load of it an
+    ``IntegrityError``); so were, until now, two strong ones, or weak ones
+    written ``w/``, as a proxy may write ``W/``."""
     honest = ArtifactStore.init(s3_url)
     raw = raw_store(s3_url)  # the server's, not the proxy's
     mine = bytearray(obstore.get(raw, f"versions/{honest.put(_TREE)}/model.safetensors").bytes())
     mine[-1] ^= 1  # another writer's bytes: the same size, one bit apart
-    taken, cdn = "versions/release-1/model.safetensors", 'W/"3a-18c2e"'
+    taken = "versions/release-1/model.safetensors"
 
     def tamper(req: Request) -> Lie | None:
         if not req.key.endswith(taken):
@@ -265,3 +271,153 @@ def test_a_pointer_moved_during_a_promote_through_a_weakening_proxy_is_a_conflic
             ArtifactStore(s3_url).promote(v2)
     assert raced and e.value.version == v3, str(e.value)
     assert (honest.current(), honest.previous()) == (v3, v1)
+
+
+#: How a proxy answers a GET with no ETag to pin or swap on: blanked to an
+#: empty one (``""``, ``W/""``), or removed (nginx before 1.7.3 removed the
+#: ETag of an answer it compressed).
+_BLANKS = {
+    "empty": Lie(kind="etag", etag='""'),
+    "empty-weak": Lie(kind="etag", etag='W/""'),
+    "removed": Lie(kind="no-etag"),
+}
+
+
+def _refused_for_no_etag(call: Callable[[], object]) -> str | None:
+    """What ``call`` raised, or None if it returned."""
+    try:
+        call()
+    except StoreError as e:
+        return str(e)
+    return None
+
+
+@pytest.mark.parametrize("blank", sorted(_BLANKS))
+def test_a_pointer_read_without_an_etag_is_never_replaced_unconditionally(
+    s3_url: str, s3_server: S3Server, monkeypatch: pytest.MonkeyPatch, blank: str
+) -> None:
+    """A promote through a proxy that blanks or removes the ETags of GETs
+    has no tag to swap the pointer on: it is refused before writing. Before,
+    the tag was empty and sent as ``If-Match:`` with no value, which the
+    server ignores: the write replaced whatever the pointer held, and
+    another writer's promote between the read and the write was undone,
+    both promotes reported done (with ``""``, since the ETags were read in
+    one form, etags.py; with no ETag, since ever)."""
+    honest = ArtifactStore.init(s3_url)
+    v1 = _promoted(honest)
+    v2, v3 = honest.put(_other(1.0)), honest.put(_other(2.0))
+    assert [honest.verify(v).status for v in (v2, v3)] == ["verified"] * 2
+    raced: list[bool] = []
+
+    def tamper(req: Request) -> Lie | None:
+        if req.method == "PUT" and req.key.endswith("CURRENT.json") and not raced:
+            raced.append(True)
+            honest.promote(v3)  # between this promote's read and its write
+        return _BLANKS[blank] if req.method == "GET" else None
+
+    with LyingProxy(s3_server.endpoint, tamper) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+        refused = _refused_for_no_etag(lambda: ArtifactStore(s3_url).promote(v2))
+    assert honest.current() == (v3 if raced else v1), "the other writer's promote was undone"
+    assert refused is not None and "without an ETag" in refused, refused
+
+
+@pytest.mark.parametrize("blank", sorted(_BLANKS))
+def test_a_marker_read_without_an_etag_is_never_replaced_unconditionally(
+    s3_url: str, s3_server: S3Server, monkeypatch: pytest.MonkeyPatch, blank: str
+) -> None:
+    """A put through a proxy that blanks or removes the ETags of GETs has
+    no tag to bump the marker's counter on: it is refused before writing.
+    Before, the marker was replaced whatever it held: a signed verdict's
+    ``signed`` flag, set by another writer between the read and the write,
+    was lost, and the store took verdicts without the key again."""
+    key = b"k" * 32
+    honest = ArtifactStore.init(s3_url, key=key)
+    v, raw = honest.put(_TREE), raw_store(s3_url)  # the server's, not the proxy's
+    raced: list[bool] = []
+
+    def tamper(req: Request) -> Lie | None:
+        if req.method == "PUT" and req.key.endswith("STORE.json") and not raced:
+            raced.append(True)
+            assert honest.verify(v).status == "verified"  # marks the store signed
+        return _BLANKS[blank] if req.method == "GET" else None
+
+    with LyingProxy(s3_server.endpoint, tamper) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+        refused = _refused_for_no_etag(lambda: ArtifactStore(s3_url).put(_other(1.0)))
+    marker = json.loads(bytes(obstore.get(raw, "STORE.json").bytes()))
+    assert marker["signed"] is bool(raced), "the other writer's flag was lost"
+    assert refused is not None and "without an ETag" in refused, refused
+
+
+@pytest.mark.parametrize("heads", ["honest", "blanked"])
+@pytest.mark.parametrize("blank", sorted(_BLANKS))
+def test_a_read_without_an_etag_is_pinned_by_its_head_s_or_not_made(
+    s3_url: str, s3_server: S3Server, monkeypatch: pytest.MonkeyPatch, blank: str, heads: str
+) -> None:
+    """The first answer of a checkpoint through a proxy that blanks or
+    removes the ETags of GETs pins nothing: its data is read under the
+    HEAD's ETag, once its first bytes read the same under it, so an object
+    replaced meanwhile fails the load as replaced; where the HEAD has none
+    either, it is not read (a ``StorageError``, as for any answer that
+    lied on each try). Before, the data's GETs carried no ``If-Match``
+    (with ``""``, since the ETags were read in one form, etags.py; with no
+    ETag, since ever): another object's bytes were read after the first's."""
+    store = ArtifactStore.init(s3_url)
+    v = _promoted(store)
+    name = f"versions/{v}/model.safetensors"
+    raw = raw_store(s3_url)  # the server's, not the proxy's
+    data = bytes(obstore.get(raw, f"versions/{store.put(_other(1.0))}/model.safetensors").bytes())
+    unpinned: list[str] = []
+
+    def tamper(req: Request) -> Lie | None:
+        ranged = req.header("range") or ""
+        if req.key.endswith(name) and ranged and not ranged.startswith("bytes=0-"):
+            if not (req.header("if-match") or "").strip().removeprefix("W/").strip('"'):
+                unpinned.append(ranged)
+            obstore.put(raw, name, data)  # before the data's GET reaches the server
+        blanked = req.method == "GET" or (req.method == "HEAD" and heads == "blanked")
+        return _BLANKS[blank] if blanked else None
+
+    with LyingProxy(s3_server.endpoint, tamper) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+        with pytest.raises((IntegrityError, StorageError)) as e:
+            ArtifactStore(s3_url).load_current(_TREE)
+    said = {
+        "honest": "no longer reads: the object was replaced while it was read",
+        "blanked": "neither its answer nor its HEAD gave an ETag to pin it with",
+    }[heads]
+    assert unpinned == [], "a GET of the data carried no If-Match"
+    assert said in str(e.value).splitlines()[0], str(e.value)
+
+
+@pytest.mark.parametrize("blank", sorted(_BLANKS))
+def test_a_checkpoint_swapped_while_verified_through_a_blanking_proxy_is_never_rejected(
+    s3_url: str, s3_server: S3Server, monkeypatch: pytest.MonkeyPatch, blank: str
+) -> None:
+    """Another writer swaps the checkpoint object for other bytes as each
+    read of its data arrives and back as each read of its first bytes does,
+    through a proxy that blanks or removes the ETags of GETs: no read mixes
+    the two, so no try reads bytes that hash wrong, and no verdict is
+    recorded. Before, each try read the first bytes of one and the data of
+    the other, and the version was recorded ``rejected``: its object, once
+    the other writer was done, as it was put."""
+    honest = ArtifactStore.init(s3_url)
+    v = honest.put(_TREE)
+    name, raw = f"versions/{v}/model.safetensors", raw_store(s3_url)
+    mine = bytes(obstore.get(raw, name).bytes())
+    other = bytes(obstore.get(raw, f"versions/{honest.put(_other(1.0))}/model.safetensors").bytes())
+
+    def tamper(req: Request) -> Lie | None:
+        ranged = req.header("range") or ""
+        if req.method == "GET" and req.key.endswith(name):
+            obstore.put(raw, name, other if ranged and not ranged.startswith("bytes=0-") else mine)
+        return _BLANKS[blank] if req.method == "GET" else None
+
+    with LyingProxy(s3_server.endpoint, tamper) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+        refused = _refused_for_no_etag(lambda: ArtifactStore(s3_url).verify(v))
+    obstore.put(raw, name, mine)  # the other writer done
+    assert honest.info(v).status != "rejected", "a verdict on bytes of two objects"
+    assert refused is not None and "no verdict was recorded" in refused, refused
+    assert honest.verify(v).status == "verified"

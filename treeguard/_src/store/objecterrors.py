@@ -7,12 +7,15 @@ makes a ``StorageError`` naming the operation, the object and which failure
 it was, ``permanent`` says whether a retry could mend it, and ``status``
 gives the status the server answered. ``stream_size`` (a streamed answer
 that is not the size it announced), ``head_contradicts`` (a 404 or a
-size the object's HEAD does not confirm) and ``etag_contradicts`` (a 412,
-or a first answer's ETag, the object's HEAD does not confirm) are
+size the object's HEAD does not confirm), ``etag_contradicts`` (a 412,
+or a first answer's ETag, the object's HEAD does not confirm) and
+``no_etag`` (an object whose answers give no ETag to pin it with) are
 ``Contradicted``: a failed
 request, not evidence about the stored bytes, which ``ObjectStorage``
 tries again as it does a 5xx; ``from_a_request`` says whether an error
-was, however deep, such a failed request.
+was, however deep, such a failed request. ``unconfirmed`` (a write that
+reading it back does not confirm) and ``unconditional`` (a replacement
+with no ETag to make it conditional on) are the errors of writes.
 A credential or a byte of an answer is never put in a message.
 """
 
@@ -231,4 +234,62 @@ def etag_contradicts(name: str, where: str, *, first: bool) -> Contradicted:
         f"reading {name} failed: {said}",
         context=where,
         hint=_HEAD_SAYS_OTHERWISE,
+    )
+
+
+def no_etag(name: str, where: str) -> Contradicted:
+    """The error for object ``name`` (at ``where``) read in parts while
+    neither its first answer nor its HEAD gave an ETag (none, or one of no
+    value) that an ``If-Match`` could pin it with: its parts could be of
+    two objects, so none is asked for. A failed read, which is read again
+    and never makes a verdict.
+
+    Example:
+      >>> print(no_etag("a", "s3://m/a").message)
+      reading a failed: neither its answer nor its HEAD gave an ETag to pin it with
+    """
+    return Contradicted(
+        f"reading {name} failed: neither its answer nor its HEAD gave an ETag to pin it with",
+        context=where,
+        hint="a proxy in front of the server removes or blanks ETags; nothing read was used: "
+        "reach the server without it, or have it pass ETags on, then read again",
+    )
+
+
+def unconditional(name: str, where: str) -> StorageError:
+    """The error for replacing object ``name`` (at ``where``) read without
+    an ETag (none, or one of no value: ``etags.condition``): a PUT with an
+    ``If-Match`` of no value is one with no condition, which would replace
+    whatever another writer wrote since the read. Nothing was written.
+
+    Example:
+      >>> print(unconditional("CURRENT.json", "s3://m/CURRENT.json").message.split(":")[0])
+      replacing CURRENT.json failed
+    """
+    return StorageError(
+        f"replacing {name} failed: it was read without an ETag (none, or an empty one), "
+        "so it cannot be replaced only if unchanged; nothing was written",
+        context=where,
+        hint="a proxy in front of the server removes or blanks ETags: reach the server "
+        "without it, or have it pass ETags on, then try again",
+    )
+
+
+def unconfirmed(name: str, where: str, answer: str | None, *, found: bool) -> StorageError:
+    """The error for a write of object ``name`` (at ``where``) that reading
+    it back does not confirm: the server's ``answer`` (None: it
+    acknowledged it), and whether an object with other bytes was
+    ``found`` (else none at all). Nothing was taken as written.
+
+    Example:
+      >>> print(unconfirmed("a", "s3://m/a", None, found=False).message)
+      writing a failed: the server acknowledged it, but reading it back found no such object
+    """
+    what = "the object holds other bytes" if found else "no such object"
+    return StorageError(
+        f"writing {name} failed: the server {answer or 'acknowledged it'}, but reading it "
+        f"back found {what}",
+        context=where,
+        hint="the server or a proxy in front of it does not do what it answers; nothing "
+        "was taken as written: check it, then try again",
     )

@@ -222,7 +222,8 @@ class ObjectStorage:
             return held[0]
         if isinstance(got, Conflict) and held is not None:
             return got
-        raise self._unconfirmed(name, "refused it" if isinstance(got, Conflict) else None, held)
+        answer = "refused it" if isinstance(got, Conflict) else None
+        raise objecterrors.unconfirmed(name, self.where(name), answer, found=held is not None)
 
     def swap(self, name: str, data: bytes, expected: str | None) -> str | Conflict:
         """Replaces ``name`` only if its tag is ``expected`` (absent when
@@ -232,12 +233,14 @@ class ObjectStorage:
         since (whether this write landed first cannot be told from the
         bytes: the pointer's ids tell, see pointer.py). A write acknowledged
         while the object is still the one it was to replace, or gone, is a
-        ``StorageError``."""
+        ``StorageError``, as is an ``expected`` without its ETag (``unconditional``)."""
         check_object_name(name)
         if expected is None:
             got = self._put(name, data, "create", Conflict.CHANGED)
         else:
             e_tag, _, version = expected.partition("|")
+            if not (e_tag if self._s3 else version):
+                raise objecterrors.unconditional(name, self.where(name))
             mode = {"e_tag": e_tag} | ({"version": version} if version else {})
             got = self._put(name, data, mode, Conflict.CHANGED)
         found = self._read_back(name, max(len(data), _HEAD_BYTES))
@@ -246,34 +249,43 @@ class ObjectStorage:
         if isinstance(got, Conflict):
             return got
         if found is None or found[1] == expected:
-            raise self._unconfirmed(name, None, None if found is None else (found[1], False))
+            raise objecterrors.unconfirmed(name, self.where(name), None, found=found is not None)
         return Conflict.CHANGED
 
     def _holding(
         self, name: str, data: bytes | memoryview, answered: str | None
     ) -> tuple[str, bool] | None:
         """The object's tag now and whether it holds exactly ``data``; None if
-        absent. A small object is read whole; a large one's size and ETag
-        are asked for: the ETag the PUT was answered with (``answered``),
-        else the MD5 of ``data`` (S3's for a single PUT), else the bytes
-        read back (``_reads_as``: GCS's and SSE-KMS's ETags are no MD5)
-        confirm it; a weak ETag confirms nothing (``etags.same_bytes``). The
-        MD5 (four times the BLAKE3 digest's cost) and a read back are paid
-        only after a 412 or a wrong or weak ETag: bytes changed on their way
-        to the server are left to the digests every load checks."""
+        absent. A small object is read whole; a large one confirmed by the
+        PUT's strong ETag as the server vouches for it (``_vouched``), else
+        its size and its HEAD's strong ETag, the MD5 of ``data`` (S3's for a
+        single PUT), else its bytes read back (``_reads_as``: GCS's and
+        SSE-KMS's ETags are no MD5). The MD5 (4x the BLAKE3 digest's cost)
+        and a read back are paid only after a 412 or a wrong or weak ETag:
+        bytes changed on their way to the server are left to every load's digests."""
         if len(data) <= _HEAD_BYTES:
             found = self._read_back(name, _HEAD_BYTES)
             return None if found is None else (found[1], found[0] == data)
+        vouched = self._vouched(name, data, answered)
+        if vouched is not None:
+            return vouched, True
         meta = self._head(name)
         if meta is None:
             return None
-        etag = meta.get("e_tag")
         same = int(meta["size"]) == len(data) and (
-            etags.same_bytes(etag, answered)
-            or etags.md5_of(etag, data)
-            or self._reads_as(name, data)
+            etags.md5_of(meta.get("e_tag"), data) or self._reads_as(name, data)
         )
         return self._tag(meta), same
+
+    def _vouched(self, name: str, data: bytes | memoryview, answered: str | None) -> str | None:
+        """The object's tag if, under ``If-Match`` with the PUT's strong ETag, it
+        has ``data``'s size and first bytes (``_begins``): no proxy's word."""
+        etag = etags.strong(answered)
+        if etag is None:
+            return None
+        head = np.frombuffer(data, np.uint8)[:_HEAD_BYTES].tobytes()
+        meta = self._idempotent("reading", name, lambda: self._begins(name, etag, head))
+        return self._tag(meta) if meta is not None and int(meta["size"]) == len(data) else None
 
     def _reads_as(self, name: str, data: bytes | memoryview) -> bool:
         """Whether ``name`` holds exactly ``data``, streamed back part by part
@@ -293,18 +305,6 @@ class ObjectStorage:
         """An object just written, read back; a 404 its HEAD contradicts is
         read again (``confirm_missing``), never a write taken as not made."""
         return self.read(name, limit=limit, what="object written", confirm_missing=True)
-
-    def _unconfirmed(
-        self, name: str, answer: str | None, held: tuple[str, bool] | None
-    ) -> StorageError:
-        what = "no such object" if held is None else "the object holds other bytes"
-        return StorageError(
-            f"writing {name} failed: the server {answer or 'acknowledged it'}, but reading it "
-            f"back found {what}",
-            context=self.where(name),
-            hint="the server or a proxy in front of it does not do what it answers; nothing "
-            "was taken as written: check it, then try again",
-        )
 
     def read(
         self, name: str, *, limit: int, what: str, confirm_missing: bool = False
@@ -449,7 +449,8 @@ class ObjectStorage:
     ) -> None:
         """Streams the bytes ``[start, stop)`` of ``name`` to ``each`` in
         order, by one GET carrying ``If-Match: pin.etag`` (its strong form,
-        ``etags.condition``: a weak one is refused); after a failure
+        ``etags.condition``: a weak one is refused; with none, ``_refused``
+        first pins the HEAD's); after a failure
         another GET asks for the rest, from where the bytes handed over
         ended (``_idempotent``: an answer that lies, a body that ends short
         of its range or runs past it (``download.hand_over``), a 404 its
@@ -474,7 +475,9 @@ class ObjectStorage:
 
         def rest() -> None:
             etag = etags.condition(pin.etag)
-            options: Any = {"range": (pos, stop)} | ({"if_match": etag} if etag else {})
+            if etag is None:  # nothing pins the object: the HEAD's ETag may
+                raise self._refused(name, pin)
+            options: Any = {"range": (pos, stop), "if_match": etag}
             try:
                 result = obstore.get(self._store, name, options=options)
             except FileNotFoundError as e:  # gone, or a 404 its HEAD contradicts
@@ -482,27 +485,30 @@ class ObjectStorage:
                     raise self._failed("reading", name, e) from None
             except PreconditionError:
                 raise self._refused(name, pin) from None
-            pin.sure = pin.sure or etag is not None
+            pin.sure = True
             parts = result.stream(min_chunk_size=_STREAM_CHUNK)
             hand_over(parts, stop - pos, handed, name=name, where=self.where(name), at=pos)
 
         self._idempotent("reading", name, rest, lambda: pos)
 
     def _refused(self, name: str, pin: Pin) -> Exception:
-        """Why a GET carrying ``If-Match: pin.etag`` was answered 412, as the
-        object's HEAD tells. An answer that lied (``Contradicted``, read
-        again): the HEAD has that ETag (the 412 lied), or the server never
-        confirmed ``pin.etag`` and the object's first bytes, read again
-        under the HEAD's ETag, are ``pin.head`` (the first answer's ETag
+        """Why a GET carrying ``If-Match: pin.etag`` was answered 412 (or
+        none could: no ETag), as the object's HEAD tells. An answer that
+        lied (``Contradicted``, read again): the HEAD has that ETag (the 412
+        lied), or none (``no_etag``), or the server never confirmed
+        ``pin.etag`` and the object's first bytes, read again under the
+        HEAD's ETag, are ``pin.head`` (the first answer's ETag
         lied; ``pin`` takes the HEAD's, which that read confirmed). Else a
         ``FormatError``: the object was replaced (or removed) while it was
         read, and no byte of two objects is mixed."""
         meta = self._head(name)
         now = None if meta is None else etags.condition(meta.get("e_tag"))
         where = self.where(name)
+        if meta is not None and now is None:
+            return objecterrors.no_etag(name, where)
         if now is not None and etags.same_object(now, pin.etag):
             return objecterrors.etag_contradicts(name, where, first=False)
-        if now is not None and not pin.sure and self._begins(name, now, pin.head):
+        if now is not None and not pin.sure and self._begins(name, now, pin.head) is not None:
             pin.etag, pin.sure = now, True
             return objecterrors.etag_contradicts(name, where, first=True)
         return FormatError(
@@ -511,25 +517,26 @@ class ObjectStorage:
             hint="something else writes under the store's prefix; read it again",
         )
 
-    def _begins(self, name: str, etag: str, head: bytes) -> bool:
-        """Whether ``name``, while its ETag is ``etag``, begins with ``head``:
-        one ranged GET carrying ``If-Match: etag`` (False after a 412 or a
-        404; first bytes of another length than asked are an answer that
-        lied)."""
+    def _begins(self, name: str, etag: str, head: bytes) -> Any:
+        """The metadata of ``name`` if, while its ETag is ``etag``, it begins
+        with ``head``: one ranged GET carrying ``If-Match: etag`` (None
+        after a 412 or a 404, or for other bytes; first bytes of another
+        length than asked are an answer that lied)."""
         import obstore  # lazy: the optional [s3] extra
         from obstore.exceptions import PreconditionError
 
         options: Any = {"range": (0, len(head)), "if_match": etag}
         try:
-            got = bytes(obstore.get(self._store, name, options=options).bytes())
+            result = obstore.get(self._store, name, options=options)
+            got = bytes(result.bytes())
         except (FileNotFoundError, PreconditionError):
-            return False
+            return None
         if len(got) != len(head):
             more = len(got) > len(head)
             raise objecterrors.stream_size(
                 name, self.where(name), len(head), len(got), more=more, at=0
             )
-        return got == head
+        return result.meta if got == head else None
 
     def list(self, prefix: str) -> list[str]:
         import obstore  # lazy: the optional [s3] extra
@@ -583,7 +590,7 @@ class ObjectStorage:
         finally:
             self.delete(name)
         if meta is None:
-            raise self._unconfirmed(name, None, None)
+            raise objecterrors.unconfirmed(name, self.where(name), None, found=False)
         return float(meta["last_modified"].timestamp())
 
     def delete(self, name: str) -> None:
