@@ -423,6 +423,18 @@ def test_a_body_costs_at_most_4x_its_size_in_memory(costs, item, count, junk, ve
     assert cost <= costs.bound(len(body)), (cost, len(body), str(costs))
 
 
+#: The most a request's fixed overhead may cost in the child: 2.3 MB on the
+#: CPU box, 10.5 MB under the TPU machine's gVisor. The bodies grow with the
+#: overhead (``Costs.body``), so a fixed allocation added to every request
+#: would loosen the bounds above rather than fail them: this fails it.
+MOST_OVERHEAD = 16 << 20
+
+
+def test_a_request_s_fixed_overhead_is_bounded(costs):
+    needs_peak_rss_counted_once(costs.line)
+    assert costs.overhead <= MOST_OVERHEAD, str(costs)
+
+
 def test_float_data_parsed_whole_costs_more_than_4x_its_size(costs):
     # what the bound is for: the same body parsed as plain JSON, over the
     # bound the test above holds the server to, its overhead allowed for
