@@ -1,9 +1,11 @@
-"""A dedup store's put interrupted (Ctrl-C): it ends, and leaves its
-version whole (its record, its log's line, every tensor) or nothing a
-later put, gc or verify trips on."""
+"""A dedup store's put interrupted (Ctrl-C) anywhere, once or again while
+it takes back what it started: it ends, and leaves its version whole (its
+record, its log's line, every tensor) or nothing a later put, gc or verify
+trips on; no thread of it writes once it has raised."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -18,65 +20,80 @@ def _area(root: Path) -> set[str]:
     return {p.name for p in (root / "tensors").iterdir()}
 
 
-#: The child: a put of new bytes (argv[3] "fine-tune": of a tree a verified
-#: load handed back, two leaves changed) interrupted (Ctrl-C) at its Nth wait
-#: on the calling thread for a thread's work (argv[2]: N), or once its name's
-#: reservation is submitted ("submitted"), or once its candidate record is
-#: renamed over its writing one ("renamed"), or while its log's line is
-#: synced ("logged"); "put" once it returned.
+#: The child: a put of new bytes (argv[2] "fine-tune": of a tree a verified
+#: load handed back, two leaves changed) sent Ctrl-C (SIGINT, through its
+#: handler, as a terminal sends it) where each hook (argv[3:]) says: "wait:N"
+#: as the calling thread's Nth wait for a thread's work reads its outcome
+#: (``Future.result`` or ``exception``); "renamed"
+#: once its candidate record is renamed over its writing one; "logged" once
+#: its log's line is synced; "FILE|TEXT|N" as the Nth line holding TEXT in the
+#: file ending FILE is about to run on the calling thread (traced, so between
+#: any two bytecodes the code keeps on separate lines). It prints "put" once
+#: the put returned, else "interrupted", and the index of each hook that
+#: sent Ctrl-C, in the order sent.
 _INTERRUPTED = """
-import os, sys, threading
+import linecache, os, signal, sys, threading
 from concurrent.futures import Future
 import numpy as np
 from treeguard import ArtifactStore
-from treeguard._src import kept  # _src: where the put submits its first task, the reservation
 store = ArtifactStore.init(sys.argv[1], dedup=True)
 base = {"a": np.ones(1000, np.float32), "b": np.ones(10, np.float32), "c": np.zeros(5, np.float32)}
 v = store.put(base)
 store.verify(v)
 store.promote(v)
-if sys.argv[3] == "fine-tune":
+if sys.argv[2] == "fine-tune":
     tree = store.load_current(base)
     tree = {**tree, "a": tree["a"] + 2, "c": tree["c"] + 3}
 else:
     tree = {k: x + 1 for k, x in base.items()}
-at = sys.argv[2]
-real_submit, real_replace = kept.Job.submit, os.replace
-def submit(self, fn, *a, **k):
-    kept.Job.submit = real_submit
-    real_submit(self, fn, *a, **k)
-    raise KeyboardInterrupt
+hooks = sys.argv[3:]
+sent = []
+def ctrl_c(hook):
+    sent.append(str(hooks.index(hook)))
+    signal.raise_signal(signal.SIGINT)  # the handler raises KeyboardInterrupt here, or holds it
+real_replace, real_fsync = os.replace, os.fsync
 def replace(src, dst, *a, **k):
     real_replace(src, dst, *a, **k)
     if str(dst).endswith("status.json") and '"candidate"' in open(dst).read():
-        raise KeyboardInterrupt
+        ctrl_c("renamed")
+def fsync(fd):
+    real_fsync(fd)
+    if os.readlink(f"/proc/self/fd/{fd}").endswith("log.jsonl"):
+        os.fsync = real_fsync
+        ctrl_c("logged")
 waits = [0]
 def interrupted(real):
     def wait(self, timeout=None):
         if threading.current_thread() is threading.main_thread():
             waits[0] += 1
-            if str(waits[0]) == at:
-                raise KeyboardInterrupt
+            if f"wait:{waits[0]}" in hooks:
+                ctrl_c(f"wait:{waits[0]}")
         return real(self, timeout)
     return wait
-real_fsync = os.fsync
-def fsync(fd):
-    real_fsync(fd)
-    if os.readlink(f"/proc/self/fd/{fd}").endswith("log.jsonl"):
-        os.fsync = real_fsync
-        raise KeyboardInterrupt
-if at == "submitted":
-    kept.Job.submit = submit
-elif at == "renamed":
+lines = [[*h.split("|"), h] for h in hooks if "|" in h]
+def at_line(frame, event, arg):
+    if event == "line":
+        text = linecache.getline(frame.f_code.co_filename, frame.f_lineno)
+        for hook in lines:
+            if frame.f_code.co_filename.endswith(hook[0]) and hook[1] in text:
+                hook[2] = str(int(hook[2]) - 1)
+                if hook[2] == "0":
+                    ctrl_c(hook[3])
+    return at_line
+def traced(frame, event, arg):
+    return at_line if any(frame.f_code.co_filename.endswith(h[0]) for h in lines) else None
+if "renamed" in hooks:
     os.replace = replace
-elif at == "logged":
+if "logged" in hooks:
     os.fsync = fsync
 Future.exception, Future.result = interrupted(Future.exception), interrupted(Future.result)
+if lines:
+    sys.settrace(traced)
 try:
     store.put(tree)
-    print("put", flush=True)
+    print("put", *sent, flush=True)
 except KeyboardInterrupt:
-    print("interrupted", flush=True)
+    print("interrupted", *sent, flush=True)
 """
 
 
@@ -100,6 +117,30 @@ def _whole_or_nothing(root: Path) -> None:
     assert store.verify(store.put(tree)).status == "verified"  # the child's tree, new bytes
 
 
+def _interrupted(root: Path, kind: str, *hooks: str) -> tuple[str, list[int]]:
+    """Runs the child (``_INTERRUPTED``) on a store at ``root``: whether its
+    put returned ("put") or raised ("interrupted"), and which hooks sent
+    Ctrl-C (their indices, in the order sent). A put that hangs is a
+    ``TimeoutExpired``."""
+    done = run_python(_INTERRUPTED, str(root), kind, *hooks, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    outcome, *sent = done.stdout.split()
+    return outcome, [int(i) for i in sent]
+
+
+def _each(root: Path, kind: str, hooks: Callable[[int], list[str]]) -> int:
+    """Runs the child with ``hooks(n)`` for n = 1, 2, ... until the first
+    hook sent no Ctrl-C (the put got past it), checking what each put
+    left; the last n."""
+    for n in range(1, 40):
+        outcome, sent = _interrupted(root / f"store{n}", kind, *hooks(n))
+        assert outcome == ("interrupted" if sent else "put"), hooks(n)
+        _whole_or_nothing(root / f"store{n}")
+        if 0 not in sent:
+            return n
+    pytest.fail(f"the put was interrupted at every one of 39 places: {hooks(39)}")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["new", "fine-tune"])
 def test_a_put_interrupted_at_each_wait_ends_and_leaves_it_whole_or_nothing(
@@ -109,18 +150,37 @@ def test_a_put_interrupted_at_each_wait_ends_and_leaves_it_whole_or_nothing(
     links, the manifest, the record, the record's sync), a put ends (its
     manifest's writer no longer waits forever for the tensors) and leaves
     its version whole or nothing of it."""
-    for n in range(1, 40):
-        root = tmp_path / f"store{n}"
-        # a hang is a TimeoutExpired
-        done = run_python(_INTERRUPTED, str(root), str(n), kind, timeout=60)
-        assert done.returncode == 0, done.stderr[-2000:]
-        if done.stdout.split() == ["put"]:
-            break
-        assert done.stdout.split() == ["interrupted"], done.stderr[-2000:]
-        _whole_or_nothing(root)
-    else:
-        pytest.fail("the put was interrupted at every one of 39 waits")
-    assert n > 4  # interrupted at its writes', its links' and its manifest's waits
+    # interrupted at its writes', its links' and its manifest's waits
+    assert _each(tmp_path, kind, lambda n: [f"wait:{n}"]) > 4
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["new", "fine-tune"])
+@pytest.mark.parametrize("again", ["settle", "next wait"])
+def test_a_put_interrupted_again_while_it_takes_back_its_work_leaves_nothing_behind(
+    tmp_path: Path, again: str, kind: str
+) -> None:
+    """Ctrl-C at any wait, then again as the put waits for its threads to
+    end (the pool's settle) or at its next wait for a thread's work: the
+    put waits for every thread before it removes anything, and removes all
+    they wrote (before, the second Ctrl-C ended the settle, or the wait of
+    the put's cleanup for a write it then removed: the reservation, still
+    being made on its thread, was left ``writing``, or a temp file left)."""
+    settle = "_src/kept.py|wait(self._submitted)|1"
+    _each(tmp_path, kind, lambda n: [f"wait:{n}", settle if again == "settle" else f"wait:{n + 1}"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["new", "fine-tune"])
+def test_a_put_interrupted_as_it_hands_a_task_to_its_threads_leaves_nothing_behind(
+    tmp_path: Path, kind: str
+) -> None:
+    """Ctrl-C inside the pool's ``submit``, between a task's submit and the
+    note that the put must wait for it (each task: the reservation, the
+    writes, the record, the manifest, the syncs): the put waits for that
+    task too before it takes back its work (before, the reservation's
+    thread went on and left a ``writing`` version of a live process)."""
+    _each(tmp_path, kind, lambda n: [f"_src/kept.py|self._submitted.append(future)|{n}"])
 
 
 @pytest.mark.slow
@@ -134,9 +194,8 @@ def test_a_put_interrupted_as_its_name_is_asked_for_or_its_record_renamed_leaves
     is renamed in (before its log's line), a put leaves nothing: the
     reservation is taken back once its thread has ended."""
     root = tmp_path / "store"
-    done = run_python(_INTERRUPTED, str(root), at, kind, timeout=60)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.split() == ["interrupted"], done.stderr[-2000:]
+    hook = "_src/kept.py|return future|1" if at == "submitted" else at
+    assert _interrupted(root, kind, hook) == ("interrupted", [0])
     assert [i.status for i in ArtifactStore(root).versions()] == ["verified"]
     _whole_or_nothing(root)
 
@@ -144,15 +203,17 @@ def test_a_put_interrupted_as_its_name_is_asked_for_or_its_record_renamed_leaves
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="tells the log's fd by /proc")
 @pytest.mark.parametrize("kind", ["new", "fine-tune"])
+@pytest.mark.parametrize("at", ["written", "logged"])
 def test_a_put_interrupted_once_its_log_s_line_is_written_keeps_its_version(
-    tmp_path: Path, kind: str
+    tmp_path: Path, at: str, kind: str
 ) -> None:
-    """Interrupted while its log's line is synced, a put keeps its version
-    whole: the line names it."""
+    """Interrupted once its log's line is written, as the put notes it (two
+    bytecodes) or while the line is synced, a put keeps its version whole:
+    the line names it (before, Ctrl-C before the note took the version back,
+    its line left in the log)."""
     root = tmp_path / "store"
-    done = run_python(_INTERRUPTED, str(root), "logged", kind, timeout=60)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.split() == ["interrupted"], done.stderr[-2000:]
+    hook = "store/log.py|written()|1" if at == "written" else at
+    assert _interrupted(root, kind, hook) == ("interrupted", [0])
     assert [i.status for i in ArtifactStore(root).versions()] == ["verified", "candidate"]
     _whole_or_nothing(root)
 
