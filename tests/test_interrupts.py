@@ -1,11 +1,15 @@
-"""Ctrl-C held over steps that must run whole. Each test sends a real SIGINT to this process, handled by a handler of its own (it
+"""Ctrl-C held over steps that must run whole, and waits for a thread's
+work that Ctrl-C ends without leaving the future's lock held. Each test
+sends a real SIGINT to this process, handled by a handler of its own (it
 raises ``Stop``, so nothing reaches pytest as a ``KeyboardInterrupt``)."""
 
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from types import FrameType
 from typing import Any
 
@@ -98,3 +102,72 @@ def test_a_section_off_the_main_thread_runs_plainly(handled: list[int]) -> None:
     thread.start()
     thread.join()
     assert ran == [signal.getsignal(signal.SIGINT)]
+
+
+def test_ctrl_c_while_a_thread_s_work_is_awaited_ends_the_wait_and_frees_its_lock(
+    handled: list[int],
+) -> None:
+    """Ctrl-C as soon as the wait has taken the future's lock (CPython's
+    ``Condition`` takes it in Python code, so an interrupt can land just
+    after): the wait ends with it, and the lock is free, so the thread ends
+    the future (a plain ``future.result()`` leaves the lock held there, and
+    the thread waits for it forever)."""
+    go = threading.Event()
+    sent = []
+
+    def after_a_lock_is_taken(frame: FrameType, event: str, arg: Any) -> None:
+        in_condition = (
+            frame.f_code.co_name == "__enter__" and "threading" in frame.f_code.co_filename
+        )
+        if event == "c_return" and in_condition and not sent:
+            sent.append(frame.f_code.co_filename)
+            signal.raise_signal(signal.SIGINT)
+
+    with ThreadPoolExecutor(1) as pool:
+        future = pool.submit(go.wait, 60)  # a safety stop: a thread that waits forever
+        sys.setprofile(after_a_lock_is_taken)
+        try:
+            with pytest.raises(Stop):
+                interrupts.result(future)
+        finally:
+            sys.setprofile(None)
+        assert sent  # Ctrl-C came as the lock was taken
+        go.set()
+        assert interrupts.result(future) is True  # the thread ended the future
+    assert handled == [signal.SIGINT]
+
+
+def test_ctrl_c_ends_a_wait_for_a_thread_that_does_not_end(handled: list[int]) -> None:
+    """Ctrl-C as ``result`` starts to block (a ``Condition``'s wait) ends
+    the wait, though the thread goes on."""
+    go = threading.Event()
+
+    def as_it_blocks(frame: FrameType, event: str, arg: Any) -> None:
+        if (
+            event == "call"
+            and frame.f_code.co_name == "wait"
+            and "threading" in frame.f_code.co_filename
+        ):
+            sys.setprofile(None)
+            signal.raise_signal(signal.SIGINT)
+
+    with ThreadPoolExecutor(1) as pool:
+        future = pool.submit(go.wait, 60)  # a safety stop: a thread that waits forever
+        sys.setprofile(as_it_blocks)
+        try:
+            with pytest.raises(Stop):
+                interrupts.result(future)
+        finally:
+            sys.setprofile(None)
+        assert not future.done()
+        go.set()
+    assert handled == [signal.SIGINT]
+
+
+def test_a_thread_s_error_is_raised_by_result_and_returned_by_error() -> None:
+    with ThreadPoolExecutor(1) as pool:
+        failed = pool.submit(int, "x")
+        with pytest.raises(ValueError, match="invalid literal"):
+            interrupts.result(failed)
+        assert isinstance(interrupts.error(failed), ValueError)
+        assert interrupts.error(pool.submit(int, "7")) is None

@@ -10,6 +10,14 @@ failed put wrote. :func:`deferred` runs such steps with the handler replaced
 by one that only remembers the signal, and calls the handler it replaced
 once they have run, so the interrupt lands after them.
 
+A wait for a thread's work is one such step too: CPython's ``Condition``
+takes and lets go of a future's lock in Python code, so an interrupt
+landing just after it took it, or just before it lets go, leaves it held,
+and the thread that would end the future then waits for it forever (and a
+put waiting for that thread with it). :func:`result` waits in slices of
+``SLICE`` seconds, each with Ctrl-C held, so Ctrl-C still ends the wait,
+between two slices.
+
 Only the main thread runs signal handlers, so on any other thread nothing can
 land and :func:`deferred` does nothing; nor where ``SIGINT`` is ignored or
 kills the process (no Python handler: a kill, which the store's writes are
@@ -23,8 +31,16 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, wait
 from types import FrameType
+from typing import Any, TypeVar
+
+_T = TypeVar("_T")
+_R = TypeVar("_R")
+
+#: The longest a wait for a thread's work (``result``) holds Ctrl-C, in seconds.
+SLICE = 0.05
 
 
 @contextlib.contextmanager
@@ -78,3 +94,50 @@ def deferred() -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
         if held:
             previous(*held[0])
+
+
+def result(future: Future[_T], /) -> _T:
+    """``future.result()``, waited for in slices of ``SLICE`` seconds with
+    Ctrl-C held in each (``deferred``): Ctrl-C ends the wait between two,
+    never while it holds the future's lock.
+
+    Args:
+      future: the work of a thread.
+
+    Returns:
+      Its result.
+
+    Raises:
+      Exception: what the work raised.
+      KeyboardInterrupt: (what the ``SIGINT`` handler raises) if Ctrl-C came
+        while it waited, at most ``SLICE`` seconds later.
+
+    Example:
+      >>> from concurrent.futures import ThreadPoolExecutor
+      >>> with ThreadPoolExecutor(1) as pool:
+      ...     result(pool.submit(sum, [1, 2]))
+      3
+    """
+    return _waited(future, Future.result)
+
+
+def error(future: Future[Any], /) -> BaseException | None:
+    """``future.exception()``, waited for as ``result`` waits: what the
+    work raised, or None.
+
+    Example:
+      >>> from concurrent.futures import ThreadPoolExecutor
+      >>> with ThreadPoolExecutor(1) as pool:
+      ...     error(pool.submit(int, "x"))
+      ValueError("invalid literal for int() with base 10: 'x'")
+    """
+    return _waited(future, Future.exception)
+
+
+def _waited(future: Future[_T], outcome: Callable[[Future[_T]], _R]) -> _R:
+    """``outcome(future)`` once it is done, waited for in slices, each with
+    Ctrl-C held."""
+    while True:
+        with deferred():
+            if wait([future], timeout=SLICE).done:
+                return outcome(future)

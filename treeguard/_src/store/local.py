@@ -180,7 +180,7 @@ class LocalBackend:
         draft = laid_out(offered.tree, metadata=offered.user, digest=offered.digest)
         early = tensorput.start(self.storage, draft, pool, reserving, offered.carried, left=left)
         try:
-            version, path = _named(reserving.result())
+            version, path = _named(interrupts.result(reserving))
         except StorageError as refused:  # a full disk: a leaf's error says more
             leaf = early.failed() if space.filled(refused) else None
             if leaf is None:
@@ -189,7 +189,7 @@ class LocalBackend:
         with space.typed(path):
             record = pool.submit(self._stage_candidate, path, draft.spec, dirs, left)
             tensorput.put(self.storage, draft, pool, path, dirs=dirs, early=early, left=left)
-            staged = record.result()
+            staged = interrupts.result(record)
             with space.syncing(path):
                 dirs.sync(pool)  # the objects' (the others' synced meanwhile)
         self._commit_candidate(version, path, staged, draft.spec, pool, left=left)
@@ -244,7 +244,7 @@ class LocalBackend:
             log.append(self.root, "put", version, detail, written=left.keep)
             try:
                 with space.syncing(path):
-                    synced.result()
+                    interrupts.result(synced)
             except Exception:
                 left.version(path)  # not durable: taken back, its line left as a crash leaves it
                 raise

@@ -58,7 +58,11 @@ directory are noted in ``Leftovers`` by the thread that wrote them, as
 they are written, so no interrupt on the calling thread between a task's
 start and its bookkeeping there loses one. The directory stays once the
 log's line that makes the version whole is written (``Leftovers.keep``,
-called with the line's write, an interrupt held between the two).
+called with the line's write, an interrupt held between the two). Every
+wait of the calling thread for a thread's work is ``interrupts.result``:
+Ctrl-C ends it between two slices of it, never while it holds the
+future's lock (which left the thread that would end the future, and the
+put's end with it, waiting forever).
 """
 
 from __future__ import annotations
@@ -72,6 +76,7 @@ from concurrent.futures import Executor, Future
 
 import numpy as np
 
+from .. import interrupts
 from ..atomic import DirSyncs, fsync_dir
 from ..checkpoint.write import Draft
 from ..errors import StorageError
@@ -107,7 +112,7 @@ class Early:
         full disk, naming the leaf), once each write has ended; None if
         there is none."""
         for write in self.writes.values():
-            error = write.exception()
+            error = interrupts.error(write)
             if isinstance(error, StorageError):
                 return error
         return None
@@ -249,13 +254,13 @@ class _Put:
         objects = [usable.get(f"{algorithm}-{d}") or names[f"{algorithm}-{d}"] for d in digests]
         manifest = self.pool.submit(self._write_manifest, digests, objects)
         linked = [
-            self.storage.link(staged[b].result(), f"{tensors.AREA}/{name}", tag=False)
+            self.storage.link(interrupts.result(staged[b]), f"{tensors.AREA}/{name}", tag=False)
             for b, name in names.items()
         ]
         # also when this put linked nothing: an object it names may have been
         # linked by another put that has not synced the directory yet
         self.dirs.add(self.storage.where(tensors.AREA))
-        path = manifest.result()
+        path = interrupts.result(manifest)
         if Conflict.EXISTS in linked or tensors.doomed_among(self.storage, objects):
             os.unlink(path)  # a name taken meanwhile, or marked by gc: start again
             return False, digests
@@ -294,7 +299,7 @@ class _Put:
         once no more than ``IN_FLIGHT`` others are being written (so few
         leaves are held on the host at once, as a ``save`` holds them)."""
         while len(flight) >= IN_FLIGHT:
-            flight.pop(0).exception()  # waits; its error is raised where its path is used
+            interrupts.error(flight.pop(0))  # waits; its error is raised where its path is used
         flight.append(
             self.pool.submit(
                 _write_temp, self.storage, self.draft, self.reserved, i, data, left=self.left
