@@ -23,6 +23,7 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Executor
 
+from . import interrupts
 from .errors import FormatError
 
 #: Bytes one ``os.write`` call hands the kernel.
@@ -183,7 +184,7 @@ class DirSyncs:
                 job(path)
         finally:
             for f in others:
-                f.result()
+                interrupts.result(f)  # Ctrl-C never leaves a future's lock held
 
 
 def fsync_file(path: str) -> None:

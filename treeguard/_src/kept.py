@@ -10,6 +10,11 @@ behind them), waits at its end for every task it submitted, as leaving a
 ``with ThreadPoolExecutor`` block does, and hands the pool back for the next
 job of its kind. At most ``KEEP`` idle pools of each kind are kept; a forked
 child starts with none (its parent's threads are not in it).
+
+A job whose end removes what its tasks wrote needs every task it submitted
+ended first, also when Ctrl-C comes: a task's submit and its note are held
+together (``interrupts.deferred``), so no interrupt leaves a task running
+unwaited, and so is the job's end, so a second Ctrl-C does not end its wait.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor, Future, ThreadPoolExecutor, wait
 from typing import Any, ParamSpec, TypeVar
+
+from . import interrupts
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
@@ -40,8 +47,9 @@ class Job(Executor):
         self._submitted: list[Future[Any]] = []
 
     def submit(self, fn: Callable[_P, _T], /, *args: _P.args, **kwargs: _P.kwargs) -> Future[_T]:
-        future = self._pool.submit(fn, *args, **kwargs)
-        self._submitted.append(future)
+        with interrupts.deferred():  # a task submitted is one the job's end waits for
+            future = self._pool.submit(fn, *args, **kwargs)
+            self._submitted.append(future)
         return future
 
     def settle(self) -> None:
@@ -52,7 +60,8 @@ class Job(Executor):
 @contextlib.contextmanager
 def borrowed(workers: int, name: str) -> Iterator[Job]:
     """A pool of ``workers`` threads named ``name``, this job's alone until
-    the block ends, which waits for every task the job submitted.
+    the block ends, which waits for every task the job submitted (Ctrl-C
+    meanwhile is raised once they have ended).
 
     Example:
       >>> with borrowed(2, "treeguard-doc") as pool:
@@ -67,16 +76,17 @@ def borrowed(workers: int, name: str) -> Iterator[Job]:
     try:
         yield job
     finally:
-        job.settle()
-        with _lock:
-            kept = _idle.setdefault(kind, [])
-            spare = len(kept) >= KEEP
-            if not spare:
-                kept.append(pool)
-        if spare:
-            # its tasks are done, so this only joins its idle threads: none is
-            # left when the job ends (wait=False left them ending after it)
-            pool.shutdown(wait=True)
+        with interrupts.deferred():  # Ctrl-C again: once no task of the job runs
+            job.settle()
+            with _lock:
+                kept = _idle.setdefault(kind, [])
+                spare = len(kept) >= KEEP
+                if not spare:
+                    kept.append(pool)
+            if spare:
+                # its tasks are done, so this only joins its idle threads: none is
+                # left when the job ends (wait=False left them ending after it)
+                pool.shutdown(wait=True)
 
 
 def _forget() -> None:

@@ -15,11 +15,11 @@ import os
 import secrets
 import socket
 from collections.abc import Iterator
-from concurrent.futures import Executor, Future
+from concurrent.futures import Executor
 from contextlib import AbstractContextManager
 from typing import Any
 
-from .. import kept
+from .. import interrupts, kept
 from ..atomic import DirSyncs, open_regular, process_mark, remove_stale_temps, writer_alive
 from ..checkpoint import read_header, save
 from ..checkpoint.write import laid_out
@@ -155,68 +155,59 @@ class LocalBackend:
         reservation adds entries to are synced with the candidate record
         and the manifest with its directory, each on its thread while the
         tensors' bytes are; ``tensors/`` once the objects are linked; all
-        before the record. A put that fails or is interrupted before its
-        log's line removes its version once every thread of it has ended
-        (one interrupted after it keeps the version, whole)."""
+        before the record. At its end, once every thread of it has ended,
+        the put removes the temp files it did not link, and its version's
+        directory unless its log's line was written (a put that failed or
+        was interrupted before the line; one interrupted after it keeps its
+        version, whole); Ctrl-C meanwhile is raised once that is done."""
         self._areas()
+        left = tensorput.Leftovers()
+        with kept.borrowed(tensorput.THREADS + 1, "treeguard-put") as pool:
+            try:
+                return self._write_tensors(offered, pool, left)
+            finally:
+                with interrupts.deferred():
+                    pool.settle()  # no thread of this put writes once it has returned or raised
+                    left.remove(self._discard)
+
+    def _write_tensors(self, offered: Offered, pool: kept.Job, left: tensorput.Leftovers) -> str:
+        """``_put_tensors``'s writes, on ``pool``'s threads, each noted in
+        ``left`` by the thread that wrote it: the version's name."""
         dirs = DirSyncs()
-        made: list[str] = []  # the reserved directory, while the put would take it back
+        with contextlib.ExitStack() as held:  # its wait ends with an interrupt here
+            held.enter_context(self.layout.locked(check=False))
+            reserving = pool.submit(self._reserve_held, held.pop_all(), offered, dirs, left)
+        draft = laid_out(offered.tree, metadata=offered.user, digest=offered.digest)
+        early = tensorput.start(self.storage, draft, pool, reserving, offered.carried, left=left)
         try:
-            with kept.borrowed(tensorput.THREADS + 1, "treeguard-put") as pool:
-                with contextlib.ExitStack() as held:  # its wait ends with an interrupt here
-                    held.enter_context(self.layout.locked(check=False))
-                    reserving = pool.submit(self._reserve_held, held.pop_all(), offered, dirs, made)
-                early: tensorput.Early | None = None
-                record: Future[tuple[dict[str, Any], str]] | None = None
-                try:
-                    draft = laid_out(offered.tree, metadata=offered.user, digest=offered.digest)
-                    early = tensorput.start(self.storage, draft, pool, reserving, offered.carried)
-                    try:
-                        version, path = _named(reserving.result())
-                    except StorageError as refused:  # a full disk: a leaf's error says more
-                        leaf = early.failed() if space.filled(refused) else None
-                        if leaf is None:
-                            raise
-                        raise leaf from None
-                    with space.typed(path):
-                        record = pool.submit(self._stage_candidate, path, draft.spec, dirs)
-                        tensorput.put(self.storage, draft, pool, path, dirs=dirs, early=early)
-                        record.result()
-                        with space.syncing(path):
-                            dirs.sync(pool)  # the objects' (the others' synced meanwhile)
-                    self._commit_candidate(
-                        version, path, record.result(), draft.spec, pool, made=made
-                    )
-                except BaseException:
-                    if early is not None:  # writes not handed over
-                        early.discard()
-                    if record is not None:  # a live writer's temp: the directory's removal keeps it
-                        with contextlib.suppress(Exception):
-                            os.unlink(record.result()[1])
-                    raise
-        except BaseException:
-            for reserved in made:  # every thread ended: nothing writes in it any more
-                self._discard(reserved)
-            raise
+            version, path = _named(interrupts.result(reserving))
+        except StorageError as refused:  # a full disk: a leaf's error says more
+            leaf = early.failed() if space.filled(refused) else None
+            if leaf is None:
+                raise
+            raise leaf from None
+        with space.typed(path):
+            record = pool.submit(self._stage_candidate, path, draft.spec, dirs, left)
+            tensorput.put(self.storage, draft, pool, path, dirs=dirs, early=early, left=left)
+            staged = interrupts.result(record)
+            with space.syncing(path):
+                dirs.sync(pool)  # the objects' (the others' synced meanwhile)
+        self._commit_candidate(version, path, staged, draft.spec, pool, left=left)
         return version
 
     def _stage_candidate(
-        self, path: str, spec: TreeSpec, dirs: DirSyncs
+        self, path: str, spec: TreeSpec, dirs: DirSyncs, left: tensorput.Leftovers
     ) -> tuple[dict[str, Any], str]:
         """The ``writing`` record of the version at ``path``, and its
-        candidate written to a temp file and fsynced, with the directories
-        the reservation left to ``dirs`` (while the tensors' bytes are being
-        synced: the record waits for both), for ``_commit_candidate``."""
+        candidate written to a temp file (noted in ``left``) and fsynced,
+        with the directories the reservation left to ``dirs`` (while the
+        tensors' bytes are being synced: the record waits for both), for
+        ``_commit_candidate``."""
         version = os.path.basename(path)
         data = records.read(path)
-        staged = records.staged(path, version, _as_candidate(data, spec))
-        try:
-            with space.syncing(path):
-                dirs.sync()
-        except BaseException:
-            with contextlib.suppress(OSError):  # the sync's error is the one raised
-                os.unlink(staged)
-            raise
+        staged = left.temp(records.staged(path, version, _as_candidate(data, spec)))
+        with space.syncing(path):
+            dirs.sync()
         return data, staged
 
     def _commit_candidate(
@@ -227,7 +218,7 @@ class LocalBackend:
         spec: TreeSpec,
         pool: Executor,
         *,
-        made: list[str],
+        left: tensorput.Leftovers,
     ) -> None:
         """``_record_candidate`` of a tensors version with the candidate
         ``_stage_candidate`` wrote: renamed over the record if that is still
@@ -235,9 +226,10 @@ class LocalBackend:
         directory is synced on ``pool`` while the log's line is written and
         synced (a line that outlives its record in a crash names a put that
         did not finish; nothing decides by a put's line). Once the line is
-        written (before the log's sync) the version is whole: ``made`` is
-        emptied, so an interrupt no longer takes it back; a failed sync of
-        the record's directory still does."""
+        written (before the log's sync) the version is whole: ``left`` keeps
+        it (with the line's write, Ctrl-C held between the two), so an
+        interrupt no longer takes it back; a failed sync of the record's
+        directory still does."""
         read, tmp = record
         later = DirSyncs()
         with self.layout.locked(check=False):  # the store's, whose version this put reserved
@@ -249,26 +241,30 @@ class LocalBackend:
                 records.write(path, version, _as_candidate(now, spec), dirs=later)
             synced = pool.submit(later.sync)
             detail = {"status": "candidate", "kind": "tensors"}
-            log.append(self.root, "put", version, detail, written=made.clear)
+            log.append(self.root, "put", version, detail, written=left.keep)
             try:
                 with space.syncing(path):
-                    synced.result()
+                    interrupts.result(synced)
             except Exception:
-                made.append(path)  # not durable: taken back, its line left as a crash leaves it
+                left.version(path)  # not durable: taken back, its line left as a crash leaves it
                 raise
 
     def _reserve_held(
-        self, held: contextlib.ExitStack, offered: Offered, dirs: DirSyncs, made: list[str]
+        self,
+        held: contextlib.ExitStack,
+        offered: Offered,
+        dirs: DirSyncs,
+        left: tensorput.Leftovers,
     ) -> str:
         """``_reserve`` of a tensors version under the store's lock, which
         the calling thread took (``held``: a wait for another writer's lock
         on a pool's thread is one no interrupt ends, and the put waits for
         it before it can take back its writes) and this releases; its
-        directories left to ``dirs``: its directory, also added to
-        ``made`` (the put takes it back if it fails)."""
+        directories left to ``dirs``: its directory, also noted in ``left``
+        (the put takes it back if it fails)."""
         with held:  # _reserve reads the marker under it
             path = self._reserve(offered.version, offered.user, "tensors", dirs)[1]
-        made.append(path)
+        left.version(path)
         return path
 
     def put_sharded(self, offered: Offered) -> str:

@@ -16,7 +16,7 @@ import stat
 from collections.abc import Callable
 from typing import Any
 
-from .. import strictjson
+from .. import interrupts, strictjson
 from ..atomic import FILE_MODE, file_kind, read_regular
 from ..errors import FormatError, StoreError
 from .layout import LOG_FILE
@@ -55,7 +55,8 @@ def append(
 ) -> None:
     """Appends one event; call it under the store's lock. ``written`` is
     called once the line is written, before it is synced (an interrupt
-    during the sync then comes after it)."""
+    during the sync then comes after it); Ctrl-C is held from the line's
+    write to that call, so the line is never written without it."""
     line = json.dumps(
         {"time": now(), "action": action, "version": version, "detail": detail},
         sort_keys=True,
@@ -88,9 +89,10 @@ def append(
                 hint="remove it; the store starts a new log",
             )
         torn = st.st_size > 0 and os.pread(fd, 1, st.st_size - 1) != b"\n"
-        os.write(fd, (b"\n" if torn else b"") + line + b"\n")
-        if written is not None:
-            written()
+        with interrupts.deferred():
+            os.write(fd, (b"\n" if torn else b"") + line + b"\n")
+            if written is not None:
+                written()
         os.fsync(fd)
     finally:
         os.close(fd)
