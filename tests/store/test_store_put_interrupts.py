@@ -20,6 +20,11 @@ def _area(root: Path) -> set[str]:
     return {p.name for p in (root / "tensors").iterdir()}
 
 
+# CTRL_C_RAISES: each child below installs Python's own SIGINT handler first: a
+# process started with SIGINT ignored (a job a shell put in the background, as
+# a CI runner may) passes that on, Python then installs none, and Ctrl-C would
+# do nothing there (every test below failed so, put never interrupted).
+
 #: The child: a put of new bytes (argv[2] "fine-tune": of a tree a verified
 #: load handed back, two leaves changed) sent Ctrl-C (SIGINT, through its
 #: handler, as a terminal sends it) where each hook (argv[3:]) says: "wait:N"
@@ -33,6 +38,7 @@ def _area(root: Path) -> set[str]:
 #: sent Ctrl-C, in the order sent.
 _INTERRUPTED = """
 import linecache, os, signal, sys, threading
+signal.signal(signal.SIGINT, signal.default_int_handler)  # see CTRL_C_RAISES
 from concurrent.futures import Future
 import numpy as np
 from treeguard import ArtifactStore
@@ -223,7 +229,8 @@ def test_a_put_interrupted_once_its_log_s_line_is_written_keeps_its_version(
 #: Ctrl-C sent to the calling thread once the put waits for that lock; then
 #: the lock is let go, and what is left is printed.
 _INTERRUPTED_AT_THE_LOCK = """
-import fcntl, os, sys, threading
+import fcntl, os, signal, sys, threading
+signal.signal(signal.SIGINT, signal.default_int_handler)  # see CTRL_C_RAISES
 import numpy as np
 from treeguard import ArtifactStore
 root = sys.argv[1]
@@ -282,6 +289,7 @@ def test_a_put_waiting_for_another_writer_s_lock_ends_when_interrupted(tmp_path:
 #: failed, then "done RUNS".
 _EVERY_PLACE = """
 import faulthandler, json, os, shutil, signal, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)  # see CTRL_C_RAISES
 import numpy as np
 from treeguard import ArtifactStore
 top, kind, stride = sys.argv[1], sys.argv[2], int(sys.argv[3])
